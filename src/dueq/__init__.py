@@ -1,0 +1,50 @@
+"""dueq: delayed and retried tasks on Redis sorted sets.
+
+Tasks wait in a sorted set scored by their next-attempt time; one Lua script atomically claims
+every due task and leases it to one consumer; failures come back with backoff until they land
+in the dead-letter queue. See README.md for the guarantees.
+"""
+
+from .exceptions import (
+    ConfigurationError,
+    DueqError,
+    InvalidTaskError,
+    LeaseLost,
+    PayloadError,
+    TaskNotFound,
+    Unrecoverable,
+)
+from .queue import ClaimBatch, Queue
+from .retry import RetryPolicy
+from .task import (
+    Delivery,
+    ErrorRecord,
+    Outcome,
+    QueueStats,
+    ScheduleResult,
+    Task,
+    TaskInfo,
+)
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "ClaimBatch",
+    "ConfigurationError",
+    "Delivery",
+    "DueqError",
+    "ErrorRecord",
+    "InvalidTaskError",
+    "LeaseLost",
+    "Outcome",
+    "PayloadError",
+    "Queue",
+    "QueueStats",
+    "RetryPolicy",
+    "ScheduleResult",
+    "Task",
+    "TaskInfo",
+    "TaskNotFound",
+    "Unrecoverable",
+    "__version__",
+]

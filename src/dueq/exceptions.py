@@ -1,0 +1,66 @@
+"""dueq's exception hierarchy.
+
+::
+
+    DueqError
+    ├── ConfigurationError   (also ValueError)   bad queue name, lease, retry policy, limits
+    ├── InvalidTaskError     (also ValueError)   bad id, naive datetime, negative/NaN delay
+    ├── PayloadError         (also ValueError)   payload not JSON, too large, or undecodable
+    ├── TaskNotFound         (also LookupError)  an id that is not in the state asked for
+    ├── LeaseLost                                a holder whose lease expired or was taken over
+    └── Unrecoverable                            raised by a handler: skip retries, go to dead
+
+Redis's own errors (``redis.exceptions.ConnectionError``, ``TimeoutError``, ...) pass through
+unwrapped: they say nothing about the task, only about the connection, and callers usually
+retry them with their own policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "ConfigurationError",
+    "DueqError",
+    "InvalidTaskError",
+    "LeaseLost",
+    "PayloadError",
+    "TaskNotFound",
+    "Unrecoverable",
+]
+
+
+class DueqError(Exception):
+    """Root of every error dueq raises itself."""
+
+
+class ConfigurationError(DueqError, ValueError):
+    """A queue, policy or limit was configured with a value dueq cannot use."""
+
+
+class InvalidTaskError(DueqError, ValueError):
+    """A task's id or timing is invalid; nothing was written."""
+
+
+class PayloadError(DueqError, ValueError):
+    """A payload cannot be encoded as JSON, is over the size limit, or cannot be decoded."""
+
+
+class TaskNotFound(DueqError, LookupError):
+    """One or more task ids are not in the state the operation needs."""
+
+    def __init__(self, message: str, ids: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.ids: list[str] = list(ids)
+
+
+class LeaseLost(DueqError):
+    """The caller's lease on a task expired or was taken over; its ack/fail/extend is refused."""
+
+    def __init__(self, message: str, ids: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.ids: list[str] = list(ids)
+
+
+class Unrecoverable(DueqError):
+    """Raise (or pass to ``Delivery.fail``) to send a task straight to the dead-letter queue."""

@@ -1,0 +1,66 @@
+"""Every Redis key of a queue, in one place.
+
+All keys of one queue share the hash tag ``{<queue>}`` so that each script touches a single
+Redis Cluster slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .exceptions import ConfigurationError
+
+PREFIX = "dueq"
+MAX_QUEUE_NAME_LENGTH = 200
+
+
+def validate_queue_name(name: object) -> str:
+    """Return ``name`` if it can name a queue, else raise ConfigurationError."""
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"queue name must be a non-empty string, got {name!r}")
+    if len(name) > MAX_QUEUE_NAME_LENGTH:
+        raise ConfigurationError(f"queue name is longer than {MAX_QUEUE_NAME_LENGTH} characters")
+    if any(c in name for c in "{}") or not name.isprintable() or name != name.strip():
+        raise ConfigurationError(
+            f"queue name {name!r} must be printable, without braces or surrounding spaces"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The Redis keys of one queue.
+
+    ``due``     ZSET id -> next-attempt ms         ``leased`` ZSET id -> lease deadline ms
+    ``tasks``   HASH id -> JSON envelope           ``meta``   HASH id -> "attempt|token|due_ms"
+    ``errors``  HASH id -> JSON list of errors     ``dead``   ZSET id -> died-at ms
+    ``cron``    HASH name -> cron definition       ``stats``  HASH counter -> int
+    ``wake``    Pub/Sub channel, published when an earlier task is scheduled
+    """
+
+    queue: str
+    due: str
+    leased: str
+    tasks: str
+    meta: str
+    errors: str
+    dead: str
+    cron: str
+    stats: str
+    wake: str
+
+    @classmethod
+    def for_queue(cls, queue: str) -> QueueKeys:
+        base = f"{PREFIX}:{{{validate_queue_name(queue)}}}:"
+        return cls(
+            queue=queue,
+            due=base + "due",
+            leased=base + "leased",
+            tasks=base + "tasks",
+            meta=base + "meta",
+            errors=base + "errors",
+            dead=base + "dead",
+            cron=base + "cron",
+            stats=base + "stats",
+            wake=base + "wake",
+        )

@@ -1,0 +1,105 @@
+-- claim.lua: return expired leases to due (or dead), then lease due tasks to one consumer.
+-- Cost: O(log N + expired + limit).
+--
+-- KEYS[1] due      ZSET id -> due ms
+-- KEYS[2] leased   ZSET id -> lease deadline ms
+-- KEYS[3] tasks    HASH id -> envelope
+-- KEYS[4] meta     HASH id -> "attempt|token|due_ms"
+-- KEYS[5] errors   HASH id -> JSON list of error records
+-- KEYS[6] dead     ZSET id -> died-at ms
+-- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
+-- ARGV[1] now ms, or "" for server TIME
+-- ARGV[2] limit: most due tasks to lease (0 only reclaims)
+-- ARGV[3] lease length ms
+-- ARGV[4] max_attempts: an expired lease on this attempt sends the task to dead
+-- ARGV[5] most expired leases handled in this call
+-- ARGV[6] dead-letter cap: most entries kept
+-- ARGV[7] dead-letter cap: oldest age kept, ms
+-- ARGV[8..] backoff ms after attempt 1, 2, ... for expired leases (the last entry repeats)
+-- Returns {now, next_due ms or -1, next_lease_deadline ms or -1, token, lease_deadline,
+--          id1, envelope1, attempt1, due1, id2, envelope2, ...}
+
+local now = dueq_now(ARGV[1])
+local limit = tonumber(ARGV[2])
+local lease_ms = tonumber(ARGV[3])
+local max_attempts = tonumber(ARGV[4])
+local reclaim_limit = tonumber(ARGV[5])
+local backoff = {}
+for i = 8, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
+
+-- 1. Expired leases: the holder died or hung. That delivery counts as a failed attempt.
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
+local died, retried = 0, 0
+for _, id in ipairs(expired) do
+  redis.call('ZREM', KEYS[2], id)
+  if redis.call('HEXISTS', KEYS[3], id) == 1 then
+    local attempt = meta_attempt(KEYS[4], id)
+    error_append(KEYS[5], id, '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
+      ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
+      'the worker died, hung or outlived its lease","traceback":null}')
+    redis.call('HSET', KEYS[4], id, attempt .. '||')
+    if attempt >= max_attempts then
+      redis.call('ZADD', KEYS[6], now, id)
+      died = died + 1
+    else
+      local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
+      redis.call('ZADD', KEYS[1], now + wait, id)
+      retried = retried + 1
+    end
+  else
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[5], id)
+  end
+end
+if #expired > 0 then
+  redis.call('HINCRBY', KEYS[7], 'expired', #expired)
+  if died > 0 then
+    redis.call('HINCRBY', KEYS[7], 'dead', died)
+    trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
+  end
+end
+
+-- 2. Lease up to `limit` due tasks, earliest first.
+local out = {now, -1, -1, '', now + lease_ms}
+local due = {}
+if limit > 0 then
+  due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+end
+local n = #due / 2
+if n > 0 then
+  local token = tostring(redis.call('HINCRBY', KEYS[7], 'lease_seq', 1))
+  out[4] = token
+  local ids = {}
+  for i = 1, n do ids[i] = due[2 * i - 1] end
+  local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
+  local metas = redis.call('HMGET', KEYS[4], unpack(ids))
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)
+  local deadline = now + lease_ms
+  local leased, meta, orphans = {}, {}, {}
+  for i = 1, n do
+    local id, due_ms = ids[i], due[2 * i]
+    if envelopes[i] then
+      local attempt = meta_parse(metas[i]) + 1
+      leased[#leased + 1] = deadline
+      leased[#leased + 1] = id
+      meta[#meta + 1] = id
+      meta[#meta + 1] = attempt .. '|' .. token .. '|' .. due_ms
+      out[#out + 1] = id
+      out[#out + 1] = envelopes[i]
+      out[#out + 1] = attempt
+      out[#out + 1] = due_ms
+    else
+      orphans[#orphans + 1] = id  -- a due entry without data: drop it
+    end
+  end
+  if #leased > 0 then
+    call_chunked('ZADD', KEYS[2], leased)
+    call_chunked('HSET', KEYS[4], meta)
+    redis.call('HINCRBY', KEYS[7], 'claimed', #leased / 2)
+  end
+  for _, id in ipairs(orphans) do redis.call('HDEL', KEYS[4], id); redis.call('HDEL', KEYS[5], id) end
+end
+
+out[2] = head_score(KEYS[1]) or -1
+out[3] = head_score(KEYS[2]) or -1
+return out

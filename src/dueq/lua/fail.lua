@@ -1,0 +1,40 @@
+-- fail.lua: record a failed delivery, then put the task back in due after a delay, or bury it.
+--
+-- KEYS[1] due      ZSET id -> due ms
+-- KEYS[2] leased   ZSET id -> lease deadline ms
+-- KEYS[3] tasks    HASH id -> envelope
+-- KEYS[4] meta     HASH id -> "attempt|token|due_ms"
+-- KEYS[5] errors   HASH id -> JSON list of error records
+-- KEYS[6] dead     ZSET id -> died-at ms
+-- KEYS[7] stats    HASH counter -> int
+-- KEYS[8] wake     Pub/Sub channel
+-- ARGV[1] now ms, or "" for server TIME
+-- ARGV[2] id
+-- ARGV[3] lease token
+-- ARGV[4] error record: a JSON object (without "at", which this script adds)
+-- ARGV[5] "retry" or "dead"
+-- ARGV[6] retry delay ms (with "retry")
+-- ARGV[7] dead-letter cap: most entries kept
+-- ARGV[8] dead-letter cap: oldest age kept, ms
+-- Returns {status, at ms}: 1 = back in due at that time, 2 = dead since then, 0 = lease lost
+
+local now = dueq_now(ARGV[1])
+local id, token = ARGV[2], ARGV[3]
+if not lease_held(KEYS[2], KEYS[4], id, token, now) then return {0, now} end
+
+local attempt = meta_attempt(KEYS[4], id)
+error_append(KEYS[5], id, stamp(ARGV[4], now))
+redis.call('ZREM', KEYS[2], id)
+redis.call('HSET', KEYS[4], id, attempt .. '||')
+if ARGV[5] == 'dead' then
+  redis.call('ZADD', KEYS[6], now, id)
+  redis.call('HINCRBY', KEYS[7], 'dead', 1)
+  trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[7]), tonumber(ARGV[8]))
+  return {2, now}
+end
+local due = now + tonumber(ARGV[6])
+local previous_head = head_score(KEYS[1])
+redis.call('ZADD', KEYS[1], due, id)
+redis.call('HINCRBY', KEYS[7], 'retried', 1)
+wake_if_earlier(KEYS[8], previous_head, due)
+return {1, due}

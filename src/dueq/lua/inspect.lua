@@ -1,0 +1,44 @@
+-- inspect.lua: read tasks with their state, as one consistent snapshot.
+--
+-- KEYS[1] due      ZSET id -> due ms
+-- KEYS[2] leased   ZSET id -> lease deadline ms
+-- KEYS[3] dead     ZSET id -> died-at ms
+-- KEYS[4] tasks    HASH id -> envelope
+-- KEYS[5] meta     HASH id -> "attempt|token|due_ms"
+-- KEYS[6] errors   HASH id -> JSON list of error records
+-- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
+-- ARGV[2] "ids" (ARGV[3..] are ids) or "dead" (ARGV[3] offset, ARGV[4] count; newest first)
+-- Returns a flat list of 6-tuples: id, state ("scheduled"|"leased"|"dead"|""), score or "",
+--   envelope or "", meta or "", errors or ""; a missing task has state ""
+
+local ids = {}
+if ARGV[2] == 'ids' then
+  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+else
+  local first = tonumber(ARGV[3])
+  ids = redis.call('ZREVRANGE', KEYS[3], first, first + tonumber(ARGV[4]) - 1)
+end
+
+local out = {}
+for _, id in ipairs(ids) do
+  local state, score = '', nil
+  score = redis.call('ZSCORE', KEYS[1], id)
+  if score then
+    state = 'scheduled'
+  else
+    score = redis.call('ZSCORE', KEYS[2], id)
+    if score then
+      state = 'leased'
+    else
+      score = redis.call('ZSCORE', KEYS[3], id)
+      if score then state = 'dead' end
+    end
+  end
+  out[#out + 1] = id
+  out[#out + 1] = state
+  out[#out + 1] = score or ''
+  out[#out + 1] = redis.call('HGET', KEYS[4], id) or ''
+  out[#out + 1] = redis.call('HGET', KEYS[5], id) or ''
+  out[#out + 1] = redis.call('HGET', KEYS[6], id) or ''
+end
+return out

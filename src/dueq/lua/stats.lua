@@ -1,0 +1,21 @@
+-- stats.lua: counts per state and timing of a queue, as one consistent snapshot.
+--
+-- KEYS[1] due      ZSET id -> due ms
+-- KEYS[2] leased   ZSET id -> lease deadline ms
+-- KEYS[3] dead     ZSET id -> died-at ms
+-- KEYS[4] stats    HASH counter -> int
+-- ARGV[1] now ms, or "" for server TIME
+-- Returns {now, scheduled, due_now, leased, dead, next_due ms or -1, counter1, value1, ...}
+
+local now = dueq_now(ARGV[1])
+local out = {
+  now,
+  redis.call('ZCARD', KEYS[1]),
+  redis.call('ZCOUNT', KEYS[1], '-inf', now),
+  redis.call('ZCARD', KEYS[2]),
+  redis.call('ZCARD', KEYS[3]),
+  head_score(KEYS[1]) or -1,
+}
+local counters = redis.call('HGETALL', KEYS[4])
+for _, v in ipairs(counters) do out[#out + 1] = v end
+return out

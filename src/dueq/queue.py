@@ -1,0 +1,387 @@
+"""The Queue: schedule, claim, ack, fail, extend, release, cancel, reschedule, inspect.
+
+Every state change is one Lua script call (see ``dueq/lua``); this module validates input,
+encodes payloads and turns script replies into dueq values.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import redis
+
+from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
+from .clock import positive_duration_ms as _positive_ms
+from .dead import DeadLetters
+from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, decode_envelope, encode_payload, new_id, validate_id
+from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost, PayloadError, Unrecoverable
+from .failures import error_record, parse_error_records
+from .keys import QueueKeys
+from .retry import RetryPolicy
+from .scripts import FAIL_DEAD, FAIL_LOST, Scripts
+from .task import Delivery, Outcome, QueueStats, ScheduleResult, Task, TaskInfo, TaskState
+
+logger = logging.getLogger(__name__)
+
+#: Most tasks one claim call may lease, and most tasks sent in one schedule call.
+MAX_CLAIM_BATCH = 1000
+SCHEDULE_BATCH = 1000
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _meta(raw: bytes | str | None) -> tuple[int, str, int | None]:
+    """Parse a meta value "attempt|token|due_ms"."""
+    if not raw:
+        return 0, "", None
+    attempt, token, due = _text(raw).split("|")
+    return int(attempt), token, int(due) if due else None
+
+
+class ClaimBatch:
+    """One claim call's result: the deliveries and when the next work is due."""
+
+    __slots__ = ("deliveries", "next_due_ms", "next_lease_deadline_ms", "now_ms")
+
+    def __init__(
+        self,
+        deliveries: list[Delivery],
+        now_ms: int,
+        next_due_ms: int | None,
+        next_lease_deadline_ms: int | None,
+    ) -> None:
+        self.deliveries = deliveries
+        self.now_ms = now_ms
+        self.next_due_ms = next_due_ms
+        self.next_lease_deadline_ms = next_lease_deadline_ms
+
+
+class Queue:
+    """A named queue of delayed tasks in one Redis database.
+
+    ``retry`` decides how often a task is delivered and the backoff between attempts;
+    ``lease`` is how long a consumer holds a claimed task before it is delivered again.
+    ``clock`` (zero-argument callable returning epoch seconds) replaces the Redis server's
+    ``TIME``, for tests and simulations. The dead-letter queue keeps at most
+    ``dead_max_count`` tasks, none older than ``dead_max_age``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        redis_client: redis.Redis,
+        *,
+        retry: RetryPolicy | None = None,
+        lease: Duration = 30.0,
+        clock: Clock | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        dead_max_count: int = 100_000,
+        dead_max_age: Duration = timedelta(days=14),
+    ) -> None:
+        self.keys = QueueKeys.for_queue(name)
+        self.name = name
+        if not isinstance(redis_client, redis.Redis):
+            raise ConfigurationError(
+                f"redis_client must be a redis.Redis, got {type(redis_client).__name__}"
+            )
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"retry must be a dueq.RetryPolicy, got {retry!r}")
+        if clock is not None and not callable(clock):
+            raise ConfigurationError("clock must be a zero-argument callable returning seconds")
+        for what, value in (("max_payload_bytes", max_payload_bytes),
+                            ("dead_max_count", dead_max_count)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigurationError(f"{what} must be a positive int, got {value!r}")
+        self.redis = redis_client
+        self.retry = retry or RetryPolicy()
+        self.lease_ms = _positive_ms(lease, "lease")
+        self.clock = clock
+        self.max_payload_bytes = max_payload_bytes
+        self.dead_max_count = dead_max_count
+        self.dead_max_age_ms = _positive_ms(dead_max_age, "dead_max_age")
+        self.dead = DeadLetters(self)
+        self._scripts = Scripts(redis_client)
+        self._server_checked = False
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _now_arg(self) -> str:
+        return "" if self.clock is None else str(clock_ms(self.clock))
+
+    def _run(self, script: str, keys: list[str], *args: Any) -> Any:
+        return self._scripts.run(script, keys, [self._now_arg(), *args])
+
+    def _due_spec(self, at: datetime | None, delay: Duration | None) -> str:
+        if at is not None and delay is not None:
+            raise InvalidTaskError("give at= or delay=, not both")
+        if at is not None:
+            return str(datetime_ms(at))
+        if delay is not None:
+            return f"+{duration_ms(delay, 'delay')}"
+        return "+0"
+
+    def check_server(self) -> None:
+        """Log a warning when Redis may evict keys (only ``noeviction`` is safe for a queue)."""
+        self._server_checked = True
+        try:
+            policy = self.redis.config_get("maxmemory-policy").get("maxmemory-policy")
+        except redis.ResponseError:  # CONFIG is disabled on some managed services
+            logger.debug("cannot read maxmemory-policy; skipping the eviction check")
+            return
+        if policy is not None and _text(policy) != "noeviction":
+            logger.warning(
+                "Redis maxmemory-policy is %r: Redis may evict queue keys and lose tasks; "
+                "set maxmemory-policy noeviction",
+                _text(policy),
+            )
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        payload: Any,
+        *,
+        delay: Duration | None = None,
+        at: datetime | None = None,
+        id: str | None = None,  # noqa: A002 - the public API names it id
+        replace: bool = False,
+    ) -> str:
+        """Schedule one task; returns its id. An existing id is left alone unless ``replace``."""
+        result = self.schedule_many([Task(payload, id=id, at=at, delay=delay)], replace=replace)
+        return result.ids[0]
+
+    def schedule_many(self, tasks: Iterable[Task], *, replace: bool = False) -> ScheduleResult:
+        """Schedule many tasks, one round trip per batch of up to 1,000.
+
+        Every task is validated and encoded before anything is written, so a bad one raises
+        (InvalidTaskError or PayloadError) and leaves the queue unchanged.
+        """
+        ids: list[str] = []
+        args: list[Any] = []
+        max_bytes = self.max_payload_bytes
+        for position, task in enumerate(tasks):
+            if not isinstance(task, Task):
+                raise InvalidTaskError(f"task {position} is a {type(task).__name__}, not dueq.Task")
+            task_id = new_id() if task.id is None else validate_id(task.id)
+            try:
+                args += (task_id, self._due_spec(task.at, task.delay),
+                         encode_payload(task.payload, max_bytes))
+            except (InvalidTaskError, PayloadError) as exc:
+                raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
+            ids.append(task_id)
+        return self._schedule_encoded(ids, args, replace)
+
+    def _schedule_encoded(self, ids: list[str], args: list[Any], replace: bool) -> ScheduleResult:
+        k = self.keys
+        keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake]
+        added = existing = replaced = 0
+        flag = "1" if replace else "0"
+        step = SCHEDULE_BATCH * 3
+        for start in range(0, len(args), step):
+            a, e, r = self._run("schedule", keys, flag, *args[start:start + step])
+            added, existing, replaced = added + a, existing + e, replaced + r
+        return ScheduleResult(added=added, existing=existing, replaced=replaced, ids=ids)
+
+    def cancel(self, task_id: str) -> bool:
+        """Remove a task in any state; True if it existed. A live lease on it is revoked."""
+        k = self.keys
+        keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats]
+        return bool(self._run("cancel", keys, validate_id(task_id)))
+
+    def reschedule(
+        self, task_id: str, *, at: datetime | None = None, delay: Duration | None = None
+    ) -> bool:
+        """Move a scheduled task to a new due time; False if it is not scheduled."""
+        if at is None and delay is None:
+            raise InvalidTaskError("reschedule needs at= or delay=")
+        spec = self._due_spec(at, delay)
+        return int(self._run("reschedule", [self.keys.due, self.keys.wake],
+                             validate_id(task_id), spec)) >= 0
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def claim(self, limit: int = 100, *, lease: Duration | None = None) -> list[Delivery]:
+        """Lease up to ``limit`` due tasks (earliest first) to this caller, atomically.
+
+        Expired leases are first returned to due (the attempt counts) or buried. Tasks whose
+        stored envelope cannot be decoded go to the dead-letter queue and are not returned.
+        """
+        return self.claim_batch(limit, lease=lease).deliveries
+
+    def claim_batch(self, limit: int = 100, *, lease: Duration | None = None) -> ClaimBatch:
+        """Like ``claim``, also telling when the next task is due and the next lease ends."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= MAX_CLAIM_BATCH:
+            raise ConfigurationError(f"limit must be an int from 0 to {MAX_CLAIM_BATCH}, got {limit!r}")
+        if not self._server_checked:
+            self.check_server()
+        lease_ms = self.lease_ms if lease is None else _positive_ms(lease, "lease")
+        k = self.keys
+        reply = self._run(
+            "claim",
+            [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats],
+            limit, lease_ms, self.retry.max_attempts, max(limit, 100),
+            self.dead_max_count, self.dead_max_age_ms, *self.retry.backoff_table_ms(),
+        )
+        now_ms, next_due, next_deadline = int(reply[0]), int(reply[1]), int(reply[2])
+        token, deadline = _text(reply[3]), int(reply[4])
+        deliveries: list[Delivery] = []
+        for i in range(5, len(reply), 4):
+            task_id, raw, attempt, due_ms = _text(reply[i]), reply[i + 1], int(reply[i + 2]), int(reply[i + 3])
+            try:
+                payload, created_ms = decode_envelope(raw)
+            except PayloadError as exc:
+                self._bury_undecodable(task_id, token, attempt, exc)
+                continue
+            deliveries.append(Delivery(self, task_id, payload, attempt, due_ms, deadline,
+                                       token, created_ms, now_ms))
+        return ClaimBatch(deliveries, now_ms, None if next_due < 0 else next_due,
+                          None if next_deadline < 0 else next_deadline)
+
+    def _bury_undecodable(self, task_id: str, token: str, attempt: int, exc: PayloadError) -> None:
+        logger.error("task %r in queue %r has an undecodable envelope; moved to dead: %s",
+                     task_id, self.name, exc)
+        self._fail_script(task_id, token, error_record(exc, attempt), "dead", 0)
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> int:
+        """Ack a batch in one round trip; returns how many were acked.
+
+        Raises LeaseLost (with ``.ids``) if some leases were lost; the others are still acked.
+        """
+        if not deliveries:
+            return 0
+        args: list[str] = []
+        for d in deliveries:
+            args += (d.id, d.token)
+        k = self.keys
+        reply = self._run("ack", [k.leased, k.tasks, k.meta, k.errors, k.stats], *args)
+        if len(reply) > 1:
+            lost = [_text(x) for x in reply[1:]]
+            raise LeaseLost(f"lease lost on {len(lost)} task(s), not acked: {lost[:10]}", lost)
+        return int(reply[0])
+
+    def fail(
+        self, delivery: Delivery, error: BaseException | str, *, retry_in: Duration | None = None
+    ) -> Outcome:
+        """Record a failed delivery; it is retried after the backoff (or ``retry_in``), or dead.
+
+        ``Unrecoverable`` errors, and failures of the last allowed attempt, go to dead.
+        """
+        exc = error if isinstance(error, BaseException) else None
+        age_s = max(delivery.claimed_ms - delivery.created_ms, 0) / 1000
+        delay_ms = 0
+        if isinstance(error, Unrecoverable) or self.retry.gives_up(delivery.attempt, age_s, exc):
+            action = "dead"
+        else:
+            action = "retry"
+            if retry_in is not None:
+                delay_ms = duration_ms(retry_in, "retry_in")
+            else:
+                delay_ms = round(self.retry.delay_s(delivery.attempt, age_s, exc) * 1000)
+        record = error_record(error, delivery.attempt)
+        status, at_ms = self._fail_script(delivery.id, delivery.token, record, action, delay_ms)
+        if status == FAIL_LOST:
+            raise LeaseLost(f"lease on task {delivery.id!r} was lost; failure not recorded",
+                            [delivery.id])
+        kind = "dead" if status == FAIL_DEAD else "retried"
+        message = f"{type(error).__name__}: {error}" if exc else str(error)
+        return Outcome(delivery.id, kind, delivery.attempt, ms_datetime(at_ms), message)
+
+    def _fail_script(
+        self, task_id: str, token: str, record: str, action: str, delay_ms: int
+    ) -> tuple[int, int]:
+        k = self.keys
+        status, at_ms = self._run(
+            "fail", [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake],
+            task_id, token, record, action, delay_ms, self.dead_max_count, self.dead_max_age_ms,
+        )
+        return int(status), int(at_ms)
+
+    def extend(self, delivery: Delivery, seconds: Duration) -> datetime:
+        """Extend a held lease to ``seconds`` from now; raises LeaseLost if it is not held."""
+        ms = _positive_ms(seconds, "lease extension")
+        deadline = int(self._run("extend", [self.keys.leased, self.keys.meta],
+                                 delivery.id, delivery.token, ms))
+        if deadline < 0:
+            raise LeaseLost(f"lease on task {delivery.id!r} was lost; not extended", [delivery.id])
+        delivery.lease_deadline_ms = deadline
+        return ms_datetime(deadline)
+
+    def release(self, delivery: Delivery, *, delay: Duration = 0) -> Outcome:
+        """Give a leased task back, due after ``delay``; the delivery does not count."""
+        k = self.keys
+        due = int(self._run("release", [k.due, k.leased, k.meta, k.stats, k.wake],
+                            delivery.id, delivery.token, duration_ms(delay, "delay")))
+        if due < 0:
+            raise LeaseLost(f"lease on task {delivery.id!r} was lost; not released", [delivery.id])
+        return Outcome(delivery.id, "released", delivery.attempt, ms_datetime(due))
+
+    # -- inspection --------------------------------------------------------------------------
+
+    def get(self, task_id: str) -> TaskInfo | None:
+        """A snapshot of one task, or None if there is no such task."""
+        found = self._inspect("ids", validate_id(task_id))
+        return found[0] if found else None
+
+    def _inspect(self, mode: str, *args: Any) -> list[TaskInfo]:
+        k = self.keys
+        reply = self._run("inspect", [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors],
+                          mode, *args)
+        infos = []
+        for i in range(0, len(reply), 6):
+            task_id, state, score, raw, meta_raw, errors_raw = reply[i:i + 6]
+            state = _text(state)
+            if not state:
+                continue
+            infos.append(self._task_info(_text(task_id), state, int(score), raw, meta_raw,
+                                         errors_raw))
+        return infos
+
+    def _task_info(
+        self, task_id: str, state: TaskState, score: int, raw: bytes | str,
+        meta_raw: bytes | str, errors_raw: bytes | str,
+    ) -> TaskInfo:
+        attempt, _, leased_due = _meta(meta_raw)
+        try:
+            payload, created_ms = decode_envelope(raw)
+            created: datetime | None = ms_datetime(created_ms)
+        except PayloadError:
+            payload, created = _text(raw) if raw else None, None
+        due_ms = {"scheduled": score, "leased": leased_due}.get(state)
+        return TaskInfo(
+            id=task_id,
+            state=state,
+            payload=payload,
+            attempt=attempt,
+            due_at=ms_datetime(due_ms) if due_ms is not None else None,
+            created_at=created,
+            errors=parse_error_records(errors_raw),
+            lease_deadline=ms_datetime(score) if state == "leased" else None,
+            died_at=ms_datetime(score) if state == "dead" else None,
+        )
+
+    def stats(self) -> QueueStats:
+        """Counts per state, the next due time and the lag of the oldest due task."""
+        k = self.keys
+        reply = self._run("stats", [k.due, k.leased, k.dead, k.stats])
+        now_ms, scheduled, due_now, leased, dead, head = (int(x) for x in reply[:6])
+        counters = {_text(reply[i]): int(reply[i + 1]) for i in range(6, len(reply), 2)}
+        counters.pop("lease_seq", None)
+        lag_s = max(now_ms - head, 0) / 1000 if head >= 0 and due_now else 0.0
+        return QueueStats(
+            scheduled=scheduled,
+            due_now=due_now,
+            leased=leased,
+            dead=dead,
+            next_due_at=ms_datetime(head) if head >= 0 else None,
+            oldest_due_lag_s=lag_s,
+            now=ms_datetime(now_ms),
+            counters=counters,
+        )

@@ -1,0 +1,167 @@
+"""The values dueq hands out: tasks to schedule, task snapshots, deliveries and outcomes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from .clock import Duration, ms_datetime
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+TaskState = Literal["scheduled", "leased", "dead"]
+OutcomeKind = Literal["acked", "retried", "dead", "released", "lost"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task to schedule with ``Queue.schedule_many``: due at ``at``, after ``delay``, or now."""
+
+    payload: Any
+    id: str | None = None
+    at: datetime | None = None
+    delay: Duration | None = None
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """One failed attempt: when, which attempt, the exception's type, message and traceback."""
+
+    attempt: int
+    type: str
+    message: str
+    traceback: str | None
+    at: datetime | None
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A snapshot of one task.
+
+    ``due_at`` is the next-attempt time when scheduled, the due time of the current delivery
+    when leased, and ``None`` when dead (``died_at`` is set then). ``attempt`` counts the
+    deliveries so far.
+    """
+
+    id: str
+    state: TaskState
+    payload: Any
+    attempt: int
+    due_at: datetime | None
+    created_at: datetime | None
+    errors: list[ErrorRecord] = field(default_factory=list)
+    lease_deadline: datetime | None = None
+    died_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    """What ``schedule_many`` did: tasks added, ids that already existed, tasks replaced."""
+
+    added: int
+    existing: int
+    replaced: int
+    ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Counts per state and timing of a queue, read in one atomic snapshot."""
+
+    scheduled: int
+    due_now: int
+    leased: int
+    dead: int
+    next_due_at: datetime | None
+    oldest_due_lag_s: float
+    now: datetime
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a delivery: acked, retried (``at`` = next attempt), dead, released."""
+
+    id: str
+    kind: OutcomeKind
+    attempt: int
+    at: datetime | None = None
+    error: str | None = None
+
+
+class Delivery:
+    """A task leased to this consumer. Finish it with ``ack``, ``fail`` or ``release``.
+
+    Every call carries the lease token; a holder whose lease expired or was taken over gets
+    ``LeaseLost``.
+    """
+
+    __slots__ = (
+        "_queue",
+        "attempt",
+        "claimed_ms",
+        "created_ms",
+        "due_ms",
+        "id",
+        "lease_deadline_ms",
+        "payload",
+        "token",
+    )
+
+    def __init__(
+        self,
+        queue: Queue,
+        task_id: str,
+        payload: Any,
+        attempt: int,
+        due_ms: int,
+        lease_deadline_ms: int,
+        token: str,
+        created_ms: int,
+        claimed_ms: int,
+    ) -> None:
+        self._queue = queue
+        self.id = task_id
+        self.payload = payload
+        self.attempt = attempt
+        self.due_ms = due_ms
+        self.lease_deadline_ms = lease_deadline_ms
+        self.token = token
+        self.created_ms = created_ms
+        self.claimed_ms = claimed_ms
+
+    @property
+    def queue(self) -> Queue:
+        return self._queue
+
+    @property
+    def due_at(self) -> datetime:
+        return ms_datetime(self.due_ms)
+
+    @property
+    def lease_deadline(self) -> datetime:
+        return ms_datetime(self.lease_deadline_ms)
+
+    def ack(self) -> None:
+        """Finish the task: it is removed. Raises LeaseLost if the lease is no longer held."""
+        self._queue.ack_many([self])
+
+    def fail(self, error: BaseException | str, *, retry_in: Duration | None = None) -> Outcome:
+        """Record a failure: retry after the policy's backoff (or ``retry_in``), or go dead."""
+        return self._queue.fail(self, error, retry_in=retry_in)
+
+    def extend(self, seconds: Duration) -> datetime:
+        """Extend the lease to ``seconds`` from now; returns the new deadline."""
+        return self._queue.extend(self, seconds)
+
+    def release(self, delay: Duration = 0) -> Outcome:
+        """Give the task back, due after ``delay``, without counting this delivery."""
+        return self._queue.release(self, delay=delay)
+
+    def __repr__(self) -> str:
+        return (
+            f"Delivery(id={self.id!r}, attempt={self.attempt}, due_at={self.due_at.isoformat()}, "
+            f"queue={self._queue.name!r})"
+        )

@@ -1,0 +1,57 @@
+"""Fixtures: one real redis-server per test session, on a free loopback port."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import dueq
+from dueq.server import RedisServer
+
+
+class ManualClock:
+    """A clock the test moves by hand (epoch seconds)."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis_server.client()
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def make_queue(r: redis.Redis, clock: ManualClock) -> Callable[..., dueq.Queue]:
+    """Build a queue on the test's Redis; the manual clock unless clock=None is passed."""
+
+    def make(name: str = "q", **kwargs: Any) -> dueq.Queue:
+        kwargs.setdefault("clock", clock)
+        kwargs.setdefault("retry", dueq.RetryPolicy(max_attempts=3, wait=lambda state: 10.0))
+        return dueq.Queue(name, kwargs.pop("client", r), **kwargs)
+
+    return make
