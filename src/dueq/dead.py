@@ -55,7 +55,7 @@ class DeadLetters:
             wanted = [validate_id(i) for i in ids]
             moved = 0
             for start in range(0, len(wanted), DEAD_BATCH):
-                reply = q._run("dead", keys, action, "ids", *wanted[start:start + DEAD_BATCH])
+                reply = q._run("dead", keys, action, "ids", *wanted[start : start + DEAD_BATCH])
                 if int(reply[0]) < 0:
                     missing = [x.decode() if isinstance(x, bytes) else x for x in reply[1:]]
                     raise TaskNotFound(f"not in the dead-letter queue: {missing[:10]}", missing)

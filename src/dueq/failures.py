@@ -54,8 +54,11 @@ def parse_error_records(raw: bytes | str | None) -> list[ErrorRecord]:
     try:
         items: Any = json.loads(raw)
     except ValueError:
-        return [ErrorRecord(attempt=0, type="Unreadable", message=str(raw)[:200], traceback=None,
-                            at=None)]
+        return [
+            ErrorRecord(
+                attempt=0, type="Unreadable", message=str(raw)[:200], traceback=None, at=None
+            )
+        ]
     return [
         ErrorRecord(
             attempt=int(item.get("attempt", 0)),

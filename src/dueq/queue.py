@@ -16,19 +16,36 @@ import redis
 from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
 from .dead import DeadLetters
-from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, decode_envelope, encode_payload, new_id, validate_id
+from .envelope import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    decode_envelope,
+    encode_payload,
+    new_id,
+    validate_id,
+)
 from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost, PayloadError, Unrecoverable
 from .failures import error_record, parse_error_records
 from .keys import QueueKeys
 from .retry import RetryPolicy
 from .scripts import FAIL_DEAD, FAIL_LOST, Scripts
-from .task import Delivery, Outcome, QueueStats, ScheduleResult, Task, TaskInfo, TaskState
+from .task import (
+    Delivery,
+    Outcome,
+    OutcomeKind,
+    QueueStats,
+    ScheduleResult,
+    Task,
+    TaskInfo,
+    TaskState,
+)
 
 logger = logging.getLogger(__name__)
 
 #: Most tasks one claim call may lease, and most tasks sent in one schedule call.
 MAX_CLAIM_BATCH = 1000
 SCHEDULE_BATCH = 1000
+
+_STATES: dict[str, TaskState] = {"scheduled": "scheduled", "leased": "leased", "dead": "dead"}
 
 
 def _text(value: bytes | str) -> str:
@@ -93,8 +110,10 @@ class Queue:
             raise ConfigurationError(f"retry must be a dueq.RetryPolicy, got {retry!r}")
         if clock is not None and not callable(clock):
             raise ConfigurationError("clock must be a zero-argument callable returning seconds")
-        for what, value in (("max_payload_bytes", max_payload_bytes),
-                            ("dead_max_count", dead_max_count)):
+        for what, value in (
+            ("max_payload_bytes", max_payload_bytes),
+            ("dead_max_count", dead_max_count),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigurationError(f"{what} must be a positive int, got {value!r}")
         self.redis = redis_client
@@ -151,7 +170,7 @@ class Queue:
         *,
         delay: Duration | None = None,
         at: datetime | None = None,
-        id: str | None = None,  # noqa: A002 - the public API names it id
+        id: str | None = None,  # the public API names it id
         replace: bool = False,
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``."""
@@ -172,8 +191,11 @@ class Queue:
                 raise InvalidTaskError(f"task {position} is a {type(task).__name__}, not dueq.Task")
             task_id = new_id() if task.id is None else validate_id(task.id)
             try:
-                args += (task_id, self._due_spec(task.at, task.delay),
-                         encode_payload(task.payload, max_bytes))
+                args += (
+                    task_id,
+                    self._due_spec(task.at, task.delay),
+                    encode_payload(task.payload, max_bytes),
+                )
             except (InvalidTaskError, PayloadError) as exc:
                 raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
             ids.append(task_id)
@@ -186,7 +208,7 @@ class Queue:
         flag = "1" if replace else "0"
         step = SCHEDULE_BATCH * 3
         for start in range(0, len(args), step):
-            a, e, r = self._run("schedule", keys, flag, *args[start:start + step])
+            a, e, r = self._run("schedule", keys, flag, *args[start : start + step])
             added, existing, replaced = added + a, existing + e, replaced + r
         return ScheduleResult(added=added, existing=existing, replaced=replaced, ids=ids)
 
@@ -203,8 +225,12 @@ class Queue:
         if at is None and delay is None:
             raise InvalidTaskError("reschedule needs at= or delay=")
         spec = self._due_spec(at, delay)
-        return int(self._run("reschedule", [self.keys.due, self.keys.wake],
-                             validate_id(task_id), spec)) >= 0
+        return (
+            int(
+                self._run("reschedule", [self.keys.due, self.keys.wake], validate_id(task_id), spec)
+            )
+            >= 0
+        )
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -218,8 +244,14 @@ class Queue:
 
     def claim_batch(self, limit: int = 100, *, lease: Duration | None = None) -> ClaimBatch:
         """Like ``claim``, also telling when the next task is due and the next lease ends."""
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= MAX_CLAIM_BATCH:
-            raise ConfigurationError(f"limit must be an int from 0 to {MAX_CLAIM_BATCH}, got {limit!r}")
+        if (
+            not isinstance(limit, int)
+            or isinstance(limit, bool)
+            or not 0 <= limit <= MAX_CLAIM_BATCH
+        ):
+            raise ConfigurationError(
+                f"limit must be an int from 0 to {MAX_CLAIM_BATCH}, got {limit!r}"
+            )
         if not self._server_checked:
             self.check_server()
         lease_ms = self.lease_ms if lease is None else _positive_ms(lease, "lease")
@@ -227,27 +259,48 @@ class Queue:
         reply = self._run(
             "claim",
             [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats],
-            limit, lease_ms, self.retry.max_attempts, max(limit, 100),
-            self.dead_max_count, self.dead_max_age_ms, *self.retry.backoff_table_ms(),
+            limit,
+            lease_ms,
+            self.retry.max_attempts,
+            max(limit, 100),
+            self.dead_max_count,
+            self.dead_max_age_ms,
+            *self.retry.backoff_table_ms(),
         )
         now_ms, next_due, next_deadline = int(reply[0]), int(reply[1]), int(reply[2])
         token, deadline = _text(reply[3]), int(reply[4])
         deliveries: list[Delivery] = []
         for i in range(5, len(reply), 4):
-            task_id, raw, attempt, due_ms = _text(reply[i]), reply[i + 1], int(reply[i + 2]), int(reply[i + 3])
+            task_id, raw, attempt, due_ms = (
+                _text(reply[i]),
+                reply[i + 1],
+                int(reply[i + 2]),
+                int(reply[i + 3]),
+            )
             try:
                 payload, created_ms = decode_envelope(raw)
             except PayloadError as exc:
                 self._bury_undecodable(task_id, token, attempt, exc)
                 continue
-            deliveries.append(Delivery(self, task_id, payload, attempt, due_ms, deadline,
-                                       token, created_ms, now_ms))
-        return ClaimBatch(deliveries, now_ms, None if next_due < 0 else next_due,
-                          None if next_deadline < 0 else next_deadline)
+            deliveries.append(
+                Delivery(
+                    self, task_id, payload, attempt, due_ms, deadline, token, created_ms, now_ms
+                )
+            )
+        return ClaimBatch(
+            deliveries,
+            now_ms,
+            None if next_due < 0 else next_due,
+            None if next_deadline < 0 else next_deadline,
+        )
 
     def _bury_undecodable(self, task_id: str, token: str, attempt: int, exc: PayloadError) -> None:
-        logger.error("task %r in queue %r has an undecodable envelope; moved to dead: %s",
-                     task_id, self.name, exc)
+        logger.error(
+            "task %r in queue %r has an undecodable envelope; moved to dead: %s",
+            task_id,
+            self.name,
+            exc,
+        )
         self._fail_script(task_id, token, error_record(exc, attempt), "dead", 0)
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> int:
@@ -288,9 +341,10 @@ class Queue:
         record = error_record(error, delivery.attempt)
         status, at_ms = self._fail_script(delivery.id, delivery.token, record, action, delay_ms)
         if status == FAIL_LOST:
-            raise LeaseLost(f"lease on task {delivery.id!r} was lost; failure not recorded",
-                            [delivery.id])
-        kind = "dead" if status == FAIL_DEAD else "retried"
+            raise LeaseLost(
+                f"lease on task {delivery.id!r} was lost; failure not recorded", [delivery.id]
+            )
+        kind: OutcomeKind = "dead" if status == FAIL_DEAD else "retried"
         message = f"{type(error).__name__}: {error}" if exc else str(error)
         return Outcome(delivery.id, kind, delivery.attempt, ms_datetime(at_ms), message)
 
@@ -299,16 +353,24 @@ class Queue:
     ) -> tuple[int, int]:
         k = self.keys
         status, at_ms = self._run(
-            "fail", [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake],
-            task_id, token, record, action, delay_ms, self.dead_max_count, self.dead_max_age_ms,
+            "fail",
+            [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake],
+            task_id,
+            token,
+            record,
+            action,
+            delay_ms,
+            self.dead_max_count,
+            self.dead_max_age_ms,
         )
         return int(status), int(at_ms)
 
     def extend(self, delivery: Delivery, seconds: Duration) -> datetime:
         """Extend a held lease to ``seconds`` from now; raises LeaseLost if it is not held."""
         ms = _positive_ms(seconds, "lease extension")
-        deadline = int(self._run("extend", [self.keys.leased, self.keys.meta],
-                                 delivery.id, delivery.token, ms))
+        deadline = int(
+            self._run("extend", [self.keys.leased, self.keys.meta], delivery.id, delivery.token, ms)
+        )
         if deadline < 0:
             raise LeaseLost(f"lease on task {delivery.id!r} was lost; not extended", [delivery.id])
         delivery.lease_deadline_ms = deadline
@@ -317,8 +379,15 @@ class Queue:
     def release(self, delivery: Delivery, *, delay: Duration = 0) -> Outcome:
         """Give a leased task back, due after ``delay``; the delivery does not count."""
         k = self.keys
-        due = int(self._run("release", [k.due, k.leased, k.meta, k.stats, k.wake],
-                            delivery.id, delivery.token, duration_ms(delay, "delay")))
+        due = int(
+            self._run(
+                "release",
+                [k.due, k.leased, k.meta, k.stats, k.wake],
+                delivery.id,
+                delivery.token,
+                duration_ms(delay, "delay"),
+            )
+        )
         if due < 0:
             raise LeaseLost(f"lease on task {delivery.id!r} was lost; not released", [delivery.id])
         return Outcome(delivery.id, "released", delivery.attempt, ms_datetime(due))
@@ -332,28 +401,38 @@ class Queue:
 
     def _inspect(self, mode: str, *args: Any) -> list[TaskInfo]:
         k = self.keys
-        reply = self._run("inspect", [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors],
-                          mode, *args)
+        reply = self._run(
+            "inspect", [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors], mode, *args
+        )
         infos = []
         for i in range(0, len(reply), 6):
-            task_id, state, score, raw, meta_raw, errors_raw = reply[i:i + 6]
-            state = _text(state)
-            if not state:
-                continue
-            infos.append(self._task_info(_text(task_id), state, int(score), raw, meta_raw,
-                                         errors_raw))
+            task_id, state, score, raw, meta_raw, errors_raw = reply[i : i + 6]
+            state_name = _text(state)
+            if state_name not in _STATES:
+                continue  # no such task
+            infos.append(
+                self._task_info(
+                    _text(task_id), _STATES[state_name], int(score), raw, meta_raw, errors_raw
+                )
+            )
         return infos
 
     def _task_info(
-        self, task_id: str, state: TaskState, score: int, raw: bytes | str,
-        meta_raw: bytes | str, errors_raw: bytes | str,
+        self,
+        task_id: str,
+        state: TaskState,
+        score: int,
+        raw: bytes | str,
+        meta_raw: bytes | str,
+        errors_raw: bytes | str,
     ) -> TaskInfo:
         attempt, _, leased_due = _meta(meta_raw)
         try:
             payload, created_ms = decode_envelope(raw)
             created: datetime | None = ms_datetime(created_ms)
-        except PayloadError:
-            payload, created = _text(raw) if raw else None, None
+        except PayloadError:  # shown as raw text, so operators can see what is stored
+            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+            payload, created = text or None, None
         due_ms = {"scheduled": score, "leased": leased_due}.get(state)
         return TaskInfo(
             id=task_id,

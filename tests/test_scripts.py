@@ -1,0 +1,63 @@
+"""The Lua scripts: NOSCRIPT recovery, headers, and keys passed only through KEYS."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+import dueq
+from dueq.scripts import SCRIPT_NAMES, script_source
+
+LUA = resources.files("dueq").joinpath("lua")
+KEY_COMMANDS = (
+    "ZADD|ZREM|ZSCORE|ZMSCORE|ZRANGE|ZREVRANGE|ZRANGEBYSCORE|ZREMRANGEBYRANK|ZCARD|ZCOUNT|"
+    "HGET|HSET|HSETNX|HDEL|HMGET|HEXISTS|HINCRBY|HGETALL|PUBLISH"
+)
+
+
+def test_scripts_recover_after_script_flush(make_queue, r):
+    q = make_queue()
+    q.schedule("before")
+    r.script_flush()
+    assert r.script_exists(q._scripts._scripts["claim"].sha) == [False]
+    [d] = q.claim()
+    d.ack()
+    r.script_flush()
+    q.schedule("after")
+    assert [d.payload for d in q.claim()] == ["after"]
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_every_script_has_a_keys_argv_returns_header(name):
+    text = LUA.joinpath(f"{name}.lua").read_text()
+    header = text.split("\n\n")[0]
+    assert "KEYS[1]" in header and "ARGV[1]" in header and "Returns" in header
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_every_key_a_script_touches_comes_from_keys(name):
+    source = script_source(name)
+    assert "dueq:" not in source  # no key names built inside Lua
+    for match in re.finditer(rf"redis\.call\('({KEY_COMMANDS})',\s*([^,)]+)", source):
+        key_arg = match.group(2).strip()
+        assert re.fullmatch(r"KEYS\[\d\]|k_\w+|key", key_arg), (name, match.group(0))
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_every_declared_key_is_used(name):
+    text = LUA.joinpath(f"{name}.lua").read_text()
+    declared = set(re.findall(r"^-- KEYS\[(\d)\]", text, flags=re.M))
+    used = set(re.findall(r"KEYS\[(\d)\]", text.split("\n\n", 1)[1]))
+    assert declared == used
+
+
+def test_lua_status_codes_map_to_dueq_errors(make_queue, clock):
+    q = make_queue(lease=1)
+    q.schedule("x")
+    [d] = q.claim()
+    clock.advance(2)
+    for call in (d.ack, lambda: d.fail("late"), lambda: d.extend(5), d.release):
+        with pytest.raises(dueq.LeaseLost):
+            call()
