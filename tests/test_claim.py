@@ -220,3 +220,17 @@ def test_claim_of_nothing_is_empty(make_queue):
     batch = q.claim_batch(10)
     assert batch.deliveries == [] and batch.next_due_ms is None
     assert batch.next_lease_deadline_ms is None
+
+
+def test_works_with_a_decode_responses_client(redis_server, r, clock):
+    client = redis_server.client(decode_responses=True)
+    q = dueq.Queue("text", client, clock=clock, retry=dueq.RetryPolicy(max_attempts=1))
+    q.schedule({"ü": "ñ"}, id="a")
+    q.schedule({"n": 2}, id="b")
+    a, b = q.claim(limit=2)
+    assert (a.payload, a.token) == ({"ü": "ñ"}, b.token)
+    a.ack()
+    b.fail(RuntimeError("x"))
+    assert [t.id for t in q.dead.list()] == ["b"]
+    assert q.stats().counters["acked"] == 1
+    client.close()

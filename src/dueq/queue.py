@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
@@ -91,7 +92,7 @@ class Queue:
     def __init__(
         self,
         name: str,
-        redis_client: redis.Redis,
+        redis_client: redis.Redis | RedisCluster,
         *,
         retry: RetryPolicy | None = None,
         lease: Duration = 30.0,
@@ -102,9 +103,10 @@ class Queue:
     ) -> None:
         self.keys = QueueKeys.for_queue(name)
         self.name = name
-        if not isinstance(redis_client, redis.Redis):
+        if not isinstance(redis_client, (redis.Redis, RedisCluster)):
             raise ConfigurationError(
-                f"redis_client must be a redis.Redis, got {type(redis_client).__name__}"
+                "redis_client must be a redis.Redis or redis.cluster.RedisCluster, "
+                f"got {type(redis_client).__name__}"
             )
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(f"retry must be a dueq.RetryPolicy, got {retry!r}")

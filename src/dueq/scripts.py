@@ -12,6 +12,7 @@ from importlib import resources
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 SCRIPT_NAMES = (
     "schedule",
@@ -43,7 +44,7 @@ def script_source(name: str) -> str:
 class Scripts:
     """The registered scripts of one Redis client, called by name."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
         self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
