@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from .checks import whole_number
 from .envelope import validate_id
-from .exceptions import ConfigurationError, TaskNotFound
+from .exceptions import TaskNotFound
+from .snapshot import text
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -24,9 +26,8 @@ class DeadLetters:
 
     def list(self, limit: int = 50, offset: int = 0) -> list[TaskInfo]:
         """Dead tasks, most recently died first."""
-        for what, value in (("limit", limit), ("offset", offset)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigurationError(f"{what} must be an int >= 0, got {value!r}")
+        whole_number(limit, "limit", low=0)
+        whole_number(offset, "offset", low=0)
         if limit == 0:
             return []
         return self._queue._inspect("dead", offset, limit)
@@ -57,7 +58,7 @@ class DeadLetters:
             for start in range(0, len(wanted), DEAD_BATCH):
                 reply = q._run("dead", keys, action, "ids", *wanted[start : start + DEAD_BATCH])
                 if int(reply[0]) < 0:
-                    missing = [x.decode() if isinstance(x, bytes) else x for x in reply[1:]]
+                    missing = [text(x) for x in reply[1:]]
                     raise TaskNotFound(f"not in the dead-letter queue: {missing[:10]}", missing)
                 moved += int(reply[0])
             return moved

@@ -14,6 +14,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from .checks import whole_number
 from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
 from .dead import DeadLetters
@@ -25,40 +26,18 @@ from .envelope import (
     validate_id,
 )
 from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost, PayloadError, Unrecoverable
-from .failures import error_record, parse_error_records
+from .failures import error_record
 from .keys import QueueKeys
 from .retry import RetryPolicy
 from .scripts import FAIL_DEAD, FAIL_LOST, Scripts
-from .task import (
-    Delivery,
-    Outcome,
-    OutcomeKind,
-    QueueStats,
-    ScheduleResult,
-    Task,
-    TaskInfo,
-    TaskState,
-)
+from .snapshot import queue_stats, task_infos, text
+from .task import Delivery, Outcome, OutcomeKind, QueueStats, ScheduleResult, Task, TaskInfo
 
 logger = logging.getLogger(__name__)
 
 #: Most tasks one claim call may lease, and most tasks sent in one schedule call.
 MAX_CLAIM_BATCH = 1000
 SCHEDULE_BATCH = 1000
-
-_STATES: dict[str, TaskState] = {"scheduled": "scheduled", "leased": "leased", "dead": "dead"}
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else value
-
-
-def _meta(raw: bytes | str | None) -> tuple[int, str, int | None]:
-    """Parse a meta value "attempt|token|due_ms"."""
-    if not raw:
-        return 0, "", None
-    attempt, token, due = _text(raw).split("|")
-    return int(attempt), token, int(due) if due else None
 
 
 class ClaimBatch:
@@ -112,12 +91,8 @@ class Queue:
             raise ConfigurationError(f"retry must be a dueq.RetryPolicy, got {retry!r}")
         if clock is not None and not callable(clock):
             raise ConfigurationError("clock must be a zero-argument callable returning seconds")
-        for what, value in (
-            ("max_payload_bytes", max_payload_bytes),
-            ("dead_max_count", dead_max_count),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigurationError(f"{what} must be a positive int, got {value!r}")
+        whole_number(max_payload_bytes, "max_payload_bytes", low=1)
+        whole_number(dead_max_count, "dead_max_count", low=1)
         self.redis = redis_client
         self.retry = retry or RetryPolicy()
         self.lease_ms = _positive_ms(lease, "lease")
@@ -157,11 +132,11 @@ class Queue:
         except redis.ResponseError:  # CONFIG is disabled on some managed services
             logger.debug("cannot read maxmemory-policy; skipping the eviction check")
             return
-        if policy is not None and _text(policy) != "noeviction":
+        if policy is not None and text(policy) != "noeviction":
             logger.warning(
                 "Redis maxmemory-policy is %r: Redis may evict queue keys and lose tasks; "
                 "set maxmemory-policy noeviction",
-                _text(policy),
+                text(policy),
             )
 
     # -- scheduling --------------------------------------------------------------------------
@@ -227,12 +202,10 @@ class Queue:
         if at is None and delay is None:
             raise InvalidTaskError("reschedule needs at= or delay=")
         spec = self._due_spec(at, delay)
-        return (
-            int(
-                self._run("reschedule", [self.keys.due, self.keys.wake], validate_id(task_id), spec)
-            )
-            >= 0
+        new_due = self._run(
+            "reschedule", [self.keys.due, self.keys.wake], validate_id(task_id), spec
         )
+        return int(new_due) >= 0
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -246,14 +219,7 @@ class Queue:
 
     def claim_batch(self, limit: int = 100, *, lease: Duration | None = None) -> ClaimBatch:
         """Like ``claim``, also telling when the next task is due and the next lease ends."""
-        if (
-            not isinstance(limit, int)
-            or isinstance(limit, bool)
-            or not 0 <= limit <= MAX_CLAIM_BATCH
-        ):
-            raise ConfigurationError(
-                f"limit must be an int from 0 to {MAX_CLAIM_BATCH}, got {limit!r}"
-            )
+        whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
         if not self._server_checked:
             self.check_server()
         lease_ms = self.lease_ms if lease is None else _positive_ms(lease, "lease")
@@ -270,11 +236,11 @@ class Queue:
             *self.retry.backoff_table_ms(),
         )
         now_ms, next_due, next_deadline = int(reply[0]), int(reply[1]), int(reply[2])
-        token, deadline = _text(reply[3]), int(reply[4])
+        token, deadline = text(reply[3]), int(reply[4])
         deliveries: list[Delivery] = []
         for i in range(5, len(reply), 4):
             task_id, raw, attempt, due_ms = (
-                _text(reply[i]),
+                text(reply[i]),
                 reply[i + 1],
                 int(reply[i + 2]),
                 int(reply[i + 3]),
@@ -318,7 +284,7 @@ class Queue:
         k = self.keys
         reply = self._run("ack", [k.leased, k.tasks, k.meta, k.errors, k.stats], *args)
         if len(reply) > 1:
-            lost = [_text(x) for x in reply[1:]]
+            lost = [text(x) for x in reply[1:]]
             raise LeaseLost(f"lease lost on {len(lost)} task(s), not acked: {lost[:10]}", lost)
         return int(reply[0])
 
@@ -403,66 +369,10 @@ class Queue:
 
     def _inspect(self, mode: str, *args: Any) -> list[TaskInfo]:
         k = self.keys
-        reply = self._run(
-            "inspect", [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors], mode, *args
-        )
-        infos = []
-        for i in range(0, len(reply), 6):
-            task_id, state, score, raw, meta_raw, errors_raw = reply[i : i + 6]
-            state_name = _text(state)
-            if state_name not in _STATES:
-                continue  # no such task
-            infos.append(
-                self._task_info(
-                    _text(task_id), _STATES[state_name], int(score), raw, meta_raw, errors_raw
-                )
-            )
-        return infos
-
-    def _task_info(
-        self,
-        task_id: str,
-        state: TaskState,
-        score: int,
-        raw: bytes | str,
-        meta_raw: bytes | str,
-        errors_raw: bytes | str,
-    ) -> TaskInfo:
-        attempt, _, leased_due = _meta(meta_raw)
-        try:
-            payload, created_ms = decode_envelope(raw)
-            created: datetime | None = ms_datetime(created_ms)
-        except PayloadError:  # shown as raw text, so operators can see what is stored
-            text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-            payload, created = text or None, None
-        due_ms = {"scheduled": score, "leased": leased_due}.get(state)
-        return TaskInfo(
-            id=task_id,
-            state=state,
-            payload=payload,
-            attempt=attempt,
-            due_at=ms_datetime(due_ms) if due_ms is not None else None,
-            created_at=created,
-            errors=parse_error_records(errors_raw),
-            lease_deadline=ms_datetime(score) if state == "leased" else None,
-            died_at=ms_datetime(score) if state == "dead" else None,
-        )
+        keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors]
+        return task_infos(self._run("inspect", keys, mode, *args))
 
     def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
         k = self.keys
-        reply = self._run("stats", [k.due, k.leased, k.dead, k.stats])
-        now_ms, scheduled, due_now, leased, dead, head = (int(x) for x in reply[:6])
-        counters = {_text(reply[i]): int(reply[i + 1]) for i in range(6, len(reply), 2)}
-        counters.pop("lease_seq", None)
-        lag_s = max(now_ms - head, 0) / 1000 if head >= 0 and due_now else 0.0
-        return QueueStats(
-            scheduled=scheduled,
-            due_now=due_now,
-            leased=leased,
-            dead=dead,
-            next_due_at=ms_datetime(head) if head >= 0 else None,
-            oldest_due_lag_s=lag_s,
-            now=ms_datetime(now_ms),
-            counters=counters,
-        )
+        return queue_stats(self._run("stats", [k.due, k.leased, k.dead, k.stats]))

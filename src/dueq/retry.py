@@ -15,6 +15,7 @@ from typing import Any
 
 import tenacity
 
+from .checks import whole_number
 from .exceptions import ConfigurationError
 
 WaitStrategy = Callable[[tenacity.RetryCallState], float]
@@ -62,12 +63,7 @@ class RetryPolicy:
     stop: StopStrategy | None = None
 
     def __post_init__(self) -> None:
-        if (
-            not isinstance(self.max_attempts, int)
-            or isinstance(self.max_attempts, bool)
-            or self.max_attempts < 1
-        ):
-            raise ConfigurationError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        whole_number(self.max_attempts, "max_attempts", low=1)
         if not callable(self.wait):
             raise ConfigurationError(f"wait must be a tenacity wait strategy, got {self.wait!r}")
         if self.stop is not None and not callable(self.stop):
