@@ -176,10 +176,15 @@ def test_ack_many_acks_held_leases_and_reports_lost_ones(make_queue, clock):
     assert all(q.get(f"t{i}") is None for i in range(1, 5))
 
 
-def test_undecodable_envelope_goes_dead_without_blocking_others(make_queue, r, clock):
+@pytest.mark.parametrize(
+    "stored",
+    [b"\xff not json", b"1:{broken", b'{"v":9}', b""],
+    ids=["bytes", "json", "v9", "empty"],
+)
+def test_undecodable_envelope_goes_dead_without_blocking_others(make_queue, r, stored):
     q = make_queue()
     q.schedule_many(dueq.Task(i, id=f"t{i}") for i in range(3))
-    r.hset(q.keys.tasks, "t1", b"\xff not json")
+    r.hset(q.keys.tasks, "t1", stored)
     got = q.claim(limit=10)
     assert [d.id for d in got] == ["t0", "t2"]
     info = q.get("t1")

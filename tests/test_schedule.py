@@ -157,3 +157,33 @@ def test_all_keys_of_a_queue_share_one_hash_tag(make_queue, r):
     d.fail(RuntimeError("x"))
     keys = [k.decode() for k in r.keys("*")]
     assert keys and all(k.startswith("dueq:{emails}:") for k in keys)
+
+
+def test_a_generated_id_that_is_taken_is_retried_never_dropped(make_queue, monkeypatch):
+    q = make_queue()
+    q.schedule({"v": "old"}, id="taken")
+    monkeypatch.setattr("dueq.queue.generated_ids", lambda: iter(["taken", "taken", "fresh"]))
+    result = q.schedule_many([dueq.Task({"v": "new"})])
+    assert (result.added, result.existing, result.ids) == (1, 0, ["fresh"])
+    assert q.get("taken").payload == {"v": "old"}
+    assert q.get("fresh").payload == {"v": "new"}
+
+
+def test_generated_ids_are_short_and_distinct(make_queue):
+    ids = make_queue().schedule_many(dueq.Task(i) for i in range(20_000)).ids
+    assert all(len(i) == 12 for i in ids)
+    assert len(set(ids)) == 20_000
+
+
+def test_first_claimed_at_marks_the_start_of_the_retry_history(make_queue, clock):
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=3, wait=lambda s: 10))
+    tid = q.schedule("x")
+    assert q.get(tid).first_claimed_at is None
+    start = clock.now
+    [d] = q.claim()
+    d.fail(RuntimeError("e"))
+    clock.advance(10)
+    [d2] = q.claim()
+    info = q.get(tid)
+    assert info.first_claimed_at == datetime.fromtimestamp(start, tz=timezone.utc)
+    assert (d2.claimed_ms - d2.first_claimed_ms) == 10_000

@@ -31,10 +31,11 @@ def validate_queue_name(name: object) -> str:
 class QueueKeys:
     """The Redis keys of one queue.
 
-    ``due``     ZSET id -> next-attempt ms         ``leased`` ZSET id -> lease deadline ms
-    ``tasks``   HASH id -> JSON envelope           ``meta``   HASH id -> "attempt|token|due_ms"
-    ``errors``  HASH id -> JSON list of errors     ``dead``   ZSET id -> died-at ms
-    ``cron``    HASH name -> cron definition       ``stats``  HASH counter -> int
+    ``due``     ZSET id -> next-attempt ms       ``leased`` ZSET id -> lease deadline ms
+    ``tasks``   HASH id -> JSON envelope         ``dead``   ZSET id -> died-at ms
+    ``meta``    HASH id -> "attempt|token|due_ms|first_ms" (once claimed)
+    ``errors``  HASH id -> JSON list of errors   ``stats``  HASH counter -> int
+    ``cron``    HASH name -> cron definition
     ``wake``    Pub/Sub channel, published when an earlier task is scheduled
     """
 

@@ -7,7 +7,7 @@ encodes payloads and turns script replies into dueq values.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,12 +20,23 @@ from .clock import positive_duration_ms as _positive_ms
 from .dead import DeadLetters
 from .envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    FLAG_ABSOLUTE,
+    FLAG_GENERATED_ID,
     decode_envelope,
-    encode_payload,
-    new_id,
+    encode_envelope,
+    generated_ids,
+    pack_task,
+    repack_with_id,
     validate_id,
 )
-from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost, PayloadError, Unrecoverable
+from .exceptions import (
+    ConfigurationError,
+    DueqError,
+    InvalidTaskError,
+    LeaseLost,
+    PayloadError,
+    Unrecoverable,
+)
 from .failures import error_record
 from .keys import QueueKeys
 from .retry import RetryPolicy
@@ -38,6 +49,8 @@ logger = logging.getLogger(__name__)
 #: Most tasks one claim call may lease, and most tasks sent in one schedule call.
 MAX_CLAIM_BATCH = 1000
 SCHEDULE_BATCH = 1000
+#: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
+ID_RETRIES = 5
 
 
 class ClaimBatch:
@@ -115,14 +128,14 @@ class Queue:
     def _run(self, script: str, keys: list[str], *args: Any) -> Any:
         return self._scripts.run(script, keys, [self._now_arg(), *args])
 
-    def _due_spec(self, at: datetime | None, delay: Duration | None) -> str:
-        if at is not None and delay is not None:
-            raise InvalidTaskError("give at= or delay=, not both")
+    @staticmethod
+    def _due(at: datetime | None, delay: Duration | None) -> tuple[int, int]:
+        """(FLAG_ABSOLUTE, epoch ms) for at=, (0, delay ms) for delay= or neither."""
         if at is not None:
-            return str(datetime_ms(at))
-        if delay is not None:
-            return f"+{duration_ms(delay, 'delay')}"
-        return "+0"
+            if delay is not None:
+                raise InvalidTaskError("give at= or delay=, not both")
+            return FLAG_ABSOLUTE, datetime_ms(at)
+        return 0, 0 if delay is None else duration_ms(delay, "delay")
 
     def check_server(self) -> None:
         """Log a warning when Redis may evict keys (only ``noeviction`` is safe for a queue)."""
@@ -161,32 +174,46 @@ class Queue:
         (InvalidTaskError or PayloadError) and leaves the queue unchanged.
         """
         ids: list[str] = []
-        args: list[Any] = []
+        records: list[bytes] = []
+        fresh_ids = generated_ids()
         max_bytes = self.max_payload_bytes
         for position, task in enumerate(tasks):
             if not isinstance(task, Task):
                 raise InvalidTaskError(f"task {position} is a {type(task).__name__}, not dueq.Task")
-            task_id = new_id() if task.id is None else validate_id(task.id)
+            if task.id is None:
+                task_id, id_flag = next(fresh_ids), FLAG_GENERATED_ID
+            else:
+                task_id, id_flag = validate_id(task.id), 0
             try:
-                args += (
-                    task_id,
-                    self._due_spec(task.at, task.delay),
-                    encode_payload(task.payload, max_bytes),
-                )
+                time_flag, due_ms = self._due(task.at, task.delay)
+                envelope = encode_envelope(task.payload, max_bytes)
             except (InvalidTaskError, PayloadError) as exc:
                 raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
+            records.append(pack_task(id_flag | time_flag, due_ms, task_id, envelope))
             ids.append(task_id)
-        return self._schedule_encoded(ids, args, replace)
+        return self._schedule_records(ids, records, replace, fresh_ids)
 
-    def _schedule_encoded(self, ids: list[str], args: list[Any], replace: bool) -> ScheduleResult:
+    def _schedule_records(
+        self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
+    ) -> ScheduleResult:
         k = self.keys
         keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake]
-        added = existing = replaced = 0
         flag = "1" if replace else "0"
-        step = SCHEDULE_BATCH * 3
-        for start in range(0, len(args), step):
-            a, e, r = self._run("schedule", keys, flag, *args[start : start + step])
-            added, existing, replaced = added + a, existing + e, replaced + r
+        added = existing = replaced = 0
+        for start in range(0, len(records), SCHEDULE_BATCH):
+            pending = list(range(start, min(start + SCHEDULE_BATCH, len(records))))
+            for _ in range(ID_RETRIES):
+                reply = self._run("schedule", keys, flag, b"".join(records[i] for i in pending))
+                added, existing = added + int(reply[0]), existing + int(reply[1])
+                replaced += int(reply[2])
+                pending = [pending[int(p) - 1] for p in reply[3:]]
+                if not pending:
+                    break
+                for i in pending:  # a generated id that was taken: draw another
+                    ids[i] = next(fresh_ids)
+                    records[i] = repack_with_id(records[i], ids[i])
+            else:
+                raise DueqError(f"no unused id found for {len(pending)} task(s)")
         return ScheduleResult(added=added, existing=existing, replaced=replaced, ids=ids)
 
     def cancel(self, task_id: str) -> bool:
@@ -201,7 +228,8 @@ class Queue:
         """Move a scheduled task to a new due time; False if it is not scheduled."""
         if at is None and delay is None:
             raise InvalidTaskError("reschedule needs at= or delay=")
-        spec = self._due_spec(at, delay)
+        absolute, due_ms = self._due(at, delay)
+        spec = str(due_ms) if absolute else f"+{due_ms}"
         new_due = self._run(
             "reschedule", [self.keys.due, self.keys.wake], validate_id(task_id), spec
         )
@@ -238,22 +266,16 @@ class Queue:
         now_ms, next_due, next_deadline = int(reply[0]), int(reply[1]), int(reply[2])
         token, deadline = text(reply[3]), int(reply[4])
         deliveries: list[Delivery] = []
-        for i in range(5, len(reply), 4):
-            task_id, raw, attempt, due_ms = (
-                text(reply[i]),
-                reply[i + 1],
-                int(reply[i + 2]),
-                int(reply[i + 3]),
-            )
+        for i in range(5, len(reply), 5):
+            task_id, raw, attempt = text(reply[i]), reply[i + 1], int(reply[i + 2])
             try:
-                payload, created_ms = decode_envelope(raw)
+                payload = decode_envelope(raw)
             except PayloadError as exc:
                 self._bury_undecodable(task_id, token, attempt, exc)
                 continue
+            due_ms, first_ms = int(reply[i + 3]), int(reply[i + 4])
             deliveries.append(
-                Delivery(
-                    self, task_id, payload, attempt, due_ms, deadline, token, created_ms, now_ms
-                )
+                Delivery(self, task_id, payload, attempt, due_ms, deadline, token, first_ms, now_ms)
             )
         return ClaimBatch(
             deliveries,
@@ -296,7 +318,7 @@ class Queue:
         ``Unrecoverable`` errors, and failures of the last allowed attempt, go to dead.
         """
         exc = error if isinstance(error, BaseException) else None
-        age_s = max(delivery.claimed_ms - delivery.created_ms, 0) / 1000
+        age_s = max(delivery.claimed_ms - delivery.first_claimed_ms, 0) / 1000
         delay_ms = 0
         if isinstance(error, Unrecoverable) or self.retry.gives_up(delivery.attempt, age_s, exc):
             action = "dead"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from .clock import ms_datetime
@@ -19,12 +18,12 @@ def text(value: bytes | str) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
-def parse_meta(raw: bytes | str | None) -> tuple[int, str, int | None]:
-    """A meta value "attempt|token|due_ms" as (attempt, token, due ms or None)."""
+def parse_meta(raw: bytes | str | None) -> tuple[int, int | None, int | None]:
+    """A meta value "attempt|token|due_ms|first_ms" as (attempt, due ms, first-claim ms)."""
     if not raw:
-        return 0, "", None
-    attempt, token, due = text(raw).split("|")
-    return int(attempt), token, int(due) if due else None
+        return 0, None, None
+    attempt, _token, due, first = text(raw).split("|")
+    return int(attempt), int(due) if due else None, int(first) if first else None
 
 
 def task_infos(reply: list[Any]) -> list[TaskInfo]:
@@ -50,13 +49,11 @@ def _task_info(
     meta_raw: bytes | str,
     errors_raw: bytes | str,
 ) -> TaskInfo:
-    attempt, _, leased_due = parse_meta(meta_raw)
+    attempt, leased_due, first_ms = parse_meta(meta_raw)
     try:
-        payload, created_ms = decode_envelope(raw)
-        created: datetime | None = ms_datetime(created_ms)
+        payload = decode_envelope(raw)
     except PayloadError:  # shown as raw text, so operators can see what is stored
         payload = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw) or None
-        created = None
     due_ms = {"scheduled": score, "leased": leased_due}.get(state)
     return TaskInfo(
         id=task_id,
@@ -64,7 +61,7 @@ def _task_info(
         payload=payload,
         attempt=attempt,
         due_at=ms_datetime(due_ms) if due_ms is not None else None,
-        created_at=created,
+        first_claimed_at=ms_datetime(first_ms) if first_ms is not None else None,
         errors=parse_error_records(errors_raw),
         lease_deadline=ms_datetime(score) if state == "leased" else None,
         died_at=ms_datetime(score) if state == "dead" else None,

@@ -42,7 +42,7 @@ class TaskInfo:
 
     ``due_at`` is the next-attempt time when scheduled, the due time of the current delivery
     when leased, and ``None`` when dead (``died_at`` is set then). ``attempt`` counts the
-    deliveries so far.
+    deliveries so far; ``first_claimed_at`` is when the first of them began (None before).
     """
 
     id: str
@@ -50,7 +50,7 @@ class TaskInfo:
     payload: Any
     attempt: int
     due_at: datetime | None
-    created_at: datetime | None
+    first_claimed_at: datetime | None
     errors: list[ErrorRecord] = field(default_factory=list)
     lease_deadline: datetime | None = None
     died_at: datetime | None = None
@@ -102,8 +102,8 @@ class Delivery:
         "_queue",
         "attempt",
         "claimed_ms",
-        "created_ms",
         "due_ms",
+        "first_claimed_ms",
         "id",
         "lease_deadline_ms",
         "payload",
@@ -119,7 +119,7 @@ class Delivery:
         due_ms: int,
         lease_deadline_ms: int,
         token: str,
-        created_ms: int,
+        first_claimed_ms: int,
         claimed_ms: int,
     ) -> None:
         self._queue = queue
@@ -129,7 +129,7 @@ class Delivery:
         self.due_ms = due_ms
         self.lease_deadline_ms = lease_deadline_ms
         self.token = token
-        self.created_ms = created_ms
+        self.first_claimed_ms = first_claimed_ms
         self.claimed_ms = claimed_ms
 
     @property

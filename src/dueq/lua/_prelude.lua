@@ -1,7 +1,8 @@
 -- _prelude.lua: helpers prepended to every dueq script by scripts.py (not a script itself).
 -- ARGV[1] of every script is the queue clock: epoch ms, or "" for the server's TIME.
--- meta values are "attempt|token|due_ms": deliveries so far, the live lease token ("" when not
--- leased) and the due time the current delivery was claimed at.
+-- meta values are "attempt|token|due_ms|first_ms": deliveries so far, the live lease token (""
+-- when not leased), the due time the current delivery was claimed at, and when the task was
+-- first claimed (the start of its retry history, as tenacity counts it).
 
 local function dueq_now(arg)
   if arg ~= nil and arg ~= '' then return tonumber(arg) end
@@ -12,13 +13,16 @@ end
 local function ms(n) return string.format('%d', n) end
 
 local function meta_parse(v)
-  if not v then return 0, '', '' end
-  local a, t, d = string.match(v, '^(%d+)|([^|]*)|(%d*)$')
-  return tonumber(a) or 0, t or '', d or ''
+  if not v then return 0, '', '', '' end
+  local a, t, d, f = string.match(v, '^(%d+)|([^|]*)|(%d*)|(%d*)$')
+  return tonumber(a) or 0, t or '', d or '', f or ''
 end
 
-local function meta_attempt(k_meta, id)
-  local a = meta_parse(redis.call('HGET', k_meta, id))
+-- Keep attempt and first-claim time, drop the lease: the task is no longer leased.
+local function meta_unlease(k_meta, id, attempt_delta)
+  local a, _, _, f = meta_parse(redis.call('HGET', k_meta, id))
+  a = math.max(a + attempt_delta, 0)
+  redis.call('HSET', k_meta, id, a .. '|||' .. f)
   return a
 end
 

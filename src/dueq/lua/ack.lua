@@ -2,7 +2,7 @@
 --
 -- KEYS[1] leased   ZSET id -> lease deadline ms
 -- KEYS[2] tasks    HASH id -> envelope
--- KEYS[3] meta     HASH id -> "attempt|token|due_ms"
+-- KEYS[3] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[4] errors   HASH id -> JSON list of error records
 -- KEYS[5] stats    HASH counter -> int
 -- ARGV[1] now ms, or "" for server TIME

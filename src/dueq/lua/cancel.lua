@@ -4,7 +4,7 @@
 -- KEYS[2] leased   ZSET id -> lease deadline ms
 -- KEYS[3] dead     ZSET id -> died-at ms
 -- KEYS[4] tasks    HASH id -> envelope
--- KEYS[5] meta     HASH id -> "attempt|token|due_ms"
+-- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[6] errors   HASH id -> JSON list of error records
 -- KEYS[7] stats    HASH counter -> int
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)

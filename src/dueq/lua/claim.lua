@@ -4,7 +4,7 @@
 -- KEYS[1] due      ZSET id -> due ms
 -- KEYS[2] leased   ZSET id -> lease deadline ms
 -- KEYS[3] tasks    HASH id -> envelope
--- KEYS[4] meta     HASH id -> "attempt|token|due_ms"
+-- KEYS[4] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
@@ -17,7 +17,7 @@
 -- ARGV[7] dead-letter cap: oldest age kept, ms
 -- ARGV[8..] backoff ms after attempt 1, 2, ... for expired leases (the last entry repeats)
 -- Returns {now, next_due ms or -1, next_lease_deadline ms or -1, token, lease_deadline,
---          id1, envelope1, attempt1, due1, id2, envelope2, ...}
+--          id1, envelope1, attempt1, due1, first_claimed1, id2, envelope2, ...}
 
 local now = dueq_now(ARGV[1])
 local limit = tonumber(ARGV[2])
@@ -33,11 +33,10 @@ local died, retried = 0, 0
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
   if redis.call('HEXISTS', KEYS[3], id) == 1 then
-    local attempt = meta_attempt(KEYS[4], id)
+    local attempt = meta_unlease(KEYS[4], id, 0)
     error_append(KEYS[5], id, '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
       ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
       'the worker died, hung or outlived its lease","traceback":null}')
-    redis.call('HSET', KEYS[4], id, attempt .. '||')
     if attempt >= max_attempts then
       redis.call('ZADD', KEYS[6], now, id)
       died = died + 1
@@ -79,15 +78,18 @@ if n > 0 then
   for i = 1, n do
     local id, due_ms = ids[i], due[2 * i]
     if envelopes[i] then
-      local attempt = meta_parse(metas[i]) + 1
+      local attempt, _, _, first = meta_parse(metas[i])
+      attempt = attempt + 1
+      if first == '' then first = ms(now) end
       leased[#leased + 1] = deadline
       leased[#leased + 1] = id
       meta[#meta + 1] = id
-      meta[#meta + 1] = attempt .. '|' .. token .. '|' .. due_ms
+      meta[#meta + 1] = attempt .. '|' .. token .. '|' .. due_ms .. '|' .. first
       out[#out + 1] = id
       out[#out + 1] = envelopes[i]
       out[#out + 1] = attempt
       out[#out + 1] = due_ms
+      out[#out + 1] = first
     else
       orphans[#orphans + 1] = id  -- a due entry without data: drop it
     end

@@ -4,7 +4,7 @@
 -- KEYS[1] dead     ZSET id -> died-at ms
 -- KEYS[2] due      ZSET id -> due ms
 -- KEYS[3] tasks    HASH id -> envelope
--- KEYS[4] meta     HASH id -> "attempt|token|due_ms"
+-- KEYS[4] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] stats    HASH counter -> int
 -- KEYS[7] wake     Pub/Sub channel

@@ -1,7 +1,7 @@
 -- extend.lua: move a held lease's deadline to now + the given length.
 --
 -- KEYS[1] leased   ZSET id -> lease deadline ms
--- KEYS[2] meta     HASH id -> "attempt|token|due_ms"
+-- KEYS[2] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token

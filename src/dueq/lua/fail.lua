@@ -3,7 +3,7 @@
 -- KEYS[1] due      ZSET id -> due ms
 -- KEYS[2] leased   ZSET id -> lease deadline ms
 -- KEYS[3] tasks    HASH id -> envelope
--- KEYS[4] meta     HASH id -> "attempt|token|due_ms"
+-- KEYS[4] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int
@@ -22,10 +22,9 @@ local now = dueq_now(ARGV[1])
 local id, token = ARGV[2], ARGV[3]
 if not lease_held(KEYS[2], KEYS[4], id, token, now) then return {0, now} end
 
-local attempt = meta_attempt(KEYS[4], id)
+meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))
 redis.call('ZREM', KEYS[2], id)
-redis.call('HSET', KEYS[4], id, attempt .. '||')
 if ARGV[5] == 'dead' then
   redis.call('ZADD', KEYS[6], now, id)
   redis.call('HINCRBY', KEYS[7], 'dead', 1)

@@ -2,7 +2,7 @@
 --
 -- KEYS[1] due      ZSET id -> due ms
 -- KEYS[2] leased   ZSET id -> lease deadline ms
--- KEYS[3] meta     HASH id -> "attempt|token|due_ms"
+-- KEYS[3] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[4] stats    HASH counter -> int
 -- KEYS[5] wake     Pub/Sub channel
 -- ARGV[1] now ms, or "" for server TIME
@@ -14,11 +14,10 @@
 local now = dueq_now(ARGV[1])
 local id = ARGV[2]
 if not lease_held(KEYS[2], KEYS[3], id, ARGV[3], now) then return -1 end
-local attempt = meta_attempt(KEYS[3], id)
 local due = now + tonumber(ARGV[4])
 local previous_head = head_score(KEYS[1])
 redis.call('ZREM', KEYS[2], id)
-redis.call('HSET', KEYS[3], id, math.max(attempt - 1, 0) .. '||')
+meta_unlease(KEYS[3], id, -1)
 redis.call('ZADD', KEYS[1], due, id)
 redis.call('HINCRBY', KEYS[4], 'released', 1)
 wake_if_earlier(KEYS[5], previous_head, due)

@@ -1,0 +1,687 @@
+#!/usr/bin/env python
+"""Core dueq benchmark: scheduling throughput, drain throughput, claim latency, memory per task.
+
+Starts its own throwaway redis-server (``dueq.server.RedisServer``, free loopback port) and
+never touches any other server. Every figure is measured in this run. Sections:
+
+1. baseline   redis-py pipelined ZADD + HSET per task (transaction=False, executed every
+              1,000 tasks); the loop also generates the id and JSON-encodes the payload, like
+              ``schedule_many`` does, so both sides do the same client-side work
+2. schedule   ``Queue.schedule_many`` (generated ids, and explicit ids), ratio to the baseline
+3. drain      ``claim(limit)`` + ``ack_many`` of due tasks in one process, limits 100/500/1000
+4. latency    one ``claim(limit=100)`` (and claim + ``ack_many``) with 1k vs 1M far-future
+              tasks in the due set; server-side claim time from SLOWLOG as well
+5. memory     INFO ``used_memory`` per task beyond the payload bytes (scheduled and leased),
+              per key from ``MEMORY USAGE``, and the baseline layout for comparison
+
+Throughput figures are the best of ``--repeat`` runs (like ``timeit``). ``--quick`` shrinks the
+sizes about 10x for a smoke run; ``--profile`` adds cProfile tables of schedule_many and drain.
+
+    .venv/bin/python scripts/bench/core.py [--quick] [--repeat N] [--profile]
+
+The table goes to stdout, followed by one JSON line with every figure; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import hashlib
+import json
+import math
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+import redis
+
+import dueq
+from dueq import Queue, Task
+from dueq.envelope import generated_ids
+from dueq.scripts import script_source
+from dueq.server import RedisServer
+
+perf = time.perf_counter
+
+FAR_FUTURE = timedelta(days=365)  # future tasks are due in a year: never claimed here
+PIPELINE_EVERY = 1000
+FUTURE_BATCH = 50_000  # tasks per schedule_many call when loading the far-future tasks
+DRAIN_LIMITS = (100, 500, 1000)
+LATENCY_LIMIT = 100
+LATENCY_WARMUP_ROUNDS = 20
+SLOWLOG_ENTRIES_PER_ROUND = 50
+
+TARGETS = {
+    "schedule_ratio_min": 2.5,
+    "drain_tasks_per_s_min": 40_000,
+    "claim_latency_ratio_max": 1.3,
+    "memory_bytes_per_task_max": 200,
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    schedule: int
+    drain: int
+    future_small: int
+    future_big: int
+    latency_rounds: int
+    memory: int
+
+
+FULL = Sizes(
+    schedule=100_000,
+    drain=50_000,
+    future_small=1_000,
+    future_big=1_000_000,
+    latency_rounds=1_000,
+    memory=100_000,
+)
+QUICK = Sizes(
+    schedule=10_000,
+    drain=5_000,
+    future_small=1_000,
+    future_big=100_000,
+    latency_rounds=200,
+    memory=10_000,
+)
+
+
+#: Payload JSON sizes (bytes) for the memory sweep.
+MEMORY_SWEEP_BYTES = (16, 40, 64, 84, 100, 128, 160, 200, 256, 300, 400, 512)
+
+
+def payload(i: int) -> dict[str, Any]:
+    """A small JSON payload; the same encoded length for every i below 90 million."""
+    return {
+        "user_id": 10_000_000 + i,
+        "action": "send_welcome_email",
+        "locale": "en-GB",
+        "retries_left": 3,
+    }
+
+
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+PAYLOAD_BYTES = len(_encode(payload(0)).encode("utf-8"))
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def sha1(source: str) -> str:
+    return hashlib.sha1(source.encode("utf-8")).hexdigest()
+
+
+def used_memory(r: redis.Redis) -> int:
+    """Redis's used_memory, read on a new connection.
+
+    Closing the old connections first frees their server-side query buffers (a 1,000-task
+    batch leaves several hundred KB there), which would otherwise count as task memory.
+    """
+    r.connection_pool.disconnect()
+    return int(r.info("memory")["used_memory"])
+
+
+def server_usec(r: redis.Redis, commands: Iterable[str]) -> int:
+    """Server time (µs) spent in these commands since the last CONFIG RESETSTAT."""
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in commands)
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), math.ceil(pct / 100 * len(ordered))))
+    return ordered[rank - 1]
+
+
+# -- 1. baseline ---------------------------------------------------------------------------------
+
+
+def run_baseline(r: redis.Redis, payloads: list[dict[str, Any]]) -> dict[str, float]:
+    r.flushdb()
+    r.config_resetstat()
+    due, tasks = "baseline:due", "baseline:tasks"
+    now_ms = int(time.time() * 1000)
+    pipe = r.pipeline(transaction=False)
+    start = perf()
+    fresh_ids = generated_ids()  # the same id source as schedule_many
+    for i, p in enumerate(payloads, 1):
+        task_id = next(fresh_ids)
+        pipe.zadd(due, {task_id: now_ms})
+        pipe.hset(tasks, task_id, _encode(p))
+        if i % PIPELINE_EVERY == 0:
+            pipe.execute()
+    pipe.execute()
+    elapsed = perf() - start
+    assert r.zcard(due) == len(payloads) == r.hlen(tasks)
+    return {"seconds": elapsed, "server_s": server_usec(r, ("zadd", "hset")) / 1e6}
+
+
+# -- 2. schedule_many ----------------------------------------------------------------------------
+
+
+def run_schedule(
+    r: redis.Redis, payloads: list[dict[str, Any]], ids: list[str] | None
+) -> dict[str, float]:
+    r.flushdb()
+    q = Queue("bench", r)
+    r.config_resetstat()
+    start = perf()
+    if ids is None:
+        result = q.schedule_many(Task(p) for p in payloads)
+    else:
+        result = q.schedule_many(Task(p, id=i) for p, i in zip(payloads, ids, strict=True))
+    elapsed = perf() - start
+    assert result.added == len(payloads) == r.zcard(q.keys.due)
+    return {"seconds": elapsed, "server_s": server_usec(r, ("evalsha", "eval")) / 1e6}
+
+
+# -- 3. drain ------------------------------------------------------------------------------------
+
+
+def drain(q: Queue, limit: int) -> tuple[int, int]:
+    done = rounds = 0
+    while True:
+        batch = q.claim(limit=limit)
+        if not batch:
+            return done, rounds
+        done += q.ack_many(batch)
+        rounds += 1
+
+
+def run_drain(r: redis.Redis, payloads: list[dict[str, Any]], limit: int) -> dict[str, float]:
+    r.flushdb()
+    q = Queue("drain", r)
+    q.schedule_many(Task(p) for p in payloads)  # delay 0: due now
+    q.check_server()  # the one-off CONFIG GET of the first claim, outside the timing
+    r.config_resetstat()
+    start = perf()
+    done, rounds = drain(q, limit)
+    elapsed = perf() - start
+    assert done == len(payloads), (done, len(payloads))
+    return {
+        "seconds": elapsed,
+        "rounds": rounds,
+        "server_s": server_usec(r, ("evalsha", "eval")) / 1e6,
+    }
+
+
+# -- 4. claim latency ----------------------------------------------------------------------------
+
+
+def load_future(q: Queue, count: int) -> float:
+    """Add ``count`` far-future tasks with ``schedule_many`` in batches; returns seconds."""
+    body = payload(0)
+    start = perf()
+    for first in range(0, count, FUTURE_BATCH):
+        size = min(FUTURE_BATCH, count - first)
+        result = q.schedule_many(Task(body, delay=FAR_FUTURE) for _ in range(size))
+        assert result.added == size
+    elapsed = perf() - start
+    assert q.redis.zcard(q.keys.due) == count
+    return elapsed
+
+
+def run_latency(r: redis.Redis, future: int, rounds: int) -> dict[str, Any]:
+    r.flushdb()
+    q = Queue("latency", r)
+    load_s = load_future(q, future)
+    due_count = (rounds + LATENCY_WARMUP_ROUNDS) * LATENCY_LIMIT
+    q.schedule_many(Task(payload(i)) for i in range(due_count))
+    q.check_server()
+    claim_sha = sha1(script_source("claim"))
+    for _ in range(LATENCY_WARMUP_ROUNDS):
+        q.ack_many(q.claim(limit=LATENCY_LIMIT))
+    # Log every command to read the server-side time of each claim call (restored below).
+    old_slower = str(r.config_get("slowlog-log-slower-than")["slowlog-log-slower-than"])
+    old_len = str(r.config_get("slowlog-max-len")["slowlog-max-len"])
+    r.config_set("slowlog-log-slower-than", 0)
+    # Commands run inside the scripts are logged too (about a dozen per claim + ack round).
+    slowlog_len = SLOWLOG_ENTRIES_PER_ROUND * rounds + 1000
+    r.config_set("slowlog-max-len", slowlog_len)
+    r.slowlog_reset()
+    claim_s: list[float] = []
+    round_s: list[float] = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            t0 = perf()
+            batch = q.claim(limit=LATENCY_LIMIT)
+            t1 = perf()
+            q.ack_many(batch)
+            t2 = perf()
+            assert len(batch) == LATENCY_LIMIT, len(batch)
+            claim_s.append(t1 - t0)
+            round_s.append(t2 - t0)
+    finally:
+        gc.enable()
+        entries = r.slowlog_get(slowlog_len)
+        r.config_set("slowlog-log-slower-than", old_slower)
+        r.config_set("slowlog-max-len", old_len)
+    server_claim_us = [
+        float(e["duration"])
+        for e in entries
+        if text(e["command"]).split(" ", 2)[:2] == ["EVALSHA", claim_sha]
+    ]
+    assert len(server_claim_us) == rounds, (len(server_claim_us), rounds)
+    assert r.zcard(q.keys.due) == future
+    return {
+        "future": future,
+        "load_s": load_s,
+        "claim_median_ms": statistics.median(claim_s) * 1e3,
+        "claim_p99_ms": percentile(claim_s, 99) * 1e3,
+        "round_median_ms": statistics.median(round_s) * 1e3,
+        "round_p99_ms": percentile(round_s, 99) * 1e3,
+        "server_claim_median_us": statistics.median(server_claim_us),
+        "server_claim_p99_us": percentile(server_claim_us, 99),
+    }
+
+
+# -- 5. memory -----------------------------------------------------------------------------------
+
+
+def key_usage(r: redis.Redis, keys: dict[str, str]) -> dict[str, int]:
+    return {name: int(r.memory_usage(key, samples=0) or 0) for name, key in keys.items()}
+
+
+def run_memory(r: redis.Redis, n: int) -> dict[str, Any]:
+    r.flushdb()
+    q = Queue("memory", r)
+    k = q.keys
+    keys = {"due": k.due, "tasks": k.tasks, "meta": k.meta, "leased": k.leased, "stats": k.stats}
+    before = used_memory(r)
+    result = q.schedule_many(Task(payload(i)) for i in range(n))
+    scheduled = used_memory(r)
+    scheduled_keys = key_usage(r, keys)
+    envelope = r.hget(k.tasks, result.ids[0]) or b""
+    while q.claim(limit=1000):  # lease everything, no ack: the leased state
+        pass
+    assert r.zcard(k.leased) == n
+    leased = used_memory(r)
+    leased_keys = key_usage(r, keys)
+
+    r.flushdb()
+    base_before = used_memory(r)
+    pipe = r.pipeline(transaction=False)
+    now_ms = int(time.time() * 1000)
+    fresh_ids = generated_ids()
+    for i in range(n):
+        task_id = next(fresh_ids)
+        pipe.zadd("baseline:due", {task_id: now_ms})
+        pipe.hset("baseline:tasks", task_id, _encode(payload(i)))
+        if (i + 1) % PIPELINE_EVERY == 0:
+            pipe.execute()
+    pipe.execute()
+    base_after = used_memory(r)
+    base_keys = key_usage(r, {"due": "baseline:due", "tasks": "baseline:tasks"})
+
+    def per_task(total: int) -> float:
+        return total / n - PAYLOAD_BYTES
+
+    return {
+        "n": n,
+        "payload_bytes": PAYLOAD_BYTES,
+        "id_bytes": len(result.ids[0]),
+        "envelope_bytes": len(envelope),
+        "scheduled_beyond_payload": per_task(scheduled - before),
+        "leased_beyond_payload": per_task(leased - before),
+        "baseline_beyond_payload": per_task(base_after - base_before),
+        "scheduled_keys_per_task": {name: b / n for name, b in scheduled_keys.items()},
+        "leased_keys_per_task": {name: b / n for name, b in leased_keys.items()},
+        "baseline_keys_per_task": {name: b / n for name, b in base_keys.items()},
+    }
+
+
+def run_memory_sweep(r: redis.Redis, n: int) -> dict[str, dict[str, float]]:
+    """Bytes per scheduled task beyond its payload, dueq vs the raw ZADD+HSET layout, for a
+    spread of payload sizes.
+
+    Redis rounds every allocation up to a size class, so one payload size can land just under
+    or just over a class boundary; both layouts pay that rounding, so compare them size by size.
+    """
+    out: dict[str, dict[str, float]] = {"dueq": {}, "baseline": {}}
+    now_ms = int(time.time() * 1000)
+    for size in MEMORY_SWEEP_BYTES:
+        body = {"f": "x" * max(size - 8, 0)}  # {"f":""} is 8 bytes of JSON
+        r.flushdb()
+        before = used_memory(r)
+        Queue("memory", r).schedule_many(Task(body) for _ in range(n))
+        out["dueq"][str(size)] = (used_memory(r) - before) / n - size
+        r.flushdb()
+        before = used_memory(r)
+        pipe = r.pipeline(transaction=False)
+        fresh_ids = generated_ids()
+        encoded = _encode(body)
+        for i in range(n):
+            task_id = next(fresh_ids)
+            pipe.zadd("baseline:due", {task_id: now_ms})
+            pipe.hset("baseline:tasks", task_id, encoded)
+            if (i + 1) % PIPELINE_EVERY == 0:
+                pipe.execute()
+        pipe.execute()
+        out["baseline"][str(size)] = (used_memory(r) - before) / n - size
+    r.flushdb()
+    return out
+
+
+# -- profiling -----------------------------------------------------------------------------------
+
+
+def profile(title: str, fn: Callable[[], object], top: int = 18) -> None:
+    print(f"\n== cProfile: {title} (sorted by tottime) ==")
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    pstats.Stats(prof, stream=sys.stdout).strip_dirs().sort_stats("tottime").print_stats(top)
+
+
+def run_profiles(r: redis.Redis, sizes: Sizes) -> None:
+    payloads = [payload(i) for i in range(sizes.schedule)]
+    r.flushdb()
+    q = Queue("profile", r)
+    profile(
+        f"schedule_many of {sizes.schedule:,} tasks",
+        lambda: q.schedule_many(Task(p) for p in payloads),
+    )
+    r.flushdb()
+    q.schedule_many(Task(p) for p in payloads[: sizes.drain])
+    q.check_server()
+    profile(f"drain of {sizes.drain:,} tasks, limit 1000", lambda: drain(q, 1000))
+
+
+# -- report --------------------------------------------------------------------------------------
+
+
+def hiredis_state() -> str:
+    try:
+        import hiredis  # type: ignore[import-not-found]
+    except ImportError:
+        return "no (pure-Python RESP parser and packer)"
+    used = "used by redis-py" if redis.utils.HIREDIS_AVAILABLE else "NOT used by redis-py"
+    return f"yes ({getattr(hiredis, '__version__', '?')}, {used})"
+
+
+def best(runs: list[dict[str, float]], n: int) -> dict[str, Any]:
+    """The fastest of several runs of ``n`` tasks, with every run's rate."""
+    top = min(runs, key=lambda run: run["seconds"])
+    return {
+        "tasks_per_s": n / top["seconds"],
+        "seconds": top["seconds"],
+        "server_us_per_task": top["server_s"] / n * 1e6,
+        "all_tasks_per_s": [n / run["seconds"] for run in runs],
+    }
+
+
+def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) -> dict[str, Any]:
+    """Run every section against a throwaway redis-server; returns the summary."""
+    with RedisServer() as server:
+        r = server.client()
+        env["redis_server"] = str(r.info("server")["redis_version"])
+        env["redis_server_binary"] = server.binary
+        env["redis_port"] = server.port
+        log(
+            f"redis-server {env['redis_server']} on 127.0.0.1:{server.port}; hiredis: "
+            f"{env['hiredis']}; sizes: {asdict(sizes)}"
+        )
+        payloads = [payload(i) for i in range(sizes.schedule)]
+        ids = [f"task-{i:07d}" for i in range(sizes.schedule)]  # 12 chars, like generated ids
+        # Warm up: load the Lua scripts and run each code path once.
+        run_baseline(r, payloads[:2000])
+        run_schedule(r, payloads[:2000], None)
+        run_drain(r, payloads[:2000], 1000)
+
+        log("1. baseline ...")
+        base_runs = [run_baseline(r, payloads) for _ in range(repeat)]
+        log("2. schedule_many ...")
+        gen_runs = [run_schedule(r, payloads, None) for _ in range(repeat)]
+        exp_runs = [run_schedule(r, payloads, ids) for _ in range(repeat)]
+        log("3. drain ...")
+        drain_runs = {
+            limit: [run_drain(r, payloads[: sizes.drain], limit) for _ in range(repeat)]
+            for limit in DRAIN_LIMITS
+        }
+        log("4. claim latency ...")
+        lat_small = run_latency(r, sizes.future_small, sizes.latency_rounds)
+        lat_big = run_latency(r, sizes.future_big, sizes.latency_rounds)
+        log("5. memory ...")
+        mem = run_memory(r, sizes.memory)
+        mem["sweep"] = run_memory_sweep(r, max(sizes.memory // 5, 2000))
+        mem["sweep_mean"] = statistics.fmean(mem["sweep"]["dueq"].values())
+        mem["sweep_baseline_mean"] = statistics.fmean(mem["sweep"]["baseline"].values())
+        if with_profile:
+            run_profiles(r, sizes)
+        r.flushdb()
+        r.close()
+
+    n = sizes.schedule
+    base = best(base_runs, n)
+    gen = best(gen_runs, n)
+    exp = best(exp_runs, n)
+    gen["ratio"] = gen["tasks_per_s"] / base["tasks_per_s"]
+    exp["ratio"] = exp["tasks_per_s"] / base["tasks_per_s"]
+    drains = {}
+    for limit, runs in drain_runs.items():
+        drains[str(limit)] = {**best(runs, sizes.drain), "rounds": runs[0]["rounds"]}
+    best_limit = max(drains, key=lambda limit: drains[limit]["tasks_per_s"])
+    lat_big["load_tasks_per_s"] = lat_big["future"] / lat_big["load_s"]
+    ratios = {
+        name: lat_big[key] / lat_small[key]
+        for name, key in (
+            ("claim_median", "claim_median_ms"),
+            ("claim_p99", "claim_p99_ms"),
+            ("round_median", "round_median_ms"),
+            ("round_p99", "round_p99_ms"),
+            ("server_claim_median", "server_claim_median_us"),
+        )
+    }
+    t = TARGETS
+    return {
+        "env": env,
+        "sizes": asdict(sizes),
+        "baseline": base,
+        "schedule_generated": gen,
+        "schedule_explicit": exp,
+        "drain": drains,
+        "drain_best": {"limit": int(best_limit), "tasks_per_s": drains[best_limit]["tasks_per_s"]},
+        "latency_small": lat_small,
+        "latency_big": lat_big,
+        "latency_ratio": ratios,
+        "memory": mem,
+        "targets": t,
+        "met": {
+            "schedule_ratio": gen["ratio"] >= t["schedule_ratio_min"],
+            "drain": drains[best_limit]["tasks_per_s"] >= t["drain_tasks_per_s_min"],
+            "claim_latency_ratio": ratios["claim_median"] <= t["claim_latency_ratio_max"],
+            "memory": mem["scheduled_beyond_payload"] <= t["memory_bytes_per_task_max"],
+        },
+    }
+
+
+def table_rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    t, met = res["targets"], res["met"]
+
+    def goal(text: str, ok: bool) -> str:
+        return f"{text} {'ok' if ok else 'MISS'}"
+
+    base, gen, exp = res["baseline"], res["schedule_generated"], res["schedule_explicit"]
+    rows = [
+        (
+            "1 baseline ZADD+HSET pipeline",
+            f"{base['tasks_per_s']:,.0f} tasks/s",
+            f"server {base['server_us_per_task']:.2f} µs/task",
+            "",
+        ),
+    ]
+    for label, sched in (("generated", gen), ("explicit", exp)):
+        ok = sched["ratio"] >= t["schedule_ratio_min"]
+        rows.append(
+            (
+                f"2 schedule_many, {label} ids",
+                f"{sched['tasks_per_s']:,.0f} tasks/s",
+                f"{sched['ratio']:.2f}x baseline; server {sched['server_us_per_task']:.2f} µs/task",
+                goal(f">= {t['schedule_ratio_min']}x", ok),
+            )
+        )
+    for limit, d in res["drain"].items():
+        rows.append(
+            (
+                f"3 drain claim({limit})+ack_many",
+                f"{d['tasks_per_s']:,.0f} tasks/s",
+                f"{d['rounds']} rounds; server {d['server_us_per_task']:.2f} µs/task",
+                "",
+            )
+        )
+    drain_best = res["drain_best"]
+    rows.append(
+        (
+            "3 drain, best limit",
+            f"{drain_best['tasks_per_s']:,.0f} tasks/s",
+            f"limit {drain_best['limit']}",
+            goal(f">= {t['drain_tasks_per_s_min']:,}", met["drain"]),
+        )
+    )
+    small, big = res["latency_small"], res["latency_big"]
+    for lat in (small, big):
+        rows.append(
+            (
+                f"4 claim(100), {lat['future']:,} future",
+                f"median {lat['claim_median_ms']:.3f} ms",
+                f"p99 {lat['claim_p99_ms']:.3f} ms; +ack median {lat['round_median_ms']:.3f} / "
+                f"p99 {lat['round_p99_ms']:.3f} ms; server median "
+                f"{lat['server_claim_median_us']:.0f} / p99 {lat['server_claim_p99_us']:.0f} µs",
+                "",
+            )
+        )
+    big_label = f"{big['future'] // 1000:,}k"
+    ratio = res["latency_ratio"]
+    rows += [
+        (
+            f"4 load {big_label} future (schedule_many)",
+            f"{big['load_tasks_per_s']:,.0f} tasks/s",
+            f"batches of {FUTURE_BATCH:,}, due in {FAR_FUTURE.days} days",
+            "",
+        ),
+        (
+            f"4 claim latency ratio {big_label}/1k",
+            f"{ratio['claim_median']:.2f}x median",
+            f"p99 {ratio['claim_p99']:.2f}x; claim+ack {ratio['round_median']:.2f}x; "
+            f"server {ratio['server_claim_median']:.2f}x",
+            goal(f"<= {t['claim_latency_ratio_max']}", met["claim_latency_ratio"]),
+        ),
+    ]
+    mem = res["memory"]
+    sk, lk, bk = (mem[f"{s}_keys_per_task"] for s in ("scheduled", "leased", "baseline"))
+    rows += [
+        (
+            "5 memory, scheduled task",
+            f"{mem['scheduled_beyond_payload']:.0f} B/task beyond payload",
+            f"payload {mem['payload_bytes']} B, envelope {mem['envelope_bytes']} B, "
+            f"id {mem['id_bytes']} B; MEMORY USAGE due {sk['due']:.0f} + tasks {sk['tasks']:.0f}",
+            goal(f"<= {t['memory_bytes_per_task_max']}", met["memory"]),
+        ),
+        (
+            "5 memory, payload size sweep",
+            f"{mem['sweep_mean']:.0f} B/task mean",
+            f"raw layout {mem['sweep_baseline_mean']:.0f} B mean; by payload bytes dueq/raw: "
+            + ", ".join(
+                f"{k}: {v:.0f}/{mem['sweep']['baseline'][k]:.0f}"
+                for k, v in mem["sweep"]["dueq"].items()
+            ),
+            "",
+        ),
+        (
+            "5 memory, leased task",
+            f"{mem['leased_beyond_payload']:.0f} B/task beyond payload",
+            f"MEMORY USAGE leased {lk['leased']:.0f} + tasks {lk['tasks']:.0f} "
+            f"+ meta {lk['meta']:.0f}",
+            "",
+        ),
+        (
+            "5 memory, baseline layout",
+            f"{mem['baseline_beyond_payload']:.0f} B/task beyond payload",
+            f"MEMORY USAGE due {bk['due']:.0f} + tasks {bk['tasks']:.0f}",
+            "",
+        ),
+    ]
+    return rows
+
+
+def print_report(res: dict[str, Any]) -> None:
+    env, sizes = res["env"], res["sizes"]
+    mode, repeat, wall = env["mode"], env["repeat"], res["wall_s"]
+    print(f"\ndueq core benchmark ({mode}, best of {repeat}, wall {wall:.1f} s)")
+    print(
+        f"redis-server {env['redis_server']} ({env['redis_server_binary']}), "
+        f"redis-py {env['redis_py']}, hiredis: {env['hiredis']}, Python {env['python']}, "
+        f"{env['platform']}, {env['cpus']} CPUs, load average {env['loadavg_1m_before']:.2f} "
+        f"before / {env['loadavg_1m_after']:.2f} after (other CPU load skews every figure)"
+    )
+    print(
+        f"sizes: schedule {sizes['schedule']:,}, drain {sizes['drain']:,}, latency future "
+        f"{sizes['future_small']:,} vs {sizes['future_big']:,} x {sizes['latency_rounds']:,} "
+        f"rounds, memory {sizes['memory']:,}; payload {PAYLOAD_BYTES} B of JSON"
+    )
+    rows = table_rows(res)
+    header = ("section", "result", "detail", "target")
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    line = "  ".join("-" * w for w in widths)
+    print(line)
+    for row in (header, None, *rows, None):
+        if row is None:
+            print(line)
+        else:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print(
+        "notes: baseline and schedule_many both make a 12-char random id and JSON-encode the "
+        "payload per task; throughput is the best run; claim latency runs with Python's gc "
+        "disabled; server times come from INFO commandstats and SLOWLOG (EVALSHA time "
+        "includes the commands the script runs)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="~10x smaller sizes (smoke run)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per throughput figure")
+    parser.add_argument("--profile", action="store_true", help="print cProfile tables too")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    env: dict[str, Any] = {
+        "redis_py": redis.__version__,
+        "hiredis": hiredis_state(),
+        "python": platform.python_version(),
+        "dueq": dueq.__version__,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "loadavg_1m_before": os.getloadavg()[0],
+        "mode": "quick" if args.quick else "full",
+        "repeat": max(1, args.repeat),
+        "payload_bytes": PAYLOAD_BYTES,
+    }
+    start = perf()
+    result = measure(sizes, env["repeat"], env, args.profile)
+    result["wall_s"] = perf() - start
+    env["loadavg_1m_after"] = os.getloadavg()[0]
+    print_report(result)
+    print(json.dumps(result, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
