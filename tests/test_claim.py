@@ -239,3 +239,23 @@ def test_works_with_a_decode_responses_client(redis_server, r, clock):
     assert [t.id for t in q.dead.list()] == ["b"]
     assert q.stats().counters["acked"] == 1
     client.close()
+
+
+def test_a_repeated_delivery_in_ack_many_counts_once(make_queue):
+    q = make_queue()
+    q.schedule("x", id="a")
+    [d] = q.claim()
+    assert q.ack_many([d, d]) == 1
+    assert q.stats().counters["acked"] == 1
+
+
+def test_ack_many_judges_a_stale_and_a_live_delivery_of_one_task_apart(make_queue, clock):
+    q = make_queue(lease=10, retry=dueq.RetryPolicy(max_attempts=3, wait=lambda s: 0))
+    q.schedule("x", id="a")
+    [stale] = q.claim()
+    clock.advance(10)
+    [live] = q.claim()
+    with pytest.raises(dueq.LeaseLost) as caught:
+        q.ack_many([stale, live])
+    assert caught.value.ids == ["a"]
+    assert q.get("a") is None  # the live holder's ack went through

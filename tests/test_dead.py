@@ -93,3 +93,28 @@ def test_dead_set_is_capped_by_age(make_queue, r):
 def test_bad_list_arguments_are_configuration_errors(buried, bad):
     with pytest.raises(dueq.ConfigurationError):
         buried.dead.list(limit=bad)
+
+
+def test_repeated_ids_are_replayed_and_purged_once(buried):
+    assert buried.dead.replay(["d0", "d0"]) == 1
+    assert buried.dead.purge(["d1", "d1", "d2"]) == 2
+    stats = buried.stats()
+    assert (stats.counters["replayed"], stats.counters["purged"]) == (1, 2)
+    assert (stats.scheduled, stats.dead) == (2, 2)
+
+
+def test_a_dead_task_exactly_at_the_age_limit_is_kept(make_queue):
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=1), dead_max_age=60)
+
+    def bury(task_id):
+        q.schedule(task_id, id=task_id)
+        [d] = q.claim()
+        d.fail(RuntimeError("x"))
+
+    bury("first")
+    q.clock.advance(60)
+    bury("second")  # "first" is exactly 60 s dead: kept
+    assert q.dead.count() == 2
+    q.clock.advance(0.001)
+    bury("third")  # now "first" is older than 60 s: trimmed
+    assert [t.id for t in q.dead.list()] == ["third", "second"]

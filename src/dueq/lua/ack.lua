@@ -6,14 +6,18 @@
 -- KEYS[4] errors   HASH id -> JSON list of error records
 -- KEYS[5] stats    HASH counter -> int
 -- ARGV[1] now ms, or "" for server TIME
--- ARGV[2..] pairs: id, lease token
+-- ARGV[2..] pairs: id, lease token (a repeated pair counts once)
 -- Returns {acked, lost_id1, lost_id2, ...}: lost ids were not acked (lease expired or taken over)
 
 local now = dueq_now(ARGV[1])
-local ids, tokens = {}, {}
+local ids, tokens, seen = {}, {}, {}
 for i = 2, #ARGV, 2 do
-  ids[#ids + 1] = ARGV[i]
-  tokens[#tokens + 1] = ARGV[i + 1]
+  local pair = ARGV[i] .. '|' .. ARGV[i + 1]
+  if not seen[pair] then
+    seen[pair] = true
+    ids[#ids + 1] = ARGV[i]
+    tokens[#tokens + 1] = ARGV[i + 1]
+  end
 end
 if #ids == 0 then return {0} end
 

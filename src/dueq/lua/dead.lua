@@ -11,13 +11,20 @@
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "replay" or "purge"
 -- ARGV[3] "ids" or "oldest"
--- ARGV[4..] the ids (with "ids"), or the most to take, oldest first (with "oldest")
+-- ARGV[4..] the ids (with "ids"; a repeated id counts once), or the most to take, oldest first
+--          (with "oldest")
 -- Returns {count} on success, or {-1, missing_id1, ...} when some ids are not dead
 
 local now = dueq_now(ARGV[1])
 local ids = {}
 if ARGV[3] == 'ids' then
-  for i = 4, #ARGV do ids[#ids + 1] = ARGV[i] end
+  local seen = {}
+  for i = 4, #ARGV do
+    if not seen[ARGV[i]] then
+      seen[ARGV[i]] = true
+      ids[#ids + 1] = ARGV[i]
+    end
+  end
   if #ids == 0 then return {0} end
   local scores = redis.call('ZMSCORE', KEYS[1], unpack(ids))
   local missing = {-1}
