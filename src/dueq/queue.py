@@ -171,7 +171,9 @@ class Queue:
         """Schedule many tasks, one round trip per batch of up to 1,000.
 
         Every task is validated and encoded before anything is written, so a bad one raises
-        (InvalidTaskError or PayloadError) and leaves the queue unchanged.
+        (InvalidTaskError or PayloadError) and leaves the queue unchanged. Each batch is atomic;
+        if Redis fails between batches the earlier ones stay, and re-running with the same
+        explicit ids adds only what is missing.
         """
         ids: list[str] = []
         records: list[bytes] = []
@@ -228,12 +230,9 @@ class Queue:
         """Move a scheduled task to a new due time; False if it is not scheduled."""
         if at is None and delay is None:
             raise InvalidTaskError("reschedule needs at= or delay=")
-        absolute, due_ms = self._due(at, delay)
-        spec = str(due_ms) if absolute else f"+{due_ms}"
-        new_due = self._run(
-            "reschedule", [self.keys.due, self.keys.wake], validate_id(task_id), spec
-        )
-        return int(new_due) >= 0
+        flags, due_ms = self._due(at, delay)
+        keys = [self.keys.due, self.keys.wake]
+        return int(self._run("reschedule", keys, validate_id(task_id), flags, due_ms)) >= 0
 
     # -- consuming ---------------------------------------------------------------------------
 

@@ -4,18 +4,15 @@
 -- KEYS[2] wake     Pub/Sub channel
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
--- ARGV[3] due: "+<delay ms>" relative to now, or "<epoch ms>"
+-- ARGV[3] flags: 1 when ARGV[4] is an absolute epoch ms, 0 when it is a delay from now
+-- ARGV[4] due (ms)
 -- Returns the new due ms, or -1 when the task is not scheduled
 
 local now = dueq_now(ARGV[1])
 local id = ARGV[2]
 if not redis.call('ZSCORE', KEYS[1], id) then return -1 end
-local due
-if string.sub(ARGV[3], 1, 1) == '+' then
-  due = now + tonumber(string.sub(ARGV[3], 2))
-else
-  due = tonumber(ARGV[3])
-end
+local due = tonumber(ARGV[4])
+if ARGV[3] ~= '1' then due = now + due end
 local previous_head = head_score(KEYS[1])
 redis.call('ZADD', KEYS[1], 'XX', due, id)
 wake_if_earlier(KEYS[2], previous_head, due)
