@@ -110,12 +110,18 @@ def test_expired_lease_waits_for_the_policy_backoff(make_queue, clock):
     assert [d.attempt for d in q.claim()] == [2]
 
 
-def test_stale_holder_is_fenced_after_takeover(make_queue, clock):
+def _stale_and_live(make_queue, clock):
+    """Task "a" claimed twice: its first lease expired and was taken over by a second claim."""
     q = make_queue(lease=10, retry=dueq.RetryPolicy(max_attempts=5, wait=lambda s: 0))
     q.schedule("x", id="a")
     [stale] = q.claim()
     clock.advance(10)
-    [fresh] = q.claim()
+    [live] = q.claim()
+    return q, stale, live
+
+
+def test_stale_holder_is_fenced_after_takeover(make_queue, clock):
+    q, stale, fresh = _stale_and_live(make_queue, clock)
     assert fresh.token != stale.token
     with pytest.raises(dueq.LeaseLost):
         stale.ack()
@@ -250,11 +256,7 @@ def test_a_repeated_delivery_in_ack_many_counts_once(make_queue):
 
 
 def test_ack_many_judges_a_stale_and_a_live_delivery_of_one_task_apart(make_queue, clock):
-    q = make_queue(lease=10, retry=dueq.RetryPolicy(max_attempts=3, wait=lambda s: 0))
-    q.schedule("x", id="a")
-    [stale] = q.claim()
-    clock.advance(10)
-    [live] = q.claim()
+    q, stale, live = _stale_and_live(make_queue, clock)
     with pytest.raises(dueq.LeaseLost) as caught:
         q.ack_many([stale, live])
     assert caught.value.ids == ["a"]
