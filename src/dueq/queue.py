@@ -46,11 +46,31 @@ from .task import Delivery, Outcome, OutcomeKind, QueueStats, ScheduleResult, Ta
 
 logger = logging.getLogger(__name__)
 
-#: Most tasks one claim call may lease, and most tasks sent in one schedule call.
+#: Most tasks one claim call may lease; most tasks and bytes sent in one schedule call (Redis
+#: refuses arguments over proto-max-bulk-len, 512 MB by default, and a long script blocks it).
 MAX_CLAIM_BATCH = 1000
 SCHEDULE_BATCH = 1000
+SCHEDULE_BATCH_BYTES = 8 * 1024 * 1024
+#: Largest payload limit a queue accepts.
+MAX_PAYLOAD_LIMIT = 64 * 1024 * 1024
+#: Oldest Redis the scripts run on (ZMSCORE).
+MIN_REDIS_VERSION = (6, 2)
 #: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
 ID_RETRIES = 5
+
+
+def _batches(records: list[bytes]) -> Iterator[list[int]]:
+    """Positions of records, in runs of at most SCHEDULE_BATCH tasks and SCHEDULE_BATCH_BYTES."""
+    batch: list[int] = []
+    size = 0
+    for i, record in enumerate(records):
+        if batch and (len(batch) == SCHEDULE_BATCH or size + len(record) > SCHEDULE_BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(i)
+        size += len(record)
+    if batch:
+        yield batch
 
 
 class ClaimBatch:
@@ -104,7 +124,7 @@ class Queue:
             raise ConfigurationError(f"retry must be a dueq.RetryPolicy, got {retry!r}")
         if clock is not None and not callable(clock):
             raise ConfigurationError("clock must be a zero-argument callable returning seconds")
-        whole_number(max_payload_bytes, "max_payload_bytes", low=1)
+        whole_number(max_payload_bytes, "max_payload_bytes", low=1, high=MAX_PAYLOAD_LIMIT)
         whole_number(dead_max_count, "dead_max_count", low=1)
         self.redis = redis_client
         self.retry = retry or RetryPolicy()
@@ -138,8 +158,12 @@ class Queue:
         return 0, 0 if delay is None else duration_ms(delay, "delay")
 
     def check_server(self) -> None:
-        """Log a warning when Redis may evict keys (only ``noeviction`` is safe for a queue)."""
+        """Check the Redis server once: refuse versions before 6.2, and log a warning when it
+        may evict keys (only ``noeviction`` is safe for a queue)."""
         self._server_checked = True
+        version = str(self.redis.info("server").get("redis_version", "0"))
+        if tuple(int(part) for part in version.split(".")[:2]) < MIN_REDIS_VERSION:
+            raise ConfigurationError(f"dueq needs Redis >= 6.2; this server runs {version}")
         try:
             policy = self.redis.config_get("maxmemory-policy").get("maxmemory-policy")
         except redis.ResponseError:  # CONFIG is disabled on some managed services
@@ -202,8 +226,8 @@ class Queue:
         keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake]
         flag = "1" if replace else "0"
         added = existing = replaced = 0
-        for start in range(0, len(records), SCHEDULE_BATCH):
-            pending = list(range(start, min(start + SCHEDULE_BATCH, len(records))))
+        for batch in _batches(records):
+            pending = batch
             for _ in range(ID_RETRIES):
                 reply = self._run("schedule", keys, flag, b"".join(records[i] for i in pending))
                 added, existing = added + int(reply[0]), existing + int(reply[1])
