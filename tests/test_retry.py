@@ -166,3 +166,12 @@ def test_stop_after_delay_judges_the_task_age(make_queue, clock):
             kinds.append(batch[0].fail(RuntimeError("e")).kind)
         clock.advance(10)
     assert kinds == ["retried", "retried", "retried", "dead"]
+
+
+def test_a_strategy_that_raises_is_refused_up_front():
+    with pytest.raises(dueq.ConfigurationError, match="attempt 1"):
+        dueq.RetryPolicy(wait=lambda state: 1 / 0)
+    with pytest.raises(dueq.ConfigurationError):
+        dueq.RetryPolicy(wait=lambda state: "soon")  # not a number
+    with pytest.raises(dueq.ConfigurationError):
+        dueq.RetryPolicy(stop=lambda state: state.missing_attribute)

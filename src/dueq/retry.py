@@ -68,6 +68,11 @@ class RetryPolicy:
             raise ConfigurationError(f"wait must be a tenacity wait strategy, got {self.wait!r}")
         if self.stop is not None and not callable(self.stop):
             raise ConfigurationError(f"stop must be a tenacity stop strategy, got {self.stop!r}")
+        try:  # a strategy that cannot answer for attempt 1 would fail at the first failure
+            self.delay_s(1)
+            self.gives_up(1)
+        except Exception as exc:
+            raise ConfigurationError(f"retry strategy raised for attempt 1: {exc!r}") from exc
 
     def delay_s(
         self, attempt: int, age_s: float = 0.0, error: BaseException | None = None
