@@ -1,0 +1,64 @@
+"""Workers killed at random (SIGKILL) while draining: nothing is lost, nothing acked twice."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import dueq
+
+TASKS = 2000
+WORKERS = 4
+
+WORKER = textwrap.dedent("""
+    import sys, time, redis, dueq
+    q = dueq.Queue("chaos", redis.Redis(port=int(sys.argv[1])), lease=0.5,
+                   retry=dueq.RetryPolicy(max_attempts=50, wait=lambda state: 0))
+    while True:
+        batch = q.claim(limit=10)
+        if not batch:
+            time.sleep(0.01)
+        for d in batch:
+            time.sleep(0.002)  # the work; a kill lands mid-task most of the time
+            try:
+                d.ack()
+            except dueq.LeaseLost:
+                pass
+""")
+
+
+def test_random_sigkills_lose_nothing_and_ack_nothing_twice(redis_server, r):
+    q = dueq.Queue("chaos", r)
+    assert q.schedule_many(dueq.Task({"n": i}) for i in range(TASKS)).added == TASKS
+
+    def spawn() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", WORKER, str(redis_server.port)])
+
+    rng = random.Random(7)
+    workers = [spawn() for _ in range(WORKERS)]
+    kills = 0
+    try:
+        for _ in range(600):  # bounded: at most about 3 minutes
+            time.sleep(0.3)
+            stats = q.stats()
+            if stats.scheduled == 0 and stats.leased == 0:
+                break
+            victim = rng.randrange(WORKERS)
+            workers[victim].send_signal(signal.SIGKILL)
+            workers[victim].wait()
+            workers[victim] = spawn()
+            kills += 1
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    stats = q.stats()
+    print(f"kills={kills} counters={stats.counters} dead={stats.dead}")
+    assert kills >= 3, "the drain finished before any worker was killed"
+    assert (stats.scheduled, stats.leased) == (0, 0)
+    assert stats.counters["acked"] + stats.dead == TASKS
+    assert stats.counters.get("expired", 0) > 0  # killed workers' leases really expired
