@@ -29,7 +29,7 @@ for i = 8, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
 
 -- 1. Expired leases: the holder died or hung. That delivery counts as a failed attempt.
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
-local died, retried = 0, 0
+local died = 0
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
   if redis.call('HEXISTS', KEYS[3], id) == 1 then
@@ -43,7 +43,6 @@ for _, id in ipairs(expired) do
     else
       local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
       redis.call('ZADD', KEYS[1], now + wait, id)
-      retried = retried + 1
     end
   else
     redis.call('HDEL', KEYS[4], id)
