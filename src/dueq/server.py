@@ -160,10 +160,4 @@ class RedisServer:
         self.stop()
 
 
-def embedded_url() -> tuple[RedisServer, str]:
-    """Start an embedded server; returns it (stop it when done) and its URL."""
-    server = RedisServer().start()
-    return server, server.url
-
-
-__all__ = ["RedisServer", "embedded_url", "find_redis_server", "free_port"]
+__all__ = ["RedisServer", "find_redis_server", "free_port"]

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 TaskState = Literal["scheduled", "leased", "dead"]
-OutcomeKind = Literal["acked", "retried", "dead", "released", "lost"]
+OutcomeKind = Literal["acked", "retried", "dead", "released"]
 
 
 @dataclass(frozen=True)
