@@ -12,6 +12,7 @@ before anything is written, so a bad payload raises PayloadError and leaves Redi
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import struct
@@ -75,15 +76,17 @@ def encode_envelope(payload: Any, max_bytes: int) -> bytes:
     return ENVELOPE_PREFIX + data
 
 
+@functools.cache
+def _record_struct(id_length: int) -> struct.Struct:
+    """The fixed part of a record (head, id, envelope length) for ids of one length."""
+    return struct.Struct(f">BdH{id_length}sI")
+
+
 def pack_task(flags: int, due_ms: int, task_id: str, envelope: bytes) -> bytes:
     """One task record of a schedule batch: flags, due (absolute ms or delay ms), id, envelope."""
     id_bytes = task_id.encode("utf-8")
-    return (
-        _RECORD_HEAD.pack(flags, due_ms, len(id_bytes))
-        + id_bytes
-        + _PAYLOAD_LENGTH.pack(len(envelope))
-        + envelope
-    )
+    n = len(id_bytes)
+    return _record_struct(n).pack(flags, due_ms, n, id_bytes, len(envelope)) + envelope
 
 
 def repack_with_id(record: bytes, task_id: str) -> bytes:

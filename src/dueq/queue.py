@@ -203,19 +203,23 @@ class Queue:
         records: list[bytes] = []
         fresh_ids = generated_ids()
         max_bytes = self.max_payload_bytes
+        due = self._due
         for position, task in enumerate(tasks):
             if not isinstance(task, Task):
                 raise InvalidTaskError(f"task {position} is a {type(task).__name__}, not dueq.Task")
             if task.id is None:
-                task_id, id_flag = next(fresh_ids), FLAG_GENERATED_ID
+                task_id, flags = next(fresh_ids), FLAG_GENERATED_ID
             else:
-                task_id, id_flag = validate_id(task.id), 0
+                task_id, flags = validate_id(task.id), 0
             try:
-                time_flag, due_ms = self._due(task.at, task.delay)
+                if task.at is None and task.delay is None:
+                    time_flag, due_ms = 0, 0  # due now
+                else:
+                    time_flag, due_ms = due(task.at, task.delay)
                 envelope = encode_envelope(task.payload, max_bytes)
             except (InvalidTaskError, PayloadError) as exc:
                 raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
-            records.append(pack_task(id_flag | time_flag, due_ms, task_id, envelope))
+            records.append(pack_task(flags | time_flag, due_ms, task_id, envelope))
             ids.append(task_id)
         return self._schedule_records(ids, records, replace, fresh_ids)
 

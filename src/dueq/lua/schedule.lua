@@ -28,8 +28,7 @@ local pos, position = 1, 0
 
 while pos <= #blob do
   local flags, due, id, envelope
-  flags, due, id, pos = struct.unpack('>BdHc0', blob, pos)
-  envelope, pos = struct.unpack('>I4c0', blob, pos)
+  flags, due, id, envelope, pos = struct.unpack('>BdHc0I4c0', blob, pos)
   position = position + 1
   if flags % 2 == 0 then due = now + due end
   local write = false
