@@ -31,11 +31,11 @@ def error_record(error: BaseException | str, attempt: int) -> str:
     if isinstance(error, BaseException):
         kind = type(error).__qualname__
         message = str(error)
-        frames = traceback.format_exception(type(error), error, error.__traceback__, limit=None)
         trace: str | None = None
-        if error.__traceback__ is not None:
+        if error.__traceback__ is not None:  # the last frames, then the "Type: message" line
             tail = traceback.extract_tb(error.__traceback__)[-TRACEBACK_FRAMES:]
-            trace = "".join(traceback.format_list(tail)) + frames[-1]
+            last_line = traceback.format_exception_only(type(error), error)[-1]
+            trace = "".join(traceback.format_list(tail)) + last_line
     else:
         kind, message, trace = "Error", str(error), None
     record = {
