@@ -5,6 +5,7 @@ every due task and leases it to one consumer; failures come back with backoff un
 in the dead-letter queue. See README.md for the guarantees.
 """
 
+from . import operators
 from .exceptions import (
     ConfigurationError,
     DueqError,
@@ -25,6 +26,7 @@ from .task import (
     Task,
     TaskInfo,
 )
+from .worker import Worker
 
 __version__ = "0.1.0.dev0"
 
@@ -46,5 +48,7 @@ __all__ = [
     "TaskInfo",
     "TaskNotFound",
     "Unrecoverable",
+    "Worker",
     "__version__",
+    "operators",
 ]

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import redis
+from reactivex import Observable, abc
 from redis.cluster import RedisCluster
 
 from .checks import whole_number
@@ -39,6 +40,7 @@ from .exceptions import (
 )
 from .failures import error_record
 from .keys import QueueKeys
+from .observe import observe_queue
 from .retry import RetryPolicy
 from .scripts import FAIL_DEAD, FAIL_LOST, Scripts
 from .snapshot import queue_stats, task_infos, text
@@ -332,8 +334,11 @@ class Queue:
             args += (d.id, d.token)
         k = self.keys
         reply = self._run("ack", [k.leased, k.tasks, k.meta, k.errors, k.stats], *args)
-        if len(reply) > 1:
-            lost = [text(x) for x in reply[1:]]
+        lost = [text(x) for x in reply[1:]]
+        lost_ids = set(lost)
+        for d in deliveries:
+            d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
+        if lost:
             raise LeaseLost(f"lease lost on {len(lost)} task(s), not acked: {lost[:10]}", lost)
         return int(reply[0])
 
@@ -357,13 +362,16 @@ class Queue:
                 delay_ms = round(self.retry.delay_s(delivery.attempt, age_s, exc) * 1000)
         record = error_record(error, delivery.attempt)
         status, at_ms = self._fail_script(delivery.id, delivery.token, record, action, delay_ms)
+        message = f"{type(error).__name__}: {error}" if exc else str(error)
         if status == FAIL_LOST:
+            delivery._settled(Outcome(delivery.id, "lost", delivery.attempt, None, message))
             raise LeaseLost(
                 f"lease on task {delivery.id!r} was lost; failure not recorded", [delivery.id]
             )
         kind: OutcomeKind = "dead" if status == FAIL_DEAD else "retried"
-        message = f"{type(error).__name__}: {error}" if exc else str(error)
-        return Outcome(delivery.id, kind, delivery.attempt, ms_datetime(at_ms), message)
+        outcome = Outcome(delivery.id, kind, delivery.attempt, ms_datetime(at_ms), message)
+        delivery._settled(outcome)
+        return outcome
 
     def _fail_script(
         self, task_id: str, token: str, record: str, action: str, delay_ms: int
@@ -406,8 +414,37 @@ class Queue:
             )
         )
         if due < 0:
+            delivery._settled(Outcome(delivery.id, "lost", delivery.attempt))
             raise LeaseLost(f"lease on task {delivery.id!r} was lost; not released", [delivery.id])
-        return Outcome(delivery.id, "released", delivery.attempt, ms_datetime(due))
+        outcome = Outcome(delivery.id, "released", delivery.attempt, ms_datetime(due))
+        delivery._settled(outcome)
+        return outcome
+
+    def observe(
+        self,
+        max_in_flight: int = 64,
+        *,
+        scheduler: abc.SchedulerBase | None = None,
+        wake: bool = True,
+        heartbeat: Duration = 5.0,
+    ) -> Observable[Delivery]:
+        """An observable of this queue's deliveries, each emitted the moment it is due.
+
+        Each subscription claims at most as many tasks as it has free slots (``max_in_flight``
+        minus deliveries emitted and not yet acked, failed or released), then sleeps until the
+        next due time or lease deadline the claim returned. With ``wake`` it also listens on
+        the queue's wake channel (Redis Pub/Sub) so that an earlier task wakes it at once;
+        ``heartbeat`` caps any sleep. Timing uses ``scheduler`` (default: a thread per
+        subscription). Redis outages are logged and retried with backoff, never ``on_error``;
+        disposing stops claiming. Pipe it into ``dueq.operators.process`` to run a handler.
+        """
+        return observe_queue(
+            self,
+            max_in_flight=max_in_flight,
+            scheduler=scheduler,
+            wake=wake,
+            heartbeat=heartbeat,
+        )
 
     # -- inspection --------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 TaskState = Literal["scheduled", "leased", "dead"]
-OutcomeKind = Literal["acked", "retried", "dead", "released"]
+OutcomeKind = Literal["acked", "retried", "dead", "released", "lost"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,9 @@ class QueueStats:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of a delivery: acked, retried (``at`` = next attempt), dead, released."""
+    """What became of a delivery: acked, retried (``at`` = next attempt), dead, released, or
+    lost (its lease expired or was taken over before it could be settled, so it is delivered
+    again)."""
 
     id: str
     kind: OutcomeKind
@@ -99,7 +102,10 @@ class Delivery:
     """
 
     __slots__ = (
+        "_on_settled",
+        "_outcome",
         "_queue",
+        "_settled_flag",
         "attempt",
         "claimed_ms",
         "due_ms",
@@ -131,6 +137,9 @@ class Delivery:
         self.token = token
         self.first_claimed_ms = first_claimed_ms
         self.claimed_ms = claimed_ms
+        self._on_settled: Callable[[Delivery], None] | None = None
+        self._outcome: Outcome | None = None
+        self._settled_flag = False
 
     @property
     def queue(self) -> Queue:
@@ -159,6 +168,20 @@ class Delivery:
     def release(self, delay: Duration = 0) -> Outcome:
         """Give the task back, due after ``delay``, without counting this delivery."""
         return self._queue.release(self, delay=delay)
+
+    @property
+    def settled(self) -> bool:
+        """True once acked, failed or released through this object, or found lost doing so."""
+        return self._settled_flag
+
+    def _settled(self, outcome: Outcome | None = None) -> None:
+        """Called once this delivery is no longer held: acked, failed, released or lost.
+        ``outcome`` is what became of it (None for an ack)."""
+        self._settled_flag = True
+        self._outcome = outcome
+        hook, self._on_settled = self._on_settled, None
+        if hook is not None:
+            hook(self)
 
     def __repr__(self) -> str:
         return (

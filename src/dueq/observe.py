@@ -1,0 +1,232 @@
+"""``Queue.observe``: an observable of deliveries that claims each task the moment it is due.
+
+Each subscription runs one consumer loop on a reactivex scheduler:
+
+1. claim as many due tasks as there are free slots (``max_in_flight`` minus the deliveries
+   emitted and not yet acked, failed or released);
+2. emit them;
+3. sleep exactly until the next due time or lease deadline the claim script returned
+   (capped by ``heartbeat``), or until a wake message says an earlier task was scheduled.
+
+All timing goes through the scheduler, so ``reactivex.testing.TestScheduler`` drives it in
+virtual time. Redis outages are logged and retried with backoff; they never reach
+``on_error``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import reactivex
+from reactivex import Observable, abc
+from reactivex.disposable import Disposable
+from reactivex.scheduler import EventLoopScheduler
+
+from .checks import whole_number
+from .clock import Duration, positive_duration_ms
+from .outage import Backoff, is_outage
+from .task import Delivery
+from .wake import WakeListener
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+logger = logging.getLogger(__name__)
+
+#: Most deliveries one subscription may hold at once (one claim call leases at most 1,000).
+MAX_IN_FLIGHT = 100_000
+
+
+def observe_queue(
+    queue: Queue,
+    *,
+    max_in_flight: int = 64,
+    scheduler: abc.SchedulerBase | None = None,
+    wake: bool = True,
+    heartbeat: Duration = 5.0,
+) -> Observable[Delivery]:
+    """The observable behind ``Queue.observe``; see there."""
+    whole_number(max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
+    heartbeat_ms = positive_duration_ms(heartbeat, "heartbeat")
+
+    def subscribe(
+        observer: abc.ObserverBase[Delivery], subscribe_scheduler: abc.SchedulerBase | None
+    ) -> abc.DisposableBase:
+        chosen = scheduler or subscribe_scheduler
+        own = EventLoopScheduler() if chosen is None else None
+        consumer = _Consumer(queue, observer, chosen or own, max_in_flight, heartbeat_ms)  # type: ignore[arg-type]
+        consumer.start(wake)
+
+        def dispose() -> None:
+            consumer.stop()
+            if own is not None:
+                own.dispose()
+
+        return Disposable(dispose)
+
+    return reactivex.create(subscribe)
+
+
+class _Consumer:
+    """One subscription's claim loop. Thread-safe: wake messages and settled deliveries arrive
+    from other threads; claims run on the scheduler."""
+
+    def __init__(
+        self,
+        queue: Queue,
+        observer: abc.ObserverBase[Delivery],
+        scheduler: abc.SchedulerBase,
+        max_in_flight: int,
+        heartbeat_ms: int,
+    ) -> None:
+        self._queue = queue
+        self._observer = observer
+        self._scheduler = scheduler
+        self._max_in_flight = max_in_flight
+        self._heartbeat_ms = heartbeat_ms
+        self._lock = threading.Lock()
+        self._in_flight: set[Delivery] = set()
+        self._timer: abc.DisposableBase | None = None
+        self._timer_at: datetime | None = None
+        self._claiming = False  # a claim step is running
+        self._again = False  # something asked for a claim while one was running
+        self._starved = False  # the last step found no free slot
+        self._stopped = False
+        self._backoff = Backoff()
+        self._listener: WakeListener | None = None
+
+    # -- control -----------------------------------------------------------------------------
+
+    def start(self, wake: bool) -> None:
+        if wake:
+            self._listener = WakeListener(self._queue, self.poke)
+            self._listener.start()
+        self._request(0)
+
+    def stop(self) -> None:
+        """Stop claiming. Deliveries already emitted stay with their subscriber."""
+        with self._lock:
+            self._stopped = True
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.dispose()
+        if self._listener is not None:
+            self._listener.stop()
+
+    def poke(self) -> None:
+        """Claim now (an earlier task was scheduled, or a slot came free)."""
+        self._request(0)
+
+    def _settled(self, delivery: Delivery) -> None:
+        with self._lock:
+            self._in_flight.discard(delivery)
+            starved, self._starved = self._starved, False
+        if starved:
+            self._request(0)
+
+    def _request(self, delay_ms: int) -> None:
+        """Run a claim step after ``delay_ms`` unless one is already due sooner."""
+        with self._lock:
+            if self._stopped:
+                return
+            if self._claiming:
+                self._again = self._again or delay_ms == 0
+                return
+            due = self._scheduler.now + timedelta(milliseconds=delay_ms)
+            if self._timer is not None and self._timer_at is not None and self._timer_at <= due:
+                return
+            previous = self._timer
+            self._timer_at = due
+            self._timer = self._scheduler.schedule_relative(
+                timedelta(milliseconds=delay_ms), self._step
+            )
+        if previous is not None:
+            previous.dispose()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _step(self, _scheduler: abc.SchedulerBase, _state: Any = None) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._timer = self._timer_at = None
+            self._claiming, self._again = True, False
+            free = self._max_in_flight - len(self._in_flight)
+        next_ms: int | None = self._heartbeat_ms
+        try:
+            next_ms = self._claim(free)
+        finally:
+            with self._lock:
+                self._claiming = False
+                if self._again and next_ms is not None:
+                    next_ms = 0
+        if next_ms is not None:
+            self._request(next_ms)
+
+    def _claim(self, free: int) -> int | None:
+        """One claim; returns ms until the next step, or None when the stream has ended."""
+        try:  # with no free slot, a claim of 0 still reads the time and reclaims lapsed leases
+            batch = self._queue.claim_batch(min(max(free, 0), 1000))
+        except Exception as exc:
+            if not is_outage(exc):
+                self._end(exc)
+                return None
+            delay_s = self._backoff.failed()
+            logger.warning(
+                "queue %r: Redis unavailable (try %d): %s; retrying in %.2f s",
+                self._queue.name,
+                self._backoff.failures,
+                exc,
+                delay_s,
+            )
+            return round(delay_s * 1000)
+        if self._backoff.succeeded():
+            logger.info("queue %r: Redis is back; claiming again", self._queue.name)
+        deliveries = batch.deliveries
+        with self._lock:
+            for d in deliveries:
+                d._on_settled = self._settled
+                self._in_flight.add(d)
+            # deliveries whose lease ran out unsettled are no longer ours: free their slots
+            lapsed = [d for d in self._in_flight if d.lease_deadline_ms <= batch.now_ms]
+            for d in lapsed:
+                self._in_flight.discard(d)
+                d._on_settled = None
+            stopped = self._stopped
+            full = len(self._in_flight) >= self._max_in_flight
+            self._starved = full
+        if stopped:
+            self._give_back(deliveries)
+            return None
+        for i, d in enumerate(deliveries):
+            try:
+                self._observer.on_next(d)
+            except Exception:  # the subscriber raised: reactivex has detached it
+                logger.exception("queue %r: subscriber raised; stopping", self._queue.name)
+                self.stop()
+                self._give_back(deliveries[i + 1 :])
+                return None
+        if full:
+            return self._heartbeat_ms  # a settled delivery pokes sooner
+        upcoming = [
+            ms for ms in (batch.next_due_ms, batch.next_lease_deadline_ms) if ms is not None
+        ]
+        if not upcoming:
+            return self._heartbeat_ms
+        return max(0, min(min(upcoming) - batch.now_ms, self._heartbeat_ms))
+
+    def _give_back(self, deliveries: list[Delivery]) -> None:
+        """Release claimed deliveries that were never emitted (attempts do not count)."""
+        for d in deliveries:
+            try:
+                d.release()
+            except Exception as exc:  # its lease expires on its own and it is redelivered
+                logger.warning("queue %r: could not release %r: %s", self._queue.name, d.id, exc)
+
+    def _end(self, exc: Exception) -> None:
+        logger.error("queue %r: consumer stopped by %r", self._queue.name, exc)
+        self.stop()
+        self._observer.on_error(exc)

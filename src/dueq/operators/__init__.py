@@ -1,0 +1,56 @@
+"""reactivex operators for streams of deliveries.
+
+``process`` is the one most services need::
+
+    outcomes = queue.observe(max_in_flight=64).pipe(dueq.operators.process(handle, concurrency=8))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import reactivex
+from reactivex import Observable, abc
+
+from ..checks import whole_number
+from ..exceptions import ConfigurationError
+from ..task import Delivery, Outcome
+from ._process import Handler, Processor
+
+__all__ = ["Handler", "process"]
+
+#: Most handler threads (or concurrent coroutines) one ``process`` may run.
+MAX_CONCURRENCY = 1024
+
+
+def process(
+    handler: Handler,
+    concurrency: int = 8,
+    *,
+    scheduler: abc.SchedulerBase | None = None,
+) -> Callable[[Observable[Delivery]], Observable[Outcome]]:
+    """Run ``handler`` on each delivery, at most ``concurrency`` at a time; emit ``Outcome``s.
+
+    A plain function runs on a pool of threads, an ``async def`` on an event loop thread.
+    Returning acks the task; raising fails it through the queue's retry policy
+    (``dueq.Unrecoverable`` goes straight to dead); a handler may also settle the delivery
+    itself (``d.fail(exc, retry_in=60)``, ``d.release()``). While the handler runs, its lease is
+    extended every third of the queue's lease. A failing handler is an ``Outcome`` (retried or
+    dead), never an ``on_error``; acks and failures are retried through Redis outages.
+    Disposing the subscription stops claiming and releases deliveries that have not started;
+    running handlers finish and are settled. ``scheduler`` times the lease keeper (a thread of
+    its own by default).
+    """
+    if not callable(handler):
+        raise ConfigurationError(f"handler must be callable, got {handler!r}")
+    whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
+
+    def operator(source: Observable[Delivery]) -> Observable[Outcome]:
+        def subscribe(
+            observer: abc.ObserverBase[Outcome], _scheduler: abc.SchedulerBase | None = None
+        ) -> abc.DisposableBase:
+            return Processor(handler, concurrency, scheduler).subscribe(source, observer)
+
+        return reactivex.create(subscribe)
+
+    return operator

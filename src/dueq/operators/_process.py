@@ -1,0 +1,490 @@
+"""The ``process`` operator: run a handler per delivery, keep its lease, ack or fail it.
+
+Threads of one subscription:
+
+- handler threads (or one asyncio loop for ``async def`` handlers) run the handler;
+- one settler thread acks successes in batches (one script call per batch and queue), fails
+  errors through the retry policy, and emits an ``Outcome`` for each delivery;
+- a lease keeper on the reactivex scheduler extends the lease of every delivery held
+  (waiting or running) once a third of its lease has passed.
+
+A failing handler is an outcome, never an ``on_error``. Redis outages are waited out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import queue as stdlib_queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from reactivex import Observable, abc
+from reactivex.disposable import Disposable
+from reactivex.scheduler import EventLoopScheduler
+
+from ..exceptions import LeaseLost
+from ..outage import is_outage, through_outages
+from ..task import Delivery, Outcome
+
+if TYPE_CHECKING:
+    from ..queue import Queue
+
+logger = logging.getLogger(__name__)
+
+#: A handler: a plain function or an ``async def`` of one delivery. Raising means failure.
+Handler = Callable[[Delivery], Any]
+_Finished = tuple[Delivery, BaseException | None]
+
+#: Most results the settler handles in one go (one ack_many call per queue).
+SETTLE_BATCH = 1000
+#: Longest pause between two lease-keeper rounds.
+KEEPER_TICK_MAX = timedelta(seconds=1)
+
+
+def is_async_handler(handler: Handler) -> bool:
+    """True for ``async def`` functions and objects whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 (a method lookup, not a callable test)
+    )
+
+
+class Processor:
+    """Runs ``handler`` for each delivery of a source, at most ``concurrency`` at a time.
+
+    ``subscribe`` starts it; ``close(grace_s)`` stops it: no more claims, deliveries that have
+    not started are released, running handlers get ``grace_s`` to finish (``None``: don't
+    wait) and are then released too.
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        concurrency: int,
+        scheduler: abc.SchedulerBase | None = None,
+    ) -> None:
+        self._handler = handler
+        self._own_scheduler = EventLoopScheduler() if scheduler is None else None
+        self._scheduler: abc.SchedulerBase = scheduler or self._own_scheduler  # type: ignore[assignment]
+        self._lock = threading.Condition()
+        self._held: dict[Delivery, datetime] = {}  # -> when its lease was last extended
+        self._running: set[Delivery] = set()
+        self._closing = False
+        self._give_up = threading.Event()  # stop retrying acks and fails through an outage
+        self._done: stdlib_queue.SimpleQueue[_Finished | None] = stdlib_queue.SimpleQueue()
+        self._emit_lock = threading.Lock()
+        self._observer: abc.ObserverBase[Outcome] | None = None
+        self._source: abc.DisposableBase | None = None
+        self._source_ended = False
+        self._keeper: abc.DisposableBase | None = None
+        self._runner: _Runner = (
+            _AsyncRunner(handler, concurrency, self._begin, self._finished, self._unstarted)
+            if is_async_handler(handler)
+            else _ThreadRunner(handler, concurrency, self._begin, self._finished, self._unstarted)
+        )
+        self._settler = threading.Thread(target=self._settle_loop, name="dueq-settler")
+        self._settler.daemon = True
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def subscribe(
+        self, source: Observable[Delivery], observer: abc.ObserverBase[Outcome]
+    ) -> abc.DisposableBase:
+        self._observer = observer
+        self._runner.start()
+        self._settler.start()
+        self._keeper = self._scheduler.schedule_relative(KEEPER_TICK_MAX, self._keep_leases)
+        self._source = source.subscribe(
+            on_next=self._accept, on_error=self._source_error, on_completed=self._source_completed
+        )
+        return Disposable(lambda: self.close(None))
+
+    def close(self, grace_s: float | None, *, hurry: threading.Event | None = None) -> None:
+        """Stop claiming, release what has not started, give running handlers ``grace_s``
+        (cut short when ``hurry`` is set)."""
+        with self._lock:
+            already = self._closing
+            self._closing = True
+        if self._source is not None:
+            self._source.dispose()
+        if already and grace_s is None:
+            return
+        for d in self._runner.drain():
+            self._unstarted(d)
+        self._runner.stop()  # running handlers finish first
+        if grace_s is None:  # settle what is running in the background, then stop
+            threading.Thread(target=self._finish_when_idle, name="dueq-closer", daemon=True).start()
+            return
+        if not self._wait_idle_or(grace_s, hurry):
+            with self._lock:
+                late = [d for d in self._held if d in self._running]
+            logger.warning(
+                "%d handler(s) still running after the %.1f s grace period; releasing their "
+                "tasks (a later ack from them is refused)",
+                len(late),
+                grace_s,
+            )
+            for d in late:
+                self._release(d)
+        self._give_up.set()
+        self._done.put(None)
+        self._settler.join(timeout=5)
+        self._stop_keeper()
+
+    def _wait_idle_or(self, timeout_s: float, hurry: threading.Event | None) -> bool:
+        """Wait until idle, ``timeout_s`` passes or ``hurry`` is set; True when idle."""
+        deadline = time.monotonic() + timeout_s
+        while not self.wait_idle(min(0.1, max(deadline - time.monotonic(), 0))):
+            if time.monotonic() >= deadline or (hurry is not None and hurry.is_set()):
+                return False
+        return True
+
+    def _finish_when_idle(self) -> None:
+        self.wait_idle(None)
+        self._done.put(None)
+        self._stop_keeper()
+
+    def wait_idle(self, timeout_s: float | None) -> bool:
+        """Wait until no delivery is held; False on timeout."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._held, timeout_s)
+
+    # -- deliveries in -----------------------------------------------------------------------
+
+    def _accept(self, delivery: Delivery) -> None:
+        with self._lock:
+            closing = self._closing
+            if not closing:
+                self._held[delivery] = self._scheduler.now
+        if closing:
+            self._release(delivery)
+        else:
+            self._runner.submit(delivery)
+
+    def _begin(self, delivery: Delivery) -> bool:
+        """A handler is about to start on ``delivery``; False if closing (then don't)."""
+        with self._lock:
+            if self._closing or delivery not in self._held:
+                return False
+            self._running.add(delivery)
+            return True
+
+    def _finished(self, delivery: Delivery, error: BaseException | None) -> None:
+        self._done.put((delivery, error))
+
+    def _unstarted(self, delivery: Delivery) -> None:
+        self._release(delivery)
+
+    def _source_error(self, error: Exception) -> None:
+        logger.error("delivery stream failed: %r", error)
+        with self._emit_lock:
+            if self._observer is not None:
+                self._observer.on_error(error)
+        self.close(None)
+
+    def _source_completed(self) -> None:
+        with self._lock:
+            self._source_ended = True
+            idle = not self._held
+        if idle:
+            self._complete()
+
+    def _complete(self) -> None:
+        with self._emit_lock:
+            if self._observer is not None:
+                self._observer.on_completed()
+        self.close(None)
+
+    # -- outcomes out ------------------------------------------------------------------------
+
+    def _settle_loop(self) -> None:
+        while True:
+            first = self._done.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < SETTLE_BATCH:
+                try:
+                    item = self._done.get_nowait()
+                except stdlib_queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            outcomes = self._settle(batch)
+            self._emit(outcomes)
+            self._forget([d for d, _ in batch])
+            if stop:
+                return
+
+    def _settle(self, batch: list[_Finished]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        to_ack: dict[Queue, list[Delivery]] = defaultdict(list)
+        for d, error in batch:
+            if d.settled:  # the handler acked, failed or released it itself
+                outcomes.append(d._outcome or Outcome(d.id, "acked", d.attempt))
+            elif error is None:
+                to_ack[d.queue].append(d)
+            else:
+                outcomes.append(self._fail(d, error))
+        for q, deliveries in to_ack.items():
+            outcomes += self._ack(q, deliveries)
+        return outcomes
+
+    def _ack(self, q: Queue, deliveries: list[Delivery]) -> list[Outcome]:
+        try:
+            through_outages(lambda: q.ack_many(deliveries), "acking", self._give_up)
+        except LeaseLost:
+            logger.warning("queue %r: lease lost before ack; the task is delivered again", q.name)
+        except Exception as exc:
+            logger.error("queue %r: could not ack %d task(s): %r", q.name, len(deliveries), exc)
+            return [Outcome(d.id, "lost", d.attempt, error=repr(exc)) for d in deliveries]
+        return [d._outcome or Outcome(d.id, "acked", d.attempt) for d in deliveries]
+
+    def _fail(self, d: Delivery, error: BaseException) -> Outcome:
+        try:
+            outcome = through_outages(lambda: d.fail(error), "recording a failure", self._give_up)
+        except LeaseLost:
+            logger.warning(
+                "queue %r: lease on %r lost before its failure was recorded", d.queue.name, d.id
+            )
+            return d._outcome or Outcome(d.id, "lost", d.attempt)
+        except Exception as exc:
+            logger.error(
+                "queue %r: could not record the failure of %r: %r", d.queue.name, d.id, exc
+            )
+            return Outcome(d.id, "lost", d.attempt, error=repr(exc))
+        log = logger.error if outcome.kind == "dead" else logger.info
+        log(
+            "queue %r: task %r attempt %d failed (%s): %s",
+            d.queue.name,
+            d.id,
+            d.attempt,
+            outcome.kind,
+            outcome.error,
+        )
+        return outcome
+
+    def _release(self, d: Delivery) -> None:
+        try:
+            outcome = through_outages(d.release, "releasing a task", self._give_up)
+        except LeaseLost:
+            outcome = Outcome(d.id, "lost", d.attempt)
+        except Exception as exc:  # its lease expires on its own; it is delivered again
+            logger.warning("queue %r: could not release %r: %r", d.queue.name, d.id, exc)
+            outcome = Outcome(d.id, "lost", d.attempt, error=repr(exc))
+        self._emit([outcome])
+        self._forget([d])
+
+    def _emit(self, outcomes: list[Outcome]) -> None:
+        with self._emit_lock:
+            observer = self._observer
+            if observer is None:
+                return
+            for outcome in outcomes:
+                try:
+                    observer.on_next(outcome)
+                except Exception:  # the subscriber's own bug; reactivex has detached it
+                    logger.exception("outcome subscriber raised; outcomes are no longer emitted")
+                    self._observer = None
+                    return
+
+    def _forget(self, deliveries: list[Delivery]) -> None:
+        with self._lock:
+            for d in deliveries:
+                self._held.pop(d, None)
+                self._running.discard(d)
+            idle = not self._held
+            complete = idle and self._source_ended and not self._closing
+            if idle:
+                self._lock.notify_all()
+        if complete:
+            self._complete()
+
+    # -- lease keeping -----------------------------------------------------------------------
+
+    def _keep_leases(self, scheduler: abc.SchedulerBase, _state: Any = None) -> None:
+        now = scheduler.now
+        tick = KEEPER_TICK_MAX
+        with self._lock:
+            held = list(self._held.items())
+        for d, extended_at in held:
+            period = timedelta(milliseconds=d.queue.lease_ms / 3)
+            tick = min(tick, period)
+            if now - extended_at < period:
+                continue
+            try:
+                d.extend(d.queue.lease_ms / 1000)
+            except LeaseLost:
+                logger.warning("queue %r: lease on %r lost while held", d.queue.name, d.id)
+            except Exception as exc:
+                if not is_outage(exc):
+                    logger.exception(
+                        "queue %r: extending the lease on %r failed", d.queue.name, d.id
+                    )
+                else:
+                    logger.warning(
+                        "queue %r: could not extend the lease on %r: %s", d.queue.name, d.id, exc
+                    )
+                continue
+            with self._lock:
+                if d in self._held:
+                    self._held[d] = now
+        with self._lock:
+            if self._keeper is not None:
+                self._keeper = scheduler.schedule_relative(tick, self._keep_leases)
+
+    def _stop_keeper(self) -> None:
+        with self._lock:
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.dispose()
+        if self._own_scheduler is not None:
+            self._own_scheduler.dispose()
+
+
+class _Runner:
+    """Runs handlers; see the two implementations below."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        concurrency: int,
+        begin: Callable[[Delivery], bool],
+        finished: Callable[[Delivery, BaseException | None], None],
+        unstarted: Callable[[Delivery], None],
+    ) -> None:
+        self._handler = handler
+        self._concurrency = concurrency
+        self._begin = begin
+        self._finished = finished
+        self._unstarted = unstarted
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def submit(self, delivery: Delivery) -> None:
+        raise NotImplementedError
+
+    def drain(self) -> list[Delivery]:
+        """Take back the deliveries not yet picked up by a handler."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class _ThreadRunner(_Runner):
+    """A plain function on ``concurrency`` threads fed by one in-memory queue."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._inbox: stdlib_queue.SimpleQueue[Delivery | None] = stdlib_queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"dueq-handler-{i}", daemon=True)
+            for i in range(self._concurrency)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, delivery: Delivery) -> None:
+        self._inbox.put(delivery)
+
+    def drain(self) -> list[Delivery]:
+        taken: list[Delivery] = []
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except stdlib_queue.Empty:
+                return taken
+            if item is not None:
+                taken.append(item)
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._inbox.put(None)
+
+    def _work(self) -> None:
+        while True:
+            d = self._inbox.get()
+            if d is None:
+                return
+            if not self._begin(d):
+                self._unstarted(d)
+                continue
+            error: BaseException | None = None
+            try:
+                result = self._handler(d)
+                if inspect.isawaitable(result):  # e.g. a partial of an async function
+                    asyncio.run(_awaited(result))
+            except BaseException as exc:  # a handler's SystemExit is its task's failure too
+                error = exc
+            self._finished(d, error)
+
+
+class _AsyncRunner(_Runner):
+    """An ``async def`` handler on one event loop thread, ``concurrency`` at a time."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="dueq-async-handlers", daemon=True
+        )
+        self._waiting: set[Delivery] = set()
+        self._waiting_lock = threading.Lock()
+        self._semaphore: asyncio.Semaphore | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, delivery: Delivery) -> None:
+        with self._waiting_lock:
+            self._waiting.add(delivery)
+        asyncio.run_coroutine_threadsafe(self._run(delivery), self._loop)
+
+    def drain(self) -> list[Delivery]:
+        with self._waiting_lock:
+            taken, self._waiting = list(self._waiting), set()
+        return taken
+
+    def stop(self) -> None:
+        def stop_when_done() -> None:
+            pending = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+            if pending:
+                self._loop.call_later(0.05, stop_when_done)
+            else:
+                self._loop.stop()
+
+        self._loop.call_soon_threadsafe(stop_when_done)
+
+    async def _run(self, d: Delivery) -> None:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self._concurrency)
+        async with self._semaphore:
+            with self._waiting_lock:
+                if d not in self._waiting:
+                    return  # drained: the closer releases it
+                self._waiting.discard(d)
+            if not self._begin(d):
+                await asyncio.get_running_loop().run_in_executor(None, self._unstarted, d)
+                return
+            error: BaseException | None = None
+            try:
+                await self._handler(d)
+            except BaseException as exc:
+                error = exc
+            self._finished(d, error)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
