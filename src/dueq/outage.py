@@ -41,8 +41,9 @@ def is_outage(exc: BaseException) -> bool:
 
 
 def outage_wait() -> WaitStrategy:
-    """Waits between tries during an outage: 50 ms doubling up to 5 s, jittered."""
-    return tenacity.wait_exponential_jitter(initial=0.05, max=5.0)
+    """Waits between tries during an outage: 50 ms doubling up to 5 s, plus up to 250 ms of
+    jitter so that many consumers do not reconnect in lock-step."""
+    return tenacity.wait_exponential(multiplier=0.05, max=5.0) + tenacity.wait_random(0, 0.25)
 
 
 class Backoff:

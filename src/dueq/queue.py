@@ -162,10 +162,10 @@ class Queue:
     def check_server(self) -> None:
         """Check the Redis server once: refuse versions before 6.2, and log a warning when it
         may evict keys (only ``noeviction`` is safe for a queue)."""
-        self._server_checked = True
         version = str(self.redis.info("server").get("redis_version", "0"))
         if tuple(int(part) for part in version.split(".")[:2]) < MIN_REDIS_VERSION:
             raise ConfigurationError(f"dueq needs Redis >= 6.2; this server runs {version}")
+        self._server_checked = True
         try:
             policy = self.redis.config_get("maxmemory-policy").get("maxmemory-policy")
         except redis.ResponseError:  # CONFIG is disabled on some managed services

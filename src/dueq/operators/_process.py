@@ -437,15 +437,20 @@ class _AsyncRunner(_Runner):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="dueq-async-handlers", daemon=True
-        )
+        self._thread = threading.Thread(target=self._serve, name="dueq-async-handlers", daemon=True)
         self._waiting: set[Delivery] = set()
         self._waiting_lock = threading.Lock()
         self._semaphore: asyncio.Semaphore | None = None
 
     def start(self) -> None:
         self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self._loop.run_forever()
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        finally:
+            self._loop.close()
 
     def submit(self, delivery: Delivery) -> None:
         with self._waiting_lock:

@@ -1,0 +1,235 @@
+"""dueq.operators.process against a real Redis: acks, retries, dead letters, leases, dispose."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import dueq
+
+WAIT_S = 30  # generous bound for things that happen in milliseconds when all is well
+
+
+class Outcomes:
+    """Collects outcomes from a subscription; ``wait(n)`` blocks until n have arrived."""
+
+    def __init__(self) -> None:
+        self.items: list[dueq.Outcome] = []
+        self.errors: list[Exception] = []
+        self._cond = threading.Condition()
+
+    def on_next(self, outcome: dueq.Outcome) -> None:
+        with self._cond:
+            self.items.append(outcome)
+            self._cond.notify_all()
+
+    def on_error(self, error: Exception) -> None:
+        self.errors.append(error)
+
+    def wait(self, n: int) -> list[dueq.Outcome]:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.items) >= n, WAIT_S), self.items
+            return list(self.items)
+
+    def kinds(self, task_id: str) -> list[tuple[str, int]]:
+        return [(o.kind, o.attempt) for o in self.items if o.id == task_id]
+
+
+@pytest.fixture
+def run(r: redis.Redis) -> Iterator[Callable[..., Outcomes]]:
+    """Start observe + process on a queue; everything is disposed at the end of the test."""
+    subs: list[Any] = []
+
+    def start(q: dueq.Queue, handler: Any, concurrency: int = 4, **observe: Any) -> Outcomes:
+        out = Outcomes()
+        stream = q.observe(**observe).pipe(dueq.operators.process(handler, concurrency))
+        subs.append(stream.subscribe(on_next=out.on_next, on_error=out.on_error))
+        return out
+
+    yield start
+    for sub in subs:
+        sub.dispose()
+
+
+def queue(r: redis.Redis, name: str = "p", **kwargs: Any) -> dueq.Queue:
+    kwargs.setdefault("retry", dueq.RetryPolicy(max_attempts=3, wait=lambda state: 0.0))
+    return dueq.Queue(name, r, **kwargs)
+
+
+def test_success_acks_failure_retries_then_buries_with_attempt_counts(
+    r: redis.Redis, run: Callable[..., Outcomes]
+) -> None:
+    q = queue(r)
+    ok = q.schedule({"fail": False}, id="ok")
+    bad = q.schedule({"fail": True}, id="bad")
+
+    def handle(d: dueq.Delivery) -> None:
+        if d.payload["fail"]:
+            raise ValueError(f"attempt {d.attempt} failed")
+
+    out = run(q, handle)
+    out.wait(4)
+    assert out.kinds(ok) == [("acked", 1)]
+    assert out.kinds(bad) == [("retried", 1), ("retried", 2), ("dead", 3)]
+    assert out.errors == []
+    dead = q.get(bad)
+    assert dead is not None and dead.state == "dead"
+    assert [(e.attempt, e.type, e.message) for e in dead.errors] == [
+        (n, "ValueError", f"attempt {n} failed") for n in (1, 2, 3)
+    ]
+    assert q.get(ok) is None
+
+
+def test_retried_outcome_carries_the_next_attempt_time(
+    r: redis.Redis, run: Callable[..., Outcomes]
+) -> None:
+    q = queue(r, retry=dueq.RetryPolicy(max_attempts=2, wait=lambda state: 3600.0))
+    q.schedule({}, id="t")
+
+    def handle(d: dueq.Delivery) -> None:
+        raise RuntimeError("later")
+
+    out = run(q, handle)
+    (outcome,) = out.wait(1)
+    info = q.get("t")
+    assert outcome.kind == "retried" and outcome.at is not None
+    assert info is not None and info.state == "scheduled" and info.due_at == outcome.at
+    assert outcome.error == "RuntimeError: later"
+
+
+def test_unrecoverable_goes_straight_to_dead(r: redis.Redis, run: Callable[..., Outcomes]) -> None:
+    q = queue(r)
+    q.schedule({}, id="poison")
+
+    def handle(d: dueq.Delivery) -> None:
+        raise dueq.Unrecoverable("malformed order")
+
+    out = run(q, handle)
+    assert [(o.kind, o.attempt) for o in out.wait(1)] == [("dead", 1)]
+
+
+def test_a_poison_task_never_stops_the_stream(r: redis.Redis, run: Callable[..., Outcomes]) -> None:
+    q = queue(r, retry=dueq.RetryPolicy(max_attempts=1))
+    q.schedule_many(dueq.Task({"i": i}, id=f"t{i}") for i in range(50))
+
+    def handle(d: dueq.Delivery) -> None:
+        if d.payload["i"] == 7:
+            raise SystemExit("a handler that exits is a failed task, not a dead worker")
+        if d.payload["i"] == 8:
+            raise KeyError("missing")
+
+    out = run(q, handle)
+    items = out.wait(50)
+    kinds = {o.id: o.kind for o in items}
+    assert kinds.pop("t7") == "dead" and kinds.pop("t8") == "dead"
+    assert set(kinds.values()) == {"acked"} and len(kinds) == 48
+    assert out.errors == []
+    late = q.schedule({"i": 100}, id="after")  # still consuming
+    out.wait(51)
+    assert out.kinds(late) == [("acked", 1)]
+
+
+def test_async_handlers_run_concurrently_on_an_event_loop(
+    r: redis.Redis, run: Callable[..., Outcomes]
+) -> None:
+    q = queue(r)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(20))
+    running = 0
+    peak = 0
+
+    async def handle(d: dueq.Delivery) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        if d.payload["i"] == 3:
+            raise RuntimeError("async failure")
+
+    out = run(q, handle, concurrency=5)
+    items = out.wait(22)  # 19 acked, then task 3 retried twice and dead
+    assert sum(o.kind == "acked" for o in items) == 19
+    assert sorted(o.kind for o in items if o.kind != "acked") == ["dead", "retried", "retried"]
+    assert 2 <= peak <= 5  # several at once, never more than the concurrency
+
+
+def test_a_handler_may_settle_its_delivery_itself(
+    r: redis.Redis, run: Callable[..., Outcomes]
+) -> None:
+    q = queue(r)
+    q.schedule({"do": "retry_in"}, id="a")
+
+    def handle(d: dueq.Delivery) -> None:
+        if d.payload["do"] == "retry_in":
+            d.fail("rate limited", retry_in=7200)
+
+    out = run(q, handle)
+    (outcome,) = out.wait(1)
+    assert (outcome.id, outcome.kind, outcome.error) == ("a", "retried", "rate limited")
+    info = q.get("a")
+    assert info is not None and info.due_at == outcome.at
+    assert outcome.at is not None and info.attempt == 1
+
+
+def test_a_handler_slower_than_the_lease_keeps_it(
+    r: redis.Redis, run: Callable[..., Outcomes]
+) -> None:
+    q = queue(r, lease=1.5)
+    tid = q.schedule({})
+    started = threading.Event()
+
+    def handle(d: dueq.Delivery) -> None:
+        started.set()
+        time.sleep(4.5)  # three leases long
+
+    out = run(q, handle)
+    assert started.wait(WAIT_S)
+    rival = dueq.Queue("p", r, lease=1.5)
+    stolen = []
+    while not out.items:  # a second consumer keeps trying to take it while the handler runs
+        stolen += rival.claim(10)
+        time.sleep(0.05)
+    assert stolen == []
+    assert out.kinds(tid) == [("acked", 1)]
+
+
+def test_dispose_releases_deliveries_that_have_not_started(r: redis.Redis) -> None:
+    q = queue(r)
+    q.schedule_many(dueq.Task({"i": i}, id=f"t{i}") for i in range(5))
+    started = threading.Event()
+    proceed = threading.Event()
+
+    def handle(d: dueq.Delivery) -> None:
+        started.set()
+        assert proceed.wait(WAIT_S)
+
+    out = Outcomes()
+    stream = q.observe(max_in_flight=5).pipe(dueq.operators.process(handle, concurrency=1))
+    sub = stream.subscribe(on_next=out.on_next)
+    assert started.wait(WAIT_S)
+    sub.dispose()
+    states = {i: q.get(f"t{i}") for i in range(5)}
+    leased = [i for i, info in states.items() if info is not None and info.state == "leased"]
+    assert len(leased) == 1  # the running one keeps its lease and finishes
+    waiting = [info for i, info in states.items() if i not in leased]
+    assert all(info is not None and info.state == "scheduled" for info in waiting)
+    assert all(info is not None and info.attempt == 0 for info in waiting)  # not counted
+    proceed.set()
+    deadline = time.monotonic() + WAIT_S
+    while q.get(f"t{leased[0]}") is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert q.get(f"t{leased[0]}") is None  # acked after dispose
+    assert q.stats().scheduled == 4
+
+
+def test_process_rejects_bad_arguments() -> None:
+    with pytest.raises(dueq.ConfigurationError):
+        dueq.operators.process("not callable")  # type: ignore[arg-type]
+    with pytest.raises(dueq.ConfigurationError):
+        dueq.operators.process(lambda d: None, concurrency=0)
