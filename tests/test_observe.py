@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import redis
+from reactivex.testing import TestScheduler
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from reactivex.testing import TestScheduler
 
 import dueq
 from dueq.server import free_port

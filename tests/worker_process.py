@@ -1,0 +1,50 @@
+"""A worker process for the tests that kill, stop and signal one (run as a script).
+
+It runs ``dueq.Worker`` on one queue. The handler pushes ``"<id>:<attempt>"`` to the Redis list
+``started`` and then sleeps ``--sleep`` seconds. On exit the worker's outcome counts go to the
+list ``exited`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+import redis
+
+import dueq
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--queue", default="w")
+    parser.add_argument("--lease", type=float, default=1.0)
+    parser.add_argument("--sleep", type=float, default=600.0)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--max-in-flight", type=int, default=None)
+    parser.add_argument("--grace", type=float, default=10.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="worker: %(levelname)s %(message)s")
+    r = redis.Redis.from_url(args.url)
+    q = dueq.Queue(args.queue, r, lease=args.lease)
+
+    def handle(d: dueq.Delivery) -> None:
+        r.rpush("started", f"{d.id}:{d.attempt}")
+        time.sleep(args.sleep)
+
+    worker = dueq.Worker(
+        q,
+        handle,
+        concurrency=args.concurrency,
+        max_in_flight=args.max_in_flight,
+        grace=args.grace,
+    )
+    worker.run()
+    r.rpush("exited", json.dumps(dict(worker.outcomes)))
+
+
+if __name__ == "__main__":
+    main()
