@@ -127,7 +127,7 @@ class _Consumer:
         if starved:
             self._request(0)
 
-    def _request(self, delay_ms: int) -> None:
+    def _request(self, delay_ms: float) -> None:
         """Run a claim step after ``delay_ms`` unless one is already due sooner."""
         with self._lock:
             if self._stopped:
@@ -155,7 +155,7 @@ class _Consumer:
             self._timer = self._timer_at = None
             self._claiming, self._again = True, False
             free = self._max_in_flight - len(self._in_flight)
-        next_ms: int | None = self._heartbeat_ms
+        next_ms: float | None = self._heartbeat_ms
         try:
             next_ms = self._claim(free)
         finally:
@@ -166,7 +166,7 @@ class _Consumer:
         if next_ms is not None:
             self._request(next_ms)
 
-    def _claim(self, free: int) -> int | None:
+    def _claim(self, free: int) -> float | None:
         """One claim; returns ms until the next step, or None when the stream has ended."""
         try:  # with no free slot, a claim of 0 still reads the time and reclaims lapsed leases
             batch = self._queue.claim_batch(min(max(free, 0), 1000))
@@ -216,7 +216,8 @@ class _Consumer:
         ]
         if not upcoming:
             return self._heartbeat_ms
-        return max(0, min(min(upcoming) - batch.now_ms, self._heartbeat_ms))
+        until_ms = min(upcoming) - batch.now_ms - batch.now_fraction_ms
+        return max(0.0, min(until_ms, self._heartbeat_ms))
 
     def _give_back(self, deliveries: list[Delivery]) -> None:
         """Release claimed deliveries that were never emitted (attempts do not count)."""

@@ -76,9 +76,14 @@ def _batches(records: list[bytes]) -> Iterator[list[int]]:
 
 
 class ClaimBatch:
-    """One claim call's result: the deliveries and when the next work is due."""
+    """One claim call's result: the deliveries and when the next work is due.
 
-    __slots__ = ("deliveries", "next_due_ms", "next_lease_deadline_ms", "now_ms")
+    ``now_ms`` is the queue clock when the claim ran, ``now_fraction_ms`` the part of a
+    millisecond past it (0 for an injected clock): together they let a consumer sleep until
+    ``next_due_ms`` to within the round trip.
+    """
+
+    __slots__ = ("deliveries", "next_due_ms", "next_lease_deadline_ms", "now_fraction_ms", "now_ms")
 
     def __init__(
         self,
@@ -86,9 +91,11 @@ class ClaimBatch:
         now_ms: int,
         next_due_ms: int | None,
         next_lease_deadline_ms: int | None,
+        now_fraction_ms: float = 0.0,
     ) -> None:
         self.deliveries = deliveries
         self.now_ms = now_ms
+        self.now_fraction_ms = now_fraction_ms
         self.next_due_ms = next_due_ms
         self.next_lease_deadline_ms = next_lease_deadline_ms
 
@@ -295,7 +302,7 @@ class Queue:
         now_ms, next_due, next_deadline = int(reply[0]), int(reply[1]), int(reply[2])
         token, deadline = text(reply[3]), int(reply[4])
         deliveries: list[Delivery] = []
-        for i in range(5, len(reply), 5):
+        for i in range(6, len(reply), 5):
             task_id, raw, attempt = text(reply[i]), reply[i + 1], int(reply[i + 2])
             try:
                 payload = decode_envelope(raw)
@@ -311,6 +318,7 @@ class Queue:
             now_ms,
             None if next_due < 0 else next_due,
             None if next_deadline < 0 else next_deadline,
+            int(reply[5]) / 1000,
         )
 
     def _bury_undecodable(self, task_id: str, token: str, attempt: int, exc: PayloadError) -> None:

@@ -4,10 +4,17 @@
 -- when not leased), the due time the current delivery was claimed at, and when the task was
 -- first claimed (the start of its retry history, as tenacity counts it).
 
-local function dueq_now(arg)
-  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+-- The queue clock in epoch ms, and the microseconds past that ms (0 for an injected clock).
+local function dueq_now_us(arg)
+  if arg ~= nil and arg ~= '' then return tonumber(arg), 0 end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = tonumber(t[2])
+  return tonumber(t[1]) * 1000 + math.floor(us / 1000), us % 1000
+end
+
+local function dueq_now(arg)
+  local now = dueq_now_us(arg)
+  return now
 end
 
 local function ms(n) return string.format('%d', n) end

@@ -17,9 +17,10 @@
 -- ARGV[7] dead-letter cap: oldest age kept, ms
 -- ARGV[8..] backoff ms after attempt 1, 2, ... for expired leases (the last entry repeats)
 -- Returns {now, next_due ms or -1, next_lease_deadline ms or -1, token, lease_deadline,
+--          now_us (microseconds past now, so a consumer can sleep to the due time exactly),
 --          id1, envelope1, attempt1, due1, first_claimed1, id2, envelope2, ...}
 
-local now = dueq_now(ARGV[1])
+local now, now_us = dueq_now_us(ARGV[1])
 local limit = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local max_attempts = tonumber(ARGV[4])
@@ -58,7 +59,7 @@ if #expired > 0 then
 end
 
 -- 2. Lease up to `limit` due tasks, earliest first.
-local out = {now, -1, -1, '', now + lease_ms}
+local out = {now, -1, -1, '', now + lease_ms, now_us}
 local due = {}
 if limit > 0 then
   due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
