@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,19 @@ def test_quickstart_retries_buries_and_replays(redis_server):
     assert "dead     email:poison attempt 3" in out
     assert out.count("ValueError: mailbox does not exist") == 3
     assert "acked    email:poison attempt 1" in out  # replayed with attempts reset
+
+
+def test_service_processes_retries_and_buries_through_the_observable(redis_server):
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / "service.py"), "--redis-url", redis_server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,  # exit 0: every task was acked or dead before the deadline
+    )
+    out = result.stdout
+    summary = ast.literal_eval(out.split("outcomes: ", 1)[1].splitlines()[0])
+    assert summary["acked"] + summary["dead"] == 60
+    assert summary["retried"] > 0  # 30% of attempts fail; none failing is a 1e-9 chance
+    assert "dead: hook:13 after 1 attempt(s): unsupported scheme" in out
+    assert "queue: scheduled=0 leased=0" in out

@@ -60,6 +60,8 @@ class WakeListener:
                         self._on_wake()  # anything scheduled while we were not listening
                     message = pubsub.get_message(timeout=POLL_S)
                 except Exception as exc:
+                    if self._stopped.is_set():
+                        return  # e.g. the client was closed right after the consumer stopped
                     if not is_outage(exc):
                         logger.exception("queue %r: wake listener stopped", self._queue.name)
                         return  # the consumer still wakes at its computed times and heartbeat
