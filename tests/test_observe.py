@@ -229,3 +229,18 @@ def test_heartbeat_accepts_a_timedelta(vq: dueq.Queue, ts: TestScheduler) -> Non
     ts.advance_by(10.0)  # no wake channel here: found by the heartbeat at 10 s
     sub.dispose()  # type: ignore[attr-defined]
     assert [d.id for _, d in got] == ["x"] and errors == []
+
+
+def test_a_consumer_warns_at_start_when_redis_may_evict_keys(
+    vq: dueq.Queue, ts: TestScheduler, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with caplog.at_level("WARNING"):
+            _, errors, sub = collect(ts, vq)
+            ts.advance_by(0.001)  # the first claim checks the server
+            sub.dispose()  # type: ignore[attr-defined]
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+    assert errors == []
+    assert any("noeviction" in rec.getMessage() for rec in caplog.records)

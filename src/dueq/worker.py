@@ -35,8 +35,8 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class Worker:
     """Runs ``handler`` on deliveries of ``queues`` with ``concurrency`` handlers at a time.
 
-    ``max_in_flight`` bounds the deliveries held per queue (running plus waiting; default twice
-    the concurrency). ``outcomes`` counts what became of them (acked, retried, dead, released,
+    ``max_in_flight`` bounds the deliveries held per queue (running plus waiting, their leases
+    kept alive; default four times the concurrency, like Celery's prefetch). ``outcomes`` counts what became of them (acked, retried, dead, released,
     lost).
     """
 
@@ -58,7 +58,7 @@ class Worker:
         whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
         self.handler = handler
         self.concurrency = concurrency
-        self.max_in_flight = max_in_flight or 2 * concurrency
+        self.max_in_flight = max_in_flight or 4 * concurrency
         whole_number(self.max_in_flight, "max_in_flight", low=1)
         self.grace_s = duration_ms(grace, "grace", error=ConfigurationError) / 1000
         self.heartbeat = heartbeat
