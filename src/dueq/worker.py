@@ -36,8 +36,8 @@ class Worker:
     """Runs ``handler`` on deliveries of ``queues`` with ``concurrency`` handlers at a time.
 
     ``max_in_flight`` bounds the deliveries held per queue (running plus waiting, their leases
-    kept alive; default four times the concurrency, like Celery's prefetch). ``outcomes`` counts what became of them (acked, retried, dead, released,
-    lost).
+    kept alive; default four times the concurrency, like Celery's prefetch). ``outcomes``
+    counts what became of them (acked, retried, dead, released, lost).
     """
 
     def __init__(
