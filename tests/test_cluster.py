@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -61,3 +62,24 @@ def test_queues_in_different_slots_run_every_script(cluster):
 def test_cross_slot_access_is_refused_by_the_cluster(cluster):
     with pytest.raises(redis.exceptions.RedisClusterException):
         cluster.register_script("return 1")(keys=["dueq:{a}:due", "dueq:{b}:due"])
+
+
+def test_observe_and_process_on_a_cluster_queue_with_wake_ups(cluster):
+    q = dueq.Queue("cluster-observe", cluster)
+    q.schedule({"far": True}, delay=3600)
+    acked: list[str] = []
+    done = threading.Event()
+
+    def on_outcome(outcome: dueq.Outcome) -> None:
+        acked.append(outcome.id)
+        done.set()
+
+    stream = q.observe(heartbeat=3600).pipe(dueq.operators.process(lambda d: None, 2))
+    sub = stream.subscribe(on_next=on_outcome)
+    try:
+        time.sleep(0.3)  # asleep until the far task; only a wake message can bring the next one
+        tid = q.schedule({"near": True})
+        assert done.wait(30), "the cluster consumer was not woken"
+    finally:
+        sub.dispose()
+    assert acked == [tid]
