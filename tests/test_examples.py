@@ -10,15 +10,20 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_quickstart_retries_buries_and_replays(redis_server):
+def run_example(name: str, redis_url: str) -> str:
+    """Run an example against the test's Redis; its stdout (a non-zero exit fails the test)."""
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "quickstart.py"), "--redis-url", redis_server.url],
+        [sys.executable, str(EXAMPLES / name), "--redis-url", redis_url],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=True,
     )
-    out = result.stdout
+    return result.stdout
+
+
+def test_quickstart_retries_buries_and_replays(redis_server):
+    out = run_example("quickstart.py", redis_server.url)
     assert "added=0 existing=1" in out
     assert "acked    email:flaky  attempt 3" in out
     assert "dead     email:poison attempt 3" in out
@@ -27,14 +32,7 @@ def test_quickstart_retries_buries_and_replays(redis_server):
 
 
 def test_service_processes_retries_and_buries_through_the_observable(redis_server):
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "service.py"), "--redis-url", redis_server.url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,  # exit 0: every task was acked or dead before the deadline
-    )
-    out = result.stdout
+    out = run_example("service.py", redis_server.url)  # exits 0 once all 60 are acked or dead
     summary = ast.literal_eval(out.split("outcomes: ", 1)[1].splitlines()[0])
     assert summary["acked"] + summary["dead"] == 60
     assert summary["retried"] > 0  # 30% of attempts fail; none failing is a 1e-9 chance

@@ -29,19 +29,19 @@ import cProfile
 import gc
 import hashlib
 import json
-import math
 import os
 import platform
 import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
 import redis
+from report import percentile, print_table
 
 import dueq
 from dueq import Queue, Task
@@ -139,13 +139,6 @@ def server_usec(r: redis.Redis, commands: Iterable[str]) -> int:
     """Server time (µs) spent in these commands since the last CONFIG RESETSTAT."""
     stats = r.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in commands)
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), math.ceil(pct / 100 * len(ordered))))
-    return ordered[rank - 1]
 
 
 # -- 1. baseline ---------------------------------------------------------------------------------
@@ -638,15 +631,7 @@ def print_report(res: dict[str, Any]) -> None:
         f"rounds, memory {sizes['memory']:,}; payload {PAYLOAD_BYTES} B of JSON"
     )
     rows = table_rows(res)
-    header = ("section", "result", "detail", "target")
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    line = "  ".join("-" * w for w in widths)
-    print(line)
-    for row in (header, None, *rows, None):
-        if row is None:
-            print(line)
-        else:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print_table(rows)
     print(
         "notes: baseline and schedule_many both make a 12-char random id and JSON-encode the "
         "payload per task; throughput is the best run; claim latency runs with Python's gc "

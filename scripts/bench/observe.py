@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 import redis
 from reactivex import operators as ops
+from report import percentile, print_table
 
 import dueq
 from dueq import Queue, Task
@@ -54,13 +53,6 @@ TARGETS = {"lag_p99_ms_max": 2.0, "early_max": 0, "drain_c8_per_s_min": 25_000}
 
 def log(message: str) -> None:
     print(f"[observe bench] {message}", file=sys.stderr, flush=True)
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), math.ceil(pct / 100 * len(ordered))))
-    return ordered[rank - 1]
 
 
 def wait_for(condition: threading.Event, what: str, timeout_s: float = 300) -> None:
@@ -247,15 +239,7 @@ def print_report(res: dict[str, Any], args: argparse.Namespace, wall_s: float) -
             "",
         )
     )
-    header = ("section", "result", "detail", "target")
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    line = "  ".join("-" * w for w in widths)
-    print(line)
-    for row in (header, None, *rows, None):
-        if row is None:
-            print(line)
-        else:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print_table(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
