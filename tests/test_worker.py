@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -189,7 +188,6 @@ def test_the_wake_listener_itself_sends_no_commands_while_idle(r: redis.Redis) -
     assert spent == 0
 
 
-@pytest.mark.skipif(os.name != "posix", reason="signals")
 def test_worker_refuses_bad_arguments(r: redis.Redis) -> None:
     q = dueq.Queue("w", r)
     with pytest.raises(dueq.ConfigurationError):
@@ -200,3 +198,22 @@ def test_worker_refuses_bad_arguments(r: redis.Redis) -> None:
         dueq.Worker(q, lambda d: None, concurrency=0)
     with pytest.raises(dueq.ConfigurationError):
         dueq.Worker(q, lambda d: None, grace=-1)
+
+
+def test_one_worker_serves_several_queues_with_an_async_handler(r: redis.Redis) -> None:
+    queues = [dueq.Queue(name, r) for name in ("alpha", "beta")]
+    for q in queues:
+        q.schedule_many(dueq.Task({"queue": q.name, "i": i}) for i in range(50))
+    seen: list[str] = []
+
+    async def handle(d: dueq.Delivery) -> None:
+        seen.append(d.payload["queue"])
+
+    worker = dueq.Worker(queues, handle, concurrency=4)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    wait_for(lambda: worker.outcomes["acked"] == 100, "100 acks")
+    worker.stop()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert sorted(seen) == ["alpha"] * 50 + ["beta"] * 50
