@@ -217,3 +217,32 @@ def test_one_worker_serves_several_queues_with_an_async_handler(r: redis.Redis) 
     thread.join(WAIT_S)
     assert not thread.is_alive()
     assert sorted(seen) == ["alpha"] * 50 + ["beta"] * 50
+
+
+def test_an_ack_during_a_redis_outage_is_retried_until_redis_is_back() -> None:
+    with RedisServer(appendonly=True) as server:
+        r = server.client()
+        q = dueq.Queue("outage-ack", r, lease=60)
+        tid = q.schedule({})
+        running = threading.Event()
+        proceed = threading.Event()
+
+        def handle(d: dueq.Delivery) -> None:
+            running.set()
+            assert proceed.wait(WAIT_S)
+
+        outcomes: list[dueq.Outcome] = []
+        stream = q.observe().pipe(dueq.operators.process(handle, concurrency=1))
+        sub = stream.subscribe(on_next=outcomes.append)
+        try:
+            assert running.wait(WAIT_S)
+            server.kill()  # Redis is gone while the handler finishes
+            proceed.set()
+            time.sleep(0.5)  # the ack fails and is retried with backoff meanwhile
+            assert outcomes == []
+            server.restart()
+            wait_for(lambda: outcomes, "the ack after the restart")
+        finally:
+            sub.dispose()
+            r.close()
+    assert [(o.id, o.kind, o.attempt) for o in outcomes] == [(tid, "acked", 1)]

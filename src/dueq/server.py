@@ -132,6 +132,10 @@ class RedisServer:
             process.kill()
             process.wait()
 
+    def kill(self) -> None:
+        """SIGKILL the server, like a crash; its port and data stay for ``restart()``."""
+        self._terminate(kill=True)
+
     def restart(self, *, kill: bool = False) -> None:
         """Stop the server (SIGKILL when ``kill``) and start it again with the same data."""
         self._terminate(kill=kill)
