@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+from reactivex.testing import TestScheduler
 
 import dueq
 
@@ -233,3 +234,37 @@ def test_process_rejects_bad_arguments() -> None:
         dueq.operators.process("not callable")  # type: ignore[arg-type]
     with pytest.raises(dueq.ConfigurationError):
         dueq.operators.process(lambda d: None, concurrency=0)
+
+
+def test_the_lease_keeper_extends_in_virtual_time(r: redis.Redis) -> None:
+    ts = TestScheduler()
+    ts.advance_to(1_800_000_000)
+    clock = lambda: ts.now.timestamp()  # noqa: E731
+    q = dueq.Queue("v", r, clock=clock, lease=30)
+    rival = dueq.Queue("v", r, clock=clock, lease=30)
+    tid = q.schedule({})
+    running, proceed = threading.Event(), threading.Event()
+
+    def handle(d: dueq.Delivery) -> None:
+        running.set()
+        assert proceed.wait(WAIT_S)
+
+    out = Outcomes()
+    stream = q.observe(scheduler=ts, wake=False).pipe(
+        dueq.operators.process(handle, concurrency=1, scheduler=ts)
+    )
+    sub = stream.subscribe(on_next=out.on_next)
+    ts.advance_by(0.001)
+    assert running.wait(WAIT_S)
+    deadlines = []
+    for _ in range(300):  # five virtual minutes, ten leases long
+        ts.advance_by(1.0)
+        assert rival.claim(1) == []  # never taken over
+        info = q.get(tid)
+        assert info is not None and info.state == "leased"
+        deadlines.append(info.lease_deadline)
+    proceed.set()
+    out.wait(1)
+    sub.dispose()
+    assert out.kinds(tid) == [("acked", 1)]
+    assert len(set(deadlines)) >= 25  # extended every 10 s (a third of the lease)
