@@ -6,20 +6,39 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_quickstart_retries_buries_and_replays(redis_server):
+def run_example(name: str, *args: str, timeout: float = 60) -> str:
+    """Run an example to completion; its stdout."""
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "quickstart.py"), "--redis-url", redis_server.url],
+        [sys.executable, str(EXAMPLES / name), *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=True,
     )
-    out = result.stdout
+    return result.stdout
+
+
+def test_quickstart_retries_buries_and_replays(redis_server):
+    out = run_example("quickstart.py", "--redis-url", redis_server.url)
     assert "added=0 existing=1" in out
     assert "acked    email:flaky  attempt 3" in out
     assert "dead     email:poison attempt 3" in out
     assert out.count("ValueError: mailbox does not exist") == 3
     assert "acked    email:poison attempt 1" in out  # replayed with attempts reset
+
+
+def test_spark_reminders_are_due_at_nine_local_time_once(r, redis_server):
+    pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
+    out = run_example(
+        "spark_reminders.py", "--redis-url", redis_server.url, "--date", "2030-01-15", timeout=120
+    )
+    assert "first run: added=5 existing=0 bad=1 {'due': 1}" in out
+    assert "second run: added=0 existing=5 bad=1" in out
+    assert "bo    2030-01-15 14:00 UTC = 09:00 America/New_York" in out
+    assert "eli   2030-01-14 20:00 UTC = 09:00 Pacific/Auckland" in out
+    assert "fay   no reminder" in out

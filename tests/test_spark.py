@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 import redis
@@ -298,22 +296,3 @@ def test_bad_arguments_raise_configuration_error(spark, redis_server, options, m
 def test_read_tasks_refuses_an_unknown_state(spark, redis_server):
     with pytest.raises(dueq.ConfigurationError, match="state"):
         ds.read_tasks(spark, queue="q", redis_url=redis_server.url, state="done")
-
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spark_reminders.py"
-
-
-def test_reminders_example_schedules_nine_local_time_once(r, redis_server):
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--redis-url", redis_server.url, "--date", "2030-01-15"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    out = result.stdout
-    assert "first run: added=5 existing=0 bad=1 {'due': 1}" in out
-    assert "second run: added=0 existing=5 bad=1" in out
-    assert "bo    2030-01-15 14:00 UTC = 09:00 America/New_York" in out
-    assert "eli   2030-01-14 20:00 UTC = 09:00 Pacific/Auckland" in out
-    assert "fay   no reminder" in out
