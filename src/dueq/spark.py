@@ -191,18 +191,14 @@ def _task_id(plan: PartitionPlan, given: Any, flags: int, due: int, payload: byt
         raise _BadRow("id", str(exc)) from None
 
 
-def schedule_rows(
-    rows: Iterable[Sequence[Any]],
-    plan: PartitionPlan,
-    connect: Callable[[str], redis.Redis] = redis.Redis.from_url,
-) -> PartitionCounts:
+def schedule_rows(rows: Iterable[Sequence[Any]], plan: PartitionPlan) -> PartitionCounts:
     """Schedule one partition's rows; the partition function, usable without Spark.
 
     Each row is ``(id or None, due or None, raw due text or None, payload JSON)`` as
     ``schedule_dataframe`` prepares it. Opens its own connection; one script call per batch.
     """
     counts = PartitionCounts()
-    client = connect(plan.redis_url)
+    client = redis.Redis.from_url(plan.redis_url)
     try:
         q = Queue(plan.queue, client, max_payload_bytes=plan.max_payload_bytes)
         ids: list[str] = []
