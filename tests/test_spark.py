@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -137,6 +137,20 @@ def test_a_failed_and_retried_partition_leaves_one_task_per_row(spark, r, redis_
     assert result.added + result.existing == ROWS
     assert result.existing > 0  # the retry met the rows its failed attempt had written
     assert r.zcard("dueq:{retried}:due") == r.hlen("dueq:{retried}:tasks") == ROWS
+
+
+def test_remember_done_keeps_a_rerun_after_the_tasks_ran_from_adding_them(spark, r, redis_server):
+    df = reminders(spark, rows=1000).drop("send_at")  # due now
+    options = {"queue": "ran", "redis_url": redis_server.url, "id_col": "user"}
+    window = timedelta(hours=1)
+    assert ds.schedule_dataframe(df, remember_done=window, **options).added == 1000
+    q = dueq.Queue("ran", r, remember_done=window)
+    while deliveries := q.claim(limit=1000):
+        q.ack_many(deliveries)
+    again = ds.schedule_dataframe(df, remember_done=window, **options)
+    assert (again.added, again.existing) == (0, 1000)
+    assert q.stats().scheduled == 0
+    assert ds.schedule_dataframe(df, **options).added == 1000  # without the window: re-created
 
 
 def test_streaming_available_now_schedules_every_row(spark, r, redis_server, tmp_path):

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import redis
 
 from .checks import whole_number
-from .clock import duration_ms
+from .clock import Duration, duration_ms, positive_duration_ms
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, ENVELOPE_PREFIX, FLAG_ABSOLUTE, pack_task
 from .envelope import validate_id as _validate_id
 from .exceptions import ConfigurationError, InvalidTaskError
@@ -138,6 +138,7 @@ class PartitionPlan:
     batch_size: int
     on_bad_row: BadRowPolicy
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    remember_done: Duration | None = None
 
 
 class _BadRow(Exception):
@@ -200,7 +201,12 @@ def schedule_rows(rows: Iterable[Sequence[Any]], plan: PartitionPlan) -> Partiti
     counts = PartitionCounts()
     client = redis.Redis.from_url(plan.redis_url)
     try:
-        q = Queue(plan.queue, client, max_payload_bytes=plan.max_payload_bytes)
+        q = Queue(
+            plan.queue,
+            client,
+            max_payload_bytes=plan.max_payload_bytes,
+            remember_done=plan.remember_done,
+        )
         ids: list[str] = []
         records: list[bytes] = []
         for number, (given, due, raw, payload) in enumerate(rows):
@@ -379,6 +385,7 @@ def schedule_dataframe(
     batch_size: int = DEFAULT_BATCH_SIZE,
     on_bad_row: BadRowPolicy = "count",
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    remember_done: Duration | None = None,
 ) -> SparkScheduleResult:
     """Schedule one task per row of ``df``; an id that is already in the queue is left alone.
 
@@ -390,6 +397,8 @@ def schedule_dataframe(
     (``on_bad_row="count"``) or stop the job with InvalidTaskError (``"raise"``); rows
     scheduled before that stay scheduled, and running again adds only what is missing.
     Works inside ``writeStream.foreachBatch`` as well (see ``foreach_batch``).
+    ``remember_done`` is the queue's window of ``Queue(remember_done=...)``: ids acked within
+    it count as existing, so re-running a job after its tasks ran adds nothing.
     """
     validate_queue_name(queue)
     if not isinstance(redis_url, str) or not redis_url:
@@ -400,9 +409,18 @@ def schedule_dataframe(
     if on_bad_row not in ("count", "raise"):
         raise ConfigurationError(f"on_bad_row must be 'count' or 'raise', got {on_bad_row!r}")
     whole_number(max_payload_bytes, "max_payload_bytes", low=1)
+    if remember_done is not None:
+        positive_duration_ms(remember_done, "remember_done")
     prepared, kind = _prepare(df, id_col, at_col, delay_col, payload_cols)
     plan = PartitionPlan(
-        queue, redis_url, kind, id_col is not None, batch_size, on_bad_row, max_payload_bytes
+        queue,
+        redis_url,
+        kind,
+        id_col is not None,
+        batch_size,
+        on_bad_row,
+        max_payload_bytes,
+        remember_done,
     )
     counts = df.sparkSession.sparkContext.accumulator(PartitionCounts(), _CountsParam())
     try:
