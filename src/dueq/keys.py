@@ -36,6 +36,7 @@ class QueueKeys:
     ``meta``    HASH id -> "attempt|token|due_ms|first_ms" (once claimed)
     ``errors``  HASH id -> JSON list of errors   ``stats``  HASH counter -> int
     ``cron``    HASH name -> cron definition
+    ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
     ``wake``    Pub/Sub channel, published when an earlier task is scheduled
     """
 
@@ -49,6 +50,7 @@ class QueueKeys:
     cron: str
     stats: str
     wake: str
+    done: str
 
     @classmethod
     def for_queue(cls, queue: str) -> QueueKeys:
@@ -64,4 +66,5 @@ class QueueKeys:
             cron=base + "cron",
             stats=base + "stats",
             wake=base + "wake",
+            done=base + "done",
         )

@@ -108,6 +108,10 @@ class Queue:
     ``clock`` (zero-argument callable returning epoch seconds) replaces the Redis server's
     ``TIME``, for tests and simulations. The dead-letter queue keeps at most
     ``dead_max_count`` tasks, none older than ``dead_max_age``.
+
+    ``remember_done`` (off by default) keeps the ids of acked tasks for that long, and
+    scheduling such an id again counts it as existing (unless ``replace=True``), so a re-run
+    producer does not re-create tasks that already ran. Give it to producers and consumers.
     """
 
     def __init__(
@@ -121,6 +125,7 @@ class Queue:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dead_max_count: int = 100_000,
         dead_max_age: Duration = timedelta(days=14),
+        remember_done: Duration | None = None,
     ) -> None:
         self.keys = QueueKeys.for_queue(name)
         self.name = name
@@ -142,6 +147,9 @@ class Queue:
         self.max_payload_bytes = max_payload_bytes
         self.dead_max_count = dead_max_count
         self.dead_max_age_ms = _positive_ms(dead_max_age, "dead_max_age")
+        self.remember_done_ms = (
+            0 if remember_done is None else _positive_ms(remember_done, "remember_done")
+        )
         self.dead = DeadLetters(self)
         self._scripts = Scripts(redis_client)
         self._server_checked = False
@@ -236,13 +244,15 @@ class Queue:
         self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
     ) -> ScheduleResult:
         k = self.keys
-        keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake]
+        keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done]
         flag = "1" if replace else "0"
+        window = self.remember_done_ms
         added = existing = replaced = 0
         for batch in _batches(records):
             pending = batch
             for _ in range(ID_RETRIES):
-                reply = self._run("schedule", keys, flag, b"".join(records[i] for i in pending))
+                blob = b"".join(records[i] for i in pending)
+                reply = self._run("schedule", keys, flag, blob, window)
                 added, existing = added + int(reply[0]), existing + int(reply[1])
                 replaced += int(reply[2])
                 pending = [pending[int(p) - 1] for p in reply[3:]]
@@ -337,11 +347,11 @@ class Queue:
         """
         if not deliveries:
             return 0
-        args: list[str] = []
+        args: list[str | int] = [self.remember_done_ms]
         for d in deliveries:
             args += (d.id, d.token)
         k = self.keys
-        reply = self._run("ack", [k.leased, k.tasks, k.meta, k.errors, k.stats], *args)
+        reply = self._run("ack", [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done], *args)
         lost = [text(x) for x in reply[1:]]
         lost_ids = set(lost)
         for d in deliveries:

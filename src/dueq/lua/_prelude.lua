@@ -104,3 +104,13 @@ local function call_chunked(cmd, key, args)
     redis.call(cmd, key, unpack(args, i, math.min(i + step - 1, #args)))
   end
 end
+
+-- ZADD every id with the same score.
+local function zadd_all(k_zset, score, ids)
+  local args = {}
+  for _, id in ipairs(ids) do
+    args[#args + 1] = score
+    args[#args + 1] = id
+  end
+  call_chunked('ZADD', k_zset, args)
+end

@@ -5,13 +5,18 @@
 -- KEYS[3] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[4] errors   HASH id -> JSON list of error records
 -- KEYS[5] stats    HASH counter -> int
+-- KEYS[6] done     ZSET id -> acked-at ms (written only when ARGV[2] > 0)
 -- ARGV[1] now ms, or "" for server TIME
--- ARGV[2..] pairs: id, lease token (a repeated pair counts once)
+-- ARGV[2] remember-done window ms: record acked ids in done, and drop entries older than the
+--         window (at most TRIM_DONE + acked per call); "0" leaves done alone
+-- ARGV[3..] pairs: id, lease token (a repeated pair counts once)
 -- Returns {acked, lost_id1, lost_id2, ...}: lost ids were not acked (lease expired or taken over)
 
+local TRIM_DONE = 1000
 local now = dueq_now(ARGV[1])
+local window = tonumber(ARGV[2])
 local ids, tokens, seen = {}, {}, {}
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local pair = ARGV[i] .. '|' .. ARGV[i + 1]
   if not seen[pair] then
     seen[pair] = true
@@ -38,6 +43,13 @@ if #done > 0 then
   call_chunked('HDEL', KEYS[3], done)
   call_chunked('HDEL', KEYS[4], done)
   redis.call('HINCRBY', KEYS[5], 'acked', #done)
+  if window > 0 then zadd_all(KEYS[6], now, done) end
+end
+if window > 0 then
+  local expired = redis.call('ZCOUNT', KEYS[6], '-inf', '(' .. ms(now - window))
+  if expired > 0 then
+    redis.call('ZREMRANGEBYRANK', KEYS[6], 0, math.min(expired, TRIM_DONE + #done) - 1)
+  end
 end
 out[1] = #done
 return out

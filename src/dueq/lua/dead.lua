@@ -42,12 +42,7 @@ call_chunked('HDEL', KEYS[4], ids)
 call_chunked('HDEL', KEYS[5], ids)
 if ARGV[2] == 'replay' then
   local previous_head = head_score(KEYS[2])
-  local zadd = {}
-  for _, id in ipairs(ids) do
-    zadd[#zadd + 1] = now
-    zadd[#zadd + 1] = id
-  end
-  call_chunked('ZADD', KEYS[2], zadd)
+  zadd_all(KEYS[2], now, ids)
   redis.call('HINCRBY', KEYS[6], 'replayed', #ids)
   wake_if_earlier(KEYS[7], previous_head, now)
 else
