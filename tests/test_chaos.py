@@ -9,12 +9,14 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 import dueq
 
 TASKS = 2000
 WORKERS = 4
 
-WORKER = textwrap.dedent("""
+CLAIM_LOOP = textwrap.dedent("""
     import sys, time, redis, dueq
     q = dueq.Queue("chaos", redis.Redis(port=int(sys.argv[1])), lease=0.5,
                    retry=dueq.RetryPolicy(max_attempts=50, wait=lambda state: 0))
@@ -30,13 +32,21 @@ WORKER = textwrap.dedent("""
                 pass
 """)
 
+REACTIVE = textwrap.dedent("""
+    import sys, time, redis, dueq
+    q = dueq.Queue("chaos", redis.Redis(port=int(sys.argv[1])), lease=0.5,
+                   retry=dueq.RetryPolicy(max_attempts=50, wait=lambda state: 0))
+    dueq.Worker(q, lambda d: time.sleep(0.02), concurrency=2).run()
+""")
 
-def test_random_sigkills_lose_nothing_and_ack_nothing_twice(redis_server, r):
+
+@pytest.mark.parametrize("worker", [CLAIM_LOOP, REACTIVE], ids=["claim-loop", "worker"])
+def test_random_sigkills_lose_nothing_and_ack_nothing_twice(redis_server, r, worker):
     q = dueq.Queue("chaos", r)
     assert q.schedule_many(dueq.Task({"n": i}) for i in range(TASKS)).added == TASKS
 
     def spawn() -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-c", WORKER, str(redis_server.port)])
+        return subprocess.Popen([sys.executable, "-c", worker, str(redis_server.port)])
 
     rng = random.Random(7)
     workers = [spawn() for _ in range(WORKERS)]
