@@ -122,16 +122,21 @@ def test_sigterm_lets_the_running_handler_finish_and_releases_the_rest(
             assert info is not None and info.state == "scheduled" and info.attempt == 0
 
 
+def run_until_acked(worker: dueq.Worker, n: int) -> None:
+    """Run the worker in a thread until it has acked ``n`` tasks, then stop it from here."""
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    wait_for(lambda: worker.outcomes["acked"] == n, f"{n} acks")
+    worker.stop()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+
+
 def test_worker_stop_from_another_thread_returns_cleanly(r: redis.Redis) -> None:
     q = dueq.Queue("w", r)
     q.schedule_many(dueq.Task({"i": i}) for i in range(100))
     worker = dueq.Worker(q, lambda d: None, concurrency=4)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    wait_for(lambda: worker.outcomes["acked"] == 100, "100 acks")
-    worker.stop()
-    thread.join(WAIT_S)
-    assert not thread.is_alive()
+    run_until_acked(worker, 100)
     assert q.stats().counters["acked"] == 100
 
 
@@ -210,12 +215,7 @@ def test_one_worker_serves_several_queues_with_an_async_handler(r: redis.Redis) 
         seen.append(d.payload["queue"])
 
     worker = dueq.Worker(queues, handle, concurrency=4)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    wait_for(lambda: worker.outcomes["acked"] == 100, "100 acks")
-    worker.stop()
-    thread.join(WAIT_S)
-    assert not thread.is_alive()
+    run_until_acked(worker, 100)
     assert sorted(seen) == ["alpha"] * 50 + ["beta"] * 50
 
 

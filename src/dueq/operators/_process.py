@@ -83,9 +83,9 @@ class Processor:
         self._source_ended = False
         self._keeper: abc.DisposableBase | None = None
         self._runner: _Runner = (
-            _AsyncRunner(handler, concurrency, self._begin, self._finished, self._unstarted)
+            _AsyncRunner(handler, concurrency, self._begin, self._finished, self._release)
             if is_async_handler(handler)
-            else _ThreadRunner(handler, concurrency, self._begin, self._finished, self._unstarted)
+            else _ThreadRunner(handler, concurrency, self._begin, self._finished, self._release)
         )
         self._settler = threading.Thread(target=self._settle_loop, name="dueq-settler")
         self._settler.daemon = True
@@ -115,7 +115,7 @@ class Processor:
         if already and grace_s is None:
             return
         for d in self._runner.drain():
-            self._unstarted(d)
+            self._release(d)
         self._runner.stop()  # running handlers finish first
         if grace_s is None:  # settle what is running in the background, then stop
             threading.Thread(target=self._finish_when_idle, name="dueq-closer", daemon=True).start()
@@ -176,9 +176,6 @@ class Processor:
 
     def _finished(self, delivery: Delivery, error: BaseException | None) -> None:
         self._done.put((delivery, error))
-
-    def _unstarted(self, delivery: Delivery) -> None:
-        self._release(delivery)
 
     def _source_error(self, error: Exception) -> None:
         logger.error("delivery stream failed: %r", error)
