@@ -83,3 +83,17 @@ def test_observe_and_process_on_a_cluster_queue_with_wake_ups(cluster):
     finally:
         sub.dispose()
     assert acked == [tid]
+
+
+def test_cron_definitions_and_occurrences_on_a_cluster_queue(cluster):
+    now = [1_800_000_000.0]
+    q = dueq.Queue("cron-cluster", cluster, clock=lambda: now[0])
+    assert q.cron.add("tick", "* * * * *", payload={"n": 1}) == "added"
+    now[0] += 60
+    (d,) = q.claim()  # the first occurrence; claiming it scheduled the next minute
+    assert d.payload == {"n": 1}
+    d.ack()
+    (definition,) = q.cron.list()
+    assert definition.next_at is not None and definition.last_fired_at is not None
+    assert definition.next_at.timestamp() > now[0]
+    assert q.cron.remove("tick") and q.stats().scheduled == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,14 @@ def test_service_processes_retries_and_buries_through_the_observable(redis_serve
     assert summary["retried"] > 0  # 30% of attempts fail; none failing is a 1e-9 chance
     assert "dead: hook:13 after 1 attempt(s): unsupported scheme" in out
     assert "queue: scheduled=0 leased=0" in out
+
+
+def test_cron_example_fires_each_slot_once_through_the_clock_change(redis_server):
+    out = run_example("cron.py", "--redis-url", redis_server.url)  # exits 1 on a double run
+    assert "ran cron:nightly-report:20260329T010000Z (attempt 1)" in out  # 02:30 -> 03:00 CEST
+    assert "ran cron:sync:20260328T090000Z (attempt 3)" in out
+    assert "288 sync runs in 72 hours" in out
+    assert len(set(re.findall(r"worker (\d):", out))) > 1  # the three workers shared the work
 
 
 def test_spark_reminders_are_due_at_nine_local_time_once(r, redis_server):

@@ -6,8 +6,11 @@ in the dead-letter queue. See README.md for the guarantees.
 """
 
 from . import operators
+from .cron import CronDefinition, Occurrence
 from .exceptions import (
     ConfigurationError,
+    CronConflict,
+    CronError,
     DueqError,
     InvalidTaskError,
     LeaseLost,
@@ -33,11 +36,15 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "ClaimBatch",
     "ConfigurationError",
+    "CronConflict",
+    "CronDefinition",
+    "CronError",
     "Delivery",
     "DueqError",
     "ErrorRecord",
     "InvalidTaskError",
     "LeaseLost",
+    "Occurrence",
     "Outcome",
     "PayloadError",
     "Queue",

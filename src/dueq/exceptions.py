@@ -6,6 +6,8 @@
     ├── ConfigurationError   (also ValueError)   bad queue name, lease, retry policy, limits
     ├── InvalidTaskError     (also ValueError)   bad id, naive datetime, negative/NaN delay
     ├── PayloadError         (also ValueError)   payload not JSON, too large, or undecodable
+    ├── CronError          (also ValueError)   bad cron expression, zone, name or missed policy
+    │   └── CronConflict                         a cron name already defined differently
     ├── TaskNotFound         (also LookupError)  an id that is not in the state asked for
     ├── LeaseLost                                a holder whose lease expired or was taken over
     └── Unrecoverable                            raised by a handler: skip retries, go to dead
@@ -21,6 +23,8 @@ from collections.abc import Iterable
 
 __all__ = [
     "ConfigurationError",
+    "CronConflict",
+    "CronError",
     "DueqError",
     "InvalidTaskError",
     "LeaseLost",
@@ -44,6 +48,14 @@ class InvalidTaskError(DueqError, ValueError):
 
 class PayloadError(DueqError, ValueError):
     """A payload cannot be encoded as JSON, is over the size limit, or cannot be decoded."""
+
+
+class CronError(DueqError, ValueError):
+    """A cron definition is invalid (expression, time zone, name or missed policy)."""
+
+
+class CronConflict(CronError):
+    """A cron definition with this name exists with other settings; pass replace=True."""
 
 
 class TaskNotFound(DueqError, LookupError):

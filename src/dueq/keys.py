@@ -35,7 +35,8 @@ class QueueKeys:
     ``tasks``   HASH id -> JSON envelope         ``dead``   ZSET id -> died-at ms
     ``meta``    HASH id -> "attempt|token|due_ms|first_ms" (once claimed)
     ``errors``  HASH id -> JSON list of errors   ``stats``  HASH counter -> int
-    ``cron``    HASH name -> cron definition
+    ``cron``    HASH name -> cron definition (JSON)
+    ``cron_state`` HASH name -> "head_ms|last_ms|head_id": the pending occurrence, last fired
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
     ``wake``    Pub/Sub channel, published when an earlier task is scheduled
     """
@@ -48,6 +49,7 @@ class QueueKeys:
     errors: str
     dead: str
     cron: str
+    cron_state: str
     stats: str
     wake: str
     done: str
@@ -64,6 +66,7 @@ class QueueKeys:
             errors=base + "errors",
             dead=base + "dead",
             cron=base + "cron",
+            cron_state=base + "cron:state",
             stats=base + "stats",
             wake=base + "wake",
             done=base + "done",

@@ -26,6 +26,9 @@ SCRIPT_NAMES = (
     "dead",
     "inspect",
     "stats",
+    "cron_add",
+    "cron_advance",
+    "cron_remove",
 )
 
 #: Status codes returned by fail.lua.

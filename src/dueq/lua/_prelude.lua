@@ -114,3 +114,19 @@ local function zadd_all(k_zset, score, ids)
   end
   call_chunked('ZADD', k_zset, args)
 end
+
+-- Add one task due at due_ms unless the id exists in any state; true if it was added.
+local function add_task(k_tasks, k_due, k_stats, id, envelope, due_ms)
+  if redis.call('HSETNX', k_tasks, id, envelope) == 0 then return false end
+  redis.call('ZADD', k_due, due_ms, id)
+  redis.call('HINCRBY', k_stats, 'scheduled', 1)
+  return true
+end
+
+-- cron_state values are "head_ms|last_ms|head_id": the pending occurrence and the last fired
+-- slot of one cron definition.
+local function cron_state_parse(v)
+  if not v then return nil end
+  local head, last, id = string.match(v, '^(%d*)|(%d*)|(.*)$')
+  return head, last, id
+end

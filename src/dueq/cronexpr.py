@@ -1,0 +1,150 @@
+"""Cron expressions in an IANA time zone: the only module that talks to croniter.
+
+croniter walks the expression over naive local wall-clock times; this module maps each wall
+time to an instant the way classic cron does around daylight-saving changes:
+
+- a wall time inside a skipped hour (spring forward) maps to the instant of the change, so it
+  runs right after it (several such slots collapse into that one instant);
+- a wall time inside a repeated hour (fall back) maps to its first occurrence only.
+
+The mapping never goes backwards as wall time goes forwards, which the searches below rely on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import CroniterError, croniter
+
+from .exceptions import CronError
+
+#: Aliases accepted besides 5-field expressions.
+ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+#: How far a zone's wall clock can jump back; searches for the latest slot start this far ahead.
+MAX_REPEAT = timedelta(hours=3)
+#: Most candidate wall times one search looks at (only a repeated hour's slots are passed over).
+MAX_STEPS = 10_000
+
+
+def normalize_expression(expr: object) -> str:
+    """The canonical text of a 5-field expression or alias; CronError if croniter refuses it."""
+    if not isinstance(expr, str):
+        raise CronError(f"cron expression must be a str, got {type(expr).__name__}")
+    text = " ".join(expr.split())
+    if text.startswith("@"):
+        text = text.lower()
+        if text not in ALIASES:
+            raise CronError(f"unknown cron alias {expr!r}; use one of {', '.join(ALIASES)}")
+        return text
+    if len(text.split(" ")) != 5:
+        raise CronError(
+            f"cron expression {expr!r} must have 5 fields (minute hour day month weekday)"
+        )
+    try:
+        croniter(text, datetime(2000, 1, 1))
+    except (CroniterError, ValueError, TypeError, KeyError) as exc:
+        raise CronError(f"invalid cron expression {expr!r}: {exc}") from exc
+    return text
+
+
+def load_zone(tz: object) -> ZoneInfo:
+    """The IANA zone named ``tz``; CronError if there is no such zone."""
+    if not isinstance(tz, str) or not tz:
+        raise CronError(f"tz must be an IANA zone name such as 'Europe/Berlin', got {tz!r}")
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise CronError(f"unknown time zone {tz!r}") from exc
+
+
+def _ms(instant: datetime) -> int:
+    return round(instant.timestamp() * 1000)
+
+
+class CronSchedule:
+    """The instants (epoch ms) at which one expression fires in one zone."""
+
+    def __init__(self, expr: str, tz: str) -> None:
+        self.expr = normalize_expression(expr)
+        self.zone = load_zone(tz)
+        self._fields = ALIASES.get(self.expr, self.expr)
+        self.next_after(0)  # refuse expressions that never fire (e.g. 31 February)
+
+    def _wall(self, ms: int) -> datetime:
+        """The naive local wall time of an instant."""
+        return datetime.fromtimestamp(ms / 1000, self.zone).replace(tzinfo=None, fold=0)
+
+    def instant(self, wall: datetime) -> int:
+        """Epoch ms at which a wall-clock slot fires (see the module docstring)."""
+        first = wall.replace(tzinfo=self.zone, fold=0)
+        ms = _ms(first)
+        if self._wall(ms) == wall:
+            return ms
+        # Skipped wall time: fold=0 lands after the change, fold=1 before it. The change is
+        # the first instant whose wall time is at or past the slot; find it to the second.
+        low = _ms(wall.replace(tzinfo=self.zone, fold=1)) // 1000
+        high = ms // 1000
+        while low < high:
+            mid = (low + high) // 2
+            if self._wall(mid * 1000) >= wall:
+                high = mid
+            else:
+                low = mid + 1
+        return high * 1000
+
+    def next_after(self, ms: int) -> int:
+        """The first firing strictly after ``ms``."""
+        return self._search(self._wall(ms), forwards=True, accept=lambda c: c > ms)
+
+    def latest_at_or_before(self, ms: int) -> int:
+        """The last firing at or before ``ms``."""
+        start = self._wall(ms) + MAX_REPEAT
+        return self._search(start, forwards=False, accept=lambda c: c <= ms)
+
+    def _search(self, start: datetime, *, forwards: bool, accept: Callable[[int], bool]) -> int:
+        """The first wall-clock slot from ``start`` whose instant ``accept`` takes."""
+        walker = croniter(self._fields, start)
+        step = walker.get_next if forwards else walker.get_prev
+        try:
+            for _ in range(MAX_STEPS):
+                candidate = self.instant(step(datetime))
+                if accept(candidate):
+                    return candidate
+        except CroniterError as exc:  # e.g. "0 0 31 2 *" never fires
+            raise CronError(f"cron expression {self.expr!r} never fires: {exc}") from exc
+        raise CronError(f"cron expression {self.expr!r} found no slot in {MAX_STEPS} steps")
+
+    def between(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
+        """Up to ``limit`` distinct firings in ``(after_ms, until_ms]``, earliest first."""
+        found: list[int] = []
+        ms = after_ms
+        while len(found) < limit:
+            ms = self.next_after(ms)
+            if ms > until_ms:
+                break
+            found.append(ms)
+        return found
+
+
+def slot_label(ms: int) -> str:
+    """A slot as compact UTC text for task ids, e.g. ``20260329T010000Z``."""
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def parse_slot_label(label: str) -> int | None:
+    """Epoch ms of a ``slot_label``, or None if ``label`` is not one."""
+    try:
+        parsed = datetime.strptime(label, "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return _ms(parsed)

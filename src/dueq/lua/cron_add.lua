@@ -1,0 +1,46 @@
+-- cron_add.lua: store a cron definition and schedule its next occurrence, all or nothing.
+--
+-- KEYS[1] cron        HASH name -> definition JSON
+-- KEYS[2] cron_state  HASH name -> "head_ms|last_ms|head_id"
+-- KEYS[3] due         ZSET id -> due ms
+-- KEYS[4] tasks       HASH id -> envelope
+-- KEYS[5] meta        HASH id -> "attempt|token|due_ms|first_ms"
+-- KEYS[6] errors      HASH id -> JSON list of error records
+-- KEYS[7] stats       HASH counter -> int
+-- KEYS[8] wake        Pub/Sub channel, told when the earliest due time moves earlier
+-- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
+-- ARGV[2] name
+-- ARGV[3] definition JSON (canonical, so equal definitions are equal strings)
+-- ARGV[4] "1" to replace a different definition of the same name, "0" to refuse it
+-- ARGV[5] next occurrence: due ms
+-- ARGV[6] next occurrence: task id
+-- ARGV[7] next occurrence: envelope
+-- Returns 0 unchanged (same definition, its pending occurrence exists), 1 added, 2 replaced,
+--         3 unchanged but its missing pending occurrence was scheduled again, -1 refused
+--         (a different definition exists and ARGV[4] is "0")
+
+local name, definition = ARGV[2], ARGV[3]
+local current = redis.call('HGET', KEYS[1], name)
+local head, last, head_id = cron_state_parse(redis.call('HGET', KEYS[2], name))
+local result
+if current == definition then
+  if head_id and head_id ~= '' and redis.call('HEXISTS', KEYS[4], head_id) == 1 then return 0 end
+  result = 3
+elseif current then
+  if ARGV[4] ~= '1' then return -1 end
+  -- The old schedule's pending occurrence goes; one already leased or retrying runs out.
+  if head_id and head_id ~= '' and redis.call('ZREM', KEYS[3], head_id) == 1 then
+    forget(KEYS[4], KEYS[5], KEYS[6], head_id)
+  end
+  result = 2
+else
+  result = 1
+end
+local due_ms = tonumber(ARGV[5])
+local previous_head = head_score(KEYS[3])
+redis.call('HSET', KEYS[1], name, definition)
+if add_task(KEYS[4], KEYS[3], KEYS[7], ARGV[6], ARGV[7], due_ms) then
+  wake_if_earlier(KEYS[8], previous_head, due_ms)
+end
+redis.call('HSET', KEYS[2], name, ARGV[5] .. '|' .. (last or '') .. '|' .. ARGV[6])
+return result

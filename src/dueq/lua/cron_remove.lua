@@ -1,0 +1,21 @@
+-- cron_remove.lua: delete a cron definition and its pending occurrence (one already leased or
+-- retrying runs out; dead occurrences stay in the dead-letter queue).
+--
+-- KEYS[1] cron        HASH name -> definition JSON
+-- KEYS[2] cron_state  HASH name -> "head_ms|last_ms|head_id"
+-- KEYS[3] due         ZSET id -> due ms
+-- KEYS[4] tasks       HASH id -> envelope
+-- KEYS[5] meta        HASH id -> "attempt|token|due_ms|first_ms"
+-- KEYS[6] errors      HASH id -> JSON list of error records
+-- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
+-- ARGV[2] name
+-- Returns 1 if the definition existed, else 0
+
+local name = ARGV[2]
+if redis.call('HDEL', KEYS[1], name) == 0 then return 0 end
+local _, _, head_id = cron_state_parse(redis.call('HGET', KEYS[2], name))
+redis.call('HDEL', KEYS[2], name)
+if head_id and head_id ~= '' and redis.call('ZREM', KEYS[3], head_id) == 1 then
+  forget(KEYS[4], KEYS[5], KEYS[6], head_id)
+end
+return 1
