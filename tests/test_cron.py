@@ -20,6 +20,7 @@ import redis
 import tenacity
 from freezegun import freeze_time
 from freezegun.api import FrozenDateTimeFactory
+from reactivex.testing import TestScheduler
 
 import dueq
 from dueq.server import RedisServer
@@ -226,6 +227,36 @@ def test_a_claim_that_drops_a_missed_slot_says_the_latest_one_is_due_now(r, froz
     assert batch.next_due_ms == batch.now_ms - 7 * 60_000  # ... and 11:00 is due: claim again
     (d,) = q.claim()
     assert d.id == "cron:quarter:20260601T110000Z"
+
+
+def test_an_observing_consumer_emits_each_occurrence_exactly_at_its_slot(r):
+    ts = TestScheduler()
+    ts.advance_to(utc(2026, 6, 1, 8, 0, 30).timestamp())
+    q = dueq.Queue("cron", r, clock=lambda: ts.now.timestamp())
+    q.cron.add("minutely", "* * * * *")
+    emitted: list[tuple[float, str]] = []
+
+    def on_next(d: dueq.Delivery) -> None:
+        emitted.append((ts.now.timestamp(), d.id))
+        d.ack()
+
+    sub = q.observe(scheduler=ts, wake=False, heartbeat=7).subscribe(on_next=on_next)  # type: ignore[arg-type]
+    for _ in range(600):  # ten virtual minutes, a second at a time
+        ts.advance_by(1.0)
+    sub.dispose()
+    # Emitted exactly at each slot: the consumer sleeps until the next occurrence, not 7 s.
+    slots = [utc(2026, 6, 1, 8, 1) + timedelta(minutes=i) for i in range(10)]
+    assert emitted == [(s.timestamp(), f"cron:minutely:{s:%Y%m%dT%H%M%SZ}") for s in slots]
+
+
+def test_add_reads_the_redis_server_clock_by_default(r):
+    q = dueq.Queue("cron", r)
+    server_now = datetime.fromtimestamp(r.time()[0], timezone.utc)
+    q.cron.add("hourly", "@hourly")
+    definition = q.cron.get("hourly")
+    assert definition is not None and definition.next_at is not None
+    assert server_now < definition.next_at <= server_now + timedelta(hours=1)
+    assert definition.next_at.minute == 0
 
 
 # -- retries ---------------------------------------------------------------------------------------
