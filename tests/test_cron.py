@@ -424,6 +424,19 @@ def test_a_removed_definitions_retrying_occurrence_runs_without_rescheduling(r, 
     assert q.stats().scheduled == 0
 
 
+def test_a_corrupted_definition_never_stops_the_claim_of_others(r, frozen, caplog):
+    q = frozen_queue(r)
+    q.cron.add("good", "@hourly")
+    q.cron.add("bad", "@hourly")
+    r.hset(q.keys.cron, "bad", "{not json")  # edited by hand in Redis
+    frozen.tick(timedelta(hours=1))
+    claimed = sorted(d.id for d in q.claim())
+    assert claimed == ["cron:bad:20260101T010000Z", "cron:good:20260101T010000Z"]
+    assert "runs without advancing its schedule" in caplog.text
+    assert q.get("cron:good:20260101T020000Z") is not None  # the good one moved on
+    assert q.get("cron:bad:20260101T020000Z") is None
+
+
 def test_occurrence_ids_name_the_definition_and_slot():
     found = dueq.Occurrence.from_id("cron:a:b:20260329T010000Z")
     assert found == dueq.Occurrence("a:b", utc(2026, 3, 29, 1))
@@ -438,7 +451,7 @@ def test_an_occurrence_held_back_by_a_redis_error_advances_on_its_next_claim(
     q.cron.add("n", "@hourly")
     frozen.tick(timedelta(hours=1))
     # A real Redis refusal after the claim: this user may run scripts but not HGET, which
-    # reading the cron definition needs (the claim script itself does not HGET here).
+    # the script that advances schedules needs (the claim script does not HGET here).
     r.acl_setuser(
         "nohget",
         enabled=True,

@@ -20,9 +20,9 @@ import redis
 
 from .checks import whole_number
 from .clock import clock_ms, ms_datetime
-from .cronexpr import CronSchedule, parse_slot_label, slot_label
+from .cronexpr import CronSchedule, parse_slot_label, schedule_for, slot_label
 from .envelope import encode_envelope
-from .exceptions import CronConflict, CronError, DueqError
+from .exceptions import CronConflict, CronError
 from .snapshot import text
 
 if TYPE_CHECKING:
@@ -251,71 +251,73 @@ class Crons:
     def on_claim(
         self, deliveries: builtins.list[Delivery], now_ms: int
     ) -> tuple[builtins.list[Delivery], int | None]:
-        """Advance the schedules of claimed occurrences.
+        """Advance the schedules of claimed occurrences (two round trips for any number).
 
         Returns the deliveries to run and the earliest due time of the occurrences it
         scheduled (None if none), so a consumer does not oversleep missed slots it must run now.
         A pending occurrence whose slot was missed is dropped under ``skip`` and ``latest``.
-        An occurrence whose schedule could not be advanced (Redis failed) is held back: its
-        lease runs out, and the next claim of it tries again, so no schedule stops.
+        If Redis fails, the claimed occurrences are held back: their leases run out, and the
+        next claim of them tries again, so no schedule stops.
         """
-        held: set[str] = set()
-        earliest: int | None = None
+        claimed = []
         for d in deliveries:
             parsed = _parse_occurrence_id(d.id) if d.id.startswith(OCCURRENCE_PREFIX) else None
-            if parsed is None:
-                continue
-            try:
-                plan = self._advance(d, parsed[0], parsed[1], now_ms)
-            except DueqError as exc:
-                logger.error("cron occurrence %r runs without advancing: %s", d.id, exc)
-                continue
-            except redis.RedisError as exc:
-                logger.warning("cron occurrence %r held back until its lease ends: %s", d.id, exc)
-                held.add(d.id)
-                continue
-            except Exception:
-                logger.exception("cron occurrence %r held back until its lease ends", d.id)
-                held.add(d.id)
-                continue
-            if plan is None:
-                continue
-            if not plan.run:
-                held.add(d.id)
-            for ms in [*plan.missed_now, plan.next_ms]:
-                earliest = ms if earliest is None else min(earliest, ms)
-        kept = [d for d in deliveries if d.id not in held] if held else deliveries
-        return kept, earliest
+            if parsed is not None:
+                claimed.append((d, *parsed))
+        if not claimed:
+            return deliveries, None
+        try:
+            plans = self._advance(claimed, now_ms)
+        except redis.RedisError as exc:
+            logger.warning(
+                "%d cron occurrence(s) held back until their leases end: %s", len(claimed), exc
+            )
+            held = {d.id for d, _, _ in claimed}
+            return [d for d in deliveries if d.id not in held], None
+        dropped = {d.id for d, plan in plans if not plan.run}
+        due = [ms for _, plan in plans for ms in (*plan.missed_now, plan.next_ms)]
+        kept = [d for d in deliveries if d.id not in dropped] if dropped else deliveries
+        return kept, min(due, default=None)
 
-    def _advance(self, delivery: Delivery, name: str, slot_ms: int, now_ms: int) -> _Plan | None:
-        """Move the schedule on from a claimed occurrence: the plan carried out, or None when
-        the occurrence was not its schedule's pending one (it just runs)."""
+    def _advance(
+        self, claimed: builtins.list[tuple[Delivery, str, int]], now_ms: int
+    ) -> builtins.list[tuple[Delivery, _Plan]]:
+        """Plan each claimed occurrence and carry the plans out in one script call; returns
+        the plans that advanced a schedule (the others were not pending: they just run)."""
         queue = self._queue
         k = queue.keys
-        raw = queue.redis.hget(k.cron, name)
-        if raw is None:
-            return None  # the definition was removed: the occurrence still runs
-        try:
-            spec = _Spec.from_json(text(raw))
-            schedule = CronSchedule(spec.expr, spec.tz)
-            plan = _plan(schedule, spec, slot_ms, now_ms)
-            envelope = encode_envelope(spec.payload, queue.max_payload_bytes)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CronError(f"cron {name!r} has an unreadable definition: {exc}") from exc
-        missed_args: list[int | str] = []
-        for ms in plan.missed_now:
-            missed_args += (ms, occurrence_id(name, ms))
+        names = sorted({name for _, name, _ in claimed})
+        specs = dict(zip(names, queue.redis.hmget(k.cron, names), strict=True))
+        planned: builtins.list[tuple[Delivery, _Plan]] = []
+        args: builtins.list[str | int | bytes] = []
+        for delivery, name, slot_ms in claimed:
+            raw = specs[name]
+            if raw is None:
+                continue  # the definition was removed: the occurrence still runs
+            try:
+                spec = _Spec.from_json(text(raw))
+                plan = _plan(schedule_for(spec.expr, spec.tz), spec, slot_ms, now_ms)
+                envelope = encode_envelope(spec.payload, queue.max_payload_bytes)
+            except Exception:  # a poison definition must not stop the claim
+                logger.exception(
+                    "cron %r: %r runs without advancing its schedule", name, delivery.id
+                )
+                continue
+            planned.append((delivery, plan))
+            args += (name, slot_ms, delivery.id, delivery.token, "0" if plan.run else "1")
+            args += (
+                envelope,
+                plan.next_ms,
+                occurrence_id(name, plan.next_ms),
+                len(plan.missed_now),
+            )
+            for ms in plan.missed_now:
+                args += (ms, occurrence_id(name, ms))
+        if not planned:
+            return []
         advanced = queue._run(
             "cron_advance",
             [k.cron_state, k.due, k.tasks, k.meta, k.errors, k.leased, k.stats, k.wake],
-            name,
-            slot_ms,
-            delivery.id,
-            delivery.token,
-            "0" if plan.run else "1",
-            envelope,
-            plan.next_ms,
-            occurrence_id(name, plan.next_ms),
-            *missed_args,
+            *args,
         )
-        return plan if int(advanced) else None
+        return [entry for entry, status in zip(planned, advanced, strict=True) if int(status)]

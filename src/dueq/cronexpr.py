@@ -12,6 +12,7 @@ The mapping never goes backwards as wall time goes forwards, which the searches 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -134,6 +135,12 @@ class CronSchedule:
                 break
             found.append(ms)
         return found
+
+
+@functools.lru_cache(maxsize=1024)
+def schedule_for(expr: str, tz: str) -> CronSchedule:
+    """A shared CronSchedule per (expression, zone); building one validates it."""
+    return CronSchedule(expr, tz)
 
 
 def slot_label(ms: int) -> str:
