@@ -1,5 +1,8 @@
 """Cron expressions in an IANA time zone: the only module that talks to croniter.
 
+Expressions have 5 fields (minute hour day month weekday), 6 with seconds first, or are one of
+the ``@daily``-style aliases.
+
 croniter walks the expression over naive local wall-clock times; this module maps each wall
 time to an instant the way classic cron does around daylight-saving changes:
 
@@ -31,7 +34,7 @@ ALIASES = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-#: How far a zone's wall clock can jump back; searches for the latest slot start this far ahead.
+#: How far back a fall-back is looked for when searching for the latest slot.
 MAX_REPEAT = timedelta(hours=3)
 #: Most candidate wall times one search looks at (only a repeated hour's slots are passed over).
 MAX_STEPS = 10_000
@@ -47,15 +50,21 @@ def normalize_expression(expr: object) -> str:
         if text not in ALIASES:
             raise CronError(f"unknown cron alias {expr!r}; use one of {', '.join(ALIASES)}")
         return text
-    if len(text.split(" ")) != 5:
+    if len(text.split(" ")) not in (5, 6):
         raise CronError(
-            f"cron expression {expr!r} must have 5 fields (minute hour day month weekday)"
+            f"cron expression {expr!r} must have 5 fields (minute hour day month weekday), "
+            "or 6 with seconds first"
         )
     try:
-        croniter(text, datetime(2000, 1, 1))
+        _walker(text, datetime(2000, 1, 1))
     except (CroniterError, ValueError, TypeError, KeyError) as exc:
         raise CronError(f"invalid cron expression {expr!r}: {exc}") from exc
     return text
+
+
+def _walker(fields: str, start: datetime) -> croniter:
+    """croniter over naive wall times; a 6th field is seconds, first (as BullMQ and Quartz)."""
+    return croniter(fields, start, second_at_beginning=len(fields.split(" ")) == 6)
 
 
 def load_zone(tz: object) -> ZoneInfo:
@@ -70,6 +79,10 @@ def load_zone(tz: object) -> ZoneInfo:
 
 def _ms(instant: datetime) -> int:
     return round(instant.timestamp() * 1000)
+
+
+def _ms_of(span: timedelta) -> int:
+    return round(span.total_seconds() * 1000)
 
 
 class CronSchedule:
@@ -109,12 +122,18 @@ class CronSchedule:
 
     def latest_at_or_before(self, ms: int) -> int:
         """The last firing at or before ``ms``."""
-        start = self._wall(ms) + MAX_REPEAT
+        # After a fall-back, first-pass wall times later than wall(ms) lie before ms: start
+        # that much later (and a second later, as croniter's get_prev is strictly before).
+        repeat = self._offset(ms - _ms_of(MAX_REPEAT)) - self._offset(ms)
+        start = self._wall(ms) + max(repeat, timedelta(0)) + timedelta(seconds=1)
         return self._search(start, forwards=False, accept=lambda c: c <= ms)
+
+    def _offset(self, ms: int) -> timedelta:
+        return datetime.fromtimestamp(ms / 1000, self.zone).utcoffset() or timedelta(0)
 
     def _search(self, start: datetime, *, forwards: bool, accept: Callable[[int], bool]) -> int:
         """The first wall-clock slot from ``start`` whose instant ``accept`` takes."""
-        walker = croniter(self._fields, start)
+        walker = _walker(self._fields, start)
         step = walker.get_next if forwards else walker.get_prev
         try:
             for _ in range(MAX_STEPS):
