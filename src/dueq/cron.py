@@ -168,8 +168,8 @@ class Crons:
     ) -> AddResult:
         """Define a recurring task and schedule its next occurrence.
 
-        ``expr`` is a 5-field cron expression or an alias (``@hourly``, ``@daily``, ...) in the
-        IANA zone ``tz``. ``missed`` says what happens to slots missed while nothing claimed:
+        ``expr`` is a 5-field cron expression (6 with seconds first) or an alias
+        (``@hourly``, ``@daily``, ...) in the IANA zone ``tz``. ``missed`` says what happens to slots missed while nothing claimed:
         ``"skip"`` them, run the ``"latest"`` once, or run ``"all"`` (at most ``max_missed``).
         Adding the same definition again changes nothing (and restores its pending occurrence
         if that was cancelled); a different definition under the same name raises
