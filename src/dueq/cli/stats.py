@@ -13,7 +13,6 @@ from rich.table import Table
 from ..queue import Queue
 from ..task import QueueStats
 from .connection import Connection, RedisTarget, queue_names, redis_options, require_queue
-from .errors import CliError
 from .output import console, seconds, when
 
 #: Lifetime counters shown next to the current states.
@@ -44,10 +43,7 @@ def _queues(conn: Connection, queue: str | None) -> list[str]:
     if queue is not None:
         require_queue(conn, queue)
         return [queue]
-    names = queue_names(conn.client)
-    if not names:
-        raise CliError(f"no dueq queues at {conn.shown}")
-    return names
+    return queue_names(conn.client)
 
 
 @click.command()
@@ -77,8 +73,9 @@ def stats(
     conn = target.open()
     out = console()
 
-    def render() -> Table:
-        return stats_table(conn, _queues(conn, queue))
+    def render() -> Table | str:
+        names = _queues(conn, queue)
+        return stats_table(conn, names) if names else f"no dueq queues at {conn.shown}"
 
     if not watch:
         out.print(render())
