@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 from click.testing import CliRunner
 
 import dueq

@@ -30,6 +30,7 @@ from .connection import Connection, RedisTarget
 from .demo_board import Board
 from .demo_sources import Source, demo_sources, handle
 from .demo_view import LiveView, PlainView, delays_line, state_counts
+from .options import seconds_option
 from .output import console
 
 #: Retries come 0.5 s, 1 s, 2 s, 4 s after a failure (plus up to 0.1 s of jitter); the fifth
@@ -155,14 +156,7 @@ def _summary(q: Queue, board: Board, conn: Connection, finished: bool) -> tuple[
     show_default=True,
     help="Order tasks to schedule (Spark adds a fifth as many).",
 )
-@click.option(
-    "--spread",
-    type=click.FloatRange(min=0),
-    default=10.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="The orders come due over this many seconds.",
-)
+@seconds_option("--spread", 10.0, "The orders come due over this many seconds.")
 @click.option(
     "--spark/--no-spark",
     default=True,
@@ -177,14 +171,7 @@ def _summary(q: Queue, board: Board, conn: Connection, finished: bool) -> tuple[
     show_default=True,
     help="Handler threads per worker.",
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=1),
-    default=55.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Stop even if the queue has not drained by then.",
-)
+@seconds_option("--timeout", 55.0, "Stop even if the queue has not drained by then.", low=1)
 @click.option("--seed", type=int, help="Seed for which tasks fail (default: random).")
 def demo(
     redis_url: str | None,

@@ -13,6 +13,7 @@ from rich.table import Table
 from ..queue import Queue
 from ..task import QueueStats
 from .connection import Connection, RedisTarget, queue_names, redis_options, require_queue
+from .options import seconds_option
 from .output import console, seconds, when
 
 #: Lifetime counters shown next to the current states.
@@ -49,14 +50,7 @@ def _queues(conn: Connection, queue: str | None) -> list[str]:
 @click.command()
 @click.argument("queue", required=False)
 @click.option("--watch", is_flag=True, help="Refresh the table until Ctrl-C.")
-@click.option(
-    "--interval",
-    type=click.FloatRange(min=0.01),
-    default=1.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Time between refreshes with --watch.",
-)
+@seconds_option("--interval", 1.0, "Time between refreshes with --watch.", low=0.01)
 @click.option(
     "--count", type=click.IntRange(1), metavar="N", help="With --watch: stop after N refreshes."
 )

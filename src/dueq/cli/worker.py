@@ -16,6 +16,7 @@ from ..retry import RetryPolicy
 from ..worker import Worker
 from .connection import RedisTarget, redis_options
 from .errors import CliError, Settings
+from .options import seconds_option
 
 
 class HandlerImportError(CliError):
@@ -63,22 +64,10 @@ def load_handler(spec: str) -> Callable[..., Any]:
     show_default=True,
     help="Deliveries of a task before it goes to the dead-letter queue.",
 )
-@click.option(
-    "--lease",
-    type=click.FloatRange(min=0.001),
-    default=30.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="How long a task is held before another worker may take it.",
+@seconds_option(
+    "--lease", 30.0, "How long a task is held before another worker may take it.", low=0.001
 )
-@click.option(
-    "--grace",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="On SIGINT/SIGTERM, time running handlers get to finish.",
-)
+@seconds_option("--grace", 30.0, "On SIGINT/SIGTERM, time running handlers get to finish.")
 @redis_options
 @click.pass_obj
 def worker(
