@@ -20,7 +20,6 @@ import redis
 from ..exceptions import DueqError
 
 EXIT_ERROR = 1
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
