@@ -1,0 +1,174 @@
+"""``dueq dead``: list, show, replay and purge the dead-letter queue of a queue."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
+
+import click
+from rich.table import Table
+
+from ..exceptions import TaskNotFound
+from ..queue import Queue
+from ..task import ErrorRecord, TaskInfo
+from .connection import RedisTarget, redis_options, require_queue
+from .errors import CliError
+from .output import console, steps, when
+
+#: Dead tasks moved per script call by ``replay --all`` / ``purge --all``.
+BATCH = 1000
+ERROR_WIDTH = 80
+PAST = {"replay": "replayed", "purge": "purged"}
+
+
+def _open_queue(target: RedisTarget, queue: str) -> Queue:
+    conn = target.open()
+    require_queue(conn, queue)
+    return Queue(queue, conn.client)
+
+
+def _dead_tasks(q: Queue, ids: Iterable[str]) -> list[TaskInfo]:
+    """The dead tasks with these ids; CliError naming those that are not dead."""
+    found = {i: q.get(i) for i in ids}
+    dead = [info for info in found.values() if info is not None and info.state == "dead"]
+    missing = [i for i, info in found.items() if info is None or info.state != "dead"]
+    if missing:
+        raise CliError(f"not in the dead-letter queue of {q.name!r}: {', '.join(missing)}")
+    return dead
+
+
+def _last_error(info: TaskInfo) -> str:
+    if not info.errors:
+        return "-"
+    e = info.errors[-1]
+    line = f"{e.type}: {e.message}".splitlines()[0]
+    return line if len(line) <= ERROR_WIDTH else line[: ERROR_WIDTH - 1] + "…"
+
+
+@click.group()
+def dead() -> None:
+    """Inspect, replay and purge tasks that ran out of attempts."""
+
+
+@dead.command("list")
+@click.argument("queue")
+@click.option(
+    "--limit", type=click.IntRange(1), default=50, show_default=True, help="Most tasks shown."
+)
+@redis_options
+def list_dead(queue: str, limit: int, target: RedisTarget) -> None:
+    """List the dead tasks of QUEUE, most recently died first."""
+    q = _open_queue(target, queue)
+    infos, total = q.dead.list(limit=limit), q.dead.count()
+    out = console()
+    if not infos:
+        out.print(f"no dead tasks in {queue!r}")
+        return
+    now = datetime.now(timezone.utc)
+    table = Table(title=f"dead tasks of {queue!r}: {total}", title_justify="left")
+    for column in ("id", "attempts", "died", "last error"):
+        table.add_column(column, justify="right" if column == "attempts" else "left")
+    for info in infos:
+        table.add_row(info.id, str(info.attempt), when(info.died_at, now), _last_error(info))
+    out.print(table)
+    if total > len(infos):
+        out.print(f"showing {len(infos)} of {total}; --limit shows more")
+
+
+def _error_lines(e: ErrorRecord) -> list[str]:
+    at = f" at {e.at:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z" if e.at else ""
+    lines = [f"  attempt {e.attempt}{at}: {e.type}: {e.message}"]
+    if e.traceback:
+        lines += ["    " + line for line in e.traceback.rstrip().splitlines()]
+    return lines
+
+
+@dead.command("show")
+@click.argument("queue")
+@click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@redis_options
+def show_dead(queue: str, ids: tuple[str, ...], target: RedisTarget) -> None:
+    """Show dead tasks of QUEUE: payload and every attempt's error with its traceback."""
+    q = _open_queue(target, queue)
+    out = console()
+    now = datetime.now(timezone.utc)
+    for info in _dead_tasks(q, ids):
+        out.print(f"id: {info.id}")
+        out.print(f"attempts: {info.attempt}    died: {when(info.died_at, now)}")
+        out.print("payload:")
+        out.print(json.dumps(info.payload, indent=2, ensure_ascii=False), soft_wrap=True)
+        out.print(f"errors ({len(info.errors)}):")
+        for e in info.errors:
+            out.print("\n".join(_error_lines(e)), soft_wrap=True)
+        out.print()
+
+
+def _move_all(q: Queue, move: Callable[[list[str]], int], total: int, label: str) -> int:
+    """Move the ``total`` oldest dead tasks in batches, with a progress bar; the count moved.
+
+    Oldest first, so a task that dies again meanwhile is not moved twice by this command.
+    """
+    moved = 0
+    with steps(console(), total, label) as progress:
+        while moved < total:
+            dead_now = q.dead.count()
+            size = min(BATCH, total - moved, dead_now)
+            ids = [info.id for info in q.dead.list(limit=size, offset=dead_now - size)]
+            if not ids:
+                break
+            try:
+                count = move(ids)
+            except TaskNotFound:  # someone else moved some of these meanwhile: list again
+                continue
+            moved += count
+            progress.advance(count)
+    return moved
+
+
+def _move_command(action: str, doc: str, question: str) -> click.Command:
+    """``dead replay`` or ``dead purge``: --id ID ... or --all, confirmed unless --yes."""
+
+    @click.command(action, help=doc)
+    @click.argument("queue")
+    @click.option("--id", "ids", multiple=True, metavar="ID", help="A dead task's id (repeatable).")
+    @click.option("--all", "everything", is_flag=True, help="Every task dead now.")
+    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+    @redis_options
+    def command(
+        queue: str, ids: tuple[str, ...], everything: bool, yes: bool, target: RedisTarget
+    ) -> None:
+        if bool(ids) == everything:
+            raise click.UsageError("give --id ID (one or more) or --all")
+        q = _open_queue(target, queue)
+        move: Callable[[Iterable[str]], int] = getattr(q.dead, action)
+        _dead_tasks(q, ids)
+        total = len(set(ids)) if ids else q.dead.count()
+        if total == 0:
+            click.echo(f"no dead tasks in {queue!r}")
+            return
+        if not yes:
+            click.confirm(question.format(n=total, queue=queue), abort=True, err=True)
+        if ids:
+            moved = move(list(dict.fromkeys(ids)))
+        else:
+            moved = _move_all(q, move, total, f"{action} {queue}")
+        click.echo(f"{PAST[action]} {moved} dead task(s) of {queue!r}")
+
+    return command
+
+
+dead.add_command(
+    _move_command(
+        "replay",
+        "Put dead tasks of QUEUE back in the queue, due now, with attempts and errors reset.",
+        "Replay {n} dead task(s) of {queue!r}? They run again from attempt 1.",
+    )
+)
+dead.add_command(
+    _move_command(
+        "purge",
+        "Delete dead tasks of QUEUE for good.",
+        "Delete {n} dead task(s) of {queue!r} for good?",
+    )
+)

@@ -1,0 +1,96 @@
+"""How the command line fails: one line on stderr and an exit code, a traceback only on request.
+
+Exit codes: 0 success, 1 a runtime error (Redis unreachable, bad task file, unknown queue,
+handler that cannot be imported, ...), 2 a usage error (bad or missing option or argument),
+130 interrupted by Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import redis
+
+from ..exceptions import DueqError
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+class CliError(click.ClickException):
+    """An error the command line reports as ``error: <message>`` (exit code 1)."""
+
+
+@dataclass
+class Settings:
+    """Options of the ``dueq`` group that every command sees (``ctx.obj``)."""
+
+    debug: bool = False
+
+
+def describe(exc: BaseException) -> str | None:
+    """The one-line message for an error a user can cause, or None for an unexpected one."""
+    if isinstance(exc, click.ClickException):
+        return exc.format_message()
+    if isinstance(exc, redis.AuthenticationError):
+        return f"Redis refused the credentials: {exc}"
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return f"lost the connection to Redis: {exc}"
+    if isinstance(exc, (DueqError, json.JSONDecodeError)):
+        return str(exc)
+    if isinstance(exc, redis.RedisError):
+        return f"Redis replied with an error: {exc}"
+    return None
+
+
+class DueqGroup(click.Group):
+    """A click group whose ``main`` turns errors into one stderr line (see the module doc)."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        settings = Settings()
+        try:
+            result = super().main(
+                args, prog_name, complete_var, standalone_mode=False, obj=settings, **extra
+            )
+            code = result if isinstance(result, int) else 0
+        except click.exceptions.Exit as exc:
+            code = exc.exit_code
+        except click.Abort as exc:  # click turns Ctrl-C and end of input into Abort
+            interrupted = isinstance(exc.__cause__, KeyboardInterrupt)
+            click.echo(f"error: {'interrupted' if interrupted else 'aborted'}", err=True)
+            code = EXIT_INTERRUPTED if interrupted else EXIT_ERROR
+        except click.UsageError as exc:
+            hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+            click.echo(f"error: {exc.format_message()}{hint}", err=True)
+            code = exc.exit_code
+        except Exception as exc:
+            code = report(exc, settings.debug)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def report(exc: Exception, debug: bool) -> int:
+    """Print ``exc`` as one line (after its traceback when ``debug``); the exit code."""
+    if debug:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    message = describe(exc)
+    if message is None:
+        message = f"unexpected {type(exc).__name__}: {exc}"
+        if not debug:
+            message += " (run with --debug for the traceback)"
+    click.echo(f"error: {message}", err=True)
+    return exc.exit_code if isinstance(exc, click.ClickException) else EXIT_ERROR

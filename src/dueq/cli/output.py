@@ -1,0 +1,75 @@
+"""Shared output: a rich console, time formatting and a progress bar that stays quiet in pipes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+#: Width of tables when stdout is not a terminal (rich would otherwise assume 80 columns).
+PIPE_WIDTH = 160
+
+
+def console() -> Console:
+    """A console on the current stdout; wide enough for tables when it is not a terminal.
+
+    Markup and emoji codes are off: queue names, ids and errors are shown as they are.
+    """
+    out = Console(highlight=False, markup=False, emoji=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(highlight=False, markup=False, emoji=False, width=PIPE_WIDTH)
+    return out
+
+
+def seconds(value: float) -> str:
+    """A duration for people: ``850 ms``, ``12.5 s``, ``4 min``, ``3.2 h``, ``2.0 d``."""
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    if value < 3600:
+        return f"{value / 60:.0f} min"
+    if value < 86400:
+        return f"{value / 3600:.1f} h"
+    return f"{value / 86400:.1f} d"
+
+
+def when(at: datetime | None, now: datetime) -> str:
+    """``at`` in UTC with how far it is from ``now``: ``2030-01-02 03:04:05Z (in 3.0 s)``."""
+    if at is None:
+        return "-"
+    delta = (at - now).total_seconds()
+    relative = f"in {seconds(delta)}" if delta >= 0 else f"{seconds(-delta)} ago"
+    return f"{at:%Y-%m-%d %H:%M:%S}Z ({relative})"
+
+
+class Steps:
+    """Progress of a long operation: a rich bar on a terminal, nothing otherwise."""
+
+    def __init__(self, progress: Progress | None, total: int, description: str) -> None:
+        self._progress = progress
+        self._task = progress.add_task(description, total=total) if progress else None
+
+    def advance(self, count: int) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task, count)
+
+
+@contextmanager
+def steps(out: Console, total: int, description: str) -> Iterator[Steps]:
+    """A progress bar over ``total`` items while the block runs (only on a terminal)."""
+    if not out.is_terminal:
+        yield Steps(None, total, description)
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=out) as progress:
+        yield Steps(progress, total, description)

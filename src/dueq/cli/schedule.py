@@ -1,0 +1,130 @@
+"""``dueq schedule``: one task from the command line, or many from a JSON Lines file."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+
+import click
+
+from ..queue import SCHEDULE_BATCH, Queue
+from ..task import ScheduleResult, Task
+from .connection import RedisTarget, redis_options
+from .errors import CliError
+from .output import console, steps
+from .task_input import BadLine, Timing, checked_task, parse_json, parse_time, tasks_from_lines
+
+
+def _due_time(_ctx: click.Context, _param: click.Parameter, value: str | None) -> datetime | None:
+    """The --at option as an aware datetime."""
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _line_source(path: str) -> Callable[[], Iterator[str]]:
+    """A way to read the file's lines twice (check, then schedule); stdin is read once."""
+    if path == "-":
+        lines = sys.stdin.read().splitlines()
+        return lambda: iter(lines)
+
+    def read() -> Iterator[str]:
+        with open(path, encoding="utf-8") as f:
+            yield from f
+
+    return read
+
+
+def _chunks(tasks: Iterable[Task]) -> Iterator[list[Task]]:
+    it = iter(tasks)
+    while chunk := list(itertools.islice(it, SCHEDULE_BATCH)):
+        yield chunk
+
+
+def _schedule_file(q: Queue, path: str, default: Timing, replace: bool) -> ScheduleResult:
+    name = "stdin" if path == "-" else path
+    lines = _line_source(path)
+    try:
+        total = sum(1 for _ in tasks_from_lines(lines(), default))
+    except BadLine as exc:
+        raise CliError(f"{name} {exc}; nothing was scheduled") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{name} is not UTF-8 text ({exc}); nothing was scheduled") from None
+    added = existing = replaced = 0
+    with steps(console(), total, f"scheduling into {q.name}") as progress:
+        for chunk in _chunks(tasks_from_lines(lines(), default)):
+            result = q.schedule_many(chunk, replace=replace)
+            added, existing = added + result.added, existing + result.existing
+            replaced += result.replaced
+            progress.advance(len(chunk))
+    return ScheduleResult(added, existing, replaced)
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("payload", metavar="[JSON]", required=False)
+@click.option(
+    "--at",
+    metavar="ISO",
+    callback=_due_time,
+    help="Due time, ISO-8601 with an offset, e.g. 2030-01-02T09:00:00Z.",
+)
+@click.option("--delay", type=float, metavar="SECONDS", help="Due this many seconds from now.")
+@click.option("--id", "task_id", metavar="ID", help="Task id (default: a generated one).")
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+    help="Schedule every task of a JSON Lines file ('-' for stdin).",
+)
+@click.option("--replace", is_flag=True, help="Overwrite tasks whose id already exists.")
+@redis_options
+def schedule(
+    queue: str,
+    payload: str | None,
+    at: datetime | None,
+    delay: float | None,
+    task_id: str | None,
+    path: str | None,
+    replace: bool,
+    target: RedisTarget,
+) -> None:
+    """Schedule a task with a JSON payload, or the tasks of a file.
+
+    \b
+    dueq schedule emails '{"to": "a@example.com"}' --delay 60 --id welcome:42
+    dueq schedule emails --file tasks.jsonl
+    A file line is {"payload": ..., "id": "...", "at": "ISO time"} or "delay": seconds
+    instead of "at"; only "payload" is required. --at/--delay apply to lines without
+    either. A bad line rejects the whole file before anything is written. An id that
+    already exists is left alone unless --replace.
+    """
+    if (payload is None) == (path is None):
+        raise click.UsageError("give a JSON payload or --file, not both and not neither")
+    if at is not None and delay is not None:
+        raise click.UsageError("give --at or --delay, not both")
+    if path is not None and task_id is not None:
+        raise click.UsageError('--id names one task; in a file give each line an "id"')
+    timing = Timing(at, delay)
+    if payload is not None:
+        try:
+            task = checked_task(parse_json(payload), task_id, timing)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    q = Queue(queue, target.open().client)
+    if path is not None:
+        result = _schedule_file(q, path, timing, replace)
+        click.echo(
+            f"scheduled into {queue!r}: {result.added} added, {result.existing} already "
+            f"existed, {result.replaced} replaced"
+        )
+        return
+    result = q.schedule_many([task], replace=replace)
+    if result.existing:
+        click.echo(f"task {result.ids[0]!r} already exists in {queue!r}; left unchanged", err=True)
+    click.echo(result.ids[0])

@@ -1,0 +1,115 @@
+"""Tasks typed or read by the command line: JSON payloads, ISO times and JSON Lines task files.
+
+A task file has one JSON object per line: ``{"payload": ..., "id": "...", "at": "ISO time"}``
+or ``"delay": seconds`` instead of ``at``; only ``payload`` is required, blank lines are
+skipped. Every line is checked before anything is written, so a bad line rejects the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ..clock import datetime_ms, duration_ms
+from ..envelope import DEFAULT_MAX_PAYLOAD_BYTES, encode_envelope, validate_id
+from ..task import Task
+
+LINE_KEYS = frozenset({"payload", "id", "at", "delay"})
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(text: str) -> Any:
+    """A JSON value; NaN and Infinity are refused, as JSON has neither."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO-8601 time with an offset (``Z`` for UTC); a time without one is refused."""
+    value = text.strip()
+    if value[-1:] in ("Z", "z"):  # Python 3.10's fromisoformat does not read "Z"
+        value = value[:-1] + "+00:00"
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an ISO-8601 time") from None
+    if at.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone; add one such as Z or +02:00")
+    return at
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When a task is due: ``at``, after ``delay`` seconds, or (neither) now."""
+
+    at: datetime | None = None
+    delay: float | None = None
+
+
+def checked_task(payload: Any, task_id: str | None, timing: Timing) -> Task:
+    """A Task whose id, timing and payload dueq accepts (ValueError naming the problem)."""
+    if task_id is not None:
+        validate_id(task_id)
+    if timing.at is not None:
+        datetime_ms(timing.at)
+    if timing.delay is not None:
+        duration_ms(timing.delay, "delay")
+    encode_envelope(payload, DEFAULT_MAX_PAYLOAD_BYTES)
+    return Task(payload, id=task_id, at=timing.at, delay=timing.delay)
+
+
+def task_from_line(line: str, default: Timing) -> Task:
+    """The task on one line of a task file; ``default`` timing when it gives none."""
+    item = parse_json(line)
+    if not isinstance(item, dict):
+        raise ValueError('a line must be a JSON object like {"payload": {...}}')
+    unknown = sorted(set(item) - LINE_KEYS)
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown}; a line has {sorted(LINE_KEYS)}")
+    if "payload" not in item:
+        raise ValueError('no "payload"')
+    task_id = item.get("id")
+    if task_id is not None and not isinstance(task_id, str):
+        raise ValueError(f'"id" must be a string, got {task_id!r}')
+    at, delay = item.get("at"), item.get("delay")
+    if at is not None and delay is not None:
+        raise ValueError('give "at" or "delay", not both')
+    if at is not None:
+        if not isinstance(at, str):
+            raise ValueError(f'"at" must be an ISO-8601 string, got {at!r}')
+        timing = Timing(at=parse_time(at))
+    elif delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or math.isnan(delay):
+            raise ValueError(f'"delay" must be a number of seconds, got {delay!r}')
+        timing = Timing(delay=float(delay))
+    else:
+        timing = default
+    return checked_task(item["payload"], task_id, timing)
+
+
+class BadLine(ValueError):
+    """A line of a task file that is not a task: ``number`` and the reason."""
+
+    def __init__(self, number: int, reason: str) -> None:
+        super().__init__(f"line {number}: {reason}")
+        self.number = number
+
+
+def tasks_from_lines(lines: Iterable[str], default: Timing) -> Iterator[Task]:
+    """The tasks of a task file's lines; BadLine at the first line that is not one."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield task_from_line(line, default)
+        except ValueError as exc:
+            raise BadLine(number, str(exc)) from None

@@ -1,0 +1,104 @@
+"""``dueq worker``: run ``dueq.Worker`` on a handler named ``module:function``."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ..queue import Queue
+from ..retry import RetryPolicy
+from ..worker import Worker
+from .connection import RedisTarget, redis_options
+from .errors import CliError, Settings
+from .options import seconds_option
+
+
+class HandlerImportError(CliError):
+    """The handler named on the command line cannot be imported or is not callable."""
+
+
+def load_handler(spec: str) -> Callable[..., Any]:
+    """The callable ``module:attribute`` names (the attribute may be dotted).
+
+    The current directory is searched first, as ``python -m`` and other task runners do.
+    """
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise click.BadParameter(f"{spec!r} is not module:function", param_hint="HANDLER")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # the module itself may raise anything while importing
+        raise HandlerImportError(f"cannot import {spec!r}: {type(exc).__name__}: {exc}") from exc
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise HandlerImportError(f"cannot import {spec!r}: no attribute {part!r} in {target!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise HandlerImportError(f"{spec!r} is a {type(target).__name__}, not a function")
+    handler: Callable[..., Any] = target
+    return handler
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("handler", metavar="MODULE:FUNCTION")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 1024),
+    default=8,
+    show_default=True,
+    help="Handlers running at a time (threads, or coroutines for an async def).",
+)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1),
+    default=5,
+    show_default=True,
+    help="Deliveries of a task before it goes to the dead-letter queue.",
+)
+@seconds_option(
+    "--lease", 30.0, "How long a task is held before another worker may take it.", low=0.001
+)
+@seconds_option("--grace", 30.0, "On SIGINT/SIGTERM, time running handlers get to finish.")
+@redis_options
+@click.pass_obj
+def worker(
+    settings: Settings,
+    queue: str,
+    handler: str,
+    concurrency: int,
+    max_attempts: int,
+    lease: float,
+    grace: float,
+    target: RedisTarget,
+) -> None:
+    """Run HANDLER on the tasks of QUEUE until SIGINT or SIGTERM.
+
+    HANDLER takes a dueq.Delivery (d.payload, d.id, d.attempt); returning acks the task,
+    raising fails it (retried with jittered exponential backoff, then dead). On SIGINT or
+    SIGTERM the worker stops claiming, lets running handlers finish within --grace, gives
+    the rest back and prints what became of its tasks; a second signal cuts the grace short.
+    """
+    function = load_handler(handler)
+    conn = target.open()
+    q = Queue(queue, conn.client, retry=RetryPolicy(max_attempts=max_attempts), lease=lease)
+    logging.basicConfig(
+        level=logging.DEBUG if settings.debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    w = Worker(q, function, concurrency=concurrency, grace=grace)
+    click.echo(
+        f"worker on {queue!r} at {conn.shown}: {handler}, concurrency {concurrency}", err=True
+    )
+    w.run()
+    summary = ", ".join(f"{kind}={count}" for kind, count in sorted(w.outcomes.items()))
+    click.echo(f"worker stopped: {summary or 'no tasks'}")

@@ -1,0 +1,20 @@
+"""Handlers for the ``dueq worker`` tests (imported by name, from this folder)."""
+
+from __future__ import annotations
+
+import os
+
+import redis
+
+import dueq
+
+NOT_CALLABLE = 42
+
+_client = redis.Redis.from_url(os.environ.get("DUEQ_REDIS_URL", "redis://127.0.0.1:6379/0"))
+
+
+def record(d: dueq.Delivery) -> None:
+    """Push the task's id and attempt to the list ``handled``; fail when the payload says so."""
+    _client.rpush("handled", f"{d.id}:{d.attempt}")
+    if d.payload.get("fail"):
+        raise ValueError("asked to fail")

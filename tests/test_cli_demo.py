@@ -1,0 +1,63 @@
+"""``dueq demo`` runs to completion: every task it scheduled ends acked or dead."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import dueq
+from dueq.cli import cli
+from dueq.cli.connection import queue_names
+
+
+def summary_numbers(out: str) -> dict[str, int]:
+    """The counts of the demo's summary lines ("  acked    357")."""
+    summary = out.split("dueq demo finished in ", 1)[1]
+    return {k: int(v) for k, v in re.findall(r"^  (\w+) +(\d+)", summary, flags=re.MULTILINE)}
+
+
+def test_the_default_demo_ends_on_its_own_with_every_task_acked_or_dead():
+    pytest.importorskip("pyspark", reason="the default demo includes Spark when it is installed")
+    done = subprocess.run(
+        [sys.executable, "-m", "dueq", "demo"], capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    n = summary_numbers(done.stdout)
+    assert n["scheduled"] == 300 + 60  # the orders and the Spark DataFrame's rows
+    assert "orders 300, spark 60" in done.stdout
+    assert n["acked"] + n["dead"] == n["scheduled"]
+    assert n["unsettled"] == 0
+    assert n["dead"] == 3  # the poison orders, after 5 attempts each
+    assert done.stdout.count("after 5 attempts, last error KeyError: 'receipt-v0'") == 3
+    assert n["retried"] >= 4 * 3  # at least the poison tasks' retries
+    delays = re.search(r"#1 ([\d.]+) s, #2 ([\d.]+) s, #3 ([\d.]+) s, #4 ([\d.]+) s", done.stdout)
+    assert delays is not None
+    first, second, third, fourth = (float(x) for x in delays.groups())
+    assert first < second < third < fourth  # the retry delays grow
+    assert done.stderr == ""
+
+
+def test_a_small_demo_on_a_given_redis_leaves_its_queue_to_look_at(r, redis_server):
+    result = CliRunner().invoke(
+        cli,
+        ["demo", "--redis-url", redis_server.url, "--no-spark", "--tasks", "40", "--spread", "0.5"],
+    )
+    assert result.exit_code == 0, result.output
+    n = summary_numbers(result.stdout)
+    assert (n["scheduled"], n["acked"] + n["dead"], n["unsettled"]) == (40, 40, 0)
+    assert "counts   scheduled=" in result.stdout  # plain lines, not a live view
+    (name,) = queue_names(r)
+    assert f"Look around: dueq stats {name} --redis-url {redis_server.url}" in result.stdout
+    (poison,) = dueq.Queue(name, r).dead.list()
+    assert poison.payload["template"] == "receipt-v0"
+    assert [e.attempt for e in poison.errors] == [1, 2, 3, 4, 5]
+
+
+def test_demo_redis_url_and_embedded_exclude_each_other():
+    result = CliRunner().invoke(cli, ["demo", "--embedded", "--redis-url", "redis://x"])
+    assert result.exit_code == 2
+    assert "exclude each other" in result.stderr

@@ -1,0 +1,122 @@
+"""``dueq worker``: a handler found by name, run in a subprocess and stopped with a signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import dueq
+from dueq.cli import cli
+from dueq.server import RedisServer
+
+HERE = Path(__file__).parent
+WAIT_S = 30
+
+
+def wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_worker(redis_server: RedisServer, *args: str) -> subprocess.Popen[str]:
+    """``python -m dueq worker ARGS`` in the tests folder, where cli_handlers.py lives."""
+    env = {**os.environ, "DUEQ_REDIS_URL": redis_server.url}
+    return subprocess.Popen(
+        [sys.executable, "-m", "dueq", "worker", *args],
+        cwd=HERE,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_the_worker_runs_the_handler_and_exits_0_on_a_signal(r, redis_server, stop):
+    q = dueq.Queue("w", r)
+    ids = q.schedule_many(dueq.Task({"n": n}) for n in range(20)).ids
+    q.schedule({"fail": True}, id="bad")
+    child = start_worker(
+        redis_server, "w", "cli_handlers:record", "--concurrency", "3", "--max-attempts", "1"
+    )
+    try:
+        wait_for(
+            lambda: q.stats().counters.get("acked", 0) == 20 and q.dead.count() == 1,
+            "20 acks and one dead task",
+        )
+        child.send_signal(stop)
+        out, err = child.communicate(timeout=WAIT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    assert out == "worker stopped: acked=20, dead=1\n"
+    assert "worker on 'w' at redis://127.0.0.1:" in err
+    handled = {x.decode() for x in r.lrange("handled", 0, -1)}
+    assert handled == {f"{i}:1" for i in ids} | {"bad:1"}
+    assert q.get("bad").errors[0].message == "asked to fail"
+
+
+@pytest.fixture
+def invoke_here(monkeypatch, r, redis_server):
+    """Run ``dueq worker`` in-process from the tests folder (imports come from there)."""
+    monkeypatch.chdir(HERE)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+    def run(*args: str):
+        return CliRunner().invoke(cli, ["worker", *args, "--redis-url", redis_server.url])
+
+    return run
+
+
+@pytest.mark.parametrize(
+    ("handler", "message"),
+    [
+        ("no_such_module:handle", "cannot import 'no_such_module:handle': ModuleNotFoundError"),
+        ("cli_handlers:missing", "cannot import 'cli_handlers:missing': no attribute 'missing'"),
+        ("cli_handlers:NOT_CALLABLE", "'cli_handlers:NOT_CALLABLE' is a int, not a function"),
+        ("cli_broken_handler:run", "RuntimeError: this module fails at import"),
+    ],
+)
+def test_a_handler_that_cannot_be_imported_is_one_line_and_exit_1(invoke_here, r, handler, message):
+    dueq.Queue("w", r).schedule({}, id="untouched")
+    result = invoke_here("w", handler)
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1 and message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert dueq.Queue("w", r).get("untouched").state == "scheduled"
+
+
+@pytest.mark.parametrize("handler", ["cli_handlers", "cli_handlers:", ":record"])
+def test_a_handler_without_module_and_function_is_a_usage_error(invoke_here, handler):
+    result = invoke_here("w", handler)
+    assert result.exit_code == 2
+    assert "is not module:function" in result.stderr
+
+
+def test_debug_shows_the_import_error_traceback(monkeypatch, redis_server):
+    monkeypatch.chdir(HERE)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    result = CliRunner().invoke(cli, ["--debug", "worker", "w", "cli_broken_handler:run"])
+    assert result.exit_code == 1
+    assert "Traceback" in result.stderr and 'raise RuntimeError("this module' in result.stderr
+
+
+def test_the_handler_is_checked_before_connecting(invoke_here):
+    result = CliRunner().invoke(
+        cli, ["worker", "w", "cli_handlers:missing", "--redis-url", "redis://127.0.0.1:1/0"]
+    )
+    assert result.exit_code == 1
+    assert "no attribute 'missing'" in result.stderr
