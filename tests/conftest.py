@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner, Result
 
 import dueq
+from dueq.cli import cli
 from dueq.server import RedisServer
 
 
@@ -55,3 +57,14 @@ def make_queue(r: redis.Redis, clock: ManualClock) -> Callable[..., dueq.Queue]:
         return dueq.Queue(name, kwargs.pop("client", r), **kwargs)
 
     return make
+
+
+@pytest.fixture
+def invoke(r: redis.Redis, redis_server: RedisServer) -> Callable[..., Result]:
+    """Run ``dueq ARGS`` in-process (click's CliRunner); DUEQ_REDIS_URL is the test server."""
+
+    def run(*args: str, input: str | None = None, url: str | None = None) -> Result:
+        env = {"DUEQ_REDIS_URL": url or redis_server.url, "COLUMNS": "200"}
+        return CliRunner().invoke(cli, list(args), input=input, env=env)
+
+    return run

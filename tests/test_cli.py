@@ -5,40 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-import redis
-from click.testing import CliRunner, Result
+from cli_support import one_error_line
+from click.testing import CliRunner
 
 import dueq
 from dueq.cli import cli
-from dueq.server import RedisServer
 
 UNREACHABLE = "redis://127.0.0.1:1/0"
-
-Invoke = Callable[..., Result]
-
-
-@pytest.fixture
-def invoke(r: redis.Redis, redis_server: RedisServer) -> Invoke:
-    """Run ``dueq ARGS`` in-process; DUEQ_REDIS_URL points at the test server."""
-
-    def run(*args: str, input: str | None = None, url: str | None = None) -> Result:
-        env = {"DUEQ_REDIS_URL": url or redis_server.url, "COLUMNS": "200"}
-        return CliRunner().invoke(cli, list(args), input=input, env=env)
-
-    return run
-
-
-def one_error_line(result: Result) -> str:
-    """The single stderr line of a failed command (no traceback)."""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    return lines[0]
 
 
 # -- schedule ----------------------------------------------------------------------------------

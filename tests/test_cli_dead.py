@@ -3,21 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import redis
-from click.testing import CliRunner, Result
 
 import dueq
-from dueq.cli import cli
-from dueq.server import RedisServer
-
-
-@pytest.fixture
-def invoke(r: redis.Redis, redis_server: RedisServer):
-    def run(*args: str, input: str | None = None) -> Result:
-        env = {"DUEQ_REDIS_URL": redis_server.url, "COLUMNS": "200"}
-        return CliRunner().invoke(cli, list(args), input=input, env=env)
-
-    return run
 
 
 def bury(q: dueq.Queue, count: int, prefix: str = "d") -> list[str]:

@@ -27,10 +27,15 @@ def test_the_default_demo_ends_on_its_own_with_every_task_acked_or_dead():
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     n = summary_numbers(done.stdout)
-    assert n["scheduled"] == 300 + 60  # the orders and the Spark DataFrame's rows
-    assert "orders 300, spark 60" in done.stdout
-    assert n["acked"] + n["dead"] == n["scheduled"]
+    # The orders, 4 occurrences of the recurring report and the Spark DataFrame's rows; the
+    # report's pending occurrence is withdrawn when the demo removes its definition.
+    assert "orders 300, cron 4, spark 60" in done.stdout
+    assert n["scheduled"] == 300 + 4 + 60 + n["withdrawn"]
+    assert n["acked"] + n["dead"] + n["withdrawn"] == n["scheduled"]
+    assert n["withdrawn"] <= 1
     assert n["unsettled"] == 0
+    # Each occurrence of the report times out once and is retried like any task.
+    assert re.search(r"retried +cron:status-report:\d{8}T\d{6}Z attempt 1, next in", done.stdout)
     assert n["dead"] == 3  # the poison orders, after 5 attempts each
     assert done.stdout.count("after 5 attempts, last error KeyError: 'receipt-v0'") == 3
     assert n["retried"] >= 4 * 3  # at least the poison tasks' retries
@@ -48,7 +53,8 @@ def test_a_small_demo_on_a_given_redis_leaves_its_queue_to_look_at(r, redis_serv
     )
     assert result.exit_code == 0, result.output
     n = summary_numbers(result.stdout)
-    assert (n["scheduled"], n["acked"] + n["dead"], n["unsettled"]) == (40, 40, 0)
+    assert n["scheduled"] == 40 + 4 + n["withdrawn"]  # orders, the recurring report's runs
+    assert (n["acked"] + n["dead"] + n["withdrawn"], n["unsettled"]) == (n["scheduled"], 0)
     assert "counts   scheduled=" in result.stdout  # plain lines, not a live view
     (name,) = queue_names(r)
     assert f"Look around: dueq stats {name} --redis-url {redis_server.url}" in result.stdout

@@ -404,6 +404,7 @@ def test_remove_drops_the_definition_and_its_pending_occurrence(r, frozen):
     assert q.cron.remove("n") is False
     assert q.cron.list() == []
     assert q.get("cron:n:20260101T001000Z") is None
+    assert q.stats().counters["cancelled"] == 1
     running.ack()  # an occurrence already running finishes normally
     frozen.tick(timedelta(hours=1))
     assert q.claim() == []

@@ -169,8 +169,9 @@ class Crons:
         """Define a recurring task and schedule its next occurrence.
 
         ``expr`` is a 5-field cron expression (6 with seconds first) or an alias
-        (``@hourly``, ``@daily``, ...) in the IANA zone ``tz``. ``missed`` says what happens to slots missed while nothing claimed:
-        ``"skip"`` them, run the ``"latest"`` once, or run ``"all"`` (at most ``max_missed``).
+        (``@hourly``, ``@daily``, ...) in the IANA zone ``tz``. ``missed`` says what happens
+        to slots missed while nothing claimed: ``"skip"`` them, run the ``"latest"`` once, or
+        run ``"all"`` (at most ``max_missed``).
         Adding the same definition again changes nothing (and restores its pending occurrence
         if that was cancelled); a different definition under the same name raises
         CronConflict unless ``replace``. Bad input raises CronError or PayloadError and
@@ -211,7 +212,7 @@ class Crons:
         An occurrence already leased or waiting for a retry still runs to its end.
         """
         k = self._queue.keys
-        keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors]
+        keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats]
         return bool(self._queue._run("cron_remove", keys, validate_name(name)))
 
     def list(self) -> list[CronDefinition]:

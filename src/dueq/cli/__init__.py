@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
+from .cron import cron
 from .dead import dead
 from .demo import demo
 from .errors import DueqGroup, Settings
@@ -29,7 +30,7 @@ def cli(settings: Settings, debug: bool) -> None:
     settings.debug = debug
 
 
-for command in (schedule, worker, stats, dead, demo):
+for command in (schedule, worker, stats, dead, cron, demo):
     cli.add_command(command)
 
 

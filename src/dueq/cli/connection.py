@@ -17,6 +17,7 @@ import click
 import redis
 
 from ..keys import PREFIX, QueueKeys
+from ..queue import Queue
 from ..server import RedisServer
 from ..snapshot import text
 from .errors import CliError
@@ -125,6 +126,13 @@ def queue_names(client: redis.Redis) -> list[str]:
         for key in (text(k) for k in client.scan_iter(match=f"{start}*}}:*", count=1000))
     }
     return sorted(names)
+
+
+def open_queue(target: RedisTarget, name: str) -> Queue:
+    """Connect and return queue ``name``; CliError if it has no key in Redis."""
+    conn = target.open()
+    require_queue(conn, name)
+    return Queue(name, conn.client)
 
 
 def require_queue(conn: Connection, name: str) -> None:

@@ -7,25 +7,18 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 
 import click
-from rich.table import Table
 
 from ..exceptions import TaskNotFound
 from ..queue import Queue
 from ..task import ErrorRecord, TaskInfo
-from .connection import RedisTarget, redis_options, require_queue
+from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
-from .output import console, steps, when
+from .output import console, steps, titled_table, when
 
 #: Dead tasks moved per script call by ``replay --all`` / ``purge --all``.
 BATCH = 1000
 ERROR_WIDTH = 80
 PAST = {"replay": "replayed", "purge": "purged"}
-
-
-def _open_queue(target: RedisTarget, queue: str) -> Queue:
-    conn = target.open()
-    require_queue(conn, queue)
-    return Queue(queue, conn.client)
 
 
 def _dead_tasks(q: Queue, ids: Iterable[str]) -> list[TaskInfo]:
@@ -59,16 +52,15 @@ def dead() -> None:
 @redis_options
 def list_dead(queue: str, limit: int, target: RedisTarget) -> None:
     """List the dead tasks of QUEUE, most recently died first."""
-    q = _open_queue(target, queue)
+    q = open_queue(target, queue)
     infos, total = q.dead.list(limit=limit), q.dead.count()
     out = console()
     if not infos:
         out.print(f"no dead tasks in {queue!r}")
         return
     now = datetime.now(timezone.utc)
-    table = Table(title=f"dead tasks of {queue!r}: {total}", title_justify="left")
-    for column in ("id", "attempts", "died", "last error"):
-        table.add_column(column, justify="right" if column == "attempts" else "left")
+    columns = ("id", "attempts", "died", "last error")
+    table = titled_table(f"dead tasks of {queue!r}: {total}", columns, right={"attempts"})
     for info in infos:
         table.add_row(info.id, str(info.attempt), when(info.died_at, now), _last_error(info))
     out.print(table)
@@ -90,7 +82,7 @@ def _error_lines(e: ErrorRecord) -> list[str]:
 @redis_options
 def show_dead(queue: str, ids: tuple[str, ...], target: RedisTarget) -> None:
     """Show dead tasks of QUEUE: payload and every attempt's error with its traceback."""
-    q = _open_queue(target, queue)
+    q = open_queue(target, queue)
     out = console()
     now = datetime.now(timezone.utc)
     for info in _dead_tasks(q, ids):
@@ -140,7 +132,7 @@ def _move_command(action: str, doc: str, question: str) -> click.Command:
     ) -> None:
         if bool(ids) == everything:
             raise click.UsageError("give --id ID (one or more) or --all")
-        q = _open_queue(target, queue)
+        q = open_queue(target, queue)
         move: Callable[[Iterable[str]], int] = getattr(q.dead, action)
         _dead_tasks(q, ids)
         total = len(set(ids)) if ids else q.dead.count()

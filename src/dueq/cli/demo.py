@@ -118,7 +118,9 @@ def _summary(q: Queue, board: Board, conn: Connection, finished: bool) -> tuple[
     stats = q.stats()
     counts = state_counts(stats)
     scheduled = stats.counters.get("scheduled", 0)
-    unsettled = scheduled - counts["acked"] - counts["dead"]
+    # Occurrences a removed cron definition no longer needs are cancelled, not lost.
+    withdrawn = stats.counters.get("cancelled", 0) + stats.counters.get("cron_skipped", 0)
+    unsettled = scheduled - counts["acked"] - counts["dead"] - withdrawn
     sources, _, _ = board.snapshot()
     by_source = ", ".join(f"{name} {s.added}" for name, s in sources.items())
     verdict = "finished" if finished else "stopped before the queue drained"
@@ -129,7 +131,8 @@ def _summary(q: Queue, board: Board, conn: Connection, finished: bool) -> tuple[
         f"  acked      {counts['acked']:>5}",
         f"  dead       {counts['dead']:>5}",
         f"  retried    {counts['retried']:>5}  failed attempts that were tried again later",
-        f"  unsettled  {unsettled:>5}  scheduled - acked - dead: lost or still pending",
+        f"  withdrawn  {withdrawn:>5}  pending cron occurrences of a removed schedule",
+        f"  unsettled  {unsettled:>5}  scheduled - acked - dead - withdrawn: lost or pending",
         f"  {delays_line(board)}",
     ]
     for info in q.dead.list(limit=5):

@@ -22,10 +22,15 @@ from ..task import Delivery, Task
 from .demo_board import Board
 
 #: Templates the handler knows; a task naming another one crashes it every time (poison).
-TEMPLATES = {"receipt": "Your order #{n} is confirmed", "digest": "Your weekly digest #{n}"}
+TEMPLATES = {
+    "receipt": "Your order #{n} is confirmed",
+    "digest": "Your weekly digest #{n}",
+    "report": "Status report #{n}",
+}
 #: Share of tasks that fail transiently 1, 2 or 3 times before they succeed.
 FLAKY_SHARES = ((1, 0.15), (2, 0.05), (3, 0.03))
 POISON_EVERY = 97  # about one order in a hundred names a template that does not exist
+POLL_S = 0.1
 
 
 def handle(d: Delivery) -> None:
@@ -88,6 +93,33 @@ class Orders:
         board.source(
             self.name, f"{result.added} due over {self.spread_s:g} s", added=result.added, done=True
         )
+
+
+class Recurring:
+    """A status report every ``every_s`` seconds from a cron definition (seconds field first);
+    each occurrence times out once and succeeds on its retry. After ``runs`` occurrences the
+    definition is removed, so the demo can drain."""
+
+    name = "cron"
+    definition = "status-report"
+
+    def __init__(self, runs: int, every_s: int) -> None:
+        self.runs, self.every_s = runs, every_s
+
+    def run(self, queue: Queue, board: Board) -> None:
+        expr = f"*/{self.every_s} * * * * *"
+        payload = {"template": "report", "n": 0, "fail_times": 1}
+        queue.cron.add(self.definition, expr, payload=payload)
+        board.source(self.name, f"{self.definition!r} at {expr!r}, every {self.every_s} s")
+        fired: set[object] = set()
+        while len(fired) < self.runs:
+            definition = queue.cron.get(self.definition)
+            if definition is not None and definition.last_fired_at is not None:
+                fired.add(definition.last_fired_at)
+            time.sleep(POLL_S)
+        queue.cron.remove(self.definition)
+        status = f"{self.definition!r} fired {len(fired)} times, then removed"
+        board.source(self.name, status, added=len(fired), done=True)
 
 
 @contextlib.contextmanager
@@ -157,8 +189,9 @@ class SparkDigests:
 def demo_sources(
     tasks: int, spread_s: float, seed: int | None, spark: bool, redis_url: str, logs: Path
 ) -> list[Source]:
-    """The demo's sources: orders, and Spark digests when asked for and pyspark is installed."""
-    sources: list[Source] = [Orders(tasks, spread_s, seed)]
+    """The demo's sources: orders, a recurring report, and Spark digests when asked for and
+    pyspark is installed."""
+    sources: list[Source] = [Orders(tasks, spread_s, seed), Recurring(runs=4, every_s=3)]
     if spark:
         sources.append(SparkDigests(max(tasks // 5, 1), redis_url, logs / "spark.log"))
     return sources

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
 
 #: Width of tables when stdout is not a terminal (rich would otherwise assume 80 columns).
 PIPE_WIDTH = 160
@@ -23,6 +24,14 @@ def console() -> Console:
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out = Console(highlight=False, markup=False, emoji=False, width=PIPE_WIDTH)
     return out
+
+
+def titled_table(title: str, columns: Sequence[str], right: Collection[str] = ()) -> Table:
+    """A table with a left-aligned title; the columns named in ``right`` align right."""
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    return table
 
 
 def seconds(value: float) -> str:

@@ -14,7 +14,7 @@ from ..queue import Queue
 from ..task import QueueStats
 from .connection import Connection, RedisTarget, queue_names, redis_options, require_queue
 from .options import seconds_option
-from .output import console, seconds, when
+from .output import console, seconds, titled_table, when
 
 #: Lifetime counters shown next to the current states.
 COUNTERS = ("acked", "retried", "expired")
@@ -22,12 +22,9 @@ COUNTERS = ("acked", "retried", "expired")
 
 def stats_table(conn: Connection, names: list[str]) -> Table:
     """One row per queue: counts per state, next due time, lag of the oldest due task."""
-    table = Table(title=f"dueq queues at {conn.shown}", title_justify="left")
-    table.add_column("queue")
-    for column in ("scheduled", "due now", "leased", "dead", *COUNTERS):
-        table.add_column(column, justify="right")
-    table.add_column("next due")
-    table.add_column("oldest due lag", justify="right")
+    counts = ("scheduled", "due now", "leased", "dead", *COUNTERS)
+    columns = ("queue", *counts, "next due", "oldest due lag")
+    table = titled_table(f"dueq queues at {conn.shown}", columns, right={*counts, "oldest due lag"})
     for name in names:
         s: QueueStats = Queue(name, conn.client).stats()
         table.add_row(

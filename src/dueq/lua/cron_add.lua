@@ -6,7 +6,7 @@
 -- KEYS[4] tasks       HASH id -> envelope
 -- KEYS[5] meta        HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[6] errors      HASH id -> JSON list of error records
--- KEYS[7] stats       HASH counter -> int
+-- KEYS[7] stats       HASH counter -> int (a replaced pending occurrence counts as cancelled)
 -- KEYS[8] wake        Pub/Sub channel, told when the earliest due time moves earlier
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] name
@@ -31,6 +31,7 @@ elseif current then
   -- The old schedule's pending occurrence goes; one already leased or retrying runs out.
   if head_id and head_id ~= '' and redis.call('ZREM', KEYS[3], head_id) == 1 then
     forget(KEYS[4], KEYS[5], KEYS[6], head_id)
+    redis.call('HINCRBY', KEYS[7], 'cancelled', 1)
   end
   result = 2
 else

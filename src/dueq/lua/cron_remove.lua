@@ -7,6 +7,7 @@
 -- KEYS[4] tasks       HASH id -> envelope
 -- KEYS[5] meta        HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[6] errors      HASH id -> JSON list of error records
+-- KEYS[7] stats       HASH counter -> int (a removed pending occurrence counts as cancelled)
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] name
 -- Returns 1 if the definition existed, else 0
@@ -17,5 +18,6 @@ local _, _, head_id = cron_state_parse(redis.call('HGET', KEYS[2], name))
 redis.call('HDEL', KEYS[2], name)
 if head_id and head_id ~= '' and redis.call('ZREM', KEYS[3], head_id) == 1 then
   forget(KEYS[4], KEYS[5], KEYS[6], head_id)
+  redis.call('HINCRBY', KEYS[7], 'cancelled', 1)
 end
 return 1

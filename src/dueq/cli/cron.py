@@ -1,0 +1,139 @@
+"""``dueq cron``: add, list and remove the recurring tasks of a queue."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+
+from ..cron import DEFAULT_MAX_MISSED, MAX_MISSED_LIMIT, MissedPolicy
+from ..queue import Queue
+from .connection import RedisTarget, open_queue, redis_options
+from .errors import CliError
+from .output import console, titled_table, when
+from .task_input import parse_json
+
+PAYLOAD_WIDTH = 40
+
+
+def _payload(_ctx: click.Context, _param: click.Parameter, value: str) -> Any:
+    try:
+        return parse_json(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _short(payload: Any) -> str:
+    shown = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return shown if len(shown) <= PAYLOAD_WIDTH else shown[: PAYLOAD_WIDTH - 1] + "…"
+
+
+@click.group()
+def cron() -> None:
+    """Recurring tasks, kept in Redis; every worker of the queue keeps them going."""
+
+
+@cron.command("add")
+@click.argument("queue")
+@click.argument("name")
+@click.argument("expr")
+@click.option(
+    "--payload",
+    default="null",
+    metavar="JSON",
+    callback=_payload,
+    help="Each occurrence's payload.",
+)
+@click.option("--tz", default="UTC", show_default=True, help="IANA time zone of EXPR.")
+@click.option(
+    "--missed",
+    type=click.Choice(["skip", "latest", "all"]),
+    default="latest",
+    show_default=True,
+    help="What runs of slots missed while no worker claimed.",
+)
+@click.option(
+    "--max-missed",
+    type=click.IntRange(1, MAX_MISSED_LIMIT),
+    default=DEFAULT_MAX_MISSED,
+    show_default=True,
+    help="Most missed slots --missed all runs.",
+)
+@click.option("--replace", is_flag=True, help="Replace a different definition of NAME.")
+@redis_options
+def add_cron(
+    queue: str,
+    name: str,
+    expr: str,
+    payload: Any,
+    tz: str,
+    missed: MissedPolicy,
+    max_missed: int,
+    replace: bool,
+    target: RedisTarget,
+) -> None:
+    """Define NAME in QUEUE to run at EXPR, and schedule its next occurrence.
+
+    EXPR is 5-field cron, 6 fields with seconds first, or @hourly, @daily, @weekly, @monthly,
+    @yearly; quote it: dueq cron add reports nightly "30 2 * * *" --tz Europe/Berlin.
+    Adding the same definition again changes nothing; a different one needs --replace.
+    """
+    q = Queue(queue, target.open().client)
+    result = q.cron.add(
+        name, expr, payload=payload, tz=tz, missed=missed, max_missed=max_missed, replace=replace
+    )
+    definition = q.cron.get(name)
+    next_at = when(definition.next_at if definition else None, datetime.now(timezone.utc))
+    click.echo(f"{result} cron {name!r} in {queue!r}; next occurrence {next_at}")
+
+
+@cron.command("list")
+@click.argument("queue")
+@redis_options
+def list_cron(queue: str, target: RedisTarget) -> None:
+    """List the cron definitions of QUEUE, with next and last fired slots."""
+    definitions = open_queue(target, queue).cron.list()
+    out = console()
+    if not definitions:
+        out.print(f"no cron definitions in {queue!r}")
+        return
+    now = datetime.now(timezone.utc)
+    columns = ("name", "expr", "tz", "missed", "next", "last fired", "payload")
+    table = titled_table(f"cron definitions of {queue!r}", columns)
+    for d in definitions:
+        missed = f"all (max {d.max_missed})" if d.missed == "all" else d.missed
+        table.add_row(
+            d.name,
+            d.expr,
+            d.tz,
+            missed,
+            when(d.next_at, now),
+            when(d.last_fired_at, now),
+            _short(d.payload),
+        )
+    out.print(table)
+
+
+@cron.command("remove")
+@click.argument("queue")
+@click.argument("names", metavar="NAME...", nargs=-1, required=True)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@redis_options
+def remove_cron(queue: str, names: tuple[str, ...], yes: bool, target: RedisTarget) -> None:
+    """Delete cron definitions of QUEUE and their pending occurrences.
+
+    An occurrence already running or waiting for a retry still finishes.
+    """
+    q = open_queue(target, queue)
+    defined = {d.name for d in q.cron.list()}
+    unknown = [n for n in names if n not in defined]
+    if unknown:
+        raise CliError(f"no cron definition in {queue!r} named {', '.join(map(repr, unknown))}")
+    if not yes:
+        click.confirm(
+            f"Remove {len(names)} cron definition(s) from {queue!r}?", abort=True, err=True
+        )
+    removed = sum(q.cron.remove(n) for n in dict.fromkeys(names))
+    click.echo(f"removed {removed} cron definition(s) from {queue!r}")

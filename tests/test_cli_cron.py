@@ -1,0 +1,113 @@
+"""``dueq cron add|list|remove`` against the test redis-server."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from cli_support import one_error_line
+
+import dueq
+
+
+def test_add_stores_the_definition_and_schedules_its_next_occurrence(invoke, r):
+    result = invoke(
+        "cron",
+        "add",
+        "reports",
+        "nightly",
+        "30 2 * * *",
+        "--tz",
+        "Europe/Berlin",
+        "--payload",
+        '{"report": "daily"}',
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("added cron 'nightly' in 'reports'; next occurrence 20")
+    (definition,) = dueq.Queue("reports", r).cron.list()
+    assert (definition.expr, definition.tz, definition.missed) == (
+        "30 2 * * *",
+        "Europe/Berlin",
+        "latest",
+    )
+    assert definition.payload == {"report": "daily"}
+    assert definition.next_at is not None and definition.next_at > datetime.now(timezone.utc)
+    assert dueq.Queue("reports", r).stats().scheduled == 1
+
+
+def test_adding_again_is_unchanged_and_a_change_needs_replace(invoke, r):
+    assert invoke("cron", "add", "q", "sync", "*/15 * * * *").exit_code == 0
+    again = invoke("cron", "add", "q", "sync", "*/15 * * * *")
+    assert again.exit_code == 0 and again.stdout.startswith("unchanged cron 'sync'")
+    changed = invoke("cron", "add", "q", "sync", "*/5 * * * *")
+    assert changed.exit_code == 1
+    assert "pass replace=True" in one_error_line(changed)
+    assert dueq.Queue("q", r).cron.list()[0].expr == "*/15 * * * *"
+    replaced = invoke("cron", "add", "q", "sync", "*/5 * * * *", "--replace", "--missed", "all")
+    assert replaced.exit_code == 0 and replaced.stdout.startswith("replaced cron 'sync'")
+    definition = dueq.Queue("q", r).cron.list()[0]
+    assert (definition.expr, definition.missed, definition.max_missed) == ("*/5 * * * *", "all", 10)
+
+
+def test_list_shows_every_definition(invoke, r):
+    q = dueq.Queue("q", r)
+    q.cron.add("a-hourly", "@hourly", payload={"n": 1})
+    q.cron.add("b-daily", "0 3 * * 1-5", tz="America/New_York", missed="all", max_missed=3)
+    result = invoke("cron", "list", "q")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    row_a = next(line for line in lines if "a-hourly" in line)
+    row_b = next(line for line in lines if "b-daily" in line)
+    assert "@hourly" in row_a and '{"n":1}' in row_a and "UTC" in row_a
+    assert "America/New_York" in row_b and "all (max 3)" in row_b
+
+
+def test_list_of_a_queue_without_definitions_says_so(invoke, r):
+    dueq.Queue("q", r).schedule({"x": 1})
+    result = invoke("cron", "list", "q")
+    assert result.exit_code == 0
+    assert result.stdout == "no cron definitions in 'q'\n"
+
+
+def test_remove_asks_first_and_then_drops_the_definition(invoke, r):
+    q = dueq.Queue("q", r)
+    q.cron.add("sync", "@hourly")
+    declined = invoke("cron", "remove", "q", "sync", input="n\n")
+    assert declined.exit_code == 1
+    assert len(q.cron.list()) == 1
+    result = invoke("cron", "remove", "q", "sync", input="y\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "removed 1 cron definition(s) from 'q'\n"
+    assert q.cron.list() == [] and q.stats().scheduled == 0
+
+
+def test_remove_of_an_unknown_name_is_an_error_and_removes_nothing(invoke, r):
+    q = dueq.Queue("q", r)
+    q.cron.add("sync", "@hourly")
+    result = invoke("cron", "remove", "q", "sync", "nope", "--yes")
+    assert result.exit_code == 1
+    assert one_error_line(result) == "error: no cron definition in 'q' named 'nope'"
+    assert len(q.cron.list()) == 1
+
+
+def test_bad_input_is_one_line_and_writes_nothing(invoke, r):
+    cases = [
+        (["cron", "add", "q", "n", "61 * * * *"], 1, "invalid cron expression"),
+        (["cron", "add", "q", "n", "@daily", "--tz", "Mars/Olympus"], 1, "unknown time zone"),
+        (["cron", "add", "q", "n", "@daily", "--payload", "{bad"], 2, "not valid JSON"),
+        (["cron", "add", "q", "n", "@daily", "--payload", "NaN"], 2, "NaN is not JSON"),
+        (["cron", "add", "q", "n", "@daily", "--missed", "some"], 2, "'some' is not one of"),
+        (["cron", "add", "q", "two words", "@daily"], 1, "without spaces"),
+        (["cron", "list", "unknown"], 1, "no queue named 'unknown'"),
+        (["cron", "remove", "unknown", "x", "--yes"], 1, "no queue named 'unknown'"),
+    ]
+    for args, code, message in cases:
+        result = invoke(*args)
+        assert result.exit_code == code, (args, result.output)
+        assert message in one_error_line(result), args
+    assert r.dbsize() == 0
+
+
+def test_unreachable_redis_is_one_line(invoke):
+    result = invoke("cron", "list", "q", url="redis://127.0.0.1:1/0")
+    assert result.exit_code == 1
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in one_error_line(result)
