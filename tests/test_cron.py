@@ -436,6 +436,10 @@ def test_a_corrupted_definition_never_stops_the_claim_of_others(r, frozen, caplo
     assert "runs without advancing its schedule" in caplog.text
     assert q.get("cron:good:20260101T020000Z") is not None  # the good one moved on
     assert q.get("cron:bad:20260101T020000Z") is None
+    with pytest.raises(dueq.CronError, match="'bad' has an unreadable definition"):
+        q.cron.list()
+    assert q.cron.remove("bad")
+    assert [d.name for d in q.cron.list()] == ["good"]
 
 
 def test_occurrence_ids_name_the_definition_and_slot():

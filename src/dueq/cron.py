@@ -226,7 +226,13 @@ class Crons:
         found = []
         for raw_name, raw_spec in raw_specs.items():
             name = text(raw_name)
-            spec = _Spec.from_json(text(raw_spec))
+            try:
+                spec = _Spec.from_json(text(raw_spec))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CronError(
+                    f"cron {name!r} has an unreadable definition in Redis ({exc}); "
+                    "remove it or add it again with replace=True"
+                ) from exc
             head, last, _ = (states.get(name) or "||").split("|", 2)
             found.append(
                 CronDefinition(
