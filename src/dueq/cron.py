@@ -142,6 +142,28 @@ def _plan(schedule: CronSchedule, spec: _Spec, slot_ms: int, now_ms: int) -> _Pl
     return _Plan(True, schedule.between(slot_ms, now_ms, spec.max_missed - 1), next_ms)
 
 
+def _definition(name: str, raw_spec: Any, raw_state: Any) -> CronDefinition:
+    """A CronDefinition from its stored JSON and state; CronError if they cannot be read."""
+    try:
+        spec = _Spec.from_json(text(raw_spec))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CronError(
+            f"cron {name!r} has an unreadable definition in Redis ({exc}); "
+            "remove it or add it again with replace=True"
+        ) from exc
+    head, last, _ = (text(raw_state) if raw_state is not None else "||").split("|", 2)
+    return CronDefinition(
+        name,
+        spec.expr,
+        spec.tz,
+        spec.missed,
+        spec.max_missed,
+        spec.payload,
+        ms_datetime(int(head)) if head else None,
+        ms_datetime(int(last)) if last else None,
+    )
+
+
 class Crons:
     """The cron definitions of one queue (``Queue.cron``)."""
 
@@ -215,43 +237,29 @@ class Crons:
         keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats]
         return bool(self._queue._run("cron_remove", keys, validate_name(name)))
 
-    def list(self) -> list[CronDefinition]:
+    def list(self) -> builtins.list[CronDefinition]:
         """Every definition of the queue, by name, with its next and last fired slot."""
         k = self._queue.keys
         pipe = self._queue.redis.pipeline(transaction=False)
         pipe.hgetall(k.cron)
         pipe.hgetall(k.cron_state)
         raw_specs, raw_states = pipe.execute()
-        states = {text(name): text(value) for name, value in raw_states.items()}
-        found = []
-        for raw_name, raw_spec in raw_specs.items():
-            name = text(raw_name)
-            try:
-                spec = _Spec.from_json(text(raw_spec))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CronError(
-                    f"cron {name!r} has an unreadable definition in Redis ({exc}); "
-                    "remove it or add it again with replace=True"
-                ) from exc
-            head, last, _ = (states.get(name) or "||").split("|", 2)
-            found.append(
-                CronDefinition(
-                    name,
-                    spec.expr,
-                    spec.tz,
-                    spec.missed,
-                    spec.max_missed,
-                    spec.payload,
-                    ms_datetime(int(head)) if head else None,
-                    ms_datetime(int(last)) if last else None,
-                )
-            )
+        states = {text(name): value for name, value in raw_states.items()}
+        found = [
+            _definition(text(name), raw_spec, states.get(text(name)))
+            for name, raw_spec in raw_specs.items()
+        ]
         return sorted(found, key=lambda d: d.name)
 
     def get(self, name: str) -> CronDefinition | None:
         """One definition by name, or None."""
         name = validate_name(name)
-        return next((d for d in self.list() if d.name == name), None)
+        k = self._queue.keys
+        pipe = self._queue.redis.pipeline(transaction=False)
+        pipe.hget(k.cron, name)
+        pipe.hget(k.cron_state, name)
+        raw_spec, raw_state = pipe.execute()
+        return None if raw_spec is None else _definition(name, raw_spec, raw_state)
 
     # -- called by Queue.claim_batch ------------------------------------------------------------
 
@@ -266,11 +274,7 @@ class Crons:
         If Redis fails, the claimed occurrences are held back: their leases run out, and the
         next claim of them tries again, so no schedule stops.
         """
-        claimed = []
-        for d in deliveries:
-            parsed = _parse_occurrence_id(d.id) if d.id.startswith(OCCURRENCE_PREFIX) else None
-            if parsed is not None:
-                claimed.append((d, *parsed))
+        claimed = [(d, *parsed) for d in deliveries if (parsed := _parse_occurrence_id(d.id))]
         if not claimed:
             return deliveries, None
         try:

@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 from .checks import whole_number
 from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
-from .cron import OCCURRENCE_PREFIX, Crons
+from .cron import Crons
 from .dead import DeadLetters
 from .envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -325,10 +325,9 @@ class Queue:
             deliveries.append(
                 Delivery(self, task_id, payload, attempt, due_ms, deadline, token, first_ms, now_ms)
             )
-        if any(d.id.startswith(OCCURRENCE_PREFIX) for d in deliveries):
-            deliveries, cron_due = self.cron.on_claim(deliveries, now_ms)
-            if cron_due is not None and (next_due < 0 or cron_due < next_due):
-                next_due = cron_due
+        deliveries, cron_due = self.cron.on_claim(deliveries, now_ms)
+        if cron_due is not None and (next_due < 0 or cron_due < next_due):
+            next_due = cron_due
         return ClaimBatch(
             deliveries,
             now_ms,

@@ -130,3 +130,12 @@ local function cron_state_parse(v)
   local head, last, id = string.match(v, '^(%d*)|(%d*)|(.*)$')
   return head, last, id
 end
+
+-- Withdraw a cron definition's pending occurrence if it is still waiting in due (one already
+-- leased or retrying runs out); it counts as cancelled.
+local function cron_withdraw(k_due, k_tasks, k_meta, k_errors, k_stats, id)
+  if id and id ~= '' and redis.call('ZREM', k_due, id) == 1 then
+    forget(k_tasks, k_meta, k_errors, id)
+    redis.call('HINCRBY', k_stats, 'cancelled', 1)
+  end
+end

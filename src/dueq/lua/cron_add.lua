@@ -21,7 +21,7 @@
 
 local name, definition = ARGV[2], ARGV[3]
 local current = redis.call('HGET', KEYS[1], name)
-local head, last, head_id = cron_state_parse(redis.call('HGET', KEYS[2], name))
+local _, last, head_id = cron_state_parse(redis.call('HGET', KEYS[2], name))
 local result
 if current == definition then
   if head_id and head_id ~= '' and redis.call('HEXISTS', KEYS[4], head_id) == 1 then return 0 end
@@ -29,10 +29,7 @@ if current == definition then
 elseif current then
   if ARGV[4] ~= '1' then return -1 end
   -- The old schedule's pending occurrence goes; one already leased or retrying runs out.
-  if head_id and head_id ~= '' and redis.call('ZREM', KEYS[3], head_id) == 1 then
-    forget(KEYS[4], KEYS[5], KEYS[6], head_id)
-    redis.call('HINCRBY', KEYS[7], 'cancelled', 1)
-  end
+  cron_withdraw(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], head_id)
   result = 2
 else
   result = 1

@@ -16,8 +16,5 @@ local name = ARGV[2]
 if redis.call('HDEL', KEYS[1], name) == 0 then return 0 end
 local _, _, head_id = cron_state_parse(redis.call('HGET', KEYS[2], name))
 redis.call('HDEL', KEYS[2], name)
-if head_id and head_id ~= '' and redis.call('ZREM', KEYS[3], head_id) == 1 then
-  forget(KEYS[4], KEYS[5], KEYS[6], head_id)
-  redis.call('HINCRBY', KEYS[7], 'cancelled', 1)
-end
+cron_withdraw(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], head_id)
 return 1
