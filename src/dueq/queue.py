@@ -113,6 +113,12 @@ class Queue:
     ``remember_done`` (off by default) keeps the ids of acked tasks for that long, and
     scheduling such an id again counts it as existing (unless ``replace=True``), so a re-run
     producer does not re-create tasks that already ran. Give it to producers and consumers.
+
+    ``wait_replicas`` (0: off) makes every change that must survive a failover wait until that
+    many replicas confirm it (Redis ``WAIT``, at most ``wait_timeout``): schedule, cancel,
+    reschedule, dead-letter replay/purge and cron definitions raise ReplicationTimeout when
+    fewer confirm (the change is made on the primary; scheduling again by id is safe); acks,
+    failures and releases log a warning instead.
     """
 
     def __init__(
@@ -127,6 +133,8 @@ class Queue:
         dead_max_count: int = 100_000,
         dead_max_age: Duration = timedelta(days=14),
         remember_done: Duration | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: Duration = 1.0,
     ) -> None:
         self.keys = QueueKeys.for_queue(name)
         self.name = name
@@ -141,6 +149,7 @@ class Queue:
             raise ConfigurationError("clock must be a zero-argument callable returning seconds")
         whole_number(max_payload_bytes, "max_payload_bytes", low=1, high=MAX_PAYLOAD_LIMIT)
         whole_number(dead_max_count, "dead_max_count", low=1)
+        whole_number(wait_replicas, "wait_replicas", low=0, high=100)
         self.redis = redis_client
         self.retry = retry or RetryPolicy()
         self.lease_ms = _positive_ms(lease, "lease")
@@ -153,7 +162,12 @@ class Queue:
         )
         self.dead = DeadLetters(self)
         self.cron = Crons(self)
-        self._scripts = Scripts(redis_client)
+        self.wait_replicas = wait_replicas
+        self._scripts = Scripts(
+            redis_client,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=_positive_ms(wait_timeout, "wait_timeout"),
+        )
         self._server_checked = False
 
     def __repr__(self) -> str:
