@@ -58,6 +58,8 @@ SCHEDULE_BATCH_BYTES = 8 * 1024 * 1024
 MAX_PAYLOAD_LIMIT = 64 * 1024 * 1024
 #: Oldest Redis the scripts run on (ZMSCORE).
 MIN_REDIS_VERSION = (6, 2)
+#: Fields before the first delivery in claim.lua's reply.
+CLAIM_REPLY_HEAD = 8
 #: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
 ID_RETRIES = 5
 
@@ -327,8 +329,23 @@ class Queue:
         )
         now_ms, next_due, next_deadline = int(reply[0]), int(reply[1]), int(reply[2])
         token, deadline = text(reply[3]), int(reply[4])
+        dropped, buried = int(reply[6]), int(reply[7])
+        if dropped:
+            logger.error(
+                "queue %r: %d due task(s) had no stored data and were dropped: their keys were "
+                "evicted or deleted (set maxmemory-policy noeviction)",
+                self.name,
+                dropped,
+            )
+        if buried:
+            logger.error(
+                "queue %r: %d due task(s) moved to dead at claim (unreadable attempt record, "
+                "or max_attempts already reached); see their errors",
+                self.name,
+                buried,
+            )
         deliveries: list[Delivery] = []
-        for i in range(6, len(reply), 5):
+        for i in range(CLAIM_REPLY_HEAD, len(reply), 5):
             task_id, raw, attempt = text(reply[i]), reply[i + 1], int(reply[i + 2])
             try:
                 payload = decode_envelope(raw)
@@ -498,4 +515,4 @@ class Queue:
     def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
         k = self.keys
-        return queue_stats(self._run("stats", [k.due, k.leased, k.dead, k.stats]))
+        return queue_stats(self._run("stats", [k.due, k.leased, k.dead, k.stats, k.tasks]))
