@@ -54,7 +54,7 @@ end
 local function stat_incr(k_stats, field, n)
   local v = try_incr(k_stats, field, n)
   if v then return v end
-  redis.log(redis.LOG_WARNING, 'dueq: counter ' .. field .. ' of ' .. k_stats ..
+  redis.log(redis.LOG_WARNING, '[dueq] counter ' .. field .. ' of ' .. k_stats ..
     ' was not an integer; restarted')
   redis.call('HSET', k_stats, field, n)
   return n
