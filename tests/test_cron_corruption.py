@@ -227,10 +227,14 @@ def test_a_cron_key_of_the_wrong_type_is_a_cron_error(make_queue, r, clock):
     q = two_every_second(make_queue)
     r.delete(q.keys.cron)
     r.set(q.keys.cron, "not a hash")
-    with pytest.raises(dueq.CronError, match="not a hash"):
-        q.cron.list()
-    with pytest.raises(dueq.CronError, match="not a hash"):
-        q.cron.get("good")
+    for call in (
+        q.cron.list,
+        lambda: q.cron.get("good"),
+        lambda: q.cron.add("other", EVERY_SECOND),
+        lambda: q.cron.remove("good"),
+    ):
+        with pytest.raises(dueq.CronError, match="wrong type"):
+            call()
     clock.advance(1)
     assert "plain" in [d.id for d in q.claim()]  # ordinary tasks still run
 

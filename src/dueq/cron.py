@@ -28,6 +28,7 @@ import builtins
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
@@ -378,16 +379,11 @@ class Crons:
         spec = _Spec(schedule.expr, tz, missed, max_missed, payload)
         next_ms = schedule.next_after(self._now_ms())
         k = queue.keys
+        keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake]
+        args = (name, spec.to_json(), "1" if replace else "0", next_ms)
         status = int(
-            queue._run(
-                "cron_add",
-                [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake],
-                name,
-                spec.to_json(),
-                "1" if replace else "0",
-                next_ms,
-                occurrence_id(name, next_ms),
-                envelope,
+            self._typed(
+                lambda: queue._run("cron_add", keys, *args, occurrence_id(name, next_ms), envelope)
             )
         )
         if status < 0:
@@ -404,7 +400,8 @@ class Crons:
         """
         k = self._queue.keys
         keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats]
-        return bool(self._queue._run("cron_remove", keys, validate_name(name)))
+        name = validate_name(name)
+        return bool(self._typed(lambda: self._queue._run("cron_remove", keys, name)))
 
     def list(self) -> builtins.list[CronDefinition]:
         """Every definition of the queue, by name, with its next and last fired slot.
@@ -434,15 +431,18 @@ class Crons:
         return None if raw_spec is None else _definition(name, raw_spec, raw_state)
 
     def _execute(self, pipe: Any) -> builtins.list[Any]:
+        return builtins.list(self._typed(pipe.execute))
+
+    def _typed(self, call: Callable[[], Any]) -> Any:
+        """``call()``, with a key of the wrong type (corrupted by hand) as a CronError."""
         try:
-            return builtins.list(pipe.execute())
+            return call()
         except redis.ResponseError as exc:
             if not _wrong_type(exc):
                 raise
-            k = self._queue.keys
             raise CronError(
-                f"{k.cron!r} or {k.cron_state!r} is not a hash in Redis ({exc}); "
-                "the cron definitions of this queue cannot be read"
+                f"a key of queue {self._queue.name!r} holds the wrong type of value in Redis "
+                f"({exc}); the cron definitions of this queue cannot be used"
             ) from exc
 
     # -- called by Queue.claim_batch ------------------------------------------------------------
