@@ -18,10 +18,34 @@
 -- Returns 0 unchanged (same definition, its pending occurrence exists), 1 added, 2 replaced,
 --         3 unchanged but its missing pending occurrence was scheduled again, -1 refused
 --         (a different definition exists and ARGV[4] is "0")
+-- A state value that cannot be read counts as none (no pending occurrence is trusted, so a
+-- corrupted one never withdraws a task it merely names); adding the definition rewrites it.
+
+-- The last instant a slot may have: 9999-12-31T23:59:59.999Z (Python's datetime ends there).
+local MAX_SLOT_MS = 253402300799999
+
+local function ms_text_ok(s, may_be_empty)
+  if s == '' then return may_be_empty end
+  return #s <= 15 and string.match(s, '^%d+$') ~= nil and tonumber(s) <= MAX_SLOT_MS
+end
+
+-- head_ms, last_ms (text, last may be '') and head_id of a cron_state value, or nil when the
+-- value is missing or not "<ms>|<ms or empty>|cron:<name>:<YYYYMMDDTHHMMSSZ>".
+local function cron_state_read(v, name)
+  if not v then return nil end
+  local head, last, id = string.match(v, '^(%d+)|(%d*)|(.*)$')
+  if not head or not ms_text_ok(head, false) or not ms_text_ok(last, true) then return nil end
+  local prefix = 'cron:' .. name .. ':'
+  if #id ~= #prefix + 16 or string.sub(id, 1, #prefix) ~= prefix
+      or not string.match(string.sub(id, #prefix + 1), '^%d%d%d%d%d%d%d%dT%d%d%d%d%d%dZ$') then
+    return nil
+  end
+  return head, last, id
+end
 
 local name, definition = ARGV[2], ARGV[3]
 local current = redis.call('HGET', KEYS[1], name)
-local _, last, head_id = cron_state_parse(redis.call('HGET', KEYS[2], name))
+local _, last, head_id = cron_state_read(redis.call('HGET', KEYS[2], name), name)
 local result
 if current == definition then
   if head_id and head_id ~= '' and redis.call('HEXISTS', KEYS[4], head_id) == 1 then return 0 end
