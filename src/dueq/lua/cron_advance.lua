@@ -27,28 +27,6 @@
 --         -1 the entry's numbers are out of range: nothing changed for it.
 --         An error (before any write) if the entries are not laid out as above.
 
--- The last instant a slot may have: 9999-12-31T23:59:59.999Z (Python's datetime ends there).
-local MAX_SLOT_MS = 253402300799999
-
-local function ms_text_ok(s, may_be_empty)
-  if s == '' then return may_be_empty end
-  return #s <= 15 and string.match(s, '^%d+$') ~= nil and tonumber(s) <= MAX_SLOT_MS
-end
-
--- head_ms, last_ms (text, last may be '') and head_id of a cron_state value, or nil when the
--- value is missing or not "<ms>|<ms or empty>|cron:<name>:<YYYYMMDDTHHMMSSZ>".
-local function cron_state_read(v, name)
-  if not v then return nil end
-  local head, last, id = string.match(v, '^(%d+)|(%d*)|(.*)$')
-  if not head or not ms_text_ok(head, false) or not ms_text_ok(last, true) then return nil end
-  local prefix = 'cron:' .. name .. ':'
-  if #id ~= #prefix + 16 or string.sub(id, 1, #prefix) ~= prefix
-      or not string.match(string.sub(id, #prefix + 1), '^%d%d%d%d%d%d%d%dT%d%d%d%d%d%dZ$') then
-    return nil
-  end
-  return head, last, id
-end
-
 -- Pass 1: lay out and check every entry, writing nothing.
 local entries = {}
 local i = 2
@@ -97,7 +75,7 @@ for _, e in ipairs(entries) do
     else
       add(e.next_id, e.envelope, e.next_ms)
       redis.call('HSET', KEYS[2], e.name, e.next_ms .. '|' .. e.slot .. '|' .. e.next_id)
-      redis.call('HINCRBY', KEYS[8], 'cron_state_rebuilt', 1)
+      stat_incr(KEYS[8], 'cron_state_rebuilt', 1)
       out[#out + 1] = 2
     end
   elseif tonumber(head) ~= tonumber(e.slot) then
@@ -110,7 +88,7 @@ for _, e in ipairs(entries) do
     elseif lease_held(KEYS[7], KEYS[5], e.id, e.token, now) then
       redis.call('ZREM', KEYS[7], e.id)
       forget(KEYS[4], KEYS[5], KEYS[6], e.id)
-      redis.call('HINCRBY', KEYS[8], 'cron_skipped', 1)
+      stat_incr(KEYS[8], 'cron_skipped', 1)
     end
     for j = e.first_missed, e.last_missed, 2 do add(ARGV[j + 1], e.envelope, ARGV[j]) end
     add(e.next_id, e.envelope, e.next_ms)
