@@ -28,13 +28,13 @@ import builtins
 import json
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 import redis
 
+from . import _protocol as protocol
 from .checks import whole_number
 from .clock import clock_ms, ms_datetime
 from .cronexpr import CronSchedule, parse_slot_label, schedule_for, slot_label
@@ -44,14 +44,14 @@ from .outage import is_outage
 from .snapshot import text
 
 if TYPE_CHECKING:
+    from ._async import AsyncQueue
+    from ._core import Flow, QueueCore
     from .queue import Queue
-    from .task import Delivery
 
 logger = logging.getLogger(__name__)
 
 MissedPolicy = Literal["skip", "latest", "all"]
 AddResult = Literal["added", "unchanged", "replaced", "restored"]
-_ADD_RESULTS: dict[int, AddResult] = {0: "unchanged", 1: "added", 2: "replaced", 3: "restored"}
 
 #: Task ids of occurrences start with this.
 OCCURRENCE_PREFIX = "cron:"
@@ -334,122 +334,106 @@ def _name(raw: bytes | str) -> tuple[str, str | None]:
         return shown, f"its name {shown!r} is not UTF-8; delete it from Redis by hand"
 
 
-class Crons:
-    """The cron definitions of one queue (``Queue.cron``)."""
+class CronsCore:
+    """The cron definitions of one queue: the flows both front ends share."""
 
-    def __init__(self, queue: Queue) -> None:
-        self._queue = queue
+    def __init__(self, queue: QueueCore) -> None:
+        self._core = queue
 
-    def _now_ms(self) -> int:
-        clock = self._queue.clock
+    def _now_ms_flow(self) -> Flow[int]:
+        clock = self._core.clock
         if clock is not None:
             return clock_ms(clock)
-        seconds, micros = self._queue.redis.time()
+        seconds, micros = yield protocol.command("TIME")
         return int(seconds) * 1000 + int(micros) // 1000
 
-    def add(
+    def _add_flow(
         self,
         name: str,
         expr: str,
-        *,
-        payload: Any = None,
-        tz: str = "UTC",
-        missed: MissedPolicy = "latest",
-        max_missed: int = DEFAULT_MAX_MISSED,
-        replace: bool = False,
-    ) -> AddResult:
-        """Define a recurring task and schedule its next occurrence.
-
-        ``expr`` is a 5-field cron expression (6 with seconds first) or an alias
-        (``@hourly``, ``@daily``, ...) in the IANA zone ``tz``. ``missed`` says what happens
-        to slots missed while nothing claimed: ``"skip"`` them, run the ``"latest"`` once, or
-        run ``"all"`` (at most ``max_missed``).
-        Adding the same definition again changes nothing (and restores its pending occurrence
-        if that was cancelled); a different definition under the same name raises
-        CronConflict unless ``replace``. Bad input raises CronError or PayloadError and
-        writes nothing. Returns "added", "unchanged", "replaced" or "restored".
-        """
+        payload: Any,
+        tz: str,
+        missed: MissedPolicy,
+        max_missed: int,
+        replace: bool,
+    ) -> Flow[AddResult]:
         name = validate_name(name)
         if missed not in get_args(MissedPolicy):
             raise CronError(f"missed must be 'skip', 'latest' or 'all', got {missed!r}")
         whole_number(max_missed, "max_missed", low=1, high=MAX_MISSED_LIMIT)
         schedule = CronSchedule(expr, tz)
-        queue = self._queue
+        queue = self._core
         envelope = encode_envelope(payload, queue.max_payload_bytes)
         spec = _Spec(schedule.expr, tz, missed, max_missed, payload)
-        next_ms = schedule.next_after(self._now_ms())
-        k = queue.keys
-        keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake]
-        args = (name, spec.to_json(), "1" if replace else "0", next_ms)
-        status = int(
-            self._typed(
-                lambda: queue._run("cron_add", keys, *args, occurrence_id(name, next_ms), envelope)
-            )
+        next_ms = schedule.next_after((yield from self._now_ms_flow()))
+        call = protocol.cron_add(
+            queue.keys,
+            queue._now_arg(),
+            name,
+            spec.to_json(),
+            replace=replace,
+            next_ms=next_ms,
+            next_id=occurrence_id(name, next_ms),
+            envelope=envelope,
         )
-        if status < 0:
+        status = yield from self._typed(call)
+        if status is None:
             raise CronConflict(
                 f"cron {name!r} is already defined differently in queue {queue.name!r}; "
                 "pass replace=True to replace it"
             )
-        return _ADD_RESULTS[status]
+        return cast(AddResult, status)
 
-    def remove(self, name: str) -> bool:
-        """Delete a definition and its pending occurrence; False if there was none.
-
-        An occurrence already leased or waiting for a retry still runs to its end.
-        """
-        k = self._queue.keys
-        keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats]
+    def _remove_flow(self, name: str) -> Flow[bool]:
         name = validate_name(name)
-        return bool(self._typed(lambda: self._queue._run("cron_remove", keys, name)))
+        existed: bool = yield from self._typed(
+            protocol.cron_remove(self._core.keys, self._core._now_arg(), name)
+        )
+        return existed
 
-    def list(self) -> builtins.list[CronDefinition]:
-        """Every definition of the queue, by name, with its next and last fired slot.
-
-        A definition whose data in Redis cannot be read is listed with ``problem`` set.
-        CronError if the queue's cron keys are not hashes at all.
-        """
-        k = self._queue.keys
-        pipe = self._queue.redis.pipeline(transaction=False)
-        pipe.hgetall(k.cron)
-        pipe.hgetall(k.cron_state)
-        raw_specs, raw_states = self._execute(pipe)
+    def _list_flow(self) -> Flow[builtins.list[CronDefinition]]:
+        k = self._core.keys
+        raw_specs, raw_states = yield from self._typed(
+            protocol.Batch(
+                (protocol.command("HGETALL", k.cron), protocol.command("HGETALL", k.cron_state))
+            )
+        )
         found = []
         for raw_name, raw_spec in raw_specs.items():
             name, name_problem = _name(raw_name)
             found.append(_definition(name, raw_spec, raw_states.get(raw_name), name_problem))
         return sorted(found, key=lambda d: d.name)
 
-    def get(self, name: str) -> CronDefinition | None:
-        """One definition by name (``problem`` set if it cannot be read), or None."""
+    def _get_flow(self, name: str) -> Flow[CronDefinition | None]:
         name = validate_name(name)
-        k = self._queue.keys
-        pipe = self._queue.redis.pipeline(transaction=False)
-        pipe.hget(k.cron, name)
-        pipe.hget(k.cron_state, name)
-        raw_spec, raw_state = self._execute(pipe)
+        k = self._core.keys
+        raw_spec, raw_state = yield from self._typed(
+            protocol.Batch(
+                (
+                    protocol.command("HGET", k.cron, name),
+                    protocol.command("HGET", k.cron_state, name),
+                )
+            )
+        )
         return None if raw_spec is None else _definition(name, raw_spec, raw_state)
 
-    def _execute(self, pipe: Any) -> builtins.list[Any]:
-        return builtins.list(self._typed(pipe.execute))
-
-    def _typed(self, call: Callable[[], Any]) -> Any:
-        """``call()``, with a key of the wrong type (corrupted by hand) as a CronError."""
+    def _typed(self, step: protocol.Step) -> Flow[Any]:
+        """Send ``step``, with a key of the wrong type (corrupted by hand) as a CronError."""
         try:
-            return call()
+            return (yield step)
         except redis.ResponseError as exc:
             if not _wrong_type(exc):
                 raise
             raise CronError(
-                f"a key of queue {self._queue.name!r} holds the wrong type of value in Redis "
+                f"a key of queue {self._core.name!r} holds the wrong type of value in Redis "
                 f"({exc}); the cron definitions of this queue cannot be used"
             ) from exc
 
-    # -- called by Queue.claim_batch ------------------------------------------------------------
+    # -- called by the claim flow ---------------------------------------------------------------
 
-    def on_claim(
-        self, deliveries: builtins.list[Delivery], now_ms: int
-    ) -> tuple[builtins.list[Delivery], int | None]:
+    def _on_claim_flow(
+        self, deliveries: builtins.list[Any], now_ms: int
+    ) -> Flow[tuple[builtins.list[Any], int | None]]:
         """Advance the schedules of claimed occurrences (two round trips for any number).
 
         Returns the deliveries to run and the earliest due time of the occurrences it
@@ -463,12 +447,12 @@ class Crons:
         if not claimed:
             return deliveries, None
         try:
-            results = self._advance(claimed, now_ms)
+            results = yield from self._advance_flow(claimed, now_ms)
         except redis.RedisError as exc:
             if _wrong_type(exc):  # a cron key of another type: corrupted data, not an outage
                 logger.error(
                     "queue %r: %d cron occurrence(s) run without advancing their schedules: %s",
-                    self._queue.name,
+                    self._core.name,
                     len(claimed),
                     exc,
                 )
@@ -476,7 +460,7 @@ class Crons:
             logger.log(
                 logging.WARNING if is_outage(exc) else logging.ERROR,
                 "queue %r: %d cron occurrence(s) held back until their leases end: %s",
-                self._queue.name,
+                self._core.name,
                 len(claimed),
                 exc,
             )
@@ -485,7 +469,7 @@ class Crons:
         except Exception:  # a defect here must not cost the claim its other tasks
             logger.exception(
                 "queue %r: %d cron occurrence(s) run without advancing their schedules",
-                self._queue.name,
+                self._core.name,
                 len(claimed),
             )
             return deliveries, None
@@ -501,18 +485,19 @@ class Crons:
         kept = [d for d in deliveries if d.id not in dropped] if dropped else deliveries
         return kept, min(due, default=None)
 
-    def _advance(
-        self, claimed: builtins.list[tuple[Delivery, str, int]], now_ms: int
-    ) -> builtins.list[tuple[Delivery, _Plan, int]]:
+    def _advance_flow(
+        self, claimed: builtins.list[tuple[Any, str, int]], now_ms: int
+    ) -> Flow[builtins.list[tuple[Any, _Plan, int]]]:
         """Plan each claimed occurrence and carry the plans out in one script call; returns
         each plan sent with the script's status for it (an occurrence that is not sent, or
         not advanced, just runs)."""
-        queue = self._queue
+        queue = self._core
         k = queue.keys
         names = sorted({name for _, name, _ in claimed})
-        specs = dict(zip(names, queue.redis.hmget(k.cron, names), strict=True))
-        planned: builtins.list[tuple[Delivery, str, _Plan]] = []
-        args: builtins.list[str | int | bytes] = []
+        raw_specs = yield protocol.command("HMGET", k.cron, *names)
+        specs = dict(zip(names, raw_specs, strict=True))
+        planned: builtins.list[tuple[Any, str, _Plan]] = []
+        entries: builtins.list[protocol.CronEntry] = []
         for delivery, name, slot_ms in claimed:
             raw = specs[name]
             if raw is None:
@@ -522,25 +507,24 @@ class Crons:
                 continue
             plan, envelope = planning
             planned.append((delivery, name, plan))
-            args += (name, slot_ms, delivery.id, delivery.token, "0" if plan.run else "1")
-            args += (
-                envelope,
-                plan.next_ms,
-                occurrence_id(name, plan.next_ms),
-                len(plan.missed_now),
+            entries.append(
+                protocol.CronEntry(
+                    name=name,
+                    slot_ms=slot_ms,
+                    occurrence_id=delivery.id,
+                    token=delivery.token,
+                    drop=not plan.run,
+                    envelope=envelope,
+                    next_ms=plan.next_ms,
+                    next_id=occurrence_id(name, plan.next_ms),
+                    missed_now=[(ms, occurrence_id(name, ms)) for ms in plan.missed_now],
+                )
             )
-            for ms in plan.missed_now:
-                args += (ms, occurrence_id(name, ms))
         if not planned:
             return []
-        statuses = queue._run(
-            "cron_advance",
-            [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.leased, k.stats, k.wake],
-            *args,
-        )
+        statuses = yield protocol.cron_advance(k, queue._now_arg(), entries)
         results = []
-        for (delivery, name, plan), raw_status in zip(planned, statuses, strict=True):
-            status = int(raw_status)
+        for (delivery, name, plan), status in zip(planned, statuses, strict=True):
             if status == _REBUILT:
                 logger.warning(
                     "queue %r: cron %r had no readable schedule state in Redis; rebuilt it "
@@ -558,7 +542,7 @@ class Crons:
                     name,
                     delivery.id,
                 )
-            results.append((delivery, plan, status))
+            results.append((delivery, plan, int(status)))
         return results
 
     def _planned(
@@ -566,7 +550,7 @@ class Crons:
     ) -> tuple[_Plan, bytes] | None:
         """The plan for one claimed occurrence and the envelope of those it adds; None (and
         an error logged) if its definition cannot be used: the occurrence then just runs."""
-        queue = self._queue
+        queue = self._core
         try:
             spec = _Spec.from_json(raw_spec)
             plan = _plan(schedule_for(spec.expr, spec.tz), spec, slot_ms, now_ms)
@@ -602,9 +586,99 @@ class Crons:
         return plan, envelope
 
 
-#: Statuses of cron_advance.lua per entry.
-_REFUSED, _NOT_PENDING, _ADVANCED, _REBUILT = -1, 0, 1, 2
+_REFUSED, _ADVANCED, _REBUILT = (
+    protocol.CronAdvance.REFUSED,
+    protocol.CronAdvance.ADVANCED,
+    protocol.CronAdvance.REBUILT,
+)
 
 
 def _wrong_type(exc: redis.RedisError) -> bool:
     return isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc)
+
+
+class Crons(CronsCore):
+    """The cron definitions of a ``Queue`` (``Queue.cron``)."""
+
+    def __init__(self, queue: Queue) -> None:
+        super().__init__(queue)
+        self._queue = queue
+
+    def add(
+        self,
+        name: str,
+        expr: str,
+        *,
+        payload: Any = None,
+        tz: str = "UTC",
+        missed: MissedPolicy = "latest",
+        max_missed: int = DEFAULT_MAX_MISSED,
+        replace: bool = False,
+    ) -> AddResult:
+        """Define a recurring task and schedule its next occurrence.
+
+        ``expr`` is a 5-field cron expression (6 with seconds first) or an alias
+        (``@hourly``, ``@daily``, ...) in the IANA zone ``tz``. ``missed`` says what happens
+        to slots missed while nothing claimed: ``"skip"`` them, run the ``"latest"`` once, or
+        run ``"all"`` (at most ``max_missed``).
+        Adding the same definition again changes nothing (and restores its pending occurrence
+        if that was cancelled); a different definition under the same name raises
+        CronConflict unless ``replace``. Bad input raises CronError or PayloadError and
+        writes nothing. Returns "added", "unchanged", "replaced" or "restored".
+        """
+        flow = self._add_flow(name, expr, payload, tz, missed, max_missed, replace)
+        return self._queue._drive(flow)
+
+    def remove(self, name: str) -> bool:
+        """Delete a definition and its pending occurrence; False if there was none.
+
+        An occurrence already leased or waiting for a retry still runs to its end.
+        """
+        return self._queue._drive(self._remove_flow(name))
+
+    def list(self) -> builtins.list[CronDefinition]:
+        """Every definition of the queue, by name, with its next and last fired slot.
+
+        A definition whose data in Redis cannot be read is listed with ``problem`` set.
+        CronError if the queue's cron keys are not hashes at all.
+        """
+        return self._queue._drive(self._list_flow())
+
+    def get(self, name: str) -> CronDefinition | None:
+        """One definition by name (``problem`` set if it cannot be read), or None."""
+        return self._queue._drive(self._get_flow(name))
+
+
+class AsyncCrons(CronsCore):
+    """The cron definitions of an ``AsyncQueue``; the methods of ``Crons``, awaited."""
+
+    def __init__(self, queue: AsyncQueue) -> None:
+        super().__init__(queue)
+        self._queue = queue
+
+    async def add(
+        self,
+        name: str,
+        expr: str,
+        *,
+        payload: Any = None,
+        tz: str = "UTC",
+        missed: MissedPolicy = "latest",
+        max_missed: int = DEFAULT_MAX_MISSED,
+        replace: bool = False,
+    ) -> AddResult:
+        """As ``Crons.add``."""
+        flow = self._add_flow(name, expr, payload, tz, missed, max_missed, replace)
+        return await self._queue._drive(flow)
+
+    async def remove(self, name: str) -> bool:
+        """As ``Crons.remove``."""
+        return await self._queue._drive(self._remove_flow(name))
+
+    async def list(self) -> builtins.list[CronDefinition]:
+        """As ``Crons.list``."""
+        return await self._queue._drive(self._list_flow())
+
+    async def get(self, name: str) -> CronDefinition | None:
+        """As ``Crons.get``."""
+        return await self._queue._drive(self._get_flow(name))
