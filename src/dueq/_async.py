@@ -8,7 +8,7 @@ one front end is consumed by the other. Only the I/O differs: every call goes th
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -17,6 +17,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from . import _protocol as protocol
+from ._async_consume import deliveries
 from ._core import (
     ClaimBatch,
     Flow,
@@ -158,6 +159,19 @@ class AsyncQueue(QueueCore):
     async def release(self, delivery: AsyncDelivery, *, delay: Duration = 0) -> Outcome:
         """Give a leased task back, due after ``delay``; the delivery does not count."""
         return await self._drive(self._release_flow(delivery, delay))
+
+    def deliveries(
+        self, max_in_flight: int = 64, *, wake: bool = True, heartbeat: Duration = 5.0
+    ) -> AsyncIterator[AsyncDelivery]:
+        """An ``async for`` iterator of this queue's deliveries, each yielded the moment it is
+        due, on the running loop with no threads of its own.
+
+        It holds at most ``max_in_flight`` unsettled deliveries, then sleeps until the next
+        due time or lease deadline (at most ``heartbeat``), or until the wake channel or a
+        settled delivery says there is work. Redis outages are waited out; leaving the loop
+        releases what was claimed but not yet yielded.
+        """
+        return deliveries(self, max_in_flight=max_in_flight, wake=wake, heartbeat=heartbeat)
 
     # -- inspection --------------------------------------------------------------------------
 

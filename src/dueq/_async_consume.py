@@ -1,0 +1,165 @@
+"""``AsyncQueue.deliveries``: an ``async for`` iterator of deliveries, each the moment it is due.
+
+The same loop as the threaded consumer (``dueq.observe``), on the caller's event loop with no
+threads of its own:
+
+1. claim as many due tasks as there are free slots (``max_in_flight`` minus the deliveries
+   yielded and not yet acked, failed or released, or whose lease has run out);
+2. yield them;
+3. sleep exactly until the next due time or lease deadline the claim script returned
+   (capped by ``heartbeat``), until a wake message says an earlier task was scheduled
+   (``redis.asyncio`` Pub/Sub), or until a settled delivery frees a slot the loop was
+   waiting for.
+
+Redis outages are logged and retried with backoff; the iterator never raises for them. Other
+errors (authentication, a Redis older than 6.2) end it with that error. Leaving the loop
+(``break``, an exception, ``aclose()``) releases the deliveries claimed but not yet yielded,
+so their attempt does not count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from .checks import whole_number
+from .clock import Duration, positive_duration_ms
+from .outage import Backoff, is_outage
+from .task import AsyncDelivery
+
+if TYPE_CHECKING:
+    from ._async import AsyncQueue
+    from ._core import ClaimBatch
+
+logger = logging.getLogger("dueq.observe")
+
+#: Most deliveries one iterator may hold at once (one claim call leases at most 1,000).
+MAX_IN_FLIGHT = 100_000
+#: How long one Pub/Sub read waits; bounds how long stopping the listener takes.
+POLL_S = 0.5
+#: Most seconds spent closing the wake subscription when the iterator ends.
+CLOSE_S = 1.0
+
+
+def sleep_ms(batch: ClaimBatch, heartbeat_ms: float) -> float:
+    """How long a consumer may sleep after ``batch``: until the next due time or lease
+    deadline it reported (to within the round trip), at most ``heartbeat_ms``."""
+    upcoming = [ms for ms in (batch.next_due_ms, batch.next_lease_deadline_ms) if ms is not None]
+    if not upcoming:
+        return heartbeat_ms
+    until_ms = min(upcoming) - batch.now_ms - batch.now_fraction_ms
+    return max(0.0, min(until_ms, heartbeat_ms))
+
+
+async def deliveries(
+    queue: AsyncQueue,
+    *,
+    max_in_flight: int = 64,
+    wake: bool = True,
+    heartbeat: Duration = 5.0,
+) -> AsyncIterator[AsyncDelivery]:
+    """The iterator behind ``AsyncQueue.deliveries``; see the module docstring."""
+    whole_number(max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
+    heartbeat_ms = positive_duration_ms(heartbeat, "heartbeat")
+    poke = asyncio.Event()
+    in_flight: set[AsyncDelivery] = set()
+
+    def settled(delivery: AsyncDelivery) -> None:
+        in_flight.discard(delivery)
+        poke.set()
+
+    listener = asyncio.create_task(_listen(queue, poke.set)) if wake else None
+    backoff = Backoff()
+    unyielded: list[AsyncDelivery] = []
+    try:
+        while True:
+            poke.clear()
+            free = max_in_flight - len(in_flight)
+            try:  # with no free slot, a claim of 0 still reclaims lapsed leases
+                batch = await queue.claim_batch(min(max(free, 0), 1000))
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                delay_s = backoff.failed()
+                logger.warning(
+                    "queue %r: Redis unavailable (try %d): %s; retrying in %.2f s",
+                    queue.name,
+                    backoff.failures,
+                    exc,
+                    delay_s,
+                )
+                await asyncio.sleep(delay_s)
+                continue
+            if backoff.succeeded():
+                logger.info("queue %r: Redis is back; claiming again", queue.name)
+            for d in batch.deliveries:
+                d._on_settled = settled
+                in_flight.add(d)
+            for d in [d for d in in_flight if d.lease_deadline_ms <= batch.now_ms]:
+                in_flight.discard(d)  # its lease ran out unsettled: no longer ours
+                d._on_settled = None
+            unyielded = list(batch.deliveries)
+            while unyielded:
+                yield unyielded.pop(0)
+            full = len(in_flight) >= max_in_flight
+            wait_ms = heartbeat_ms if full else sleep_ms(batch, heartbeat_ms)
+            if wait_ms > 0 and not poke.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(poke.wait(), wait_ms / 1000)
+    finally:
+        if listener is not None:  # bounded: releases must come before the leases run out
+            listener.cancel()
+            await asyncio.wait({listener}, timeout=CLOSE_S)
+        for d in unyielded:  # claimed, never handed out: give back without counting
+            try:
+                await d.release()
+            except Exception as exc:  # its lease runs out instead and it comes again
+                logger.warning("queue %r: could not release %r: %s", queue.name, d.id, exc)
+
+
+async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:
+    """Call ``on_wake()`` for each message on the queue's wake channel until cancelled.
+
+    After every (re)subscription it wakes the consumer once, in case something was scheduled
+    while it was not listening; a lost message costs at most one heartbeat.
+    """
+    backoff = Backoff()
+    pubsub: Any = None
+    try:
+        while True:
+            try:
+                if pubsub is None:
+                    pubsub = queue.redis.pubsub(ignore_subscribe_messages=True)
+                    await pubsub.subscribe(queue.keys.wake)
+                    if backoff.succeeded():
+                        logger.info("queue %r: wake channel back", queue.name)
+                    on_wake()
+                message = await pubsub.get_message(timeout=POLL_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not is_outage(exc):
+                    logger.exception("queue %r: wake listener stopped", queue.name)
+                    return  # the consumer still wakes at its computed times and heartbeat
+                await _close(pubsub)
+                pubsub = None
+                logger.debug("queue %r: wake channel down (%s)", queue.name, exc)
+                await asyncio.sleep(backoff.failed())
+                continue
+            if message is not None and message.get("type") == "message":
+                on_wake()
+    finally:
+        await _close(pubsub)
+
+
+async def _close(pubsub: Any) -> None:
+    """Close a subscription, waiting at most CLOSE_S (closing a connection whose read was
+    cancelled can wait on the server otherwise)."""
+    if pubsub is not None:
+        try:
+            await asyncio.wait_for(pubsub.aclose(), CLOSE_S)
+        except (Exception, asyncio.CancelledError):  # broken or slow to close: let it go
+            logger.debug("error closing the wake subscription", exc_info=True)

@@ -1,0 +1,152 @@
+"""AsyncQueue.deliveries(): the asyncio consumer, on the test's own loop, against real Redis.
+
+Timing is judged by the queue's clock (Redis TIME, recorded in each delivery), never by the
+wall clock: a delivery is on time when it was claimed at or after its due time. Waits on the
+test side are upper bounds that keep a broken consumer from hanging the suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.asyncio
+
+import dueq
+from dueq.server import RedisServer
+
+BOUND_S = 10.0  # the most a test waits for something that should come at once
+
+
+def _client(server: RedisServer) -> redis.asyncio.Redis:
+    return redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+
+
+def test_every_task_is_yielded_at_or_after_its_due_time_never_early(r, redis_server):
+    async def main() -> list[dueq.AsyncDelivery]:
+        client = _client(redis_server)
+        q = dueq.AsyncQueue("on-time", client)
+        await q.schedule_many(dueq.Task({"n": i}, id=f"t{i}", delay=i * 0.02) for i in range(20))
+        got: list[dueq.AsyncDelivery] = []
+        async with asyncio.timeout(BOUND_S):
+            async for d in q.deliveries():
+                got.append(d)
+                await d.ack()
+                if len(got) == 20:
+                    break
+        await client.aclose()
+        return got
+
+    got = asyncio.run(main())
+    assert sorted(d.id for d in got) == sorted(f"t{i}" for i in range(20))
+    assert all(d.claimed_ms >= d.due_ms for d in got)  # by the server's clock
+    assert [d.id for d in got] == sorted((d.id for d in got), key=lambda i: int(i[1:]))
+
+
+def test_a_sleeping_iterator_is_woken_by_an_earlier_schedule(r, redis_server):
+    async def main() -> dueq.AsyncDelivery:
+        client = _client(redis_server)
+        q = dueq.AsyncQueue("wake", client)
+        await q.schedule("later", id="later", delay=3600)
+        it = q.deliveries(heartbeat=3600)  # only the wake channel can bring it in time
+        waiting = asyncio.ensure_future(anext(it))
+        await asyncio.sleep(0.2)  # the iterator has claimed nothing and sleeps
+        assert not waiting.done()
+        producer = dueq.AsyncQueue("wake", _client(redis_server))
+        await producer.schedule("now", id="now")
+        async with asyncio.timeout(BOUND_S):
+            d = await waiting
+        await d.ack()
+        await it.aclose()
+        await producer.redis.aclose()
+        await client.aclose()
+        return d
+
+    assert asyncio.run(main()).id == "now"
+
+
+def test_backpressure_holds_max_in_flight_until_one_is_settled(r, redis_server):
+    async def main() -> None:
+        client = _client(redis_server)
+        q = dueq.AsyncQueue("bp", client)
+        await q.schedule_many(dueq.Task(i, id=f"t{i:02}") for i in range(10))
+        it = q.deliveries(max_in_flight=3)
+        held = [await anext(it) for _ in range(3)]
+        fourth = asyncio.ensure_future(anext(it))
+        await asyncio.sleep(0.3)
+        assert not fourth.done()  # three unsettled: it claims no more
+        assert (await q.stats()).leased == 3
+        await held[0].ack()
+        async with asyncio.timeout(BOUND_S):
+            d = await fourth
+        assert d.id == "t03"
+        await it.aclose()
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_leaving_the_loop_releases_what_was_claimed_but_not_yielded(r, redis_server):
+    async def main() -> None:
+        client = _client(redis_server)
+        q = dueq.AsyncQueue("leave", client)
+        await q.schedule_many(dueq.Task(i, id=f"t{i:02}") for i in range(10))
+        async with contextlib.aclosing(q.deliveries(max_in_flight=10)) as it:
+            async for d in it:
+                await d.ack()
+                break  # one handled; nine were claimed with it
+        stats = await q.stats()
+        assert (stats.scheduled, stats.leased) == (9, 0)
+        info = await q.get("t05")
+        assert info is not None and info.attempt == 0  # the release did not count
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    server = RedisServer(appendonly=True).start()
+    yield server
+    server.stop()
+
+
+def test_the_iterator_waits_out_a_redis_restart_and_goes_on(own_server: RedisServer):
+    async def main() -> list[str]:
+        client = _client(own_server)
+        q = dueq.AsyncQueue("outage", client)
+        await q.schedule("before", id="before")
+        got: list[str] = []
+        it = q.deliveries(heartbeat=0.2)
+        async with asyncio.timeout(BOUND_S):
+            d = await anext(it)
+        await d.ack()
+        got.append(d.id)
+        own_server.restart(kill=True)
+        blocking = own_server.client()
+        dueq.Queue("outage", blocking).schedule("after", id="after")
+        blocking.close()
+        async with asyncio.timeout(BOUND_S * 3):
+            d = await anext(it)
+        await d.ack()
+        got.append(d.id)
+        await it.aclose()
+        await client.aclose()
+        return got
+
+    assert asyncio.run(main()) == ["before", "after"]
+
+
+def test_bad_iterator_settings_are_configuration_errors(r, redis_server):
+    async def main() -> None:
+        client = _client(redis_server)
+        q = dueq.AsyncQueue("bad", client)
+        for kwargs in ({"max_in_flight": 0}, {"heartbeat": -1}, {"max_in_flight": 10**9}):
+            with pytest.raises(dueq.ConfigurationError):
+                await anext(q.deliveries(**kwargs))  # type: ignore[arg-type]
+        await client.aclose()
+
+    asyncio.run(main())
