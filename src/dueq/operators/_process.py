@@ -29,7 +29,7 @@ from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
 from ..exceptions import LeaseLost
-from ..outage import is_outage, through_outages
+from ..outage import Backoff, describe, is_outage, through_outages
 from ..task import Delivery, Outcome
 
 if TYPE_CHECKING:
@@ -120,18 +120,19 @@ class Processor:
         if grace_s is None:  # settle what is running in the background, then stop
             threading.Thread(target=self._finish_when_idle, name="dueq-closer", daemon=True).start()
             return
+        late: list[Delivery] = []
         if not self._wait_idle_or(grace_s, hurry):
             with self._lock:
                 late = [d for d in self._held if d in self._running]
             logger.warning(
-                "%d handler(s) still running after the %.1f s grace period; releasing their "
-                "tasks (a later ack from them is refused)",
+                "%d task(s) still running (or waiting for Redis to settle them) after the %.1f s "
+                "grace period; releasing them (a later ack from them is refused)",
                 len(late),
                 grace_s,
             )
-            for d in late:
-                self._release(d)
-        self._give_up.set()
+        self._give_up.set()  # one try each from now on: a lease Redis keeps runs out by itself
+        for d in late:
+            self._release(d)
         self._done.put(None)
         self._settler.join(timeout=5)
         self._stop_keeper()
@@ -178,7 +179,7 @@ class Processor:
         self._done.put((delivery, error))
 
     def _source_error(self, error: Exception) -> None:
-        logger.error("delivery stream failed: %r", error)
+        logger.error("delivery stream failed: %s", describe(error))
         with self._emit_lock:
             if self._observer is not None:
                 self._observer.on_error(error)
@@ -200,64 +201,118 @@ class Processor:
     # -- outcomes out ------------------------------------------------------------------------
 
     def _settle_loop(self) -> None:
-        while True:
-            first = self._done.get()
-            if first is None:
-                return
-            batch = [first]
-            stop = False
-            while len(batch) < SETTLE_BATCH:
-                try:
-                    item = self._done.get_nowait()
-                except stdlib_queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-            outcomes = self._settle(batch)
-            self._emit(outcomes)
-            self._forget([d for d, _ in batch])
-            if stop:
-                return
+        """Settle finished deliveries in rounds until ``close`` says stop (see _settle)."""
+        pending = _Pending()
+        stop = False
+        while not stop:
+            batch, stop = self._next_batch(pending.wait_s())
+            settled = self._settle(batch, pending, final=stop)
+            self._emit([outcome for _, outcome in settled])
+            self._forget([d for d, _ in settled])
 
-    def _settle(self, batch: list[_Finished]) -> list[Outcome]:
-        outcomes: list[Outcome] = []
-        to_ack: dict[Queue, list[Delivery]] = defaultdict(list)
+    def _next_batch(self, timeout_s: float | None) -> tuple[list[_Finished], bool]:
+        """Up to SETTLE_BATCH finished deliveries (waiting at most ``timeout_s`` for the
+        first), and whether ``close`` asked the settler to stop."""
+        try:
+            first = self._done.get(timeout=timeout_s)
+        except stdlib_queue.Empty:
+            return [], False
+        if first is None:
+            return [], True
+        batch = [first]
+        while len(batch) < SETTLE_BATCH:
+            try:
+                item = self._done.get_nowait()
+            except stdlib_queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _settle(
+        self, batch: list[_Finished], pending: _Pending, *, final: bool
+    ) -> list[tuple[Delivery, Outcome]]:
+        """One round: ack every success waiting (one ``ack_many`` per queue), then record the
+        failures waiting, in order. Work that Redis refuses for an outage stays in ``pending``
+        for a later round (after a backoff), so a refused failure never holds back the acks
+        of this or later rounds, and the lease keeper goes on extending what waits (it stays
+        held until settled). The ``final`` round tries once more and reports the rest lost.
+        Returns the deliveries settled in this round with their outcomes."""
+        settled: list[tuple[Delivery, Outcome]] = []
         for d, error in batch:
             if d.settled:  # the handler acked, failed or released it itself
-                outcomes.append(d._outcome or Outcome(d.id, "acked", d.attempt))
+                settled.append((d, d._outcome or Outcome(d.id, "acked", d.attempt)))
             elif error is None:
-                to_ack[d.queue].append(d)
+                pending.acks[d.queue].append(d)
             else:
-                outcomes.append(self._fail(d, error))
-        for q, deliveries in to_ack.items():
-            outcomes += self._ack(q, deliveries)
-        return outcomes
+                pending.failures.append((d, error))
+        refusal: Exception | None = None
+        for q in list(pending.acks):
+            deliveries = [d for d in pending.acks.pop(q) if self._holds(d)]
+            try:
+                outcomes = self._ack(q, deliveries, final)
+            except Exception as exc:  # an outage (_ack reports every other error as lost)
+                pending.acks[q] = deliveries
+                refusal = exc
+                continue
+            settled += zip(deliveries, outcomes, strict=True)
+        failures, pending.failures = pending.failures, []
+        for i, (d, error) in enumerate(failures):
+            if not self._holds(d):  # released by close() meanwhile
+                continue
+            try:
+                settled.append((d, self._fail(d, error, final)))
+            except Exception as exc:  # an outage: the next ones would meet it too
+                pending.failures = failures[i:]
+                refusal = exc
+                break
+        if refusal is not None:
+            pending.refused(refusal)
+        elif not pending:
+            pending.served()
+        return settled
 
-    def _ack(self, q: Queue, deliveries: list[Delivery]) -> list[Outcome]:
+    def _holds(self, d: Delivery) -> bool:
+        with self._lock:
+            return d in self._held
+
+    def _ack(self, q: Queue, deliveries: list[Delivery], final: bool) -> list[Outcome]:
+        """Outcomes of acking ``deliveries``; raises an outage unless ``final``."""
+        if not deliveries:
+            return []
         try:
-            through_outages(lambda: q.ack_many(deliveries), "acking", self._give_up)
+            q.ack_many(deliveries)
         except LeaseLost:
             logger.warning("queue %r: lease lost before ack; the task is delivered again", q.name)
         except Exception as exc:
-            logger.error("queue %r: could not ack %d task(s): %r", q.name, len(deliveries), exc)
-            return [Outcome(d.id, "lost", d.attempt, error=repr(exc)) for d in deliveries]
+            if is_outage(exc) and not final:
+                raise
+            logger.error(
+                "queue %r: could not ack %d task(s): %s", q.name, len(deliveries), describe(exc)
+            )
+            return [Outcome(d.id, "lost", d.attempt, error=describe(exc)) for d in deliveries]
         return [d._outcome or Outcome(d.id, "acked", d.attempt) for d in deliveries]
 
-    def _fail(self, d: Delivery, error: BaseException) -> Outcome:
+    def _fail(self, d: Delivery, error: BaseException, final: bool) -> Outcome:
+        """The outcome of recording ``error`` for ``d``; raises an outage unless ``final``."""
         try:
-            outcome = through_outages(lambda: d.fail(error), "recording a failure", self._give_up)
+            outcome = d.fail(error)
         except LeaseLost:
             logger.warning(
                 "queue %r: lease on %r lost before its failure was recorded", d.queue.name, d.id
             )
             return d._outcome or Outcome(d.id, "lost", d.attempt)
         except Exception as exc:
+            if is_outage(exc) and not final:
+                raise
             logger.error(
-                "queue %r: could not record the failure of %r: %r", d.queue.name, d.id, exc
+                "queue %r: could not record the failure of %r: %s",
+                d.queue.name,
+                d.id,
+                describe(exc),
             )
-            return Outcome(d.id, "lost", d.attempt, error=repr(exc))
+            return Outcome(d.id, "lost", d.attempt, error=describe(exc))
         log = logger.error if outcome.kind == "dead" else logger.info
         log(
             "queue %r: task %r attempt %d failed (%s): %s",
@@ -275,8 +330,8 @@ class Processor:
         except LeaseLost:
             outcome = Outcome(d.id, "lost", d.attempt)
         except Exception as exc:  # its lease expires on its own; it is delivered again
-            logger.warning("queue %r: could not release %r: %r", d.queue.name, d.id, exc)
-            outcome = Outcome(d.id, "lost", d.attempt, error=repr(exc))
+            logger.warning("queue %r: could not release %r: %s", d.queue.name, d.id, describe(exc))
+            outcome = Outcome(d.id, "lost", d.attempt, error=describe(exc))
         self._emit([outcome])
         self._forget([d])
 
@@ -328,7 +383,10 @@ class Processor:
                     )
                 else:
                     logger.warning(
-                        "queue %r: could not extend the lease on %r: %s", d.queue.name, d.id, exc
+                        "queue %r: could not extend the lease on %r: %s",
+                        d.queue.name,
+                        d.id,
+                        describe(exc),
                     )
                 continue
             with self._lock:
@@ -345,6 +403,43 @@ class Processor:
             keeper.dispose()
         if self._own_scheduler is not None:
             self._own_scheduler.dispose()
+
+
+class _Pending:
+    """Settle work that Redis refused for an outage, and when to try it again."""
+
+    def __init__(self) -> None:
+        self.acks: dict[Queue, list[Delivery]] = defaultdict(list)
+        self.failures: list[tuple[Delivery, BaseException]] = []
+        self._backoff = Backoff()
+        self._retry_at: float | None = None  # time.monotonic() of the next round
+
+    def __bool__(self) -> bool:
+        return bool(self.failures) or any(self.acks.values())
+
+    def wait_s(self) -> float | None:
+        """How long the settler may wait for new work before trying again (None: no limit)."""
+        if self._retry_at is None:
+            return None
+        return max(self._retry_at - time.monotonic(), 0.0)
+
+    def refused(self, exc: Exception) -> None:
+        delay_s = self._backoff.failed()
+        self._retry_at = time.monotonic() + delay_s
+        logger.warning(
+            "Redis unavailable while settling (try %d): %s; %d ack(s) and %d failure(s) wait, "
+            "their leases kept; retrying in %.2f s",
+            self._backoff.failures,
+            describe(exc),
+            sum(len(ds) for ds in self.acks.values()),
+            len(self.failures),
+            delay_s,
+        )
+
+    def served(self) -> None:
+        self._retry_at = None
+        if self._backoff.succeeded():
+            logger.info("Redis is back; every waiting ack and failure is settled")
 
 
 class _Runner:
