@@ -191,23 +191,68 @@ class Queue:
         return 0, 0 if delay is None else duration_ms(delay, "delay")
 
     def check_server(self) -> None:
-        """Check the Redis server once: refuse versions before 6.2, and log a warning when it
-        may evict keys (only ``noeviction`` is safe for a queue)."""
-        version = str(self.redis.info("server").get("redis_version", "0"))
-        if tuple(int(part) for part in version.split(".")[:2]) < MIN_REDIS_VERSION:
-            raise ConfigurationError(f"dueq needs Redis >= 6.2; this server runs {version}")
+        """Check the Redis server once: refuse versions before 6.2, and log what its
+        ``maxmemory-policy`` means for the queue.
+
+        ``allkeys-*`` policies may evict queue keys when memory is full, losing tasks without a
+        trace: a warning. ``volatile-*`` policies evict only keys with a TTL, and dueq's keys
+        have none, so nothing is lost; Redis refuses writes instead, as with ``noeviction``,
+        and consumers wait that out: an info line. ``noeviction``: nothing to say.
+
+        A least-privileged consumer needs neither INFO nor CONFIG: without INFO the version
+        comes from ``HELLO`` (which every user may send); a check Redis refuses is skipped with
+        a debug line.
+        """
+
+        def hello_version() -> str | None:
+            try:
+                if isinstance(self.redis, RedisCluster):
+                    reply = self.redis.execute_command(  # type: ignore[no-untyped-call]
+                        "HELLO", target_nodes=RedisCluster.RANDOM
+                    )
+                else:
+                    reply = self.redis.execute_command("HELLO")  # type: ignore[no-untyped-call]
+                if isinstance(reply, list):  # RESP2: a flat list of names and values
+                    reply = dict(zip(reply[::2], reply[1::2], strict=False))
+                found = {text(k): v for k, v in reply.items()}.get("version")
+            except (redis.ResponseError, AttributeError, TypeError) as exc:  # none to read
+                logger.debug("cannot read the Redis version (%s); skipping the check", exc)
+                return None
+            return None if found is None else text(found)
+
+        try:
+            version: str | None = str(self.redis.info("server").get("redis_version", "0"))
+        except redis.ResponseError:  # NOPERM for an ACL user without +info, or INFO renamed
+            version = hello_version()
+        if version is not None:
+            try:
+                major_minor = tuple(int(part) for part in version.split(".")[:2])
+            except ValueError:
+                major_minor = MIN_REDIS_VERSION  # a fork's version string: let it try
+                logger.debug("cannot parse Redis version %r; skipping the check", version)
+            if major_minor < MIN_REDIS_VERSION:
+                raise ConfigurationError(f"dueq needs Redis >= 6.2; this server runs {version}")
         self._server_checked = True
         try:
             policy = self.redis.config_get("maxmemory-policy").get("maxmemory-policy")
-        except redis.ResponseError:  # CONFIG is disabled on some managed services
-            logger.debug("cannot read maxmemory-policy; skipping the eviction check")
+        except redis.ResponseError as exc:  # CONFIG disabled (managed services) or no +config
+            logger.debug("cannot read maxmemory-policy (%s); skipping the eviction check", exc)
             return
-        if policy is not None and text(policy) != "noeviction":
-            logger.warning(
-                "Redis maxmemory-policy is %r: Redis may evict queue keys and lose tasks; "
-                "set maxmemory-policy noeviction",
+        if policy is None or text(policy) == "noeviction":
+            return
+        if text(policy).startswith("volatile-"):
+            logger.info(
+                "Redis maxmemory-policy is %r: it evicts only keys with a TTL, and dueq's keys "
+                "have none; when memory is full Redis will refuse writes (as with noeviction), "
+                "which consumers wait out",
                 text(policy),
             )
+            return
+        logger.warning(
+            "Redis maxmemory-policy is %r: when memory is full Redis may evict queue keys and "
+            "lose tasks without a trace; set maxmemory-policy noeviction",
+            text(policy),
+        )
 
     # -- scheduling --------------------------------------------------------------------------
 
