@@ -234,6 +234,9 @@ def test_process_rejects_bad_arguments() -> None:
         dueq.operators.process("not callable")  # type: ignore[arg-type]
     with pytest.raises(dueq.ConfigurationError):
         dueq.operators.process(lambda d: None, concurrency=0)
+    for concurrency in (10**400, float("nan"), float("inf"), True):
+        with pytest.raises(dueq.ConfigurationError):
+            dueq.operators.process(lambda d: None, concurrency=concurrency)  # type: ignore[arg-type]
 
 
 def test_the_lease_keeper_extends_in_virtual_time(r: redis.Redis) -> None:
