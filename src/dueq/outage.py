@@ -107,8 +107,11 @@ def is_outage(exc: BaseException) -> bool:
 def describe(exc: BaseException) -> str:
     """``Type: message`` for logs (redis-py 8's exception repr hides the message); an outage
     is named by its reply code too."""
+    try:
+        named = f"{type(exc).__name__}: {exc}"
+    except Exception as unprintable:  # an exception whose __str__ raises: say so, never fail
+        named = f"{type(exc).__name__}: <unprintable: {type(unprintable).__name__}>"
     reason = outage_reason(exc)
-    named = f"{type(exc).__name__}: {exc}"
     return named if reason is None or reason.startswith(named) else f"{reason} ({named})"
 
 

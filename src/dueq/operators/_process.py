@@ -24,11 +24,12 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import redis
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
-from ..exceptions import LeaseLost
+from ..exceptions import DueqError, LeaseLost, Unrecoverable
 from ..outage import Backoff, describe, is_outage, through_outages
 from ..task import Delivery, Outcome
 
@@ -74,6 +75,7 @@ class Processor:
         self._lock = threading.Condition()
         self._held: dict[Delivery, datetime] = {}  # -> when its lease was last extended
         self._running: set[Delivery] = set()
+        self._lease_lost: set[Delivery] = set()  # held, but the keeper found its lease lost
         self._closing = False
         self._give_up = threading.Event()  # stop retrying acks and fails through an outage
         self._done: stdlib_queue.SimpleQueue[_Finished | None] = stdlib_queue.SimpleQueue()
@@ -206,7 +208,12 @@ class Processor:
         stop = False
         while not stop:
             batch, stop = self._next_batch(pending.wait_s())
-            settled = self._settle(batch, pending, final=stop)
+            try:
+                settled = self._settle(batch, pending, final=stop)
+            except Exception as exc:  # a bug here must not stop every later ack: report, go on
+                logger.exception("settling %d task(s) failed; their leases run out", len(batch))
+                error = describe(exc)
+                settled = [(d, Outcome(d.id, "lost", d.attempt, error=error)) for d, _ in batch]
             self._emit([outcome for _, outcome in settled])
             self._forget([d for d, _ in settled])
 
@@ -294,7 +301,9 @@ class Processor:
             return [Outcome(d.id, "lost", d.attempt, error=describe(exc)) for d in deliveries]
         return [d._outcome or Outcome(d.id, "acked", d.attempt) for d in deliveries]
 
-    def _fail(self, d: Delivery, error: BaseException, final: bool) -> Outcome:
+    def _fail(
+        self, d: Delivery, error: BaseException, final: bool, *, stand_in: bool = False
+    ) -> Outcome:
         """The outcome of recording ``error`` for ``d``; raises an outage unless ``final``."""
         try:
             outcome = d.fail(error)
@@ -306,6 +315,10 @@ class Processor:
         except Exception as exc:
             if is_outage(exc) and not final:
                 raise
+            if not stand_in and not isinstance(exc, (redis.RedisError, DueqError)):
+                # the handler's exception could not be recorded as it is (its __str__ raised,
+                # say): record a stand-in, so the task follows its retry policy all the same
+                return self._fail(d, _stand_in(error, exc), final, stand_in=True)
             logger.error(
                 "queue %r: could not record the failure of %r: %s",
                 d.queue.name,
@@ -353,6 +366,7 @@ class Processor:
             for d in deliveries:
                 self._held.pop(d, None)
                 self._running.discard(d)
+                self._lease_lost.discard(d)
             idle = not self._held
             complete = idle and self._source_ended and not self._closing
             if idle:
@@ -367,7 +381,10 @@ class Processor:
         tick = KEEPER_TICK_MAX
         with self._lock:
             held = list(self._held.items())
+            lost = set(self._lease_lost)
         for d, extended_at in held:
+            if d in lost or d.settled:  # nothing left to keep (the handler may have acked)
+                continue
             period = timedelta(milliseconds=d.queue.lease_ms / 3)
             tick = min(tick, period)
             if now - extended_at < period:
@@ -376,6 +393,10 @@ class Processor:
                 d.extend(d.queue.lease_ms / 1000)
             except LeaseLost:
                 logger.warning("queue %r: lease on %r lost while held", d.queue.name, d.id)
+                with self._lock:  # a lost lease never comes back: stop extending it
+                    if d in self._held:
+                        self._lease_lost.add(d)
+                continue
             except Exception as exc:
                 if not is_outage(exc):
                     logger.exception(
@@ -581,6 +602,16 @@ class _AsyncRunner(_Runner):
             except BaseException as exc:
                 error = exc
             self._finished(d, error)
+
+
+def _stand_in(error: BaseException, unrecordable: Exception) -> BaseException:
+    """An exception to record for a handler error that cannot be recorded as it is: same type
+    name (and Unrecoverable if it was), a message saying why, no traceback."""
+    base: type[Exception] = Unrecoverable if isinstance(error, Unrecoverable) else Exception
+    stand_in: type[Exception] = type(
+        type(error).__name__, (base,), {"__module__": type(error).__module__}
+    )
+    return stand_in(f"<unprintable exception: {describe(unrecordable)}>")
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
