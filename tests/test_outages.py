@@ -177,7 +177,7 @@ def test_scripts_refused_for_memory_raise_an_outage_and_acks_still_go_through(
 @pytest.fixture
 def replicated() -> Iterator[tuple[RedisServer, RedisServer]]:
     """A primary with one replica, and ``min-replicas-to-write 1`` as the README recommends."""
-    with RedisServer() as primary:
+    with RedisServer(extra_args=["--repl-diskless-sync-delay", "0"]) as primary:
         replicaof = ["--replicaof", "127.0.0.1", str(primary.port)]
         with RedisServer(extra_args=replicaof) as replica:
             client = primary.client()
@@ -207,7 +207,7 @@ def test_consumers_wait_out_a_missing_replica_and_lose_nothing(
     q = dueq.Queue("replicated", r, lease=60)
     first = q.schedule({"n": "first"})
     blocked = q.schedule({"n": "blocked"})
-    later = [q.schedule({"n": i}, delay=1.0) for i in range(5)]  # due during the outage
+    later = [q.schedule({"n": i}, delay=3.0) for i in range(5)]  # due during the outage
     runs: list[str] = []
     lock = threading.Lock()
     running = threading.Event()
@@ -229,9 +229,10 @@ def test_consumers_wait_out_a_missing_replica_and_lose_nothing(
             wait_for(lambda: running.is_set() and first in {o.id for o in outcomes}, "first")
             replica.kill()
             wait_for(lambda: _good_replicas(r) == 0, "the primary to notice")
+            settled_before = {o.id for o in outcomes}
             proceed.set()
-            time.sleep(2.0)  # the later tasks fall due; claims and the ack are refused meanwhile
-            assert {o.id for o in outcomes} == {first}
+            time.sleep(3.5)  # the later tasks fall due; claims and the ack are refused meanwhile
+            assert {o.id for o in outcomes} == settled_before  # nothing settles without replica
             replica.restart()
             wait_for(lambda: len(outcomes) == 7, "every outcome after the replica is back")
         finally:
@@ -271,8 +272,9 @@ def test_successes_settled_with_a_refused_failure_are_acked_once_and_run_once(
     r: redis.Redis, full_memory: Callable[[bool], None]
 ) -> None:
     # short leases: if the acks waited behind the refused failure they would run out
+    lease_s = 3.0
     q = dueq.Queue(
-        "pressure", r, lease=1.5, retry=dueq.RetryPolicy(max_attempts=5, wait=lambda s: 0.0)
+        "pressure", r, lease=lease_s, retry=dueq.RetryPolicy(max_attempts=5, wait=lambda s: 0.0)
     )
     bad = q.schedule({"ok": False}, id="bad")
     good = [q.schedule({"ok": True}, id=f"good{i}") for i in range(4)]
@@ -301,7 +303,7 @@ def test_successes_settled_with_a_refused_failure_are_acked_once_and_run_once(
         full_memory(True)
         refuse_memory.set()
         wait_for(lambda: {o.id for o in outcomes} >= set(good), "the successes' acks")
-        time.sleep(2 * 1.5)  # longer than a lease: an unacked success would be delivered again
+        time.sleep(2 * lease_s)  # an unacked success would now be delivered again
         full_memory(False)
         wait_for(lambda: any(o.id == bad and o.kind == "acked" for o in outcomes), "the retry")
     finally:
