@@ -313,3 +313,72 @@ def test_successes_settled_with_a_refused_failure_are_acked_once_and_run_once(
         assert [run for run in runs if run[0] == tid] == [(tid, 1)]
         assert [(o.kind, o.attempt) for o in outcomes if o.id == tid] == [("acked", 1)]
     assert q.get(bad) is None and q.stats().counters["acked"] == 5
+
+
+# -- stopping during an outage -------------------------------------------------------------------
+
+
+def _hold_and_refuse(
+    r: redis.Redis, name: str
+) -> tuple[dueq.Queue, Callable[[dueq.Delivery], None], threading.Event, threading.Event]:
+    """A queue with three due tasks and a handler that blocks on the first until told."""
+    q = dueq.Queue(name, r, lease=60)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(3))
+    running, proceed = threading.Event(), threading.Event()
+
+    def handle(d: dueq.Delivery) -> None:
+        running.set()
+        assert proceed.wait(WAIT_S)
+
+    return q, handle, running, proceed
+
+
+def _returns(call: Callable[[], None]) -> bool:
+    """Run ``call`` on a thread; True if it returns within WAIT_S (it hangs otherwise)."""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(WAIT_S)
+    return not thread.is_alive()
+
+
+def test_a_worker_stopped_during_an_outage_returns_after_its_grace(
+    r: redis.Redis, min_replicas: None
+) -> None:
+    r.config_set("min-replicas-to-write", 0)
+    q, handle, running, proceed = _hold_and_refuse(r, "stop-in-outage")
+    worker = dueq.Worker(q, handle, concurrency=1, max_in_flight=3, grace=0.5)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    try:
+        assert running.wait(WAIT_S)
+        r.config_set("min-replicas-to-write", 1)  # releases of the waiting two are refused now
+        worker.stop()
+        runner.join(WAIT_S)
+        assert not runner.is_alive(), "Worker.run() did not return during the outage"
+    finally:
+        proceed.set()
+        r.config_set("min-replicas-to-write", 0)
+        runner.join(WAIT_S)
+    assert worker.outcomes["lost"] == 3  # released nothing: their leases run out by themselves
+
+
+def test_disposing_a_subscription_during_an_outage_does_not_block(
+    r: redis.Redis, min_replicas: None
+) -> None:
+    r.config_set("min-replicas-to-write", 0)
+    q, handle, running, proceed = _hold_and_refuse(r, "dispose-in-outage")
+    stream = q.observe(max_in_flight=3).pipe(dueq.operators.process(handle, concurrency=1))
+    outcomes: list[dueq.Outcome] = []
+    sub = stream.subscribe(on_next=outcomes.append)
+    try:
+        assert running.wait(WAIT_S)
+        r.config_set("min-replicas-to-write", 1)
+        assert _returns(sub.dispose), "dispose() blocked releasing during the outage"
+    finally:
+        proceed.set()
+        r.config_set("min-replicas-to-write", 0)
+    # once Redis takes writes again, in the background, the waiting two are released and the
+    # running one is acked (the subscriber, gone, sees no outcomes)
+    wait_for(lambda: q.stats().counters.get("acked") == 1, "the ack in the background")
+    stats = wait_for(lambda: (s := q.stats()).scheduled == 2 and s, "the releases")
+    assert stats.leased == 0 and stats.counters.get("retried", 0) == 0

@@ -116,14 +116,23 @@ class Processor:
             self._source.dispose()
         if already and grace_s is None:
             return
-        for d in self._runner.drain():
-            self._release(d)
+        unstarted = self._runner.drain()
         self._runner.stop()  # running handlers finish first
-        if grace_s is None:  # settle what is running in the background, then stop
-            threading.Thread(target=self._finish_when_idle, name="dueq-closer", daemon=True).start()
+        if grace_s is None:  # release and settle in the background (Redis may be down), then stop
+            closer = threading.Thread(
+                target=self._finish_when_idle, args=(unstarted,), name="dueq-closer", daemon=True
+            )
+            closer.start()
             return
+        # releases retry through an outage until the grace period ends, not beyond
+        deadline = time.monotonic() + grace_s
+        grace_over = threading.Timer(grace_s, self._give_up.set)
+        grace_over.daemon = True
+        grace_over.start()
+        for d in unstarted:
+            self._release(d)
         late: list[Delivery] = []
-        if not self._wait_idle_or(grace_s, hurry):
+        if not self._wait_idle_or(max(deadline - time.monotonic(), 0.0), hurry):
             with self._lock:
                 late = [d for d in self._held if d in self._running]
             logger.warning(
@@ -132,6 +141,7 @@ class Processor:
                 len(late),
                 grace_s,
             )
+        grace_over.cancel()
         self._give_up.set()  # one try each from now on: a lease Redis keeps runs out by itself
         for d in late:
             self._release(d)
@@ -147,7 +157,9 @@ class Processor:
                 return False
         return True
 
-    def _finish_when_idle(self) -> None:
+    def _finish_when_idle(self, unstarted: list[Delivery]) -> None:
+        for d in unstarted:
+            self._release(d)
         self.wait_idle(None)
         self._done.put(None)
         self._stop_keeper()
