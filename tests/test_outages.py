@@ -89,10 +89,11 @@ def test_replies_about_the_request_or_the_caller_are_not_outages(reply: str) -> 
     assert not is_outage(exc), (type(exc), str(exc))
 
 
-def test_connection_errors_are_outages_but_authentication_errors_are_not() -> None:
+def test_connection_and_cluster_errors_are_outages_but_authentication_errors_are_not() -> None:
     assert is_outage(redis.ConnectionError("Connection refused"))
     assert is_outage(redis.TimeoutError("Timeout reading from socket"))
     assert is_outage(redis.exceptions.BusyLoadingError("Redis is loading"))
+    assert is_outage(redis.exceptions.SlotNotCoveredError('Slot "7" is not covered'))
     assert not is_outage(redis.AuthenticationError("invalid password"))
     assert not is_outage(redis.exceptions.AuthorizationError("no"))
     assert not is_outage(ValueError("not Redis at all"))

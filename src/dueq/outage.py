@@ -68,6 +68,7 @@ _CLASS_CODES: tuple[tuple[type[Exception], str], ...] = (
         else ()
     ),
     (redis_errors.ClusterDownError, "CLUSTERDOWN"),
+    (redis_errors.SlotNotCoveredError, "CLUSTERDOWN"),  # the cluster client's own verdict
     (redis_errors.OutOfMemoryError, "OOM"),
 )
 #: Errors of the connection itself: Redis unreachable, restarting, too slow to answer.
