@@ -249,6 +249,39 @@ def test_consumers_wait_out_a_missing_replica_and_lose_nothing(
     r.close()
 
 
+def test_a_worker_keeps_running_while_the_replica_is_gone_and_runs_what_fell_due(
+    replicated: tuple[RedisServer, RedisServer],
+) -> None:
+    primary, replica = replicated
+    r = primary.client()
+    q = dueq.Queue("replicated-worker", r)
+    due_later = [q.schedule({"n": i}, delay=2.0) for i in range(3)]
+    worker = dueq.Worker(q, lambda d: None, concurrency=2)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # what used to end the worker: NOREPLICAS
+            failure.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        replica.kill()
+        wait_for(lambda: _good_replicas(r) == 0, "the primary to notice")
+        time.sleep(2.5)  # the tasks fall due while writes are refused
+        assert runner.is_alive() and worker.outcomes["acked"] == 0
+        replica.restart()
+        wait_for(lambda: worker.outcomes["acked"] == 3, "the tasks after the replica is back")
+    finally:
+        worker.stop()
+        runner.join(WAIT_S)
+        r.close()
+    assert failure == [] and dict(worker.outcomes) == {"acked": 3}
+    assert q.get(due_later[0]) is None
+
+
 def test_a_replica_that_lost_its_primary_is_an_outage_for_its_readers(
     replicated: tuple[RedisServer, RedisServer],
 ) -> None:
