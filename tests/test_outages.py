@@ -416,3 +416,35 @@ def test_disposing_a_subscription_during_an_outage_does_not_block(
     wait_for(lambda: q.stats().counters.get("acked") == 1, "the ack in the background")
     stats = wait_for(lambda: (s := q.stats()).scheduled == 2 and s, "the releases")
     assert stats.leased == 0 and stats.counters.get("retried", 0) == 0
+
+
+def test_the_lease_keeper_reports_an_outage_once_per_round_not_once_per_lease(
+    r: redis.Redis, full_memory: Callable[[bool], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    q = dueq.Queue("keeper-oom", r, lease=1.5)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(3))
+    all_running = threading.Barrier(4)
+    proceed = threading.Event()
+
+    def handle(d: dueq.Delivery) -> None:
+        all_running.wait(WAIT_S)
+        assert proceed.wait(WAIT_S)
+
+    def messages() -> list[str]:
+        return [rec.getMessage() for rec in caplog.records]
+
+    stream = q.observe(max_in_flight=3).pipe(dueq.operators.process(handle, concurrency=3))
+    with caplog.at_level("WARNING", logger="dueq.operators"):
+        sub = stream.subscribe()
+        try:
+            all_running.wait(WAIT_S)
+            full_memory(True)  # every extend is refused now
+            wait_for(
+                lambda: any("OOM" in m and "3 lease(s) not extended" in m for m in messages()),
+                "one warning naming the three leases",
+            )
+        finally:
+            full_memory(False)
+            proceed.set()
+            sub.dispose()
+    assert not [m for m in messages() if "could not extend the lease on" in m]

@@ -394,12 +394,17 @@ class Processor:
         with self._lock:
             held = list(self._held.items())
             lost = set(self._lease_lost)
+        outage: Exception | None = None
+        unextended = 0
         for d, extended_at in held:
             if d in lost or d.settled:  # nothing left to keep (the handler may have acked)
                 continue
             period = timedelta(milliseconds=d.queue.lease_ms / 3)
             tick = min(tick, period)
             if now - extended_at < period:
+                continue
+            if outage is not None:  # the rest would meet it too (each after a timeout, maybe)
+                unextended += 1
                 continue
             try:
                 d.extend(d.queue.lease_ms / 1000)
@@ -415,16 +420,19 @@ class Processor:
                         "queue %r: extending the lease on %r failed", d.queue.name, d.id
                     )
                 else:
-                    logger.warning(
-                        "queue %r: could not extend the lease on %r: %s",
-                        d.queue.name,
-                        d.id,
-                        describe(exc),
-                    )
+                    outage = exc
+                    unextended += 1
                 continue
             with self._lock:
                 if d in self._held:
                     self._held[d] = now
+        if outage is not None:
+            logger.warning(
+                "Redis unavailable while extending leases: %s; %d lease(s) not extended this "
+                "round, tried again next round",
+                describe(outage),
+                unextended,
+            )
         with self._lock:
             if self._keeper is not None:
                 self._keeper = scheduler.schedule_relative(tick, self._keep_leases)
