@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -13,7 +14,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import dueq
-from dueq.server import free_port
+from dueq.server import RedisServer, free_port
 
 START = 1_800_000_000.0
 
@@ -231,6 +232,50 @@ def test_heartbeat_accepts_a_timedelta(vq: dueq.Queue, ts: TestScheduler) -> Non
     assert [d.id for _, d in got] == ["x"] and errors == []
 
 
+def _check_server_logs(
+    q: dueq.Queue, r: redis.Redis, caplog: pytest.LogCaptureFixture, policy: str
+) -> list[logging.LogRecord]:
+    """What ``check_server`` logs (INFO and up) with ``maxmemory-policy`` set to ``policy``."""
+    r.config_set("maxmemory-policy", policy)
+    try:
+        with caplog.at_level("INFO", logger="dueq"):
+            q.check_server()
+    finally:
+        r.config_set("maxmemory-policy", "noeviction")
+    return [rec for rec in caplog.records if rec.name.startswith("dueq")]
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random"])
+def test_a_policy_that_may_evict_any_key_warns_that_tasks_can_be_lost(
+    vq: dueq.Queue, r: redis.Redis, caplog: pytest.LogCaptureFixture, policy: str
+) -> None:
+    warnings = [
+        rec for rec in _check_server_logs(vq, r, caplog, policy) if rec.levelno >= logging.WARNING
+    ]
+    assert len(warnings) == 1
+    message = warnings[0].getMessage()
+    assert policy in message and "lose tasks" in message and "noeviction" in message
+
+
+@pytest.mark.parametrize(
+    "policy", ["volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"]
+)
+def test_a_policy_that_evicts_only_keys_with_a_ttl_does_not_warn_of_loss(
+    vq: dueq.Queue, r: redis.Redis, caplog: pytest.LogCaptureFixture, policy: str
+) -> None:
+    records = _check_server_logs(vq, r, caplog, policy)
+    assert [rec for rec in records if rec.levelno >= logging.WARNING] == []
+    notes = [rec.getMessage() for rec in records if rec.levelno == logging.INFO]
+    assert len(notes) == 1 and policy in notes[0] and "refuse" in notes[0]
+    assert "lose" not in notes[0]
+
+
+def test_noeviction_logs_nothing(
+    vq: dueq.Queue, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert _check_server_logs(vq, r, caplog, "noeviction") == []
+
+
 def test_a_consumer_warns_at_start_when_redis_may_evict_keys(
     vq: dueq.Queue, ts: TestScheduler, r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -244,3 +289,75 @@ def test_a_consumer_warns_at_start_when_redis_may_evict_keys(
         r.config_set("maxmemory-policy", "noeviction")
     assert errors == []
     assert any("noeviction" in rec.getMessage() for rec in caplog.records)
+
+
+@pytest.fixture
+def least_privileged(redis_server: RedisServer, r: redis.Redis) -> Iterator[redis.Redis]:
+    """A client for an ACL user that may run dueq's scripts but not INFO or CONFIG."""
+    r.acl_setuser(
+        "no-info",
+        enabled=True,
+        passwords=["+pw"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", "-info", "-config"],
+    )
+    client = redis_server.client(username="no-info", password="pw")
+    try:
+        yield client
+    finally:
+        client.close()
+        r.acl_deluser("no-info")
+
+
+def test_a_consumer_without_info_or_config_permission_checks_the_server_and_claims(
+    least_privileged: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        least_privileged.info("server")  # the user really lacks INFO
+    q = dueq.Queue("limited", least_privileged)
+    tid = q.schedule({"x": 1})
+    with caplog.at_level("DEBUG", logger="dueq"):
+        q.check_server()
+        deliveries = q.claim()
+    assert [d.id for d in deliveries] == [tid]
+    deliveries[0].ack()
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+
+
+def test_a_worker_without_info_or_config_permission_runs_its_tasks(
+    least_privileged: redis.Redis,
+) -> None:
+    q = dueq.Queue("limited", least_privileged)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(10))
+    outcomes: list[dueq.Outcome] = []
+    errors: list[Exception] = []
+    done = threading.Event()
+
+    def count(outcome: dueq.Outcome) -> None:
+        outcomes.append(outcome)
+        if len(outcomes) == 10:
+            done.set()
+
+    stream = q.observe().pipe(dueq.operators.process(lambda d: None, concurrency=2))
+    sub = stream.subscribe(on_next=count, on_error=errors.append)
+    try:
+        assert done.wait(30) or errors, outcomes
+    finally:
+        sub.dispose()
+    assert errors == []
+    assert sorted(o.kind for o in outcomes) == ["acked"] * 10
+
+
+def test_observe_refuses_huge_and_nan_settings_with_a_configuration_error(
+    vq: dueq.Queue,
+) -> None:
+    for kwargs in (
+        {"heartbeat": 10**400},
+        {"heartbeat": float("nan")},
+        {"heartbeat": float("inf")},
+        {"max_in_flight": 10**400},
+        {"max_in_flight": float("nan")},
+    ):
+        with pytest.raises(dueq.ConfigurationError):
+            vq.observe(**kwargs)  # type: ignore[arg-type]

@@ -234,6 +234,9 @@ def test_process_rejects_bad_arguments() -> None:
         dueq.operators.process("not callable")  # type: ignore[arg-type]
     with pytest.raises(dueq.ConfigurationError):
         dueq.operators.process(lambda d: None, concurrency=0)
+    for concurrency in (10**400, float("nan"), float("inf"), True):
+        with pytest.raises(dueq.ConfigurationError):
+            dueq.operators.process(lambda d: None, concurrency=concurrency)  # type: ignore[arg-type]
 
 
 def test_the_lease_keeper_extends_in_virtual_time(r: redis.Redis) -> None:
@@ -268,3 +271,74 @@ def test_the_lease_keeper_extends_in_virtual_time(r: redis.Redis) -> None:
     sub.dispose()
     assert out.kinds(tid) == [("acked", 1)]
     assert len(set(deadlines)) >= 25  # extended every 10 s (a third of the lease)
+
+
+def _held_in_virtual_time(
+    r: redis.Redis, settle: Callable[[dueq.Queue, dueq.Delivery], None]
+) -> list[str]:
+    """Hold one delivery for two virtual minutes while ``settle`` changes its lease from the
+    inside; returns the lease keeper's warnings about it."""
+    ts = TestScheduler()
+    ts.advance_to(1_800_000_000)
+    q = dueq.Queue("v", r, clock=lambda: ts.now.timestamp(), lease=30)
+    q.schedule({}, id="held")
+    running, proceed = threading.Event(), threading.Event()
+
+    def handle(d: dueq.Delivery) -> None:
+        settle(q, d)
+        running.set()
+        assert proceed.wait(WAIT_S)
+
+    out = Outcomes()
+    stream = q.observe(scheduler=ts, wake=False).pipe(
+        dueq.operators.process(handle, concurrency=1, scheduler=ts)
+    )
+    sub = stream.subscribe(on_next=out.on_next)
+    ts.advance_by(0.001)
+    assert running.wait(WAIT_S)
+    for _ in range(120):
+        ts.advance_by(1.0)
+    proceed.set()
+    out.wait(1)
+    sub.dispose()
+    return [o.kind for o in out.items]
+
+
+def test_the_lease_keeper_reports_a_lost_lease_once_and_stops_extending_it(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="dueq"):
+        kinds = _held_in_virtual_time(r, lambda q, d: q.cancel(d.id))  # revokes the lease
+    lost = [rec for rec in caplog.records if "lost while held" in rec.getMessage()]
+    assert len(lost) == 1 and kinds == ["lost"]
+
+
+def test_the_lease_keeper_leaves_alone_a_delivery_its_handler_already_acked(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="dueq"):
+        kinds = _held_in_virtual_time(r, lambda q, d: d.ack())
+    assert [rec.getMessage() for rec in caplog.records] == [] and kinds == ["acked"]
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this error")
+
+
+def test_a_handler_error_that_cannot_be_printed_still_follows_the_retry_policy(
+    r: redis.Redis, run: Callable[..., Outcomes]
+) -> None:
+    q = queue(r, retry=dueq.RetryPolicy(max_attempts=2, wait=lambda state: 0.0))
+    tid = q.schedule({})
+
+    def handle(d: dueq.Delivery) -> None:
+        raise Unprintable()
+
+    out = run(q, handle)
+    out.wait(2)
+    assert out.kinds(tid) == [("retried", 1), ("dead", 2)]
+    info = q.get(tid)
+    assert info is not None and info.state == "dead"
+    first = info.errors[0]
+    assert first.type == "Unprintable" and "no text for this error" in first.message

@@ -205,6 +205,29 @@ def test_worker_refuses_bad_arguments(r: redis.Redis) -> None:
         dueq.Worker(q, lambda d: None, grace=-1)
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"grace": 10**400},
+        {"grace": float("nan")},
+        {"grace": float("inf")},
+        {"heartbeat": 10**400},
+        {"heartbeat": float("nan")},
+        {"heartbeat": 0},
+        {"max_in_flight": 10**400},
+        {"max_in_flight": 0},
+        {"max_in_flight": float("nan")},
+        {"concurrency": 10**400},
+        {"concurrency": float("nan")},
+    ],
+)
+def test_worker_refuses_huge_nan_and_zero_settings_with_a_configuration_error(
+    r: redis.Redis, kwargs: dict[str, Any]
+) -> None:
+    with pytest.raises(dueq.ConfigurationError):
+        dueq.Worker(dueq.Queue("w", r), lambda d: None, **kwargs)
+
+
 def test_one_worker_serves_several_queues_with_an_async_handler(r: redis.Redis) -> None:
     queues = [dueq.Queue(name, r) for name in ("alpha", "beta")]
     for q in queues:

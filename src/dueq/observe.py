@@ -9,8 +9,10 @@ Each subscription runs one consumer loop on a reactivex scheduler:
    (capped by ``heartbeat``), or until a wake message says an earlier task was scheduled.
 
 All timing goes through the scheduler, so ``reactivex.testing.TestScheduler`` drives it in
-virtual time. Redis outages are logged and retried with backoff; they never reach
-``on_error``.
+virtual time. Redis outages (see ``dueq.outage``: lost connections, and replies such as
+NOREPLICAS, MASTERDOWN, LOADING, OOM) are logged and retried with backoff; they never reach
+``on_error``. Any other error of the claim (a permission missing, a bug) ends the stream with
+``on_error``: waiting would hide it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from reactivex.scheduler import EventLoopScheduler
 
 from .checks import whole_number
 from .clock import Duration, positive_duration_ms
-from .outage import Backoff, is_outage
+from .outage import Backoff, describe, is_outage
 from .task import Delivery
 from .wake import WakeListener
 
@@ -179,7 +181,7 @@ class _Consumer:
                 "queue %r: Redis unavailable (try %d): %s; retrying in %.2f s",
                 self._queue.name,
                 self._backoff.failures,
-                exc,
+                describe(exc),
                 delay_s,
             )
             return round(delay_s * 1000)
@@ -225,9 +227,11 @@ class _Consumer:
             try:
                 d.release()
             except Exception as exc:  # its lease expires on its own and it is redelivered
-                logger.warning("queue %r: could not release %r: %s", self._queue.name, d.id, exc)
+                logger.warning(
+                    "queue %r: could not release %r: %s", self._queue.name, d.id, describe(exc)
+                )
 
     def _end(self, exc: Exception) -> None:
-        logger.error("queue %r: consumer stopped by %r", self._queue.name, exc)
+        logger.error("queue %r: consumer stopped by %s", self._queue.name, describe(exc))
         self.stop()
         self._observer.on_error(exc)

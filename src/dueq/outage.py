@@ -1,13 +1,34 @@
 """Redis outages: which errors a consumer waits out, and the backoff between its tries.
 
 A consumer (``Queue.observe``, ``dueq.operators.process``, ``dueq.Worker``) never ends its
-stream because Redis is briefly unreachable, restarting, loading its AOF or failing over: it
-logs, waits with tenacity's jittered exponential backoff and tries again.
+stream because Redis cannot serve for a while: it logs, waits with tenacity's jittered
+exponential backoff and tries again. "For a while" covers more than a lost connection. Redis
+answers with an error reply when it is up but refuses to serve right now, and each of these
+ends on its own or by an operator's fix, never by changing the request:
+
+- ``NOREPLICAS``: ``min-replicas-to-write`` (which the README recommends) and too few replicas;
+- ``MASTERDOWN``: a replica with ``replica-serve-stale-data no`` lost its primary;
+- ``LOADING``: Redis is loading its AOF or RDB after a restart;
+- ``READONLY``: the client reached a replica, e.g. a demoted primary after a failover;
+- ``TRYAGAIN`` / ``CLUSTERDOWN``: a Cluster resharding or without a majority;
+- ``OOM``: ``maxmemory`` reached under ``noeviction`` (deletions, hence acks, still pass);
+- ``BUSY``: another client's script runs past ``busy-reply-threshold``;
+- ``MISCONF``: writes are stopped because a snapshot could not be saved.
+
+redis-py maps some reply codes to classes (``OutOfMemoryError``, ``MasterDownError``, ...)
+and leaves others (``NOREPLICAS``, ``BUSY``, ``MISCONF``) as a plain ``ResponseError`` whose
+message starts with the code; Redis 7 keeps the code of an error raised inside a script
+(``NOREPLICAS Not enough good replicas to write. script: ...``), Redis 6.2 wraps it in
+``ERR Error running script (call to f_...): @user_script:1: NOREPLICAS ...``. OUTAGE_REPLIES is
+the one table of codes; ``outage_reason`` reads the code from the class or the message, the way
+redis-py's own parser reads it. Authentication and permission errors, unknown commands and
+script bugs are not outages: they end the stream with ``on_error``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -22,22 +43,77 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Errors that mean "Redis is not serving right now", not "this request is wrong".
-#: BusyLoadingError (AOF loading) is a ConnectionError; authentication errors are not outages.
-OUTAGE_ERRORS: tuple[type[Exception], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis_errors.ReadOnlyError,
-    redis_errors.TryAgainError,
-    redis_errors.ClusterDownError,
-    redis_errors.OutOfMemoryError,
+#: Error reply codes of a server that cannot serve for now -> what that means.
+OUTAGE_REPLIES: dict[str, str] = {
+    "NOREPLICAS": "too few replicas for min-replicas-to-write",
+    "MASTERDOWN": "this replica lost its primary",
+    "LOADING": "Redis is loading its data",
+    "READONLY": "this server is a read-only replica",
+    "TRYAGAIN": "the cluster is moving a slot",
+    "CLUSTERDOWN": "the cluster is down",
+    "OOM": "Redis is out of memory (maxmemory)",
+    "BUSY": "Redis is busy running a script",
+    "MISCONF": "Redis stopped writes after a failed snapshot",
+}
+
+#: redis-py's classes for those codes (it strips the code from their message), most specific
+#: first; BusyLoadingError is a ConnectionError, MasterDownError a ClusterDownError.
+_CLASS_CODES: tuple[tuple[type[Exception], str], ...] = (
+    (redis_errors.BusyLoadingError, "LOADING"),
+    (redis_errors.ReadOnlyError, "READONLY"),
+    (redis_errors.TryAgainError, "TRYAGAIN"),
+    *(
+        ((redis_errors.MasterDownError, "MASTERDOWN"),)  # redis-py >= 5.0.1
+        if hasattr(redis_errors, "MasterDownError")
+        else ()
+    ),
+    (redis_errors.ClusterDownError, "CLUSTERDOWN"),
+    (redis_errors.SlotNotCoveredError, "CLUSTERDOWN"),  # the cluster client's own verdict
+    (redis_errors.OutOfMemoryError, "OOM"),
 )
+#: Errors of the connection itself: Redis unreachable, restarting, too slow to answer.
+_CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+#: ConnectionErrors that are the caller's fault, not an outage.
 _NOT_OUTAGES = (redis_errors.AuthenticationError, redis_errors.AuthorizationError)
+#: Redis 6.2's wrapping of an error raised inside a script (redis-py strips the ERR).
+_SCRIPT_ERROR = re.compile(
+    r"Error running script \(call to [^)]*\): (?:@?user_script: ?\d+: )*-?(\w+) "
+)
+
+
+def outage_reason(exc: BaseException) -> str | None:
+    """``"CODE: meaning"`` when ``exc`` means Redis cannot serve for now, else None."""
+    if isinstance(exc, _NOT_OUTAGES):
+        return None
+    for cls, code in _CLASS_CODES:
+        if isinstance(exc, cls):
+            return f"{code}: {OUTAGE_REPLIES[code]}"
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return f"{type(exc).__name__}: {exc}"
+    if type(exc) is not redis.ResponseError:  # NOPERM, NOSCRIPT, ... have classes of their own
+        return None
+    message = str(exc)
+    code = message.split(" ", 1)[0]
+    wrapped = _SCRIPT_ERROR.match(message)
+    if wrapped is not None:
+        code = wrapped.group(1)
+    return f"{code}: {OUTAGE_REPLIES[code]}" if code in OUTAGE_REPLIES else None
 
 
 def is_outage(exc: BaseException) -> bool:
-    """True for errors worth waiting out (see OUTAGE_ERRORS)."""
-    return isinstance(exc, OUTAGE_ERRORS) and not isinstance(exc, _NOT_OUTAGES)
+    """True for errors worth waiting out (see OUTAGE_REPLIES)."""
+    return outage_reason(exc) is not None
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` for logs (redis-py 8's exception repr hides the message); an outage
+    is named by its reply code too."""
+    try:
+        named = f"{type(exc).__name__}: {exc}"
+    except Exception as unprintable:  # an exception whose __str__ raises: say so, never fail
+        named = f"{type(exc).__name__}: <unprintable: {type(unprintable).__name__}>"
+    reason = outage_reason(exc)
+    return named if reason is None or reason.startswith(named) else f"{reason} ({named})"
 
 
 def outage_wait() -> WaitStrategy:
@@ -81,7 +157,7 @@ def through_outages(call: Callable[[], T], what: str, give_up: threading.Event) 
                 "Redis unavailable while %s (try %d): %s; retrying in %.2f s",
                 what,
                 backoff.failures,
-                exc,
+                describe(exc),
                 delay,
             )
             give_up.wait(delay)

@@ -20,8 +20,9 @@ import reactivex
 from reactivex import Observer
 
 from .checks import whole_number
-from .clock import Duration, duration_ms
+from .clock import Duration, duration_ms, positive_duration_ms
 from .exceptions import ConfigurationError
+from .observe import MAX_IN_FLIGHT
 from .operators import MAX_CONCURRENCY
 from .operators._process import Handler, Processor
 from .queue import Queue
@@ -58,9 +59,10 @@ class Worker:
         whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
         self.handler = handler
         self.concurrency = concurrency
-        self.max_in_flight = max_in_flight or 4 * concurrency
-        whole_number(self.max_in_flight, "max_in_flight", low=1)
+        self.max_in_flight = 4 * concurrency if max_in_flight is None else max_in_flight
+        whole_number(self.max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
         self.grace_s = duration_ms(grace, "grace", error=ConfigurationError) / 1000
+        positive_duration_ms(heartbeat, "heartbeat")  # refused here, not when run() starts
         self.heartbeat = heartbeat
         self.outcomes: Counter[str] = Counter()
         self._stop = threading.Event()

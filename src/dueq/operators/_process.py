@@ -24,12 +24,13 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import redis
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
-from ..exceptions import LeaseLost
-from ..outage import is_outage, through_outages
+from ..exceptions import DueqError, LeaseLost, Unrecoverable
+from ..outage import Backoff, describe, is_outage, through_outages
 from ..task import Delivery, Outcome
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class Processor:
         self._lock = threading.Condition()
         self._held: dict[Delivery, datetime] = {}  # -> when its lease was last extended
         self._running: set[Delivery] = set()
+        self._lease_lost: set[Delivery] = set()  # held, but the keeper found its lease lost
         self._closing = False
         self._give_up = threading.Event()  # stop retrying acks and fails through an outage
         self._done: stdlib_queue.SimpleQueue[_Finished | None] = stdlib_queue.SimpleQueue()
@@ -114,24 +116,35 @@ class Processor:
             self._source.dispose()
         if already and grace_s is None:
             return
-        for d in self._runner.drain():
-            self._release(d)
+        unstarted = self._runner.drain()
         self._runner.stop()  # running handlers finish first
-        if grace_s is None:  # settle what is running in the background, then stop
-            threading.Thread(target=self._finish_when_idle, name="dueq-closer", daemon=True).start()
+        if grace_s is None:  # release and settle in the background (Redis may be down), then stop
+            closer = threading.Thread(
+                target=self._finish_when_idle, args=(unstarted,), name="dueq-closer", daemon=True
+            )
+            closer.start()
             return
-        if not self._wait_idle_or(grace_s, hurry):
+        # releases retry through an outage until the grace period ends, not beyond
+        deadline = time.monotonic() + grace_s
+        grace_over = threading.Timer(grace_s, self._give_up.set)
+        grace_over.daemon = True
+        grace_over.start()
+        for d in unstarted:
+            self._release(d)
+        late: list[Delivery] = []
+        if not self._wait_idle_or(max(deadline - time.monotonic(), 0.0), hurry):
             with self._lock:
                 late = [d for d in self._held if d in self._running]
             logger.warning(
-                "%d handler(s) still running after the %.1f s grace period; releasing their "
-                "tasks (a later ack from them is refused)",
+                "%d task(s) still running (or waiting for Redis to settle them) after the %.1f s "
+                "grace period; releasing them (a later ack from them is refused)",
                 len(late),
                 grace_s,
             )
-            for d in late:
-                self._release(d)
-        self._give_up.set()
+        grace_over.cancel()
+        self._give_up.set()  # one try each from now on: a lease Redis keeps runs out by itself
+        for d in late:
+            self._release(d)
         self._done.put(None)
         self._settler.join(timeout=5)
         self._stop_keeper()
@@ -144,7 +157,9 @@ class Processor:
                 return False
         return True
 
-    def _finish_when_idle(self) -> None:
+    def _finish_when_idle(self, unstarted: list[Delivery]) -> None:
+        for d in unstarted:
+            self._release(d)
         self.wait_idle(None)
         self._done.put(None)
         self._stop_keeper()
@@ -178,7 +193,7 @@ class Processor:
         self._done.put((delivery, error))
 
     def _source_error(self, error: Exception) -> None:
-        logger.error("delivery stream failed: %r", error)
+        logger.error("delivery stream failed: %s", describe(error))
         with self._emit_lock:
             if self._observer is not None:
                 self._observer.on_error(error)
@@ -200,64 +215,129 @@ class Processor:
     # -- outcomes out ------------------------------------------------------------------------
 
     def _settle_loop(self) -> None:
-        while True:
-            first = self._done.get()
-            if first is None:
-                return
-            batch = [first]
-            stop = False
-            while len(batch) < SETTLE_BATCH:
-                try:
-                    item = self._done.get_nowait()
-                except stdlib_queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-            outcomes = self._settle(batch)
-            self._emit(outcomes)
-            self._forget([d for d, _ in batch])
-            if stop:
-                return
+        """Settle finished deliveries in rounds until ``close`` says stop (see _settle)."""
+        pending = _Pending()
+        stop = False
+        while not stop:
+            batch, stop = self._next_batch(pending.wait_s())
+            try:
+                settled = self._settle(batch, pending, final=stop)
+            except Exception as exc:  # a bug here must not stop every later ack: report, go on
+                logger.exception("settling %d task(s) failed; their leases run out", len(batch))
+                error = describe(exc)
+                settled = [(d, Outcome(d.id, "lost", d.attempt, error=error)) for d, _ in batch]
+            self._emit([outcome for _, outcome in settled])
+            self._forget([d for d, _ in settled])
 
-    def _settle(self, batch: list[_Finished]) -> list[Outcome]:
-        outcomes: list[Outcome] = []
-        to_ack: dict[Queue, list[Delivery]] = defaultdict(list)
+    def _next_batch(self, timeout_s: float | None) -> tuple[list[_Finished], bool]:
+        """Up to SETTLE_BATCH finished deliveries (waiting at most ``timeout_s`` for the
+        first), and whether ``close`` asked the settler to stop."""
+        try:
+            first = self._done.get(timeout=timeout_s)
+        except stdlib_queue.Empty:
+            return [], False
+        if first is None:
+            return [], True
+        batch = [first]
+        while len(batch) < SETTLE_BATCH:
+            try:
+                item = self._done.get_nowait()
+            except stdlib_queue.Empty:
+                break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _settle(
+        self, batch: list[_Finished], pending: _Pending, *, final: bool
+    ) -> list[tuple[Delivery, Outcome]]:
+        """One round: ack every success waiting (one ``ack_many`` per queue), then record the
+        failures waiting, in order. Work that Redis refuses for an outage stays in ``pending``
+        for a later round (after a backoff), so a refused failure never holds back the acks
+        of this or later rounds, and the lease keeper goes on extending what waits (it stays
+        held until settled). The ``final`` round tries once more and reports the rest lost.
+        Returns the deliveries settled in this round with their outcomes."""
+        settled: list[tuple[Delivery, Outcome]] = []
         for d, error in batch:
             if d.settled:  # the handler acked, failed or released it itself
-                outcomes.append(d._outcome or Outcome(d.id, "acked", d.attempt))
+                settled.append((d, d._outcome or Outcome(d.id, "acked", d.attempt)))
             elif error is None:
-                to_ack[d.queue].append(d)
+                pending.acks[d.queue].append(d)
             else:
-                outcomes.append(self._fail(d, error))
-        for q, deliveries in to_ack.items():
-            outcomes += self._ack(q, deliveries)
-        return outcomes
+                pending.failures.append((d, error))
+        refusal: Exception | None = None
+        for q in list(pending.acks):
+            deliveries = [d for d in pending.acks.pop(q) if self._holds(d)]
+            try:
+                outcomes = self._ack(q, deliveries, final)
+            except Exception as exc:  # an outage (_ack reports every other error as lost)
+                pending.acks[q] = deliveries
+                refusal = exc
+                continue
+            settled += zip(deliveries, outcomes, strict=True)
+        failures, pending.failures = pending.failures, []
+        for i, (d, error) in enumerate(failures):
+            if not self._holds(d):  # released by close() meanwhile
+                continue
+            try:
+                settled.append((d, self._fail(d, error, final)))
+            except Exception as exc:  # an outage: the next ones would meet it too
+                pending.failures = failures[i:]
+                refusal = exc
+                break
+        if refusal is not None:
+            pending.refused(refusal)
+        elif not pending:
+            pending.served()
+        return settled
 
-    def _ack(self, q: Queue, deliveries: list[Delivery]) -> list[Outcome]:
+    def _holds(self, d: Delivery) -> bool:
+        with self._lock:
+            return d in self._held
+
+    def _ack(self, q: Queue, deliveries: list[Delivery], final: bool) -> list[Outcome]:
+        """Outcomes of acking ``deliveries``; raises an outage unless ``final``."""
+        if not deliveries:
+            return []
         try:
-            through_outages(lambda: q.ack_many(deliveries), "acking", self._give_up)
+            q.ack_many(deliveries)
         except LeaseLost:
             logger.warning("queue %r: lease lost before ack; the task is delivered again", q.name)
         except Exception as exc:
-            logger.error("queue %r: could not ack %d task(s): %r", q.name, len(deliveries), exc)
-            return [Outcome(d.id, "lost", d.attempt, error=repr(exc)) for d in deliveries]
+            if is_outage(exc) and not final:
+                raise
+            logger.error(
+                "queue %r: could not ack %d task(s): %s", q.name, len(deliveries), describe(exc)
+            )
+            return [Outcome(d.id, "lost", d.attempt, error=describe(exc)) for d in deliveries]
         return [d._outcome or Outcome(d.id, "acked", d.attempt) for d in deliveries]
 
-    def _fail(self, d: Delivery, error: BaseException) -> Outcome:
+    def _fail(
+        self, d: Delivery, error: BaseException, final: bool, *, stand_in: bool = False
+    ) -> Outcome:
+        """The outcome of recording ``error`` for ``d``; raises an outage unless ``final``."""
         try:
-            outcome = through_outages(lambda: d.fail(error), "recording a failure", self._give_up)
+            outcome = d.fail(error)
         except LeaseLost:
             logger.warning(
                 "queue %r: lease on %r lost before its failure was recorded", d.queue.name, d.id
             )
             return d._outcome or Outcome(d.id, "lost", d.attempt)
         except Exception as exc:
+            if is_outage(exc) and not final:
+                raise
+            if not stand_in and not isinstance(exc, (redis.RedisError, DueqError)):
+                # the handler's exception could not be recorded as it is (its __str__ raised,
+                # say): record a stand-in, so the task follows its retry policy all the same
+                return self._fail(d, _stand_in(error, exc), final, stand_in=True)
             logger.error(
-                "queue %r: could not record the failure of %r: %r", d.queue.name, d.id, exc
+                "queue %r: could not record the failure of %r: %s",
+                d.queue.name,
+                d.id,
+                describe(exc),
             )
-            return Outcome(d.id, "lost", d.attempt, error=repr(exc))
+            return Outcome(d.id, "lost", d.attempt, error=describe(exc))
         log = logger.error if outcome.kind == "dead" else logger.info
         log(
             "queue %r: task %r attempt %d failed (%s): %s",
@@ -275,8 +355,8 @@ class Processor:
         except LeaseLost:
             outcome = Outcome(d.id, "lost", d.attempt)
         except Exception as exc:  # its lease expires on its own; it is delivered again
-            logger.warning("queue %r: could not release %r: %r", d.queue.name, d.id, exc)
-            outcome = Outcome(d.id, "lost", d.attempt, error=repr(exc))
+            logger.warning("queue %r: could not release %r: %s", d.queue.name, d.id, describe(exc))
+            outcome = Outcome(d.id, "lost", d.attempt, error=describe(exc))
         self._emit([outcome])
         self._forget([d])
 
@@ -298,6 +378,7 @@ class Processor:
             for d in deliveries:
                 self._held.pop(d, None)
                 self._running.discard(d)
+                self._lease_lost.discard(d)
             idle = not self._held
             complete = idle and self._source_ended and not self._closing
             if idle:
@@ -312,28 +393,46 @@ class Processor:
         tick = KEEPER_TICK_MAX
         with self._lock:
             held = list(self._held.items())
+            lost = set(self._lease_lost)
+        outage: Exception | None = None
+        unextended = 0
         for d, extended_at in held:
+            if d in lost or d.settled:  # nothing left to keep (the handler may have acked)
+                continue
             period = timedelta(milliseconds=d.queue.lease_ms / 3)
             tick = min(tick, period)
             if now - extended_at < period:
+                continue
+            if outage is not None:  # the rest would meet it too (each after a timeout, maybe)
+                unextended += 1
                 continue
             try:
                 d.extend(d.queue.lease_ms / 1000)
             except LeaseLost:
                 logger.warning("queue %r: lease on %r lost while held", d.queue.name, d.id)
+                with self._lock:  # a lost lease never comes back: stop extending it
+                    if d in self._held:
+                        self._lease_lost.add(d)
+                continue
             except Exception as exc:
                 if not is_outage(exc):
                     logger.exception(
                         "queue %r: extending the lease on %r failed", d.queue.name, d.id
                     )
                 else:
-                    logger.warning(
-                        "queue %r: could not extend the lease on %r: %s", d.queue.name, d.id, exc
-                    )
+                    outage = exc
+                    unextended += 1
                 continue
             with self._lock:
                 if d in self._held:
                     self._held[d] = now
+        if outage is not None:
+            logger.warning(
+                "Redis unavailable while extending leases: %s; %d lease(s) not extended this "
+                "round, tried again next round",
+                describe(outage),
+                unextended,
+            )
         with self._lock:
             if self._keeper is not None:
                 self._keeper = scheduler.schedule_relative(tick, self._keep_leases)
@@ -345,6 +444,43 @@ class Processor:
             keeper.dispose()
         if self._own_scheduler is not None:
             self._own_scheduler.dispose()
+
+
+class _Pending:
+    """Settle work that Redis refused for an outage, and when to try it again."""
+
+    def __init__(self) -> None:
+        self.acks: dict[Queue, list[Delivery]] = defaultdict(list)
+        self.failures: list[tuple[Delivery, BaseException]] = []
+        self._backoff = Backoff()
+        self._retry_at: float | None = None  # time.monotonic() of the next round
+
+    def __bool__(self) -> bool:
+        return bool(self.failures) or any(self.acks.values())
+
+    def wait_s(self) -> float | None:
+        """How long the settler may wait for new work before trying again (None: no limit)."""
+        if self._retry_at is None:
+            return None
+        return max(self._retry_at - time.monotonic(), 0.0)
+
+    def refused(self, exc: Exception) -> None:
+        delay_s = self._backoff.failed()
+        self._retry_at = time.monotonic() + delay_s
+        logger.warning(
+            "Redis unavailable while settling (try %d): %s; %d ack(s) and %d failure(s) wait, "
+            "their leases kept; retrying in %.2f s",
+            self._backoff.failures,
+            describe(exc),
+            sum(len(ds) for ds in self.acks.values()),
+            len(self.failures),
+            delay_s,
+        )
+
+    def served(self) -> None:
+        self._retry_at = None
+        if self._backoff.succeeded():
+            logger.info("Redis is back; every waiting ack and failure is settled")
 
 
 class _Runner:
@@ -486,6 +622,16 @@ class _AsyncRunner(_Runner):
             except BaseException as exc:
                 error = exc
             self._finished(d, error)
+
+
+def _stand_in(error: BaseException, unrecordable: Exception) -> BaseException:
+    """An exception to record for a handler error that cannot be recorded as it is: same type
+    name (and Unrecoverable if it was), a message saying why, no traceback."""
+    base: type[Exception] = Unrecoverable if isinstance(error, Unrecoverable) else Exception
+    stand_in: type[Exception] = type(
+        type(error).__name__, (base,), {"__module__": type(error).__module__}
+    )
+    return stand_in(f"<unprintable exception: {describe(unrecordable)}>")
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
