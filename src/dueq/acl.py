@@ -134,7 +134,7 @@ def acl_rule(role: str, queue_pattern: str = "*") -> AclRule:
     pattern an ACL rule cannot hold."""
     if role not in ROLES:
         raise ConfigurationError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-    checked: Role = role  # type: ignore[assignment]
+    checked: Role = role
     pattern = _validate_pattern(queue_pattern)
     commands = set(COMMON_COMMANDS) | set(PYTHON_COMMANDS[checked])
     for script in ROLE_SCRIPTS[checked]:

@@ -30,8 +30,14 @@ def _due_time(_ctx: click.Context, _param: click.Parameter, value: str | None) -
 def _line_source(path: str) -> Callable[[], Iterator[str]]:
     """A way to read the file's lines twice (check, then schedule); stdin is read once."""
     if path == "-":
-        lines = sys.stdin.read().splitlines()
-        return lambda: iter(lines)
+        lines: list[str] = []
+
+        def read_stdin() -> Iterator[str]:  # once, inside the caller's check of the text
+            if not lines:
+                lines.extend(sys.stdin.read().splitlines())
+            return iter(lines)
+
+        return read_stdin
 
     def read() -> Iterator[str]:
         with open(path, encoding="utf-8") as f:
