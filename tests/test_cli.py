@@ -181,6 +181,17 @@ def test_stats_without_a_queue_lists_every_queue(invoke, make_queue):
         assert f"│ {name}" in result.stdout
 
 
+def test_stats_skips_keys_that_no_dueq_queue_has(invoke, make_queue, r):
+    make_queue("real").schedule({})
+    for key in ("dueq:{}:x", "dueq:{a}b:c", b"dueq:{\xff}:due", "dueq:{bad\x1b}:due"):
+        r.set(key, "foreign")
+    r.set("dueq:{other}:not-a-dueq-key", "foreign")
+    result = invoke("stats")
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│ ")]
+    assert [row.split("│")[1].strip() for row in rows] == ["real"]
+
+
 def test_stats_with_no_queues_says_so(invoke):
     result = invoke("stats")
     assert result.exit_code == 0

@@ -13,7 +13,7 @@ from ..queue import SCHEDULE_BATCH, Queue
 from ..task import ScheduleResult, Task
 from .connection import RedisTarget, redis_options
 from .errors import CliError
-from .output import console, steps
+from .output import console, safe, steps
 from .task_input import BadLine, Timing, checked_task, parse_json, parse_time, tasks_from_lines
 
 
@@ -133,4 +133,4 @@ def schedule(
     result = q.schedule_many([task], replace=replace)
     if result.existing:
         click.echo(f"task {result.ids[0]!r} already exists in {queue!r}; left unchanged", err=True)
-    click.echo(result.ids[0])
+    click.echo(safe(result.ids[0]))
