@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 
-import redis
-
 import dueq
+from dueq.cli.connection import client_from_url
 
 NOT_CALLABLE = 42
 
-_client = redis.Redis.from_url(os.environ.get("DUEQ_REDIS_URL", "redis://127.0.0.1:6379/0"))
+_client = client_from_url(os.environ.get("DUEQ_REDIS_URL", "redis://127.0.0.1:6379/0"))
 
 
 def record(d: dueq.Delivery) -> None:

@@ -24,6 +24,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 import click
 import redis
 import redis.sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ..exceptions import ConfigurationError
 from ..keys import PREFIX, QueueKeys, validate_queue_name
@@ -185,6 +187,8 @@ def _sentinel_client(url: str, *, tls: bool) -> redis.Redis:
         nodes,
         sentinel_kwargs={
             **common,
+            # a Sentinel that is down is skipped at once for the next (no retries with backoff)
+            "retry": Retry(NoBackoff(), 0),
             "username": query.get("sentinel_username"),
             "password": query.get("sentinel_password"),
         },

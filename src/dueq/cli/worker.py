@@ -16,7 +16,7 @@ from ..retry import RetryPolicy
 from ..worker import Worker
 from .connection import RedisTarget, redis_options
 from .errors import CliError, Settings
-from .options import seconds_option
+from .options import replication_options, seconds_option
 
 
 class HandlerImportError(CliError):
@@ -68,6 +68,7 @@ def load_handler(spec: str) -> Callable[..., Any]:
     "--lease", 30.0, "How long a task is held before another worker may take it.", low=0.001
 )
 @seconds_option("--grace", 30.0, "On SIGINT/SIGTERM, time running handlers get to finish.")
+@replication_options
 @redis_options
 @click.pass_obj
 def worker(
@@ -78,6 +79,8 @@ def worker(
     max_attempts: int,
     lease: float,
     grace: float,
+    wait_replicas: int,
+    wait_timeout: float,
     target: RedisTarget,
 ) -> None:
     """Run HANDLER on the tasks of QUEUE until SIGINT or SIGTERM.
@@ -89,7 +92,14 @@ def worker(
     """
     function = load_handler(handler)
     conn = target.open()
-    q = Queue(queue, conn.client, retry=RetryPolicy(max_attempts=max_attempts), lease=lease)
+    q = Queue(
+        queue,
+        conn.client,
+        retry=RetryPolicy(max_attempts=max_attempts),
+        lease=lease,
+        wait_replicas=wait_replicas,
+        wait_timeout=wait_timeout,
+    )
     logging.basicConfig(
         level=logging.DEBUG if settings.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
