@@ -158,7 +158,7 @@ def acl_rules(role: str, queue_pattern: str = "*") -> list[str]:
 def combined_rule(roles: tuple[str, ...] = ROLES, queue_pattern: str = "*") -> list[str]:
     """The ACL tokens of one user that holds several roles (the union of their rules)."""
     rules = [acl_rule(role, queue_pattern) for role in roles]
-    tokens: list[str] = []
-    for rule in rules:
-        tokens += [t for t in rule.tokens() if t not in tokens]
-    return tokens
+    if not rules:
+        raise ConfigurationError("give at least one role")
+    commands = sorted({c for rule in rules for c in rule.commands})
+    return [*rules[0].keys, *rules[0].channels, *(f"+{c}" for c in commands)]
