@@ -192,6 +192,17 @@ def test_stats_skips_keys_that_no_dueq_queue_has(invoke, make_queue, r):
     assert [row.split("│")[1].strip() for row in rows] == ["real"]
 
 
+def test_stats_of_every_queue_survives_one_queue_with_corrupted_data(invoke, make_queue, r):
+    make_queue("healthy").schedule({})
+    make_queue("broken").schedule({})
+    r.hset("dueq:{broken}:stats", "acked", "not a number")
+    r.zadd("dueq:{broken}:due", {"odd": float("-inf")})
+    result = invoke("stats")
+    assert result.exit_code == 0, result.output
+    assert "│ healthy " in result.stdout
+    assert "│ broken " in result.stdout or "skipped 'broken'" in result.stdout
+
+
 def test_stats_with_no_queues_says_so(invoke):
     result = invoke("stats")
     assert result.exit_code == 0
