@@ -105,7 +105,11 @@ def encode_envelope(payload: Any, max_bytes: int) -> bytes:
     """The stored form of a payload, refusing what JSON cannot carry or what is too large."""
     try:
         data = _encode(payload).encode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+    except RecursionError:
+        raise PayloadError(
+            f"payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects (or is circular)"
+        ) from None
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
         raise PayloadError(f"payload is not JSON-encodable: {str(exc)[:200]}") from None
     if len(data) > max_bytes:
         raise PayloadError(f"payload is {len(data)} bytes, over the limit of {max_bytes}")

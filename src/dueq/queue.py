@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from reactivex import Observable, abc
 from redis.cluster import RedisCluster
 
+from . import _protocol as protocol
 from .checks import whole_number
 from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
@@ -35,7 +36,6 @@ from .exceptions import (
     ConfigurationError,
     DueqError,
     InvalidTaskError,
-    LeaseLost,
     PayloadError,
     Unrecoverable,
 )
@@ -43,11 +43,13 @@ from .failures import error_record
 from .keys import QueueKeys
 from .observe import observe_queue
 from .retry import RetryPolicy
-from .scripts import FAIL_DEAD, FAIL_LOST, Scripts
-from .snapshot import queue_stats, task_infos, text
+from .scripts import Scripts
+from .snapshot import text
 from .task import Delivery, Outcome, OutcomeKind, QueueStats, ScheduleResult, Task, TaskInfo
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Most tasks one claim call may lease; most tasks and bytes sent in one schedule call (Redis
 #: refuses arguments over proto-max-bulk-len, 512 MB by default, and a long script blocks it).
@@ -181,6 +183,10 @@ class Queue:
     def _run(self, script: str, keys: list[str], *args: Any) -> Any:
         return self._scripts.run(script, keys, [self._now_arg(), *args])
 
+    def _call(self, call: protocol.Call[T]) -> T:
+        """Send one script call built by the protocol layer and parse its reply."""
+        return call.parse(self._scripts.run(call.script, call.keys, call.args))
+
     @staticmethod
     def _due(at: datetime | None, delay: Duration | None) -> tuple[int, int]:
         """(FLAG_ABSOLUTE, epoch ms) for at=, (0, delay ms) for delay= or neither."""
@@ -259,19 +265,23 @@ class Queue:
     def _schedule_records(
         self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
     ) -> ScheduleResult:
-        k = self.keys
-        keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done]
-        flag = "1" if replace else "0"
-        window = self.remember_done_ms
         added = existing = replaced = 0
         for batch in _batches(records):
             pending = batch
             for _ in range(ID_RETRIES):
                 blob = b"".join(records[i] for i in pending)
-                reply = self._run("schedule", keys, flag, blob, window)
-                added, existing = added + int(reply[0]), existing + int(reply[1])
-                replaced += int(reply[2])
-                pending = [pending[int(p) - 1] for p in reply[3:]]
+                reply = self._call(
+                    protocol.schedule(
+                        self.keys,
+                        self._now_arg(),
+                        blob,
+                        replace=replace,
+                        window_ms=self.remember_done_ms,
+                    )
+                )
+                added, existing = added + reply.added, existing + reply.existing
+                replaced += reply.replaced
+                pending = [pending[p] for p in reply.collided]
                 if not pending:
                     break
                 for i in pending:  # a generated id that was taken: draw another
@@ -283,9 +293,7 @@ class Queue:
 
     def cancel(self, task_id: str) -> bool:
         """Remove a task in any state; True if it existed. A live lease on it is revoked."""
-        k = self.keys
-        keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats]
-        return bool(self._run("cancel", keys, validate_id(task_id)))
+        return self._call(protocol.cancel(self.keys, self._now_arg(), validate_id(task_id)))
 
     def reschedule(
         self, task_id: str, *, at: datetime | None = None, delay: Duration | None = None
@@ -294,8 +302,14 @@ class Queue:
         if at is None and delay is None:
             raise InvalidTaskError("reschedule needs at= or delay=")
         flags, due_ms = self._due(at, delay)
-        keys = [self.keys.due, self.keys.wake]
-        return int(self._run("reschedule", keys, validate_id(task_id), flags, due_ms)) >= 0
+        call = protocol.reschedule(
+            self.keys,
+            self._now_arg(),
+            validate_id(task_id),
+            absolute=flags == FLAG_ABSOLUTE,
+            due_ms=due_ms,
+        )
+        return self._call(call).status is protocol.Status.OK
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -313,41 +327,59 @@ class Queue:
         if not self._server_checked:
             self.check_server()
         lease_ms = self.lease_ms if lease is None else _positive_ms(lease, "lease")
-        k = self.keys
-        reply = self._run(
-            "claim",
-            [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats],
-            limit,
-            lease_ms,
-            self.retry.max_attempts,
-            max(limit, 100),
-            self.dead_max_count,
-            self.dead_max_age_ms,
-            *self.retry.backoff_table_ms(),
+        reply = self._call(
+            protocol.claim(
+                self.keys,
+                self._now_arg(),
+                limit=limit,
+                lease_ms=lease_ms,
+                max_attempts=self.retry.max_attempts,
+                reclaim_limit=max(limit, 100),
+                dead_max_count=self.dead_max_count,
+                dead_max_age_ms=self.dead_max_age_ms,
+                backoff_ms=self.retry.backoff_table_ms(),
+            )
         )
-        now_ms, next_due, next_deadline = int(reply[0]), int(reply[1]), int(reply[2])
-        token, deadline = text(reply[3]), int(reply[4])
+        now_ms, next_due = reply.now_ms, reply.next_due_ms
+        if reply.dropped:
+            logger.error(
+                "queue %r: %d due task(s) had no stored data and were dropped: their keys were "
+                "evicted or deleted (set maxmemory-policy noeviction)",
+                self.name,
+                reply.dropped,
+            )
+        if reply.buried:
+            logger.error(
+                "queue %r: %d due task(s) moved to dead at claim (unreadable attempt record, "
+                "or max_attempts already reached); see their errors",
+                self.name,
+                reply.buried,
+            )
         deliveries: list[Delivery] = []
-        for i in range(6, len(reply), 5):
-            task_id, raw, attempt = text(reply[i]), reply[i + 1], int(reply[i + 2])
+        for row in reply.rows:
             try:
-                payload = decode_envelope(raw)
+                payload = decode_envelope(row.envelope)
             except PayloadError as exc:
-                self._bury_undecodable(task_id, token, attempt, exc)
+                self._bury_undecodable(row.id, reply.token, row.attempt, exc)
                 continue
-            due_ms, first_ms = int(reply[i + 3]), int(reply[i + 4])
             deliveries.append(
-                Delivery(self, task_id, payload, attempt, due_ms, deadline, token, first_ms, now_ms)
+                Delivery(
+                    self,
+                    row.id,
+                    payload,
+                    row.attempt,
+                    row.due_ms,
+                    reply.lease_deadline_ms,
+                    reply.token,
+                    row.first_claimed_ms,
+                    now_ms,
+                )
             )
         deliveries, cron_due = self.cron.on_claim(deliveries, now_ms)
-        if cron_due is not None and (next_due < 0 or cron_due < next_due):
+        if cron_due is not None and (next_due is None or cron_due < next_due):
             next_due = cron_due
         return ClaimBatch(
-            deliveries,
-            now_ms,
-            None if next_due < 0 else next_due,
-            None if next_deadline < 0 else next_deadline,
-            int(reply[5]) / 1000,
+            deliveries, now_ms, next_due, reply.next_lease_deadline_ms, reply.now_fraction_ms
         )
 
     def _bury_undecodable(self, task_id: str, token: str, attempt: int, exc: PayloadError) -> None:
@@ -366,18 +398,24 @@ class Queue:
         """
         if not deliveries:
             return 0
-        args: list[str | int] = [self.remember_done_ms]
-        for d in deliveries:
-            args += (d.id, d.token)
-        k = self.keys
-        reply = self._run("ack", [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done], *args)
-        lost = [text(x) for x in reply[1:]]
-        lost_ids = set(lost)
+        reply = self._call(
+            protocol.ack(
+                self.keys,
+                self._now_arg(),
+                [(d.id, d.token) for d in deliveries],
+                window_ms=self.remember_done_ms,
+            )
+        )
+        lost_ids = set(reply.lost)
         for d in deliveries:
             d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
-        if lost:
-            raise LeaseLost(f"lease lost on {len(lost)} task(s), not acked: {lost[:10]}", lost)
-        return int(reply[0])
+        if reply.lost:
+            protocol.raise_for(
+                protocol.Status.LEASE_LOST,
+                f"lease lost on {len(reply.lost)} task(s), not acked: {reply.lost[:10]}",
+                reply.lost,
+            )
+        return reply.acked
 
     def fail(
         self, delivery: Delivery, error: BaseException | str, *, retry_in: Duration | None = None
@@ -398,62 +436,61 @@ class Queue:
             else:
                 delay_ms = round(self.retry.delay_s(delivery.attempt, age_s, exc) * 1000)
         record = error_record(error, delivery.attempt)
-        status, at_ms = self._fail_script(delivery.id, delivery.token, record, action, delay_ms)
+        reply = self._fail_script(delivery.id, delivery.token, record, action, delay_ms)
         message = f"{type(error).__name__}: {error}" if exc else str(error)
-        if status == FAIL_LOST:
+        if reply.status is protocol.Status.LEASE_LOST:
             delivery._settled(Outcome(delivery.id, "lost", delivery.attempt, None, message))
-            raise LeaseLost(
-                f"lease on task {delivery.id!r} was lost; failure not recorded", [delivery.id]
+            protocol.raise_for(
+                reply.status,
+                f"lease on task {delivery.id!r} was lost; failure not recorded",
+                [delivery.id],
             )
-        kind: OutcomeKind = "dead" if status == FAIL_DEAD else "retried"
-        outcome = Outcome(delivery.id, kind, delivery.attempt, ms_datetime(at_ms), message)
+        kind: OutcomeKind = "dead" if reply.status is protocol.Status.DEAD else "retried"
+        outcome = Outcome(delivery.id, kind, delivery.attempt, ms_datetime(reply.at_ms), message)
         delivery._settled(outcome)
         return outcome
 
     def _fail_script(
         self, task_id: str, token: str, record: str, action: str, delay_ms: int
-    ) -> tuple[int, int]:
-        k = self.keys
-        status, at_ms = self._run(
-            "fail",
-            [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake],
-            task_id,
-            token,
-            record,
-            action,
-            delay_ms,
-            self.dead_max_count,
-            self.dead_max_age_ms,
+    ) -> protocol.FailReply:
+        return self._call(
+            protocol.fail(
+                self.keys,
+                self._now_arg(),
+                task_id,
+                token,
+                record,
+                dead=action == "dead",
+                delay_ms=delay_ms,
+                dead_max_count=self.dead_max_count,
+                dead_max_age_ms=self.dead_max_age_ms,
+            )
         )
-        return int(status), int(at_ms)
 
     def extend(self, delivery: Delivery, seconds: Duration) -> datetime:
         """Extend a held lease to ``seconds`` from now; raises LeaseLost if it is not held."""
         ms = _positive_ms(seconds, "lease extension")
-        deadline = int(
-            self._run("extend", [self.keys.leased, self.keys.meta], delivery.id, delivery.token, ms)
+        reply = self._call(
+            protocol.extend(self.keys, self._now_arg(), delivery.id, delivery.token, ms)
         )
-        if deadline < 0:
-            raise LeaseLost(f"lease on task {delivery.id!r} was lost; not extended", [delivery.id])
-        delivery.lease_deadline_ms = deadline
-        return ms_datetime(deadline)
+        protocol.raise_for(
+            reply.status, f"lease on task {delivery.id!r} was lost; not extended", [delivery.id]
+        )
+        delivery.lease_deadline_ms = reply.ms
+        return ms_datetime(reply.ms)
 
     def release(self, delivery: Delivery, *, delay: Duration = 0) -> Outcome:
         """Give a leased task back, due after ``delay``; the delivery does not count."""
-        k = self.keys
-        due = int(
-            self._run(
-                "release",
-                [k.due, k.leased, k.meta, k.stats, k.wake],
-                delivery.id,
-                delivery.token,
-                duration_ms(delay, "delay"),
-            )
+        delay_ms = duration_ms(delay, "delay")
+        reply = self._call(
+            protocol.release(self.keys, self._now_arg(), delivery.id, delivery.token, delay_ms)
         )
-        if due < 0:
+        if reply.status is not protocol.Status.OK:
             delivery._settled(Outcome(delivery.id, "lost", delivery.attempt))
-            raise LeaseLost(f"lease on task {delivery.id!r} was lost; not released", [delivery.id])
-        outcome = Outcome(delivery.id, "released", delivery.attempt, ms_datetime(due))
+            protocol.raise_for(
+                reply.status, f"lease on task {delivery.id!r} was lost; not released", [delivery.id]
+            )
+        outcome = Outcome(delivery.id, "released", delivery.attempt, ms_datetime(reply.ms))
         delivery._settled(outcome)
         return outcome
 
@@ -487,15 +524,15 @@ class Queue:
 
     def get(self, task_id: str) -> TaskInfo | None:
         """A snapshot of one task, or None if there is no such task."""
-        found = self._inspect("ids", validate_id(task_id))
+        found = self._call(protocol.inspect_ids(self.keys, self._now_arg(), [validate_id(task_id)]))
         return found[0] if found else None
 
     def _inspect(self, mode: str, *args: Any) -> list[TaskInfo]:
-        k = self.keys
-        keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors]
-        return task_infos(self._run("inspect", keys, mode, *args))
+        if mode == "ids":
+            return self._call(protocol.inspect_ids(self.keys, self._now_arg(), list(args)))
+        offset, count = args
+        return self._call(protocol.inspect_dead(self.keys, self._now_arg(), offset, count))
 
     def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
-        k = self.keys
-        return queue_stats(self._run("stats", [k.due, k.leased, k.dead, k.stats]))
+        return self._call(protocol.stats(self.keys, self._now_arg()))

@@ -52,9 +52,6 @@ PRODUCER_SCRIPTS = frozenset(
 #: Scripts that settle a delivery: a replication shortfall is logged, not raised.
 SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})
 
-#: Status codes returned by fail.lua.
-FAIL_LOST, FAIL_RETRIED, FAIL_DEAD = 0, 1, 2
-
 
 @cache
 def script_source(name: str) -> str:
