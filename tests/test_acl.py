@@ -42,6 +42,8 @@ SUITE = [
     "test_remember_done.py",
     "test_scripts.py",
     "test_state_machine.py",
+    "test_hardening.py",
+    "test_corruption.py",
 ]
 
 
