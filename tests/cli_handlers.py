@@ -17,3 +17,8 @@ def record(d: dueq.Delivery) -> None:
     _client.rpush("handled", f"{d.id}:{d.attempt}")
     if d.payload.get("fail"):
         raise ValueError("asked to fail")
+
+
+def hostile(d: dueq.Delivery) -> None:
+    """Fail with terminal escape sequences in the message."""
+    raise ValueError("title \x1b]0;pwned\x07 clear \x1b[2J csi \x9b2J")

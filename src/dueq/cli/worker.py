@@ -17,6 +17,19 @@ from ..worker import Worker
 from .connection import RedisTarget, redis_options
 from .errors import CliError, Settings
 from .options import replication_options, seconds_option
+from .output import safe, safe_lines
+
+
+class SafeFormatter(logging.Formatter):
+    """Log lines fit for a terminal: the Redis URL's secrets masked and control characters
+    (from task ids and handler error messages) escaped, as everywhere in the CLI."""
+
+    def __init__(self, settings: Settings, fmt: str) -> None:
+        super().__init__(fmt)
+        self._settings = settings
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(safe_lines(self._settings.redact(super().format(record))))
 
 
 class HandlerImportError(CliError):
@@ -100,14 +113,13 @@ def worker(
         wait_replicas=wait_replicas,
         wait_timeout=wait_timeout,
     )
-    logging.basicConfig(
-        level=logging.DEBUG if settings.debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    log = logging.StreamHandler(sys.stderr)
+    log.setFormatter(SafeFormatter(settings, "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if settings.debug else logging.INFO, handlers=[log])
     w = Worker(q, function, concurrency=concurrency, grace=grace)
     click.echo(
-        f"worker on {queue!r} at {conn.shown}: {handler}, concurrency {concurrency}", err=True
+        f"worker on {queue!r} at {conn.shown}: {safe(handler)}, concurrency {concurrency}",
+        err=True,
     )
     w.run()
     summary = ", ".join(f"{kind}={count}" for kind, count in sorted(w.outcomes.items()))
