@@ -179,3 +179,29 @@ def test_the_worker_follows_a_sentinel_failover(cluster, tmp_path):
     # the handler's own client may fail during the failover (retried): every task is acked
     assert out.startswith("worker stopped: acked=20"), out
     assert "Redis is back" in err or "connection" in err.lower()
+
+
+def test_a_worker_with_wait_replicas_acks_and_logs_a_replica_shortfall(r, redis_server):
+    q = dueq.Queue("wr", r)
+    q.schedule_many(dueq.Task({}, id=f"t{n}") for n in range(3))
+    env = {**os.environ, "DUEQ_REDIS_URL": redis_server.url}
+    options = ["--wait-replicas", "1", "--wait-timeout", "0.05"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dueq", "worker", "wr", "cli_handlers:record", *options],
+        cwd=HERE,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: q.stats().counters.get("acked", 0) == 3, "3 acks")
+        child.terminate()
+        out, err = child.communicate(timeout=WAIT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0, err
+    assert out == "worker stopped: acked=3\n"
+    assert "only 0 of 1 replica(s) confirmed" in err
