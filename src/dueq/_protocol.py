@@ -67,6 +67,36 @@ class Call(Generic[T]):
     parse: Callable[[Any], T]
 
 
+@dataclass(frozen=True)
+class Command(Generic[T]):
+    """One plain Redis command (reads such as ZCARD, HMGET, TIME) and how to read its reply
+    (as redis-py's response callbacks leave it)."""
+
+    args: tuple[Any, ...]
+    parse: Callable[[Any], T]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Plain commands sent in one round trip (a non-transactional pipeline); the reply is the
+    list of their parsed replies."""
+
+    commands: tuple[Command[Any], ...]
+
+
+#: What a flow (see ``dueq._core``) asks its front end to send.
+Step = Call[Any] | Command[Any] | Batch
+
+
+def _same(reply: Any) -> Any:
+    return reply
+
+
+def command(*args: Any, parse: Callable[[Any], Any] = _same) -> Command[Any]:
+    """A plain command whose reply is used as redis-py returns it, unless ``parse`` is given."""
+    return Command(args, parse)
+
+
 # -- schedule.lua ------------------------------------------------------------------------------
 
 
@@ -332,6 +362,76 @@ def dead_oldest(k: QueueKeys, now: str, action: str, count: int) -> Call[DeadRep
     return _dead(k, now, action, ["oldest", count])
 
 
+# -- cron_add.lua, cron_remove.lua, cron_advance.lua -------------------------------------------
+
+#: cron_add.lua's reply: what became of the definition, or None for a conflict.
+_CRON_ADDED = {0: "unchanged", 1: "added", 2: "replaced", 3: "restored"}
+
+
+def _parse_cron_add(reply: Any) -> str | None:
+    return _CRON_ADDED.get(int(reply))
+
+
+def cron_add(
+    k: QueueKeys,
+    now: str,
+    name: str,
+    definition_json: str,
+    *,
+    replace: bool,
+    next_ms: int,
+    next_id: str,
+    envelope: bytes,
+) -> Call[str | None]:
+    """Store a definition and schedule its next occurrence; None when a different definition
+    exists and ``replace`` is off."""
+    keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake]
+    args = [now, name, definition_json, "1" if replace else "0", next_ms, next_id, envelope]
+    return Call("cron_add", keys, args, _parse_cron_add)
+
+
+def cron_remove(k: QueueKeys, now: str, name: str) -> Call[bool]:
+    """Delete a definition and its pending occurrence; the reply says whether it existed."""
+    keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats]
+    return Call("cron_remove", keys, [now, name], lambda reply: bool(int(reply)))
+
+
+class CronAdvance(enum.IntEnum):
+    """cron_advance.lua's status per entry."""
+
+    REFUSED = -1  # the entry's numbers were out of range: nothing changed for it
+    NOT_PENDING = 0  # not the pending slot (or the definition is gone): it just runs
+    ADVANCED = 1  # the schedule moved on
+    REBUILT = 2  # the state was unreadable and was rebuilt; the occurrence runs
+
+
+@dataclass(frozen=True)
+class CronEntry:
+    """One claimed occurrence for cron_advance.lua."""
+
+    name: str
+    slot_ms: int
+    occurrence_id: str
+    token: str
+    drop: bool  # a missed slot that must not run
+    envelope: bytes
+    next_ms: int
+    next_id: str
+    missed_now: Sequence[tuple[int, str]]  # (slot ms, id) of missed occurrences to run now
+
+
+def cron_advance(k: QueueKeys, now: str, entries: Sequence[CronEntry]) -> Call[list[CronAdvance]]:
+    """Move the schedules of claimed occurrences on, compare-and-set, in one call."""
+    args: list[Any] = [now]
+    for e in entries:
+        args += (e.name, e.slot_ms, e.occurrence_id, e.token, "1" if e.drop else "0")
+        args += (e.envelope, e.next_ms, e.next_id, len(e.missed_now))
+        for slot_ms, task_id in e.missed_now:
+            args += (slot_ms, task_id)
+    keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.leased, k.stats, k.wake]
+    return Call("cron_advance", keys, args, lambda reply: [CronAdvance(int(x)) for x in reply])
+
+
 #: The counterpart of every script that a front end can call, by script name (for the
 #: key-order test: each builds its call for a sample queue).
 SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
@@ -358,4 +458,9 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "inspect": lambda k: inspect_ids(k, "", ["id"]),
     "stats": lambda k: stats(k, ""),
     "dead": lambda k: dead_ids(k, "", "purge", ["id"]),
+    "cron_add": lambda k: cron_add(
+        k, "", "n", "{}", replace=False, next_ms=0, next_id="cron:n:x", envelope=b"1:null"
+    ),
+    "cron_remove": lambda k: cron_remove(k, "", "n"),
+    "cron_advance": lambda k: cron_advance(k, "", []),
 }

@@ -26,7 +26,8 @@ What this does and does not separate (the README says it for users):
 Chosen to leave out: ``CONFIG GET`` (it can read secrets such as ``masterauth``). A consumer
 that cannot read ``maxmemory-policy`` skips its eviction warning, so an administrator should
 check that setting. ``INFO`` (read-only server facts, no secrets) is given to the consumer for
-its server version check.
+its server version check: it could do without (HELLO), but every start would leave a refusal
+in ``ACL LOG``, which operators watch for attacks.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ COMMON_COMMANDS = ("ping", "select", "evalsha", "script|load", "script|exists", 
 PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     "producer": (),
     # HMGET: cron definitions of claimed occurrences; SUBSCRIBE: the wake channel;
-    # INFO: the server version check at the first claim (INFO server).
+    # INFO: the server version check at the first claim (INFO server; without it the
+    # library falls back to HELLO, and ACL LOG records the refused INFO of every start).
     "consumer": ("hmget", "subscribe", "unsubscribe", "info"),
     # SCAN + EXISTS: queue discovery and `dueq ... QUEUE` checks; ZCARD: dead.count();
     # HGET/HGETALL/HMGET: cron list/get; TIME: cron add reads the server clock;
