@@ -28,10 +28,12 @@ from dueq.server import RedisServer
 ACL_MODE = os.environ.get("DUEQ_TEST_ACL") == "1"
 ACL_USER, ACL_PASSWORD = "dueq-test", "dueq-test-password"
 #: What the tests themselves do besides dueq, as ACL selectors beside the printed rule: read-only
-#: inspection (DBSIZE, KEYS, ...: commands dueq never sends, so they cannot hide a command the
-#: rule lacks) and the lists test handlers record into.
+#: inspection (DBSIZE, KEYS, ...), SET and DEL to corrupt or evict a queue's keys (commands dueq
+#: never sends, or the rule holds anyway, so they cannot hide one it lacks), and the lists test
+#: handlers record into.
 TEST_SELECTORS = (
     "(%R~* +dbsize +keys +llen +lrange +hlen +hkeys +dump +pubsub|numsub)",
+    "(~dueq:* +set +del)",
     "(~started ~exited ~handled +rpush +lpop +lrange +llen)",
 )
 

@@ -44,6 +44,8 @@ SUITE = [
     "test_state_machine.py",
     "test_hardening.py",
     "test_corruption.py",
+    "test_cron_corruption.py",
+    "test_async_queue.py",
 ]
 
 
