@@ -22,3 +22,7 @@ def record(d: dueq.Delivery) -> None:
 def hostile(d: dueq.Delivery) -> None:
     """Fail with terminal escape sequences in the message."""
     raise ValueError("title \x1b]0;pwned\x07 clear \x1b[2J csi \x9b2J")
+
+
+def noop(d: dueq.Delivery) -> None:
+    """Succeed without touching Redis (failover tests: only dueq's own calls may fail)."""
