@@ -3,7 +3,8 @@
 Every command takes ``--redis-url`` (default ``$DUEQ_REDIS_URL``, else
 ``redis://127.0.0.1:6379/0`` as redis-cli assumes) or ``--embedded`` (a throwaway local
 redis-server, stopped when the command ends). Passwords never appear in messages: ``shown_url``
-masks the user-info password and every query parameter named ``*password*``, and the error
+masks the user-info password and every query parameter named ``*password*``, ``*secret*`` or
+``*token*``, and the error
 reporter masks the URL's secrets wherever else they might appear (``url_secrets``).
 
 Redis Sentinel: ``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]``
