@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 
-import redis
-
 import dueq
+from dueq.cli.connection import client_from_url
 
 NOT_CALLABLE = 42
 
-_client = redis.Redis.from_url(os.environ.get("DUEQ_REDIS_URL", "redis://127.0.0.1:6379/0"))
+_client = client_from_url(os.environ.get("DUEQ_REDIS_URL", "redis://127.0.0.1:6379/0"))
 
 
 def record(d: dueq.Delivery) -> None:
@@ -18,3 +17,12 @@ def record(d: dueq.Delivery) -> None:
     _client.rpush("handled", f"{d.id}:{d.attempt}")
     if d.payload.get("fail"):
         raise ValueError("asked to fail")
+
+
+def hostile(d: dueq.Delivery) -> None:
+    """Fail with terminal escape sequences in the message."""
+    raise ValueError("title \x1b]0;pwned\x07 clear \x1b[2J csi \x9b2J")
+
+
+def noop(d: dueq.Delivery) -> None:
+    """Succeed without touching Redis (failover tests: only dueq's own calls may fail)."""

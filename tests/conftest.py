@@ -1,8 +1,16 @@
-"""Fixtures: one real redis-server per test session, on a free loopback port."""
+"""Fixtures: one real redis-server per test session, on a free loopback port.
+
+``DUEQ_TEST_ACL=1`` runs the tests as a least-privilege Redis user: the one ``dueq acl
+producer consumer operator`` prints (the union of the three roles over every queue). Then
+``r``, ``redis_server.client()`` and ``redis_server.url`` (given to worker subprocesses) are
+that user; the ``admin`` fixture is the default user, for flushing and for the admin commands
+some tests need (CONFIG SET, KEYS, ACL, SCRIPT FLUSH).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,8 +21,53 @@ from async_support import Blocking
 from click.testing import CliRunner, Result
 
 import dueq
+from dueq.acl import combined_rule
 from dueq.cli import cli
 from dueq.server import RedisServer
+
+ACL_MODE = os.environ.get("DUEQ_TEST_ACL") == "1"
+ACL_USER, ACL_PASSWORD = "dueq-test", "dueq-test-password"
+#: What the tests themselves do besides dueq, as ACL selectors beside the printed rule: read-only
+#: inspection (DBSIZE, KEYS, ...), SET and DEL to corrupt or evict a queue's keys (commands dueq
+#: never sends, or the rule holds anyway, so they cannot hide one it lacks), and the lists test
+#: handlers record into.
+TEST_SELECTORS = (
+    "(%R~* +dbsize +keys +llen +lrange +hlen +hkeys +dump +pubsub|numsub)",
+    "(~dueq:* +set +del)",
+    "(~started ~exited ~handled +rpush +lpop +lrange +llen)",
+)
+
+
+class AclRedisServer(RedisServer):
+    """A RedisServer whose clients and URL log in as the least-privilege test user."""
+
+    @property
+    def url(self) -> str:
+        return f"redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        kwargs.setdefault("username", ACL_USER)  # a test may log in as a user of its own
+        kwargs.setdefault("password", ACL_PASSWORD)
+        return super().client(**kwargs)
+
+    def admin(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port)
+
+    def start(self) -> AclRedisServer:
+        super().start()
+        with self.admin() as admin:
+            rule = combined_rule(("producer", "consumer", "operator"))
+            admin.execute_command(
+                "ACL",
+                "SETUSER",
+                ACL_USER,
+                "reset",
+                "on",
+                f">{ACL_PASSWORD}",
+                *rule,
+                *TEST_SELECTORS,
+            )
+        return self
 
 
 class ManualClock:
@@ -32,15 +85,27 @@ class ManualClock:
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
+    server = (AclRedisServer() if ACL_MODE else RedisServer()).start()
     yield server
     server.stop()
 
 
 @pytest.fixture
-def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis_server.client()
+def admin(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """The default (all-powerful) user on a flushed server: for admin commands in tests."""
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
     client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def r(redis_server: RedisServer, admin: redis.Redis) -> Iterator[redis.Redis]:
+    """The client tests build queues on (the least-privilege user with DUEQ_TEST_ACL=1)."""
+    if not ACL_MODE:
+        yield admin
+        return
+    client = redis_server.client()
     yield client
     client.close()
 

@@ -78,21 +78,23 @@ def q(r: redis.Redis, clock) -> dueq.Queue:
 @FUZZ
 @given(payload=hostile, delay=hostile, at=hostile, task_id=hostile, replace=hostile)
 def test_schedule_raises_only_dueq_errors_and_a_refusal_writes_nothing(
-    q, r, payload, delay, at, task_id, replace
+    q, r, admin, payload, delay, at, task_id, replace
 ):
-    r.flushall()
+    admin.flushall()
     kwargs = {"delay": delay, "at": at, "id": task_id, "replace": replace}
     if not _call(q.schedule, payload, **kwargs):
         assert r.dbsize() == 0
-    r.flushall()
+    admin.flushall()
     if not _call(q.schedule_many, [dueq.Task(payload, id=task_id, at=at, delay=delay)]):
         assert r.dbsize() == 0
 
 
 @FUZZ
 @given(task_id=hostile, at=hostile, delay=hostile, limit=hostile, offset=hostile, lease=hostile)
-def test_readers_and_movers_raise_only_dueq_errors(q, r, task_id, at, delay, limit, offset, lease):
-    r.flushall()
+def test_readers_and_movers_raise_only_dueq_errors(
+    q, admin, task_id, at, delay, limit, offset, lease
+):
+    admin.flushall()
     q.schedule({"n": 1}, id="known")
     _call(q.get, task_id)
     _call(q.cancel, task_id)
@@ -111,9 +113,9 @@ def test_readers_and_movers_raise_only_dueq_errors(q, r, task_id, at, delay, lim
 @FUZZ
 @given(retry_in=hostile, seconds=hostile, delay=hostile, error=hostile)
 def test_settling_a_delivery_raises_only_dueq_errors_and_a_refusal_keeps_the_lease(
-    q, r, retry_in, seconds, delay, error
+    q, r, admin, retry_in, seconds, delay, error
 ):
-    r.flushall()
+    admin.flushall()
     q.schedule({"n": 1}, id="t")
     [d] = q.claim()
     _call(d.extend, seconds)

@@ -121,7 +121,7 @@ def test_the_loop_is_never_blocked_while_redis_is_paused(redis_server: RedisServ
                 gaps.append(now - last)
                 last = now
 
-        admin = redis_server.client()
+        admin = redis.Redis(host="127.0.0.1", port=redis_server.port)  # the default user
         admin.execute_command("CLIENT", "PAUSE", 1000, "WRITE")
         tick = asyncio.create_task(ticker())
         started = time.monotonic()

@@ -89,7 +89,17 @@ def test_file_lines_without_timing_take_the_delay_option_and_stdin_works(invoke,
         ('{"payload": 1, "at": "2030-01-01T00:00:00Z", "delay": 1}', "not both"),
         ('{"payload": 1, "id": ""}', "must not be empty"),
         ("[1]", "JSON object"),
+        ('{"payload": 1, "id": "\\ud800"}', "not valid Unicode"),
+        ('{"payload": "\\udc80"}', "not JSON-encodable"),
+        ('{"payload": ' + "[" * 100_000 + "]" * 100_000 + "}", "nests too deep"),
+        ('{"payload": ' + "[" * 200 + "]" * 200 + "}", "nests deeper than"),
+        ('{"payload": 1, "delay": ' + "9" * 400 + "}", "too large"),
+        ('{"payload": 1, "delay": 1e300}', "too large"),
+        ('{"payload": 1, "delay": 1e400}', "finite"),
+        ('{"payload": 1, "at": "0001-01-01T00:00:00Z"}', "outside 1970"),
+        ('{"payload": 1, "at": "1969-12-31T23:59:59Z"}', "outside 1970"),
     ],
+    ids=lambda v: v[:40] if isinstance(v, str) else None,
 )
 def test_a_bad_line_rejects_the_whole_file_with_its_line_number(
     invoke, r, tmp_path, bad_line, reason
@@ -101,6 +111,15 @@ def test_a_bad_line_rejects_the_whole_file_with_its_line_number(
     assert result.exit_code == 1
     line = one_error_line(result)
     assert "line 1501:" in line and reason in line and "nothing was scheduled" in line
+    assert r.dbsize() == 0
+
+
+def test_stdin_that_is_not_utf8_is_one_line_and_writes_nothing(invoke, r):
+    good = json.dumps({"payload": 1}).encode() + b"\n"
+    result = invoke("schedule", "q", "--file", "-", input=good * 1500 + b'{"payload": "\xff"}\n')
+    assert result.exit_code == 1
+    line = one_error_line(result)
+    assert "stdin is not UTF-8 text" in line and "nothing was scheduled" in line
     assert r.dbsize() == 0
 
 
@@ -160,6 +179,28 @@ def test_stats_without_a_queue_lists_every_queue(invoke, make_queue):
     assert result.exit_code == 0
     for name in ("alpha", "beta", "gamma"):
         assert f"│ {name}" in result.stdout
+
+
+def test_stats_skips_keys_that_no_dueq_queue_has(invoke, make_queue, r):
+    make_queue("real").schedule({})
+    for key in ("dueq:{}:x", "dueq:{a}b:c", b"dueq:{\xff}:due", "dueq:{bad\x1b}:due"):
+        r.set(key, "foreign")
+    r.set("dueq:{other}:not-a-dueq-key", "foreign")
+    result = invoke("stats")
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│ ")]
+    assert [row.split("│")[1].strip() for row in rows] == ["real"]
+
+
+def test_stats_of_every_queue_survives_one_queue_with_corrupted_data(invoke, make_queue, r):
+    make_queue("healthy").schedule({})
+    make_queue("broken").schedule({})
+    r.hset("dueq:{broken}:stats", "acked", "not a number")
+    r.zadd("dueq:{broken}:due", {"odd": float("-inf")})
+    result = invoke("stats")
+    assert result.exit_code == 0, result.output
+    assert "│ healthy " in result.stdout
+    assert "│ broken " in result.stdout or "skipped 'broken'" in result.stdout
 
 
 def test_stats_with_no_queues_says_so(invoke):

@@ -120,3 +120,20 @@ def test_the_handler_is_checked_before_connecting(invoke_here):
     )
     assert result.exit_code == 1
     assert "no attribute 'missing'" in result.stderr
+
+
+def test_worker_logs_show_escape_sequences_from_handler_errors_escaped(r, redis_server):
+    q = dueq.Queue("w", r)
+    q.schedule({}, id="evil\x1b[31m")
+    child = start_worker(redis_server, "w", "cli_handlers:hostile", "--max-attempts", "1")
+    try:
+        wait_for(lambda: q.dead.count() == 1, "the task to go dead")
+        child.send_signal(signal.SIGTERM)
+        _out, err = child.communicate(timeout=WAIT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    assert "\x1b" not in err and "\x9b" not in err and "\x07" not in err
+    assert "title \\x1b]0;pwned\\x07 clear \\x1b[2J" in err

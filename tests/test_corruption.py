@@ -82,9 +82,9 @@ def _build(q: dueq.Queue, clock) -> None:
 )
 @given(corruption=target)
 def test_corrupting_any_stored_value_never_crashes_and_never_blocks_other_tasks(
-    r: redis.Redis, clock, corruption
+    r: redis.Redis, admin: redis.Redis, clock, corruption
 ):
-    r.flushall()
+    admin.flushall()
     q = dueq.Queue(
         "c", r, clock=clock, lease=30, retry=dueq.RetryPolicy(max_attempts=3, wait=lambda s: 1)
     )

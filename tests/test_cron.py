@@ -451,14 +451,14 @@ def test_occurrence_ids_name_the_definition_and_slot():
 
 
 def test_an_occurrence_held_back_by_a_redis_error_advances_on_its_next_claim(
-    redis_server: RedisServer, r, frozen
+    redis_server: RedisServer, r, admin, frozen
 ):
     q = frozen_queue(r, lease=60, retry=dueq.RetryPolicy(max_attempts=3, wait=lambda s: 0))
     q.cron.add("n", "@hourly")
     frozen.tick(timedelta(hours=1))
     # A real Redis refusal after the claim: this user may run scripts but not HGET, which
     # the script that advances schedules needs (the claim script does not HGET here).
-    r.acl_setuser(
+    admin.acl_setuser(
         "nohget",
         enabled=True,
         passwords=["+pw"],
@@ -479,4 +479,4 @@ def test_an_occurrence_held_back_by_a_redis_error_advances_on_its_next_claim(
     definition = q.cron.get("n")
     assert definition is not None and definition.next_at == utc(2026, 1, 1, 2)
     refused.close()
-    r.acl_deluser("nohget")
+    admin.acl_deluser("nohget")

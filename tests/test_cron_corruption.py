@@ -317,9 +317,9 @@ CORRUPT_STATE_VALUES = st.one_of(
     delete_state=st.booleans(),
 )
 def test_random_corruption_never_crashes_a_claim_or_blocks_other_tasks(
-    make_queue, r, clock, definition, state, delete_state
+    make_queue, r, admin, clock, definition, state, delete_state
 ):
-    r.flushall()
+    admin.flushall()
     q = two_every_second(make_queue)
     if definition is not None:
         r.hset(q.keys.cron, "bad", definition)

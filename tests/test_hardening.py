@@ -334,11 +334,11 @@ def test_an_unreadable_attempt_record_of_an_expired_lease_goes_dead(make_queue, 
 
 
 def test_evicted_task_data_is_reported_by_stats_and_logged_when_claimed(
-    make_queue, r, caplog: pytest.LogCaptureFixture
+    make_queue, admin, caplog: pytest.LogCaptureFixture
 ):
     q = make_queue()
     q.schedule_many(dueq.Task({"n": i}) for i in range(50))
-    r.delete(K + "tasks")  # what allkeys-lru did to the whole hash
+    admin.delete(K + "tasks")  # what allkeys-lru did to the whole hash
     assert q.stats().missing == 50
     with caplog.at_level(logging.ERROR, logger="dueq.queue"):
         assert q.claim(limit=100) == []

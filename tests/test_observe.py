@@ -233,24 +233,26 @@ def test_heartbeat_accepts_a_timedelta(vq: dueq.Queue, ts: TestScheduler) -> Non
 
 
 def _check_server_logs(
-    q: dueq.Queue, r: redis.Redis, caplog: pytest.LogCaptureFixture, policy: str
+    q: dueq.Queue, admin: redis.Redis, caplog: pytest.LogCaptureFixture, policy: str
 ) -> list[logging.LogRecord]:
     """What ``check_server`` logs (INFO and up) with ``maxmemory-policy`` set to ``policy``."""
-    r.config_set("maxmemory-policy", policy)
+    admin.config_set("maxmemory-policy", policy)
     try:
         with caplog.at_level("INFO", logger="dueq"):
             q.check_server()
     finally:
-        r.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory-policy", "noeviction")
     return [rec for rec in caplog.records if rec.name.startswith("dueq")]
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random"])
 def test_a_policy_that_may_evict_any_key_warns_that_tasks_can_be_lost(
-    vq: dueq.Queue, r: redis.Redis, caplog: pytest.LogCaptureFixture, policy: str
+    vq: dueq.Queue, admin: redis.Redis, caplog: pytest.LogCaptureFixture, policy: str
 ) -> None:
     warnings = [
-        rec for rec in _check_server_logs(vq, r, caplog, policy) if rec.levelno >= logging.WARNING
+        rec
+        for rec in _check_server_logs(vq, admin, caplog, policy)
+        if rec.levelno >= logging.WARNING
     ]
     assert len(warnings) == 1
     message = warnings[0].getMessage()
@@ -261,9 +263,9 @@ def test_a_policy_that_may_evict_any_key_warns_that_tasks_can_be_lost(
     "policy", ["volatile-lru", "volatile-lfu", "volatile-random", "volatile-ttl"]
 )
 def test_a_policy_that_evicts_only_keys_with_a_ttl_does_not_warn_of_loss(
-    vq: dueq.Queue, r: redis.Redis, caplog: pytest.LogCaptureFixture, policy: str
+    vq: dueq.Queue, admin: redis.Redis, caplog: pytest.LogCaptureFixture, policy: str
 ) -> None:
-    records = _check_server_logs(vq, r, caplog, policy)
+    records = _check_server_logs(vq, admin, caplog, policy)
     assert [rec for rec in records if rec.levelno >= logging.WARNING] == []
     notes = [rec.getMessage() for rec in records if rec.levelno == logging.INFO]
     assert len(notes) == 1 and policy in notes[0] and "refuse" in notes[0]
@@ -271,30 +273,30 @@ def test_a_policy_that_evicts_only_keys_with_a_ttl_does_not_warn_of_loss(
 
 
 def test_noeviction_logs_nothing(
-    vq: dueq.Queue, r: redis.Redis, caplog: pytest.LogCaptureFixture
+    vq: dueq.Queue, admin: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert _check_server_logs(vq, r, caplog, "noeviction") == []
+    assert _check_server_logs(vq, admin, caplog, "noeviction") == []
 
 
 def test_a_consumer_warns_at_start_when_redis_may_evict_keys(
-    vq: dueq.Queue, ts: TestScheduler, r: redis.Redis, caplog: pytest.LogCaptureFixture
+    vq: dueq.Queue, ts: TestScheduler, admin: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    r.config_set("maxmemory-policy", "allkeys-lru")
+    admin.config_set("maxmemory-policy", "allkeys-lru")
     try:
         with caplog.at_level("WARNING"):
             _, errors, sub = collect(ts, vq)
             ts.advance_by(0.001)  # the first claim checks the server
             sub.dispose()  # type: ignore[attr-defined]
     finally:
-        r.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory-policy", "noeviction")
     assert errors == []
     assert any("noeviction" in rec.getMessage() for rec in caplog.records)
 
 
 @pytest.fixture
-def least_privileged(redis_server: RedisServer, r: redis.Redis) -> Iterator[redis.Redis]:
+def least_privileged(redis_server: RedisServer, admin: redis.Redis) -> Iterator[redis.Redis]:
     """A client for an ACL user that may run dueq's scripts but not INFO or CONFIG."""
-    r.acl_setuser(
+    admin.acl_setuser(
         "no-info",
         enabled=True,
         passwords=["+pw"],
@@ -307,7 +309,7 @@ def least_privileged(redis_server: RedisServer, r: redis.Redis) -> Iterator[redi
         yield client
     finally:
         client.close()
-        r.acl_deluser("no-info")
+        admin.acl_deluser("no-info")
 
 
 def test_a_consumer_without_info_or_config_permission_checks_the_server_and_claims(

@@ -189,13 +189,13 @@ def test_first_claimed_at_marks_the_start_of_the_retry_history(make_queue, clock
     assert (d2.claimed_ms - d2.first_claimed_ms) == 10_000
 
 
-def test_large_payloads_are_sent_in_batches_bounded_by_bytes(make_queue, r):
+def test_large_payloads_are_sent_in_batches_bounded_by_bytes(make_queue, admin):
     q = make_queue()  # default payload limit: 1 MiB
     big = "x" * (1024 * 1024 - 16)
     q.schedule("load the script first")  # so no NOSCRIPT retry is counted below
-    r.config_resetstat()
+    admin.config_resetstat()
     result = q.schedule_many(dueq.Task({"blob": big}, id=f"big{i}") for i in range(12))
-    calls = int(r.info("commandstats")["cmdstat_evalsha"]["calls"])
+    calls = int(admin.info("commandstats")["cmdstat_evalsha"]["calls"])
     assert result.added == 12
     assert calls == 2  # 12 MiB of tasks: two calls under the 8 MiB batch bound, not one
     assert q.get("big11").payload == {"blob": big}

@@ -19,14 +19,14 @@ KEY_COMMANDS = (
 )
 
 
-def test_scripts_recover_after_script_flush(make_queue, r):
+def test_scripts_recover_after_script_flush(make_queue, r, admin):
     q = make_queue()
     q.schedule("before")
-    r.script_flush()
+    admin.script_flush()
     assert r.script_exists(q._scripts._scripts["claim"].sha) == [False]
     [d] = q.claim()
     d.ack()
-    r.script_flush()
+    admin.script_flush()
     q.schedule("after")
     assert [d.payload for d in q.claim()] == ["after"]
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import hypothesis.strategies as st
 import pytest
+import redis
 from hypothesis import event, settings
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -101,7 +102,7 @@ def build_machine(server: RedisServer) -> type[RuleBasedStateMachine]:
         def __init__(self) -> None:
             super().__init__()
             self.client = server.client()
-            self.client.flushall()
+            redis.Redis(host="127.0.0.1", port=server.port).flushall()  # the admin user
             self.clock = MsClock(START_MS)
             self.max_attempts = MAX_ATTEMPTS[-1]
             self.dead_max_count = DEAD_MAX_COUNTS[0]

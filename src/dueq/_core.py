@@ -270,9 +270,10 @@ class QueueCore:
         """Check the Redis server once: refuse versions before 6.2, and say what its
         ``maxmemory-policy`` means for the queue (see ``log_eviction_policy``).
 
-        A least-privileged consumer needs neither INFO nor CONFIG: without INFO the version
-        comes from ``HELLO`` (which every user may send); a check Redis refuses is skipped with
-        a debug line.
+        A least-privileged consumer needs neither INFO nor CONFIG: the version comes from
+        ``INFO server`` or else ``HELLO`` (which every user may send), the policy from
+        ``INFO memory`` or else ``CONFIG GET``; a check Redis refuses is skipped with a debug
+        line.
         """
         version: str | None
         try:
@@ -286,12 +287,17 @@ class QueueCore:
                 version = None
         server_version_ok(version)
         self._server_checked = True
-        try:
-            found = yield protocol.command("CONFIG GET", "maxmemory-policy", parse=_pairs)
-        except redis.ResponseError as exc:  # CONFIG disabled (managed services) or no +config
-            logger.debug("cannot read maxmemory-policy (%s); skipping the eviction check", exc)
-            return
-        log_eviction_policy(found.get("maxmemory-policy"))
+        try:  # INFO memory names the policy too, and needs no CONFIG (which can read secrets)
+            memory = yield protocol.command("INFO", "memory")
+            policy = memory.get("maxmemory_policy")
+        except redis.ResponseError:  # no +info (or INFO renamed): try CONFIG GET
+            try:
+                found = yield protocol.command("CONFIG GET", "maxmemory-policy", parse=_pairs)
+            except redis.ResponseError as exc:  # CONFIG disabled (managed services) too
+                logger.debug("cannot read maxmemory-policy (%s); skipping the check", exc)
+                return
+            policy = found.get("maxmemory-policy")
+        log_eviction_policy(policy)
 
     # -- scheduling --------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
+from .acl import acl
 from .cron import cron
 from .dead import dead
 from .demo import demo
@@ -30,7 +31,7 @@ def cli(settings: Settings, debug: bool) -> None:
     settings.debug = debug
 
 
-for command in (schedule, worker, stats, dead, cron, demo):
+for command in (schedule, worker, stats, dead, cron, acl, demo):
     cli.add_command(command)
 
 

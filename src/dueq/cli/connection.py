@@ -2,7 +2,16 @@
 
 Every command takes ``--redis-url`` (default ``$DUEQ_REDIS_URL``, else
 ``redis://127.0.0.1:6379/0`` as redis-cli assumes) or ``--embedded`` (a throwaway local
-redis-server, stopped when the command ends). Passwords never appear in messages.
+redis-server, stopped when the command ends). Passwords never appear in messages: ``shown_url``
+masks the user-info password and every query parameter named ``*password*``, ``*secret*`` or
+``*token*``, and the error
+reporter masks the URL's secrets wherever else they might appear (``url_secrets``).
+
+Redis Sentinel: ``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]``
+(``rediss+sentinel://`` for TLS) asks the Sentinels for the primary of ``service`` and asks
+again after a failover, so ``dueq worker`` follows it (redis-py's ``Sentinel.master_for``;
+the worker waits out the outage as for any lost connection). The user-info credentials are
+the data nodes'; ``?sentinel_password=`` (and ``sentinel_username``) are the Sentinels' own.
 """
 
 from __future__ import annotations
@@ -11,30 +20,72 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import click
 import redis
+import redis.sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from ..keys import PREFIX, QueueKeys
+from ..exceptions import ConfigurationError
+from ..keys import PREFIX, QueueKeys, validate_queue_name
 from ..queue import Queue
 from ..server import RedisServer
-from ..snapshot import text
-from .errors import CliError
+from .errors import CliError, Settings
+from .output import safe
 
 ENV_URL = "DUEQ_REDIS_URL"
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 CONNECT_TIMEOUT_S = 5.0
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+DEFAULT_SENTINEL_PORT = 26379
+MASK = "***"
+
+
+def _is_secret_parameter(name: str) -> bool:
+    return "password" in name.lower() or "secret" in name.lower() or "token" in name.lower()
+
+
+def _split_netloc(netloc: str) -> tuple[str | None, str | None, str]:
+    """(user, password, hosts) of a URL's netloc; the hosts part may list several."""
+    userinfo, at, hosts = netloc.rpartition("@")
+    if not at:
+        return None, None, netloc
+    user, colon, password = userinfo.partition(":")
+    return user, (password if colon else None), hosts
 
 
 def shown_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+    """``url`` with every password replaced by ``***``, for messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not even a URL: show nothing of it that could be a secret
+        return "<unparsable URL>"
+    user, password, hosts = _split_netloc(parts.netloc)
+    netloc = parts.netloc if password is None else f"{user}:{MASK}@{hosts}"
+    query = "&".join(
+        f"{name}={MASK}" if value and _is_secret_parameter(unquote(name)) else item
+        for item in parts.query.split("&")
+        for name, _, value in [item.partition("=")]
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def url_secrets(url: str) -> set[str]:
+    """Every password in ``url`` as written and percent-decoded, for the error reporter."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return {url}
+    _, password, _ = _split_netloc(parts.netloc)
+    found = {password} if password else set()
+    found |= {
+        value
+        for name, _, value in (item.partition("=") for item in parts.query.split("&"))
+        if value and _is_secret_parameter(unquote(name))
+    }
+    return {form for secret in found for form in (secret, unquote(secret)) if form}
 
 
 def _reason(exc: BaseException) -> str:
@@ -73,9 +124,9 @@ class RedisTarget:
             server = RedisServer().start()
             ctx.call_on_close(server.stop)
             url = server.url
-        shown = shown_url(url)
+        shown = safe(shown_url(url))
         try:
-            client = redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S)
+            client = client_from_url(url)
         except ValueError as exc:
             raise CliError(f"bad Redis URL {shown}: {exc}") from exc
         ctx.call_on_close(client.close)
@@ -83,11 +134,74 @@ class RedisTarget:
             client.ping()
         except redis.AuthenticationError as exc:
             raise CliError(f"Redis at {shown} refused the credentials: {exc}") from exc
+        except redis.sentinel.MasterNotFoundError as exc:
+            raise CliError(f"the Sentinels at {shown} name no primary: {exc}") from exc
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise CliError(f"cannot reach Redis at {shown}: {_reason(exc)}") from exc
         except redis.RedisError as exc:
             raise CliError(f"Redis at {shown} refused PING: {exc}") from exc
         return Connection(client, url, shown, self.embedded)
+
+
+def client_from_url(url: str) -> redis.Redis:
+    """A client for a ``redis://``, ``rediss://``, ``unix://`` or Sentinel URL (ValueError
+    when the URL cannot be read)."""
+    scheme = url.partition("://")[0].lower()
+    if scheme in SENTINEL_SCHEMES:
+        return _sentinel_client(url, tls=scheme.startswith("rediss"))
+    return redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S)
+
+
+def _host_port(item: str) -> tuple[str, int]:
+    host, port = item, ""
+    if item.startswith("["):  # [IPv6]:port
+        host, _, rest = item[1:].partition("]")
+        port = rest.removeprefix(":")
+    elif ":" in item:
+        host, _, port = item.rpartition(":")
+    if not host:
+        raise ValueError(f"no host in {item!r}")
+    if not port:
+        return host, DEFAULT_SENTINEL_PORT
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad port in {item!r}")
+    return host, int(port)
+
+
+def _sentinel_client(url: str, *, tls: bool) -> redis.Redis:
+    """The primary of the URL's service, found (and found again after a failover) through
+    the Sentinels the URL lists."""
+    parts = urlsplit(url)
+    user, password, hosts = _split_netloc(parts.netloc)
+    nodes = [_host_port(item) for item in hosts.split(",") if item]
+    if not nodes:
+        raise ValueError("a Sentinel URL lists host:port[,host:port...]")
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError("a Sentinel URL ends in /service_name or /service_name/db")
+    query = dict(parse_qsl(parts.query))
+    unknown = sorted(set(query) - {"sentinel_password", "sentinel_username"})
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {', '.join(unknown)}")
+    common: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "ssl": tls}
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        nodes,
+        sentinel_kwargs={
+            **common,
+            # a Sentinel that is down is skipped at once for the next (no retries with backoff)
+            "retry": Retry(NoBackoff(), 0),
+            "username": query.get("sentinel_username"),
+            "password": query.get("sentinel_password"),
+        },
+        **common,
+    )
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        path[0],
+        username=unquote(user) if user else None,
+        password=unquote(password) if password is not None else None,
+        db=int(path[1]) if len(path) == 2 else 0,
+    )
+    return client
 
 
 def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -101,6 +215,9 @@ def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
             and ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE
         ):
             raise click.UsageError("--redis-url and --embedded exclude each other")
+        settings = ctx.find_object(Settings)
+        if settings is not None:
+            settings.secrets |= url_secrets(redis_url)
         return command(*args, target=RedisTarget(redis_url, embedded), **kwargs)
 
     wrapper = click.option(
@@ -114,17 +231,52 @@ def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
         default=DEFAULT_URL,
         show_default=True,
         metavar="URL",
-        help=f"Redis to use (redis:// or rediss://); also ${ENV_URL}.",
+        help=f"Redis to use (redis://, rediss://, unix:// or redis+sentinel://HOST:PORT[,...]"
+        f"/SERVICE); also ${ENV_URL}.",
     )(wrapper)
 
 
-def queue_names(client: redis.Redis) -> list[str]:
-    """Names of the queues with any key in this database (SCAN, incremental)."""
+#: What follows ``dueq:{<queue>}:`` in the name of each key a queue has.
+KEY_SUFFIXES = frozenset(
+    key.removeprefix("dueq:{x}:")
+    for key in vars(QueueKeys.for_queue("x")).values()
+    if key.startswith("dueq:{x}:")
+)
+
+
+def queue_of_key(key: bytes | str) -> str | None:
+    """The queue whose key this is, or None for a key no dueq queue has (``dueq:{}:x``,
+    ``dueq:{a}b:c``, a name that is not UTF-8 or not a valid queue name, an unknown suffix)."""
+    try:
+        name = key.decode("utf-8") if isinstance(key, bytes) else key
+    except UnicodeDecodeError:
+        return None
     start = f"{PREFIX}:{{"
-    names = {
-        key[len(start) : key.index("}:")]
-        for key in (text(k) for k in client.scan_iter(match=f"{start}*}}:*", count=1000))
-    }
+    if not name.startswith(start):
+        return None
+    queue, close, suffix = name[len(start) :].partition("}:")
+    if not close or suffix not in KEY_SUFFIXES:
+        return None
+    try:
+        return validate_queue_name(queue)
+    except ConfigurationError:
+        return None
+
+
+def queue_names(client: redis.Redis) -> list[str]:
+    """Names of the queues with any key in this database (SCAN, incremental); keys that are
+    not a dueq queue's are skipped. CliError when this user may not SCAN."""
+    start = f"{PREFIX}:{{"
+    try:
+        names = {
+            queue
+            for key in client.scan_iter(match=f"{start}*}}:*", count=1000)
+            if (queue := queue_of_key(key)) is not None
+        }
+    except redis.exceptions.NoPermissionError as exc:
+        raise CliError(
+            f"this Redis user may not SCAN to find queues ({exc}); name the queue instead"
+        ) from exc
     return sorted(names)
 
 

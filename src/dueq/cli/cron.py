@@ -12,7 +12,7 @@ from ..cron import DEFAULT_MAX_MISSED, MAX_MISSED_LIMIT, MissedPolicy
 from ..queue import Queue
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
-from .output import console, titled_table, when
+from .output import console, safe, titled_table, when
 from .task_input import parse_json
 
 PAYLOAD_WIDTH = 40
@@ -26,7 +26,7 @@ def _payload(_ctx: click.Context, _param: click.Parameter, value: str) -> Any:
 
 
 def _short(payload: Any) -> str:
-    shown = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    shown = safe(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
     return shown if len(shown) <= PAYLOAD_WIDTH else shown[: PAYLOAD_WIDTH - 1] + "…"
 
 
@@ -108,9 +108,9 @@ def list_cron(queue: str, target: RedisTarget) -> None:
     for d in definitions:
         missed = f"all (max {d.max_missed})" if d.missed == "all" else d.missed
         table.add_row(
-            d.name,
-            d.expr,
-            d.tz,
+            safe(d.name),
+            safe(d.expr),
+            safe(d.tz),
             missed,
             when(d.next_at, now),
             when(d.last_fired_at, now),

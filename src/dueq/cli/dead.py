@@ -13,7 +13,7 @@ from ..queue import Queue
 from ..task import ErrorRecord, TaskInfo
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
-from .output import console, steps, titled_table, when
+from .output import console, safe, safe_lines, steps, titled_table, when
 
 #: Dead tasks moved per script call by ``replay --all`` / ``purge --all``.
 BATCH = 1000
@@ -35,7 +35,7 @@ def _last_error(info: TaskInfo) -> str:
     if not info.errors:
         return "-"
     e = info.errors[-1]
-    line = f"{e.type}: {e.message}".splitlines()[0]
+    line = safe((f"{e.type}: {e.message}".splitlines() or [""])[0])
     return line if len(line) <= ERROR_WIDTH else line[: ERROR_WIDTH - 1] + "…"
 
 
@@ -62,7 +62,7 @@ def list_dead(queue: str, limit: int, target: RedisTarget) -> None:
     columns = ("id", "attempts", "died", "last error")
     table = titled_table(f"dead tasks of {queue!r}: {total}", columns, right={"attempts"})
     for info in infos:
-        table.add_row(info.id, str(info.attempt), when(info.died_at, now), _last_error(info))
+        table.add_row(safe(info.id), str(info.attempt), when(info.died_at, now), _last_error(info))
     out.print(table)
     if total > len(infos):
         out.print(f"showing {len(infos)} of {total}; --limit shows more")
@@ -70,9 +70,10 @@ def list_dead(queue: str, limit: int, target: RedisTarget) -> None:
 
 def _error_lines(e: ErrorRecord) -> list[str]:
     at = f" at {e.at:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z" if e.at else ""
-    lines = [f"  attempt {e.attempt}{at}: {e.type}: {e.message}"]
+    message, *more = safe_lines(f"{e.type}: {e.message}") or [""]
+    lines = [f"  attempt {e.attempt}{at}: {message}", *("    " + line for line in more)]
     if e.traceback:
-        lines += ["    " + line for line in e.traceback.rstrip().splitlines()]
+        lines += ["    " + line for line in safe_lines(e.traceback.rstrip())]
     return lines
 
 
@@ -86,10 +87,11 @@ def show_dead(queue: str, ids: tuple[str, ...], target: RedisTarget) -> None:
     out = console()
     now = datetime.now(timezone.utc)
     for info in _dead_tasks(q, ids):
-        out.print(f"id: {info.id}")
+        out.print(f"id: {safe(info.id)}")
         out.print(f"attempts: {info.attempt}    died: {when(info.died_at, now)}")
         out.print("payload:")
-        out.print(json.dumps(info.payload, indent=2, ensure_ascii=False), soft_wrap=True)
+        payload = json.dumps(info.payload, indent=2, ensure_ascii=False)
+        out.print("\n".join(safe_lines(payload)), soft_wrap=True)
         out.print(f"errors ({len(info.errors)}):")
         for e in info.errors:
             out.print("\n".join(_error_lines(e)), soft_wrap=True)

@@ -3,6 +3,10 @@
 Exit codes: 0 success, 1 a runtime error (Redis unreachable, bad task file, unknown queue,
 handler that cannot be imported, ...), 2 a usage error (bad or missing option or argument),
 130 interrupted by Ctrl-C.
+
+Every error line (and the traceback of ``--debug``) has the Redis URL's passwords masked
+(``Settings.secrets``, filled by ``--redis-url``) and control characters escaped
+(``output.safe``): an id or a Redis error message must not drive the terminal.
 """
 
 from __future__ import annotations
@@ -11,13 +15,14 @@ import json
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
 import redis
 
 from ..exceptions import DueqError
+from .output import safe_lines
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -32,6 +37,19 @@ class Settings:
     """Options of the ``dueq`` group that every command sees (``ctx.obj``)."""
 
     debug: bool = False
+    #: Passwords of the command's Redis URL: never printed.
+    secrets: set[str] = field(default_factory=set)
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret replaced by ``***``, longest first."""
+        for secret in sorted(self.secrets, key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
+
+    def echo_error(self, text: str) -> None:
+        """Print ``text`` on stderr, secrets masked and each line made safe for a terminal."""
+        for line in safe_lines(self.redact(text)) or [""]:
+            click.echo(line, err=True)
 
 
 def describe(exc: BaseException) -> str | None:
@@ -70,27 +88,27 @@ class DueqGroup(click.Group):
             code = exc.exit_code
         except click.Abort as exc:  # click turns Ctrl-C and end of input into Abort
             interrupted = isinstance(exc.__cause__, KeyboardInterrupt)
-            click.echo(f"error: {'interrupted' if interrupted else 'aborted'}", err=True)
+            settings.echo_error(f"error: {'interrupted' if interrupted else 'aborted'}")
             code = EXIT_INTERRUPTED if interrupted else EXIT_ERROR
         except click.UsageError as exc:
             hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-            click.echo(f"error: {exc.format_message()}{hint}", err=True)
+            settings.echo_error(f"error: {exc.format_message()}{hint}")
             code = exc.exit_code
         except Exception as exc:
-            code = report(exc, settings.debug)
+            code = report(exc, settings)
         if standalone_mode:
             sys.exit(code)
         return code
 
 
-def report(exc: Exception, debug: bool) -> int:
-    """Print ``exc`` as one line (after its traceback when ``debug``); the exit code."""
-    if debug:
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+def report(exc: Exception, settings: Settings) -> int:
+    """Print ``exc`` as one line (after its traceback with ``--debug``); the exit code."""
+    if settings.debug:
+        settings.echo_error("".join(traceback.format_exception(exc)).rstrip("\n"))
     message = describe(exc)
     if message is None:
         message = f"unexpected {type(exc).__name__}: {exc}"
-        if not debug:
+        if not settings.debug:
             message += " (run with --debug for the traceback)"
-    click.echo(f"error: {message}", err=True)
+    settings.echo_error(f"error: {' '.join(message.splitlines())}")
     return exc.exit_code if isinstance(exc, click.ClickException) else EXIT_ERROR

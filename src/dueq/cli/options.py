@@ -20,3 +20,22 @@ def seconds_option(
         metavar="SECONDS",
         help=help,
     )
+
+
+def replication_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--wait-replicas N`` and ``--wait-timeout SECONDS``, passed to ``dueq.Queue``."""
+    command = seconds_option(
+        "--wait-timeout",
+        1.0,
+        "With --wait-replicas: how long a change waits for the replicas.",
+        low=0.001,
+    )(command)
+    return click.option(
+        "--wait-replicas",
+        type=click.IntRange(0, 100),
+        default=0,
+        show_default=True,
+        metavar="N",
+        help="Wait until N replicas have each change that must survive a failover (Redis "
+        "WAIT); schedule fails when fewer confirm, a worker logs it.",
+    )(command)

@@ -1,4 +1,12 @@
-"""Shared output: a rich console, time formatting and a progress bar that stays quiet in pipes."""
+"""Shared output: a rich console, time formatting and a progress bar that stays quiet in pipes.
+
+Everything the command line prints that came from Redis or from a user (ids, payloads,
+error types, messages and tracebacks, queue and cron names, error messages) goes through
+``safe``: a task id or an exception message can hold terminal escape sequences (``ESC [2J``
+clears the screen, ``ESC ]`` sets the window title or a link, a C1 ``CSI`` does the same in
+one byte) and bidirectional overrides that make text read differently than it is. Those are
+shown escaped (``\x1b``, ``\u202e``), never sent to the terminal.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,7 @@ import os
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from functools import cache
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -13,6 +22,28 @@ from rich.table import Table
 
 #: Width of tables when stdout is not a terminal (rich would otherwise assume 80 columns).
 PIPE_WIDTH = 160
+
+
+@cache
+def _escaped(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def safe(value: object) -> str:
+    """``value`` as text a terminal shows as it is: every character that is not printable
+    (control characters, C1 codes, bidi overrides, lone surrogates, line breaks) escaped."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():  # the usual case, at C speed
+        return text
+    return "".join(ch if ch.isprintable() else _escaped(ch) for ch in text)
+
+
+def safe_lines(value: object) -> list[str]:
+    """``value``'s lines, each made ``safe`` (for tracebacks and other multi-line text)."""
+    return [safe(line) for line in str(value).splitlines()]
 
 
 def console() -> Console:

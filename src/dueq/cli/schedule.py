@@ -9,11 +9,13 @@ from datetime import datetime
 
 import click
 
+from ..exceptions import ReplicationTimeout
 from ..queue import SCHEDULE_BATCH, Queue
 from ..task import ScheduleResult, Task
 from .connection import RedisTarget, redis_options
 from .errors import CliError
-from .output import console, steps
+from .options import replication_options
+from .output import console, safe, steps
 from .task_input import BadLine, Timing, checked_task, parse_json, parse_time, tasks_from_lines
 
 
@@ -30,8 +32,14 @@ def _due_time(_ctx: click.Context, _param: click.Parameter, value: str | None) -
 def _line_source(path: str) -> Callable[[], Iterator[str]]:
     """A way to read the file's lines twice (check, then schedule); stdin is read once."""
     if path == "-":
-        lines = sys.stdin.read().splitlines()
-        return lambda: iter(lines)
+        lines: list[str] = []
+
+        def read_stdin() -> Iterator[str]:  # once, inside the caller's check of the text
+            if not lines:
+                lines.extend(sys.stdin.read().splitlines())
+            return iter(lines)
+
+        return read_stdin
 
     def read() -> Iterator[str]:
         with open(path, encoding="utf-8") as f:
@@ -58,7 +66,13 @@ def _schedule_file(q: Queue, path: str, default: Timing, replace: bool) -> Sched
     added = existing = replaced = 0
     with steps(console(), total, f"scheduling into {q.name}") as progress:
         for chunk in _chunks(tasks_from_lines(lines(), default)):
-            result = q.schedule_many(chunk, replace=replace)
+            try:
+                result = q.schedule_many(chunk, replace=replace)
+            except ReplicationTimeout as exc:
+                raise CliError(
+                    f"{exc}; the first {added + existing + len(chunk)} of {total} task(s) are "
+                    "on the primary; scheduling the file again adds only the missing ones"
+                ) from exc
             added, existing = added + result.added, existing + result.existing
             replaced += result.replaced
             progress.advance(len(chunk))
@@ -83,6 +97,7 @@ def _schedule_file(q: Queue, path: str, default: Timing, replace: bool) -> Sched
     help="Schedule every task of a JSON Lines file ('-' for stdin).",
 )
 @click.option("--replace", is_flag=True, help="Overwrite tasks whose id already exists.")
+@replication_options
 @redis_options
 def schedule(
     queue: str,
@@ -92,6 +107,8 @@ def schedule(
     task_id: str | None,
     path: str | None,
     replace: bool,
+    wait_replicas: int,
+    wait_timeout: float,
     target: RedisTarget,
 ) -> None:
     """Schedule a task with a JSON payload, or the tasks of a file.
@@ -116,7 +133,8 @@ def schedule(
             task = checked_task(parse_json(payload), task_id, timing)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
-    q = Queue(queue, target.open().client)
+    client = target.open().client
+    q = Queue(queue, client, wait_replicas=wait_replicas, wait_timeout=wait_timeout)
     if path is not None:
         result = _schedule_file(q, path, timing, replace)
         click.echo(
@@ -127,4 +145,4 @@ def schedule(
     result = q.schedule_many([task], replace=replace)
     if result.existing:
         click.echo(f"task {result.ids[0]!r} already exists in {queue!r}; left unchanged", err=True)
-    click.echo(result.ids[0])
+    click.echo(safe(result.ids[0]))

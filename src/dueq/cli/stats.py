@@ -7,34 +7,48 @@ import itertools
 import time
 
 import click
+import redis
+from rich.console import Group
 from rich.live import Live
-from rich.table import Table
 
+from ..exceptions import DueqError
 from ..queue import Queue
 from ..task import QueueStats
 from .connection import Connection, RedisTarget, queue_names, redis_options, require_queue
 from .options import seconds_option
-from .output import console, seconds, titled_table, when
+from .output import console, safe, seconds, titled_table, when
 
 #: Lifetime counters shown next to the current states.
 COUNTERS = ("acked", "retried", "expired")
 
 
-def stats_table(conn: Connection, names: list[str]) -> Table:
-    """One row per queue: counts per state, next due time, lag of the oldest due task."""
+def stats_table(conn: Connection, names: list[str]) -> Group:
+    """One row per queue: counts per state, next due time, lag of the oldest due task.
+
+    A queue this Redis user may not read, or whose stats cannot be read, is left out with a
+    note under the table, so one queue never fails the whole command.
+    """
     counts = ("scheduled", "due now", "leased", "dead", *COUNTERS)
     columns = ("queue", *counts, "next due", "oldest due lag")
     table = titled_table(f"dueq queues at {conn.shown}", columns, right={*counts, "oldest due lag"})
+    notes: list[str] = []
     for name in names:
-        s: QueueStats = Queue(name, conn.client).stats()
+        try:
+            s: QueueStats = Queue(name, conn.client).stats()
+        except redis.exceptions.NoPermissionError:
+            notes.append(f"skipped {safe(repr(name))}: this Redis user may not read it")
+            continue
+        except (redis.ResponseError, DueqError, ValueError) as exc:  # corrupted data
+            notes.append(f"skipped {safe(repr(name))}: cannot read its stats: {safe(exc)}")
+            continue
         table.add_row(
-            name,
+            safe(name),
             *(str(n) for n in (s.scheduled, s.due_now, s.leased, s.dead)),
             *(str(s.counters.get(c, 0)) for c in COUNTERS),
             when(s.next_due_at, s.now),
             seconds(s.oldest_due_lag_s) if s.due_now else "-",
         )
-    return table
+    return Group(table, *notes) if notes else Group(table)
 
 
 def _queues(conn: Connection, queue: str | None) -> list[str]:
@@ -64,9 +78,9 @@ def stats(
     conn = target.open()
     out = console()
 
-    def render() -> Table | str:
+    def render() -> Group | str:
         names = _queues(conn, queue)
-        return stats_table(conn, names) if names else f"no dueq queues at {conn.shown}"
+        return stats_table(conn, names) if names else f"no dueq queues at {safe(conn.shown)}"
 
     if not watch:
         out.print(render())

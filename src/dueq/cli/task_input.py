@@ -3,12 +3,17 @@
 A task file has one JSON object per line: ``{"payload": ..., "id": "...", "at": "ISO time"}``
 or ``"delay": seconds`` instead of ``at``; only ``payload`` is required, blank lines are
 skipped. Every line is checked before anything is written, so a bad line rejects the file.
+
+The checks are the library's own (``validate_id``, ``duration_ms``, ``datetime_ms``,
+``encode_envelope``: lone surrogates, numbers beyond float range, times outside 1970..9999,
+payloads nested too deep), run per line so that the error can name the line. JSON parsing
+itself can raise RecursionError (a line nested thousands deep) besides ValueError; both
+become the line's error, never "unexpected".
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,6 +36,8 @@ def parse_json(text: str) -> Any:
         return json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
+    except RecursionError:  # arrays/objects nested deeper than Python's recursion limit
+        raise ValueError("JSON nests too deep (arrays/objects thousands of levels)") from None
 
 
 def parse_time(text: str) -> datetime:
@@ -52,7 +59,7 @@ class Timing:
     """When a task is due: ``at``, after ``delay`` seconds, or (neither) now."""
 
     at: datetime | None = None
-    delay: float | None = None
+    delay: float | int | None = None
 
 
 def checked_task(payload: Any, task_id: str | None, timing: Timing) -> Task:
@@ -88,9 +95,9 @@ def task_from_line(line: str, default: Timing) -> Task:
             raise ValueError(f'"at" must be an ISO-8601 string, got {at!r}')
         timing = Timing(at=parse_time(at))
     elif delay is not None:
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or math.isnan(delay):
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)):
             raise ValueError(f'"delay" must be a number of seconds, got {delay!r}')
-        timing = Timing(delay=float(delay))
+        timing = Timing(delay=delay)  # checked by duration_ms: an int may be beyond float range
     else:
         timing = default
     return checked_task(item["payload"], task_id, timing)
@@ -111,5 +118,5 @@ def tasks_from_lines(lines: Iterable[str], default: Timing) -> Iterator[Task]:
             continue
         try:
             yield task_from_line(line, default)
-        except ValueError as exc:
-            raise BadLine(number, str(exc)) from None
+        except (ValueError, RecursionError, OverflowError) as exc:  # any bad value on a line
+            raise BadLine(number, str(exc) or type(exc).__name__) from None

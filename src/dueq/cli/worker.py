@@ -16,7 +16,20 @@ from ..retry import RetryPolicy
 from ..worker import Worker
 from .connection import RedisTarget, redis_options
 from .errors import CliError, Settings
-from .options import seconds_option
+from .options import replication_options, seconds_option
+from .output import safe, safe_lines
+
+
+class SafeFormatter(logging.Formatter):
+    """Log lines fit for a terminal: the Redis URL's secrets masked and control characters
+    (from task ids and handler error messages) escaped, as everywhere in the CLI."""
+
+    def __init__(self, settings: Settings, fmt: str) -> None:
+        super().__init__(fmt)
+        self._settings = settings
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(safe_lines(self._settings.redact(super().format(record))))
 
 
 class HandlerImportError(CliError):
@@ -68,6 +81,7 @@ def load_handler(spec: str) -> Callable[..., Any]:
     "--lease", 30.0, "How long a task is held before another worker may take it.", low=0.001
 )
 @seconds_option("--grace", 30.0, "On SIGINT/SIGTERM, time running handlers get to finish.")
+@replication_options
 @redis_options
 @click.pass_obj
 def worker(
@@ -78,6 +92,8 @@ def worker(
     max_attempts: int,
     lease: float,
     grace: float,
+    wait_replicas: int,
+    wait_timeout: float,
     target: RedisTarget,
 ) -> None:
     """Run HANDLER on the tasks of QUEUE until SIGINT or SIGTERM.
@@ -89,15 +105,21 @@ def worker(
     """
     function = load_handler(handler)
     conn = target.open()
-    q = Queue(queue, conn.client, retry=RetryPolicy(max_attempts=max_attempts), lease=lease)
-    logging.basicConfig(
-        level=logging.DEBUG if settings.debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    q = Queue(
+        queue,
+        conn.client,
+        retry=RetryPolicy(max_attempts=max_attempts),
+        lease=lease,
+        wait_replicas=wait_replicas,
+        wait_timeout=wait_timeout,
     )
+    log = logging.StreamHandler(sys.stderr)
+    log.setFormatter(SafeFormatter(settings, "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if settings.debug else logging.INFO, handlers=[log])
     w = Worker(q, function, concurrency=concurrency, grace=grace)
     click.echo(
-        f"worker on {queue!r} at {conn.shown}: {handler}, concurrency {concurrency}", err=True
+        f"worker on {queue!r} at {conn.shown}: {safe(handler)}, concurrency {concurrency}",
+        err=True,
     )
     w.run()
     summary = ", ".join(f"{kind}={count}" for kind, count in sorted(w.outcomes.items()))

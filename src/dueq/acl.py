@@ -1,0 +1,166 @@
+"""Least-privilege Redis ACL rules for the three jobs around a dueq queue.
+
+``acl_rule(role, queue_pattern)`` returns the rule for one role: key patterns
+(``~dueq:{PATTERN}:*``), the wake channel (``&dueq:{PATTERN}:wake``) and the commands the
+library really sends for that role, ready to follow ``ACL SETUSER <name> reset on >password``.
+
+Where the command list comes from: Redis 7 checks ACL permissions on every ``redis.call``
+inside a script (commands and keys), so a role needs EVALSHA and SCRIPT LOAD (redis-py's
+fall-back on NOSCRIPT) plus every command the role's Lua scripts call. Those are read from
+the scripts themselves (each script is ``_prelude.lua`` + its own file), so a script that
+starts calling a new command changes the rule with it. The commands sent from Python are
+listed by hand below, per role; ``tests/test_acl.py`` runs each role's operations as a user
+with exactly this rule against a real server, so a missing command fails a test.
+
+What this does and does not separate (the README says it for users):
+
+* Queue from queue, and the server from the queue: a user with the rule for ``emails``
+  cannot read or write another queue's keys (also not from inside a script: Redis checks key
+  permissions on every ``redis.call``), and cannot FLUSHALL, CONFIG SET, KEYS, DEBUG, ...
+* Role from role within one queue: not enforced by Redis. Every role may run EVALSHA and
+  SCRIPT LOAD, and every data command its scripts need is allowed directly on the queue's
+  keys, so a producer could, with its own Lua or plain ZADD/HDEL, do what a consumer or an
+  operator does on the same queue. The roles still keep each job to the commands it needs
+  (a producer cannot SUBSCRIBE or SCAN; only the operator may SCAN to discover queues).
+
+Chosen to leave out: ``CONFIG GET`` (it can read secrets such as ``masterauth``). A consumer
+that cannot read ``maxmemory-policy`` skips its eviction warning, so an administrator should
+check that setting. ``INFO`` (read-only server facts, no secrets) is given to the consumer for
+its server version check: it could do without (HELLO), but every start would leave a refusal
+in ``ACL LOG``, which operators watch for attacks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from .exceptions import ConfigurationError
+from .keys import PREFIX
+from .scripts import script_source
+
+Role = Literal["producer", "consumer", "operator"]
+ROLES: tuple[Role, ...] = get_args(Role)
+
+#: The Lua scripts each role runs (see dueq/lua).
+ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
+    # schedule / schedule_many, cancel, reschedule, get
+    "producer": ("schedule", "cancel", "reschedule", "inspect"),
+    # claim (with cron occurrences), ack, fail, extend, release, get
+    "consumer": ("claim", "cron_advance", "ack", "fail", "extend", "release", "inspect"),
+    # stats, get/list, dead list/count/replay/purge, cron add/list/remove, schedule (CLI)
+    "operator": (
+        "stats",
+        "inspect",
+        "dead",
+        "cron_add",
+        "cron_remove",
+        "schedule",
+        "cancel",
+        "reschedule",
+    ),
+}
+
+#: Commands sent from Python, per role (lower case, as ACL rules print them).
+#: Every role: PING (the CLI checks the connection), SELECT (a URL naming a database other
+#: than 0), EVALSHA + SCRIPT LOAD (redis-py's Script reloads on NOSCRIPT), SCRIPT EXISTS
+#: (a redis-py pipeline checks its scripts first: Queue(wait_replicas=N)) and WAIT.
+COMMON_COMMANDS = ("ping", "select", "evalsha", "script|load", "script|exists", "wait")
+PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
+    "producer": (),
+    # HMGET: cron definitions of claimed occurrences; SUBSCRIBE: the wake channel;
+    # INFO: the server version check at the first claim (INFO server; without it the
+    # library falls back to HELLO, and ACL LOG records the refused INFO of every start).
+    "consumer": ("hmget", "subscribe", "unsubscribe", "info"),
+    # SCAN + EXISTS: queue discovery and `dueq ... QUEUE` checks; ZCARD: dead.count();
+    # HGET/HGETALL/HMGET: cron list/get; TIME: cron add reads the server clock;
+    # ZSCAN: Spark's read of a queue.
+    "operator": ("scan", "exists", "zcard", "hget", "hgetall", "hmget", "time", "zscan"),
+}
+
+_CALL = re.compile(r"""(?:redis\.call|redis\.pcall|call_chunked)\(\s*['"]([A-Za-z]+)['"]""")
+
+
+@dataclass(frozen=True)
+class AclRule:
+    """The ACL rule of one role over the queues ``queue_pattern`` matches."""
+
+    role: Role
+    queue_pattern: str
+    keys: tuple[str, ...]
+    channels: tuple[str, ...]
+    commands: tuple[str, ...]
+    description: str
+
+    def tokens(self) -> list[str]:
+        """The ACL tokens, in order: key patterns, channel patterns, then ``+command``s."""
+        return [*self.keys, *self.channels, *(f"+{c}" for c in self.commands)]
+
+    def line(self) -> str:
+        """The tokens as one line, to append to ``ACL SETUSER <name> reset on >password``."""
+        return " ".join(self.tokens())
+
+
+def script_commands(name: str) -> set[str]:
+    """The Redis commands a dueq Lua script (with its prelude) can call, lower case."""
+    return {command.lower() for command in _CALL.findall(script_source(name))}
+
+
+def _validate_pattern(pattern: object) -> str:
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigurationError(f"queue pattern must be a non-empty string, got {pattern!r}")
+    if any(c in pattern for c in "{}") or any(c.isspace() for c in pattern):
+        raise ConfigurationError(
+            f"queue pattern {pattern!r} must not hold braces or white space "
+            "(use ? to match a space)"
+        )
+    if not pattern.isprintable():
+        raise ConfigurationError(f"queue pattern {pattern!r} must be printable")
+    return pattern
+
+
+DESCRIPTIONS: dict[Role, str] = {
+    "producer": "schedules, cancels, reschedules and looks up tasks (Queue.schedule*, "
+    "cancel, reschedule, get; dueq schedule)",
+    "consumer": "claims and settles tasks and hears the wake channel (Queue.claim, observe, "
+    "process, Worker; dueq worker)",
+    "operator": "reads stats, manages dead letters and cron, finds queues with SCAN "
+    "(Queue.stats, get, dead.*, cron.*; dueq stats, dead, cron)",
+}
+
+
+def acl_rule(role: str, queue_pattern: str = "*") -> AclRule:
+    """The minimal ACL rule for ``role`` (producer, consumer or operator) on the queues whose
+    names match the glob ``queue_pattern``; ConfigurationError for an unknown role or a
+    pattern an ACL rule cannot hold."""
+    if role not in ROLES:
+        raise ConfigurationError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    checked: Role = role
+    pattern = _validate_pattern(queue_pattern)
+    commands = set(COMMON_COMMANDS) | set(PYTHON_COMMANDS[checked])
+    for script in ROLE_SCRIPTS[checked]:
+        commands |= script_commands(script)
+    base = f"{PREFIX}:{{{pattern}}}:"
+    return AclRule(
+        role=checked,
+        queue_pattern=pattern,
+        keys=(f"~{base}*",),
+        channels=(f"&{base}wake",),
+        commands=tuple(sorted(commands)),
+        description=DESCRIPTIONS[checked],
+    )
+
+
+def acl_rules(role: str, queue_pattern: str = "*") -> list[str]:
+    """The ACL tokens of ``acl_rule(role, queue_pattern)``."""
+    return acl_rule(role, queue_pattern).tokens()
+
+
+def combined_rule(roles: tuple[str, ...] = ROLES, queue_pattern: str = "*") -> list[str]:
+    """The ACL tokens of one user that holds several roles (the union of their rules)."""
+    rules = [acl_rule(role, queue_pattern) for role in roles]
+    if not rules:
+        raise ConfigurationError("give at least one role")
+    commands = sorted({c for rule in rules for c in rule.commands})
+    return [*rules[0].keys, *rules[0].channels, *(f"+{c}" for c in commands)]

@@ -1,0 +1,323 @@
+"""Least privilege: the rules ``dueq acl`` prints, used as real Redis users.
+
+Each role's user is created from the CLI's last line on a redis-server of this file's own,
+does its job through the library and the CLI, and the server's ACL LOG shows what it was
+refused: nothing it needs, and everything outside its queue or its job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+import dueq
+from dueq.acl import ROLES, acl_rule, acl_rules, combined_rule, script_commands
+from dueq.cli import cli
+from dueq.operators import process
+from dueq.server import RedisServer
+
+PASSWORD = "acl-test-pw"
+QUEUE, OTHER = "emails", "billing"
+HERE = Path(__file__).parent
+#: Core, consumer and cron tests, run as the least-privilege user (conftest's DUEQ_TEST_ACL).
+SUITE = [
+    "test_claim.py",
+    "test_schedule.py",
+    "test_bad_input.py",
+    "test_observe.py",
+    "test_process.py",
+    "test_worker.py",
+    "test_cron.py",
+    "test_dead.py",
+    "test_retry.py",
+    "test_remember_done.py",
+    "test_scripts.py",
+    "test_state_machine.py",
+    "test_hardening.py",
+    "test_corruption.py",
+    "test_cron_corruption.py",
+    "test_async_queue.py",
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    s = RedisServer().start()
+    yield s
+    s.stop()
+
+
+def printed_rule(*args: str) -> str:
+    """The last line ``dueq acl ARGS`` prints."""
+    result = CliRunner().invoke(cli, ["acl", *args])
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()[-1]
+
+
+@pytest.fixture
+def admin(server: RedisServer) -> Iterator[redis.Redis]:
+    client = server.client()
+    client.flushall()
+    client.execute_command("ACL", "LOG", "RESET")
+    for role in ROLES:
+        rule = printed_rule(role, "--queue", QUEUE)
+        client.execute_command("ACL", "SETUSER", role, "reset", "on", f">{PASSWORD}", *rule.split())
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def login(server: RedisServer, admin: redis.Redis) -> Iterator[Callable[[str], redis.Redis]]:
+    clients: list[redis.Redis] = []
+
+    def make(role: str) -> redis.Redis:
+        clients.append(server.client(username=role, password=PASSWORD))
+        return clients[-1]
+
+    yield make
+    for c in clients:
+        c.close()
+
+
+def url(server: RedisServer, role: str) -> str:
+    return f"redis://{role}:{PASSWORD}@127.0.0.1:{server.port}/0"
+
+
+def refused(admin: redis.Redis, role: str) -> set[str]:
+    """What ACL LOG says the user was refused: command or key/channel names."""
+    entries = admin.acl_log(256)
+    return {str(e["object"]) for e in entries if str(e["username"]) == role}
+
+
+def run_cli(server: RedisServer, role: str, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(
+        cli, list(args), env={"DUEQ_REDIS_URL": url(server, role), "COLUMNS": "200"}
+    )
+    return result.exit_code, result.stdout, result.stderr
+
+
+# -- the printed rules ---------------------------------------------------------------------
+
+
+def test_dueq_acl_prints_comments_then_the_rule_to_append():
+    result = CliRunner().invoke(cli, ["acl", "consumer", "--queue", "emails"])
+    assert result.exit_code == 0, result.output
+    *comments, line = result.stdout.splitlines()
+    assert comments and all(c.startswith("# ") for c in comments)
+    assert line == " ".join(acl_rules("consumer", "emails"))
+    tokens = line.split()
+    assert tokens[:2] == ["~dueq:{emails}:*", "&dueq:{emails}:wake"]
+    assert {"+evalsha", "+script|load", "+subscribe"} <= set(tokens)
+    assert not {"+@all", "~*", "+eval", "+keys", "+flushall", "+config|get"} & set(tokens)
+
+
+def test_each_role_has_the_commands_of_its_lua_scripts_and_no_more_than_its_job():
+    producer, consumer, operator = (set(acl_rule(role).commands) for role in ROLES)
+    assert script_commands("schedule") <= producer
+    assert script_commands("claim") | script_commands("ack") <= consumer
+    assert script_commands("dead") | script_commands("stats") <= operator
+    assert {"scan", "subscribe", "info"}.isdisjoint(producer)
+    assert "scan" not in consumer and "subscribe" not in operator
+    assert all(acl_rule(role).keys == ("~dueq:{*}:*",) for role in ROLES)
+
+
+def test_several_roles_give_one_rule_with_the_union_of_their_commands():
+    union = set(combined_rule(("producer", "operator"), "emails"))
+    assert union == set(acl_rules("producer", "emails")) | set(acl_rules("operator", "emails"))
+    assert printed_rule("producer", "operator", "--queue", "emails").split() == combined_rule(
+        ("producer", "operator"), "emails"
+    )
+
+
+@pytest.mark.parametrize("pattern", ["a b", "a{b}", "", "x\x1b"])
+def test_a_pattern_an_acl_rule_cannot_hold_is_a_usage_error(pattern):
+    result = CliRunner().invoke(cli, ["acl", "producer", "--queue", pattern])
+    assert result.exit_code == 2
+    assert "--queue" in result.stderr
+    with pytest.raises(dueq.ConfigurationError):
+        acl_rule("producer", pattern)
+
+
+def test_an_unknown_role_is_refused():
+    assert CliRunner().invoke(cli, ["acl", "admin"]).exit_code == 2
+    with pytest.raises(dueq.ConfigurationError):
+        acl_rule("admin")
+
+
+# -- each role does its job ----------------------------------------------------------------
+
+
+def test_the_producer_schedules_cancels_reschedules_and_gets(server, admin, login):
+    q = dueq.Queue(QUEUE, login("producer"))
+    q.schedule({"n": 1}, id="a", delay=60)
+    admin.script_flush()  # the next call reloads its script (SCRIPT LOAD after NOSCRIPT)
+    assert q.schedule_many([dueq.Task({"n": n}) for n in range(5)]).added == 5
+    assert q.reschedule("a", delay=0)
+    assert q.get("a") is not None
+    assert q.cancel("a")
+    code, out, err = run_cli(server, "producer", "schedule", QUEUE, '{"n": 9}', "--id", "cli")
+    assert (code, out) == (0, "cli\n"), err
+    assert refused(admin, "producer") == set()
+
+
+def test_the_consumer_claims_settles_observes_and_runs_a_worker(admin, login):
+    producer = dueq.Queue(QUEUE, login("producer"))
+    consumer = dueq.Queue(
+        QUEUE, login("consumer"), retry=dueq.RetryPolicy(max_attempts=2, wait=lambda s: 0)
+    )
+    producer.schedule_many([dueq.Task(n, id=f"c{n}") for n in range(4)])
+    admin.script_flush()
+    d0, d1, d2, d3 = sorted(consumer.claim(10), key=lambda d: d.id)
+    d0.ack()
+    d1.fail(ValueError("once"))
+    d2.extend(30)
+    d2.release()
+    d3.fail(dueq.Unrecoverable("never"))
+    # observe + process, woken by the wake channel for a task scheduled while it sleeps
+    outcomes: list[dueq.Outcome] = []
+    done = threading.Event()
+
+    def keep(o: dueq.Outcome) -> None:
+        outcomes.append(o)
+        if {x.id for x in outcomes if x.kind == "acked"} >= {"c1", "c2", "later"}:
+            done.set()
+
+    sub = consumer.observe().pipe(process(lambda d: None)).subscribe(on_next=keep)
+    try:
+        time.sleep(0.2)  # the consumer is asleep on the wake channel
+        producer.schedule("late", id="later")
+        assert done.wait(30), outcomes
+    finally:
+        sub.dispose()
+    # and the blocking Worker, stopped from another thread
+    producer.schedule_many([dueq.Task(n, id=f"w{n}") for n in range(3)])
+    worker = dueq.Worker(consumer, lambda d: None, concurrency=2, grace=5)
+    stopper = threading.Thread(
+        target=lambda: (
+            wait_until(lambda: worker.outcomes["acked"] >= 3),
+            worker.stop(),
+        )
+    )
+    stopper.start()
+    worker.run()
+    stopper.join()
+    assert worker.outcomes["acked"] == 3
+    # the eviction check reads CONFIG GET, which the rule leaves out (it can read secrets)
+    assert refused(admin, "consumer") <= {"config|get"}
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_the_operator_reads_stats_manages_dead_letters_and_cron(server, admin, login):
+    producer = dueq.Queue(QUEUE, login("producer"))
+    consumer = dueq.Queue(QUEUE, login("consumer"))
+    producer.schedule_many([dueq.Task(n, id=f"d{n}") for n in range(3)])
+    for d in consumer.claim(10):
+        d.fail(dueq.Unrecoverable("boom"))
+    dueq.Queue(OTHER, admin).schedule("not the operator's")
+    admin.script_flush()
+    op = dueq.Queue(QUEUE, login("operator"))
+    assert op.stats().dead == 3
+    assert {i.id for i in op.dead.list()} == {"d0", "d1", "d2"}
+    assert op.dead.replay(["d0"]) == 1
+    assert op.dead.purge(["d1"]) == 1
+    op.cron.add("nightly", "0 3 * * *")
+    assert [c.name for c in op.cron.list()] == ["nightly"]
+    assert op.cron.remove("nightly")
+    # the CLI: stats of every queue skips the one this user may not read
+    code, out, err = run_cli(server, "operator", "stats")
+    assert code == 0, err
+    assert f"│ {QUEUE} " in out and f"skipped '{OTHER}': this Redis user may not read it" in out
+    code, out, err = run_cli(server, "operator", "dead", "list", QUEUE)
+    assert code == 0 and "d2" in out, err
+    code, out, err = run_cli(server, "operator", "dead", "replay", QUEUE, "--all", "--yes")
+    assert (code, out) == (0, f"replayed 1 dead task(s) of '{QUEUE}'\n"), err
+    code, out, err = run_cli(server, "operator", "cron", "add", QUEUE, "n", "@daily")
+    assert code == 0, err
+    code, out, err = run_cli(server, "operator", "cron", "list", QUEUE)
+    assert code == 0 and "@daily" in out, err
+    # SCAN names foreign queues too (it is not a key command); reading them is refused
+    denied = refused(admin, "operator")
+    assert denied and all(f"{{{OTHER}}}" in item for item in denied), denied
+
+
+# -- and is refused the rest ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_role_is_refused_other_queues_and_server_commands(admin, login, role):
+    dueq.Queue(OTHER, admin).schedule("theirs", id="t")
+    client = login(role)
+    other = dueq.Queue(OTHER, client)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        other.get("t")  # the script's own keys are checked on EVALSHA
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        client.hget(f"dueq:{{{OTHER}}}:tasks", "t")
+    # a script of the user's own, reaching for another queue from inside Lua: refused too
+    sha = client.script_load("return redis.call('HGET', 'dueq:{billing}:tasks', 't')")
+    with pytest.raises(redis.ResponseError, match="can't access"):
+        client.evalsha(sha, 0)
+    for command in (
+        ("FLUSHALL",),
+        ("CONFIG", "SET", "maxmemory-policy", "allkeys-lru"),
+        ("KEYS", "*"),
+        ("SCRIPT", "FLUSH"),
+        ("CLIENT", "LIST"),
+        ("ACL", "LIST"),
+        ("EVAL", "return 1", "0"),
+        ("SHUTDOWN",),
+    ):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.execute_command(*command)
+    assert admin.hexists(f"dueq:{{{OTHER}}}:tasks", "t")
+
+
+def test_the_wake_channel_of_another_queue_is_refused(login):
+    pubsub = login("consumer").pubsub()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        pubsub.subscribe(f"dueq:{{{OTHER}}}:wake")
+        pubsub.get_message(timeout=1)
+    pubsub.close()
+
+
+def test_roles_within_one_queue_are_not_separated_by_redis(admin, login):
+    """The limit the README states: a producer may run Lua of its own on its queue's keys,
+    and call the data commands its scripts need directly, so it can act as a consumer."""
+    producer = login("producer")
+    dueq.Queue(QUEUE, producer).schedule("x", id="x")
+    sha = producer.script_load(
+        "redis.call('ZREM', KEYS[1], 'x') return redis.call('ZADD', KEYS[2], 1, 'x')"
+    )
+    producer.evalsha(sha, 2, f"dueq:{{{QUEUE}}}:due", f"dueq:{{{QUEUE}}}:dead")
+    assert dueq.Queue(QUEUE, admin).get("x").state == "dead"
+
+
+# -- the suite as the least-privilege user -------------------------------------------------
+
+
+@pytest.mark.timeout(900)
+def test_the_core_consumer_and_cron_tests_pass_as_the_acl_user():
+    files = [str(HERE / name) for name in SUITE if (HERE / name).exists()]
+    env = {**os.environ, "DUEQ_TEST_ACL": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *files],
+        cwd=HERE.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout
