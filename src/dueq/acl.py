@@ -23,11 +23,11 @@ What this does and does not separate (the README says it for users):
   operator does on the same queue. The roles still keep each job to the commands it needs
   (a producer cannot SUBSCRIBE or SCAN; only the operator may SCAN to discover queues).
 
-Chosen to leave out: ``CONFIG GET`` (it can read secrets such as ``masterauth``). A consumer
-that cannot read ``maxmemory-policy`` skips its eviction warning, so an administrator should
-check that setting. ``INFO`` (read-only server facts, no secrets) is given to the consumer for
-its server version check: it could do without (HELLO), but every start would leave a refusal
-in ``ACL LOG``, which operators watch for attacks.
+Chosen to leave out: ``CONFIG GET`` (it can read secrets such as ``masterauth``). ``INFO``
+(read-only server facts, no secrets) is given to the consumer instead: its start-up check
+reads the version from ``INFO server`` and the eviction policy from ``INFO memory``. It could
+do without (the version from HELLO, the eviction warning skipped), but every start would then
+leave a refusal in ``ACL LOG``, which operators watch for attacks.
 """
 
 from __future__ import annotations
