@@ -169,7 +169,12 @@ def test_the_worker_follows_a_sentinel_failover(cluster, tmp_path):
         after = dueq.Queue("f", replica.client())
         after.schedule_many(dueq.Task({}, id=f"b{n}") for n in range(10))
         # the worker waits out the failover (backoff up to 5 s, heartbeat claims every 5 s)
-        wait_for(lambda: after.stats().counters.get("acked", 0) == 20, "10 acks after", 90)
+        try:
+            wait_for(lambda: after.stats().counters.get("acked", 0) == 20, "10 acks after", 90)
+        except AssertionError:  # say what the worker saw
+            child.kill()
+            _, err = child.communicate()
+            raise AssertionError(f"10 acks after the failover never came; worker: {err[-3000:]}")
         child.terminate()
         out, err = child.communicate(timeout=WAIT_S)
     finally:
