@@ -15,6 +15,7 @@ from .exceptions import (
     InvalidTaskError,
     LeaseLost,
     PayloadError,
+    ReplicationTimeout,
     TaskNotFound,
     Unrecoverable,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "PayloadError",
     "Queue",
     "QueueStats",
+    "ReplicationTimeout",
     "RetryPolicy",
     "ScheduleResult",
     "Task",

@@ -7,6 +7,11 @@ Stored form: a format-version prefix, then the payload as compact UTF-8 JSON::
 A prefix rather than a JSON wrapper keeps every task 12 bytes smaller while still letting a
 reader refuse a format it does not know. Payloads are JSON only (never pickle). Encoding happens
 before anything is written, so a bad payload raises PayloadError and leaves Redis untouched.
+
+Nesting is limited to MAX_PAYLOAD_DEPTH at schedule time: Python's JSON decoder recurses, and a
+payload that encodes fine near the interpreter's recursion limit can fail to decode in a
+consumer whose stack is already deeper. Reading never raises anything but PayloadError,
+whatever is stored, so one bad value costs only its own task.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import base64
 import functools
 import json
 import os
+import re
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +30,8 @@ from .exceptions import InvalidTaskError, PayloadError
 ENVELOPE_PREFIX = b"1:"
 MAX_ID_BYTES = 512
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+#: Deepest nesting of arrays and objects a payload may have.
+MAX_PAYLOAD_DEPTH = 128
 
 #: Generated ids: 12 URL-safe characters (72 random bits), small enough for Redis to store in
 #: its 16-byte allocation class. The schedule script reports a generated id that already
@@ -38,6 +46,8 @@ _RECORD_HEAD = struct.Struct(">BdH")
 _PAYLOAD_LENGTH = struct.Struct(">I")
 
 _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+#: JSON strings (with their escapes) and brackets, for measuring nesting outside strings.
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 def generated_ids() -> Iterator[str]:
@@ -60,19 +70,51 @@ def validate_id(task_id: object) -> str:
         raise InvalidTaskError(f"task id must be a str, got {type(task_id).__name__}")
     if not task_id:
         raise InvalidTaskError("task id must not be empty")
-    if len(task_id) * 4 > MAX_ID_BYTES and len(task_id.encode("utf-8")) > MAX_ID_BYTES:
+    if not task_id.isascii():
+        try:
+            size = len(task_id.encode("utf-8"))
+        except UnicodeEncodeError as exc:  # a lone surrogate: not UTF-8, Redis cannot store it
+            raise InvalidTaskError(
+                f"task id {task_id[:40]!r} is not valid Unicode text ({exc.reason})"
+            ) from None
+    else:
+        size = len(task_id)
+    if size > MAX_ID_BYTES:
         raise InvalidTaskError(f"task id is longer than {MAX_ID_BYTES} bytes")
     return task_id
+
+
+def nests_too_deep(data: bytes) -> bool:
+    """True when arrays and objects nest deeper than MAX_PAYLOAD_DEPTH in a JSON text
+    (brackets inside strings do not count)."""
+    if data.count(b"[") + data.count(b"{") <= MAX_PAYLOAD_DEPTH:  # the usual case, at C speed
+        return False
+    depth = 0
+    for match in _JSON_TOKENS.finditer(data):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_PAYLOAD_DEPTH:
+                return True
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return False
 
 
 def encode_envelope(payload: Any, max_bytes: int) -> bytes:
     """The stored form of a payload, refusing what JSON cannot carry or what is too large."""
     try:
         data = _encode(payload).encode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise PayloadError(f"payload is not JSON-encodable: {exc}") from exc
+    except RecursionError:
+        raise PayloadError(
+            f"payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects (or is circular)"
+        ) from None
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        raise PayloadError(f"payload is not JSON-encodable: {str(exc)[:200]}") from None
     if len(data) > max_bytes:
         raise PayloadError(f"payload is {len(data)} bytes, over the limit of {max_bytes}")
+    if nests_too_deep(data):
+        raise PayloadError(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
     return ENVELOPE_PREFIX + data
 
 
@@ -98,10 +140,16 @@ def repack_with_id(record: bytes, task_id: str) -> bytes:
 
 def decode_envelope(raw: bytes | str) -> Any:
     """The payload of a stored envelope; PayloadError if it cannot be read."""
-    data = raw.encode("utf-8") if isinstance(raw, str) else raw
+    try:
+        data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
+    except (UnicodeEncodeError, TypeError) as exc:
+        raise PayloadError(f"stored value is not text: {exc}") from None
     if not data.startswith(ENVELOPE_PREFIX):
         raise PayloadError(f"stored value is not a dueq envelope ({ENVELOPE_PREFIX!r} prefix)")
+    body = data[len(ENVELOPE_PREFIX) :]
+    if nests_too_deep(body):
+        raise PayloadError(f"stored payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
     try:
-        return json.loads(data[len(ENVELOPE_PREFIX) :])
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PayloadError(f"stored payload is not valid JSON: {exc}") from exc
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise PayloadError(f"stored payload is not valid JSON: {str(exc)[:200]}") from None

@@ -10,6 +10,7 @@
     │   └── CronConflict                         a cron name already defined differently
     ├── TaskNotFound         (also LookupError)  an id that is not in the state asked for
     ├── LeaseLost                                a holder whose lease expired or was taken over
+    ├── ReplicationTimeout                       written, but fewer replicas confirmed it than asked
     └── Unrecoverable                            raised by a handler: skip retries, go to dead
 
 Redis's own errors (``redis.exceptions.ConnectionError``, ``TimeoutError``, ...) pass through
@@ -29,6 +30,7 @@ __all__ = [
     "InvalidTaskError",
     "LeaseLost",
     "PayloadError",
+    "ReplicationTimeout",
     "TaskNotFound",
     "Unrecoverable",
 ]
@@ -72,6 +74,17 @@ class LeaseLost(DueqError):
     def __init__(self, message: str, ids: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.ids: list[str] = list(ids)
+
+
+class ReplicationTimeout(DueqError):
+    """A change was applied on the primary, but fewer replicas than ``Queue(wait_replicas=N)``
+    confirmed it within ``wait_timeout``: a failover now could undo it. Scheduling again with
+    the same explicit ids is safe (idempotent). ``.confirmed`` is how many replicas did."""
+
+    def __init__(self, message: str, confirmed: int, wanted: int) -> None:
+        super().__init__(message)
+        self.confirmed = confirmed
+        self.wanted = wanted
 
 
 class Unrecoverable(DueqError):

@@ -11,7 +11,7 @@ import json
 import traceback
 from typing import Any
 
-from .clock import ms_datetime
+from .clock import stored_datetime
 from .task import ErrorRecord
 
 MAX_MESSAGE_CHARS = 2000
@@ -48,25 +48,37 @@ def error_record(error: BaseException | str, attempt: int) -> str:
 
 
 def parse_error_records(raw: bytes | str | None) -> list[ErrorRecord]:
-    """The error history stored for a task (an empty list when there is none)."""
+    """The error history stored for a task (an empty list when there is none).
+
+    Never raises: a history that is not a JSON list of records (corrupted data) comes back as
+    one "Unreadable" record holding the start of the stored text, and fields of the wrong type
+    are read as empty.
+    """
     if not raw:
         return []
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     try:
-        items: Any = json.loads(raw)
-    except ValueError:
+        items: Any = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested past the recursion limit
+        items = None
+    if not isinstance(items, list):
         return [
-            ErrorRecord(
-                attempt=0, type="Unreadable", message=str(raw)[:200], traceback=None, at=None
-            )
+            ErrorRecord(attempt=0, type="Unreadable", message=text[:200], traceback=None, at=None)
         ]
-    return [
-        ErrorRecord(
-            attempt=int(item.get("attempt", 0)),
-            type=str(item.get("type", "")),
-            message=str(item.get("message", "")),
-            traceback=item.get("traceback"),
-            at=ms_datetime(item["at"]) if isinstance(item.get("at"), int) else None,
-        )
-        for item in items
-        if isinstance(item, dict)
-    ]
+    return [_record(item) for item in items if isinstance(item, dict)]
+
+
+def _record(item: dict[str, Any]) -> ErrorRecord:
+    attempt = item.get("attempt")
+    trace = item.get("traceback")
+    return ErrorRecord(
+        attempt=attempt if isinstance(attempt, int) and 0 <= attempt <= 2**53 else 0,
+        type=_text(item.get("type")),
+        message=_text(item.get("message")),
+        traceback=trace if isinstance(trace, str) else None,
+        at=stored_datetime(item["at"]) if isinstance(item.get("at"), (int, float)) else None,
+    )
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""

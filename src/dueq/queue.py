@@ -58,6 +58,8 @@ SCHEDULE_BATCH_BYTES = 8 * 1024 * 1024
 MAX_PAYLOAD_LIMIT = 64 * 1024 * 1024
 #: Oldest Redis the scripts run on (ZMSCORE).
 MIN_REDIS_VERSION = (6, 2)
+#: Fields before the first delivery in claim.lua's reply.
+CLAIM_REPLY_HEAD = 8
 #: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
 ID_RETRIES = 5
 
@@ -113,6 +115,12 @@ class Queue:
     ``remember_done`` (off by default) keeps the ids of acked tasks for that long, and
     scheduling such an id again counts it as existing (unless ``replace=True``), so a re-run
     producer does not re-create tasks that already ran. Give it to producers and consumers.
+
+    ``wait_replicas`` (0: off) makes every change that must survive a failover wait until that
+    many replicas confirm it (Redis ``WAIT``, at most ``wait_timeout``): schedule, cancel,
+    reschedule, dead-letter replay/purge and cron definitions raise ReplicationTimeout when
+    fewer confirm (the change is made on the primary; scheduling again by id is safe); acks,
+    failures and releases log a warning instead.
     """
 
     def __init__(
@@ -127,6 +135,8 @@ class Queue:
         dead_max_count: int = 100_000,
         dead_max_age: Duration = timedelta(days=14),
         remember_done: Duration | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: Duration = 1.0,
     ) -> None:
         self.keys = QueueKeys.for_queue(name)
         self.name = name
@@ -141,6 +151,7 @@ class Queue:
             raise ConfigurationError("clock must be a zero-argument callable returning seconds")
         whole_number(max_payload_bytes, "max_payload_bytes", low=1, high=MAX_PAYLOAD_LIMIT)
         whole_number(dead_max_count, "dead_max_count", low=1)
+        whole_number(wait_replicas, "wait_replicas", low=0, high=100)
         self.redis = redis_client
         self.retry = retry or RetryPolicy()
         self.lease_ms = _positive_ms(lease, "lease")
@@ -153,7 +164,12 @@ class Queue:
         )
         self.dead = DeadLetters(self)
         self.cron = Crons(self)
-        self._scripts = Scripts(redis_client)
+        self.wait_replicas = wait_replicas
+        self._scripts = Scripts(
+            redis_client,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=_positive_ms(wait_timeout, "wait_timeout"),
+        )
         self._server_checked = False
 
     def __repr__(self) -> str:
@@ -313,8 +329,23 @@ class Queue:
         )
         now_ms, next_due, next_deadline = int(reply[0]), int(reply[1]), int(reply[2])
         token, deadline = text(reply[3]), int(reply[4])
+        dropped, buried = int(reply[6]), int(reply[7])
+        if dropped:
+            logger.error(
+                "queue %r: %d due task(s) had no stored data and were dropped: their keys were "
+                "evicted or deleted (set maxmemory-policy noeviction)",
+                self.name,
+                dropped,
+            )
+        if buried:
+            logger.error(
+                "queue %r: %d due task(s) moved to dead at claim (unreadable attempt record, "
+                "or max_attempts already reached); see their errors",
+                self.name,
+                buried,
+            )
         deliveries: list[Delivery] = []
-        for i in range(6, len(reply), 5):
+        for i in range(CLAIM_REPLY_HEAD, len(reply), 5):
             task_id, raw, attempt = text(reply[i]), reply[i + 1], int(reply[i + 2])
             try:
                 payload = decode_envelope(raw)
@@ -484,4 +515,4 @@ class Queue:
     def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
         k = self.keys
-        return queue_stats(self._run("stats", [k.due, k.leased, k.dead, k.stats]))
+        return queue_stats(self._run("stats", [k.due, k.leased, k.dead, k.stats, k.tasks]))

@@ -3,16 +3,30 @@
 Each script is ``_prelude.lua`` followed by its own file. redis-py's ``Script`` computes the
 SHA locally and reloads the script when the server answers NOSCRIPT (after a restart or
 ``SCRIPT FLUSH``), so callers never see that error.
+
+Replication: Redis replicates asynchronously, so a change acknowledged by a primary that dies
+before its replicas saw it is lost in a failover. With ``wait_replicas=N`` a script that changes
+what must not be lost is sent in one pipeline with ``WAIT N timeout`` (WAIT covers the writes
+of its own connection, so both must share one). Producer-side changes (schedule, cancel,
+reschedule, dead-letter moves, cron definitions) raise ReplicationTimeout when fewer replicas
+confirm; settling a delivery (ack, fail, release) logs a warning instead, since the change is
+made and losing it in a failover only means the task runs again (at-least-once). Claims and
+lease extensions do not wait: losing one returns the task to due, which leases already allow.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import cache
 from importlib import resources
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
+
+from .exceptions import ConfigurationError, ReplicationTimeout
+
+logger = logging.getLogger(__name__)
 
 SCRIPT_NAMES = (
     "schedule",
@@ -31,6 +45,13 @@ SCRIPT_NAMES = (
     "cron_remove",
 )
 
+#: Scripts whose changes a producer or operator relies on: they raise ReplicationTimeout.
+PRODUCER_SCRIPTS = frozenset(
+    {"schedule", "cancel", "reschedule", "dead", "cron_add", "cron_remove"}
+)
+#: Scripts that settle a delivery: a replication shortfall is logged, not raised.
+SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})
+
 #: Status codes returned by fail.lua.
 FAIL_LOST, FAIL_RETRIED, FAIL_DEAD = 0, 1, 2
 
@@ -45,11 +66,51 @@ def script_source(name: str) -> str:
 
 
 class Scripts:
-    """The registered scripts of one Redis client, called by name."""
+    """The registered scripts of one Redis client, called by name.
 
-    def __init__(self, client: redis.Redis | RedisCluster) -> None:
+    ``wait_replicas`` > 0 makes the changes of PRODUCER_SCRIPTS and SETTLE_SCRIPTS wait until
+    that many replicas confirm them, up to ``wait_timeout_ms``.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis | RedisCluster,
+        *,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> None:
+        if wait_replicas and isinstance(client, RedisCluster):
+            raise ConfigurationError(
+                "wait_replicas is not supported with a RedisCluster client yet: WAIT must go to "
+                "the node that took the write"
+            )
+        self._client = client
         self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
+        self._wait_replicas = wait_replicas
+        self._wait_timeout_ms = wait_timeout_ms
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run script ``name`` with KEYS and ARGV."""
-        return self._scripts[name](keys=keys, args=args)
+        if not self._wait_replicas or (name not in PRODUCER_SCRIPTS and name not in SETTLE_SCRIPTS):
+            return self._scripts[name](keys=keys, args=args)
+        return self._run_replicated(name, keys, args)
+
+    def _run_replicated(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        assert isinstance(self._client, redis.Redis)
+        pipe = self._client.pipeline(transaction=False)
+        self._scripts[name](keys=keys, args=args, client=pipe)
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "WAIT", self._wait_replicas, self._wait_timeout_ms
+        )
+        reply, confirmed = pipe.execute()
+        confirmed = int(confirmed)
+        if confirmed >= self._wait_replicas:
+            return reply
+        message = (
+            f"{name}: applied on the primary, but only {confirmed} of {self._wait_replicas} "
+            f"replica(s) confirmed it within {self._wait_timeout_ms} ms"
+        )
+        if name in SETTLE_SCRIPTS:
+            logger.warning("%s; a failover now would deliver the task again", message)
+            return reply
+        raise ReplicationTimeout(message, confirmed, self._wait_replicas)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from .clock import ms_datetime
+from .clock import ms_datetime, stored_ms
 from .envelope import decode_envelope
 from .exceptions import PayloadError
 from .failures import parse_error_records
 from .task import QueueStats, TaskInfo, TaskState
+
+#: Largest count read back from Redis (beyond it a stored number is corrupted).
+MAX_COUNT = 2**53
 
 _STATES: dict[str, TaskState] = {"scheduled": "scheduled", "leased": "leased", "dead": "dead"}
 
@@ -19,11 +23,24 @@ def text(value: bytes | str) -> str:
 
 
 def parse_meta(raw: bytes | str | None) -> tuple[int, int | None, int | None]:
-    """A meta value "attempt|token|due_ms|first_ms" as (attempt, due ms, first-claim ms)."""
+    """A meta value "attempt|token|due_ms|first_ms" as (attempt, due ms, first-claim ms);
+    parts that cannot be read (corrupted data) come back as 0 or None, never an error."""
     if not raw:
         return 0, None, None
-    attempt, _token, due, first = text(raw).split("|")
-    return int(attempt), int(due) if due else None, int(first) if first else None
+    try:
+        attempt, _token, due, first = text(raw).split("|")
+    except (ValueError, UnicodeDecodeError):
+        return 0, None, None
+    return _count(attempt), stored_ms(due) if due else None, stored_ms(first) if first else None
+
+
+def _count(raw: object) -> int:
+    """A stored count (attempts, a counter) as an int from 0 to 2**53; 0 when unreadable."""
+    try:
+        value = int(text(raw) if isinstance(raw, (bytes, str)) else str(raw))
+    except (ValueError, UnicodeDecodeError):
+        return 0
+    return min(max(value, 0), MAX_COUNT)
 
 
 def task_infos(reply: list[Any]) -> list[TaskInfo]:
@@ -35,7 +52,7 @@ def task_infos(reply: list[Any]) -> list[TaskInfo]:
         if state_name in _STATES:
             infos.append(
                 _task_info(
-                    text(task_id), _STATES[state_name], int(score), raw, meta_raw, errors_raw
+                    text(task_id), _STATES[state_name], stored_ms(score), raw, meta_raw, errors_raw
                 )
             )
     return infos
@@ -44,7 +61,7 @@ def task_infos(reply: list[Any]) -> list[TaskInfo]:
 def _task_info(
     task_id: str,
     state: TaskState,
-    score: int,
+    score: int | None,
     raw: bytes | str,
     meta_raw: bytes | str,
     errors_raw: bytes | str,
@@ -60,18 +77,22 @@ def _task_info(
         state=state,
         payload=payload,
         attempt=attempt,
-        due_at=ms_datetime(due_ms) if due_ms is not None else None,
-        first_claimed_at=ms_datetime(first_ms) if first_ms is not None else None,
+        due_at=_datetime(due_ms),
+        first_claimed_at=_datetime(first_ms),
         errors=parse_error_records(errors_raw),
-        lease_deadline=ms_datetime(score) if state == "leased" else None,
-        died_at=ms_datetime(score) if state == "dead" else None,
+        lease_deadline=_datetime(score) if state == "leased" else None,
+        died_at=_datetime(score) if state == "dead" else None,
     )
 
 
+def _datetime(ms: int | None) -> datetime | None:
+    return None if ms is None else ms_datetime(ms)
+
+
 def queue_stats(reply: list[Any]) -> QueueStats:
-    """QueueStats from stats.lua's reply."""
-    now_ms, scheduled, due_now, leased, dead, head = (int(x) for x in reply[:6])
-    counters = {text(reply[i]): int(reply[i + 1]) for i in range(6, len(reply), 2)}
+    """QueueStats from stats.lua's reply (a corrupted counter reads as 0)."""
+    now_ms, scheduled, due_now, leased, dead, head, stored = (int(x) for x in reply[:7])
+    counters = {text(reply[i]): _count(reply[i + 1]) for i in range(7, len(reply), 2)}
     counters.pop("lease_seq", None)
     return QueueStats(
         scheduled=scheduled,
@@ -82,4 +103,5 @@ def queue_stats(reply: list[Any]) -> QueueStats:
         oldest_due_lag_s=max(now_ms - head, 0) / 1000 if head >= 0 and due_now else 0.0,
         now=ms_datetime(now_ms),
         counters=counters,
+        missing=max(scheduled + leased + dead - stored, 0),
     )

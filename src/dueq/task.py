@@ -79,6 +79,9 @@ class QueueStats:
     oldest_due_lag_s: float
     now: datetime
     counters: dict[str, int] = field(default_factory=dict)
+    #: Tasks counted in a state whose stored data is gone (evicted or deleted by hand): they
+    #: will be dropped when claimed. Anything but 0 means data loss; see maxmemory-policy.
+    missing: int = 0
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,44 @@ end
 
 local function ms(n) return string.format('%d', n) end
 
+-- Every script checks what it reads before its first write: Redis has no rollback, so a
+-- script that fails half way keeps its earlier writes. Values that cannot be read are repaired
+-- or reported (never an error), so corrupted data costs at most the one task it belongs to.
+
+-- Most attempts a meta value may count; a larger number is corrupted data.
+local MAX_ATTEMPT = 1000000000
+
+-- A meta value as attempt, token, due ms, first-claim ms, and whether it was readable (a
+-- missing value is readable: the task was never claimed).
 local function meta_parse(v)
-  if not v then return 0, '', '', '' end
+  if not v then return 0, '', '', '', true end
   local a, t, d, f = string.match(v, '^(%d+)|([^|]*)|(%d*)|(%d*)$')
-  return tonumber(a) or 0, t or '', d or '', f or ''
+  local attempt = tonumber(a)
+  if not attempt or attempt > MAX_ATTEMPT or #d > 16 or #f > 16 then return 0, '', '', '', false end
+  return attempt, t, d, f, true
+end
+
+-- Add n to a counter of the stats hash. A counter that is not an integer Redis can increment
+-- (HINCRBY would fail after earlier writes) is logged and restarted at n.
+local function stat_incr(k_stats, field, n)
+  local v = redis.call('HGET', k_stats, field)
+  if v and (not string.match(v, '^%-?%d+$') or #v > 15) then
+    redis.log(redis.LOG_WARNING, 'dueq: counter ' .. field .. ' of ' .. k_stats ..
+      ' was not an integer; restarted')
+    redis.call('HSET', k_stats, field, n)
+    return n
+  end
+  return redis.call('HINCRBY', k_stats, field, n)
+end
+
+-- A score read back from a sorted set as whole epoch ms within 0 .. year 9999 (corrupted
+-- scores such as 1.5, -1e20 or -inf are clamped, so the value can be formatted and parsed).
+local MAX_MS = 253402300799999
+local function clamp_ms(score)
+  local n = tonumber(score)
+  if not n or n ~= n or n < 0 then return 0 end
+  if n > MAX_MS then return MAX_MS end
+  return math.floor(n)
 end
 
 -- Keep attempt and first-claim time, drop the lease: the task is no longer leased.
@@ -42,10 +76,16 @@ local function lease_held(k_leased, k_meta, id, token, now)
 end
 
 -- Append one error record (a JSON object) to the task's JSON list of errors.
+-- A history that is not a non-empty JSON array of objects (corrupted) is kept as the message
+-- of an "UnreadableHistory" record rather than appended to, so the result stays valid JSON.
 local function error_append(k_errors, id, record)
   local old = redis.call('HGET', k_errors, id)
-  if old then
+  if old and string.match(old, '^%[%s*{.*}%s*%]$') then
     redis.call('HSET', k_errors, id, string.sub(old, 1, -2) .. ',' .. record .. ']')
+  elseif old then
+    local kept = cjson.encode({type = 'UnreadableHistory', attempt = 0,
+      message = 'earlier error history was unreadable: ' .. string.sub(old, 1, 200)})
+    redis.call('HSET', k_errors, id, '[' .. kept .. ',' .. record .. ']')
   else
     redis.call('HSET', k_errors, id, '[' .. record .. ']')
   end
@@ -119,7 +159,7 @@ end
 local function add_task(k_tasks, k_due, k_stats, id, envelope, due_ms)
   if redis.call('HSETNX', k_tasks, id, envelope) == 0 then return false end
   redis.call('ZADD', k_due, due_ms, id)
-  redis.call('HINCRBY', k_stats, 'scheduled', 1)
+  stat_incr(k_stats, 'scheduled', 1)
   return true
 end
 
@@ -136,6 +176,6 @@ end
 local function cron_withdraw(k_due, k_tasks, k_meta, k_errors, k_stats, id)
   if id and id ~= '' and redis.call('ZREM', k_due, id) == 1 then
     forget(k_tasks, k_meta, k_errors, id)
-    redis.call('HINCRBY', k_stats, 'cancelled', 1)
+    stat_incr(k_stats, 'cancelled', 1)
   end
 end

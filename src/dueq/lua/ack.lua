@@ -42,7 +42,7 @@ if #done > 0 then
   call_chunked('HDEL', KEYS[2], done)
   call_chunked('HDEL', KEYS[3], done)
   call_chunked('HDEL', KEYS[4], done)
-  redis.call('HINCRBY', KEYS[5], 'acked', #done)
+  stat_incr(KEYS[5], 'acked', #done)
   if window > 0 then zadd_all(KEYS[6], now, done) end
 end
 if window > 0 then

@@ -17,5 +17,5 @@ redis.call('ZREM', KEYS[1], id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', KEYS[3], id)
 forget(KEYS[4], KEYS[5], KEYS[6], id)
-redis.call('HINCRBY', KEYS[7], 'cancelled', 1)
+stat_incr(KEYS[7], 'cancelled', 1)
 return 1

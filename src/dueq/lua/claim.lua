@@ -18,6 +18,8 @@
 -- ARGV[8..] backoff ms after attempt 1, 2, ... for expired leases (the last entry repeats)
 -- Returns {now, next_due ms or -1, next_lease_deadline ms or -1, token, lease_deadline,
 --          now_us (microseconds past now, so a consumer can sleep to the due time exactly),
+--          dropped (due ids without stored data, removed), buried (due tasks sent to dead here:
+--          unreadable meta, or as many attempts as max_attempts already made),
 --          id1, envelope1, attempt1, due1, first_claimed1, id2, envelope2, ...}
 
 local now, now_us = dueq_now_us(ARGV[1])
@@ -28,57 +30,89 @@ local reclaim_limit = tonumber(ARGV[5])
 local backoff = {}
 for i = 8, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
 
+-- The next lease token. A lease_seq that is not a counter (corrupted) restarts above any count
+-- of claims (the clock in microseconds), so a token is never issued twice.
+local function next_token()
+  local v = redis.call('HGET', KEYS[7], 'lease_seq')
+  if v and (not string.match(v, '^%d+$') or #v > 17) then
+    redis.log(redis.LOG_WARNING, 'dueq: lease_seq of ' .. KEYS[7] .. ' was unreadable; restarted')
+    local fresh = ms(now) .. string.format('%03d', now_us)
+    redis.call('HSET', KEYS[7], 'lease_seq', fresh)
+    return fresh
+  end
+  return tostring(redis.call('HINCRBY', KEYS[7], 'lease_seq', 1))
+end
+
+-- Send a task to dead with one error record (it is not leased when this is called).
+local died = 0
+local function bury(id, attempt, kind, message)
+  redis.call('HSET', KEYS[4], id, attempt .. '|||')
+  error_append(KEYS[5], id, cjson.encode({at = now, attempt = attempt, type = kind,
+    message = message}))
+  redis.call('ZADD', KEYS[6], now, id)
+  died = died + 1
+end
+
 -- 1. Expired leases: the holder died or hung. That delivery counts as a failed attempt.
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
-local died = 0
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
   if redis.call('HEXISTS', KEYS[3], id) == 1 then
-    local attempt = meta_unlease(KEYS[4], id, 0)
-    error_append(KEYS[5], id, '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
-      ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
-      'the worker died, hung or outlived its lease","traceback":null}')
-    if attempt >= max_attempts then
-      redis.call('ZADD', KEYS[6], now, id)
-      died = died + 1
+    local attempt, _, _, first, readable = meta_parse(redis.call('HGET', KEYS[4], id))
+    if not readable then
+      bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
     else
-      local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
-      redis.call('ZADD', KEYS[1], now + wait, id)
+      redis.call('HSET', KEYS[4], id, attempt .. '|||' .. first)
+      error_append(KEYS[5], id, '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
+        ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
+        'the worker died, hung or outlived its lease","traceback":null}')
+      if attempt >= max_attempts then
+        redis.call('ZADD', KEYS[6], now, id)
+        died = died + 1
+      else
+        local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
+        redis.call('ZADD', KEYS[1], now + wait, id)
+      end
     end
   else
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
   end
 end
-if #expired > 0 then
-  redis.call('HINCRBY', KEYS[7], 'expired', #expired)
-  if died > 0 then
-    redis.call('HINCRBY', KEYS[7], 'dead', died)
-    trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
-  end
-end
+if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 
 -- 2. Lease up to `limit` due tasks, earliest first.
-local out = {now, -1, -1, '', now + lease_ms, now_us}
+local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0}
 local due = {}
 if limit > 0 then
   due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
 end
 local n = #due / 2
+local buried_here = 0
 if n > 0 then
-  local token = tostring(redis.call('HINCRBY', KEYS[7], 'lease_seq', 1))
-  out[4] = token
   local ids = {}
   for i = 1, n do ids[i] = due[2 * i - 1] end
   local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
   local metas = redis.call('HMGET', KEYS[4], unpack(ids))
   redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)
+  local token = nil
   local deadline = now + lease_ms
   local leased, meta, orphans = {}, {}, {}
   for i = 1, n do
-    local id, due_ms = ids[i], due[2 * i]
-    if envelopes[i] then
-      local attempt, _, _, first = meta_parse(metas[i])
+    local id, due_ms = ids[i], ms(clamp_ms(due[2 * i]))
+    local attempt, _, _, first, readable = meta_parse(metas[i])
+    if not envelopes[i] then
+      orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
+    elseif not readable then
+      bury(id, 0, 'CorruptTask', 'its attempt record was unreadable: ' ..
+        string.sub(tostring(metas[i]), 1, 100))
+      buried_here = buried_here + 1
+    elseif attempt >= max_attempts then
+      bury(id, attempt, 'AttemptsExhausted', attempt .. ' attempt(s) made; max_attempts is ' ..
+        max_attempts .. ' (lowered since it was scheduled)')
+      buried_here = buried_here + 1
+    else
+      token = token or next_token()
       attempt = attempt + 1
       if first == '' then first = ms(now) end
       leased[#leased + 1] = deadline
@@ -90,18 +124,30 @@ if n > 0 then
       out[#out + 1] = attempt
       out[#out + 1] = due_ms
       out[#out + 1] = first
-    else
-      orphans[#orphans + 1] = id  -- a due entry without data: drop it
     end
   end
   if #leased > 0 then
+    out[4] = token
     call_chunked('ZADD', KEYS[2], leased)
     call_chunked('HSET', KEYS[4], meta)
-    redis.call('HINCRBY', KEYS[7], 'claimed', #leased / 2)
+    stat_incr(KEYS[7], 'claimed', #leased / 2)
   end
   for _, id in ipairs(orphans) do redis.call('HDEL', KEYS[4], id); redis.call('HDEL', KEYS[5], id) end
+  if #orphans > 0 then
+    stat_incr(KEYS[7], 'dropped', #orphans)
+    redis.log(redis.LOG_WARNING, 'dueq: ' .. #orphans .. ' due id(s) of ' .. KEYS[1] ..
+      ' had no stored task (evicted or deleted by hand) and were dropped')
+  end
+  out[7] = #orphans
 end
+if died > 0 then
+  stat_incr(KEYS[7], 'dead', died)
+  trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
+end
+out[8] = buried_here
 
-out[2] = head_score(KEYS[1]) or -1
-out[3] = head_score(KEYS[2]) or -1
+local next_due = head_score(KEYS[1])
+local next_deadline = head_score(KEYS[2])
+if next_due then out[2] = clamp_ms(next_due) end
+if next_deadline then out[3] = clamp_ms(next_deadline) end
 return out

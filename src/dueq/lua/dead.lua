@@ -43,10 +43,10 @@ call_chunked('HDEL', KEYS[5], ids)
 if ARGV[2] == 'replay' then
   local previous_head = head_score(KEYS[2])
   zadd_all(KEYS[2], now, ids)
-  redis.call('HINCRBY', KEYS[6], 'replayed', #ids)
+  stat_incr(KEYS[6], 'replayed', #ids)
   wake_if_earlier(KEYS[7], previous_head, now)
 else
   call_chunked('HDEL', KEYS[3], ids)
-  redis.call('HINCRBY', KEYS[6], 'purged', #ids)
+  stat_incr(KEYS[6], 'purged', #ids)
 end
 return {#ids}

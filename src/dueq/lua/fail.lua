@@ -27,13 +27,13 @@ error_append(KEYS[5], id, stamp(ARGV[4], now))
 redis.call('ZREM', KEYS[2], id)
 if ARGV[5] == 'dead' then
   redis.call('ZADD', KEYS[6], now, id)
-  redis.call('HINCRBY', KEYS[7], 'dead', 1)
+  stat_incr(KEYS[7], 'dead', 1)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[7]), tonumber(ARGV[8]))
   return {2, now}
 end
 local due = now + tonumber(ARGV[6])
 local previous_head = head_score(KEYS[1])
 redis.call('ZADD', KEYS[1], due, id)
-redis.call('HINCRBY', KEYS[7], 'retried', 1)
+stat_incr(KEYS[7], 'retried', 1)
 wake_if_earlier(KEYS[8], previous_head, due)
 return {1, due}

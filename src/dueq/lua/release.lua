@@ -19,6 +19,6 @@ local previous_head = head_score(KEYS[1])
 redis.call('ZREM', KEYS[2], id)
 meta_unlease(KEYS[3], id, -1)
 redis.call('ZADD', KEYS[1], due, id)
-redis.call('HINCRBY', KEYS[4], 'released', 1)
+stat_incr(KEYS[4], 'released', 1)
 wake_if_earlier(KEYS[5], previous_head, due)
 return due

@@ -69,7 +69,7 @@ end
 
 if #zadd > 0 then
   call_chunked('ZADD', KEYS[1], zadd)
-  redis.call('HINCRBY', KEYS[7], 'scheduled', added + replaced)
+  stat_incr(KEYS[7], 'scheduled', added + replaced)
   wake_if_earlier(KEYS[8], previous_head, earliest)
 end
 local out = {added, existing, replaced}

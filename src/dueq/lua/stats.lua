@@ -4,8 +4,10 @@
 -- KEYS[2] leased   ZSET id -> lease deadline ms
 -- KEYS[3] dead     ZSET id -> died-at ms
 -- KEYS[4] stats    HASH counter -> int
+-- KEYS[5] tasks    HASH id -> envelope (only counted)
 -- ARGV[1] now ms, or "" for server TIME
--- Returns {now, scheduled, due_now, leased, dead, next_due ms or -1, counter1, value1, ...}
+-- Returns {now, scheduled, due_now, leased, dead, next_due ms or -1, stored (tasks with data),
+--          counter1, value1, ...}
 
 local now = dueq_now(ARGV[1])
 local out = {
@@ -14,8 +16,11 @@ local out = {
   redis.call('ZCOUNT', KEYS[1], '-inf', now),
   redis.call('ZCARD', KEYS[2]),
   redis.call('ZCARD', KEYS[3]),
-  head_score(KEYS[1]) or -1,
+  -1,
+  redis.call('HLEN', KEYS[5]),
 }
+local head = head_score(KEYS[1])
+if head then out[6] = clamp_ms(head) end
 local counters = redis.call('HGETALL', KEYS[4])
 for _, v in ipairs(counters) do out[#out + 1] = v end
 return out

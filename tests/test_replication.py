@@ -1,0 +1,91 @@
+"""Queue(wait_replicas=N): changes that must survive a failover wait for N replicas (WAIT)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import dueq
+from dueq.server import RedisServer
+
+
+def _wait_for_link(replica: redis.Redis) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if replica.info("replication").get("master_link_status") == "up":
+            return
+        time.sleep(0.05)
+    raise AssertionError("the replica did not connect to its primary")
+
+
+@pytest.fixture
+def primary() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def replica(primary: RedisServer) -> Iterator[RedisServer]:
+    server = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
+    client = server.client()
+    _wait_for_link(client)
+    client.close()
+    yield server
+    server.stop()
+
+
+def test_a_schedule_returns_once_a_replica_has_it(primary: RedisServer, replica: RedisServer):
+    q = dueq.Queue("rq", primary.client(), wait_replicas=1)
+    task_id = q.schedule({"n": 1}, id="t1")
+    # WAIT returned 1, so the replica has the task already: no polling needed
+    assert replica.client().hexists("dueq:{rq}:tasks", task_id)
+
+
+def test_a_schedule_no_replica_confirms_raises_replication_timeout_but_is_written(
+    primary: RedisServer, replica: RedisServer
+):
+    q = dueq.Queue("rq", primary.client(), wait_replicas=1, wait_timeout=0.1)
+    replica.stop()
+    with pytest.raises(dueq.ReplicationTimeout) as caught:
+        q.schedule({"n": 1}, id="t1")
+    assert (caught.value.confirmed, caught.value.wanted) == (0, 1)
+    info = q.get("t1")
+    assert info is not None and info.state == "scheduled"
+    # scheduling again by id is the safe retry: it adds nothing
+    with pytest.raises(dueq.ReplicationTimeout):
+        q.schedule({"n": 1}, id="t1")
+    assert q.stats().scheduled == 1
+
+
+def test_an_ack_without_replicas_is_made_and_logged_not_raised(
+    primary: RedisServer, replica: RedisServer, caplog: pytest.LogCaptureFixture
+):
+    q = dueq.Queue("rq", primary.client(), wait_replicas=1, wait_timeout=0.1)
+    q.schedule({"n": 1}, id="t1")
+    [d] = q.claim()
+    replica.stop()
+    with caplog.at_level(logging.WARNING, logger="dueq.scripts"):
+        d.ack()
+    assert q.get("t1") is None
+    assert "only 0 of 1 replica(s) confirmed" in caplog.text
+
+
+def test_claims_do_not_wait_for_replicas(primary: RedisServer, replica: RedisServer):
+    q = dueq.Queue("rq", primary.client(), wait_replicas=1, wait_timeout=0.1)
+    q.schedule({"n": 1}, id="t1")
+    replica.stop()
+    before = primary.client().info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+    assert [d.id for d in q.claim()] == ["t1"]
+    after = primary.client().info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+    assert after == before
+
+
+@pytest.mark.parametrize("bad", [-1, 101, 1.5, True, "1"])
+def test_wait_replicas_must_be_a_small_whole_number(r: redis.Redis, bad: object):
+    with pytest.raises(dueq.ConfigurationError):
+        dueq.Queue("rq", r, wait_replicas=bad)  # type: ignore[arg-type]
