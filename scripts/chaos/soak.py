@@ -217,7 +217,7 @@ def settings_from(args: argparse.Namespace, wait_replicas: int = 0) -> Settings:
             primary_kills=1 if args.quick else 3,
             wait_replicas=wait_replicas,
             batch=50,
-            work_ms=2,
+            work_ms=20,
         )
     else:
         base = Settings(
@@ -234,8 +234,8 @@ def settings_from(args: argparse.Namespace, wait_replicas: int = 0) -> Settings:
             failover=False,
             primary_kills=0,
             wait_replicas=0,
-            batch=500,
-            work_ms=2,
+            batch=200,
+            work_ms=20,
         )
     for name in ("tasks", "workers", "spread_s", "max_duration_s", "worker_kills"):
         value = getattr(args, name)
