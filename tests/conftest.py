@@ -1,7 +1,13 @@
-"""Fixtures: one real redis-server per test session, on a free loopback port."""
+"""Fixtures: one real redis-server per test session, on a free loopback port.
+
+``DUEQ_TEST_TLS=1`` makes that server TLS-only with a throwaway CA, and every client from
+``redis_server.client()`` or ``redis_server.url`` verifies its certificate (tests/test_tls.py
+runs the core, consumer and cron tests this way).
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,9 +33,12 @@ class ManualClock:
         self.now += seconds
 
 
+TLS = os.environ.get("DUEQ_TEST_TLS") == "1"
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
+    server = RedisServer(tls=TLS).start()
     yield server
     server.stop()
 
