@@ -177,6 +177,11 @@ def test_a_corrupted_lease_seq_restarts_above_every_token_issued(make_queue, r, 
     with pytest.raises(dueq.LeaseLost):
         first.ack()
     again.ack()
+    q.schedule("b", id="b")
+    q.schedule("c", id="c")
+    [b] = q.claim(limit=1)
+    [c] = q.claim(limit=1)
+    assert int(again.token) < int(b.token) < int(c.token)  # whole numbers, still counting up
 
 
 @pytest.mark.parametrize("counter", ["acked", "retried", "released", "cancelled", "scheduled"])

@@ -20,6 +20,9 @@ TRACEBACK_FRAMES = 8
 
 
 def _shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, lone surrogates (not UTF-8) replaced by "?"."""
+    if not text.isascii():
+        text = text.encode("utf-8", "replace").decode("utf-8")
     if len(text) <= limit:
         return text
     half = limit // 2
@@ -40,7 +43,7 @@ def error_record(error: BaseException | str, attempt: int) -> str:
         kind, message, trace = "Error", str(error), None
     record = {
         "attempt": attempt,
-        "type": kind,
+        "type": _shorten(kind, MAX_MESSAGE_CHARS),
         "message": _shorten(message, MAX_MESSAGE_CHARS),
         "traceback": _shorten(trace, MAX_TRACEBACK_CHARS) if trace else None,
     }

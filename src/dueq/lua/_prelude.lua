@@ -36,17 +36,28 @@ local function meta_parse(v)
   return attempt, t, d, f, true
 end
 
--- Add n to a counter of the stats hash. A counter that is not an integer Redis can increment
--- (HINCRBY would fail after earlier writes) is logged and restarted at n.
-local function stat_incr(k_stats, field, n)
-  local v = redis.call('HGET', k_stats, field)
-  if v and (not string.match(v, '^%-?%d+$') or #v > 15) then
-    redis.log(redis.LOG_WARNING, 'dueq: counter ' .. field .. ' of ' .. k_stats ..
-      ' was not an integer; restarted')
-    redis.call('HSET', k_stats, field, n)
-    return n
+-- HINCRBY that reports (instead of raising) a value it cannot increment: not an integer, or
+-- an increment past 2^63. Returns the new value, or nil for such a value.
+local function try_incr(key, field, n)
+  local r = redis.pcall('HINCRBY', key, field, n)
+  if type(r) == 'table' and r.err then
+    if string.find(r.err, 'not an integer', 1, true) or string.find(r.err, 'overflow', 1, true) then
+      return nil
+    end
+    return redis.call('HINCRBY', key, field, n)  -- any other error: raise it as Redis said it
   end
-  return redis.call('HINCRBY', k_stats, field, n)
+  return r
+end
+
+-- Add n to a counter of the stats hash. A counter that is not an integer Redis can increment
+-- (a plain HINCRBY would fail after earlier writes) is logged and restarted at n.
+local function stat_incr(k_stats, field, n)
+  local v = try_incr(k_stats, field, n)
+  if v then return v end
+  redis.log(redis.LOG_WARNING, 'dueq: counter ' .. field .. ' of ' .. k_stats ..
+    ' was not an integer; restarted')
+  redis.call('HSET', k_stats, field, n)
+  return n
 end
 
 -- A score read back from a sorted set as whole epoch ms within 0 .. year 9999 (corrupted

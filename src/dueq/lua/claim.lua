@@ -33,14 +33,12 @@ for i = 8, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
 -- The next lease token. A lease_seq that is not a counter (corrupted) restarts above any count
 -- of claims (the clock in microseconds), so a token is never issued twice.
 local function next_token()
-  local v = redis.call('HGET', KEYS[7], 'lease_seq')
-  if v and (not string.match(v, '^%d+$') or #v > 17) then
-    redis.log(redis.LOG_WARNING, 'dueq: lease_seq of ' .. KEYS[7] .. ' was unreadable; restarted')
-    local fresh = ms(now) .. string.format('%03d', now_us)
-    redis.call('HSET', KEYS[7], 'lease_seq', fresh)
-    return fresh
-  end
-  return tostring(redis.call('HINCRBY', KEYS[7], 'lease_seq', 1))
+  local seq = try_incr(KEYS[7], 'lease_seq', 1)
+  if seq then return ms(seq) end
+  redis.log(redis.LOG_WARNING, 'dueq: lease_seq of ' .. KEYS[7] .. ' was unreadable; restarted')
+  local fresh = ms(now) .. string.format('%03d', now_us)
+  redis.call('HSET', KEYS[7], 'lease_seq', fresh)
+  return fresh
 end
 
 -- Send a task to dead with one error record (it is not leased when this is called).

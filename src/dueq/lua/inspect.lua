@@ -16,7 +16,7 @@ if ARGV[2] == 'ids' then
   for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
 else
   local first = tonumber(ARGV[3])
-  ids = redis.call('ZREVRANGE', KEYS[3], first, first + tonumber(ARGV[4]) - 1)
+  ids = redis.call('ZREVRANGE', KEYS[3], ms(first), ms(first + tonumber(ARGV[4]) - 1))
 end
 
 local out = {}
