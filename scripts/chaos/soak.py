@@ -60,6 +60,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -198,7 +199,8 @@ class Settings:
     batch: int
     work_ms: float
     ahead_s: float = 3.0
-    bench_s: float = 2.0
+    bench_rounds: int = 8
+    failover_timeout_ms: int = 10_000
 
 
 def settings_from(args: argparse.Namespace, wait_replicas: int = 0) -> Settings:
@@ -219,7 +221,7 @@ def settings_from(args: argparse.Namespace, wait_replicas: int = 0) -> Settings:
             wait_replicas=wait_replicas,
             batch=50,
             work_ms=20,
-            bench_s=1.0 if args.quick else 2.0,
+            bench_rounds=3 if args.quick else 8,
         )
     else:
         base = Settings(
@@ -239,7 +241,15 @@ def settings_from(args: argparse.Namespace, wait_replicas: int = 0) -> Settings:
             batch=200,
             work_ms=20,
         )
-    for name in ("tasks", "workers", "spread_s", "max_duration_s", "worker_kills"):
+    names = (
+        "tasks",
+        "workers",
+        "spread_s",
+        "max_duration_s",
+        "worker_kills",
+        "failover_timeout_ms",
+    )
+    for name in names:
         value = getattr(args, name)
         if value is not None:
             setattr(base, name, value)
@@ -252,8 +262,9 @@ def settings_from(args: argparse.Namespace, wait_replicas: int = 0) -> Settings:
 class Deployment:
     """The Redis processes of one run and the faults that can be done to them."""
 
-    def __init__(self, failover: bool) -> None:
+    def __init__(self, failover: bool, failover_timeout_ms: int = 10_000) -> None:
         self.failover = failover
+        self.failover_timeout_ms = failover_timeout_ms
         self.servers: dict[int, RedisServer] = {}
         self.sentinels: list[SentinelServer] = []
 
@@ -266,7 +277,12 @@ class Deployment:
             replica = RedisServer(appendonly=True, replica_of=("127.0.0.1", primary.port))
             replica.start().wait_in_sync()
             self.servers[replica.port] = replica
-        self.sentinels = [SentinelServer(("127.0.0.1", primary.port)).start() for _ in range(3)]
+        self.sentinels = [
+            SentinelServer(
+                ("127.0.0.1", primary.port), failover_timeout_ms=self.failover_timeout_ms
+            ).start()
+            for _ in range(3)
+        ]
         time.sleep(1.5)  # the sentinels discover the replicas and each other
 
     def addresses(self) -> list[tuple[str, int]]:
@@ -343,6 +359,18 @@ class Deployment:
             return int(probe.info("replication").get(field, 0))
         finally:
             probe.close()
+
+    def failover_events(self) -> str:
+        """What the sentinels logged: failovers started (a leader selected a replica), ended,
+        aborted; more starts than primary kills would mean a second, unplanned failover."""
+        events: Counter[str] = Counter()
+        for sentinel in self.sentinels:
+            path = sentinel.dir / "sentinel.log"
+            if path.exists():
+                for word in path.read_text(encoding="utf-8", errors="replace").split():
+                    if word.startswith(("+selected-slave", "+failover-end", "-failover-abort")):
+                        events[word] += 1
+        return ", ".join(f"{k} {v}" for k, v in sorted(events.items())) or "none"
 
     def stop(self) -> None:
         for sentinel in self.sentinels:
@@ -529,51 +557,56 @@ def fault_plan(settings: Settings, rng: random.Random) -> list[tuple[float, str]
     return sorted(plan)
 
 
-def measure_schedule_rates(client: redis.Redis, seconds: float, rounds: int = 3) -> list[str]:
+def measure_schedule_rates(client: redis.Redis, seconds: float, rounds: int) -> list[str]:
     """Throughput of schedule() calls and of schedule_many batches of 100, without WAIT and
-    with wait_replicas=1, measured alternately (``rounds`` times ``seconds`` each, best kept,
-    like timeit) so that the load of other processes affects both alike."""
-    best: dict[tuple[str, int], float] = defaultdict(float)
+    with wait_replicas=1. Short measurements alternate (``rounds`` pairs of ``seconds`` each)
+    and the medians are kept, with the median of the per-pair ratios, so that the load of
+    other processes on a shared machine affects both settings alike."""
     serial = itertools.count()
-    for _ in range(rounds):
-        for wait in (0, 1):
-            q = make_queue(client, wait, name="soak-bench")
-            count, start = 0, time.monotonic()
-            while time.monotonic() - start < seconds:
-                q.schedule({"n": count}, id=f"one-{next(serial)}", delay=3600)
-                count += 1
-            rate = count / (time.monotonic() - start)
-            best["schedule() calls/s", wait] = max(best["schedule() calls/s", wait], rate)
-            count, start = 0, time.monotonic()
-            while time.monotonic() - start < seconds:
-                ids = [f"many-{next(serial)}" for _ in range(100)]
-                q.schedule_many(dueq.Task({"n": i}, id=i, delay=3600) for i in ids)
-                count += 100
-            rate = count / (time.monotonic() - start)
-            key = "tasks/s, schedule_many batches of 100"
-            best[key, wait] = max(best[key, wait], rate)
-    keys = QueueKeys.for_queue("soak-bench")
-    client.delete(keys.due, keys.tasks, keys.meta, keys.errors, keys.stats)
+
+    def calls(q: dueq.Queue) -> float:
+        count, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            q.schedule({"n": count}, id=f"one-{next(serial)}", delay=3600)
+            count += 1
+        return count / (time.monotonic() - start)
+
+    def batches(q: dueq.Queue) -> float:
+        count, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            ids = [f"many-{next(serial)}" for _ in range(100)]
+            q.schedule_many(dueq.Task({"n": i}, id=i, delay=3600) for i in ids)
+            count += 100
+        return count / (time.monotonic() - start)
+
+    queues = [make_queue(client, wait, name="soak-bench") for wait in (0, 1)]
     lines = []
-    for what in ("schedule() calls/s", "tasks/s, schedule_many batches of 100"):
-        off, on = best[what, 0], best[what, 1]
+    for what, measure in (("schedule() calls/s", calls), ("tasks/s in batches of 100", batches)):
+        pairs = [(measure(queues[0]), measure(queues[1])) for _ in range(rounds)]
+        off = statistics.median(a for a, _ in pairs)
+        on = statistics.median(b for _, b in pairs)
+        ratio = statistics.median(b / a for a, b in pairs)
         lines.append(
             f"throughput before the faults, {what}: without WAIT {off:,.0f}, "
-            f"with wait_replicas=1 {on:,.0f} ({on / off:.0%})"
+            f"with wait_replicas=1 {on:,.0f} (median ratio {ratio:.0%}, {rounds} pairs)"
         )
+    keys = QueueKeys.for_queue("soak-bench")
+    client.delete(keys.due, keys.tasks, keys.meta, keys.errors, keys.stats)
     return lines
 
 
 def run_soak(settings: Settings, out: Callable[[str], None]) -> dict[str, int]:
     rng = random.Random(settings.seed)
     folder = Path(tempfile.mkdtemp(prefix="dueq-soak-"))
-    deployment = Deployment(settings.failover)
+    deployment = Deployment(settings.failover, settings.failover_timeout_ms)
     deployment.start()
     faults: list[Fault] = []
     try:
         client = deployment.client()
         q = make_queue(client, settings.wait_replicas)
-        rates = measure_schedule_rates(client, settings.bench_s) if settings.failover else []
+        rates = (
+            measure_schedule_rates(client, 0.5, settings.bench_rounds) if settings.failover else []
+        )
         started = time.monotonic()
         hard_deadline = started + settings.max_duration_s
         start_ms = now_ms()
@@ -595,6 +628,8 @@ def run_soak(settings: Settings, out: Callable[[str], None]) -> dict[str, int]:
         workers.stop()
         elapsed_s = time.monotonic() - started
         notes: list[str] = []
+        if settings.failover:
+            notes.append(f"sentinel events: {deployment.failover_events()}")
         counts = analyse(q, client, producer, workers, faults, notes)
         print_table(settings, counts, faults, producer, workers, drained, elapsed_s, rates, out)
         for fault in faults:
@@ -872,6 +907,7 @@ def main() -> int:
     parser.add_argument("--spread-s", type=float, help="seconds over which tasks fall due")
     parser.add_argument("--max-duration-s", type=float, help="bound of one run, seconds")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--failover-timeout-ms", type=int, help="Sentinel failover-timeout")
     args = parser.parse_args()
     if args.command == "worker":
         worker_main(args)

@@ -283,7 +283,7 @@ class SentinelServer:
         service: str = "dueq",
         quorum: int = 2,
         down_after_ms: int = 1000,
-        failover_timeout_ms: int = 4000,
+        failover_timeout_ms: int = 10_000,
     ) -> None:
         self.primary = primary
         self.service = service
