@@ -52,12 +52,14 @@ The exit code is 1 when lost, early, over max_attempts or unexplained duplicates
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import itertools
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -93,6 +95,10 @@ CLOCK_TOLERANCE_MS = 1.0
 #: delivery whose ack waited through the outage, plus the consumer's longest outage backoff.
 FAULT_MARGIN_MS = (LEASE_S + 5.5) * 1000
 SOCKET_TIMEOUT_S = 5.0
+#: A Sentinel log line announcing a new primary (local time, as Redis logs it).
+SWITCH_MASTER = re.compile(
+    r"(?P<at>\d+ \w+ \d+ [\d:.]+) # \+switch-master \S+ \S+ (?P<old>\d+) \S+ (?P<new>\d+)"
+)
 #: ReplicationTimeout exists once the library has the WAIT setting (Queue(wait_replicas=N)).
 REPLICATION_TIMEOUT: type[Exception] = getattr(dueq, "ReplicationTimeout", dueq.DueqError)
 
@@ -200,6 +206,7 @@ class Settings:
     work_ms: float
     ahead_s: float = 3.0
     bench_rounds: int = 8
+    keep_logs: str = ""
     failover_timeout_ms: int = 10_000
 
 
@@ -248,6 +255,7 @@ def settings_from(args: argparse.Namespace, wait_replicas: int = 0) -> Settings:
         "max_duration_s",
         "worker_kills",
         "failover_timeout_ms",
+        "keep_logs",
     )
     for name in names:
         value = getattr(args, name)
@@ -359,6 +367,36 @@ class Deployment:
             return int(probe.info("replication").get(field, 0))
         finally:
             probe.close()
+
+    def switches(self) -> list[tuple[float, str]]:
+        """(epoch ms, "old -> new") of each primary switch the sentinels logged (+switch-master,
+        deduplicated across the sentinels: the same switch within 10 s counts once)."""
+        seen: list[tuple[float, str]] = []
+        for sentinel in self.sentinels:
+            path = sentinel.dir / "sentinel.log"
+            if not path.exists():
+                continue
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                match = SWITCH_MASTER.search(line)
+                if match is None:
+                    continue
+                stamp = datetime.strptime(match["at"], "%d %b %Y %H:%M:%S.%f").timestamp()
+                seen.append((stamp * 1000, f"{match['old']} -> {match['new']}"))
+        switches: list[tuple[float, str]] = []
+        for at_ms, what in sorted(seen):
+            if not any(w == what and at_ms - a < 10_000 for a, w in switches):
+                switches.append((at_ms, what))
+        return switches
+
+    def keep_logs(self, folder: Path) -> None:
+        """Copy the Redis and Sentinel logs to ``folder`` (they go with the servers' folders)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for port, server in self.servers.items():
+            with contextlib.suppress(OSError):
+                shutil.copy(server.dir / "redis.log", folder / f"redis-{port}.log")
+        for sentinel in self.sentinels:
+            with contextlib.suppress(OSError):
+                shutil.copy(sentinel.dir / "sentinel.log", folder / f"sentinel-{sentinel.port}.log")
 
     def failover_events(self) -> str:
         """What the sentinels logged: failovers started (a leader selected a replica), ended,
@@ -630,6 +668,12 @@ def run_soak(settings: Settings, out: Callable[[str], None]) -> dict[str, int]:
         notes: list[str] = []
         if settings.failover:
             notes.append(f"sentinel events: {deployment.failover_events()}")
+            faults += unplanned_failovers(deployment.switches(), faults, start_ms, notes)
+        if settings.keep_logs:
+            deployment.keep_logs(Path(settings.keep_logs))
+            for path in workers.all_logs:
+                with contextlib.suppress(OSError):
+                    shutil.copy(path, Path(settings.keep_logs) / path.name)
         counts = analyse(q, client, producer, workers, faults, notes)
         print_table(settings, counts, faults, producer, workers, drained, elapsed_s, rates, out)
         for fault in faults:
@@ -645,6 +689,21 @@ def run_soak(settings: Settings, out: Callable[[str], None]) -> dict[str, int]:
     finally:
         deployment.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def unplanned_failovers(
+    switches: list[tuple[float, str]], faults: list[Fault], start_ms: float, notes: list[str]
+) -> list[Fault]:
+    """Primary switches that no planned primary kill explains: a failover the sentinels chose
+    on their own (a primary that stalled past down-after-milliseconds). Each becomes a fault
+    window of its own, from 5 s before the switch (the stall and the election) to the switch."""
+    planned = [f for f in faults if f.kind == "primary-kill"]
+    extra = []
+    for at_ms, what in switches:
+        if not any(f.start_ms <= at_ms <= f.end_ms + 1000 for f in planned):
+            extra.append(Fault("unplanned-failover", at_ms - 5000, at_ms, what))
+            notes.append(f"unplanned failover at {(at_ms - start_ms) / 1000:.1f} s: {what}")
+    return extra
 
 
 def inject(
@@ -862,7 +921,8 @@ def print_table(
     out(
         f"faults: worker SIGKILL {kinds['worker-kill']}, Redis SIGKILL + AOF restart "
         f"{kinds['redis-kill']}, Redis SIGSTOP{stop} {kinds['redis-stop']}, "
-        f"primary SIGKILL + Sentinel failover {kinds['primary-kill']}; "
+        f"primary SIGKILL + Sentinel failover {kinds['primary-kill']}, "
+        f"unplanned Sentinel failover {kinds['unplanned-failover']}; "
         f"worker exits not caused by a kill: {workers.crashes}"
     )
     retried = ", ".join(f"{k} {v}" for k, v in sorted(producer.retries.items())) or "none"
@@ -908,6 +968,7 @@ def main() -> int:
     parser.add_argument("--max-duration-s", type=float, help="bound of one run, seconds")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--failover-timeout-ms", type=int, help="Sentinel failover-timeout")
+    parser.add_argument("--keep-logs", help="copy worker, Redis and Sentinel logs to this folder")
     args = parser.parse_args()
     if args.command == "worker":
         worker_main(args)
