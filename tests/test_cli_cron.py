@@ -111,3 +111,19 @@ def test_unreachable_redis_is_one_line(invoke):
     result = invoke("cron", "list", "q", url="redis://127.0.0.1:1/0")
     assert result.exit_code == 1
     assert "cannot reach Redis at redis://127.0.0.1:1/0" in one_error_line(result)
+
+
+def test_list_shows_a_corrupted_definition_and_what_is_wrong_with_it(invoke, r):
+    q = dueq.Queue("q", r)
+    q.cron.add("good", "@hourly")
+    q.cron.add("bad", "@hourly")
+    r.hset(q.keys.cron, "bad", "{not json")
+    r.hset(q.keys.cron_state, "good", "garbage")
+    result = invoke("cron", "list", "q")
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "cron 'bad' cannot be kept going: its definition in Redis cannot be used" in out
+    assert "cron 'good' cannot be kept going: its schedule state in Redis cannot be read" in out
+    removed = invoke("cron", "remove", "q", "bad", "--yes")
+    assert removed.exit_code == 0, removed.output
+    assert [d.name for d in q.cron.list()] == ["good"]

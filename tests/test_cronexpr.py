@@ -122,3 +122,19 @@ def test_next_and_latest_agree_with_each_other(zone, expr, at):
     assert s.latest_at_or_before(following - 1) <= at
     assert s.latest_at_or_before(following) == following
     assert following - at <= timedelta(days=32).total_seconds() * 1000
+
+
+@pytest.mark.parametrize("tz", ["America", "Europe", "a" * 5000, "../UTC", "UTC\x00", "\ud800"])
+def test_zone_names_that_are_directories_or_too_long_are_unknown_zones(tz):
+    with pytest.raises(dueq.CronError, match=r"time zone|IANA zone"):
+        CronSchedule("@daily", tz)
+
+
+@settings(max_examples=200, deadline=None)
+@given(expr=st.text(max_size=40), tz=st.sampled_from(["UTC", "Europe/Berlin"]) | st.text())
+def test_any_expression_and_zone_text_is_a_schedule_or_a_cron_error(expr, tz):
+    try:
+        s = CronSchedule(expr, tz)
+    except dueq.CronError:
+        return
+    assert s.next_after(ms(2026, 1, 1)) > ms(2026, 1, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import dueq
+import dueq.dead
 
 
 @pytest.fixture
@@ -118,3 +119,50 @@ def test_a_dead_task_exactly_at_the_age_limit_is_kept(make_queue):
     q.clock.advance(0.001)
     bury("third")  # now "first" is older than 60 s: trimmed
     assert [t.id for t in q.dead.list()] == ["third", "second"]
+
+
+@pytest.mark.parametrize("action", ["replay", "purge"])
+@pytest.mark.parametrize("ids", ["d0", "d0d1", b"d0", bytearray(b"d0")])
+def test_a_bare_string_of_ids_is_refused_not_split_into_characters(buried, action, ids):
+    with pytest.raises(dueq.InvalidTaskError, match="not a") as info:
+        getattr(buried.dead, action)(ids)
+    assert isinstance(info.value, ValueError)
+    if isinstance(ids, str):
+        assert f"ids=[{ids!r}]" in str(info.value)
+    assert buried.dead.count() == 5
+
+
+@pytest.mark.parametrize("ids", [5, 1.5, object()])
+def test_ids_that_are_not_iterable_are_refused(buried, ids):
+    with pytest.raises(dueq.InvalidTaskError, match="iterable of task ids"):
+        buried.dead.purge(ids)
+    assert buried.dead.count() == 5
+
+
+def bury_many(q: dueq.Queue, count: int) -> list[str]:
+    ids = [f"t{i}" for i in range(count)]
+    q.schedule_many([dueq.Task(i, id=i) for i in ids])
+    while batch := q.claim(limit=1000):
+        for d in batch:
+            d.fail(dueq.Unrecoverable("x"))
+    return ids
+
+
+@pytest.mark.parametrize("action", ["replay", "purge"])
+def test_more_ids_than_one_batch_are_all_or_nothing(make_queue, action):
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=1))
+    ids = bury_many(q, 2 * dueq.dead.DEAD_BATCH + 5)
+    with pytest.raises(dueq.TaskNotFound) as info:
+        getattr(q.dead, action)([*ids, "missing"])  # the unknown id is in the last batch
+    assert info.value.ids == ["missing"]
+    assert q.dead.count() == len(ids)  # nothing moved
+    assert getattr(q.dead, action)(ids) == len(ids)
+    assert q.dead.count() == 0
+
+
+def test_an_id_repeated_across_batches_counts_once(make_queue):
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=1))
+    ids = bury_many(q, 3)
+    repeated = [ids[0]] * (dueq.dead.DEAD_BATCH + 1) + ids[1:]
+    assert q.dead.replay(repeated) == 3
+    assert q.stats().counters["replayed"] == 3

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
 
 import pytest
 import tenacity
 from freezegun import freeze_time
 
 import dueq
+import dueq.retry
 from dueq.retry import retry_state
 
 
@@ -175,3 +180,115 @@ def test_a_strategy_that_raises_is_refused_up_front():
         dueq.RetryPolicy(wait=lambda state: "soon")  # not a number
     with pytest.raises(dueq.ConfigurationError):
         dueq.RetryPolicy(stop=lambda state: state.missing_attribute)
+
+
+# -- strategies that misbehave -------------------------------------------------------------------
+
+
+def fails_at(attempt: int, answer: object = None) -> dueq.retry.WaitStrategy:
+    """A wait that answers 1 s, except at ``attempt``: raises IndexError, or returns ``answer``."""
+    table = [1.0] * (attempt - 1)
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        if state.attempt_number == attempt and answer is not None:
+            return answer  # type: ignore[return-value]
+        return table[state.attempt_number - 1]  # IndexError at `attempt`
+
+    return wait
+
+
+def test_a_wait_that_raises_at_a_later_attempt_is_refused_naming_it():
+    with pytest.raises(dueq.ConfigurationError, match="attempt 3"):
+        dueq.RetryPolicy(max_attempts=5, wait=fails_at(3))
+    # Attempts after the last retry (and past the 64-entry table) are never waited for.
+    assert dueq.RetryPolicy(max_attempts=3, wait=fails_at(3)).delay_s(2) == 1.0
+    dueq.RetryPolicy(max_attempts=1000, wait=fails_at(65))
+
+
+@pytest.mark.parametrize(
+    "answer", [float("nan"), "5", b"5", [1], 1j, True, object(), Decimal("NaN"), Decimal("sNaN")]
+)
+def test_a_wait_that_returns_no_number_at_some_attempt_is_refused(answer):
+    with pytest.raises(dueq.ConfigurationError, match="attempt 2"):
+        dueq.RetryPolicy(max_attempts=5, wait=fails_at(2, answer))
+
+
+def test_a_stop_that_raises_at_a_later_attempt_is_refused_naming_it():
+    def stop(state: tenacity.RetryCallState) -> bool:
+        return [False, False][state.attempt_number - 1]
+
+    with pytest.raises(dueq.ConfigurationError, match=r"stop .*attempt 3"):
+        dueq.RetryPolicy(max_attempts=10, stop=stop)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [10**400, float("inf"), Fraction(10**400, 3), Decimal("1e400"), 1e300],
+    ids=["int", "inf", "fraction", "decimal", "float"],
+)
+def test_huge_waits_are_capped_at_ten_years_without_overflow(make_queue, clock, answer):
+    policy = dueq.RetryPolicy(max_attempts=3, wait=lambda s: answer)
+    assert policy.delay_s(1) == dueq.retry.MAX_DELAY_S == 10 * 365 * 86400
+    assert policy.backoff_table_ms() == [dueq.retry.MAX_DELAY_S * 1000] * 2
+    q = make_queue(retry=policy)
+    q.schedule("x", id="a")
+    [d] = q.claim()
+    outcome = d.fail(RuntimeError("later"))
+    assert outcome.kind == "retried"
+    assert outcome.at == datetime.fromtimestamp(clock.now + dueq.retry.MAX_DELAY_S, timezone.utc)
+    info = q.get("a")
+    assert info is not None and info.due_at == outcome.at
+
+
+@pytest.mark.parametrize("answer", [-5, -math.inf, Decimal("-1")])
+def test_negative_waits_mean_no_wait(answer):
+    policy = dueq.RetryPolicy(max_attempts=3, wait=lambda s: answer)
+    assert policy.delay_s(1) == 0.0 and policy.backoff_table_ms() == [0, 0]
+
+
+class Flaky:
+    """A strategy that works at construction and breaks later (e.g. a remote lookup)."""
+
+    def __init__(self, answer: object = 7.0) -> None:
+        self.broken = False
+        self.answer = answer
+
+    def __call__(self, state: tenacity.RetryCallState) -> Any:
+        if self.broken:
+            raise RuntimeError("strategy down")
+        return self.answer
+
+
+def test_a_wait_that_fails_at_failure_time_falls_back_to_the_default_backoff(
+    make_queue, clock, caplog
+):
+    wait = Flaky()
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=3, wait=wait))
+    q.schedule("x", id="a")
+    wait.broken = True
+    [d] = q.claim()  # the lease-expiry table falls back too: the claim does not raise
+    outcome = d.fail(RuntimeError("boom"))
+    assert outcome.kind == "retried" and outcome.at is not None
+    delay_s = outcome.at.timestamp() - clock.now
+    assert 1 <= delay_s <= 2  # the default jittered backoff for attempt 1
+    assert "retry wait failed for attempt 1" in caplog.text and "strategy down" in caplog.text
+
+
+def test_a_stop_that_fails_at_failure_time_keeps_retrying_up_to_max_attempts(
+    make_queue, clock, caplog
+):
+    stop = Flaky(answer=False)
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=2, wait=lambda s: 1, stop=stop))
+    q.schedule("x", id="a")
+    stop.broken = True
+    [d] = q.claim()
+    assert d.fail(RuntimeError("boom")).kind == "retried"
+    clock.advance(1)
+    [d] = q.claim()
+    assert d.fail(RuntimeError("boom")).kind == "dead"
+    assert "retry stop failed for attempt 1" in caplog.text
+
+
+def test_a_task_age_that_is_not_finite_reads_as_zero():
+    for age_s in (math.nan, math.inf, -math.inf, -5.0):
+        assert retry_state(2, age_s=age_s).seconds_since_start == pytest.approx(0.0, abs=1)

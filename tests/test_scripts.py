@@ -8,6 +8,8 @@ from importlib import resources
 import pytest
 
 import dueq
+from dueq import _protocol as protocol
+from dueq.keys import QueueKeys
 from dueq.scripts import SCRIPT_NAMES, script_source
 
 LUA = resources.files("dueq").joinpath("lua")
@@ -40,17 +42,38 @@ def test_every_script_has_a_keys_argv_returns_header(name):
 def test_every_key_a_script_touches_comes_from_keys(name):
     source = script_source(name)
     assert "dueq:" not in source  # no key names built inside Lua
-    for match in re.finditer(rf"redis\.call\('({KEY_COMMANDS})',\s*([^,)]+)", source):
+    for match in re.finditer(rf"redis\.p?call\('({KEY_COMMANDS})',\s*([^,)]+)", source):
         key_arg = match.group(2).strip()
-        assert re.fullmatch(r"KEYS\[\d\]|k_\w+|key", key_arg), (name, match.group(0))
+        assert re.fullmatch(r"KEYS\[\d+\]|k_\w+|key", key_arg), (name, match.group(0))
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_every_declared_key_is_used(name):
     text = LUA.joinpath(f"{name}.lua").read_text()
-    declared = set(re.findall(r"^-- KEYS\[(\d)\]", text, flags=re.M))
-    used = set(re.findall(r"KEYS\[(\d)\]", text.split("\n\n", 1)[1]))
+    declared = set(re.findall(r"^-- KEYS\[(\d+)\]", text, flags=re.M))
+    used = set(re.findall(r"KEYS\[(\d+)\]", text.split("\n\n", 1)[1]))
     assert declared == used
+
+
+def _header_keys(name: str) -> list[str]:
+    """The key names of a script's header, in KEYS order (``-- KEYS[3] tasks ...``)."""
+    text = LUA.joinpath(f"{name}.lua").read_text()
+    found = re.findall(r"^-- KEYS\[(\d+)\]\s+(\w+)", text, flags=re.M)
+    assert [int(n) for n, _ in found] == list(range(1, len(found) + 1)), name
+    return [key for _, key in found]
+
+
+def test_the_header_regexes_read_two_digit_key_numbers():
+    assert re.findall(r"KEYS\[(\d+)\]", "KEYS[10] KEYS[2]") == ["10", "2"]
+
+
+@pytest.mark.parametrize("name", sorted(protocol.SAMPLES))
+def test_each_protocol_counterpart_sends_keys_in_its_scripts_header_order(name):
+    keys = QueueKeys.for_queue("q")
+    field_of = {getattr(keys, field): field for field in keys.__dataclass_fields__}
+    call = protocol.SAMPLES[name](keys)
+    assert call.script == name
+    assert [field_of[key] for key in call.keys] == _header_keys(name)
 
 
 def test_lua_status_codes_map_to_dueq_errors(make_queue, clock):

@@ -6,6 +6,7 @@ in the dead-letter queue. See README.md for the guarantees.
 """
 
 from . import operators
+from ._async import AsyncQueue
 from .cron import CronDefinition, Occurrence
 from .exceptions import (
     ConfigurationError,
@@ -22,6 +23,7 @@ from .exceptions import (
 from .queue import ClaimBatch, Queue
 from .retry import RetryPolicy
 from .task import (
+    AsyncDelivery,
     Delivery,
     ErrorRecord,
     Outcome,
@@ -35,6 +37,8 @@ from .worker import Worker
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AsyncDelivery",
+    "AsyncQueue",
     "ClaimBatch",
     "ConfigurationError",
     "CronConflict",

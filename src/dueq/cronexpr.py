@@ -73,7 +73,9 @@ def load_zone(tz: object) -> ZoneInfo:
         raise CronError(f"tz must be an IANA zone name such as 'Europe/Berlin', got {tz!r}")
     try:
         return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        # OSError: zoneinfo reads tz as a file path, so "America" is a directory and a
+        # very long name is too long for the file system.
         raise CronError(f"unknown time zone {tz!r}") from exc
 
 

@@ -1,72 +1,171 @@
-"""The dead-letter queue of one Queue: list, count, replay and purge dead tasks."""
+"""The dead-letter queue of one Queue: list, count, replay and purge dead tasks.
+
+Replay and purge by id are all-or-nothing. One script call checks and moves up to
+``DEAD_BATCH`` ids atomically (Lua's ``unpack`` bounds a call); beyond that, every id is
+checked first, so an unknown id raises TaskNotFound before anything moves. Only a change
+made by someone else between that check and the batches (another replay, purge or trim of
+the same ids) can still stop a later batch; the error then says how many were moved.
+
+Both front ends share the flows of ``DeadLettersCore``; ``DeadLetters`` (``Queue.dead``)
+drives them with blocking calls and ``AsyncDeadLetters`` (``AsyncQueue.dead``) awaits them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from . import _protocol as protocol
 from .checks import whole_number
 from .envelope import validate_id
-from .exceptions import TaskNotFound
-from .snapshot import text
+from .exceptions import InvalidTaskError
 
 if TYPE_CHECKING:
+    from ._async import AsyncQueue
+    from ._core import Flow, QueueCore
     from .queue import Queue
     from .task import TaskInfo
 
 #: Most dead tasks moved by one script call when replaying or purging everything.
 DEAD_BATCH = 1000
+#: Largest offset ``list`` accepts (an offset beyond the cap is empty anyway).
+MAX_OFFSET = 2**40
 
 
-class DeadLetters:
+class DeadLettersCore:
     """Dead tasks keep their payload, attempt count and every attempt's error."""
 
+    def __init__(self, queue: QueueCore) -> None:
+        self._core = queue
+
+    def _list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
+        whole_number(limit, "limit", low=0, high=MAX_OFFSET)
+        whole_number(offset, "offset", low=0, high=MAX_OFFSET)
+        if limit == 0:
+            return []
+        q = self._core
+        found: list[TaskInfo] = yield protocol.inspect_dead(q.keys, q._now_arg(), offset, limit)
+        return found
+
+    def _count_flow(self) -> Flow[int]:
+        count: int = yield protocol.command("ZCARD", self._core.keys.dead, parse=int)
+        return count
+
+    def _move_flow(self, action: str, ids: Iterable[str] | None) -> Flow[int]:
+        q = self._core
+        if ids is not None:
+            wanted = _distinct_ids(ids)
+            if len(wanted) > DEAD_BATCH:
+                yield from self._check_dead_flow(wanted)
+            moved = 0
+            for start in range(0, len(wanted), DEAD_BATCH):
+                batch = wanted[start : start + DEAD_BATCH]
+                reply: protocol.DeadReply = yield protocol.dead_ids(
+                    q.keys, q._now_arg(), action, batch
+                )
+                if reply.status is not protocol.Status.OK:
+                    already = f" ({moved} of the ids before them were moved)" if moved else ""
+                    protocol.raise_for(
+                        reply.status,
+                        f"not in the dead-letter queue: {reply.missing[:10]}{already}",
+                        reply.missing,
+                    )
+                moved += reply.count
+            return moved
+        remaining: int = yield from self._count_flow()
+        moved = 0
+        while remaining > 0:
+            reply = yield protocol.dead_oldest(
+                q.keys, q._now_arg(), action, min(remaining, DEAD_BATCH)
+            )
+            if reply.count == 0:
+                break
+            moved += reply.count
+            remaining -= reply.count
+        return moved
+
+    def _check_dead_flow(self, wanted: Sequence[str]) -> Flow[None]:
+        """TaskNotFound (listing them) if any of ``wanted`` is not dead; writes nothing."""
+        dead_key = self._core.keys.dead
+        replies: list[Any] = yield protocol.Batch(
+            tuple(
+                protocol.command("ZMSCORE", dead_key, *wanted[start : start + DEAD_BATCH])
+                for start in range(0, len(wanted), DEAD_BATCH)
+            )
+        )
+        scores = [score for reply in replies for score in reply]
+        missing = [i for i, score in zip(wanted, scores, strict=True) if score is None]
+        if missing:
+            protocol.raise_for(
+                protocol.Status.NOT_DEAD, f"not in the dead-letter queue: {missing[:10]}", missing
+            )
+
+
+class DeadLetters(DeadLettersCore):
+    """The dead-letter queue of a ``Queue``: list, count, replay and purge dead tasks."""
+
     def __init__(self, queue: Queue) -> None:
+        super().__init__(queue)
         self._queue = queue
 
     def list(self, limit: int = 50, offset: int = 0) -> list[TaskInfo]:
         """Dead tasks, most recently died first."""
-        whole_number(limit, "limit", low=0)
-        whole_number(offset, "offset", low=0)
-        if limit == 0:
-            return []
-        return self._queue._inspect("dead", offset, limit)
+        return self._queue._drive(self._list_flow(limit, offset))
 
     def count(self) -> int:
         """How many tasks are dead."""
-        return int(self._queue.redis.zcard(self._queue.keys.dead))
+        return self._queue._drive(self._count_flow())
 
     def replay(self, ids: Iterable[str] | None = None) -> int:
         """Put dead tasks back in due now with attempts and errors reset; returns the count.
 
-        With ``ids`` it is all-or-nothing: TaskNotFound (listing them) if any id is not dead.
-        Without, every task dead at the time of the call is replayed, in batches.
+        With ``ids`` (an iterable of ids, each counted once; a bare str is refused with
+        InvalidTaskError) it is all-or-nothing: TaskNotFound (listing them) if any id is not
+        dead. Without, every task dead at the time of the call is replayed, in batches.
         """
-        return self._move("replay", ids)
+        return self._queue._drive(self._move_flow("replay", ids))
 
     def purge(self, ids: Iterable[str] | None = None) -> int:
         """Delete dead tasks for good; returns the count. ``ids`` as for ``replay``."""
-        return self._move("purge", ids)
+        return self._queue._drive(self._move_flow("purge", ids))
 
-    def _move(self, action: str, ids: Iterable[str] | None) -> int:
-        q = self._queue
-        k = q.keys
-        keys = [k.dead, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake]
-        if ids is not None:
-            wanted = [validate_id(i) for i in ids]
-            moved = 0
-            for start in range(0, len(wanted), DEAD_BATCH):
-                reply = q._run("dead", keys, action, "ids", *wanted[start : start + DEAD_BATCH])
-                if int(reply[0]) < 0:
-                    missing = [text(x) for x in reply[1:]]
-                    raise TaskNotFound(f"not in the dead-letter queue: {missing[:10]}", missing)
-                moved += int(reply[0])
-            return moved
-        remaining, moved = self.count(), 0
-        while remaining > 0:
-            count = int(q._run("dead", keys, action, "oldest", min(remaining, DEAD_BATCH))[0])
-            if count == 0:
-                break
-            moved += count
-            remaining -= count
-        return moved
+
+class AsyncDeadLetters(DeadLettersCore):
+    """The dead-letter queue of an ``AsyncQueue``; the methods of ``DeadLetters``, awaited."""
+
+    def __init__(self, queue: AsyncQueue) -> None:
+        super().__init__(queue)
+        self._queue = queue
+
+    async def list(self, limit: int = 50, offset: int = 0) -> list[TaskInfo]:
+        """Dead tasks, most recently died first."""
+        return await self._queue._drive(self._list_flow(limit, offset))
+
+    async def count(self) -> int:
+        """How many tasks are dead."""
+        return await self._queue._drive(self._count_flow())
+
+    async def replay(self, ids: Iterable[str] | None = None) -> int:
+        """As ``DeadLetters.replay``."""
+        return await self._queue._drive(self._move_flow("replay", ids))
+
+    async def purge(self, ids: Iterable[str] | None = None) -> int:
+        """As ``DeadLetters.purge``."""
+        return await self._queue._drive(self._move_flow("purge", ids))
+
+
+def _distinct_ids(ids: object) -> list[str]:
+    """The ids of an iterable, each once, in order; InvalidTaskError for a bare str or bytes
+    (a str is an iterable of one-character ids, which is never what was meant)."""
+    if isinstance(ids, (str, bytes, bytearray, memoryview)):
+        raise InvalidTaskError(
+            f"ids must be an iterable of task ids, not a {type(ids).__name__}; "
+            f"did you mean ids=[{ids!r}]?"
+        )
+    try:
+        iterator = iter(ids)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidTaskError(
+            f"ids must be an iterable of task ids, got {type(ids).__name__}"
+        ) from None
+    return list(dict.fromkeys(validate_id(i) for i in iterator))

@@ -3,11 +3,23 @@
 tenacity's strategies are callables of a ``RetryCallState``. A task's retry state lives in
 Redis, not in a running ``Retrying`` loop, so ``retry_state`` below builds that object by hand
 from the task's attempt number and age (the same way tenacity's own tests do).
+
+Strategies are user code, asked long after the policy was built (at every claim, for the
+lease-expiry table, and at every failure), so a policy is checked for the whole table when
+it is built: a strategy that raises, or answers something that is not a number of seconds
+(NaN, a str, None), at any attempt of the table is a ConfigurationError naming that attempt.
+Answers with a sane reading are taken as such: a negative wait is no wait, and waits beyond
+``MAX_DELAY_S`` (inf, 10**400) are capped. A strategy that breaks later (it is stateful,
+random or calls out) never stops a consumer: its failure is logged and the default
+jittered backoff (for ``wait``) or ``max_attempts`` alone (for ``stop``) decides instead.
 """
 
 from __future__ import annotations
 
+import decimal
+import logging
 import math
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,11 +30,15 @@ import tenacity
 from .checks import whole_number
 from .exceptions import ConfigurationError
 
+logger = logging.getLogger(__name__)
+
 WaitStrategy = Callable[[tenacity.RetryCallState], float]
 StopStrategy = Callable[[tenacity.RetryCallState], bool]
 
 #: Most entries of the per-attempt backoff table sent with each claim (for lease expiries).
 MAX_BACKOFF_TABLE = 64
+#: Longest wait a policy gives (longer answers are capped): ten years.
+MAX_DELAY_S = 10 * 365 * 86400
 
 _RETRYING = tenacity.Retrying()
 
@@ -42,7 +58,7 @@ def retry_state(
     state = tenacity.RetryCallState(_RETRYING, None, (), {})
     state.attempt_number = attempt
     now = time.monotonic()
-    state.start_time = now - max(age_s, 0.0)
+    state.start_time = now - (age_s if math.isfinite(age_s) and age_s > 0 else 0.0)
     state.outcome = tenacity.Future.construct(attempt, error or Exception("failed"), True)
     state.outcome_timestamp = now
     return state
@@ -68,31 +84,86 @@ class RetryPolicy:
             raise ConfigurationError(f"wait must be a tenacity wait strategy, got {self.wait!r}")
         if self.stop is not None and not callable(self.stop):
             raise ConfigurationError(f"stop must be a tenacity stop strategy, got {self.stop!r}")
-        try:  # a strategy that cannot answer for attempt 1 would fail at the first failure
-            self.delay_s(1)
-            self.gives_up(1)
-        except Exception as exc:
-            raise ConfigurationError(f"retry strategy raised for attempt 1: {exc!r}") from exc
+        # Ask both strategies for every attempt of the table now, not at a claim months later.
+        for attempt in range(1, self._table_size() + 1):
+            state = retry_state(attempt)
+            try:
+                _seconds(self.wait(state))
+            except Exception as exc:  # any failure of user code here is a configuration error
+                raise ConfigurationError(
+                    f"retry wait failed for attempt {attempt}: {exc!r}"
+                ) from exc
+            if self.stop is not None:
+                try:
+                    bool(self.stop(state))
+                except Exception as exc:  # as above
+                    raise ConfigurationError(
+                        f"retry stop failed for attempt {attempt}: {exc!r}"
+                    ) from exc
+
+    def _table_size(self) -> int:
+        return min(max(self.max_attempts - 1, 1), MAX_BACKOFF_TABLE)
 
     def delay_s(
         self, attempt: int, age_s: float = 0.0, error: BaseException | None = None
     ) -> float:
-        """Seconds to wait after failed delivery ``attempt`` (never negative, never NaN)."""
-        value: Any = self.wait(retry_state(attempt, age_s, error))
-        delay = float(value)
-        if math.isnan(delay) or delay < 0:
-            return 0.0
-        return min(delay, 10 * 365 * 86400.0)
+        """Seconds to wait after failed delivery ``attempt``: from 0 to ``MAX_DELAY_S``.
+
+        If the wait strategy fails now, the failure is logged and the default backoff answers.
+        """
+        state = retry_state(attempt, age_s, error)
+        try:
+            return _seconds(self.wait(state))
+        except Exception as exc:  # user code must not stop a consumer: fall back and say so
+            fallback = _seconds(_FALLBACK_WAIT(retry_state(min(attempt, MAX_BACKOFF_TABLE))))
+            logger.warning(
+                "retry wait failed for attempt %d (%r); waiting %.3f s, the default backoff",
+                attempt,
+                exc,
+                fallback,
+            )
+            return fallback
 
     def gives_up(
         self, attempt: int, age_s: float = 0.0, error: BaseException | None = None
     ) -> bool:
-        """True when failed delivery ``attempt`` was the last one allowed."""
+        """True when failed delivery ``attempt`` was the last one allowed.
+
+        If the stop strategy fails now, the failure is logged and ``max_attempts`` decides.
+        """
         if attempt >= self.max_attempts:
             return True
-        return bool(self.stop(retry_state(attempt, age_s, error))) if self.stop else False
+        if self.stop is None:
+            return False
+        try:
+            return bool(self.stop(retry_state(attempt, age_s, error)))
+        except Exception as exc:  # user code must not stop a consumer: fall back and say so
+            logger.warning(
+                "retry stop failed for attempt %d (%r); retrying up to max_attempts=%d",
+                attempt,
+                exc,
+                self.max_attempts,
+            )
+            return False
 
     def backoff_table_ms(self) -> list[int]:
         """Delays (ms) after attempts 1, 2, ...: used by the claim script for lease expiries."""
-        count = min(max(self.max_attempts - 1, 1), MAX_BACKOFF_TABLE)
-        return [round(self.delay_s(n) * 1000) for n in range(1, count + 1)]
+        return [round(self.delay_s(n) * 1000) for n in range(1, self._table_size() + 1)]
+
+
+_FALLBACK_WAIT = default_wait()
+
+
+def _seconds(value: object) -> float:
+    """A wait strategy's answer as seconds from 0 to MAX_DELAY_S; ValueError if it is not a
+    number (NaN, str, None, bool, complex)."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
+        raise ValueError(f"the wait is {value!r:.60}, not a number of seconds")
+    number: Any = value
+    try:
+        seconds = float(number)
+    except OverflowError:  # an int or Fraction beyond float range
+        seconds = math.inf if number > 0 else -math.inf
+    if math.isnan(seconds):
+        raise ValueError("the wait is NaN, not a number of seconds")
+    return min(max(seconds, 0.0), float(MAX_DELAY_S))

@@ -22,6 +22,8 @@ from importlib import resources
 from typing import Any
 
 import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from .exceptions import ConfigurationError, ReplicationTimeout
@@ -52,9 +54,6 @@ PRODUCER_SCRIPTS = frozenset(
 #: Scripts that settle a delivery: a replication shortfall is logged, not raised.
 SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})
 
-#: Status codes returned by fail.lua.
-FAIL_LOST, FAIL_RETRIED, FAIL_DEAD = 0, 1, 2
-
 
 @cache
 def script_source(name: str) -> str:
@@ -65,37 +64,56 @@ def script_source(name: str) -> str:
     return prelude + "\n" + body
 
 
-class Scripts:
-    """The registered scripts of one Redis client, called by name.
+def _waits(name: str, wait_replicas: int) -> bool:
+    return bool(wait_replicas) and (name in PRODUCER_SCRIPTS or name in SETTLE_SCRIPTS)
+
+
+def _replicated(name: str, reply: Any, confirmed: Any, wanted: int, timeout_ms: int) -> Any:
+    """The script's reply once WAIT confirmed ``confirmed`` replicas of ``wanted``; a
+    shortfall raises ReplicationTimeout for producer scripts and is logged for settles."""
+    confirmed = int(confirmed)
+    if confirmed >= wanted:
+        return reply
+    message = (
+        f"{name}: applied on the primary, but only {confirmed} of {wanted} "
+        f"replica(s) confirmed it within {timeout_ms} ms"
+    )
+    if name in SETTLE_SCRIPTS:
+        logger.warning("%s; a failover now would deliver the task again", message)
+        return reply
+    raise ReplicationTimeout(message, confirmed, wanted)
+
+
+def _check_wait(client: object, wait_replicas: int) -> None:
+    if wait_replicas and isinstance(client, (RedisCluster, AsyncRedisCluster)):
+        raise ConfigurationError(
+            "wait_replicas is not supported with a RedisCluster client yet: WAIT must go to "
+            "the node that took the write"
+        )
+
+
+class _ScriptsBase:
+    """The registered scripts of one client, and the replication setting they run with.
 
     ``wait_replicas`` > 0 makes the changes of PRODUCER_SCRIPTS and SETTLE_SCRIPTS wait until
     that many replicas confirm them, up to ``wait_timeout_ms``.
     """
 
-    def __init__(
-        self,
-        client: redis.Redis | RedisCluster,
-        *,
-        wait_replicas: int = 0,
-        wait_timeout_ms: int = 1000,
-    ) -> None:
-        if wait_replicas and isinstance(client, RedisCluster):
-            raise ConfigurationError(
-                "wait_replicas is not supported with a RedisCluster client yet: WAIT must go to "
-                "the node that took the write"
-            )
+    def __init__(self, client: Any, *, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
+        _check_wait(client, wait_replicas)
         self._client = client
         self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPT_NAMES}
         self._wait_replicas = wait_replicas
         self._wait_timeout_ms = wait_timeout_ms
 
+
+class Scripts(_ScriptsBase):
+    """The scripts of a blocking client (``redis.Redis`` or ``RedisCluster``), by name."""
+
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run script ``name`` with KEYS and ARGV."""
-        if not self._wait_replicas or (name not in PRODUCER_SCRIPTS and name not in SETTLE_SCRIPTS):
+        if not _waits(name, self._wait_replicas):
             return self._scripts[name](keys=keys, args=args)
-        return self._run_replicated(name, keys, args)
-
-    def _run_replicated(self, name: str, keys: list[str], args: list[Any]) -> Any:
         assert isinstance(self._client, redis.Redis)
         pipe = self._client.pipeline(transaction=False)
         self._scripts[name](keys=keys, args=args, client=pipe)
@@ -103,14 +121,19 @@ class Scripts:
             "WAIT", self._wait_replicas, self._wait_timeout_ms
         )
         reply, confirmed = pipe.execute()
-        confirmed = int(confirmed)
-        if confirmed >= self._wait_replicas:
-            return reply
-        message = (
-            f"{name}: applied on the primary, but only {confirmed} of {self._wait_replicas} "
-            f"replica(s) confirmed it within {self._wait_timeout_ms} ms"
-        )
-        if name in SETTLE_SCRIPTS:
-            logger.warning("%s; a failover now would deliver the task again", message)
-            return reply
-        raise ReplicationTimeout(message, confirmed, self._wait_replicas)
+        return _replicated(name, reply, confirmed, self._wait_replicas, self._wait_timeout_ms)
+
+
+class AsyncScripts(_ScriptsBase):
+    """The scripts of a ``redis.asyncio`` client, awaited by name (as ``Scripts``)."""
+
+    async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run script ``name`` with KEYS and ARGV."""
+        if not _waits(name, self._wait_replicas):
+            return await self._scripts[name](keys=keys, args=args)
+        assert isinstance(self._client, redis.asyncio.Redis)
+        pipe = self._client.pipeline(transaction=False)
+        await self._scripts[name](keys=keys, args=args, client=pipe)
+        pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
+        reply, confirmed = await pipe.execute()
+        return _replicated(name, reply, confirmed, self._wait_replicas, self._wait_timeout_ms)

@@ -535,7 +535,7 @@ def read_tasks(
             fresh = [i for i in (text(m) for m, _score in members) if i not in seen]
             seen.update(fresh)
             for start in range(0, len(fresh), page_size):  # COUNT is only a hint to ZSCAN
-                infos = q._inspect("ids", *fresh[start : start + page_size])
+                infos = q._inspect_ids(fresh[start : start + page_size])
                 rows.extend(_task_row(i) for i in infos if i.state == state)
             if cursor == 0:
                 break

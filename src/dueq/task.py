@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from .clock import Duration, ms_datetime
 
 if TYPE_CHECKING:
+    from ._async import AsyncQueue
+    from ._core import QueueCore
     from .queue import Queue
 
 TaskState = Literal["scheduled", "leased", "dead"]
@@ -97,11 +99,11 @@ class Outcome:
     error: str | None = None
 
 
-class Delivery:
-    """A task leased to this consumer. Finish it with ``ack``, ``fail`` or ``release``.
+class DeliveryBase:
+    """What a delivery is, for both front ends: the task, its attempt, due time and lease.
 
-    Every call carries the lease token; a holder whose lease expired or was taken over gets
-    ``LeaseLost``.
+    ``Delivery`` (from ``Queue``) finishes it with blocking calls, ``AsyncDelivery`` (from
+    ``AsyncQueue``) with awaitable ones.
     """
 
     __slots__ = (
@@ -121,7 +123,7 @@ class Delivery:
 
     def __init__(
         self,
-        queue: Queue,
+        queue: QueueCore,
         task_id: str,
         payload: Any,
         attempt: int,
@@ -140,13 +142,9 @@ class Delivery:
         self.token = token
         self.first_claimed_ms = first_claimed_ms
         self.claimed_ms = claimed_ms
-        self._on_settled: Callable[[Delivery], None] | None = None
+        self._on_settled: Callable[[Any], None] | None = None
         self._outcome: Outcome | None = None
         self._settled_flag = False
-
-    @property
-    def queue(self) -> Queue:
-        return self._queue
 
     @property
     def due_at(self) -> datetime:
@@ -155,22 +153,6 @@ class Delivery:
     @property
     def lease_deadline(self) -> datetime:
         return ms_datetime(self.lease_deadline_ms)
-
-    def ack(self) -> None:
-        """Finish the task: it is removed. Raises LeaseLost if the lease is no longer held."""
-        self._queue.ack_many([self])
-
-    def fail(self, error: BaseException | str, *, retry_in: Duration | None = None) -> Outcome:
-        """Record a failure: retry after the policy's backoff (or ``retry_in``), or go dead."""
-        return self._queue.fail(self, error, retry_in=retry_in)
-
-    def extend(self, seconds: Duration) -> datetime:
-        """Extend the lease to ``seconds`` from now; returns the new deadline."""
-        return self._queue.extend(self, seconds)
-
-    def release(self, delay: Duration = 0) -> Outcome:
-        """Give the task back, due after ``delay``, without counting this delivery."""
-        return self._queue.release(self, delay=delay)
 
     @property
     def settled(self) -> bool:
@@ -188,6 +170,68 @@ class Delivery:
 
     def __repr__(self) -> str:
         return (
-            f"Delivery(id={self.id!r}, attempt={self.attempt}, due_at={self.due_at.isoformat()}, "
+            f"{type(self).__name__}(id={self.id!r}, attempt={self.attempt}, "
+            f"due_at={self.due_at.isoformat()}, "
             f"queue={self._queue.name!r})"
         )
+
+
+class Delivery(DeliveryBase):
+    """A task leased to this consumer. Finish it with ``ack``, ``fail`` or ``release``.
+
+    Every call carries the lease token; a holder whose lease expired or was taken over gets
+    ``LeaseLost``.
+    """
+
+    __slots__ = ()
+    _queue: Queue
+
+    @property
+    def queue(self) -> Queue:
+        return self._queue
+
+    def ack(self) -> None:
+        """Finish the task: it is removed. Raises LeaseLost if the lease is no longer held."""
+        self._queue.ack_many([self])
+
+    def fail(self, error: BaseException | str, *, retry_in: Duration | None = None) -> Outcome:
+        """Record a failure: retry after the policy's backoff (or ``retry_in``), or go dead."""
+        return self._queue.fail(self, error, retry_in=retry_in)
+
+    def extend(self, seconds: Duration) -> datetime:
+        """Extend the lease to ``seconds`` from now; returns the new deadline."""
+        return self._queue.extend(self, seconds)
+
+    def release(self, delay: Duration = 0) -> Outcome:
+        """Give the task back, due after ``delay``, without counting this delivery."""
+        return self._queue.release(self, delay=delay)
+
+
+class AsyncDelivery(DeliveryBase):
+    """A task leased to this consumer by an ``AsyncQueue``: ``await`` its ``ack``, ``fail``,
+    ``extend`` or ``release``. A holder whose lease was lost gets ``LeaseLost``."""
+
+    __slots__ = ()
+    _queue: AsyncQueue
+
+    @property
+    def queue(self) -> AsyncQueue:
+        return self._queue
+
+    async def ack(self) -> None:
+        """Finish the task: it is removed. Raises LeaseLost if the lease is no longer held."""
+        await self._queue.ack_many([self])
+
+    async def fail(
+        self, error: BaseException | str, *, retry_in: Duration | None = None
+    ) -> Outcome:
+        """Record a failure: retry after the policy's backoff (or ``retry_in``), or go dead."""
+        return await self._queue.fail(self, error, retry_in=retry_in)
+
+    async def extend(self, seconds: Duration) -> datetime:
+        """Extend the lease to ``seconds`` from now; returns the new deadline."""
+        return await self._queue.extend(self, seconds)
+
+    async def release(self, delay: Duration = 0) -> Outcome:
+        """Give the task back, due after ``delay``, without counting this delivery."""
+        return await self._queue.release(self, delay=delay)

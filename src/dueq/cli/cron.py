@@ -93,7 +93,10 @@ def add_cron(
 @click.argument("queue")
 @redis_options
 def list_cron(queue: str, target: RedisTarget) -> None:
-    """List the cron definitions of QUEUE, with next and last fired slots."""
+    """List the cron definitions of QUEUE, with next and last fired slots.
+
+    Definitions whose data in Redis cannot be read are listed too, each problem below.
+    """
     definitions = open_queue(target, queue).cron.list()
     out = console()
     if not definitions:
@@ -114,6 +117,9 @@ def list_cron(queue: str, target: RedisTarget) -> None:
             _short(d.payload),
         )
     out.print(table)
+    for d in definitions:
+        if d.problem is not None:
+            out.print(f"cron {d.name!r} cannot be kept going: {d.problem}", style="red")
 
 
 @cron.command("remove")

@@ -54,7 +54,7 @@ end
 local function stat_incr(k_stats, field, n)
   local v = try_incr(k_stats, field, n)
   if v then return v end
-  redis.log(redis.LOG_WARNING, 'dueq: counter ' .. field .. ' of ' .. k_stats ..
+  redis.log(redis.LOG_WARNING, '[dueq] counter ' .. field .. ' of ' .. k_stats ..
     ' was not an integer; restarted')
   redis.call('HSET', k_stats, field, n)
   return n
@@ -176,9 +176,25 @@ end
 
 -- cron_state values are "head_ms|last_ms|head_id": the pending occurrence and the last fired
 -- slot of one cron definition.
-local function cron_state_parse(v)
+-- The last instant a slot may have: 9999-12-31T23:59:59.999Z (Python's datetime ends there).
+local MAX_SLOT_MS = MAX_MS
+
+local function ms_text_ok(s, may_be_empty)
+  if s == '' then return may_be_empty end
+  return #s <= 15 and string.match(s, '^%d+$') ~= nil and tonumber(s) <= MAX_SLOT_MS
+end
+
+-- head_ms, last_ms (text, last may be '') and head_id of a cron_state value, or nil when the
+-- value is missing or not "<ms>|<ms or empty>|cron:<name>:<YYYYMMDDTHHMMSSZ>".
+local function cron_state_read(v, name)
   if not v then return nil end
-  local head, last, id = string.match(v, '^(%d*)|(%d*)|(.*)$')
+  local head, last, id = string.match(v, '^(%d+)|(%d*)|(.*)$')
+  if not head or not ms_text_ok(head, false) or not ms_text_ok(last, true) then return nil end
+  local prefix = 'cron:' .. name .. ':'
+  if #id ~= #prefix + 16 or string.sub(id, 1, #prefix) ~= prefix
+      or not string.match(string.sub(id, #prefix + 1), '^%d%d%d%d%d%d%d%dT%d%d%d%d%d%dZ$') then
+    return nil
+  end
   return head, last, id
 end
 

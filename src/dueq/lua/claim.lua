@@ -35,7 +35,7 @@ for i = 8, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
 local function next_token()
   local seq = try_incr(KEYS[7], 'lease_seq', 1)
   if seq then return ms(seq) end
-  redis.log(redis.LOG_WARNING, 'dueq: lease_seq of ' .. KEYS[7] .. ' was unreadable; restarted')
+  redis.log(redis.LOG_WARNING, '[dueq] lease_seq of ' .. KEYS[7] .. ' was unreadable; restarted')
   local fresh = ms(now) .. string.format('%03d', now_us)
   redis.call('HSET', KEYS[7], 'lease_seq', fresh)
   return fresh
@@ -133,7 +133,7 @@ if n > 0 then
   for _, id in ipairs(orphans) do redis.call('HDEL', KEYS[4], id); redis.call('HDEL', KEYS[5], id) end
   if #orphans > 0 then
     stat_incr(KEYS[7], 'dropped', #orphans)
-    redis.log(redis.LOG_WARNING, 'dueq: ' .. #orphans .. ' due id(s) of ' .. KEYS[1] ..
+    redis.log(redis.LOG_WARNING, '[dueq] ' .. #orphans .. ' due id(s) of ' .. KEYS[1] ..
       ' had no stored task (evicted or deleted by hand) and were dropped')
   end
   out[7] = #orphans

@@ -18,10 +18,12 @@
 -- Returns 0 unchanged (same definition, its pending occurrence exists), 1 added, 2 replaced,
 --         3 unchanged but its missing pending occurrence was scheduled again, -1 refused
 --         (a different definition exists and ARGV[4] is "0")
+-- A state value that cannot be read counts as none (no pending occurrence is trusted, so a
+-- corrupted one never withdraws a task it merely names); adding the definition rewrites it.
 
 local name, definition = ARGV[2], ARGV[3]
 local current = redis.call('HGET', KEYS[1], name)
-local _, last, head_id = cron_state_parse(redis.call('HGET', KEYS[2], name))
+local _, last, head_id = cron_state_read(redis.call('HGET', KEYS[2], name), name)
 local result
 if current == definition then
   if head_id and head_id ~= '' and redis.call('HEXISTS', KEYS[4], head_id) == 1 then return 0 end

@@ -1,67 +1,100 @@
 -- cron_advance.lua: cron occurrences were claimed; for each that is its definition's pending
 -- occurrence, move the schedule on (compare-and-set, so only one claimer advances a slot).
+-- Every argument is checked before the first write; a state value that cannot be read (edited
+-- by hand, or written by a faulty tool) is rebuilt for its own entry and never stops the others.
 --
--- KEYS[1] cron_state  HASH name -> "head_ms|last_ms|head_id"
--- KEYS[2] due         ZSET id -> due ms
--- KEYS[3] tasks       HASH id -> envelope
--- KEYS[4] meta        HASH id -> "attempt|token|due_ms|first_ms"
--- KEYS[5] errors      HASH id -> JSON list of error records
--- KEYS[6] leased      ZSET id -> lease deadline ms
--- KEYS[7] stats       HASH counter -> int
--- KEYS[8] wake        Pub/Sub channel, told when the earliest due time moves earlier
+-- KEYS[1] cron        HASH name -> definition JSON (only asked whether the name still exists)
+-- KEYS[2] cron_state  HASH name -> "head_ms|last_ms|head_id"
+-- KEYS[3] due         ZSET id -> due ms
+-- KEYS[4] tasks       HASH id -> envelope
+-- KEYS[5] meta        HASH id -> "attempt|token|due_ms|first_ms"
+-- KEYS[6] errors      HASH id -> JSON list of error records
+-- KEYS[7] leased      ZSET id -> lease deadline ms
+-- KEYS[8] stats       HASH counter -> int
+-- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2..] one entry per claimed occurrence, each:
 --         name, slot ms (advance only if it is the pending one), occurrence id, lease token,
 --         "1" to drop the occurrence (a missed slot that must not run) or "0" to run it,
---         envelope for the occurrences it adds, next pending slot ms, next pending id,
---         count of missed occurrences to run now, then that many pairs: slot ms, id
--- Returns one status per entry: 1 if the schedule advanced, 0 if the slot was not the pending
---         one (then only the last fired slot is updated, and nothing is dropped)
+--         envelope for the occurrences it adds, next pending slot ms (after now), next pending
+--         id, count of missed occurrences to run now, then that many pairs: slot ms, id
+-- Returns one status per entry:
+--          1 the schedule advanced;
+--          0 the slot was not the pending one (only the last fired slot is updated, nothing is
+--            dropped), or the definition is gone (nothing changes);
+--          2 the state was missing or unreadable: it was rebuilt with the next pending slot
+--            (after now, so no slot fires twice), the occurrence runs, no missed slot is added;
+--         -1 the entry's numbers are out of range: nothing changed for it.
+--         An error (before any write) if the entries are not laid out as above.
 
+-- Pass 1: lay out and check every entry, writing nothing.
+local entries = {}
+local i = 2
+while i <= #ARGV do
+  if i + 8 > #ARGV then return redis.error_reply('ERR cron_advance: truncated entry') end
+  local missed = tonumber(ARGV[i + 8])
+  if not missed or missed < 0 or missed % 1 ~= 0 or i + 8 + 2 * missed > #ARGV then
+    return redis.error_reply('ERR cron_advance: bad missed count')
+  end
+  local e = {
+    name = ARGV[i], slot = ARGV[i + 1], id = ARGV[i + 2], token = ARGV[i + 3],
+    drop = ARGV[i + 4] == '1', envelope = ARGV[i + 5], next_ms = ARGV[i + 6],
+    next_id = ARGV[i + 7], first_missed = i + 9, last_missed = i + 8 + 2 * missed,
+  }
+  e.ok = ms_text_ok(e.slot, false) and ms_text_ok(e.next_ms, false)
+  for j = e.first_missed, e.last_missed, 2 do
+    e.ok = e.ok and ms_text_ok(ARGV[j], false)
+  end
+  entries[#entries + 1] = e
+  i = e.last_missed + 1
+end
+
+-- Pass 2: carry the entries out; nothing below raises on what it reads.
 local now = dueq_now(ARGV[1])
-local previous_head = head_score(KEYS[2])
+local previous_head = head_score(KEYS[3])
 local earliest = nil
 local out = {}
 
 local function add(id, envelope, due_text)
   local due = tonumber(due_text)
-  if add_task(KEYS[3], KEYS[2], KEYS[7], id, envelope, due) then
+  if add_task(KEYS[4], KEYS[3], KEYS[8], id, envelope, due) then
     if earliest == nil or due < earliest then earliest = due end
   end
 end
 
-local i = 2
-while i <= #ARGV do
-  local name, slot, id, token = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local drop, envelope, next_ms, next_id = ARGV[i + 4] == '1', ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
-  local missed = tonumber(ARGV[i + 8])
-  local first_missed = i + 9
-  i = first_missed + 2 * missed
-
-  local state = redis.call('HGET', KEYS[1], name)
-  local head, last, head_id = cron_state_parse(state)
+for _, e in ipairs(entries) do
+  local head, last, head_id = cron_state_read(redis.call('HGET', KEYS[2], e.name), e.name)
   local function fired(ms_text)
     if last == '' or tonumber(ms_text) > tonumber(last) then last = ms_text end
   end
-  if not state then
-    out[#out + 1] = 0
-  elseif head ~= slot then
-    fired(slot)
-    redis.call('HSET', KEYS[1], name, head .. '|' .. last .. '|' .. head_id)
+  if not e.ok then
+    out[#out + 1] = -1
+  elseif not head then
+    if redis.call('HEXISTS', KEYS[1], e.name) == 0 then
+      out[#out + 1] = 0
+    else
+      add(e.next_id, e.envelope, e.next_ms)
+      redis.call('HSET', KEYS[2], e.name, e.next_ms .. '|' .. e.slot .. '|' .. e.next_id)
+      stat_incr(KEYS[8], 'cron_state_rebuilt', 1)
+      out[#out + 1] = 2
+    end
+  elseif tonumber(head) ~= tonumber(e.slot) then
+    fired(e.slot)
+    redis.call('HSET', KEYS[2], e.name, head .. '|' .. last .. '|' .. head_id)
     out[#out + 1] = 0
   else
-    if not drop then
-      fired(slot)
-    elseif lease_held(KEYS[6], KEYS[4], id, token, now) then
-      redis.call('ZREM', KEYS[6], id)
-      forget(KEYS[3], KEYS[4], KEYS[5], id)
-      redis.call('HINCRBY', KEYS[7], 'cron_skipped', 1)
+    if not e.drop then
+      fired(e.slot)
+    elseif lease_held(KEYS[7], KEYS[5], e.id, e.token, now) then
+      redis.call('ZREM', KEYS[7], e.id)
+      forget(KEYS[4], KEYS[5], KEYS[6], e.id)
+      stat_incr(KEYS[8], 'cron_skipped', 1)
     end
-    for j = first_missed, i - 1, 2 do add(ARGV[j + 1], envelope, ARGV[j]) end
-    add(next_id, envelope, next_ms)
-    redis.call('HSET', KEYS[1], name, next_ms .. '|' .. last .. '|' .. next_id)
+    for j = e.first_missed, e.last_missed, 2 do add(ARGV[j + 1], e.envelope, ARGV[j]) end
+    add(e.next_id, e.envelope, e.next_ms)
+    redis.call('HSET', KEYS[2], e.name, e.next_ms .. '|' .. last .. '|' .. e.next_id)
     out[#out + 1] = 1
   end
 end
-if earliest then wake_if_earlier(KEYS[8], previous_head, earliest) end
+if earliest then wake_if_earlier(KEYS[9], previous_head, earliest) end
 return out

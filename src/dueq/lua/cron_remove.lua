@@ -11,10 +11,11 @@
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] name
 -- Returns 1 if the definition existed, else 0
+-- A state value that cannot be read names no pending occurrence: nothing else is withdrawn.
 
 local name = ARGV[2]
+local _, _, head_id = cron_state_read(redis.call('HGET', KEYS[2], name), name)
 if redis.call('HDEL', KEYS[1], name) == 0 then return 0 end
-local _, _, head_id = cron_state_parse(redis.call('HGET', KEYS[2], name))
 redis.call('HDEL', KEYS[2], name)
 cron_withdraw(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], head_id)
 return 1

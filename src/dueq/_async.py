@@ -1,0 +1,170 @@
+"""The asyncio front end: ``AsyncQueue`` awaits what the shared flows (``dueq._core``) yield.
+
+Same settings, validation, encoding, scripts and Redis data as ``Queue``: a task scheduled by
+one front end is consumed by the other. Only the I/O differs: every call goes through a
+``redis.asyncio`` client on the caller's event loop, so a Redis stall never blocks the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+from . import _protocol as protocol
+from ._core import (
+    ClaimBatch,
+    Flow,
+    QueueCore,
+    drive_async,
+)
+from .clock import Duration
+from .cron import AsyncCrons
+from .dead import AsyncDeadLetters
+from .exceptions import ConfigurationError
+from .scripts import AsyncScripts
+from .task import AsyncDelivery, Outcome, QueueStats, ScheduleResult, Task, TaskInfo
+
+logger = logging.getLogger("dueq.queue")
+
+T = TypeVar("T")
+
+
+class AsyncQueue(QueueCore):
+    """A named queue of delayed tasks, on a ``redis.asyncio`` client; the API of ``Queue``,
+    awaited. Settings are those of ``Queue`` (``retry``, ``lease``, ``clock``, ...)."""
+
+    def __init__(
+        self,
+        name: str,
+        redis_client: redis.asyncio.Redis | AsyncRedisCluster,
+        **settings: Any,
+    ) -> None:
+        super().__init__(name, **settings)
+        if not isinstance(redis_client, (redis.asyncio.Redis, AsyncRedisCluster)):
+            hint = (
+                "; for a blocking client use dueq.Queue"
+                if isinstance(redis_client, (redis.Redis, redis.RedisCluster))
+                else ""
+            )
+            raise ConfigurationError(
+                "redis_client must be a redis.asyncio.Redis or redis.asyncio.RedisCluster, got "
+                f"{type(redis_client).__module__}.{type(redis_client).__name__}{hint}"
+            )
+        self.redis = redis_client
+        self._scripts = AsyncScripts(
+            redis_client, wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms
+        )
+        self.dead = AsyncDeadLetters(self)
+        self.cron = AsyncCrons(self)
+
+    # -- sending -----------------------------------------------------------------------------
+
+    async def _send(self, step: protocol.Step) -> Any:
+        if isinstance(step, protocol.Call):
+            return step.parse(await self._scripts.run(step.script, step.keys, step.args))
+        if isinstance(step, protocol.Command):
+            return step.parse(await self.redis.execute_command(*step.args))
+        pipe = self.redis.pipeline(transaction=False)
+        for command in step.commands:
+            pipe.execute_command(*command.args)
+        replies = await pipe.execute()
+        return [c.parse(r) for c, r in zip(step.commands, replies, strict=True)]
+
+    async def _drive(self, flow: Flow[T]) -> T:
+        return await drive_async(flow, self._send)
+
+    def _delivery(self, *fields: Any) -> AsyncDelivery:
+        return AsyncDelivery(self, *fields)
+
+    def _cron_on_claim_flow(
+        self, deliveries: list[Any], now_ms: int
+    ) -> Flow[tuple[list[Any], int | None]]:
+        return self.cron._on_claim_flow(deliveries, now_ms)
+
+    async def check_server(self) -> None:
+        """As ``Queue.check_server``."""
+        await self._drive(self._check_server_flow())
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    async def schedule(
+        self,
+        payload: Any,
+        *,
+        delay: Duration | None = None,
+        at: datetime | None = None,
+        id: str | None = None,  # the public API names it id
+        replace: bool = False,
+    ) -> str:
+        """Schedule one task; returns its id. An existing id is left alone unless ``replace``."""
+        tasks = [Task(payload, id=id, at=at, delay=delay)]
+        result = await self._drive(self._schedule_many_flow(tasks, replace))
+        return result.ids[0]
+
+    async def schedule_many(
+        self, tasks: Iterable[Task], *, replace: bool = False
+    ) -> ScheduleResult:
+        """As ``Queue.schedule_many``: validated first, then one round trip per batch."""
+        return await self._drive(self._schedule_many_flow(tasks, replace))
+
+    async def cancel(self, task_id: str) -> bool:
+        """Remove a task in any state; True if it existed. A live lease on it is revoked."""
+        return await self._drive(self._cancel_flow(task_id))
+
+    async def reschedule(
+        self, task_id: str, *, at: datetime | None = None, delay: Duration | None = None
+    ) -> bool:
+        """Move a scheduled task to a new due time; False if it is not scheduled."""
+        return await self._drive(self._reschedule_flow(task_id, at, delay))
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    async def claim(
+        self, limit: int = 100, *, lease: Duration | None = None
+    ) -> list[AsyncDelivery]:
+        """Lease up to ``limit`` due tasks (earliest first) to this caller, atomically."""
+        return (await self.claim_batch(limit, lease=lease)).deliveries
+
+    async def claim_batch(self, limit: int = 100, *, lease: Duration | None = None) -> ClaimBatch:
+        """Like ``claim``, also telling when the next task is due and the next lease ends."""
+        if not self._server_checked:
+            await self.check_server()
+        return await self._drive(self._claim_flow(limit, lease))
+
+    async def ack_many(self, deliveries: Sequence[AsyncDelivery]) -> int:
+        """Ack a batch in one round trip; LeaseLost (with ``.ids``) if some leases were lost."""
+        return await self._drive(self._ack_flow(deliveries))
+
+    async def fail(
+        self,
+        delivery: AsyncDelivery,
+        error: BaseException | str,
+        *,
+        retry_in: Duration | None = None,
+    ) -> Outcome:
+        """Record a failed delivery; retried after the backoff (or ``retry_in``), or dead."""
+        return await self._drive(self._fail_flow(delivery, error, retry_in))
+
+    async def extend(self, delivery: AsyncDelivery, seconds: Duration) -> datetime:
+        """Extend a held lease to ``seconds`` from now; LeaseLost if it is not held."""
+        return await self._drive(self._extend_flow(delivery, seconds))
+
+    async def release(self, delivery: AsyncDelivery, *, delay: Duration = 0) -> Outcome:
+        """Give a leased task back, due after ``delay``; the delivery does not count."""
+        return await self._drive(self._release_flow(delivery, delay))
+
+    # -- inspection --------------------------------------------------------------------------
+
+    async def get(self, task_id: str) -> TaskInfo | None:
+        """A snapshot of one task, or None if there is no such task."""
+        return await self._drive(self._get_flow(task_id))
+
+    async def stats(self) -> QueueStats:
+        """Counts per state, the next due time and the lag of the oldest due task."""
+        return await self._drive(self._stats_flow())

@@ -1,0 +1,540 @@
+"""What both front ends share: validation, encoding and the flow of every operation, no I/O.
+
+Each operation is a *flow*: a generator that validates its input, yields the protocol steps it
+needs (``dueq._protocol``: a script call, a plain command or a batch of them), receives each
+parsed reply and returns the result. A front end drives it: ``Queue`` sends each step with the
+blocking client (``drive``), ``AsyncQueue`` awaits it on the asyncio client (``drive_async``).
+A Redis error is thrown into the flow at the step that failed, so a flow can handle it as if
+it had made the call itself. This is tenacity's ``BaseRetrying.iter()`` shape, driven by
+``Retrying`` and ``AsyncRetrying``: the logic is written once and neither front end repeats it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import redis
+
+from . import _protocol as protocol
+from .checks import whole_number
+from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
+from .clock import positive_duration_ms as _positive_ms
+from .envelope import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    FLAG_ABSOLUTE,
+    FLAG_GENERATED_ID,
+    decode_envelope,
+    encode_envelope,
+    generated_ids,
+    pack_task,
+    repack_with_id,
+    validate_id,
+)
+from .exceptions import (
+    ConfigurationError,
+    DueqError,
+    InvalidTaskError,
+    PayloadError,
+    Unrecoverable,
+)
+from .failures import error_record
+from .keys import QueueKeys
+from .retry import RetryPolicy
+from .snapshot import text
+from .task import DeliveryBase, Outcome, OutcomeKind, QueueStats, ScheduleResult, Task, TaskInfo
+
+logger = logging.getLogger("dueq.queue")
+
+T = TypeVar("T")
+#: An operation written once: yields protocol steps, receives their parsed replies.
+Flow = Generator[protocol.Step, Any, T]
+
+#: Most tasks one claim call may lease; most tasks and bytes sent in one schedule call (Redis
+#: refuses arguments over proto-max-bulk-len, 512 MB by default, and a long script blocks it).
+MAX_CLAIM_BATCH = 1000
+SCHEDULE_BATCH = 1000
+SCHEDULE_BATCH_BYTES = 8 * 1024 * 1024
+#: Largest payload limit a queue accepts.
+MAX_PAYLOAD_LIMIT = 64 * 1024 * 1024
+#: Oldest Redis the scripts run on (ZMSCORE).
+MIN_REDIS_VERSION = (6, 2)
+#: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
+ID_RETRIES = 5
+
+
+def drive(flow: Flow[T], send: Callable[[protocol.Step], Any]) -> T:
+    """Run a flow with a blocking ``send``; errors of a step are thrown into the flow."""
+    try:
+        step = next(flow)
+        while True:
+            try:
+                reply = send(step)
+            except Exception as exc:  # the flow decides; unhandled, it comes back out here
+                step = flow.throw(exc)
+            else:
+                step = flow.send(reply)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+async def drive_async(flow: Flow[T], send: Callable[[protocol.Step], Awaitable[Any]]) -> T:
+    """Run a flow with an awaitable ``send``; errors of a step are thrown into the flow."""
+    try:
+        step = next(flow)
+        while True:
+            try:
+                reply = await send(step)
+            except Exception as exc:  # the flow decides; unhandled, it comes back out here
+                step = flow.throw(exc)
+            else:
+                step = flow.send(reply)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+def _batches(records: list[bytes]) -> Iterator[list[int]]:
+    """Positions of records, in runs of at most SCHEDULE_BATCH tasks and SCHEDULE_BATCH_BYTES."""
+    batch: list[int] = []
+    size = 0
+    for i, record in enumerate(records):
+        if batch and (len(batch) == SCHEDULE_BATCH or size + len(record) > SCHEDULE_BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(i)
+        size += len(record)
+    if batch:
+        yield batch
+
+
+def server_version_ok(version: str | None) -> None:
+    """ConfigurationError for a Redis older than 6.2 (an unreadable version is let through)."""
+    if version is None:
+        return
+    try:
+        major_minor = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        logger.debug("cannot parse Redis version %r; skipping the check", version)
+        return
+    if major_minor < MIN_REDIS_VERSION:
+        raise ConfigurationError(f"dueq needs Redis >= 6.2; this server runs {version}")
+
+
+def _pairs(reply: Any) -> dict[str, Any]:
+    """A reply of names and values (a flat list in RESP2, a map in RESP3) as a dict."""
+    if isinstance(reply, dict):
+        return {text(k): v for k, v in reply.items()}
+    return {text(k): v for k, v in zip(reply[::2], reply[1::2], strict=False)}
+
+
+def hello_version(reply: Any) -> str | None:
+    """The server version from a HELLO reply (RESP2 flat list or RESP3 map)."""
+    if not isinstance(reply, (list, dict)):
+        return None
+    found = _pairs(reply).get("version")
+    return None if found is None else text(found)
+
+
+def log_eviction_policy(policy: Any) -> None:
+    """Say what the server's ``maxmemory-policy`` means for a queue.
+
+    ``allkeys-*`` policies may evict queue keys when memory is full, losing tasks without a
+    trace: a warning. ``volatile-*`` policies evict only keys with a TTL, and dueq's keys
+    have none, so nothing is lost; Redis refuses writes instead, as with ``noeviction``, and
+    consumers wait that out: an info line. ``noeviction``: nothing to say.
+    """
+    if policy is None or text(policy) == "noeviction":
+        return
+    if text(policy).startswith("volatile-"):
+        logger.info(
+            "Redis maxmemory-policy is %r: it evicts only keys with a TTL, and dueq's keys "
+            "have none; when memory is full Redis will refuse writes (as with noeviction), "
+            "which consumers wait out",
+            text(policy),
+        )
+        return
+    logger.warning(
+        "Redis maxmemory-policy is %r: when memory is full Redis may evict queue keys and "
+        "lose tasks without a trace; set maxmemory-policy noeviction",
+        text(policy),
+    )
+
+
+class ClaimBatch:
+    """One claim call's result: the deliveries and when the next work is due.
+
+    ``now_ms`` is the queue clock when the claim ran, ``now_fraction_ms`` the part of a
+    millisecond past it (0 for an injected clock): together they let a consumer sleep until
+    ``next_due_ms`` to within the round trip.
+    """
+
+    __slots__ = ("deliveries", "next_due_ms", "next_lease_deadline_ms", "now_fraction_ms", "now_ms")
+
+    def __init__(
+        self,
+        deliveries: list[Any],
+        now_ms: int,
+        next_due_ms: int | None,
+        next_lease_deadline_ms: int | None,
+        now_fraction_ms: float = 0.0,
+    ) -> None:
+        self.deliveries = deliveries
+        self.now_ms = now_ms
+        self.now_fraction_ms = now_fraction_ms
+        self.next_due_ms = next_due_ms
+        self.next_lease_deadline_ms = next_lease_deadline_ms
+
+
+class QueueCore:
+    """Settings, validation and the flows of every queue operation, shared by ``Queue`` and
+    ``AsyncQueue`` (which add the client, and send what the flows yield)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        retry: RetryPolicy | None = None,
+        lease: Duration = 30.0,
+        clock: Clock | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        dead_max_count: int = 100_000,
+        dead_max_age: Duration = timedelta(days=14),
+        remember_done: Duration | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: Duration = 1.0,
+    ) -> None:
+        self.keys = QueueKeys.for_queue(name)
+        self.name = name
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"retry must be a dueq.RetryPolicy, got {retry!r}")
+        if clock is not None and not callable(clock):
+            raise ConfigurationError("clock must be a zero-argument callable returning seconds")
+        whole_number(max_payload_bytes, "max_payload_bytes", low=1, high=MAX_PAYLOAD_LIMIT)
+        whole_number(dead_max_count, "dead_max_count", low=1)
+        whole_number(wait_replicas, "wait_replicas", low=0, high=100)
+        self.retry = retry or RetryPolicy()
+        self.lease_ms = _positive_ms(lease, "lease")
+        self.clock = clock
+        self.max_payload_bytes = max_payload_bytes
+        self.dead_max_count = dead_max_count
+        self.dead_max_age_ms = _positive_ms(dead_max_age, "dead_max_age")
+        self.remember_done_ms = (
+            0 if remember_done is None else _positive_ms(remember_done, "remember_done")
+        )
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = _positive_ms(wait_timeout, "wait_timeout")
+        self._server_checked = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _now_arg(self) -> str:
+        return "" if self.clock is None else str(clock_ms(self.clock))
+
+    def _delivery(
+        self,
+        task_id: str,
+        payload: Any,
+        attempt: int,
+        due_ms: int,
+        lease_deadline_ms: int,
+        token: str,
+        first_claimed_ms: int,
+        claimed_ms: int,
+    ) -> DeliveryBase:
+        """A delivery of the front end's kind (blocking or awaitable methods)."""
+        raise NotImplementedError
+
+    def _cron_on_claim_flow(
+        self, deliveries: list[Any], now_ms: int
+    ) -> Flow[tuple[list[Any], int | None]]:
+        """The front end's cron keeper (see ``Crons.on_claim``)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _due(at: datetime | None, delay: Duration | None) -> tuple[int, int]:
+        """(FLAG_ABSOLUTE, epoch ms) for at=, (0, delay ms) for delay= or neither."""
+        if at is not None:
+            if delay is not None:
+                raise InvalidTaskError("give at= or delay=, not both")
+            return FLAG_ABSOLUTE, datetime_ms(at)
+        return 0, 0 if delay is None else duration_ms(delay, "delay")
+
+    def _check_server_flow(self) -> Flow[None]:
+        """Check the Redis server once: refuse versions before 6.2, and say what its
+        ``maxmemory-policy`` means for the queue (see ``log_eviction_policy``).
+
+        A least-privileged consumer needs neither INFO nor CONFIG: without INFO the version
+        comes from ``HELLO`` (which every user may send); a check Redis refuses is skipped with
+        a debug line.
+        """
+        version: str | None
+        try:
+            info = yield protocol.command("INFO", "server")
+            version = str(info.get("redis_version", "0"))
+        except redis.ResponseError:  # NOPERM for an ACL user without +info, or INFO renamed
+            try:
+                version = hello_version((yield protocol.command("HELLO")))
+            except (redis.ResponseError, AttributeError, TypeError) as exc:  # none to read
+                logger.debug("cannot read the Redis version (%s); skipping the check", exc)
+                version = None
+        server_version_ok(version)
+        self._server_checked = True
+        try:
+            found = yield protocol.command("CONFIG GET", "maxmemory-policy", parse=_pairs)
+        except redis.ResponseError as exc:  # CONFIG disabled (managed services) or no +config
+            logger.debug("cannot read maxmemory-policy (%s); skipping the eviction check", exc)
+            return
+        log_eviction_policy(found.get("maxmemory-policy"))
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def _schedule_many_flow(self, tasks: Iterable[Task], replace: bool) -> Flow[ScheduleResult]:
+        ids: list[str] = []
+        records: list[bytes] = []
+        fresh_ids = generated_ids()
+        max_bytes = self.max_payload_bytes
+        due = self._due
+        try:
+            iterator = iter(tasks)
+        except TypeError:
+            raise InvalidTaskError(
+                f"tasks must be an iterable of dueq.Task, got {type(tasks).__name__}"
+            ) from None
+        for position, task in enumerate(iterator):
+            if not isinstance(task, Task):
+                raise InvalidTaskError(f"task {position} is a {type(task).__name__}, not dueq.Task")
+            if task.id is None:
+                task_id, flags = next(fresh_ids), FLAG_GENERATED_ID
+            else:
+                task_id, flags = validate_id(task.id), 0
+            try:
+                if task.at is None and task.delay is None:
+                    time_flag, due_ms = 0, 0  # due now
+                else:
+                    time_flag, due_ms = due(task.at, task.delay)
+                envelope = encode_envelope(task.payload, max_bytes)
+            except (InvalidTaskError, PayloadError) as exc:
+                raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
+            records.append(pack_task(flags | time_flag, due_ms, task_id, envelope))
+            ids.append(task_id)
+        return (yield from self._schedule_records_flow(ids, records, replace, fresh_ids))
+
+    def _schedule_records_flow(
+        self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
+    ) -> Flow[ScheduleResult]:
+        """Send packed records in batches; generated ids that were taken are drawn again."""
+        added = existing = replaced = 0
+        for batch in _batches(records):
+            pending = batch
+            for _ in range(ID_RETRIES):
+                blob = b"".join(records[i] for i in pending)
+                reply: protocol.ScheduleReply = yield protocol.schedule(
+                    self.keys,
+                    self._now_arg(),
+                    blob,
+                    replace=replace,
+                    window_ms=self.remember_done_ms,
+                )
+                added, existing = added + reply.added, existing + reply.existing
+                replaced += reply.replaced
+                pending = [pending[p] for p in reply.collided]
+                if not pending:
+                    break
+                for i in pending:  # a generated id that was taken: draw another
+                    ids[i] = next(fresh_ids)
+                    records[i] = repack_with_id(records[i], ids[i])
+            else:
+                raise DueqError(f"no unused id found for {len(pending)} task(s)")
+        return ScheduleResult(added=added, existing=existing, replaced=replaced, ids=ids)
+
+    def _cancel_flow(self, task_id: str) -> Flow[bool]:
+        existed: bool = yield protocol.cancel(self.keys, self._now_arg(), validate_id(task_id))
+        return existed
+
+    def _reschedule_flow(
+        self, task_id: str, at: datetime | None, delay: Duration | None
+    ) -> Flow[bool]:
+        if at is None and delay is None:
+            raise InvalidTaskError("reschedule needs at= or delay=")
+        flags, due_ms = self._due(at, delay)
+        reply: protocol.TimeReply = yield protocol.reschedule(
+            self.keys,
+            self._now_arg(),
+            validate_id(task_id),
+            absolute=flags == FLAG_ABSOLUTE,
+            due_ms=due_ms,
+        )
+        return reply.status is protocol.Status.OK
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def _claim_flow(self, limit: int, lease: Duration | None) -> Flow[ClaimBatch]:
+        whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
+        lease_ms = self.lease_ms if lease is None else _positive_ms(lease, "lease")
+        reply: protocol.ClaimReply = yield protocol.claim(
+            self.keys,
+            self._now_arg(),
+            limit=limit,
+            lease_ms=lease_ms,
+            max_attempts=self.retry.max_attempts,
+            reclaim_limit=max(limit, 100),
+            dead_max_count=self.dead_max_count,
+            dead_max_age_ms=self.dead_max_age_ms,
+            backoff_ms=self.retry.backoff_table_ms(),
+        )
+        now_ms, next_due = reply.now_ms, reply.next_due_ms
+        if reply.dropped:
+            logger.error(
+                "queue %r: %d due task(s) had no stored data and were dropped: their keys were "
+                "evicted or deleted (set maxmemory-policy noeviction)",
+                self.name,
+                reply.dropped,
+            )
+        if reply.buried:
+            logger.error(
+                "queue %r: %d due task(s) moved to dead at claim (unreadable attempt record, "
+                "or max_attempts already reached); see their errors",
+                self.name,
+                reply.buried,
+            )
+        deliveries: list[Any] = []
+        for row in reply.rows:
+            try:
+                payload = decode_envelope(row.envelope)
+            except PayloadError as exc:
+                logger.error(
+                    "task %r in queue %r has an undecodable envelope; moved to dead: %s",
+                    row.id,
+                    self.name,
+                    exc,
+                )
+                yield self._fail_call(row.id, reply.token, error_record(exc, row.attempt), True, 0)
+                continue
+            deliveries.append(
+                self._delivery(
+                    row.id,
+                    payload,
+                    row.attempt,
+                    row.due_ms,
+                    reply.lease_deadline_ms,
+                    reply.token,
+                    row.first_claimed_ms,
+                    now_ms,
+                )
+            )
+        deliveries, cron_due = yield from self._cron_on_claim_flow(deliveries, now_ms)
+        if cron_due is not None and (next_due is None or cron_due < next_due):
+            next_due = cron_due
+        return ClaimBatch(
+            deliveries, now_ms, next_due, reply.next_lease_deadline_ms, reply.now_fraction_ms
+        )
+
+    def _ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
+        if not deliveries:
+            return 0
+        reply: protocol.AckReply = yield protocol.ack(
+            self.keys,
+            self._now_arg(),
+            [(d.id, d.token) for d in deliveries],
+            window_ms=self.remember_done_ms,
+        )
+        lost_ids = set(reply.lost)
+        for d in deliveries:
+            d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
+        if reply.lost:
+            protocol.raise_for(
+                protocol.Status.LEASE_LOST,
+                f"lease lost on {len(reply.lost)} task(s), not acked: {reply.lost[:10]}",
+                reply.lost,
+            )
+        return reply.acked
+
+    def _fail_call(
+        self, task_id: str, token: str, record: str, dead: bool, delay_ms: int
+    ) -> protocol.Call[protocol.FailReply]:
+        return protocol.fail(
+            self.keys,
+            self._now_arg(),
+            task_id,
+            token,
+            record,
+            dead=dead,
+            delay_ms=delay_ms,
+            dead_max_count=self.dead_max_count,
+            dead_max_age_ms=self.dead_max_age_ms,
+        )
+
+    def _fail_flow(
+        self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
+    ) -> Flow[Outcome]:
+        exc = error if isinstance(error, BaseException) else None
+        age_s = max(delivery.claimed_ms - delivery.first_claimed_ms, 0) / 1000
+        delay_ms = 0
+        dead = isinstance(error, Unrecoverable) or self.retry.gives_up(delivery.attempt, age_s, exc)
+        if not dead:
+            if retry_in is not None:
+                delay_ms = duration_ms(retry_in, "retry_in")
+            else:
+                delay_ms = round(self.retry.delay_s(delivery.attempt, age_s, exc) * 1000)
+        record = error_record(error, delivery.attempt)
+        reply: protocol.FailReply = yield self._fail_call(
+            delivery.id, delivery.token, record, dead, delay_ms
+        )
+        message = f"{type(error).__name__}: {error}" if exc else str(error)
+        if reply.status is protocol.Status.LEASE_LOST:
+            delivery._settled(Outcome(delivery.id, "lost", delivery.attempt, None, message))
+            protocol.raise_for(
+                reply.status,
+                f"lease on task {delivery.id!r} was lost; failure not recorded",
+                [delivery.id],
+            )
+        kind: OutcomeKind = "dead" if reply.status is protocol.Status.DEAD else "retried"
+        outcome = Outcome(delivery.id, kind, delivery.attempt, ms_datetime(reply.at_ms), message)
+        delivery._settled(outcome)
+        return outcome
+
+    def _extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
+        ms = _positive_ms(seconds, "lease extension")
+        reply: protocol.TimeReply = yield protocol.extend(
+            self.keys, self._now_arg(), delivery.id, delivery.token, ms
+        )
+        protocol.raise_for(
+            reply.status, f"lease on task {delivery.id!r} was lost; not extended", [delivery.id]
+        )
+        delivery.lease_deadline_ms = reply.ms
+        return ms_datetime(reply.ms)
+
+    def _release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
+        delay_ms = duration_ms(delay, "delay")
+        reply: protocol.TimeReply = yield protocol.release(
+            self.keys, self._now_arg(), delivery.id, delivery.token, delay_ms
+        )
+        if reply.status is not protocol.Status.OK:
+            delivery._settled(Outcome(delivery.id, "lost", delivery.attempt))
+            protocol.raise_for(
+                reply.status, f"lease on task {delivery.id!r} was lost; not released", [delivery.id]
+            )
+        outcome = Outcome(delivery.id, "released", delivery.attempt, ms_datetime(reply.ms))
+        delivery._settled(outcome)
+        return outcome
+
+    # -- inspection --------------------------------------------------------------------------
+
+    def _get_flow(self, task_id: str) -> Flow[TaskInfo | None]:
+        found = yield from self._inspect_ids_flow([validate_id(task_id)])
+        return found[0] if found else None
+
+    def _inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
+        found: list[TaskInfo] = yield protocol.inspect_ids(self.keys, self._now_arg(), ids)
+        return found
+
+    def _stats_flow(self) -> Flow[QueueStats]:
+        stats: QueueStats = yield protocol.stats(self.keys, self._now_arg())
+        return stats

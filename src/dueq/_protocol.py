@@ -1,0 +1,466 @@
+"""The protocol layer: one Python counterpart per Lua script, and no I/O.
+
+Each function below builds a ``Call`` for one script: it owns that script's key order (read
+from ``QueueKeys``), packs its arguments, and carries the parser of its reply. A front end only
+sends ``call.keys`` and ``call.args`` to ``call.script`` and hands the reply to ``call.parse``,
+so nothing outside this module knows a key order or a reply offset (``tests/test_scripts.py``
+checks every key order here against the script's KEYS header). The same calls serve a
+blocking client and an asyncio one, the way httpx's ``BaseClient`` builds requests for both
+``Client`` and ``AsyncClient``.
+
+ARGV[1] of every script is the queue clock: epoch ms, or "" for the server's ``TIME``; the
+front end passes it as ``now``.
+
+Status codes that scripts return are one enum (``Status``), mapped to dueq's exceptions in one
+table (``STATUS_ERRORS``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from .exceptions import DueqError, LeaseLost, TaskNotFound
+from .keys import QueueKeys
+from .snapshot import queue_stats, task_infos, text
+from .task import QueueStats, TaskInfo
+
+T = TypeVar("T")
+
+
+class Status(enum.Enum):
+    """What a script reports beyond its data."""
+
+    OK = "ok"
+    RETRIED = "retried"  # fail.lua: back in due
+    DEAD = "dead"  # fail.lua: buried
+    LEASE_LOST = "lease lost"  # ack/fail/extend/release: the caller's lease is gone
+    NOT_SCHEDULED = "not scheduled"  # reschedule.lua: the task is not waiting in due
+    NOT_DEAD = "not dead"  # dead.lua: some ids are not in the dead-letter queue
+
+
+#: The exception each failing status raises (statuses absent here are not errors).
+STATUS_ERRORS: dict[Status, type[DueqError]] = {
+    Status.LEASE_LOST: LeaseLost,
+    Status.NOT_DEAD: TaskNotFound,
+}
+
+
+def raise_for(status: Status, message: str, ids: Sequence[str] = ()) -> None:
+    """Raise the exception STATUS_ERRORS maps ``status`` to (nothing for other statuses)."""
+    error = STATUS_ERRORS.get(status)
+    if error is LeaseLost or error is TaskNotFound:
+        raise error(message, ids)
+    if error is not None:
+        raise error(message)
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One script call: which script, its KEYS and ARGV, and how to read its reply."""
+
+    script: str
+    keys: list[str]
+    args: list[Any]
+    parse: Callable[[Any], T]
+
+
+@dataclass(frozen=True)
+class Command(Generic[T]):
+    """One plain Redis command (reads such as ZCARD, HMGET, TIME) and how to read its reply
+    (as redis-py's response callbacks leave it)."""
+
+    args: tuple[Any, ...]
+    parse: Callable[[Any], T]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Plain commands sent in one round trip (a non-transactional pipeline); the reply is the
+    list of their parsed replies."""
+
+    commands: tuple[Command[Any], ...]
+
+
+#: What a flow (see ``dueq._core``) asks its front end to send.
+Step = Call[Any] | Command[Any] | Batch
+
+
+def _same(reply: Any) -> Any:
+    return reply
+
+
+def command(*args: Any, parse: Callable[[Any], Any] = _same) -> Command[Any]:
+    """A plain command whose reply is used as redis-py returns it, unless ``parse`` is given."""
+    return Command(args, parse)
+
+
+# -- schedule.lua ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScheduleReply:
+    added: int
+    existing: int
+    replaced: int
+    #: 0-based positions (within the batch) of generated ids that already existed
+    collided: list[int]
+
+
+def _parse_schedule(reply: Any) -> ScheduleReply:
+    return ScheduleReply(
+        int(reply[0]), int(reply[1]), int(reply[2]), [int(p) - 1 for p in reply[3:]]
+    )
+
+
+def schedule(
+    k: QueueKeys, now: str, blob: bytes, *, replace: bool, window_ms: int
+) -> Call[ScheduleReply]:
+    """Add a batch of packed task records (see ``envelope.pack_task``)."""
+    keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done]
+    args = [now, "1" if replace else "0", blob, window_ms]
+    return Call("schedule", keys, args, _parse_schedule)
+
+
+# -- claim.lua ---------------------------------------------------------------------------------
+
+#: Fields before the first delivery in claim.lua's reply, and fields per delivery.
+_CLAIM_HEAD = 8
+_CLAIM_ROW = 5
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    """One leased task as the claim script returned it (the payload still encoded)."""
+
+    id: str
+    envelope: bytes | str
+    attempt: int
+    due_ms: int
+    first_claimed_ms: int
+
+
+@dataclass(frozen=True)
+class ClaimReply:
+    now_ms: int
+    #: the part of a millisecond past ``now_ms`` (0 for an injected clock)
+    now_fraction_ms: float
+    next_due_ms: int | None
+    next_lease_deadline_ms: int | None
+    token: str
+    lease_deadline_ms: int
+    #: due ids whose stored data was gone (dropped), tasks sent to dead by the claim itself
+    dropped: int
+    buried: int
+    rows: list[ClaimedRow]
+
+
+def _parse_claim(reply: Any) -> ClaimReply:
+    next_due, next_deadline = int(reply[1]), int(reply[2])
+    rows = [
+        ClaimedRow(
+            text(reply[i]), reply[i + 1], int(reply[i + 2]), int(reply[i + 3]), int(reply[i + 4])
+        )
+        for i in range(_CLAIM_HEAD, len(reply), _CLAIM_ROW)
+    ]
+    return ClaimReply(
+        now_ms=int(reply[0]),
+        now_fraction_ms=int(reply[5]) / 1000,
+        next_due_ms=None if next_due < 0 else next_due,
+        next_lease_deadline_ms=None if next_deadline < 0 else next_deadline,
+        token=text(reply[3]),
+        lease_deadline_ms=int(reply[4]),
+        dropped=int(reply[6]),
+        buried=int(reply[7]),
+        rows=rows,
+    )
+
+
+def claim(
+    k: QueueKeys,
+    now: str,
+    *,
+    limit: int,
+    lease_ms: int,
+    max_attempts: int,
+    reclaim_limit: int,
+    dead_max_count: int,
+    dead_max_age_ms: int,
+    backoff_ms: Sequence[int],
+) -> Call[ClaimReply]:
+    """Reclaim expired leases, then lease up to ``limit`` due tasks."""
+    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats]
+    args = [
+        now,
+        limit,
+        lease_ms,
+        max_attempts,
+        reclaim_limit,
+        dead_max_count,
+        dead_max_age_ms,
+        *backoff_ms,
+    ]
+    return Call("claim", keys, args, _parse_claim)
+
+
+# -- ack.lua -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AckReply:
+    acked: int
+    lost: list[str]
+
+
+def _parse_ack(reply: Any) -> AckReply:
+    return AckReply(int(reply[0]), [text(x) for x in reply[1:]])
+
+
+def ack(
+    k: QueueKeys, now: str, held: Sequence[tuple[str, str]], *, window_ms: int
+) -> Call[AckReply]:
+    """Finish leased tasks, given as (id, lease token) pairs."""
+    args: list[Any] = [now, window_ms]
+    for task_id, token in held:
+        args += (task_id, token)
+    return Call("ack", [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done], args, _parse_ack)
+
+
+# -- fail.lua ----------------------------------------------------------------------------------
+
+_FAIL_STATUS = {0: Status.LEASE_LOST, 1: Status.RETRIED, 2: Status.DEAD}
+
+
+@dataclass(frozen=True)
+class FailReply:
+    status: Status  # RETRIED, DEAD or LEASE_LOST
+    at_ms: int  # next attempt (RETRIED) or time of death (DEAD)
+
+
+def _parse_fail(reply: Any) -> FailReply:
+    return FailReply(_FAIL_STATUS[int(reply[0])], int(reply[1]))
+
+
+def fail(
+    k: QueueKeys,
+    now: str,
+    task_id: str,
+    token: str,
+    record: str,
+    *,
+    dead: bool,
+    delay_ms: int,
+    dead_max_count: int,
+    dead_max_age_ms: int,
+) -> Call[FailReply]:
+    """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
+    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake]
+    action = "dead" if dead else "retry"
+    args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
+    return Call("fail", keys, args, _parse_fail)
+
+
+# -- extend.lua, release.lua, reschedule.lua: a time in ms, or -1 ------------------------------
+
+
+@dataclass(frozen=True)
+class TimeReply:
+    status: Status
+    ms: int  # the new lease deadline / due time (only when status is OK)
+
+
+def _time_reply(failed: Status) -> Callable[[Any], TimeReply]:
+    def parse(reply: Any) -> TimeReply:
+        value = int(reply)
+        return TimeReply(failed, value) if value < 0 else TimeReply(Status.OK, value)
+
+    return parse
+
+
+def extend(k: QueueKeys, now: str, task_id: str, token: str, lease_ms: int) -> Call[TimeReply]:
+    """Move a held lease's deadline to now + ``lease_ms``."""
+    args = [now, task_id, token, lease_ms]
+    return Call("extend", [k.leased, k.meta], args, _time_reply(Status.LEASE_LOST))
+
+
+def release(k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int) -> Call[TimeReply]:
+    """Give a leased task back, due after ``delay_ms``, without counting the delivery."""
+    keys = [k.due, k.leased, k.meta, k.stats, k.wake]
+    return Call("release", keys, [now, task_id, token, delay_ms], _time_reply(Status.LEASE_LOST))
+
+
+def reschedule(
+    k: QueueKeys, now: str, task_id: str, *, absolute: bool, due_ms: int
+) -> Call[TimeReply]:
+    """Move a scheduled task to ``due_ms`` (epoch ms when ``absolute``, else a delay)."""
+    args = [now, task_id, 1 if absolute else 0, due_ms]
+    return Call("reschedule", [k.due, k.wake], args, _time_reply(Status.NOT_SCHEDULED))
+
+
+# -- cancel.lua --------------------------------------------------------------------------------
+
+
+def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
+    """Remove a task in any state; the reply says whether it existed."""
+    keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats]
+    return Call("cancel", keys, [now, task_id], bool)
+
+
+# -- inspect.lua, stats.lua --------------------------------------------------------------------
+
+_INSPECT_KEYS = ("due", "leased", "dead", "tasks", "meta", "errors")
+
+
+def inspect_ids(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[list[TaskInfo]]:
+    """Snapshots of the given tasks (missing ones are left out)."""
+    keys = [getattr(k, name) for name in _INSPECT_KEYS]
+    return Call("inspect", keys, [now, "ids", *ids], task_infos)
+
+
+def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[TaskInfo]]:
+    """Snapshots of dead tasks, most recently died first."""
+    keys = [getattr(k, name) for name in _INSPECT_KEYS]
+    return Call("inspect", keys, [now, "dead", offset, count], task_infos)
+
+
+def stats(k: QueueKeys, now: str) -> Call[QueueStats]:
+    """Counts per state, timing and counters, as one snapshot."""
+    return Call("stats", [k.due, k.leased, k.dead, k.stats, k.tasks], [now], queue_stats)
+
+
+# -- dead.lua ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadReply:
+    status: Status  # OK or NOT_DEAD
+    count: int  # tasks moved (OK)
+    missing: list[str]  # ids that were not dead (NOT_DEAD)
+
+
+def _parse_dead(reply: Any) -> DeadReply:
+    count = int(reply[0])
+    if count < 0:
+        return DeadReply(Status.NOT_DEAD, 0, [text(x) for x in reply[1:]])
+    return DeadReply(Status.OK, count, [])
+
+
+def _dead(k: QueueKeys, now: str, action: str, args: list[Any]) -> Call[DeadReply]:
+    keys = [k.dead, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake]
+    return Call("dead", keys, [now, action, *args], _parse_dead)
+
+
+def dead_ids(k: QueueKeys, now: str, action: str, ids: Sequence[str]) -> Call[DeadReply]:
+    """Replay or purge exactly these dead ids (all or nothing)."""
+    return _dead(k, now, action, ["ids", *ids])
+
+
+def dead_oldest(k: QueueKeys, now: str, action: str, count: int) -> Call[DeadReply]:
+    """Replay or purge up to ``count`` dead tasks, oldest first."""
+    return _dead(k, now, action, ["oldest", count])
+
+
+# -- cron_add.lua, cron_remove.lua, cron_advance.lua -------------------------------------------
+
+#: cron_add.lua's reply: what became of the definition, or None for a conflict.
+_CRON_ADDED = {0: "unchanged", 1: "added", 2: "replaced", 3: "restored"}
+
+
+def _parse_cron_add(reply: Any) -> str | None:
+    return _CRON_ADDED.get(int(reply))
+
+
+def cron_add(
+    k: QueueKeys,
+    now: str,
+    name: str,
+    definition_json: str,
+    *,
+    replace: bool,
+    next_ms: int,
+    next_id: str,
+    envelope: bytes,
+) -> Call[str | None]:
+    """Store a definition and schedule its next occurrence; None when a different definition
+    exists and ``replace`` is off."""
+    keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake]
+    args = [now, name, definition_json, "1" if replace else "0", next_ms, next_id, envelope]
+    return Call("cron_add", keys, args, _parse_cron_add)
+
+
+def cron_remove(k: QueueKeys, now: str, name: str) -> Call[bool]:
+    """Delete a definition and its pending occurrence; the reply says whether it existed."""
+    keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats]
+    return Call("cron_remove", keys, [now, name], lambda reply: bool(int(reply)))
+
+
+class CronAdvance(enum.IntEnum):
+    """cron_advance.lua's status per entry."""
+
+    REFUSED = -1  # the entry's numbers were out of range: nothing changed for it
+    NOT_PENDING = 0  # not the pending slot (or the definition is gone): it just runs
+    ADVANCED = 1  # the schedule moved on
+    REBUILT = 2  # the state was unreadable and was rebuilt; the occurrence runs
+
+
+@dataclass(frozen=True)
+class CronEntry:
+    """One claimed occurrence for cron_advance.lua."""
+
+    name: str
+    slot_ms: int
+    occurrence_id: str
+    token: str
+    drop: bool  # a missed slot that must not run
+    envelope: bytes
+    next_ms: int
+    next_id: str
+    missed_now: Sequence[tuple[int, str]]  # (slot ms, id) of missed occurrences to run now
+
+
+def cron_advance(k: QueueKeys, now: str, entries: Sequence[CronEntry]) -> Call[list[CronAdvance]]:
+    """Move the schedules of claimed occurrences on, compare-and-set, in one call."""
+    args: list[Any] = [now]
+    for e in entries:
+        args += (e.name, e.slot_ms, e.occurrence_id, e.token, "1" if e.drop else "0")
+        args += (e.envelope, e.next_ms, e.next_id, len(e.missed_now))
+        for slot_ms, task_id in e.missed_now:
+            args += (slot_ms, task_id)
+    keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.leased, k.stats, k.wake]
+    return Call("cron_advance", keys, args, lambda reply: [CronAdvance(int(x)) for x in reply])
+
+
+#: The counterpart of every script that a front end can call, by script name (for the
+#: key-order test: each builds its call for a sample queue).
+SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
+    "schedule": lambda k: schedule(k, "", b"", replace=False, window_ms=0),
+    "claim": lambda k: claim(
+        k,
+        "",
+        limit=1,
+        lease_ms=1,
+        max_attempts=1,
+        reclaim_limit=1,
+        dead_max_count=1,
+        dead_max_age_ms=1,
+        backoff_ms=[0],
+    ),
+    "ack": lambda k: ack(k, "", [("id", "1")], window_ms=0),
+    "fail": lambda k: fail(
+        k, "", "id", "1", "{}", dead=False, delay_ms=0, dead_max_count=1, dead_max_age_ms=1
+    ),
+    "extend": lambda k: extend(k, "", "id", "1", 1),
+    "release": lambda k: release(k, "", "id", "1", 0),
+    "reschedule": lambda k: reschedule(k, "", "id", absolute=False, due_ms=0),
+    "cancel": lambda k: cancel(k, "", "id"),
+    "inspect": lambda k: inspect_ids(k, "", ["id"]),
+    "stats": lambda k: stats(k, ""),
+    "dead": lambda k: dead_ids(k, "", "purge", ["id"]),
+    "cron_add": lambda k: cron_add(
+        k, "", "n", "{}", replace=False, next_ms=0, next_id="cron:n:x", envelope=b"1:null"
+    ),
+    "cron_remove": lambda k: cron_remove(k, "", "n"),
+    "cron_advance": lambda k: cron_advance(k, "", []),
+}
