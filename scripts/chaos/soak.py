@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import inspect
 import itertools
 import logging
 import os
@@ -99,8 +98,7 @@ SOCKET_TIMEOUT_S = 5.0
 SWITCH_MASTER = re.compile(
     r"(?P<at>\d+ \w+ \d+ [\d:.]+) # \+switch-master \S+ \S+ (?P<old>\d+) \S+ (?P<new>\d+)"
 )
-#: ReplicationTimeout exists once the library has the WAIT setting (Queue(wait_replicas=N)).
-REPLICATION_TIMEOUT: type[Exception] = getattr(dueq, "ReplicationTimeout", dueq.DueqError)
+REPLICATION_TIMEOUT: type[Exception] = dueq.ReplicationTimeout
 
 log = logging.getLogger("soak")
 
@@ -118,8 +116,6 @@ def retry_policy() -> dueq.RetryPolicy:
 def make_queue(client: redis.Redis, wait_replicas: int, name: str = QUEUE) -> dueq.Queue:
     kwargs: dict[str, Any] = {}
     if wait_replicas:
-        if "wait_replicas" not in inspect.signature(dueq.Queue).parameters:
-            raise SystemExit("this dueq has no Queue(wait_replicas=...); update it")
         kwargs = {"wait_replicas": wait_replicas, "wait_timeout": 1.0}
     return dueq.Queue(name, client, retry=retry_policy(), lease=LEASE_S, **kwargs)
 
