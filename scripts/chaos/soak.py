@@ -98,7 +98,6 @@ SOCKET_TIMEOUT_S = 5.0
 SWITCH_MASTER = re.compile(
     r"(?P<at>\d+ \w+ \d+ [\d:.]+) # \+switch-master \S+ \S+ (?P<old>\d+) \S+ (?P<new>\d+)"
 )
-REPLICATION_TIMEOUT: type[Exception] = dueq.ReplicationTimeout
 
 log = logging.getLogger("soak")
 
@@ -486,7 +485,7 @@ class Producer(threading.Thread):
             try:
                 self.q.schedule_many(tasks)
                 return True
-            except REPLICATION_TIMEOUT as exc:  # written on the primary, not confirmed: again
+            except dueq.ReplicationTimeout as exc:  # written on the primary, not confirmed: again
                 self.retries[type(exc).__name__] += 1
             except Exception as exc:  # an outage: retry the same ids; anything else is fatal
                 if not is_outage(exc):
