@@ -40,7 +40,9 @@ waits (bounded) for the queue to drain and prints one table (Markdown). How each
   returned, or never ended). It is explained when the earlier run's worker was SIGKILLed, when
   its error history (read by the later run) holds a LeaseExpired record for the earlier attempt,
   or when a Redis fault window (kill until it serves again, stop until continue, failover until
-  the new primary serves, each plus lease + outage backoff) lies between the two starts.
+  the new primary serves, each plus lease + outage backoff) lies between the two starts. In
+  failover mode the sentinels' logs are read afterwards: a primary switch that no planned kill
+  explains is reported as an unplanned failover and counts as a fault window too.
 
 The exit code is 1 when lost, early, over max_attempts or unexplained duplicates are not 0.
 
