@@ -183,7 +183,9 @@ class RedisServer:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         if self.replica_of is not None:
             args += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
-        args += ["--repl-diskless-sync-delay", "0"]  # a new replica syncs at once, not in 5 s
+        # Disk-based sync: a new replica syncs at once (diskless sync waits 5 s for others) and
+        # counts for WAIT as soon as its link is up (diskless: only after its first ACK, ~1 s).
+        args += ["--repl-diskless-sync", "no"]
         self._process = subprocess.Popen(args + self.extra_args, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT_S
         probe = self.client(socket_timeout=1)
