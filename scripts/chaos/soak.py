@@ -205,6 +205,7 @@ class Settings:
     bench_rounds: int = 8
     keep_logs: str = ""
     failover_timeout_ms: int = 10_000
+    down_after_ms: int = 5_000
 
 
 def settings_from(args: argparse.Namespace, wait_replicas: int = 0) -> Settings:
@@ -252,6 +253,7 @@ def settings_from(args: argparse.Namespace, wait_replicas: int = 0) -> Settings:
         "max_duration_s",
         "worker_kills",
         "failover_timeout_ms",
+        "down_after_ms",
         "keep_logs",
     )
     for name in names:
@@ -267,9 +269,12 @@ def settings_from(args: argparse.Namespace, wait_replicas: int = 0) -> Settings:
 class Deployment:
     """The Redis processes of one run and the faults that can be done to them."""
 
-    def __init__(self, failover: bool, failover_timeout_ms: int = 10_000) -> None:
+    def __init__(
+        self, failover: bool, failover_timeout_ms: int = 10_000, down_after_ms: int = 5_000
+    ) -> None:
         self.failover = failover
         self.failover_timeout_ms = failover_timeout_ms
+        self.down_after_ms = down_after_ms
         self.servers: dict[int, RedisServer] = {}
         self.sentinels: list[SentinelServer] = []
 
@@ -284,7 +289,9 @@ class Deployment:
             self.servers[replica.port] = replica
         self.sentinels = [
             SentinelServer(
-                ("127.0.0.1", primary.port), failover_timeout_ms=self.failover_timeout_ms
+                ("127.0.0.1", primary.port),
+                failover_timeout_ms=self.failover_timeout_ms,
+                down_after_ms=self.down_after_ms,
             ).start()
             for _ in range(3)
         ]
@@ -633,7 +640,7 @@ def measure_schedule_rates(client: redis.Redis, seconds: float, rounds: int) -> 
 def run_soak(settings: Settings, out: Callable[[str], None]) -> dict[str, int]:
     rng = random.Random(settings.seed)
     folder = Path(tempfile.mkdtemp(prefix="dueq-soak-"))
-    deployment = Deployment(settings.failover, settings.failover_timeout_ms)
+    deployment = Deployment(settings.failover, settings.failover_timeout_ms, settings.down_after_ms)
     deployment.start()
     faults: list[Fault] = []
     try:
@@ -697,7 +704,10 @@ def unplanned_failovers(
     planned = [f for f in faults if f.kind == "primary-kill"]
     extra = []
     for at_ms, what in switches:
-        if not any(f.start_ms <= at_ms <= f.end_ms + 1000 for f in planned):
+        if not any(
+            f.detail.startswith(f"{what};") and f.start_ms <= at_ms <= f.end_ms + 1000
+            for f in planned
+        ):
             extra.append(Fault("unplanned-failover", at_ms - 5000, at_ms, what))
             notes.append(f"unplanned failover at {(at_ms - start_ms) / 1000:.1f} s: {what}")
     return extra
@@ -965,6 +975,7 @@ def main() -> int:
     parser.add_argument("--max-duration-s", type=float, help="bound of one run, seconds")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--failover-timeout-ms", type=int, help="Sentinel failover-timeout")
+    parser.add_argument("--down-after-ms", type=int, help="Sentinel down-after-milliseconds")
     parser.add_argument("--keep-logs", help="copy worker, Redis and Sentinel logs to this folder")
     args = parser.parse_args()
     if args.command == "worker":
