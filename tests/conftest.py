@@ -5,6 +5,10 @@ producer consumer operator`` prints (the union of the three roles over every que
 ``r``, ``redis_server.client()`` and ``redis_server.url`` (given to worker subprocesses) are
 that user; the ``admin`` fixture is the default user, for flushing and for the admin commands
 some tests need (CONFIG SET, KEYS, ACL, SCRIPT FLUSH).
+
+``DUEQ_TEST_TLS=1`` makes that server TLS-only with a throwaway CA, and every client from
+``redis_server.client()`` or ``redis_server.url`` verifies its certificate (tests/test_tls.py
+runs the core, consumer and cron tests this way).
 """
 
 from __future__ import annotations
@@ -83,9 +87,12 @@ class ManualClock:
         self.now += seconds
 
 
+TLS = os.environ.get("DUEQ_TEST_TLS") == "1"
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
-    server = (AclRedisServer() if ACL_MODE else RedisServer()).start()
+    server = (AclRedisServer() if ACL_MODE else RedisServer(tls=TLS)).start()
     yield server
     server.stop()
 
@@ -141,12 +148,14 @@ def make_queue(
         if loop is None:
             return dueq.Queue(name, client, **kwargs)
         kw = client.connection_pool.connection_kwargs
+        tls = {k: kw[k] for k in ("ssl_ca_certs", "ssl_cert_reqs", "ssl_check_hostname") if k in kw}
         aclient = redis.asyncio.Redis(
             host=kw.get("host", "127.0.0.1"),
             port=kw.get("port", redis_server.port),
             username=kw.get("username"),
             password=kw.get("password"),
             decode_responses=kw.get("decode_responses", False),
+            **({"ssl": True, **tls} if kw.get("ssl_ca_certs") else {}),
         )
         clients.append(aclient)
         return Blocking(dueq.AsyncQueue(name, aclient, **kwargs), loop)

@@ -204,7 +204,7 @@ def test_a_worker_killed_with_sigkill_loses_nothing(redis_server, r):
     tid = q.schedule({"job": 1})
     child = textwrap.dedent(f"""
         import sys, time, redis, dueq
-        q = dueq.Queue("killed", redis.Redis(port={redis_server.port}), lease=0.3)
+        q = dueq.Queue("killed", redis.Redis.from_url({redis_server.url!r}), lease=0.3)
         [d] = q.claim()
         print(d.id, d.attempt, flush=True)
         time.sleep(60)

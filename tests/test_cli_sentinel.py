@@ -174,7 +174,9 @@ def test_the_worker_follows_a_sentinel_failover(cluster, tmp_path):
         except AssertionError:  # say what the worker saw
             child.kill()
             _, err = child.communicate()
-            raise AssertionError(f"10 acks after the failover never came; worker: {err[-3000:]}")
+            raise AssertionError(
+                f"10 acks after the failover never came; worker: {err[-3000:]}"
+            ) from None
         child.terminate()
         out, err = child.communicate(timeout=WAIT_S)
     finally:

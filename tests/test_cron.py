@@ -466,9 +466,7 @@ def test_an_occurrence_held_back_by_a_redis_error_advances_on_its_next_claim(
         channels=["*"],
         commands=["+@all", "-hget"],
     )
-    refused = redis.Redis(
-        host="127.0.0.1", port=redis_server.port, username="nohget", password="pw"
-    )
+    refused = redis_server.client(username="nohget", password="pw")
     flaky = dueq.Queue("cron", refused, clock=time.time, lease=60)
     assert flaky.claim() == []  # claimed, then held back: its lease runs out
     assert q.stats().leased == 1

@@ -5,17 +5,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 import redis
 
 import dueq
-from dueq.server import RedisServer, free_port
+from dueq.server import RedisServer
 from dueq.snapshot import text
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
@@ -291,39 +289,14 @@ def test_password_in_redis_url_works_in_executors(spark):
         authed.close()
 
 
-def make_certificates(folder: Path) -> dict[str, Path]:
-    """A throwaway CA and a server certificate for 127.0.0.1 it signed (openssl CLI)."""
+def test_tls_with_certificate_checks_works_in_executors(spark):
     if shutil.which("openssl") is None:
         pytest.skip("the TLS test needs the openssl command to make certificates")
-    files = {name: folder / name for name in ("ca.key", "ca.crt", "server.key", "server.crt")}
-    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    ca_key, ca_crt = files["ca.key"], files["ca.crt"]
-    key, crt, csr = files["server.key"], files["server.crt"], folder / "server.csr"
-    commands = [
-        ["req", "-x509", *ec, "-keyout", ca_key, "-out", ca_crt, "-subj", "/CN=dueq test CA"],
-        ["req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"],
-        ["x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key, "-CAcreateserial"],
-    ]
-    commands[0] += ["-days", "1"]
-    commands[2] += ["-out", crt, "-days", "1", "-extfile", folder / "san.cnf"]
-    for command in commands:
-        subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True)
-    return files
-
-
-def test_tls_with_certificate_checks_works_in_executors(spark, tmp_path):
-    files = make_certificates(tmp_path)
-    tls_port = free_port()
-    tls = ["--tls-port", str(tls_port), "--tls-auth-clients", "no"]
-    tls += ["--tls-cert-file", str(files["server.crt"]), "--tls-key-file", str(files["server.key"])]
-    tls += ["--tls-ca-cert-file", str(files["ca.crt"])]
-    with RedisServer(extra_args=tls) as server:
-        url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={files['ca.crt']}"
-        result = ds.schedule_dataframe(reminders(spark, rows=50), queue="tls", redis_url=url)
+    with RedisServer(tls=True) as server:  # TLS only, a throwaway CA; url names the CA file
+        result = ds.schedule_dataframe(reminders(spark, rows=50), queue="tls", redis_url=server.url)
         assert result.added == 50
         assert server.client().zcard("dueq:{tls}:due") == 50
-        unverified = f"rediss://127.0.0.1:{tls_port}/0"  # the system CAs do not know ours
+        unverified = f"rediss://127.0.0.1:{server.port}/0"  # the system CAs do not know ours
         with pytest.raises(Exception, match=r"(?i)certificate verify failed"):
             ds.schedule_dataframe(reminders(spark, rows=5), queue="tls", redis_url=unverified)
 
