@@ -49,9 +49,12 @@ class AclRedisServer(RedisServer):
     def url(self) -> str:
         return f"redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{self.port}/0"
 
+    _user_ready = False  # until start() has created the user, clients are the default user
+
     def client(self, **kwargs: object) -> redis.Redis:
-        kwargs.setdefault("username", ACL_USER)  # a test may log in as a user of its own
-        kwargs.setdefault("password", ACL_PASSWORD)
+        if self._user_ready:
+            kwargs.setdefault("username", ACL_USER)  # a test may log in as a user of its own
+            kwargs.setdefault("password", ACL_PASSWORD)
         return super().client(**kwargs)
 
     def admin(self) -> redis.Redis:
@@ -71,6 +74,7 @@ class AclRedisServer(RedisServer):
                 *rule,
                 *TEST_SELECTORS,
             )
+        self._user_ready = True
         return self
 
 
@@ -100,7 +104,9 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture
 def admin(redis_server: RedisServer) -> Iterator[redis.Redis]:
     """The default (all-powerful) user on a flushed server: for admin commands in tests."""
-    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    client = (
+        redis_server.admin() if isinstance(redis_server, AclRedisServer) else redis_server.client()
+    )
     client.flushall()
     yield client
     client.close()
@@ -120,6 +126,21 @@ def r(redis_server: RedisServer, admin: redis.Redis) -> Iterator[redis.Redis]:
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
+
+
+def async_mirror(client: redis.Redis) -> redis.asyncio.Redis:
+    """A ``redis.asyncio`` client to the same server as ``client``, as the same user, with the
+    same TLS settings (so async tests run in the ACL and TLS modes too)."""
+    kw = client.connection_pool.connection_kwargs
+    tls = {k: kw[k] for k in ("ssl_ca_certs", "ssl_cert_reqs", "ssl_check_hostname") if k in kw}
+    return redis.asyncio.Redis(
+        host=kw.get("host", "127.0.0.1"),
+        port=kw["port"],
+        username=kw.get("username"),
+        password=kw.get("password"),
+        decode_responses=kw.get("decode_responses", False),
+        **({"ssl": True, **tls} if kw.get("ssl_ca_certs") else {}),
+    )
 
 
 @pytest.fixture(params=["sync", "async"])
@@ -147,16 +168,7 @@ def make_queue(
         client = kwargs.pop("client", r)
         if loop is None:
             return dueq.Queue(name, client, **kwargs)
-        kw = client.connection_pool.connection_kwargs
-        tls = {k: kw[k] for k in ("ssl_ca_certs", "ssl_cert_reqs", "ssl_check_hostname") if k in kw}
-        aclient = redis.asyncio.Redis(
-            host=kw.get("host", "127.0.0.1"),
-            port=kw.get("port", redis_server.port),
-            username=kw.get("username"),
-            password=kw.get("password"),
-            decode_responses=kw.get("decode_responses", False),
-            **({"ssl": True, **tls} if kw.get("ssl_ca_certs") else {}),
-        )
+        aclient = async_mirror(client)
         clients.append(aclient)
         return Blocking(dueq.AsyncQueue(name, aclient, **kwargs), loop)
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 import redis.asyncio
+from conftest import async_mirror
 
 import dueq
 from dueq.server import RedisServer
@@ -22,7 +23,7 @@ BOUND_S = 10.0  # the most a test waits for something that should come at once
 
 
 def _client(server: RedisServer) -> redis.asyncio.Redis:
-    return redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+    return async_mirror(server.client())
 
 
 def test_every_task_is_yielded_at_or_after_its_due_time_never_early(r, redis_server):

@@ -13,6 +13,7 @@ import time
 import pytest
 import redis
 import redis.asyncio
+from conftest import async_mirror
 
 import dueq
 from dueq.server import RedisServer
@@ -20,7 +21,7 @@ from dueq.server import RedisServer
 
 @pytest.fixture
 def aclient(redis_server: RedisServer, r: redis.Redis):
-    return lambda: redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+    return lambda: async_mirror(redis_server.client())
 
 
 def test_a_task_scheduled_by_one_front_end_is_consumed_by_the_other(r, aclient):
@@ -102,7 +103,7 @@ def test_bad_input_is_refused_before_anything_is_awaited(r, aclient):
     assert r.dbsize() == 0
 
 
-def test_the_loop_is_never_blocked_while_redis_is_paused(redis_server: RedisServer, aclient):
+def test_the_loop_is_never_blocked_while_redis_is_paused(admin: redis.Redis, aclient):
     """While Redis holds writes for 1 s (as a failover does), an awaited schedule waits for
     it, and a ticker on the same loop keeps ticking: no gap over 250 ms."""
 
@@ -121,15 +122,13 @@ def test_the_loop_is_never_blocked_while_redis_is_paused(redis_server: RedisServ
                 gaps.append(now - last)
                 last = now
 
-        admin = redis.Redis(host="127.0.0.1", port=redis_server.port)  # the default user
-        admin.execute_command("CLIENT", "PAUSE", 1000, "WRITE")
+        admin.execute_command("CLIENT", "PAUSE", 1000, "WRITE")  # the default user
         tick = asyncio.create_task(ticker())
         started = time.monotonic()
         await q.schedule("during the pause")
         waited = time.monotonic() - started
         done.set()
         await tick
-        admin.close()
         await client.aclose()
         return waited, max(gaps)
 
