@@ -356,9 +356,11 @@ def test_a_healthy_queue_reports_nothing_missing(make_queue):
 
 
 def test_a_claim_reply_never_holds_a_non_integer_time(redis_server, r: redis.Redis, clock):
-    q = dueq.Queue("q", redis_server.client(decode_responses=True), clock=clock)
+    client = redis_server.client(decode_responses=True)
+    q = dueq.Queue("q", client, clock=clock)
     q.schedule("x", id="t", delay=1)
     r.zadd(K + "due", {"t": 0.25})
     batch = q.claim_batch()
+    client.close()
     assert [d.id for d in batch.deliveries] == ["t"]
     assert batch.next_due_ms is None

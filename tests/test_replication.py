@@ -30,6 +30,14 @@ def primary() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
+def pclient(primary: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the primary, closed after the test."""
+    client = primary.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def replica(primary: RedisServer) -> Iterator[RedisServer]:
     server = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]).start()
     client = server.client()
@@ -39,17 +47,18 @@ def replica(primary: RedisServer) -> Iterator[RedisServer]:
     server.stop()
 
 
-def test_a_schedule_returns_once_a_replica_has_it(primary: RedisServer, replica: RedisServer):
-    q = dueq.Queue("rq", primary.client(), wait_replicas=1)
+def test_a_schedule_returns_once_a_replica_has_it(pclient: redis.Redis, replica: RedisServer):
+    q = dueq.Queue("rq", pclient, wait_replicas=1)
     task_id = q.schedule({"n": 1}, id="t1")
     # WAIT returned 1, so the replica has the task already: no polling needed
-    assert replica.client().hexists("dueq:{rq}:tasks", task_id)
+    with replica.client() as reader:
+        assert reader.hexists("dueq:{rq}:tasks", task_id)
 
 
 def test_a_schedule_no_replica_confirms_raises_replication_timeout_but_is_written(
-    primary: RedisServer, replica: RedisServer
+    pclient: redis.Redis, replica: RedisServer
 ):
-    q = dueq.Queue("rq", primary.client(), wait_replicas=1, wait_timeout=0.1)
+    q = dueq.Queue("rq", pclient, wait_replicas=1, wait_timeout=0.1)
     replica.stop()
     with pytest.raises(dueq.ReplicationTimeout) as caught:
         q.schedule({"n": 1}, id="t1")
@@ -63,9 +72,9 @@ def test_a_schedule_no_replica_confirms_raises_replication_timeout_but_is_writte
 
 
 def test_an_ack_without_replicas_is_made_and_logged_not_raised(
-    primary: RedisServer, replica: RedisServer, caplog: pytest.LogCaptureFixture
+    pclient: redis.Redis, replica: RedisServer, caplog: pytest.LogCaptureFixture
 ):
-    q = dueq.Queue("rq", primary.client(), wait_replicas=1, wait_timeout=0.1)
+    q = dueq.Queue("rq", pclient, wait_replicas=1, wait_timeout=0.1)
     q.schedule({"n": 1}, id="t1")
     [d] = q.claim()
     replica.stop()
@@ -75,13 +84,13 @@ def test_an_ack_without_replicas_is_made_and_logged_not_raised(
     assert "only 0 of 1 replica(s) confirmed" in caplog.text
 
 
-def test_claims_do_not_wait_for_replicas(primary: RedisServer, replica: RedisServer):
-    q = dueq.Queue("rq", primary.client(), wait_replicas=1, wait_timeout=0.1)
+def test_claims_do_not_wait_for_replicas(pclient: redis.Redis, replica: RedisServer):
+    q = dueq.Queue("rq", pclient, wait_replicas=1, wait_timeout=0.1)
     q.schedule({"n": 1}, id="t1")
     replica.stop()
-    before = primary.client().info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+    before = pclient.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
     assert [d.id for d in q.claim()] == ["t1"]
-    after = primary.client().info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+    after = pclient.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
     assert after == before
 
 

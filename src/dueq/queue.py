@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import redis
@@ -26,11 +26,13 @@ from ._core import (
     QueueCore,
     drive,
 )
-from .clock import Duration
+from .clock import Clock, Duration
 from .cron import Crons
 from .dead import DeadLetters
+from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .exceptions import ConfigurationError
 from .observe import observe_queue
+from .retry import RetryPolicy
 from .scripts import Scripts
 from .task import Delivery, Outcome, QueueStats, ScheduleResult, Task, TaskInfo
 
@@ -62,9 +64,32 @@ class Queue(QueueCore):
     """
 
     def __init__(
-        self, name: str, redis_client: redis.Redis | RedisCluster, **settings: Any
+        self,
+        name: str,
+        redis_client: redis.Redis | RedisCluster,
+        *,
+        retry: RetryPolicy | None = None,
+        lease: Duration = 30.0,
+        clock: Clock | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        dead_max_count: int = 100_000,
+        dead_max_age: Duration = timedelta(days=14),
+        remember_done: Duration | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: Duration = 1.0,
     ) -> None:
-        super().__init__(name, **settings)
+        super().__init__(
+            name,
+            retry=retry,
+            lease=lease,
+            clock=clock,
+            max_payload_bytes=max_payload_bytes,
+            dead_max_count=dead_max_count,
+            dead_max_age=dead_max_age,
+            remember_done=remember_done,
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+        )
         if not isinstance(redis_client, (redis.Redis, RedisCluster)):
             hint = (
                 "; for a redis.asyncio client use dueq.AsyncQueue"
