@@ -214,7 +214,10 @@ def test_dispose_releases_deliveries_that_have_not_started(r: redis.Redis) -> No
     stream = q.observe(max_in_flight=5).pipe(dueq.operators.process(handle, concurrency=1))
     sub = stream.subscribe(on_next=out.on_next)
     assert started.wait(WAIT_S)
-    sub.dispose()
+    sub.dispose()  # the unstarted ones are released in the background: wait for that
+    deadline = time.monotonic() + WAIT_S
+    while q.stats().scheduled < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
     states = {i: q.get(f"t{i}") for i in range(5)}
     leased = [i for i, info in states.items() if info is not None and info.state == "leased"]
     assert len(leased) == 1  # the running one keeps its lease and finishes
