@@ -23,12 +23,12 @@ from ._core import (
     Flow,
     QueueCore,
     drive_async,
+    wrong_client,
 )
 from .clock import Clock, Duration
 from .cron import AsyncCrons
 from .dead import AsyncDeadLetters
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
-from .exceptions import ConfigurationError
 from .retry import RetryPolicy
 from .scripts import AsyncScripts
 from .task import AsyncDelivery, Outcome, QueueStats, ScheduleResult, Task, TaskInfo
@@ -70,14 +70,11 @@ class AsyncQueue(QueueCore):
             wait_timeout=wait_timeout,
         )
         if not isinstance(redis_client, (redis.asyncio.Redis, AsyncRedisCluster)):
-            hint = (
-                "; for a blocking client use dueq.Queue"
-                if isinstance(redis_client, (redis.Redis, redis.RedisCluster))
-                else ""
-            )
-            raise ConfigurationError(
-                "redis_client must be a redis.asyncio.Redis or redis.asyncio.RedisCluster, got "
-                f"{type(redis_client).__module__}.{type(redis_client).__name__}{hint}"
+            blocking = isinstance(redis_client, (redis.Redis, redis.RedisCluster))
+            raise wrong_client(
+                redis_client,
+                "a redis.asyncio.Redis or redis.asyncio.RedisCluster",
+                "; for a blocking client use dueq.Queue" if blocking else "",
             )
         self.redis = redis_client
         self._scripts = AsyncScripts(

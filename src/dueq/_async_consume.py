@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +74,7 @@ async def deliveries(
 
     listener = asyncio.create_task(_listen(queue, poke.set)) if wake else None
     backoff = Backoff()
-    unyielded: list[AsyncDelivery] = []
+    unyielded: deque[AsyncDelivery] = deque()
     try:
         while True:
             poke.clear()
@@ -101,9 +102,9 @@ async def deliveries(
             for d in [d for d in in_flight if d.lease_deadline_ms <= batch.now_ms]:
                 in_flight.discard(d)  # its lease ran out unsettled: no longer ours
                 d._on_settled = None
-            unyielded = list(batch.deliveries)
+            unyielded = deque(batch.deliveries)
             while unyielded:
-                yield unyielded.pop(0)
+                yield unyielded.popleft()
             full = len(in_flight) >= max_in_flight
             wait_ms = heartbeat_ms if full else sleep_ms(batch, heartbeat_ms)
             if wait_ms > 0 and not poke.is_set():

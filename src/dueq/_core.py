@@ -111,6 +111,14 @@ def _batches(records: list[bytes]) -> Iterator[list[int]]:
         yield batch
 
 
+def wrong_client(client: object, wanted: str, hint: str) -> ConfigurationError:
+    """The error for a client of the wrong kind, naming what was given and what to use."""
+    kind = type(client)
+    return ConfigurationError(
+        f"redis_client must be {wanted}, got {kind.__module__}.{kind.__name__}{hint}"
+    )
+
+
 def server_version_ok(version: str | None) -> None:
     """ConfigurationError for a Redis older than 6.2 (an unreadable version is let through)."""
     if version is None:

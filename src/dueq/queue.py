@@ -25,12 +25,12 @@ from ._core import (
     Flow,
     QueueCore,
     drive,
+    wrong_client,
 )
 from .clock import Clock, Duration
 from .cron import Crons
 from .dead import DeadLetters
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
-from .exceptions import ConfigurationError
 from .observe import observe_queue
 from .retry import RetryPolicy
 from .scripts import Scripts
@@ -91,14 +91,11 @@ class Queue(QueueCore):
             wait_timeout=wait_timeout,
         )
         if not isinstance(redis_client, (redis.Redis, RedisCluster)):
-            hint = (
-                "; for a redis.asyncio client use dueq.AsyncQueue"
-                if type(redis_client).__module__.startswith("redis.asyncio")
-                else ""
-            )
-            raise ConfigurationError(
-                "redis_client must be a redis.Redis or redis.cluster.RedisCluster (blocking), "
-                f"got {type(redis_client).__module__}.{type(redis_client).__name__}{hint}"
+            asyncio_client = type(redis_client).__module__.startswith("redis.asyncio")
+            raise wrong_client(
+                redis_client,
+                "a redis.Redis or redis.cluster.RedisCluster (blocking)",
+                "; for a redis.asyncio client use dueq.AsyncQueue" if asyncio_client else "",
             )
         self.redis = redis_client
         self._scripts = Scripts(
