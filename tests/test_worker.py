@@ -140,6 +140,26 @@ def test_worker_stop_from_another_thread_returns_cleanly(r: redis.Redis) -> None
     assert q.stats().counters["acked"] == 100
 
 
+def test_a_signal_that_lands_inside_the_run_loops_wait_does_not_deadlock(r: redis.Redis) -> None:
+    # A signal handler runs on the main thread between two bytecodes, which can be inside
+    # Event.wait while that thread holds the event's (non-reentrant) lock. The handler must
+    # not take that lock (Event.set would wait forever: a worker that ignored SIGTERM in CI).
+    worker = dueq.Worker(dueq.Queue("w", r), lambda d: None)
+    handled = threading.Event()
+
+    def signal_inside_the_wait() -> None:
+        with worker._stop._cond:  # type: ignore[attr-defined]  # where the main thread may be
+            worker._on_signal(signal.SIGTERM, None)
+        handled.set()
+
+    threading.Thread(target=signal_inside_the_wait, daemon=True).start()
+    assert handled.wait(WAIT_S), "the signal handler blocked on the run loop's lock"
+    thread = threading.Thread(target=worker.run)
+    thread.start()  # the recorded signal stops it as stop() would
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+
+
 def test_the_consumer_survives_a_redis_restart_and_delivers_what_came_after() -> None:
     with RedisServer(appendonly=True) as server:
         r = server.client()

@@ -31,6 +31,8 @@ from .task import Outcome
 logger = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: How often the run loop looks for a signal or ``stop()``.
+STOP_POLL_S = 0.1
 
 
 class Worker:
@@ -67,6 +69,7 @@ class Worker:
         self.outcomes: Counter[str] = Counter()
         self._stop = threading.Event()
         self._hurry = threading.Event()
+        self._signalled = False  # a SIGINT/SIGTERM arrived (see _on_signal)
         self._error: Exception | None = None
 
     def stop(self) -> None:
@@ -92,8 +95,9 @@ class Worker:
         logger.info("worker started on %s with concurrency %d", names, self.concurrency)
         processor.subscribe(source, Observer(self._count, self._failed))
         try:
-            while not self._stop.wait(0.5):
-                pass
+            while not self._stop.wait(STOP_POLL_S):
+                if self._signalled:  # set by the signal handler, which takes no lock
+                    self.stop()
             logger.info(
                 "worker stopping: no new tasks; %.1f s grace for running ones", self.grace_s
             )
@@ -112,11 +116,17 @@ class Worker:
         self._stop.set()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self._stop.is_set():
+        """Runs on the main thread between two bytecodes, possibly while that thread holds
+        ``self._stop``'s internal lock inside ``Event.wait``: so it must not set that event
+        (``Event.set`` takes the same non-reentrant lock and would deadlock). It records the
+        signal; the run loop acts on it within STOP_POLL_S. ``_hurry`` is safe to set here:
+        the main thread never waits on it."""
+        if self._stop.is_set() or self._signalled:
             logger.warning(
                 "second %s: not waiting for running handlers", signal.Signals(signum).name
             )
-        self.stop()
+            self._hurry.set()
+        self._signalled = True
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
