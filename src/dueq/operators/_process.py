@@ -32,6 +32,7 @@ from reactivex.scheduler import EventLoopScheduler
 from ..exceptions import DueqError, LeaseLost, Unrecoverable
 from ..outage import Backoff, describe, is_outage, through_outages
 from ..task import Delivery, Outcome
+from ._emit import SerialEmitter
 
 if TYPE_CHECKING:
     from ..queue import Queue
@@ -79,11 +80,12 @@ class Processor:
         self._closing = False
         self._give_up = threading.Event()  # stop retrying acks and fails through an outage
         self._done: stdlib_queue.SimpleQueue[_Finished | None] = stdlib_queue.SimpleQueue()
-        self._emit_lock = threading.Lock()
-        self._observer: abc.ObserverBase[Outcome] | None = None
+        self._out: SerialEmitter[Outcome] = SerialEmitter()
         self._source: abc.DisposableBase | None = None
         self._source_ended = False
         self._keeper: abc.DisposableBase | None = None
+        self._keeper_round = 0  # a keeper action of an older round does nothing
+        self._keeper_due = KEEPER_TICK_MAX  # the period of the round scheduled now
         self._runner: _Runner = (
             _AsyncRunner(handler, concurrency, self._begin, self._finished, self._release)
             if is_async_handler(handler)
@@ -97,10 +99,11 @@ class Processor:
     def subscribe(
         self, source: Observable[Delivery], observer: abc.ObserverBase[Outcome]
     ) -> abc.DisposableBase:
-        self._observer = observer
+        self._out.attach(observer)
         self._runner.start()
         self._settler.start()
-        self._keeper = self._scheduler.schedule_relative(KEEPER_TICK_MAX, self._keep_leases)
+        with self._lock:
+            self._schedule_keeper(KEEPER_TICK_MAX)
         self._source = source.subscribe(
             on_next=self._accept, on_error=self._source_error, on_completed=self._source_completed
         )
@@ -172,10 +175,13 @@ class Processor:
     # -- deliveries in -----------------------------------------------------------------------
 
     def _accept(self, delivery: Delivery) -> None:
+        period = timedelta(milliseconds=delivery.queue.lease_ms / 3)
         with self._lock:
             closing = self._closing
             if not closing:
                 self._held[delivery] = self._scheduler.now
+                if period < self._keeper_due and self._keeper is not None:
+                    self._schedule_keeper(period)  # a shorter lease than the round allows for
         if closing:
             self._release(delivery)
         else:
@@ -194,9 +200,7 @@ class Processor:
 
     def _source_error(self, error: Exception) -> None:
         logger.error("delivery stream failed: %s", describe(error))
-        with self._emit_lock:
-            if self._observer is not None:
-                self._observer.on_error(error)
+        self._out.on_error(error)
         self.close(None)
 
     def _source_completed(self) -> None:
@@ -207,9 +211,7 @@ class Processor:
             self._complete()
 
     def _complete(self) -> None:
-        with self._emit_lock:
-            if self._observer is not None:
-                self._observer.on_completed()
+        self._out.on_completed()
         self.close(None)
 
     # -- outcomes out ------------------------------------------------------------------------
@@ -361,17 +363,7 @@ class Processor:
         self._forget([d])
 
     def _emit(self, outcomes: list[Outcome]) -> None:
-        with self._emit_lock:
-            observer = self._observer
-            if observer is None:
-                return
-            for outcome in outcomes:
-                try:
-                    observer.on_next(outcome)
-                except Exception:  # the subscriber's own bug; reactivex has detached it
-                    logger.exception("outcome subscriber raised; outcomes are no longer emitted")
-                    self._observer = None
-                    return
+        self._out.on_next(*outcomes)
 
     def _forget(self, deliveries: list[Delivery]) -> None:
         with self._lock:
@@ -388,10 +380,12 @@ class Processor:
 
     # -- lease keeping -----------------------------------------------------------------------
 
-    def _keep_leases(self, scheduler: abc.SchedulerBase, _state: Any = None) -> None:
+    def _keep_leases(self, scheduler: abc.SchedulerBase, round_: int | None) -> None:
         now = scheduler.now
         tick = KEEPER_TICK_MAX
         with self._lock:
+            if round_ != self._keeper_round:
+                return  # replaced by a sooner round (or stopped)
             held = list(self._held.items())
             lost = set(self._lease_lost)
         outage: Exception | None = None
@@ -400,9 +394,10 @@ class Processor:
             if d in lost or d.settled:  # nothing left to keep (the handler may have acked)
                 continue
             period = timedelta(milliseconds=d.queue.lease_ms / 3)
-            tick = min(tick, period)
             if now - extended_at < period:
+                tick = min(tick, extended_at + period - now)
                 continue
+            tick = min(tick, period)  # extended now (or tried): next due a period from now
             if outage is not None:  # the rest would meet it too (each after a timeout, maybe)
                 unextended += 1
                 continue
@@ -434,12 +429,25 @@ class Processor:
                 unextended,
             )
         with self._lock:
-            if self._keeper is not None:
-                self._keeper = scheduler.schedule_relative(tick, self._keep_leases)
+            if self._keeper is not None and round_ == self._keeper_round:
+                self._schedule_keeper(tick)
+
+    def _schedule_keeper(self, period: timedelta) -> None:
+        """Schedule the next keeper round in ``period`` (called with ``_lock`` held); a round
+        already scheduled for later does nothing when its time comes."""
+        self._keeper_round += 1
+        self._keeper_due = period
+        previous = self._keeper
+        self._keeper = self._scheduler.schedule_relative(
+            period, self._keep_leases, self._keeper_round
+        )
+        if previous is not None:
+            previous.dispose()
 
     def _stop_keeper(self) -> None:
         with self._lock:
             keeper, self._keeper = self._keeper, None
+            self._keeper_round += 1
         if keeper is not None:
             keeper.dispose()
         if self._own_scheduler is not None:
