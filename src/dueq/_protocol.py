@@ -279,10 +279,29 @@ def _time_reply(failed: Status) -> Callable[[Any], TimeReply]:
     return parse
 
 
-def extend(k: QueueKeys, now: str, task_id: str, token: str, lease_ms: int) -> Call[TimeReply]:
-    """Move a held lease's deadline to now + ``lease_ms``."""
-    args = [now, task_id, token, lease_ms]
-    return Call("extend", [k.leased, k.meta], args, _time_reply(Status.LEASE_LOST))
+@dataclass(frozen=True)
+class ExtendReply:
+    deadline_ms: int  # the new deadline of every lease that was held
+    lost: list[str]  # ids whose lease was not held (not extended)
+
+
+def _parse_extend(reply: Any) -> ExtendReply:
+    return ExtendReply(int(reply[0]), [text(x) for x in reply[1:]])
+
+
+#: Most leases one extend call moves (the flow splits bigger batches).
+EXTEND_BATCH = 1000
+
+
+def extend(
+    k: QueueKeys, now: str, held: Sequence[tuple[str, str]], lease_ms: int
+) -> Call[ExtendReply]:
+    """Move the deadlines of held leases, given as (id, lease token) pairs, to now +
+    ``lease_ms``; at most EXTEND_BATCH pairs."""
+    args: list[Any] = [now, lease_ms]
+    for task_id, token in held:
+        args += (task_id, token)
+    return Call("extend", [k.leased, k.meta], args, _parse_extend)
 
 
 def release(k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int) -> Call[TimeReply]:
@@ -451,7 +470,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "fail": lambda k: fail(
         k, "", "id", "1", "{}", dead=False, delay_ms=0, dead_max_count=1, dead_max_age_ms=1
     ),
-    "extend": lambda k: extend(k, "", "id", "1", 1),
+    "extend": lambda k: extend(k, "", [("id", "1")], 1),
     "release": lambda k: release(k, "", "id", "1", 0),
     "reschedule": lambda k: reschedule(k, "", "id", absolute=False, due_ms=0),
     "cancel": lambda k: cancel(k, "", "id"),

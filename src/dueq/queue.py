@@ -207,6 +207,12 @@ class Queue(QueueCore):
         """
         return self._drive(self._fail_flow(delivery, error, retry_in))
 
+    def extend_many(self, deliveries: Sequence[Delivery], seconds: Duration) -> datetime:
+        """Extend many held leases to ``seconds`` from now in one round trip per 1,000;
+        returns the new deadline. Raises LeaseLost (with ``.ids``) naming the leases that were
+        not held; the others are still extended."""
+        return self._drive(self._extend_many_flow(deliveries, seconds))
+
     def extend(self, delivery: Delivery, seconds: Duration) -> datetime:
         """Extend a held lease to ``seconds`` from now; raises LeaseLost if it is not held."""
         return self._drive(self._extend_flow(delivery, seconds))

@@ -26,17 +26,7 @@ for i = 3, #ARGV, 2 do
 end
 if #ids == 0 then return {0} end
 
-local deadlines = redis.call('ZMSCORE', KEYS[1], unpack(ids))
-local metas = redis.call('HMGET', KEYS[3], unpack(ids))
-local done, out = {}, {0}
-for i, id in ipairs(ids) do
-  local _, token = meta_parse(metas[i])
-  if deadlines[i] and tonumber(deadlines[i]) > now and token ~= '' and token == tokens[i] then
-    done[#done + 1] = id
-  else
-    out[#out + 1] = id
-  end
-end
+local done, lost = split_held(KEYS[1], KEYS[3], ids, tokens, now)
 if #done > 0 then
   call_chunked('ZREM', KEYS[1], done)
   call_chunked('HDEL', KEYS[2], done)
@@ -51,5 +41,4 @@ if window > 0 then
     redis.call('ZREMRANGEBYRANK', KEYS[6], 0, math.min(expired, TRIM_DONE + #done) - 1)
   end
 end
-out[1] = #done
-return out
+return {#done, unpack(lost)}
