@@ -454,22 +454,27 @@ class QueueCore:
     def _ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
         if not deliveries:
             return 0
-        reply: protocol.AckReply = yield protocol.ack(
-            self.keys,
-            self._now_arg(),
-            [(d.id, d.token) for d in deliveries],
-            window_ms=self.remember_done_ms,
-        )
-        lost_ids = set(reply.lost)
-        for d in deliveries:
-            d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
-        if reply.lost:
+        acked, lost = 0, []
+        for start in range(0, len(deliveries), protocol.LEASE_BATCH):
+            chunk = deliveries[start : start + protocol.LEASE_BATCH]
+            reply: protocol.AckReply = yield protocol.ack(
+                self.keys,
+                self._now_arg(),
+                [(d.id, d.token) for d in chunk],
+                window_ms=self.remember_done_ms,
+            )
+            lost_ids = set(reply.lost)
+            for d in chunk:
+                d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
+            acked += reply.acked
+            lost += reply.lost
+        if lost:
             protocol.raise_for(
                 protocol.Status.LEASE_LOST,
-                f"lease lost on {len(reply.lost)} task(s), not acked: {reply.lost[:10]}",
-                reply.lost,
+                f"lease lost on {len(lost)} task(s), not acked: {lost[:10]}",
+                lost,
             )
-        return reply.acked
+        return acked
 
     def _fail_call(
         self, task_id: str, token: str, record: str, dead: bool, delay_ms: int
@@ -526,12 +531,12 @@ class QueueCore:
     def _extend_many_flow(
         self, deliveries: Sequence[DeliveryBase], seconds: Duration
     ) -> Flow[datetime]:
-        """One script call per EXTEND_BATCH leases; each lease judged by its own token."""
+        """One script call per LEASE_BATCH leases; each lease judged by its own token."""
         ms = _positive_ms(seconds, "lease extension")
         lost: list[str] = []
         deadline_ms: int | None = None
-        for start in range(0, len(deliveries), protocol.EXTEND_BATCH):
-            chunk = deliveries[start : start + protocol.EXTEND_BATCH]
+        for start in range(0, len(deliveries), protocol.LEASE_BATCH):
+            chunk = deliveries[start : start + protocol.LEASE_BATCH]
             reply: protocol.ExtendReply = yield protocol.extend(
                 self.keys, self._now_arg(), [(d.id, d.token) for d in chunk], ms
             )

@@ -86,6 +86,17 @@ local function lease_held(k_leased, k_meta, id, token, now)
   return t ~= '' and t == token
 end
 
+-- Iterate the (id, lease token) pairs packed back to back as struct '>Hc0Hc0' (ack, extend).
+local function pairs_unpack(blob)
+  local pos = 1
+  return function()
+    if pos > #blob then return nil end
+    local id, token
+    id, token, pos = struct.unpack('>Hc0Hc0', blob, pos)
+    return id, token
+  end
+end
+
 -- Split ids (with their lease tokens) into those whose lease is held under that token at now
 -- and those whose lease is lost (expired, taken over, or the task is gone): two id lists.
 -- One ZMSCORE and one HMGET for the lot, whatever their number (callers send <= 1000).

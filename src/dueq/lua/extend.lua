@@ -5,16 +5,16 @@
 -- KEYS[2] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] new lease length ms, counted from now
--- ARGV[3..] pairs: id, lease token
+-- ARGV[3] the (id, lease token) pairs, packed back to back as struct '>Hc0Hc0'
 -- Returns {new deadline ms, lost_id1, lost_id2, ...}: lost ids were not extended (lease
 -- expired, taken over, or the task is gone); each pair is judged on its own token
 
 local now = dueq_now(ARGV[1])
 local deadline = now + tonumber(ARGV[2])
 local ids, tokens = {}, {}
-for i = 3, #ARGV, 2 do
-  ids[#ids + 1] = ARGV[i]
-  tokens[#tokens + 1] = ARGV[i + 1]
+for id, token in pairs_unpack(ARGV[3]) do
+  ids[#ids + 1] = id
+  tokens[#tokens + 1] = token
 end
 local held, lost = split_held(KEYS[1], KEYS[2], ids, tokens, now)
 if #held > 0 then zadd_all(KEYS[1], deadline, held) end
