@@ -29,6 +29,7 @@ PUBLIC = {
     "Outcome",
     "PayloadError",
     "Queue",
+    "QueueSettings",
     "QueueStats",
     "ReplicationTimeout",
     "RetryPolicy",

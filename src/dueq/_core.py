@@ -12,6 +12,7 @@ it had made the call itself. This is tenacity's ``BaseRetrying.iter()`` shape, d
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -44,8 +45,17 @@ from .exceptions import (
 from .failures import error_record
 from .keys import QueueKeys
 from .retry import RetryPolicy
-from .snapshot import text
-from .task import DeliveryBase, Outcome, OutcomeKind, QueueStats, ScheduleResult, Task, TaskInfo
+from .snapshot import settings_from_hash, text
+from .task import (
+    DeliveryBase,
+    Outcome,
+    OutcomeKind,
+    QueueSettings,
+    QueueStats,
+    ScheduleResult,
+    Task,
+    TaskInfo,
+)
 
 logger = logging.getLogger("dueq.queue")
 
@@ -181,7 +191,14 @@ class ClaimBatch:
     ``next_due_ms`` to within the round trip.
     """
 
-    __slots__ = ("deliveries", "next_due_ms", "next_lease_deadline_ms", "now_fraction_ms", "now_ms")
+    __slots__ = (
+        "deliveries",
+        "next_due_ms",
+        "next_lease_deadline_ms",
+        "now_fraction_ms",
+        "now_ms",
+        "paused",
+    )
 
     def __init__(
         self,
@@ -190,8 +207,10 @@ class ClaimBatch:
         next_due_ms: int | None,
         next_lease_deadline_ms: int | None,
         now_fraction_ms: float = 0.0,
+        paused: bool = False,
     ) -> None:
         self.deliveries = deliveries
+        self.paused = paused
         self.now_ms = now_ms
         self.now_fraction_ms = now_fraction_ms
         self.next_due_ms = next_due_ms
@@ -231,9 +250,21 @@ class QueueCore:
         self.max_payload_bytes = max_payload_bytes
         self.dead_max_count = dead_max_count
         self.dead_max_age_ms = _positive_ms(dead_max_age, "dead_max_age")
+        #: the deprecated constructor keyword's window, used only while the queue has no
+        #: remember_done setting in Redis (``configure``)
         self.remember_done_ms = (
             0 if remember_done is None else _positive_ms(remember_done, "remember_done")
         )
+        if remember_done is not None:
+            warnings.warn(
+                f"{type(self).__name__}(remember_done=...) is deprecated: a window set in one "
+                "process only is not seen by the others. Set it once for every producer and "
+                "consumer with q.configure(remember_done=...) (or dueq configure QUEUE "
+                "--remember-done ...); until then this process's window applies only while the "
+                "queue has no setting of its own",
+                DeprecationWarning,
+                stacklevel=3,
+            )
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = _positive_ms(wait_timeout, "wait_timeout")
         self._server_checked = False
@@ -448,7 +479,12 @@ class QueueCore:
         if cron_due is not None and (next_due is None or cron_due < next_due):
             next_due = cron_due
         return ClaimBatch(
-            deliveries, now_ms, next_due, reply.next_lease_deadline_ms, reply.now_fraction_ms
+            deliveries,
+            now_ms,
+            next_due,
+            reply.next_lease_deadline_ms,
+            reply.now_fraction_ms,
+            reply.paused,
         )
 
     def _ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
@@ -581,3 +617,26 @@ class QueueCore:
     def _stats_flow(self) -> Flow[QueueStats]:
         stats: QueueStats = yield protocol.stats(self.keys, self._now_arg())
         return stats
+
+    # -- settings ----------------------------------------------------------------------------
+
+    def _configure_flow(
+        self, *, paused: bool | None = None, remember_done: Duration | None = None
+    ) -> Flow[QueueSettings]:
+        """Validate every change before writing any; None leaves a setting as it is."""
+        changes: list[tuple[str, str]] = []
+        if paused is not None:
+            if not isinstance(paused, bool):
+                raise ConfigurationError(f"paused must be True or False, got {paused!r}")
+            changes.append(("paused", "1" if paused else ""))
+        if remember_done is not None:
+            ms = duration_ms(remember_done, "remember_done", error=ConfigurationError)
+            changes.append(("remember_done_ms", str(ms) if ms > 0 else ""))
+        settings: QueueSettings = yield protocol.configure(self.keys, changes)
+        return settings
+
+    def _settings_flow(self) -> Flow[QueueSettings]:
+        settings: QueueSettings = yield protocol.command(
+            "HGETALL", self.keys.config, parse=settings_from_hash
+        )
+        return settings

@@ -24,8 +24,8 @@ from typing import Any, Generic, TypeVar
 
 from .exceptions import DueqError, LeaseLost, TaskNotFound
 from .keys import QueueKeys
-from .snapshot import queue_stats, task_infos, text
-from .task import QueueStats, TaskInfo
+from .snapshot import queue_stats, settings_from_reply, task_infos, text
+from .task import QueueSettings, QueueStats, TaskInfo
 
 T = TypeVar("T")
 
@@ -119,7 +119,7 @@ def schedule(
     k: QueueKeys, now: str, blob: bytes, *, replace: bool, window_ms: int
 ) -> Call[ScheduleReply]:
     """Add a batch of packed task records (see ``envelope.pack_task``)."""
-    keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done]
+    keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done, k.config]
     args = [now, "1" if replace else "0", blob, window_ms]
     return Call("schedule", keys, args, _parse_schedule)
 
@@ -127,7 +127,7 @@ def schedule(
 # -- claim.lua ---------------------------------------------------------------------------------
 
 #: Fields before the first delivery in claim.lua's reply, and fields per delivery.
-_CLAIM_HEAD = 8
+_CLAIM_HEAD = 9
 _CLAIM_ROW = 5
 
 
@@ -154,6 +154,8 @@ class ClaimReply:
     #: due ids whose stored data was gone (dropped), tasks sent to dead by the claim itself
     dropped: int
     buried: int
+    #: the queue is paused: nothing was leased (expired leases were still reclaimed)
+    paused: bool
     rows: list[ClaimedRow]
 
 
@@ -174,6 +176,7 @@ def _parse_claim(reply: Any) -> ClaimReply:
         lease_deadline_ms=int(reply[4]),
         dropped=int(reply[6]),
         buried=int(reply[7]),
+        paused=int(reply[8]) == 1,
         rows=rows,
     )
 
@@ -191,7 +194,7 @@ def claim(
     backoff_ms: Sequence[int],
 ) -> Call[ClaimReply]:
     """Reclaim expired leases, then lease up to ``limit`` due tasks."""
-    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats]
+    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config]
     args = [
         now,
         limit,
@@ -239,7 +242,8 @@ def ack(
 ) -> Call[AckReply]:
     """Finish leased tasks, given as (id, lease token) pairs."""
     args: list[Any] = [now, window_ms, pack_pairs(held)]
-    return Call("ack", [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done], args, _parse_ack)
+    keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config]
+    return Call("ack", keys, args, _parse_ack)
 
 
 # -- fail.lua ----------------------------------------------------------------------------------
@@ -353,7 +357,20 @@ def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[T
 
 def stats(k: QueueKeys, now: str) -> Call[QueueStats]:
     """Counts per state, timing and counters, as one snapshot."""
-    return Call("stats", [k.due, k.leased, k.dead, k.stats, k.tasks], [now], queue_stats)
+    keys = [k.due, k.leased, k.dead, k.stats, k.tasks, k.config]
+    return Call("stats", keys, [now], queue_stats)
+
+
+# -- configure.lua -----------------------------------------------------------------------------
+
+
+def configure(k: QueueKeys, changes: Sequence[tuple[str, str]]) -> Call[QueueSettings]:
+    """Set (or, with an empty value, remove) settings of the queue; the reply is the settings
+    after the change. Consumers are woken."""
+    args: list[Any] = []
+    for setting, value in changes:
+        args += (setting, value)
+    return Call("configure", [k.config, k.wake], args, settings_from_reply)
 
 
 # -- dead.lua ----------------------------------------------------------------------------------
@@ -489,4 +506,5 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     ),
     "cron_remove": lambda k: cron_remove(k, "", "n"),
     "cron_advance": lambda k: cron_advance(k, "", []),
+    "configure": lambda k: configure(k, [("paused", "1")]),
 }

@@ -38,7 +38,8 @@ class QueueKeys:
     ``cron``    HASH name -> cron definition (JSON)
     ``cron_state`` HASH name -> "head_ms|last_ms|head_id": the pending occurrence, last fired
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
-    ``wake``    Pub/Sub channel, published when an earlier task is scheduled
+    ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
+    ``wake``    Pub/Sub channel, published when an earlier task is scheduled (or settings change)
     """
 
     queue: str
@@ -53,6 +54,7 @@ class QueueKeys:
     stats: str
     wake: str
     done: str
+    config: str
 
     @classmethod
     def for_queue(cls, queue: str) -> QueueKeys:
@@ -70,4 +72,5 @@ class QueueKeys:
             stats=base + "stats",
             wake=base + "wake",
             done=base + "done",
+            config=base + "config",
         )

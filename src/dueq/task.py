@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from .clock import Duration, ms_datetime
@@ -70,6 +70,17 @@ class ScheduleResult:
 
 
 @dataclass(frozen=True)
+class QueueSettings:
+    """A queue's settings, kept in Redis so that every producer and consumer obeys the same
+    ones (``q.configure(...)``, ``q.pause()``, ``dueq configure``)."""
+
+    #: claims lease nothing while paused (expired leases are still reclaimed)
+    paused: bool = False
+    #: how long acked ids are remembered, so scheduling one again is refused as existing
+    remember_done: timedelta | None = None
+
+
+@dataclass(frozen=True)
 class QueueStats:
     """Counts per state and timing of a queue, read in one atomic snapshot."""
 
@@ -84,6 +95,12 @@ class QueueStats:
     #: Tasks counted in a state whose stored data is gone (evicted or deleted by hand): they
     #: will be dropped when claimed. Anything but 0 means data loss; see maxmemory-policy.
     missing: int = 0
+    #: the queue's settings in the same snapshot
+    settings: QueueSettings = field(default_factory=QueueSettings)
+
+    @property
+    def paused(self) -> bool:
+        return self.settings.paused
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,31 @@ local function lease_held(k_leased, k_meta, id, token, now)
   return t ~= '' and t == token
 end
 
+-- Settings of the queue (the config hash, changed by configure.lua) in one HMGET: a table
+-- field -> value, without the fields that are unset.
+local function settings_read(k_config, ...)
+  local fields = {...}
+  local values = redis.call('HMGET', k_config, unpack(fields))
+  local out = {}
+  for i, field in ipairs(fields) do
+    if values[i] then out[field] = values[i] end
+  end
+  return out
+end
+
+-- The remember-done window ms: the queue's setting when it is set (a value that is not a
+-- whole number is logged and ignored), else the caller's (Queue(remember_done=...), deprecated).
+local function done_window(k_config, caller_ms)
+  local v = settings_read(k_config, 'remember_done_ms').remember_done_ms
+  if v ~= nil then
+    local n = tonumber(v)
+    if n and n >= 0 and n == math.floor(n) then return n end
+    redis.log(redis.LOG_WARNING, '[dueq] remember_done_ms of ' .. k_config .. ' is unreadable: ' ..
+      string.sub(v, 1, 40) .. '; using the caller\'s window')
+  end
+  return tonumber(caller_ms)
+end
+
 -- Iterate the (id, lease token) pairs packed back to back as struct '>Hc0Hc0' (ack, extend).
 local function pairs_unpack(blob)
   local pos = 1

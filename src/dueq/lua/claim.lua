@@ -8,6 +8,7 @@
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
+-- KEYS[8] config   HASH setting -> value (paused)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -20,6 +21,8 @@
 --          now_us (microseconds past now, so a consumer can sleep to the due time exactly),
 --          dropped (due ids without stored data, removed), buried (due tasks sent to dead here:
 --          unreadable meta, or as many attempts as max_attempts already made),
+--          paused (1 when the queue is paused: nothing is leased and next_due is -1, so
+--          consumers sleep until resume wakes them; expired leases are still reclaimed),
 --          id1, envelope1, attempt1, due1, first_claimed1, id2, envelope2, ...}
 
 local now, now_us = dueq_now_us(ARGV[1])
@@ -80,9 +83,11 @@ end
 if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 
 -- 2. Lease up to `limit` due tasks, earliest first.
-local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0}
+local config = settings_read(KEYS[8], 'paused')
+local paused = config.paused == '1'
+local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
 local due = {}
-if limit > 0 then
+if limit > 0 and not paused then
   due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
 end
 local n = #due / 2
@@ -146,6 +151,6 @@ out[8] = buried_here
 
 local next_due = head_score(KEYS[1])
 local next_deadline = head_score(KEYS[2])
-if next_due then out[2] = clamp_ms(next_due) end
+if next_due and not paused then out[2] = clamp_ms(next_due) end
 if next_deadline then out[3] = clamp_ms(next_deadline) end
 return out
