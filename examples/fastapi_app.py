@@ -21,7 +21,8 @@ the lifespan's shutdown, which stops the worker.
 Settings come from the environment (``DUEQ_REDIS_URL``; ``REMINDER_WEBHOOK_URL``;
 ``REMINDER_DELAY_S``) or the command line. Without a Redis URL an embedded redis-server (a
 throwaway process on a free loopback port) is started. The default webhook is this app's own
-``/demo/reminders`` route, which stands in for a mail service and only logs what it gets.
+``/demo/reminders`` route on port 8000 (``--port`` moves both), which stands in for a mail
+service and only logs what it gets.
 
 Run (uvicorn is optional: ``pip install uvicorn``):
     uvicorn examples.fastapi_app:app                 # from the repository root
