@@ -29,15 +29,25 @@ def test_a_queue_may_be_paused_before_anything_was_scheduled(invoke, r):
 
 
 def test_configure_shows_and_sets_remember_done_for_every_process(invoke, r):
-    assert "remember_done off" in invoke("configure", "jobs").output
+    assert "rate off; remember_done off" in invoke("configure", "jobs").output
     result = invoke("configure", "jobs", "--remember-done", "3600")
     assert result.exit_code == 0 and "remember_done 1.0 h" in result.output
     assert dueq.Queue("jobs", r).settings().remember_done == timedelta(hours=1)
     result = invoke("configure", "jobs", "--remember-done", "0", "--paused")
-    assert "paused; remember_done off" in result.output
+    assert "paused; rate off; remember_done off" in result.output
 
 
 def test_configure_refuses_a_negative_window_before_writing(invoke, r):
     result = invoke("configure", "jobs", "--remember-done", "-5")
     assert result.exit_code == 2 and "--remember-done" in result.output
     assert not r.exists(dueq.Queue("jobs", r).keys.config)
+
+
+def test_configure_sets_and_removes_a_rate(invoke, r):
+    result = invoke("configure", "jobs", "--rate", "20/0.5")
+    assert result.exit_code == 0 and "rate 20/0.5s" in result.output
+    assert dueq.Queue("jobs", r).settings().rate == dueq.Rate(20, per=0.5)
+    assert "rate off" in invoke("configure", "jobs", "--rate", "off").output
+    for bad in ("fast", "0/1", "5/0", "5/x"):
+        result = invoke("configure", "jobs", "--rate", bad)
+        assert result.exit_code == 2 and "--rate" in result.output, bad

@@ -31,6 +31,7 @@ PUBLIC = {
     "Queue",
     "QueueSettings",
     "QueueStats",
+    "Rate",
     "ReplicationTimeout",
     "RetryPolicy",
     "ScheduleResult",

@@ -37,6 +37,7 @@ from .task import (
     Outcome,
     QueueSettings,
     QueueStats,
+    Rate,
     ScheduleResult,
     Task,
     TaskInfo,
@@ -229,16 +230,23 @@ class AsyncQueue(QueueCore):
     # -- settings ----------------------------------------------------------------------------
 
     async def configure(
-        self, *, paused: bool | None = None, remember_done: Duration | None = None
+        self,
+        *,
+        paused: bool | None = None,
+        remember_done: Duration | None = None,
+        rate: Rate | Literal[False] | None = None,
     ) -> QueueSettings:
         """Change the queue's settings, kept in Redis so that every producer and consumer
         obeys the same ones; returns them after the change. ``None`` leaves a setting alone.
 
         ``paused``: claims lease nothing while True (see ``pause``). ``remember_done``: how long
         acked ids are remembered, so that scheduling one again counts it as existing (0 turns
-        it off). Consumers are woken, so a change applies at once.
+        it off). ``rate``: a ``dueq.Rate``, at most that many claims per window across every
+        consumer (False removes it). Consumers are woken, so a change applies at once.
         """
-        return await self._drive(self._configure_flow(paused=paused, remember_done=remember_done))
+        return await self._drive(
+            self._configure_flow(paused=paused, remember_done=remember_done, rate=rate)
+        )
 
     async def pause(self) -> QueueSettings:
         """Stop every consumer of this queue from leasing tasks (expired leases are still

@@ -15,7 +15,7 @@ import logging
 import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import redis
 
@@ -52,6 +52,7 @@ from .task import (
     OutcomeKind,
     QueueSettings,
     QueueStats,
+    Rate,
     ScheduleResult,
     Task,
     TaskInfo,
@@ -621,10 +622,18 @@ class QueueCore:
     # -- settings ----------------------------------------------------------------------------
 
     def _configure_flow(
-        self, *, paused: bool | None = None, remember_done: Duration | None = None
+        self,
+        *,
+        paused: bool | None = None,
+        remember_done: Duration | None = None,
+        rate: Rate | Literal[False] | None = None,
     ) -> Flow[QueueSettings]:
         """Validate every change before writing any; None leaves a setting as it is."""
         changes: list[tuple[str, str]] = []
+        if rate is not None:
+            if rate is not False and not isinstance(rate, Rate):
+                raise ConfigurationError(f"rate must be a dueq.Rate or False, got {rate!r}")
+            changes.append(("rate", "" if rate is False else f"{rate.n}/{rate.per_ms}"))
         if paused is not None:
             if not isinstance(paused, bool):
                 raise ConfigurationError(f"paused must be True or False, got {paused!r}")

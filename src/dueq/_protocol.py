@@ -194,7 +194,7 @@ def claim(
     backoff_ms: Sequence[int],
 ) -> Call[ClaimReply]:
     """Reclaim expired leases, then lease up to ``limit`` due tasks."""
-    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config]
+    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
     args = [
         now,
         limit,

@@ -39,6 +39,7 @@ class QueueKeys:
     ``cron_state`` HASH name -> "head_ms|last_ms|head_id": the pending occurrence, last fired
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
     ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
+    ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
     ``wake``    Pub/Sub channel, published when an earlier task is scheduled (or settings change)
     """
 
@@ -55,6 +56,7 @@ class QueueKeys:
     wake: str
     done: str
     config: str
+    rate: str
 
     @classmethod
     def for_queue(cls, queue: str) -> QueueKeys:
@@ -73,4 +75,5 @@ class QueueKeys:
             wake=base + "wake",
             done=base + "done",
             config=base + "config",
+            rate=base + "rate",
         )

@@ -7,9 +7,9 @@ from typing import Any
 
 from .clock import ms_datetime, stored_ms
 from .envelope import decode_envelope
-from .exceptions import PayloadError
+from .exceptions import ConfigurationError, PayloadError
 from .failures import parse_error_records
-from .task import QueueSettings, QueueStats, TaskInfo, TaskState
+from .task import QueueSettings, QueueStats, Rate, TaskInfo, TaskState
 
 #: Largest count read back from Redis (beyond it a stored number is corrupted).
 MAX_COUNT = 2**53
@@ -99,7 +99,19 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
         remember_done=timedelta(milliseconds=int(done_ms))
         if done_ms.isdigit() and int(done_ms) > 0
         else None,
+        rate=_rate(raw.get("rate", "")),
     )
+
+
+def _rate(raw: str) -> Rate | None:
+    """A stored rate "n/per_ms" (see configure.lua), or None when unset or unreadable."""
+    n, _, per_ms = raw.partition("/")
+    if not (n.isdigit() and per_ms.isdigit()):
+        return None
+    try:
+        return Rate(int(n), per=int(per_ms) / 1000)
+    except ConfigurationError:  # out of range: corrupted, or written by a newer dueq
+        return None
 
 
 def settings_from_hash(reply: Any) -> QueueSettings:

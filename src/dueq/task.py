@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from .clock import Duration, ms_datetime
+from .checks import whole_number
+from .clock import Duration, duration_ms, ms_datetime
+from .exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
@@ -70,6 +72,34 @@ class ScheduleResult:
 
 
 @dataclass(frozen=True)
+class Rate:
+    """At most ``n`` claims per ``per`` seconds, across every consumer of a queue
+    (``q.configure(rate=dueq.Rate(100, per=1.0))``). Exact in every window of that length: the
+    claim script keeps the claim times of the last window."""
+
+    n: int
+    per: float = 1.0
+
+    def __post_init__(self) -> None:
+        whole_number(self.n, "Rate n", low=1, high=MAX_RATE_N)
+        per_ms = duration_ms(self.per, "Rate per", error=ConfigurationError)
+        if per_ms < 1:
+            raise ConfigurationError(f"Rate per must be at least 1 ms, got {self.per!r}")
+        object.__setattr__(self, "per", per_ms / 1000)
+
+    @property
+    def per_ms(self) -> int:
+        return round(self.per * 1000)
+
+    def __str__(self) -> str:
+        return f"{self.n}/{self.per:g}s"
+
+
+#: Most claims a Rate may allow per window (the script keeps one entry per claim of a window).
+MAX_RATE_N = 1_000_000
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     """A queue's settings, kept in Redis so that every producer and consumer obeys the same
     ones (``q.configure(...)``, ``q.pause()``, ``dueq configure``)."""
@@ -78,6 +108,8 @@ class QueueSettings:
     paused: bool = False
     #: how long acked ids are remembered, so scheduling one again is refused as existing
     remember_done: timedelta | None = None
+    #: most claims per window across every consumer, or None for no limit
+    rate: Rate | None = None
 
 
 @dataclass(frozen=True)
