@@ -38,6 +38,7 @@ PUBLIC = {
     "Task",
     "TaskInfo",
     "TaskNotFound",
+    "TaskTimeout",
     "Unrecoverable",
     "Worker",
     "__version__",

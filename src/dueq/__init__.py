@@ -18,6 +18,7 @@ from .exceptions import (
     PayloadError,
     ReplicationTimeout,
     TaskNotFound,
+    TaskTimeout,
     Unrecoverable,
 )
 from .queue import ClaimBatch, Queue
@@ -65,6 +66,7 @@ __all__ = [
     "Task",
     "TaskInfo",
     "TaskNotFound",
+    "TaskTimeout",
     "Unrecoverable",
     "Worker",
     "__version__",

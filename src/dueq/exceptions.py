@@ -11,6 +11,7 @@
     ├── TaskNotFound         (also LookupError)  an id that is not in the state asked for
     ├── LeaseLost                                a holder whose lease expired or was taken over
     ├── ReplicationTimeout                       written, but fewer replicas confirmed it than asked
+    ├── TaskTimeout                              an attempt ran past process(timeout=...): retried
     └── Unrecoverable                            raised by a handler: skip retries, go to dead
 
 Redis's own errors (``redis.exceptions.ConnectionError``, ``TimeoutError``, ...) pass through
@@ -32,6 +33,7 @@ __all__ = [
     "PayloadError",
     "ReplicationTimeout",
     "TaskNotFound",
+    "TaskTimeout",
     "Unrecoverable",
 ]
 
@@ -85,6 +87,12 @@ class ReplicationTimeout(DueqError):
         super().__init__(message)
         self.confirmed = confirmed
         self.wanted = wanted
+
+
+class TaskTimeout(DueqError):
+    """An attempt ran past its timeout (``process(handler, timeout=...)``): recorded as the
+    attempt's failure, so the task follows its retry policy. An ``async def`` handler was
+    cancelled; a plain function's thread was abandoned and its late result is refused."""
 
 
 class Unrecoverable(DueqError):

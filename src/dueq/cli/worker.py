@@ -98,6 +98,12 @@ def _whole(text: str) -> int:
     "--lease", 30.0, "How long a task is held before another worker may take it.", low=0.001
 )
 @seconds_option("--grace", 30.0, "On SIGINT/SIGTERM, time running handlers get to finish.")
+@seconds_option(
+    "--timeout",
+    None,
+    "Fail an attempt that runs longer (retried like any failure); none by default.",
+    low=0.001,
+)
 @replication_options
 @redis_options
 @click.pass_obj
@@ -110,6 +116,7 @@ def worker(
     max_attempts: int,
     lease: float,
     grace: float,
+    timeout: float | None,
     wait_replicas: int,
     wait_timeout: float,
     target: RedisTarget,
@@ -140,6 +147,7 @@ def worker(
         concurrency=concurrency,
         max_in_flight=None if max_in_flight == "auto" else _whole(max_in_flight),
         grace=grace,
+        timeout=timeout,
     )
     click.echo(
         f"worker on {queue!r} at {conn.shown}: {safe(handler)}, concurrency {concurrency}",

@@ -38,7 +38,15 @@ from .._async_consume import call_on_loop, wait_event
 from ..outage import describe
 from ..task import Outcome
 from ._emit import SerialEmitter
-from ._settle import KEEPER_TICK_MAX_S, SETTLE_BATCH, Op, Pending, Settling, run_flow_async
+from ._settle import (
+    KEEPER_TICK_MAX_S,
+    SETTLE_BATCH,
+    Op,
+    Pending,
+    Settling,
+    run_flow_async,
+    within,
+)
 
 logger = logging.getLogger("dueq.operators._process")
 
@@ -57,9 +65,12 @@ class AsyncProcessor(Settling):
     """Runs ``handler`` for each delivery of a source on the running loop; see the module
     docstring. ``subscribe`` must be called on that loop; ``close`` is a coroutine."""
 
-    def __init__(self, handler: Any, concurrency: int, is_async: bool) -> None:
+    def __init__(
+        self, handler: Any, concurrency: int, is_async: bool, timeout_s: float | None = None
+    ) -> None:
         self._handler = handler
         self._concurrency = concurrency
+        self._timeout_s = timeout_s
         self._is_async = is_async
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -190,11 +201,11 @@ class AsyncProcessor(Settling):
                 error: BaseException | None = None
                 try:
                     if self._is_async:
-                        await self._handler(d)
-                    else:
-                        result = await self._in_thread(self._handler, d)
+                        await within(self._handler(d), self._timeout_s, d)
+                    else:  # past its timeout, the thread is abandoned (a spare takes its place)
+                        result = await within(self._in_thread(self._handler, d), self._timeout_s, d)
                         if inspect.isawaitable(result):  # e.g. a partial of an async function
-                            await result
+                            await within(result, self._timeout_s, d)
                 except asyncio.CancelledError:
                     raise  # close() cancelled it past the grace period and releases it
                 except BaseException as exc:  # a handler's SystemExit is its task's failure too
@@ -293,7 +304,10 @@ class AsyncProcessor(Settling):
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         """Run a blocking call (a sync handler, a sync Queue's ack) in this processor's pool."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="dueq-handler")
+            # twice the concurrency: threads abandoned past a timeout leave spares behind
+            self._pool = ThreadPoolExecutor(
+                2 * self._concurrency, thread_name_prefix="dueq-handler"
+            )
         assert self._loop is not None
         return await self._loop.run_in_executor(self._pool, fn, *args)
 

@@ -13,8 +13,10 @@ consumers share every rule and every log line, and differ only in how they wait.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Generator
@@ -24,7 +26,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from ..exceptions import DueqError, LeaseLost, Unrecoverable
+from ..exceptions import DueqError, LeaseLost, TaskTimeout, Unrecoverable
 from ..outage import Backoff, describe, is_outage
 from ..task import DeliveryBase, Outcome
 
@@ -332,6 +334,28 @@ class Settling:
                 unextended,
             )
         return result
+
+
+def timeout_error(d: Any, timeout_s: float) -> TaskTimeout:
+    """The failure recorded for an attempt that ran past its timeout."""
+    return TaskTimeout(f"handler ran past its timeout of {timeout_s:g} s (attempt {d.attempt})")
+
+
+async def within(awaitable: Awaitable[R], timeout_s: float | None, d: Any) -> R:
+    """Await ``awaitable``, cancelling it after ``timeout_s`` (None: no limit) and raising
+    TaskTimeout instead. ``asyncio.timeout`` where Python has it (3.11): ``wait_for`` on 3.10
+    can swallow a cancellation that arrives as the handler finishes."""
+    if timeout_s is None:
+        return await awaitable
+    try:
+        if sys.version_info >= (3, 11):
+            async with asyncio.timeout(timeout_s):
+                return await awaitable
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except TimeoutError:  # asyncio.TimeoutError is TimeoutError from 3.11 on
+        raise timeout_error(d, timeout_s) from None
+    except asyncio.TimeoutError:
+        raise timeout_error(d, timeout_s) from None
 
 
 def _stand_in(error: BaseException, unrecordable: Exception) -> BaseException:
