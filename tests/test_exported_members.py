@@ -36,6 +36,7 @@ PUBLIC = {
     "RetryPolicy",
     "ScheduleResult",
     "Task",
+    "TaskCancelled",
     "TaskInfo",
     "TaskNotFound",
     "TaskTimeout",

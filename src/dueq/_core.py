@@ -40,6 +40,7 @@ from .exceptions import (
     InvalidTaskError,
     LeaseLost,
     PayloadError,
+    TaskCancelled,
     Unrecoverable,
 )
 from .failures import error_record
@@ -182,6 +183,23 @@ def log_eviction_policy(policy: Any) -> None:
         "lose tasks without a trace; set maxmemory-policy noeviction",
         text(policy),
     )
+
+
+def _raise_not_held(done: str, lost: list[str], cancelled: list[str]) -> None:
+    """TaskCancelled when every refused lease was cancelled, LeaseLost (with ``.cancelled``)
+    when some were lost; nothing when none was refused."""
+    if cancelled and not lost:
+        raise TaskCancelled(
+            f"{len(cancelled)} task(s) cancelled while leased, not {done}: {cancelled[:10]}",
+            cancelled,
+        )
+    if lost:
+        raise LeaseLost(
+            f"lease lost on {len(lost) + len(cancelled)} task(s), not {done}: "
+            f"{(lost + cancelled)[:10]}",
+            lost + cancelled,
+            cancelled,
+        )
 
 
 class ClaimBatch:
@@ -491,7 +509,7 @@ class QueueCore:
     def _ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
         if not deliveries:
             return 0
-        acked, lost = 0, []
+        acked, lost, cancelled = 0, [], []
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
             chunk = deliveries[start : start + protocol.LEASE_BATCH]
             reply: protocol.AckReply = yield protocol.ack(
@@ -500,17 +518,17 @@ class QueueCore:
                 [(d.id, d.token) for d in chunk],
                 window_ms=self.remember_done_ms,
             )
-            lost_ids = set(reply.lost)
+            lost_ids, cancelled_ids = set(reply.lost), set(reply.cancelled)
             for d in chunk:
-                d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
+                if d.id in cancelled_ids:
+                    d._cancelled = True
+                    d._settled(Outcome(d.id, "cancelled", d.attempt))
+                else:
+                    d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
             acked += reply.acked
             lost += reply.lost
-        if lost:
-            protocol.raise_for(
-                protocol.Status.LEASE_LOST,
-                f"lease lost on {len(lost)} task(s), not acked: {lost[:10]}",
-                lost,
-            )
+            cancelled += reply.cancelled
+        _raise_not_held("acked", lost, cancelled)
         return acked
 
     def _fail_call(
@@ -545,6 +563,14 @@ class QueueCore:
             delivery.id, delivery.token, record, dead, delay_ms
         )
         message = f"{type(error).__name__}: {error}" if exc else str(error)
+        if reply.status is protocol.Status.CANCELLED:
+            delivery._cancelled = True
+            delivery._settled(Outcome(delivery.id, "cancelled", delivery.attempt, None, message))
+            protocol.raise_for(
+                reply.status,
+                f"task {delivery.id!r} was cancelled while leased; failure not recorded",
+                [delivery.id],
+            )
         if reply.status is protocol.Status.LEASE_LOST:
             delivery._settled(Outcome(delivery.id, "lost", delivery.attempt, None, message))
             protocol.raise_for(
@@ -560,6 +586,10 @@ class QueueCore:
     def _extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
         try:
             return (yield from self._extend_many_flow([delivery], seconds))
+        except TaskCancelled:
+            raise TaskCancelled(
+                f"task {delivery.id!r} was cancelled while leased; not extended", [delivery.id]
+            ) from None
         except LeaseLost:
             raise LeaseLost(
                 f"lease on task {delivery.id!r} was lost; not extended", [delivery.id]
@@ -571,24 +601,24 @@ class QueueCore:
         """One script call per LEASE_BATCH leases; each lease judged by its own token."""
         ms = _positive_ms(seconds, "lease extension")
         lost: list[str] = []
+        cancelled: list[str] = []
         deadline_ms: int | None = None
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
             chunk = deliveries[start : start + protocol.LEASE_BATCH]
             reply: protocol.ExtendReply = yield protocol.extend(
                 self.keys, self._now_arg(), [(d.id, d.token) for d in chunk], ms
             )
-            lost_ids = set(reply.lost)
+            not_held = set(reply.lost) | set(reply.cancelled)
+            cancelled_ids = set(reply.cancelled)
             for d in chunk:
-                if d.id not in lost_ids:
+                if d.id not in not_held:
                     d.lease_deadline_ms = reply.deadline_ms
+                elif d.id in cancelled_ids:
+                    d._cancelled = True
             lost += reply.lost
+            cancelled += reply.cancelled
             deadline_ms = reply.deadline_ms
-        if lost:
-            protocol.raise_for(
-                protocol.Status.LEASE_LOST,
-                f"lease lost on {len(lost)} task(s), not extended: {lost[:10]}",
-                lost,
-            )
+        _raise_not_held("extended", lost, cancelled)
         return ms_datetime(deadline_ms if deadline_ms is not None else 0)
 
     def _release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
@@ -596,6 +626,14 @@ class QueueCore:
         reply: protocol.TimeReply = yield protocol.release(
             self.keys, self._now_arg(), delivery.id, delivery.token, delay_ms
         )
+        if reply.status is protocol.Status.CANCELLED:
+            delivery._cancelled = True
+            delivery._settled(Outcome(delivery.id, "cancelled", delivery.attempt))
+            protocol.raise_for(
+                reply.status,
+                f"task {delivery.id!r} was cancelled while leased; not released",
+                [delivery.id],
+            )
         if reply.status is not protocol.Status.OK:
             delivery._settled(Outcome(delivery.id, "lost", delivery.attempt))
             protocol.raise_for(

@@ -10,6 +10,7 @@
     │   └── CronConflict                         a cron name already defined differently
     ├── TaskNotFound         (also LookupError)  an id that is not in the state asked for
     ├── LeaseLost                                a holder whose lease expired or was taken over
+    │   └── TaskCancelled                        ... because its task was cancelled while leased
     ├── ReplicationTimeout                       written, but fewer replicas confirmed it than asked
     ├── TaskTimeout                              an attempt ran past process(timeout=...): retried
     └── Unrecoverable                            raised by a handler: skip retries, go to dead
@@ -32,6 +33,7 @@ __all__ = [
     "LeaseLost",
     "PayloadError",
     "ReplicationTimeout",
+    "TaskCancelled",
     "TaskNotFound",
     "TaskTimeout",
     "Unrecoverable",
@@ -73,9 +75,22 @@ class TaskNotFound(DueqError, LookupError):
 class LeaseLost(DueqError):
     """The caller's lease on a task expired or was taken over; its ack/fail/extend is refused."""
 
-    def __init__(self, message: str, ids: Iterable[str] = ()) -> None:
+    def __init__(
+        self, message: str, ids: Iterable[str] = (), cancelled: Iterable[str] = ()
+    ) -> None:
         super().__init__(message)
         self.ids: list[str] = list(ids)
+        #: those of ``ids`` whose task was cancelled (``q.cancel``) while leased
+        self.cancelled: list[str] = list(cancelled)
+
+
+class TaskCancelled(LeaseLost):
+    """The task was cancelled (``q.cancel``) while this holder had it leased: its ack, fail,
+    extend or release is refused, and ``process`` reports the outcome ``cancelled``."""
+
+    def __init__(self, message: str, ids: Iterable[str] = ()) -> None:
+        ids = list(ids)
+        super().__init__(message, ids, ids)
 
 
 class ReplicationTimeout(DueqError):

@@ -40,6 +40,7 @@ class QueueKeys:
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
     ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
+    ``cancelled`` ZSET "id|token" -> lease deadline ms: leases revoked by ``cancel``
     ``wake``    Pub/Sub channel, published when an earlier task is scheduled (or settings change)
     """
 
@@ -57,6 +58,7 @@ class QueueKeys:
     done: str
     config: str
     rate: str
+    cancelled: str
 
     @classmethod
     def for_queue(cls, queue: str) -> QueueKeys:
@@ -76,4 +78,5 @@ class QueueKeys:
             done=base + "done",
             config=base + "config",
             rate=base + "rate",
+            cancelled=base + "cancelled",
         )

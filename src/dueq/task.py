@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 TaskState = Literal["scheduled", "leased", "dead"]
-OutcomeKind = Literal["acked", "retried", "dead", "released", "lost"]
+OutcomeKind = Literal["acked", "retried", "dead", "released", "lost", "cancelled"]
 
 
 @dataclass(frozen=True)
@@ -137,9 +137,9 @@ class QueueStats:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of a delivery: acked, retried (``at`` = next attempt), dead, released, or
-    lost (its lease expired or was taken over before it could be settled, so it is delivered
-    again)."""
+    """What became of a delivery: acked, retried (``at`` = next attempt), dead, released,
+    cancelled (``q.cancel`` removed the task while it was leased), or lost (its lease expired
+    or was taken over before it could be settled, so it is delivered again)."""
 
     id: str
     kind: OutcomeKind
@@ -156,6 +156,7 @@ class DeliveryBase:
     """
 
     __slots__ = (
+        "_cancelled",
         "_on_settled",
         "_outcome",
         "_queue",
@@ -194,6 +195,7 @@ class DeliveryBase:
         self._on_settled: Callable[[Any], None] | None = None
         self._outcome: Outcome | None = None
         self._settled_flag = False
+        self._cancelled = False
 
     @property
     def due_at(self) -> datetime:
@@ -207,6 +209,13 @@ class DeliveryBase:
     def settled(self) -> bool:
         """True once acked, failed or released through this object, or found lost doing so."""
         return self._settled_flag
+
+    @property
+    def cancelled(self) -> bool:
+        """True once dueq found that this task was cancelled (``q.cancel``) while leased here:
+        a long handler may check it and stop early. ``process`` finds out when it extends the
+        lease (every third of the lease) or settles the delivery."""
+        return self._cancelled
 
     def _settled(self, outcome: Outcome | None = None) -> None:
         """Called once this delivery is no longer held: acked, failed, released or lost.

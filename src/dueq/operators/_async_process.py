@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import sys
 from collections import deque
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
 from .._async_consume import call_on_loop, wait_event
+from ..exceptions import TaskCancelled
 from ..outage import describe
 from ..task import Outcome
 from ._emit import SerialEmitter
@@ -79,6 +81,7 @@ class AsyncProcessor(Settling):
         self._held: dict[Any, float] = {}  # -> loop time its lease was last extended
         self._running: dict[Any, asyncio.Task[None]] = {}
         self._lease_lost: set[Any] = set()
+        self._cancelling: set[Any] = set()  # handlers cancelled because q.cancel() hit their task
         self._closing = False
         self._source_ended = False
         self._give_up = asyncio.Event()
@@ -207,7 +210,14 @@ class AsyncProcessor(Settling):
                         if inspect.isawaitable(result):  # e.g. a partial of an async function
                             await within(result, self._timeout_s, d)
                 except asyncio.CancelledError:
-                    raise  # close() cancelled it past the grace period and releases it
+                    if d not in self._cancelling:
+                        raise  # close() cancelled it past the grace period and releases it
+                    # q.cancel() removed its task: the handler was cancelled; settling it
+                    # reports the outcome "cancelled"
+                    self._cancelling.discard(d)
+                    if sys.version_info >= (3, 11):
+                        task.uncancel()
+                    error = TaskCancelled(f"task {d.id!r} was cancelled while running", [d.id])
                 except BaseException as exc:  # a handler's SystemExit is its task's failure too
                     error = exc
                 finally:
@@ -283,6 +293,11 @@ class AsyncProcessor(Settling):
                 if d in self._held:
                     self._held[d] = now_s
             self._lease_lost.update(d for d in done.lost if d in self._held)
+            for d in done.cancelled:  # cancel its handler (a plain function sees d.cancelled)
+                runner = self._running.get(d)
+                if runner is not None and self._is_async and d not in self._cancelling:
+                    self._cancelling.add(d)
+                    runner.cancel()
             self._keeper_tick_s = done.tick_s
             self._keeper_poke.clear()
             await wait_event(self._keeper_poke, done.tick_s)  # or the next extension is due

@@ -137,7 +137,8 @@ class KeeperRound:
 
     tick_s: float = KEEPER_TICK_MAX_S
     extended: list[Any] = field(default_factory=list)
-    lost: list[Any] = field(default_factory=list)
+    lost: list[Any] = field(default_factory=list)  # not held any more (cancelled ones too)
+    cancelled: list[Any] = field(default_factory=list)  # their task was cancelled
 
 
 class Settling:
@@ -208,8 +209,13 @@ class Settling:
             return []
         try:
             yield partial(q.ack_many, deliveries)
-        except LeaseLost:
-            logger.warning("queue %r: lease lost before ack; the task is delivered again", q.name)
+        except LeaseLost as exc:
+            if len(exc.cancelled) < len(exc.ids):
+                logger.warning(
+                    "queue %r: lease lost before ack; the task is delivered again", q.name
+                )
+            if exc.cancelled:
+                logger.info("queue %r: cancelled while running: %s", q.name, exc.cancelled[:10])
         except Exception as exc:
             if is_outage(exc) and not final:
                 raise
@@ -225,10 +231,15 @@ class Settling:
         """The outcome of recording ``error`` for ``d``; raises an outage unless ``final``."""
         try:
             outcome: Outcome = yield partial(d.fail, error)
-        except LeaseLost:
-            logger.warning(
-                "queue %r: lease on %r lost before its failure was recorded", d.queue.name, d.id
-            )
+        except LeaseLost as exc:
+            if exc.cancelled:
+                logger.info("queue %r: task %r cancelled while running", d.queue.name, d.id)
+            else:
+                logger.warning(
+                    "queue %r: lease on %r lost before its failure was recorded",
+                    d.queue.name,
+                    d.id,
+                )
             return d._outcome or Outcome(d.id, "lost", d.attempt)
         except Exception as exc:
             if is_outage(exc) and not final:
@@ -263,7 +274,7 @@ class Settling:
             try:
                 outcome: Outcome = yield d.release
             except LeaseLost:
-                return Outcome(d.id, "lost", d.attempt)
+                return d._outcome or Outcome(d.id, "lost", d.attempt)
             except Exception as exc:  # its lease expires on its own; it is delivered again
                 if is_outage(exc) and not self._giving_up():
                     delay_s = backoff.failed()
@@ -311,10 +322,19 @@ class Settling:
             try:
                 yield partial(q.extend_many, deliveries, q.lease_ms / 1000)
             except LeaseLost as exc:
-                lost = set(exc.ids)
+                lost, cancelled = set(exc.ids), set(exc.cancelled)
                 for d in deliveries:
-                    if d.id in lost:
+                    if d.id in cancelled:
+                        logger.warning(
+                            "queue %r: task %r was cancelled while its handler ran; the handler "
+                            "is told (d.cancelled) and the outcome is 'cancelled'",
+                            q.name,
+                            d.id,
+                        )
+                        result.cancelled.append(d)
+                    elif d.id in lost:
                         logger.warning("queue %r: lease on %r lost while held", q.name, d.id)
+                    if d.id in lost:
                         result.lost.append(d)
             except Exception as exc:
                 if not is_outage(exc):
