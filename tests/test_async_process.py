@@ -164,21 +164,21 @@ def test_a_handler_slower_than_a_short_lease_keeps_it(
 
         async def handle(d: dueq.AsyncDelivery) -> None:
             started.set()
-            await asyncio.sleep(2.0)  # five leases long
+            await asyncio.sleep(3.0)  # three leases long
 
         tid = await q.schedule({})
         sub, out = subscribe(q, handle)
         async with asyncio.timeout(BOUND_S):
             await started.wait()
-        rival = dueq.Queue("ap", r, lease=0.4)
+        rival = dueq.Queue("ap", r, lease=1.0)
         stolen: list[dueq.Delivery] = []
         while not out.items:  # another consumer keeps trying to take it while it runs
-            stolen += rival.claim(10)
+            stolen += await asyncio.to_thread(rival.claim, 10)  # never block the loop
             await asyncio.sleep(0.05)
         sub.dispose()
         assert stolen == [] and out.kinds(tid) == [("acked", 1)]
 
-    run(redis_server, body, lease=0.4)
+    run(redis_server, body, lease=1.0)
 
 
 def test_disposing_from_inside_the_outcome_stream_releases_the_rest(

@@ -77,6 +77,10 @@ offsets_ms = st.one_of(st.sampled_from([-1, 0]), st.integers(0, 3_000))
 claim_after = st.none() | st.integers(1, 5)
 
 
+#: How long cancel.lua remembers a revoked lease past its deadline.
+KEEP_REVOKED_MS = 3_600_000
+
+
 def names(values: list[bytes | str]) -> set[str]:
     return {v.decode() if isinstance(v, bytes) else v for v in values}
 
@@ -124,6 +128,8 @@ def build_machine(
             self.handed_out: list[Delivery] = []  # every delivery, live or stale
             self.tokens: set[str] = set()
             self.counters: Counter[str] = Counter()
+            self.paused = False  # q.pause(): claims lease nothing
+            self.revoked: dict[tuple[str, str], int] = {}  # (id, token) cancelled -> deadline
 
         def teardown(self) -> None:
             self.client.close()
@@ -180,8 +186,12 @@ def build_machine(
                 event("dead letters: trimmed by count")
                 del self.model[tid]
 
-        def next_due(self) -> int | None:
+        def head_due(self) -> int | None:
             return min((t.due for t in self.model.values() if t.state == "scheduled"), default=None)
+
+        def next_due(self) -> int | None:
+            """The next due time a claim reports (none while paused)."""
+            return None if self.paused else self.head_due()
 
         def next_deadline(self) -> int | None:
             return min(
@@ -216,6 +226,11 @@ def build_machine(
             with pytest.raises(dueq.LeaseLost) as caught:
                 call()
             assert caught.value.ids == [d.id]
+            revoked = self.revoked.get((d.id, d.token))
+            cancelled = revoked is not None and revoked + KEEP_REVOKED_MS >= self.now
+            if cancelled:
+                event(f"{what}: cancelled while leased")
+            assert isinstance(caught.value, dueq.TaskCancelled) == cancelled
 
         def has_deliveries(self) -> bool:
             return bool(self.handed_out)
@@ -310,6 +325,9 @@ def build_machine(
                 for tid, t in self.model.items()
                 if t.state == "scheduled" and t.due is not None and t.due <= now
             )[:limit]
+            if self.paused:
+                event("claim: paused")
+                due = []
             batch = self.queue.claim_batch(limit, lease=None if lease is None else lease / 1000)
             got = batch.deliveries
             event(f"claim: {len(got)} delivered")
@@ -479,8 +497,19 @@ def build_machine(
         @rule(tid=st.sampled_from(IDS))
         def cancel(self, tid: str) -> None:
             assert self.queue.cancel(tid) == (tid in self.model)
-            if self.model.pop(tid, None) is not None:
+            t = self.model.pop(tid, None)
+            if t is not None:
                 self.counters["cancelled"] += 1
+                live = t.state == "leased" and t.deadline is not None and t.deadline > self.now
+                if live and t.token is not None and t.deadline is not None:
+                    self.revoked[(tid, t.token)] = t.deadline  # its holder hears "cancelled"
+
+        @rule(pause=st.booleans())
+        def pause_or_resume(self, pause: bool) -> None:
+            settings = self.queue.pause() if pause else self.queue.resume()
+            event("pause" if pause else "resume")
+            self.paused = pause
+            assert settings.paused == pause
 
         @rule(tid=st.sampled_from(IDS), delay=delays_ms)
         def reschedule(self, tid: str, delay: int) -> None:
@@ -597,8 +626,9 @@ def build_machine(
                 due_now,
             )
             assert stats.now == ms_datetime(self.now)
-            head = self.next_due()
+            head = self.head_due()
             assert stats.next_due_at == (None if head is None else ms_datetime(head))
+            assert stats.paused == self.paused
             lag_s = (self.now - head) / 1000 if head is not None and head <= self.now else 0.0
             assert stats.oldest_due_lag_s == lag_s
             assert stats.counters == {name: n for name, n in self.counters.items() if n}

@@ -185,19 +185,18 @@ def log_eviction_policy(policy: Any) -> None:
     )
 
 
-def _raise_not_held(done: str, lost: list[str], cancelled: list[str]) -> None:
+def _raise_not_held(done: str, refused: list[str], cancelled: list[str]) -> None:
     """TaskCancelled when every refused lease was cancelled, LeaseLost (with ``.cancelled``)
-    when some were lost; nothing when none was refused."""
-    if cancelled and not lost:
+    when some were lost; nothing when none was refused. ``refused`` keeps the caller's order."""
+    if refused and len(cancelled) == len(refused):
         raise TaskCancelled(
-            f"{len(cancelled)} task(s) cancelled while leased, not {done}: {cancelled[:10]}",
-            cancelled,
+            f"{len(refused)} task(s) cancelled while leased, not {done}: {refused[:10]}",
+            refused,
         )
-    if lost:
+    if refused:
         raise LeaseLost(
-            f"lease lost on {len(lost) + len(cancelled)} task(s), not {done}: "
-            f"{(lost + cancelled)[:10]}",
-            lost + cancelled,
+            f"lease lost on {len(refused)} task(s), not {done}: {refused[:10]}",
+            refused,
             cancelled,
         )
 
@@ -509,7 +508,7 @@ class QueueCore:
     def _ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
         if not deliveries:
             return 0
-        acked, lost, cancelled = 0, [], []
+        acked, refused, cancelled = 0, [], []  # ids in the caller's order
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
             chunk = deliveries[start : start + protocol.LEASE_BATCH]
             reply: protocol.AckReply = yield protocol.ack(
@@ -518,17 +517,19 @@ class QueueCore:
                 [(d.id, d.token) for d in chunk],
                 window_ms=self.remember_done_ms,
             )
-            lost_ids, cancelled_ids = set(reply.lost), set(reply.cancelled)
-            for d in chunk:
-                if d.id in cancelled_ids:
+            for d, verdict in zip(chunk, reply.verdicts, strict=True):
+                if verdict == "c":
                     d._cancelled = True
                     d._settled(Outcome(d.id, "cancelled", d.attempt))
+                    cancelled.append(d.id)
+                elif verdict == "l":
+                    d._settled(Outcome(d.id, "lost", d.attempt))
                 else:
-                    d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
+                    d._settled(None)
+                if verdict != "h":
+                    refused.append(d.id)
             acked += reply.acked
-            lost += reply.lost
-            cancelled += reply.cancelled
-        _raise_not_held("acked", lost, cancelled)
+        _raise_not_held("acked", refused, cancelled)
         return acked
 
     def _fail_call(
@@ -600,7 +601,7 @@ class QueueCore:
     ) -> Flow[datetime]:
         """One script call per LEASE_BATCH leases; each lease judged by its own token."""
         ms = _positive_ms(seconds, "lease extension")
-        lost: list[str] = []
+        refused: list[str] = []
         cancelled: list[str] = []
         deadline_ms: int | None = None
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
@@ -608,17 +609,16 @@ class QueueCore:
             reply: protocol.ExtendReply = yield protocol.extend(
                 self.keys, self._now_arg(), [(d.id, d.token) for d in chunk], ms
             )
-            not_held = set(reply.lost) | set(reply.cancelled)
-            cancelled_ids = set(reply.cancelled)
-            for d in chunk:
-                if d.id not in not_held:
+            for d, verdict in zip(chunk, reply.verdicts, strict=True):
+                if verdict == "h":
                     d.lease_deadline_ms = reply.deadline_ms
-                elif d.id in cancelled_ids:
+                    continue
+                refused.append(d.id)
+                if verdict == "c":
                     d._cancelled = True
-            lost += reply.lost
-            cancelled += reply.cancelled
+                    cancelled.append(d.id)
             deadline_ms = reply.deadline_ms
-        _raise_not_held("extended", lost, cancelled)
+        _raise_not_held("extended", refused, cancelled)
         return ms_datetime(deadline_ms if deadline_ms is not None else 0)
 
     def _release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:

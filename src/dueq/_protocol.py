@@ -216,8 +216,9 @@ def claim(
 @dataclass(frozen=True)
 class AckReply:
     acked: int
-    lost: list[str]  # ids whose lease was lost (not acked)
-    cancelled: list[str]  # ids whose task was cancelled while leased (not acked)
+    #: one character per (id, token) pair as sent: "h" acked, "c" its task was cancelled
+    #: while leased, "l" its lease was lost (both not acked)
+    verdicts: str
 
 
 #: Most leases one ack or extend call settles or moves (the flows split bigger batches).
@@ -237,7 +238,7 @@ def pack_pairs(pairs: Sequence[tuple[str, str]]) -> bytes:
 
 
 def _parse_ack(reply: Any) -> AckReply:
-    return AckReply(*_held_reply(reply))
+    return AckReply(int(reply[0]), text(reply[1]))
 
 
 def ack(
@@ -305,19 +306,13 @@ def _time_reply(failed: Status) -> Callable[[Any], TimeReply]:
 @dataclass(frozen=True)
 class ExtendReply:
     deadline_ms: int  # the new deadline of every lease that was held
-    lost: list[str]  # ids whose lease was not held (not extended)
-    cancelled: list[str]  # ids whose task was cancelled while leased (not extended)
-
-
-def _held_reply(reply: Any) -> tuple[int, list[str], list[str]]:
-    """ack.lua's and extend.lua's {head, n, n cancelled ids, lost ids...}: (head, lost,
-    cancelled)."""
-    n = int(reply[1])
-    return int(reply[0]), [text(x) for x in reply[2 + n :]], [text(x) for x in reply[2 : 2 + n]]
+    #: one character per (id, token) pair as sent: "h" extended, "c" its task was cancelled
+    #: while leased, "l" its lease was lost (both not extended)
+    verdicts: str
 
 
 def _parse_extend(reply: Any) -> ExtendReply:
-    return ExtendReply(*_held_reply(reply))
+    return ExtendReply(int(reply[0]), text(reply[1]))
 
 
 def extend(

@@ -122,46 +122,53 @@ local function pairs_unpack(blob)
   end
 end
 
--- Split ids (with their lease tokens) into those whose lease is held under that token at now
--- and those whose lease is lost (expired, taken over, or the task is gone): two id lists.
--- One ZMSCORE and one HMGET for the lot, whatever their number (callers send <= 1000).
-local function split_held(k_leased, k_meta, ids, tokens, now)
-  local held, lost, lost_tokens = {}, {}, {}
-  if #ids == 0 then return held, lost, lost_tokens end
+-- The leases given as (id, token) pairs, packed as struct '>Hc0Hc0' (ack, extend): a repeated
+-- pair counts once. Returns the distinct ids and tokens, and for each pair as given the index
+-- of its distinct pair (so a reply can say something about every pair, in the caller's order).
+local function leases_unpack(blob)
+  local ids, tokens, seen, positions = {}, {}, {}, {}
+  for id, token in pairs_unpack(blob) do
+    local pair = id .. '|' .. token
+    local at = seen[pair]
+    if not at then
+      ids[#ids + 1] = id
+      tokens[#tokens + 1] = token
+      at = #ids
+      seen[pair] = at
+    end
+    positions[#positions + 1] = at
+  end
+  return ids, tokens, positions
+end
+
+-- Judge each distinct lease: 'h' held under its token at now, 'c' revoked by cancel.lua
+-- (cancelled while leased: remembered in k_cancelled as "id|token"), 'l' lost (expired, taken
+-- over, or the task is gone). One ZMSCORE and one HMGET for the lot (callers send <= 1000).
+-- Returns the held ids and the verdict of each distinct lease.
+local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
+  local held, verdicts = {}, {}
+  if #ids == 0 then return held, verdicts end
   local deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
   local metas = redis.call('HMGET', k_meta, unpack(ids))
   for i, id in ipairs(ids) do
     local _, token = meta_parse(metas[i])
     if deadlines[i] and tonumber(deadlines[i]) > now and token ~= '' and token == tokens[i] then
       held[#held + 1] = id
+      verdicts[i] = 'h'
+    elseif redis.call('ZSCORE', k_cancelled, id .. '|' .. tokens[i]) then
+      verdicts[i] = 'c'
     else
-      lost[#lost + 1] = id
-      lost_tokens[#lost_tokens + 1] = tokens[i]
+      verdicts[i] = 'l'
     end
   end
-  return held, lost, lost_tokens
+  return held, verdicts
 end
 
--- A lease revoked by cancel.lua leaves "id|token" in the cancelled ZSET, so its holder is told
--- "cancelled" rather than "lost". Splits lost (id, token) pairs into cancelled and lost ids.
-local function split_cancelled(k_cancelled, ids, tokens)
-  local cancelled, lost = {}, {}
-  for i, id in ipairs(ids) do
-    if redis.call('ZSCORE', k_cancelled, id .. '|' .. tokens[i]) then
-      cancelled[#cancelled + 1] = id
-    else
-      lost[#lost + 1] = id
-    end
-  end
-  return cancelled, lost
-end
-
--- The reply of ack.lua and extend.lua: {head, number of cancelled, cancelled ids..., lost ids...}
-local function held_reply(head, cancelled, lost)
-  local out = {head, #cancelled}
-  for _, id in ipairs(cancelled) do out[#out + 1] = id end
-  for _, id in ipairs(lost) do out[#out + 1] = id end
-  return out
+-- One character per pair as given: its lease's verdict ('h', 'c' or 'l').
+local function verdict_string(verdicts, positions)
+  local out = {}
+  for k, at in ipairs(positions) do out[k] = verdicts[at] end
+  return table.concat(out)
 end
 
 -- Append one error record (a JSON object) to the task's JSON list of errors.

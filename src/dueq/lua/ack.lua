@@ -14,26 +14,16 @@
 --         TRIM_DONE + acked per call); 0 leaves done alone
 -- ARGV[3] the (id, lease token) pairs, packed back to back as struct '>Hc0Hc0' (one
 --         argument keeps a batch cheap to send; a repeated pair counts once)
--- Returns {acked, n, cancelled_id1, ..., cancelled_idn, lost_id1, ...}: ids not acked, first
---         the n whose task was cancelled while leased, then those whose lease was lost
---         (expired or taken over)
+-- Returns {acked, verdicts}: verdicts has one character per pair as given, 'h' (held: acked),
+--         'c' (its task was cancelled while leased: not acked) or 'l' (lease lost, expired or
+--         taken over: not acked)
 
 local TRIM_DONE = 1000
 local now = dueq_now(ARGV[1])
 local window = done_window(KEYS[7], ARGV[2])
-local ids, tokens, seen = {}, {}, {}
-for id, token in pairs_unpack(ARGV[3]) do
-  local pair = id .. '|' .. token
-  if not seen[pair] then
-    seen[pair] = true
-    ids[#ids + 1] = id
-    tokens[#tokens + 1] = token
-  end
-end
-if #ids == 0 then return {0} end
-
-local done, lost_ids, lost_tokens = split_held(KEYS[1], KEYS[3], ids, tokens, now)
-local cancelled, lost = split_cancelled(KEYS[8], lost_ids, lost_tokens)
+local ids, tokens, positions = leases_unpack(ARGV[3])
+if #ids == 0 then return {0, ''} end
+local done, verdicts = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
 if #done > 0 then
   call_chunked('ZREM', KEYS[1], done)
   call_chunked('HDEL', KEYS[2], done)
@@ -48,4 +38,4 @@ if window > 0 then
     redis.call('ZREMRANGEBYRANK', KEYS[6], 0, math.min(expired, TRIM_DONE + #done) - 1)
   end
 end
-return held_reply(#done, cancelled, lost)
+return {#done, verdict_string(verdicts, positions)}
