@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+from reactivex import operators as ops
 from reactivex.testing import TestScheduler
 
 import dueq
@@ -274,6 +275,57 @@ def test_the_lease_keeper_extends_in_virtual_time(r: redis.Redis) -> None:
     sub.dispose()
     assert out.kinds(tid) == [("acked", 1)]
     assert len(set(deadlines)) >= 25  # extended every 10 s (a third of the lease)
+
+
+def test_the_lease_keeper_keeps_a_lease_shorter_than_its_longest_tick(r: redis.Redis) -> None:
+    # lease 0.6 s: the first extension is due after 0.2 s, well before the keeper's 1 s tick
+    ts = TestScheduler()
+    ts.advance_to(1_800_000_000)
+    clock = lambda: ts.now.timestamp()  # noqa: E731
+    q = dueq.Queue("v", r, clock=clock, lease=0.6)
+    rival = dueq.Queue("v", r, clock=clock, lease=0.6)
+    tid = q.schedule({})
+    running, proceed = threading.Event(), threading.Event()
+
+    def handle(d: dueq.Delivery) -> None:
+        running.set()
+        assert proceed.wait(WAIT_S)
+
+    out = Outcomes()
+    stream = q.observe(scheduler=ts, wake=False).pipe(
+        dueq.operators.process(handle, concurrency=1, scheduler=ts)
+    )
+    sub = stream.subscribe(on_next=out.on_next)
+    ts.advance_by(0.001)
+    assert running.wait(WAIT_S)
+    for _ in range(100):  # five virtual seconds, eight leases long
+        ts.advance_by(0.05)
+        assert rival.claim(1) == []  # never taken over
+    proceed.set()
+    out.wait(1)
+    sub.dispose()
+    assert out.kinds(tid) == [("acked", 1)]
+
+
+def test_disposing_from_inside_the_outcome_stream_releases_the_rest(r: redis.Redis) -> None:
+    q = queue(r)
+    q.schedule_many(dueq.Task({"i": i}, id=f"t{i}") for i in range(65))
+    done = threading.Event()
+    outcomes: list[dueq.Outcome] = []
+    stream = q.observe(max_in_flight=64).pipe(
+        dueq.operators.process(lambda d: time.sleep(0.05), concurrency=4), ops.take(5)
+    )
+    sub = stream.subscribe(on_next=outcomes.append, on_completed=done.set)
+    assert done.wait(WAIT_S)  # take(5) disposes the subscription from inside on_next
+    deadline = time.monotonic() + WAIT_S
+    while q.stats().leased and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stats = q.stats()
+    assert stats.leased == 0  # the rest were released, not left to run out
+    assert len(outcomes) == 5 and stats.scheduled == 65 - stats.counters.get("acked", 0)
+    waiting = [q.get(f"t{i}") for i in range(65)]
+    assert all(info.attempt == 0 for info in waiting if info is not None)  # not counted
+    sub.dispose()
 
 
 def _held_in_virtual_time(

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
-from collections.abc import Callable
 from typing import TypeVar
 
 import redis
@@ -138,30 +136,3 @@ class Backoff:
         """Record a successful try; returns how many tries had failed before it."""
         failures, self.failures = self.failures, 0
         return failures
-
-
-def through_outages(call: Callable[[], T], what: str, give_up: threading.Event) -> T:
-    """Run ``call``, retrying it through Redis outages until it succeeds or ``give_up`` is set.
-
-    Errors that are not outages, and the last outage error once ``give_up`` is set, propagate.
-    """
-    backoff = Backoff()
-    while True:
-        try:
-            result = call()
-        except Exception as exc:
-            if not is_outage(exc) or give_up.is_set():
-                raise
-            delay = backoff.failed()
-            logger.warning(
-                "Redis unavailable while %s (try %d): %s; retrying in %.2f s",
-                what,
-                backoff.failures,
-                describe(exc),
-                delay,
-            )
-            give_up.wait(delay)
-            continue
-        if backoff.succeeded():
-            logger.info("Redis is back; %s succeeded", what)
-        return result

@@ -19,33 +19,27 @@ import logging
 import queue as stdlib_queue
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import redis
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
-from ..exceptions import DueqError, LeaseLost, Unrecoverable
-from ..outage import Backoff, describe, is_outage, through_outages
+from ..outage import describe
 from ..task import Delivery, Outcome
+from ._emit import SerialEmitter
+from ._settle import KEEPER_TICK_MAX_S, SETTLE_BATCH, Op, Pending, Settling, run_flow
 
 if TYPE_CHECKING:
-    from ..queue import Queue
+    pass
 
 logger = logging.getLogger(__name__)
 
 #: A handler: a plain function or an ``async def`` of one delivery. Raising means failure.
 Handler = Callable[[Delivery], Any]
 _Finished = tuple[Delivery, BaseException | None]
-
-#: Most results the settler handles in one go (one ack_many call per queue).
-SETTLE_BATCH = 1000
-#: Longest pause between two lease-keeper rounds.
-KEEPER_TICK_MAX = timedelta(seconds=1)
 
 
 def is_async_handler(handler: Handler) -> bool:
@@ -55,7 +49,7 @@ def is_async_handler(handler: Handler) -> bool:
     )
 
 
-class Processor:
+class Processor(Settling):
     """Runs ``handler`` for each delivery of a source, at most ``concurrency`` at a time.
 
     ``subscribe`` starts it; ``close(grace_s)`` stops it: no more claims, deliveries that have
@@ -73,17 +67,18 @@ class Processor:
         self._own_scheduler = EventLoopScheduler() if scheduler is None else None
         self._scheduler: abc.SchedulerBase = scheduler or self._own_scheduler  # type: ignore[assignment]
         self._lock = threading.Condition()
-        self._held: dict[Delivery, datetime] = {}  # -> when its lease was last extended
+        self._held: dict[Delivery, float] = {}  # -> when its lease was last extended (s)
         self._running: set[Delivery] = set()
         self._lease_lost: set[Delivery] = set()  # held, but the keeper found its lease lost
         self._closing = False
         self._give_up = threading.Event()  # stop retrying acks and fails through an outage
         self._done: stdlib_queue.SimpleQueue[_Finished | None] = stdlib_queue.SimpleQueue()
-        self._emit_lock = threading.Lock()
-        self._observer: abc.ObserverBase[Outcome] | None = None
+        self._out: SerialEmitter[Outcome] = SerialEmitter()
         self._source: abc.DisposableBase | None = None
         self._source_ended = False
         self._keeper: abc.DisposableBase | None = None
+        self._keeper_round = 0  # a keeper action of an older round does nothing
+        self._keeper_due_s = KEEPER_TICK_MAX_S  # the period of the round scheduled now
         self._runner: _Runner = (
             _AsyncRunner(handler, concurrency, self._begin, self._finished, self._release)
             if is_async_handler(handler)
@@ -97,10 +92,11 @@ class Processor:
     def subscribe(
         self, source: Observable[Delivery], observer: abc.ObserverBase[Outcome]
     ) -> abc.DisposableBase:
-        self._observer = observer
+        self._out.attach(observer)
         self._runner.start()
         self._settler.start()
-        self._keeper = self._scheduler.schedule_relative(KEEPER_TICK_MAX, self._keep_leases)
+        with self._lock:
+            self._schedule_keeper(KEEPER_TICK_MAX_S)
         self._source = source.subscribe(
             on_next=self._accept, on_error=self._source_error, on_completed=self._source_completed
         )
@@ -172,10 +168,13 @@ class Processor:
     # -- deliveries in -----------------------------------------------------------------------
 
     def _accept(self, delivery: Delivery) -> None:
+        period_s = delivery.queue.lease_ms / 3000
         with self._lock:
             closing = self._closing
             if not closing:
-                self._held[delivery] = self._scheduler.now
+                self._held[delivery] = self._scheduler.now.timestamp()
+                if period_s < self._keeper_due_s and self._keeper is not None:
+                    self._schedule_keeper(period_s)  # a shorter lease than the round allows for
         if closing:
             self._release(delivery)
         else:
@@ -194,9 +193,7 @@ class Processor:
 
     def _source_error(self, error: Exception) -> None:
         logger.error("delivery stream failed: %s", describe(error))
-        with self._emit_lock:
-            if self._observer is not None:
-                self._observer.on_error(error)
+        self._out.on_error(error)
         self.close(None)
 
     def _source_completed(self) -> None:
@@ -207,21 +204,19 @@ class Processor:
             self._complete()
 
     def _complete(self) -> None:
-        with self._emit_lock:
-            if self._observer is not None:
-                self._observer.on_completed()
+        self._out.on_completed()
         self.close(None)
 
     # -- outcomes out ------------------------------------------------------------------------
 
     def _settle_loop(self) -> None:
         """Settle finished deliveries in rounds until ``close`` says stop (see _settle)."""
-        pending = _Pending()
+        pending = Pending()
         stop = False
         while not stop:
             batch, stop = self._next_batch(pending.wait_s())
             try:
-                settled = self._settle(batch, pending, final=stop)
+                settled = run_flow(self._settle_flow(batch, pending, final=stop))
             except Exception as exc:  # a bug here must not stop every later ack: report, go on
                 logger.exception("settling %d task(s) failed; their leases run out", len(batch))
                 error = describe(exc)
@@ -249,129 +244,22 @@ class Processor:
             batch.append(item)
         return batch, False
 
-    def _settle(
-        self, batch: list[_Finished], pending: _Pending, *, final: bool
-    ) -> list[tuple[Delivery, Outcome]]:
-        """One round: ack every success waiting (one ``ack_many`` per queue), then record the
-        failures waiting, in order. Work that Redis refuses for an outage stays in ``pending``
-        for a later round (after a backoff), so a refused failure never holds back the acks
-        of this or later rounds, and the lease keeper goes on extending what waits (it stays
-        held until settled). The ``final`` round tries once more and reports the rest lost.
-        Returns the deliveries settled in this round with their outcomes."""
-        settled: list[tuple[Delivery, Outcome]] = []
-        for d, error in batch:
-            if d.settled:  # the handler acked, failed or released it itself
-                settled.append((d, d._outcome or Outcome(d.id, "acked", d.attempt)))
-            elif error is None:
-                pending.acks[d.queue].append(d)
-            else:
-                pending.failures.append((d, error))
-        refusal: Exception | None = None
-        for q in list(pending.acks):
-            deliveries = [d for d in pending.acks.pop(q) if self._holds(d)]
-            try:
-                outcomes = self._ack(q, deliveries, final)
-            except Exception as exc:  # an outage (_ack reports every other error as lost)
-                pending.acks[q] = deliveries
-                refusal = exc
-                continue
-            settled += zip(deliveries, outcomes, strict=True)
-        failures, pending.failures = pending.failures, []
-        for i, (d, error) in enumerate(failures):
-            if not self._holds(d):  # released by close() meanwhile
-                continue
-            try:
-                settled.append((d, self._fail(d, error, final)))
-            except Exception as exc:  # an outage: the next ones would meet it too
-                pending.failures = failures[i:]
-                refusal = exc
-                break
-        if refusal is not None:
-            pending.refused(refusal)
-        elif not pending:
-            pending.served()
-        return settled
-
     def _holds(self, d: Delivery) -> bool:
         with self._lock:
             return d in self._held
 
-    def _ack(self, q: Queue, deliveries: list[Delivery], final: bool) -> list[Outcome]:
-        """Outcomes of acking ``deliveries``; raises an outage unless ``final``."""
-        if not deliveries:
-            return []
-        try:
-            q.ack_many(deliveries)
-        except LeaseLost:
-            logger.warning("queue %r: lease lost before ack; the task is delivered again", q.name)
-        except Exception as exc:
-            if is_outage(exc) and not final:
-                raise
-            logger.error(
-                "queue %r: could not ack %d task(s): %s", q.name, len(deliveries), describe(exc)
-            )
-            return [Outcome(d.id, "lost", d.attempt, error=describe(exc)) for d in deliveries]
-        return [d._outcome or Outcome(d.id, "acked", d.attempt) for d in deliveries]
+    def _pause(self, delay_s: float) -> Op:
+        return partial(self._give_up.wait, delay_s)
 
-    def _fail(
-        self, d: Delivery, error: BaseException, final: bool, *, stand_in: bool = False
-    ) -> Outcome:
-        """The outcome of recording ``error`` for ``d``; raises an outage unless ``final``."""
-        try:
-            outcome = d.fail(error)
-        except LeaseLost:
-            logger.warning(
-                "queue %r: lease on %r lost before its failure was recorded", d.queue.name, d.id
-            )
-            return d._outcome or Outcome(d.id, "lost", d.attempt)
-        except Exception as exc:
-            if is_outage(exc) and not final:
-                raise
-            if not stand_in and not isinstance(exc, (redis.RedisError, DueqError)):
-                # the handler's exception could not be recorded as it is (its __str__ raised,
-                # say): record a stand-in, so the task follows its retry policy all the same
-                return self._fail(d, _stand_in(error, exc), final, stand_in=True)
-            logger.error(
-                "queue %r: could not record the failure of %r: %s",
-                d.queue.name,
-                d.id,
-                describe(exc),
-            )
-            return Outcome(d.id, "lost", d.attempt, error=describe(exc))
-        log = logger.error if outcome.kind == "dead" else logger.info
-        log(
-            "queue %r: task %r attempt %d failed (%s): %s",
-            d.queue.name,
-            d.id,
-            d.attempt,
-            outcome.kind,
-            outcome.error,
-        )
-        return outcome
+    def _giving_up(self) -> bool:
+        return self._give_up.is_set()
 
     def _release(self, d: Delivery) -> None:
-        try:
-            outcome = through_outages(d.release, "releasing a task", self._give_up)
-        except LeaseLost:
-            outcome = Outcome(d.id, "lost", d.attempt)
-        except Exception as exc:  # its lease expires on its own; it is delivered again
-            logger.warning("queue %r: could not release %r: %s", d.queue.name, d.id, describe(exc))
-            outcome = Outcome(d.id, "lost", d.attempt, error=describe(exc))
-        self._emit([outcome])
+        self._emit([run_flow(self._release_flow(d))])
         self._forget([d])
 
     def _emit(self, outcomes: list[Outcome]) -> None:
-        with self._emit_lock:
-            observer = self._observer
-            if observer is None:
-                return
-            for outcome in outcomes:
-                try:
-                    observer.on_next(outcome)
-                except Exception:  # the subscriber's own bug; reactivex has detached it
-                    logger.exception("outcome subscriber raised; outcomes are no longer emitted")
-                    self._observer = None
-                    return
+        self._out.on_next(*outcomes)
 
     def _forget(self, deliveries: list[Delivery]) -> None:
         with self._lock:
@@ -388,99 +276,41 @@ class Processor:
 
     # -- lease keeping -----------------------------------------------------------------------
 
-    def _keep_leases(self, scheduler: abc.SchedulerBase, _state: Any = None) -> None:
-        now = scheduler.now
-        tick = KEEPER_TICK_MAX
+    def _keep_leases(self, scheduler: abc.SchedulerBase, round_: int | None) -> None:
         with self._lock:
-            held = list(self._held.items())
-            lost = set(self._lease_lost)
-        outage: Exception | None = None
-        unextended = 0
-        for d, extended_at in held:
-            if d in lost or d.settled:  # nothing left to keep (the handler may have acked)
-                continue
-            period = timedelta(milliseconds=d.queue.lease_ms / 3)
-            tick = min(tick, period)
-            if now - extended_at < period:
-                continue
-            if outage is not None:  # the rest would meet it too (each after a timeout, maybe)
-                unextended += 1
-                continue
-            try:
-                d.extend(d.queue.lease_ms / 1000)
-            except LeaseLost:
-                logger.warning("queue %r: lease on %r lost while held", d.queue.name, d.id)
-                with self._lock:  # a lost lease never comes back: stop extending it
-                    if d in self._held:
-                        self._lease_lost.add(d)
-                continue
-            except Exception as exc:
-                if not is_outage(exc):
-                    logger.exception(
-                        "queue %r: extending the lease on %r failed", d.queue.name, d.id
-                    )
-                else:
-                    outage = exc
-                    unextended += 1
-                continue
-            with self._lock:
+            if round_ != self._keeper_round:
+                return  # replaced by a sooner round (or stopped)
+            held = [(d, at) for d, at in self._held.items() if d not in self._lease_lost]
+        now_s = scheduler.now.timestamp()
+        done = run_flow(self._keep_flow(held, now_s))
+        with self._lock:
+            for d in done.extended:
                 if d in self._held:
-                    self._held[d] = now
-        if outage is not None:
-            logger.warning(
-                "Redis unavailable while extending leases: %s; %d lease(s) not extended this "
-                "round, tried again next round",
-                describe(outage),
-                unextended,
-            )
-        with self._lock:
-            if self._keeper is not None:
-                self._keeper = scheduler.schedule_relative(tick, self._keep_leases)
+                    self._held[d] = now_s
+            self._lease_lost.update(d for d in done.lost if d in self._held)
+            if self._keeper is not None and round_ == self._keeper_round:
+                self._schedule_keeper(done.tick_s)
+
+    def _schedule_keeper(self, period_s: float) -> None:
+        """Schedule the next keeper round in ``period`` (called with ``_lock`` held); a round
+        already scheduled for later does nothing when its time comes."""
+        self._keeper_round += 1
+        self._keeper_due_s = period_s
+        previous = self._keeper
+        self._keeper = self._scheduler.schedule_relative(
+            period_s, self._keep_leases, self._keeper_round
+        )
+        if previous is not None:
+            previous.dispose()
 
     def _stop_keeper(self) -> None:
         with self._lock:
             keeper, self._keeper = self._keeper, None
+            self._keeper_round += 1
         if keeper is not None:
             keeper.dispose()
         if self._own_scheduler is not None:
             self._own_scheduler.dispose()
-
-
-class _Pending:
-    """Settle work that Redis refused for an outage, and when to try it again."""
-
-    def __init__(self) -> None:
-        self.acks: dict[Queue, list[Delivery]] = defaultdict(list)
-        self.failures: list[tuple[Delivery, BaseException]] = []
-        self._backoff = Backoff()
-        self._retry_at: float | None = None  # time.monotonic() of the next round
-
-    def __bool__(self) -> bool:
-        return bool(self.failures) or any(self.acks.values())
-
-    def wait_s(self) -> float | None:
-        """How long the settler may wait for new work before trying again (None: no limit)."""
-        if self._retry_at is None:
-            return None
-        return max(self._retry_at - time.monotonic(), 0.0)
-
-    def refused(self, exc: Exception) -> None:
-        delay_s = self._backoff.failed()
-        self._retry_at = time.monotonic() + delay_s
-        logger.warning(
-            "Redis unavailable while settling (try %d): %s; %d ack(s) and %d failure(s) wait, "
-            "their leases kept; retrying in %.2f s",
-            self._backoff.failures,
-            describe(exc),
-            sum(len(ds) for ds in self.acks.values()),
-            len(self.failures),
-            delay_s,
-        )
-
-    def served(self) -> None:
-        self._retry_at = None
-        if self._backoff.succeeded():
-            logger.info("Redis is back; every waiting ack and failure is settled")
 
 
 class _Runner:
@@ -622,16 +452,6 @@ class _AsyncRunner(_Runner):
             except BaseException as exc:
                 error = exc
             self._finished(d, error)
-
-
-def _stand_in(error: BaseException, unrecordable: Exception) -> BaseException:
-    """An exception to record for a handler error that cannot be recorded as it is: same type
-    name (and Unrecoverable if it was), a message saying why, no traceback."""
-    base: type[Exception] = Unrecoverable if isinstance(error, Unrecoverable) else Exception
-    stand_in: type[Exception] = type(
-        type(error).__name__, (base,), {"__module__": type(error).__module__}
-    )
-    return stand_in(f"<unprintable exception: {describe(unrecordable)}>")
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:

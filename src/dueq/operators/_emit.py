@@ -1,0 +1,74 @@
+"""Serialised emission to one observer without holding a lock while its code runs.
+
+Outcomes come from several threads (the settler, releases on a closer thread, the stream's own
+thread) and an observer must see one call at a time, in order. Holding a lock around
+``on_next`` is the classic deadlock: the subscriber may dispose from inside it (``take(5)``),
+which releases deliveries and emits again, on this thread or on one the disposal waits for.
+So calls go through a queue: whoever finds nobody emitting drains it, outside the lock;
+everyone else, including a reentrant call from inside ``on_next``, only enqueues and returns.
+(RxPY's ``synchronized`` and serialised observers solve the same problem with a reentrant
+lock; the queue also never makes one producer wait for another's subscriber.)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any, Generic, TypeVar
+
+from reactivex import abc
+
+logger = logging.getLogger("dueq.operators")
+
+T = TypeVar("T")
+
+
+class SerialEmitter(Generic[T]):
+    """Calls ``observer`` one at a time and in order, from whichever thread drains first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: deque[tuple[str, Any]] = deque()
+        self._emitting = False
+        self._observer: abc.ObserverBase[T] | None = None
+        self._stopped = False  # on_error or on_completed went out: nothing more does
+
+    def attach(self, observer: abc.ObserverBase[T]) -> None:
+        self._observer = observer
+
+    def on_next(self, *values: T) -> None:
+        self._push([("on_next", v) for v in values])
+
+    def on_error(self, error: Exception) -> None:
+        self._push([("on_error", error)])
+
+    def on_completed(self) -> None:
+        self._push([("on_completed", None)])
+
+    def _push(self, calls: list[tuple[str, Any]]) -> None:
+        with self._lock:
+            self._calls.extend(calls)
+            if self._emitting:
+                return  # the thread emitting now (maybe this one, further up) delivers them
+            self._emitting = True
+        while True:
+            with self._lock:
+                if not self._calls:
+                    self._emitting = False
+                    return
+                name, value = self._calls.popleft()
+                observer = None if self._stopped else self._observer
+                if name != "on_next":
+                    self._stopped = True
+            if observer is None:
+                continue
+            try:
+                if name == "on_completed":
+                    observer.on_completed()
+                else:
+                    getattr(observer, name)(value)
+            except Exception:  # the subscriber's own bug; reactivex has detached it
+                logger.exception("outcome subscriber raised; outcomes are no longer emitted")
+                with self._lock:
+                    self._stopped = True

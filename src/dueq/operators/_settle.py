@@ -1,0 +1,325 @@
+"""What ``process`` does with a delivery once its handler is done, written once for both
+front ends.
+
+Settling (ack a round's successes in one call per queue, record failures through the retry
+policy, keep what Redis refuses during an outage for a later round), releasing and keeping
+leases are decisions plus calls to Redis. The decisions live here as generator *flows* that
+yield the calls to make: each yielded item is an ``Op``, a function of no arguments. The
+threaded ``Processor`` drives a flow with ``run_flow`` (the op's return value is sent back in),
+the asyncio ``AsyncProcessor`` with ``run_flow_async`` (the op returns an awaitable, which is
+awaited). An op's exception is thrown into the flow at the ``yield``. So the sync and async
+consumers share every rule and every log line, and differ only in how they wait.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+import redis
+
+from ..exceptions import DueqError, LeaseLost, Unrecoverable
+from ..outage import Backoff, describe, is_outage
+from ..task import DeliveryBase, Outcome
+
+logger = logging.getLogger("dueq.operators._process")
+
+#: A call to make: returns its result (threaded consumer) or an awaitable of it (asyncio).
+Op = Callable[[], Any]
+#: A flow: yields ops, gets their results back, returns its own result.
+Flow = Generator[Op, Any, "R"]
+R = TypeVar("R")
+D = TypeVar("D", bound=DeliveryBase)
+_Finished = tuple[Any, BaseException | None]
+
+#: Most results settled in one round (one ack_many call per queue).
+SETTLE_BATCH = 1000
+#: Longest pause between two lease-keeper rounds, in seconds.
+KEEPER_TICK_MAX_S = 1.0
+#: Shortest pause between two rounds: an extension due sooner than this is made now (clocks
+#: of ~1.8e9 s in floats, or a scheduler with microsecond steps, cannot wait less).
+KEEPER_TICK_MIN_S = 0.001
+
+
+def run_flow(flow: Generator[Op, Any, R]) -> R:
+    """Drive ``flow`` with blocking calls."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                result = op()
+            except Exception as exc:  # the flow decides what an error of its call means
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def run_flow_async(flow: Generator[Op, Any, R]) -> R:
+    """Drive ``flow`` on the running loop, awaiting each op's result."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                result = op()
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception as exc:  # the flow decides what an error of its call means
+                op = flow.throw(exc)
+            else:
+                op = flow.send(result)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+class Pending:
+    """Settle work that Redis refused for an outage, and when to try it again."""
+
+    def __init__(self) -> None:
+        self.acks: dict[Any, list[Any]] = defaultdict(list)
+        self.failures: list[tuple[Any, BaseException]] = []
+        self._backoff = Backoff()
+        self._retry_at: float | None = None  # time.monotonic() of the next round
+
+    def __bool__(self) -> bool:
+        return bool(self.failures) or any(self.acks.values())
+
+    def wait_s(self) -> float | None:
+        """How long the settler may wait for new work before trying again (None: no limit)."""
+        if self._retry_at is None:
+            return None
+        return max(self._retry_at - time.monotonic(), 0.0)
+
+    def refused(self, exc: Exception) -> None:
+        delay_s = self._backoff.failed()
+        self._retry_at = time.monotonic() + delay_s
+        logger.warning(
+            "Redis unavailable while settling (try %d): %s; %d ack(s) and %d failure(s) wait, "
+            "their leases kept; retrying in %.2f s",
+            self._backoff.failures,
+            describe(exc),
+            sum(len(ds) for ds in self.acks.values()),
+            len(self.failures),
+            delay_s,
+        )
+
+    def served(self) -> None:
+        self._retry_at = None
+        if self._backoff.succeeded():
+            logger.info("Redis is back; every waiting ack and failure is settled")
+
+
+@dataclass
+class KeeperRound:
+    """What one lease-keeper round did: when the next is due, what it extended and lost."""
+
+    tick_s: float = KEEPER_TICK_MAX_S
+    extended: list[Any] = field(default_factory=list)
+    lost: list[Any] = field(default_factory=list)
+
+
+class Settling:
+    """The rules of settling, releasing and keeping leases, as flows (see the module doc).
+
+    Subclasses say whether a delivery is still held (``_holds``) and how to pause between
+    tries during an outage (``_pause``), and drive the flows.
+    """
+
+    def _holds(self, d: Any) -> bool:
+        raise NotImplementedError
+
+    def _pause(self, delay_s: float) -> Op:
+        """An op that waits ``delay_s`` (less if the consumer gives up meanwhile)."""
+        raise NotImplementedError
+
+    def _giving_up(self) -> bool:
+        """True once releases and settles should stop retrying through an outage."""
+        raise NotImplementedError
+
+    def _settle_flow(
+        self, batch: list[_Finished], pending: Pending, *, final: bool
+    ) -> Generator[Op, Any, list[tuple[Any, Outcome]]]:
+        """One round: ack every success waiting (one ``ack_many`` per queue), then record the
+        failures waiting, in order. Work that Redis refuses for an outage stays in ``pending``
+        for a later round (after a backoff), so a refused failure never holds back the acks
+        of this or later rounds, and the lease keeper goes on extending what waits (it stays
+        held until settled). The ``final`` round tries once more and reports the rest lost.
+        Returns the deliveries settled in this round with their outcomes."""
+        settled: list[tuple[Any, Outcome]] = []
+        for d, error in batch:
+            if d.settled:  # the handler acked, failed or released it itself
+                settled.append((d, d._outcome or Outcome(d.id, "acked", d.attempt)))
+            elif error is None:
+                pending.acks[d.queue].append(d)
+            else:
+                pending.failures.append((d, error))
+        refusal: Exception | None = None
+        for q in list(pending.acks):
+            deliveries = [d for d in pending.acks.pop(q) if self._holds(d)]
+            try:
+                outcomes = yield from self._ack_flow(q, deliveries, final)
+            except Exception as exc:  # an outage (_ack_flow reports every other error as lost)
+                pending.acks[q] = deliveries
+                refusal = exc
+                continue
+            settled += zip(deliveries, outcomes, strict=True)
+        failures, pending.failures = pending.failures, []
+        for i, (d, error) in enumerate(failures):
+            if not self._holds(d):  # released by close() meanwhile
+                continue
+            try:
+                settled.append((d, (yield from self._fail_flow(d, error, final))))
+            except Exception as exc:  # an outage: the next ones would meet it too
+                pending.failures = failures[i:]
+                refusal = exc
+                break
+        if refusal is not None:
+            pending.refused(refusal)
+        elif not pending:
+            pending.served()
+        return settled
+
+    @staticmethod
+    def _ack_flow(q: Any, deliveries: list[Any], final: bool) -> Generator[Op, Any, list[Outcome]]:
+        """Outcomes of acking ``deliveries``; raises an outage unless ``final``."""
+        if not deliveries:
+            return []
+        try:
+            yield partial(q.ack_many, deliveries)
+        except LeaseLost:
+            logger.warning("queue %r: lease lost before ack; the task is delivered again", q.name)
+        except Exception as exc:
+            if is_outage(exc) and not final:
+                raise
+            logger.error(
+                "queue %r: could not ack %d task(s): %s", q.name, len(deliveries), describe(exc)
+            )
+            return [Outcome(d.id, "lost", d.attempt, error=describe(exc)) for d in deliveries]
+        return [d._outcome or Outcome(d.id, "acked", d.attempt) for d in deliveries]
+
+    def _fail_flow(
+        self, d: Any, error: BaseException, final: bool, *, stand_in: bool = False
+    ) -> Generator[Op, Any, Outcome]:
+        """The outcome of recording ``error`` for ``d``; raises an outage unless ``final``."""
+        try:
+            outcome: Outcome = yield partial(d.fail, error)
+        except LeaseLost:
+            logger.warning(
+                "queue %r: lease on %r lost before its failure was recorded", d.queue.name, d.id
+            )
+            return d._outcome or Outcome(d.id, "lost", d.attempt)
+        except Exception as exc:
+            if is_outage(exc) and not final:
+                raise
+            if not stand_in and not isinstance(exc, (redis.RedisError, DueqError)):
+                # the handler's exception could not be recorded as it is (its __str__ raised,
+                # say): record a stand-in, so the task follows its retry policy all the same
+                return (yield from self._fail_flow(d, _stand_in(error, exc), final, stand_in=True))
+            logger.error(
+                "queue %r: could not record the failure of %r: %s",
+                d.queue.name,
+                d.id,
+                describe(exc),
+            )
+            return Outcome(d.id, "lost", d.attempt, error=describe(exc))
+        log = logger.error if outcome.kind == "dead" else logger.info
+        log(
+            "queue %r: task %r attempt %d failed (%s): %s",
+            d.queue.name,
+            d.id,
+            d.attempt,
+            outcome.kind,
+            outcome.error,
+        )
+        return outcome
+
+    def _release_flow(self, d: Any) -> Generator[Op, Any, Outcome]:
+        """Give ``d`` back without counting it, retrying through an outage until the consumer
+        gives up; a lease that could not be given back runs out by itself."""
+        backoff = Backoff()
+        while True:
+            try:
+                outcome: Outcome = yield d.release
+            except LeaseLost:
+                return Outcome(d.id, "lost", d.attempt)
+            except Exception as exc:  # its lease expires on its own; it is delivered again
+                if is_outage(exc) and not self._giving_up():
+                    delay_s = backoff.failed()
+                    logger.warning(
+                        "Redis unavailable while releasing a task (try %d): %s; retrying in %.2f s",
+                        backoff.failures,
+                        describe(exc),
+                        delay_s,
+                    )
+                    yield self._pause(delay_s)
+                    continue
+                logger.warning(
+                    "queue %r: could not release %r: %s", d.queue.name, d.id, describe(exc)
+                )
+                return Outcome(d.id, "lost", d.attempt, error=describe(exc))
+            if backoff.succeeded():
+                logger.info("Redis is back; releasing a task succeeded")
+            return outcome
+
+    @staticmethod
+    def _keep_flow(held: list[tuple[Any, float]], now_s: float) -> Generator[Op, Any, KeeperRound]:
+        """One lease-keeper round over ``held`` (each delivery with when its lease was last
+        extended, in the keeper's clock): extend every lease a third of whose time has passed,
+        and say when the next extension is due. A lost lease is reported once; the caller
+        leaves it out of later rounds."""
+        result = KeeperRound()
+        outage: Exception | None = None
+        unextended = 0
+        for d, extended_at_s in held:
+            if d.settled:  # nothing left to keep (the handler may have acked)
+                continue
+            period_s = d.queue.lease_ms / 3000
+            until_s = extended_at_s + period_s - now_s
+            if until_s >= KEEPER_TICK_MIN_S:
+                result.tick_s = min(result.tick_s, until_s)
+                continue
+            result.tick_s = min(result.tick_s, period_s)  # extended now (or tried)
+            if outage is not None:  # the rest would meet it too (each after a timeout, maybe)
+                unextended += 1
+                continue
+            try:
+                yield partial(d.extend, d.queue.lease_ms / 1000)
+            except LeaseLost:
+                logger.warning("queue %r: lease on %r lost while held", d.queue.name, d.id)
+                result.lost.append(d)
+                continue
+            except Exception as exc:
+                if not is_outage(exc):
+                    logger.exception(
+                        "queue %r: extending the lease on %r failed", d.queue.name, d.id
+                    )
+                else:
+                    outage = exc
+                    unextended += 1
+                continue
+            result.extended.append(d)
+        if outage is not None:
+            logger.warning(
+                "Redis unavailable while extending leases: %s; %d lease(s) not extended this "
+                "round, tried again next round",
+                describe(outage),
+                unextended,
+            )
+        return result
+
+
+def _stand_in(error: BaseException, unrecordable: Exception) -> BaseException:
+    """An exception to record for a handler error that cannot be recorded as it is: same type
+    name (and Unrecoverable if it was), a message saying why, no traceback."""
+    base: type[Exception] = Unrecoverable if isinstance(error, Unrecoverable) else Exception
+    stand_in: type[Exception] = type(
+        type(error).__name__, (base,), {"__module__": type(error).__module__}
+    )
+    return stand_in(f"<unprintable exception: {describe(unrecordable)}>")
