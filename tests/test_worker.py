@@ -103,12 +103,16 @@ def _stop(r: redis.Redis, child: subprocess.Popen[bytes]) -> dict[str, int]:
     return result
 
 
+@pytest.mark.parametrize("front_end", ["sync", "async"])
 def test_sigterm_lets_the_running_handler_finish_and_releases_the_rest(
-    r: redis.Redis, spawn: Any
+    r: redis.Redis, spawn: Any, front_end: str
 ) -> None:
     q = dueq.Queue("w", r, lease=5.0)
     ids = [q.schedule({"i": i}, id=f"t{i}") for i in range(4)]
-    child = spawn("--lease", "5", "--sleep", "1", "--concurrency", "1", "--max-in-flight", "4")
+    child = spawn(
+        *("--lease", "5", "--sleep", "1", "--concurrency", "1", "--max-in-flight", "4"),
+        *("--front-end", front_end),
+    )
     (first,) = started(r)
     wait_for(lambda: q.stats().leased == 4, "the worker to hold all four")
     child.send_signal(signal.SIGTERM)

@@ -1,18 +1,20 @@
 """A worker process for the tests that kill, stop and signal one (run as a script).
 
-It runs ``dueq.Worker`` on one queue. The handler pushes ``"<id>:<attempt>"`` to the Redis list
-``started`` and then sleeps ``--sleep`` seconds. On exit the worker's outcome counts go to the
-list ``exited`` as JSON.
+It runs ``dueq.Worker`` (or, with ``--front-end async``, ``dueq.AsyncWorker``) on one queue.
+The handler pushes ``"<id>:<attempt>"`` to the Redis list ``started`` and then sleeps
+``--sleep`` seconds. On exit the worker's outcome counts go to the list ``exited`` as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import time
 
 import redis
+import redis.asyncio
 
 import dueq
 
@@ -26,8 +28,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--max-in-flight", type=int, default=None)
     parser.add_argument("--grace", type=float, default=10.0)
+    parser.add_argument("--front-end", choices=["sync", "async"], default="sync")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="worker: %(levelname)s %(message)s")
+    if args.front_end == "async":
+        asyncio.run(run_async(args))
+        return
     r = redis.Redis.from_url(args.url)
     q = dueq.Queue(args.queue, r, lease=args.lease)
 
@@ -44,6 +50,27 @@ def main() -> None:
     )
     worker.run()
     r.rpush("exited", json.dumps(dict(worker.outcomes)))
+
+
+async def run_async(args: argparse.Namespace) -> None:
+    """The same worker as ``main`` on the asyncio front end (``AsyncWorker``)."""
+    r = redis.asyncio.Redis.from_url(args.url)
+    q = dueq.AsyncQueue(args.queue, r, lease=args.lease)
+
+    async def handle(d: dueq.AsyncDelivery) -> None:
+        await r.rpush("started", f"{d.id}:{d.attempt}")
+        await asyncio.sleep(args.sleep)
+
+    worker = dueq.AsyncWorker(
+        q,
+        handle,
+        concurrency=args.concurrency,
+        max_in_flight=args.max_in_flight,
+        grace=args.grace,
+    )
+    await worker.run()
+    await r.rpush("exited", json.dumps(dict(worker.outcomes)))
+    await r.aclose()
 
 
 if __name__ == "__main__":

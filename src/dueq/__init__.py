@@ -32,13 +32,14 @@ from .task import (
     Task,
     TaskInfo,
 )
-from .worker import Worker
+from .worker import AsyncWorker, Worker
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "AsyncDelivery",
     "AsyncQueue",
+    "AsyncWorker",
     "ClaimBatch",
     "ConfigurationError",
     "CronConflict",

@@ -14,10 +14,11 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
+from reactivex import Observable
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from . import _protocol as protocol
-from ._async_consume import deliveries
+from ._async_consume import deliveries, observe
 from ._core import (
     ClaimBatch,
     Flow,
@@ -191,6 +192,16 @@ class AsyncQueue(QueueCore):
         releases what was claimed but not yet yielded.
         """
         return deliveries(self, max_in_flight=max_in_flight, wake=wake, heartbeat=heartbeat)
+
+    def observe(
+        self, max_in_flight: int = 64, *, wake: bool = True, heartbeat: Duration = 5.0
+    ) -> Observable[AsyncDelivery]:
+        """An observable of this queue's deliveries with the timing of ``deliveries()``, run
+        on the event loop it is subscribed from (subscribe from a coroutine), with no threads
+        of its own. Pipe it into ``dueq.operators.process`` subscribed on the same loop to run
+        ``async def`` handlers there; disposing stops claiming and releases what was claimed
+        and not yet emitted."""
+        return observe(self, max_in_flight=max_in_flight, wake=wake, heartbeat=heartbeat)
 
     # -- inspection --------------------------------------------------------------------------
 

@@ -20,14 +20,18 @@ so their attempt does not count.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
+
+import reactivex
+from reactivex import Observable, abc
+from reactivex.disposable import Disposable
 
 from .checks import whole_number
 from .clock import Duration, positive_duration_ms
+from .exceptions import ConfigurationError
 from .outage import Backoff, is_outage
 from .task import AsyncDelivery
 
@@ -43,6 +47,40 @@ MAX_IN_FLIGHT = 100_000
 POLL_S = 0.5
 #: Most seconds spent closing the wake subscription when the iterator ends.
 CLOSE_S = 1.0
+
+
+#: Running ``observe`` subscriptions (see ``observe``).
+_PUMPS: set[asyncio.Task[None]] = set()
+
+
+def call_on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """Call ``fn(*args)`` on ``loop``: at once when called from that loop, else as soon as the
+    loop gets to it (``call_soon_threadsafe``), so it is safe from any thread."""
+    try:
+        here = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        here = False
+    if here:
+        fn(*args)
+    else:
+        loop.call_soon_threadsafe(fn, *args)
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
+    """Wait until ``event`` is set (True) or ``timeout_s`` passes (False; None: no limit).
+
+    Not ``asyncio.wait_for``: on Python 3.10 and 3.11 it swallows a cancellation that arrives
+    as the event is set, so a disposed consumer would go on claiming (seen in a test).
+    ``asyncio.wait`` never swallows one.
+    """
+    if event.is_set():
+        return True
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        done, _ = await asyncio.wait({waiter}, timeout=timeout_s)
+    finally:
+        waiter.cancel()
+    return bool(done)
 
 
 def sleep_ms(batch: ClaimBatch, heartbeat_ms: float) -> float:
@@ -61,7 +99,7 @@ async def deliveries(
     max_in_flight: int = 64,
     wake: bool = True,
     heartbeat: Duration = 5.0,
-) -> AsyncIterator[AsyncDelivery]:
+) -> AsyncGenerator[AsyncDelivery, None]:
     """The iterator behind ``AsyncQueue.deliveries``; see the module docstring."""
     whole_number(max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
     heartbeat_ms = positive_duration_ms(heartbeat, "heartbeat")
@@ -108,17 +146,72 @@ async def deliveries(
             full = len(in_flight) >= max_in_flight
             wait_ms = heartbeat_ms if full else sleep_ms(batch, heartbeat_ms)
             if wait_ms > 0 and not poke.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(poke.wait(), wait_ms / 1000)
+                await wait_event(poke, wait_ms / 1000)
     finally:
         if listener is not None:  # bounded: releases must come before the leases run out
             listener.cancel()
             await asyncio.wait({listener}, timeout=CLOSE_S)
         for d in unyielded:  # claimed, never handed out: give back without counting
+            await _release(d)
+
+
+async def _release(d: AsyncDelivery) -> None:
+    try:
+        await d.release()
+    except Exception as exc:  # its lease runs out instead and it comes again
+        logger.warning("queue %r: could not release %r: %s", d.queue.name, d.id, exc)
+
+
+def observe(
+    queue: AsyncQueue, *, max_in_flight: int, wake: bool, heartbeat: Duration
+) -> Observable[AsyncDelivery]:
+    """The observable behind ``AsyncQueue.observe``: each subscription runs ``deliveries()``
+    as a task on the loop it is subscribed from and emits there; disposing cancels the task
+    (which releases what was claimed and not yet emitted). Subscribing outside a running loop
+    is an ``on_error`` (ConfigurationError)."""
+    whole_number(max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
+    positive_duration_ms(heartbeat, "heartbeat")
+
+    def subscribe(
+        observer: abc.ObserverBase[AsyncDelivery], _scheduler: abc.SchedulerBase | None = None
+    ) -> abc.DisposableBase:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise ConfigurationError(
+                f"AsyncQueue {queue.name!r}: subscribe to observe() from a coroutine on the event "
+                "loop it should run on (or use a sync dueq.Queue for a threaded consumer)"
+            ) from None
+
+        stopped = False
+
+        async def pump() -> None:
+            it = deliveries(queue, max_in_flight=max_in_flight, wake=wake, heartbeat=heartbeat)
             try:
-                await d.release()
-            except Exception as exc:  # its lease runs out instead and it comes again
-                logger.warning("queue %r: could not release %r: %s", queue.name, d.id, exc)
+                async for d in it:
+                    if stopped:  # disposed while this one was being claimed: give it back
+                        await _release(d)
+                        break
+                    observer.on_next(d)
+            except asyncio.CancelledError:
+                raise  # disposed
+            except Exception as exc:  # not an outage (those are waited out): end the stream
+                observer.on_error(exc)
+            finally:
+                await it.aclose()  # releases what was claimed and not yet emitted
+
+        task = loop.create_task(pump())
+        _PUMPS.add(task)  # the loop holds tasks weakly; a dropped subscription must still end
+        task.add_done_callback(_PUMPS.discard)
+
+        def dispose() -> None:
+            nonlocal stopped
+            stopped = True
+            call_on_loop(loop, task.cancel)
+
+        return Disposable(dispose)
+
+    return reactivex.create(subscribe)
 
 
 async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:

@@ -1,4 +1,5 @@
-"""``Worker``: a blocking loop that runs a handler on one or more queues until told to stop.
+"""``Worker`` (a blocking loop) and ``AsyncWorker`` (a coroutine on the caller's event loop)
+run a handler on one or more queues until told to stop.
 
 It is ``observe`` + ``operators.process`` with an operator's life cycle: SIGINT or SIGTERM (or
 ``stop()``) ends claiming, running handlers get ``grace`` seconds to finish, and deliveries
@@ -8,6 +9,7 @@ signal cuts the grace period short.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import threading
@@ -17,14 +19,18 @@ from types import FrameType
 from typing import Any
 
 import reactivex
-from reactivex import Observer
+from reactivex import Observable, Observer
 
+from ._async import AsyncQueue
+from ._async_consume import call_on_loop
+from ._core import QueueCore
 from .checks import whole_number
 from .clock import Duration, duration_ms, positive_duration_ms
 from .exceptions import ConfigurationError
 from .observe import MAX_IN_FLIGHT
 from .operators import MAX_CONCURRENCY
-from .operators._process import Handler, Processor
+from .operators._async_process import AsyncProcessor
+from .operators._process import Handler, Processor, is_async_handler
 from .queue import Queue
 from .task import Outcome
 
@@ -35,7 +41,54 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_POLL_S = 0.1
 
 
-class Worker:
+class _WorkerSettings:
+    """The settings and outcome counts ``Worker`` and ``AsyncWorker`` share, checked once."""
+
+    def __init__(
+        self,
+        queues: Any,
+        queue_type: type[Any],
+        handler: Handler,
+        *,
+        concurrency: int,
+        max_in_flight: int | None,
+        grace: Duration,
+        heartbeat: Duration,
+    ) -> None:
+        kind = queue_type.__name__
+        if isinstance(queues, QueueCore):
+            queues = [queues]
+        self.queues = list(queues) if isinstance(queues, Iterable) else []
+        if not self.queues or not all(isinstance(q, queue_type) for q in self.queues):
+            raise ConfigurationError(
+                f"{type(self).__name__} needs a dueq.{kind} or a non-empty list of them"
+            )
+        if not callable(handler):
+            raise ConfigurationError(f"handler must be callable, got {handler!r}")
+        whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
+        self.handler = handler
+        self.concurrency = concurrency
+        self.max_in_flight = 4 * concurrency if max_in_flight is None else max_in_flight
+        whole_number(self.max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
+        self.grace_s = duration_ms(grace, "grace", error=ConfigurationError) / 1000
+        positive_duration_ms(heartbeat, "heartbeat")  # refused here, not when run() starts
+        self.heartbeat = heartbeat
+        self.outcomes: Counter[str] = Counter()
+        self._error: Exception | None = None
+
+    def _sources(self) -> Observable[Any]:
+        return reactivex.merge(
+            *(
+                q.observe(max_in_flight=self.max_in_flight, heartbeat=self.heartbeat)
+                for q in self.queues
+            )
+        )
+
+    def _count(self, outcome: Outcome) -> None:
+        self.outcomes[outcome.kind] += 1
+
+
+class Worker(_WorkerSettings):
     """Runs ``handler`` on deliveries of ``queues`` with ``concurrency`` handlers at a time.
 
     ``max_in_flight`` bounds the deliveries held per queue (running plus waiting, their leases
@@ -53,24 +106,18 @@ class Worker:
         grace: Duration = 30.0,
         heartbeat: Duration = 5.0,
     ) -> None:
-        self.queues = [queues] if isinstance(queues, Queue) else list(queues)
-        if not self.queues or not all(isinstance(q, Queue) for q in self.queues):
-            raise ConfigurationError("Worker needs a dueq.Queue or a non-empty list of them")
-        if not callable(handler):
-            raise ConfigurationError(f"handler must be callable, got {handler!r}")
-        whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
-        self.handler = handler
-        self.concurrency = concurrency
-        self.max_in_flight = 4 * concurrency if max_in_flight is None else max_in_flight
-        whole_number(self.max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
-        self.grace_s = duration_ms(grace, "grace", error=ConfigurationError) / 1000
-        positive_duration_ms(heartbeat, "heartbeat")  # refused here, not when run() starts
-        self.heartbeat = heartbeat
-        self.outcomes: Counter[str] = Counter()
+        super().__init__(
+            queues,
+            Queue,
+            handler,
+            concurrency=concurrency,
+            max_in_flight=max_in_flight,
+            grace=grace,
+            heartbeat=heartbeat,
+        )
         self._stop = threading.Event()
         self._hurry = threading.Event()
         self._signalled = False  # a SIGINT/SIGTERM arrived (see _on_signal)
-        self._error: Exception | None = None
 
     def stop(self) -> None:
         """Ask ``run`` to stop (safe from any thread or a signal handler)."""
@@ -83,12 +130,7 @@ class Worker:
 
         Raises the error that ended a delivery stream, if one did (Redis outages do not).
         """
-        source = reactivex.merge(
-            *(
-                q.observe(max_in_flight=self.max_in_flight, heartbeat=self.heartbeat)
-                for q in self.queues
-            )
-        )
+        source = self._sources()
         processor = Processor(self.handler, self.concurrency)
         previous = self._install_signal_handlers()
         names = ", ".join(q.name for q in self.queues)
@@ -107,9 +149,6 @@ class Worker:
         logger.info("worker stopped: %s", dict(self.outcomes))
         if self._error is not None:
             raise self._error
-
-    def _count(self, outcome: Outcome) -> None:
-        self.outcomes[outcome.kind] += 1
 
     def _failed(self, error: Exception) -> None:
         self._error = error
@@ -139,4 +178,118 @@ class Worker:
     @staticmethod
     def _restore_signal_handlers(previous: dict[int, Any]) -> None:
         for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class AsyncWorker(_WorkerSettings):
+    """``Worker`` for ``AsyncQueue``s: ``await AsyncWorker(q, handler).run()`` processes tasks
+    on the running event loop, with no threads of its own (a plain-function handler runs in a
+    pool of ``concurrency`` threads), until ``stop()``, SIGINT or SIGTERM.
+
+    The same grace and release rules as ``Worker``: stopping ends claiming, deliveries that
+    have not started are released (their attempt does not count), running handlers get
+    ``grace`` seconds, then are cancelled and released; a second signal or ``stop()`` cuts the
+    grace short. ``handle_signals=False`` leaves SIGINT/SIGTERM to the application (a web
+    server that runs the worker beside its app calls ``stop()`` at shutdown).
+    """
+
+    def __init__(
+        self,
+        queues: AsyncQueue | Iterable[AsyncQueue],
+        handler: Handler,
+        *,
+        concurrency: int = 8,
+        max_in_flight: int | None = None,
+        grace: Duration = 30.0,
+        heartbeat: Duration = 5.0,
+        handle_signals: bool = True,
+    ) -> None:
+        super().__init__(
+            queues,
+            AsyncQueue,
+            handler,
+            concurrency=concurrency,
+            max_in_flight=max_in_flight,
+            grace=grace,
+            heartbeat=heartbeat,
+        )
+        self.handle_signals = handle_signals
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._hurry: asyncio.Event | None = None
+        self._stop_requests = 0  # stop() calls before run() had a loop to tell
+
+    def stop(self) -> None:
+        """Ask ``run`` to stop; a second call cuts the grace period short. Safe from any
+        thread and from the loop itself."""
+        loop = self._loop
+        if loop is None:
+            self._stop_requests += 1
+            return
+        call_on_loop(loop, self._request_stop)
+
+    def _request_stop(self) -> None:
+        assert self._stop is not None and self._hurry is not None
+        if self._stop.is_set():
+            self._hurry.set()
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Process tasks until ``stop()``, SIGINT or SIGTERM; then shut down cleanly.
+
+        Raises the error that ended a delivery stream, if one did (Redis outages do not).
+        """
+        self._loop = asyncio.get_running_loop()
+        self._stop, self._hurry = asyncio.Event(), asyncio.Event()
+        for _ in range(self._stop_requests):
+            self._request_stop()
+        processor = AsyncProcessor(self.handler, self.concurrency, is_async_handler(self.handler))
+        installed = self._install_signal_handlers() if self.handle_signals else {}
+        names = ", ".join(q.name for q in self.queues)
+        logger.info("worker started on %s with concurrency %d (asyncio)", names, self.concurrency)
+        processor.subscribe(self._sources(), Observer(self._count, self._failed))
+        try:
+            await self._stop.wait()
+            logger.info(
+                "worker stopping: no new tasks; %.1f s grace for running ones", self.grace_s
+            )
+            await processor.close(self.grace_s, hurry=self._hurry)
+        finally:
+            self._restore_signal_handlers(installed)
+            self._loop = None
+        logger.info("worker stopped: %s", dict(self.outcomes))
+        if self._error is not None:
+            raise self._error
+
+    def _failed(self, error: Exception) -> None:
+        self._error = error
+        self.stop()
+
+    def _on_signal(self, signum: int) -> None:
+        assert self._stop is not None
+        if self._stop.is_set():
+            logger.warning(
+                "second %s: not waiting for running handlers", signal.Signals(signum).name
+            )
+        self._request_stop()
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Handle SIGINT/SIGTERM on the loop (``loop.add_signal_handler``); returns the
+        handlers they had, to put back. Not possible off the main thread or on Windows."""
+        assert self._loop is not None
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous: dict[int, Any] = {}
+        for sig in _SIGNALS:
+            try:
+                previous[sig] = signal.getsignal(sig)
+                self._loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not on this loop/platform
+                previous.pop(sig, None)
+        return previous
+
+    def _restore_signal_handlers(self, previous: dict[int, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
             signal.signal(sig, handler)

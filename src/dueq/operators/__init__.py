@@ -7,15 +7,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import reactivex
 from reactivex import Observable, abc
 
 from ..checks import whole_number
 from ..exceptions import ConfigurationError
-from ..task import Delivery, Outcome
-from ._process import Handler, Processor
+from ..task import Outcome
+from ._async_process import AsyncProcessor
+from ._process import Handler, Processor, is_async_handler
 
 __all__ = ["Handler", "process"]
 
@@ -23,15 +26,27 @@ __all__ = ["Handler", "process"]
 MAX_CONCURRENCY = 1024
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def process(
     handler: Handler,
     concurrency: int = 8,
     *,
     scheduler: abc.SchedulerBase | None = None,
-) -> Callable[[Observable[Delivery]], Observable[Outcome]]:
+) -> Callable[[Observable[Any]], Observable[Outcome]]:
     """Run ``handler`` on each delivery, at most ``concurrency`` at a time; emit ``Outcome``s.
 
-    A plain function runs on a pool of threads, an ``async def`` on an event loop thread.
+    Subscribed from a coroutine (an ``AsyncQueue``'s ``observe()``, ``AsyncWorker``), it runs
+    on that event loop with no threads of its own: an ``async def`` handler is awaited there
+    (so it can use the application's clients), a plain function runs in a pool of
+    ``concurrency`` threads, and outcomes are emitted on the loop. Subscribed elsewhere (a
+    sync ``Queue``, ``Worker``), a plain function runs on a pool of threads and an
+    ``async def`` on an event loop thread of dueq's own.
     Returning acks the task; raising fails it through the queue's retry policy
     (``dueq.Unrecoverable`` goes straight to dead); a handler may also settle the delivery
     itself (``d.fail(exc, retry_in=60)``, ``d.release()``). While the handler runs, its lease is
@@ -39,16 +54,19 @@ def process(
     dead), never an ``on_error``; acks and failures are retried through Redis outages.
     Disposing the subscription stops claiming and releases deliveries that have not started;
     running handlers finish and are settled. ``scheduler`` times the lease keeper (a thread of
-    its own by default).
+    its own by default; giving one always selects the threaded consumer).
     """
     if not callable(handler):
         raise ConfigurationError(f"handler must be callable, got {handler!r}")
     whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
 
-    def operator(source: Observable[Delivery]) -> Observable[Outcome]:
+    def operator(source: Observable[Any]) -> Observable[Outcome]:
         def subscribe(
             observer: abc.ObserverBase[Outcome], _scheduler: abc.SchedulerBase | None = None
         ) -> abc.DisposableBase:
+            if scheduler is None and _running_loop() is not None:
+                processor = AsyncProcessor(handler, concurrency, is_async_handler(handler))
+                return processor.subscribe(source, observer)
             return Processor(handler, concurrency, scheduler).subscribe(source, observer)
 
         return reactivex.create(subscribe)

@@ -28,7 +28,7 @@ from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
 from ..outage import describe
-from ..task import Delivery, Outcome
+from ..task import AsyncDelivery, Delivery, Outcome
 from ._emit import SerialEmitter
 from ._settle import KEEPER_TICK_MAX_S, SETTLE_BATCH, Op, Pending, Settling, run_flow
 
@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: A handler: a plain function or an ``async def`` of one delivery. Raising means failure.
-Handler = Callable[[Delivery], Any]
+#: A handler: a plain function or an ``async def`` of one delivery (a ``Delivery`` from a
+#: ``Queue``, an ``AsyncDelivery`` from an ``AsyncQueue``). Raising means failure.
+Handler = Callable[[Delivery], Any] | Callable[[AsyncDelivery], Any]
 _Finished = tuple[Delivery, BaseException | None]
 
 
@@ -324,7 +325,7 @@ class _Runner:
         finished: Callable[[Delivery, BaseException | None], None],
         unstarted: Callable[[Delivery], None],
     ) -> None:
-        self._handler = handler
+        self._handler: Callable[[Any], Any] = handler
         self._concurrency = concurrency
         self._begin = begin
         self._finished = finished

@@ -17,7 +17,7 @@ import inspect
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -62,21 +62,34 @@ def run_flow(flow: Generator[Op, Any, R]) -> R:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def run_flow_async(flow: Generator[Op, Any, R]) -> R:
-    """Drive ``flow`` on the running loop, awaiting each op's result."""
+async def run_flow_async(
+    flow: Generator[Op, Any, R], in_thread: Callable[..., Awaitable[Any]]
+) -> R:
+    """Drive ``flow`` on the running loop: an op that is a coroutine function (an
+    ``AsyncDelivery``'s ack, say) is awaited; any other op would block, so it runs through
+    ``in_thread`` (a sync ``Queue``'s delivery consumed on a loop)."""
     try:
         op = next(flow)
         while True:
             try:
-                result = op()
-                if inspect.isawaitable(result):
-                    result = await result
+                if is_coroutine_op(op):
+                    result = await op()
+                else:
+                    result = await in_thread(op)
             except Exception as exc:  # the flow decides what an error of its call means
                 op = flow.throw(exc)
             else:
                 op = flow.send(result)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+def is_coroutine_op(op: Op) -> bool:
+    """True when calling ``op`` returns a coroutine (looking through ``functools.partial``)."""
+    func: Any = op
+    while isinstance(func, partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func)
 
 
 class Pending:

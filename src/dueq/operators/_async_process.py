@@ -1,0 +1,299 @@
+"""``process`` on the caller's event loop: the asyncio twin of ``Processor``.
+
+When ``process`` is subscribed from a coroutine (an ``AsyncQueue``'s ``observe()`` inside a
+FastAPI lifespan, ``AsyncWorker.run()``), everything runs on that loop and dueq starts no
+thread of its own:
+
+- one task per delivery runs the handler, at most ``concurrency`` at a time (a semaphore):
+  an ``async def`` handler is awaited on the loop, so it can use the application's clients;
+  a plain function runs in a thread pool of ``concurrency`` threads;
+- one settler task acks successes in batches (one ``ack_many`` per queue and round) and
+  records failures through the retry policy;
+- one keeper task extends each held lease once a third of it has passed, waking when the
+  earliest extension is due.
+
+The rules (what an outage, a lost lease or an unprintable error means) are the flows of
+``_settle.Settling``, shared with the threaded consumer; this module only awaits them. Calls
+that would block (a sync ``Queue``'s deliveries) run in a thread, so the loop never blocks.
+Outcomes are emitted on the loop, never under a lock, so a subscriber may dispose from inside
+``on_next``. Past the grace period of ``close``, running handlers are cancelled and their
+deliveries released (the threaded consumer can only abandon them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+from reactivex import Observable, abc
+from reactivex.disposable import Disposable
+
+from .._async_consume import call_on_loop, wait_event
+from ..outage import describe
+from ..task import Outcome
+from ._emit import SerialEmitter
+from ._settle import KEEPER_TICK_MAX_S, SETTLE_BATCH, Op, Pending, Settling, run_flow_async
+
+logger = logging.getLogger("dueq.operators._process")
+
+#: Most seconds ``close`` waits for the settler's last round.
+SETTLER_STOP_S = 5.0
+
+_Finished = tuple[Any, BaseException | None]
+
+#: Processors subscribed and not yet closed. The loop keeps only weak references to tasks, and
+#: a subscriber may drop its subscription (``take(5)`` does): without this, a processor and its
+#: tasks could be garbage-collected half-way through releasing what it holds.
+_LIVE: set[AsyncProcessor] = set()
+
+
+class AsyncProcessor(Settling):
+    """Runs ``handler`` for each delivery of a source on the running loop; see the module
+    docstring. ``subscribe`` must be called on that loop; ``close`` is a coroutine."""
+
+    def __init__(self, handler: Any, concurrency: int, is_async: bool) -> None:
+        self._handler = handler
+        self._concurrency = concurrency
+        self._is_async = is_async
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._held: dict[Any, float] = {}  # -> loop time its lease was last extended
+        self._running: dict[Any, asyncio.Task[None]] = {}
+        self._lease_lost: set[Any] = set()
+        self._closing = False
+        self._source_ended = False
+        self._give_up = asyncio.Event()
+        self._done: list[_Finished] = []
+        self._done_event = asyncio.Event()
+        self._settler_stop = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._keeper_poke = asyncio.Event()
+        self._keeper_tick_s = KEEPER_TICK_MAX_S
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._settler: asyncio.Task[None] | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._source: abc.DisposableBase | None = None
+        self._out: SerialEmitter[Outcome] = SerialEmitter()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def subscribe(
+        self, source: Observable[Any], observer: abc.ObserverBase[Outcome]
+    ) -> abc.DisposableBase:
+        self._loop = asyncio.get_running_loop()
+        _LIVE.add(self)
+        self._out.attach(observer)
+        self._settler = self._spawn(self._settle_loop())
+        self._keeper = self._spawn(self._keep_loop())
+        self._source = source.subscribe(
+            on_next=self._on_next,
+            on_error=lambda exc: self._on_loop(self._source_error, exc),
+            on_completed=lambda: self._on_loop(self._source_completed),
+        )
+        return Disposable(lambda: self._on_loop(self._dispose))
+
+    def _dispose(self) -> None:
+        if not self._closing:
+            self._spawn(self.close(None))
+
+    async def close(self, grace_s: float | None, *, hurry: asyncio.Event | None = None) -> None:
+        """Stop claiming, release what has not started, give running handlers ``grace_s``
+        (``None``: settle them in the background; cut short when ``hurry`` is set), then
+        cancel and release what still runs."""
+        already, self._closing = self._closing, True
+        if self._source is not None:
+            self._source.dispose()
+        if already and grace_s is None:
+            return
+        unstarted = [d for d in self._held if d not in self._running]
+        await asyncio.gather(*(self._release(d) for d in unstarted))
+        if grace_s is None:
+            await self._idle.wait()
+            await self._stop_helpers()
+            return
+        idle = self._spawn(self._idle.wait())
+        waits: set[asyncio.Future[Any]] = {idle}
+        if hurry is not None:
+            waits.add(self._spawn(hurry.wait()))
+        await asyncio.wait(waits, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        late = dict(self._running)
+        if late:
+            logger.warning(
+                "%d task(s) still running after the %.1f s grace period; cancelling and "
+                "releasing them",
+                len(late),
+                grace_s,
+            )
+            for task in late.values():
+                task.cancel()
+            await asyncio.gather(*late.values(), return_exceptions=True)
+        self._give_up.set()  # one try each from now on: a lease Redis keeps runs out by itself
+        await asyncio.gather(*(self._release(d) for d in late if d in self._held))
+        await self._stop_helpers()
+
+    async def _stop_helpers(self) -> None:
+        self._settler_stop = True
+        self._done_event.set()
+        if self._settler is not None:
+            await asyncio.wait({self._settler}, timeout=SETTLER_STOP_S)
+        if self._keeper is not None:
+            self._keeper.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        _LIVE.discard(self)
+
+    # -- deliveries in -----------------------------------------------------------------------
+
+    def _on_next(self, delivery: Any) -> None:
+        self._on_loop(self._accept, delivery)
+
+    def _on_loop(self, fn: Any, *args: Any) -> None:
+        assert self._loop is not None
+        call_on_loop(self._loop, fn, *args)
+
+    def _accept(self, d: Any) -> None:
+        if self._closing:
+            self._spawn(self._release(d))
+            return
+        assert self._loop is not None
+        self._held[d] = self._loop.time()
+        self._idle.clear()
+        if d.queue.lease_ms / 3000 < self._keeper_tick_s:
+            self._keeper_poke.set()  # a shorter lease than the keeper's round allows for
+        self._spawn(self._run(d))
+
+    async def _run(self, d: Any) -> None:
+        async with self._semaphore:
+            if self._closing or d not in self._held:
+                return  # close() releases it
+            task = asyncio.current_task()
+            assert task is not None
+            self._running[d] = task
+            error: BaseException | None = None
+            try:
+                if self._is_async:
+                    await self._handler(d)
+                else:
+                    result = await self._in_thread(self._handler, d)
+                    if inspect.isawaitable(result):  # e.g. a partial of an async function
+                        await result
+            except asyncio.CancelledError:
+                self._running.pop(d, None)
+                raise  # close() cancelled it past the grace period and releases it
+            except BaseException as exc:  # a handler's SystemExit is its task's failure too
+                error = exc
+            self._running.pop(d, None)
+            self._done.append((d, error))
+            self._done_event.set()
+
+    def _source_error(self, error: Exception) -> None:
+        logger.error("delivery stream failed: %s", describe(error))
+        self._out.on_error(error)
+        self._dispose()
+
+    def _source_completed(self) -> None:
+        self._source_ended = True
+        if not self._held:
+            self._complete()
+
+    def _complete(self) -> None:
+        self._out.on_completed()
+        self._dispose()
+
+    # -- outcomes out ------------------------------------------------------------------------
+
+    async def _settle_loop(self) -> None:
+        pending = Pending()
+        while True:
+            if not self._done and not self._settler_stop:
+                await wait_event(self._done_event, pending.wait_s())  # or retry what was refused
+            self._done_event.clear()
+            batch, self._done = self._done[:SETTLE_BATCH], self._done[SETTLE_BATCH:]
+            final = self._settler_stop and not self._done
+            try:
+                settled = await self._drive(self._settle_flow(batch, pending, final=final))
+            except Exception as exc:  # a bug here must not stop every later ack: report, go on
+                logger.exception("settling %d task(s) failed; their leases run out", len(batch))
+                error = describe(exc)
+                settled = [(d, Outcome(d.id, "lost", d.attempt, error=error)) for d, _ in batch]
+            self._out.on_next(*(outcome for _, outcome in settled))
+            self._forget([d for d, _ in settled])
+            if final:
+                return
+
+    async def _release(self, d: Any) -> None:
+        outcome = await self._drive(self._release_flow(d))
+        self._out.on_next(outcome)
+        self._forget([d])
+
+    def _forget(self, deliveries: list[Any]) -> None:
+        for d in deliveries:
+            self._held.pop(d, None)
+            self._lease_lost.discard(d)
+        if not self._held:
+            self._idle.set()
+            if self._source_ended and not self._closing:
+                self._complete()
+
+    # -- lease keeping -----------------------------------------------------------------------
+
+    async def _keep_loop(self) -> None:
+        assert self._loop is not None
+        while True:
+            now_s = self._loop.time()
+            held = [(d, at) for d, at in self._held.items() if d not in self._lease_lost]
+            try:
+                done = await self._drive(self._keep_flow(held, now_s))
+            except Exception:  # a bug in one round must not end lease keeping: report, go on
+                logger.exception("lease keeper round failed")
+                await asyncio.sleep(KEEPER_TICK_MAX_S)
+                continue
+            for d in done.extended:
+                if d in self._held:
+                    self._held[d] = now_s
+            self._lease_lost.update(d for d in done.lost if d in self._held)
+            self._keeper_tick_s = done.tick_s
+            self._keeper_poke.clear()
+            await wait_event(self._keeper_poke, done.tick_s)  # or the next extension is due
+
+    # -- the flows' I/O ----------------------------------------------------------------------
+
+    def _holds(self, d: Any) -> bool:
+        return d in self._held
+
+    def _pause(self, delay_s: float) -> Op:
+        return partial(wait_event, self._give_up, delay_s)
+
+    def _giving_up(self) -> bool:
+        return self._give_up.is_set()
+
+    async def _drive(self, flow: Any) -> Any:
+        return await run_flow_async(flow, self._in_thread)
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        """Run a blocking call (a sync handler, a sync Queue's ack) in this processor's pool."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="dueq-handler")
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._pool, fn, *args)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("dueq task failed", exc_info=task.exception())

@@ -1,0 +1,60 @@
+"""The public line: ``dueq.__all__`` names exactly the public API, and every name in it exists.
+
+Adding or removing a public name is a deliberate change: update this list with it (and the
+CHANGELOG).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import dueq
+import dueq.operators
+
+PUBLIC = {
+    "AsyncDelivery",
+    "AsyncQueue",
+    "AsyncWorker",
+    "ClaimBatch",
+    "ConfigurationError",
+    "CronConflict",
+    "CronDefinition",
+    "CronError",
+    "Delivery",
+    "DueqError",
+    "ErrorRecord",
+    "InvalidTaskError",
+    "LeaseLost",
+    "Occurrence",
+    "Outcome",
+    "PayloadError",
+    "Queue",
+    "QueueStats",
+    "ReplicationTimeout",
+    "RetryPolicy",
+    "ScheduleResult",
+    "Task",
+    "TaskInfo",
+    "TaskNotFound",
+    "Unrecoverable",
+    "Worker",
+    "__version__",
+    "operators",
+}
+
+
+def test_all_names_exactly_the_public_api() -> None:
+    assert set(dueq.__all__) == PUBLIC
+    assert len(dueq.__all__) == len(set(dueq.__all__))  # no name twice
+
+
+def test_every_exported_name_exists_and_is_defined_in_a_dueq_module() -> None:
+    for name in dueq.__all__:
+        member = getattr(dueq, name)
+        if inspect.isclass(member) or inspect.isfunction(member):
+            assert member.__module__.startswith("dueq"), name
+
+
+def test_the_operators_module_exports_process_and_the_handler_type() -> None:
+    assert set(dueq.operators.__all__) == {"Handler", "process"}
+    assert callable(dueq.operators.process)
