@@ -6,23 +6,25 @@ never touches any other server. Every figure is measured in this run, for both f
 the threaded consumer of ``dueq.Queue`` and the asyncio one of ``dueq.AsyncQueue`` (on a
 ``redis.asyncio`` client, on the loop of ``asyncio.run``). Sections:
 
-1. lag       1,000 tasks due at 100 per second. Threaded: ``observe`` + ``process`` (no-op
-             handler, concurrency 8). Async: ``async for d in q.deliveries()``, acking each.
-             Two lags per delivery: by the queue's clock, ``claimed_ms - due_ms`` (both read
-             from Redis TIME, whole milliseconds), and by this host's clock, the time the
-             consumer handed the delivery out minus ``due_ms`` (the host's clock is also the
-             Redis server's). Early = a negative lag. The raw Redis round trip (PING) in the
-             same run is the floor any consumer pays.
+1. lag       1,000 tasks due at 100 per second, consumed three ways: threaded ``observe`` +
+             ``process`` (no-op handler, concurrency 8); ``async for d in q.deliveries()``,
+             acking each; async ``observe`` + ``process`` (no-op ``async def`` handler,
+             concurrency 8). Two lags per delivery: by the queue's clock, ``claimed_ms -
+             due_ms`` (both read from Redis TIME, whole milliseconds), and by this host's
+             clock, the time the consumer handed the delivery out minus ``due_ms`` (the host's
+             clock is also the Redis server's). Early = a negative lag. The raw Redis round
+             trip (PING) in the same run is the floor any consumer pays.
 2. drain     tasks due now, drained (a) threaded: ``observe(max_in_flight)`` + ``process`` with
              a no-op handler at concurrency 1 and 8; (b) async: ``async for d in
              q.deliveries(max_in_flight)`` with ``await d.ack()`` for each, and with ``await
-             q.ack_many(...)`` for every 256 (acks batched, as the threaded ``process`` does).
-             Raw Redis baselines, sync and ``redis.asyncio``: one client moving the same
-             number of tasks out with pipelined ZPOPMIN 1000 + HMGET + HDEL (no leases, no
-             acks). Each async drain runs a ticker on the same loop (a sleep of 5 ms in a
-             loop) and reports the largest gap between its ticks: the longest time the
-             consumer held the loop, plus 5 ms. Async figures are compared with the best
-             threaded drain of the same run.
+             q.ack_many(...)`` for every 256 (acks batched, as ``process`` does); (c) async:
+             ``q.observe(max_in_flight).pipe(process(noop_async_handler, concurrency=C))``
+             subscribed from a coroutine, C = 1 and 64. Raw Redis baselines, sync and
+             ``redis.asyncio``: one client moving the same number of tasks out with pipelined
+             ZPOPMIN 1000 + HMGET + HDEL (no leases, no acks). Each async drain runs a ticker
+             on the same loop (a sleep of 5 ms in a loop) and reports the largest gap between
+             its ticks and their p99: the longest time the consumer held the loop, plus 5 ms.
+             Async figures are compared with the best threaded drain of the same run.
 3. idle      Redis commands per second (INFO total_commands_processed) while one consumer
              with the default heartbeat waits on an empty queue, threaded and async
 
@@ -49,6 +51,7 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
+from reactivex import Observable
 from reactivex import operators as ops
 from report import percentile, print_table
 
@@ -63,6 +66,7 @@ LAG_TASKS = 1_000
 LAG_RATE_PER_S = 100
 LAG_LEAD_S = 1.0  # the first task is due this long after scheduling
 DRAIN_CONCURRENCY = (1, 8)
+ASYNC_PROCESS_CONCURRENCY = (1, 64)
 DRAIN_MAX_IN_FLIGHT = 512
 PING_ROUNDS = 2_000
 ASYNC_ACK_EVERY = (1, 256)  # deliveries(): await d.ack() each; await q.ack_many() per 256
@@ -222,6 +226,18 @@ async def run_async_lag(server: RedisServer) -> dict[str, Any]:
         return lags.figures((await q.stats()).counters.get("acked", 0))
 
 
+async def run_async_observe_lag(server: RedisServer) -> dict[str, Any]:
+    async with async_client(server) as client:
+        await client.flushdb()
+        q = AsyncQueue("lag", client)
+        await q.schedule_many(lag_tasks())
+        lags = Lags()
+        stream = q.observe(max_in_flight=64).pipe(ops.do_action(lags.record))
+        await settle_through_process(q, stream, LAG_TASKS, 8)
+        await dueq_tasks_ended()
+        return lags.figures((await q.stats()).counters.get("acked", 0))
+
+
 # -- 2. drain ------------------------------------------------------------------------------------
 
 
@@ -330,6 +346,70 @@ def best_async_drain(runs: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
+async def noop_async_handler(d: dueq.AsyncDelivery) -> None:
+    """The handler of the async ``process`` drain: returns at once (the task is acked)."""
+
+
+async def dueq_tasks_ended(timeout_s: float = 5.0) -> None:
+    """Wait (bounded) for the tasks a disposed subscription leaves on the loop to end, so that
+    the client is closed after them."""
+    me = asyncio.current_task()
+    others = {task for task in asyncio.all_tasks() if task is not me}
+    if others:
+        await asyncio.wait(others, timeout=timeout_s)
+
+
+async def settle_through_process(
+    q: AsyncQueue, stream: Observable[dueq.AsyncDelivery], n: int, concurrency: int
+) -> None:
+    """Subscribe ``stream`` piped into ``process(noop_async_handler)`` on the running loop and
+    return once ``n`` outcomes came; the subscription is disposed and its tasks ended."""
+    finished = asyncio.Event()
+    count = 0
+    errors: list[Exception] = []
+
+    def settled(outcome: dueq.Outcome) -> None:
+        nonlocal count
+        count += 1
+        if count == n:
+            finished.set()
+
+    def failed(error: Exception) -> None:
+        errors.append(error)
+        finished.set()
+
+    sub = stream.pipe(
+        dueq.operators.process(noop_async_handler, concurrency=concurrency)
+    ).subscribe(on_next=settled, on_error=failed)
+    try:
+        await finished.wait()
+    finally:
+        sub.dispose()
+    if errors:
+        raise SystemExit(f"the async process stream failed: {errors[0]!r}")
+
+
+async def run_async_process_drain(
+    server: RedisServer, n: int, concurrency: int
+) -> dict[str, float]:
+    """Drain ``n`` due tasks through ``q.observe().pipe(process(noop_async_handler))``
+    subscribed on the running loop."""
+    async with async_client(server) as client:
+        await client.flushdb()
+        q = AsyncQueue("drain", client)
+        await q.schedule_many(Task({"i": i}) for i in range(n))
+        async with loop_gaps() as gaps:
+            start = perf()
+            stream = q.observe(max_in_flight=DRAIN_MAX_IN_FLIGHT)
+            await settle_through_process(q, stream, n, concurrency)
+            elapsed = perf() - start
+        await dueq_tasks_ended()
+        acked = (await q.stats()).counters.get("acked", 0)
+        if acked != n:
+            raise SystemExit(f"async process drain acked {acked} of {n} tasks")
+        return {"per_s": n / elapsed, **gaps.figures()}
+
+
 # -- 3. idle -------------------------------------------------------------------------------------
 
 
@@ -380,6 +460,7 @@ def measure(drain_n: int, idle_s: float, repeat: int) -> dict[str, Any]:
         lag = {
             "threaded": run_lag(r),
             "async": run_async(run_async_lag(server), "the async lag run"),
+            "async_observe": run_async(run_async_observe_lag(server), "the async observe lag run"),
         }
         log(f"drain: {drain_n:,} tasks, best of {repeat}")
         raw = {
@@ -401,6 +482,15 @@ def measure(drain_n: int, idle_s: float, repeat: int) -> dict[str, Any]:
             )
             for every in ASYNC_ACK_EVERY
         }
+        processed = {
+            c: best_async_drain(
+                [
+                    run_async(run_async_process_drain(server, drain_n, c), "the process drain")
+                    for _ in range(repeat)
+                ]
+            )
+            for c in ASYNC_PROCESS_CONCURRENCY
+        }
         log(f"idle: {idle_s:.0f} s threaded, {idle_s:.0f} s async")
         idle = {
             "threaded": run_idle(r, idle_s),
@@ -412,7 +502,7 @@ def measure(drain_n: int, idle_s: float, repeat: int) -> dict[str, Any]:
         "ping": ping,
         "lag": lag,
         "raw_drain": raw,
-        "drain": {"threaded": threaded, "deliveries": deliveries},
+        "drain": {"threaded": threaded, "deliveries": deliveries, "process": processed},
         "idle": idle,
     }
 
@@ -472,6 +562,7 @@ def print_report(res: dict[str, Any], args: argparse.Namespace, wall_s: float) -
         ),
         lag_row("threaded observe + process", lag["threaded"]),
         lag_row("async deliveries()", lag["async"]),
+        lag_row("async observe + process", lag["async_observe"]),
         (
             "2 drain, raw Redis",
             f"{raw['sync']:,.0f} tasks/s",
@@ -504,6 +595,10 @@ def print_report(res: dict[str, Any], args: argparse.Namespace, wall_s: float) -
         label = f"async deliveries(), {'ack each' if every == 1 else 'ack_many'}"
         what = f"deliveries(max_in_flight={DRAIN_MAX_IN_FLIGHT}), {how}"
         rows.append(async_drain_row(label, drain, raw["async"], threaded_best, what, every == 1))
+    for c, drain in res["drain"]["process"].items():
+        label = f"async observe + process, concurrency {c}"
+        what = f"observe(max_in_flight={DRAIN_MAX_IN_FLIGHT}) + process(async no-op)"
+        rows.append(async_drain_row(label, drain, raw["async"], threaded_best, what, True))
     for label, spent in (("threaded", idle["threaded"]), ("async", idle["async"])):
         rows.append(
             (
@@ -530,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     result["drain"]["threaded"] = {str(c): v for c, v in threaded.items()}
     deliveries = result["drain"]["deliveries"]
     result["drain"]["deliveries"] = {f"ack_every_{k}": v for k, v in deliveries.items()}
+    processed = result["drain"]["process"]
+    result["drain"]["process"] = {str(c): v for c, v in processed.items()}
     print(json.dumps(result, separators=(",", ":")))
     return 0
 
