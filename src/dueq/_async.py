@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import redis
 import redis.asyncio
@@ -172,6 +172,12 @@ class AsyncQueue(QueueCore):
         """Record a failed delivery; retried after the backoff (or ``retry_in``), or dead."""
         return await self._drive(self._fail_flow(delivery, error, retry_in))
 
+    async def extend_many(self, deliveries: Sequence[AsyncDelivery], seconds: Duration) -> datetime:
+        """Extend many held leases to ``seconds`` from now in one round trip per 1,000;
+        returns the new deadline. LeaseLost (with ``.ids``) names the leases that were not
+        held; the others are still extended."""
+        return await self._drive(self._extend_many_flow(deliveries, seconds))
+
     async def extend(self, delivery: AsyncDelivery, seconds: Duration) -> datetime:
         """Extend a held lease to ``seconds`` from now; LeaseLost if it is not held."""
         return await self._drive(self._extend_flow(delivery, seconds))
@@ -181,12 +187,17 @@ class AsyncQueue(QueueCore):
         return await self._drive(self._release_flow(delivery, delay))
 
     def deliveries(
-        self, max_in_flight: int = 64, *, wake: bool = True, heartbeat: Duration = 5.0
+        self,
+        max_in_flight: int | Literal["auto"] = 64,
+        *,
+        wake: bool = True,
+        heartbeat: Duration = 5.0,
     ) -> AsyncIterator[AsyncDelivery]:
         """An ``async for`` iterator of this queue's deliveries, each yielded the moment it is
         due, on the running loop with no threads of its own.
 
-        It holds at most ``max_in_flight`` unsettled deliveries, then sleeps until the next
+        It holds at most ``max_in_flight`` unsettled deliveries (``"auto"``: adapted to how
+        fast they are settled, between 16 and 1,024), then sleeps until the next
         due time or lease deadline (at most ``heartbeat``), or until the wake channel or a
         settled delivery says there is work. Redis outages are waited out; leaving the loop
         releases what was claimed but not yet yielded.
@@ -194,7 +205,11 @@ class AsyncQueue(QueueCore):
         return deliveries(self, max_in_flight=max_in_flight, wake=wake, heartbeat=heartbeat)
 
     def observe(
-        self, max_in_flight: int = 64, *, wake: bool = True, heartbeat: Duration = 5.0
+        self,
+        max_in_flight: int | Literal["auto"] = 64,
+        *,
+        wake: bool = True,
+        heartbeat: Duration = 5.0,
     ) -> Observable[AsyncDelivery]:
         """An observable of this queue's deliveries with the timing of ``deliveries()``, run
         on the event loop it is subscribed from (subscribe from a coroutine), with no threads

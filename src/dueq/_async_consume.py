@@ -29,7 +29,7 @@ import reactivex
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
-from .checks import whole_number
+from ._prefetch import AUTO_LOW, Held, Prefetch
 from .clock import Duration, positive_duration_ms
 from .exceptions import ConfigurationError
 from .outage import Backoff, is_outage
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("dueq.observe")
 
-#: Most deliveries one iterator may hold at once (one claim call leases at most 1,000).
-MAX_IN_FLIGHT = 100_000
 #: How long one Pub/Sub read waits; bounds how long stopping the listener takes.
 POLL_S = 0.5
 #: Most seconds spent closing the wake subscription when the iterator ends.
@@ -96,18 +94,19 @@ def sleep_ms(batch: ClaimBatch, heartbeat_ms: float) -> float:
 async def deliveries(
     queue: AsyncQueue,
     *,
-    max_in_flight: int = 64,
+    max_in_flight: int | str = 64,
     wake: bool = True,
     heartbeat: Duration = 5.0,
+    prefetch_low: int = AUTO_LOW,
 ) -> AsyncGenerator[AsyncDelivery, None]:
     """The iterator behind ``AsyncQueue.deliveries``; see the module docstring."""
-    whole_number(max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
+    held: Held[AsyncDelivery] = Held(Prefetch.parse(max_in_flight, low=prefetch_low))
     heartbeat_ms = positive_duration_ms(heartbeat, "heartbeat")
     poke = asyncio.Event()
-    in_flight: set[AsyncDelivery] = set()
+    loop = asyncio.get_running_loop()
 
     def settled(delivery: AsyncDelivery) -> None:
-        in_flight.discard(delivery)
+        held.settled(delivery)
         poke.set()
 
     listener = asyncio.create_task(_listen(queue, poke.set)) if wake else None
@@ -116,9 +115,9 @@ async def deliveries(
     try:
         while True:
             poke.clear()
-            free = max_in_flight - len(in_flight)
+            free = held.free(loop.time())
             try:  # with no free slot, a claim of 0 still reclaims lapsed leases
-                batch = await queue.claim_batch(min(max(free, 0), 1000))
+                batch = await queue.claim_batch(min(free, 1000))
             except Exception as exc:
                 if not is_outage(exc):
                     raise
@@ -136,14 +135,12 @@ async def deliveries(
                 logger.info("queue %r: Redis is back; claiming again", queue.name)
             for d in batch.deliveries:
                 d._on_settled = settled
-                in_flight.add(d)
-            for d in [d for d in in_flight if d.lease_deadline_ms <= batch.now_ms]:
-                in_flight.discard(d)  # its lease ran out unsettled: no longer ours
-                d._on_settled = None
+            for d in held.add(batch.deliveries, batch.now_ms):
+                d._on_settled = None  # its lease ran out unsettled: no longer ours
             unyielded = deque(batch.deliveries)
             while unyielded:
                 yield unyielded.popleft()
-            full = len(in_flight) >= max_in_flight
+            full = held.full
             wait_ms = heartbeat_ms if full else sleep_ms(batch, heartbeat_ms)
             if wait_ms > 0 and not poke.is_set():
                 await wait_event(poke, wait_ms / 1000)
@@ -163,13 +160,18 @@ async def _release(d: AsyncDelivery) -> None:
 
 
 def observe(
-    queue: AsyncQueue, *, max_in_flight: int, wake: bool, heartbeat: Duration
+    queue: AsyncQueue,
+    *,
+    max_in_flight: int | str,
+    wake: bool,
+    heartbeat: Duration,
+    prefetch_low: int = AUTO_LOW,
 ) -> Observable[AsyncDelivery]:
     """The observable behind ``AsyncQueue.observe``: each subscription runs ``deliveries()``
     as a task on the loop it is subscribed from and emits there; disposing cancels the task
     (which releases what was claimed and not yet emitted). Subscribing outside a running loop
     is an ``on_error`` (ConfigurationError)."""
-    whole_number(max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
+    Prefetch.parse(max_in_flight, low=prefetch_low)  # refused here, not when subscribed
     positive_duration_ms(heartbeat, "heartbeat")
 
     def subscribe(
@@ -186,7 +188,13 @@ def observe(
         stopped = False
 
         async def pump() -> None:
-            it = deliveries(queue, max_in_flight=max_in_flight, wake=wake, heartbeat=heartbeat)
+            it = deliveries(
+                queue,
+                max_in_flight=max_in_flight,
+                wake=wake,
+                heartbeat=heartbeat,
+                prefetch_low=prefetch_low,
+            )
             try:
                 async for d in it:
                     if stopped:  # disposed while this one was being claimed: give it back

@@ -37,6 +37,7 @@ from .exceptions import (
     ConfigurationError,
     DueqError,
     InvalidTaskError,
+    LeaseLost,
     PayloadError,
     Unrecoverable,
 )
@@ -453,22 +454,27 @@ class QueueCore:
     def _ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
         if not deliveries:
             return 0
-        reply: protocol.AckReply = yield protocol.ack(
-            self.keys,
-            self._now_arg(),
-            [(d.id, d.token) for d in deliveries],
-            window_ms=self.remember_done_ms,
-        )
-        lost_ids = set(reply.lost)
-        for d in deliveries:
-            d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
-        if reply.lost:
+        acked, lost = 0, []
+        for start in range(0, len(deliveries), protocol.LEASE_BATCH):
+            chunk = deliveries[start : start + protocol.LEASE_BATCH]
+            reply: protocol.AckReply = yield protocol.ack(
+                self.keys,
+                self._now_arg(),
+                [(d.id, d.token) for d in chunk],
+                window_ms=self.remember_done_ms,
+            )
+            lost_ids = set(reply.lost)
+            for d in chunk:
+                d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
+            acked += reply.acked
+            lost += reply.lost
+        if lost:
             protocol.raise_for(
                 protocol.Status.LEASE_LOST,
-                f"lease lost on {len(reply.lost)} task(s), not acked: {reply.lost[:10]}",
-                reply.lost,
+                f"lease lost on {len(lost)} task(s), not acked: {lost[:10]}",
+                lost,
             )
-        return reply.acked
+        return acked
 
     def _fail_call(
         self, task_id: str, token: str, record: str, dead: bool, delay_ms: int
@@ -515,15 +521,38 @@ class QueueCore:
         return outcome
 
     def _extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
+        try:
+            return (yield from self._extend_many_flow([delivery], seconds))
+        except LeaseLost:
+            raise LeaseLost(
+                f"lease on task {delivery.id!r} was lost; not extended", [delivery.id]
+            ) from None
+
+    def _extend_many_flow(
+        self, deliveries: Sequence[DeliveryBase], seconds: Duration
+    ) -> Flow[datetime]:
+        """One script call per LEASE_BATCH leases; each lease judged by its own token."""
         ms = _positive_ms(seconds, "lease extension")
-        reply: protocol.TimeReply = yield protocol.extend(
-            self.keys, self._now_arg(), delivery.id, delivery.token, ms
-        )
-        protocol.raise_for(
-            reply.status, f"lease on task {delivery.id!r} was lost; not extended", [delivery.id]
-        )
-        delivery.lease_deadline_ms = reply.ms
-        return ms_datetime(reply.ms)
+        lost: list[str] = []
+        deadline_ms: int | None = None
+        for start in range(0, len(deliveries), protocol.LEASE_BATCH):
+            chunk = deliveries[start : start + protocol.LEASE_BATCH]
+            reply: protocol.ExtendReply = yield protocol.extend(
+                self.keys, self._now_arg(), [(d.id, d.token) for d in chunk], ms
+            )
+            lost_ids = set(reply.lost)
+            for d in chunk:
+                if d.id not in lost_ids:
+                    d.lease_deadline_ms = reply.deadline_ms
+            lost += reply.lost
+            deadline_ms = reply.deadline_ms
+        if lost:
+            protocol.raise_for(
+                protocol.Status.LEASE_LOST,
+                f"lease lost on {len(lost)} task(s), not extended: {lost[:10]}",
+                lost,
+            )
+        return ms_datetime(deadline_ms if deadline_ms is not None else 0)
 
     def _release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
         delay_ms = duration_ms(delay, "delay")

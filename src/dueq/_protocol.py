@@ -214,6 +214,22 @@ class AckReply:
     lost: list[str]
 
 
+#: Most leases one ack or extend call settles or moves (the flows split bigger batches).
+LEASE_BATCH = 1000
+
+
+def pack_pairs(pairs: Sequence[tuple[str, str]]) -> bytes:
+    """(id, lease token) pairs as one argument, struct '>Hc0Hc0' each (see ack.lua): one
+    argument per batch instead of two per delivery (redis.asyncio packs each argument in
+    Python). Ids are at most MAX_ID_BYTES, so their length fits the 16-bit prefix."""
+    parts: list[bytes] = []
+    for task_id, token in pairs:
+        raw_id, raw_token = task_id.encode(), token.encode()
+        parts += (len(raw_id).to_bytes(2, "big"), raw_id, len(raw_token).to_bytes(2, "big"))
+        parts.append(raw_token)
+    return b"".join(parts)
+
+
 def _parse_ack(reply: Any) -> AckReply:
     return AckReply(int(reply[0]), [text(x) for x in reply[1:]])
 
@@ -222,9 +238,7 @@ def ack(
     k: QueueKeys, now: str, held: Sequence[tuple[str, str]], *, window_ms: int
 ) -> Call[AckReply]:
     """Finish leased tasks, given as (id, lease token) pairs."""
-    args: list[Any] = [now, window_ms]
-    for task_id, token in held:
-        args += (task_id, token)
+    args: list[Any] = [now, window_ms, pack_pairs(held)]
     return Call("ack", [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done], args, _parse_ack)
 
 
@@ -279,10 +293,22 @@ def _time_reply(failed: Status) -> Callable[[Any], TimeReply]:
     return parse
 
 
-def extend(k: QueueKeys, now: str, task_id: str, token: str, lease_ms: int) -> Call[TimeReply]:
-    """Move a held lease's deadline to now + ``lease_ms``."""
-    args = [now, task_id, token, lease_ms]
-    return Call("extend", [k.leased, k.meta], args, _time_reply(Status.LEASE_LOST))
+@dataclass(frozen=True)
+class ExtendReply:
+    deadline_ms: int  # the new deadline of every lease that was held
+    lost: list[str]  # ids whose lease was not held (not extended)
+
+
+def _parse_extend(reply: Any) -> ExtendReply:
+    return ExtendReply(int(reply[0]), [text(x) for x in reply[1:]])
+
+
+def extend(
+    k: QueueKeys, now: str, held: Sequence[tuple[str, str]], lease_ms: int
+) -> Call[ExtendReply]:
+    """Move the deadlines of held leases, given as (id, lease token) pairs, to now +
+    ``lease_ms``; at most LEASE_BATCH pairs."""
+    return Call("extend", [k.leased, k.meta], [now, lease_ms, pack_pairs(held)], _parse_extend)
 
 
 def release(k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int) -> Call[TimeReply]:
@@ -451,7 +477,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "fail": lambda k: fail(
         k, "", "id", "1", "{}", dead=False, delay_ms=0, dead_max_count=1, dead_max_age_ms=1
     ),
-    "extend": lambda k: extend(k, "", "id", "1", 1),
+    "extend": lambda k: extend(k, "", [("id", "1")], 1),
     "release": lambda k: release(k, "", "id", "1", 0),
     "reschedule": lambda k: reschedule(k, "", "id", absolute=False, due_ms=0),
     "cancel": lambda k: cancel(k, "", "id"),

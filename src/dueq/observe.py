@@ -27,7 +27,7 @@ from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
-from .checks import whole_number
+from ._prefetch import AUTO_LOW, Held, Prefetch
 from .clock import Duration, positive_duration_ms
 from .outage import Backoff, describe, is_outage
 from .task import Delivery
@@ -38,20 +38,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Most deliveries one subscription may hold at once (one claim call leases at most 1,000).
-MAX_IN_FLIGHT = 100_000
-
 
 def observe_queue(
     queue: Queue,
     *,
-    max_in_flight: int = 64,
+    max_in_flight: int | str = 64,
     scheduler: abc.SchedulerBase | None = None,
     wake: bool = True,
     heartbeat: Duration = 5.0,
+    prefetch_low: int = AUTO_LOW,
 ) -> Observable[Delivery]:
-    """The observable behind ``Queue.observe``; see there."""
-    whole_number(max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
+    """The observable behind ``Queue.observe``; see there. ``prefetch_low`` is the least an
+    ``"auto"`` bound holds (``Worker`` passes twice its concurrency)."""
+    Prefetch.parse(max_in_flight, low=prefetch_low)  # refused here, not when subscribed
     heartbeat_ms = positive_duration_ms(heartbeat, "heartbeat")
 
     def subscribe(
@@ -59,7 +58,8 @@ def observe_queue(
     ) -> abc.DisposableBase:
         chosen = scheduler or subscribe_scheduler
         own = EventLoopScheduler() if chosen is None else None
-        consumer = _Consumer(queue, observer, chosen or own, max_in_flight, heartbeat_ms)  # type: ignore[arg-type]
+        prefetch = Prefetch.parse(max_in_flight, low=prefetch_low)
+        consumer = _Consumer(queue, observer, chosen or own, prefetch, heartbeat_ms)  # type: ignore[arg-type]
         consumer.start(wake)
 
         def dispose() -> None:
@@ -81,16 +81,15 @@ class _Consumer:
         queue: Queue,
         observer: abc.ObserverBase[Delivery],
         scheduler: abc.SchedulerBase,
-        max_in_flight: int,
+        prefetch: Prefetch,
         heartbeat_ms: int,
     ) -> None:
         self._queue = queue
         self._observer = observer
         self._scheduler = scheduler
-        self._max_in_flight = max_in_flight
+        self._held: Held[Delivery] = Held(prefetch)
         self._heartbeat_ms = heartbeat_ms
         self._lock = threading.Lock()
-        self._in_flight: set[Delivery] = set()
         self._timer: abc.DisposableBase | None = None
         self._timer_at: datetime | None = None
         self._claiming = False  # a claim step is running
@@ -124,7 +123,7 @@ class _Consumer:
 
     def _settled(self, delivery: Delivery) -> None:
         with self._lock:
-            self._in_flight.discard(delivery)
+            self._held.settled(delivery)
             starved, self._starved = self._starved, False
         if starved:
             self._request(0)
@@ -156,7 +155,7 @@ class _Consumer:
                 return
             self._timer = self._timer_at = None
             self._claiming, self._again = True, False
-            free = self._max_in_flight - len(self._in_flight)
+            free = self._held.free(self._scheduler.now.timestamp())
         next_ms: float | None = self._heartbeat_ms
         try:
             next_ms = self._claim(free)
@@ -171,7 +170,7 @@ class _Consumer:
     def _claim(self, free: int) -> float | None:
         """One claim; returns ms until the next step, or None when the stream has ended."""
         try:  # with no free slot, a claim of 0 still reads the time and reclaims lapsed leases
-            batch = self._queue.claim_batch(min(max(free, 0), 1000))
+            batch = self._queue.claim_batch(min(free, 1000))
         except Exception as exc:
             if not is_outage(exc):
                 self._end(exc)
@@ -191,14 +190,10 @@ class _Consumer:
         with self._lock:
             for d in deliveries:
                 d._on_settled = self._settled
-                self._in_flight.add(d)
-            # deliveries whose lease ran out unsettled are no longer ours: free their slots
-            lapsed = [d for d in self._in_flight if d.lease_deadline_ms <= batch.now_ms]
-            for d in lapsed:
-                self._in_flight.discard(d)
-                d._on_settled = None
+            for d in self._held.add(deliveries, batch.now_ms):
+                d._on_settled = None  # its lease ran out unsettled: no longer ours
             stopped = self._stopped
-            full = len(self._in_flight) >= self._max_in_flight
+            full = self._held.full
             self._starved = full
         if stopped:
             self._give_back(deliveries)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import redis
 from reactivex import Observable, abc
@@ -207,6 +207,12 @@ class Queue(QueueCore):
         """
         return self._drive(self._fail_flow(delivery, error, retry_in))
 
+    def extend_many(self, deliveries: Sequence[Delivery], seconds: Duration) -> datetime:
+        """Extend many held leases to ``seconds`` from now in one round trip per 1,000;
+        returns the new deadline. Raises LeaseLost (with ``.ids``) naming the leases that were
+        not held; the others are still extended."""
+        return self._drive(self._extend_many_flow(deliveries, seconds))
+
     def extend(self, delivery: Delivery, seconds: Duration) -> datetime:
         """Extend a held lease to ``seconds`` from now; raises LeaseLost if it is not held."""
         return self._drive(self._extend_flow(delivery, seconds))
@@ -217,7 +223,7 @@ class Queue(QueueCore):
 
     def observe(
         self,
-        max_in_flight: int = 64,
+        max_in_flight: int | Literal["auto"] = 64,
         *,
         scheduler: abc.SchedulerBase | None = None,
         wake: bool = True,
@@ -226,7 +232,8 @@ class Queue(QueueCore):
         """An observable of this queue's deliveries, each emitted the moment it is due.
 
         Each subscription claims at most as many tasks as it has free slots (``max_in_flight``
-        minus deliveries emitted and not yet acked, failed or released), then sleeps until the
+        minus deliveries emitted and not yet acked, failed or released; ``"auto"`` adapts it
+        to how fast they are settled, between 16 and 1,024), then sleeps until the
         next due time or lease deadline the claim returned. With ``wake`` it also listens on
         the queue's wake channel (Redis Pub/Sub) so that an earlier task wakes it at once;
         ``heartbeat`` caps any sleep. Timing uses ``scheduler`` (default: a thread per

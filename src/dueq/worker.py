@@ -23,11 +23,13 @@ from reactivex import Observable, Observer
 
 from ._async import AsyncQueue
 from ._async_consume import call_on_loop
+from ._async_consume import observe as observe_async
 from ._core import QueueCore
+from ._prefetch import Prefetch
 from .checks import whole_number
 from .clock import Duration, duration_ms, positive_duration_ms
 from .exceptions import ConfigurationError
-from .observe import MAX_IN_FLIGHT
+from .observe import observe_queue
 from .operators import MAX_CONCURRENCY
 from .operators._async_process import AsyncProcessor
 from .operators._process import Handler, Processor, is_async_handler
@@ -68,8 +70,9 @@ class _WorkerSettings:
         whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
         self.handler = handler
         self.concurrency = concurrency
-        self.max_in_flight = 4 * concurrency if max_in_flight is None else max_in_flight
-        whole_number(self.max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
+        self.max_in_flight: int | str = "auto" if max_in_flight is None else max_in_flight
+        self._prefetch_low = 2 * concurrency
+        Prefetch.parse(self.max_in_flight, low=self._prefetch_low)  # refused here
         self.grace_s = duration_ms(grace, "grace", error=ConfigurationError) / 1000
         positive_duration_ms(heartbeat, "heartbeat")  # refused here, not when run() starts
         self.heartbeat = heartbeat
@@ -77,9 +80,17 @@ class _WorkerSettings:
         self._error: Exception | None = None
 
     def _sources(self) -> Observable[Any]:
+        settings: dict[str, Any] = {
+            "max_in_flight": self.max_in_flight,
+            "wake": True,
+            "heartbeat": self.heartbeat,
+            "prefetch_low": self._prefetch_low,
+        }
         return reactivex.merge(
             *(
-                q.observe(max_in_flight=self.max_in_flight, heartbeat=self.heartbeat)
+                observe_async(q, **settings)
+                if isinstance(q, AsyncQueue)
+                else observe_queue(q, **settings)
                 for q in self.queues
             )
         )
@@ -92,8 +103,11 @@ class Worker(_WorkerSettings):
     """Runs ``handler`` on deliveries of ``queues`` with ``concurrency`` handlers at a time.
 
     ``max_in_flight`` bounds the deliveries held per queue (running plus waiting, their leases
-    kept alive; default four times the concurrency, like Celery's prefetch). ``outcomes``
-    counts what became of them (acked, retried, dead, released, lost).
+    kept alive). The default adapts: it holds what the handlers settle in about 0.1 s, at
+    least twice the concurrency and at most 1,024 (see ``dueq._prefetch``), so fast handlers
+    are never starved between claims and slow ones never hoard tasks other workers could run.
+    A number fixes it. ``outcomes`` counts what became of the deliveries (acked, retried,
+    dead, released, lost).
     """
 
     def __init__(

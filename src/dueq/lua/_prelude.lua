@@ -86,6 +86,36 @@ local function lease_held(k_leased, k_meta, id, token, now)
   return t ~= '' and t == token
 end
 
+-- Iterate the (id, lease token) pairs packed back to back as struct '>Hc0Hc0' (ack, extend).
+local function pairs_unpack(blob)
+  local pos = 1
+  return function()
+    if pos > #blob then return nil end
+    local id, token
+    id, token, pos = struct.unpack('>Hc0Hc0', blob, pos)
+    return id, token
+  end
+end
+
+-- Split ids (with their lease tokens) into those whose lease is held under that token at now
+-- and those whose lease is lost (expired, taken over, or the task is gone): two id lists.
+-- One ZMSCORE and one HMGET for the lot, whatever their number (callers send <= 1000).
+local function split_held(k_leased, k_meta, ids, tokens, now)
+  local held, lost = {}, {}
+  if #ids == 0 then return held, lost end
+  local deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
+  local metas = redis.call('HMGET', k_meta, unpack(ids))
+  for i, id in ipairs(ids) do
+    local _, token = meta_parse(metas[i])
+    if deadlines[i] and tonumber(deadlines[i]) > now and token ~= '' and token == tokens[i] then
+      held[#held + 1] = id
+    else
+      lost[#lost + 1] = id
+    end
+  end
+  return held, lost
+end
+
 -- Append one error record (a JSON object) to the task's JSON list of errors.
 -- A history that is not a non-empty JSON array of objects (corrupted) is kept as the message
 -- of an "UnreadableHistory" record rather than appended to, so the result stays valid JSON.

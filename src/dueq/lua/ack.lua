@@ -9,34 +9,25 @@
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms: record acked ids in done, and drop entries older than the
 --         window (at most TRIM_DONE + acked per call); "0" leaves done alone
--- ARGV[3..] pairs: id, lease token (a repeated pair counts once)
+-- ARGV[3] the (id, lease token) pairs, packed back to back as struct '>Hc0Hc0' (one
+--         argument keeps a batch cheap to send; a repeated pair counts once)
 -- Returns {acked, lost_id1, lost_id2, ...}: lost ids were not acked (lease expired or taken over)
 
 local TRIM_DONE = 1000
 local now = dueq_now(ARGV[1])
 local window = tonumber(ARGV[2])
 local ids, tokens, seen = {}, {}, {}
-for i = 3, #ARGV, 2 do
-  local pair = ARGV[i] .. '|' .. ARGV[i + 1]
+for id, token in pairs_unpack(ARGV[3]) do
+  local pair = id .. '|' .. token
   if not seen[pair] then
     seen[pair] = true
-    ids[#ids + 1] = ARGV[i]
-    tokens[#tokens + 1] = ARGV[i + 1]
+    ids[#ids + 1] = id
+    tokens[#tokens + 1] = token
   end
 end
 if #ids == 0 then return {0} end
 
-local deadlines = redis.call('ZMSCORE', KEYS[1], unpack(ids))
-local metas = redis.call('HMGET', KEYS[3], unpack(ids))
-local done, out = {}, {0}
-for i, id in ipairs(ids) do
-  local _, token = meta_parse(metas[i])
-  if deadlines[i] and tonumber(deadlines[i]) > now and token ~= '' and token == tokens[i] then
-    done[#done + 1] = id
-  else
-    out[#out + 1] = id
-  end
-end
+local done, lost = split_held(KEYS[1], KEYS[3], ids, tokens, now)
 if #done > 0 then
   call_chunked('ZREM', KEYS[1], done)
   call_chunked('HDEL', KEYS[2], done)
@@ -51,5 +42,4 @@ if window > 0 then
     redis.call('ZREMRANGEBYRANK', KEYS[6], 0, math.min(expired, TRIM_DONE + #done) - 1)
   end
 end
-out[1] = #done
-return out
+return {#done, unpack(lost)}

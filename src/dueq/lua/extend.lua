@@ -1,15 +1,21 @@
--- extend.lua: move a held lease's deadline to now + the given length.
+-- extend.lua: move the deadlines of held leases to now + the given length, in one call
+-- (the lease keeper extends every lease it holds on a queue at once).
 --
 -- KEYS[1] leased   ZSET id -> lease deadline ms
 -- KEYS[2] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- ARGV[1] now ms, or "" for server TIME
--- ARGV[2] id
--- ARGV[3] lease token
--- ARGV[4] new lease length ms, counted from now
--- Returns the new deadline ms, or -1 when the lease is lost
+-- ARGV[2] new lease length ms, counted from now
+-- ARGV[3] the (id, lease token) pairs, packed back to back as struct '>Hc0Hc0'
+-- Returns {new deadline ms, lost_id1, lost_id2, ...}: lost ids were not extended (lease
+-- expired, taken over, or the task is gone); each pair is judged on its own token
 
 local now = dueq_now(ARGV[1])
-if not lease_held(KEYS[1], KEYS[2], ARGV[2], ARGV[3], now) then return -1 end
-local deadline = now + tonumber(ARGV[4])
-redis.call('ZADD', KEYS[1], 'XX', deadline, ARGV[2])
-return deadline
+local deadline = now + tonumber(ARGV[2])
+local ids, tokens = {}, {}
+for id, token in pairs_unpack(ARGV[3]) do
+  ids[#ids + 1] = id
+  tokens[#tokens + 1] = token
+end
+local held, lost = split_held(KEYS[1], KEYS[2], ids, tokens, now)
+if #held > 0 then zadd_all(KEYS[1], deadline, held) end
+return {deadline, unpack(lost)}

@@ -4,9 +4,9 @@ When ``process`` is subscribed from a coroutine (an ``AsyncQueue``'s ``observe()
 FastAPI lifespan, ``AsyncWorker.run()``), everything runs on that loop and dueq starts no
 thread of its own:
 
-- one task per delivery runs the handler, at most ``concurrency`` at a time (a semaphore):
-  an ``async def`` handler is awaited on the loop, so it can use the application's clients;
-  a plain function runs in a thread pool of ``concurrency`` threads;
+- at most ``concurrency`` runner tasks take waiting deliveries one after another and run the
+  handler on each: an ``async def`` handler is awaited on the loop, so it can use the
+  application's clients; a plain function runs in a thread pool of ``concurrency`` threads;
 - one settler task acks successes in batches (one ``ack_many`` per queue and round) and
   records failures through the retry policy;
 - one keeper task extends each held lease once a third of it has passed, waking when the
@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from collections import deque
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -62,7 +63,8 @@ class AsyncProcessor(Settling):
         self._is_async = is_async
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._semaphore = asyncio.Semaphore(concurrency)
+        self._waiting: deque[Any] = deque()  # accepted, not yet picked up by a runner
+        self._runners = 0  # runner tasks alive (at most concurrency)
         self._held: dict[Any, float] = {}  # -> loop time its lease was last extended
         self._running: dict[Any, asyncio.Task[None]] = {}
         self._lease_lost: set[Any] = set()
@@ -169,31 +171,40 @@ class AsyncProcessor(Settling):
         self._idle.clear()
         if d.queue.lease_ms / 3000 < self._keeper_tick_s:
             self._keeper_poke.set()  # a shorter lease than the keeper's round allows for
-        self._spawn(self._run(d))
+        self._waiting.append(d)
+        if self._runners < self._concurrency:
+            self._runners += 1
+            self._spawn(self._runner())
 
-    async def _run(self, d: Any) -> None:
-        async with self._semaphore:
-            if self._closing or d not in self._held:
-                return  # close() releases it
-            task = asyncio.current_task()
-            assert task is not None
-            self._running[d] = task
-            error: BaseException | None = None
-            try:
-                if self._is_async:
-                    await self._handler(d)
-                else:
-                    result = await self._in_thread(self._handler, d)
-                    if inspect.isawaitable(result):  # e.g. a partial of an async function
-                        await result
-            except asyncio.CancelledError:
-                self._running.pop(d, None)
-                raise  # close() cancelled it past the grace period and releases it
-            except BaseException as exc:  # a handler's SystemExit is its task's failure too
-                error = exc
-            self._running.pop(d, None)
-            self._done.append((d, error))
-            self._done_event.set()
+    async def _runner(self) -> None:
+        """One of at most ``concurrency`` tasks: runs waiting deliveries one after another
+        until none waits (a task per runner, not per delivery: cheaper at 40k tasks/s)."""
+        task = asyncio.current_task()
+        assert task is not None
+        try:
+            while self._waiting and not self._closing:
+                d = self._waiting.popleft()
+                if d not in self._held:
+                    continue  # close() released it
+                self._running[d] = task
+                error: BaseException | None = None
+                try:
+                    if self._is_async:
+                        await self._handler(d)
+                    else:
+                        result = await self._in_thread(self._handler, d)
+                        if inspect.isawaitable(result):  # e.g. a partial of an async function
+                            await result
+                except asyncio.CancelledError:
+                    raise  # close() cancelled it past the grace period and releases it
+                except BaseException as exc:  # a handler's SystemExit is its task's failure too
+                    error = exc
+                finally:
+                    self._running.pop(d, None)
+                self._done.append((d, error))
+                self._done_event.set()
+        finally:
+            self._runners -= 1
 
     def _source_error(self, error: Exception) -> None:
         logger.error("delivery stream failed: %s", describe(error))

@@ -285,11 +285,10 @@ class Settling:
     def _keep_flow(held: list[tuple[Any, float]], now_s: float) -> Generator[Op, Any, KeeperRound]:
         """One lease-keeper round over ``held`` (each delivery with when its lease was last
         extended, in the keeper's clock): extend every lease a third of whose time has passed,
-        and say when the next extension is due. A lost lease is reported once; the caller
-        leaves it out of later rounds."""
+        one ``extend_many`` call per queue, and say when the next extension is due. A lost
+        lease is reported once; the caller leaves it out of later rounds."""
         result = KeeperRound()
-        outage: Exception | None = None
-        unextended = 0
+        due: dict[Any, list[Any]] = defaultdict(list)
         for d, extended_at_s in held:
             if d.settled:  # nothing left to keep (the handler may have acked)
                 continue
@@ -299,25 +298,32 @@ class Settling:
                 result.tick_s = min(result.tick_s, until_s)
                 continue
             result.tick_s = min(result.tick_s, period_s)  # extended now (or tried)
+            due[d.queue].append(d)
+        outage: Exception | None = None
+        unextended = 0
+        for q, deliveries in due.items():
             if outage is not None:  # the rest would meet it too (each after a timeout, maybe)
-                unextended += 1
+                unextended += len(deliveries)
                 continue
+            lost: set[str] = set()
             try:
-                yield partial(d.extend, d.queue.lease_ms / 1000)
-            except LeaseLost:
-                logger.warning("queue %r: lease on %r lost while held", d.queue.name, d.id)
-                result.lost.append(d)
-                continue
+                yield partial(q.extend_many, deliveries, q.lease_ms / 1000)
+            except LeaseLost as exc:
+                lost = set(exc.ids)
+                for d in deliveries:
+                    if d.id in lost:
+                        logger.warning("queue %r: lease on %r lost while held", q.name, d.id)
+                        result.lost.append(d)
             except Exception as exc:
                 if not is_outage(exc):
                     logger.exception(
-                        "queue %r: extending the lease on %r failed", d.queue.name, d.id
+                        "queue %r: extending %d lease(s) failed", q.name, len(deliveries)
                     )
                 else:
                     outage = exc
-                    unextended += 1
+                    unextended += len(deliveries)
                 continue
-            result.extended.append(d)
+            result.extended += [d for d in deliveries if d.id not in lost]
         if outage is not None:
             logger.warning(
                 "Redis unavailable while extending leases: %s; %d lease(s) not extended this "

@@ -1,0 +1,272 @@
+#!/usr/bin/env python
+"""Worker benchmark: how fast a worker with default settings drains a queue, and bytes per task.
+
+The workload of the peer comparison: 20,000 tasks due now, each payload
+``{"k": "R", "tid": <int>, "due": <float>, "payload": <100 random letters>}``, and a handler
+whose first statement appends one line to a file. Starts its own throwaway redis-server
+(``dueq.server.RedisServer``, free loopback port). Every figure is measured in this run:
+
+1. raw        a hand-written consumer on redis-py, pipelined ZPOPMIN(1000) + HMGET + HDEL
+              with the same JSON decode and file append per task: the speed of Redis and
+              Python without dueq's guarantees (leases, fencing, retries), the ratio's base
+2. threaded   ``dueq worker QUEUE bench_handler:handle`` as a subprocess, defaults only
+3. asyncio    ``dueq.AsyncWorker(q, ahandle)`` as a subprocess, defaults only
+4. memory     bytes per scheduled task (INFO used_memory before/after scheduling, and
+              MEMORY USAGE per key), next to the raw ZSET + HASH layout of the same tasks
+
+For the workers, start-up is the time from spawning the process to the first ack, and drain
+is tasks per second from the first ack to the last (the parent polls the queue's counters
+every 5 ms). Each worker runs ``--repeat`` times (default 2); all runs are printed.
+
+    .venv/bin/python scripts/bench/worker.py [--tasks N] [--repeat N] [--quick]
+
+The table goes to stdout, followed by one JSON line with every figure; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import string
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from report import print_table
+
+import dueq
+from dueq.server import RedisServer
+
+perf = time.perf_counter
+QUEUE = "bench"
+POLL_S = 0.005
+TIMEOUT_S = 300.0
+TARGET_DRAIN = 40_000
+TARGET_BYTES = 286  # the leanest peer measured on this workload (huey)
+
+HANDLERS = '''
+import os
+
+_out = open(os.environ["BENCH_OUT"], "a", buffering=1)
+
+
+def handle(d):
+    _out.write(f"{d.id}\\n")
+
+
+async def ahandle(d):
+    _out.write(f"{d.id}\\n")
+'''
+
+ASYNC_WORKER = '''
+import asyncio, os, sys
+import redis.asyncio
+import dueq
+from bench_handler import ahandle
+
+
+async def main():
+    client = redis.asyncio.Redis.from_url(os.environ["BENCH_URL"])
+    worker = dueq.AsyncWorker(dueq.AsyncQueue(sys.argv[1], client), ahandle)
+    await worker.run()
+    await client.aclose()
+
+
+asyncio.run(main())
+'''
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def payloads(n: int, seed: int = 1) -> list[dict[str, Any]]:
+    rnd = random.Random(seed)
+    now = time.time()
+    letters = string.ascii_letters
+    return [
+        {"k": "R", "tid": i, "due": now, "payload": "".join(rnd.choices(letters, k=100))}
+        for i in range(n)
+    ]
+
+
+def used_memory(r: redis.Redis) -> int:
+    return int(r.info("memory")["used_memory"])
+
+
+def schedule(r: redis.Redis, items: list[dict[str, Any]]) -> dict[str, float]:
+    """Schedule the tasks with dueq; bytes per task from used_memory and MEMORY USAGE."""
+    r.flushall()
+    before = used_memory(r)
+    q = dueq.Queue(QUEUE, r)
+    q.schedule_many(dueq.Task(p) for p in items)
+    after = used_memory(r)
+    keys = {k.decode(): r.memory_usage(k, samples=0) or 0 for k in r.scan_iter("dueq:*")}
+    return {
+        "bytes_per_task": (after - before) / len(items),
+        "keys_bytes_per_task": sum(keys.values()) / len(items),
+        **{f"key {k}": v / len(items) for k, v in keys.items()},
+    }
+
+
+def raw_layout_bytes(r: redis.Redis, items: list[dict[str, Any]]) -> float:
+    """Bytes per task of the plainest layout: ZSET id -> due, HASH id -> JSON."""
+    r.flushall()
+    before = used_memory(r)
+    ids = dueq_ids(len(items))
+    pipe = r.pipeline(transaction=False)
+    for i, (tid, p) in enumerate(zip(ids, items, strict=True)):
+        pipe.zadd("raw:due", {tid: p["due"] * 1000})
+        pipe.hset("raw:tasks", tid, json.dumps(p))
+        if i % 1000 == 999:
+            pipe.execute()
+    pipe.execute()
+    return (used_memory(r) - before) / len(items)
+
+
+def dueq_ids(n: int) -> list[str]:
+    """Ids of the length dueq generates (12 characters), so both layouts store the same."""
+    rnd = random.Random(2)
+    alphabet = string.ascii_letters + string.digits
+    return ["".join(rnd.choices(alphabet, k=12)) for _ in range(n)]
+
+
+def raw_drain(r: redis.Redis, items: list[dict[str, Any]], out_path: str) -> float:
+    """Tasks per second of a pipelined ZPOPMIN + HMGET + HDEL consumer doing the same work."""
+    raw_layout_bytes(r, items)
+    n = len(items)
+    done = 0
+    with open(out_path, "a", buffering=1) as out:
+        start = perf()
+        while done < n:
+            popped = r.zpopmin("raw:due", 1000)
+            if not popped:
+                break
+            ids = [member for member, _ in popped]
+            pipe = r.pipeline(transaction=False)
+            pipe.hmget("raw:tasks", ids)
+            pipe.hdel("raw:tasks", *ids)
+            bodies, _ = pipe.execute()
+            for tid, body in zip(ids, bodies, strict=True):
+                json.loads(body)
+                out.write(f"{tid.decode()}\n")
+            done += len(ids)
+        elapsed = perf() - start
+    return done / elapsed
+
+
+def run_worker(
+    command: list[str], env: dict[str, str], r: redis.Redis, n: int
+) -> dict[str, float]:
+    """Spawn a worker, wait for ``n`` acks, stop it; start-up and drain figures."""
+    q = dueq.Queue(QUEUE, r)
+    spawned = perf()
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = last = None
+    try:
+        while perf() - spawned < TIMEOUT_S:
+            acked = int(q.stats().counters.get("acked", 0))
+            now = perf()
+            if acked and first is None:
+                first = now
+            if acked >= n:
+                last = now
+                break
+            if child.poll() is not None:
+                raise RuntimeError(f"worker exited early: {child.stderr.read().decode()[-2000:]}")
+            time.sleep(POLL_S)
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        if child.stderr is not None:
+            child.stderr.close()
+    if first is None or last is None:
+        raise RuntimeError("the worker did not drain the queue in time")
+    return {"startup_s": first - spawned, "drain_per_s": n / max(last - first, 1e-9)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="2,000 tasks, one run each")
+    args = parser.parse_args()
+    n = 2000 if args.quick else args.tasks
+    repeat = 1 if args.quick else args.repeat
+    items = payloads(n)
+    rows: list[tuple[str, str, str, str]] = []
+    figures: dict[str, Any] = {"tasks": n, "python": platform.python_version()}
+    with tempfile.TemporaryDirectory(prefix="dueq-bench-") as tmp, RedisServer() as server:
+        r = server.client()
+        Path(tmp, "bench_handler.py").write_text(textwrap.dedent(HANDLERS))
+        Path(tmp, "async_worker.py").write_text(textwrap.dedent(ASYNC_WORKER))
+        out_path = str(Path(tmp, "out.txt"))
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([tmp, os.environ.get("PYTHONPATH", "")]),
+            "BENCH_OUT": out_path,
+            "BENCH_URL": server.url,
+            "DUEQ_REDIS_URL": server.url,
+        }
+        log("raw consumer ...")
+        raw = max(raw_drain(r, items, out_path) for _ in range(repeat))
+        figures["raw_drain_per_s"] = raw
+        rows.append(("raw", f"{raw:,.0f} tasks/s", "ZPOPMIN(1000)+HMGET+HDEL, best", ""))
+        workers = {
+            "threaded": [sys.executable, "-m", "dueq", "worker", QUEUE, "bench_handler:handle"],
+            "asyncio": [sys.executable, str(Path(tmp, "async_worker.py")), QUEUE],
+        }
+        for name, command in workers.items():
+            runs = []
+            for i in range(repeat):
+                log(f"{name} worker, run {i + 1} ...")
+                schedule(r, items)
+                runs.append(run_worker(command, env, r, n))
+            figures[name] = runs
+            for i, run in enumerate(runs, 1):
+                drain = run["drain_per_s"]
+                rows.append(
+                    (
+                        f"{name} #{i}",
+                        f"{drain:,.0f} tasks/s",
+                        f"{drain / raw:.2f}x raw; start-up {run['startup_s']:.2f} s",
+                        f">= {TARGET_DRAIN:,}",
+                    )
+                )
+        log("memory ...")
+        memory = schedule(r, items)
+        raw_bytes = raw_layout_bytes(r, items)
+        figures["memory"] = memory
+        figures["raw_layout_bytes_per_task"] = raw_bytes
+        rows.append(
+            (
+                "memory",
+                f"{memory['bytes_per_task']:.0f} B/task",
+                f"MEMORY USAGE of the keys {memory['keys_bytes_per_task']:.0f} B/task; "
+                f"raw ZSET+HASH {raw_bytes:.0f} B/task",
+                f"< {TARGET_BYTES}",
+            )
+        )
+        for key, value in memory.items():
+            if key.startswith("key "):
+                rows.append(("memory", f"{value:.0f} B/task", key[4:], ""))
+        r.close()
+    print_table(rows)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The adaptive prefetch bound (``max_in_flight="auto"``): grows while deliveries settle fast,
+shrinks when they wait, never leaves its bounds; driven in virtual time (plain numbers)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+import dueq
+from dueq._prefetch import AUTO_HIGH, HOLD_S, WINDOW_S, Prefetch
+
+WAIT_S = 30
+
+
+def settle_at_rate(p: Prefetch, now_s: float, rate: float, windows: int) -> float:
+    """Report ``rate`` settlements per second for ``windows`` estimate windows."""
+    for _ in range(windows):
+        p.settled(round(rate * WINDOW_S))
+        now_s += WINDOW_S
+        p.update(now_s)
+    return now_s
+
+
+def test_fast_settling_grows_the_bound_by_doubling_up_to_high() -> None:
+    p = Prefetch.parse("auto", low=16)
+    now_s = 1000.0
+    p.update(now_s)
+    limits = []
+    for _ in range(8):
+        now_s = settle_at_rate(p, now_s, rate=100_000, windows=1)
+        limits.append(p.limit)
+    assert limits == [32, 64, 128, 256, 512, 1024, 1024, 1024]  # never above AUTO_HIGH
+    assert p.limit == AUTO_HIGH
+
+
+def test_slow_settling_shrinks_the_bound_to_low_and_never_below() -> None:
+    p = Prefetch.parse("auto", low=16)
+    now_s = settle_at_rate(p, 1000.0, rate=100_000, windows=10)
+    assert p.limit == AUTO_HIGH
+    settle_at_rate(p, now_s, rate=8, windows=3)  # 8 handlers of 1 s each
+    assert p.limit == 16
+
+
+def test_the_bound_holds_what_the_handlers_settle_in_the_hold_time() -> None:
+    p = Prefetch.parse("auto", low=16)
+    now_s = settle_at_rate(p, 1000.0, rate=100_000, windows=10)
+    settle_at_rate(p, now_s, rate=2000, windows=3)
+    assert p.limit == round(2000 * HOLD_S)
+
+
+def test_an_idle_queue_falls_back_to_low_and_a_burst_ramps_up_again() -> None:
+    p = Prefetch.parse("auto", low=16)
+    now_s = settle_at_rate(p, 1000.0, rate=100_000, windows=10)
+    now_s = settle_at_rate(p, now_s, rate=0, windows=1)
+    assert p.limit == 16
+    settle_at_rate(p, now_s, rate=100_000, windows=6)
+    assert p.limit == AUTO_HIGH
+
+
+def test_a_fixed_bound_never_moves_and_bad_bounds_are_refused() -> None:
+    p = Prefetch.parse(64)
+    settle_at_rate(p, 1000.0, rate=100_000, windows=10)
+    assert p.limit == 64
+    for bad in ("fast", 0, -1, 10**9, 2.5, True):
+        with pytest.raises(dueq.ConfigurationError):
+            Prefetch.parse(bad)  # type: ignore[arg-type]
+
+
+def test_auto_never_holds_more_than_its_bound_against_real_redis(r: redis.Redis) -> None:
+    q = dueq.Queue("pf", r, lease=30)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(3000))
+    held: set[str] = set()
+    most = 0
+    lock = threading.Lock()
+    done = threading.Event()
+    acked = 0
+
+    def on_next(d: dueq.Delivery) -> None:
+        nonlocal most, acked
+        with lock:
+            held.add(d.id)
+            most = max(most, len(held))
+        d.ack()
+        with lock:
+            held.discard(d.id)
+            acked += 1
+            if acked == 3000:
+                done.set()
+
+    sub = q.observe(max_in_flight="auto", wake=False).subscribe(on_next=on_next)
+    assert done.wait(WAIT_S)
+    sub.dispose()
+    assert 0 < most <= AUTO_HIGH
+
+
+def test_auto_with_slow_handlers_holds_no_more_than_low(r: redis.Redis) -> None:
+    q = dueq.Queue("pf-slow", r, lease=30)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(200))
+    got: list[dueq.Delivery] = []
+    sub = q.observe(max_in_flight="auto", wake=False).subscribe(on_next=got.append)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # nothing settles: the bound stays at low
+        time.sleep(0.05)
+    sub.dispose()
+    assert len(got) == 16 and q.stats().leased == 16
