@@ -45,8 +45,9 @@ import platform
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any, TypeVar
 
 import redis
@@ -450,6 +451,27 @@ async def run_async_idle(server: RedisServer, window_s: float) -> dict[str, floa
 # -- report --------------------------------------------------------------------------------------
 
 
+def drain_variants(r: redis.Redis, server: RedisServer, n: int) -> dict[str, Callable[[], Any]]:
+    """Every drain of section 2, by name, as a call that runs it once."""
+
+    def on_a_loop(make: Callable[[], Coroutine[Any, Any, Any]], what: str) -> Callable[[], Any]:
+        return lambda: run_async(make(), what)
+
+    variants: dict[str, Callable[[], Any]] = {
+        "raw": partial(run_raw_drain, r, n),
+        "raw_async": on_a_loop(partial(run_async_raw_drain, server, n), "the async raw drain"),
+    }
+    for c in DRAIN_CONCURRENCY:
+        variants[f"threaded_{c}"] = partial(run_drain, r, n, c)
+    for every in ASYNC_ACK_EVERY:
+        make = partial(run_async_drain, server, n, every)
+        variants[f"deliveries_{every}"] = on_a_loop(make, "the deliveries() drain")
+    for c in ASYNC_PROCESS_CONCURRENCY:
+        make = partial(run_async_process_drain, server, n, c)
+        variants[f"process_{c}"] = on_a_loop(make, "the process drain")
+    return variants
+
+
 def measure(drain_n: int, idle_s: float, repeat: int) -> dict[str, Any]:
     with RedisServer() as server:
         r = server.client()
@@ -462,35 +484,18 @@ def measure(drain_n: int, idle_s: float, repeat: int) -> dict[str, Any]:
             "async": run_async(run_async_lag(server), "the async lag run"),
             "async_observe": run_async(run_async_observe_lag(server), "the async observe lag run"),
         }
-        log(f"drain: {drain_n:,} tasks, best of {repeat}")
-        raw = {
-            "sync": max(run_raw_drain(r, drain_n) for _ in range(repeat)),
-            "async": max(
-                run_async(run_async_raw_drain(server, drain_n), "the async raw drain")
-                for _ in range(repeat)
-            ),
-        }
-        threaded = {
-            c: max(run_drain(r, drain_n, c) for _ in range(repeat)) for c in DRAIN_CONCURRENCY
-        }
-        deliveries = {
-            every: best_async_drain(
-                [
-                    run_async(run_async_drain(server, drain_n, every), "the deliveries() drain")
-                    for _ in range(repeat)
-                ]
-            )
-            for every in ASYNC_ACK_EVERY
-        }
-        processed = {
-            c: best_async_drain(
-                [
-                    run_async(run_async_process_drain(server, drain_n, c), "the process drain")
-                    for _ in range(repeat)
-                ]
-            )
-            for c in ASYNC_PROCESS_CONCURRENCY
-        }
+        log(f"drain: {drain_n:,} tasks, best of {repeat}, the variants taking turns")
+        # One run of every variant per round, so that load from outside this benchmark (a
+        # shared machine) falls on all of them alike rather than on whichever ran last.
+        drains: dict[str, list[Any]] = {}
+        variants = drain_variants(r, server, drain_n)
+        for _ in range(repeat):
+            for name, run in variants.items():
+                drains.setdefault(name, []).append(run())
+        raw = {"sync": max(drains["raw"]), "async": max(drains["raw_async"])}
+        threaded = {c: max(drains[f"threaded_{c}"]) for c in DRAIN_CONCURRENCY}
+        deliveries = {e: best_async_drain(drains[f"deliveries_{e}"]) for e in ASYNC_ACK_EVERY}
+        processed = {c: best_async_drain(drains[f"process_{c}"]) for c in ASYNC_PROCESS_CONCURRENCY}
         log(f"idle: {idle_s:.0f} s threaded, {idle_s:.0f} s async")
         idle = {
             "threaded": run_idle(r, idle_s),
