@@ -18,7 +18,9 @@ never touches any other server. Every figure is measured in this run. Sections:
 A1-A5         the same for the asyncio front end: ``AsyncQueue`` on a ``redis.asyncio`` client,
               every call awaited on one event loop, each ratio against the same raw pipelines
               on ``redis.asyncio`` in this run (server-side claim time and the memory sweep
-              are the sync sections': the same scripts write the same data)
+              are the sync sections': the same scripts write the same data). Sync and async
+              runs take turns (one of each per round), so that load from outside the
+              benchmark falls on both alike
 
 Throughput figures are the best of ``--repeat`` runs (like ``timeit``). ``--quick`` shrinks the
 sizes about 10x for a smoke run; ``--profile`` adds cProfile tables of schedule_many and drain.
@@ -42,9 +44,10 @@ import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any, TypeVar
 
 import redis
@@ -209,6 +212,7 @@ def run_schedule_one(r: redis.Redis, payloads: list[dict[str, Any]]) -> dict[str
 
 
 P = TypeVar("P", redis.client.Pipeline, redis.asyncio.client.Pipeline)
+T = TypeVar("T")
 
 
 def raw_add(pipe: P, task_id: str, body: dict[str, Any]) -> P:
@@ -640,51 +644,6 @@ async def run_async_memory(client: redis.asyncio.Redis, n: int) -> dict[str, Any
     }
 
 
-async def measure_async(
-    server: RedisServer, sizes: Sizes, repeat: int, payloads: list[dict[str, Any]], ids: list[str]
-) -> dict[str, Any]:
-    """Every async section on one loop and one ``redis.asyncio`` client; the raw runs."""
-    client = redis.asyncio.Redis(**server.connection_kwargs())
-    try:
-        # Warm up: load the Lua scripts and run each code path once.
-        await run_async_baseline(client, payloads[:2000])
-        await run_async_schedule(client, payloads[:2000], None)
-        await run_async_drain(client, payloads[:2000], 1000)
-        one = payloads[: sizes.schedule_one]
-        drained = payloads[: sizes.drain]
-        log("A1-A2. baseline, schedule_many, schedule (asyncio) ...")
-        runs: dict[str, Any] = {
-            "baseline": [await run_async_baseline(client, payloads) for _ in range(repeat)],
-            "schedule_generated": [
-                await run_async_schedule(client, payloads, None) for _ in range(repeat)
-            ],
-            "schedule_explicit": [
-                await run_async_schedule(client, payloads, ids) for _ in range(repeat)
-            ],
-            "baseline_one": [await run_async_baseline_one(client, one) for _ in range(repeat)],
-            "schedule_one": [await run_async_schedule_one(client, one) for _ in range(repeat)],
-        }
-        log("A3. drain (asyncio) ...")
-        runs["raw_drain"] = [await run_async_raw_drain(client, drained) for _ in range(repeat)]
-        runs["drain"] = {
-            limit: [await run_async_drain(client, drained, limit) for _ in range(repeat)]
-            for limit in DRAIN_LIMITS
-        }
-        log("A4. claim latency (asyncio) ...")
-        runs["latency_small"] = await run_async_latency(
-            client, sizes.future_small, sizes.latency_rounds
-        )
-        runs["latency_big"] = await run_async_latency(
-            client, sizes.future_big, sizes.latency_rounds
-        )
-        log("A5. memory (asyncio) ...")
-        runs["memory"] = await run_async_memory(client, sizes.memory)
-        await client.flushdb()
-        return runs
-    finally:
-        await client.aclose()
-
-
 # -- profiling -----------------------------------------------------------------------------------
 
 
@@ -789,6 +748,42 @@ def summary(runs: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
     }
 
 
+class Turns:
+    """Runs of both front ends, taking turns: each round runs the sync variant, then the async
+    one, so that load from outside this benchmark (a shared machine) falls on both alike.
+    The async calls run on one event loop (with one ``redis.asyncio`` client) kept for the
+    whole benchmark."""
+
+    def __init__(self, server: RedisServer, repeat: int) -> None:
+        self.repeat = repeat
+        self.loop = asyncio.new_event_loop()
+        self.client = redis.asyncio.Redis(**server.connection_kwargs())
+        self.sync: dict[str, Any] = {}
+        self.aio: dict[str, Any] = {}
+
+    def wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def both(
+        self,
+        name: str | tuple[str, int],
+        sync_run: Callable[[], dict[str, float]],
+        async_run: Callable[[], Coroutine[Any, Any, dict[str, float]]],
+    ) -> None:
+        """``repeat`` rounds of one sync run and one async run, filed under ``name`` (or
+        ``(name, key)`` for a dict of runs, such as the drain limits)."""
+        for _ in range(self.repeat):
+            for runs, result in ((self.sync, sync_run()), (self.aio, self.wait(async_run()))):
+                if isinstance(name, tuple):
+                    runs.setdefault(name[0], {}).setdefault(name[1], []).append(result)
+                else:
+                    runs.setdefault(name, []).append(result)
+
+    def close(self) -> None:
+        self.wait(self.client.aclose())
+        self.loop.close()
+
+
 def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) -> dict[str, Any]:
     """Run every section against a throwaway redis-server; returns the summary."""
     with RedisServer() as server:
@@ -803,42 +798,77 @@ def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) 
         payloads = [payload(i) for i in range(sizes.schedule)]
         ids = [f"task-{i:07d}" for i in range(sizes.schedule)]  # 12 chars, like generated ids
         one, drained = payloads[: sizes.schedule_one], payloads[: sizes.drain]
-        # Warm up: load the Lua scripts and run each code path once.
-        run_baseline(r, payloads[:2000])
-        run_schedule(r, payloads[:2000], None)
-        run_drain(r, payloads[:2000], 1000)
+        turns = Turns(server, repeat)
+        c = turns.client
+        try:
+            # Warm up: load the Lua scripts and run each code path once.
+            run_baseline(r, payloads[:2000])
+            run_schedule(r, payloads[:2000], None)
+            run_drain(r, payloads[:2000], 1000)
+            turns.wait(run_async_baseline(c, payloads[:2000]))
+            turns.wait(run_async_schedule(c, payloads[:2000], None))
+            turns.wait(run_async_drain(c, payloads[:2000], 1000))
 
-        log("1. baseline ...")
-        runs: dict[str, Any] = {"baseline": [run_baseline(r, payloads) for _ in range(repeat)]}
-        log("2. schedule_many, schedule ...")
-        runs["schedule_generated"] = [run_schedule(r, payloads, None) for _ in range(repeat)]
-        runs["schedule_explicit"] = [run_schedule(r, payloads, ids) for _ in range(repeat)]
-        runs["baseline_one"] = [run_baseline_one(r, one) for _ in range(repeat)]
-        runs["schedule_one"] = [run_schedule_one(r, one) for _ in range(repeat)]
-        log("3. drain ...")
-        runs["raw_drain"] = [run_raw_drain(r, drained) for _ in range(repeat)]
-        runs["drain"] = {
-            limit: [run_drain(r, drained, limit) for _ in range(repeat)] for limit in DRAIN_LIMITS
-        }
-        log("4. claim latency ...")
-        runs["latency_small"] = run_latency(r, sizes.future_small, sizes.latency_rounds)
-        runs["latency_big"] = run_latency(r, sizes.future_big, sizes.latency_rounds)
-        log("5. memory ...")
-        mem = run_memory(r, sizes.memory)
-        mem["sweep"] = run_memory_sweep(r, max(sizes.memory // 5, 2000))
-        mem["sweep_mean"] = statistics.fmean(mem["sweep"]["dueq"].values())
-        mem["sweep_baseline_mean"] = statistics.fmean(mem["sweep"]["baseline"].values())
-        runs["memory"] = mem
-        async_runs = asyncio.run(measure_async(server, sizes, repeat, payloads, ids))
-        if with_profile:
-            run_profiles(r, sizes)
-        r.flushdb()
-        r.close()
+            log("1. baseline (sync and asyncio taking turns) ...")
+            turns.both(
+                "baseline",
+                partial(run_baseline, r, payloads),
+                partial(run_async_baseline, c, payloads),
+            )
+            log("2. schedule_many, schedule ...")
+            for name, given in (("schedule_generated", None), ("schedule_explicit", ids)):
+                turns.both(
+                    name,
+                    partial(run_schedule, r, payloads, given),
+                    partial(run_async_schedule, c, payloads, given),
+                )
+            turns.both(
+                "baseline_one",
+                partial(run_baseline_one, r, one),
+                partial(run_async_baseline_one, c, one),
+            )
+            turns.both(
+                "schedule_one",
+                partial(run_schedule_one, r, one),
+                partial(run_async_schedule_one, c, one),
+            )
+            log("3. drain ...")
+            turns.both(
+                "raw_drain",
+                partial(run_raw_drain, r, drained),
+                partial(run_async_raw_drain, c, drained),
+            )
+            for limit in DRAIN_LIMITS:
+                turns.both(
+                    ("drain", limit),
+                    partial(run_drain, r, drained, limit),
+                    partial(run_async_drain, c, drained, limit),
+                )
+            log("4. claim latency ...")
+            for name, future in (
+                ("latency_small", sizes.future_small),
+                ("latency_big", sizes.future_big),
+            ):
+                turns.sync[name] = run_latency(r, future, sizes.latency_rounds)
+                turns.aio[name] = turns.wait(run_async_latency(c, future, sizes.latency_rounds))
+            log("5. memory ...")
+            mem = run_memory(r, sizes.memory)
+            mem["sweep"] = run_memory_sweep(r, max(sizes.memory // 5, 2000))
+            mem["sweep_mean"] = statistics.fmean(mem["sweep"]["dueq"].values())
+            mem["sweep_baseline_mean"] = statistics.fmean(mem["sweep"]["baseline"].values())
+            turns.sync["memory"] = mem
+            turns.aio["memory"] = turns.wait(run_async_memory(c, sizes.memory))
+            if with_profile:
+                run_profiles(r, sizes)
+            r.flushdb()
+        finally:
+            turns.close()
+            r.close()
     return {
         "env": env,
         "sizes": asdict(sizes),
-        **summary(runs, sizes),
-        "async": summary(async_runs, sizes),
+        **summary(turns.sync, sizes),
+        "async": summary(turns.aio, sizes),
     }
 
 
