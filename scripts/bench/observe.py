@@ -212,31 +212,39 @@ def run_lag(r: redis.Redis) -> dict[str, Any]:
     return lags.figures(outcomes.count("acked"))
 
 
-async def run_async_lag(server: RedisServer) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def lag_queue(server: RedisServer) -> AsyncIterator[AsyncQueue]:
+    """An ``AsyncQueue`` holding the tasks of ``lag_tasks``, on a client of its own."""
     async with async_client(server) as client:
         await client.flushdb()
         q = AsyncQueue("lag", client)
         await q.schedule_many(lag_tasks())
-        lags = Lags()
+        yield q
+
+
+async def acked(q: AsyncQueue) -> int:
+    return (await q.stats()).counters.get("acked", 0)
+
+
+async def run_async_lag(server: RedisServer) -> dict[str, Any]:
+    lags = Lags()
+    async with lag_queue(server) as q:
         async with contextlib.aclosing(q.deliveries(max_in_flight=64)) as deliveries:
             async for d in deliveries:
                 lags.record(d)
                 await d.ack()
                 if len(lags.host_ms) == LAG_TASKS:
                     break
-        return lags.figures((await q.stats()).counters.get("acked", 0))
+        return lags.figures(await acked(q))
 
 
 async def run_async_observe_lag(server: RedisServer) -> dict[str, Any]:
-    async with async_client(server) as client:
-        await client.flushdb()
-        q = AsyncQueue("lag", client)
-        await q.schedule_many(lag_tasks())
-        lags = Lags()
+    lags = Lags()
+    async with lag_queue(server) as q:
         stream = q.observe(max_in_flight=64).pipe(ops.do_action(lags.record))
-        await settle_through_process(q, stream, LAG_TASKS, 8)
+        await settle_through_process(stream, LAG_TASKS, 8)
         await dueq_tasks_ended()
-        return lags.figures((await q.stats()).counters.get("acked", 0))
+        return lags.figures(await acked(q))
 
 
 # -- 2. drain ------------------------------------------------------------------------------------
@@ -332,9 +340,8 @@ async def run_async_drain(server: RedisServer, n: int, ack_every: int) -> dict[s
                     if count == n:
                         break
             elapsed = perf() - start
-        acked = (await q.stats()).counters.get("acked", 0)
-        if acked != n:
-            raise SystemExit(f"async drain acked {acked} of {n} tasks")
+        if (done := await acked(q)) != n:
+            raise SystemExit(f"async drain acked {done} of {n} tasks")
         return {"per_s": n / elapsed, **gaps.figures()}
 
 
@@ -361,7 +368,7 @@ async def dueq_tasks_ended(timeout_s: float = 5.0) -> None:
 
 
 async def settle_through_process(
-    q: AsyncQueue, stream: Observable[dueq.AsyncDelivery], n: int, concurrency: int
+    stream: Observable[dueq.AsyncDelivery], n: int, concurrency: int
 ) -> None:
     """Subscribe ``stream`` piped into ``process(noop_async_handler)`` on the running loop and
     return once ``n`` outcomes came; the subscription is disposed and its tasks ended."""
@@ -402,12 +409,11 @@ async def run_async_process_drain(
         async with loop_gaps() as gaps:
             start = perf()
             stream = q.observe(max_in_flight=DRAIN_MAX_IN_FLIGHT)
-            await settle_through_process(q, stream, n, concurrency)
+            await settle_through_process(stream, n, concurrency)
             elapsed = perf() - start
         await dueq_tasks_ended()
-        acked = (await q.stats()).counters.get("acked", 0)
-        if acked != n:
-            raise SystemExit(f"async process drain acked {acked} of {n} tasks")
+        if (done := await acked(q)) != n:
+            raise SystemExit(f"async process drain acked {done} of {n} tasks")
         return {"per_s": n / elapsed, **gaps.figures()}
 
 
