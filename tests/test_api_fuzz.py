@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -146,10 +147,23 @@ def test_queue_settings_raise_only_configuration_errors(
         "wait_replicas": wait,
     }
     for key, value in kwargs.items():
-        with contextlib.suppress(dueq.ConfigurationError):
+        with contextlib.suppress(dueq.ConfigurationError), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # remember_done= (deprecated)
             dueq.Queue("f", r, **{key: value})
     with contextlib.suppress(dueq.ConfigurationError):
         dueq.Queue(name, r)
+
+
+@FUZZ
+@given(paused=hostile, done=hostile, rate=hostile)
+def test_configure_raises_only_configuration_errors_and_writes_nothing_bad(r, paused, done, rate):
+    q = dueq.Queue("f", r)
+    for kwargs in ({"paused": paused}, {"remember_done": done}, {"rate": rate}):
+        with contextlib.suppress(dueq.ConfigurationError):
+            q.configure(**kwargs)
+    settings = q.settings()  # whatever was written reads back as valid settings
+    assert isinstance(settings.paused, bool)
+    q.configure(paused=False, remember_done=0, rate=False)
 
 
 @FUZZ

@@ -198,9 +198,11 @@ def test_undecodable_envelope_goes_dead_without_blocking_others(make_queue, r, s
     assert info.errors[0].type == "PayloadError"
 
 
-def test_a_worker_killed_with_sigkill_loses_nothing(redis_server, r):
-    """A real process claims a task and is killed -9; the task is delivered again (attempt 2)."""
-    q = dueq.Queue("killed", r, lease=0.3, retry=dueq.RetryPolicy(max_attempts=3, wait=lambda s: 0))
+def test_a_worker_killed_with_sigkill_loses_nothing(redis_server, make_queue):
+    """A real process claims a task and is killed -9; the task is delivered again (attempt 2),
+    here through either front end."""
+    retry = dueq.RetryPolicy(max_attempts=3, wait=lambda s: 0)
+    q = make_queue("killed", clock=None, lease=0.3, retry=retry)
     tid = q.schedule({"job": 1})
     child = textwrap.dedent(f"""
         import sys, time, redis, dueq
@@ -233,9 +235,9 @@ def test_claim_of_nothing_is_empty(make_queue):
     assert batch.next_lease_deadline_ms is None
 
 
-def test_works_with_a_decode_responses_client(redis_server, r, clock):
-    client = redis_server.client(decode_responses=True)
-    q = dueq.Queue("text", client, clock=clock, retry=dueq.RetryPolicy(max_attempts=1))
+def test_works_with_a_decode_responses_client(redis_server, make_queue):
+    client = redis_server.client(decode_responses=True)  # mirrored as such for AsyncQueue
+    q = make_queue("text", client=client, retry=dueq.RetryPolicy(max_attempts=1))
     q.schedule({"ü": "ñ"}, id="a")
     q.schedule({"n": 2}, id="b")
     a, b = q.claim(limit=2)

@@ -137,3 +137,19 @@ def test_worker_logs_show_escape_sequences_from_handler_errors_escaped(r, redis_
     assert child.returncode == 0, err
     assert "\x1b" not in err and "\x9b" not in err and "\x07" not in err
     assert "title \\x1b]0;pwned\\x07 clear \\x1b[2J" in err
+
+
+@pytest.mark.parametrize(
+    ("value", "code", "message"),
+    [
+        ("soon", 2, "'soon' is not a whole number or 'auto'"),
+        ("0", 1, "max_in_flight must be an int from 1 to 100000, got 0"),
+    ],
+)
+def test_a_bad_max_in_flight_is_refused_before_anything_is_claimed(
+    invoke_here, r, value, code, message
+):
+    dueq.Queue("w", r).schedule({}, id="untouched")
+    result = invoke_here("w", "cli_handlers:record", "--max-in-flight", value)
+    assert result.exit_code == code and message in result.stderr
+    assert dueq.Queue("w", r).get("untouched").state == "scheduled"

@@ -2,6 +2,7 @@
 
 Time is frozen with freezegun and reaches dueq through the injected clock (``clock=time.time``),
 so the Lua scripts and the cron arithmetic see the same simulated instant; Redis is real.
+The tests run on both front ends (``make_queue``): ``q.cron`` of a ``Queue`` or an ``AsyncQueue``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
-import redis
 import tenacity
 from freezegun import freeze_time
 from freezegun.api import FrozenDateTimeFactory
@@ -46,14 +46,14 @@ def frozen() -> Iterator[FrozenDateTimeFactory]:
         yield factory
 
 
-def frozen_queue(r: redis.Redis, **kwargs: Any) -> dueq.Queue:
+def frozen_queue(make_queue: Callable[..., Any], **kwargs: Any) -> Any:
+    """Queue "cron" of the test's front end, on the frozen clock (``time.time`` is read here,
+    under freezegun)."""
     kwargs.setdefault("retry", dueq.RetryPolicy(max_attempts=3, wait=lambda state: 300.0))
-    return dueq.Queue("cron", r, clock=time.time, **kwargs)
+    return make_queue("cron", clock=time.time, **kwargs)
 
 
-def claim_all(
-    q: dueq.Queue, fired: list[Firing], handle: Callable[[dueq.Delivery], bool] = lambda d: True
-) -> None:
+def claim_all(q: Any, fired: list[Firing], handle: Callable[[Any], bool] = lambda d: True) -> None:
     """Claim every due task; ack it when ``handle`` says so, else fail it."""
     now = datetime.now(timezone.utc)
     for d in q.claim(limit=1000):
@@ -68,10 +68,10 @@ def claim_all(
 
 def run_for(
     frozen: FrozenDateTimeFactory,
-    queues: list[dueq.Queue],
+    queues: list[Any],
     until: datetime,
     step: timedelta,
-    handle: Callable[[dueq.Delivery], bool] = lambda d: True,
+    handle: Callable[[Any], bool] = lambda d: True,
 ) -> list[Firing]:
     fired: list[Firing] = []
     while datetime.now(timezone.utc) < until:
@@ -95,10 +95,10 @@ def run_for(
     ids=["spring-forward", "fall-back"],
 )
 def test_daily_job_fires_once_a_day_across_daylight_saving_changes(
-    r, frozen, start, change_day, fired_at_on_change_day
+    make_queue, frozen, start, change_day, fired_at_on_change_day
 ):
     frozen.move_to(start)
-    q = frozen_queue(r)
+    q = frozen_queue(make_queue)
     assert q.cron.add("report", "30 2 * * *", payload={"k": 1}, tz="Europe/Berlin") == "added"
     step = timedelta(minutes=5)
     fired = run_for(frozen, [q], start + timedelta(days=8), step)
@@ -115,9 +115,11 @@ def test_daily_job_fires_once_a_day_across_daylight_saving_changes(
     assert len({f.id for f in fired}) == 8
 
 
-def test_every_15_minutes_through_both_changes_keeps_one_run_per_wall_clock_slot(r, frozen):
+def test_every_15_minutes_through_both_changes_keeps_one_run_per_wall_clock_slot(
+    make_queue, frozen
+):
     frozen.move_to(utc(2026, 3, 28, 22, 50))
-    q = frozen_queue(r)
+    q = frozen_queue(make_queue)
     q.cron.add("quarter", "*/15 * * * *", tz="Europe/Berlin")
     fired = run_for(frozen, [q], utc(2026, 3, 29, 2, 59), timedelta(minutes=1))
     # 00:00-01:45 CET every 15 min (8), the skipped 02:xx collapse into 03:00 CEST, then on.
@@ -131,12 +133,16 @@ def test_every_15_minutes_through_both_changes_keeps_one_run_per_wall_clock_slot
 
 @pytest.mark.parametrize("concurrently", [False, True], ids=["interleaved", "threads"])
 def test_hourly_job_kept_by_three_queue_instances_fires_each_slot_once(
-    redis_server: RedisServer, r, frozen, concurrently
+    redis_server: RedisServer, make_queue, front_end, frozen, concurrently
 ):
+    if concurrently and front_end == "async":
+        pytest.skip(
+            "make_queue drives every AsyncQueue on one event loop, which threads cannot share"
+        )
     start = utc(2026, 5, 4, 0, 10)
     frozen.move_to(start)
     clients = [redis_server.client() for _ in range(3)]
-    queues = [frozen_queue(c) for c in clients]
+    queues = [frozen_queue(make_queue, client=c) for c in clients]
     results = [q.cron.add("hourly", "@hourly", payload={"n": 1}) for q in queues]
     assert results == ["added", "unchanged", "unchanged"]
 
@@ -175,12 +181,14 @@ def test_hourly_job_kept_by_three_queue_instances_fires_each_slot_once(
 # -- downtime --------------------------------------------------------------------------------------
 
 
-def downtime(r: redis.Redis, frozen: FrozenDateTimeFactory, **add: Any) -> list[Firing]:
+def downtime(
+    make_queue: Callable[..., Any], frozen: FrozenDateTimeFactory, **add: Any
+) -> list[Firing]:
     """*/15 runs normally for an hour, nothing claims for 3 hours, then it runs again for an
     hour; returns the firings after the downtime."""
     start = utc(2026, 6, 1, 8, 0)
     frozen.move_to(start)
-    q = frozen_queue(r)
+    q = frozen_queue(make_queue)
     q.cron.add("quarter", "*/15 * * * *", **add)
     before = run_for(frozen, [q], start + timedelta(hours=1), timedelta(minutes=1))
     assert [f.slot for f in before] == [start + timedelta(minutes=15 * i) for i in range(1, 5)]
@@ -192,34 +200,34 @@ def regular_after_downtime() -> list[datetime]:
     return [utc(2026, 6, 1, 12, 15) + timedelta(minutes=15 * i) for i in range(4)]
 
 
-def test_downtime_with_latest_runs_the_latest_missed_slot_once(r, frozen):
-    fired = downtime(r, frozen)  # missed="latest" is the default
+def test_downtime_with_latest_runs_the_latest_missed_slot_once(make_queue, frozen):
+    fired = downtime(make_queue, frozen)  # missed="latest" is the default
     assert [f.slot for f in fired] == [utc(2026, 6, 1, 12, 0), *regular_after_downtime()]
     # The claim at 12:08 drops the missed 09:15 slot and schedules 12:00; the next claim runs it.
     assert fired[0].claimed_at == utc(2026, 6, 1, 12, 9)
-    q = frozen_queue(r)
+    q = frozen_queue(make_queue)
     (definition,) = q.cron.list()
     assert definition.last_fired_at == utc(2026, 6, 1, 13, 0)
     assert q.stats().counters.get("cron_skipped") == 1
 
 
-def test_downtime_with_skip_runs_no_missed_slot(r, frozen):
-    fired = downtime(r, frozen, missed="skip")
+def test_downtime_with_skip_runs_no_missed_slot(make_queue, frozen):
+    fired = downtime(make_queue, frozen, missed="skip")
     assert [f.slot for f in fired] == regular_after_downtime()
 
 
 @pytest.mark.parametrize("cap", [5, 100])
-def test_downtime_with_all_runs_each_missed_slot_up_to_the_cap(r, frozen, cap):
-    fired = downtime(r, frozen, missed="all", max_missed=cap)
+def test_downtime_with_all_runs_each_missed_slot_up_to_the_cap(make_queue, frozen, cap):
+    fired = downtime(make_queue, frozen, missed="all", max_missed=cap)
     missed = [utc(2026, 6, 1, 9, 15) + timedelta(minutes=15 * i) for i in range(12)]  # to 12:00
     run = missed[:cap]
     assert [f.slot for f in fired] == [*run, *regular_after_downtime()]
     assert all(f.claimed_at <= utc(2026, 6, 1, 12, 9) for f in fired[: len(run)])
 
 
-def test_a_claim_that_drops_a_missed_slot_says_the_latest_one_is_due_now(r, frozen):
+def test_a_claim_that_drops_a_missed_slot_says_the_latest_one_is_due_now(make_queue, frozen):
     frozen.move_to(utc(2026, 6, 1, 8, 1))
-    q = frozen_queue(r)
+    q = frozen_queue(make_queue)
     q.cron.add("quarter", "*/15 * * * *")
     frozen.move_to(utc(2026, 6, 1, 11, 7))
     batch = q.claim_batch()
@@ -249,8 +257,8 @@ def test_an_observing_consumer_emits_each_occurrence_exactly_at_its_slot(r):
     assert emitted == [(s.timestamp(), f"cron:minutely:{s:%Y%m%dT%H%M%SZ}") for s in slots]
 
 
-def test_add_reads_the_redis_server_clock_by_default(r):
-    q = dueq.Queue("cron", r)
+def test_add_reads_the_redis_server_clock_by_default(make_queue, r):
+    q = make_queue("cron", clock=None)
     server_now = datetime.fromtimestamp(r.time()[0], timezone.utc)
     q.cron.add("hourly", "@hourly")
     definition = q.cron.get("hourly")
@@ -262,11 +270,13 @@ def test_add_reads_the_redis_server_clock_by_default(r):
 # -- retries ---------------------------------------------------------------------------------------
 
 
-def test_failing_occurrence_is_retried_with_backoff_and_the_next_one_fires_on_time(r, frozen):
+def test_failing_occurrence_is_retried_with_backoff_and_the_next_one_fires_on_time(
+    make_queue, frozen
+):
     start = utc(2026, 2, 2, 10, 0)
     frozen.move_to(start)
     policy = dueq.RetryPolicy(max_attempts=3, wait=tenacity.wait_exponential(multiplier=300))
-    q = frozen_queue(r, retry=policy)
+    q = frozen_queue(make_queue, retry=policy)
     q.cron.add("sync", "@hourly")
     failing = "cron:sync:20260202T110000Z"
     fired = run_for(
@@ -285,10 +295,10 @@ def test_failing_occurrence_is_retried_with_backoff_and_the_next_one_fires_on_ti
     assert [e.attempt for e in dead.errors] == [1, 2, 3]
 
 
-def test_a_redelivered_occurrence_runs_again_without_moving_the_schedule_twice(r, frozen):
+def test_a_redelivered_occurrence_runs_again_without_moving_the_schedule_twice(make_queue, frozen):
     start = utc(2026, 2, 2, 0, 30)
     frozen.move_to(start)
-    q = frozen_queue(r, lease=60, retry=dueq.RetryPolicy(max_attempts=5, wait=lambda s: 0))
+    q = frozen_queue(make_queue, lease=60, retry=dueq.RetryPolicy(max_attempts=5, wait=lambda s: 0))
     q.cron.add("sync", "@hourly")
     frozen.move_to(utc(2026, 2, 2, 1, 0))
     (crashed,) = q.claim()  # this claim advanced the schedule to 02:00; nobody acks it
@@ -308,9 +318,9 @@ def test_a_redelivered_occurrence_runs_again_without_moving_the_schedule_twice(r
 # -- definitions -----------------------------------------------------------------------------------
 
 
-def test_list_shows_definitions_with_next_and_last_fired_slot(r, frozen):
+def test_list_shows_definitions_with_next_and_last_fired_slot(make_queue, frozen):
     frozen.move_to(utc(2026, 7, 1, 0, 0, 30))
-    q = frozen_queue(r)
+    q = frozen_queue(make_queue)
     q.cron.add("b-minutely", "* * * * *", payload=[1, 2])
     q.cron.add("a-report", "0 3 * * 1-5", payload={"to": "ops"}, tz="America/New_York")
     a, b = q.cron.list()
@@ -333,8 +343,8 @@ def test_list_shows_definitions_with_next_and_last_fired_slot(r, frozen):
     assert q.cron.get("nope") is None
 
 
-def test_re_adding_is_harmless_and_restores_a_cancelled_pending_occurrence(r, frozen):
-    q = frozen_queue(r)
+def test_re_adding_is_harmless_and_restores_a_cancelled_pending_occurrence(make_queue, frozen):
+    q = frozen_queue(make_queue)
     assert q.cron.add("n", "0 3 * * *", payload={"a": 1, "b": 2}) == "added"
     assert q.cron.add("n", " 0  3 * * * ", payload={"b": 2, "a": 1}) == "unchanged"
     assert q.stats().scheduled == 1
@@ -343,8 +353,8 @@ def test_re_adding_is_harmless_and_restores_a_cancelled_pending_occurrence(r, fr
     assert q.get("cron:n:20260101T030000Z") is not None
 
 
-def test_a_different_definition_is_refused_unless_replacing(r, frozen):
-    q = frozen_queue(r)
+def test_a_different_definition_is_refused_unless_replacing(make_queue, r, frozen):
+    q = frozen_queue(make_queue)
     q.cron.add("n", "0 3 * * *", payload={"v": 1})
     before = {k: r.dump(k) for k in r.keys("*")}
     for change in [
@@ -387,16 +397,18 @@ def test_a_different_definition_is_refused_unless_replacing(r, frozen):
         (("two words", "0 3 * * *"), dueq.CronError, "without spaces"),
     ],
 )
-def test_bad_definitions_raise_typed_errors_and_write_nothing(r, frozen, args, error, match):
-    q = frozen_queue(r)
+def test_bad_definitions_raise_typed_errors_and_write_nothing(
+    make_queue, r, frozen, args, error, match
+):
+    q = frozen_queue(make_queue)
     name, expr, *rest = args
     with pytest.raises(error, match=match):
         q.cron.add(name, expr, **(rest[0] if rest else {}))
     assert r.dbsize() == 0
 
 
-def test_remove_drops_the_definition_and_its_pending_occurrence(r, frozen):
-    q = frozen_queue(r)
+def test_remove_drops_the_definition_and_its_pending_occurrence(make_queue, frozen):
+    q = frozen_queue(make_queue)
     q.cron.add("n", "*/5 * * * *")
     frozen.tick(timedelta(minutes=5))
     (running,) = q.claim()  # this claim scheduled 00:10
@@ -411,8 +423,8 @@ def test_remove_drops_the_definition_and_its_pending_occurrence(r, frozen):
     assert q.stats().scheduled == 0
 
 
-def test_a_removed_definitions_retrying_occurrence_runs_without_rescheduling(r, frozen):
-    q = frozen_queue(r)
+def test_a_removed_definitions_retrying_occurrence_runs_without_rescheduling(make_queue, frozen):
+    q = frozen_queue(make_queue)
     q.cron.add("n", "*/5 * * * *")
     frozen.tick(timedelta(minutes=5))
     (d,) = q.claim()
@@ -425,8 +437,8 @@ def test_a_removed_definitions_retrying_occurrence_runs_without_rescheduling(r, 
     assert q.stats().scheduled == 0
 
 
-def test_a_corrupted_definition_never_stops_the_claim_of_others(r, frozen, caplog):
-    q = frozen_queue(r)
+def test_a_corrupted_definition_never_stops_the_claim_of_others(make_queue, r, frozen, caplog):
+    q = frozen_queue(make_queue)
     q.cron.add("good", "@hourly")
     q.cron.add("bad", "@hourly")
     r.hset(q.keys.cron, "bad", "{not json")  # edited by hand in Redis
@@ -451,9 +463,9 @@ def test_occurrence_ids_name_the_definition_and_slot():
 
 
 def test_an_occurrence_held_back_by_a_redis_error_advances_on_its_next_claim(
-    redis_server: RedisServer, r, admin, frozen
+    redis_server: RedisServer, make_queue, admin, frozen
 ):
-    q = frozen_queue(r, lease=60, retry=dueq.RetryPolicy(max_attempts=3, wait=lambda s: 0))
+    q = frozen_queue(make_queue, lease=60, retry=dueq.RetryPolicy(max_attempts=3, wait=lambda s: 0))
     q.cron.add("n", "@hourly")
     frozen.tick(timedelta(hours=1))
     # A real Redis refusal after the claim: this user may run scripts but not HGET, which
@@ -467,7 +479,7 @@ def test_an_occurrence_held_back_by_a_redis_error_advances_on_its_next_claim(
         commands=["+@all", "-hget"],
     )
     refused = redis_server.client(username="nohget", password="pw")
-    flaky = dueq.Queue("cron", refused, clock=time.time, lease=60)
+    flaky = frozen_queue(make_queue, client=refused, lease=60)
     assert flaky.claim() == []  # claimed, then held back: its lease runs out
     assert q.stats().leased == 1
     frozen.tick(timedelta(seconds=61))

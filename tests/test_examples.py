@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import ast
+import asyncio
+import contextlib
+import importlib.util
 import re
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
+
+import dueq
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -63,3 +73,144 @@ def test_spark_reminders_are_due_at_nine_local_time_once(r, redis_server):
     assert "bo    2030-01-15 14:00 UTC = 09:00 America/New_York" in out
     assert "eli   2030-01-14 20:00 UTC = 09:00 Pacific/Auckland" in out
     assert "fay   no reminder" in out
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` as a module (registered, so its dataclasses and pydantic
+    models resolve their annotations)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def fastapi_example() -> ModuleType:
+    pytest.importorskip("fastapi", reason="the FastAPI example needs the dev extra")
+    return load_example("fastapi_app")
+
+
+def mail_service(received: list[dict[str, Any]], seen_on: list[Any]) -> Any:
+    """The test's own webhook receiver (not the example's): records each body it gets, and the
+    loop and thread it was called on (through ASGITransport: the caller's)."""
+    from fastapi import FastAPI
+
+    mail = FastAPI()
+
+    @mail.post("/hook")
+    async def hook(body: dict[str, Any]) -> dict[str, bool]:
+        received.append(body)
+        seen_on.append((asyncio.get_running_loop(), threading.current_thread()))
+        return {"sent": True}
+
+    return mail
+
+
+@contextlib.asynccontextmanager
+async def serve_example(redis_url: str, mail: Any, **settings: Any) -> AsyncIterator[Any]:
+    """The example app with its lifespan running on this loop, webhooks going to ``mail``;
+    yields an httpx client that calls it in-process (httpx.ASGITransport)."""
+    import httpx
+
+    example = fastapi_example()
+    app = example.create_app(
+        example.Settings(
+            redis_url=redis_url,
+            webhook_url="http://mail.test/hook",
+            webhook_transport=httpx.ASGITransport(app=mail),
+            **settings,
+        )
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://app.test") as client,
+    ):
+        yield client
+
+
+async def until_gone(client: Any, path: str) -> None:
+    while (await client.get(path)).status_code != 404:
+        await asyncio.sleep(0.02)
+
+
+def test_fastapi_example_schedules_from_a_request_and_sends_once_from_the_same_loop(
+    r, redis_server
+):
+    received: list[dict[str, Any]] = []
+    seen_on: list[Any] = []
+    mail = mail_service(received, seen_on)
+
+    async def main() -> dict[str, Any]:
+        settings = {"reminder_delay_s": 1.0, "queue": "fastapi-example"}
+        async with serve_example(redis_server.url, mail, **settings) as client:
+            reply = await client.post("/signup", json={"email": "ada@example.com"})
+            assert reply.status_code == 202, reply.text
+            task_id = reply.json()["task_id"]
+            before = (await client.get(f"/tasks/{task_id}")).json()
+            again = await client.post("/signup", json={"email": "ada@example.com"})
+            assert again.json()["task_id"] == task_id  # a retried request adds nothing
+            bad = await client.post("/signup", json={"email": "not an address"})
+            await asyncio.wait_for(until_gone(client, f"/tasks/{task_id}"), 20)
+        loop = asyncio.get_running_loop()  # the app's, the requests' and the test's
+        return {"id": task_id, "before": before, "bad": bad.status_code, "loop": loop}
+
+    result = asyncio.run(main())
+    task_id = result["id"]
+    assert task_id == "reminder:ada@example.com"
+    before = result["before"]
+    assert (before["id"], before["state"], before["attempt"]) == (task_id, "scheduled", 0)
+    assert before["payload"] == {"email": "ada@example.com", "template": "welcome-reminder"}
+    assert result["bad"] == 422
+    assert received == [
+        {
+            "task_id": task_id,
+            "attempt": 1,
+            "email": "ada@example.com",
+            "template": "welcome-reminder",
+        }
+    ]
+    # sent by the worker's handler on the app's loop (ASGITransport runs the receiver in its
+    # caller's task), on this thread: no loop or thread of dueq's own
+    assert seen_on == [(result["loop"], threading.current_thread())]
+    stats = dueq.Queue("fastapi-example", r).stats()  # after shutdown: nothing left behind
+    assert (stats.scheduled, stats.leased, stats.dead) == (0, 0, 0)
+    assert stats.counters.get("acked") == 1 and "retried" not in stats.counters
+
+
+def test_fastapi_example_health_answers_while_a_signup_waits_for_a_paused_redis(
+    admin, redis_server
+):
+    mail = mail_service([], [])
+
+    async def main() -> tuple[float, float, bool, int]:
+        async with serve_example(redis_server.url, mail, queue="fastapi-paused") as client:
+            await client.post("/signup", json={"email": "warm@example.com"})  # connected
+            admin.execute_command("CLIENT", "PAUSE", 1000, "WRITE")  # as a failover does
+            paused = time.monotonic()
+            signup = asyncio.create_task(client.post("/signup", json={"email": "b@example.com"}))
+            await asyncio.sleep(0.05)  # the schedule is in flight, held by Redis
+            started = time.monotonic()
+            health = await client.get("/health")
+            health_s = time.monotonic() - started
+            in_flight = not signup.done()
+            assert health.json() == {"status": "ok"}
+            reply = await signup
+            signup_s = time.monotonic() - paused
+        return health_s, signup_s, in_flight, reply.status_code
+
+    health_s, signup_s, in_flight, status = asyncio.run(main())
+    assert in_flight and status == 202
+    assert signup_s >= 0.5  # the schedule really waited for Redis...
+    assert health_s < 0.5  # ...and /health did not wait behind it (a bound, not a speed test)
+
+
+def test_fastapi_example_self_test_runs_without_a_web_server():
+    fastapi_example()
+    out = run_example("fastapi_app.py", "--self-test")  # embedded Redis; exits 1 on failure
+    assert "GET /tasks/reminder:ada@example.com -> state=scheduled" in out
+    assert "webhook received {'task_id': 'reminder:ada@example.com', 'attempt': 1" in out
+    assert "-> 404 (sent and acked)" in out
+    assert "/signup still waiting: True" in out
+    assert out.rstrip().endswith("self-test passed")

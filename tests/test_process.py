@@ -362,10 +362,32 @@ def _held_in_virtual_time(
 def test_the_lease_keeper_reports_a_lost_lease_once_and_stops_extending_it(
     r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
+    def take_over(q: dueq.Queue, d: dueq.Delivery) -> None:
+        # as if another holder had taken it over and given it back for an hour
+        r.hset(q.keys.meta, d.id, f"{d.attempt}|someone-else|{d.due_ms}|{d.first_claimed_ms}")
+        r.zrem(q.keys.leased, d.id)
+        r.zadd(q.keys.due, {d.id: d.claimed_ms + 3_600_000})
+
     with caplog.at_level("WARNING", logger="dueq"):
-        kinds = _held_in_virtual_time(r, lambda q, d: q.cancel(d.id))  # revokes the lease
+        kinds = _held_in_virtual_time(r, take_over)
     lost = [rec for rec in caplog.records if "lost while held" in rec.getMessage()]
     assert len(lost) == 1 and kinds == ["lost"]
+
+
+def test_cancelling_a_running_task_tells_the_handler_and_the_outcome_is_cancelled(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[bool] = []
+
+    def cancel_then_look(q: dueq.Queue, d: dueq.Delivery) -> None:
+        assert q.cancel(d.id)
+        seen.append(d.cancelled)  # not known yet: the lease keeper finds out
+
+    with caplog.at_level("WARNING", logger="dueq"):
+        kinds = _held_in_virtual_time(r, cancel_then_look)
+    told = [rec for rec in caplog.records if "was cancelled while" in rec.getMessage()]
+    assert len(told) == 1 and kinds == ["cancelled"] and seen == [False]
+    assert not [rec for rec in caplog.records if "lost" in rec.getMessage()]  # never "lost"
 
 
 def test_the_lease_keeper_leaves_alone_a_delivery_its_handler_already_acked(

@@ -64,11 +64,11 @@ def test_invalid_max_attempts_is_a_configuration_error(bad):
         dueq.RetryPolicy(max_attempts=bad)
 
 
-def test_backoff_grows_through_the_injected_clock_under_freezegun(r):
+def test_backoff_grows_through_the_injected_clock_under_freezegun(make_queue):
     wait = tenacity.wait_exponential(multiplier=2, max=60)
     with freeze_time("2026-03-01 12:00:00", tz_offset=0) as frozen:
-        q = dueq.Queue(
-            "fz", r, clock=lambda: time.time(), retry=dueq.RetryPolicy(max_attempts=4, wait=wait)
+        q = make_queue(
+            "fz", clock=lambda: time.time(), retry=dueq.RetryPolicy(max_attempts=4, wait=wait)
         )
         tid = q.schedule({"n": 1})
         delays = []

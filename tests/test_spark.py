@@ -140,15 +140,30 @@ def test_a_failed_and_retried_partition_leaves_one_task_per_row(spark, r, redis_
 def test_remember_done_keeps_a_rerun_after_the_tasks_ran_from_adding_them(spark, r, redis_server):
     df = reminders(spark, rows=1000).drop("send_at")  # due now
     options = {"queue": "ran", "redis_url": redis_server.url, "id_col": "user"}
-    window = timedelta(hours=1)
-    assert ds.schedule_dataframe(df, remember_done=window, **options).added == 1000
-    q = dueq.Queue("ran", r, remember_done=window)
+    q = dueq.Queue("ran", r)
+    q.configure(remember_done=timedelta(hours=1))  # once, for the job and the workers alike
+    assert ds.schedule_dataframe(df, **options).added == 1000
     while deliveries := q.claim(limit=1000):
         q.ack_many(deliveries)
-    again = ds.schedule_dataframe(df, remember_done=window, **options)
+    again = ds.schedule_dataframe(df, **options)
     assert (again.added, again.existing) == (0, 1000)
     assert q.stats().scheduled == 0
+    q.configure(remember_done=0)
     assert ds.schedule_dataframe(df, **options).added == 1000  # without the window: re-created
+
+
+def test_the_remember_done_keyword_of_schedule_dataframe_still_works_without_a_warning(
+    spark, r, redis_server
+):
+    df = reminders(spark, rows=10).drop("send_at")
+    options = {"queue": "kw", "redis_url": redis_server.url, "id_col": "user"}
+    window = timedelta(hours=1)
+    assert ds.schedule_dataframe(df, remember_done=window, **options).added == 10
+    with pytest.warns(DeprecationWarning):
+        q = dueq.Queue("kw", r, remember_done=window)  # the consumer's deprecated keyword
+    while deliveries := q.claim(limit=1000):
+        q.ack_many(deliveries)
+    assert ds.schedule_dataframe(df, remember_done=window, **options).existing == 10
 
 
 def test_streaming_available_now_schedules_every_row(spark, r, redis_server, tmp_path):

@@ -29,6 +29,9 @@ def main() -> None:
     parser.add_argument("--max-in-flight", type=int, default=None)
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--front-end", choices=["sync", "async"], default="sync")
+    parser.add_argument(
+        "--log-claimed", action="store_true", help="also push each claim time (ms) to 'claimed'"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="worker: %(levelname)s %(message)s")
     if args.front_end == "async":
@@ -39,6 +42,8 @@ def main() -> None:
 
     def handle(d: dueq.Delivery) -> None:
         r.rpush("started", f"{d.id}:{d.attempt}")
+        if args.log_claimed:
+            r.rpush("claimed", d.claimed_ms)
         time.sleep(args.sleep)
 
     worker = dueq.Worker(
@@ -59,6 +64,8 @@ async def run_async(args: argparse.Namespace) -> None:
 
     async def handle(d: dueq.AsyncDelivery) -> None:
         await r.rpush("started", f"{d.id}:{d.attempt}")
+        if args.log_claimed:
+            await r.rpush("claimed", d.claimed_ms)
         await asyncio.sleep(args.sleep)
 
     worker = dueq.AsyncWorker(

@@ -53,7 +53,7 @@ TIMEOUT_S = 300.0
 TARGET_DRAIN = 40_000
 TARGET_BYTES = 286  # the leanest peer measured on this workload (huey)
 
-HANDLERS = '''
+HANDLERS = """
 import os
 
 _out = open(os.environ["BENCH_OUT"], "a", buffering=1)
@@ -65,9 +65,9 @@ def handle(d):
 
 async def ahandle(d):
     _out.write(f"{d.id}\\n")
-'''
+"""
 
-ASYNC_WORKER = '''
+ASYNC_WORKER = """
 import asyncio, os, sys
 import redis.asyncio
 import dueq
@@ -82,7 +82,7 @@ async def main():
 
 
 asyncio.run(main())
-'''
+"""
 
 
 def log(message: str) -> None:
@@ -164,9 +164,7 @@ def raw_drain(r: redis.Redis, items: list[dict[str, Any]], out_path: str) -> flo
     return done / elapsed
 
 
-def run_worker(
-    command: list[str], env: dict[str, str], r: redis.Redis, n: int
-) -> dict[str, float]:
+def run_worker(command: list[str], env: dict[str, str], r: redis.Redis, n: int) -> dict[str, float]:
     """Spawn a worker, wait for ``n`` acks, stop it; start-up and drain figures."""
     q = dueq.Queue(QUEUE, r)
     spawned = perf()

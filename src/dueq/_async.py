@@ -32,7 +32,16 @@ from .dead import AsyncDeadLetters
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .retry import RetryPolicy
 from .scripts import AsyncScripts
-from .task import AsyncDelivery, Outcome, QueueStats, ScheduleResult, Task, TaskInfo
+from .task import (
+    AsyncDelivery,
+    Outcome,
+    QueueSettings,
+    QueueStats,
+    Rate,
+    ScheduleResult,
+    Task,
+    TaskInfo,
+)
 
 logger = logging.getLogger("dueq.queue")
 
@@ -217,6 +226,40 @@ class AsyncQueue(QueueCore):
         ``async def`` handlers there; disposing stops claiming and releases what was claimed
         and not yet emitted."""
         return observe(self, max_in_flight=max_in_flight, wake=wake, heartbeat=heartbeat)
+
+    # -- settings ----------------------------------------------------------------------------
+
+    async def configure(
+        self,
+        *,
+        paused: bool | None = None,
+        remember_done: Duration | None = None,
+        rate: Rate | Literal[False] | None = None,
+    ) -> QueueSettings:
+        """Change the queue's settings, kept in Redis so that every producer and consumer
+        obeys the same ones; returns them after the change. ``None`` leaves a setting alone.
+
+        ``paused``: claims lease nothing while True (see ``pause``). ``remember_done``: how long
+        acked ids are remembered, so that scheduling one again counts it as existing (0 turns
+        it off). ``rate``: a ``dueq.Rate``, at most that many claims per window across every
+        consumer (False removes it). Consumers are woken, so a change applies at once.
+        """
+        return await self._drive(
+            self._configure_flow(paused=paused, remember_done=remember_done, rate=rate)
+        )
+
+    async def pause(self) -> QueueSettings:
+        """Stop every consumer of this queue from leasing tasks (expired leases are still
+        reclaimed; scheduling goes on). Deliveries already held are not affected."""
+        return await self.configure(paused=True)
+
+    async def resume(self) -> QueueSettings:
+        """Let consumers lease tasks again; sleeping consumers are woken at once."""
+        return await self.configure(paused=False)
+
+    async def settings(self) -> QueueSettings:
+        """The queue's settings as stored in Redis."""
+        return await self._drive(self._settings_flow())
 
     # -- inspection --------------------------------------------------------------------------
 

@@ -111,6 +111,7 @@ async def deliveries(
 
     listener = asyncio.create_task(_listen(queue, poke.set)) if wake else None
     backoff = Backoff()
+    paused = False  # the last claim found the queue paused
     unyielded: deque[AsyncDelivery] = deque()
     try:
         while True:
@@ -133,6 +134,9 @@ async def deliveries(
                 continue
             if backoff.succeeded():
                 logger.info("queue %r: Redis is back; claiming again", queue.name)
+            if batch.paused != paused:
+                paused = batch.paused
+                logger.info("queue %r: %s", queue.name, "paused; waiting" if paused else "resumed")
             for d in batch.deliveries:
                 d._on_settled = settled
             for d in held.add(batch.deliveries, batch.now_ms):

@@ -12,9 +12,10 @@ it had made the call itself. This is tenacity's ``BaseRetrying.iter()`` shape, d
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import redis
 
@@ -39,13 +40,24 @@ from .exceptions import (
     InvalidTaskError,
     LeaseLost,
     PayloadError,
+    TaskCancelled,
     Unrecoverable,
 )
 from .failures import error_record
 from .keys import QueueKeys
 from .retry import RetryPolicy
-from .snapshot import text
-from .task import DeliveryBase, Outcome, OutcomeKind, QueueStats, ScheduleResult, Task, TaskInfo
+from .snapshot import settings_from_hash, text
+from .task import (
+    DeliveryBase,
+    Outcome,
+    OutcomeKind,
+    QueueSettings,
+    QueueStats,
+    Rate,
+    ScheduleResult,
+    Task,
+    TaskInfo,
+)
 
 logger = logging.getLogger("dueq.queue")
 
@@ -173,6 +185,23 @@ def log_eviction_policy(policy: Any) -> None:
     )
 
 
+def _raise_not_held(done: str, lost: list[str], cancelled: list[str]) -> None:
+    """TaskCancelled when every refused lease was cancelled, LeaseLost (with ``.cancelled``)
+    when some were lost; nothing when none was refused."""
+    if cancelled and not lost:
+        raise TaskCancelled(
+            f"{len(cancelled)} task(s) cancelled while leased, not {done}: {cancelled[:10]}",
+            cancelled,
+        )
+    if lost:
+        raise LeaseLost(
+            f"lease lost on {len(lost) + len(cancelled)} task(s), not {done}: "
+            f"{(lost + cancelled)[:10]}",
+            lost + cancelled,
+            cancelled,
+        )
+
+
 class ClaimBatch:
     """One claim call's result: the deliveries and when the next work is due.
 
@@ -181,7 +210,14 @@ class ClaimBatch:
     ``next_due_ms`` to within the round trip.
     """
 
-    __slots__ = ("deliveries", "next_due_ms", "next_lease_deadline_ms", "now_fraction_ms", "now_ms")
+    __slots__ = (
+        "deliveries",
+        "next_due_ms",
+        "next_lease_deadline_ms",
+        "now_fraction_ms",
+        "now_ms",
+        "paused",
+    )
 
     def __init__(
         self,
@@ -190,8 +226,10 @@ class ClaimBatch:
         next_due_ms: int | None,
         next_lease_deadline_ms: int | None,
         now_fraction_ms: float = 0.0,
+        paused: bool = False,
     ) -> None:
         self.deliveries = deliveries
+        self.paused = paused
         self.now_ms = now_ms
         self.now_fraction_ms = now_fraction_ms
         self.next_due_ms = next_due_ms
@@ -231,9 +269,21 @@ class QueueCore:
         self.max_payload_bytes = max_payload_bytes
         self.dead_max_count = dead_max_count
         self.dead_max_age_ms = _positive_ms(dead_max_age, "dead_max_age")
+        #: the deprecated constructor keyword's window, used only while the queue has no
+        #: remember_done setting in Redis (``configure``)
         self.remember_done_ms = (
             0 if remember_done is None else _positive_ms(remember_done, "remember_done")
         )
+        if remember_done is not None:
+            warnings.warn(
+                f"{type(self).__name__}(remember_done=...) is deprecated: a window set in one "
+                "process only is not seen by the others. Set it once for every producer and "
+                "consumer with q.configure(remember_done=...) (or dueq configure QUEUE "
+                "--remember-done ...); until then this process's window applies only while the "
+                "queue has no setting of its own",
+                DeprecationWarning,
+                stacklevel=3,
+            )
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = _positive_ms(wait_timeout, "wait_timeout")
         self._server_checked = False
@@ -448,13 +498,18 @@ class QueueCore:
         if cron_due is not None and (next_due is None or cron_due < next_due):
             next_due = cron_due
         return ClaimBatch(
-            deliveries, now_ms, next_due, reply.next_lease_deadline_ms, reply.now_fraction_ms
+            deliveries,
+            now_ms,
+            next_due,
+            reply.next_lease_deadline_ms,
+            reply.now_fraction_ms,
+            reply.paused,
         )
 
     def _ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
         if not deliveries:
             return 0
-        acked, lost = 0, []
+        acked, lost, cancelled = 0, [], []
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
             chunk = deliveries[start : start + protocol.LEASE_BATCH]
             reply: protocol.AckReply = yield protocol.ack(
@@ -463,17 +518,17 @@ class QueueCore:
                 [(d.id, d.token) for d in chunk],
                 window_ms=self.remember_done_ms,
             )
-            lost_ids = set(reply.lost)
+            lost_ids, cancelled_ids = set(reply.lost), set(reply.cancelled)
             for d in chunk:
-                d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
+                if d.id in cancelled_ids:
+                    d._cancelled = True
+                    d._settled(Outcome(d.id, "cancelled", d.attempt))
+                else:
+                    d._settled(Outcome(d.id, "lost", d.attempt) if d.id in lost_ids else None)
             acked += reply.acked
             lost += reply.lost
-        if lost:
-            protocol.raise_for(
-                protocol.Status.LEASE_LOST,
-                f"lease lost on {len(lost)} task(s), not acked: {lost[:10]}",
-                lost,
-            )
+            cancelled += reply.cancelled
+        _raise_not_held("acked", lost, cancelled)
         return acked
 
     def _fail_call(
@@ -508,6 +563,14 @@ class QueueCore:
             delivery.id, delivery.token, record, dead, delay_ms
         )
         message = f"{type(error).__name__}: {error}" if exc else str(error)
+        if reply.status is protocol.Status.CANCELLED:
+            delivery._cancelled = True
+            delivery._settled(Outcome(delivery.id, "cancelled", delivery.attempt, None, message))
+            protocol.raise_for(
+                reply.status,
+                f"task {delivery.id!r} was cancelled while leased; failure not recorded",
+                [delivery.id],
+            )
         if reply.status is protocol.Status.LEASE_LOST:
             delivery._settled(Outcome(delivery.id, "lost", delivery.attempt, None, message))
             protocol.raise_for(
@@ -523,6 +586,10 @@ class QueueCore:
     def _extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
         try:
             return (yield from self._extend_many_flow([delivery], seconds))
+        except TaskCancelled:
+            raise TaskCancelled(
+                f"task {delivery.id!r} was cancelled while leased; not extended", [delivery.id]
+            ) from None
         except LeaseLost:
             raise LeaseLost(
                 f"lease on task {delivery.id!r} was lost; not extended", [delivery.id]
@@ -534,24 +601,24 @@ class QueueCore:
         """One script call per LEASE_BATCH leases; each lease judged by its own token."""
         ms = _positive_ms(seconds, "lease extension")
         lost: list[str] = []
+        cancelled: list[str] = []
         deadline_ms: int | None = None
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
             chunk = deliveries[start : start + protocol.LEASE_BATCH]
             reply: protocol.ExtendReply = yield protocol.extend(
                 self.keys, self._now_arg(), [(d.id, d.token) for d in chunk], ms
             )
-            lost_ids = set(reply.lost)
+            not_held = set(reply.lost) | set(reply.cancelled)
+            cancelled_ids = set(reply.cancelled)
             for d in chunk:
-                if d.id not in lost_ids:
+                if d.id not in not_held:
                     d.lease_deadline_ms = reply.deadline_ms
+                elif d.id in cancelled_ids:
+                    d._cancelled = True
             lost += reply.lost
+            cancelled += reply.cancelled
             deadline_ms = reply.deadline_ms
-        if lost:
-            protocol.raise_for(
-                protocol.Status.LEASE_LOST,
-                f"lease lost on {len(lost)} task(s), not extended: {lost[:10]}",
-                lost,
-            )
+        _raise_not_held("extended", lost, cancelled)
         return ms_datetime(deadline_ms if deadline_ms is not None else 0)
 
     def _release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
@@ -559,6 +626,14 @@ class QueueCore:
         reply: protocol.TimeReply = yield protocol.release(
             self.keys, self._now_arg(), delivery.id, delivery.token, delay_ms
         )
+        if reply.status is protocol.Status.CANCELLED:
+            delivery._cancelled = True
+            delivery._settled(Outcome(delivery.id, "cancelled", delivery.attempt))
+            protocol.raise_for(
+                reply.status,
+                f"task {delivery.id!r} was cancelled while leased; not released",
+                [delivery.id],
+            )
         if reply.status is not protocol.Status.OK:
             delivery._settled(Outcome(delivery.id, "lost", delivery.attempt))
             protocol.raise_for(
@@ -581,3 +656,34 @@ class QueueCore:
     def _stats_flow(self) -> Flow[QueueStats]:
         stats: QueueStats = yield protocol.stats(self.keys, self._now_arg())
         return stats
+
+    # -- settings ----------------------------------------------------------------------------
+
+    def _configure_flow(
+        self,
+        *,
+        paused: bool | None = None,
+        remember_done: Duration | None = None,
+        rate: Rate | Literal[False] | None = None,
+    ) -> Flow[QueueSettings]:
+        """Validate every change before writing any; None leaves a setting as it is."""
+        changes: list[tuple[str, str]] = []
+        if rate is not None:
+            if rate is not False and not isinstance(rate, Rate):
+                raise ConfigurationError(f"rate must be a dueq.Rate or False, got {rate!r}")
+            changes.append(("rate", "" if rate is False else f"{rate.n}/{rate.per_ms}"))
+        if paused is not None:
+            if not isinstance(paused, bool):
+                raise ConfigurationError(f"paused must be True or False, got {paused!r}")
+            changes.append(("paused", "1" if paused else ""))
+        if remember_done is not None:
+            ms = duration_ms(remember_done, "remember_done", error=ConfigurationError)
+            changes.append(("remember_done_ms", str(ms) if ms > 0 else ""))
+        settings: QueueSettings = yield protocol.configure(self.keys, changes)
+        return settings
+
+    def _settings_flow(self) -> Flow[QueueSettings]:
+        settings: QueueSettings = yield protocol.command(
+            "HGETALL", self.keys.config, parse=settings_from_hash
+        )
+        return settings

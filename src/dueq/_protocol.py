@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from .exceptions import DueqError, LeaseLost, TaskNotFound
+from .exceptions import DueqError, LeaseLost, TaskCancelled, TaskNotFound
 from .keys import QueueKeys
-from .snapshot import queue_stats, task_infos, text
-from .task import QueueStats, TaskInfo
+from .snapshot import queue_stats, settings_from_reply, task_infos, text
+from .task import QueueSettings, QueueStats, TaskInfo
 
 T = TypeVar("T")
 
@@ -37,6 +37,7 @@ class Status(enum.Enum):
     RETRIED = "retried"  # fail.lua: back in due
     DEAD = "dead"  # fail.lua: buried
     LEASE_LOST = "lease lost"  # ack/fail/extend/release: the caller's lease is gone
+    CANCELLED = "cancelled"  # ack/fail/extend/release: its task was cancelled while leased
     NOT_SCHEDULED = "not scheduled"  # reschedule.lua: the task is not waiting in due
     NOT_DEAD = "not dead"  # dead.lua: some ids are not in the dead-letter queue
 
@@ -44,6 +45,7 @@ class Status(enum.Enum):
 #: The exception each failing status raises (statuses absent here are not errors).
 STATUS_ERRORS: dict[Status, type[DueqError]] = {
     Status.LEASE_LOST: LeaseLost,
+    Status.CANCELLED: TaskCancelled,
     Status.NOT_DEAD: TaskNotFound,
 }
 
@@ -51,7 +53,7 @@ STATUS_ERRORS: dict[Status, type[DueqError]] = {
 def raise_for(status: Status, message: str, ids: Sequence[str] = ()) -> None:
     """Raise the exception STATUS_ERRORS maps ``status`` to (nothing for other statuses)."""
     error = STATUS_ERRORS.get(status)
-    if error is LeaseLost or error is TaskNotFound:
+    if error is LeaseLost or error is TaskNotFound or error is TaskCancelled:
         raise error(message, ids)
     if error is not None:
         raise error(message)
@@ -119,7 +121,7 @@ def schedule(
     k: QueueKeys, now: str, blob: bytes, *, replace: bool, window_ms: int
 ) -> Call[ScheduleReply]:
     """Add a batch of packed task records (see ``envelope.pack_task``)."""
-    keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done]
+    keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done, k.config]
     args = [now, "1" if replace else "0", blob, window_ms]
     return Call("schedule", keys, args, _parse_schedule)
 
@@ -127,7 +129,7 @@ def schedule(
 # -- claim.lua ---------------------------------------------------------------------------------
 
 #: Fields before the first delivery in claim.lua's reply, and fields per delivery.
-_CLAIM_HEAD = 8
+_CLAIM_HEAD = 9
 _CLAIM_ROW = 5
 
 
@@ -154,6 +156,8 @@ class ClaimReply:
     #: due ids whose stored data was gone (dropped), tasks sent to dead by the claim itself
     dropped: int
     buried: int
+    #: the queue is paused: nothing was leased (expired leases were still reclaimed)
+    paused: bool
     rows: list[ClaimedRow]
 
 
@@ -174,6 +178,7 @@ def _parse_claim(reply: Any) -> ClaimReply:
         lease_deadline_ms=int(reply[4]),
         dropped=int(reply[6]),
         buried=int(reply[7]),
+        paused=int(reply[8]) == 1,
         rows=rows,
     )
 
@@ -191,7 +196,7 @@ def claim(
     backoff_ms: Sequence[int],
 ) -> Call[ClaimReply]:
     """Reclaim expired leases, then lease up to ``limit`` due tasks."""
-    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats]
+    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
     args = [
         now,
         limit,
@@ -211,7 +216,8 @@ def claim(
 @dataclass(frozen=True)
 class AckReply:
     acked: int
-    lost: list[str]
+    lost: list[str]  # ids whose lease was lost (not acked)
+    cancelled: list[str]  # ids whose task was cancelled while leased (not acked)
 
 
 #: Most leases one ack or extend call settles or moves (the flows split bigger batches).
@@ -231,7 +237,7 @@ def pack_pairs(pairs: Sequence[tuple[str, str]]) -> bytes:
 
 
 def _parse_ack(reply: Any) -> AckReply:
-    return AckReply(int(reply[0]), [text(x) for x in reply[1:]])
+    return AckReply(*_held_reply(reply))
 
 
 def ack(
@@ -239,17 +245,18 @@ def ack(
 ) -> Call[AckReply]:
     """Finish leased tasks, given as (id, lease token) pairs."""
     args: list[Any] = [now, window_ms, pack_pairs(held)]
-    return Call("ack", [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done], args, _parse_ack)
+    keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config, k.cancelled]
+    return Call("ack", keys, args, _parse_ack)
 
 
 # -- fail.lua ----------------------------------------------------------------------------------
 
-_FAIL_STATUS = {0: Status.LEASE_LOST, 1: Status.RETRIED, 2: Status.DEAD}
+_FAIL_STATUS = {0: Status.LEASE_LOST, 1: Status.RETRIED, 2: Status.DEAD, 3: Status.CANCELLED}
 
 
 @dataclass(frozen=True)
 class FailReply:
-    status: Status  # RETRIED, DEAD or LEASE_LOST
+    status: Status  # RETRIED, DEAD, LEASE_LOST or CANCELLED
     at_ms: int  # next attempt (RETRIED) or time of death (DEAD)
 
 
@@ -270,7 +277,7 @@ def fail(
     dead_max_age_ms: int,
 ) -> Call[FailReply]:
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
-    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake]
+    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -288,6 +295,8 @@ class TimeReply:
 def _time_reply(failed: Status) -> Callable[[Any], TimeReply]:
     def parse(reply: Any) -> TimeReply:
         value = int(reply)
+        if value == -2 and failed is Status.LEASE_LOST:  # release.lua: cancelled while leased
+            return TimeReply(Status.CANCELLED, value)
         return TimeReply(failed, value) if value < 0 else TimeReply(Status.OK, value)
 
     return parse
@@ -297,10 +306,18 @@ def _time_reply(failed: Status) -> Callable[[Any], TimeReply]:
 class ExtendReply:
     deadline_ms: int  # the new deadline of every lease that was held
     lost: list[str]  # ids whose lease was not held (not extended)
+    cancelled: list[str]  # ids whose task was cancelled while leased (not extended)
+
+
+def _held_reply(reply: Any) -> tuple[int, list[str], list[str]]:
+    """ack.lua's and extend.lua's {head, n, n cancelled ids, lost ids...}: (head, lost,
+    cancelled)."""
+    n = int(reply[1])
+    return int(reply[0]), [text(x) for x in reply[2 + n :]], [text(x) for x in reply[2 : 2 + n]]
 
 
 def _parse_extend(reply: Any) -> ExtendReply:
-    return ExtendReply(int(reply[0]), [text(x) for x in reply[1:]])
+    return ExtendReply(*_held_reply(reply))
 
 
 def extend(
@@ -308,12 +325,13 @@ def extend(
 ) -> Call[ExtendReply]:
     """Move the deadlines of held leases, given as (id, lease token) pairs, to now +
     ``lease_ms``; at most LEASE_BATCH pairs."""
-    return Call("extend", [k.leased, k.meta], [now, lease_ms, pack_pairs(held)], _parse_extend)
+    keys = [k.leased, k.meta, k.cancelled]
+    return Call("extend", keys, [now, lease_ms, pack_pairs(held)], _parse_extend)
 
 
 def release(k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int) -> Call[TimeReply]:
     """Give a leased task back, due after ``delay_ms``, without counting the delivery."""
-    keys = [k.due, k.leased, k.meta, k.stats, k.wake]
+    keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled]
     return Call("release", keys, [now, task_id, token, delay_ms], _time_reply(Status.LEASE_LOST))
 
 
@@ -330,7 +348,7 @@ def reschedule(
 
 def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     """Remove a task in any state; the reply says whether it existed."""
-    keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats]
+    keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
     return Call("cancel", keys, [now, task_id], bool)
 
 
@@ -353,7 +371,20 @@ def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[T
 
 def stats(k: QueueKeys, now: str) -> Call[QueueStats]:
     """Counts per state, timing and counters, as one snapshot."""
-    return Call("stats", [k.due, k.leased, k.dead, k.stats, k.tasks], [now], queue_stats)
+    keys = [k.due, k.leased, k.dead, k.stats, k.tasks, k.config]
+    return Call("stats", keys, [now], queue_stats)
+
+
+# -- configure.lua -----------------------------------------------------------------------------
+
+
+def configure(k: QueueKeys, changes: Sequence[tuple[str, str]]) -> Call[QueueSettings]:
+    """Set (or, with an empty value, remove) settings of the queue; the reply is the settings
+    after the change. Consumers are woken."""
+    args: list[Any] = []
+    for setting, value in changes:
+        args += (setting, value)
+    return Call("configure", [k.config, k.wake], args, settings_from_reply)
 
 
 # -- dead.lua ----------------------------------------------------------------------------------
@@ -489,4 +520,5 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     ),
     "cron_remove": lambda k: cron_remove(k, "", "n"),
     "cron_advance": lambda k: cron_advance(k, "", []),
+    "configure": lambda k: configure(k, [("paused", "1")]),
 }

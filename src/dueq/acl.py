@@ -49,7 +49,8 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     "producer": ("schedule", "cancel", "reschedule", "inspect"),
     # claim (with cron occurrences), ack, fail, extend, release, get
     "consumer": ("claim", "cron_advance", "ack", "fail", "extend", "release", "inspect"),
-    # stats, get/list, dead list/count/replay/purge, cron add/list/remove, schedule (CLI)
+    # stats, get/list, dead list/count/replay/purge, cron add/list/remove, schedule (CLI),
+    # configure / pause / resume
     "operator": (
         "stats",
         "inspect",
@@ -59,6 +60,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "schedule",
         "cancel",
         "reschedule",
+        "configure",
     ),
 }
 

@@ -10,7 +10,9 @@
     │   └── CronConflict                         a cron name already defined differently
     ├── TaskNotFound         (also LookupError)  an id that is not in the state asked for
     ├── LeaseLost                                a holder whose lease expired or was taken over
+    │   └── TaskCancelled                        ... because its task was cancelled while leased
     ├── ReplicationTimeout                       written, but fewer replicas confirmed it than asked
+    ├── TaskTimeout                              an attempt ran past process(timeout=...): retried
     └── Unrecoverable                            raised by a handler: skip retries, go to dead
 
 Redis's own errors (``redis.exceptions.ConnectionError``, ``TimeoutError``, ...) pass through
@@ -31,7 +33,9 @@ __all__ = [
     "LeaseLost",
     "PayloadError",
     "ReplicationTimeout",
+    "TaskCancelled",
     "TaskNotFound",
+    "TaskTimeout",
     "Unrecoverable",
 ]
 
@@ -71,9 +75,22 @@ class TaskNotFound(DueqError, LookupError):
 class LeaseLost(DueqError):
     """The caller's lease on a task expired or was taken over; its ack/fail/extend is refused."""
 
-    def __init__(self, message: str, ids: Iterable[str] = ()) -> None:
+    def __init__(
+        self, message: str, ids: Iterable[str] = (), cancelled: Iterable[str] = ()
+    ) -> None:
         super().__init__(message)
         self.ids: list[str] = list(ids)
+        #: those of ``ids`` whose task was cancelled (``q.cancel``) while leased
+        self.cancelled: list[str] = list(cancelled)
+
+
+class TaskCancelled(LeaseLost):
+    """The task was cancelled (``q.cancel``) while this holder had it leased: its ack, fail,
+    extend or release is refused, and ``process`` reports the outcome ``cancelled``."""
+
+    def __init__(self, message: str, ids: Iterable[str] = ()) -> None:
+        ids = list(ids)
+        super().__init__(message, ids, ids)
 
 
 class ReplicationTimeout(DueqError):
@@ -85,6 +102,12 @@ class ReplicationTimeout(DueqError):
         super().__init__(message)
         self.confirmed = confirmed
         self.wanted = wanted
+
+
+class TaskTimeout(DueqError):
+    """An attempt ran past its timeout (``process(handler, timeout=...)``): recorded as the
+    attempt's failure, so the task follows its retry policy. An ``async def`` handler was
+    cancelled; a plain function's thread was abandoned and its late result is refused."""
 
 
 class Unrecoverable(DueqError):

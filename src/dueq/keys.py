@@ -38,7 +38,10 @@ class QueueKeys:
     ``cron``    HASH name -> cron definition (JSON)
     ``cron_state`` HASH name -> "head_ms|last_ms|head_id": the pending occurrence, last fired
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
-    ``wake``    Pub/Sub channel, published when an earlier task is scheduled
+    ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
+    ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
+    ``cancelled`` ZSET "id|token" -> lease deadline ms: leases revoked by ``cancel``
+    ``wake``    Pub/Sub channel, published when an earlier task is scheduled (or settings change)
     """
 
     queue: str
@@ -53,6 +56,9 @@ class QueueKeys:
     stats: str
     wake: str
     done: str
+    config: str
+    rate: str
+    cancelled: str
 
     @classmethod
     def for_queue(cls, queue: str) -> QueueKeys:
@@ -70,4 +76,7 @@ class QueueKeys:
             stats=base + "stats",
             wake=base + "wake",
             done=base + "done",
+            config=base + "config",
+            rate=base + "rate",
+            cancelled=base + "cancelled",
         )

@@ -96,6 +96,7 @@ class _Consumer:
         self._again = False  # something asked for a claim while one was running
         self._starved = False  # the last step found no free slot
         self._stopped = False
+        self._paused = False  # the last claim found the queue paused
         self._backoff = Backoff()
         self._listener: WakeListener | None = None
 
@@ -186,6 +187,11 @@ class _Consumer:
             return round(delay_s * 1000)
         if self._backoff.succeeded():
             logger.info("queue %r: Redis is back; claiming again", self._queue.name)
+        if batch.paused != self._paused:
+            self._paused = batch.paused
+            logger.info(
+                "queue %r: %s", self._queue.name, "paused; waiting" if batch.paused else "resumed"
+            )
         deliveries = batch.deliveries
         with self._lock:
             for d in deliveries:

@@ -34,7 +34,7 @@ from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .observe import observe_queue
 from .retry import RetryPolicy
 from .scripts import Scripts
-from .task import Delivery, Outcome, QueueStats, ScheduleResult, Task, TaskInfo
+from .task import Delivery, Outcome, QueueSettings, QueueStats, Rate, ScheduleResult, Task, TaskInfo
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +247,40 @@ class Queue(QueueCore):
             wake=wake,
             heartbeat=heartbeat,
         )
+
+    # -- settings ----------------------------------------------------------------------------
+
+    def configure(
+        self,
+        *,
+        paused: bool | None = None,
+        remember_done: Duration | None = None,
+        rate: Rate | Literal[False] | None = None,
+    ) -> QueueSettings:
+        """Change the queue's settings, kept in Redis so that every producer and consumer
+        obeys the same ones; returns them after the change. ``None`` leaves a setting alone.
+
+        ``paused``: claims lease nothing while True (see ``pause``). ``remember_done``: how long
+        acked ids are remembered, so that scheduling one again counts it as existing (0 turns
+        it off). ``rate``: a ``dueq.Rate``, at most that many claims per window across every
+        consumer (False removes it). Consumers are woken, so a change applies at once.
+        """
+        return self._drive(
+            self._configure_flow(paused=paused, remember_done=remember_done, rate=rate)
+        )
+
+    def pause(self) -> QueueSettings:
+        """Stop every consumer of this queue from leasing tasks (expired leases are still
+        reclaimed; scheduling goes on). Deliveries already held are not affected."""
+        return self.configure(paused=True)
+
+    def resume(self) -> QueueSettings:
+        """Let consumers lease tasks again; sleeping consumers are woken at once."""
+        return self.configure(paused=False)
+
+    def settings(self) -> QueueSettings:
+        """The queue's settings as stored in Redis."""
+        return self._drive(self._settings_flow())
 
     # -- inspection --------------------------------------------------------------------------
 

@@ -45,11 +45,12 @@ SCRIPT_NAMES = (
     "cron_add",
     "cron_advance",
     "cron_remove",
+    "configure",
 )
 
 #: Scripts whose changes a producer or operator relies on: they raise ReplicationTimeout.
 PRODUCER_SCRIPTS = frozenset(
-    {"schedule", "cancel", "reschedule", "dead", "cron_add", "cron_remove"}
+    {"schedule", "cancel", "reschedule", "dead", "cron_add", "cron_remove", "configure"}
 )
 #: Scripts that settle a delivery: a replication shortfall is logged, not raised.
 SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .clock import ms_datetime, stored_ms
 from .envelope import decode_envelope
-from .exceptions import PayloadError
+from .exceptions import ConfigurationError, PayloadError
 from .failures import parse_error_records
-from .task import QueueStats, TaskInfo, TaskState
+from .task import QueueSettings, QueueStats, Rate, TaskInfo, TaskState
 
 #: Largest count read back from Redis (beyond it a stored number is corrupted).
 MAX_COUNT = 2**53
@@ -89,10 +89,43 @@ def _datetime(ms: int | None) -> datetime | None:
     return None if ms is None else ms_datetime(ms)
 
 
+def settings_from_reply(reply: list[Any]) -> QueueSettings:
+    """QueueSettings from a config hash's fields and values (HGETALL as a flat list). A value
+    that cannot be read (corrupted, or written by a newer dueq) is left at its default."""
+    raw = {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
+    done_ms = raw.get("remember_done_ms", "")
+    return QueueSettings(
+        paused=raw.get("paused") == "1",
+        remember_done=timedelta(milliseconds=int(done_ms))
+        if done_ms.isdigit() and int(done_ms) > 0
+        else None,
+        rate=_rate(raw.get("rate", "")),
+    )
+
+
+def _rate(raw: str) -> Rate | None:
+    """A stored rate "n/per_ms" (see configure.lua), or None when unset or unreadable."""
+    n, _, per_ms = raw.partition("/")
+    if not (n.isdigit() and per_ms.isdigit()):
+        return None
+    try:
+        return Rate(int(n), per=int(per_ms) / 1000)
+    except ConfigurationError:  # out of range: corrupted, or written by a newer dueq
+        return None
+
+
+def settings_from_hash(reply: Any) -> QueueSettings:
+    """QueueSettings from HGETALL as redis-py returns it (a dict, or a flat list)."""
+    if isinstance(reply, dict):
+        return settings_from_reply([x for pair in reply.items() for x in pair])
+    return settings_from_reply(list(reply))
+
+
 def queue_stats(reply: list[Any]) -> QueueStats:
     """QueueStats from stats.lua's reply (a corrupted counter reads as 0)."""
     now_ms, scheduled, due_now, leased, dead, head, stored = (int(x) for x in reply[:7])
-    counters = {text(reply[i]): _count(reply[i + 1]) for i in range(7, len(reply), 2)}
+    settings = settings_from_reply(reply[7])
+    counters = {text(reply[i]): _count(reply[i + 1]) for i in range(8, len(reply), 2)}
     counters.pop("lease_seq", None)
     return QueueStats(
         scheduled=scheduled,
@@ -104,4 +137,5 @@ def queue_stats(reply: list[Any]) -> QueueStats:
         now=ms_datetime(now_ms),
         counters=counters,
         missing=max(scheduled + leased + dead - stored, 0),
+        settings=settings,
     )

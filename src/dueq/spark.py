@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import operator
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -201,12 +202,14 @@ def schedule_rows(rows: Iterable[Sequence[Any]], plan: PartitionPlan) -> Partiti
     counts = PartitionCounts()
     client = redis.Redis.from_url(plan.redis_url)
     try:
-        q = Queue(
-            plan.queue,
-            client,
-            max_payload_bytes=plan.max_payload_bytes,
-            remember_done=plan.remember_done,
-        )
+        with warnings.catch_warnings():  # the deprecated keyword, kept for this parameter
+            warnings.simplefilter("ignore", DeprecationWarning)
+            q = Queue(
+                plan.queue,
+                client,
+                max_payload_bytes=plan.max_payload_bytes,
+                remember_done=plan.remember_done,
+            )
         ids: list[str] = []
         records: list[bytes] = []
         for number, (given, due, raw, payload) in enumerate(rows):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from .clock import Duration, ms_datetime
+from .checks import whole_number
+from .clock import Duration, duration_ms, ms_datetime
+from .exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
@@ -15,7 +17,7 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 TaskState = Literal["scheduled", "leased", "dead"]
-OutcomeKind = Literal["acked", "retried", "dead", "released", "lost"]
+OutcomeKind = Literal["acked", "retried", "dead", "released", "lost", "cancelled"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,47 @@ class ScheduleResult:
 
 
 @dataclass(frozen=True)
+class Rate:
+    """At most ``n`` claims per ``per`` seconds, across every consumer of a queue
+    (``q.configure(rate=dueq.Rate(100, per=1.0))``). Exact in every window of that length: the
+    claim script keeps the claim times of the last window."""
+
+    n: int
+    per: float = 1.0
+
+    def __post_init__(self) -> None:
+        whole_number(self.n, "Rate n", low=1, high=MAX_RATE_N)
+        per_ms = duration_ms(self.per, "Rate per", error=ConfigurationError)
+        if per_ms < 1:
+            raise ConfigurationError(f"Rate per must be at least 1 ms, got {self.per!r}")
+        object.__setattr__(self, "per", per_ms / 1000)
+
+    @property
+    def per_ms(self) -> int:
+        return round(self.per * 1000)
+
+    def __str__(self) -> str:
+        return f"{self.n}/{self.per:g}s"
+
+
+#: Most claims a Rate may allow per window (the script keeps one entry per claim of a window).
+MAX_RATE_N = 1_000_000
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """A queue's settings, kept in Redis so that every producer and consumer obeys the same
+    ones (``q.configure(...)``, ``q.pause()``, ``dueq configure``)."""
+
+    #: claims lease nothing while paused (expired leases are still reclaimed)
+    paused: bool = False
+    #: how long acked ids are remembered, so scheduling one again is refused as existing
+    remember_done: timedelta | None = None
+    #: most claims per window across every consumer, or None for no limit
+    rate: Rate | None = None
+
+
+@dataclass(frozen=True)
 class QueueStats:
     """Counts per state and timing of a queue, read in one atomic snapshot."""
 
@@ -84,13 +127,19 @@ class QueueStats:
     #: Tasks counted in a state whose stored data is gone (evicted or deleted by hand): they
     #: will be dropped when claimed. Anything but 0 means data loss; see maxmemory-policy.
     missing: int = 0
+    #: the queue's settings in the same snapshot
+    settings: QueueSettings = field(default_factory=QueueSettings)
+
+    @property
+    def paused(self) -> bool:
+        return self.settings.paused
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of a delivery: acked, retried (``at`` = next attempt), dead, released, or
-    lost (its lease expired or was taken over before it could be settled, so it is delivered
-    again)."""
+    """What became of a delivery: acked, retried (``at`` = next attempt), dead, released,
+    cancelled (``q.cancel`` removed the task while it was leased), or lost (its lease expired
+    or was taken over before it could be settled, so it is delivered again)."""
 
     id: str
     kind: OutcomeKind
@@ -107,6 +156,7 @@ class DeliveryBase:
     """
 
     __slots__ = (
+        "_cancelled",
         "_on_settled",
         "_outcome",
         "_queue",
@@ -145,6 +195,7 @@ class DeliveryBase:
         self._on_settled: Callable[[Any], None] | None = None
         self._outcome: Outcome | None = None
         self._settled_flag = False
+        self._cancelled = False
 
     @property
     def due_at(self) -> datetime:
@@ -158,6 +209,13 @@ class DeliveryBase:
     def settled(self) -> bool:
         """True once acked, failed or released through this object, or found lost doing so."""
         return self._settled_flag
+
+    @property
+    def cancelled(self) -> bool:
+        """True once dueq found that this task was cancelled (``q.cancel``) while leased here:
+        a long handler may check it and stop early. ``process`` finds out when it extends the
+        lease (every third of the lease) or settles the delivery."""
+        return self._cancelled
 
     def _settled(self, outcome: Outcome | None = None) -> None:
         """Called once this delivery is no longer held: acked, failed, released or lost.

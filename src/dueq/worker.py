@@ -56,6 +56,7 @@ class _WorkerSettings:
         max_in_flight: int | None,
         grace: Duration,
         heartbeat: Duration,
+        timeout: Duration | None,
     ) -> None:
         kind = queue_type.__name__
         if isinstance(queues, QueueCore):
@@ -76,6 +77,9 @@ class _WorkerSettings:
         self.grace_s = duration_ms(grace, "grace", error=ConfigurationError) / 1000
         positive_duration_ms(heartbeat, "heartbeat")  # refused here, not when run() starts
         self.heartbeat = heartbeat
+        self.timeout_s = (
+            None if timeout is None else positive_duration_ms(timeout, "timeout") / 1000
+        )
         self.outcomes: Counter[str] = Counter()
         self._error: Exception | None = None
 
@@ -106,8 +110,9 @@ class Worker(_WorkerSettings):
     kept alive). The default adapts: it holds what the handlers settle in about 0.1 s, at
     least twice the concurrency and at most 1,024 (see ``dueq._prefetch``), so fast handlers
     are never starved between claims and slow ones never hoard tasks other workers could run.
-    A number fixes it. ``outcomes`` counts what became of the deliveries (acked, retried,
-    dead, released, lost).
+    A number fixes it. ``timeout`` fails an attempt that runs longer (``dueq.TaskTimeout``,
+    retried by the queue's policy; see ``dueq.operators.process``). ``outcomes`` counts what
+    became of the deliveries (acked, retried, dead, released, lost).
     """
 
     def __init__(
@@ -119,6 +124,7 @@ class Worker(_WorkerSettings):
         max_in_flight: int | None = None,
         grace: Duration = 30.0,
         heartbeat: Duration = 5.0,
+        timeout: Duration | None = None,
     ) -> None:
         super().__init__(
             queues,
@@ -128,6 +134,7 @@ class Worker(_WorkerSettings):
             max_in_flight=max_in_flight,
             grace=grace,
             heartbeat=heartbeat,
+            timeout=timeout,
         )
         self._stop = threading.Event()
         self._hurry = threading.Event()
@@ -145,7 +152,7 @@ class Worker(_WorkerSettings):
         Raises the error that ended a delivery stream, if one did (Redis outages do not).
         """
         source = self._sources()
-        processor = Processor(self.handler, self.concurrency)
+        processor = Processor(self.handler, self.concurrency, timeout_s=self.timeout_s)
         previous = self._install_signal_handlers()
         names = ", ".join(q.name for q in self.queues)
         logger.info("worker started on %s with concurrency %d", names, self.concurrency)
@@ -216,6 +223,7 @@ class AsyncWorker(_WorkerSettings):
         max_in_flight: int | None = None,
         grace: Duration = 30.0,
         heartbeat: Duration = 5.0,
+        timeout: Duration | None = None,
         handle_signals: bool = True,
     ) -> None:
         super().__init__(
@@ -226,6 +234,7 @@ class AsyncWorker(_WorkerSettings):
             max_in_flight=max_in_flight,
             grace=grace,
             heartbeat=heartbeat,
+            timeout=timeout,
         )
         self.handle_signals = handle_signals
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -257,7 +266,9 @@ class AsyncWorker(_WorkerSettings):
         self._stop, self._hurry = asyncio.Event(), asyncio.Event()
         for _ in range(self._stop_requests):
             self._request_stop()
-        processor = AsyncProcessor(self.handler, self.concurrency, is_async_handler(self.handler))
+        processor = AsyncProcessor(
+            self.handler, self.concurrency, is_async_handler(self.handler), self.timeout_s
+        )
         installed = self._install_signal_handlers() if self.handle_signals else {}
         names = ", ".join(q.name for q in self.queues)
         logger.info("worker started on %s with concurrency %d (asyncio)", names, self.concurrency)

@@ -11,6 +11,7 @@ import click
 
 from .. import __version__
 from .acl import acl
+from .configure import configure, pause, resume
 from .cron import cron
 from .dead import dead
 from .demo import demo
@@ -31,7 +32,7 @@ def cli(settings: Settings, debug: bool) -> None:
     settings.debug = debug
 
 
-for command in (schedule, worker, stats, dead, cron, acl, demo):
+for command in (schedule, worker, stats, pause, resume, configure, dead, cron, acl, demo):
     cli.add_command(command)
 
 

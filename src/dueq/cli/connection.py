@@ -290,5 +290,5 @@ def open_queue(target: RedisTarget, name: str) -> Queue:
 def require_queue(conn: Connection, name: str) -> None:
     """CliError unless queue ``name`` has any key (tasks, dead tasks or counters) in Redis."""
     k = QueueKeys.for_queue(name)
-    if not conn.client.exists(k.due, k.leased, k.tasks, k.dead, k.stats, k.cron, k.done):
+    if not conn.client.exists(k.due, k.leased, k.tasks, k.dead, k.stats, k.cron, k.done, k.config):
         raise CliError(f"no queue named {name!r} at {conn.shown}")

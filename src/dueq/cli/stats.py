@@ -42,7 +42,7 @@ def stats_table(conn: Connection, names: list[str]) -> Group:
             notes.append(f"skipped {safe(repr(name))}: cannot read its stats: {safe(exc)}")
             continue
         table.add_row(
-            safe(name),
+            safe(name) + (" (paused)" if s.paused else ""),
             *(str(n) for n in (s.scheduled, s.due_now, s.leased, s.dead)),
             *(str(s.counters.get(c, 0)) for c in COUNTERS),
             when(s.next_due_at, s.now),

@@ -60,6 +60,15 @@ def load_handler(spec: str) -> Callable[..., Any]:
     return handler
 
 
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not a whole number or 'auto'", param_hint="--max-in-flight"
+        ) from None
+
+
 @click.command()
 @click.argument("queue")
 @click.argument("handler", metavar="MODULE:FUNCTION")
@@ -69,6 +78,14 @@ def load_handler(spec: str) -> Callable[..., Any]:
     default=8,
     show_default=True,
     help="Handlers running at a time (threads, or coroutines for an async def).",
+)
+@click.option(
+    "--max-in-flight",
+    default="auto",
+    show_default=True,
+    metavar="N|auto",
+    help="Deliveries held at a time (running plus waiting); auto adapts to how fast the "
+    "handlers settle them, from twice --concurrency up to 1,024.",
 )
 @click.option(
     "--max-attempts",
@@ -81,6 +98,12 @@ def load_handler(spec: str) -> Callable[..., Any]:
     "--lease", 30.0, "How long a task is held before another worker may take it.", low=0.001
 )
 @seconds_option("--grace", 30.0, "On SIGINT/SIGTERM, time running handlers get to finish.")
+@seconds_option(
+    "--timeout",
+    None,
+    "Fail an attempt that runs longer (retried like any failure); none by default.",
+    low=0.001,
+)
 @replication_options
 @redis_options
 @click.pass_obj
@@ -89,9 +112,11 @@ def worker(
     queue: str,
     handler: str,
     concurrency: int,
+    max_in_flight: str,
     max_attempts: int,
     lease: float,
     grace: float,
+    timeout: float | None,
     wait_replicas: int,
     wait_timeout: float,
     target: RedisTarget,
@@ -116,7 +141,14 @@ def worker(
     log = logging.StreamHandler(sys.stderr)
     log.setFormatter(SafeFormatter(settings, "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if settings.debug else logging.INFO, handlers=[log])
-    w = Worker(q, function, concurrency=concurrency, grace=grace)
+    w = Worker(
+        q,
+        function,
+        concurrency=concurrency,
+        max_in_flight=None if max_in_flight == "auto" else _whole(max_in_flight),
+        grace=grace,
+        timeout=timeout,
+    )
     click.echo(
         f"worker on {queue!r} at {conn.shown}: {safe(handler)}, concurrency {concurrency}",
         err=True,

@@ -86,6 +86,31 @@ local function lease_held(k_leased, k_meta, id, token, now)
   return t ~= '' and t == token
 end
 
+-- Settings of the queue (the config hash, changed by configure.lua) in one HMGET: a table
+-- field -> value, without the fields that are unset.
+local function settings_read(k_config, ...)
+  local fields = {...}
+  local values = redis.call('HMGET', k_config, unpack(fields))
+  local out = {}
+  for i, field in ipairs(fields) do
+    if values[i] then out[field] = values[i] end
+  end
+  return out
+end
+
+-- The remember-done window ms: the queue's setting when it is set (a value that is not a
+-- whole number is logged and ignored), else the caller's (Queue(remember_done=...), deprecated).
+local function done_window(k_config, caller_ms)
+  local v = settings_read(k_config, 'remember_done_ms').remember_done_ms
+  if v ~= nil then
+    local n = tonumber(v)
+    if n and n >= 0 and n == math.floor(n) then return n end
+    redis.log(redis.LOG_WARNING, '[dueq] remember_done_ms of ' .. k_config .. ' is unreadable: ' ..
+      string.sub(v, 1, 40) .. '; using the caller\'s window')
+  end
+  return tonumber(caller_ms)
+end
+
 -- Iterate the (id, lease token) pairs packed back to back as struct '>Hc0Hc0' (ack, extend).
 local function pairs_unpack(blob)
   local pos = 1
@@ -101,8 +126,8 @@ end
 -- and those whose lease is lost (expired, taken over, or the task is gone): two id lists.
 -- One ZMSCORE and one HMGET for the lot, whatever their number (callers send <= 1000).
 local function split_held(k_leased, k_meta, ids, tokens, now)
-  local held, lost = {}, {}
-  if #ids == 0 then return held, lost end
+  local held, lost, lost_tokens = {}, {}, {}
+  if #ids == 0 then return held, lost, lost_tokens end
   local deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
   local metas = redis.call('HMGET', k_meta, unpack(ids))
   for i, id in ipairs(ids) do
@@ -111,9 +136,32 @@ local function split_held(k_leased, k_meta, ids, tokens, now)
       held[#held + 1] = id
     else
       lost[#lost + 1] = id
+      lost_tokens[#lost_tokens + 1] = tokens[i]
     end
   end
-  return held, lost
+  return held, lost, lost_tokens
+end
+
+-- A lease revoked by cancel.lua leaves "id|token" in the cancelled ZSET, so its holder is told
+-- "cancelled" rather than "lost". Splits lost (id, token) pairs into cancelled and lost ids.
+local function split_cancelled(k_cancelled, ids, tokens)
+  local cancelled, lost = {}, {}
+  for i, id in ipairs(ids) do
+    if redis.call('ZSCORE', k_cancelled, id .. '|' .. tokens[i]) then
+      cancelled[#cancelled + 1] = id
+    else
+      lost[#lost + 1] = id
+    end
+  end
+  return cancelled, lost
+end
+
+-- The reply of ack.lua and extend.lua: {head, number of cancelled, cancelled ids..., lost ids...}
+local function held_reply(head, cancelled, lost)
+  local out = {head, #cancelled}
+  for _, id in ipairs(cancelled) do out[#out + 1] = id end
+  for _, id in ipairs(lost) do out[#out + 1] = id end
+  return out
 end
 
 -- Append one error record (a JSON object) to the task's JSON list of errors.

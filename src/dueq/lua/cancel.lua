@@ -1,4 +1,6 @@
--- cancel.lua: remove a task in any state; a live lease on it is revoked (its ack gets LeaseLost).
+-- cancel.lua: remove a task in any state. A live lease on it is revoked and remembered as
+-- "id|token" in KEYS[8] until an hour after its deadline, so its holder's ack, fail, extend or
+-- release reports "cancelled" (TaskCancelled) rather than "lost".
 --
 -- KEYS[1] due      ZSET id -> due ms
 -- KEYS[2] leased   ZSET id -> lease deadline ms
@@ -7,12 +9,23 @@
 -- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[6] errors   HASH id -> JSON list of error records
 -- KEYS[7] stats    HASH counter -> int
--- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
+-- KEYS[8] cancelled ZSET "id|token" -> lease deadline ms: leases revoked here
+-- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
 
+local KEEP_MS = 3600000  -- a revoked lease is remembered this long after its deadline
 local id = ARGV[2]
 if redis.call('HEXISTS', KEYS[4], id) == 0 then return 0 end
+local deadline = redis.call('ZSCORE', KEYS[2], id)
+if deadline then
+  local now = dueq_now(ARGV[1])
+  local _, token = meta_parse(redis.call('HGET', KEYS[5], id))
+  if token ~= '' and tonumber(deadline) > now then
+    redis.call('ZADD', KEYS[8], tonumber(deadline), id .. '|' .. token)
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. ms(now - KEEP_MS))
+end
 redis.call('ZREM', KEYS[1], id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', KEYS[3], id)

@@ -8,6 +8,8 @@
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
+-- KEYS[8] config   HASH setting -> value (paused, rate)
+-- KEYS[9] rate     ZSET claim -> claimed-at ms: the claims of the last rate window
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -20,7 +22,12 @@
 --          now_us (microseconds past now, so a consumer can sleep to the due time exactly),
 --          dropped (due ids without stored data, removed), buried (due tasks sent to dead here:
 --          unreadable meta, or as many attempts as max_attempts already made),
+--          paused (1 when the queue is paused: nothing is leased and next_due is -1, so
+--          consumers sleep until resume wakes them; expired leases are still reclaimed),
 --          id1, envelope1, attempt1, due1, first_claimed1, id2, envelope2, ...}
+-- With a rate "n/per_ms" set, at most n tasks are leased in any window of per_ms (counted by
+-- the claim times kept in KEYS[9]); when the rate holds tasks back, next_due is when the
+-- oldest claim of the window leaves it, so consumers sleep exactly until then.
 
 local now, now_us = dueq_now_us(ARGV[1])
 local limit = tonumber(ARGV[2])
@@ -80,9 +87,30 @@ end
 if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 
 -- 2. Lease up to `limit` due tasks, earliest first.
-local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0}
+local config = settings_read(KEYS[8], 'paused', 'rate')
+local paused = config.paused == '1'
+local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
+
+-- The rate: how many more claims the window allows (nil: no rate, or an unreadable one).
+local rate_n, rate_per = nil, nil
+if config.rate then
+  local n, per = string.match(config.rate, '^(%d+)/(%d+)$')
+  rate_n, rate_per = tonumber(n), tonumber(per)
+  if not (rate_n and rate_per and rate_n >= 1 and rate_per >= 1) then
+    redis.log(redis.LOG_WARNING, '[dueq] rate of ' .. KEYS[8] .. ' is unreadable: ' ..
+      string.sub(config.rate, 1, 40) .. '; claiming without a rate')
+    rate_n, rate_per = nil, nil
+  end
+end
+local rate_left = nil
+if rate_n then
+  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. ms(now - rate_per + 1))
+  rate_left = math.max(rate_n - redis.call('ZCARD', KEYS[9]), 0)
+  limit = math.min(limit, rate_left)
+end
+
 local due = {}
-if limit > 0 then
+if limit > 0 and not paused then
   due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
 end
 local n = #due / 2
@@ -129,6 +157,16 @@ if n > 0 then
     call_chunked('ZADD', KEYS[2], leased)
     call_chunked('HSET', KEYS[4], meta)
     stat_incr(KEYS[7], 'claimed', #leased / 2)
+    if rate_n then  -- one entry per lease, unique by token and position
+      local claims = {}
+      for i = 1, #leased / 2 do
+        claims[#claims + 1] = now
+        claims[#claims + 1] = token .. ':' .. i
+      end
+      call_chunked('ZADD', KEYS[9], claims)
+      rate_left = rate_left - #leased / 2
+      redis.call('PEXPIRE', KEYS[9], rate_per + 1000)
+    end
   end
   for _, id in ipairs(orphans) do redis.call('HDEL', KEYS[4], id); redis.call('HDEL', KEYS[5], id) end
   if #orphans > 0 then
@@ -146,6 +184,13 @@ out[8] = buried_here
 
 local next_due = head_score(KEYS[1])
 local next_deadline = head_score(KEYS[2])
-if next_due then out[2] = clamp_ms(next_due) end
+if next_due and not paused then
+  out[2] = clamp_ms(next_due)
+  if rate_left == 0 and next_due <= now then
+    -- held back by the rate: the next claim can lease when the window's oldest claim leaves
+    local oldest = redis.call('ZRANGE', KEYS[9], 0, 0, 'WITHSCORES')
+    if oldest[2] then out[2] = math.max(out[2], tonumber(oldest[2]) + rate_per) end
+  end
+end
 if next_deadline then out[3] = clamp_ms(next_deadline) end
 return out

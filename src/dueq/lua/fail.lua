@@ -8,6 +8,7 @@
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int
 -- KEYS[8] wake     Pub/Sub channel
+-- KEYS[9] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -16,11 +17,15 @@
 -- ARGV[6] retry delay ms (with "retry")
 -- ARGV[7] dead-letter cap: most entries kept
 -- ARGV[8] dead-letter cap: oldest age kept, ms
--- Returns {status, at ms}: 1 = back in due at that time, 2 = dead since then, 0 = lease lost
+-- Returns {status, at ms}: 1 = back in due at that time, 2 = dead since then, 0 = lease lost,
+--         3 = the task was cancelled while leased (nothing recorded)
 
 local now = dueq_now(ARGV[1])
 local id, token = ARGV[2], ARGV[3]
-if not lease_held(KEYS[2], KEYS[4], id, token, now) then return {0, now} end
+if not lease_held(KEYS[2], KEYS[4], id, token, now) then
+  if redis.call('ZSCORE', KEYS[9], id .. '|' .. token) then return {3, now} end
+  return {0, now}
+end
 
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))

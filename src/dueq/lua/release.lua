@@ -5,15 +5,19 @@
 -- KEYS[3] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[4] stats    HASH counter -> int
 -- KEYS[5] wake     Pub/Sub channel
+-- KEYS[6] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
 -- ARGV[4] delay ms before it is due again
--- Returns the new due ms, or -1 when the lease is lost
+-- Returns the new due ms, -1 when the lease is lost, -2 when the task was cancelled while leased
 
 local now = dueq_now(ARGV[1])
 local id = ARGV[2]
-if not lease_held(KEYS[2], KEYS[3], id, ARGV[3], now) then return -1 end
+if not lease_held(KEYS[2], KEYS[3], id, ARGV[3], now) then
+  if redis.call('ZSCORE', KEYS[6], id .. '|' .. ARGV[3]) then return -2 end
+  return -1
+end
 local due = now + tonumber(ARGV[4])
 local previous_head = head_score(KEYS[1])
 redis.call('ZREM', KEYS[2], id)

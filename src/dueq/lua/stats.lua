@@ -5,9 +5,10 @@
 -- KEYS[3] dead     ZSET id -> died-at ms
 -- KEYS[4] stats    HASH counter -> int
 -- KEYS[5] tasks    HASH id -> envelope (only counted)
+-- KEYS[6] config   HASH setting -> value
 -- ARGV[1] now ms, or "" for server TIME
 -- Returns {now, scheduled, due_now, leased, dead, next_due ms or -1, stored (tasks with data),
---          counter1, value1, ...}
+--          {setting1, value1, ...}, counter1, value1, ...}
 
 local now = dueq_now(ARGV[1])
 local out = {
@@ -18,6 +19,7 @@ local out = {
   redis.call('ZCARD', KEYS[3]),
   -1,
   redis.call('HLEN', KEYS[5]),
+  redis.call('HGETALL', KEYS[6]),
 }
 local head = head_score(KEYS[1])
 if head then out[6] = clamp_ms(head) end

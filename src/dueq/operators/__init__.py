@@ -15,6 +15,7 @@ import reactivex
 from reactivex import Observable, abc
 
 from ..checks import whole_number
+from ..clock import Duration, positive_duration_ms
 from ..exceptions import ConfigurationError
 from ..task import Outcome
 from ._async_process import AsyncProcessor
@@ -37,6 +38,7 @@ def process(
     handler: Handler,
     concurrency: int = 8,
     *,
+    timeout: Duration | None = None,
     scheduler: abc.SchedulerBase | None = None,
 ) -> Callable[[Observable[Any]], Observable[Outcome]]:
     """Run ``handler`` on each delivery, at most ``concurrency`` at a time; emit ``Outcome``s.
@@ -53,21 +55,29 @@ def process(
     extended every third of the queue's lease. A failing handler is an ``Outcome`` (retried or
     dead), never an ``on_error``; acks and failures are retried through Redis outages.
     Disposing the subscription stops claiming and releases deliveries that have not started;
-    running handlers finish and are settled. ``scheduler`` times the lease keeper (a thread of
+    running handlers finish and are settled. ``timeout`` (seconds or a timedelta) fails an
+    attempt that runs longer with ``dueq.TaskTimeout``, which follows the retry policy: an
+    ``async def`` handler is cancelled, a plain function's thread is abandoned (another takes
+    its place) and its late result refused; its lease is no longer kept. ``scheduler`` times
+    the lease keeper (a thread of
     its own by default; giving one always selects the threaded consumer).
     """
     if not callable(handler):
         raise ConfigurationError(f"handler must be callable, got {handler!r}")
     whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
+    timeout_s = None if timeout is None else positive_duration_ms(timeout, "timeout") / 1000
 
     def operator(source: Observable[Any]) -> Observable[Outcome]:
         def subscribe(
             observer: abc.ObserverBase[Outcome], _scheduler: abc.SchedulerBase | None = None
         ) -> abc.DisposableBase:
             if scheduler is None and _running_loop() is not None:
-                processor = AsyncProcessor(handler, concurrency, is_async_handler(handler))
+                processor = AsyncProcessor(
+                    handler, concurrency, is_async_handler(handler), timeout_s
+                )
                 return processor.subscribe(source, observer)
-            return Processor(handler, concurrency, scheduler).subscribe(source, observer)
+            threaded = Processor(handler, concurrency, scheduler, timeout_s)
+            return threaded.subscribe(source, observer)
 
         return reactivex.create(subscribe)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import sys
 from collections import deque
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -35,10 +36,19 @@ from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
 from .._async_consume import call_on_loop, wait_event
+from ..exceptions import TaskCancelled
 from ..outage import describe
 from ..task import Outcome
 from ._emit import SerialEmitter
-from ._settle import KEEPER_TICK_MAX_S, SETTLE_BATCH, Op, Pending, Settling, run_flow_async
+from ._settle import (
+    KEEPER_TICK_MAX_S,
+    SETTLE_BATCH,
+    Op,
+    Pending,
+    Settling,
+    run_flow_async,
+    within,
+)
 
 logger = logging.getLogger("dueq.operators._process")
 
@@ -57,9 +67,12 @@ class AsyncProcessor(Settling):
     """Runs ``handler`` for each delivery of a source on the running loop; see the module
     docstring. ``subscribe`` must be called on that loop; ``close`` is a coroutine."""
 
-    def __init__(self, handler: Any, concurrency: int, is_async: bool) -> None:
+    def __init__(
+        self, handler: Any, concurrency: int, is_async: bool, timeout_s: float | None = None
+    ) -> None:
         self._handler = handler
         self._concurrency = concurrency
+        self._timeout_s = timeout_s
         self._is_async = is_async
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -68,6 +81,7 @@ class AsyncProcessor(Settling):
         self._held: dict[Any, float] = {}  # -> loop time its lease was last extended
         self._running: dict[Any, asyncio.Task[None]] = {}
         self._lease_lost: set[Any] = set()
+        self._cancelling: set[Any] = set()  # handlers cancelled because q.cancel() hit their task
         self._closing = False
         self._source_ended = False
         self._give_up = asyncio.Event()
@@ -190,13 +204,20 @@ class AsyncProcessor(Settling):
                 error: BaseException | None = None
                 try:
                     if self._is_async:
-                        await self._handler(d)
-                    else:
-                        result = await self._in_thread(self._handler, d)
+                        await within(self._handler(d), self._timeout_s, d)
+                    else:  # past its timeout, the thread is abandoned (a spare takes its place)
+                        result = await within(self._in_thread(self._handler, d), self._timeout_s, d)
                         if inspect.isawaitable(result):  # e.g. a partial of an async function
-                            await result
+                            await within(result, self._timeout_s, d)
                 except asyncio.CancelledError:
-                    raise  # close() cancelled it past the grace period and releases it
+                    if d not in self._cancelling:
+                        raise  # close() cancelled it past the grace period and releases it
+                    # q.cancel() removed its task: the handler was cancelled; settling it
+                    # reports the outcome "cancelled"
+                    self._cancelling.discard(d)
+                    if sys.version_info >= (3, 11):
+                        task.uncancel()
+                    error = TaskCancelled(f"task {d.id!r} was cancelled while running", [d.id])
                 except BaseException as exc:  # a handler's SystemExit is its task's failure too
                     error = exc
                 finally:
@@ -272,6 +293,11 @@ class AsyncProcessor(Settling):
                 if d in self._held:
                     self._held[d] = now_s
             self._lease_lost.update(d for d in done.lost if d in self._held)
+            for d in done.cancelled:  # cancel its handler (a plain function sees d.cancelled)
+                runner = self._running.get(d)
+                if runner is not None and self._is_async and d not in self._cancelling:
+                    self._cancelling.add(d)
+                    runner.cancel()
             self._keeper_tick_s = done.tick_s
             self._keeper_poke.clear()
             await wait_event(self._keeper_poke, done.tick_s)  # or the next extension is due
@@ -293,7 +319,10 @@ class AsyncProcessor(Settling):
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         """Run a blocking call (a sync handler, a sync Queue's ack) in this processor's pool."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="dueq-handler")
+            # twice the concurrency: threads abandoned past a timeout leave spares behind
+            self._pool = ThreadPoolExecutor(
+                2 * self._concurrency, thread_name_prefix="dueq-handler"
+            )
         assert self._loop is not None
         return await self._loop.run_in_executor(self._pool, fn, *args)
 

@@ -30,7 +30,17 @@ from reactivex.scheduler import EventLoopScheduler
 from ..outage import describe
 from ..task import AsyncDelivery, Delivery, Outcome
 from ._emit import SerialEmitter
-from ._settle import KEEPER_TICK_MAX_S, SETTLE_BATCH, Op, Pending, Settling, run_flow
+from ._settle import (
+    KEEPER_TICK_MAX_S,
+    KEEPER_TICK_MIN_S,
+    SETTLE_BATCH,
+    Op,
+    Pending,
+    Settling,
+    run_flow,
+    timeout_error,
+    within,
+)
 
 if TYPE_CHECKING:
     pass
@@ -63,13 +73,16 @@ class Processor(Settling):
         handler: Handler,
         concurrency: int,
         scheduler: abc.SchedulerBase | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         self._handler = handler
+        self._timeout_s = timeout_s
         self._own_scheduler = EventLoopScheduler() if scheduler is None else None
         self._scheduler: abc.SchedulerBase = scheduler or self._own_scheduler  # type: ignore[assignment]
         self._lock = threading.Condition()
         self._held: dict[Delivery, float] = {}  # -> when its lease was last extended (s)
-        self._running: set[Delivery] = set()
+        self._running: dict[Delivery, float] = {}  # -> when its handler started (s)
+        self._timed_out: set[Delivery] = set()  # failed by the keeper; late results refused
         self._lease_lost: set[Delivery] = set()  # held, but the keeper found its lease lost
         self._closing = False
         self._give_up = threading.Event()  # stop retrying acks and fails through an outage
@@ -80,10 +93,9 @@ class Processor(Settling):
         self._keeper: abc.DisposableBase | None = None
         self._keeper_round = 0  # a keeper action of an older round does nothing
         self._keeper_due_s = KEEPER_TICK_MAX_S  # the period of the round scheduled now
-        self._runner: _Runner = (
-            _AsyncRunner(handler, concurrency, self._begin, self._finished, self._release)
-            if is_async_handler(handler)
-            else _ThreadRunner(handler, concurrency, self._begin, self._finished, self._release)
+        runner = _AsyncRunner if is_async_handler(handler) else _ThreadRunner
+        self._runner: _Runner = runner(
+            handler, concurrency, self._begin, self._finished, self._release, timeout_s
         )
         self._settler = threading.Thread(target=self._settle_loop, name="dueq-settler")
         self._settler.daemon = True
@@ -186,10 +198,30 @@ class Processor(Settling):
         with self._lock:
             if self._closing or delivery not in self._held:
                 return False
-            self._running.add(delivery)
+            self._running[delivery] = self._scheduler.now.timestamp()
+            if (
+                self._timeout_s is not None
+                and not self._runner.times_out
+                and self._timeout_s < self._keeper_due_s
+                and self._keeper is not None
+            ):
+                self._schedule_keeper(self._timeout_s)  # the keeper watches the timeout
             return True
 
     def _finished(self, delivery: Delivery, error: BaseException | None) -> None:
+        with self._lock:
+            # failed by the keeper at its timeout, or released by close() past its grace: the
+            # result comes too late (and must not emit that delivery's outcome again)
+            late = delivery in self._timed_out or delivery not in self._held
+            if not late:
+                self._running.pop(delivery, None)  # done: no timeout applies any more
+        if late:
+            logger.warning(
+                "queue %r: handler of %r returned after its timeout; its result is refused",
+                delivery.queue.name,
+                delivery.id,
+            )
+            return
         self._done.put((delivery, error))
 
     def _source_error(self, error: Exception) -> None:
@@ -266,8 +298,9 @@ class Processor(Settling):
         with self._lock:
             for d in deliveries:
                 self._held.pop(d, None)
-                self._running.discard(d)
+                self._running.pop(d, None)
                 self._lease_lost.discard(d)
+                self._timed_out.discard(d)
             idle = not self._held
             complete = idle and self._source_ended and not self._closing
             if idle:
@@ -283,7 +316,10 @@ class Processor(Settling):
                 return  # replaced by a sooner round (or stopped)
             held = [(d, at) for d, at in self._held.items() if d not in self._lease_lost]
         now_s = scheduler.now.timestamp()
+        next_timeout_s = self._fail_timed_out(now_s)
         done = run_flow(self._keep_flow(held, now_s))
+        if next_timeout_s is not None:
+            done.tick_s = max(min(done.tick_s, next_timeout_s), KEEPER_TICK_MIN_S)
         with self._lock:
             for d in done.extended:
                 if d in self._held:
@@ -291,6 +327,36 @@ class Processor(Settling):
             self._lease_lost.update(d for d in done.lost if d in self._held)
             if self._keeper is not None and round_ == self._keeper_round:
                 self._schedule_keeper(done.tick_s)
+
+    def _fail_timed_out(self, now_s: float) -> float | None:
+        """Fail every running delivery past its timeout (threads cannot be stopped: the
+        handler is abandoned, a thread takes its place, and its late result is refused).
+        Returns the seconds until the next timeout, if any runs."""
+        if self._timeout_s is None or self._runner.times_out:
+            return None
+        timeout_s = self._timeout_s
+        with self._lock:
+            late = [
+                d
+                for d, started_s in self._running.items()
+                if started_s + timeout_s <= now_s and d not in self._timed_out
+            ]
+            self._timed_out.update(late)
+            pending = [
+                started_s + timeout_s - now_s
+                for d, started_s in self._running.items()
+                if d not in self._timed_out
+            ]
+        for d in late:
+            logger.warning(
+                "queue %r: handler of %r ran past its %.3g s timeout; abandoned",
+                d.queue.name,
+                d.id,
+                timeout_s,
+            )
+            self._runner.abandon(d)
+            self._done.put((d, timeout_error(d, timeout_s)))
+        return min(pending, default=None)
 
     def _schedule_keeper(self, period_s: float) -> None:
         """Schedule the next keeper round in ``period`` (called with ``_lock`` held); a round
@@ -324,12 +390,21 @@ class _Runner:
         begin: Callable[[Delivery], bool],
         finished: Callable[[Delivery, BaseException | None], None],
         unstarted: Callable[[Delivery], None],
+        timeout_s: float | None = None,
     ) -> None:
         self._handler: Callable[[Any], Any] = handler
         self._concurrency = concurrency
         self._begin = begin
         self._finished = finished
         self._unstarted = unstarted
+        self._timeout_s = timeout_s
+
+    #: True when the runner enforces the timeout itself (cancelling a coroutine); else the
+    #: processor's keeper fails a handler past its timeout and calls ``abandon``.
+    times_out = False
+
+    def abandon(self, delivery: Delivery) -> None:
+        """The handler running ``delivery`` is past its timeout: carry on without it."""
 
     def start(self) -> None:
         raise NotImplementedError
@@ -355,6 +430,21 @@ class _ThreadRunner(_Runner):
             threading.Thread(target=self._work, name=f"dueq-handler-{i}", daemon=True)
             for i in range(self._concurrency)
         ]
+        self._lock = threading.Lock()
+        self._current: dict[int, Delivery] = {}  # thread ident -> the delivery it runs
+        self._retired: set[int] = set()  # threads whose handler was abandoned: exit when done
+
+    def abandon(self, delivery: Delivery) -> None:
+        with self._lock:
+            ident = next((i for i, d in self._current.items() if d is delivery), None)
+            if ident is None:
+                return  # it finished meanwhile
+            self._retired.add(ident)
+            replacement = threading.Thread(
+                target=self._work, name=f"dueq-handler-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(replacement)
+        replacement.start()  # concurrency stays what was asked for
 
     def start(self) -> None:
         for thread in self._threads:
@@ -386,17 +476,28 @@ class _ThreadRunner(_Runner):
                 self._unstarted(d)
                 continue
             error: BaseException | None = None
+            ident = threading.get_ident()
+            with self._lock:
+                self._current[ident] = d
             try:
                 result = self._handler(d)
                 if inspect.isawaitable(result):  # e.g. a partial of an async function
                     asyncio.run(_awaited(result))
             except BaseException as exc:  # a handler's SystemExit is its task's failure too
                 error = exc
+            with self._lock:
+                self._current.pop(ident, None)
+                retired = ident in self._retired
+                self._retired.discard(ident)
             self._finished(d, error)
+            if retired:
+                return  # a replacement took this thread's place
 
 
 class _AsyncRunner(_Runner):
     """An ``async def`` handler on one event loop thread, ``concurrency`` at a time."""
+
+    times_out = True  # a handler past its timeout is cancelled here
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -449,8 +550,8 @@ class _AsyncRunner(_Runner):
                 return
             error: BaseException | None = None
             try:
-                await self._handler(d)
-            except BaseException as exc:
+                await within(self._handler(d), self._timeout_s, d)
+            except BaseException as exc:  # a handler's SystemExit is its task's failure too
                 error = exc
             self._finished(d, error)
 

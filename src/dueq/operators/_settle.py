@@ -13,8 +13,10 @@ consumers share every rule and every log line, and differ only in how they wait.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Generator
@@ -24,7 +26,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from ..exceptions import DueqError, LeaseLost, Unrecoverable
+from ..exceptions import DueqError, LeaseLost, TaskTimeout, Unrecoverable
 from ..outage import Backoff, describe, is_outage
 from ..task import DeliveryBase, Outcome
 
@@ -135,7 +137,8 @@ class KeeperRound:
 
     tick_s: float = KEEPER_TICK_MAX_S
     extended: list[Any] = field(default_factory=list)
-    lost: list[Any] = field(default_factory=list)
+    lost: list[Any] = field(default_factory=list)  # not held any more (cancelled ones too)
+    cancelled: list[Any] = field(default_factory=list)  # their task was cancelled
 
 
 class Settling:
@@ -206,8 +209,13 @@ class Settling:
             return []
         try:
             yield partial(q.ack_many, deliveries)
-        except LeaseLost:
-            logger.warning("queue %r: lease lost before ack; the task is delivered again", q.name)
+        except LeaseLost as exc:
+            if len(exc.cancelled) < len(exc.ids):
+                logger.warning(
+                    "queue %r: lease lost before ack; the task is delivered again", q.name
+                )
+            if exc.cancelled:
+                logger.info("queue %r: cancelled while running: %s", q.name, exc.cancelled[:10])
         except Exception as exc:
             if is_outage(exc) and not final:
                 raise
@@ -223,10 +231,15 @@ class Settling:
         """The outcome of recording ``error`` for ``d``; raises an outage unless ``final``."""
         try:
             outcome: Outcome = yield partial(d.fail, error)
-        except LeaseLost:
-            logger.warning(
-                "queue %r: lease on %r lost before its failure was recorded", d.queue.name, d.id
-            )
+        except LeaseLost as exc:
+            if exc.cancelled:
+                logger.info("queue %r: task %r cancelled while running", d.queue.name, d.id)
+            else:
+                logger.warning(
+                    "queue %r: lease on %r lost before its failure was recorded",
+                    d.queue.name,
+                    d.id,
+                )
             return d._outcome or Outcome(d.id, "lost", d.attempt)
         except Exception as exc:
             if is_outage(exc) and not final:
@@ -261,7 +274,7 @@ class Settling:
             try:
                 outcome: Outcome = yield d.release
             except LeaseLost:
-                return Outcome(d.id, "lost", d.attempt)
+                return d._outcome or Outcome(d.id, "lost", d.attempt)
             except Exception as exc:  # its lease expires on its own; it is delivered again
                 if is_outage(exc) and not self._giving_up():
                     delay_s = backoff.failed()
@@ -309,10 +322,19 @@ class Settling:
             try:
                 yield partial(q.extend_many, deliveries, q.lease_ms / 1000)
             except LeaseLost as exc:
-                lost = set(exc.ids)
+                lost, cancelled = set(exc.ids), set(exc.cancelled)
                 for d in deliveries:
-                    if d.id in lost:
+                    if d.id in cancelled:
+                        logger.warning(
+                            "queue %r: task %r was cancelled while its handler ran; the handler "
+                            "is told (d.cancelled) and the outcome is 'cancelled'",
+                            q.name,
+                            d.id,
+                        )
+                        result.cancelled.append(d)
+                    elif d.id in lost:
                         logger.warning("queue %r: lease on %r lost while held", q.name, d.id)
+                    if d.id in lost:
                         result.lost.append(d)
             except Exception as exc:
                 if not is_outage(exc):
@@ -332,6 +354,28 @@ class Settling:
                 unextended,
             )
         return result
+
+
+def timeout_error(d: Any, timeout_s: float) -> TaskTimeout:
+    """The failure recorded for an attempt that ran past its timeout."""
+    return TaskTimeout(f"handler ran past its timeout of {timeout_s:g} s (attempt {d.attempt})")
+
+
+async def within(awaitable: Awaitable[R], timeout_s: float | None, d: Any) -> R:
+    """Await ``awaitable``, cancelling it after ``timeout_s`` (None: no limit) and raising
+    TaskTimeout instead. ``asyncio.timeout`` where Python has it (3.11): ``wait_for`` on 3.10
+    can swallow a cancellation that arrives as the handler finishes."""
+    if timeout_s is None:
+        return await awaitable
+    try:
+        if sys.version_info >= (3, 11):
+            async with asyncio.timeout(timeout_s):
+                return await awaitable
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except TimeoutError:  # asyncio.TimeoutError is TimeoutError from 3.11 on
+        raise timeout_error(d, timeout_s) from None
+    except asyncio.TimeoutError:
+        raise timeout_error(d, timeout_s) from None
 
 
 def _stand_in(error: BaseException, unrecordable: Exception) -> BaseException:

@@ -1,0 +1,53 @@
+"""dueq pause / resume / configure: a queue's settings in Redis, from the command line."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import dueq
+
+
+def test_pause_and_resume_change_what_every_worker_may_claim(invoke, r):
+    q = dueq.Queue("jobs", r)
+    q.schedule({}, id="a")
+    result = invoke("pause", "jobs")
+    assert result.exit_code == 0, result.output
+    assert "queue 'jobs': paused" in result.output
+    assert q.claim(10) == [] and q.settings().paused
+    assert "(paused)" in invoke("stats", "jobs").output
+    result = invoke("resume", "jobs")
+    assert result.exit_code == 0 and "queue 'jobs': running" in result.output
+    assert [d.id for d in q.claim(10)] == ["a"]
+
+
+def test_a_queue_may_be_paused_before_anything_was_scheduled(invoke, r):
+    assert invoke("pause", "later").exit_code == 0
+    q = dueq.Queue("later", r)
+    q.schedule({}, id="a")
+    assert q.claim(10) == []
+    assert invoke("stats", "later").exit_code == 0  # its settings make it a known queue
+
+
+def test_configure_shows_and_sets_remember_done_for_every_process(invoke, r):
+    assert "rate off; remember_done off" in invoke("configure", "jobs").output
+    result = invoke("configure", "jobs", "--remember-done", "3600")
+    assert result.exit_code == 0 and "remember_done 1.0 h" in result.output
+    assert dueq.Queue("jobs", r).settings().remember_done == timedelta(hours=1)
+    result = invoke("configure", "jobs", "--remember-done", "0", "--paused")
+    assert "paused; rate off; remember_done off" in result.output
+
+
+def test_configure_refuses_a_negative_window_before_writing(invoke, r):
+    result = invoke("configure", "jobs", "--remember-done", "-5")
+    assert result.exit_code == 2 and "--remember-done" in result.output
+    assert not r.exists(dueq.Queue("jobs", r).keys.config)
+
+
+def test_configure_sets_and_removes_a_rate(invoke, r):
+    result = invoke("configure", "jobs", "--rate", "20/0.5")
+    assert result.exit_code == 0 and "rate 20/0.5s" in result.output
+    assert dueq.Queue("jobs", r).settings().rate == dueq.Rate(20, per=0.5)
+    assert "rate off" in invoke("configure", "jobs", "--rate", "off").output
+    for bad in ("fast", "0/1", "5/0", "5/x"):
+        result = invoke("configure", "jobs", "--rate", bad)
+        assert result.exit_code == 2 and "--rate" in result.output, bad
