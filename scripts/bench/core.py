@@ -7,12 +7,20 @@ never touches any other server. Every figure is measured in this run. Sections:
 1. baseline   redis-py pipelined ZADD + HSET per task (transaction=False, executed every
               1,000 tasks); the loop also generates the id and JSON-encodes the payload, like
               ``schedule_many`` does, so both sides do the same client-side work
-2. schedule   ``Queue.schedule_many`` (generated ids, and explicit ids), ratio to the baseline
-3. drain      ``claim(limit)`` + ``ack_many`` of due tasks in one process, limits 100/500/1000
+2. schedule   ``Queue.schedule_many`` (generated ids, and explicit ids), ratio to the baseline;
+              ``Queue.schedule`` once per task, ratio to one ZADD + HSET pipeline per task
+3. drain      ``claim(limit)`` + ``ack_many`` of due tasks in one process, limits 100/500/1000;
+              ratio to a raw drain (pipelined ZPOPMIN 1000 + HMGET + HDEL, no leases or acks)
 4. latency    one ``claim(limit=100)`` (and claim + ``ack_many``) with 1k vs 1M far-future
               tasks in the due set; server-side claim time from SLOWLOG as well
 5. memory     INFO ``used_memory`` per task beyond the payload bytes (scheduled and leased),
               per key from ``MEMORY USAGE``, and the baseline layout for comparison
+A1-A5         the same for the asyncio front end: ``AsyncQueue`` on a ``redis.asyncio`` client,
+              every call awaited on one event loop, each ratio against the same raw pipelines
+              on ``redis.asyncio`` in this run (server-side claim time and the memory sweep
+              are the sync sections': the same scripts write the same data). Sync and async
+              runs take turns (one of each per round), so that load from outside the
+              benchmark falls on both alike
 
 Throughput figures are the best of ``--repeat`` runs (like ``timeit``). ``--quick`` shrinks the
 sizes about 10x for a smoke run; ``--profile`` adds cProfile tables of schedule_many and drain.
@@ -25,6 +33,7 @@ The table goes to stdout, followed by one JSON line with every figure; progress 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import gc
 import hashlib
@@ -35,21 +44,24 @@ import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import redis
+import redis.asyncio
 from report import percentile, print_table
 
 import dueq
-from dueq import Queue, Task
+from dueq import AsyncQueue, Queue, Task
 from dueq.envelope import generated_ids
 from dueq.scripts import script_source
 from dueq.server import RedisServer
 
 perf = time.perf_counter
+Row = tuple[str, str, str, str]
 
 FAR_FUTURE = timedelta(days=365)  # future tasks are due in a year: never claimed here
 PIPELINE_EVERY = 1000
@@ -70,6 +82,7 @@ TARGETS = {
 @dataclass(frozen=True)
 class Sizes:
     schedule: int
+    schedule_one: int
     drain: int
     future_small: int
     future_big: int
@@ -79,6 +92,7 @@ class Sizes:
 
 FULL = Sizes(
     schedule=100_000,
+    schedule_one=5_000,
     drain=50_000,
     future_small=1_000,
     future_big=1_000_000,
@@ -87,6 +101,7 @@ FULL = Sizes(
 )
 QUICK = Sizes(
     schedule=10_000,
+    schedule_one=500,
     drain=5_000,
     future_small=1_000,
     future_big=100_000,
@@ -183,7 +198,64 @@ def run_schedule(
     return {"seconds": elapsed, "server_s": server_usec(r, ("evalsha", "eval")) / 1e6}
 
 
+def run_schedule_one(r: redis.Redis, payloads: list[dict[str, Any]]) -> dict[str, float]:
+    """``Queue.schedule`` once per task: one round trip each, as a request handler does."""
+    r.flushdb()
+    q = Queue("bench", r)
+    r.config_resetstat()
+    start = perf()
+    for p in payloads:
+        q.schedule(p)
+    elapsed = perf() - start
+    assert r.zcard(q.keys.due) == len(payloads)
+    return {"seconds": elapsed, "server_s": server_usec(r, ("evalsha", "eval")) / 1e6}
+
+
+P = TypeVar("P", redis.client.Pipeline, redis.asyncio.client.Pipeline)
+T = TypeVar("T")
+
+
+def raw_add(pipe: P, task_id: str, body: dict[str, Any]) -> P:
+    """Queue a ZADD + HSET of one task (due now) in the raw layout on ``pipe``."""
+    pipe.zadd("baseline:due", {task_id: int(time.time() * 1000)})
+    pipe.hset("baseline:tasks", task_id, _encode(body))
+    return pipe
+
+
+def run_baseline_one(r: redis.Redis, payloads: list[dict[str, Any]]) -> dict[str, float]:
+    """The raw counterpart of ``run_schedule_one``: one ZADD + HSET pipeline per task."""
+    r.flushdb()
+    r.config_resetstat()
+    fresh_ids = generated_ids()
+    start = perf()
+    for p in payloads:
+        raw_add(r.pipeline(transaction=False), next(fresh_ids), p).execute()
+    elapsed = perf() - start
+    assert r.zcard("baseline:due") == len(payloads)
+    return {"seconds": elapsed, "server_s": server_usec(r, ("zadd", "hset")) / 1e6}
+
+
 # -- 3. drain ------------------------------------------------------------------------------------
+
+
+def run_raw_drain(r: redis.Redis, payloads: list[dict[str, Any]]) -> dict[str, float]:
+    """Raw baseline of the drain: pipelined ZPOPMIN 1000 + HMGET + HDEL (no leases, no acks)."""
+    r.flushdb()
+    q = Queue("raw", r)
+    q.schedule_many(Task(p) for p in payloads)
+    due, tasks = q.keys.due, q.keys.tasks
+    r.config_resetstat()
+    moved = 0
+    start = perf()
+    while moved < len(payloads):
+        ids = [member for member, _ in r.zpopmin(due, 1000)]
+        pipe = r.pipeline(transaction=False)
+        pipe.hmget(tasks, ids)
+        pipe.hdel(tasks, *ids)
+        pipe.execute()
+        moved += len(ids)
+    elapsed = perf() - start
+    return {"seconds": elapsed, "server_s": server_usec(r, ("zpopmin", "hmget", "hdel")) / 1e6}
 
 
 def drain(q: Queue, limit: int) -> tuple[int, int]:
@@ -227,6 +299,16 @@ def load_future(q: Queue, count: int) -> float:
     elapsed = perf() - start
     assert q.redis.zcard(q.keys.due) == count
     return elapsed
+
+
+def latency_spread(claim_s: list[float], round_s: list[float]) -> dict[str, float]:
+    """Median and p99 (ms) of the claim times and of the claim + ack times."""
+    return {
+        "claim_median_ms": statistics.median(claim_s) * 1e3,
+        "claim_p99_ms": percentile(claim_s, 99) * 1e3,
+        "round_median_ms": statistics.median(round_s) * 1e3,
+        "round_p99_ms": percentile(round_s, 99) * 1e3,
+    }
 
 
 def run_latency(r: redis.Redis, future: int, rounds: int) -> dict[str, Any]:
@@ -276,10 +358,7 @@ def run_latency(r: redis.Redis, future: int, rounds: int) -> dict[str, Any]:
     return {
         "future": future,
         "load_s": load_s,
-        "claim_median_ms": statistics.median(claim_s) * 1e3,
-        "claim_p99_ms": percentile(claim_s, 99) * 1e3,
-        "round_median_ms": statistics.median(round_s) * 1e3,
-        "round_p99_ms": percentile(round_s, 99) * 1e3,
+        **latency_spread(claim_s, round_s),
         "server_claim_median_us": statistics.median(server_claim_us),
         "server_claim_p99_us": percentile(server_claim_us, 99),
     }
@@ -372,6 +451,199 @@ def run_memory_sweep(r: redis.Redis, n: int) -> dict[str, dict[str, float]]:
     return out
 
 
+# -- the asyncio front end -----------------------------------------------------------------------
+#
+# The same sections on ``AsyncQueue`` and a ``redis.asyncio`` client, each against its raw
+# counterpart on ``redis.asyncio`` (the same pipelines, awaited), all on one event loop.
+
+
+async def async_server_usec(client: redis.asyncio.Redis, commands: Iterable[str]) -> int:
+    stats = await client.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in commands)
+
+
+async def async_used_memory(client: redis.asyncio.Redis) -> int:
+    """As ``used_memory``: on a new connection, after closing the old ones."""
+    await client.connection_pool.disconnect()
+    return int((await client.info("memory"))["used_memory"])
+
+
+async def run_async_baseline(
+    client: redis.asyncio.Redis, payloads: list[dict[str, Any]]
+) -> dict[str, float]:
+    await client.flushdb()
+    await client.config_resetstat()
+    due, tasks = "baseline:due", "baseline:tasks"
+    now_ms = int(time.time() * 1000)
+    pipe = client.pipeline(transaction=False)
+    start = perf()
+    fresh_ids = generated_ids()
+    for i, p in enumerate(payloads, 1):
+        task_id = next(fresh_ids)
+        pipe.zadd(due, {task_id: now_ms})
+        pipe.hset(tasks, task_id, _encode(p))
+        if i % PIPELINE_EVERY == 0:
+            await pipe.execute()
+    await pipe.execute()
+    elapsed = perf() - start
+    assert await client.zcard(due) == len(payloads)
+    return {"seconds": elapsed, "server_s": await async_server_usec(client, ("zadd", "hset")) / 1e6}
+
+
+async def run_async_schedule(
+    client: redis.asyncio.Redis, payloads: list[dict[str, Any]], ids: list[str] | None
+) -> dict[str, float]:
+    await client.flushdb()
+    q = AsyncQueue("bench", client)
+    await client.config_resetstat()
+    start = perf()
+    if ids is None:
+        result = await q.schedule_many(Task(p) for p in payloads)
+    else:
+        result = await q.schedule_many(Task(p, id=i) for p, i in zip(payloads, ids, strict=True))
+    elapsed = perf() - start
+    assert result.added == len(payloads) == await client.zcard(q.keys.due)
+    return {"seconds": elapsed, "server_s": await async_server_usec(client, ("evalsha",)) / 1e6}
+
+
+async def run_async_schedule_one(
+    client: redis.asyncio.Redis, payloads: list[dict[str, Any]]
+) -> dict[str, float]:
+    await client.flushdb()
+    q = AsyncQueue("bench", client)
+    await client.config_resetstat()
+    start = perf()
+    for p in payloads:
+        await q.schedule(p)
+    elapsed = perf() - start
+    assert await client.zcard(q.keys.due) == len(payloads)
+    return {"seconds": elapsed, "server_s": await async_server_usec(client, ("evalsha",)) / 1e6}
+
+
+async def run_async_baseline_one(
+    client: redis.asyncio.Redis, payloads: list[dict[str, Any]]
+) -> dict[str, float]:
+    await client.flushdb()
+    await client.config_resetstat()
+    fresh_ids = generated_ids()
+    start = perf()
+    for p in payloads:
+        await raw_add(client.pipeline(transaction=False), next(fresh_ids), p).execute()
+    elapsed = perf() - start
+    assert await client.zcard("baseline:due") == len(payloads)
+    return {"seconds": elapsed, "server_s": await async_server_usec(client, ("zadd", "hset")) / 1e6}
+
+
+async def async_drain(q: AsyncQueue, limit: int) -> tuple[int, int]:
+    done = rounds = 0
+    while batch := await q.claim(limit=limit):
+        done += await q.ack_many(batch)
+        rounds += 1
+    return done, rounds
+
+
+async def run_async_drain(
+    client: redis.asyncio.Redis, payloads: list[dict[str, Any]], limit: int
+) -> dict[str, float]:
+    await client.flushdb()
+    q = AsyncQueue("drain", client)
+    await q.schedule_many(Task(p) for p in payloads)
+    await q.check_server()
+    await client.config_resetstat()
+    start = perf()
+    done, rounds = await async_drain(q, limit)
+    elapsed = perf() - start
+    assert done == len(payloads), (done, len(payloads))
+    return {
+        "seconds": elapsed,
+        "rounds": rounds,
+        "server_s": await async_server_usec(client, ("evalsha",)) / 1e6,
+    }
+
+
+async def run_async_raw_drain(
+    client: redis.asyncio.Redis, payloads: list[dict[str, Any]]
+) -> dict[str, float]:
+    await client.flushdb()
+    q = AsyncQueue("raw", client)
+    await q.schedule_many(Task(p) for p in payloads)
+    due, tasks = q.keys.due, q.keys.tasks
+    await client.config_resetstat()
+    moved = 0
+    start = perf()
+    while moved < len(payloads):
+        ids = [member for member, _ in await client.zpopmin(due, 1000)]
+        pipe = client.pipeline(transaction=False)
+        pipe.hmget(tasks, ids)
+        pipe.hdel(tasks, *ids)
+        await pipe.execute()
+        moved += len(ids)
+    elapsed = perf() - start
+    raw_commands = ("zpopmin", "hmget", "hdel")
+    return {"seconds": elapsed, "server_s": await async_server_usec(client, raw_commands) / 1e6}
+
+
+async def run_async_latency(
+    client: redis.asyncio.Redis, future: int, rounds: int
+) -> dict[str, Any]:
+    """Client-side claim latency on the async front end (the server-side time of the claim
+    script is the sync section's: the same script on the same data)."""
+    await client.flushdb()
+    q = AsyncQueue("latency", client)
+    body = payload(0)
+    start = perf()
+    for first in range(0, future, FUTURE_BATCH):
+        size = min(FUTURE_BATCH, future - first)
+        await q.schedule_many(Task(body, delay=FAR_FUTURE) for _ in range(size))
+    load_s = perf() - start
+    due_count = (rounds + LATENCY_WARMUP_ROUNDS) * LATENCY_LIMIT
+    await q.schedule_many(Task(payload(i)) for i in range(due_count))
+    await q.check_server()
+    for _ in range(LATENCY_WARMUP_ROUNDS):
+        await q.ack_many(await q.claim(limit=LATENCY_LIMIT))
+    claim_s: list[float] = []
+    round_s: list[float] = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            t0 = perf()
+            batch = await q.claim(limit=LATENCY_LIMIT)
+            t1 = perf()
+            await q.ack_many(batch)
+            t2 = perf()
+            assert len(batch) == LATENCY_LIMIT, len(batch)
+            claim_s.append(t1 - t0)
+            round_s.append(t2 - t0)
+    finally:
+        gc.enable()
+    assert await client.zcard(q.keys.due) == future
+    return {
+        "future": future,
+        "load_s": load_s,
+        "load_tasks_per_s": future / load_s,
+        **latency_spread(claim_s, round_s),
+    }
+
+
+async def run_async_memory(client: redis.asyncio.Redis, n: int) -> dict[str, Any]:
+    """Bytes per task beyond the payload, scheduled and leased through ``AsyncQueue``."""
+    await client.flushdb()
+    q = AsyncQueue("memory", client)
+    before = await async_used_memory(client)
+    await q.schedule_many(Task(payload(i)) for i in range(n))
+    scheduled = await async_used_memory(client)
+    while await q.claim(limit=1000):  # lease everything, no ack: the leased state
+        pass
+    assert await client.zcard(q.keys.leased) == n
+    leased = await async_used_memory(client)
+    return {
+        "n": n,
+        "scheduled_beyond_payload": (scheduled - before) / n - PAYLOAD_BYTES,
+        "leased_beyond_payload": (leased - before) / n - PAYLOAD_BYTES,
+    }
+
+
 # -- profiling -----------------------------------------------------------------------------------
 
 
@@ -421,6 +693,97 @@ def best(runs: list[dict[str, float]], n: int) -> dict[str, Any]:
     }
 
 
+def summary(runs: dict[str, Any], sizes: Sizes) -> dict[str, Any]:
+    """Best runs and ratios to the raw baselines of one front end (the same keys for both)."""
+    n, n_one, n_drain = sizes.schedule, sizes.schedule_one, sizes.drain
+    base = best(runs["baseline"], n)
+    gen = best(runs["schedule_generated"], n)
+    exp = best(runs["schedule_explicit"], n)
+    gen["ratio"] = gen["tasks_per_s"] / base["tasks_per_s"]
+    exp["ratio"] = exp["tasks_per_s"] / base["tasks_per_s"]
+    base_one = best(runs["baseline_one"], n_one)
+    one = best(runs["schedule_one"], n_one)
+    one["ratio"] = one["tasks_per_s"] / base_one["tasks_per_s"]
+    raw_drain = best(runs["raw_drain"], n_drain)
+    drains = {}
+    for limit, limit_runs in runs["drain"].items():
+        d = {**best(limit_runs, n_drain), "rounds": limit_runs[0]["rounds"]}
+        d["ratio"] = d["tasks_per_s"] / raw_drain["tasks_per_s"]
+        drains[str(limit)] = d
+    best_limit = max(drains, key=lambda limit: drains[limit]["tasks_per_s"])
+    lat_small, lat_big = runs["latency_small"], runs["latency_big"]
+    lat_big["load_tasks_per_s"] = lat_big["future"] / lat_big["load_s"]
+    ratios = {
+        name: lat_big[key] / lat_small[key]
+        for name, key in (
+            ("claim_median", "claim_median_ms"),
+            ("claim_p99", "claim_p99_ms"),
+            ("round_median", "round_median_ms"),
+            ("round_p99", "round_p99_ms"),
+            ("server_claim_median", "server_claim_median_us"),
+        )
+        if key in lat_big
+    }
+    t = TARGETS
+    return {
+        "baseline": base,
+        "schedule_generated": gen,
+        "schedule_explicit": exp,
+        "baseline_one": base_one,
+        "schedule_one": one,
+        "raw_drain": raw_drain,
+        "drain": drains,
+        "drain_best": {"limit": int(best_limit), "tasks_per_s": drains[best_limit]["tasks_per_s"]},
+        "latency_small": lat_small,
+        "latency_big": lat_big,
+        "latency_ratio": ratios,
+        "memory": runs["memory"],
+        "targets": t,
+        "met": {
+            "schedule_ratio": gen["ratio"] >= t["schedule_ratio_min"],
+            "drain": drains[best_limit]["tasks_per_s"] >= t["drain_tasks_per_s_min"],
+            "claim_latency_ratio": ratios["claim_median"] <= t["claim_latency_ratio_max"],
+            "memory": runs["memory"]["scheduled_beyond_payload"] <= t["memory_bytes_per_task_max"],
+        },
+    }
+
+
+class Turns:
+    """Runs of both front ends, taking turns: each round runs the sync variant, then the async
+    one, so that load from outside this benchmark (a shared machine) falls on both alike.
+    The async calls run on one event loop (with one ``redis.asyncio`` client) kept for the
+    whole benchmark."""
+
+    def __init__(self, server: RedisServer, repeat: int) -> None:
+        self.repeat = repeat
+        self.loop = asyncio.new_event_loop()
+        self.client = redis.asyncio.Redis(**server.connection_kwargs())
+        self.sync: dict[str, Any] = {}
+        self.aio: dict[str, Any] = {}
+
+    def wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def both(
+        self,
+        name: str | tuple[str, int],
+        sync_run: Callable[[], dict[str, float]],
+        async_run: Callable[[], Coroutine[Any, Any, dict[str, float]]],
+    ) -> None:
+        """``repeat`` rounds of one sync run and one async run, filed under ``name`` (or
+        ``(name, key)`` for a dict of runs, such as the drain limits)."""
+        for _ in range(self.repeat):
+            for runs, result in ((self.sync, sync_run()), (self.aio, self.wait(async_run()))):
+                if isinstance(name, tuple):
+                    runs.setdefault(name[0], {}).setdefault(name[1], []).append(result)
+                else:
+                    runs.setdefault(name, []).append(result)
+
+    def close(self) -> None:
+        self.wait(self.client.aclose())
+        self.loop.close()
+
+
 def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) -> dict[str, Any]:
     """Run every section against a throwaway redis-server; returns the summary."""
     with RedisServer() as server:
@@ -434,153 +797,210 @@ def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) 
         )
         payloads = [payload(i) for i in range(sizes.schedule)]
         ids = [f"task-{i:07d}" for i in range(sizes.schedule)]  # 12 chars, like generated ids
-        # Warm up: load the Lua scripts and run each code path once.
-        run_baseline(r, payloads[:2000])
-        run_schedule(r, payloads[:2000], None)
-        run_drain(r, payloads[:2000], 1000)
+        one, drained = payloads[: sizes.schedule_one], payloads[: sizes.drain]
+        turns = Turns(server, repeat)
+        c = turns.client
+        try:
+            # Warm up: load the Lua scripts and run each code path once.
+            run_baseline(r, payloads[:2000])
+            run_schedule(r, payloads[:2000], None)
+            run_drain(r, payloads[:2000], 1000)
+            turns.wait(run_async_baseline(c, payloads[:2000]))
+            turns.wait(run_async_schedule(c, payloads[:2000], None))
+            turns.wait(run_async_drain(c, payloads[:2000], 1000))
 
-        log("1. baseline ...")
-        base_runs = [run_baseline(r, payloads) for _ in range(repeat)]
-        log("2. schedule_many ...")
-        gen_runs = [run_schedule(r, payloads, None) for _ in range(repeat)]
-        exp_runs = [run_schedule(r, payloads, ids) for _ in range(repeat)]
-        log("3. drain ...")
-        drain_runs = {
-            limit: [run_drain(r, payloads[: sizes.drain], limit) for _ in range(repeat)]
-            for limit in DRAIN_LIMITS
-        }
-        log("4. claim latency ...")
-        lat_small = run_latency(r, sizes.future_small, sizes.latency_rounds)
-        lat_big = run_latency(r, sizes.future_big, sizes.latency_rounds)
-        log("5. memory ...")
-        mem = run_memory(r, sizes.memory)
-        mem["sweep"] = run_memory_sweep(r, max(sizes.memory // 5, 2000))
-        mem["sweep_mean"] = statistics.fmean(mem["sweep"]["dueq"].values())
-        mem["sweep_baseline_mean"] = statistics.fmean(mem["sweep"]["baseline"].values())
-        if with_profile:
-            run_profiles(r, sizes)
-        r.flushdb()
-        r.close()
-
-    n = sizes.schedule
-    base = best(base_runs, n)
-    gen = best(gen_runs, n)
-    exp = best(exp_runs, n)
-    gen["ratio"] = gen["tasks_per_s"] / base["tasks_per_s"]
-    exp["ratio"] = exp["tasks_per_s"] / base["tasks_per_s"]
-    drains = {}
-    for limit, runs in drain_runs.items():
-        drains[str(limit)] = {**best(runs, sizes.drain), "rounds": runs[0]["rounds"]}
-    best_limit = max(drains, key=lambda limit: drains[limit]["tasks_per_s"])
-    lat_big["load_tasks_per_s"] = lat_big["future"] / lat_big["load_s"]
-    ratios = {
-        name: lat_big[key] / lat_small[key]
-        for name, key in (
-            ("claim_median", "claim_median_ms"),
-            ("claim_p99", "claim_p99_ms"),
-            ("round_median", "round_median_ms"),
-            ("round_p99", "round_p99_ms"),
-            ("server_claim_median", "server_claim_median_us"),
-        )
-    }
-    t = TARGETS
+            log("1. baseline (sync and asyncio taking turns) ...")
+            turns.both(
+                "baseline",
+                partial(run_baseline, r, payloads),
+                partial(run_async_baseline, c, payloads),
+            )
+            log("2. schedule_many, schedule ...")
+            for name, given in (("schedule_generated", None), ("schedule_explicit", ids)):
+                turns.both(
+                    name,
+                    partial(run_schedule, r, payloads, given),
+                    partial(run_async_schedule, c, payloads, given),
+                )
+            turns.both(
+                "baseline_one",
+                partial(run_baseline_one, r, one),
+                partial(run_async_baseline_one, c, one),
+            )
+            turns.both(
+                "schedule_one",
+                partial(run_schedule_one, r, one),
+                partial(run_async_schedule_one, c, one),
+            )
+            log("3. drain ...")
+            turns.both(
+                "raw_drain",
+                partial(run_raw_drain, r, drained),
+                partial(run_async_raw_drain, c, drained),
+            )
+            for limit in DRAIN_LIMITS:
+                turns.both(
+                    ("drain", limit),
+                    partial(run_drain, r, drained, limit),
+                    partial(run_async_drain, c, drained, limit),
+                )
+            log("4. claim latency ...")
+            for name, future in (
+                ("latency_small", sizes.future_small),
+                ("latency_big", sizes.future_big),
+            ):
+                turns.sync[name] = run_latency(r, future, sizes.latency_rounds)
+                turns.aio[name] = turns.wait(run_async_latency(c, future, sizes.latency_rounds))
+            log("5. memory ...")
+            mem = run_memory(r, sizes.memory)
+            mem["sweep"] = run_memory_sweep(r, max(sizes.memory // 5, 2000))
+            mem["sweep_mean"] = statistics.fmean(mem["sweep"]["dueq"].values())
+            mem["sweep_baseline_mean"] = statistics.fmean(mem["sweep"]["baseline"].values())
+            turns.sync["memory"] = mem
+            turns.aio["memory"] = turns.wait(run_async_memory(c, sizes.memory))
+            if with_profile:
+                run_profiles(r, sizes)
+            r.flushdb()
+        finally:
+            turns.close()
+            r.close()
     return {
         "env": env,
         "sizes": asdict(sizes),
-        "baseline": base,
-        "schedule_generated": gen,
-        "schedule_explicit": exp,
-        "drain": drains,
-        "drain_best": {"limit": int(best_limit), "tasks_per_s": drains[best_limit]["tasks_per_s"]},
-        "latency_small": lat_small,
-        "latency_big": lat_big,
-        "latency_ratio": ratios,
-        "memory": mem,
-        "targets": t,
-        "met": {
-            "schedule_ratio": gen["ratio"] >= t["schedule_ratio_min"],
-            "drain": drains[best_limit]["tasks_per_s"] >= t["drain_tasks_per_s_min"],
-            "claim_latency_ratio": ratios["claim_median"] <= t["claim_latency_ratio_max"],
-            "memory": mem["scheduled_beyond_payload"] <= t["memory_bytes_per_task_max"],
-        },
+        **summary(turns.sync, sizes),
+        "async": summary(turns.aio, sizes),
     }
 
 
-def table_rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    t, met = res["targets"], res["met"]
+def goal(text: str, ok: bool) -> str:
+    return f"{text} {'ok' if ok else 'MISS'}"
 
-    def goal(text: str, ok: bool) -> str:
-        return f"{text} {'ok' if ok else 'MISS'}"
+
+def front_rows(res: dict[str, Any], sync: dict[str, Any] | None) -> list[Row]:
+    """Sections 1 to 4 of one front end: the sync one (``sync`` None) or the async one, whose
+    rows start with A, name ``redis.asyncio`` and compare each figure with the sync one."""
+    t, met = res["targets"], res["met"]
+    tag, raw = ("", "") if sync is None else ("A", " (redis.asyncio)")
+
+    def vs_sync(*path: str, key: str = "tasks_per_s", fmt: str = "{:,.0f}/s") -> str:
+        """The same figure of the sync front end, for the async rows."""
+        if sync is None:
+            return ""
+        theirs = sync
+        for step in path:
+            theirs = theirs[step]
+        return "; sync " + fmt.format(theirs[key])
 
     base, gen, exp = res["baseline"], res["schedule_generated"], res["schedule_explicit"]
-    rows = [
+    rows: list[Row] = [
         (
-            "1 baseline ZADD+HSET pipeline",
+            f"{tag}1 baseline ZADD+HSET pipeline{raw}",
             f"{base['tasks_per_s']:,.0f} tasks/s",
-            f"server {base['server_us_per_task']:.2f} µs/task",
+            f"server {base['server_us_per_task']:.2f} µs/task" + vs_sync("baseline"),
             "",
         ),
     ]
-    for label, sched in (("generated", gen), ("explicit", exp)):
+    for label, key, sched in (
+        ("generated", "schedule_generated", gen),
+        ("explicit", "schedule_explicit", exp),
+    ):
         ok = sched["ratio"] >= t["schedule_ratio_min"]
         rows.append(
             (
-                f"2 schedule_many, {label} ids",
+                f"{tag}2 schedule_many, {label} ids",
                 f"{sched['tasks_per_s']:,.0f} tasks/s",
-                f"{sched['ratio']:.2f}x baseline; server {sched['server_us_per_task']:.2f} µs/task",
+                f"{sched['ratio']:.2f}x baseline; server {sched['server_us_per_task']:.2f} µs/task"
+                + vs_sync(key),
                 goal(f">= {t['schedule_ratio_min']}x", ok),
             )
         )
+    base_one, one = res["baseline_one"], res["schedule_one"]
+    rows += [
+        (
+            f"{tag}2 baseline, one pipeline a task{raw}",
+            f"{base_one['tasks_per_s']:,.0f} tasks/s",
+            "ZADD+HSET, one round trip per task" + vs_sync("baseline_one"),
+            "",
+        ),
+        (
+            f"{tag}2 schedule, one call a task",
+            f"{one['tasks_per_s']:,.0f} tasks/s",
+            f"{one['ratio']:.2f}x baseline; server {one['server_us_per_task']:.2f} µs/task"
+            + vs_sync("schedule_one"),
+            "",
+        ),
+        (
+            f"{tag}3 drain, raw pipelines{raw}",
+            f"{res['raw_drain']['tasks_per_s']:,.0f} tasks/s",
+            "ZPOPMIN 1000 + HMGET + HDEL, no leases or acks" + vs_sync("raw_drain"),
+            "",
+        ),
+    ]
     for limit, d in res["drain"].items():
         rows.append(
             (
-                f"3 drain claim({limit})+ack_many",
+                f"{tag}3 drain claim({limit})+ack_many",
                 f"{d['tasks_per_s']:,.0f} tasks/s",
-                f"{d['rounds']} rounds; server {d['server_us_per_task']:.2f} µs/task",
+                f"{d['ratio']:.2f}x raw; {d['rounds']} rounds; server "
+                f"{d['server_us_per_task']:.2f} µs/task" + vs_sync("drain", limit),
                 "",
             )
         )
     drain_best = res["drain_best"]
     rows.append(
         (
-            "3 drain, best limit",
+            f"{tag}3 drain, best limit",
             f"{drain_best['tasks_per_s']:,.0f} tasks/s",
-            f"limit {drain_best['limit']}",
+            f"limit {drain_best['limit']}" + vs_sync("drain_best"),
             goal(f">= {t['drain_tasks_per_s_min']:,}", met["drain"]),
         )
     )
     small, big = res["latency_small"], res["latency_big"]
-    for lat in (small, big):
+    for key, lat in (("latency_small", small), ("latency_big", big)):
+        server = (
+            f"; server median {lat['server_claim_median_us']:.0f} / p99 "
+            f"{lat['server_claim_p99_us']:.0f} µs"
+            if "server_claim_median_us" in lat
+            else ""
+        )
         rows.append(
             (
-                f"4 claim(100), {lat['future']:,} future",
+                f"{tag}4 claim(100), {lat['future']:,} future",
                 f"median {lat['claim_median_ms']:.3f} ms",
                 f"p99 {lat['claim_p99_ms']:.3f} ms; +ack median {lat['round_median_ms']:.3f} / "
-                f"p99 {lat['round_p99_ms']:.3f} ms; server median "
-                f"{lat['server_claim_median_us']:.0f} / p99 {lat['server_claim_p99_us']:.0f} µs",
+                f"p99 {lat['round_p99_ms']:.3f} ms"
+                + server
+                + vs_sync(key, key="claim_median_ms", fmt="median {:.3f} ms"),
                 "",
             )
         )
     big_label = f"{big['future'] // 1000:,}k"
     ratio = res["latency_ratio"]
+    server_ratio = (
+        f"; server {ratio['server_claim_median']:.2f}x" if "server_claim_median" in ratio else ""
+    )
     rows += [
         (
-            f"4 load {big_label} future (schedule_many)",
+            f"{tag}4 load {big_label} future (schedule_many)",
             f"{big['load_tasks_per_s']:,.0f} tasks/s",
-            f"batches of {FUTURE_BATCH:,}, due in {FAR_FUTURE.days} days",
+            f"batches of {FUTURE_BATCH:,}, due in {FAR_FUTURE.days} days"
+            + vs_sync("latency_big", key="load_tasks_per_s"),
             "",
         ),
         (
-            f"4 claim latency ratio {big_label}/1k",
+            f"{tag}4 claim latency ratio {big_label}/1k",
             f"{ratio['claim_median']:.2f}x median",
-            f"p99 {ratio['claim_p99']:.2f}x; claim+ack {ratio['round_median']:.2f}x; "
-            f"server {ratio['server_claim_median']:.2f}x",
+            f"p99 {ratio['claim_p99']:.2f}x; claim+ack {ratio['round_median']:.2f}x" + server_ratio,
             goal(f"<= {t['claim_latency_ratio_max']}", met["claim_latency_ratio"]),
         ),
     ]
-    mem = res["memory"]
+    return rows
+
+
+def memory_rows(res: dict[str, Any]) -> list[Row]:
+    t, met, mem = res["targets"], res["met"], res["memory"]
     sk, lk, bk = (mem[f"{s}_keys_per_task"] for s in ("scheduled", "leased", "baseline"))
-    rows += [
+    return [
         (
             "5 memory, scheduled task",
             f"{mem['scheduled_beyond_payload']:.0f} B/task beyond payload",
@@ -612,7 +1032,34 @@ def table_rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             "",
         ),
     ]
-    return rows
+
+
+def async_memory_rows(res: dict[str, Any], sync: dict[str, Any]) -> list[Row]:
+    t, met, mem, base = res["targets"], res["met"], res["memory"], sync["memory"]
+    return [
+        (
+            "A5 memory, scheduled task",
+            f"{mem['scheduled_beyond_payload']:.0f} B/task beyond payload",
+            f"sync {base['scheduled_beyond_payload']:.0f} B; baseline layout "
+            f"{base['baseline_beyond_payload']:.0f} B",
+            goal(f"<= {t['memory_bytes_per_task_max']}", met["memory"]),
+        ),
+        (
+            "A5 memory, leased task",
+            f"{mem['leased_beyond_payload']:.0f} B/task beyond payload",
+            f"sync {base['leased_beyond_payload']:.0f} B",
+            "",
+        ),
+    ]
+
+
+def table_rows(res: dict[str, Any]) -> list[Row]:
+    return [
+        *front_rows(res, None),
+        *memory_rows(res),
+        *front_rows(res["async"], res),
+        *async_memory_rows(res["async"], res),
+    ]
 
 
 def print_report(res: dict[str, Any]) -> None:
@@ -628,7 +1075,8 @@ def print_report(res: dict[str, Any]) -> None:
     print(
         f"sizes: schedule {sizes['schedule']:,}, drain {sizes['drain']:,}, latency future "
         f"{sizes['future_small']:,} vs {sizes['future_big']:,} x {sizes['latency_rounds']:,} "
-        f"rounds, memory {sizes['memory']:,}; payload {PAYLOAD_BYTES} B of JSON"
+        f"rounds, memory {sizes['memory']:,}, one call a task {sizes['schedule_one']:,}; "
+        f"payload {PAYLOAD_BYTES} B of JSON"
     )
     rows = table_rows(res)
     print_table(rows)
@@ -636,7 +1084,9 @@ def print_report(res: dict[str, Any]) -> None:
         "notes: baseline and schedule_many both make a 12-char random id and JSON-encode the "
         "payload per task; throughput is the best run; claim latency runs with Python's gc "
         "disabled; server times come from INFO commandstats and SLOWLOG (EVALSHA time "
-        "includes the commands the script runs)"
+        "includes the commands the script runs); rows A* are the asyncio front end "
+        "(AsyncQueue on redis.asyncio, one loop), their ratios against the same raw pipelines "
+        "on redis.asyncio"
     )
 
 

@@ -1,18 +1,32 @@
 #!/usr/bin/env python
-"""Consumer benchmark: delivery lag, drain throughput through observe + process, idle traffic.
+"""Consumer benchmark: delivery lag, drain throughput, event-loop gaps, idle traffic.
 
 Starts its own throwaway redis-server (``dueq.server.RedisServer``, free loopback port) and
-never touches any other server. Every figure is measured in this run. Sections:
+never touches any other server. Every figure is measured in this run, for both front ends:
+the threaded consumer of ``dueq.Queue`` and the asyncio one of ``dueq.AsyncQueue`` (on a
+``redis.asyncio`` client, on the loop of ``asyncio.run``). Sections:
 
-1. lag       1,000 tasks due at 100 per second, consumed by ``observe`` + ``process`` (no-op
-             handler, concurrency 8); lag = emission time minus due time (both on this host's
-             clock, which is also the Redis server's), with the count emitted early. The raw
-             Redis round trip (PING) in the same run is the floor any consumer pays.
-2. drain     tasks due now drained through ``observe(max_in_flight)`` + ``process`` with a
-             no-op handler, at concurrency 1 and 8; raw Redis baseline: one client moving the
-             same number of tasks out with pipelined ZPOPMIN 1000 + HDEL (no leases, no acks)
-3. idle      Redis commands per second (INFO total_commands_processed) while one consumer with
-             the default heartbeat waits on an empty queue
+1. lag       1,000 tasks due at 100 per second, consumed three ways: threaded ``observe`` +
+             ``process`` (no-op handler, concurrency 8); ``async for d in q.deliveries()``,
+             acking each; async ``observe`` + ``process`` (no-op ``async def`` handler,
+             concurrency 8). Two lags per delivery: by the queue's clock, ``claimed_ms -
+             due_ms`` (both read from Redis TIME, whole milliseconds), and by this host's
+             clock, the time the consumer handed the delivery out minus ``due_ms`` (the host's
+             clock is also the Redis server's). Early = a negative lag. The raw Redis round
+             trip (PING) in the same run is the floor any consumer pays.
+2. drain     tasks due now, drained (a) threaded: ``observe(max_in_flight)`` + ``process`` with
+             a no-op handler at concurrency 1 and 8; (b) async: ``async for d in
+             q.deliveries(max_in_flight)`` with ``await d.ack()`` for each, and with ``await
+             q.ack_many(...)`` for every 256 (acks batched, as ``process`` does); (c) async:
+             ``q.observe(max_in_flight).pipe(process(noop_async_handler, concurrency=C))``
+             subscribed from a coroutine, C = 1 and 64. Raw Redis baselines, sync and
+             ``redis.asyncio``: one client moving the same number of tasks out with pipelined
+             ZPOPMIN 1000 + HMGET + HDEL (no leases, no acks). Each async drain runs a ticker
+             on the same loop (a sleep of 5 ms in a loop) and reports the largest gap between
+             its ticks and their p99: the longest time the consumer held the loop, plus 5 ms.
+             Async figures are compared with the best threaded drain of the same run.
+3. idle      Redis commands per second (INFO total_commands_processed) while one consumer
+             with the default heartbeat waits on an empty queue, threaded and async
 
     .venv/bin/python scripts/bench/observe.py [--quick] [--repeat N]
 
@@ -23,31 +37,41 @@ then one JSON line with every figure; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import platform
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import datetime, timezone
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import redis
+import redis.asyncio
+from reactivex import Observable
 from reactivex import operators as ops
 from report import percentile, print_table
 
 import dueq
-from dueq import Queue, Task
+from dueq import AsyncQueue, Queue, Task
 from dueq.server import RedisServer
 
 perf = time.perf_counter
+T = TypeVar("T")
 
 LAG_TASKS = 1_000
 LAG_RATE_PER_S = 100
 LAG_LEAD_S = 1.0  # the first task is due this long after scheduling
 DRAIN_CONCURRENCY = (1, 8)
+ASYNC_PROCESS_CONCURRENCY = (1, 64)
 DRAIN_MAX_IN_FLIGHT = 512
 PING_ROUNDS = 2_000
+ASYNC_ACK_EVERY = (1, 256)  # deliveries(): await d.ack() each; await q.ack_many() per 256
+TICK_S = 0.005  # the loop-gap ticker's sleep
 TARGETS = {"lag_p99_ms_max": 2.0, "early_max": 0, "drain_c8_per_s_min": 25_000}
 
 
@@ -58,6 +82,61 @@ def log(message: str) -> None:
 def wait_for(condition: threading.Event, what: str, timeout_s: float = 300) -> None:
     if not condition.wait(timeout_s):
         raise SystemExit(f"timed out waiting for {what}")
+
+
+def run_async(coro: Coroutine[Any, Any, T], what: str, timeout_s: float = 300) -> T:
+    """Run one async section on a fresh loop (``asyncio.run``), bounded in time."""
+
+    async def bounded() -> T:
+        try:
+            return await asyncio.wait_for(coro, timeout_s)
+        except asyncio.TimeoutError:
+            raise SystemExit(f"timed out waiting for {what}") from None
+
+    return asyncio.run(bounded())
+
+
+@contextlib.asynccontextmanager
+async def async_client(server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis.asyncio.Redis(**server.connection_kwargs())
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+class LoopGaps:
+    """Gaps (ms) between the ticks of a ticker on the running loop that sleeps 5 ms a tick."""
+
+    def __init__(self) -> None:
+        self.gaps_ms: list[float] = []
+
+    def figures(self) -> dict[str, float]:
+        gaps = self.gaps_ms or [0.0]
+        return {"max_gap_ms": max(gaps), "p99_gap_ms": percentile(gaps, 99)}
+
+
+@contextlib.asynccontextmanager
+async def loop_gaps() -> AsyncIterator[LoopGaps]:
+    """Run the ticker of ``LoopGaps`` for the duration of the block."""
+    seen = LoopGaps()
+
+    async def tick() -> None:
+        last = perf()
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = perf()
+            seen.gaps_ms.append((now - last) * 1000)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)  # the ticker starts before the measured work
+    try:
+        yield seen
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
 
 
 # -- 1. lag --------------------------------------------------------------------------------------
@@ -72,20 +151,52 @@ def run_ping(r: redis.Redis) -> dict[str, float]:
     return {"p50_ms": percentile(samples, 50), "p99_ms": percentile(samples, 99)}
 
 
+def lag_tasks() -> list[Task]:
+    """LAG_TASKS tasks, the first due LAG_LEAD_S from now, then LAG_RATE_PER_S per second."""
+    first_s = time.time() + LAG_LEAD_S
+    return [
+        Task({"i": i}, at=datetime.fromtimestamp(first_s + i / LAG_RATE_PER_S, tz=timezone.utc))
+        for i in range(LAG_TASKS)
+    ]
+
+
+class Lags:
+    """Lag of each delivery: by the queue's clock (claimed - due, from Redis TIME) and by the
+    host's clock (handed out - due)."""
+
+    def __init__(self) -> None:
+        self.queue_ms: list[float] = []
+        self.host_ms: list[float] = []
+
+    def record(self, d: dueq.Delivery | dueq.AsyncDelivery) -> None:
+        self.host_ms.append(time.time() * 1000 - d.due_ms)
+        self.queue_ms.append(d.claimed_ms - d.due_ms)
+
+    def figures(self, acked: int) -> dict[str, Any]:
+        def spread(lags: list[float]) -> dict[str, float]:
+            return {
+                "p50_ms": percentile(lags, 50),
+                "p99_ms": percentile(lags, 99),
+                "max_ms": max(lags),
+                "early": sum(lag < 0 for lag in lags),
+            }
+
+        return {
+            "tasks": LAG_TASKS,
+            "rate_per_s": LAG_RATE_PER_S,
+            "queue_clock": spread(self.queue_ms),
+            "host_clock": spread(self.host_ms),
+            "acked": acked,
+        }
+
+
 def run_lag(r: redis.Redis) -> dict[str, Any]:
     r.flushdb()
     q = Queue("lag", r)
-    first_s = time.time() + LAG_LEAD_S
-    q.schedule_many(
-        Task({"i": i}, at=datetime.fromtimestamp(first_s + i / LAG_RATE_PER_S, tz=timezone.utc))
-        for i in range(LAG_TASKS)
-    )
-    lags_ms: list[float] = []
+    q.schedule_many(lag_tasks())
+    lags = Lags()
     outcomes: list[str] = []
     done = threading.Event()
-
-    def emitted(d: dueq.Delivery) -> None:
-        lags_ms.append(time.time() * 1000 - d.due_ms)
 
     def settled(outcome: dueq.Outcome) -> None:
         outcomes.append(outcome.kind)
@@ -93,20 +204,47 @@ def run_lag(r: redis.Redis) -> dict[str, Any]:
             done.set()
 
     stream = q.observe(max_in_flight=64).pipe(
-        ops.do_action(emitted), dueq.operators.process(lambda d: None, concurrency=8)
+        ops.do_action(lags.record), dueq.operators.process(lambda d: None, concurrency=8)
     )
     sub = stream.subscribe(on_next=settled)
     wait_for(done, "the lag run")
     sub.dispose()
-    return {
-        "tasks": LAG_TASKS,
-        "rate_per_s": LAG_RATE_PER_S,
-        "p50_ms": percentile(lags_ms, 50),
-        "p99_ms": percentile(lags_ms, 99),
-        "max_ms": max(lags_ms),
-        "early": sum(lag < 0 for lag in lags_ms),
-        "acked": outcomes.count("acked"),
-    }
+    return lags.figures(outcomes.count("acked"))
+
+
+@contextlib.asynccontextmanager
+async def lag_queue(server: RedisServer) -> AsyncIterator[AsyncQueue]:
+    """An ``AsyncQueue`` holding the tasks of ``lag_tasks``, on a client of its own."""
+    async with async_client(server) as client:
+        await client.flushdb()
+        q = AsyncQueue("lag", client)
+        await q.schedule_many(lag_tasks())
+        yield q
+
+
+async def acked(q: AsyncQueue) -> int:
+    return (await q.stats()).counters.get("acked", 0)
+
+
+async def run_async_lag(server: RedisServer) -> dict[str, Any]:
+    lags = Lags()
+    async with lag_queue(server) as q:
+        async with contextlib.aclosing(q.deliveries(max_in_flight=64)) as deliveries:
+            async for d in deliveries:
+                lags.record(d)
+                await d.ack()
+                if len(lags.host_ms) == LAG_TASKS:
+                    break
+        return lags.figures(await acked(q))
+
+
+async def run_async_observe_lag(server: RedisServer) -> dict[str, Any]:
+    lags = Lags()
+    async with lag_queue(server) as q:
+        stream = q.observe(max_in_flight=64).pipe(ops.do_action(lags.record))
+        await settle_through_process(stream, LAG_TASKS, 8)
+        await dueq_tasks_ended()
+        return lags.figures(await acked(q))
 
 
 # -- 2. drain ------------------------------------------------------------------------------------
@@ -128,6 +266,26 @@ def run_raw_drain(r: redis.Redis, n: int) -> float:
         pipe.execute()
         moved += len(ids)
     return n / (perf() - start)
+
+
+async def run_async_raw_drain(server: RedisServer, n: int) -> float:
+    """The raw baseline of ``run_raw_drain`` on ``redis.asyncio``."""
+    async with async_client(server) as client:
+        await client.flushdb()
+        q = AsyncQueue("raw", client)
+        await q.schedule_many(Task({"i": i}) for i in range(n))
+        due, tasks = q.keys.due, q.keys.tasks
+        moved = 0
+        start = perf()
+        while moved < n:
+            popped = await client.zpopmin(due, 1000)
+            ids = [member for member, _ in popped]
+            pipe = client.pipeline(transaction=False)
+            pipe.hmget(tasks, ids)
+            pipe.hdel(tasks, *ids)
+            await pipe.execute()
+            moved += len(ids)
+        return n / (perf() - start)
 
 
 def run_drain(r: redis.Redis, n: int, concurrency: int) -> float:
@@ -157,6 +315,108 @@ def run_drain(r: redis.Redis, n: int, concurrency: int) -> float:
     return n / elapsed
 
 
+async def run_async_drain(server: RedisServer, n: int, ack_every: int) -> dict[str, float]:
+    """Drain ``n`` due tasks through ``async for d in q.deliveries()``: ``await d.ack()`` for
+    each (``ack_every`` 1), or ``await q.ack_many(...)`` for every ``ack_every`` deliveries."""
+    async with async_client(server) as client:
+        await client.flushdb()
+        q = AsyncQueue("drain", client)
+        await q.schedule_many(Task({"i": i}) for i in range(n))
+        count = 0
+        held: list[dueq.AsyncDelivery] = []
+        async with loop_gaps() as gaps:
+            start = perf()
+            consumer = q.deliveries(max_in_flight=DRAIN_MAX_IN_FLIGHT)
+            async with contextlib.aclosing(consumer) as deliveries:
+                async for d in deliveries:
+                    count += 1
+                    if ack_every == 1:
+                        await d.ack()
+                    else:
+                        held.append(d)
+                        if len(held) == ack_every or count == n:
+                            await q.ack_many(held)
+                            held = []
+                    if count == n:
+                        break
+            elapsed = perf() - start
+        if (done := await acked(q)) != n:
+            raise SystemExit(f"async drain acked {done} of {n} tasks")
+        return {"per_s": n / elapsed, **gaps.figures()}
+
+
+def best_async_drain(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The fastest run's rate, and the largest loop gaps of any run."""
+    return {
+        "per_s": max(run["per_s"] for run in runs),
+        "max_gap_ms": max(run["max_gap_ms"] for run in runs),
+        "p99_gap_ms": max(run["p99_gap_ms"] for run in runs),
+    }
+
+
+async def noop_async_handler(d: dueq.AsyncDelivery) -> None:
+    """The handler of the async ``process`` drain: returns at once (the task is acked)."""
+
+
+async def dueq_tasks_ended(timeout_s: float = 5.0) -> None:
+    """Wait (bounded) for the tasks a disposed subscription leaves on the loop to end, so that
+    the client is closed after them."""
+    me = asyncio.current_task()
+    others = {task for task in asyncio.all_tasks() if task is not me}
+    if others:
+        await asyncio.wait(others, timeout=timeout_s)
+
+
+async def settle_through_process(
+    stream: Observable[dueq.AsyncDelivery], n: int, concurrency: int
+) -> None:
+    """Subscribe ``stream`` piped into ``process(noop_async_handler)`` on the running loop and
+    return once ``n`` outcomes came; the subscription is disposed and its tasks ended."""
+    finished = asyncio.Event()
+    count = 0
+    errors: list[Exception] = []
+
+    def settled(outcome: dueq.Outcome) -> None:
+        nonlocal count
+        count += 1
+        if count == n:
+            finished.set()
+
+    def failed(error: Exception) -> None:
+        errors.append(error)
+        finished.set()
+
+    sub = stream.pipe(
+        dueq.operators.process(noop_async_handler, concurrency=concurrency)
+    ).subscribe(on_next=settled, on_error=failed)
+    try:
+        await finished.wait()
+    finally:
+        sub.dispose()
+    if errors:
+        raise SystemExit(f"the async process stream failed: {errors[0]!r}")
+
+
+async def run_async_process_drain(
+    server: RedisServer, n: int, concurrency: int
+) -> dict[str, float]:
+    """Drain ``n`` due tasks through ``q.observe().pipe(process(noop_async_handler))``
+    subscribed on the running loop."""
+    async with async_client(server) as client:
+        await client.flushdb()
+        q = AsyncQueue("drain", client)
+        await q.schedule_many(Task({"i": i}) for i in range(n))
+        async with loop_gaps() as gaps:
+            start = perf()
+            stream = q.observe(max_in_flight=DRAIN_MAX_IN_FLIGHT)
+            await settle_through_process(stream, n, concurrency)
+            elapsed = perf() - start
+        await dueq_tasks_ended()
+        if (done := await acked(q)) != n:
+            raise SystemExit(f"async process drain acked {done} of {n} tasks")
+        return {"per_s": n / elapsed, **gaps.figures()}
+
+
 # -- 3. idle -------------------------------------------------------------------------------------
 
 
@@ -172,7 +432,50 @@ def run_idle(r: redis.Redis, window_s: float) -> dict[str, float]:
     return {"window_s": window_s, "commands": spent, "per_s": spent / window_s}
 
 
+async def run_async_idle(server: RedisServer, window_s: float) -> dict[str, float]:
+    async with async_client(server) as client:
+        await client.flushdb()
+        q = AsyncQueue("idle", client)
+
+        async def consume() -> None:
+            async with contextlib.aclosing(q.deliveries()) as deliveries:
+                async for d in deliveries:
+                    await d.ack()
+
+        consumer = asyncio.create_task(consume())
+        await asyncio.sleep(1.0)  # let the first claim and the wake subscription happen
+        before = int((await client.info("stats"))["total_commands_processed"])
+        await asyncio.sleep(window_s)
+        after = int((await client.info("stats"))["total_commands_processed"])
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+        spent = after - before - 1  # minus one INFO
+        return {"window_s": window_s, "commands": spent, "per_s": spent / window_s}
+
+
 # -- report --------------------------------------------------------------------------------------
+
+
+def drain_variants(r: redis.Redis, server: RedisServer, n: int) -> dict[str, Callable[[], Any]]:
+    """Every drain of section 2, by name, as a call that runs it once."""
+
+    def on_a_loop(make: Callable[[], Coroutine[Any, Any, Any]], what: str) -> Callable[[], Any]:
+        return lambda: run_async(make(), what)
+
+    variants: dict[str, Callable[[], Any]] = {
+        "raw": partial(run_raw_drain, r, n),
+        "raw_async": on_a_loop(partial(run_async_raw_drain, server, n), "the async raw drain"),
+    }
+    for c in DRAIN_CONCURRENCY:
+        variants[f"threaded_{c}"] = partial(run_drain, r, n, c)
+    for every in ASYNC_ACK_EVERY:
+        make = partial(run_async_drain, server, n, every)
+        variants[f"deliveries_{every}"] = on_a_loop(make, "the deliveries() drain")
+    for c in ASYNC_PROCESS_CONCURRENCY:
+        make = partial(run_async_process_drain, server, n, c)
+        variants[f"process_{c}"] = on_a_loop(make, "the process drain")
+    return variants
 
 
 def measure(drain_n: int, idle_s: float, repeat: int) -> dict[str, Any]:
@@ -181,64 +484,141 @@ def measure(drain_n: int, idle_s: float, repeat: int) -> dict[str, Any]:
         env = {"redis_server": r.info("server")["redis_version"]}
         log("raw round trip (PING)")
         ping = run_ping(r)
-        log(f"lag: {LAG_TASKS} tasks due at {LAG_RATE_PER_S}/s")
-        lag = run_lag(r)
-        log(f"drain: {drain_n:,} tasks, best of {repeat}")
-        raw = max(run_raw_drain(r, drain_n) for _ in range(repeat))
-        drains = {
-            c: max(run_drain(r, drain_n, c) for _ in range(repeat)) for c in DRAIN_CONCURRENCY
+        log(f"lag: {LAG_TASKS} tasks due at {LAG_RATE_PER_S}/s, threaded then async")
+        lag = {
+            "threaded": run_lag(r),
+            "async": run_async(run_async_lag(server), "the async lag run"),
+            "async_observe": run_async(run_async_observe_lag(server), "the async observe lag run"),
         }
-        log(f"idle: {idle_s:.0f} s")
-        idle = run_idle(r, idle_s)
+        log(f"drain: {drain_n:,} tasks, best of {repeat}, the variants taking turns")
+        # One run of every variant per round, so that load from outside this benchmark (a
+        # shared machine) falls on all of them alike rather than on whichever ran last.
+        drains: dict[str, list[Any]] = {}
+        variants = drain_variants(r, server, drain_n)
+        for _ in range(repeat):
+            for name, run in variants.items():
+                drains.setdefault(name, []).append(run())
+        raw = {"sync": max(drains["raw"]), "async": max(drains["raw_async"])}
+        threaded = {c: max(drains[f"threaded_{c}"]) for c in DRAIN_CONCURRENCY}
+        deliveries = {e: best_async_drain(drains[f"deliveries_{e}"]) for e in ASYNC_ACK_EVERY}
+        processed = {c: best_async_drain(drains[f"process_{c}"]) for c in ASYNC_PROCESS_CONCURRENCY}
+        log(f"idle: {idle_s:.0f} s threaded, {idle_s:.0f} s async")
+        idle = {
+            "threaded": run_idle(r, idle_s),
+            "async": run_async(run_async_idle(server, idle_s), "the async idle run"),
+        }
         r.close()
-    return {"env": env, "ping": ping, "lag": lag, "raw_drain": raw, "drain": drains, "idle": idle}
+    return {
+        "env": env,
+        "ping": ping,
+        "lag": lag,
+        "raw_drain": raw,
+        "drain": {"threaded": threaded, "deliveries": deliveries, "process": processed},
+        "idle": idle,
+    }
+
+
+def lag_row(label: str, lag: dict[str, Any]) -> tuple[str, str, str, str]:
+    q, h = lag["queue_clock"], lag["host_clock"]
+    early = q["early"] + h["early"]
+    ok = q["p99_ms"] <= TARGETS["lag_p99_ms_max"] and early == 0
+    return (
+        f"1 lag, {label}",
+        f"p50 {q['p50_ms']:.0f} / p99 {q['p99_ms']:.0f} / max {q['max_ms']:.0f} ms, "
+        f"{q['early']} early",
+        f"claimed - due (queue clock, whole ms); handed out - due (host clock): p50 "
+        f"{h['p50_ms']:.2f} / p99 {h['p99_ms']:.2f} / max {h['max_ms']:.2f} ms, {h['early']} "
+        f"early; {lag['acked']}/{lag['tasks']} acked",
+        f"p99 <= 2 ms, 0 early: {'ok' if ok else 'MISSED'}",
+    )
+
+
+def async_drain_row(
+    label: str,
+    drain: dict[str, float],
+    raw_async: float,
+    threaded_best: float,
+    what: str,
+    with_target: bool,
+) -> tuple[str, str, str, str]:
+    """One async drain: its rate against raw redis.asyncio and the threaded drain, and the
+    loop gaps seen meanwhile."""
+    rate = drain["per_s"]
+    return (
+        f"2 drain, {label}",
+        f"{rate:,.0f} tasks/s",
+        f"{rate / raw_async:.2f}x raw asyncio, {rate / threaded_best:.2f}x threaded best; "
+        f"{what}; loop gap max {drain['max_gap_ms']:.1f} / p99 {drain['p99_gap_ms']:.1f} ms "
+        "(ticks every 5 ms)",
+        f">= threaded: {'ok' if rate >= threaded_best else 'MISSED'}" if with_target else "",
+    )
 
 
 def print_report(res: dict[str, Any], args: argparse.Namespace, wall_s: float) -> None:
     lag, ping, idle, raw = res["lag"], res["ping"], res["idle"], res["raw_drain"]
+    threaded, deliveries = res["drain"]["threaded"], res["drain"]["deliveries"]
+    threaded_best = max(threaded.values())
     print(f"\ndueq consumer benchmark ({'quick' if args.quick else 'full'}, wall {wall_s:.1f} s)")
     print(
         f"redis-server {res['env']['redis_server']}, redis-py {redis.__version__}, Python "
         f"{platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs, "
         f"load average {os.getloadavg()[0]:.2f}"
     )
-    ok_lag = lag["p99_ms"] <= TARGETS["lag_p99_ms_max"] and lag["early"] == 0
     rows = [
         (
-            "1 lag (emitted - due)",
-            f"p50 {lag['p50_ms']:.2f} / p99 {lag['p99_ms']:.2f} / max {lag['max_ms']:.2f} ms",
-            f"{lag['early']} early; {lag['acked']}/{lag['tasks']} acked; raw PING p50 "
-            f"{ping['p50_ms']:.3f} / p99 {ping['p99_ms']:.3f} ms",
-            f"p99 <= 2 ms, 0 early: {'ok' if ok_lag else 'MISSED'}",
+            "1 raw round trip (PING)",
+            f"p50 {ping['p50_ms']:.3f} / p99 {ping['p99_ms']:.3f} ms",
+            "redis-py, blocking",
+            "",
         ),
+        lag_row("threaded observe + process", lag["threaded"]),
+        lag_row("async deliveries()", lag["async"]),
+        lag_row("async observe + process", lag["async_observe"]),
         (
             "2 drain, raw Redis",
-            f"{raw:,.0f} tasks/s",
+            f"{raw['sync']:,.0f} tasks/s",
             "pipelined ZPOPMIN 1000 + HMGET + HDEL, no leases or acks",
             "",
         ),
+        (
+            "2 drain, raw redis.asyncio",
+            f"{raw['async']:,.0f} tasks/s",
+            "the same on redis.asyncio",
+            "",
+        ),
     ]
-    for c, rate in res["drain"].items():
+    for c, rate in threaded.items():
         target = ""
         if c == 8:
             ok = rate >= TARGETS["drain_c8_per_s_min"]
             target = f">= 25k/s: {'ok' if ok else 'MISSED'}"
         rows.append(
             (
-                f"2 drain, concurrency {c}",
+                f"2 drain, threaded, concurrency {c}",
                 f"{rate:,.0f} tasks/s",
-                f"{rate / raw:.2f}x raw; observe(max_in_flight={DRAIN_MAX_IN_FLIGHT}) + process",
+                f"{rate / raw['sync']:.2f}x raw; observe(max_in_flight={DRAIN_MAX_IN_FLIGHT}) "
+                "+ process",
                 target,
             )
         )
-    rows.append(
-        (
-            "3 idle consumer",
-            f"{idle['per_s']:.2f} commands/s",
-            f"{idle['commands']} commands in {idle['window_s']:.0f} s (heartbeat 5 s)",
-            "",
+    for every, drain in deliveries.items():
+        how = "await d.ack() each" if every == 1 else f"await q.ack_many() per {every}"
+        label = f"async deliveries(), {'ack each' if every == 1 else 'ack_many'}"
+        what = f"deliveries(max_in_flight={DRAIN_MAX_IN_FLIGHT}), {how}"
+        rows.append(async_drain_row(label, drain, raw["async"], threaded_best, what, every == 1))
+    for c, drain in res["drain"]["process"].items():
+        label = f"async observe + process, concurrency {c}"
+        what = f"observe(max_in_flight={DRAIN_MAX_IN_FLIGHT}) + process(async no-op)"
+        rows.append(async_drain_row(label, drain, raw["async"], threaded_best, what, True))
+    for label, spent in (("threaded", idle["threaded"]), ("async", idle["async"])):
+        rows.append(
+            (
+                f"3 idle consumer, {label}",
+                f"{spent['per_s']:.2f} commands/s",
+                f"{spent['commands']} commands in {spent['window_s']:.0f} s (heartbeat 5 s)",
+                "",
+            )
         )
-    )
     print_table(rows)
 
 
@@ -252,7 +632,12 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(drain_n, idle_s, max(1, args.repeat))
     wall_s = perf() - start
     print_report(result, args, wall_s)
-    result["drain"] = {str(c): v for c, v in result["drain"].items()}
+    threaded = result["drain"]["threaded"]
+    result["drain"]["threaded"] = {str(c): v for c, v in threaded.items()}
+    deliveries = result["drain"]["deliveries"]
+    result["drain"]["deliveries"] = {f"ack_every_{k}": v for k, v in deliveries.items()}
+    processed = result["drain"]["process"]
+    result["drain"]["process"] = {str(c): v for c, v in processed.items()}
     print(json.dumps(result, separators=(",", ":")))
     return 0
 
