@@ -8,7 +8,7 @@ one front end is consumed by the other. Only the I/O differs: every call goes th
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -201,7 +201,7 @@ class AsyncQueue(QueueCore):
         *,
         wake: bool = True,
         heartbeat: Duration = 5.0,
-    ) -> AsyncIterator[AsyncDelivery]:
+    ) -> AsyncGenerator[AsyncDelivery, None]:
         """An ``async for`` iterator of this queue's deliveries, each yielded the moment it is
         due, on the running loop with no threads of its own.
 

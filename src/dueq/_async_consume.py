@@ -105,9 +105,14 @@ async def deliveries(
     poke = asyncio.Event()
     loop = asyncio.get_running_loop()
 
+    starved = False  # the last claim left no free slot: a settle should claim again
+
     def settled(delivery: AsyncDelivery) -> None:
+        nonlocal starved
         held.settled(delivery)
-        poke.set()
+        if starved:  # as the threaded consumer: only a slot the loop waits for is news
+            starved = False
+            poke.set()
 
     listener = asyncio.create_task(_listen(queue, poke.set)) if wake else None
     backoff = Backoff()
@@ -141,6 +146,7 @@ async def deliveries(
                 d._on_settled = settled
             for d in held.add(batch.deliveries, batch.now_ms):
                 d._on_settled = None  # its lease ran out unsettled: no longer ours
+            starved = held.full
             unyielded = deque(batch.deliveries)
             while unyielded:
                 yield unyielded.popleft()
