@@ -314,3 +314,22 @@ def test_an_async_ack_during_a_redis_outage_is_retried_until_redis_is_back() -> 
             return items
 
         run(server, body, lease=60)
+
+
+def test_a_handler_that_stops_its_worker_still_has_its_task_acked(
+    r: redis.Redis, redis_server: RedisServer
+) -> None:
+    async def body(q: dueq.AsyncQueue) -> dict[str, int]:
+        tid = await q.schedule({})
+        worker: dueq.AsyncWorker
+
+        async def handle(d: dueq.AsyncDelivery) -> None:
+            worker.stop()  # e.g. a handler that shuts the service down after one job
+
+        worker = dueq.AsyncWorker(q, handle, grace=5, handle_signals=False)
+        async with asyncio.timeout(BOUND_S):
+            await worker.run()
+        assert await q.get(tid) is None  # done, not released to run again
+        return dict(worker.outcomes)
+
+    assert run(redis_server, body) == {"acked": 1}

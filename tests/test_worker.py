@@ -293,3 +293,20 @@ def test_an_ack_during_a_redis_outage_is_retried_until_redis_is_back() -> None:
             sub.dispose()
             r.close()
     assert [(o.id, o.kind, o.attempt) for o in outcomes] == [(tid, "acked", 1)]
+
+
+def test_a_handler_that_stops_its_worker_still_has_its_task_acked(r: redis.Redis) -> None:
+    q = dueq.Queue("w", r)
+    tid = q.schedule({})
+    worker: dueq.Worker
+
+    def handle(d: dueq.Delivery) -> None:
+        worker.stop()  # e.g. a handler that shuts the service down after one job
+
+    worker = dueq.Worker(q, handle, grace=5)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert q.get(tid) is None  # done, not released to run again
+    assert dict(worker.outcomes) == {"acked": 1}

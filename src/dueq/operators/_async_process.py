@@ -128,7 +128,10 @@ class AsyncProcessor(Settling):
             self._source.dispose()
         if already and grace_s is None:
             return
-        unstarted = [d for d in self._held if d not in self._running]
+        # only what no handler has picked up: a delivery whose handler already returned waits
+        # for its ack in _done, and releasing it would run the task again
+        unstarted = [d for d in self._waiting if d in self._held]
+        self._waiting.clear()
         await asyncio.gather(*(self._release(d) for d in unstarted))
         if grace_s is None:
             await self._idle.wait()
