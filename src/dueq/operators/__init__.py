@@ -49,6 +49,7 @@ def process(
     ``concurrency`` threads, and outcomes are emitted on the loop. Subscribed elsewhere (a
     sync ``Queue``, ``Worker``), a plain function runs on a pool of threads and an
     ``async def`` on an event loop thread of dueq's own.
+
     Returning acks the task; raising fails it through the queue's retry policy
     (``dueq.Unrecoverable`` goes straight to dead); a handler may also settle the delivery
     itself (``d.fail(exc, retry_in=60)``, ``d.release()``). While the handler runs, its lease is
@@ -59,8 +60,8 @@ def process(
     attempt that runs longer with ``dueq.TaskTimeout``, which follows the retry policy: an
     ``async def`` handler is cancelled, a plain function's thread is abandoned (another takes
     its place) and its late result refused; its lease is no longer kept. ``scheduler`` times
-    the lease keeper (a thread of
-    its own by default; giving one always selects the threaded consumer).
+    the lease keeper (a thread of its own by default; giving one always selects the threaded
+    consumer).
     """
     if not callable(handler):
         raise ConfigurationError(f"handler must be callable, got {handler!r}")
