@@ -37,7 +37,6 @@ from .task import AsyncDelivery
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
-    from ._core import ClaimBatch
 
 logger = logging.getLogger("dueq.observe")
 
@@ -79,16 +78,6 @@ async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
     finally:
         waiter.cancel()
     return bool(done)
-
-
-def sleep_ms(batch: ClaimBatch, heartbeat_ms: float) -> float:
-    """How long a consumer may sleep after ``batch``: until the next due time or lease
-    deadline it reported (to within the round trip), at most ``heartbeat_ms``."""
-    upcoming = [ms for ms in (batch.next_due_ms, batch.next_lease_deadline_ms) if ms is not None]
-    if not upcoming:
-        return heartbeat_ms
-    until_ms = min(upcoming) - batch.now_ms - batch.now_fraction_ms
-    return max(0.0, min(until_ms, heartbeat_ms))
 
 
 async def deliveries(
@@ -151,7 +140,7 @@ async def deliveries(
             while unyielded:
                 yield unyielded.popleft()
             full = held.full
-            wait_ms = heartbeat_ms if full else sleep_ms(batch, heartbeat_ms)
+            wait_ms = heartbeat_ms if full else batch.sleep_ms(heartbeat_ms)
             if wait_ms > 0 and not poke.is_set():
                 await wait_event(poke, wait_ms / 1000)
     finally:

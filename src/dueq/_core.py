@@ -234,6 +234,15 @@ class ClaimBatch:
         self.next_due_ms = next_due_ms
         self.next_lease_deadline_ms = next_lease_deadline_ms
 
+    def sleep_ms(self, heartbeat_ms: float) -> float:
+        """How long a consumer may sleep after this claim: until the next due time or lease
+        deadline it reported (to within the round trip), at most ``heartbeat_ms``."""
+        upcoming = [ms for ms in (self.next_due_ms, self.next_lease_deadline_ms) if ms is not None]
+        if not upcoming:
+            return heartbeat_ms
+        until_ms = min(upcoming) - self.now_ms - self.now_fraction_ms
+        return max(0.0, min(until_ms, heartbeat_ms))
+
 
 class QueueCore:
     """Settings, validation and the flows of every queue operation, shared by ``Queue`` and

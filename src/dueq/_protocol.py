@@ -296,8 +296,6 @@ class TimeReply:
 def _time_reply(failed: Status) -> Callable[[Any], TimeReply]:
     def parse(reply: Any) -> TimeReply:
         value = int(reply)
-        if value == -2 and failed is Status.LEASE_LOST:  # release.lua: cancelled while leased
-            return TimeReply(Status.CANCELLED, value)
         return TimeReply(failed, value) if value < 0 else TimeReply(Status.OK, value)
 
     return parse
@@ -327,7 +325,15 @@ def extend(
 def release(k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int) -> Call[TimeReply]:
     """Give a leased task back, due after ``delay_ms``, without counting the delivery."""
     keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled]
-    return Call("release", keys, [now, task_id, token, delay_ms], _time_reply(Status.LEASE_LOST))
+    return Call("release", keys, [now, task_id, token, delay_ms], _parse_release)
+
+
+def _parse_release(reply: Any) -> TimeReply:
+    """release.lua: the new due ms, -1 lease lost, -2 cancelled while leased."""
+    value = int(reply)
+    if value >= 0:
+        return TimeReply(Status.OK, value)
+    return TimeReply(Status.CANCELLED if value == -2 else Status.LEASE_LOST, value)
 
 
 def reschedule(

@@ -214,13 +214,7 @@ class _Consumer:
                 return None
         if full:
             return self._heartbeat_ms  # a settled delivery pokes sooner
-        upcoming = [
-            ms for ms in (batch.next_due_ms, batch.next_lease_deadline_ms) if ms is not None
-        ]
-        if not upcoming:
-            return self._heartbeat_ms
-        until_ms = min(upcoming) - batch.now_ms - batch.now_fraction_ms
-        return max(0.0, min(until_ms, self._heartbeat_ms))
+        return batch.sleep_ms(self._heartbeat_ms)
 
     def _give_back(self, deliveries: list[Delivery]) -> None:
         """Release claimed deliveries that were never emitted (attempts do not count)."""

@@ -164,6 +164,13 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   return held, verdicts
 end
 
+-- The verdict on one lease, as judge_leases gives it: 'h' held, 'c' cancelled, 'l' lost.
+local function lease_verdict(k_leased, k_meta, k_cancelled, id, token, now)
+  if lease_held(k_leased, k_meta, id, token, now) then return 'h' end
+  if redis.call('ZSCORE', k_cancelled, id .. '|' .. token) then return 'c' end
+  return 'l'
+end
+
 -- One character per pair as given: its lease's verdict ('h', 'c' or 'l').
 local function verdict_string(verdicts, positions)
   local out = {}

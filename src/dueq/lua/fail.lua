@@ -22,10 +22,9 @@
 
 local now = dueq_now(ARGV[1])
 local id, token = ARGV[2], ARGV[3]
-if not lease_held(KEYS[2], KEYS[4], id, token, now) then
-  if redis.call('ZSCORE', KEYS[9], id .. '|' .. token) then return {3, now} end
-  return {0, now}
-end
+local verdict = lease_verdict(KEYS[2], KEYS[4], KEYS[9], id, token, now)
+if verdict == 'c' then return {3, now} end
+if verdict == 'l' then return {0, now} end
 
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))

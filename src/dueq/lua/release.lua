@@ -14,10 +14,9 @@
 
 local now = dueq_now(ARGV[1])
 local id = ARGV[2]
-if not lease_held(KEYS[2], KEYS[3], id, ARGV[3], now) then
-  if redis.call('ZSCORE', KEYS[6], id .. '|' .. ARGV[3]) then return -2 end
-  return -1
-end
+local verdict = lease_verdict(KEYS[2], KEYS[3], KEYS[6], id, ARGV[3], now)
+if verdict == 'c' then return -2 end
+if verdict == 'l' then return -1 end
 local due = now + tonumber(ARGV[4])
 local previous_head = head_score(KEYS[1])
 redis.call('ZREM', KEYS[2], id)
