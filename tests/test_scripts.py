@@ -44,7 +44,11 @@ def test_every_key_a_script_touches_comes_from_keys(name):
     assert "dueq:" not in source  # no key names built inside Lua
     for match in re.finditer(rf"redis\.p?call\('({KEY_COMMANDS})',\s*([^,)]+)", source):
         key_arg = match.group(2).strip()
-        assert re.fullmatch(r"KEYS\[\d+\]|k_\w+|key", key_arg), (name, match.group(0))
+        # levels[p]: a due ZSET of one priority, from the KEYS block that due_levels reads
+        assert re.fullmatch(r"KEYS\[\d+\]|k_\w+|key|levels\[\w+\]", key_arg), (
+            name,
+            match.group(0),
+        )
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
@@ -56,11 +60,20 @@ def test_every_declared_key_is_used(name):
 
 
 def _header_keys(name: str) -> list[str]:
-    """The key names of a script's header, in KEYS order (``-- KEYS[3] tasks ...``)."""
+    """The key names of a script's header, in KEYS order (``-- KEYS[3] tasks ...``); a block
+    ``-- KEYS[10..18] upper_due: ...`` stands for the nine due ZSETs of priorities 1 to 9."""
     text = LUA.joinpath(f"{name}.lua").read_text()
-    found = re.findall(r"^-- KEYS\[(\d+)\]\s+(\w+)", text, flags=re.M)
-    assert [int(n) for n, _ in found] == list(range(1, len(found) + 1)), name
-    return [key for _, key in found]
+    found = re.findall(r"^-- KEYS\[(\d+)(?:\.\.(\d+))?\]\s+(\w+)", text, flags=re.M)
+    names: list[str] = []
+    for first, last, key in found:
+        assert int(first) == len(names) + 1, name
+        if last:
+            assert key == "upper_due" and int(last) - int(first) == 8, name
+            assert int(last) == len(names) + 9, name
+            names += [f"upper_due[{i}]" for i in range(9)]
+        else:
+            names.append(key)
+    return names
 
 
 def test_the_header_regexes_read_two_digit_key_numbers():
@@ -70,7 +83,10 @@ def test_the_header_regexes_read_two_digit_key_numbers():
 @pytest.mark.parametrize("name", sorted(protocol.SAMPLES))
 def test_each_protocol_counterpart_sends_keys_in_its_scripts_header_order(name):
     keys = QueueKeys.for_queue("q")
-    field_of = {getattr(keys, field): field for field in keys.__dataclass_fields__}
+    field_of = {
+        getattr(keys, field): field for field in keys.__dataclass_fields__ if field != "due_levels"
+    }
+    field_of.update({key: f"upper_due[{i}]" for i, key in enumerate(keys.upper_due)})
     call = protocol.SAMPLES[name](keys)
     assert call.script == name
     assert [field_of[key] for key in call.keys] == _header_keys(name)

@@ -131,9 +131,14 @@ class AsyncQueue(QueueCore):
         at: datetime | None = None,
         id: str | None = None,  # the public API names it id
         replace: bool = False,
+        priority: int = 0,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        max_attempts: int | None = None,
     ) -> str:
-        """Schedule one task; returns its id. An existing id is left alone unless ``replace``."""
-        tasks = [Task(payload, id=id, at=at, delay=delay)]
+        """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
+        ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``)."""
+        tasks = [Task(payload, id, at, delay, priority, key, timeout, max_attempts)]
         result = await self._drive(self._schedule_many_flow(tasks, replace))
         return result.ids[0]
 

@@ -27,12 +27,18 @@ from .envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     FLAG_ABSOLUTE,
     FLAG_GENERATED_ID,
-    decode_envelope,
+    MAX_TIMEOUT_MS,
+    NO_OPTIONS,
+    TaskOptions,
+    decode_task,
     encode_envelope,
     generated_ids,
     pack_task,
     repack_with_id,
     validate_id,
+    validate_key,
+    validate_priority,
+    validate_task_attempts,
 )
 from .exceptions import (
     ConfigurationError,
@@ -108,6 +114,23 @@ async def drive_async(flow: Flow[T], send: Callable[[protocol.Step], Awaitable[A
     except StopIteration as stop:
         result: T = stop.value
         return result
+
+
+def task_options(task: Task) -> TaskOptions:
+    """The validated options of a task (InvalidTaskError names what is wrong)."""
+    timeout_ms = None
+    if task.timeout is not None:
+        timeout_ms = duration_ms(task.timeout, "timeout")
+        if not 0 < timeout_ms <= MAX_TIMEOUT_MS:
+            raise InvalidTaskError(
+                f"timeout must be more than 0 s and at most a year, got {task.timeout!r}"
+            )
+    return TaskOptions(
+        validate_priority(task.priority),
+        None if task.key is None else validate_key(task.key),
+        timeout_ms,
+        None if task.max_attempts is None else validate_task_attempts(task.max_attempts),
+    )
 
 
 def _batches(records: list[bytes]) -> Iterator[list[int]]:
@@ -314,6 +337,7 @@ class QueueCore:
         token: str,
         first_claimed_ms: int,
         claimed_ms: int,
+        options: TaskOptions,
     ) -> DeliveryBase:
         """A delivery of the front end's kind (blocking or awaitable methods)."""
         raise NotImplementedError
@@ -392,7 +416,15 @@ class QueueCore:
                     time_flag, due_ms = 0, 0  # due now
                 else:
                     time_flag, due_ms = due(task.at, task.delay)
-                envelope = encode_envelope(task.payload, max_bytes)
+                options = (
+                    NO_OPTIONS
+                    if task.priority == 0
+                    and task.key is None
+                    and task.timeout is None
+                    and task.max_attempts is None
+                    else task_options(task)
+                )
+                envelope = encode_envelope(task.payload, max_bytes, options)
             except (InvalidTaskError, PayloadError) as exc:
                 raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
             records.append(pack_task(flags | time_flag, due_ms, task_id, envelope))
@@ -480,7 +512,7 @@ class QueueCore:
         deliveries: list[Any] = []
         for row in reply.rows:
             try:
-                payload = decode_envelope(row.envelope)
+                payload, options = decode_task(row.envelope)
             except PayloadError as exc:
                 logger.error(
                     "task %r in queue %r has an undecodable envelope; moved to dead: %s",
@@ -500,6 +532,7 @@ class QueueCore:
                     reply.token,
                     row.first_claimed_ms,
                     now_ms,
+                    options,
                 )
             )
         deliveries, cron_due = yield from self._cron_on_claim_flow(deliveries, now_ms)
@@ -562,7 +595,9 @@ class QueueCore:
         exc = error if isinstance(error, BaseException) else None
         age_s = max(delivery.claimed_ms - delivery.first_claimed_ms, 0) / 1000
         delay_ms = 0
-        dead = isinstance(error, Unrecoverable) or self.retry.gives_up(delivery.attempt, age_s, exc)
+        dead = isinstance(error, Unrecoverable) or self.retry.gives_up(
+            delivery.attempt, age_s, exc, delivery.max_attempts
+        )
         if not dead:
             if retry_in is not None:
                 delay_ms = duration_ms(retry_in, "retry_in")

@@ -4,6 +4,14 @@ Stored form: a format-version prefix, then the payload as compact UTF-8 JSON::
 
     1:{"to":"a@example.com"}
 
+A task scheduled with options (priority, limit key, timeout, max_attempts) carries them in a
+version-2 head before the payload, one line the scripts read with one pattern match::
+
+    2:<priority>|<timeout ms>|<max attempts>|<key>\n{"to":"a@example.com"}
+
+(empty fields are unset; compact JSON never holds a raw newline, and keys may not). Tasks
+without options keep the version-1 form, so options cost nothing unless they are used.
+
 A prefix rather than a JSON wrapper keeps every task 12 bytes smaller while still letting a
 reader refuse a format it does not know. Payloads are JSON only (never pickle). Encoding happens
 before anything is written, so a bad payload raises PayloadError and leaves Redis untouched.
@@ -23,11 +31,20 @@ import os
 import re
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from .exceptions import InvalidTaskError, PayloadError
 
 ENVELOPE_PREFIX = b"1:"
+OPTIONS_PREFIX = b"2:"
+#: Priorities run from 0 (the default) to MAX_PRIORITY; among due tasks the higher runs first.
+MAX_PRIORITY = 9
+MAX_KEY_BYTES = 200
+#: The longest per-task timeout (a year): longer is a mistake, not a limit.
+MAX_TIMEOUT_MS = 366 * 86_400_000
+MAX_TASK_ATTEMPTS = 1_000_000
+_OPTIONS_HEAD = re.compile(rb"2:([0-9])\|([0-9]{0,12})\|([0-9]{0,7})\|([^\n]{0,800})\n")
 MAX_ID_BYTES = 512
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 #: Deepest nesting of arrays and objects a payload may have.
@@ -101,7 +118,88 @@ def nests_too_deep(data: bytes) -> bool:
     return False
 
 
-def encode_envelope(payload: Any, max_bytes: int) -> bytes:
+@dataclass(frozen=True)
+class TaskOptions:
+    """What a producer states about one task, kept with it (see the module docstring).
+
+    ``key`` names the limit group the queue's ``key_rate`` and ``key_concurrency`` apply to;
+    ``timeout_ms`` and ``max_attempts`` override the consumer's for this task.
+    """
+
+    priority: int = 0
+    key: str | None = None
+    timeout_ms: int | None = None
+    max_attempts: int | None = None
+
+    def head(self) -> bytes:
+        """The envelope prefix that stores these options."""
+        if self == NO_OPTIONS:
+            return ENVELOPE_PREFIX
+        key = b"" if self.key is None else self.key.encode("utf-8")
+        timeout = b"" if self.timeout_ms is None else b"%d" % self.timeout_ms
+        attempts = b"" if self.max_attempts is None else b"%d" % self.max_attempts
+        return b"2:%d|%s|%s|%s\n" % (self.priority, timeout, attempts, key)
+
+
+NO_OPTIONS = TaskOptions()
+
+
+def validate_priority(priority: object) -> int:
+    if (
+        not isinstance(priority, int)
+        or isinstance(priority, bool)
+        or not 0 <= priority <= MAX_PRIORITY
+    ):
+        raise InvalidTaskError(
+            f"priority must be an int from 0 to {MAX_PRIORITY}, got {priority!r}"
+        )
+    return priority
+
+
+def validate_key(key: object) -> str:
+    """``key`` if it can name a limit group: 1 to MAX_KEY_BYTES of UTF-8 text without control
+    characters."""
+    if not isinstance(key, str):
+        raise InvalidTaskError(f"key must be a str, got {type(key).__name__}")
+    if not key or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise InvalidTaskError(f"key {key[:40]!r} must be non-empty, without control characters")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:  # a lone surrogate
+        raise InvalidTaskError(
+            f"key {key[:40]!r} is not valid Unicode text ({exc.reason})"
+        ) from None
+    if size > MAX_KEY_BYTES:
+        raise InvalidTaskError(f"key is longer than {MAX_KEY_BYTES} bytes")
+    return key
+
+
+def validate_task_attempts(max_attempts: object) -> int:
+    if (
+        not isinstance(max_attempts, int)
+        or isinstance(max_attempts, bool)
+        or not 1 <= max_attempts <= MAX_TASK_ATTEMPTS
+    ):
+        raise InvalidTaskError(
+            f"max_attempts must be an int from 1 to {MAX_TASK_ATTEMPTS}, got {max_attempts!r}"
+        )
+    return max_attempts
+
+
+def _parse_options(head: re.Match[bytes]) -> TaskOptions:
+    priority, timeout, attempts, key = head.groups()
+    try:
+        key_text = key.decode("utf-8") if key else None
+    except UnicodeDecodeError as exc:
+        raise PayloadError(f"stored task options are not UTF-8: {exc}") from None
+    timeout_ms = int(timeout) if timeout else None
+    max_attempts = int(attempts) if attempts else None
+    if timeout_ms == 0 or max_attempts == 0:
+        raise PayloadError("stored task options hold a zero timeout or max_attempts")
+    return TaskOptions(int(priority), key_text, timeout_ms, max_attempts)
+
+
+def encode_envelope(payload: Any, max_bytes: int, options: TaskOptions = NO_OPTIONS) -> bytes:
     """The stored form of a payload, refusing what JSON cannot carry or what is too large."""
     try:
         data = _encode(payload).encode("utf-8")
@@ -115,7 +213,7 @@ def encode_envelope(payload: Any, max_bytes: int) -> bytes:
         raise PayloadError(f"payload is {len(data)} bytes, over the limit of {max_bytes}")
     if nests_too_deep(data):
         raise PayloadError(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
-    return ENVELOPE_PREFIX + data
+    return options.head() + data
 
 
 @functools.cache
@@ -140,16 +238,26 @@ def repack_with_id(record: bytes, task_id: str) -> bytes:
 
 def decode_envelope(raw: bytes | str) -> Any:
     """The payload of a stored envelope; PayloadError if it cannot be read."""
+    return decode_task(raw)[0]
+
+
+def decode_task(raw: bytes | str) -> tuple[Any, TaskOptions]:
+    """The payload and options of a stored envelope; PayloadError if it cannot be read."""
     try:
         data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
     except (UnicodeEncodeError, TypeError) as exc:
         raise PayloadError(f"stored value is not text: {exc}") from None
-    if not data.startswith(ENVELOPE_PREFIX):
-        raise PayloadError(f"stored value is not a dueq envelope ({ENVELOPE_PREFIX!r} prefix)")
-    body = data[len(ENVELOPE_PREFIX) :]
+    options = NO_OPTIONS
+    if data.startswith(ENVELOPE_PREFIX):
+        body = data[len(ENVELOPE_PREFIX) :]
+    elif data.startswith(OPTIONS_PREFIX) and (head := _OPTIONS_HEAD.match(data)):
+        options = _parse_options(head)
+        body = data[head.end() :]
+    else:
+        raise PayloadError("stored value is not a dueq envelope (no 1: or 2: prefix)")
     if nests_too_deep(body):
         raise PayloadError(f"stored payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
     try:
-        return json.loads(body)
+        return json.loads(body), options
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise PayloadError(f"stored payload is not valid JSON: {str(exc)[:200]}") from None

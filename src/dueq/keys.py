@@ -42,6 +42,8 @@ class QueueKeys:
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
     ``cancelled`` ZSET "id|token" -> lease deadline ms: leases revoked by ``cancel``
     ``wake``    Pub/Sub channel, published when an earlier task is scheduled (or settings change)
+    ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
+                are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
 
     queue: str
@@ -59,6 +61,23 @@ class QueueKeys:
     config: str
     rate: str
     cancelled: str
+    due_levels: tuple[str, ...]
+
+    def names(self) -> list[str]:
+        """Every key name of the queue (the wake channel included)."""
+        out: list[str] = []
+        for value in vars(self).values():
+            if isinstance(value, tuple):
+                out += value
+            elif value != self.queue:
+                out.append(value)
+        return list(dict.fromkeys(out))
+
+    @property
+    def upper_due(self) -> list[str]:
+        """The due ZSETs of priorities 1 to 9: every script that can touch a scheduled task
+        takes them as its last nine KEYS."""
+        return list(self.due_levels[1:])
 
     @classmethod
     def for_queue(cls, queue: str) -> QueueKeys:
@@ -79,4 +98,5 @@ class QueueKeys:
             config=base + "config",
             rate=base + "rate",
             cancelled=base + "cancelled",
+            due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )

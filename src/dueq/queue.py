@@ -144,9 +144,16 @@ class Queue(QueueCore):
         at: datetime | None = None,
         id: str | None = None,  # the public API names it id
         replace: bool = False,
+        priority: int = 0,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        max_attempts: int | None = None,
     ) -> str:
-        """Schedule one task; returns its id. An existing id is left alone unless ``replace``."""
-        result = self.schedule_many([Task(payload, id=id, at=at, delay=delay)], replace=replace)
+        """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
+        ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``)."""
+        result = self.schedule_many(
+            [Task(payload, id, at, delay, priority, key, timeout, max_attempts)], replace=replace
+        )
         return result.ids[0]
 
     def schedule_many(self, tasks: Iterable[Task], *, replace: bool = False) -> ScheduleResult:

@@ -125,13 +125,19 @@ class RetryPolicy:
             return fallback
 
     def gives_up(
-        self, attempt: int, age_s: float = 0.0, error: BaseException | None = None
+        self,
+        attempt: int,
+        age_s: float = 0.0,
+        error: BaseException | None = None,
+        max_attempts: int | None = None,
     ) -> bool:
         """True when failed delivery ``attempt`` was the last one allowed.
 
-        If the stop strategy fails now, the failure is logged and ``max_attempts`` decides.
+        ``max_attempts`` is the task's own (``schedule(..., max_attempts=)``), which wins over
+        the policy's. If the stop strategy fails now, the failure is logged and
+        ``max_attempts`` decides.
         """
-        if attempt >= self.max_attempts:
+        if attempt >= (self.max_attempts if max_attempts is None else max_attempts):
             return True
         if self.stop is None:
             return False

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .clock import ms_datetime, stored_ms
-from .envelope import decode_envelope
+from .envelope import NO_OPTIONS, decode_task
 from .exceptions import ConfigurationError, PayloadError
 from .failures import parse_error_records
 from .task import QueueSettings, QueueStats, Rate, TaskInfo, TaskState
@@ -67,8 +67,9 @@ def _task_info(
     errors_raw: bytes | str,
 ) -> TaskInfo:
     attempt, leased_due, first_ms = parse_meta(meta_raw)
+    options = NO_OPTIONS
     try:
-        payload = decode_envelope(raw)
+        payload, options = decode_task(raw)
     except PayloadError:  # shown as raw text, so operators can see what is stored
         payload = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw) or None
     due_ms = {"scheduled": score, "leased": leased_due}.get(state)
@@ -82,6 +83,10 @@ def _task_info(
         errors=parse_error_records(errors_raw),
         lease_deadline=_datetime(score) if state == "leased" else None,
         died_at=_datetime(score) if state == "dead" else None,
+        priority=options.priority,
+        key=options.key,
+        timeout=None if options.timeout_ms is None else timedelta(milliseconds=options.timeout_ms),
+        max_attempts=options.max_attempts,
     )
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .checks import whole_number
 from .clock import Duration, duration_ms, ms_datetime
+from .envelope import NO_OPTIONS, TaskOptions
 from .exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -22,12 +23,22 @@ OutcomeKind = Literal["acked", "retried", "dead", "released", "lost", "cancelled
 
 @dataclass(frozen=True)
 class Task:
-    """A task to schedule with ``Queue.schedule_many``: due at ``at``, after ``delay``, or now."""
+    """A task to schedule with ``Queue.schedule_many``: due at ``at``, after ``delay``, or now.
+
+    Options kept with the task: ``priority`` (0-9; among due tasks the higher runs first),
+    ``key`` (the limit group the queue's ``key_rate``/``key_concurrency`` apply to),
+    ``timeout`` (overrides the consumer's for this task) and ``max_attempts`` (overrides the
+    consumer's retry policy's).
+    """
 
     payload: Any
     id: str | None = None
     at: datetime | None = None
     delay: Duration | None = None
+    priority: int = 0
+    key: str | None = None
+    timeout: Duration | None = None
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,10 @@ class TaskInfo:
     errors: list[ErrorRecord] = field(default_factory=list)
     lease_deadline: datetime | None = None
     died_at: datetime | None = None
+    priority: int = 0
+    key: str | None = None
+    timeout: timedelta | None = None
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +182,7 @@ class DeliveryBase:
         "first_claimed_ms",
         "id",
         "lease_deadline_ms",
+        "options",
         "payload",
         "token",
     )
@@ -182,8 +198,10 @@ class DeliveryBase:
         token: str,
         first_claimed_ms: int,
         claimed_ms: int,
+        options: TaskOptions = NO_OPTIONS,
     ) -> None:
         self._queue = queue
+        self.options = options
         self.id = task_id
         self.payload = payload
         self.attempt = attempt
@@ -204,6 +222,27 @@ class DeliveryBase:
     @property
     def lease_deadline(self) -> datetime:
         return ms_datetime(self.lease_deadline_ms)
+
+    @property
+    def priority(self) -> int:
+        """The task's priority (0-9, see ``Task``)."""
+        return self.options.priority
+
+    @property
+    def key(self) -> str | None:
+        """The task's limit key, if it was scheduled with one."""
+        return self.options.key
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The task's own timeout in seconds (overriding the consumer's), if it has one."""
+        t = self.options.timeout_ms
+        return None if t is None else t / 1000
+
+    @property
+    def max_attempts(self) -> int | None:
+        """The task's own max_attempts (overriding the retry policy's), if it has one."""
+        return self.options.max_attempts
 
     @property
     def settled(self) -> bool:

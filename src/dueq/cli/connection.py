@@ -239,7 +239,7 @@ def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
 #: What follows ``dueq:{<queue>}:`` in the name of each key a queue has.
 KEY_SUFFIXES = frozenset(
     key.removeprefix("dueq:{x}:")
-    for key in vars(QueueKeys.for_queue("x")).values()
+    for key in QueueKeys.for_queue("x").names()
     if key.startswith("dueq:{x}:")
 )
 
@@ -290,5 +290,7 @@ def open_queue(target: RedisTarget, name: str) -> Queue:
 def require_queue(conn: Connection, name: str) -> None:
     """CliError unless queue ``name`` has any key (tasks, dead tasks or counters) in Redis."""
     k = QueueKeys.for_queue(name)
-    if not conn.client.exists(k.due, k.leased, k.tasks, k.dead, k.stats, k.cron, k.done, k.config):
+    if not conn.client.exists(
+        k.leased, k.tasks, k.dead, k.stats, k.cron, k.done, k.config, *k.due_levels
+    ):
         raise CliError(f"no queue named {name!r} at {conn.shown}")

@@ -211,6 +211,46 @@ local function head_score(k_zset)
   return nil
 end
 
+-- Priorities. A scheduled task waits in the due ZSET of its priority: level 0 is the queue's
+-- due key, levels 1 to 9 come as the last nine KEYS of every script that touches scheduled
+-- tasks (keys.py upper_due). A task's priority is kept in its envelope's version-2 head
+-- "2:<priority>|<timeout ms>|<max attempts>|<key>\n" (envelope.py); version 1 means none.
+local function due_levels(k_due0)
+  local t = {[0] = k_due0}
+  for p = 1, 9 do t[p] = KEYS[#KEYS - 9 + p] end
+  return t
+end
+
+-- Priority, max attempts (or nil) and limit key (or nil) of a stored envelope; a missing or
+-- unreadable head counts as none (priority 0), so corrupted options never stop a claim.
+local function task_options(envelope)
+  if envelope and string.sub(envelope, 1, 2) == '2:' then
+    local p, _, m, key = string.match(envelope, '^2:(%d)|(%d*)|(%d*)|([^\n]*)\n')
+    if p then
+      local attempts = tonumber(m)
+      if attempts and attempts < 1 then attempts = nil end
+      return tonumber(p), attempts, key ~= '' and key or nil
+    end
+  end
+  return 0, nil, nil
+end
+
+-- The due ZSET a stored envelope's task waits in.
+local function level_key(levels, envelope)
+  local p = task_options(envelope)
+  return levels[p]
+end
+
+-- The earliest score over every priority level, or nil when all are empty.
+local function levels_head(levels)
+  local best = nil
+  for p = 0, 9 do
+    local h = head_score(levels[p])
+    if h and (not best or h < best) then best = h end
+  end
+  return best
+end
+
 -- Publish on the wake channel when due_ms is earlier than the head that was there before.
 local function wake_if_earlier(k_wake, previous_head, due_ms)
   if previous_head == nil or due_ms < previous_head then

@@ -10,13 +10,15 @@
 -- KEYS[6] errors   HASH id -> JSON list of error records
 -- KEYS[7] stats    HASH counter -> int
 -- KEYS[8] cancelled ZSET "id|token" -> lease deadline ms: leases revoked here
+-- KEYS[9..17] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
 
 local KEEP_MS = 3600000  -- a revoked lease is remembered this long after its deadline
 local id = ARGV[2]
-if redis.call('HEXISTS', KEYS[4], id) == 0 then return 0 end
+local envelope = redis.call('HGET', KEYS[4], id)
+if not envelope then return 0 end
 local deadline = redis.call('ZSCORE', KEYS[2], id)
 if deadline then
   local now = dueq_now(ARGV[1])
@@ -26,7 +28,8 @@ if deadline then
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. ms(now - KEEP_MS))
 end
-redis.call('ZREM', KEYS[1], id)
+local k_level = level_key(due_levels(KEYS[1]), envelope)
+redis.call('ZREM', k_level, id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', KEYS[3], id)
 forget(KEYS[4], KEYS[5], KEYS[6], id)

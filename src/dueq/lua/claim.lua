@@ -10,10 +10,12 @@
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
 -- KEYS[8] config   HASH setting -> value (paused, rate)
 -- KEYS[9] rate     ZSET claim -> claimed-at ms: the claims of the last rate window
+-- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
--- ARGV[4] max_attempts: an expired lease on this attempt sends the task to dead
+-- ARGV[4] max_attempts: an expired lease on this attempt sends the task to dead (a task's own
+--         max_attempts, kept in its envelope, wins)
 -- ARGV[5] most expired leases handled in this call
 -- ARGV[6] dead-letter cap: most entries kept
 -- ARGV[7] dead-letter cap: oldest age kept, ms
@@ -25,6 +27,7 @@
 --          paused (1 when the queue is paused: nothing is leased and next_due is -1, so
 --          consumers sleep until resume wakes them; expired leases are still reclaimed),
 --          id1, envelope1, attempt1, due1, first_claimed1, id2, envelope2, ...}
+-- Due tasks are leased by priority (9 first), then earliest due within a priority.
 -- With a rate "n/per_ms" set, at most n tasks are leased in any window of per_ms (counted by
 -- the claim times kept in KEYS[9]); when the rate holds tasks back, next_due is when the
 -- oldest claim of the window leaves it, so consumers sleep exactly until then.
@@ -36,6 +39,7 @@ local max_attempts = tonumber(ARGV[4])
 local reclaim_limit = tonumber(ARGV[5])
 local backoff = {}
 for i = 8, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
+local levels = due_levels(KEYS[1])
 
 -- The next lease token. A lease_seq that is not a counter (corrupted) restarts above any count
 -- of claims (the clock in microseconds), so a token is never issued twice.
@@ -62,7 +66,9 @@ end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
-  if redis.call('HEXISTS', KEYS[3], id) == 1 then
+  local envelope = redis.call('HGET', KEYS[3], id)
+  if envelope then
+    local priority, own_attempts = task_options(envelope)
     local attempt, _, _, first, readable = meta_parse(redis.call('HGET', KEYS[4], id))
     if not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
@@ -71,12 +77,12 @@ for _, id in ipairs(expired) do
       error_append(KEYS[5], id, '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
         ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
         'the worker died, hung or outlived its lease","traceback":null}')
-      if attempt >= max_attempts then
+      if attempt >= (own_attempts or max_attempts) then
         redis.call('ZADD', KEYS[6], now, id)
         died = died + 1
       else
         local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
-        redis.call('ZADD', KEYS[1], now + wait, id)
+        redis.call('ZADD', levels[priority], now + wait, id)
       end
     end
   else
@@ -109,33 +115,45 @@ if rate_n then
   limit = math.min(limit, rate_left)
 end
 
-local due = {}
-if limit > 0 and not paused then
-  due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+-- Take up to `limit` due ids, highest priority first (each level earliest first).
+local ids, scores = {}, {}
+if not paused then
+  for p = 9, 0, -1 do
+    local room = limit - #ids
+    if room <= 0 then break end
+    local due = redis.call('ZRANGEBYSCORE', levels[p], '-inf', now, 'WITHSCORES', 'LIMIT', 0, room)
+    local got = #due / 2
+    if got > 0 then
+      for i = 1, got do
+        ids[#ids + 1] = due[2 * i - 1]
+        scores[#scores + 1] = due[2 * i]
+      end
+      redis.call('ZREMRANGEBYRANK', levels[p], 0, got - 1)
+    end
+  end
 end
-local n = #due / 2
+local n = #ids
 local buried_here = 0
 if n > 0 then
-  local ids = {}
-  for i = 1, n do ids[i] = due[2 * i - 1] end
   local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
   local metas = redis.call('HMGET', KEYS[4], unpack(ids))
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - 1)
   local token = nil
   local deadline = now + lease_ms
   local leased, meta, orphans = {}, {}, {}
   for i = 1, n do
-    local id, due_ms = ids[i], ms(clamp_ms(due[2 * i]))
+    local id, due_ms = ids[i], ms(clamp_ms(scores[i]))
     local attempt, _, _, first, readable = meta_parse(metas[i])
+    local _, own_attempts = task_options(envelopes[i])
+    local most = own_attempts or max_attempts
     if not envelopes[i] then
       orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
     elseif not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable: ' ..
         string.sub(tostring(metas[i]), 1, 100))
       buried_here = buried_here + 1
-    elseif attempt >= max_attempts then
+    elseif attempt >= most then
       bury(id, attempt, 'AttemptsExhausted', attempt .. ' attempt(s) made; max_attempts is ' ..
-        max_attempts .. ' (lowered since it was scheduled)')
+        most .. ' (lowered since it was scheduled)')
       buried_here = buried_here + 1
     else
       token = token or next_token()
@@ -182,7 +200,7 @@ if died > 0 then
 end
 out[8] = buried_here
 
-local next_due = head_score(KEYS[1])
+local next_due = levels_head(levels)
 local next_deadline = head_score(KEYS[2])
 if next_due and not paused then
   out[2] = clamp_ms(next_due)

@@ -8,6 +8,7 @@
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] stats    HASH counter -> int
 -- KEYS[7] wake     Pub/Sub channel
+-- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9 (a replayed task goes back to its level)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "replay" or "purge"
 -- ARGV[3] "ids" or "oldest"
@@ -41,8 +42,20 @@ call_chunked('ZREM', KEYS[1], ids)
 call_chunked('HDEL', KEYS[4], ids)
 call_chunked('HDEL', KEYS[5], ids)
 if ARGV[2] == 'replay' then
-  local previous_head = head_score(KEYS[2])
-  zadd_all(KEYS[2], now, ids)
+  local levels = due_levels(KEYS[2])
+  local previous_head = levels_head(levels)
+  local envelopes = {}
+  for i = 1, #ids, 1000 do
+    local part = redis.call('HMGET', KEYS[3], unpack(ids, i, math.min(i + 999, #ids)))
+    for _, e in ipairs(part) do envelopes[#envelopes + 1] = e end
+  end
+  local by_level = {}
+  for i, id in ipairs(ids) do
+    local p = task_options(envelopes[i])
+    by_level[p] = by_level[p] or {}
+    table.insert(by_level[p], id)
+  end
+  for p, level_ids in pairs(by_level) do zadd_all(levels[p], now, level_ids) end
   stat_incr(KEYS[6], 'replayed', #ids)
   wake_if_earlier(KEYS[7], previous_head, now)
 else

@@ -9,6 +9,7 @@
 -- KEYS[7] stats    HASH counter -> int
 -- KEYS[8] wake     Pub/Sub channel
 -- KEYS[9] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
+-- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9 (a retry goes back to its task's level)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -36,8 +37,9 @@ if ARGV[5] == 'dead' then
   return {2, now}
 end
 local due = now + tonumber(ARGV[6])
-local previous_head = head_score(KEYS[1])
-redis.call('ZADD', KEYS[1], due, id)
+local k_level = level_key(due_levels(KEYS[1]), redis.call('HGET', KEYS[3], id))
+local previous_head = head_score(k_level)
+redis.call('ZADD', k_level, due, id)
 stat_incr(KEYS[7], 'retried', 1)
 wake_if_earlier(KEYS[8], previous_head, due)
 return {1, due}

@@ -6,6 +6,7 @@
 -- KEYS[4] tasks    HASH id -> envelope
 -- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[6] errors   HASH id -> JSON list of error records
+-- KEYS[7..15] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] "ids" (ARGV[3..] are ids) or "dead" (ARGV[3] offset, ARGV[4] count; newest first)
 -- Returns a flat list of 6-tuples: id, state ("scheduled"|"leased"|"dead"|""), score or "",
@@ -19,10 +20,13 @@ else
   ids = redis.call('ZREVRANGE', KEYS[3], ms(first), ms(first + tonumber(ARGV[4]) - 1))
 end
 
+local levels = due_levels(KEYS[1])
 local out = {}
 for _, id in ipairs(ids) do
   local state, score = '', nil
-  score = redis.call('ZSCORE', KEYS[1], id)
+  local envelope = redis.call('HGET', KEYS[4], id)
+  local k_level = level_key(levels, envelope)
+  score = redis.call('ZSCORE', k_level, id)
   if score then
     state = 'scheduled'
   else
@@ -37,7 +41,7 @@ for _, id in ipairs(ids) do
   out[#out + 1] = id
   out[#out + 1] = state
   out[#out + 1] = score or ''
-  out[#out + 1] = redis.call('HGET', KEYS[4], id) or ''
+  out[#out + 1] = envelope or ''
   out[#out + 1] = redis.call('HGET', KEYS[5], id) or ''
   out[#out + 1] = redis.call('HGET', KEYS[6], id) or ''
 end

@@ -6,6 +6,8 @@
 -- KEYS[4] stats    HASH counter -> int
 -- KEYS[5] wake     Pub/Sub channel
 -- KEYS[6] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
+-- KEYS[7] tasks    HASH id -> envelope (read for the task's priority)
+-- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -18,10 +20,11 @@ local verdict = lease_verdict(KEYS[2], KEYS[3], KEYS[6], id, ARGV[3], now)
 if verdict == 'c' then return -2 end
 if verdict == 'l' then return -1 end
 local due = now + tonumber(ARGV[4])
-local previous_head = head_score(KEYS[1])
+local k_level = level_key(due_levels(KEYS[1]), redis.call('HGET', KEYS[7], id))
+local previous_head = head_score(k_level)
 redis.call('ZREM', KEYS[2], id)
 meta_unlease(KEYS[3], id, -1)
-redis.call('ZADD', KEYS[1], due, id)
+redis.call('ZADD', k_level, due, id)
 stat_incr(KEYS[4], 'released', 1)
 wake_if_earlier(KEYS[5], previous_head, due)
 return due

@@ -10,6 +10,7 @@
 -- KEYS[8] wake     Pub/Sub channel, told when the earliest due time moves earlier
 -- KEYS[9] done     ZSET id -> acked-at ms (read only when the remember-done window > 0)
 -- KEYS[10] config  HASH setting -> value (remember_done_ms)
+-- KEYS[11..19] upper_due: the due ZSETs of priorities 1 to 9 (a task goes to the level its envelope states)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "1" to replace existing tasks (payload, due time, attempts, errors; a live lease is
 --         revoked), "0" to keep them
@@ -26,9 +27,10 @@ local replace = ARGV[2] == '1'
 local blob = ARGV[3]
 local window = done_window(KEYS[10], ARGV[4])
 local acked_since = now - window
-local previous_head = head_score(KEYS[1])
+local levels = due_levels(KEYS[1])
+local previous_head = levels_head(levels)
 local added, existing, replaced = 0, 0, 0
-local zadd, collided = {}, {}
+local zadd, collided = {}, {}  -- zadd: priority -> {score, id, ...}
 local earliest = nil
 local pos, position = 1, 0
 
@@ -51,6 +53,8 @@ while pos <= #blob do
   elseif flags >= 2 then
     collided[#collided + 1] = position
   elseif replace then
+    local k_old = level_key(levels, redis.call('HGET', KEYS[2], id))
+    if k_old ~= level_key(levels, envelope) then redis.call('ZREM', k_old, id) end
     redis.call('ZREM', KEYS[5], id)
     redis.call('ZREM', KEYS[6], id)
     redis.call('HDEL', KEYS[3], id)
@@ -62,14 +66,17 @@ while pos <= #blob do
     existing = existing + 1
   end
   if write then
-    zadd[#zadd + 1] = due
-    zadd[#zadd + 1] = id
+    local p = task_options(envelope)
+    local batch = zadd[p]
+    if not batch then batch = {}; zadd[p] = batch end
+    batch[#batch + 1] = due
+    batch[#batch + 1] = id
     if earliest == nil or due < earliest then earliest = due end
   end
 end
 
-if #zadd > 0 then
-  call_chunked('ZADD', KEYS[1], zadd)
+if earliest ~= nil then
+  for p, batch in pairs(zadd) do call_chunked('ZADD', levels[p], batch) end
   stat_incr(KEYS[7], 'scheduled', added + replaced)
   wake_if_earlier(KEYS[8], previous_head, earliest)
 end

@@ -6,22 +6,29 @@
 -- KEYS[4] stats    HASH counter -> int
 -- KEYS[5] tasks    HASH id -> envelope (only counted)
 -- KEYS[6] config   HASH setting -> value
+-- KEYS[7..15] upper_due: the due ZSETs of priorities 1 to 9 (counted with KEYS[1])
 -- ARGV[1] now ms, or "" for server TIME
 -- Returns {now, scheduled, due_now, leased, dead, next_due ms or -1, stored (tasks with data),
 --          {setting1, value1, ...}, counter1, value1, ...}
 
 local now = dueq_now(ARGV[1])
+local levels = due_levels(KEYS[1])
+local scheduled, due_now = 0, 0
+for p = 0, 9 do
+  scheduled = scheduled + redis.call('ZCARD', levels[p])
+  due_now = due_now + redis.call('ZCOUNT', levels[p], '-inf', now)
+end
 local out = {
   now,
-  redis.call('ZCARD', KEYS[1]),
-  redis.call('ZCOUNT', KEYS[1], '-inf', now),
+  scheduled,
+  due_now,
   redis.call('ZCARD', KEYS[2]),
   redis.call('ZCARD', KEYS[3]),
   -1,
   redis.call('HLEN', KEYS[5]),
   redis.call('HGETALL', KEYS[6]),
 }
-local head = head_score(KEYS[1])
+local head = levels_head(levels)
 if head then out[6] = clamp_ms(head) end
 local counters = redis.call('HGETALL', KEYS[4])
 for _, v in ipairs(counters) do out[#out + 1] = v end

@@ -47,6 +47,7 @@ from ._settle import (
     Pending,
     Settling,
     run_flow_async,
+    timeout_for,
     within,
 )
 
@@ -207,11 +208,12 @@ class AsyncProcessor(Settling):
                 error: BaseException | None = None
                 try:
                     if self._is_async:
-                        await within(self._handler(d), self._timeout_s, d)
+                        await within(self._handler(d), timeout_for(d, self._timeout_s), d)
                     else:  # past its timeout, the thread is abandoned (a spare takes its place)
-                        result = await within(self._in_thread(self._handler, d), self._timeout_s, d)
+                        timeout_s = timeout_for(d, self._timeout_s)
+                        result = await within(self._in_thread(self._handler, d), timeout_s, d)
                         if inspect.isawaitable(result):  # e.g. a partial of an async function
-                            await within(result, self._timeout_s, d)
+                            await within(result, timeout_s, d)
                 except asyncio.CancelledError:
                     if d not in self._cancelling:
                         raise  # close() cancelled it past the grace period and releases it

@@ -39,6 +39,7 @@ from ._settle import (
     Settling,
     run_flow,
     timeout_error,
+    timeout_for,
     within,
 )
 
@@ -199,13 +200,14 @@ class Processor(Settling):
             if self._closing or delivery not in self._held:
                 return False
             self._running[delivery] = self._scheduler.now.timestamp()
+            timeout_s = timeout_for(delivery, self._timeout_s)
             if (
-                self._timeout_s is not None
+                timeout_s is not None
                 and not self._runner.times_out
-                and self._timeout_s < self._keeper_due_s
+                and timeout_s < self._keeper_due_s
                 and self._keeper is not None
             ):
-                self._schedule_keeper(self._timeout_s)  # the keeper watches the timeout
+                self._schedule_keeper(timeout_s)  # the keeper watches the timeout
             return True
 
     def _finished(self, delivery: Delivery, error: BaseException | None) -> None:
@@ -332,22 +334,21 @@ class Processor(Settling):
         """Fail every running delivery past its timeout (threads cannot be stopped: the
         handler is abandoned, a thread takes its place, and its late result is refused).
         Returns the seconds until the next timeout, if any runs."""
-        if self._timeout_s is None or self._runner.times_out:
+        if self._runner.times_out:
             return None
-        timeout_s = self._timeout_s
+        late: list[tuple[Delivery, float]] = []
+        pending: list[float] = []
         with self._lock:
-            late = [
-                d
-                for d, started_s in self._running.items()
-                if started_s + timeout_s <= now_s and d not in self._timed_out
-            ]
-            self._timed_out.update(late)
-            pending = [
-                started_s + timeout_s - now_s
-                for d, started_s in self._running.items()
-                if d not in self._timed_out
-            ]
-        for d in late:
+            for d, started_s in self._running.items():
+                timeout_s = timeout_for(d, self._timeout_s)
+                if timeout_s is None or d in self._timed_out:
+                    continue
+                if started_s + timeout_s <= now_s:
+                    late.append((d, timeout_s))
+                    self._timed_out.add(d)
+                else:
+                    pending.append(started_s + timeout_s - now_s)
+        for d, timeout_s in late:
             logger.warning(
                 "queue %r: handler of %r ran past its %.3g s timeout; abandoned",
                 d.queue.name,
@@ -550,7 +551,7 @@ class _AsyncRunner(_Runner):
                 return
             error: BaseException | None = None
             try:
-                await within(self._handler(d), self._timeout_s, d)
+                await within(self._handler(d), timeout_for(d, self._timeout_s), d)
             except BaseException as exc:  # a handler's SystemExit is its task's failure too
                 error = exc
             self._finished(d, error)

@@ -356,6 +356,13 @@ class Settling:
         return result
 
 
+def timeout_for(d: Any, default_s: float | None) -> float | None:
+    """The timeout of one attempt: the task's own (``schedule(..., timeout=)``) wins over the
+    consumer's."""
+    own: float | None = d.timeout_s
+    return default_s if own is None else own
+
+
 def timeout_error(d: Any, timeout_s: float) -> TaskTimeout:
     """The failure recorded for an attempt that ran past its timeout."""
     return TaskTimeout(f"handler ran past its timeout of {timeout_s:g} s (attempt {d.attempt})")
