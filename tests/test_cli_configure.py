@@ -29,12 +29,32 @@ def test_a_queue_may_be_paused_before_anything_was_scheduled(invoke, r):
 
 
 def test_configure_shows_and_sets_remember_done_for_every_process(invoke, r):
-    assert "rate off; remember_done off" in invoke("configure", "jobs").output
+    shown = "rate off; key_rate off; key_concurrency off; remember_done off"
+    assert shown in invoke("configure", "jobs").output
     result = invoke("configure", "jobs", "--remember-done", "3600")
     assert result.exit_code == 0 and "remember_done 1.0 h" in result.output
     assert dueq.Queue("jobs", r).settings().remember_done == timedelta(hours=1)
     result = invoke("configure", "jobs", "--remember-done", "0", "--paused")
-    assert "paused; rate off; remember_done off" in result.output
+    assert "paused; rate off; key_rate off; key_concurrency off; remember_done off" in result.output
+
+
+def test_configure_sets_and_removes_the_per_key_limits(invoke, r):
+    result = invoke("configure", "jobs", "--key-rate", "5/2", "--key-concurrency", "3")
+    assert result.exit_code == 0, result.output
+    assert "key_rate 5/2s; key_concurrency 3" in result.output
+    settings = dueq.Queue("jobs", r).settings()
+    assert (settings.key_rate, settings.key_concurrency) == (dueq.Rate(5, per=2), 3)
+    result = invoke("configure", "jobs", "--key-rate", "off", "--key-concurrency", "off")
+    assert "key_rate off; key_concurrency off" in result.output
+
+
+def test_configure_refuses_a_bad_key_concurrency_before_writing(invoke, r):
+    for bad in ("0", "x", "-1"):
+        result = invoke("configure", "jobs", "--key-concurrency", bad)
+        assert result.exit_code == 2 and "--key-concurrency" in result.output
+    result = invoke("configure", "jobs", "--key-rate", "5/0")
+    assert result.exit_code == 2 and "--key-rate" in result.output
+    assert not r.exists(dueq.Queue("jobs", r).keys.config)
 
 
 def test_configure_refuses_a_negative_window_before_writing(invoke, r):

@@ -54,6 +54,7 @@ from .keys import QueueKeys
 from .retry import RetryPolicy
 from .snapshot import settings_from_hash, text
 from .task import (
+    MAX_KEY_CONCURRENCY,
     DeliveryBase,
     Outcome,
     OutcomeKind,
@@ -709,13 +710,23 @@ class QueueCore:
         paused: bool | None = None,
         remember_done: Duration | None = None,
         rate: Rate | Literal[False] | None = None,
+        key_rate: Rate | Literal[False] | None = None,
+        key_concurrency: int | Literal[False] | None = None,
     ) -> Flow[QueueSettings]:
         """Validate every change before writing any; None leaves a setting as it is."""
         changes: list[tuple[str, str]] = []
-        if rate is not None:
-            if rate is not False and not isinstance(rate, Rate):
-                raise ConfigurationError(f"rate must be a dueq.Rate or False, got {rate!r}")
-            changes.append(("rate", "" if rate is False else f"{rate.n}/{rate.per_ms}"))
+        for name, value in (("rate", rate), ("key_rate", key_rate)):
+            if value is None:
+                continue
+            if value is not False and not isinstance(value, Rate):
+                raise ConfigurationError(f"{name} must be a dueq.Rate or False, got {value!r}")
+            changes.append((name, "" if value is False else f"{value.n}/{value.per_ms}"))
+        if key_concurrency is not None:
+            if key_concurrency is not False:
+                whole_number(key_concurrency, "key_concurrency", low=1, high=MAX_KEY_CONCURRENCY)
+            changes.append(
+                ("key_concurrency", "" if key_concurrency is False else str(key_concurrency))
+            )
         if paused is not None:
             if not isinstance(paused, bool):
                 raise ConfigurationError(f"paused must be True or False, got {paused!r}")

@@ -122,7 +122,7 @@ def schedule(
 ) -> Call[ScheduleReply]:
     """Add a batch of packed task records (see ``envelope.pack_task``)."""
     keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done, k.config]
-    keys += k.upper_due
+    keys += [k.key_state, k.parked, k.key_wait, *k.upper_due]
     args = [now, "1" if replace else "0", blob, window_ms]
     return Call("schedule", keys, args, _parse_schedule)
 
@@ -198,7 +198,7 @@ def claim(
 ) -> Call[ClaimReply]:
     """Reclaim expired leases, then lease up to ``limit`` due tasks."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
-    keys += k.upper_due
+    keys += [k.key_state, k.parked, k.key_wait, *k.upper_due]
     args = [
         now,
         limit,
@@ -249,6 +249,7 @@ def ack(
     """Finish leased tasks, given as (id, lease token) pairs."""
     args: list[Any] = [now, window_ms, pack_pairs(held)]
     keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config, k.cancelled]
+    keys += [k.key_state, k.key_wait, k.wake]
     return Call("ack", keys, args, _parse_ack)
 
 
@@ -281,7 +282,7 @@ def fail(
 ) -> Call[FailReply]:
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
-    keys += k.upper_due
+    keys += [k.key_state, k.key_wait, *k.upper_due]
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -327,7 +328,8 @@ def extend(
 
 def release(k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int) -> Call[TimeReply]:
     """Give a leased task back, due after ``delay_ms``, without counting the delivery."""
-    keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks, *k.upper_due]
+    keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks]
+    keys += [k.key_state, k.key_wait, *k.upper_due]
     return Call("release", keys, [now, task_id, token, delay_ms], _parse_release)
 
 
@@ -344,7 +346,7 @@ def reschedule(
 ) -> Call[TimeReply]:
     """Move a scheduled task to ``due_ms`` (epoch ms when ``absolute``, else a delay)."""
     args = [now, task_id, 1 if absolute else 0, due_ms]
-    keys = [k.due, k.wake, k.tasks, *k.upper_due]
+    keys = [k.due, k.wake, k.tasks, k.meta, k.key_state, k.parked, *k.upper_due]
     return Call("reschedule", keys, args, _time_reply(Status.NOT_SCHEDULED))
 
 
@@ -354,7 +356,7 @@ def reschedule(
 def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     """Remove a task in any state; the reply says whether it existed."""
     keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
-    keys += k.upper_due
+    keys += [k.key_state, k.parked, k.key_wait, k.wake, *k.upper_due]
     return Call("cancel", keys, [now, task_id], bool)
 
 
@@ -365,19 +367,19 @@ _INSPECT_KEYS = ("due", "leased", "dead", "tasks", "meta", "errors")
 
 def inspect_ids(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[list[TaskInfo]]:
     """Snapshots of the given tasks (missing ones are left out)."""
-    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), *k.upper_due]
+    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, *k.upper_due]
     return Call("inspect", keys, [now, "ids", *ids], task_infos)
 
 
 def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[TaskInfo]]:
     """Snapshots of dead tasks, most recently died first."""
-    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), *k.upper_due]
+    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, *k.upper_due]
     return Call("inspect", keys, [now, "dead", offset, count], task_infos)
 
 
 def stats(k: QueueKeys, now: str) -> Call[QueueStats]:
     """Counts per state, timing and counters, as one snapshot."""
-    keys = [k.due, k.leased, k.dead, k.stats, k.tasks, k.config, *k.upper_due]
+    keys = [k.due, k.leased, k.dead, k.stats, k.tasks, k.config, k.parked, *k.upper_due]
     return Call("stats", keys, [now], queue_stats)
 
 

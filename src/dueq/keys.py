@@ -42,6 +42,10 @@ class QueueKeys:
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
     ``cancelled`` ZSET "id|token" -> lease deadline ms: leases revoked by ``cancel``
     ``wake``    Pub/Sub channel, published when an earlier task is scheduled (or settings change)
+    ``key_state`` HASH per limit key: "f:<key>" leased, "t:<key>" next rate slot, "p:<key>" parked
+    ``parked``  ZSET (scores 0) "<key>\\0<9 - priority><due ms><id>": due tasks whose key was at
+                one of the queue's per-key limits
+    ``key_wait`` ZSET key -> ms when its parked tasks may be claimable again
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -61,6 +65,9 @@ class QueueKeys:
     config: str
     rate: str
     cancelled: str
+    key_state: str
+    parked: str
+    key_wait: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -98,5 +105,8 @@ class QueueKeys:
             config=base + "config",
             rate=base + "rate",
             cancelled=base + "cancelled",
+            key_state=base + "keys",
+            parked=base + "parked",
+            key_wait=base + "keys:wait",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )

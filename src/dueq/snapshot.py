@@ -9,7 +9,7 @@ from .clock import ms_datetime, stored_ms
 from .envelope import NO_OPTIONS, decode_task
 from .exceptions import ConfigurationError, PayloadError
 from .failures import parse_error_records
-from .task import QueueSettings, QueueStats, Rate, TaskInfo, TaskState
+from .task import MAX_KEY_CONCURRENCY, QueueSettings, QueueStats, Rate, TaskInfo, TaskState
 
 #: Largest count read back from Redis (beyond it a stored number is corrupted).
 MAX_COUNT = 2**53
@@ -105,7 +105,14 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
         if done_ms.isdigit() and int(done_ms) > 0
         else None,
         rate=_rate(raw.get("rate", "")),
+        key_rate=_rate(raw.get("key_rate", "")),
+        key_concurrency=_count_setting(raw.get("key_concurrency", "")),
     )
+
+
+def _count_setting(raw: str) -> int | None:
+    """A stored whole number >= 1, or None when unset or unreadable."""
+    return int(raw) if raw.isdigit() and 0 < int(raw) <= MAX_KEY_CONCURRENCY else None
 
 
 def _rate(raw: str) -> Rate | None:

@@ -112,6 +112,8 @@ class Rate:
 
 #: Most claims a Rate may allow per window (the script keeps one entry per claim of a window).
 MAX_RATE_N = 1_000_000
+#: The largest key_concurrency setting.
+MAX_KEY_CONCURRENCY = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,10 @@ class QueueSettings:
     remember_done: timedelta | None = None
     #: most claims per window across every consumer, or None for no limit
     rate: Rate | None = None
+    #: per limit key (``schedule(..., key=)``): claims of one key are spaced ``per / n`` apart
+    key_rate: Rate | None = None
+    #: per limit key: most of its tasks leased at once, across every consumer
+    key_concurrency: int | None = None
 
 
 @dataclass(frozen=True)

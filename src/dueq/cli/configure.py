@@ -23,11 +23,13 @@ def _show(queue: str, settings: QueueSettings) -> None:
     console().print(
         f"queue {safe(repr(queue))}: {'paused' if settings.paused else 'running'}; "
         f"rate {settings.rate or 'off'}; "
+        f"key_rate {settings.key_rate or 'off'}; "
+        f"key_concurrency {settings.key_concurrency or 'off'}; "
         f"remember_done {seconds(done.total_seconds()) if done else 'off'}"
     )
 
 
-def _rate(text: str | None) -> Rate | Literal[False] | None:
+def _rate(text: str | None, hint: str = "--rate") -> Rate | Literal[False] | None:
     """``--rate N/SECONDS`` (``20/1``, ``100/0.5``) or ``off``; None when not given."""
     if text is None:
         return None
@@ -38,8 +40,21 @@ def _rate(text: str | None) -> Rate | Literal[False] | None:
         return Rate(int(n), per=float(per) if sep else 1.0)
     except (ValueError, ConfigurationError) as exc:
         raise click.BadParameter(
-            f"{text!r} is not N/SECONDS (e.g. 20/1) or off: {exc}", param_hint="--rate"
+            f"{text!r} is not N/SECONDS (e.g. 20/1) or off: {exc}", param_hint=hint
         ) from None
+
+
+def _concurrency(text: str | None) -> int | Literal[False] | None:
+    """``--key-concurrency N`` or ``off``; None when not given."""
+    if text is None:
+        return None
+    if text == "off":
+        return False
+    if not text.isdigit() or int(text) < 1:
+        raise click.BadParameter(
+            f"{text!r} is not a whole number >= 1 or off", param_hint="--key-concurrency"
+        )
+    return int(text)
 
 
 @click.command()
@@ -74,19 +89,43 @@ def resume(queue: str, target: RedisTarget) -> None:
     help="At most N tasks taken per SECONDS by all workers of QUEUE together (20/1: 20 per "
     "second); off removes the limit.",
 )
+@click.option(
+    "--key-rate",
+    metavar="N/SECONDS|off",
+    help="For each limit key (tasks scheduled with key=) separately: its tasks are taken at "
+    "most N per SECONDS, spaced evenly; off removes the limit.",
+)
+@click.option(
+    "--key-concurrency",
+    metavar="N|off",
+    help="For each limit key separately: at most N of its tasks taken at once by all workers; "
+    "off removes the limit.",
+)
 @click.option("--paused/--running", default=None, help="Pause or resume QUEUE.")
 @redis_options
 def configure(
     queue: str,
     remember_done: float | None,
     rate: str | None,
+    key_rate: str | None,
+    key_concurrency: str | None,
     paused: bool | None,
     target: RedisTarget,
 ) -> None:
     """Show or change the settings of QUEUE, kept in Redis for every producer and worker."""
-    limit = _rate(rate)  # a usage error before connecting
+    limit = _rate(rate)  # usage errors before connecting
+    key_limit = _rate(key_rate, "--key-rate")
+    per_key = _concurrency(key_concurrency)
     q = Queue(queue, target.open().client)
-    if remember_done is None and paused is None and limit is None:
+    changes = (remember_done, paused, limit, key_limit, per_key)
+    if all(change is None for change in changes):
         _show(queue, q.settings())
         return
-    _show(queue, q.configure(paused=paused, remember_done=remember_done, rate=limit))
+    settings = q.configure(
+        paused=paused,
+        remember_done=remember_done,
+        rate=limit,
+        key_rate=key_limit,
+        key_concurrency=per_key,
+    )
+    _show(queue, settings)

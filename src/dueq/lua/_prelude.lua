@@ -251,6 +251,77 @@ local function levels_head(levels)
   return best
 end
 
+-- Per-key limits. A task scheduled with key= counts against its key's limits (the queue's
+-- key_concurrency and key_rate settings) while it is leased. The key-state HASH holds, per key,
+-- "f:<key>" its leased tasks, "t:<key>" the earliest ms its rate admits its next claim (GCRA's
+-- theoretical arrival time, without burst: claims of one key are spaced per/n apart), and
+-- "p:<key>" how many of its tasks are parked. A due task whose key is at a limit is parked
+-- (the parked ZSET, every member scored 0 so that one ZRANGEBYLEX finds a key's tasks in
+-- priority and due order) instead of blocking the tasks behind it, and the key-wait ZSET
+-- (key -> ms) says when a key's parked tasks may be claimable again: when its rate admits the
+-- next claim, or now when one of its leases ends. A parked task keeps its due ms in its meta
+-- value (token empty), so it can be found by id.
+local function parked_member(key, priority, due_ms, id)
+  return key .. '\0' .. (9 - priority) .. string.format('%015d', due_ms) .. id
+end
+
+-- The priority, due ms and id of a parked member of `key`, or nil when it cannot be read.
+local function parked_parse(member, key)
+  local rest = string.sub(member, #key + 2)
+  local inverted, due, id = string.match(rest, '^(%d)(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(.+)$')
+  if not inverted then return nil end
+  return 9 - tonumber(inverted), tonumber(due), id
+end
+
+-- The parked member of a task with `key` whose meta value holds its due ms, or nil.
+local function parked_member_of(k_meta, key, priority, id)
+  local _, token, due = meta_parse(redis.call('HGET', k_meta, id))
+  if token ~= '' or due == '' then return nil end
+  return parked_member(key, priority, tonumber(due), id)
+end
+
+-- A leased task of `key` is done with its lease (acked, failed, released, expired, cancelled or
+-- replaced): the key's count drops, a rate mark that lies in the past is dropped, and when the
+-- key has parked tasks the next claim looks at them. True when consumers should be woken.
+local function key_unlease(k_state, k_wait, key, now)
+  local left = try_incr(k_state, 'f:' .. key, -1)
+  if not left or left <= 0 then redis.call('HDEL', k_state, 'f:' .. key) end
+  local mark = tonumber(redis.call('HGET', k_state, 't:' .. key))
+  if mark and mark <= now then redis.call('HDEL', k_state, 't:' .. key) end
+  local parked = tonumber(redis.call('HGET', k_state, 'p:' .. key))
+  if parked and parked > 0 then
+    redis.call('ZADD', k_wait, 'LT', now, key)
+    return true
+  end
+  return false
+end
+
+-- key_unlease for every keyed task among `ids` (leases that just ended; call it before their
+-- envelopes are deleted). True when consumers should be woken.
+local function keys_unlease(k_tasks, k_state, k_wait, ids, now)
+  if #ids == 0 or redis.call('EXISTS', k_state) == 0 then return false end
+  local woke = false
+  for i = 1, #ids, 1000 do
+    local envelopes = redis.call('HMGET', k_tasks, unpack(ids, i, math.min(i + 999, #ids)))
+    for _, envelope in ipairs(envelopes) do
+      local _, _, key = task_options(envelope)
+      if key and key_unlease(k_state, k_wait, key, now) then woke = true end
+    end
+  end
+  return woke
+end
+
+-- Take a scheduled task with `key` out of the parked set, if it is parked there; true if it was.
+local function unpark_one(k_parked, k_state, k_meta, key, priority, id)
+  local member = parked_member_of(k_meta, key, priority, id)
+  if member and redis.call('ZREM', k_parked, member) == 1 then
+    local left = try_incr(k_state, 'p:' .. key, -1)
+    if not left or left <= 0 then redis.call('HDEL', k_state, 'p:' .. key) end
+    return true
+  end
+  return false
+end
+
 -- Publish on the wake channel when due_ms is earlier than the head that was there before.
 local function wake_if_earlier(k_wake, previous_head, due_ms)
   if previous_head == nil or due_ms < previous_head then

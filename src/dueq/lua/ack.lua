@@ -8,6 +8,9 @@
 -- KEYS[6] done     ZSET id -> acked-at ms (written only when the remember-done window > 0)
 -- KEYS[7] config   HASH setting -> value (remember_done_ms)
 -- KEYS[8] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
+-- KEYS[9] key_state HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[10] key_wait ZSET key -> ms when its parked tasks may be claimable again
+-- KEYS[11] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
@@ -25,6 +28,9 @@ local ids, tokens, positions = leases_unpack(ARGV[3])
 if #ids == 0 then return {0, ''} end
 local done, verdicts = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
 if #done > 0 then
+  if keys_unlease(KEYS[2], KEYS[9], KEYS[10], done, now) then
+    redis.call('PUBLISH', KEYS[11], ms(now))
+  end
   call_chunked('ZREM', KEYS[1], done)
   call_chunked('HDEL', KEYS[2], done)
   call_chunked('HDEL', KEYS[3], done)

@@ -10,7 +10,11 @@
 -- KEYS[6] errors   HASH id -> JSON list of error records
 -- KEYS[7] stats    HASH counter -> int
 -- KEYS[8] cancelled ZSET "id|token" -> lease deadline ms: leases revoked here
--- KEYS[9..17] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[9] key_state HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[10] parked  ZSET due tasks whose key was at a limit (see the prelude)
+-- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
+-- KEYS[12] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot
+-- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -19,9 +23,14 @@ local KEEP_MS = 3600000  -- a revoked lease is remembered this long after its de
 local id = ARGV[2]
 local envelope = redis.call('HGET', KEYS[4], id)
 if not envelope then return 0 end
+local priority, _, key = task_options(envelope)
 local deadline = redis.call('ZSCORE', KEYS[2], id)
+if key and not deadline then unpark_one(KEYS[10], KEYS[9], KEYS[5], key, priority, id) end
 if deadline then
   local now = dueq_now(ARGV[1])
+  if key and key_unlease(KEYS[9], KEYS[11], key, now) then
+    redis.call('PUBLISH', KEYS[12], ms(now))
+  end
   local _, token = meta_parse(redis.call('HGET', KEYS[5], id))
   if token ~= '' and tonumber(deadline) > now then
     redis.call('ZADD', KEYS[8], tonumber(deadline), id .. '|' .. token)

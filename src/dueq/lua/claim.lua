@@ -10,7 +10,11 @@
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
 -- KEYS[8] config   HASH setting -> value (paused, rate)
 -- KEYS[9] rate     ZSET claim -> claimed-at ms: the claims of the last rate window
--- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[10] key_state HASH "f:<key>" leased count, "t:<key>" next rate slot ms, "p:<key>" parked
+-- KEYS[11] parked  ZSET (scores 0) "<key>\0<9 - priority><due ms, 15 digits><id>": due tasks
+--                  whose key was at a limit
+-- KEYS[12] key_wait ZSET key -> ms when its parked tasks may be claimable again
+-- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -68,7 +72,8 @@ for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
   local envelope = redis.call('HGET', KEYS[3], id)
   if envelope then
-    local priority, own_attempts = task_options(envelope)
+    local priority, own_attempts, key = task_options(envelope)
+    if key then key_unlease(KEYS[10], KEYS[12], key, now) end
     local attempt, _, _, first, readable = meta_parse(redis.call('HGET', KEYS[4], id))
     if not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
@@ -92,22 +97,26 @@ for _, id in ipairs(expired) do
 end
 if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 
--- 2. Lease up to `limit` due tasks, earliest first.
-local config = settings_read(KEYS[8], 'paused', 'rate')
+-- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
+-- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
+local config = settings_read(KEYS[8], 'paused', 'rate', 'key_rate', 'key_concurrency')
 local paused = config.paused == '1'
 local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
 
--- The rate: how many more claims the window allows (nil: no rate, or an unreadable one).
-local rate_n, rate_per = nil, nil
-if config.rate then
-  local n, per = string.match(config.rate, '^(%d+)/(%d+)$')
-  rate_n, rate_per = tonumber(n), tonumber(per)
-  if not (rate_n and rate_per and rate_n >= 1 and rate_per >= 1) then
-    redis.log(redis.LOG_WARNING, '[dueq] rate of ' .. KEYS[8] .. ' is unreadable: ' ..
-      string.sub(config.rate, 1, 40) .. '; claiming without a rate')
-    rate_n, rate_per = nil, nil
-  end
+-- A rate "n/per_ms" of the config hash as n, per_ms (nil, nil: unset, or unreadable: logged).
+local function rate_setting(name)
+  local v = config[name]
+  if not v then return nil, nil end
+  local n, per = string.match(v, '^(%d+)/(%d+)$')
+  n, per = tonumber(n), tonumber(per)
+  if n and per and n >= 1 and per >= 1 then return n, per end
+  redis.log(redis.LOG_WARNING, '[dueq] ' .. name .. ' of ' .. KEYS[8] .. ' is unreadable: ' ..
+    string.sub(v, 1, 40) .. '; claiming without it')
+  return nil, nil
 end
+
+-- The rate: how many more claims the window allows (nil: no rate, or an unreadable one).
+local rate_n, rate_per = rate_setting('rate')
 local rate_left = nil
 if rate_n then
   redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. ms(now - rate_per + 1))
@@ -115,11 +124,98 @@ if rate_n then
   limit = math.min(limit, rate_left)
 end
 
--- Take up to `limit` due ids, highest priority first (each level earliest first).
-local ids, scores = {}, {}
-if not paused then
+-- Per-key limits: most leased tasks per key, and the spacing of one key's claims in ms.
+local key_concurrency = tonumber(config.key_concurrency)
+if config.key_concurrency and not (key_concurrency and key_concurrency >= 1) then
+  redis.log(redis.LOG_WARNING, '[dueq] key_concurrency of ' .. KEYS[8] .. ' is unreadable: ' ..
+    string.sub(config.key_concurrency, 1, 40) .. '; claiming without it')
+  key_concurrency = nil
+end
+local key_n, key_per = rate_setting('key_rate')
+local key_gap = key_n and key_per / key_n or nil
+
+local flight, marks, flight_add, marks_set = {}, {}, {}, {}
+local function key_flight(key)
+  if flight[key] == nil then
+    flight[key] = tonumber(redis.call('HGET', KEYS[10], 'f:' .. key)) or 0
+  end
+  return flight[key]
+end
+local function key_mark(key)
+  if marks[key] == nil then
+    marks[key] = tonumber(redis.call('HGET', KEYS[10], 't:' .. key)) or 0
+  end
+  return marks[key]
+end
+
+-- How many tasks of `key` the limits admit now (at most `most`), and when the key's rate admits
+-- the next one if it admits none now.
+local function key_room(key, most)
+  if key_concurrency then most = math.min(most, key_concurrency - key_flight(key)) end
+  if key_gap and most > 0 then
+    if key_mark(key) > now then return 0, key_mark(key) end
+    most = math.min(most, 1)
+  end
+  return math.max(most, 0), nil
+end
+
+-- 2a. Keys whose wait is over: move as many of their parked tasks back to due as their limits
+-- admit (at most UNPARK_KEYS keys per claim; the rest stay ready for the next claim).
+local UNPARK_KEYS = 100
+if not paused and limit > 0 then
+  local ready = redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', now, 'LIMIT', 0, UNPARK_KEYS)
+  for _, key in ipairs(ready) do
+    local room, wait_until = key_room(key, limit)
+    local moved = 0
+    if room > 0 then
+      local members = redis.call('ZRANGEBYLEX', KEYS[11], '[' .. key .. '\0', '(' .. key .. '\1',
+        'LIMIT', 0, room)
+      for _, member in ipairs(members) do
+        local priority, due_ms, id = parked_parse(member, key)
+        redis.call('ZREM', KEYS[11], member)
+        if priority then redis.call('ZADD', levels[priority], due_ms, id) end
+        moved = moved + 1
+      end
+    end
+    local left = (tonumber(redis.call('HGET', KEYS[10], 'p:' .. key)) or 0) - moved
+    if left <= 0 or moved < room then  -- none left (or the count was wrong): done waiting
+      redis.call('HDEL', KEYS[10], 'p:' .. key)
+      redis.call('ZREM', KEYS[12], key)
+    else
+      redis.call('HSET', KEYS[10], 'p:' .. key, left)
+      if wait_until then
+        redis.call('ZADD', KEYS[12], wait_until, key)  -- its rate's next slot
+      elseif key_gap then
+        redis.call('ZADD', KEYS[12], now + key_gap, key)  -- after the slot just given out
+      elseif key_concurrency then
+        redis.call('ZREM', KEYS[12], key)  -- until one of its leases ends (key_unlease)
+      end  -- no limit any more: ready again at once
+    end
+  end
+end
+
+-- Park a due task (taken out of its level) whose key is at a limit.
+local parked_here = 0
+local function park(key, priority, due_ms, id, attempt, first, wait_until)
+  redis.call('ZADD', KEYS[11], 0, parked_member(key, priority, due_ms, id))
+  redis.call('HINCRBY', KEYS[10], 'p:' .. key, 1)
+  redis.call('HSET', KEYS[4], id, attempt .. '||' .. ms(due_ms) .. '|' .. first)
+  if wait_until then redis.call('ZADD', KEYS[12], 'LT', wait_until, key) end
+  parked_here = parked_here + 1
+end
+
+-- 2b. Take due ids, highest priority first (each level earliest first), until `limit` are
+-- leased. Parked tasks make room, so the loop takes more, parking at most PARK_BUDGET per claim
+-- (each parked task is looked at again only when its key may proceed: amortised O(1)).
+local PARK_BUDGET = 1000
+local buried_here = 0
+local token = nil
+local deadline = now + lease_ms
+local leased, meta, orphans = {}, {}, {}
+while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
+  local ids, scores = {}, {}
   for p = 9, 0, -1 do
-    local room = limit - #ids
+    local room = limit - #leased / 2 - #ids
     if room <= 0 then break end
     local due = redis.call('ZRANGEBYSCORE', levels[p], '-inf', now, 'WITHSCORES', 'LIMIT', 0, room)
     local got = #due / 2
@@ -131,20 +227,17 @@ if not paused then
       redis.call('ZREMRANGEBYRANK', levels[p], 0, got - 1)
     end
   end
-end
-local n = #ids
-local buried_here = 0
-if n > 0 then
+  if #ids == 0 then break end
+  local parked_before = parked_here
   local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
   local metas = redis.call('HMGET', KEYS[4], unpack(ids))
-  local token = nil
-  local deadline = now + lease_ms
-  local leased, meta, orphans = {}, {}, {}
-  for i = 1, n do
-    local id, due_ms = ids[i], ms(clamp_ms(scores[i]))
+  for i = 1, #ids do
+    local id, due_ms = ids[i], clamp_ms(scores[i])
     local attempt, _, _, first, readable = meta_parse(metas[i])
-    local _, own_attempts = task_options(envelopes[i])
+    local priority, own_attempts, key = task_options(envelopes[i])
     local most = own_attempts or max_attempts
+    local room, wait_until = 1, nil
+    if key and readable and envelopes[i] then room, wait_until = key_room(key, 1) end
     if not envelopes[i] then
       orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
     elseif not readable then
@@ -155,45 +248,60 @@ if n > 0 then
       bury(id, attempt, 'AttemptsExhausted', attempt .. ' attempt(s) made; max_attempts is ' ..
         most .. ' (lowered since it was scheduled)')
       buried_here = buried_here + 1
+    elseif room < 1 then
+      park(key, priority, due_ms, id, attempt, first, wait_until)
     else
+      if key then
+        flight[key] = key_flight(key) + 1
+        flight_add[key] = (flight_add[key] or 0) + 1
+        if key_gap then
+          marks[key] = math.max(key_mark(key), now) + key_gap
+          marks_set[key] = true
+        end
+      end
       token = token or next_token()
       attempt = attempt + 1
       if first == '' then first = ms(now) end
       leased[#leased + 1] = deadline
       leased[#leased + 1] = id
       meta[#meta + 1] = id
-      meta[#meta + 1] = attempt .. '|' .. token .. '|' .. due_ms .. '|' .. first
+      meta[#meta + 1] = attempt .. '|' .. token .. '|' .. ms(due_ms) .. '|' .. first
       out[#out + 1] = id
       out[#out + 1] = envelopes[i]
       out[#out + 1] = attempt
-      out[#out + 1] = due_ms
+      out[#out + 1] = ms(due_ms)
       out[#out + 1] = first
     end
   end
-  if #leased > 0 then
-    out[4] = token
-    call_chunked('ZADD', KEYS[2], leased)
-    call_chunked('HSET', KEYS[4], meta)
-    stat_incr(KEYS[7], 'claimed', #leased / 2)
-    if rate_n then  -- one entry per lease, unique by token and position
-      local claims = {}
-      for i = 1, #leased / 2 do
-        claims[#claims + 1] = now
-        claims[#claims + 1] = token .. ':' .. i
-      end
-      call_chunked('ZADD', KEYS[9], claims)
-      rate_left = rate_left - #leased / 2
-      redis.call('PEXPIRE', KEYS[9], rate_per + 1000)
-    end
-  end
-  for _, id in ipairs(orphans) do redis.call('HDEL', KEYS[4], id); redis.call('HDEL', KEYS[5], id) end
-  if #orphans > 0 then
-    stat_incr(KEYS[7], 'dropped', #orphans)
-    redis.log(redis.LOG_WARNING, '[dueq] ' .. #orphans .. ' due id(s) of ' .. KEYS[1] ..
-      ' had no stored task (evicted or deleted by hand) and were dropped')
-  end
-  out[7] = #orphans
+  if parked_here == parked_before then break end  -- nothing stepped aside: no more to take
 end
+for key, n in pairs(flight_add) do redis.call('HINCRBY', KEYS[10], 'f:' .. key, n) end
+for key in pairs(marks_set) do
+  redis.call('HSET', KEYS[10], 't:' .. key, string.format('%.3f', marks[key]))
+end
+if #leased > 0 then
+  out[4] = token
+  call_chunked('ZADD', KEYS[2], leased)
+  call_chunked('HSET', KEYS[4], meta)
+  stat_incr(KEYS[7], 'claimed', #leased / 2)
+  if rate_n then  -- one entry per lease, unique by token and position
+    local claims = {}
+    for i = 1, #leased / 2 do
+      claims[#claims + 1] = now
+      claims[#claims + 1] = token .. ':' .. i
+    end
+    call_chunked('ZADD', KEYS[9], claims)
+    rate_left = rate_left - #leased / 2
+    redis.call('PEXPIRE', KEYS[9], rate_per + 1000)
+  end
+end
+for _, id in ipairs(orphans) do redis.call('HDEL', KEYS[4], id); redis.call('HDEL', KEYS[5], id) end
+if #orphans > 0 then
+  stat_incr(KEYS[7], 'dropped', #orphans)
+  redis.log(redis.LOG_WARNING, '[dueq] ' .. #orphans .. ' due id(s) of ' .. KEYS[1] ..
+    ' had no stored task (evicted or deleted by hand) and were dropped')
+end
+out[7] = #orphans
 if died > 0 then
   stat_incr(KEYS[7], 'dead', died)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
@@ -201,6 +309,8 @@ end
 out[8] = buried_here
 
 local next_due = levels_head(levels)
+local key_wait = head_score(KEYS[12])
+if key_wait and (not next_due or key_wait < next_due) then next_due = key_wait end
 local next_deadline = head_score(KEYS[2])
 if next_due and not paused then
   out[2] = clamp_ms(next_due)

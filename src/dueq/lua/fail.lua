@@ -9,7 +9,9 @@
 -- KEYS[7] stats    HASH counter -> int
 -- KEYS[8] wake     Pub/Sub channel
 -- KEYS[9] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
--- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9 (a retry goes back to its task's level)
+-- KEYS[10] key_state HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
+-- KEYS[12..20] upper_due: the due ZSETs of priorities 1 to 9 (a retry goes back to its task's level)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -27,6 +29,11 @@ local verdict = lease_verdict(KEYS[2], KEYS[4], KEYS[9], id, token, now)
 if verdict == 'c' then return {3, now} end
 if verdict == 'l' then return {0, now} end
 
+local envelope = redis.call('HGET', KEYS[3], id)
+local _, _, key = task_options(envelope)
+if key and key_unlease(KEYS[10], KEYS[11], key, now) then
+  redis.call('PUBLISH', KEYS[8], ms(now))
+end
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))
 redis.call('ZREM', KEYS[2], id)
@@ -37,7 +44,7 @@ if ARGV[5] == 'dead' then
   return {2, now}
 end
 local due = now + tonumber(ARGV[6])
-local k_level = level_key(due_levels(KEYS[1]), redis.call('HGET', KEYS[3], id))
+local k_level = level_key(due_levels(KEYS[1]), envelope)
 local previous_head = head_score(k_level)
 redis.call('ZADD', k_level, due, id)
 stat_incr(KEYS[7], 'retried', 1)

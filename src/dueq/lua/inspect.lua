@@ -6,7 +6,8 @@
 -- KEYS[4] tasks    HASH id -> envelope
 -- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[6] errors   HASH id -> JSON list of error records
--- KEYS[7..15] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[7] parked  ZSET due tasks whose key was at a limit (see the prelude)
+-- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] "ids" (ARGV[3..] are ids) or "dead" (ARGV[3] offset, ARGV[4] count; newest first)
 -- Returns a flat list of 6-tuples: id, state ("scheduled"|"leased"|"dead"|""), score or "",
@@ -27,7 +28,13 @@ for _, id in ipairs(ids) do
   local envelope = redis.call('HGET', KEYS[4], id)
   local k_level = level_key(levels, envelope)
   score = redis.call('ZSCORE', k_level, id)
-  if score then
+  local priority, _, key = task_options(envelope)
+  local member = key and not score and parked_member_of(KEYS[5], key, priority, id)
+  if member and redis.call('ZSCORE', KEYS[7], member) then
+    state = 'scheduled'  -- parked: due, waiting for its key's limits
+    local _, _, due = meta_parse(redis.call('HGET', KEYS[5], id))
+    score = due
+  elseif score then
     state = 'scheduled'
   else
     score = redis.call('ZSCORE', KEYS[2], id)

@@ -7,7 +7,9 @@
 -- KEYS[5] wake     Pub/Sub channel
 -- KEYS[6] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
 -- KEYS[7] tasks    HASH id -> envelope (read for the task's priority)
--- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[8] key_state HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[9] key_wait ZSET key -> ms when its parked tasks may be claimable again
+-- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -20,7 +22,12 @@ local verdict = lease_verdict(KEYS[2], KEYS[3], KEYS[6], id, ARGV[3], now)
 if verdict == 'c' then return -2 end
 if verdict == 'l' then return -1 end
 local due = now + tonumber(ARGV[4])
-local k_level = level_key(due_levels(KEYS[1]), redis.call('HGET', KEYS[7], id))
+local envelope = redis.call('HGET', KEYS[7], id)
+local k_level = level_key(due_levels(KEYS[1]), envelope)
+local _, _, key = task_options(envelope)
+if key and key_unlease(KEYS[8], KEYS[9], key, now) then
+  redis.call('PUBLISH', KEYS[5], ms(now))
+end
 local previous_head = head_score(k_level)
 redis.call('ZREM', KEYS[2], id)
 meta_unlease(KEYS[3], id, -1)

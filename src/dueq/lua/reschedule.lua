@@ -3,7 +3,10 @@
 -- KEYS[1] due      ZSET id -> due ms
 -- KEYS[2] wake     Pub/Sub channel
 -- KEYS[3] tasks    HASH id -> envelope (read for the task's priority)
--- KEYS[4..12] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[4] meta     HASH id -> "attempt|token|due_ms|first_ms" (a parked task's due ms)
+-- KEYS[5] key_state HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[6] parked  ZSET due tasks whose key was at a limit (see the prelude)
+-- KEYS[7..15] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] flags: 1 when ARGV[4] is an absolute epoch ms, 0 when it is a delay from now
@@ -12,11 +15,18 @@
 
 local now = dueq_now(ARGV[1])
 local id = ARGV[2]
-local k_level = level_key(due_levels(KEYS[1]), redis.call('HGET', KEYS[3], id))
-if not redis.call('ZSCORE', k_level, id) then return -1 end
+local envelope = redis.call('HGET', KEYS[3], id)
+local k_level = level_key(due_levels(KEYS[1]), envelope)
+local zadd_flag = 'XX'
+if not redis.call('ZSCORE', k_level, id) then
+  -- a parked task (its key was at a limit) is scheduled too: it leaves the parked set
+  local priority, _, key = task_options(envelope)
+  if not (key and unpark_one(KEYS[6], KEYS[5], KEYS[4], key, priority, id)) then return -1 end
+  zadd_flag = 'NX'
+end
 local due = tonumber(ARGV[4])
 if ARGV[3] ~= '1' then due = now + due end
 local previous_head = head_score(k_level)
-redis.call('ZADD', k_level, 'XX', due, id)
+redis.call('ZADD', k_level, zadd_flag, due, id)
 wake_if_earlier(KEYS[2], previous_head, due)
 return due

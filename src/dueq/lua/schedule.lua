@@ -10,7 +10,10 @@
 -- KEYS[8] wake     Pub/Sub channel, told when the earliest due time moves earlier
 -- KEYS[9] done     ZSET id -> acked-at ms (read only when the remember-done window > 0)
 -- KEYS[10] config  HASH setting -> value (remember_done_ms)
--- KEYS[11..19] upper_due: the due ZSETs of priorities 1 to 9 (a task goes to the level its envelope states)
+-- KEYS[11] key_state HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[12] parked  ZSET due tasks whose key was at a limit (see the prelude)
+-- KEYS[13] key_wait ZSET key -> ms when its parked tasks may be claimable again
+-- KEYS[14..22] upper_due: the due ZSETs of priorities 1 to 9 (a task goes to the level its envelope states)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "1" to replace existing tasks (payload, due time, attempts, errors; a live lease is
 --         revoked), "0" to keep them
@@ -53,8 +56,17 @@ while pos <= #blob do
   elseif flags >= 2 then
     collided[#collided + 1] = position
   elseif replace then
-    local k_old = level_key(levels, redis.call('HGET', KEYS[2], id))
+    local old = redis.call('HGET', KEYS[2], id)
+    local k_old = level_key(levels, old)
     if k_old ~= level_key(levels, envelope) then redis.call('ZREM', k_old, id) end
+    local old_priority, _, old_key = task_options(old)
+    if old_key then  -- its lease ends here, or it leaves the parked set
+      if redis.call('ZSCORE', KEYS[5], id) then
+        if key_unlease(KEYS[11], KEYS[13], old_key, now) then redis.call('PUBLISH', KEYS[8], ms(now)) end
+      else
+        unpark_one(KEYS[12], KEYS[11], KEYS[3], old_key, old_priority, id)
+      end
+    end
     redis.call('ZREM', KEYS[5], id)
     redis.call('ZREM', KEYS[6], id)
     redis.call('HDEL', KEYS[3], id)

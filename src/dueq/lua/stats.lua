@@ -6,7 +6,8 @@
 -- KEYS[4] stats    HASH counter -> int
 -- KEYS[5] tasks    HASH id -> envelope (only counted)
 -- KEYS[6] config   HASH setting -> value
--- KEYS[7..15] upper_due: the due ZSETs of priorities 1 to 9 (counted with KEYS[1])
+-- KEYS[7] parked  ZSET due tasks whose key was at a limit (counted as scheduled and due)
+-- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9 (counted with KEYS[1])
 -- ARGV[1] now ms, or "" for server TIME
 -- Returns {now, scheduled, due_now, leased, dead, next_due ms or -1, stored (tasks with data),
 --          {setting1, value1, ...}, counter1, value1, ...}
@@ -18,6 +19,8 @@ for p = 0, 9 do
   scheduled = scheduled + redis.call('ZCARD', levels[p])
   due_now = due_now + redis.call('ZCOUNT', levels[p], '-inf', now)
 end
+local parked = redis.call('ZCARD', KEYS[7])
+scheduled, due_now = scheduled + parked, due_now + parked
 local out = {
   now,
   scheduled,

@@ -1,0 +1,207 @@
+"""Per-key limits: ``q.configure(key_concurrency=..., key_rate=...)`` applies to each limit key
+(``schedule(..., key=)``) separately, across every consumer, inside the claim script. A key at
+its limit steps aside (its due tasks are parked), so it never holds back other keys; its parked
+tasks come back when a lease of that key ends or its rate admits the next claim. Contract tests
+on both front ends."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+import dueq
+from dueq.keys import QueueKeys
+
+BOUND_S = 10.0
+
+
+def keys_of(deliveries: list[Any]) -> list[str | None]:
+    return [d.key for d in deliveries]
+
+
+def schedule_keyed(q: Any, key: str, n: int, *, delay: float = 0, prefix: str = "") -> None:
+    q.schedule_many(
+        dueq.Task({"i": i}, id=f"{prefix or key}-{i:03d}", delay=delay, key=key) for i in range(n)
+    )
+
+
+def test_a_hot_key_at_its_concurrency_steps_aside_for_a_cold_key(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=2)
+    schedule_keyed(q, "hot", 50)
+    clock.advance(1)
+    schedule_keyed(q, "cold", 3)  # due later than every hot task
+    first = q.claim(10)
+    assert keys_of(first) == ["hot", "hot", "cold", "cold"]
+    assert [d.id for d in first[:2]] == ["hot-000", "hot-001"]
+    assert q.claim(10) == []  # both keys are at their limit
+    stats = q.stats()
+    assert (stats.scheduled, stats.due_now, stats.leased) == (49, 49, 4)
+
+
+def test_an_ended_lease_lets_the_keys_next_task_in_due_order_be_claimed(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue(lease=5)
+    q.configure(key_concurrency=1)
+    schedule_keyed(q, "k", 4)
+    [a] = q.claim(10)
+    assert a.id == "k-000" and q.claim(10) == []
+    a.ack()
+    [b] = q.claim(10)
+    assert b.id == "k-001"
+    b.fail(ValueError("x"), retry_in=3600)  # a failure ends the lease too
+    [c] = q.claim(10)
+    assert c.id == "k-002"
+    c.release(delay=3600)
+    [d] = q.claim(10)
+    assert d.id == "k-003"
+    clock.advance(6)  # its lease expires: the claim that reclaims it frees the slot
+    assert q.claim(10) == []  # nothing else of the key is due now
+    assert q.stats().leased == 0
+
+
+def test_key_concurrency_holds_across_consumers(make_queue: Callable[..., Any]) -> None:
+    one, two = make_queue(), make_queue()
+    one.configure(key_concurrency=3)
+    for key in ("a", "b"):
+        schedule_keyed(one, key, 10)
+    got = one.claim(4) + two.claim(10) + one.claim(10)
+    assert sorted(keys_of(got)) == ["a", "a", "a", "b", "b", "b"]
+
+
+def test_key_rate_spaces_one_keys_claims_and_the_consumer_sleeps_until_its_next_slot(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(key_rate=dueq.Rate(2, per=1.0))  # one claim of a key per 0.5 s
+    schedule_keyed(q, "k", 5)
+    schedule_keyed(q, "other", 1)
+    batch = q.claim_batch(10)
+    assert sorted(keys_of(batch.deliveries)) == ["k", "other"]
+    assert batch.next_due_ms == batch.now_ms + 500
+    clock.advance(0.499)
+    assert q.claim(10) == []
+    clock.advance(0.001)
+    assert keys_of(q.claim(10)) == ["k"]
+    claimed = 3
+    for _ in range(10):
+        clock.advance(0.5)
+        claimed += len(q.claim(10))
+    assert claimed == 6  # every task, one per half second
+
+
+def test_parked_tasks_can_be_read_cancelled_rescheduled_and_replaced(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    schedule_keyed(q, "k", 4)
+    [held] = q.claim(10)  # the other three are parked by this claim
+    parked = q.get("k-001")
+    assert parked is not None and parked.state == "scheduled" and parked.key == "k"
+    assert parked.due_at is not None
+    assert q.cancel("k-001") and q.get("k-001") is None
+    assert q.reschedule("k-002", delay=60)
+    info = q.get("k-002")
+    assert info is not None and info.state == "scheduled"
+    q.schedule({"new": True}, id="k-003", replace=True)  # no key any more: not limited
+    assert [d.id for d in q.claim(10)] == ["k-003"]
+    assert q.stats().scheduled == 1
+    held.ack()
+    clock.advance(60)
+    assert [d.id for d in q.claim(10)] == ["k-002"]
+
+
+def test_parked_tasks_come_back_by_priority_then_due(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    q.schedule({}, id="first", key="k")
+    q.schedule({}, id="low", key="k")
+    q.schedule({}, id="high", key="k", priority=5)
+    [d] = q.claim(10)
+    assert d.id == "high"  # the claim takes priority 5 first
+    d.ack()
+    order = []
+    for _ in range(2):
+        [d] = q.claim(10)
+        order.append(d.id)
+        d.ack()
+    assert order == ["first", "low"]
+
+
+def test_an_ack_that_frees_a_slot_of_a_key_with_parked_tasks_wakes_consumers(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    schedule_keyed(q, "k", 2)
+    [d] = q.claim(10)
+    pubsub = r.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(QueueKeys.for_queue("q").wake)
+    try:
+        d.ack()
+        deadline = time.monotonic() + BOUND_S
+        message = None
+        while message is None and time.monotonic() < deadline:
+            message = pubsub.get_message(timeout=0.1)
+        assert message is not None and message["type"] == "message"
+    finally:
+        pubsub.close()
+
+
+def test_removing_the_limit_lets_parked_tasks_go_when_the_keys_lease_ends(
+    make_queue: Callable[..., Any],
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    schedule_keyed(q, "k", 3)
+    [d] = q.claim(10)
+    settings = q.configure(key_concurrency=False)
+    assert settings.key_concurrency is None
+    d.ack()
+    assert sorted(x.id for x in q.claim(10)) == ["k-001", "k-002"]
+
+
+def test_settings_show_the_key_limits(make_queue: Callable[..., Any]) -> None:
+    q = make_queue()
+    settings = q.configure(key_rate=dueq.Rate(5, per=2), key_concurrency=4)
+    assert (settings.key_rate, settings.key_concurrency) == (dueq.Rate(5, per=2), 4)
+    assert q.settings() == settings
+
+
+def test_an_unreadable_key_limit_is_ignored_not_crashing_the_claim(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    r.hset(QueueKeys.for_queue("q").config, mapping={"key_concurrency": "x", "key_rate": "1/0"})
+    schedule_keyed(q, "k", 3)
+    assert len(q.claim(10)) == 3
+    settings = q.settings()
+    assert settings.key_concurrency is None and settings.key_rate is None
+
+
+def test_bad_key_limits_raise_configuration_errors(make_queue: Callable[..., Any]) -> None:
+    q = make_queue()
+    for bad in (0, -1, True, 1.5, "2"):
+        try:
+            q.configure(key_concurrency=bad)
+        except dueq.ConfigurationError:
+            pass
+        else:
+            raise AssertionError(f"key_concurrency={bad!r} was accepted")
+    for bad_rate in (5, "5/1", True):
+        try:
+            q.configure(key_rate=bad_rate)
+        except dueq.ConfigurationError:
+            pass
+        else:
+            raise AssertionError(f"key_rate={bad_rate!r} was accepted")
+    assert q.settings() == dueq.QueueSettings()
