@@ -4,10 +4,13 @@ It runs on both front ends (``front_end``: ``dueq.Queue``, or ``dueq.AsyncQueue`
 through ``make_queue``'s ``Blocking`` wrapper), with the example budget shared between them.
 
 Hypothesis drives schedule / claim / ack / fail / extend / release / cancel (plus reschedule,
-dead-letter replay and purge) and moves a hand-held clock, also to exactly a lease deadline or
-due time and 1 ms before it. After every step the Redis keys, ``Queue.stats()`` and
-``Queue.get()`` must agree with the model: state, due time, lease deadline, died-at time,
-attempt, payload, number of recorded errors and the event counters.
+dead-letter replay and purge, pause and resume, and the per-key limits) and moves a hand-held
+clock, also to exactly a lease deadline or due time and 1 ms before it. Tasks carry a priority
+and maybe a limit key. After every step the Redis keys, ``Queue.stats()`` and ``Queue.get()``
+must agree with the model: state (each task in exactly one place: the due set of its priority,
+the parked set, leased or dead), due time, lease deadline, died-at time, attempt, payload,
+number of recorded errors, the event counters, and each key's leased count, rate mark, parked
+count and wait time.
 
 Every delivery handed out stays around: one whose lease was lost (expired, reclaimed, acked,
 failed, released, cancelled or replaced) must get ``LeaseLost`` from ack/fail/extend/release;
@@ -70,6 +73,10 @@ delays_ms = st.one_of(
 )
 leases_ms = st.one_of(st.sampled_from([1, 1000, 3000]), st.integers(1, 20_000))
 payloads = st.integers(0, 1000)
+priorities = st.sampled_from([0, 0, 5, 9])
+limit_keys = st.sampled_from([None, None, "a", "b"])
+key_concurrencies = st.sampled_from([None, 1, 2])
+key_gaps_ms = st.sampled_from([None, 1000])  # key_rate Rate(1, per=1.0): one claim per key per s
 error_kinds = st.sampled_from(["str", "exc", "unrecoverable"])
 # Where to put the clock relative to a deadline or due time: 1 ms before, exactly on, after.
 offsets_ms = st.one_of(st.sampled_from([-1, 0]), st.integers(0, 3_000))
@@ -105,6 +112,9 @@ class ModelTask:
     token: str | None = None  # leased: the live lease token
     deadline: int | None = None  # leased: lease deadline ms
     died_at: int | None = None  # dead: died-at ms
+    priority: int = 0
+    key: str | None = None
+    parked: bool = False  # scheduled, due, and set aside because its key was at a limit
 
 
 def build_machine(
@@ -130,6 +140,12 @@ def build_machine(
             self.counters: Counter[str] = Counter()
             self.paused = False  # q.pause(): claims lease nothing
             self.revoked: dict[tuple[str, str], int] = {}  # (id, token) cancelled -> deadline
+            self.key_concurrency: int | None = None
+            self.key_gap: int | None = None  # ms between two claims of one key
+            self.flight: dict[str, int] = {}  # key -> leased tasks (expired ones until reclaimed)
+            self.marks: dict[str, int] = {}  # key -> earliest ms its rate admits the next claim
+            self.parked_count: dict[str, int] = {}
+            self.wait: dict[str, int] = {}  # key -> ms its parked tasks may be claimable again
 
         def teardown(self) -> None:
             self.client.close()
@@ -165,13 +181,70 @@ def build_machine(
         def ids_where(self, test: Callable[[ModelTask], bool]) -> list[str]:
             return sorted(tid for tid, t in self.model.items() if test(t))
 
-        def model_schedule(self, tid: str, due: int, payload: int, replace: bool) -> str:
+        def model_schedule(
+            self,
+            tid: str,
+            due: int,
+            payload: int,
+            replace: bool,
+            priority: int = 0,
+            key: str | None = None,
+        ) -> str:
             if tid in self.model and not replace:
                 return "existing"
             outcome = "replaced" if tid in self.model else "added"
-            self.model[tid] = ModelTask(payload, "scheduled", due)
+            old = self.model.get(tid)
+            if old is not None:
+                self.leave_key(old)
+            self.model[tid] = ModelTask(payload, "scheduled", due, priority=priority, key=key)
             self.counters["scheduled"] += 1
             return outcome
+
+        # -- per-key limits (see the prelude of the Lua scripts) ------------------------------
+
+        def key_room(self, key: str, most: int) -> tuple[int, int | None]:
+            """How many tasks of ``key`` its limits admit now, and when its rate admits the
+            next one if it admits none."""
+            if self.key_concurrency is not None:
+                most = min(most, self.key_concurrency - self.flight.get(key, 0))
+            if self.key_gap is not None and most > 0:
+                mark = self.marks.get(key, 0)
+                if mark > self.now:
+                    return 0, mark
+                most = min(most, 1)
+            return max(most, 0), None
+
+        def unlease(self, key: str) -> None:
+            """A lease of ``key`` ended (acked, failed, released, expired, cancelled, replaced)."""
+            left = self.flight.get(key, 0) - 1
+            if left <= 0:
+                self.flight.pop(key, None)
+            else:
+                self.flight[key] = left
+            mark = self.marks.get(key)
+            if mark is not None and mark <= self.now:
+                del self.marks[key]
+            if self.parked_count.get(key, 0) > 0:
+                event("keys: a lease ended with tasks of its key parked")
+                self.wait[key] = min(self.wait.get(key, self.now), self.now)
+
+        def unpark(self, t: ModelTask) -> None:
+            assert t.key is not None
+            t.parked = False
+            left = self.parked_count.get(t.key, 0) - 1
+            if left <= 0:
+                self.parked_count.pop(t.key, None)
+            else:
+                self.parked_count[t.key] = left
+
+        def leave_key(self, t: ModelTask) -> None:
+            """The task is cancelled or replaced: its lease ends, or it leaves the parked set."""
+            if t.key is None:
+                return
+            if t.state == "leased":
+                self.unlease(t.key)
+            elif t.state == "scheduled" and t.parked:
+                self.unpark(t)
 
         def trim_dead(self) -> None:
             """After a death: drop dead tasks older than the max age, then the oldest (by
@@ -187,11 +260,18 @@ def build_machine(
                 del self.model[tid]
 
         def head_due(self) -> int | None:
-            return min((t.due for t in self.model.values() if t.state == "scheduled"), default=None)
+            return min(
+                (t.due for t in self.model.values() if t.state == "scheduled" and not t.parked),
+                default=None,
+            )
 
         def next_due(self) -> int | None:
-            """The next due time a claim reports (none while paused)."""
-            return None if self.paused else self.head_due()
+            """The next due time a claim reports (none while paused): the earliest due task
+            or the earliest key wait."""
+            if self.paused:
+                return None
+            times = [x for x in (self.head_due(), min(self.wait.values(), default=None)) if x]
+            return min(times, default=None)
 
         def next_deadline(self) -> int | None:
             return min(
@@ -241,29 +321,56 @@ def build_machine(
             max_attempts=st.sampled_from(MAX_ATTEMPTS[::-1]),
             dead_max_count=st.sampled_from(DEAD_MAX_COUNTS),
             dead_max_age_ms=st.sampled_from(DEAD_MAX_AGES_MS),
-            seed=st.lists(st.tuples(st.sampled_from(IDS), payloads), max_size=len(IDS)),
+            seed=st.lists(st.tuples(st.sampled_from(IDS), payloads, limit_keys), max_size=len(IDS)),
+            key_concurrency=key_concurrencies,
+            key_gap=key_gaps_ms,
         )
         def setup(
             self,
             max_attempts: int,
             dead_max_count: int,
             dead_max_age_ms: int,
-            seed: list[tuple[str, int]],
+            seed: list[tuple[str, int, str | None]],
+            key_concurrency: int | None,
+            key_gap: int | None,
         ) -> None:
-            """Pick the retry policy and dead-letter caps; start with a few tasks due now, so
-            that deliveries come early in an example."""
+            """Pick the retry policy, dead-letter caps and key limits; start with a few tasks
+            due now, so that deliveries come early in an example."""
             self.max_attempts = max_attempts
             self.dead_max_count = dead_max_count
             self.dead_max_age_ms = dead_max_age_ms
             self.queue = self.make_queue()
-            for tid, payload in seed:
-                assert self.queue.schedule(payload, id=tid) == tid
-                self.model_schedule(tid, self.now, payload, replace=False)
+            self.configure_keys(key_concurrency, key_gap)
+            for tid, payload, key in seed:
+                assert self.queue.schedule(payload, id=tid, key=key) == tid
+                self.model_schedule(tid, self.now, payload, replace=False, key=key)
 
-        @rule(tid=st.sampled_from(IDS), delay=delays_ms, payload=payloads, replace=st.booleans())
-        def schedule(self, tid: str, delay: int, payload: int, replace: bool) -> None:
-            assert self.queue.schedule(payload, id=tid, delay=delay / 1000, replace=replace) == tid
-            self.model_schedule(tid, self.now + delay, payload, replace)
+        @rule(key_concurrency=key_concurrencies, key_gap=key_gaps_ms)
+        def configure_keys(self, key_concurrency: int | None, key_gap: int | None) -> None:
+            settings = self.queue.configure(
+                key_concurrency=key_concurrency or False,
+                key_rate=False if key_gap is None else dueq.Rate(1, per=key_gap / 1000),
+            )
+            assert settings.key_concurrency == key_concurrency
+            assert settings.key_rate == (None if key_gap is None else dueq.Rate(1, per=1.0))
+            self.key_concurrency, self.key_gap = key_concurrency, key_gap
+
+        @rule(
+            tid=st.sampled_from(IDS),
+            delay=delays_ms,
+            payload=payloads,
+            replace=st.booleans(),
+            priority=priorities,
+            key=limit_keys,
+        )
+        def schedule(
+            self, tid: str, delay: int, payload: int, replace: bool, priority: int, key: str | None
+        ) -> None:
+            got = self.queue.schedule(
+                payload, id=tid, delay=delay / 1000, replace=replace, priority=priority, key=key
+            )
+            assert got == tid
+            self.model_schedule(tid, self.now + delay, payload, replace, priority, key)
 
         @rule(
             items=st.lists(
@@ -272,22 +379,26 @@ def build_machine(
                     st.sampled_from(["delay", "at"]),
                     st.integers(-5_000, 10_000),  # ms from now; "at" may be in the past
                     payloads,
+                    priorities,
                 ),
                 min_size=1,
                 max_size=3,
             ),
             replace=st.booleans(),
         )
-        def schedule_many(self, items: list[tuple[str, str, int, int]], replace: bool) -> None:
+        def schedule_many(self, items: list[tuple[str, str, int, int, int]], replace: bool) -> None:
             tasks = []
             outcome: Counter[str] = Counter()
-            for tid, how, ms, payload in items:
+            for tid, how, ms, payload, priority in items:
                 if how == "delay":
                     ms = abs(ms)
-                    tasks.append(dueq.Task(payload, id=tid, delay=ms / 1000))
+                    task = dueq.Task(payload, id=tid, delay=ms / 1000, priority=priority)
                 else:
-                    tasks.append(dueq.Task(payload, id=tid, at=ms_datetime(self.now + ms)))
-                outcome[self.model_schedule(tid, self.now + ms, payload, replace)] += 1
+                    at = ms_datetime(self.now + ms)
+                    task = dueq.Task(payload, id=tid, at=at, priority=priority)
+                tasks.append(task)
+                made = self.model_schedule(tid, self.now + ms, payload, replace, priority)
+                outcome[made] += 1
             result = self.queue.schedule_many(tasks, replace=replace)
             assert result.ids == [item[0] for item in items]
             assert (result.added, result.existing, result.replaced) == (
@@ -307,6 +418,8 @@ def build_machine(
             for t in self.model.values():
                 if t.state == "leased" and t.deadline is not None and t.deadline <= now:
                     event("claim: expired lease reclaimed")
+                    if t.key is not None:
+                        self.unlease(t.key)
                     t.errors += 1
                     t.token = t.deadline = None
                     self.counters["expired"] += 1
@@ -319,19 +432,16 @@ def build_machine(
                         t.state, t.due = "scheduled", now + BACKOFF_MS
             if died:
                 self.trim_dead()
-            # 2. Up to `limit` due tasks, earliest first (ties by id, as Redis orders them).
-            due = sorted(
-                (t.due, tid)
-                for tid, t in self.model.items()
-                if t.state == "scheduled" and t.due is not None and t.due <= now
-            )[:limit]
+            leased: list[str] = []
             if self.paused:
                 event("claim: paused")
-                due = []
+            else:
+                self.unpark_ready(limit)
+                leased = self.lease_or_park(limit)
             batch = self.queue.claim_batch(limit, lease=None if lease is None else lease / 1000)
             got = batch.deliveries
             event(f"claim: {len(got)} delivered")
-            assert [d.id for d in got] == [tid for _, tid in due]
+            assert [d.id for d in got] == leased
             assert batch.now_ms == now
             if got:
                 self.lease_in_model(got, lease)
@@ -339,6 +449,83 @@ def build_machine(
                 self.next_due(),
                 self.next_deadline(),
             )
+
+        def unpark_ready(self, limit: int) -> None:
+            """2a. Keys whose wait is over get as many parked tasks back as their limits admit."""
+            now = self.now
+            for _, key in sorted((at, key) for key, at in self.wait.items() if at <= now):
+                room, wait_until = self.key_room(key, limit)
+                moved = 0
+                if room > 0:
+                    parked = sorted(
+                        (9 - t.priority, t.due, tid)
+                        for tid, t in self.model.items()
+                        if t.state == "scheduled" and t.parked and t.key == key
+                    )[:room]
+                    for _, _, tid in parked:
+                        self.model[tid].parked = False
+                        moved += 1
+                        event("keys: a parked task came back")
+                left = self.parked_count.get(key, 0) - moved
+                if left <= 0 or moved < room:
+                    self.parked_count.pop(key, None)
+                    del self.wait[key]
+                else:
+                    self.parked_count[key] = left
+                    if wait_until is not None:
+                        self.wait[key] = wait_until
+                    elif self.key_gap is not None:
+                        self.wait[key] = now + self.key_gap
+                    elif self.key_concurrency is not None:
+                        del self.wait[key]
+
+        def lease_or_park(self, limit: int) -> list[str]:
+            """2b. Due tasks by priority, then due time (ties by id); a task whose key is at a
+            limit is parked, which makes room for more. Returns the ids leased, in order."""
+            now = self.now
+            leased: list[str] = []
+            while len(leased) < limit:
+                taken: list[str] = []
+                for p in range(9, -1, -1):
+                    room = limit - len(leased) - len(taken)
+                    if room <= 0:
+                        break
+                    taken += [
+                        tid
+                        for _, tid in sorted(
+                            (t.due, tid)
+                            for tid, t in self.model.items()
+                            if t.state == "scheduled"
+                            and not t.parked
+                            and t.priority == p
+                            and t.due is not None
+                            and t.due <= now
+                            and tid not in leased
+                        )[:room]
+                    ]
+                if not taken:
+                    break
+                parked_any = False
+                for tid in taken:
+                    t = self.model[tid]
+                    room, wait_until = (1, None) if t.key is None else self.key_room(t.key, 1)
+                    if room < 1:
+                        assert t.key is not None
+                        event("keys: a due task was parked")
+                        t.parked = True
+                        parked_any = True
+                        self.parked_count[t.key] = self.parked_count.get(t.key, 0) + 1
+                        if wait_until is not None:
+                            self.wait[t.key] = min(self.wait.get(t.key, wait_until), wait_until)
+                        continue
+                    if t.key is not None:
+                        self.flight[t.key] = self.flight.get(t.key, 0) + 1
+                        if self.key_gap is not None:
+                            self.marks[t.key] = max(self.marks.get(t.key, 0), now) + self.key_gap
+                    leased.append(tid)
+                if not parked_any:
+                    break
+            return leased
 
         def lease_in_model(self, got: list[Delivery], lease: int | None) -> None:
             now = self.now
@@ -366,8 +553,14 @@ def build_machine(
                 return
             event("ack: live delivery")
             d.ack()
-            del self.model[d.id]
+            self.done_with(d.id)
             self.counters["acked"] += 1
+
+        def done_with(self, tid: str) -> None:
+            """An acked task leaves the model (and its key's lease ends)."""
+            t = self.model.pop(tid)
+            if t.key is not None:
+                self.unlease(t.key)
 
         @precondition(has_deliveries)
         @rule(data=st.data())
@@ -391,7 +584,7 @@ def build_machine(
             else:
                 assert self.queue.ack_many(ds) == len(live)
             for d in live:
-                del self.model[d.id]
+                self.done_with(d.id)
                 self.counters["acked"] += 1
 
         @precondition(has_deliveries)
@@ -416,6 +609,8 @@ def build_machine(
             t = self.model[d.id]
             assert d.attempt == t.attempt
             outcome = d.fail(error, **kwargs)
+            if t.key is not None:
+                self.unlease(t.key)
             t.errors += 1
             t.token = t.deadline = None
             if kind == "unrecoverable" or t.attempt >= self.max_attempts:
@@ -459,6 +654,8 @@ def build_machine(
             event("release: live delivery")
             t = self.model[d.id]
             outcome = d.release(delay / 1000)
+            if t.key is not None:
+                self.unlease(t.key)
             t.state, t.due, t.token, t.deadline = "scheduled", self.now + delay, None, None
             t.attempt = max(t.attempt - 1, 0)  # the released delivery does not count
             self.counters["released"] += 1
@@ -499,6 +696,7 @@ def build_machine(
             assert self.queue.cancel(tid) == (tid in self.model)
             t = self.model.pop(tid, None)
             if t is not None:
+                self.leave_key(t)
                 self.counters["cancelled"] += 1
                 live = t.state == "leased" and t.deadline is not None and t.deadline > self.now
                 if live and t.token is not None and t.deadline is not None:
@@ -517,6 +715,9 @@ def build_machine(
             scheduled = t is not None and t.state == "scheduled"
             assert self.queue.reschedule(tid, delay=delay / 1000) == scheduled
             if t is not None and scheduled:
+                if t.parked:
+                    event("keys: a parked task rescheduled")
+                    self.unpark(t)
                 t.due = self.now + delay
 
         @rule(data=st.data(), purge=st.booleans())
@@ -539,7 +740,9 @@ def build_machine(
                 del self.model[tid]
                 self.counters["purged"] += 1
             else:  # due now, attempts and errors reset
-                self.model[tid] = ModelTask(t.payload, "scheduled", self.now)
+                self.model[tid] = ModelTask(
+                    t.payload, "scheduled", self.now, priority=t.priority, key=t.key
+                )
                 self.counters["replayed"] += 1
 
         @rule(
@@ -590,30 +793,55 @@ def build_machine(
 
         def check_redis_keys(self) -> None:
             k = self.queue.keys
+            places = [*(f"due:{p}" for p in range(10)), "leased", "dead"]
+            zsets = [*k.due_levels, k.leased, k.dead]
             pipe = self.client.pipeline(transaction=False)
             for tid in IDS:
-                pipe.zscore(k.due, tid)
-                pipe.zscore(k.leased, tid)
-                pipe.zscore(k.dead, tid)
-            for key in (k.due, k.leased, k.dead):
+                for key in zsets:
+                    pipe.zscore(key, tid)
+            for key in zsets:
                 pipe.zcard(key)
             for key in (k.tasks, k.meta, k.errors):
                 pipe.hkeys(key)
+            pipe.zrange(k.parked, 0, -1)
+            pipe.hgetall(k.key_state)
+            pipe.zrange(k.key_wait, 0, -1, withscores=True)
             reply = pipe.execute()
+            n = len(zsets)
+            parked = {
+                m.rsplit(b"\0", 1)[1][16:].decode(): m.split(b"\0", 1)[0].decode()
+                for m in reply[-3]
+            }
             for i, tid in enumerate(IDS):
-                scores = zip(("scheduled", "leased", "dead"), reply[3 * i : 3 * i + 3], strict=True)
+                scores = zip(places, reply[n * i : n * i + n], strict=True)
                 present = {name: score for name, score in scores if score is not None}
                 t = self.model.get(tid)
                 if t is None:
-                    assert present == {}, f"{tid} is gone but still in {present}"
+                    assert present == {} and tid not in parked, f"{tid} is gone but in {present}"
                     continue
+                if t.state == "scheduled" and t.parked:
+                    assert present == {} and parked.get(tid) == t.key, f"{tid}: model {t}"
+                    continue
+                assert tid not in parked, f"{tid}: model {t}, but parked"
                 expected = {"scheduled": t.due, "leased": t.deadline, "dead": t.died_at}[t.state]
-                assert present == {t.state: expected}, f"{tid}: model {t}, redis {present}"
-            n_due, n_leased, n_dead, tasks, meta, errors = reply[3 * len(IDS) :]
-            assert n_due + n_leased + n_dead == len(self.model), "a stray sorted-set member"
+                place = f"due:{t.priority}" if t.state == "scheduled" else t.state
+                assert present == {place: expected}, f"{tid}: model {t}, redis {present}"
+            counts = reply[n * len(IDS) : n * len(IDS) + n]
+            tasks, meta, errors = reply[n * len(IDS) + n : n * len(IDS) + n + 3]
+            assert sum(counts) + len(parked) == len(self.model), "a stray sorted-set member"
+            self.check_key_state(reply[-2], reply[-1])
             assert names(tasks) == set(self.model)
             assert names(meta) <= set(self.model), "meta of a gone task"
             assert names(errors) <= set(self.model), "errors of a gone task"
+
+        def check_key_state(
+            self, state: dict[bytes, bytes], wait: list[tuple[bytes, float]]
+        ) -> None:
+            expected = {f"f:{key}": float(n) for key, n in self.flight.items()}
+            expected |= {f"t:{key}": float(ms) for key, ms in self.marks.items()}
+            expected |= {f"p:{key}": float(n) for key, n in self.parked_count.items()}
+            assert {f.decode(): float(v) for f, v in state.items()} == expected
+            assert {key.decode(): score for key, score in wait} == self.wait
 
         def check_stats(self) -> None:
             stats = self.queue.stats()

@@ -241,10 +241,17 @@ local function level_key(levels, envelope)
   return levels[p]
 end
 
--- The earliest score over every priority level, or nil when all are empty.
-local function levels_head(levels)
+-- Whether any due ZSET of priorities 1 to 9 holds tasks (one call, so that a queue without
+-- priorities pays one command, not nine, where a script looks at every level).
+local function upper_levels_used(levels)
+  return redis.call('EXISTS', unpack(levels, 1, 9)) > 0
+end
+
+-- The earliest score over every priority level (only level 0 when `base_only`), or nil when
+-- all are empty.
+local function levels_head(levels, base_only)
   local best = nil
-  for p = 0, 9 do
+  for p = 0, base_only and 0 or 9 do
     local h = head_score(levels[p])
     if h and (not best or h < best) then best = h end
   end

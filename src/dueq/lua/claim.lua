@@ -162,7 +162,8 @@ end
 -- 2a. Keys whose wait is over: move as many of their parked tasks back to due as their limits
 -- admit (at most UNPARK_KEYS keys per claim; the rest stay ready for the next claim).
 local UNPARK_KEYS = 100
-if not paused and limit > 0 then
+local wait_head = head_score(KEYS[12])
+if wait_head and wait_head <= now and not paused and limit > 0 then
   local ready = redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', now, 'LIMIT', 0, UNPARK_KEYS)
   for _, key in ipairs(ready) do
     local room, wait_until = key_room(key, limit)
@@ -212,9 +213,10 @@ local buried_here = 0
 local token = nil
 local deadline = now + lease_ms
 local leased, meta, orphans = {}, {}, {}
+local upper_used = upper_levels_used(levels)
 while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
   local ids, scores = {}, {}
-  for p = 9, 0, -1 do
+  for p = upper_used and 9 or 0, 0, -1 do
     local room = limit - #leased / 2 - #ids
     if room <= 0 then break end
     local due = redis.call('ZRANGEBYSCORE', levels[p], '-inf', now, 'WITHSCORES', 'LIMIT', 0, room)
@@ -308,8 +310,8 @@ if died > 0 then
 end
 out[8] = buried_here
 
-local next_due = levels_head(levels)
-local key_wait = head_score(KEYS[12])
+local next_due = levels_head(levels, not upper_used)
+local key_wait = (wait_head or parked_here > 0) and head_score(KEYS[12])
 if key_wait and (not next_due or key_wait < next_due) then next_due = key_wait end
 local next_deadline = head_score(KEYS[2])
 if next_due and not paused then

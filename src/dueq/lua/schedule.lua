@@ -33,7 +33,8 @@ local acked_since = now - window
 local levels = due_levels(KEYS[1])
 local previous_head = levels_head(levels)
 local added, existing, replaced = 0, 0, 0
-local zadd, collided = {}, {}  -- zadd: priority -> {score, id, ...}
+local collided = {}
+local written, placed = {}, {}  -- ids written, in order; id -> {level, due} (the last write wins)
 local earliest = nil
 local pos, position = 1, 0
 
@@ -78,16 +79,21 @@ while pos <= #blob do
     existing = existing + 1
   end
   if write then
-    local p = task_options(envelope)
-    local batch = zadd[p]
-    if not batch then batch = {}; zadd[p] = batch end
-    batch[#batch + 1] = due
-    batch[#batch + 1] = id
+    if not placed[id] then written[#written + 1] = id end
+    placed[id] = {task_options(envelope), due}
     if earliest == nil or due < earliest then earliest = due end
   end
 end
 
 if earliest ~= nil then
+  local zadd = {}  -- priority -> {score, id, ...}
+  for _, id in ipairs(written) do
+    local p, due = placed[id][1], placed[id][2]
+    local batch = zadd[p]
+    if not batch then batch = {}; zadd[p] = batch end
+    batch[#batch + 1] = due
+    batch[#batch + 1] = id
+  end
   for p, batch in pairs(zadd) do call_chunked('ZADD', levels[p], batch) end
   stat_incr(KEYS[7], 'scheduled', added + replaced)
   wake_if_earlier(KEYS[8], previous_head, earliest)
