@@ -258,77 +258,6 @@ local function levels_head(levels, base_only)
   return best
 end
 
--- Per-key limits. A task scheduled with key= counts against its key's limits (the queue's
--- key_concurrency and key_rate settings) while it is leased. The key-state HASH holds, per key,
--- "f:<key>" its leased tasks, "t:<key>" the earliest ms its rate admits its next claim (GCRA's
--- theoretical arrival time, without burst: claims of one key are spaced per/n apart), and
--- "p:<key>" how many of its tasks are parked. A due task whose key is at a limit is parked
--- (the parked ZSET, every member scored 0 so that one ZRANGEBYLEX finds a key's tasks in
--- priority and due order) instead of blocking the tasks behind it, and the key-wait ZSET
--- (key -> ms) says when a key's parked tasks may be claimable again: when its rate admits the
--- next claim, or now when one of its leases ends. A parked task keeps its due ms in its meta
--- value (token empty), so it can be found by id.
-local function parked_member(key, priority, due_ms, id)
-  return key .. '\0' .. (9 - priority) .. string.format('%015d', due_ms) .. id
-end
-
--- The priority, due ms and id of a parked member of `key`, or nil when it cannot be read.
-local function parked_parse(member, key)
-  local rest = string.sub(member, #key + 2)
-  local inverted, due, id = string.match(rest, '^(%d)(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(.+)$')
-  if not inverted then return nil end
-  return 9 - tonumber(inverted), tonumber(due), id
-end
-
--- The parked member of a task with `key` whose meta value holds its due ms, or nil.
-local function parked_member_of(k_meta, key, priority, id)
-  local _, token, due = meta_parse(redis.call('HGET', k_meta, id))
-  if token ~= '' or due == '' then return nil end
-  return parked_member(key, priority, tonumber(due), id)
-end
-
--- A leased task of `key` is done with its lease (acked, failed, released, expired, cancelled or
--- replaced): the key's count drops, a rate mark that lies in the past is dropped, and when the
--- key has parked tasks the next claim looks at them. True when consumers should be woken.
-local function key_unlease(k_state, k_wait, key, now)
-  local left = try_incr(k_state, 'f:' .. key, -1)
-  if not left or left <= 0 then redis.call('HDEL', k_state, 'f:' .. key) end
-  local mark = tonumber(redis.call('HGET', k_state, 't:' .. key))
-  if mark and mark <= now then redis.call('HDEL', k_state, 't:' .. key) end
-  local parked = tonumber(redis.call('HGET', k_state, 'p:' .. key))
-  if parked and parked > 0 then
-    redis.call('ZADD', k_wait, 'LT', now, key)
-    return true
-  end
-  return false
-end
-
--- key_unlease for every keyed task among `ids` (leases that just ended; call it before their
--- envelopes are deleted). True when consumers should be woken.
-local function keys_unlease(k_tasks, k_state, k_wait, ids, now)
-  if #ids == 0 or redis.call('EXISTS', k_state) == 0 then return false end
-  local woke = false
-  for i = 1, #ids, 1000 do
-    local envelopes = redis.call('HMGET', k_tasks, unpack(ids, i, math.min(i + 999, #ids)))
-    for _, envelope in ipairs(envelopes) do
-      local _, _, key = task_options(envelope)
-      if key and key_unlease(k_state, k_wait, key, now) then woke = true end
-    end
-  end
-  return woke
-end
-
--- Take a scheduled task with `key` out of the parked set, if it is parked there; true if it was.
-local function unpark_one(k_parked, k_state, k_meta, key, priority, id)
-  local member = parked_member_of(k_meta, key, priority, id)
-  if member and redis.call('ZREM', k_parked, member) == 1 then
-    local left = try_incr(k_state, 'p:' .. key, -1)
-    if not left or left <= 0 then redis.call('HDEL', k_state, 'p:' .. key) end
-    return true
-  end
-  return false
-end
-
 -- Publish on the wake channel when due_ms is earlier than the head that was there before.
 local function wake_if_earlier(k_wake, previous_head, due_ms)
   if previous_head == nil or due_ms < previous_head then
@@ -415,4 +344,121 @@ local function cron_withdraw(k_due, k_tasks, k_meta, k_errors, k_stats, id)
     forget(k_tasks, k_meta, k_errors, id)
     stat_incr(k_stats, 'cancelled', 1)
   end
+end
+
+-- Per-key limits. A task scheduled with key= counts against its key's limits (the queue's
+-- key_concurrency and key_rate settings) while it is leased. The key-state HASH holds, per key,
+-- "f:<key>" its leased tasks, "t:<key>" the earliest ms its rate admits its next claim (GCRA's
+-- theoretical arrival time, without burst: claims of one key are spaced per/n apart), and
+-- "p:<key>" how many of its tasks are parked. A due task whose key is at a limit is parked
+-- (the parked ZSET, every member scored 0 so that one ZRANGEBYLEX finds a key's tasks in
+-- priority and due order) instead of blocking the tasks behind it, and the key-wait ZSET
+-- (key -> ms) says when a key's parked tasks may be claimable again: when its rate admits the
+-- next claim, or now when one of its leases ends. A parked task keeps its due ms in its meta
+-- value (token empty), so it can be found by id.
+local function parked_member(key, priority, due_ms, id)
+  return key .. '\0' .. (9 - priority) .. string.format('%015d', due_ms) .. id
+end
+
+-- The priority, due ms and id of a parked member of `key`, or nil when it cannot be read.
+local function parked_parse(member, key)
+  local rest = string.sub(member, #key + 2)
+  local inverted, due, id = string.match(rest, '^(%d)(%d%d%d%d%d%d%d%d%d%d%d%d%d%d%d)(.+)$')
+  if not inverted then return nil end
+  return 9 - tonumber(inverted), tonumber(due), id
+end
+
+-- The parked member of a task with `key` whose meta value holds its due ms, or nil.
+local function parked_member_of(k_meta, key, priority, id)
+  local _, token, due = meta_parse(redis.call('HGET', k_meta, id))
+  if token ~= '' or due == '' then return nil end
+  return parked_member(key, priority, tonumber(due), id)
+end
+
+-- HMGET of any number of fields (Lua's unpack has a stack limit).
+local function hmget_chunked(key, fields)
+  local out = {}
+  for i = 1, #fields, 4000 do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + 3999, #fields)))
+    for _, v in ipairs(part) do out[#out + 1] = v end
+  end
+  return out
+end
+
+-- ZADD with an option (LT, XX, ...) of score, member pairs, in chunks.
+local function zadd_chunked(k_zset, option, pairs_list)
+  for i = 1, #pairs_list, 4000 do
+    redis.call('ZADD', k_zset, option, unpack(pairs_list, i, math.min(i + 3999, #pairs_list)))
+  end
+end
+
+-- Leases of these keys ended (`keys` names a key once per lease: acked, failed, released,
+-- expired, cancelled or replaced): their leased counts drop, rate marks that lie in the past
+-- are dropped, and keys with parked tasks are made ready for the next claim. One HMGET, HSET,
+-- HDEL and ZADD for any number of keys. True when consumers should be woken.
+local function keys_release(k_state, k_wait, keys, now)
+  local ended, order = {}, {}
+  for _, key in ipairs(keys) do
+    if not ended[key] then
+      ended[key] = 0
+      order[#order + 1] = key
+    end
+    ended[key] = ended[key] + 1
+  end
+  if #order == 0 then return false end
+  local fields = {}
+  for _, key in ipairs(order) do
+    fields[#fields + 1] = 'f:' .. key
+    fields[#fields + 1] = 't:' .. key
+    fields[#fields + 1] = 'p:' .. key
+  end
+  local values = hmget_chunked(k_state, fields)
+  local set, drop, ready = {}, {}, {}
+  for i, key in ipairs(order) do
+    local left = (tonumber(values[3 * i - 2]) or 0) - ended[key]  -- unreadable: as 0
+    local mark, parked = tonumber(values[3 * i - 1]), tonumber(values[3 * i])
+    if left > 0 then
+      set[#set + 1] = 'f:' .. key
+      set[#set + 1] = left
+    elseif values[3 * i - 2] then
+      drop[#drop + 1] = 'f:' .. key
+    end
+    if values[3 * i - 1] and not (mark and mark > now) then drop[#drop + 1] = 't:' .. key end
+    if parked and parked > 0 then
+      ready[#ready + 1] = now
+      ready[#ready + 1] = key
+    end
+  end
+  if #set > 0 then call_chunked('HSET', k_state, set) end
+  if #drop > 0 then call_chunked('HDEL', k_state, drop) end
+  if #ready > 0 then zadd_chunked(k_wait, 'LT', ready) end
+  return #ready > 0
+end
+
+-- keys_release for the keyed tasks among `ids`, whose leases just ended (call it before their
+-- envelopes are deleted). True when consumers should be woken.
+local function keys_unlease(k_tasks, k_state, k_wait, ids, now)
+  if #ids == 0 or redis.call('EXISTS', k_state) == 0 then return false end
+  local keys = {}
+  for _, envelope in ipairs(hmget_chunked(k_tasks, ids)) do
+    local _, _, key = task_options(envelope)
+    if key then keys[#keys + 1] = key end
+  end
+  return keys_release(k_state, k_wait, keys, now)
+end
+
+-- keys_release for one lease of `key`.
+local function key_unlease(k_state, k_wait, key, now)
+  return keys_release(k_state, k_wait, {key}, now)
+end
+
+-- Take a scheduled task with `key` out of the parked set, if it is parked there; true if it was.
+local function unpark_one(k_parked, k_state, k_meta, key, priority, id)
+  local member = parked_member_of(k_meta, key, priority, id)
+  if member and redis.call('ZREM', k_parked, member) == 1 then
+    local left = try_incr(k_state, 'p:' .. key, -1)
+    if not left or left <= 0 then redis.call('HDEL', k_state, 'p:' .. key) end
+    return true
+  end
+  return false
 end

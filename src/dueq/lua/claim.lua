@@ -134,17 +134,35 @@ end
 local key_n, key_per = rate_setting('key_rate')
 local key_gap = key_n and key_per / key_n or nil
 
-local flight, marks, flight_add, marks_set = {}, {}, {}, {}
-local function key_flight(key)
-  if flight[key] == nil then
-    flight[key] = tonumber(redis.call('HGET', KEYS[10], 'f:' .. key)) or 0
+-- The leased count, rate mark and parked count of every key this claim looks at, read once
+-- (key_load: one HMGET per batch of keys) and written back once at the end.
+local flight, marks, parked_n, parked_loaded, changed, marked = {}, {}, {}, {}, {}, {}
+local function key_load(keys)
+  local fields, loading = {}, {}
+  for _, key in ipairs(keys) do
+    if flight[key] == nil and not loading[key] then
+      loading[key] = true
+      loading[#loading + 1] = key
+      fields[#fields + 1] = 'f:' .. key
+      fields[#fields + 1] = 't:' .. key
+      fields[#fields + 1] = 'p:' .. key
+    end
   end
+  if #fields == 0 then return end
+  local values = hmget_chunked(KEYS[10], fields)
+  for i, key in ipairs(loading) do
+    flight[key] = tonumber(values[3 * i - 2]) or 0
+    marks[key] = tonumber(values[3 * i - 1]) or 0
+    parked_n[key] = tonumber(values[3 * i]) or 0
+    parked_loaded[key] = values[3 * i] and 1 or 0
+  end
+end
+local function key_flight(key)
+  if flight[key] == nil then key_load({key}) end
   return flight[key]
 end
 local function key_mark(key)
-  if marks[key] == nil then
-    marks[key] = tonumber(redis.call('HGET', KEYS[10], 't:' .. key)) or 0
-  end
+  if marks[key] == nil then key_load({key}) end
   return marks[key]
 end
 
@@ -165,6 +183,7 @@ local UNPARK_KEYS = 100
 local wait_head = head_score(KEYS[12])
 if wait_head and wait_head <= now and not paused and limit > 0 then
   local ready = redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', now, 'LIMIT', 0, UNPARK_KEYS)
+  key_load(ready)
   for _, key in ipairs(ready) do
     local room, wait_until = key_room(key, limit)
     local moved = 0
@@ -178,12 +197,13 @@ if wait_head and wait_head <= now and not paused and limit > 0 then
         moved = moved + 1
       end
     end
-    local left = (tonumber(redis.call('HGET', KEYS[10], 'p:' .. key)) or 0) - moved
+    local left = parked_n[key] - moved
+    changed[key] = true
     if left <= 0 or moved < room then  -- none left (or the count was wrong): done waiting
-      redis.call('HDEL', KEYS[10], 'p:' .. key)
+      parked_n[key] = 0
       redis.call('ZREM', KEYS[12], key)
     else
-      redis.call('HSET', KEYS[10], 'p:' .. key, left)
+      parked_n[key] = left
       if wait_until then
         redis.call('ZADD', KEYS[12], wait_until, key)  -- its rate's next slot
       elseif key_gap then
@@ -195,13 +215,20 @@ if wait_head and wait_head <= now and not paused and limit > 0 then
   end
 end
 
--- Park a due task (taken out of its level) whose key is at a limit.
+-- Park a due task (taken out of its level) whose key is at a limit; the writes are batched
+-- after the loop.
 local parked_here = 0
+local park_members, park_meta, park_wait = {}, {}, {}
 local function park(key, priority, due_ms, id, attempt, first, wait_until)
-  redis.call('ZADD', KEYS[11], 0, parked_member(key, priority, due_ms, id))
-  redis.call('HINCRBY', KEYS[10], 'p:' .. key, 1)
-  redis.call('HSET', KEYS[4], id, attempt .. '||' .. ms(due_ms) .. '|' .. first)
-  if wait_until then redis.call('ZADD', KEYS[12], 'LT', wait_until, key) end
+  park_members[#park_members + 1] = 0
+  park_members[#park_members + 1] = parked_member(key, priority, due_ms, id)
+  park_meta[#park_meta + 1] = id
+  park_meta[#park_meta + 1] = attempt .. '||' .. ms(due_ms) .. '|' .. first
+  parked_n[key] = parked_n[key] + 1
+  changed[key] = true
+  if wait_until and (park_wait[key] == nil or wait_until < park_wait[key]) then
+    park_wait[key] = wait_until
+  end
   parked_here = parked_here + 1
 end
 
@@ -233,11 +260,18 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
   local parked_before = parked_here
   local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
   local metas = redis.call('HMGET', KEYS[4], unpack(ids))
+  local priorities, own, task_keys, round_keys = {}, {}, {}, {}
+  for i = 1, #ids do
+    local priority, attempts, key = task_options(envelopes[i])
+    priorities[i], own[i], task_keys[i] = priority, attempts, key
+    if key then round_keys[#round_keys + 1] = key end
+  end
+  if #round_keys > 0 then key_load(round_keys) end
   for i = 1, #ids do
     local id, due_ms = ids[i], clamp_ms(scores[i])
     local attempt, _, _, first, readable = meta_parse(metas[i])
-    local priority, own_attempts, key = task_options(envelopes[i])
-    local most = own_attempts or max_attempts
+    local priority, key = priorities[i], task_keys[i]
+    local most = own[i] or max_attempts
     local room, wait_until = 1, nil
     if key and readable and envelopes[i] then room, wait_until = key_room(key, 1) end
     if not envelopes[i] then
@@ -255,11 +289,11 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
     else
       if key then
         flight[key] = key_flight(key) + 1
-        flight_add[key] = (flight_add[key] or 0) + 1
         if key_gap then
           marks[key] = math.max(key_mark(key), now) + key_gap
-          marks_set[key] = true
+          marked[key] = true
         end
+        changed[key] = true
       end
       token = token or next_token()
       attempt = attempt + 1
@@ -277,9 +311,36 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
   end
   if parked_here == parked_before then break end  -- nothing stepped aside: no more to take
 end
-for key, n in pairs(flight_add) do redis.call('HINCRBY', KEYS[10], 'f:' .. key, n) end
-for key in pairs(marks_set) do
-  redis.call('HSET', KEYS[10], 't:' .. key, string.format('%.3f', marks[key]))
+-- Write back the keys this claim changed, in one HSET (and one HDEL for counts back to 0).
+local key_set, key_drop = {}, {}
+for key in pairs(changed) do
+  local n = #key_set
+  if flight[key] > 0 then
+    key_set[n + 1], key_set[n + 2], n = 'f:' .. key, flight[key], n + 2
+  else
+    key_drop[#key_drop + 1] = 'f:' .. key
+  end
+  if parked_n[key] > 0 then
+    key_set[n + 1], key_set[n + 2] = 'p:' .. key, parked_n[key]
+  elseif parked_loaded[key] > 0 then
+    key_drop[#key_drop + 1] = 'p:' .. key
+  end
+  if marked[key] then
+    key_set[#key_set + 1] = 't:' .. key
+    key_set[#key_set + 1] = string.format('%.3f', marks[key])
+  end
+end
+if #key_set > 0 then call_chunked('HSET', KEYS[10], key_set) end
+if #key_drop > 0 then call_chunked('HDEL', KEYS[10], key_drop) end
+if #park_members > 0 then
+  call_chunked('ZADD', KEYS[11], park_members)
+  call_chunked('HSET', KEYS[4], park_meta)
+  local waits = {}
+  for key, at in pairs(park_wait) do
+    waits[#waits + 1] = at
+    waits[#waits + 1] = key
+  end
+  if #waits > 0 then zadd_chunked(KEYS[12], 'LT', waits) end
 end
 if #leased > 0 then
   out[4] = token
