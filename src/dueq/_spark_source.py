@@ -27,25 +27,27 @@ dies after the sink committed. Scheduling is idempotent only while a task exists
 after the tasks were acked would schedule them again. So a micro-batch is staged first and
 scheduled once:
 
-1. Each task stages its packed records under keys named by the writer run (a random id made
-   when the query starts, the same in every task and in commit) and the batch id
-   (``spark_stage.lua``: a LIST of packed records, and a SET of the ids staged, so a retried
-   task attempt stages nothing twice). Staged keys expire after ``staging_ttl_s`` unless a
-   commit seals them, so a crashed job's stage goes away on its own.
+1. Each task stages its packed records under keys named by the streaming query id (stable
+   across restarts from the same checkpoint; the tasks' ``sql.streaming.queryId`` local
+   property) and the batch id (``spark_stage.lua``: a LIST of packed records, and a SET of the
+   ids staged, so a retried task attempt stages nothing twice). Staged keys expire after
+   ``staging_ttl_s`` unless a commit seals them, so a crashed job's stage goes away by itself.
+   (The writer object cannot name the stage: Spark builds one for the tasks and another for
+   ``commit``, so the query id travels in the commit messages.)
 2. ``commit(messages, batchId)`` runs ``spark_commit.lua`` step by step. The first step seals
-   the batch: it records ``batch|s|run`` for the query (the stable streaming query id, which
-   survives restarts, from the tasks' ``sql.streaming.queryId`` local property) and drops the
-   stage's expiry. From then on ``spark_stage.lua`` refuses to stage for that batch, so a late
-   task attempt or a replay adds nothing to it. Each later step pops one staged element (at
-   most ``batch_size`` records) and schedules it with schedule.lua's own code (the script
-   falls through into it) in the same atomic call, so Redis is never blocked for long, however
-   big the batch, and a record is either still staged or scheduled, never both or neither.
-   The step that finds the stage empty records ``batch|c|run``: committed.
+   the batch: it records ``batch|s`` for the query and drops the stage's expiry. From then on
+   ``spark_stage.lua`` refuses to stage for that batch, so a late task attempt or a replay
+   adds nothing to it. Each later step pops one staged element (at most ``batch_size``
+   records) and schedules it with schedule.lua's own code (the script falls through into it)
+   in the same atomic call, so Redis is never blocked for long however big the batch, and a
+   record is either still staged or scheduled, never both or neither. The step that finds the
+   stage empty records ``batch|c``: committed.
 3. A replay of a committed batch (its id at or below the query's recorded batch) stages
-   nothing and its commit schedules nothing, even if every task has been acked meanwhile.
-   A driver that dies mid-commit leaves a sealed stage: the replay's tasks stage nothing, and
-   its commit (told by the script which run sealed it) finishes the sealed stage, so every
-   record is scheduled exactly once. ``abort`` drops the stage unless its commit has begun.
+   nothing and its commit schedules nothing, even if every task has been acked meanwhile. A
+   driver that dies mid-commit leaves a sealed stage: the replay's tasks stage nothing, and
+   its commit finishes the sealed stage, so every record is scheduled exactly once.
+   ``abort`` drops the stage unless its commit has begun. When every task of a batch failed,
+   no message names the query: the stage is then left to expire.
 
 The record per query is one hash field, so memory is bounded by the number of queries; a
 query idle for ``batch_memory_s`` (default 30 days) is forgotten (at most 100 per commit).

@@ -75,7 +75,8 @@ SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})
 
 @cache
 def script_source(name: str) -> str:
-    """The full source of one script: the shared prelude, then the script's own file."""
+    """The full source of one script: the shared prelude, then the script's own file (then,
+    for a script in CONTINUES_WITH, the other script's body)."""
     folder = resources.files("dueq").joinpath("lua")
     prelude = folder.joinpath("_prelude.lua").read_text(encoding="utf-8")
     body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
