@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -188,3 +189,25 @@ def invoke(r: redis.Redis, redis_server: RedisServer) -> Callable[..., Result]:
         return CliRunner().invoke(cli, list(args), input=input, env=env)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession for the Spark tests: local[2,4] (two cores; a task may fail
+    three times, so Spark's retries happen), session time zone UTC."""
+    pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
+    from pyspark.sql import SparkSession
+
+    # The Python workers must run this interpreter, where dueq is installed.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("dueq-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -39,6 +39,7 @@ PUBLIC = {
     "TaskCancelled",
     "TaskInfo",
     "TaskNotFound",
+    "TaskOptions",
     "TaskTimeout",
     "Unrecoverable",
     "Worker",

@@ -9,13 +9,13 @@ import pytest
 
 import dueq
 from dueq import _protocol as protocol
-from dueq.keys import QueueKeys
-from dueq.scripts import SCRIPT_NAMES, script_source
+from dueq.keys import QueueKeys, SparkBatchKeys
+from dueq.scripts import CONTINUES_WITH, SCRIPT_NAMES, script_source
 
 LUA = resources.files("dueq").joinpath("lua")
 KEY_COMMANDS = (
     "ZADD|ZREM|ZSCORE|ZMSCORE|ZRANGE|ZREVRANGE|ZRANGEBYSCORE|ZREMRANGEBYRANK|ZCARD|ZCOUNT|"
-    "HGET|HSET|HSETNX|HDEL|HMGET|HEXISTS|HINCRBY|HGETALL|PUBLISH"
+    "HGET|HSET|HSETNX|HDEL|HMGET|HEXISTS|HINCRBY|HGETALL|PUBLISH|RPUSH|LPOP|SADD|DEL|PEXPIRE|PERSIST"
 )
 
 
@@ -55,7 +55,10 @@ def test_every_key_a_script_touches_comes_from_keys(name):
 def test_every_declared_key_is_used(name):
     text = LUA.joinpath(f"{name}.lua").read_text()
     declared = set(re.findall(r"^-- KEYS\[(\d+)\]", text, flags=re.M))
-    used = set(re.findall(r"KEYS\[(\d+)\]", text.split("\n\n", 1)[1]))
+    body = text.split("\n\n", 1)[1]
+    if name in CONTINUES_WITH:  # the body of the script it falls through into is its own too
+        body += LUA.joinpath(f"{CONTINUES_WITH[name]}.lua").read_text().split("\n\n", 1)[1]
+    used = set(re.findall(r"KEYS\[(\d+)\]", body))
     assert declared == used
 
 
@@ -83,8 +86,12 @@ def test_the_header_regexes_read_two_digit_key_numbers():
 @pytest.mark.parametrize("name", sorted(protocol.SAMPLES))
 def test_each_protocol_counterpart_sends_keys_in_its_scripts_header_order(name):
     keys = QueueKeys.for_queue("q")
+    spark = SparkBatchKeys.for_batch("q", "query", 0)  # the Spark writer's, as the samples use
     field_of = {
-        getattr(keys, field): field for field in keys.__dataclass_fields__ if field != "due_levels"
+        getattr(group, field): field
+        for group in (keys, spark)
+        for field in group.__dataclass_fields__
+        if field != "due_levels"
     }
     field_of.update({key: f"upper_due[{i}]" for i, key in enumerate(keys.upper_due)})
     call = protocol.SAMPLES[name](keys)

@@ -1,12 +1,9 @@
-"""dueq.spark on a real local SparkSession (local[2,4]: two cores, a task may fail 3 times)."""
+"""dueq.spark on a real local SparkSession (the ``spark`` fixture of conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -25,23 +22,6 @@ from dueq import spark as ds
 
 T0 = 1_900_000_000  # epoch seconds of the first row's due time (2030-03-17)
 ROWS = 20_000
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    # The Python workers must run this interpreter, where dueq is installed.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2,4]")  # 4: task failures allowed, so retries happen
-        .appName("dueq-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def reminders(spark: SparkSession, rows: int = ROWS, partitions: int = 2) -> DataFrame:

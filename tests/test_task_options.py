@@ -269,3 +269,40 @@ def test_a_tasks_own_timeout_cancels_an_async_handler(r: redis.Redis) -> None:
 
     outcomes = asyncio.run(main())
     assert sorted((o.id, o.kind) for o in outcomes) == [("quick", "acked"), ("slow", "dead")]
+
+
+def test_the_cli_schedules_options_and_file_lines_override_them(
+    invoke: Callable[..., Any], r: redis.Redis, tmp_path: Any
+) -> None:
+    result = invoke("schedule", "jobs", "{}", "--id", "one", "--priority", "7", "--key", "t:1")
+    assert result.exit_code == 0, result.output
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        '{"payload": 1, "id": "a"}\n'
+        '{"payload": 2, "id": "b", "priority": 2, "key": "t:2", "timeout": 1.5,'
+        ' "max_attempts": 4}\n'
+    )
+    result = invoke("schedule", "jobs", "--file", str(tasks), "--priority", "9", "--timeout", "30")
+    assert result.exit_code == 0, result.output
+    q = dueq.Queue("jobs", r)
+    got = {i: q.get(i) for i in ("one", "a", "b")}
+    shown = {
+        i: (t.priority, t.key, t.timeout, t.max_attempts) for i, t in got.items() if t is not None
+    }
+    assert shown == {
+        "one": (7, "t:1", None, None),
+        "a": (9, None, timedelta(seconds=30), None),
+        "b": (2, "t:2", timedelta(seconds=1.5), 4),
+    }
+
+
+def test_the_cli_refuses_bad_options_before_writing(
+    invoke: Callable[..., Any], r: redis.Redis, tmp_path: Any
+) -> None:
+    result = invoke("schedule", "jobs", "{}", "--priority", "12")
+    assert result.exit_code == 2 and "priority must be an int from 0 to 9" in result.output
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"payload": 1}\n{"payload": 2, "key": ""}\n')
+    result = invoke("schedule", "jobs", "--file", str(tasks))
+    assert result.exit_code != 0 and "line 2" in result.output
+    assert not r.exists(dueq.Queue("jobs", r).keys.tasks)

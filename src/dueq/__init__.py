@@ -8,6 +8,7 @@ in the dead-letter queue. See README.md for the guarantees.
 from . import operators
 from ._async import AsyncQueue
 from .cron import CronDefinition, Occurrence
+from .envelope import TaskOptions
 from .exceptions import (
     ConfigurationError,
     CronConflict,
@@ -68,6 +69,7 @@ __all__ = [
     "TaskCancelled",
     "TaskInfo",
     "TaskNotFound",
+    "TaskOptions",
     "TaskTimeout",
     "Unrecoverable",
     "Worker",

@@ -27,8 +27,6 @@ from .envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     FLAG_ABSOLUTE,
     FLAG_GENERATED_ID,
-    MAX_TIMEOUT_MS,
-    NO_OPTIONS,
     TaskOptions,
     decode_task,
     encode_envelope,
@@ -36,9 +34,6 @@ from .envelope import (
     pack_task,
     repack_with_id,
     validate_id,
-    validate_key,
-    validate_priority,
-    validate_task_attempts,
 )
 from .exceptions import (
     ConfigurationError,
@@ -115,23 +110,6 @@ async def drive_async(flow: Flow[T], send: Callable[[protocol.Step], Awaitable[A
     except StopIteration as stop:
         result: T = stop.value
         return result
-
-
-def task_options(task: Task) -> TaskOptions:
-    """The validated options of a task (InvalidTaskError names what is wrong)."""
-    timeout_ms = None
-    if task.timeout is not None:
-        timeout_ms = duration_ms(task.timeout, "timeout")
-        if not 0 < timeout_ms <= MAX_TIMEOUT_MS:
-            raise InvalidTaskError(
-                f"timeout must be more than 0 s and at most a year, got {task.timeout!r}"
-            )
-    return TaskOptions(
-        validate_priority(task.priority),
-        None if task.key is None else validate_key(task.key),
-        timeout_ms,
-        None if task.max_attempts is None else validate_task_attempts(task.max_attempts),
-    )
 
 
 def _batches(records: list[bytes]) -> Iterator[list[int]]:
@@ -417,14 +395,7 @@ class QueueCore:
                     time_flag, due_ms = 0, 0  # due now
                 else:
                     time_flag, due_ms = due(task.at, task.delay)
-                options = (
-                    NO_OPTIONS
-                    if task.priority == 0
-                    and task.key is None
-                    and task.timeout is None
-                    and task.max_attempts is None
-                    else task_options(task)
-                )
+                options = task.options()
                 envelope = encode_envelope(task.payload, max_bytes, options)
             except (InvalidTaskError, PayloadError) as exc:
                 raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .exceptions import DueqError, LeaseLost, TaskCancelled, TaskNotFound
-from .keys import QueueKeys
+from .keys import QueueKeys, SparkBatchKeys
 from .snapshot import queue_stats, settings_from_reply, task_infos, text
 from .task import QueueSettings, QueueStats, TaskInfo
 
@@ -530,3 +530,92 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "cron_advance": lambda k: cron_advance(k, "", []),
     "configure": lambda k: configure(k, [("paused", "1")]),
 }
+
+
+# -- spark_stage.lua, spark_commit.lua, spark_abort.lua (dueq.spark's DueqDataSource) ----------
+
+
+@dataclass(frozen=True)
+class StageReply:
+    #: records staged now, and records whose id this batch had staged before (a task retry)
+    staged: int
+    duplicates: int
+    #: the batch is sealed or committed (a replay, or a late attempt): nothing was staged
+    refused: bool
+
+
+def _parse_stage(reply: Any) -> StageReply:
+    staged, duplicates = int(reply[0]), int(reply[1])
+    return StageReply(max(staged, 0), duplicates, staged < 0)
+
+
+def spark_stage(
+    sk: SparkBatchKeys, now: str, query: str, batch: int, ttl_ms: int, blob: bytes
+) -> Call[StageReply]:
+    """Stage packed task records for one micro-batch of one streaming query."""
+    keys = [sk.rows, sk.ids, sk.batches]
+    return Call("spark_stage", keys, [now, query, batch, ttl_ms, blob], _parse_stage)
+
+
+class CommitState(enum.IntEnum):
+    """What a spark_commit step found (a step that scheduled records is ``PROMOTED``)."""
+
+    PROMOTED = 0
+    COMMITTED = -1  # the batch is committed now
+    COMMITTED_BEFORE = -2  # a replay of a committed batch: nothing scheduled
+    EARLIER_UNFINISHED = -3  # batch ``batch`` of this query was sealed and never finished
+
+
+@dataclass(frozen=True)
+class CommitStep:
+    state: CommitState
+    #: the records this step scheduled (PROMOTED only)
+    scheduled: ScheduleReply | None = None
+    batch: int = -1
+
+
+def _parse_commit(reply: Any) -> CommitStep:
+    head = int(reply[0])
+    if head >= 0:
+        return CommitStep(CommitState.PROMOTED, _parse_schedule(reply))
+    state = CommitState(head)
+    if state is CommitState.EARLIER_UNFINISHED:
+        return CommitStep(state, batch=int(reply[1]))
+    return CommitStep(state)
+
+
+def spark_commit(
+    k: QueueKeys,
+    sk: SparkBatchKeys,
+    now: str,
+    *,
+    query: str,
+    batch: int,
+    memory_ms: int,
+    window_ms: int,
+) -> Call[CommitStep]:
+    """One step of committing a staged micro-batch: schedule one staged element, or settle
+    the batch's state. spark_commit.lua continues with schedule.lua's body, so its keys and
+    arguments start with schedule's."""
+    base = schedule(k, now, b"", replace=False, window_ms=window_ms)
+    # schedule's own keys, the stage's, then the priority levels (scripts read them last)
+    keys = [*base.keys[:-9], sk.rows, sk.ids, sk.batches, sk.queries, *base.keys[-9:]]
+    args = [*base.args, query, batch, memory_ms]
+    return Call("spark_commit", keys, args, _parse_commit)
+
+
+def spark_abort(sk: SparkBatchKeys, now: str, query: str, batch: int) -> Call[bool]:
+    """Drop a failed micro-batch's staged records unless its commit has begun; True if dropped."""
+    keys = [sk.rows, sk.ids, sk.batches]
+    return Call("spark_abort", keys, [now, query, batch], lambda reply: int(reply) == 1)
+
+
+def _spark_sample_keys(k: QueueKeys) -> SparkBatchKeys:
+    return SparkBatchKeys.for_batch(k.queue, "query", 0)
+
+
+SAMPLES["spark_stage"] = lambda k: spark_stage(_spark_sample_keys(k), "", "query", 0, 1, b"")
+SAMPLES["spark_commit"] = lambda k: spark_commit(
+    k, _spark_sample_keys(k), "", query="query", batch=0, memory_ms=1, window_ms=0
+)
+SAMPLES["spark_abort"] = lambda k: spark_abort(_spark_sample_keys(k), "", "query", 0)

@@ -46,7 +46,16 @@ ROLES: tuple[Role, ...] = get_args(Role)
 #: The Lua scripts each role runs (see dueq/lua).
 ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     # schedule / schedule_many, cancel, reschedule, get
-    "producer": ("schedule", "cancel", "reschedule", "inspect"),
+    # plus the Spark data source's streaming write (stage, commit, abort)
+    "producer": (
+        "schedule",
+        "cancel",
+        "reschedule",
+        "inspect",
+        "spark_stage",
+        "spark_commit",
+        "spark_abort",
+    ),
     # claim (with cron occurrences), ack, fail, extend, release, get
     "consumer": ("claim", "cron_advance", "ack", "fail", "extend", "release", "inspect"),
     # stats, get/list, dead list/count/replay/purge, cron add/list/remove, schedule (CLI),
@@ -77,8 +86,8 @@ PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     "consumer": ("hmget", "subscribe", "unsubscribe", "info"),
     # SCAN + EXISTS: queue discovery and `dueq ... QUEUE` checks; ZCARD: dead.count();
     # HGET/HGETALL/HMGET: cron list/get; TIME: cron add reads the server clock;
-    # ZSCAN: Spark's read of a queue.
-    "operator": ("scan", "exists", "zcard", "hget", "hgetall", "hmget", "time", "zscan"),
+    # ZSCAN: Spark's read of a queue; ZCARD + ZRANGE: the Spark data source's partitioned read.
+    "operator": ("scan", "exists", "zcard", "hget", "hgetall", "hmget", "time", "zscan", "zrange"),
 }
 
 _CALL = re.compile(r"""(?:redis\.call|redis\.pcall|call_chunked)\(\s*['"]([A-Za-z]+)['"]""")

@@ -110,3 +110,33 @@ class QueueKeys:
             key_wait=base + "keys:wait",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
+
+
+@dataclass(frozen=True)
+class SparkBatchKeys:
+    """The keys of one streaming micro-batch written through ``DueqDataSource``.
+
+    ``rows``    LIST packed task records staged by the batch's tasks (one element per call)
+    ``ids``     SET ids staged, so a retried task stages nothing twice
+    ``batches`` HASH streaming query id -> "batch|state": each query's last sealed ("s") or
+                committed ("c") batch (one field per query)
+    ``queries`` ZSET streaming query id -> last commit ms, to forget queries idle too long
+
+    ``rows`` and ``ids`` are named by the streaming query id (stable across restarts from the
+    same checkpoint) and the batch id, and share the queue's hash tag like every other key.
+    """
+
+    rows: str
+    ids: str
+    batches: str
+    queries: str
+
+    @classmethod
+    def for_batch(cls, queue: str, query: str, batch: int) -> SparkBatchKeys:
+        base = f"{PREFIX}:{{{validate_queue_name(queue)}}}:spark:"
+        return cls(
+            rows=f"{base}stage:{query}:{batch}:rows",
+            ids=f"{base}stage:{query}:{batch}:ids",
+            batches=base + "batches",
+            queries=base + "queries",
+        )

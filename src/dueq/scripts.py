@@ -46,11 +46,28 @@ SCRIPT_NAMES = (
     "cron_advance",
     "cron_remove",
     "configure",
+    "spark_stage",
+    "spark_commit",
+    "spark_abort",
 )
+
+#: Scripts made of their own file followed by another script's body (after its header):
+#: spark_commit.lua ends by falling through into schedule.lua, so staged records are scheduled
+#: by the very code that schedules every other task.
+CONTINUES_WITH = {"spark_commit": "schedule"}
 
 #: Scripts whose changes a producer or operator relies on: they raise ReplicationTimeout.
 PRODUCER_SCRIPTS = frozenset(
-    {"schedule", "cancel", "reschedule", "dead", "cron_add", "cron_remove", "configure"}
+    {
+        "schedule",
+        "cancel",
+        "reschedule",
+        "dead",
+        "cron_add",
+        "cron_remove",
+        "configure",
+        "spark_commit",
+    }
 )
 #: Scripts that settle a delivery: a replication shortfall is logged, not raised.
 SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})
@@ -58,10 +75,14 @@ SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})
 
 @cache
 def script_source(name: str) -> str:
-    """The full source of one script: the shared prelude, then the script's own file."""
+    """The full source of one script: the shared prelude, then the script's own file (then,
+    for a script in CONTINUES_WITH, the other script's body)."""
     folder = resources.files("dueq").joinpath("lua")
     prelude = folder.joinpath("_prelude.lua").read_text(encoding="utf-8")
     body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    then = CONTINUES_WITH.get(name)
+    if then is not None:
+        body += folder.joinpath(f"{then}.lua").read_text(encoding="utf-8").split("\n\n", 1)[1]
     return prelude + "\n" + body
 
 

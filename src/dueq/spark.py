@@ -23,9 +23,9 @@ import logging
 import math
 import operator
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import redis
 
@@ -47,13 +47,18 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("dueq.spark needs pyspark: pip install 'dueq[spark]'") from exc
 
+if TYPE_CHECKING:
+    from ._spark_source import DueqDataSource
+
 __all__ = [
     "BadRowPolicy",
+    "DueqDataSource",
     "PartitionCounts",
     "PartitionPlan",
     "SparkScheduleResult",
     "foreach_batch",
     "read_tasks",
+    "register",
     "schedule_dataframe",
     "schedule_rows",
 ]
@@ -210,28 +215,38 @@ def schedule_rows(rows: Iterable[Sequence[Any]], plan: PartitionPlan) -> Partiti
                 max_payload_bytes=plan.max_payload_bytes,
                 remember_done=plan.remember_done,
             )
-        ids: list[str] = []
-        records: list[bytes] = []
-        for number, (given, due, raw, payload) in enumerate(rows):
-            try:
-                flags, due_ms = _due(plan.due_kind, due, raw)
-                data = _payload(payload, plan.max_payload_bytes)
-                task_id = _task_id(plan, given, flags, due_ms, data)
-            except _BadRow as bad:
-                _count_bad(counts, plan, number, given, bad)
-                continue
-            ids.append(task_id)
-            records.append(pack_task(flags, due_ms, task_id, ENVELOPE_PREFIX + data))
-            if len(records) >= plan.batch_size:
-                _flush(q, ids, records, counts)
-                ids, records = [], []
-        if records:
+        for ids, records in packed_batches(rows, plan, counts):
             _flush(q, ids, records, counts)
     finally:
         client.close()
+    return counts
+
+
+def packed_batches(
+    rows: Iterable[Sequence[Any]], plan: PartitionPlan, counts: PartitionCounts
+) -> Iterator[tuple[list[str], list[bytes]]]:
+    """The good rows as batches of (ids, packed task records), at most ``batch_size`` each;
+    bad rows are counted in ``counts`` (or raise, with ``on_bad_row="raise"``), and logged
+    once the rows are used up. Rows as ``schedule_rows`` takes them."""
+    ids: list[str] = []
+    records: list[bytes] = []
+    for number, (given, due, raw, payload) in enumerate(rows):
+        try:
+            flags, due_ms = _due(plan.due_kind, due, raw)
+            data = _payload(payload, plan.max_payload_bytes)
+            task_id = _task_id(plan, given, flags, due_ms, data)
+        except _BadRow as bad:
+            _count_bad(counts, plan, number, given, bad)
+            continue
+        ids.append(task_id)
+        records.append(pack_task(flags, due_ms, task_id, ENVELOPE_PREFIX + data))
+        if len(records) >= plan.batch_size:
+            yield ids, records
+            ids, records = [], []
+    if records:
+        yield ids, records
     if counts.bad:
         logger.warning("partition had %d bad row(s): %s", sum(counts.bad.values()), counts.samples)
-    return counts
 
 
 def _flush(q: Queue, ids: list[str], records: list[bytes], counts: PartitionCounts) -> None:
@@ -297,45 +312,45 @@ def _any_non_finite(items: Column, dtype: T.DataType) -> Column:
     return F.exists(items, check)
 
 
-def _at_column(df: DataFrame, name: str) -> tuple[DueKind, Column, Column]:
-    """How to read an at column: (kind, due column, raw column for messages)."""
-    dtype = df.schema[name].dataType
-    col = _column(name)
-    null = F.lit(None).cast("string")
-    if isinstance(dtype, T.TimestampType):
-        return "at", F.unix_micros(col), null
-    if isinstance(dtype, (T.TimestampNTZType, T.DateType)):  # wall time in the session zone
-        return "at", F.unix_micros(col.cast("timestamp")), null
-    if isinstance(dtype, T.StringType):
-        return "at", F.unix_micros(F.try_to_timestamp(col)), col
+def _at_kind(dtype: T.DataType, name: str) -> DueKind:
+    if isinstance(dtype, (T.TimestampType, T.TimestampNTZType, T.DateType, T.StringType)):
+        return "at"
     if isinstance(dtype, T.NumericType):
-        return "at_seconds", col.cast("double"), null
+        return "at_seconds"
     raise ConfigurationError(
         f"at_col {name!r} is {dtype.simpleString()}: give a timestamp, date, string or "
         "epoch-seconds column"
     )
 
 
-def _delay_column(df: DataFrame, name: str) -> Column:
-    dtype = df.schema[name].dataType
-    if isinstance(dtype, T.NumericType):
-        return _column(name).cast("double")
-    if isinstance(dtype, T.DayTimeIntervalType):
-        return _column(name)
+def _delay_kind(dtype: T.DataType, name: str) -> DueKind:
+    if isinstance(dtype, (T.NumericType, T.DayTimeIntervalType)):
+        return "delay"
     raise ConfigurationError(
         f"delay_col {name!r} is {dtype.simpleString()}: give seconds or a day-time interval"
     )
 
 
-def _prepare(
-    df: DataFrame,
+@dataclass(frozen=True)
+class ColumnPlan:
+    """Which columns of a schema make a task, checked: ``columns_of`` builds it for
+    ``schedule_dataframe`` and the ``dueq`` data source alike."""
+
+    id_col: str | None
+    due_col: str | None
+    due_kind: DueKind
+    payload_cols: list[str]
+
+
+def columns_of(
+    schema: T.StructType,
     id_col: str | None,
     at_col: str | None,
     delay_col: str | None,
     payload_cols: Sequence[str] | None,
-) -> tuple[DataFrame, DueKind]:
-    """The DataFrame of (id, due, raw due, payload JSON) rows the partitions read."""
-    columns = df.columns
+) -> ColumnPlan:
+    """The task columns of ``schema``; ConfigurationError for a missing or unusable column."""
+    columns = schema.fieldNames()
     named = {"id_col": id_col, "at_col": at_col, "delay_col": delay_col}
     for what, name in named.items():
         if name is not None and name not in columns:
@@ -349,31 +364,99 @@ def _prepare(
     missing = [c for c in payload_cols if c not in columns]
     if missing:
         raise ConfigurationError(f"payload_cols {missing} are not columns of the DataFrame")
-
-    null = F.lit(None).cast("string")
-    if id_col is None:
-        ident = null
-    else:
-        id_type = df.schema[id_col].dataType
+    if id_col is not None:
+        id_type = schema[id_col].dataType
         if not isinstance(id_type, (T.StringType, T.IntegralType)):
             raise ConfigurationError(
                 f"id_col {id_col!r} is {id_type.simpleString()}: give a string or integer column"
             )
-        ident = _column(id_col).cast("string")
     kind: DueKind = "now"
-    due, raw = F.lit(None), null
     if at_col is not None:
-        kind, due, raw = _at_column(df, at_col)
+        kind = _at_kind(schema[at_col].dataType, at_col)
     elif delay_col is not None:
-        kind, due = "delay", _delay_column(df, delay_col)
+        kind = _delay_kind(schema[delay_col].dataType, delay_col)
+    return ColumnPlan(id_col, at_col or delay_col, kind, list(payload_cols))
+
+
+def _due_column(schema: T.StructType, plan: ColumnPlan) -> tuple[Column, Column]:
+    """The due column (epoch microseconds for "at") and the raw column for messages."""
+    null = F.lit(None).cast("string")
+    if plan.due_col is None:
+        return F.lit(None), null
+    dtype = schema[plan.due_col].dataType
+    col = _column(plan.due_col)
+    if isinstance(dtype, T.TimestampType):
+        return F.unix_micros(col), null
+    if isinstance(dtype, (T.TimestampNTZType, T.DateType)):  # wall time in the session zone
+        return F.unix_micros(col.cast("timestamp")), null
+    if isinstance(dtype, T.StringType):
+        return F.unix_micros(F.try_to_timestamp(col)), col
+    if isinstance(dtype, T.NumericType):
+        return col.cast("double"), null
+    return col, null  # a day-time interval
+
+
+def _prepare(
+    df: DataFrame,
+    id_col: str | None,
+    at_col: str | None,
+    delay_col: str | None,
+    payload_cols: Sequence[str] | None,
+) -> tuple[DataFrame, DueKind]:
+    """The DataFrame of (id, due, raw due, payload JSON) rows the partitions read."""
+    plan = columns_of(df.schema, id_col, at_col, delay_col, payload_cols)
+    null = F.lit(None).cast("string")
+    ident = null if plan.id_col is None else _column(plan.id_col).cast("string")
+    due, raw = _due_column(df.schema, plan)
     payload = F.lit("{}")
-    if payload_cols:
-        payload = F.to_json(F.struct(*[_column(c) for c in payload_cols]), _JSON_OPTIONS)
-        types = {c: df.schema[c].dataType for c in payload_cols}
+    if plan.payload_cols:
+        payload = F.to_json(F.struct(*[_column(c) for c in plan.payload_cols]), _JSON_OPTIONS)
+        types = {c: df.schema[c].dataType for c in plan.payload_cols}
         bad = [_non_finite(_column(c), t) for c, t in types.items() if _has_float(t)]
         if bad:
             payload = F.when(functools.reduce(operator.or_, bad), None).otherwise(payload)
-    return df.select(ident, due, raw, payload), kind
+    return df.select(ident, due, raw, payload), plan.due_kind
+
+
+def check_target(queue: str, redis_url: str) -> None:
+    """ConfigurationError unless ``queue`` can name a queue and ``redis_url`` is a URL."""
+    validate_queue_name(queue)
+    if not isinstance(redis_url, str) or not redis_url:
+        raise ConfigurationError(
+            f"redis_url must be a redis:// or rediss:// URL, got {redis_url!r}"
+        )
+
+
+def partition_plan(
+    queue: str,
+    redis_url: str,
+    due_kind: DueKind,
+    *,
+    has_id: bool,
+    batch_size: int,
+    on_bad_row: str,
+    max_payload_bytes: int,
+    remember_done: Duration | None,
+) -> PartitionPlan:
+    """A checked PartitionPlan (ConfigurationError for a bad setting)."""
+    check_target(queue, redis_url)
+    whole_number(batch_size, "batch_size", low=1, high=SCHEDULE_BATCH)
+    if on_bad_row != "count" and on_bad_row != "raise":
+        raise ConfigurationError(f"on_bad_row must be 'count' or 'raise', got {on_bad_row!r}")
+    policy: BadRowPolicy = "raise" if on_bad_row == "raise" else "count"
+    whole_number(max_payload_bytes, "max_payload_bytes", low=1)
+    if remember_done is not None:
+        positive_duration_ms(remember_done, "remember_done")
+    return PartitionPlan(
+        queue,
+        redis_url,
+        due_kind,
+        has_id,
+        batch_size,
+        policy,
+        max_payload_bytes,
+        remember_done,
+    )
 
 
 def schedule_dataframe(
@@ -403,27 +486,17 @@ def schedule_dataframe(
     ``remember_done`` is the queue's window of ``Queue(remember_done=...)``: ids acked within
     it count as existing, so re-running a job after its tasks ran adds nothing.
     """
-    validate_queue_name(queue)
-    if not isinstance(redis_url, str) or not redis_url:
-        raise ConfigurationError(
-            f"redis_url must be a redis:// or rediss:// URL, got {redis_url!r}"
-        )
-    whole_number(batch_size, "batch_size", low=1, high=SCHEDULE_BATCH)
-    if on_bad_row not in ("count", "raise"):
-        raise ConfigurationError(f"on_bad_row must be 'count' or 'raise', got {on_bad_row!r}")
-    whole_number(max_payload_bytes, "max_payload_bytes", low=1)
-    if remember_done is not None:
-        positive_duration_ms(remember_done, "remember_done")
+    check_target(queue, redis_url)
     prepared, kind = _prepare(df, id_col, at_col, delay_col, payload_cols)
-    plan = PartitionPlan(
+    plan = partition_plan(
         queue,
         redis_url,
         kind,
-        id_col is not None,
-        batch_size,
-        on_bad_row,
-        max_payload_bytes,
-        remember_done,
+        has_id=id_col is not None,
+        batch_size=batch_size,
+        on_bad_row=on_bad_row,
+        max_payload_bytes=max_payload_bytes,
+        remember_done=remember_done,
     )
     counts = df.sparkSession.sparkContext.accumulator(PartitionCounts(), _CountsParam())
     try:
@@ -544,3 +617,20 @@ def read_tasks(
                 break
     logger.info("read %d %s task(s) from %r", len(rows), state, queue)
     return spark.createDataFrame(rows, _TASK_SCHEMA)
+
+
+def register(spark: SparkSession) -> None:
+    """Register ``DueqDataSource`` with ``spark`` so that ``format("dueq")`` finds it."""
+    from ._spark_source import DueqDataSource
+
+    spark.dataSource.register(DueqDataSource)
+
+
+def __getattr__(name: str) -> Any:
+    # DueqDataSource lives in _spark_source (pyspark >= 4.0 and pyarrow), which imports this
+    # module: loaded on first use, so dueq.spark itself works with pyspark 3.5.
+    if name == "DueqDataSource":
+        from ._spark_source import DueqDataSource
+
+        return DueqDataSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,8 +9,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .checks import whole_number
 from .clock import Duration, duration_ms, ms_datetime
-from .envelope import NO_OPTIONS, TaskOptions
-from .exceptions import ConfigurationError
+from .envelope import (
+    MAX_TIMEOUT_MS,
+    NO_OPTIONS,
+    TaskOptions,
+    validate_key,
+    validate_priority,
+    validate_task_attempts,
+)
+from .exceptions import ConfigurationError, InvalidTaskError
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
@@ -39,6 +46,24 @@ class Task:
     key: str | None = None
     timeout: Duration | None = None
     max_attempts: int | None = None
+
+    def options(self) -> TaskOptions:
+        """The options kept with the task, validated (InvalidTaskError names what is wrong)."""
+        if (self.priority, self.key, self.timeout, self.max_attempts) == (0, None, None, None):
+            return NO_OPTIONS
+        timeout_ms = None
+        if self.timeout is not None:
+            timeout_ms = duration_ms(self.timeout, "timeout")
+            if not 0 < timeout_ms <= MAX_TIMEOUT_MS:
+                raise InvalidTaskError(
+                    f"timeout must be more than 0 s and at most a year, got {self.timeout!r}"
+                )
+        return TaskOptions(
+            validate_priority(self.priority),
+            None if self.key is None else validate_key(self.key),
+            timeout_ms,
+            None if self.max_attempts is None else validate_task_attempts(self.max_attempts),
+        )
 
 
 @dataclass(frozen=True)

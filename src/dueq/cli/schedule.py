@@ -6,6 +6,7 @@ import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
+from typing import Any
 
 import click
 
@@ -54,18 +55,20 @@ def _chunks(tasks: Iterable[Task]) -> Iterator[list[Task]]:
         yield chunk
 
 
-def _schedule_file(q: Queue, path: str, default: Timing, replace: bool) -> ScheduleResult:
+def _schedule_file(
+    q: Queue, path: str, default: Timing, options: dict[str, Any], replace: bool
+) -> ScheduleResult:
     name = "stdin" if path == "-" else path
     lines = _line_source(path)
     try:
-        total = sum(1 for _ in tasks_from_lines(lines(), default))
+        total = sum(1 for _ in tasks_from_lines(lines(), default, options))
     except BadLine as exc:
         raise CliError(f"{name} {exc}; nothing was scheduled") from None
     except UnicodeDecodeError as exc:
         raise CliError(f"{name} is not UTF-8 text ({exc}); nothing was scheduled") from None
     added = existing = replaced = 0
     with steps(console(), total, f"scheduling into {q.name}") as progress:
-        for chunk in _chunks(tasks_from_lines(lines(), default)):
+        for chunk in _chunks(tasks_from_lines(lines(), default, options)):
             try:
                 result = q.schedule_many(chunk, replace=replace)
             except ReplicationTimeout as exc:
@@ -97,6 +100,12 @@ def _schedule_file(q: Queue, path: str, default: Timing, replace: bool) -> Sched
     help="Schedule every task of a JSON Lines file ('-' for stdin).",
 )
 @click.option("--replace", is_flag=True, help="Overwrite tasks whose id already exists.")
+@click.option(
+    "--priority", type=int, metavar="0-9", help="Among due tasks the higher runs first (0)."
+)
+@click.option("--key", metavar="KEY", help="Limit key: the queue's key_rate/key_concurrency.")
+@click.option("--timeout", type=float, metavar="SECONDS", help="Each attempt's time limit.")
+@click.option("--max-attempts", type=int, metavar="N", help="Deliveries at most (this task).")
 @replication_options
 @redis_options
 def schedule(
@@ -107,6 +116,10 @@ def schedule(
     task_id: str | None,
     path: str | None,
     replace: bool,
+    priority: int | None,
+    key: str | None,
+    timeout: float | None,
+    max_attempts: int | None,
     wait_replicas: int,
     wait_timeout: float,
     target: RedisTarget,
@@ -117,8 +130,9 @@ def schedule(
     dueq schedule emails '{"to": "a@example.com"}' --delay 60 --id welcome:42
     dueq schedule emails --file tasks.jsonl
     A file line is {"payload": ..., "id": "...", "at": "ISO time"} or "delay": seconds
-    instead of "at"; only "payload" is required. --at/--delay apply to lines without
-    either. A bad line rejects the whole file before anything is written. An id that
+    instead of "at", and may give "priority", "key", "timeout", "max_attempts"; only
+    "payload" is required. --at/--delay and the option flags apply to lines without
+    their own. A bad line rejects the whole file before anything is written. An id that
     already exists is left alone unless --replace.
     """
     if (payload is None) == (path is None):
@@ -128,15 +142,17 @@ def schedule(
     if path is not None and task_id is not None:
         raise click.UsageError('--id names one task; in a file give each line an "id"')
     timing = Timing(at, delay)
+    given = {"priority": priority, "key": key, "timeout": timeout, "max_attempts": max_attempts}
+    options = {name: value for name, value in given.items() if value is not None}
     if payload is not None:
         try:
-            task = checked_task(parse_json(payload), task_id, timing)
+            task = checked_task(parse_json(payload), task_id, timing, options)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
     client = target.open().client
     q = Queue(queue, client, wait_replicas=wait_replicas, wait_timeout=wait_timeout)
     if path is not None:
-        result = _schedule_file(q, path, timing, replace)
+        result = _schedule_file(q, path, timing, options, replace)
         click.echo(
             f"scheduled into {queue!r}: {result.added} added, {result.existing} already "
             f"existed, {result.replaced} replaced"

@@ -14,7 +14,7 @@ become the line's error, never "unexpected".
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,7 +23,9 @@ from ..clock import datetime_ms, duration_ms
 from ..envelope import DEFAULT_MAX_PAYLOAD_BYTES, encode_envelope, validate_id
 from ..task import Task
 
-LINE_KEYS = frozenset({"payload", "id", "at", "delay"})
+#: Per-task options a line (or the command line, for every line without them) may give.
+OPTION_KEYS = ("priority", "key", "timeout", "max_attempts")
+LINE_KEYS = frozenset({"payload", "id", "at", "delay", *OPTION_KEYS})
 
 
 def _no_constant(name: str) -> Any:
@@ -62,20 +64,25 @@ class Timing:
     delay: float | int | None = None
 
 
-def checked_task(payload: Any, task_id: str | None, timing: Timing) -> Task:
-    """A Task whose id, timing and payload dueq accepts (ValueError naming the problem)."""
+def checked_task(
+    payload: Any, task_id: str | None, timing: Timing, options: Mapping[str, Any] | None = None
+) -> Task:
+    """A Task whose id, timing, payload and options (``OPTION_KEYS``) dueq accepts (ValueError
+    naming the problem)."""
     if task_id is not None:
         validate_id(task_id)
     if timing.at is not None:
         datetime_ms(timing.at)
     if timing.delay is not None:
         duration_ms(timing.delay, "delay")
-    encode_envelope(payload, DEFAULT_MAX_PAYLOAD_BYTES)
-    return Task(payload, id=task_id, at=timing.at, delay=timing.delay)
+    task = Task(payload, id=task_id, at=timing.at, delay=timing.delay, **(options or {}))
+    encode_envelope(payload, DEFAULT_MAX_PAYLOAD_BYTES, task.options())
+    return task
 
 
-def task_from_line(line: str, default: Timing) -> Task:
-    """The task on one line of a task file; ``default`` timing when it gives none."""
+def task_from_line(line: str, default: Timing, options: Mapping[str, Any] | None = None) -> Task:
+    """The task on one line of a task file; ``default`` timing when it gives none, and the
+    ``options`` it does not give itself."""
     item = parse_json(line)
     if not isinstance(item, dict):
         raise ValueError('a line must be a JSON object like {"payload": {...}}')
@@ -100,7 +107,8 @@ def task_from_line(line: str, default: Timing) -> Task:
         timing = Timing(delay=delay)  # checked by duration_ms: an int may be beyond float range
     else:
         timing = default
-    return checked_task(item["payload"], task_id, timing)
+    given = {name: item[name] for name in OPTION_KEYS if name in item}
+    return checked_task(item["payload"], task_id, timing, {**(options or {}), **given})
 
 
 class BadLine(ValueError):
@@ -111,12 +119,14 @@ class BadLine(ValueError):
         self.number = number
 
 
-def tasks_from_lines(lines: Iterable[str], default: Timing) -> Iterator[Task]:
+def tasks_from_lines(
+    lines: Iterable[str], default: Timing, options: Mapping[str, Any] | None = None
+) -> Iterator[Task]:
     """The tasks of a task file's lines; BadLine at the first line that is not one."""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            yield task_from_line(line, default)
+            yield task_from_line(line, default, options)
         except (ValueError, RecursionError, OverflowError) as exc:  # any bad value on a line
             raise BadLine(number, str(exc) or type(exc).__name__) from None

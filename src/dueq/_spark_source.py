@@ -1,0 +1,720 @@
+"""``DueqDataSource``: dueq as a Spark data source (``format("dueq")``), pyspark >= 4.0.
+
+Spark runs every part of a Python data source in its own Python worker processes: ``writer``
+and ``streamWriter`` on the driver's side, ``write`` in each task, ``commit`` and ``abort``
+on the driver's side again (with the writer unpickled), ``partitions`` on the driver's side
+and ``read`` in each task. So nothing here can use the SparkSession, its SQL functions or an
+accumulator: counts travel in commit messages, and each part opens its own Redis connection.
+
+**Rows.** A writer gets the DataFrame's rows as Arrow record batches
+(``DataSourceArrowWriter``), not the (id, due, raw due, payload JSON) tuples that
+``schedule_dataframe`` makes with Spark's SQL functions. ``_Rows`` makes those tuples in
+Python, as Spark would: ids cast to text, due times as epoch microseconds read in the session
+time zone (a task's ``spark.sql.session.timeZone`` local property, else the zone of a
+timestamp column, else the worker's local zone), and the payload JSON written as Spark's
+``to_json`` writes it (``_encoder``: Java's number formats, ISO timestamps with the offset,
+base64 binary, nulls kept), so generated row-hash ids are the ones ``schedule_dataframe``
+makes. The tuples then go through ``dueq.spark``'s own partition code (``packed_batches``):
+the same validation, the same bad-row reasons and samples, the same packed records.
+
+**Batch writes** schedule each task's rows directly, one schedule-script call per batch, as
+``schedule_dataframe`` does: idempotent by id, so task retries and re-runs add nothing twice.
+The counts come back in commit messages; ``commit`` logs them.
+
+**Streaming writes: exactly once per micro-batch.** Spark replays a micro-batch (same query,
+same batch id, same rows) when its commit log entry is missing, which happens when the driver
+dies after the sink committed. Scheduling is idempotent only while a task exists: a replay
+after the tasks were acked would schedule them again. So a micro-batch is staged first and
+scheduled once:
+
+1. Each task stages its packed records under keys named by the streaming query id (stable
+   across restarts from the same checkpoint; the tasks' ``sql.streaming.queryId`` local
+   property) and the batch id (``spark_stage.lua``: a LIST of packed records, and a SET of the
+   ids staged, so a retried task attempt stages nothing twice). Staged keys expire after
+   ``staging_ttl_s`` unless a commit seals them, so a crashed job's stage goes away by itself.
+   (The writer object cannot name the stage: Spark builds one for the tasks and another for
+   ``commit``, so the query id travels in the commit messages.)
+2. ``commit(messages, batchId)`` runs ``spark_commit.lua`` step by step. The first step seals
+   the batch: it records ``batch|s`` for the query and drops the stage's expiry. From then on
+   ``spark_stage.lua`` refuses to stage for that batch, so a late task attempt or a replay
+   adds nothing to it. Each later step pops one staged element (at most ``batch_size``
+   records) and schedules it with schedule.lua's own code (the script falls through into it)
+   in the same atomic call, so Redis is never blocked for long however big the batch, and a
+   record is either still staged or scheduled, never both or neither. The step that finds the
+   stage empty records ``batch|c``: committed.
+3. A replay of a committed batch (its id at or below the query's recorded batch) stages
+   nothing and its commit schedules nothing, even if every task has been acked meanwhile. A
+   driver that dies mid-commit leaves a sealed stage: the replay's tasks stage nothing, and
+   its commit finishes the sealed stage, so every record is scheduled exactly once.
+   ``abort`` drops the stage unless its commit has begun. When every task of a batch failed,
+   no message names the query: the stage is then left to expire.
+
+The record per query is one hash field, so memory is bounded by the number of queries; a
+query idle for ``batch_memory_s`` (default 30 days) is forgotten (at most 100 per commit).
+Spark commits a query's batches in order (batch N + 1 starts only after N's commit), which is
+why one number per query tells every committed batch.
+
+**Reads** (``spark.read.format("dueq")``) split the state's sorted set into score ranges at
+its quantiles (found with ``ZRANGE`` by rank on the driver's side), one partition each; each
+task pages through its range with ``ZRANGE BYSCORE ... LIMIT`` (resuming after the last score
+seen, skipping the ties already read) and reads each page with the inspect script. Tasks that
+change state during the read may be left out, or (moving to another score) read twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import logging
+import math
+import re
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone, tzinfo
+from decimal import Decimal
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import redis
+
+from . import _protocol as protocol
+from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from .exceptions import ConfigurationError, DueqError
+from .keys import QueueKeys, SparkBatchKeys
+from .queue import SCHEDULE_BATCH, Queue
+from .scripts import Scripts
+from .spark import (
+    _STATE_KEY,
+    _TASK_SCHEMA,
+    DEFAULT_BATCH_SIZE,
+    READ_PAGE,
+    ColumnPlan,
+    PartitionCounts,
+    PartitionPlan,
+    _task_row,
+    check_target,
+    columns_of,
+    packed_batches,
+    partition_plan,
+    schedule_rows,
+)
+
+try:
+    import pyarrow as pa
+    from pyspark import TaskContext
+    from pyspark.sql import types as T
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceReader,
+        DataSourceStreamArrowWriter,
+        InputPartition,
+        WriterCommitMessage,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "the dueq data source needs pyspark >= 4.0 and pyarrow: pip install 'dueq[spark]'"
+    ) from exc
+
+__all__ = ["DueqCommitMessage", "DueqDataSource"]
+
+logger = logging.getLogger("dueq.spark")
+
+#: How long staged rows of a batch that never commits or aborts are kept (a crashed job's).
+DEFAULT_STAGING_TTL_S = 7 * 86_400
+#: How long a streaming query's last committed batch is remembered after its last commit.
+DEFAULT_BATCH_MEMORY_S = 30 * 86_400
+#: Pages per read partition unless ``partitions`` is given.
+READ_PARTITION_PAGES = 10
+MAX_READ_PARTITIONS = 256
+
+_QUERY_ID = "sql.streaming.queryId"
+_BATCH_ID = "streaming.sql.batchId"
+_SESSION_ZONE = "spark.sql.session.timeZone"
+
+
+# -- options -----------------------------------------------------------------------------------
+
+
+def _int_option(options: Any, name: str, default: int, *, low: int, high: int) -> int:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigurationError(f"option {name} must be a whole number, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ConfigurationError(f"option {name} must be in {low}..{high}, got {value}")
+    return value
+
+
+def _target(options: Any) -> tuple[str, str]:
+    queue, url = options.get("queue"), options.get("redis_url")
+    if queue is None or url is None:
+        raise ConfigurationError("the dueq data source needs the options queue and redis_url")
+    check_target(queue, url)
+    return str(queue), str(url)
+
+
+@dataclass(frozen=True)
+class _WriteSetup:
+    plan: PartitionPlan
+    rows: _Rows
+    staging_ttl_ms: int
+    batch_memory_ms: int
+
+
+def _write_setup(options: Any, schema: T.StructType) -> _WriteSetup:
+    queue, url = _target(options)
+    payload = options.get("payload_cols")
+    payload_cols = None if payload is None else [c.strip() for c in payload.split(",") if c.strip()]
+    columns = columns_of(
+        schema, options.get("id_col"), options.get("at_col"), options.get("delay_col"), payload_cols
+    )
+    plan = partition_plan(
+        queue,
+        url,
+        columns.due_kind,
+        has_id=columns.id_col is not None,
+        batch_size=_int_option(
+            options, "batch_size", DEFAULT_BATCH_SIZE, low=1, high=SCHEDULE_BATCH
+        ),
+        on_bad_row=options.get("on_bad_row", "count"),
+        max_payload_bytes=_int_option(
+            options, "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES, low=1, high=2**31 - 1
+        ),
+        remember_done=None,
+    )
+    day_s = 86_400
+    ttl_s = _int_option(options, "staging_ttl_s", DEFAULT_STAGING_TTL_S, low=60, high=365 * day_s)
+    memory_s = _int_option(
+        options, "batch_memory_s", DEFAULT_BATCH_MEMORY_S, low=day_s, high=3650 * day_s
+    )
+    return _WriteSetup(plan, _Rows(schema, columns), ttl_s * 1000, memory_s * 1000)
+
+
+# -- rows: Arrow record batches to schedule_rows' tuples -----------------------------------------
+
+Encoder = Callable[[Any], str]
+
+
+class _NonFinite(Exception):
+    """A float in the payload is NaN or infinite (JSON has neither)."""
+
+
+_ESCAPES = {i: f"\\u{i:04X}" for i in range(32)}
+_ESCAPES.update({0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r"})
+_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
+_ESCAPE_TABLE = str.maketrans(_ESCAPES)
+
+
+def _json_string(value: str) -> str:
+    """A JSON string as Jackson (Spark's to_json) writes it: control characters escaped with
+    upper-case hex, everything else as is."""
+    return '"' + value.translate(_ESCAPE_TABLE) + '"'
+
+
+def _java_number(shortest: str) -> str:
+    """A float's shortest repr in Java's Double.toString layout (Spark's to_json): plain
+    between 1e-3 and 1e7 (``100.0``, ``0.001``), else ``d.dddE<n>`` (``1.0E7``)."""
+    sign = "-" if shortest.startswith("-") else ""
+    number = Decimal(shortest.lstrip("-"))
+    if not number:
+        return sign + "0.0"
+    _, digit_tuple, exponent = number.normalize().as_tuple()
+    digits = "".join(map(str, digit_tuple))
+    point = len(digits) + int(exponent) - 1  # the power of ten of the first digit
+    if -3 <= point < 7:
+        if point >= 0:
+            whole, frac = digits[: point + 1].ljust(point + 1, "0"), digits[point + 1 :]
+        else:
+            whole, frac = "0", "0" * (-point - 1) + digits
+        return f"{sign}{whole}.{frac or '0'}"
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{point}"
+
+
+def _double(value: float) -> str:
+    if not math.isfinite(value):
+        raise _NonFinite
+    return _java_number(repr(float(value)))
+
+
+def _float32(value: float) -> str:
+    if not math.isfinite(value):
+        raise _NonFinite
+    for precision in range(1, 10):  # the shortest text that reads back as the same float32
+        text = f"{value:.{precision}g}"
+        if struct.unpack("f", struct.pack("f", float(text)))[0] == value:
+            return _java_number(repr(float(text)))
+    return _java_number(repr(value))  # pragma: no cover - 9 digits always suffice
+
+
+def _offset(moment: datetime) -> str:
+    """Java's XXX offset pattern: Z, or +HH:MM (+HH:MM:SS when seconds)."""
+    delta = moment.utcoffset() or timedelta(0)
+    if not delta:
+        return "Z"
+    seconds = int(delta.total_seconds())
+    sign = "+" if seconds >= 0 else "-"
+    hours, rest = divmod(abs(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{sign}{hours:02d}:{minutes:02d}" + (f":{secs:02d}" if secs else "")
+
+
+def _wall(moment: datetime) -> str:
+    return f"{moment.year:04d}-{moment.strftime('%m-%dT%H:%M:%S')}.{moment.microsecond:06d}"
+
+
+def _encoder(dtype: T.DataType, zone: tzinfo) -> Encoder:
+    """How Spark's to_json writes a value of ``dtype`` (as Arrow hands it to Python)."""
+    inner: Encoder
+    if isinstance(dtype, T.NullType):
+        inner = lambda v: "null"  # noqa: E731
+    elif isinstance(dtype, T.StringType):
+        inner = _json_string
+    elif isinstance(dtype, T.BooleanType):
+        inner = lambda v: "true" if v else "false"  # noqa: E731
+    elif isinstance(dtype, T.IntegralType):
+        inner = str
+    elif isinstance(dtype, T.FloatType):
+        inner = _float32
+    elif isinstance(dtype, T.DoubleType):
+        inner = _double
+    elif isinstance(dtype, T.DecimalType):
+        inner = str
+    elif isinstance(dtype, T.DateType):
+        inner = lambda v: '"' + v.isoformat() + '"'  # noqa: E731
+    elif isinstance(dtype, T.TimestampType):
+
+        def inner(v: datetime) -> str:
+            local = v.astimezone(zone)
+            return '"' + _wall(local) + _offset(local) + '"'
+
+    elif isinstance(dtype, T.TimestampNTZType):
+        inner = lambda v: '"' + _wall(v) + '"'  # noqa: E731
+    elif isinstance(dtype, T.BinaryType):
+        inner = lambda v: '"' + base64.b64encode(bytes(v)).decode("ascii") + '"'  # noqa: E731
+    elif isinstance(dtype, T.ArrayType):
+        item = _encoder(dtype.elementType, zone)
+        inner = lambda v: "[" + ",".join(map(item, v)) + "]"  # noqa: E731
+    elif isinstance(dtype, T.StructType):
+        fields = [(_json_string(f.name) + ":", f.name, _encoder(f.dataType, zone)) for f in dtype]
+        inner = lambda v: "{" + ",".join(k + e(v[n]) for k, n, e in fields) + "}"  # noqa: E731
+    elif isinstance(dtype, T.MapType):
+        key_text = _map_key(dtype.keyType)
+        value = _encoder(dtype.valueType, zone)
+        inner = lambda v: (  # noqa: E731
+            "{" + ",".join(_json_string(key_text(k)) + ":" + value(x) for k, x in v) + "}"
+        )
+    else:
+        raise ConfigurationError(
+            f"the dueq data source cannot write {dtype.simpleString()} values into a payload"
+        )
+
+    def encode(value: Any) -> str:
+        return "null" if value is None else inner(value)
+
+    return encode
+
+
+def _map_key(dtype: T.DataType) -> Callable[[Any], str]:
+    if isinstance(dtype, T.StringType):
+        return str
+    if isinstance(dtype, (T.IntegralType, T.BooleanType)):
+        return lambda k: str(k).lower() if isinstance(k, bool) else str(k)
+    raise ConfigurationError(
+        f"the dueq data source writes map keys of strings or integers, not {dtype.simpleString()}"
+    )
+
+
+_STRING_TIME = re.compile(
+    r"\s*(\d{4})-(\d{1,2})-(\d{1,2})"
+    r"(?:[T ](\d{1,2}):(\d{1,2})(?::(\d{1,2})(?:\.(\d{1,9}))?)?)?"
+    r"\s*(Z|UTC|GMT|[+-]\d{1,2}(?::?\d{2})?)?\s*",
+    re.IGNORECASE,
+)
+
+
+def _string_micros(text: str, zone: tzinfo) -> int | None:
+    """Epoch microseconds of a date-time string as Spark's try_to_timestamp reads the common
+    ISO forms (date, date time, fraction, Z or an offset; else the session zone), or None."""
+    match = _STRING_TIME.fullmatch(text)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second, fraction, offset = match.groups()
+    try:
+        tz: tzinfo = zone
+        if offset is not None and offset.upper() not in ("Z", "UTC", "GMT"):
+            sign = -1 if offset[0] == "-" else 1
+            body = offset[1:].replace(":", "")
+            hours, minutes = (body, "0") if len(body) <= 2 else (body[:-2], body[-2:])
+            tz = timezone(sign * timedelta(hours=int(hours), minutes=int(minutes)))
+        elif offset is not None:
+            tz = timezone.utc
+        moment = datetime(
+            int(year),
+            int(month),
+            int(day),
+            int(hour or 0),
+            int(minute or 0),
+            int(second or 0),
+            int((fraction or "0")[:6].ljust(6, "0")),
+            tzinfo=tz,
+        )
+    except ValueError:  # a month 13, a day 32, an hour 25: Spark reads null too
+        return None
+    return _micros(moment)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _micros(moment: datetime) -> int:
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+def _session_zone(schema: pa.Schema) -> tzinfo:
+    context = TaskContext.get()
+    name = context.getLocalProperty(_SESSION_ZONE) if context else None
+    if not name:
+        name = next(
+            (f.type.tz for f in schema if pa.types.is_timestamp(f.type) and f.type.tz), None
+        )
+    if not name:
+        local = datetime.now().astimezone().tzinfo
+        return local if local is not None else timezone.utc
+    return timezone.utc if name.upper() in ("UTC", "Z", "GMT") else ZoneInfo(name)
+
+
+class _Rows:
+    """Turns Arrow record batches into ``schedule_rows``' (id, due, raw, payload JSON) tuples."""
+
+    def __init__(self, schema: T.StructType, columns: ColumnPlan) -> None:
+        self.schema = schema
+        self.columns = columns
+        for name in columns.payload_cols:  # refuse unsupported types before any task runs
+            _encoder(schema[name].dataType, timezone.utc)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[Any, ...]]:
+        encoders: list[Encoder] | None = None
+        zone: tzinfo = timezone.utc
+        for batch in batches:
+            if encoders is None:
+                zone = _session_zone(batch.schema)
+                encoders = [
+                    _encoder(self.schema[c].dataType, zone) for c in self.columns.payload_cols
+                ]
+                heads = [_json_string(c) + ":" for c in self.columns.payload_cols]
+            ids = self._ids(batch)
+            dues, raws = self._dues(batch, zone)
+            payloads = self._payloads(batch, encoders, heads)
+            yield from zip(ids, dues, raws, payloads, strict=True)
+
+    def _ids(self, batch: pa.RecordBatch) -> Sequence[Any]:
+        if self.columns.id_col is None:
+            return [None] * batch.num_rows
+        values: list[Any] = batch.column(self.columns.id_col).to_pylist()
+        if isinstance(self.schema[self.columns.id_col].dataType, T.StringType):
+            return values
+        return [None if v is None else str(v) for v in values]
+
+    def _dues(self, batch: pa.RecordBatch, zone: tzinfo) -> tuple[Sequence[Any], Sequence[Any]]:
+        plan = self.columns
+        nothing = [None] * batch.num_rows
+        if plan.due_col is None:
+            return nothing, nothing
+        dtype = self.schema[plan.due_col].dataType
+        column = batch.column(plan.due_col)
+        if isinstance(dtype, T.TimestampType):  # UTC microseconds in Arrow
+            return column.cast(pa.int64()).to_pylist(), nothing
+        if isinstance(dtype, T.TimestampNTZType):  # wall time in the session zone
+            walls = column.to_pylist()
+            return [None if w is None else _micros(w.replace(tzinfo=zone)) for w in walls], nothing
+        if isinstance(dtype, T.DateType):
+            days = column.to_pylist()
+            midnight = datetime.min.time()
+            return [
+                None if d is None else _micros(datetime.combine(d, midnight, tzinfo=zone))
+                for d in days
+            ], nothing
+        if isinstance(dtype, T.StringType):
+            texts = column.to_pylist()
+            return [None if t is None else _string_micros(t, zone) for t in texts], texts
+        if isinstance(dtype, T.NumericType):
+            return [None if v is None else float(v) for v in column.to_pylist()], nothing
+        return column.to_pylist(), nothing  # a day-time interval: timedelta
+
+    def _payloads(
+        self, batch: pa.RecordBatch, encoders: list[Encoder], heads: list[str]
+    ) -> list[str | None]:
+        columns = [batch.column(c).to_pylist() for c in self.columns.payload_cols]
+        if not columns:
+            return ["{}"] * batch.num_rows
+        out: list[str | None] = []
+        parts = list(zip(heads, encoders, strict=True))
+        for values in zip(*columns, strict=True):
+            try:
+                out.append(
+                    "{" + ",".join(h + e(v) for (h, e), v in zip(parts, values, strict=True)) + "}"
+                )
+            except _NonFinite:
+                out.append(None)  # schedule_rows counts it: "payload is not JSON-encodable"
+        return out
+
+
+# -- writers -----------------------------------------------------------------------------------
+
+
+@dataclass
+class DueqCommitMessage(WriterCommitMessage):
+    """What one write task did: its counts and, when streaming, what it staged."""
+
+    counts: PartitionCounts = field(default_factory=PartitionCounts)
+    query: str = ""
+    staged: int = 0
+    duplicates: int = 0
+    #: records not staged because their batch was sealed or committed (a replay)
+    refused: int = 0
+
+
+def _ours(messages: Sequence[WriterCommitMessage | None]) -> list[DueqCommitMessage]:
+    """The messages of the tasks that finished (a failed task's is None)."""
+    return [m for m in messages if isinstance(m, DueqCommitMessage)]
+
+
+def _total(messages: Sequence[WriterCommitMessage | None]) -> PartitionCounts:
+    total = PartitionCounts()
+    for message in _ours(messages):
+        total.merge(message.counts)
+    return total
+
+
+def _log_bad(total: PartitionCounts) -> None:
+    if total.bad:
+        logger.warning("%d bad row(s) not scheduled: %s", sum(total.bad.values()), total.samples)
+
+
+class _BatchWriter(DataSourceArrowWriter):
+    def __init__(self, setup: _WriteSetup) -> None:
+        self.setup = setup
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DueqCommitMessage:
+        return DueqCommitMessage(schedule_rows(self.setup.rows(iterator), self.setup.plan))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        total = _total(messages)
+        logger.info(
+            "scheduled into %r: %d added, %d existing, %d bad",
+            self.setup.plan.queue,
+            total.added,
+            total.existing,
+            sum(total.bad.values()),
+        )
+        _log_bad(total)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        total = _total(messages)
+        logger.warning(
+            "write into %r failed; its finished tasks had added %d task(s) (they stay: running "
+            "the job again adds only what is missing)",
+            self.setup.plan.queue,
+            total.added,
+        )
+
+
+class _StreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, setup: _WriteSetup) -> None:
+        self.setup = setup
+
+    def _keys(self, query: str, batch: int) -> SparkBatchKeys:
+        return SparkBatchKeys.for_batch(self.setup.plan.queue, query, batch)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DueqCommitMessage:
+        context = TaskContext.get()
+        query = context.getLocalProperty(_QUERY_ID) if context else None
+        batch_text = context.getLocalProperty(_BATCH_ID) if context else None
+        if query is None or batch_text is None:
+            raise DueqError("the dueq stream writer runs only inside a streaming micro-batch")
+        batch = int(batch_text)
+        keys = self._keys(query, batch)
+        message = DueqCommitMessage(query=query)
+        with redis.Redis.from_url(self.setup.plan.redis_url) as client:
+            scripts = Scripts(client)
+            for _ids, records in packed_batches(
+                self.setup.rows(iterator), self.setup.plan, message.counts
+            ):
+                call = protocol.spark_stage(
+                    keys, "", query, batch, self.setup.staging_ttl_ms, b"".join(records)
+                )
+                reply = call.parse(scripts.run(call.script, call.keys, call.args))
+                message.staged += reply.staged
+                message.duplicates += reply.duplicates
+                message.refused += len(records) if reply.refused else 0
+        return message
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        query = next((m.query for m in _ours(messages) if m.query), None)
+        if query is None:  # no task ran (an empty micro-batch): nothing was staged
+            return
+        total = _total(messages)
+        plan = self.setup.plan
+        added = existing = 0
+        with redis.Redis.from_url(plan.redis_url) as client:
+            scripts = Scripts(client)
+            call = protocol.spark_commit(
+                QueueKeys.for_queue(plan.queue),
+                self._keys(query, batchId),
+                "",
+                query=query,
+                batch=batchId,
+                memory_ms=self.setup.batch_memory_ms,
+                window_ms=0,
+            )
+            while True:
+                step = call.parse(scripts.run(call.script, call.keys, call.args))
+                if step.state is not protocol.CommitState.PROMOTED:
+                    break
+                assert step.scheduled is not None
+                added += step.scheduled.added
+                existing += step.scheduled.existing
+        if step.state is protocol.CommitState.EARLIER_UNFINISHED:
+            raise DueqError(
+                f"batch {step.batch} of streaming query {query} began to commit into "
+                f"{plan.queue!r} and never finished; batch {batchId} cannot commit"
+            )
+        if step.state is protocol.CommitState.COMMITTED_BEFORE:
+            logger.info(
+                "micro-batch %d of query %s was committed into %r before: nothing scheduled",
+                batchId,
+                query,
+                plan.queue,
+            )
+        else:
+            logger.info(
+                "micro-batch %d of query %s into %r: %d added, %d existing, %d bad",
+                batchId,
+                query,
+                plan.queue,
+                added,
+                existing,
+                sum(total.bad.values()),
+            )
+        _log_bad(total)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        query = next((m.query for m in _ours(messages) if m.query), None)
+        if query is None:  # every task failed: their stage (if any) expires after staging_ttl_s
+            logger.warning("micro-batch %d into %r failed", batchId, self.setup.plan.queue)
+            return
+        with redis.Redis.from_url(self.setup.plan.redis_url) as client:
+            call = protocol.spark_abort(self._keys(query, batchId), "", query, batchId)
+            dropped = call.parse(Scripts(client).run(call.script, call.keys, call.args))
+        logger.warning(
+            "micro-batch %d into %r failed: %s",
+            batchId,
+            self.setup.plan.queue,
+            "its staged rows were dropped"
+            if dropped
+            else "its commit had begun; kept for the replay",
+        )
+
+
+# -- reader ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScoreRange(InputPartition):
+    """One read partition: the tasks scored ``low`` (inclusive) up to ``high`` (exclusive)."""
+
+    low: str
+    high: str
+
+
+class _Reader(DataSourceReader):
+    def __init__(self, options: Any) -> None:
+        self.queue, self.url = _target(options)
+        self.state = options.get("state", "dead")
+        if self.state not in _STATE_KEY:
+            raise ConfigurationError(f"state must be scheduled, leased or dead, got {self.state!r}")
+        self.page_size = _int_option(options, "page_size", READ_PAGE, low=1, high=SCHEDULE_BATCH)
+        self.wanted = _int_option(options, "partitions", 0, low=0, high=MAX_READ_PARTITIONS)
+        self.key = getattr(QueueKeys.for_queue(self.queue), _STATE_KEY[self.state])
+
+    def partitions(self) -> Sequence[ScoreRange]:
+        with redis.Redis.from_url(self.url) as client:
+            count = int(client.zcard(self.key))
+            wanted = self.wanted or math.ceil(count / (self.page_size * READ_PARTITION_PAGES))
+            parts = max(1, min(wanted, count, MAX_READ_PARTITIONS))
+            bounds: list[str] = []
+            for i in range(1, parts):
+                found = client.zrange(
+                    self.key, i * count // parts, i * count // parts, withscores=True
+                )
+                if found:
+                    score = repr(float(found[0][1]))
+                    if not bounds or bounds[-1] != score:
+                        bounds.append(score)
+        edges = ["-inf", *bounds, "+inf"]
+        return [ScoreRange(low, high) for low, high in itertools.pairwise(edges)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, ScoreRange)
+        with redis.Redis.from_url(self.url) as client:
+            q = Queue(self.queue, client)
+            low, skip = partition.low, 0
+            high = partition.high if partition.high == "+inf" else "(" + partition.high
+            while True:
+                page = client.zrange(
+                    self.key,
+                    low,
+                    high,
+                    byscore=True,
+                    offset=skip,
+                    num=self.page_size,
+                    withscores=True,
+                )
+                if not page:
+                    return
+                ids = [m.decode() if isinstance(m, bytes) else str(m) for m, _ in page]
+                for info in q._inspect_ids(ids):
+                    if info.state == self.state:
+                        yield _task_row(info)
+                if len(page) < self.page_size:
+                    return
+                last = float(page[-1][1])
+                ties = sum(1 for _, score in page if float(score) == last)
+                skip = skip + ties if low != "-inf" and float(low) == last else ties
+                low = repr(last)
+
+
+# -- the data source ---------------------------------------------------------------------------
+
+
+class DueqDataSource(DataSource):
+    """``format("dueq")``: write DataFrames and streams into a dueq queue, read its tasks.
+
+    Register once per session with ``spark.dataSource.register(DueqDataSource)`` (pyspark
+    also finds it on its own where the ``pyspark_dueq`` module is importable).
+    Options: ``queue`` and ``redis_url`` (always); for writes ``id_col``, ``at_col``,
+    ``delay_col``, ``payload_cols`` (comma-separated), ``batch_size``, ``on_bad_row``,
+    ``max_payload_bytes``, and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads
+    ``state`` (scheduled, leased or dead), ``page_size`` and ``partitions``.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "dueq"
+
+    def schema(self) -> T.StructType:
+        return _TASK_SCHEMA
+
+    def writer(self, schema: T.StructType, overwrite: bool) -> _BatchWriter:
+        return _BatchWriter(_write_setup(self.options, schema))
+
+    def streamWriter(self, schema: T.StructType, overwrite: bool) -> _StreamWriter:
+        return _StreamWriter(_write_setup(self.options, schema))
+
+    def reader(self, schema: T.StructType) -> _Reader:
+        return _Reader(self.options)

@@ -1,0 +1,73 @@
+-- spark_commit.lua: one step of committing a staged streaming micro-batch (DueqDataSource).
+-- scripts.py appends schedule.lua's body to this file: a step that finds staged records
+-- puts one staged element (at most batch_size records) in ARGV[3] and falls through into
+-- schedule.lua, so the records are scheduled exactly as schedule_many would, and popping them
+-- from the stage and scheduling them is one atomic step. The caller repeats until the batch
+-- is committed.
+--
+-- KEYS[1] due      \
+-- KEYS[2] tasks     |
+-- KEYS[3] meta      |
+-- KEYS[4] errors    |
+-- KEYS[5] leased    |  schedule.lua's keys, in its order
+-- KEYS[6] dead      |
+-- KEYS[7] stats     |
+-- KEYS[8] wake      |
+-- KEYS[9] done      |
+-- KEYS[10] config   |
+-- KEYS[11] key_state |
+-- KEYS[12] parked   |
+-- KEYS[13] key_wait /
+-- KEYS[14] rows    LIST staged records of this (query, batch) (see spark_stage.lua)
+-- KEYS[15] ids     SET ids staged for this (query, batch)
+-- KEYS[16] batches HASH streaming query id -> "batch|state" (state "s" sealed, "c" committed)
+-- KEYS[17] queries ZSET streaming query id -> last commit ms (forgets queries idle too long)
+-- KEYS[18..26] upper_due: schedule.lua's due ZSETs of priorities 1 to 9 (the last nine KEYS)
+-- ARGV[1] now ms, or "" for server TIME
+-- ARGV[2] ("0": never replace) and ARGV[3] (set here) and ARGV[4] (remember-done window ms):
+--         schedule.lua's
+-- ARGV[5] streaming query id
+-- ARGV[6] batch id
+-- ARGV[7] ms a query's last batch is remembered after its last commit
+-- Returns {added, existing, replaced, ...} (schedule.lua's reply: one staged element was
+--         scheduled; call again), or {-1} the batch is committed now, {-2} it was committed
+--         before (a replay: nothing scheduled, its stage dropped), {-3, batch} an earlier
+--         batch of this query was sealed and never finished
+
+local query, batch = ARGV[5], tonumber(ARGV[6])
+local record = redis.call('HGET', KEYS[16], query)
+local sealed = false
+if record then
+  local last, state = string.match(record, '^(%d+)|(%a)$')
+  last = tonumber(last)
+  if last and (last > batch or (last == batch and state == 'c')) then
+    redis.call('DEL', KEYS[14], KEYS[15])
+    return {-2}
+  end
+  if last and last < batch and state == 's' then return {-3, last} end
+  sealed = last == batch
+end
+if not sealed then
+  -- From here on no task may stage for this batch (spark_stage.lua refuses), so what is
+  -- staged is final, and a commit that stops half way is finished by the replay's commit.
+  redis.call('HSET', KEYS[16], query, batch .. '|s')
+  redis.call('PERSIST', KEYS[14])
+end
+
+local staged = redis.call('LPOP', KEYS[14])
+if not staged then
+  local now = dueq_now(ARGV[1])
+  redis.call('HSET', KEYS[16], query, batch .. '|c')
+  redis.call('DEL', KEYS[15])
+  redis.call('ZADD', KEYS[17], now, query)
+  local idle = redis.call('ZRANGEBYSCORE', KEYS[17], '-inf', '(' .. ms(now - tonumber(ARGV[7])),
+    'LIMIT', 0, 100)
+  for _, old in ipairs(idle) do
+    redis.call('HDEL', KEYS[16], old)
+    redis.call('ZREM', KEYS[17], old)
+  end
+  return {-1}
+end
+ARGV[2] = '0'
+ARGV[3] = staged
+-- schedule.lua follows

@@ -1,0 +1,339 @@
+"""dueq.spark.DueqDataSource (``format("dueq")``) on a real local SparkSession and redis-server.
+
+The session is conftest.py's (local[2,4]: two cores, a task may fail three times).
+Nothing here registers the data source except the test that checks ``register``: pyspark
+finds it through the ``pyspark_dueq`` module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import dueq
+
+pytest.importorskip("pyarrow", reason="the data source needs pyarrow: pip install 'dueq[spark]'")
+pytest.importorskip("pyspark.sql.datasource", reason="the data source needs pyspark >= 4.0")
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from test_spark import ROWS, bad_rows_frame, reminders
+
+from dueq import _protocol as protocol
+from dueq import spark as ds
+from dueq._spark_source import _write_setup
+from dueq.envelope import pack_task
+from dueq.keys import QueueKeys, SparkBatchKeys
+from dueq.scripts import Scripts
+from dueq.snapshot import text
+
+
+def ids_of(r: redis.Redis, queue: str) -> set[str]:
+    return {text(i) for i in r.zrange(f"dueq:{{{queue}}}:due", 0, -1)}
+
+
+def staging_keys(r: redis.Redis, queue: str) -> list[str]:
+    return [text(k) for k in r.keys(f"dueq:{{{queue}}}:spark:stage:*")]
+
+
+def write(df: DataFrame, queue: str, url: str, **options: str) -> None:
+    df.write.format("dueq").mode("append").options(queue=queue, redis_url=url, **options).save()
+
+
+def test_format_dueq_is_found_without_registering_and_register_works_too(spark, r, redis_server):
+    write(reminders(spark, rows=10), "found", redis_server.url, id_col="user")
+    assert r.zcard("dueq:{found}:due") == 10
+    ds.register(spark)
+    write(reminders(spark, rows=20), "found", redis_server.url, id_col="user")
+    assert r.zcard("dueq:{found}:due") == 20
+
+
+def test_batch_write_is_idempotent_with_the_due_times_and_payloads_of_schedule_dataframe(
+    spark, r, redis_server
+):
+    df = reminders(spark, rows=ROWS)
+    options = {"id_col": "user", "at_col": "send_at"}
+    write(df, "src", redis_server.url, **options)
+    write(df.repartition(3), "src", redis_server.url, **options)
+    ds.schedule_dataframe(df, queue="helper", redis_url=redis_server.url, **options)
+    assert r.zcard("dueq:{src}:due") == r.hlen("dueq:{src}:tasks") == ROWS
+    assert r.zrange("dueq:{src}:due", 0, -1, withscores=True) == r.zrange(
+        "dueq:{helper}:due", 0, -1, withscores=True
+    )
+    for n in (0, 12_345, ROWS - 1):
+        assert r.hget("dueq:{src}:tasks", f"user-{n}") == r.hget("dueq:{helper}:tasks", f"user-{n}")
+
+
+def test_generated_ids_and_payload_json_are_the_ones_schedule_dataframe_makes(
+    spark, r, redis_server
+):
+    spark.conf.set("spark.sql.session.timeZone", "Europe/Berlin")
+    try:
+        df = spark.range(300, numPartitions=2).select(
+            (F.lit(1_900_000_000) + F.col("id")).cast("timestamp").alias("at"),
+            (F.col("id") * 1234.5678e3).alias("big"),
+            (F.col("id") / 3e5).cast("float").alias("small"),
+            F.concat(F.lit('ünï "q"\\\t\x01 '), F.col("id")).alias("s"),
+            F.array(F.col("id"), F.lit(None).cast("long")).alias("xs"),
+            F.create_map(F.lit("k"), F.col("id") % 2 == 0).alias("m"),
+            F.struct(F.col("id").cast("decimal(12,3)").alias("d"), F.lit(None).alias("n")).alias(
+                "st"
+            ),
+            F.col("id").cast("timestamp").alias("ts"),
+            F.to_date(F.col("id").cast("timestamp")).alias("day"),
+            F.lit(b"\x00\xff").alias("bin"),
+        )
+        write(df, "hash-src", redis_server.url, at_col="at")
+        ds.schedule_dataframe(df, queue="hash-helper", redis_url=redis_server.url, at_col="at")
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", "UTC")
+    assert len(ids_of(r, "hash-src")) == 300
+    assert ids_of(r, "hash-src") == ids_of(r, "hash-helper")
+
+
+def test_bad_rows_are_left_out_and_the_good_ones_written(spark, r, redis_server):
+    write(bad_rows_frame(spark), "bad-src", redis_server.url, id_col="id", at_col="at")
+    assert ids_of(r, "bad-src") == {"ok"}
+    assert dueq.Queue("bad-src", r).get("ok").payload == {"x": 1.5, "xs": [1.0]}
+
+
+def test_the_write_task_counts_bad_rows_by_reason_without_spark(redis_server):
+    schema = T.StructType(
+        [
+            T.StructField("id", T.StringType()),
+            T.StructField("at", T.StringType()),
+            T.StructField("x", T.DoubleType()),
+        ]
+    )
+    setup = _write_setup(
+        {"queue": "bad-arrow", "redis_url": redis_server.url, "id_col": "id", "at_col": "at"},
+        schema,
+    )
+    batch = pa.record_batch(
+        [
+            pa.array(["ok", None, "late", "nan"]),
+            pa.array(["2030-01-01 09:00:00Z", "2030-01-01", "next tuesday", "2030-01-01"]),
+            pa.array([1.0, 2.0, 3.0, float("nan")]),
+        ],
+        names=["id", "at", "x"],
+    )
+    counts = ds.schedule_rows(setup.rows(iter([batch])), setup.plan)
+    assert (counts.added, counts.bad) == (1, {"id": 1, "due": 1, "payload": 1})
+    assert dueq.Queue("bad-arrow", redis_server.client()).get("ok").payload == {"x": 1.0}
+
+
+def test_on_bad_row_raise_fails_the_write_naming_the_row(spark, redis_server):
+    with pytest.raises(Exception, match=r"dueq bad row: .*due time is null"):
+        write(
+            bad_rows_frame(spark).where("id = 'null-due'"),
+            "bad-raise",
+            redis_server.url,
+            id_col="id",
+            at_col="at",
+            on_bad_row="raise",
+        )
+
+
+def test_bad_options_are_refused_before_any_task_runs(spark, redis_server):
+    with pytest.raises(Exception, match="at_col 'nope' is not a column"):
+        write(reminders(spark, rows=2), "opts", redis_server.url, at_col="nope")
+    with pytest.raises(Exception, match="state must be scheduled, leased or dead"):
+        spark.read.format("dueq").options(
+            queue="opts", redis_url=redis_server.url, state="done"
+        ).load().collect()
+
+
+def stream_files(folder: Path, files: int = 2, rows: int = 150) -> None:
+    folder.mkdir(exist_ok=True)
+    for part in range(files):
+        lines = [
+            json.dumps({"id": f"s-{part}-{i}", "at": "2030-01-01T09:00:00Z", "v": i})
+            for i in range(rows)
+        ]
+        (folder / f"part-{part}.json").write_text("\n".join(lines) + "\n")
+
+
+def run_stream(
+    spark: SparkSession, source: Path, checkpoint: Path, queue: str, url: str, **options: str
+) -> None:
+    stream = spark.readStream.schema("id string, at string, v long").json(str(source))
+    transform = options.pop("transform", None)
+    if transform is not None:
+        stream = stream.withColumn("v", transform(F.col("v")))
+    query = (
+        stream.writeStream.format("dueq")
+        .options(queue=queue, redis_url=url, id_col="id", at_col="at", **options)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+
+
+def drain(q: dueq.Queue) -> int:
+    acked = 0
+    while deliveries := q.claim(limit=1000):
+        acked += q.ack_many(deliveries)
+    return acked
+
+
+def test_a_replayed_micro_batch_schedules_nothing_even_after_its_tasks_were_acked(
+    spark, r, redis_server, tmp_path, clock
+):
+    stream_files(tmp_path / "in")
+    checkpoint = tmp_path / "checkpoint"
+    run_stream(spark, tmp_path / "in", checkpoint, "replay", redis_server.url)
+    q = dueq.Queue("replay", r, clock=clock)
+    assert q.stats().scheduled == 300
+    assert q.get("s-1-7").payload == {"v": 7}
+    clock.advance(1_900_000_000 - clock())  # past 2030-01-01 09:00: every task is due
+    assert drain(q) == 300
+    entry = checkpoint / "commits" / "0"
+    assert entry.exists()
+    entry.unlink()  # the driver "died" after the sink committed, before Spark's log did
+    (checkpoint / "commits" / ".0.crc").unlink(missing_ok=True)
+    run_stream(spark, tmp_path / "in", checkpoint, "replay", redis_server.url)
+    assert (checkpoint / "commits" / "0").exists()  # Spark did replay batch 0
+    assert q.stats().scheduled == 0
+    assert staging_keys(r, "replay") == []
+
+
+def test_a_task_failing_mid_batch_leaves_exactly_one_task_per_row(spark, r, redis_server, tmp_path):
+    marker = tmp_path / "failed-once"
+
+    def fail_once(v: int) -> int:  # after that task staged 100 rows, on its first attempt only
+        if v == 120 and not marker.exists():
+            marker.touch()
+            raise RuntimeError("injected failure")
+        return v
+
+    stream_files(tmp_path / "in")
+    run_stream(
+        spark,
+        tmp_path / "in",
+        tmp_path / "checkpoint",
+        "flaky",
+        redis_server.url,
+        batch_size="50",
+        transform=F.udf(fail_once, "long", useArrow=False),
+    )
+    assert marker.exists()
+    assert r.zcard("dueq:{flaky}:due") == r.hlen("dueq:{flaky}:tasks") == 300
+    assert staging_keys(r, "flaky") == []
+
+
+def test_a_failed_micro_batch_is_aborted_and_leaves_nothing_behind(
+    spark, r, redis_server, tmp_path
+):
+    def always_fail(v: int) -> int:
+        if v == 120:
+            raise RuntimeError("injected failure, every attempt")
+        return v
+
+    stream_files(tmp_path / "in")
+    with pytest.raises(Exception, match="injected failure"):
+        run_stream(
+            spark,
+            tmp_path / "in",
+            tmp_path / "checkpoint",
+            "aborted",
+            redis_server.url,
+            batch_size="50",
+            transform=F.udf(always_fail, "long", useArrow=False),
+        )
+    assert r.zcard("dueq:{aborted}:due") == 0
+    assert staging_keys(r, "aborted") == []
+
+
+@pytest.fixture
+def dead_letters(r: redis.Redis, clock) -> Iterator[dueq.Queue]:
+    q = dueq.Queue("dlq-src", r, clock=clock)
+    q.schedule_many(dueq.Task({"i": i}, id=f"t{i}") for i in range(3000))
+    q.schedule({"i": -1}, id="alive", delay=3600)
+    while deliveries := q.claim(limit=1000):
+        for d in deliveries:
+            d.fail(dueq.Unrecoverable(f"broken {d.payload['i']}"))
+            clock.advance(0.0001 * (d.payload["i"] % 3))  # some die in the same ms, some not
+    yield q
+
+
+def test_dead_letters_read_as_a_dataframe_in_several_partitions(spark, redis_server, dead_letters):
+    dead = (
+        spark.read.format("dueq")
+        .options(queue="dlq-src", redis_url=redis_server.url, page_size="100")
+        .load()
+    )
+    assert dead.rdd.getNumPartitions() == 3  # ten pages of 100 per partition
+    rows = dead.collect()
+    assert sorted(row.id for row in rows) == sorted(f"t{i}" for i in range(3000))
+    t3 = next(row for row in rows if row.id == "t3")
+    assert (t3.state, t3.attempts, json.loads(t3.payload)) == ("dead", 1, {"i": 3})
+    assert json.loads(t3.errors)[0]["message"] == "broken 3"
+    scheduled = (
+        spark.read.format("dueq")
+        .options(queue="dlq-src", redis_url=redis_server.url, state="scheduled")
+        .load()
+    )
+    assert [row.id for row in scheduled.collect()] == ["alive"]
+
+
+def test_a_read_with_many_ties_at_one_score_pages_through_every_task(spark, r, redis_server):
+    q = dueq.Queue("ties", r)
+    q.schedule_many(dueq.Task({}, id=f"t{i:04d}", delay=3600) for i in range(1050))
+    r.zadd("dueq:{ties}:due", {f"t{i:04d}": 5 for i in range(1050)})  # one score for all
+    df = (
+        spark.read.format("dueq")
+        .options(
+            queue="ties",
+            redis_url=redis_server.url,
+            state="scheduled",
+            page_size="100",
+            partitions="4",
+        )
+        .load()
+    )
+    assert sorted(row.id for row in df.collect()) == [f"t{i:04d}" for i in range(1050)]
+
+
+def run_call(scripts: Scripts, call: protocol.Call[Any]) -> Any:
+    return call.parse(scripts.run(call.script, call.keys, call.args))
+
+
+def test_a_commit_that_died_half_way_is_finished_by_the_replay_exactly_once(r):
+    """The driver dies after scheduling part of a batch; workers ack that part; Spark replays
+    the batch: the replay's tasks stage nothing, its commit schedules the rest of the stage,
+    and nothing acked comes back."""
+    scripts, k = Scripts(r), QueueKeys.for_queue("half")
+    keys = SparkBatchKeys.for_batch("half", "query", 7)
+    blobs = [b"".join(pack_task(0, 0, f"{part}-{i}", b"1:{}") for i in range(3)) for part in "ab"]
+    for blob in blobs:
+        assert run_call(scripts, protocol.spark_stage(keys, "", "query", 7, 60_000, blob)).staged
+    again = run_call(scripts, protocol.spark_stage(keys, "", "query", 7, 60_000, blobs[0]))
+    assert (again.staged, again.duplicates) == (0, 3)  # a retried task stages nothing twice
+    assert 0 < r.pttl(keys.rows) <= 60_000
+    commit = protocol.spark_commit(
+        k, keys, "", query="query", batch=7, memory_ms=86_400_000, window_ms=0
+    )
+
+    def step() -> protocol.CommitStep:
+        return run_call(scripts, commit)
+
+    assert step().scheduled.added == 3  # sealed, one element scheduled; then the driver dies
+    assert r.pttl(keys.rows) == -1  # sealed: no longer expires
+    assert drain(dueq.Queue("half", r)) == 3
+    replay = run_call(scripts, protocol.spark_stage(keys, "", "query", 7, 60_000, blobs[0]))
+    assert replay.refused
+    aborted = run_call(scripts, protocol.spark_abort(keys, "", "query", 7))
+    assert not aborted  # a failed replay keeps the sealed stage for the next commit
+    assert step().scheduled.added == 3
+    assert step().state is protocol.CommitState.COMMITTED
+    assert step().state is protocol.CommitState.COMMITTED_BEFORE
+    assert sorted(ids_of(r, "half")) == ["b-0", "b-1", "b-2"]
+    assert r.keys("dueq:{half}:spark:stage:*") == []
