@@ -46,11 +46,21 @@ SCRIPT_NAMES = (
     "cron_advance",
     "cron_remove",
     "configure",
+    "cron_control",
 )
 
 #: Scripts whose changes a producer or operator relies on: they raise ReplicationTimeout.
 PRODUCER_SCRIPTS = frozenset(
-    {"schedule", "cancel", "reschedule", "dead", "cron_add", "cron_remove", "configure"}
+    {
+        "schedule",
+        "cancel",
+        "reschedule",
+        "dead",
+        "cron_add",
+        "cron_remove",
+        "cron_control",
+        "configure",
+    }
 )
 #: Scripts that settle a delivery: a replication shortfall is logged, not raised.
 SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})
