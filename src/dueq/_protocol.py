@@ -518,8 +518,17 @@ def cron_control(
     """Pause (``action="pause"``, no other arguments), resume (the next slot, its id and
     envelope) or run now (the extra occurrence's id and envelope) one definition; resume and
     run now change nothing unless the definition is still ``definition_json``."""
-    keys = [k.cron, k.cron_state, k.cron_paused, k.due, k.tasks, k.meta, k.errors, k.stats]
-    keys.append(k.wake)
+    keys = [
+        k.cron,
+        k.cron_state,
+        k.cron_paused,
+        k.due,
+        k.tasks,
+        k.meta,
+        k.errors,
+        k.stats,
+        k.wake,
+    ]
     args = [now, action, name, definition_json, next_ms, occurrence_id, envelope]
     return Call("cron_control", keys, args, lambda reply: CronControl(int(reply)))
 
