@@ -45,6 +45,7 @@ SUITE = [
     "test_hardening.py",
     "test_corruption.py",
     "test_cron_corruption.py",
+    "test_cron_control.py",
     "test_async_queue.py",
 ]
 
@@ -236,6 +237,8 @@ def test_the_operator_reads_stats_manages_dead_letters_and_cron(server, admin, l
     assert op.dead.purge(["d1"]) == 1
     op.cron.add("nightly", "0 3 * * *")
     assert [c.name for c in op.cron.list()] == ["nightly"]
+    assert op.cron.pause("nightly") and op.cron.resume("nightly")
+    assert op.cron.run_now("nightly").startswith("cron:nightly:now:")
     assert op.cron.remove("nightly")
     # the CLI: stats of every queue skips the one this user may not read
     code, out, err = run_cli(server, "operator", "stats")
@@ -249,6 +252,9 @@ def test_the_operator_reads_stats_manages_dead_letters_and_cron(server, admin, l
     assert code == 0, err
     code, out, err = run_cli(server, "operator", "cron", "list", QUEUE)
     assert code == 0 and "@daily" in out, err
+    for command in ("pause", "resume", "run-now"):
+        code, out, err = run_cli(server, "operator", "cron", command, QUEUE, "n")
+        assert code == 0, err
     # SCAN names foreign queues too (it is not a key command); reading them is refused
     denied = refused(admin, "operator")
     assert denied and all(f"{{{OTHER}}}" in item for item in denied), denied

@@ -127,3 +127,44 @@ def test_list_shows_a_corrupted_definition_and_what_is_wrong_with_it(invoke, r):
     removed = invoke("cron", "remove", "q", "bad", "--yes")
     assert removed.exit_code == 0, removed.output
     assert [d.name for d in q.cron.list()] == ["good"]
+
+
+def test_pause_resume_and_run_now_act_on_the_definition(invoke, r):
+    q = dueq.Queue("q", r)
+    q.cron.add("sync", "@hourly", payload={"n": 1})
+    paused = invoke("cron", "pause", "q", "sync")
+    assert paused.exit_code == 0, paused.output
+    assert paused.stdout == "paused cron 'sync' in 'q'\n"
+    assert invoke("cron", "pause", "q", "sync").stdout == "cron 'sync' in 'q' was already paused\n"
+    assert q.stats().scheduled == 0
+    row = next(line for line in invoke("cron", "list", "q").stdout.splitlines() if "sync" in line)
+    assert "paused" in row
+
+    ran = invoke("cron", "run-now", "q", "sync")
+    assert ran.exit_code == 0, ran.output
+    assert ran.stdout.startswith("scheduled cron:sync:now:") and ran.stdout.endswith(
+        " in 'q', due now\n"
+    )
+    (d,) = q.claim()
+    assert (d.id, d.payload) == (ran.stdout.split()[1], {"n": 1})
+    d.ack()
+
+    resumed = invoke("cron", "resume", "q", "sync")
+    assert resumed.exit_code == 0, resumed.output
+    assert resumed.stdout.startswith("resumed cron 'sync' in 'q'; next occurrence 20")
+    assert invoke("cron", "resume", "q", "sync").stdout == "cron 'sync' in 'q' was not paused\n"
+    definition = q.cron.get("sync")
+    assert definition is not None and not definition.paused and definition.next_at is not None
+    assert q.stats().scheduled == 1
+
+
+def test_pause_resume_and_run_now_of_an_unknown_name_are_one_line_errors(invoke, r):
+    dueq.Queue("q", r).cron.add("sync", "@hourly")
+    for command in ("pause", "resume", "run-now"):
+        result = invoke("cron", command, "q", "nope")
+        assert result.exit_code == 1, result.output
+        assert one_error_line(result) == "error: no cron definition named 'nope' in queue 'q'"
+        unknown_queue = invoke("cron", command, "unknown", "sync")
+        assert unknown_queue.exit_code == 1
+        assert "no queue named 'unknown'" in one_error_line(unknown_queue)
+    assert dueq.Queue("q", r).stats().scheduled == 1

@@ -96,4 +96,10 @@ def test_cron_definitions_and_occurrences_on_a_cluster_queue(cluster):
     (definition,) = q.cron.list()
     assert definition.next_at is not None and definition.last_fired_at is not None
     assert definition.next_at.timestamp() > now[0]
+    assert q.cron.pause("tick") and q.stats().scheduled == 0
+    extra = q.cron.run_now("tick")
+    assert q.cron.resume("tick") and q.stats().scheduled == 2
+    (d,) = q.claim()  # the extra occurrence, due now; the resumed slot is in the next minute
+    assert d.id == extra
+    d.ack()
     assert q.cron.remove("tick") and q.stats().scheduled == 0

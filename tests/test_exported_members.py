@@ -20,6 +20,7 @@ PUBLIC = {
     "CronConflict",
     "CronDefinition",
     "CronError",
+    "CronNotFound",
     "Delivery",
     "DueqError",
     "ErrorRecord",

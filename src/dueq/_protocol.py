@@ -450,14 +450,14 @@ def cron_add(
 ) -> Call[str | None]:
     """Store a definition and schedule its next occurrence; None when a different definition
     exists and ``replace`` is off."""
-    keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake]
+    keys = [k.cron, k.cron_state, k.cron_paused, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake]
     args = [now, name, definition_json, "1" if replace else "0", next_ms, next_id, envelope]
     return Call("cron_add", keys, args, _parse_cron_add)
 
 
 def cron_remove(k: QueueKeys, now: str, name: str) -> Call[bool]:
     """Delete a definition and its pending occurrence; the reply says whether it existed."""
-    keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.stats]
+    keys = [k.cron, k.cron_state, k.cron_paused, k.due, k.tasks, k.meta, k.errors, k.stats]
     return Call("cron_remove", keys, [now, name], lambda reply: bool(int(reply)))
 
 
@@ -468,6 +468,7 @@ class CronAdvance(enum.IntEnum):
     NOT_PENDING = 0  # not the pending slot (or the definition is gone): it just runs
     ADVANCED = 1  # the schedule moved on
     REBUILT = 2  # the state was unreadable and was rebuilt; the occurrence runs
+    PAUSED = 3  # the definition is paused: the occurrence runs, nothing is scheduled
 
 
 @dataclass(frozen=True)
@@ -494,7 +495,49 @@ def cron_advance(k: QueueKeys, now: str, entries: Sequence[CronEntry]) -> Call[l
         for slot_ms, task_id in e.missed_now:
             args += (slot_ms, task_id)
     keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.leased, k.stats, k.wake]
+    keys.append(k.cron_paused)
     return Call("cron_advance", keys, args, lambda reply: [CronAdvance(int(x)) for x in reply])
+
+
+# -- cron_control.lua ----------------------------------------------------------------------------
+
+
+class CronControl(enum.IntEnum):
+    """cron_control.lua's reply."""
+
+    CHANGED = -2  # the definition changed since the caller read it: nothing done, read again
+    UNKNOWN = -1  # no definition of that name
+    UNCHANGED = 0  # already paused, not paused, or the run-now id exists
+    DONE = 1
+
+
+def cron_control(
+    k: QueueKeys,
+    now: str,
+    action: str,
+    name: str,
+    definition_json: bytes | str = "",
+    *,
+    next_ms: int | str = "",
+    occurrence_id: str = "",
+    envelope: bytes = b"",
+) -> Call[CronControl]:
+    """Pause (``action="pause"``, no other arguments), resume (the next slot, its id and
+    envelope) or run now (the extra occurrence's id and envelope) one definition; resume and
+    run now change nothing unless the definition is still ``definition_json``."""
+    keys = [
+        k.cron,
+        k.cron_state,
+        k.cron_paused,
+        k.due,
+        k.tasks,
+        k.meta,
+        k.errors,
+        k.stats,
+        k.wake,
+    ]
+    args = [now, action, name, definition_json, next_ms, occurrence_id, envelope]
+    return Call("cron_control", keys, args, lambda reply: CronControl(int(reply)))
 
 
 #: The counterpart of every script that a front end can call, by script name (for the
@@ -528,6 +571,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     ),
     "cron_remove": lambda k: cron_remove(k, "", "n"),
     "cron_advance": lambda k: cron_advance(k, "", []),
+    "cron_control": lambda k: cron_control(k, "", "pause", "n"),
     "configure": lambda k: configure(k, [("paused", "1")]),
 }
 

@@ -58,14 +58,15 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     ),
     # claim (with cron occurrences), ack, fail, extend, release, get
     "consumer": ("claim", "cron_advance", "ack", "fail", "extend", "release", "inspect"),
-    # stats, get/list, dead list/count/replay/purge, cron add/list/remove, schedule (CLI),
-    # configure / pause / resume
+    # stats, get/list, dead list/count/replay/purge, cron add/list/remove/pause/resume/run_now,
+    # schedule (CLI), configure / pause / resume
     "operator": (
         "stats",
         "inspect",
         "dead",
         "cron_add",
         "cron_remove",
+        "cron_control",
         "schedule",
         "cancel",
         "reschedule",

@@ -20,6 +20,29 @@ holds back anything else, and each case has one defined outcome:
   slot fires twice and the schedule goes on. Until then ``list`` shows the problem.
 - Only Redis refusing the advance (an outage, a permission) holds the claimed occurrences
   back until their leases end, so that a later claim advances the schedule.
+
+Pause, resume and run now (``cron_control`` script):
+
+- A paused definition has a mark in its own hash (``cron_paused``), beside the definition and
+  the state rather than inside them, so the mark survives what rewrites them: an unreadable
+  state rebuilt by a claim, ``add`` of the same definition (``"unchanged"``, nothing
+  restored) and ``add(..., replace=True)`` (the new definition is stored and stays paused).
+  Any value counts as paused, so a corrupted mark cannot unpause. ``remove`` drops the mark
+  with the definition.
+- ``pause`` sets the mark and withdraws the pending occurrence if it still waits in due, in
+  one script. An occurrence already claimed runs to its end (also its retries), and
+  ``cron_advance`` schedules nothing after it while the mark is there (a claim that raced the
+  pause included). ``resume`` clears the mark and schedules the first slot after now: slots
+  that fell into the pause are not run, whatever ``missed`` says. The mark is tested and
+  cleared in the same script, so of two concurrent resumes one schedules and the other
+  returns False.
+- ``run_now`` adds one extra occurrence due now, with the definition's payload, as an
+  ordinary task (the queue's retry policy), id ``cron:<name>:now:<UTC second>:<8 hex>``. Its
+  last segment is never a slot label, so it cannot collide with a slot's id and claiming it
+  never moves the schedule (``_parse_occurrence_id`` does not take it for a slot). It works
+  while paused, and pause and remove leave it alone: it was asked for explicitly.
+- resume and run now plan from the definition they read and send it along: the script acts
+  only if the definition is still that one (compare-and-set), else the flow reads again.
 """
 
 from __future__ import annotations
@@ -28,6 +51,7 @@ import builtins
 import json
 import logging
 import re
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
@@ -39,7 +63,7 @@ from .checks import whole_number
 from .clock import clock_ms, ms_datetime
 from .cronexpr import CronSchedule, parse_slot_label, schedule_for, slot_label
 from .envelope import encode_envelope
-from .exceptions import CronConflict, CronError, PayloadError
+from .exceptions import CronConflict, CronError, CronNotFound, PayloadError
 from .outage import is_outage
 from .snapshot import text
 
@@ -64,6 +88,10 @@ MAX_SLOT_MS = 253_402_300_799_999
 #: A readable cron_state value, "head_ms|last_ms|head_id" (cron_state_read in the scripts).
 _STATE = re.compile(r"([0-9]{1,15})\|([0-9]{0,15})\|(.*)", re.DOTALL)
 _LABEL = re.compile(r"[0-9]{8}T[0-9]{6}Z")
+#: The id of an extra occurrence from ``run_now``: name, the UTC second asked, a random part.
+_RUN_NOW = re.compile(r"cron:(.+):now:([0-9]{8}T[0-9]{6}Z):([0-9a-f]{8})")
+#: How often resume and run now read a definition again that changed under them.
+_CONTROL_TRIES = 5
 _SPEC_FIELDS = ("expr", "tz", "missed", "max_missed", "payload")
 
 
@@ -72,21 +100,39 @@ def occurrence_id(name: str, slot_ms: int) -> str:
     return f"{OCCURRENCE_PREFIX}{name}:{slot_label(slot_ms)}"
 
 
+def run_now_id(name: str, now_ms: int) -> str:
+    """A fresh id for an extra occurrence, e.g. ``cron:nightly:now:20260329T011502Z:3fa2c1d0``."""
+    return f"{OCCURRENCE_PREFIX}{name}:now:{slot_label(now_ms)}:{secrets.token_hex(4)}"
+
+
 @dataclass(frozen=True)
 class Occurrence:
-    """Which definition and slot a task id belongs to."""
+    """Which definition and slot a task id belongs to.
+
+    ``run_now`` is True for an extra occurrence made by ``cron.run_now``; its ``slot`` is then
+    the second it was asked for.
+    """
 
     name: str
     slot: datetime
+    run_now: bool = False
 
     @classmethod
     def from_id(cls, task_id: str) -> Occurrence | None:
         """The occurrence a task id names, or None for an ordinary task id."""
         parsed = _parse_occurrence_id(task_id)
-        return None if parsed is None else cls(parsed[0], ms_datetime(parsed[1]))
+        if parsed is not None:
+            return cls(parsed[0], ms_datetime(parsed[1]))
+        extra = _RUN_NOW.fullmatch(task_id)
+        asked_ms = None if extra is None else parse_slot_label(extra[2])
+        if extra is None or asked_ms is None:
+            return None
+        return cls(extra[1], ms_datetime(asked_ms), run_now=True)
 
 
 def _parse_occurrence_id(task_id: str) -> tuple[str, int] | None:
+    """(name, slot ms) of a slot's occurrence id, else None: also for a run-now id, whose last
+    segment is no slot label (so claiming one never moves a schedule)."""
     if not task_id.startswith(OCCURRENCE_PREFIX):
         return None
     name, _, label = task_id[len(OCCURRENCE_PREFIX) :].rpartition(":")
@@ -98,6 +144,7 @@ def _parse_occurrence_id(task_id: str) -> tuple[str, int] | None:
 class CronDefinition:
     """One recurring task as ``Crons.list`` shows it.
 
+    ``paused`` is True after ``pause`` (``next_at`` is then None: nothing is pending).
     ``problem`` says why a definition found in Redis cannot be kept going as it is (None when
     it is healthy). Then the fields show what could be read: ``""`` for unreadable text,
     ``0`` for an unreadable ``max_missed``, None for an unreadable payload or slot.
@@ -112,6 +159,7 @@ class CronDefinition:
     next_at: datetime | None
     last_fired_at: datetime | None
     problem: str | None = None
+    paused: bool = False
 
 
 def validate_name(name: object) -> str:
@@ -251,8 +299,10 @@ def _definition(
     raw_spec: bytes | str,
     raw_state: bytes | str | None,
     name_problem: str | None = None,
+    paused: bool = False,
 ) -> CronDefinition:
-    """A CronDefinition from its stored JSON and state; what cannot be read is its problem."""
+    """A CronDefinition from its stored JSON and state; what cannot be read is its problem
+    (not the state of a paused definition: resume writes it anew)."""
     problems: builtins.list[str] = []
     if name_problem is not None:
         problems.append(name_problem)
@@ -274,7 +324,7 @@ def _definition(
             name, spec.expr, spec.tz, spec.missed, spec.max_missed, spec.payload, None, None
         )
     state = _read_state(name, raw_state)
-    if state is None:
+    if state is None and not paused:
         what = (
             "it has no schedule state in Redis"
             if raw_state is None
@@ -291,9 +341,10 @@ def _definition(
         shown.missed,
         shown.max_missed,
         shown.payload,
-        None if head is None else ms_datetime(head),
+        None if head is None or paused else ms_datetime(head),
         None if last is None else ms_datetime(last),
         "; ".join(problems) or None,
+        paused,
     )
 
 
@@ -344,8 +395,7 @@ class CronsCore:
         clock = self._core.clock
         if clock is not None:
             return clock_ms(clock)
-        seconds, micros = yield protocol.command("TIME")
-        return int(seconds) * 1000 + int(micros) // 1000
+        return _server_ms((yield protocol.command("TIME")))
 
     def _add_flow(
         self,
@@ -393,29 +443,132 @@ class CronsCore:
 
     def _list_flow(self) -> Flow[builtins.list[CronDefinition]]:
         k = self._core.keys
-        raw_specs, raw_states = yield from self._typed(
+        raw_specs, raw_states, raw_paused = yield from self._typed(
             protocol.Batch(
-                (protocol.command("HGETALL", k.cron), protocol.command("HGETALL", k.cron_state))
+                (
+                    protocol.command("HGETALL", k.cron),
+                    protocol.command("HGETALL", k.cron_state),
+                    protocol.command("HGETALL", k.cron_paused),
+                )
             )
         )
         found = []
         for raw_name, raw_spec in raw_specs.items():
             name, name_problem = _name(raw_name)
-            found.append(_definition(name, raw_spec, raw_states.get(raw_name), name_problem))
+            state, paused = raw_states.get(raw_name), raw_name in raw_paused
+            found.append(_definition(name, raw_spec, state, name_problem, paused))
         return sorted(found, key=lambda d: d.name)
 
     def _get_flow(self, name: str) -> Flow[CronDefinition | None]:
         name = validate_name(name)
         k = self._core.keys
-        raw_spec, raw_state = yield from self._typed(
+        raw_spec, raw_state, raw_paused = yield from self._typed(
             protocol.Batch(
                 (
                     protocol.command("HGET", k.cron, name),
                     protocol.command("HGET", k.cron_state, name),
+                    protocol.command("HGET", k.cron_paused, name),
                 )
             )
         )
-        return None if raw_spec is None else _definition(name, raw_spec, raw_state)
+        if raw_spec is None:
+            return None
+        return _definition(name, raw_spec, raw_state, paused=raw_paused is not None)
+
+    def _pause_flow(self, name: str) -> Flow[bool]:
+        name = validate_name(name)
+        queue = self._core
+        call = protocol.cron_control(queue.keys, queue._now_arg(), "pause", name)
+        return self._controlled(name, (yield from self._typed(call)))
+
+    def _resume_flow(self, name: str) -> Flow[bool]:
+        name = validate_name(name)
+        queue = self._core
+        for _ in range(_CONTROL_TRIES):
+            raw_spec, paused, now_ms = yield from self._control_read(name)
+            if not paused:
+                return False
+            spec = self._usable(name, raw_spec)
+            next_ms = schedule_for(spec.expr, spec.tz).next_after(now_ms)
+            if next_ms > MAX_SLOT_MS:
+                raise CronError(f"cron {name!r} has no slot before the year 10000 to resume at")
+            call = protocol.cron_control(
+                queue.keys,
+                queue._now_arg(),
+                "resume",
+                name,
+                raw_spec,
+                next_ms=next_ms,
+                occurrence_id=occurrence_id(name, next_ms),
+                envelope=encode_envelope(spec.payload, queue.max_payload_bytes),
+            )
+            reply = yield from self._typed(call)
+            if reply is not protocol.CronControl.CHANGED:
+                return self._controlled(name, reply)
+        raise self._changed(name)
+
+    def _run_now_flow(self, name: str) -> Flow[str]:
+        name = validate_name(name)
+        queue = self._core
+        for _ in range(_CONTROL_TRIES):
+            raw_spec, _, now_ms = yield from self._control_read(name)
+            spec = self._usable(name, raw_spec)
+            task_id = run_now_id(name, now_ms)
+            call = protocol.cron_control(
+                queue.keys,
+                queue._now_arg(),
+                "run_now",
+                name,
+                raw_spec,
+                occurrence_id=task_id,
+                envelope=encode_envelope(spec.payload, queue.max_payload_bytes),
+            )
+            reply = yield from self._typed(call)
+            if reply is protocol.CronControl.DONE:
+                return task_id
+            self._controlled(name, reply)  # raises for an unknown name
+        raise self._changed(name)
+
+    def _control_read(self, name: str) -> Flow[tuple[bytes | str, bool, int]]:
+        """The stored definition, whether it is paused, and now (one round trip)."""
+        k = self._core.keys
+        reads = [
+            protocol.command("HGET", k.cron, name),
+            protocol.command("HGET", k.cron_paused, name),
+        ]
+        clock = self._core.clock
+        if clock is None:
+            reads.append(protocol.command("TIME"))
+        raw_spec, raw_paused, *server_time = yield from self._typed(protocol.Batch(tuple(reads)))
+        if raw_spec is None:
+            raise self._not_found(name)
+        if clock is not None:
+            return raw_spec, raw_paused is not None, clock_ms(clock)
+        return raw_spec, raw_paused is not None, _server_ms(server_time[0])
+
+    def _usable(self, name: str, raw_spec: bytes | str) -> _Spec:
+        try:
+            return _Spec.from_json(raw_spec)
+        except CronError as exc:
+            raise CronError(
+                f"cron {name!r} of queue {self._core.name!r}: its definition in Redis cannot be "
+                f"used: {exc}; add it again with replace=True, or remove it"
+            ) from exc
+
+    def _controlled(self, name: str, reply: protocol.CronControl) -> bool:
+        """True if cron_control did it, False if there was nothing to do; CronNotFound."""
+        if reply is protocol.CronControl.UNKNOWN:
+            raise self._not_found(name)
+        return reply is protocol.CronControl.DONE
+
+    def _not_found(self, name: str) -> CronNotFound:
+        return CronNotFound(f"no cron definition named {name!r} in queue {self._core.name!r}")
+
+    def _changed(self, name: str) -> CronConflict:
+        return CronConflict(
+            f"cron {name!r} of queue {self._core.name!r} changed {_CONTROL_TRIES} times while "
+            "this call read it; try again"
+        )
 
     def _typed(self, step: protocol.Step) -> Flow[Any]:
         """Send ``step``, with a key of the wrong type (corrupted by hand) as a CronError."""
@@ -439,6 +592,7 @@ class CronsCore:
         Returns the deliveries to run and the earliest due time of the occurrences it
         scheduled (None if none), so a consumer does not oversleep missed slots it must run now.
         A pending occurrence whose slot was missed is dropped under ``skip`` and ``latest``.
+        The occurrence of a paused definition runs (a missed slot too) and schedules nothing.
         If Redis refuses (an outage, a permission), the claimed occurrences are held back:
         their leases run out, and the next claim of them tries again, so no schedule stops.
         Corrupted data never raises here: see the module docstring.
@@ -482,6 +636,13 @@ class CronsCore:
                     dropped.add(delivery.id)
             if status in (_ADVANCED, _REBUILT):
                 due.append(plan.next_ms)
+            elif status == _PAUSED:
+                logger.info(
+                    "queue %r: %r runs, but its cron definition is paused: nothing is "
+                    "scheduled after it",
+                    self._core.name,
+                    delivery.id,
+                )
         kept = [d for d in deliveries if d.id not in dropped] if dropped else deliveries
         return kept, min(due, default=None)
 
@@ -586,11 +747,18 @@ class CronsCore:
         return plan, envelope
 
 
-_REFUSED, _ADVANCED, _REBUILT = (
+_REFUSED, _ADVANCED, _REBUILT, _PAUSED = (
     protocol.CronAdvance.REFUSED,
     protocol.CronAdvance.ADVANCED,
     protocol.CronAdvance.REBUILT,
+    protocol.CronAdvance.PAUSED,
 )
+
+
+def _server_ms(time_reply: Any) -> int:
+    """Epoch ms of a TIME reply (seconds, microseconds)."""
+    seconds, micros = time_reply
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def _wrong_type(exc: redis.RedisError) -> bool:
@@ -648,6 +816,36 @@ class Crons(CronsCore):
         """One definition by name (``problem`` set if it cannot be read), or None."""
         return self._queue._drive(self._get_flow(name))
 
+    def pause(self, name: str) -> bool:
+        """Stop scheduling ``name``'s occurrences; False if it was already paused.
+
+        Its pending occurrence is withdrawn if it still waits (it counts as cancelled); one
+        already running (or waiting for a retry) finishes, and nothing is scheduled after it.
+        The mark lives in Redis: every process sees it, and ``add`` of the same definition or
+        with ``replace=True`` keeps it paused. ``run_now`` still works. CronNotFound for an
+        unknown name.
+        """
+        return self._queue._drive(self._pause_flow(name))
+
+    def resume(self, name: str) -> bool:
+        """Schedule ``name`` again from its next slot after now; False if it was not paused.
+
+        Slots that fell into the pause are not run, whatever its ``missed`` policy says.
+        CronNotFound for an unknown name; CronError if its definition in Redis cannot be used.
+        """
+        return self._queue._drive(self._resume_flow(name))
+
+    def run_now(self, name: str) -> str:
+        """Schedule one extra occurrence of ``name``, due now; returns its task id.
+
+        It carries the definition's payload and runs as an ordinary task (the queue's retry
+        policy); its id, ``cron:<name>:now:<UTC second>:<random>``, never collides with a
+        slot's, and it does not move the schedule. Works while paused; ``pause`` and
+        ``remove`` do not withdraw it. CronNotFound for an unknown name; CronError if its
+        definition in Redis cannot be used.
+        """
+        return self._queue._drive(self._run_now_flow(name))
+
 
 class AsyncCrons(CronsCore):
     """The cron definitions of an ``AsyncQueue``; the methods of ``Crons``, awaited."""
@@ -682,3 +880,15 @@ class AsyncCrons(CronsCore):
     async def get(self, name: str) -> CronDefinition | None:
         """As ``Crons.get``."""
         return await self._queue._drive(self._get_flow(name))
+
+    async def pause(self, name: str) -> bool:
+        """As ``Crons.pause``."""
+        return await self._queue._drive(self._pause_flow(name))
+
+    async def resume(self, name: str) -> bool:
+        """As ``Crons.resume``."""
+        return await self._queue._drive(self._resume_flow(name))
+
+    async def run_now(self, name: str) -> str:
+        """As ``Crons.run_now``."""
+        return await self._queue._drive(self._run_now_flow(name))

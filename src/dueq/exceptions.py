@@ -7,7 +7,8 @@
     ├── InvalidTaskError     (also ValueError)   bad id, naive datetime, negative/NaN delay
     ├── PayloadError         (also ValueError)   payload not JSON, too large, or undecodable
     ├── CronError          (also ValueError)   bad cron expression, zone, name or missed policy
-    │   └── CronConflict                         a cron name already defined differently
+    │   ├── CronConflict                         a cron name already defined differently
+    │   └── CronNotFound     (also LookupError)  no cron definition of that name (pause, ...)
     ├── TaskNotFound         (also LookupError)  an id that is not in the state asked for
     ├── LeaseLost                                a holder whose lease expired or was taken over
     │   └── TaskCancelled                        ... because its task was cancelled while leased
@@ -28,6 +29,7 @@ __all__ = [
     "ConfigurationError",
     "CronConflict",
     "CronError",
+    "CronNotFound",
     "DueqError",
     "InvalidTaskError",
     "LeaseLost",
@@ -62,6 +64,10 @@ class CronError(DueqError, ValueError):
 
 class CronConflict(CronError):
     """A cron definition with this name exists with other settings; pass replace=True."""
+
+
+class CronNotFound(CronError, LookupError):
+    """No cron definition of this name in the queue (``cron.pause``, ``resume``, ``run_now``)."""
 
 
 class TaskNotFound(DueqError, LookupError):

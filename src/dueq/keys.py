@@ -37,6 +37,7 @@ class QueueKeys:
     ``errors``  HASH id -> JSON list of errors   ``stats``  HASH counter -> int
     ``cron``    HASH name -> cron definition (JSON)
     ``cron_state`` HASH name -> "head_ms|last_ms|head_id": the pending occurrence, last fired
+    ``cron_paused`` HASH name -> paused-at ms: the paused cron definitions (any value: paused)
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
     ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
@@ -65,6 +66,7 @@ class QueueKeys:
     config: str
     rate: str
     cancelled: str
+    cron_paused: str
     key_state: str
     parked: str
     key_wait: str
@@ -105,6 +107,7 @@ class QueueKeys:
             config=base + "config",
             rate=base + "rate",
             cancelled=base + "cancelled",
+            cron_paused=base + "cron:paused",
             key_state=base + "keys",
             parked=base + "parked",
             key_wait=base + "keys:wait",

@@ -49,6 +49,7 @@ SCRIPT_NAMES = (
     "spark_stage",
     "spark_commit",
     "spark_abort",
+    "cron_control",
 )
 
 #: Scripts made of their own file followed by another script's body (after its header):
@@ -67,6 +68,7 @@ PRODUCER_SCRIPTS = frozenset(
         "cron_remove",
         "configure",
         "spark_commit",
+        "cron_control",
     }
 )
 #: Scripts that settle a delivery: a replication shortfall is logged, not raised.

@@ -1,4 +1,7 @@
-"""``dueq cron``: add, list and remove the recurring tasks of a queue."""
+"""``dueq cron``: add, list, remove, pause, resume and run now the recurring tasks of a queue.
+
+Thin commands over ``Queue.cron``: the library validates, and its errors become one line.
+"""
 
 from __future__ import annotations
 
@@ -95,6 +98,8 @@ def add_cron(
 def list_cron(queue: str, target: RedisTarget) -> None:
     """List the cron definitions of QUEUE, with next and last fired slots.
 
+    A paused definition shows "paused" as its next slot.
+
     Definitions whose data in Redis cannot be read are listed too, each problem below.
     """
     definitions = open_queue(target, queue).cron.list()
@@ -112,7 +117,7 @@ def list_cron(queue: str, target: RedisTarget) -> None:
             safe(d.expr),
             safe(d.tz),
             missed,
-            when(d.next_at, now),
+            "paused" if d.paused else when(d.next_at, now),
             when(d.last_fired_at, now),
             _short(d.payload),
         )
@@ -143,3 +148,51 @@ def remove_cron(queue: str, names: tuple[str, ...], yes: bool, target: RedisTarg
         )
     removed = sum(q.cron.remove(n) for n in dict.fromkeys(names))
     click.echo(f"removed {removed} cron definition(s) from {queue!r}")
+
+
+@cron.command("pause")
+@click.argument("queue")
+@click.argument("name")
+@redis_options
+def pause_cron(queue: str, name: str, target: RedisTarget) -> None:
+    """Stop scheduling the occurrences of NAME in QUEUE, in every worker.
+
+    Its pending occurrence is withdrawn; one already running finishes. Adding the same
+    definition again keeps it paused; dueq cron resume undoes it.
+    """
+    if open_queue(target, queue).cron.pause(name):
+        click.echo(f"paused cron {name!r} in {queue!r}")
+    else:
+        click.echo(f"cron {name!r} in {queue!r} was already paused")
+
+
+@cron.command("resume")
+@click.argument("queue")
+@click.argument("name")
+@redis_options
+def resume_cron(queue: str, name: str, target: RedisTarget) -> None:
+    """Schedule NAME in QUEUE again from its next slot after now.
+
+    Slots that fell into the pause are not run.
+    """
+    q = open_queue(target, queue)
+    if not q.cron.resume(name):
+        click.echo(f"cron {name!r} in {queue!r} was not paused")
+        return
+    definition = q.cron.get(name)
+    next_at = when(definition.next_at if definition else None, datetime.now(timezone.utc))
+    click.echo(f"resumed cron {name!r} in {queue!r}; next occurrence {next_at}")
+
+
+@cron.command("run-now")
+@click.argument("queue")
+@click.argument("name")
+@redis_options
+def run_now_cron(queue: str, name: str, target: RedisTarget) -> None:
+    """Schedule one extra occurrence of NAME in QUEUE, due now, and print its task id.
+
+    It carries the definition's payload and does not move the schedule; it runs also while
+    NAME is paused.
+    """
+    task_id = open_queue(target, queue).cron.run_now(name)
+    click.echo(f"scheduled {safe(task_id)} in {queue!r}, due now")

@@ -12,6 +12,7 @@
 -- KEYS[7] leased      ZSET id -> lease deadline ms
 -- KEYS[8] stats       HASH counter -> int
 -- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
+-- KEYS[10] cron_paused HASH name -> paused-at ms (any value: paused)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2..] one entry per claimed occurrence, each:
 --         name, slot ms (advance only if it is the pending one), occurrence id, lease token,
@@ -24,7 +25,10 @@
 --            dropped), or the definition is gone (nothing changes);
 --          2 the state was missing or unreadable: it was rebuilt with the next pending slot
 --            (after now, so no slot fires twice), the occurrence runs, no missed slot is added;
---         -1 the entry's numbers are out of range: nothing changed for it.
+--         -1 the entry's numbers are out of range: nothing changed for it;
+--          3 the definition is paused: the occurrence runs (also a missed slot), nothing is
+--            scheduled, and the state keeps its pending slot (an unreadable one is rebuilt as
+--            for 2, without adding the occurrence); resuming schedules from then on.
 --         An error (before any write) if the entries are not laid out as above.
 
 -- Pass 1: lay out and check every entry, writing nothing.
@@ -67,21 +71,23 @@ for _, e in ipairs(entries) do
   local function fired(ms_text)
     if last == '' or tonumber(ms_text) > tonumber(last) then last = ms_text end
   end
+  local paused = e.ok and redis.call('HEXISTS', KEYS[10], e.name) == 1
   if not e.ok then
     out[#out + 1] = -1
   elseif not head then
     if redis.call('HEXISTS', KEYS[1], e.name) == 0 then
       out[#out + 1] = 0
     else
-      add(e.next_id, e.envelope, e.next_ms)
+      if not paused then add(e.next_id, e.envelope, e.next_ms) end
       redis.call('HSET', KEYS[2], e.name, e.next_ms .. '|' .. e.slot .. '|' .. e.next_id)
       stat_incr(KEYS[8], 'cron_state_rebuilt', 1)
-      out[#out + 1] = 2
+      out[#out + 1] = paused and 3 or 2
     end
-  elseif tonumber(head) ~= tonumber(e.slot) then
+  elseif paused or tonumber(head) ~= tonumber(e.slot) then
+    -- Not the pending slot (a redelivery), or paused: it runs, and the schedule stays.
     fired(e.slot)
     redis.call('HSET', KEYS[2], e.name, head .. '|' .. last .. '|' .. head_id)
-    out[#out + 1] = 0
+    out[#out + 1] = paused and 3 or 0
   else
     if not e.drop then
       fired(e.slot)

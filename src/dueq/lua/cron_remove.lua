@@ -3,11 +3,12 @@
 --
 -- KEYS[1] cron        HASH name -> definition JSON
 -- KEYS[2] cron_state  HASH name -> "head_ms|last_ms|head_id"
--- KEYS[3] due         ZSET id -> due ms
--- KEYS[4] tasks       HASH id -> envelope
--- KEYS[5] meta        HASH id -> "attempt|token|due_ms|first_ms"
--- KEYS[6] errors      HASH id -> JSON list of error records
--- KEYS[7] stats       HASH counter -> int (a removed pending occurrence counts as cancelled)
+-- KEYS[3] cron_paused HASH name -> paused-at ms (its paused mark goes too)
+-- KEYS[4] due         ZSET id -> due ms
+-- KEYS[5] tasks       HASH id -> envelope
+-- KEYS[6] meta        HASH id -> "attempt|token|due_ms|first_ms"
+-- KEYS[7] errors      HASH id -> JSON list of error records
+-- KEYS[8] stats       HASH counter -> int (a removed pending occurrence counts as cancelled)
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] name
 -- Returns 1 if the definition existed, else 0
@@ -17,5 +18,6 @@ local name = ARGV[2]
 local _, _, head_id = cron_state_read(redis.call('HGET', KEYS[2], name), name)
 if redis.call('HDEL', KEYS[1], name) == 0 then return 0 end
 redis.call('HDEL', KEYS[2], name)
-cron_withdraw(KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], head_id)
+redis.call('HDEL', KEYS[3], name)
+cron_withdraw(KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], head_id)
 return 1

@@ -1,0 +1,65 @@
+-- cron_control.lua: pause, resume or run now one cron definition, all or nothing.
+--
+-- KEYS[1] cron        HASH name -> definition JSON
+-- KEYS[2] cron_state  HASH name -> "head_ms|last_ms|head_id"
+-- KEYS[3] cron_paused HASH name -> paused-at ms (any value: paused)
+-- KEYS[4] due         ZSET id -> due ms
+-- KEYS[5] tasks       HASH id -> envelope
+-- KEYS[6] meta        HASH id -> "attempt|token|due_ms|first_ms"
+-- KEYS[7] errors      HASH id -> JSON list of error records
+-- KEYS[8] stats       HASH counter -> int (a withdrawn pending occurrence counts as cancelled)
+-- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
+-- ARGV[1] now ms, or "" for server TIME
+-- ARGV[2] action: "pause", "resume" or "run_now"
+-- ARGV[3] name
+-- ARGV[4] resume, run_now: the definition JSON the caller planned from (compare-and-set)
+-- ARGV[5] resume: the next slot ms (after now); run_now: unused
+-- ARGV[6] resume: the next occurrence's id; run_now: the extra occurrence's id
+-- ARGV[7] resume, run_now: the envelope of the occurrence it adds
+-- Returns  1 done: paused (its pending occurrence withdrawn if still waiting in due), resumed
+--            (the next occurrence scheduled), or the extra occurrence is due now;
+--          0 nothing to do: already paused, not paused, or a task with that id exists;
+--         -1 no definition of that name;
+--         -2 the definition is no longer ARGV[4] (changed since the caller read it): nothing
+--            changed, read it again.
+--         An error (before any write) for an unknown action or a bad slot.
+-- Pause marks the definition in cron_paused and withdraws its pending occurrence; cron_add
+-- and cron_advance then schedule nothing for it. Resume clears the mark and writes the state
+-- "next|last|next_id" with its occurrence, so concurrent resumes add exactly one: the mark is
+-- tested and cleared in the same script.
+
+local action, name = ARGV[2], ARGV[3]
+if action ~= 'pause' and action ~= 'resume' and action ~= 'run_now' then
+  return redis.error_reply('ERR cron_control: unknown action')
+end
+if action == 'resume' and not ms_text_ok(ARGV[5], false) then
+  return redis.error_reply('ERR cron_control: bad slot')
+end
+local current = redis.call('HGET', KEYS[1], name)
+if not current then return -1 end
+local paused = redis.call('HEXISTS', KEYS[3], name) == 1
+
+if action == 'pause' then
+  if paused then return 0 end
+  local _, _, head_id = cron_state_read(redis.call('HGET', KEYS[2], name), name)
+  redis.call('HSET', KEYS[3], name, ms(dueq_now(ARGV[1])))
+  cron_withdraw(KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], head_id)
+  return 1
+end
+
+if current ~= ARGV[4] then return -2 end
+local previous_head = head_score(KEYS[4])
+local due
+if action == 'resume' then
+  if not paused then return 0 end
+  local _, last = cron_state_read(redis.call('HGET', KEYS[2], name), name)
+  redis.call('HDEL', KEYS[3], name)
+  due = tonumber(ARGV[5])
+  redis.call('HSET', KEYS[2], name, ARGV[5] .. '|' .. (last or '') .. '|' .. ARGV[6])
+  if not add_task(KEYS[5], KEYS[4], KEYS[8], ARGV[6], ARGV[7], due) then return 1 end
+else
+  due = dueq_now(ARGV[1])
+  if not add_task(KEYS[5], KEYS[4], KEYS[8], ARGV[6], ARGV[7], due) then return 0 end
+end
+wake_if_earlier(KEYS[9], previous_head, due)
+return 1
