@@ -214,3 +214,15 @@ def test_fastapi_example_self_test_runs_without_a_web_server():
     assert "-> 404 (sent and acked)" in out
     assert "/signup still waiting: True" in out
     assert out.rstrip().endswith("self-test passed")
+
+
+def test_flow_control_example_limits_tenants_runs_urgent_first_and_times_out(redis_server):
+    out = run_example("flow_control.py", "--redis-url", redis_server.url)
+    assert "while paused, handlers started: 0" in out
+    assert "outcomes: {'acked': 28, 'dead': 1}" in out
+    assert "first started: urgent" in out
+    most = ast.literal_eval(out.split("most sends at once per tenant: ", 1)[1].splitlines()[0])
+    assert most["tenant:big"] <= 2 and most["tenant:small"] <= 2
+    position = int(re.search(r"small tenant done starting at position (\d+)", out).group(1))
+    assert position < 24  # not behind the big tenant's 24 tasks
+    assert "dead: hangs: TaskTimeout: handler ran past its timeout of 0.3 s" in out
