@@ -436,8 +436,11 @@ def build_machine(
             if self.paused:
                 event("claim: paused")
             else:
-                self.unpark_ready(limit)
-                leased = self.lease_or_park(limit)
+                changed = self.unpark_ready(limit)
+                leased = self.lease_or_park(limit, changed)
+                for key in changed:  # the claim rewrites these keys' state: past marks go
+                    if self.marks.get(key, now + 1) <= now:
+                        del self.marks[key]
             batch = self.queue.claim_batch(limit, lease=None if lease is None else lease / 1000)
             got = batch.deliveries
             event(f"claim: {len(got)} delivered")
@@ -450,10 +453,12 @@ def build_machine(
                 self.next_deadline(),
             )
 
-        def unpark_ready(self, limit: int) -> None:
-            """2a. Keys whose wait is over get as many parked tasks back as their limits admit."""
+        def unpark_ready(self, limit: int) -> set[str]:
+            """2a. Keys whose wait is over get as many parked tasks back as their limits admit.
+            Returns the keys looked at."""
             now = self.now
-            for _, key in sorted((at, key) for key, at in self.wait.items() if at <= now):
+            ready = sorted((at, key) for key, at in self.wait.items() if at <= now)
+            for _, key in ready:
                 room, wait_until = self.key_room(key, limit)
                 moved = 0
                 if room > 0:
@@ -478,8 +483,9 @@ def build_machine(
                         self.wait[key] = now + self.key_gap
                     elif self.key_concurrency is not None:
                         del self.wait[key]
+            return {key for _, key in ready}
 
-        def lease_or_park(self, limit: int) -> list[str]:
+        def lease_or_park(self, limit: int, changed: set[str]) -> list[str]:
             """2b. Due tasks by priority, then due time (ties by id); a task whose key is at a
             limit is parked, which makes room for more. Returns the ids leased, in order."""
             now = self.now
@@ -514,11 +520,13 @@ def build_machine(
                         event("keys: a due task was parked")
                         t.parked = True
                         parked_any = True
+                        changed.add(t.key)
                         self.parked_count[t.key] = self.parked_count.get(t.key, 0) + 1
                         if wait_until is not None:
                             self.wait[t.key] = min(self.wait.get(t.key, wait_until), wait_until)
                         continue
                     if t.key is not None:
+                        changed.add(t.key)
                         self.flight[t.key] = self.flight.get(t.key, 0) + 1
                         if self.key_gap is not None:
                             self.marks[t.key] = max(self.marks.get(t.key, 0), now) + self.key_gap
@@ -837,10 +845,13 @@ def build_machine(
         def check_key_state(
             self, state: dict[bytes, bytes], wait: list[tuple[bytes, float]]
         ) -> None:
-            expected = {f"f:{key}": float(n) for key, n in self.flight.items()}
-            expected |= {f"t:{key}": float(ms) for key, ms in self.marks.items()}
-            expected |= {f"p:{key}": float(n) for key, n in self.parked_count.items()}
-            assert {f.decode(): float(v) for f, v in state.items()} == expected
+            expected = {}
+            for key in {*self.flight, *self.marks, *self.parked_count}:
+                mark = self.marks.get(key)
+                shown_mark = "" if mark is None else f"{mark:.3f}"
+                leased, parked = self.flight.get(key, 0), self.parked_count.get(key, 0)
+                expected[key] = f"{leased}|{shown_mark}|{parked}"
+            assert {f.decode(): v.decode() for f, v in state.items()} == expected
             assert {key.decode(): score for key, score in wait} == self.wait
 
         def check_stats(self) -> None:

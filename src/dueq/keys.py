@@ -43,7 +43,7 @@ class QueueKeys:
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
     ``cancelled`` ZSET "id|token" -> lease deadline ms: leases revoked by ``cancel``
     ``wake``    Pub/Sub channel, published when an earlier task is scheduled (or settings change)
-    ``key_state`` HASH per limit key: "f:<key>" leased, "t:<key>" next rate slot, "p:<key>" parked
+    ``key_state`` HASH limit key -> "leased|next rate slot ms|parked" (see the Lua prelude)
     ``parked``  ZSET (scores 0) "<key>\\0<9 - priority><due ms><id>": due tasks whose key was at
                 one of the queue's per-key limits
     ``key_wait`` ZSET key -> ms when its parked tasks may be claimable again

@@ -347,15 +347,47 @@ local function cron_withdraw(k_due, k_tasks, k_meta, k_errors, k_stats, id)
 end
 
 -- Per-key limits. A task scheduled with key= counts against its key's limits (the queue's
--- key_concurrency and key_rate settings) while it is leased. The key-state HASH holds, per key,
--- "f:<key>" its leased tasks, "t:<key>" the earliest ms its rate admits its next claim (GCRA's
--- theoretical arrival time, without burst: claims of one key are spaced per/n apart), and
--- "p:<key>" how many of its tasks are parked. A due task whose key is at a limit is parked
--- (the parked ZSET, every member scored 0 so that one ZRANGEBYLEX finds a key's tasks in
--- priority and due order) instead of blocking the tasks behind it, and the key-wait ZSET
--- (key -> ms) says when a key's parked tasks may be claimable again: when its rate admits the
--- next claim, or now when one of its leases ends. A parked task keeps its due ms in its meta
--- value (token empty), so it can be found by id.
+-- key_concurrency and key_rate settings) while it is leased. The key-state HASH holds one value
+-- per key, "leased|mark|parked": its leased tasks, the earliest ms its rate admits its next
+-- claim (GCRA's theoretical arrival time, without burst: claims of one key are spaced per/n
+-- apart; empty when none is pending) and how many of its tasks are parked; a key with nothing
+-- to remember has no field. A due task whose key is at a limit is parked (the parked ZSET,
+-- every member scored 0 so that one ZRANGEBYLEX finds a key's tasks in priority and due order)
+-- instead of blocking the tasks behind it, and the key-wait ZSET (key -> ms) says when a
+-- key's parked tasks may be claimable again: when its rate admits the next claim, or now when
+-- one of its leases ends. A parked task keeps its due ms in its meta value (token empty), so
+-- it can be found by id.
+
+-- A key-state value as leased, mark (0: none) and parked; an unreadable value reads as zeros.
+local function key_state_parse(v)
+  if not v then return 0, 0, 0 end
+  local f, t, p = string.match(v, '^(%d+)|([%d.]*)|(%d+)$')
+  return tonumber(f) or 0, tonumber(t) or 0, tonumber(p) or 0
+end
+
+-- The value to store for a key's state at `now`, or nil when there is nothing to remember.
+local function key_state_value(leased, mark, parked, now)
+  local keep_mark = mark > now
+  if leased <= 0 and parked <= 0 and not keep_mark then return nil end
+  return math.max(leased, 0) .. '|' .. (keep_mark and string.format('%.3f', mark) or '') .. '|' ..
+    math.max(parked, 0)
+end
+
+-- Write key states: `values` maps key -> value or false (delete); one HSET and one HDEL.
+local function key_state_write(k_state, values)
+  local set, drop = {}, {}
+  for key, v in pairs(values) do
+    if v then
+      set[#set + 1] = key
+      set[#set + 1] = v
+    else
+      drop[#drop + 1] = key
+    end
+  end
+  if #set > 0 then call_chunked('HSET', k_state, set) end
+  if #drop > 0 then call_chunked('HDEL', k_state, drop) end
+end
+
 local function parked_member(key, priority, due_ms, id)
   return key .. '\0' .. (9 - priority) .. string.format('%015d', due_ms) .. id
 end
@@ -406,31 +438,17 @@ local function keys_release(k_state, k_wait, keys, now)
     ended[key] = ended[key] + 1
   end
   if #order == 0 then return false end
-  local fields = {}
-  for _, key in ipairs(order) do
-    fields[#fields + 1] = 'f:' .. key
-    fields[#fields + 1] = 't:' .. key
-    fields[#fields + 1] = 'p:' .. key
-  end
-  local values = hmget_chunked(k_state, fields)
-  local set, drop, ready = {}, {}, {}
+  local values = hmget_chunked(k_state, order)
+  local writes, ready = {}, {}
   for i, key in ipairs(order) do
-    local left = (tonumber(values[3 * i - 2]) or 0) - ended[key]  -- unreadable: as 0
-    local mark, parked = tonumber(values[3 * i - 1]), tonumber(values[3 * i])
-    if left > 0 then
-      set[#set + 1] = 'f:' .. key
-      set[#set + 1] = left
-    elseif values[3 * i - 2] then
-      drop[#drop + 1] = 'f:' .. key
-    end
-    if values[3 * i - 1] and not (mark and mark > now) then drop[#drop + 1] = 't:' .. key end
-    if parked and parked > 0 then
+    local leased, mark, parked = key_state_parse(values[i])
+    writes[key] = key_state_value(leased - ended[key], mark, parked, now) or false
+    if parked > 0 then
       ready[#ready + 1] = now
       ready[#ready + 1] = key
     end
   end
-  if #set > 0 then call_chunked('HSET', k_state, set) end
-  if #drop > 0 then call_chunked('HDEL', k_state, drop) end
+  key_state_write(k_state, writes)
   if #ready > 0 then zadd_chunked(k_wait, 'LT', ready) end
   return #ready > 0
 end
@@ -456,8 +474,8 @@ end
 local function unpark_one(k_parked, k_state, k_meta, key, priority, id)
   local member = parked_member_of(k_meta, key, priority, id)
   if member and redis.call('ZREM', k_parked, member) == 1 then
-    local left = try_incr(k_state, 'p:' .. key, -1)
-    if not left or left <= 0 then redis.call('HDEL', k_state, 'p:' .. key) end
+    local leased, mark, parked = key_state_parse(redis.call('HGET', k_state, key))
+    key_state_write(k_state, {[key] = key_state_value(leased, mark, parked - 1, 0) or false})
     return true
   end
   return false

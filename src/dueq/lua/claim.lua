@@ -10,7 +10,7 @@
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
 -- KEYS[8] config   HASH setting -> value (paused, rate)
 -- KEYS[9] rate     ZSET claim -> claimed-at ms: the claims of the last rate window
--- KEYS[10] key_state HASH "f:<key>" leased count, "t:<key>" next rate slot ms, "p:<key>" parked
+-- KEYS[10] key_state HASH key -> "leased|next rate slot ms|parked" (see the prelude)
 -- KEYS[11] parked  ZSET (scores 0) "<key>\0<9 - priority><due ms, 15 digits><id>": due tasks
 --                  whose key was at a limit
 -- KEYS[12] key_wait ZSET key -> ms when its parked tasks may be claimable again
@@ -136,25 +136,19 @@ local key_gap = key_n and key_per / key_n or nil
 
 -- The leased count, rate mark and parked count of every key this claim looks at, read once
 -- (key_load: one HMGET per batch of keys) and written back once at the end.
-local flight, marks, parked_n, parked_loaded, changed, marked = {}, {}, {}, {}, {}, {}
+local flight, marks, parked_n, changed = {}, {}, {}, {}
 local function key_load(keys)
-  local fields, loading = {}, {}
+  local loading, seen = {}, {}
   for _, key in ipairs(keys) do
-    if flight[key] == nil and not loading[key] then
-      loading[key] = true
+    if flight[key] == nil and not seen[key] then
+      seen[key] = true
       loading[#loading + 1] = key
-      fields[#fields + 1] = 'f:' .. key
-      fields[#fields + 1] = 't:' .. key
-      fields[#fields + 1] = 'p:' .. key
     end
   end
-  if #fields == 0 then return end
-  local values = hmget_chunked(KEYS[10], fields)
+  if #loading == 0 then return end
+  local values = hmget_chunked(KEYS[10], loading)
   for i, key in ipairs(loading) do
-    flight[key] = tonumber(values[3 * i - 2]) or 0
-    marks[key] = tonumber(values[3 * i - 1]) or 0
-    parked_n[key] = tonumber(values[3 * i]) or 0
-    parked_loaded[key] = values[3 * i] and 1 or 0
+    flight[key], marks[key], parked_n[key] = key_state_parse(values[i])
   end
 end
 local function key_flight(key)
@@ -289,10 +283,7 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
     else
       if key then
         flight[key] = key_flight(key) + 1
-        if key_gap then
-          marks[key] = math.max(key_mark(key), now) + key_gap
-          marked[key] = true
-        end
+        if key_gap then marks[key] = math.max(key_mark(key), now) + key_gap end
         changed[key] = true
       end
       token = token or next_token()
@@ -311,27 +302,12 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
   end
   if parked_here == parked_before then break end  -- nothing stepped aside: no more to take
 end
--- Write back the keys this claim changed, in one HSET (and one HDEL for counts back to 0).
-local key_set, key_drop = {}, {}
+-- Write back the keys this claim changed (one HSET, one HDEL).
+local writes = {}
 for key in pairs(changed) do
-  local n = #key_set
-  if flight[key] > 0 then
-    key_set[n + 1], key_set[n + 2], n = 'f:' .. key, flight[key], n + 2
-  else
-    key_drop[#key_drop + 1] = 'f:' .. key
-  end
-  if parked_n[key] > 0 then
-    key_set[n + 1], key_set[n + 2] = 'p:' .. key, parked_n[key]
-  elseif parked_loaded[key] > 0 then
-    key_drop[#key_drop + 1] = 'p:' .. key
-  end
-  if marked[key] then
-    key_set[#key_set + 1] = 't:' .. key
-    key_set[#key_set + 1] = string.format('%.3f', marks[key])
-  end
+  writes[key] = key_state_value(flight[key], marks[key], parked_n[key], now) or false
 end
-if #key_set > 0 then call_chunked('HSET', KEYS[10], key_set) end
-if #key_drop > 0 then call_chunked('HDEL', KEYS[10], key_drop) end
+key_state_write(KEYS[10], writes)
 if #park_members > 0 then
   call_chunked('ZADD', KEYS[11], park_members)
   call_chunked('HSET', KEYS[4], park_meta)
