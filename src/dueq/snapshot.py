@@ -23,12 +23,13 @@ def text(value: bytes | str) -> str:
 
 
 def parse_meta(raw: bytes | str | None) -> tuple[int, int | None, int | None]:
-    """A meta value "attempt|token|due_ms|first_ms" as (attempt, due ms, first-claim ms);
-    parts that cannot be read (corrupted data) come back as 0 or None, never an error."""
+    """A meta value "attempt|token|due_ms|first_ms" (a leased task with a limit key has
+    "|<key>" after it) as (attempt, due ms, first-claim ms); parts that cannot be read
+    (corrupted data) come back as 0 or None, never an error."""
     if not raw:
         return 0, None, None
     try:
-        attempt, _token, due, first = text(raw).split("|")
+        attempt, _token, due, first, *_key = text(raw).split("|", 4)
     except (ValueError, UnicodeDecodeError):
         return 0, None, None
     return _count(attempt), stored_ms(due) if due else None, stored_ms(first) if first else None

@@ -26,14 +26,22 @@ local function ms(n) return string.format('%d', n) end
 -- Most attempts a meta value may count; a larger number is corrupted data.
 local MAX_ATTEMPT = 1000000000
 
--- A meta value as attempt, token, due ms, first-claim ms, and whether it was readable (a
--- missing value is readable: the task was never claimed).
+-- A meta value as attempt, token, due ms, first-claim ms, whether it was readable (a missing
+-- value is readable: the task was never claimed), and the limit key of a leased task with one
+-- (claim.lua appends "|<key>" to the meta of such a lease, so ending it needs no envelope).
 local function meta_parse(v)
-  if not v then return 0, '', '', '', true end
-  local a, t, d, f = string.match(v, '^(%d+)|([^|]*)|(%d*)|(%d*)$')
+  if not v then return 0, '', '', '', true, nil end
+  local a, t, d, f, rest = string.match(v, '^(%d+)|([^|]*)|(%d*)|(%d*)(.*)$')
   local attempt = tonumber(a)
-  if not attempt or attempt > MAX_ATTEMPT or #d > 16 or #f > 16 then return 0, '', '', '', false end
-  return attempt, t, d, f, true
+  if not attempt or attempt > MAX_ATTEMPT or #d > 16 or #f > 16 then
+    return 0, '', '', '', false, nil
+  end
+  local key = nil
+  if rest ~= '' then
+    if #rest < 2 or string.sub(rest, 1, 1) ~= '|' then return 0, '', '', '', false, nil end
+    key = string.sub(rest, 2)
+  end
+  return attempt, t, d, f, true, key
 end
 
 -- HINCRBY that reports (instead of raising) a value it cannot increment: not an integer, or
@@ -146,14 +154,15 @@ end
 -- over, or the task is gone). One ZMSCORE and one HMGET for the lot (callers send <= 1000).
 -- Returns the held ids and the verdict of each distinct lease.
 local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
-  local held, verdicts = {}, {}
-  if #ids == 0 then return held, verdicts end
+  local held, verdicts, keys = {}, {}, {}
+  if #ids == 0 then return held, verdicts, keys end
   local deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
   local metas = redis.call('HMGET', k_meta, unpack(ids))
   for i, id in ipairs(ids) do
-    local _, token = meta_parse(metas[i])
+    local _, token, _, _, _, key = meta_parse(metas[i])
     if deadlines[i] and tonumber(deadlines[i]) > now and token ~= '' and token == tokens[i] then
       held[#held + 1] = id
+      if key then keys[#keys + 1] = key end
       verdicts[i] = 'h'
     elseif redis.call('ZSCORE', k_cancelled, id .. '|' .. tokens[i]) then
       verdicts[i] = 'c'
@@ -161,7 +170,7 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
       verdicts[i] = 'l'
     end
   end
-  return held, verdicts
+  return held, verdicts, keys
 end
 
 -- The verdict on one lease, as judge_leases gives it: 'h' held, 'c' cancelled, 'l' lost.
@@ -233,6 +242,15 @@ local function task_options(envelope)
     end
   end
   return 0, nil, nil
+end
+
+-- The limit key of a stored envelope, or nil (task_options' third value, found faster).
+local function task_key(envelope)
+  if envelope and string.byte(envelope, 1) == 50 then
+    local key = string.match(envelope, '^2:%d|%d*|%d*|([^\n]*)\n')
+    if key and key ~= '' then return key end
+  end
+  return nil
 end
 
 -- The due ZSET a stored envelope's task waits in.
@@ -451,18 +469,6 @@ local function keys_release(k_state, k_wait, keys, now)
   key_state_write(k_state, writes)
   if #ready > 0 then zadd_chunked(k_wait, 'LT', ready) end
   return #ready > 0
-end
-
--- keys_release for the keyed tasks among `ids`, whose leases just ended (call it before their
--- envelopes are deleted). True when consumers should be woken.
-local function keys_unlease(k_tasks, k_state, k_wait, ids, now)
-  if #ids == 0 or redis.call('EXISTS', k_state) == 0 then return false end
-  local keys = {}
-  for _, envelope in ipairs(hmget_chunked(k_tasks, ids)) do
-    local _, _, key = task_options(envelope)
-    if key then keys[#keys + 1] = key end
-  end
-  return keys_release(k_state, k_wait, keys, now)
 end
 
 -- keys_release for one lease of `key`.

@@ -26,9 +26,9 @@ local now = dueq_now(ARGV[1])
 local window = done_window(KEYS[7], ARGV[2])
 local ids, tokens, positions = leases_unpack(ARGV[3])
 if #ids == 0 then return {0, ''} end
-local done, verdicts = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
+local done, verdicts, keys = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
 if #done > 0 then
-  if keys_unlease(KEYS[2], KEYS[9], KEYS[10], done, now) then
+  if #keys > 0 and keys_release(KEYS[9], KEYS[10], keys, now) then
     redis.call('PUBLISH', KEYS[11], ms(now))
   end
   call_chunked('ZREM', KEYS[1], done)

@@ -236,7 +236,7 @@ local deadline = now + lease_ms
 local leased, meta, orphans = {}, {}, {}
 local upper_used = upper_levels_used(levels)
 while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
-  local ids, scores = {}, {}
+  local ids, scores, priorities = {}, {}, {}
   for p = upper_used and 9 or 0, 0, -1 do
     local room = limit - #leased / 2 - #ids
     if room <= 0 then break end
@@ -246,6 +246,7 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
       for i = 1, got do
         ids[#ids + 1] = due[2 * i - 1]
         scores[#scores + 1] = due[2 * i]
+        priorities[#priorities + 1] = p
       end
       redis.call('ZREMRANGEBYRANK', levels[p], 0, got - 1)
     end
@@ -254,10 +255,10 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
   local parked_before = parked_here
   local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
   local metas = redis.call('HMGET', KEYS[4], unpack(ids))
-  local priorities, own, task_keys, round_keys = {}, {}, {}, {}
+  local task_keys, round_keys = {}, {}
   for i = 1, #ids do
-    local priority, attempts, key = task_options(envelopes[i])
-    priorities[i], own[i], task_keys[i] = priority, attempts, key
+    local key = task_key(envelopes[i])
+    task_keys[i] = key
     if key then round_keys[#round_keys + 1] = key end
   end
   if #round_keys > 0 then key_load(round_keys) end
@@ -265,7 +266,11 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
     local id, due_ms = ids[i], clamp_ms(scores[i])
     local attempt, _, _, first, readable = meta_parse(metas[i])
     local priority, key = priorities[i], task_keys[i]
-    local most = own[i] or max_attempts
+    local most = max_attempts
+    if attempt > 0 and string.byte(envelopes[i] or '', 1) == 50 then  -- its own max_attempts?
+      local _, own = task_options(envelopes[i])
+      most = own or max_attempts
+    end
     local room, wait_until = 1, nil
     if key and readable and envelopes[i] then room, wait_until = key_room(key, 1) end
     if not envelopes[i] then
@@ -292,7 +297,8 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
       leased[#leased + 1] = deadline
       leased[#leased + 1] = id
       meta[#meta + 1] = id
-      meta[#meta + 1] = attempt .. '|' .. token .. '|' .. ms(due_ms) .. '|' .. first
+      meta[#meta + 1] = attempt .. '|' .. token .. '|' .. ms(due_ms) .. '|' .. first ..
+        (key and '|' .. key or '')
       out[#out + 1] = id
       out[#out + 1] = envelopes[i]
       out[#out + 1] = attempt
