@@ -2,7 +2,8 @@
 -- ARGV[1] of every script is the queue clock: epoch ms, or "" for the server's TIME.
 -- meta values are "attempt|token|due_ms|first_ms": deliveries so far, the live lease token (""
 -- when not leased), the due time the current delivery was claimed at, and when the task was
--- first claimed (the start of its retry history, as tenacity counts it).
+-- first claimed (the start of its retry history, as tenacity counts it); a leased task with a
+-- limit key has "|<key>" after them.
 
 -- The queue clock in epoch ms, and the microseconds past that ms (0 for an injected clock).
 local function dueq_now_us(arg)
