@@ -16,6 +16,7 @@ from .cron import cron
 from .dead import dead
 from .demo import demo
 from .errors import DueqGroup, Settings
+from .metrics import metrics
 from .schedule import schedule
 from .stats import stats
 from .worker import worker
@@ -32,7 +33,7 @@ def cli(settings: Settings, debug: bool) -> None:
     settings.debug = debug
 
 
-for command in (schedule, worker, stats, pause, resume, configure, dead, cron, acl, demo):
+for command in (schedule, worker, stats, metrics, pause, resume, configure, dead, cron, acl, demo):
     cli.add_command(command)
 
 

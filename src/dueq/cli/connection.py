@@ -28,8 +28,8 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..exceptions import ConfigurationError
-from ..keys import PREFIX, QueueKeys, validate_queue_name
+from .. import discovery
+from ..keys import QueueKeys
 from ..queue import Queue
 from ..server import RedisServer
 from .errors import CliError, Settings
@@ -236,48 +236,15 @@ def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(wrapper)
 
 
-#: What follows ``dueq:{<queue>}:`` in the name of each key a queue has.
-KEY_SUFFIXES = frozenset(
-    key.removeprefix("dueq:{x}:")
-    for key in QueueKeys.for_queue("x").names()
-    if key.startswith("dueq:{x}:")
-)
-
-
-def queue_of_key(key: bytes | str) -> str | None:
-    """The queue whose key this is, or None for a key no dueq queue has (``dueq:{}:x``,
-    ``dueq:{a}b:c``, a name that is not UTF-8 or not a valid queue name, an unknown suffix)."""
-    try:
-        name = key.decode("utf-8") if isinstance(key, bytes) else key
-    except UnicodeDecodeError:
-        return None
-    start = f"{PREFIX}:{{"
-    if not name.startswith(start):
-        return None
-    queue, close, suffix = name[len(start) :].partition("}:")
-    if not close or suffix not in KEY_SUFFIXES:
-        return None
-    try:
-        return validate_queue_name(queue)
-    except ConfigurationError:
-        return None
-
-
 def queue_names(client: redis.Redis) -> list[str]:
-    """Names of the queues with any key in this database (SCAN, incremental); keys that are
-    not a dueq queue's are skipped. CliError when this user may not SCAN."""
-    start = f"{PREFIX}:{{"
+    """Names of the queues with any key in this database (``dueq.discovery``). CliError
+    when this user may not SCAN."""
     try:
-        names = {
-            queue
-            for key in client.scan_iter(match=f"{start}*}}:*", count=1000)
-            if (queue := queue_of_key(key)) is not None
-        }
+        return discovery.queue_names(client)
     except redis.exceptions.NoPermissionError as exc:
         raise CliError(
             f"this Redis user may not SCAN to find queues ({exc}); name the queue instead"
         ) from exc
-    return sorted(names)
 
 
 def open_queue(target: RedisTarget, name: str) -> Queue:
