@@ -210,12 +210,16 @@ def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(command)
     def wrapper(*args: Any, redis_url: str, embedded: bool, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
-        if (
-            embedded
-            and ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE
-        ):
-            raise click.UsageError("--redis-url and --embedded exclude each other")
+        given = ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE
         settings = ctx.find_object(Settings)
+        if settings is not None:  # dueq --redis-url URL / --embedded before the command
+            if settings.redis_url is not None:
+                if given and redis_url != settings.redis_url:
+                    raise click.UsageError("--redis-url given twice, with different URLs")
+                redis_url, given = settings.redis_url, True
+            embedded = embedded or settings.embedded
+        if embedded and given:
+            raise click.UsageError("--redis-url and --embedded exclude each other")
         if settings is not None:
             settings.secrets |= url_secrets(redis_url)
         return command(*args, target=RedisTarget(redis_url, embedded), **kwargs)
