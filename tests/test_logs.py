@@ -8,6 +8,7 @@ import os
 import re
 import sys
 
+import pytest
 from test_cli_worker import WAIT_S, start_worker, wait_for
 
 import dueq
@@ -96,3 +97,26 @@ def test_json_lines_mask_secrets_in_every_field():
     entry = json.loads(JsonFormatter(redact=lambda s: s.replace("hunter2", "***")).format(rec))
     assert "hunter2" not in json.dumps(entry)
     assert entry["url"] == "redis://u:***@h"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs extra=task_fields(...) on the consumers' log calls (operators/_settle.py)",
+)
+def test_json_log_lines_about_a_task_carry_its_queue_id_and_attempt(r, redis_server):
+    q = dueq.Queue("f", r)
+    q.schedule({"fail": True}, id="bad")
+    child = start_worker(
+        redis_server, "f", "cli_handlers:record", "--max-attempts", "1", "--log-format", "json"
+    )
+    try:
+        wait_for(lambda: q.dead.count() == 1 and q.stats().leased == 0, "the dead task")
+        child.terminate()
+        _, err = child.communicate(timeout=WAIT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    about_bad = [e for e in map(json.loads, err.splitlines()) if "'bad'" in e["message"]]
+    assert about_bad
+    assert all((e["queue"], e["task_id"], e["attempt"]) == ("f", "bad", 1) for e in about_bad)
