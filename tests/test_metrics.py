@@ -10,12 +10,11 @@ import sys
 import urllib.request
 
 import pytest
+from prometheus_client import parser
 from test_cli_worker import WAIT_S, start_worker, wait_for
 
 import dueq
 from dueq.metrics import QueueCollector, WorkerMetrics, counter_metric_name, new_registry
-
-parser = pytest.importorskip("prometheus_client.parser")
 
 
 def free_port() -> int:
