@@ -122,12 +122,12 @@ def test_replay_of_an_id_that_is_not_dead_changes_nothing(invoke, q):
     assert q.dead.count() == 2
 
 
-@pytest.mark.parametrize("extra", [[], ["--id", "d0", "--all"]])
+@pytest.mark.parametrize("extra", [[], ["--id", "d0", "--all"], ["d0", "--all"]])
 def test_replay_needs_exactly_one_of_id_and_all(invoke, q, extra):
     bury(q, 1)
     result = invoke("dead", "replay", "jobs", *extra)
     assert result.exit_code == 2
-    assert "give --id ID (one or more) or --all" in result.stderr
+    assert "give the ids (ID... or --id ID) or --all, not both" in result.stderr
     assert q.dead.count() == 1
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, DueqError
 
 
 def whole_number(value: object, what: str, *, low: int, high: int | None = None) -> int:
@@ -16,3 +16,26 @@ def whole_number(value: object, what: str, *, low: int, high: int | None = None)
         bounds = f"from {low} to {high}" if high is not None else f">= {low}"
         raise ConfigurationError(f"{what} must be an int {bounds}, got {value!r}")
     return value
+
+
+#: Longest name of a queue or a cron definition.
+MAX_NAME_LENGTH = 200
+
+
+def checked_name(name: object, what: str, error: type[DueqError], *, forbidden: str = "") -> str:
+    """``name`` if it can name a queue or a cron definition, else ``error``.
+
+    One rule for both: a non-empty str of at most MAX_NAME_LENGTH printable characters with
+    no whitespace anywhere. Whitespace is refused because names travel where spaces split
+    words: ACL rules (``~dueq:{name}:*``, one rule per word), shell commands, log lines and
+    Prometheus label values read by people. ``forbidden`` adds characters of the kind's own
+    (queue names: the braces of the Redis Cluster hash tag).
+    """
+    if not isinstance(name, str) or not name:
+        raise error(f"{what} must be a non-empty string, got {name!r}")
+    if len(name) > MAX_NAME_LENGTH:
+        raise error(f"{what} is longer than {MAX_NAME_LENGTH} characters")
+    if not name.isprintable() or any(c.isspace() or c in forbidden for c in name):
+        extra = f" or {' '.join(forbidden)}" if forbidden else ""
+        raise error(f"{what} {name!r} must be printable, without spaces{extra}")
+    return name

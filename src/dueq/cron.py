@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 import redis
 
 from . import _protocol as protocol
-from .checks import whole_number
+from .checks import checked_name, whole_number
 from .clock import clock_ms, ms_datetime
 from .cronexpr import CronSchedule, parse_slot_label, schedule_for, slot_label
 from .envelope import encode_envelope
@@ -79,7 +79,6 @@ AddResult = Literal["added", "unchanged", "replaced", "restored"]
 
 #: Task ids of occurrences start with this.
 OCCURRENCE_PREFIX = "cron:"
-MAX_NAME_LENGTH = 200
 #: Most missed occurrences ``missed="all"`` runs after downtime, by default and at most.
 DEFAULT_MAX_MISSED = 10
 MAX_MISSED_LIMIT = 1000
@@ -163,14 +162,9 @@ class CronDefinition:
 
 
 def validate_name(name: object) -> str:
-    """Return ``name`` if it can name a cron definition, else raise CronError."""
-    if not isinstance(name, str) or not name:
-        raise CronError(f"cron name must be a non-empty string, got {name!r}")
-    if len(name) > MAX_NAME_LENGTH:
-        raise CronError(f"cron name is longer than {MAX_NAME_LENGTH} characters")
-    if not name.isprintable() or any(c.isspace() for c in name):
-        raise CronError(f"cron name {name!r} must be printable, without spaces")
-    return name
+    """Return ``name`` if it can name a cron definition, else raise CronError (the rule of
+    queue names, ``dueq.checks.checked_name``)."""
+    return checked_name(name, "cron name", CronError)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,9 @@
 Every command takes ``--redis-url`` (default ``$DUEQ_REDIS_URL``, else
 ``redis://127.0.0.1:6379/0``) or ``--embedded``. Errors print one line on stderr (a traceback
 with ``--debug``); exit codes are in ``errors.py``.
+
+``--debug``, ``--redis-url`` and ``--embedded`` go before or after the command name alike
+(``dueq --debug stats``, ``dueq stats --debug``): people put them wherever they think of them.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import click
 from .. import __version__
 from .acl import acl
 from .configure import configure, pause, resume
+from .connection import ENV_URL, url_secrets
 from .cron import cron
 from .dead import dead
 from .demo import demo
 from .errors import DueqGroup, Settings
+from .metrics import metrics
 from .schedule import schedule
 from .stats import stats
 from .worker import worker
@@ -23,16 +28,48 @@ from .worker import worker
 __all__ = ["cli", "main"]
 
 
+DEBUG_HELP = "Show the traceback of an error."
+
+
 @click.group(cls=DueqGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+@click.option("--debug", is_flag=True, help=DEBUG_HELP)
+@click.option(
+    "--redis-url",
+    metavar="URL",
+    help=f"Redis for the command (as the command's own --redis-url); also ${ENV_URL}.",
+)
+@click.option("--embedded", is_flag=True, help="A throwaway local redis-server (see --help).")
 @click.version_option(__version__, prog_name="dueq")
 @click.pass_obj
-def cli(settings: Settings, debug: bool) -> None:
+def cli(settings: Settings, debug: bool, redis_url: str | None, embedded: bool) -> None:
     """Delayed and retried tasks on Redis. Start with: dueq demo"""
-    settings.debug = debug
+    settings.debug = settings.debug or debug
+    settings.redis_url = redis_url
+    settings.embedded = embedded
+    if redis_url is not None:
+        settings.secrets |= url_secrets(redis_url)
 
 
-for command in (schedule, worker, stats, pause, resume, configure, dead, cron, acl, demo):
+def _debug_too(_ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    settings = click.get_current_context().find_object(Settings)
+    if value and settings is not None:
+        settings.debug = True
+
+
+def _with_debug(command: click.Command) -> None:
+    """Give ``command`` (and every subcommand of a group) a ``--debug`` of its own."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _with_debug(sub)
+    command.params.append(
+        click.Option(
+            ["--debug"], is_flag=True, expose_value=False, callback=_debug_too, help=DEBUG_HELP
+        )
+    )
+
+
+for command in (schedule, worker, stats, metrics, pause, resume, configure, dead, cron, acl, demo):
+    _with_debug(command)
     cli.add_command(command)
 
 

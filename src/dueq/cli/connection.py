@@ -28,8 +28,8 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..exceptions import ConfigurationError
-from ..keys import PREFIX, QueueKeys, validate_queue_name
+from .. import discovery
+from ..keys import QueueKeys
 from ..queue import Queue
 from ..server import RedisServer
 from .errors import CliError, Settings
@@ -210,12 +210,16 @@ def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(command)
     def wrapper(*args: Any, redis_url: str, embedded: bool, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
-        if (
-            embedded
-            and ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE
-        ):
-            raise click.UsageError("--redis-url and --embedded exclude each other")
+        given = ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE
         settings = ctx.find_object(Settings)
+        if settings is not None:  # dueq --redis-url URL / --embedded before the command
+            if settings.redis_url is not None:
+                if given and redis_url != settings.redis_url:
+                    raise click.UsageError("--redis-url given twice, with different URLs")
+                redis_url, given = settings.redis_url, True
+            embedded = embedded or settings.embedded
+        if embedded and given:
+            raise click.UsageError("--redis-url and --embedded exclude each other")
         if settings is not None:
             settings.secrets |= url_secrets(redis_url)
         return command(*args, target=RedisTarget(redis_url, embedded), **kwargs)
@@ -236,48 +240,15 @@ def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(wrapper)
 
 
-#: What follows ``dueq:{<queue>}:`` in the name of each key a queue has.
-KEY_SUFFIXES = frozenset(
-    key.removeprefix("dueq:{x}:")
-    for key in QueueKeys.for_queue("x").names()
-    if key.startswith("dueq:{x}:")
-)
-
-
-def queue_of_key(key: bytes | str) -> str | None:
-    """The queue whose key this is, or None for a key no dueq queue has (``dueq:{}:x``,
-    ``dueq:{a}b:c``, a name that is not UTF-8 or not a valid queue name, an unknown suffix)."""
-    try:
-        name = key.decode("utf-8") if isinstance(key, bytes) else key
-    except UnicodeDecodeError:
-        return None
-    start = f"{PREFIX}:{{"
-    if not name.startswith(start):
-        return None
-    queue, close, suffix = name[len(start) :].partition("}:")
-    if not close or suffix not in KEY_SUFFIXES:
-        return None
-    try:
-        return validate_queue_name(queue)
-    except ConfigurationError:
-        return None
-
-
 def queue_names(client: redis.Redis) -> list[str]:
-    """Names of the queues with any key in this database (SCAN, incremental); keys that are
-    not a dueq queue's are skipped. CliError when this user may not SCAN."""
-    start = f"{PREFIX}:{{"
+    """Names of the queues with any key in this database (``dueq.discovery``). CliError
+    when this user may not SCAN."""
     try:
-        names = {
-            queue
-            for key in client.scan_iter(match=f"{start}*}}:*", count=1000)
-            if (queue := queue_of_key(key)) is not None
-        }
+        return discovery.queue_names(client)
     except redis.exceptions.NoPermissionError as exc:
         raise CliError(
             f"this Redis user may not SCAN to find queues ({exc}); name the queue instead"
         ) from exc
-    return sorted(names)
 
 
 def open_queue(target: RedisTarget, name: str) -> Queue:

@@ -12,9 +12,11 @@ from typing import Any
 import click
 
 from ..cron import DEFAULT_MAX_MISSED, MAX_MISSED_LIMIT, MissedPolicy
+from ..exceptions import CronConflict
 from ..queue import Queue
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
+from .jsonout import emit, json_option
 from .output import console, safe, titled_table, when
 from .task_input import parse_json
 
@@ -84,25 +86,48 @@ def add_cron(
     Adding the same definition again changes nothing; a different one needs --replace.
     """
     q = Queue(queue, target.open().client)
-    result = q.cron.add(
-        name, expr, payload=payload, tz=tz, missed=missed, max_missed=max_missed, replace=replace
-    )
+    try:
+        result = q.cron.add(
+            name,
+            expr,
+            payload=payload,
+            tz=tz,
+            missed=missed,
+            max_missed=max_missed,
+            replace=replace,
+        )
+    except CronConflict:
+        raise CliError(
+            f"cron {name!r} is already defined differently in queue {queue!r}; "
+            "add it with --replace to replace it"
+        ) from None
     definition = q.cron.get(name)
     next_at = when(definition.next_at if definition else None, datetime.now(timezone.utc))
     click.echo(f"{result} cron {name!r} in {queue!r}; next occurrence {next_at}")
 
 
+def _cli_words(problem: str) -> str:
+    """A library message as the command line says it: ``replace=True`` is ``--replace``."""
+    return problem.replace("replace=True", "--replace")
+
+
 @cron.command("list")
 @click.argument("queue")
+@json_option
 @redis_options
-def list_cron(queue: str, target: RedisTarget) -> None:
+def list_cron(queue: str, as_json: bool, target: RedisTarget) -> None:
     """List the cron definitions of QUEUE, with next and last fired slots.
 
     A paused definition shows "paused" as its next slot.
 
     Definitions whose data in Redis cannot be read are listed too, each problem below.
+    --json prints {"queue", "definitions": [...]}, each with every field ("problem" null
+    when healthy).
     """
     definitions = open_queue(target, queue).cron.list()
+    if as_json:
+        emit({"queue": queue, "definitions": definitions})
+        return
     out = console()
     if not definitions:
         out.print(f"no cron definitions in {queue!r}")
@@ -124,7 +149,10 @@ def list_cron(queue: str, target: RedisTarget) -> None:
     out.print(table)
     for d in definitions:
         if d.problem is not None:
-            out.print(f"cron {d.name!r} cannot be kept going: {d.problem}", style="red")
+            problem = _cli_words(d.problem)
+            out.print(
+                f"cron {safe(repr(d.name))} cannot be kept going: {safe(problem)}", style="red"
+            )
 
 
 @cron.command("remove")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
+from typing import Any
 
 import click
 
@@ -13,6 +15,7 @@ from ..queue import Queue
 from ..task import ErrorRecord, TaskInfo
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
+from .jsonout import emit, json_option, plain
 from .output import console, safe, safe_lines, steps, titled_table, when
 
 #: Dead tasks moved per script call by ``replay --all`` / ``purge --all``.
@@ -49,11 +52,19 @@ def dead() -> None:
 @click.option(
     "--limit", type=click.IntRange(1), default=50, show_default=True, help="Most tasks shown."
 )
+@json_option
 @redis_options
-def list_dead(queue: str, limit: int, target: RedisTarget) -> None:
-    """List the dead tasks of QUEUE, most recently died first."""
+def list_dead(queue: str, limit: int, as_json: bool, target: RedisTarget) -> None:
+    """List the dead tasks of QUEUE, most recently died first.
+
+    --json prints {"queue", "total", "tasks": [...]}, each task with its payload and errors
+    (without tracebacks: dead show has them), e.g. for jq to pick ids by error type.
+    """
     q = open_queue(target, queue)
     infos, total = q.dead.list(limit=limit), q.dead.count()
+    if as_json:
+        emit({"queue": queue, "total": total, "tasks": [_listed(info) for info in infos]})
+        return
     out = console()
     if not infos:
         out.print(f"no dead tasks in {queue!r}")
@@ -68,6 +79,28 @@ def list_dead(queue: str, limit: int, target: RedisTarget) -> None:
         out.print(f"showing {len(infos)} of {total}; --limit shows more")
 
 
+def _listed(info: TaskInfo) -> dict[str, Any]:
+    """A dead task for ``dead list --json``: every field, errors without tracebacks."""
+    fields: dict[str, Any] = plain(info)
+    for error in fields["errors"]:
+        error.pop("traceback", None)
+    return fields
+
+
+def ids_arguments(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Task ids as arguments (``ID...``) and as ``--id ID`` (repeatable), either or both; the
+    command receives them all, in order, as ``ids``."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, ids: tuple[str, ...], id_options: tuple[str, ...], **kw: Any) -> Any:
+        return command(*args, ids=(*ids, *id_options), **kw)
+
+    wrapper = click.option(
+        "--id", "id_options", multiple=True, metavar="ID", help="A task id (repeatable)."
+    )(wrapper)
+    return click.argument("ids", metavar="[ID]...", nargs=-1)(wrapper)
+
+
 def _error_lines(e: ErrorRecord) -> list[str]:
     at = f" at {e.at:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z" if e.at else ""
     message, *more = safe_lines(f"{e.type}: {e.message}") or [""]
@@ -79,14 +112,24 @@ def _error_lines(e: ErrorRecord) -> list[str]:
 
 @dead.command("show")
 @click.argument("queue")
-@click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@ids_arguments
+@json_option
 @redis_options
-def show_dead(queue: str, ids: tuple[str, ...], target: RedisTarget) -> None:
-    """Show dead tasks of QUEUE: payload and every attempt's error with its traceback."""
+def show_dead(queue: str, ids: tuple[str, ...], as_json: bool, target: RedisTarget) -> None:
+    """Show dead tasks of QUEUE: payload and every attempt's error with its traceback.
+
+    Ids come as arguments or --id (or both). --json prints {"queue", "tasks": [...]}.
+    """
+    if not ids:
+        raise click.UsageError("give the id of one or more dead tasks")
     q = open_queue(target, queue)
+    infos = _dead_tasks(q, ids)
+    if as_json:
+        emit({"queue": queue, "tasks": infos})
+        return
     out = console()
     now = datetime.now(timezone.utc)
-    for info in _dead_tasks(q, ids):
+    for info in infos:
         out.print(f"id: {safe(info.id)}")
         out.print(f"attempts: {info.attempt}    died: {when(info.died_at, now)}")
         out.print("payload:")
@@ -121,11 +164,12 @@ def _move_all(q: Queue, move: Callable[[list[str]], int], total: int, label: str
 
 
 def _move_command(action: str, doc: str, question: str) -> click.Command:
-    """``dead replay`` or ``dead purge``: --id ID ... or --all, confirmed unless --yes."""
+    """``dead replay`` or ``dead purge``: ids (as arguments or --id) or --all, confirmed
+    unless --yes."""
 
     @click.command(action, help=doc)
     @click.argument("queue")
-    @click.option("--id", "ids", multiple=True, metavar="ID", help="A dead task's id (repeatable).")
+    @ids_arguments
     @click.option("--all", "everything", is_flag=True, help="Every task dead now.")
     @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
     @redis_options
@@ -133,7 +177,7 @@ def _move_command(action: str, doc: str, question: str) -> click.Command:
         queue: str, ids: tuple[str, ...], everything: bool, yes: bool, target: RedisTarget
     ) -> None:
         if bool(ids) == everything:
-            raise click.UsageError("give --id ID (one or more) or --all")
+            raise click.UsageError("give the ids (ID... or --id ID) or --all, not both")
         q = open_queue(target, queue)
         move: Callable[[Iterable[str]], int] = getattr(q.dead, action)
         _dead_tasks(q, ids)

@@ -37,6 +37,10 @@ class Settings:
     """Options of the ``dueq`` group that every command sees (``ctx.obj``)."""
 
     debug: bool = False
+    #: ``dueq --redis-url URL COMMAND``: the URL a command uses unless it names its own
+    redis_url: str | None = None
+    #: ``dueq --embedded COMMAND``
+    embedded: bool = False
     #: Passwords of the command's Redis URL: never printed.
     secrets: set[str] = field(default_factory=set)
 
@@ -87,7 +91,10 @@ class DueqGroup(click.Group):
         except click.exceptions.Exit as exc:
             code = exc.exit_code
         except click.Abort as exc:  # click turns Ctrl-C and end of input into Abort
-            interrupted = isinstance(exc.__cause__, KeyboardInterrupt)
+            # a prompt raises Abort() "from None": the KeyboardInterrupt is then its context
+            interrupted = isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt)
+            if exc.__cause__ is None and exc.__context__ is not None:
+                click.echo(err=True)  # end the prompt's line: the error gets a line of its own
             settings.echo_error(f"error: {'interrupted' if interrupted else 'aborted'}")
             code = EXIT_INTERRUPTED if interrupted else EXIT_ERROR
         except click.UsageError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import click
@@ -135,12 +135,19 @@ def schedule(
     their own. A bad line rejects the whole file before anything is written. An id that
     already exists is left alone unless --replace.
     """
+    if target.embedded:
+        raise click.UsageError(
+            "--embedded starts a throwaway Redis that is deleted when the command ends, and "
+            "the task with it; give --redis-url (or $DUEQ_REDIS_URL) of a Redis workers use"
+        )
     if (payload is None) == (path is None):
         raise click.UsageError("give a JSON payload or --file, not both and not neither")
     if at is not None and delay is not None:
         raise click.UsageError("give --at or --delay, not both")
     if path is not None and task_id is not None:
         raise click.UsageError('--id names one task; in a file give each line an "id"')
+    if at is not None and at < datetime.now(timezone.utc):
+        click.echo(f"warning: --at {at.isoformat()} is in the past; the task is due now", err=True)
     timing = Timing(at, delay)
     given = {"priority": priority, "key": key, "timeout": timeout, "max_attempts": max_attempts}
     options = {name: value for name, value in given.items() if value is not None}

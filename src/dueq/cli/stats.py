@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from typing import Any
 
 import click
 import redis
@@ -15,32 +16,43 @@ from ..exceptions import DueqError
 from ..queue import Queue
 from ..task import QueueStats
 from .connection import Connection, RedisTarget, queue_names, redis_options, require_queue
+from .jsonout import emit, json_option, plain
 from .options import seconds_option
 from .output import console, safe, seconds, titled_table, when
+
+QueueStatsRow = tuple[str, QueueStats]
+Skipped = tuple[str, str]
 
 #: Lifetime counters shown next to the current states.
 COUNTERS = ("acked", "retried", "expired")
 
 
-def stats_table(conn: Connection, names: list[str]) -> Group:
-    """One row per queue: counts per state, next due time, lag of the oldest due task.
+def read_stats(conn: Connection, names: list[str]) -> tuple[list[QueueStatsRow], list[Skipped]]:
+    """Each queue's stats, and the queues left out with why.
 
-    A queue this Redis user may not read, or whose stats cannot be read, is left out with a
-    note under the table, so one queue never fails the whole command.
+    A queue this Redis user may not read, or whose stats cannot be read, is left out, so one
+    queue never fails the whole command.
     """
+    rows: list[QueueStatsRow] = []
+    skipped: list[Skipped] = []
+    for name in names:
+        try:
+            rows.append((name, Queue(name, conn.client).stats()))
+        except redis.exceptions.NoPermissionError:
+            skipped.append((name, "this Redis user may not read it"))
+        except (redis.ResponseError, DueqError, ValueError) as exc:  # corrupted data
+            skipped.append((name, f"cannot read its stats: {exc}"))
+    return rows, skipped
+
+
+def stats_table(conn: Connection, names: list[str]) -> Group:
+    """One row per queue: counts per state, next due time, lag of the oldest due task; the
+    queues that could not be read in a note under the table."""
     counts = ("scheduled", "due now", "leased", "dead", *COUNTERS)
     columns = ("queue", *counts, "next due", "oldest due lag")
     table = titled_table(f"dueq queues at {conn.shown}", columns, right={*counts, "oldest due lag"})
-    notes: list[str] = []
-    for name in names:
-        try:
-            s: QueueStats = Queue(name, conn.client).stats()
-        except redis.exceptions.NoPermissionError:
-            notes.append(f"skipped {safe(repr(name))}: this Redis user may not read it")
-            continue
-        except (redis.ResponseError, DueqError, ValueError) as exc:  # corrupted data
-            notes.append(f"skipped {safe(repr(name))}: cannot read its stats: {safe(exc)}")
-            continue
+    rows, skipped = read_stats(conn, names)
+    for name, s in rows:
         table.add_row(
             safe(name) + (" (paused)" if s.paused else ""),
             *(str(n) for n in (s.scheduled, s.due_now, s.leased, s.dead)),
@@ -48,7 +60,19 @@ def stats_table(conn: Connection, names: list[str]) -> Group:
             when(s.next_due_at, s.now),
             seconds(s.oldest_due_lag_s) if s.due_now else "-",
         )
+    notes = [f"skipped {safe(repr(name))}: {safe(reason)}" for name, reason in skipped]
     return Group(table, *notes) if notes else Group(table)
+
+
+def stats_document(conn: Connection, names: list[str]) -> dict[str, Any]:
+    """``stats --json``: {"redis": URL, "queues": [{"queue": name, "paused": bool, ...the
+    QueueStats fields}], "skipped": [{"queue": name, "reason": text}]}."""
+    rows, skipped = read_stats(conn, names)
+    return {
+        "redis": conn.shown,
+        "queues": [{"queue": name, "paused": s.paused, **plain(s)} for name, s in rows],
+        "skipped": [{"queue": name, "reason": reason} for name, reason in skipped],
+    }
 
 
 def _queues(conn: Connection, queue: str | None) -> list[str]:
@@ -65,16 +89,27 @@ def _queues(conn: Connection, queue: str | None) -> list[str]:
 @click.option(
     "--count", type=click.IntRange(1), metavar="N", help="With --watch: stop after N refreshes."
 )
+@json_option
 @redis_options
 def stats(
-    queue: str | None, watch: bool, interval: float, count: int | None, target: RedisTarget
+    queue: str | None,
+    watch: bool,
+    interval: float,
+    count: int | None,
+    as_json: bool,
+    target: RedisTarget,
 ) -> None:
     """Show scheduled, due, leased and dead tasks of QUEUE (default: every queue found).
 
     "oldest due lag" is how long the oldest due task has waited past its due time: it
     grows when workers are missing or too few. acked/retried/expired count since the queue
-    was created.
+    was created. --json prints one JSON object (one per refresh with --watch).
     """
+    ctx = click.get_current_context()
+    if not watch:
+        for name in ("count", "interval"):
+            if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+                raise click.UsageError(f"--{name} applies only with --watch")
     conn = target.open()
     out = console()
 
@@ -82,20 +117,28 @@ def stats(
         names = _queues(conn, queue)
         return stats_table(conn, names) if names else f"no dueq queues at {safe(conn.shown)}"
 
+    # On a terminal the table is redrawn in place; elsewhere (a log, --json) printed each time.
+    live = (
+        Live(console=out, auto_refresh=False) if watch and out.is_terminal and not as_json else None
+    )
+
+    def show() -> None:
+        if as_json:
+            emit(stats_document(conn, _queues(conn, queue)))
+        elif live is not None:
+            live.update(render(), refresh=True)
+        else:
+            out.print(render())
+
     if not watch:
-        out.print(render())
+        show()
         return
-    # On a terminal the table is redrawn in place; elsewhere (a log) printed each time.
-    live = Live(console=out, auto_refresh=False) if out.is_terminal else None
     refreshes = range(count) if count is not None else itertools.count()
     try:
         with live or contextlib.nullcontext():
             for i in refreshes:
                 if i:
                     time.sleep(interval)
-                if live is not None:
-                    live.update(render(), refresh=True)
-                else:
-                    out.print(render())
+                show()
     except KeyboardInterrupt:  # Ctrl-C is how --watch ends
         pass

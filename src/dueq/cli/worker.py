@@ -1,4 +1,11 @@
-"""``dueq worker``: run ``dueq.Worker`` on a handler named ``module:function``."""
+"""``dueq worker``: run ``dueq.Worker`` on a handler named ``module:function``.
+
+``--log-format json`` writes one JSON object per log line (``dueq.logs.JsonFormatter``); text
+lines name the worker too. ``--metrics-port`` serves Prometheus metrics from this process: the
+queue's gauges and counters (``dueq.metrics.QueueCollector``) and the worker's own handler
+time, delivery lag and outcomes (``dueq.metrics.WorkerMetrics``, measured around the handler
+and read from ``Worker.outcomes``).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +18,13 @@ from typing import Any
 
 import click
 
+from ..logs import JsonFormatter, WorkerFilter
 from ..queue import Queue
 from ..retry import RetryPolicy
 from ..worker import Worker
 from .connection import RedisTarget, redis_options
 from .errors import CliError, Settings
+from .metrics import DEFAULT_HOST, metrics_module, start_exporter
 from .options import replication_options, seconds_option
 from .output import safe, safe_lines
 
@@ -104,6 +113,25 @@ def _whole(text: str) -> int:
     "Fail an attempt that runs longer (retried like any failure); none by default.",
     low=0.001,
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line (time, level, logger, message, worker, queue, ...).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    help="Serve Prometheus metrics of this worker and its queue on PORT (metrics extra).",
+)
+@click.option(
+    "--metrics-host",
+    default=DEFAULT_HOST,
+    show_default=True,
+    help="With --metrics-port: the address to bind.",
+)
 @replication_options
 @redis_options
 @click.pass_obj
@@ -117,6 +145,9 @@ def worker(
     lease: float,
     grace: float,
     timeout: float | None,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
     wait_replicas: int,
     wait_timeout: float,
     target: RedisTarget,
@@ -139,8 +170,25 @@ def worker(
         wait_timeout=wait_timeout,
     )
     log = logging.StreamHandler(sys.stderr)
-    log.setFormatter(SafeFormatter(settings, "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.addFilter(WorkerFilter())
+    log.setFormatter(
+        JsonFormatter(settings.redact)
+        if log_format == "json"
+        else SafeFormatter(settings, "%(asctime)s %(levelname)s %(name)s [%(worker)s]: %(message)s")
+    )
     logging.basicConfig(level=logging.DEBUG if settings.debug else logging.INFO, handlers=[log])
+    measured: Any = None
+    if metrics_port is not None:
+        m = metrics_module()
+        registry = m.new_registry()
+        registry.register(m.QueueCollector(conn.client, [queue]))
+        measured = m.WorkerMetrics(registry)
+        function = measured.wrap(queue, function)
+        server = start_exporter(registry, metrics_port, metrics_host)
+        click.get_current_context().call_on_close(server.shutdown)
+        logging.getLogger(__name__).info(
+            "serving metrics on http://%s:%d/metrics", metrics_host, server.server_port
+        )
     w = Worker(
         q,
         function,
@@ -149,10 +197,13 @@ def worker(
         grace=grace,
         timeout=timeout,
     )
-    click.echo(
-        f"worker on {queue!r} at {conn.shown}: {safe(handler)}, concurrency {concurrency}",
-        err=True,
-    )
+    if measured is not None:
+        measured.follow(queue, w.outcomes)
+    banner = f"worker on {queue!r} at {conn.shown}: {safe(handler)}, concurrency {concurrency}"
+    if log_format == "json":  # every stderr line is then one JSON object
+        logging.getLogger(__name__).info("%s", banner, extra={"queue": queue})
+    else:
+        click.echo(banner, err=True)
     w.run()
     summary = ", ".join(f"{kind}={count}" for kind, count in sorted(w.outcomes.items()))
     click.echo(f"worker stopped: {summary or 'no tasks'}")

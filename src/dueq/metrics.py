@@ -1,0 +1,368 @@
+"""Prometheus metrics: queue state read from Redis, and what a worker process does.
+
+Install with the ``metrics`` extra (``pip install 'dueq[metrics]'``): ``prometheus_client``.
+
+Two sources, because they answer different questions:
+
+- ``QueueCollector`` reads each queue's state from Redis at scrape time, through the public
+  API only (``Queue.stats()``, ``Queue.cron.list()``). Any process may serve it (``dueq
+  metrics`` does, for every queue it finds); the numbers are the same whoever serves them, so
+  scrape one exporter per Redis, not every worker, or aggregate with ``max`` by queue.
+- ``WorkerMetrics`` counts what this process's handlers did: handler time, delivery lag (claim
+  time minus due time, both in Redis time) and outcomes by kind. It lives in the worker (``dueq
+  worker --metrics-port``) and is summed across workers.
+
+Names follow the Prometheus conventions: a ``dueq_`` prefix, base units (``_seconds``),
+counters end in ``_total``, and every series carries a ``queue`` label.
+
+Queue metrics (one series per queue; a queue whose stats cannot be read has ``dueq_queue_up``
+0 and no other series in that scrape):
+
+==========================================  =====  ===============================================
+``dueq_tasks{state}``                       gauge  tasks by state: ``delayed`` (not yet due),
+                                                   ``due`` (due, waiting for a worker), ``leased``,
+                                                   ``dead``; the four add up to every task
+``dueq_oldest_due_lag_seconds``             gauge  how long the oldest due task has waited past
+                                                   its due time (0 when none is due)
+``dueq_next_due_timestamp_seconds``         gauge  when the next task falls due (absent if none)
+``dueq_paused``                             gauge  1 while ``pause()`` holds claims
+``dueq_missing_tasks``                      gauge  tasks counted whose data is gone (data loss)
+``dueq_cron_definitions{state}``            gauge  ``active``, ``paused``, ``broken``
+``dueq_tasks_<event>_total``                count  the queue's lifetime counters (``scheduled``,
+                                                   ``claimed``, ``acked``, ``retried``, ``dead``,
+                                                   ``expired``, ``released``, ``cancelled``,
+                                                   ``replayed``, ``purged``, ``dropped``)
+``dueq_cron_<event>_total``                 count  its cron counters (``cron_skipped``, ...)
+``dueq_queue_up``                           gauge  1 when the queue's stats could be read
+==========================================  =====  ===============================================
+
+Worker metrics:
+
+==========================================  =====  ===============================================
+``dueq_handler_duration_seconds{result}``   hist.  time in the handler; ``result`` ``ok`` (it
+                                                   returned) or ``error`` (it raised)
+``dueq_delivery_lag_seconds``               hist.  claim time minus due time of each delivery
+``dueq_worker_outcomes_total{outcome}``     count  what became of deliveries: acked, retried,
+                                                   dead, released, cancelled, lost
+==========================================  =====  ===============================================
+
+Every worker metric also carries ``worker`` (``dueq._identity.worker_id()``).
+
+The hook a consumer calls is ``WorkerMetrics``: ``observe_delivery(queue, delivery)`` when a
+handler starts, ``observe_handler(queue, duration_s, ok)`` when it ends, and
+``observe_outcome(queue, outcome)`` when a delivery is settled. ``wrap(queue, handler)`` does
+the first two around any handler (sync or ``async def``), and ``follow(queue, worker)`` reads a
+``Worker``'s ``outcomes`` counts at scrape time, so a worker needs no change to be measured.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+try:
+    from prometheus_client import CollectorRegistry, Histogram, start_http_server
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.gc_collector import GCCollector
+    from prometheus_client.platform_collector import PlatformCollector
+    from prometheus_client.process_collector import ProcessCollector
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("dueq.metrics needs prometheus_client: pip install 'dueq[metrics]'") from exc
+
+import redis
+
+from . import discovery
+from ._identity import worker_id
+from .exceptions import DueqError
+from .operators._process import is_async_handler
+from .queue import Queue
+from .task import Outcome, QueueStats
+
+__all__ = [
+    "DELIVERY_LAG_BUCKETS_S",
+    "HANDLER_BUCKETS_S",
+    "QueueCollector",
+    "WorkerMetrics",
+    "new_registry",
+    "serve",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Handler time buckets: a few ms (an in-memory handler) to minutes (a slow API).
+HANDLER_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+#: Delivery lag buckets: a claim right at the due time to an hour behind.
+DELIVERY_LAG_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+#: Counters of the stats hash that are about cron definitions, not tasks.
+CRON_PREFIX = "cron_"
+
+
+def _metric_word(name: str) -> str:
+    """A stats-hash counter name as a metric name part: ``[a-z0-9_]`` only."""
+    return "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name.lower())
+
+
+def counter_metric_name(counter: str) -> str:
+    """The metric family (without ``_total``) of a stats-hash counter: ``acked`` ->
+    ``dueq_tasks_acked``, ``cron_skipped`` -> ``dueq_cron_skipped``."""
+    word = _metric_word(counter)
+    if word.startswith(CRON_PREFIX):
+        return f"dueq_{word}"
+    return f"dueq_tasks_{word}"
+
+
+class QueueCollector(Collector):
+    """Queue gauges and counters read from Redis at each scrape (see the module doc).
+
+    ``queues`` names the queues; None finds every queue in the database at each scrape
+    (``dueq.discovery.queue_names``, an incremental SCAN). ``client`` is a blocking redis-py
+    client; scrapes may come from any thread (redis-py's pool is thread-safe).
+    """
+
+    def __init__(self, client: redis.Redis, queues: Sequence[str] | None = None) -> None:
+        self._client = client
+        self._names = list(queues) if queues is not None else None
+        self._queues: dict[str, Queue] = {}
+        self._lock = threading.Lock()
+        for name in self._names or ():
+            self._queue(name)  # a bad name is refused here, not at the first scrape
+
+    def _queue(self, name: str) -> Queue:
+        with self._lock:
+            q = self._queues.get(name)
+            if q is None:
+                q = self._queues[name] = Queue(name, self._client)
+            return q
+
+    def describe(self) -> Iterable[Metric]:
+        """Nothing: the families depend on the queues found, so registering reads nothing."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        names = self._names if self._names is not None else discovery.queue_names(self._client)
+        up = GaugeMetricFamily(
+            "dueq_queue_up", "1 when the queue's stats could be read", labels=["queue"]
+        )
+        tasks = GaugeMetricFamily("dueq_tasks", "Tasks by state", labels=["queue", "state"])
+        lag = GaugeMetricFamily(
+            "dueq_oldest_due_lag_seconds",
+            "How long the oldest due task has waited past its due time",
+            labels=["queue"],
+        )
+        next_due = GaugeMetricFamily(
+            "dueq_next_due_timestamp_seconds",
+            "When the next task falls due (Unix time)",
+            labels=["queue"],
+        )
+        paused = GaugeMetricFamily("dueq_paused", "1 while the queue is paused", labels=["queue"])
+        missing = GaugeMetricFamily(
+            "dueq_missing_tasks",
+            "Tasks counted in a state whose data is gone (evicted or deleted)",
+            labels=["queue"],
+        )
+        crons = GaugeMetricFamily(
+            "dueq_cron_definitions", "Cron definitions by state", labels=["queue", "state"]
+        )
+        counters: dict[str, CounterMetricFamily] = {}
+        for name in names:
+            try:
+                q = self._queue(name)
+                s = q.stats()
+                definitions = q.cron.list()
+            except (redis.RedisError, DueqError, ValueError) as exc:
+                # one unreadable queue (no permission, corrupted data, Redis away) must not
+                # fail the scrape of the others: it shows as dueq_queue_up 0
+                logger.warning("metrics: cannot read queue %r: %s", name, exc)
+                up.add_metric([name], 0)
+                continue
+            up.add_metric([name], 1)
+            self._add_stats(name, s, tasks, lag, next_due, paused, missing)
+            cron_states = Counter(
+                "broken" if d.problem else "paused" if d.paused else "active" for d in definitions
+            )
+            for state in ("active", "paused", "broken"):
+                crons.add_metric([name, state], cron_states[state])
+            for counter, value in sorted(s.counters.items()):
+                family = counter_metric_name(counter)
+                if family not in counters:
+                    counters[family] = CounterMetricFamily(
+                        family,
+                        f"Tasks counted as {counter} since the queue was created",
+                        labels=["queue"],
+                    )
+                counters[family].add_metric([name], value)
+        yield from (up, tasks, lag, next_due, paused, missing, crons, *counters.values())
+
+    @staticmethod
+    def _add_stats(
+        name: str,
+        s: QueueStats,
+        tasks: GaugeMetricFamily,
+        lag: GaugeMetricFamily,
+        next_due: GaugeMetricFamily,
+        paused: GaugeMetricFamily,
+        missing: GaugeMetricFamily,
+    ) -> None:
+        for state, count in (
+            ("delayed", s.scheduled - s.due_now),
+            ("due", s.due_now),
+            ("leased", s.leased),
+            ("dead", s.dead),
+        ):
+            tasks.add_metric([name, state], count)
+        lag.add_metric([name], s.oldest_due_lag_s if s.due_now else 0.0)
+        if s.next_due_at is not None:
+            next_due.add_metric([name], s.next_due_at.timestamp())
+        paused.add_metric([name], 1 if s.paused else 0)
+        missing.add_metric([name], s.missing)
+
+
+class _Outcomes(Collector):
+    """``dueq_worker_outcomes_total``: observed outcomes plus the counts of followed workers."""
+
+    def __init__(self, owner: WorkerMetrics) -> None:
+        self._owner = owner
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "dueq_worker_outcomes",
+            "What became of this worker's deliveries",
+            labels=["queue", "worker", "outcome"],
+        )
+
+    def collect(self) -> Iterator[Metric]:
+        family = self._family()
+        for (queue, kind), count in sorted(self._owner.outcome_counts().items()):
+            family.add_metric([queue, self._owner.worker, kind], count)
+        yield family
+
+
+class WorkerMetrics:
+    """Worker-side metrics in ``registry``: the hook a consumer calls (see the module doc)."""
+
+    def __init__(self, registry: CollectorRegistry, *, worker: str | None = None) -> None:
+        self.worker = worker or worker_id()
+        self.handler_seconds = Histogram(
+            "dueq_handler_duration_seconds",
+            "Time in the handler per delivery",
+            ["queue", "worker", "result"],
+            buckets=HANDLER_BUCKETS_S,
+            registry=registry,
+        )
+        self.delivery_lag_seconds = Histogram(
+            "dueq_delivery_lag_seconds",
+            "Claim time minus due time of each delivery (Redis time)",
+            ["queue", "worker"],
+            buckets=DELIVERY_LAG_BUCKETS_S,
+            registry=registry,
+        )
+        self._lock = threading.Lock()
+        self._observed: Counter[tuple[str, str]] = Counter()
+        self._followed: list[tuple[str, Mapping[str, int]]] = []
+        registry.register(_Outcomes(self))
+
+    # -- the hook ----------------------------------------------------------------------------
+
+    def observe_delivery(self, queue: str, delivery: Any) -> None:
+        """A handler starts on ``delivery`` (anything with ``claimed_ms`` and ``due_ms``)."""
+        lag_s = max(0, delivery.claimed_ms - delivery.due_ms) / 1000
+        self.delivery_lag_seconds.labels(queue, self.worker).observe(lag_s)
+
+    def observe_handler(self, queue: str, duration_s: float, ok: bool) -> None:
+        """A handler returned (``ok``) or raised after ``duration_s``."""
+        result = "ok" if ok else "error"
+        self.handler_seconds.labels(queue, self.worker, result).observe(duration_s)
+
+    def observe_outcome(self, queue: str, outcome: Outcome) -> None:
+        """A delivery of ``queue`` was settled as ``outcome.kind``."""
+        with self._lock:
+            self._observed[queue, outcome.kind] += 1
+
+    # -- without a change to the consumer ----------------------------------------------------
+
+    def follow(self, queue: str, outcomes: Mapping[str, int]) -> None:
+        """Report ``outcomes`` (a ``Worker.outcomes`` counter, read at each scrape) as the
+        outcomes of ``queue``. Use it or ``observe_outcome`` for a queue, not both."""
+        with self._lock:
+            self._followed.append((queue, outcomes))
+
+    def outcome_counts(self) -> dict[tuple[str, str], int]:
+        """Every (queue, outcome kind) counted so far."""
+        with self._lock:
+            counts = Counter(self._observed)
+            followed = list(self._followed)
+        for queue, outcomes in followed:
+            for kind, count in _snapshot(outcomes).items():
+                counts[queue, kind] += count
+        return dict(counts)
+
+    def wrap(self, queue: str, handler: Callable[..., Any]) -> Callable[..., Any]:
+        """``handler`` (sync or ``async def``) with its deliveries and time measured."""
+        if is_async_handler(handler):
+
+            @functools.wraps(handler)
+            async def measured_async(delivery: Any) -> Any:
+                self.observe_delivery(queue, delivery)
+                start = time.perf_counter()
+                ok = False
+                try:
+                    result = await handler(delivery)
+                    ok = True
+                    return result
+                finally:
+                    self.observe_handler(queue, time.perf_counter() - start, ok)
+
+            return measured_async
+
+        @functools.wraps(handler)
+        def measured(delivery: Any) -> Any:
+            self.observe_delivery(queue, delivery)
+            start = time.perf_counter()
+            ok = False
+            try:
+                result = handler(delivery)
+                ok = True
+                return result
+            finally:
+                self.observe_handler(queue, time.perf_counter() - start, ok)
+
+        return measured
+
+
+def _snapshot(outcomes: Mapping[str, int]) -> dict[str, int]:
+    """A copy of a counter another thread may be adding a key to."""
+    for _ in range(3):
+        try:
+            return dict(outcomes)
+        except RuntimeError:  # "dictionary changed size during iteration": copy again
+            continue
+    return {}
+
+
+def new_registry(*, process: bool = True) -> CollectorRegistry:
+    """A registry of its own (not prometheus_client's global one), with the standard process,
+    platform and garbage-collector metrics unless ``process=False``."""
+    registry = CollectorRegistry()
+    if process:
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+    return registry
+
+
+def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> WSGIServer:
+    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread; returns the
+    server (``server_port`` is the port bound, useful with ``port=0``; ``shutdown()`` stops
+    it). Binds loopback unless told otherwise: the metrics name queues and hosts."""
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server

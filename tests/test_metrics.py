@@ -1,0 +1,229 @@
+"""Prometheus metrics (``dueq.metrics``): scraped over HTTP from a running ``dueq worker
+--metrics-port`` and from ``dueq metrics``, parsed with ``prometheus_client.parser``."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from prometheus_client import parser
+from test_cli_worker import WAIT_S, start_worker, wait_for
+
+import dueq
+from dueq.metrics import QueueCollector, WorkerMetrics, counter_metric_name, new_registry
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample at http://127.0.0.1:PORT/metrics: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as reply:
+        text = reply.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in parser.text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def try_scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    try:
+        return scrape(port)
+    except OSError:  # not listening yet
+        return {}
+
+
+def stop(child: subprocess.Popen[str]) -> tuple[str, str]:
+    child.terminate()
+    try:
+        return child.communicate(timeout=WAIT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_a_running_worker_serves_acked_and_dead_counts_equal_to_what_happened(r, redis_server):
+    q = dueq.Queue("w", r)
+    q.schedule_many(dueq.Task({"n": n}) for n in range(12))
+    q.schedule({"fail": True}, id="bad")
+    q.schedule({"n": "later"}, id="later", delay=3600)
+    port = free_port()
+    child = start_worker(
+        redis_server, "w", "cli_handlers:record", "--max-attempts", "1", "--metrics-port", str(port)
+    )
+    try:
+
+        def settled() -> bool:
+            found = try_scrape(port)
+            outcomes = {
+                dict(labels)["outcome"]: v
+                for (name, labels), v in found.items()
+                if name == "dueq_worker_outcomes_total"
+            }
+            return outcomes == {"acked": 12, "dead": 1}
+
+        wait_for(settled, "12 acked and 1 dead outcome in /metrics")
+        samples = scrape(port)
+    finally:
+        _, err = stop(child)
+    assert child.returncode == 0, err
+    qw = (("queue", "w"),)
+    assert samples["dueq_tasks_acked_total", qw] == 12
+    assert samples["dueq_tasks_dead_total", qw] == 1
+    assert samples["dueq_tasks_scheduled_total", qw] == 14
+    assert samples["dueq_tasks", (("queue", "w"), ("state", "dead"))] == 1
+    assert samples["dueq_tasks", (("queue", "w"), ("state", "delayed"))] == 1
+    assert samples["dueq_tasks", (("queue", "w"), ("state", "due"))] == 0
+    assert samples["dueq_tasks", (("queue", "w"), ("state", "leased"))] == 0
+    assert samples["dueq_queue_up", qw] == 1
+    assert samples["dueq_paused", qw] == 0
+    assert samples["dueq_oldest_due_lag_seconds", qw] == 0
+    worker = {
+        dict(labels)["worker"]
+        for (name, labels) in samples
+        if name == "dueq_handler_duration_seconds_count"
+    }
+    assert len(worker) == 1
+    (wid,) = worker
+    assert wid.split(":")[1] == str(child.pid)
+    handled = {
+        dict(labels)["result"]: v
+        for (name, labels), v in samples.items()
+        if name == "dueq_handler_duration_seconds_count"
+    }
+    assert handled == {"ok": 12, "error": 1}
+    lag = (("queue", "w"), ("worker", wid))
+    assert samples["dueq_delivery_lag_seconds_count", lag] == 13
+    assert samples["process_cpu_seconds_total", ()] > 0
+
+
+def test_dueq_metrics_exports_every_queue_found_at_each_scrape(r, redis_server):
+    dueq.Queue("a", r).schedule({"x": 1})
+    port = free_port()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dueq",
+            "metrics",
+            "--port",
+            str(port),
+            "--redis-url",
+            redis_server.url,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: bool(try_scrape(port)), "the exporter")
+        first = scrape(port)
+        b = dueq.Queue("b", r)
+        b.schedule({"x": 2}, id="t")
+        b.pause()
+        second = scrape(port)
+    finally:
+        _, err = stop(child)
+    assert child.returncode == 0, err
+    assert f"serving metrics on http://127.0.0.1:{port}/metrics" in err
+    assert first["dueq_tasks", (("queue", "a"), ("state", "due"))] == 1
+    assert ("dueq_queue_up", (("queue", "b"),)) not in first
+    assert second["dueq_tasks", (("queue", "b"), ("state", "due"))] == 1
+    assert second["dueq_paused", (("queue", "b"),)] == 1
+    assert second["dueq_paused", (("queue", "a"),)] == 0
+
+
+def test_the_collector_reads_named_queues_and_counts_cron_definitions_by_state(r):
+    q = dueq.Queue("c", r)
+    q.cron.add("nightly", "0 3 * * *")
+    q.cron.add("hourly", "@hourly")
+    q.cron.pause("hourly")
+    registry = new_registry(process=False)
+    registry.register(QueueCollector(r, ["c"]))
+    cron = {
+        s.labels["state"]: s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "dueq_cron_definitions"
+    }
+    assert cron == {"active": 1, "paused": 1, "broken": 0}
+
+
+def test_an_unreadable_queue_is_reported_down_and_the_others_still_export(r, admin):
+    dueq.Queue("good", r).schedule({"x": 1})
+    dueq.Queue("bad", r).schedule({"x": 1})
+    admin.delete("dueq:{bad}:config")
+    admin.set("dueq:{bad}:config", "not a hash")
+    registry = new_registry(process=False)
+    registry.register(QueueCollector(r))
+    up = {
+        s.labels["queue"]: s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "dueq_queue_up"
+    }
+    assert up == {"good": 1, "bad": 0}
+
+
+def test_the_worker_hook_measures_sync_and_async_handlers_and_counts_outcomes():
+    registry = new_registry(process=False)
+    m = WorkerMetrics(registry, worker="h:1:x")
+
+    class D:
+        claimed_ms, due_ms = 5_000, 3_500
+
+    def ok(d):
+        return "done"
+
+    async def boom(d):
+        raise ValueError("no")
+
+    assert m.wrap("q", ok)(D()) == "done"
+    with pytest.raises(ValueError):
+        asyncio.run(m.wrap("q", boom)(D()))
+    m.observe_outcome("q", dueq.Outcome("a", "acked", 1))
+    m.follow("q", {"acked": 2, "dead": 1})
+    value = registry.get_sample_value
+    assert (
+        value(
+            "dueq_handler_duration_seconds_count", {"queue": "q", "worker": "h:1:x", "result": "ok"}
+        )
+        == 1
+    )
+    assert (
+        value(
+            "dueq_handler_duration_seconds_count",
+            {"queue": "q", "worker": "h:1:x", "result": "error"},
+        )
+        == 1
+    )
+    assert value("dueq_delivery_lag_seconds_sum", {"queue": "q", "worker": "h:1:x"}) == 3.0
+    assert (
+        value("dueq_worker_outcomes_total", {"queue": "q", "worker": "h:1:x", "outcome": "acked"})
+        == 3
+    )
+    assert (
+        value("dueq_worker_outcomes_total", {"queue": "q", "worker": "h:1:x", "outcome": "dead"})
+        == 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("counter", "family"),
+    [
+        ("acked", "dueq_tasks_acked"),
+        ("cron_skipped", "dueq_cron_skipped"),
+        ("odd-name é", "dueq_tasks_odd_name__"),
+    ],
+)
+def test_stats_counters_become_prometheus_names(counter, family):
+    assert counter_metric_name(counter) == family
