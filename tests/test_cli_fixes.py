@@ -169,10 +169,6 @@ def test_a_cron_name_with_spaces_is_refused_with_the_rule(r, name):
         dueq.Queue("q", r).cron.add(name, "@daily")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs keys.validate_queue_name to call dueq.checks.checked_name (lead's merge)",
-)
 @pytest.mark.parametrize("name", ["two words", "x\u00a0y"])
 def test_a_queue_name_with_spaces_is_refused_like_a_cron_name(r, name):
     with pytest.raises(dueq.ConfigurationError, match="must be printable, without spaces"):

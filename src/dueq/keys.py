@@ -8,23 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .checks import checked_name
 from .exceptions import ConfigurationError
 
 PREFIX = "dueq"
-MAX_QUEUE_NAME_LENGTH = 200
 
 
 def validate_queue_name(name: object) -> str:
-    """Return ``name`` if it can name a queue, else raise ConfigurationError."""
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"queue name must be a non-empty string, got {name!r}")
-    if len(name) > MAX_QUEUE_NAME_LENGTH:
-        raise ConfigurationError(f"queue name is longer than {MAX_QUEUE_NAME_LENGTH} characters")
-    if any(c in name for c in "{}") or not name.isprintable() or name != name.strip():
-        raise ConfigurationError(
-            f"queue name {name!r} must be printable, without braces or surrounding spaces"
-        )
-    return name
+    """Return ``name`` if it can name a queue, else raise ConfigurationError (the rule of
+    ``dueq.checks.checked_name``: printable, no whitespace, and no braces here)."""
+    return checked_name(name, "queue name", ConfigurationError, forbidden="{}")
 
 
 @dataclass(frozen=True)
