@@ -58,8 +58,8 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     ),
     # claim (with cron occurrences), ack, fail, extend, release, get
     "consumer": ("claim", "cron_advance", "ack", "fail", "extend", "release", "inspect"),
-    # stats, get/list, dead list/count/replay/purge, cron add/list/remove/pause/resume/run_now,
-    # schedule (CLI), configure / pause / resume
+    # stats, get, list_tasks, history, dead list/count/replay/purge,
+    # cron add/list/remove/pause/resume/run_now, schedule (CLI), configure / pause / resume
     "operator": (
         "stats",
         "inspect",
@@ -71,6 +71,8 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "cancel",
         "reschedule",
         "configure",
+        "list_tasks",
+        "history",
     ),
 }
 
