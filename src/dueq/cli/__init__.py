@@ -18,6 +18,7 @@ from .demo import demo
 from .errors import DueqGroup, Settings
 from .schedule import schedule
 from .stats import stats
+from .tasks import cancel, list_tasks, reschedule, run_now, show
 from .worker import worker
 
 __all__ = ["cli", "main"]
@@ -33,6 +34,8 @@ def cli(settings: Settings, debug: bool) -> None:
 
 
 for command in (schedule, worker, stats, pause, resume, configure, dead, cron, acl, demo):
+    cli.add_command(command)
+for command in (list_tasks, show, cancel, reschedule, run_now):
     cli.add_command(command)
 
 
