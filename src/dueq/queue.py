@@ -69,7 +69,7 @@ class Queue(QueueCore):
     scheduling such an id again counts it as existing (unless ``replace=True``), so a re-run
     producer does not re-create tasks that already ran. Give it to producers and consumers.
 
-    ``holder`` names this process in the leases its claims take (a worker id of at most 64
+    ``holder`` names this process in the leases its claims take (a worker id of at most 32
     characters, without "|"; default "<host>:<pid>"), so that ``list_tasks("leased")`` and
     ``get`` show who holds what.
 
