@@ -252,3 +252,36 @@ def test_history_stays_in_the_queues_own_key(make_queue: Callable[..., Any]) -> 
     q = make_queue("h")
     call = protocol.history(q.keys, "", minutes=1, bucket_ms=1, buckets=1)
     assert call.keys[0] == q.keys.history and q.keys.history in q.keys.names()
+
+
+def test_an_unreadable_history_restarts_and_never_stops_a_script(
+    make_queue: Callable[..., Any], r: Any, clock: Any
+) -> None:
+    q = make_queue("h")
+    q.schedule("a", id="a")
+    [now] = q.history(1)
+    minute = int(now.minute.timestamp()) // 60
+    r.hset(q.keys.history, f"{minute}|scheduled", "not a number")
+    q.schedule("b", id="b")  # the bucket restarts at this call's count
+    assert q.history(1)[0].scheduled == 1
+    r.hset(q.keys.history, "last", "garbage")
+    q.schedule("c", id="c")  # the whole history restarts
+    assert q.history(1)[0].scheduled == 1
+    assert [t.id for t in _all(q, "scheduled")] == ["a", "b", "c"]
+
+
+def test_a_clock_that_went_back_counts_in_its_own_minute_while_in_the_window(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue("h")
+    q.schedule("a", id="a")
+    clock.advance(120)
+    q.schedule("b", id="b")
+    clock.advance(-120)
+    q.schedule("c", id="c")  # another producer's clock, two minutes behind
+    clock.advance(120)
+    assert [p.scheduled for p in q.history(3)] == [2, 0, 1]
+    clock.advance(-3600 * 25)  # older than the window: not kept, nothing else changes
+    q.schedule("d", id="d")
+    clock.advance(3600 * 25)
+    assert [p.scheduled for p in q.history(3)] == [2, 0, 1]
