@@ -51,6 +51,11 @@ def test_list_filters_and_limits(invoke: Any, q: Any) -> None:
     assert [t["id"] for t in _json(invoke(*args, "--grep", "t-dead@"))] == ["t-dead"]
     assert [t["id"] for t in _json(invoke(*args, "--id-prefix", "v"))] == ["v-dead"]
     assert len(_json(invoke(*args, "--limit", "1"))) == 1
+    soon = (datetime.now(UTC) + timedelta(minutes=5)).isoformat()
+    assert _json(invoke("list", "jobs", "--before", soon, "--json")) == []
+    assert [t["id"] for t in _json(invoke("list", "jobs", "--after", soon, "--json"))] == [
+        "t-later"
+    ]
     table = invoke("list", "jobs", "--state", "leased")
     assert table.exit_code == 0 and "w1" in table.stdout and "t-held" in table.stdout
     more = invoke("list", "jobs", "--state", "dead", "--limit", "1")

@@ -86,6 +86,13 @@ def _last_error(info: TaskInfo) -> str:
 @click.option("--grep", metavar="TEXT", help="Only tasks whose payload JSON contains TEXT.")
 @click.option("--error-type", metavar="NAME", help="Only tasks whose last error is NAME.")
 @click.option("--id-prefix", metavar="PREFIX", help="Only tasks whose id starts with PREFIX.")
+@click.option(
+    "--after",
+    metavar="ISO",
+    callback=time_option,
+    help="Only tasks due (leased: whose lease ends; dead: that died) at or after this time.",
+)
+@click.option("--before", metavar="ISO", callback=time_option, help="... at or before this time.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
 @redis_options
 def list_tasks(
@@ -95,6 +102,8 @@ def list_tasks(
     grep: str | None,
     error_type: str | None,
     id_prefix: str | None,
+    after: datetime | None,
+    before: datetime | None,
     as_json: bool,
     target: RedisTarget,
 ) -> None:
@@ -109,6 +118,8 @@ def list_tasks(
             grep=grep,
             error_type=error_type,
             id_prefix=id_prefix,
+            after=after,
+            before=before,
         ),
         limit + 1,
     )
