@@ -139,8 +139,9 @@ DESCRIPTIONS: dict[Role, str] = {
     "cancel, reschedule, get; dueq schedule)",
     "consumer": "claims and settles tasks and hears the wake channel (Queue.claim, observe, "
     "process, Worker; dueq worker)",
-    "operator": "reads stats, manages dead letters and cron, finds queues with SCAN "
-    "(Queue.stats, get, dead.*, cron.*; dueq stats, dead, cron)",
+    "operator": "reads stats and history, lists and steers tasks, manages dead letters and "
+    "cron, finds queues with SCAN (Queue.stats, history, list_tasks, get, run_now, dead.*, "
+    "cron.*; dueq stats, list, show, cancel, reschedule, run-now, dead, cron)",
 }
 
 
