@@ -37,6 +37,8 @@ class Blocking:
             result = value(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
             if inspect.isawaitable(result):
                 result = self._loop.run_until_complete(result)
+            elif inspect.isasyncgen(result):  # an async iterator (iter_tasks): as a list
+                result = self._loop.run_until_complete(_collect(result))
             return self._wrap(result)
 
         return call
@@ -61,6 +63,10 @@ class Blocking:
         if isinstance(value, tuple):
             return tuple(self._wrap(v) for v in value)
         return value
+
+
+async def _collect(agen: Any) -> list[Any]:
+    return [item async for item in agen]
 
 
 def _unwrap(value: Any) -> Any:

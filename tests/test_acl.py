@@ -7,6 +7,7 @@ refused: nothing it needs, and everything outside its queue or its job.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -258,6 +259,34 @@ def test_the_operator_reads_stats_manages_dead_letters_and_cron(server, admin, l
     # SCAN names foreign queues too (it is not a key command); reading them is refused
     denied = refused(admin, "operator")
     assert denied and all(f"{{{OTHER}}}" in item for item in denied), denied
+
+
+def test_the_operator_lists_shows_steers_tasks_and_reads_history(server, admin, login):
+    producer = dueq.Queue(QUEUE, login("producer"))
+    consumer = dueq.Queue(QUEUE, login("consumer"), holder="acl-worker")
+    producer.schedule_many([dueq.Task(n, id=f"v{n}") for n in range(4)])
+    producer.schedule("later", id="later", delay=3600)
+    held = consumer.claim(4)
+    for d in held[:2]:
+        d.fail(dueq.Unrecoverable("boom"))
+    admin.script_flush()
+    op = dueq.Queue(QUEUE, login("operator"))
+    assert {t.id for t in op.iter_tasks("dead", error_type="Unrecoverable")} == {"v0", "v1"}
+    assert {t.holder for t in op.list_tasks("leased").tasks} == {"acl-worker"}
+    assert sum(p.claimed for p in op.history(5)) == 4
+    assert op.due_histogram(bucket=3600, buckets=1).counts == [1]
+    assert op.run_now("later") and op.dead.replay(error_type="Unrecoverable") == 2
+    code, out, err = run_cli(server, "operator", "list", QUEUE, "--state", "leased", "--json")
+    assert code == 0 and {t["holder"] for t in json.loads(out)} == {"acl-worker"}, err
+    code, out, err = run_cli(server, "operator", "show", QUEUE, "v2", "--json")
+    assert code == 0 and [t["state"] for t in json.loads(out)] == ["leased"], err
+    for args in (
+        ("reschedule", QUEUE, "later", "--delay", "60"),
+        ("run-now", QUEUE, "later"),
+        ("cancel", QUEUE, "later", "--yes"),
+    ):
+        code, _, err = run_cli(server, "operator", *args)
+        assert code == 0, (args, err)
 
 
 # -- and is refused the rest ---------------------------------------------------------------

@@ -127,7 +127,7 @@ def test_replay_needs_exactly_one_of_id_and_all(invoke, q, extra):
     bury(q, 1)
     result = invoke("dead", "replay", "jobs", *extra)
     assert result.exit_code == 2
-    assert "give the ids (ID... or --id ID) or --all, not both" in result.stderr
+    assert "give the ids (ID... or --id ID), --error-type NAME or --all" in result.stderr
     assert q.dead.count() == 1
 
 

@@ -468,15 +468,15 @@ def test_an_occurrence_held_back_by_a_redis_error_advances_on_its_next_claim(
     q = frozen_queue(make_queue, lease=60, retry=dueq.RetryPolicy(max_attempts=3, wait=lambda s: 0))
     q.cron.add("n", "@hourly")
     frozen.tick(timedelta(hours=1))
-    # A real Redis refusal after the claim: this user may run scripts but not HGET, which
-    # the script that advances schedules needs (the claim script does not HGET here).
+    # A real Redis refusal after the claim: this user may run scripts but not HEXISTS, which
+    # the script that advances schedules needs (the claim script never calls it).
     admin.acl_setuser(
         "nohget",
         enabled=True,
         passwords=["+pw"],
         keys=["*"],
         channels=["*"],
-        commands=["+@all", "-hget"],
+        commands=["+@all", "-hexists"],
     )
     refused = redis_server.client(username="nohget", password="pw")
     flaky = frozen_queue(make_queue, client=refused, lease=60)

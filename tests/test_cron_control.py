@@ -157,7 +157,7 @@ def test_an_occurrence_claimed_before_the_pause_but_not_yet_advanced_schedules_n
         passwords=["+pw"],
         keys=["*"],
         channels=["*"],
-        commands=["+@all", "-hget"],
+        commands=["+@all", "-hexists"],
     )
     refused = redis_server.client(username="nohget-ctl", password="pw")
     flaky = frozen_queue(make_queue, client=refused, lease=60)

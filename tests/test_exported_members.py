@@ -12,6 +12,9 @@ import dueq
 import dueq.operators
 
 PUBLIC = {
+    "DueHistogram",
+    "HistoryPoint",
+    "TaskPage",
     "AsyncDelivery",
     "AsyncQueue",
     "AsyncWorker",

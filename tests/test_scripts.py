@@ -107,3 +107,22 @@ def test_lua_status_codes_map_to_dueq_errors(make_queue, clock):
     for call in (d.ack, lambda: d.fail("late"), lambda: d.extend(5), d.release):
         with pytest.raises(dueq.LeaseLost):
             call()
+
+
+_HISTORY_COUNTED = ("scheduled", "claimed", "acked", "retried", "dead", "expired")
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_every_script_that_counts_a_history_counter_writes_the_history(name):
+    """stat_incr adds to the minute's bucket only after history_use: a script that counts one
+    of the history's counters (add_task counts "scheduled") must call it with its history key."""
+    text = LUA.joinpath(f"{name}.lua").read_text()
+    if name in CONTINUES_WITH:
+        text += LUA.joinpath(f"{CONTINUES_WITH[name]}.lua").read_text()
+    counted = re.findall(r"stat_incr\([^,]+,\s*'(\w+)'", text)
+    counts = "add_task(" in text or any(c in _HISTORY_COUNTED for c in counted)
+    uses = re.search(r"history_use\((KEYS\[\d+\]), ARGV\[1\]\)", text)
+    assert bool(uses) == counts, name
+    if uses:
+        header = dict(re.findall(r"^-- (KEYS\[\d+\])\s+(\w+)", text, flags=re.M))
+        assert header[uses.group(1)] == "history", name

@@ -29,7 +29,9 @@ from .retry import RetryPolicy
 from .task import (
     AsyncDelivery,
     Delivery,
+    DueHistogram,
     ErrorRecord,
+    HistoryPoint,
     Outcome,
     QueueSettings,
     QueueStats,
@@ -37,6 +39,7 @@ from .task import (
     ScheduleResult,
     Task,
     TaskInfo,
+    TaskPage,
 )
 from .worker import AsyncWorker, Worker
 
@@ -53,8 +56,10 @@ __all__ = [
     "CronError",
     "CronNotFound",
     "Delivery",
+    "DueHistogram",
     "DueqError",
     "ErrorRecord",
+    "HistoryPoint",
     "InvalidTaskError",
     "LeaseLost",
     "Occurrence",
@@ -72,6 +77,7 @@ __all__ = [
     "TaskInfo",
     "TaskNotFound",
     "TaskOptions",
+    "TaskPage",
     "TaskTimeout",
     "Unrecoverable",
     "Worker",

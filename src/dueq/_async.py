@@ -8,7 +8,7 @@ one front end is consumed by the other. Only the I/O differs: every call goes th
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -34,6 +34,8 @@ from .retry import RetryPolicy
 from .scripts import AsyncScripts
 from .task import (
     AsyncDelivery,
+    DueHistogram,
+    HistoryPoint,
     Outcome,
     QueueSettings,
     QueueStats,
@@ -41,6 +43,8 @@ from .task import (
     ScheduleResult,
     Task,
     TaskInfo,
+    TaskPage,
+    TaskState,
 )
 
 logger = logging.getLogger("dueq.queue")
@@ -66,6 +70,7 @@ class AsyncQueue(QueueCore):
         remember_done: Duration | None = None,
         wait_replicas: int = 0,
         wait_timeout: Duration = 1.0,
+        holder: str | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -78,6 +83,7 @@ class AsyncQueue(QueueCore):
             remember_done=remember_done,
             wait_replicas=wait_replicas,
             wait_timeout=wait_timeout,
+            holder=holder,
         )
         if not isinstance(redis_client, (redis.asyncio.Redis, AsyncRedisCluster)):
             blocking = isinstance(redis_client, (redis.Redis, redis.RedisCluster))
@@ -166,11 +172,15 @@ class AsyncQueue(QueueCore):
         """Lease up to ``limit`` due tasks (earliest first) to this caller, atomically."""
         return (await self.claim_batch(limit, lease=lease)).deliveries
 
-    async def claim_batch(self, limit: int = 100, *, lease: Duration | None = None) -> ClaimBatch:
-        """Like ``claim``, also telling when the next task is due and the next lease ends."""
+    async def claim_batch(
+        self, limit: int = 100, *, lease: Duration | None = None, holder: str | None = None
+    ) -> ClaimBatch:
+        """Like ``claim``, also telling when the next task is due and the next lease ends.
+        ``holder`` names who takes the leases (a worker id, shown by ``list_tasks`` and
+        ``get``); by default the queue's ``holder``, else "<host>:<pid>"."""
         if not self._server_checked:
             await self.check_server()
-        return await self._drive(self._claim_flow(limit, lease))
+        return await self._drive(self._claim_flow(limit, lease, holder))
 
     async def ack_many(self, deliveries: Sequence[AsyncDelivery]) -> int:
         """Ack a batch in one round trip; LeaseLost (with ``.ids``) if some leases were lost."""
@@ -287,3 +297,54 @@ class AsyncQueue(QueueCore):
     async def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
         return await self._drive(self._stats_flow())
+
+    async def list_tasks(
+        self,
+        state: TaskState,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+        id_prefix: str | None = None,
+        grep: str | None = None,
+        error_type: str | None = None,
+        after: datetime | None = None,
+        before: datetime | None = None,
+    ) -> TaskPage:
+        """As ``Queue.list_tasks``."""
+        return await self._drive(
+            self._list_flow(
+                state,
+                limit=limit,
+                cursor=cursor,
+                id_prefix=id_prefix,
+                grep=grep,
+                error_type=error_type,
+                after=after,
+                before=before,
+            )
+        )
+
+    async def iter_tasks(
+        self, state: TaskState, *, page: int = 100, **filters: Any
+    ) -> AsyncIterator[TaskInfo]:
+        """As ``Queue.iter_tasks``: ``async for info in q.iter_tasks("dead")``."""
+        cursor: str | None = None
+        while True:
+            found = await self.list_tasks(state, limit=page, cursor=cursor, **filters)
+            for info in found.tasks:
+                yield info
+            cursor = found.cursor
+            if cursor is None:
+                return
+
+    async def run_now(self, task_id: str) -> bool:
+        """As ``Queue.run_now``."""
+        return await self._drive(self._run_now_flow(task_id))
+
+    async def history(self, minutes: int = 60) -> list[HistoryPoint]:
+        """As ``Queue.history``."""
+        return await self._drive(self._history_flow(minutes))
+
+    async def due_histogram(self, bucket: Duration = 60.0, buckets: int = 30) -> DueHistogram:
+        """As ``Queue.due_histogram``."""
+        return await self._drive(self._due_histogram_flow(bucket, buckets))

@@ -11,7 +11,11 @@ it had made the call itself. This is tenacity's ``BaseRetrying.iter()`` shape, d
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
+import os
+import socket
 import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
@@ -51,6 +55,8 @@ from .snapshot import settings_from_hash, text
 from .task import (
     MAX_KEY_CONCURRENCY,
     DeliveryBase,
+    DueHistogram,
+    HistoryPoint,
     Outcome,
     OutcomeKind,
     QueueSettings,
@@ -59,6 +65,8 @@ from .task import (
     ScheduleResult,
     Task,
     TaskInfo,
+    TaskPage,
+    TaskState,
 )
 
 logger = logging.getLogger("dueq.queue")
@@ -78,6 +86,58 @@ MAX_PAYLOAD_LIMIT = 64 * 1024 * 1024
 MIN_REDIS_VERSION = (6, 2)
 #: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
 ID_RETRIES = 5
+#: Longest lease holder name: it is kept with every leased task (see ``Queue(holder=...)``), and
+#: 32 characters keep that under 40 bytes per task (scripts/bench/views.py measures it).
+MAX_HOLDER_LENGTH = 32
+#: Most tasks one listing page returns, and entries one page looks at (list_tasks.lua's cost).
+MAX_PAGE = 1000
+LIST_BUDGET = 1000
+#: The history's window (minutes) and the due histogram's largest shape.
+HISTORY_MINUTES = 1440
+MAX_BUCKETS = 1000
+_STATES = ("scheduled", "leased", "dead")
+#: The host's first name label, its last 20 characters (a pod's unique suffix is at the end)
+_HOST = socket.gethostname().split(".")[0].replace("|", "_")[-20:] or "host"
+
+
+def default_holder() -> str:
+    """This process as a lease holder: "<host>:<pid>" (the pid read at each claim, so a forked
+    child names itself)."""
+    return f"{_HOST}:{os.getpid()}"
+
+
+def validate_holder(holder: object) -> str:
+    """A lease holder name: printable, without "|", at most MAX_HOLDER_LENGTH characters."""
+    if (
+        not isinstance(holder, str)
+        or not holder
+        or len(holder) > MAX_HOLDER_LENGTH
+        or "|" in holder
+        or not holder.isprintable()
+    ):
+        raise ConfigurationError(
+            f"holder must be a printable string of 1 to {MAX_HOLDER_LENGTH} characters "
+            f'without "|", got {holder!r}'
+        )
+    return holder
+
+
+def _encode_cursor(raw: str) -> str | None:
+    return base64.urlsafe_b64encode(raw.encode()).decode() if raw else None
+
+
+def _decode_cursor(cursor: object, state: str) -> str:
+    """The script's cursor inside one ``TaskPage.cursor`` of a listing of ``state``."""
+    if cursor is None:
+        return ""
+    sources = {"scheduled": "0123456789p", "leased": "l", "dead": "d"}[state]
+    try:
+        raw = base64.urlsafe_b64decode(str(cursor).encode()).decode() if cursor else ""
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raw = ""
+    if not (isinstance(cursor, str) and raw[:1] in tuple(sources) and raw[1:2] == "|"):
+        raise InvalidTaskError(f"cursor {cursor!r} is not one a {state} listing returned")
+    return raw
 
 
 def drive(flow: Flow[T], send: Callable[[protocol.Step], Any]) -> T:
@@ -263,8 +323,11 @@ class QueueCore:
         remember_done: Duration | None = None,
         wait_replicas: int = 0,
         wait_timeout: Duration = 1.0,
+        holder: str | None = None,
     ) -> None:
         self.keys = QueueKeys.for_queue(name)
+        #: who this queue's claims lease to (None: "<host>:<pid>", see ``default_holder``)
+        self.holder = None if holder is None else validate_holder(holder)
         self.name = name
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigurationError(f"retry must be a dueq.RetryPolicy, got {retry!r}")
@@ -452,9 +515,15 @@ class QueueCore:
 
     # -- consuming ---------------------------------------------------------------------------
 
-    def _claim_flow(self, limit: int, lease: Duration | None) -> Flow[ClaimBatch]:
+    def _claim_flow(
+        self, limit: int, lease: Duration | None, holder: str | None = None
+    ) -> Flow[ClaimBatch]:
         whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
         lease_ms = self.lease_ms if lease is None else _positive_ms(lease, "lease")
+        if holder is not None:
+            validate_holder(holder)
+        else:  # the queue's ("" names no holder: scripts/bench/views.py measures without)
+            holder = default_holder() if self.holder is None else self.holder
         reply: protocol.ClaimReply = yield protocol.claim(
             self.keys,
             self._now_arg(),
@@ -465,6 +534,7 @@ class QueueCore:
             dead_max_count=self.dead_max_count,
             dead_max_age_ms=self.dead_max_age_ms,
             backoff_ms=self.retry.backoff_table_ms(),
+            holder=holder,
         )
         now_ms, next_due = reply.now_ms, reply.next_due_ms
         if reply.dropped:
@@ -668,6 +738,82 @@ class QueueCore:
     def _inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
         found: list[TaskInfo] = yield protocol.inspect_ids(self.keys, self._now_arg(), ids)
         return found
+
+    def _list_flow(
+        self,
+        state: TaskState,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+        id_prefix: str | None = None,
+        grep: str | None = None,
+        error_type: str | None = None,
+        after: datetime | None = None,
+        before: datetime | None = None,
+    ) -> Flow[TaskPage]:
+        if state not in _STATES:
+            raise InvalidTaskError(f"state must be one of {', '.join(_STATES)}, got {state!r}")
+        whole_number(limit, "limit", low=1, high=MAX_PAGE)
+        texts = {"id_prefix": id_prefix, "grep": grep, "error_type": error_type}
+        for name, value in texts.items():
+            if value is not None and not isinstance(value, str):
+                raise InvalidTaskError(f"{name} must be a string, got {value!r}")
+        keep = protocol.ListFilter(
+            id_prefix or "",
+            grep or "",
+            error_type or "",
+            None if after is None else datetime_ms(after),
+            None if before is None else datetime_ms(before),
+        )
+        reply: protocol.ListReply = yield protocol.list_tasks(
+            self.keys,
+            self._now_arg(),
+            state,
+            _decode_cursor(cursor, state),
+            limit,
+            max(LIST_BUDGET, limit),
+            keep,
+        )
+        return TaskPage(reply.tasks, _encode_cursor(reply.cursor), reply.looked_at)
+
+    def _run_now_flow(self, task_id: str) -> Flow[bool]:
+        """A scheduled task (parked ones too) becomes due now; a dead one is replayed (attempts
+        and errors reset, due now); a leased one is left alone (it is running): False."""
+        task_id = validate_id(task_id)
+        moved: protocol.TimeReply = yield protocol.reschedule(
+            self.keys, self._now_arg(), task_id, absolute=False, due_ms=0
+        )
+        if moved.status is protocol.Status.OK:
+            return True
+        replayed: protocol.DeadReply = yield protocol.dead_ids(
+            self.keys, self._now_arg(), "replay", [task_id]
+        )
+        return replayed.status is protocol.Status.OK
+
+    def _history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
+        whole_number(minutes, "minutes", low=1, high=HISTORY_MINUTES)
+        reply: protocol.HistoryReply = yield protocol.history(
+            self.keys, self._now_arg(), minutes=minutes, bucket_ms=1, buckets=0
+        )
+        first_ms = (reply.now_ms // 60_000 - minutes + 1) * 60_000
+        return [
+            HistoryPoint(ms_datetime(first_ms + i * 60_000), *row)
+            for i, row in enumerate(reply.minutes)
+        ]
+
+    def _due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
+        bucket_ms = _positive_ms(bucket, "bucket")
+        whole_number(buckets, "buckets", low=1, high=MAX_BUCKETS)
+        reply: protocol.HistoryReply = yield protocol.history(
+            self.keys, self._now_arg(), minutes=0, bucket_ms=bucket_ms, buckets=buckets
+        )
+        return DueHistogram(
+            ms_datetime(reply.now_ms),
+            timedelta(milliseconds=bucket_ms),
+            reply.overdue,
+            reply.buckets,
+            reply.later,
+        )
 
     def _stats_flow(self) -> Flow[QueueStats]:
         stats: QueueStats = yield protocol.stats(self.keys, self._now_arg())

@@ -122,7 +122,7 @@ def schedule(
 ) -> Call[ScheduleReply]:
     """Add a batch of packed task records (see ``envelope.pack_task``)."""
     keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done, k.config]
-    keys += [k.key_state, k.parked, k.key_wait, *k.upper_due]
+    keys += [k.key_state, k.parked, k.key_wait, k.history, *k.upper_due]
     args = [now, "1" if replace else "0", blob, window_ms]
     return Call("schedule", keys, args, _parse_schedule)
 
@@ -195,10 +195,12 @@ def claim(
     dead_max_count: int,
     dead_max_age_ms: int,
     backoff_ms: Sequence[int],
+    holder: str = "",
 ) -> Call[ClaimReply]:
-    """Reclaim expired leases, then lease up to ``limit`` due tasks."""
+    """Reclaim expired leases, then lease up to ``limit`` due tasks to ``holder`` (a worker
+    id kept in the lease token, "<seq>@<holder>"; "" for none)."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
-    keys += [k.key_state, k.parked, k.key_wait, *k.upper_due]
+    keys += [k.key_state, k.parked, k.key_wait, k.history, *k.upper_due]
     args = [
         now,
         limit,
@@ -207,6 +209,7 @@ def claim(
         reclaim_limit,
         dead_max_count,
         dead_max_age_ms,
+        holder,
         *backoff_ms,
     ]
     return Call("claim", keys, args, _parse_claim)
@@ -249,7 +252,7 @@ def ack(
     """Finish leased tasks, given as (id, lease token) pairs."""
     args: list[Any] = [now, window_ms, pack_pairs(held)]
     keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config, k.cancelled]
-    keys += [k.key_state, k.key_wait, k.wake]
+    keys += [k.key_state, k.key_wait, k.wake, k.history]
     return Call("ack", keys, args, _parse_ack)
 
 
@@ -282,7 +285,7 @@ def fail(
 ) -> Call[FailReply]:
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
-    keys += [k.key_state, k.key_wait, *k.upper_due]
+    keys += [k.key_state, k.key_wait, k.history, *k.upper_due]
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -377,6 +380,64 @@ def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[T
     return Call("inspect", keys, [now, "dead", offset, count], task_infos)
 
 
+@dataclass(frozen=True)
+class ListReply:
+    cursor: str  # "" when the listing is done
+    looked_at: int
+    tasks: list[TaskInfo]
+
+
+def _parse_list(reply: Any) -> ListReply:
+    return ListReply(text(reply[0]), int(reply[1]), task_infos(reply[2:]))
+
+
+@dataclass(frozen=True)
+class ListFilter:
+    """What list_tasks.lua keeps: "" (or None) for any."""
+
+    id_prefix: str = ""
+    grep: str = ""
+    error_type: str = ""
+    low_ms: int | None = None
+    high_ms: int | None = None
+
+
+def list_tasks(
+    k: QueueKeys, now: str, state: str, cursor: str, limit: int, budget: int, keep: ListFilter
+) -> Call[ListReply]:
+    """One page of the tasks in ``state``, looking at most at ``budget`` entries."""
+    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, *k.upper_due]
+    low = "" if keep.low_ms is None else keep.low_ms
+    high = "" if keep.high_ms is None else keep.high_ms
+    args = [now, state, cursor, limit, budget, keep.id_prefix, keep.grep, keep.error_type]
+    return Call("list_tasks", keys, [*args, low, high], _parse_list)
+
+
+@dataclass(frozen=True)
+class HistoryReply:
+    now_ms: int
+    #: per minute (oldest first), the counts in HISTORY_COUNTERS order
+    minutes: list[list[int]]
+    overdue: int
+    buckets: list[int]
+    later: int
+
+
+def history(
+    k: QueueKeys, now: str, *, minutes: int, bucket_ms: int, buckets: int
+) -> Call[HistoryReply]:
+    """The last ``minutes`` of per-minute counts and a due-time histogram, as one snapshot."""
+
+    def parse(reply: Any) -> HistoryReply:
+        counts = [int(x) for x in reply[1 : 1 + minutes * 6]]
+        rest = [int(x) for x in reply[1 + minutes * 6 :]]
+        rows = [counts[i : i + 6] for i in range(0, len(counts), 6)]
+        return HistoryReply(int(reply[0]), rows, rest[0], rest[1:-1], rest[-1])
+
+    keys = [k.history, k.due, k.parked, *k.upper_due]
+    return Call("history", keys, [now, minutes, bucket_ms, buckets], parse)
+
+
 def stats(k: QueueKeys, now: str) -> Call[QueueStats]:
     """Counts per state, timing and counters, as one snapshot."""
     keys = [k.due, k.leased, k.dead, k.stats, k.tasks, k.config, k.parked, *k.upper_due]
@@ -451,6 +512,7 @@ def cron_add(
     """Store a definition and schedule its next occurrence; None when a different definition
     exists and ``replace`` is off."""
     keys = [k.cron, k.cron_state, k.cron_paused, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake]
+    keys.append(k.history)
     args = [now, name, definition_json, "1" if replace else "0", next_ms, next_id, envelope]
     return Call("cron_add", keys, args, _parse_cron_add)
 
@@ -495,7 +557,7 @@ def cron_advance(k: QueueKeys, now: str, entries: Sequence[CronEntry]) -> Call[l
         for slot_ms, task_id in e.missed_now:
             args += (slot_ms, task_id)
     keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.leased, k.stats, k.wake]
-    keys.append(k.cron_paused)
+    keys += [k.cron_paused, k.history]
     return Call("cron_advance", keys, args, lambda reply: [CronAdvance(int(x)) for x in reply])
 
 
@@ -535,6 +597,7 @@ def cron_control(
         k.errors,
         k.stats,
         k.wake,
+        k.history,
     ]
     args = [now, action, name, definition_json, next_ms, occurrence_id, envelope]
     return Call("cron_control", keys, args, lambda reply: CronControl(int(reply)))
@@ -565,6 +628,8 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "cancel": lambda k: cancel(k, "", "id"),
     "inspect": lambda k: inspect_ids(k, "", ["id"]),
     "stats": lambda k: stats(k, ""),
+    "list_tasks": lambda k: list_tasks(k, "", "dead", "", 1, 1, ListFilter()),
+    "history": lambda k: history(k, "", minutes=1, bucket_ms=1, buckets=1),
     "dead": lambda k: dead_ids(k, "", "purge", ["id"]),
     "cron_add": lambda k: cron_add(
         k, "", "n", "{}", replace=False, next_ms=0, next_id="cron:n:x", envelope=b"1:null"

@@ -58,8 +58,8 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     ),
     # claim (with cron occurrences), ack, fail, extend, release, get
     "consumer": ("claim", "cron_advance", "ack", "fail", "extend", "release", "inspect"),
-    # stats, get/list, dead list/count/replay/purge, cron add/list/remove/pause/resume/run_now,
-    # schedule (CLI), configure / pause / resume
+    # stats, get, list_tasks, history, dead list/count/replay/purge,
+    # cron add/list/remove/pause/resume/run_now, schedule (CLI), configure / pause / resume
     "operator": (
         "stats",
         "inspect",
@@ -71,6 +71,8 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "cancel",
         "reschedule",
         "configure",
+        "list_tasks",
+        "history",
     ),
 }
 
@@ -137,8 +139,9 @@ DESCRIPTIONS: dict[Role, str] = {
     "cancel, reschedule, get; dueq schedule)",
     "consumer": "claims and settles tasks and hears the wake channel (Queue.claim, observe, "
     "process, Worker; dueq worker)",
-    "operator": "reads stats, manages dead letters and cron, finds queues with SCAN "
-    "(Queue.stats, get, dead.*, cron.*; dueq stats, dead, cron)",
+    "operator": "reads stats and history, lists and steers tasks, manages dead letters and "
+    "cron, finds queues with SCAN (Queue.stats, history, list_tasks, get, run_now, dead.*, "
+    "cron.*; dueq stats, list, show, cancel, reschedule, run-now, dead, cron)",
 }
 
 

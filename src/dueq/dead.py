@@ -51,8 +51,14 @@ class DeadLettersCore:
         count: int = yield protocol.command("ZCARD", self._core.keys.dead, parse=int)
         return count
 
-    def _move_flow(self, action: str, ids: Iterable[str] | None) -> Flow[int]:
+    def _move_flow(
+        self, action: str, ids: Iterable[str] | None, error_type: str | None = None
+    ) -> Flow[int]:
         q = self._core
+        if error_type is not None:
+            if ids is not None:
+                raise InvalidTaskError("give ids or error_type, not both")
+            return (yield from self._move_matching_flow(action, error_type))
         if ids is not None:
             wanted = _distinct_ids(ids)
             if len(wanted) > DEAD_BATCH:
@@ -83,6 +89,32 @@ class DeadLettersCore:
             moved += reply.count
             remaining -= reply.count
         return moved
+
+    def _move_matching_flow(self, action: str, error_type: str) -> Flow[int]:
+        """Move the dead tasks whose last error has ``error_type``, a listing page at a time
+        (each page found by ``list_tasks``, then moved in one all-or-nothing call; ids that
+        left the dead-letter queue in between are skipped)."""
+        if not isinstance(error_type, str) or not error_type:
+            raise InvalidTaskError(f"error_type must be a non-empty string, got {error_type!r}")
+        q = self._core
+        moved, cursor = 0, None
+        while True:
+            page = yield from q._list_flow(
+                "dead", limit=DEAD_BATCH, cursor=cursor, error_type=error_type
+            )
+            batch = [info.id for info in page.tasks]
+            while batch:
+                reply: protocol.DeadReply = yield protocol.dead_ids(
+                    q.keys, q._now_arg(), action, batch
+                )
+                if reply.status is protocol.Status.OK:
+                    moved += reply.count
+                    break
+                gone = set(reply.missing)  # replayed, purged or trimmed meanwhile: skip them
+                batch = [i for i in batch if i not in gone]
+            cursor = page.cursor
+            if cursor is None:
+                return moved
 
     def _check_dead_flow(self, wanted: Sequence[str]) -> Flow[None]:
         """TaskNotFound (listing them) if any of ``wanted`` is not dead; writes nothing."""
@@ -116,18 +148,21 @@ class DeadLetters(DeadLettersCore):
         """How many tasks are dead."""
         return self._queue._drive(self._count_flow())
 
-    def replay(self, ids: Iterable[str] | None = None) -> int:
+    def replay(self, ids: Iterable[str] | None = None, *, error_type: str | None = None) -> int:
         """Put dead tasks back in due now with attempts and errors reset; returns the count.
 
         With ``ids`` (an iterable of ids, each counted once; a bare str is refused with
         InvalidTaskError) it is all-or-nothing: TaskNotFound (listing them) if any id is not
         dead. Without, every task dead at the time of the call is replayed, in batches.
+        With ``error_type`` (instead of ``ids``), only the dead tasks whose last error record
+        has that type (e.g. ``"TimeoutError"``), found a page at a time.
         """
-        return self._queue._drive(self._move_flow("replay", ids))
+        return self._queue._drive(self._move_flow("replay", ids, error_type))
 
-    def purge(self, ids: Iterable[str] | None = None) -> int:
-        """Delete dead tasks for good; returns the count. ``ids`` as for ``replay``."""
-        return self._queue._drive(self._move_flow("purge", ids))
+    def purge(self, ids: Iterable[str] | None = None, *, error_type: str | None = None) -> int:
+        """Delete dead tasks for good; returns the count. ``ids`` and ``error_type`` as for
+        ``replay``."""
+        return self._queue._drive(self._move_flow("purge", ids, error_type))
 
 
 class AsyncDeadLetters(DeadLettersCore):
@@ -145,13 +180,17 @@ class AsyncDeadLetters(DeadLettersCore):
         """How many tasks are dead."""
         return await self._queue._drive(self._count_flow())
 
-    async def replay(self, ids: Iterable[str] | None = None) -> int:
+    async def replay(
+        self, ids: Iterable[str] | None = None, *, error_type: str | None = None
+    ) -> int:
         """As ``DeadLetters.replay``."""
-        return await self._queue._drive(self._move_flow("replay", ids))
+        return await self._queue._drive(self._move_flow("replay", ids, error_type))
 
-    async def purge(self, ids: Iterable[str] | None = None) -> int:
+    async def purge(
+        self, ids: Iterable[str] | None = None, *, error_type: str | None = None
+    ) -> int:
         """As ``DeadLetters.purge``."""
-        return await self._queue._drive(self._move_flow("purge", ids))
+        return await self._queue._drive(self._move_flow("purge", ids, error_type))
 
 
 def _distinct_ids(ids: object) -> list[str]:

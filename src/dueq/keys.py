@@ -40,6 +40,8 @@ class QueueKeys:
     ``parked``  ZSET (scores 0) "<key>\\0<9 - priority><due ms><id>": due tasks whose key was at
                 one of the queue's per-key limits
     ``key_wait`` ZSET key -> ms when its parked tasks may be claimable again
+    ``history`` HASH "<minute>|<counter>" -> count: per-minute counts of the last 24 hours
+                (field ``last``: the latest minute written; see the Lua prelude)
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -63,6 +65,7 @@ class QueueKeys:
     key_state: str
     parked: str
     key_wait: str
+    history: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -104,6 +107,7 @@ class QueueKeys:
             key_state=base + "keys",
             parked=base + "parked",
             key_wait=base + "keys:wait",
+            history=base + "history",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

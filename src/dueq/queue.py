@@ -34,7 +34,20 @@ from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .observe import observe_queue
 from .retry import RetryPolicy
 from .scripts import Scripts
-from .task import Delivery, Outcome, QueueSettings, QueueStats, Rate, ScheduleResult, Task, TaskInfo
+from .task import (
+    Delivery,
+    DueHistogram,
+    HistoryPoint,
+    Outcome,
+    QueueSettings,
+    QueueStats,
+    Rate,
+    ScheduleResult,
+    Task,
+    TaskInfo,
+    TaskPage,
+    TaskState,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +68,10 @@ class Queue(QueueCore):
     ``remember_done`` (off by default) keeps the ids of acked tasks for that long, and
     scheduling such an id again counts it as existing (unless ``replace=True``), so a re-run
     producer does not re-create tasks that already ran. Give it to producers and consumers.
+
+    ``holder`` names this process in the leases its claims take (a worker id of at most 32
+    characters, without "|"; default "<host>:<pid>"), so that ``list_tasks("leased")`` and
+    ``get`` show who holds what.
 
     ``wait_replicas`` (0: off) makes every change that must survive a failover wait until that
     many replicas confirm it (Redis ``WAIT``, at most ``wait_timeout``): schedule, cancel,
@@ -77,6 +94,7 @@ class Queue(QueueCore):
         remember_done: Duration | None = None,
         wait_replicas: int = 0,
         wait_timeout: Duration = 1.0,
+        holder: str | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -89,6 +107,7 @@ class Queue(QueueCore):
             remember_done=remember_done,
             wait_replicas=wait_replicas,
             wait_timeout=wait_timeout,
+            holder=holder,
         )
         if not isinstance(redis_client, (redis.Redis, RedisCluster)):
             asyncio_client = type(redis_client).__module__.startswith("redis.asyncio")
@@ -192,11 +211,15 @@ class Queue(QueueCore):
         """
         return self.claim_batch(limit, lease=lease).deliveries
 
-    def claim_batch(self, limit: int = 100, *, lease: Duration | None = None) -> ClaimBatch:
-        """Like ``claim``, also telling when the next task is due and the next lease ends."""
+    def claim_batch(
+        self, limit: int = 100, *, lease: Duration | None = None, holder: str | None = None
+    ) -> ClaimBatch:
+        """Like ``claim``, also telling when the next task is due and the next lease ends.
+        ``holder`` names who takes the leases (a worker id, shown by ``list_tasks`` and
+        ``get``); by default the queue's ``holder``, else "<host>:<pid>"."""
         if not self._server_checked:
             self.check_server()
-        return self._drive(self._claim_flow(limit, lease))
+        return self._drive(self._claim_flow(limit, lease, holder))
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> int:
         """Ack a batch in one round trip; returns how many were acked.
@@ -314,3 +337,71 @@ class Queue(QueueCore):
     def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
         return self._drive(self._stats_flow())
+
+    def list_tasks(
+        self,
+        state: TaskState,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+        id_prefix: str | None = None,
+        grep: str | None = None,
+        error_type: str | None = None,
+        after: datetime | None = None,
+        before: datetime | None = None,
+    ) -> TaskPage:
+        """One page of the tasks in ``state`` ("scheduled", "leased" or "dead"); pass the
+        page's ``cursor`` for the next one (None: done).
+
+        Scheduled tasks come by priority (9 first), then due time, then the parked ones (due,
+        waiting for their key's limits); leased by lease deadline (``holder`` says who holds
+        each); dead by died-at, oldest first. Filters: ``id_prefix``, ``grep`` (text the
+        payload's JSON contains), ``error_type`` (the type of the last error record) and
+        ``after``/``before`` (inclusive bounds on the time the state is ordered by: due time,
+        lease deadline or died-at). Each call looks at most at 1,000 tasks (at least
+        ``limit``, at most 1,000), so its cost is bounded whatever the queue's size: a page
+        may hold fewer than ``limit`` tasks, even none, before the listing is done.
+        """
+        return self._drive(
+            self._list_flow(
+                state,
+                limit=limit,
+                cursor=cursor,
+                id_prefix=id_prefix,
+                grep=grep,
+                error_type=error_type,
+                after=after,
+                before=before,
+            )
+        )
+
+    def iter_tasks(
+        self, state: TaskState, *, page: int = 100, **filters: Any
+    ) -> Iterator[TaskInfo]:
+        """Every task ``list_tasks`` finds with these filters, page after page (one call per
+        page of up to ``page`` tasks)."""
+        cursor: str | None = None
+        while True:
+            found = self.list_tasks(state, limit=page, cursor=cursor, **filters)
+            yield from found.tasks
+            cursor = found.cursor
+            if cursor is None:
+                return
+
+    def run_now(self, task_id: str) -> bool:
+        """Make a task due now: a scheduled one (parked ones too) moves to now, a dead one is
+        replayed (attempts and errors reset). False for a leased task (it is running: cancel it,
+        or wait) and for an unknown id."""
+        return self._drive(self._run_now_flow(task_id))
+
+    def history(self, minutes: int = 60) -> list[HistoryPoint]:
+        """What happened in each of the last ``minutes`` (1 to 1,440; the current minute last):
+        tasks scheduled, claimed, acked, retried, dead and expired, as the queue's scripts
+        counted them. Redis keeps 24 hours."""
+        return self._drive(self._history_flow(minutes))
+
+    def due_histogram(self, bucket: Duration = 60.0, buckets: int = 30) -> DueHistogram:
+        """How many scheduled tasks fall due in each of ``buckets`` buckets of ``bucket``
+        (seconds or a timedelta) from now, every priority counted (one ZCOUNT per bucket and
+        priority in use)."""
+        return self._drive(self._due_histogram_flow(bucket, buckets))

@@ -50,6 +50,8 @@ SCRIPT_NAMES = (
     "spark_commit",
     "spark_abort",
     "cron_control",
+    "list_tasks",
+    "history",
 )
 
 #: Scripts made of their own file followed by another script's body (after its header):

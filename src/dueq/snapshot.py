@@ -26,13 +26,24 @@ def parse_meta(raw: bytes | str | None) -> tuple[int, int | None, int | None]:
     """A meta value "attempt|token|due_ms|first_ms" (a leased task with a limit key has
     "|<key>" after it) as (attempt, due ms, first-claim ms); parts that cannot be read
     (corrupted data) come back as 0 or None, never an error."""
-    if not raw:
-        return 0, None, None
-    try:
-        attempt, _token, due, first, *_key = text(raw).split("|", 4)
-    except (ValueError, UnicodeDecodeError):
-        return 0, None, None
+    attempt, _token, due, first = _meta_parts(raw)
     return _count(attempt), stored_ms(due) if due else None, stored_ms(first) if first else None
+
+
+def _meta_parts(raw: bytes | str | None) -> list[str]:
+    """The first four parts of a meta value (empty strings when it cannot be read); a leased
+    task with a limit key has a fifth, its key (which may hold "|")."""
+    try:
+        parts = text(raw).split("|", 4) if raw else []
+    except UnicodeDecodeError:
+        parts = []
+    return parts[:4] if len(parts) >= 4 else ["0", "", "", ""]
+
+
+def meta_holder(raw: bytes | str | None) -> str | None:
+    """The holder named by a meta value's lease token ("<seq>@<holder>"), or None."""
+    _, at, holder = _meta_parts(raw)[1].partition("@")
+    return holder if at and holder else None
 
 
 def _count(raw: object) -> int:
@@ -88,6 +99,7 @@ def _task_info(
         key=options.key,
         timeout=None if options.timeout_ms is None else timedelta(milliseconds=options.timeout_ms),
         max_attempts=options.max_attempts,
+        holder=meta_holder(meta_raw) if state == "leased" else None,
     )
 
 

@@ -84,6 +84,8 @@ class TaskInfo:
     ``due_at`` is the next-attempt time when scheduled, the due time of the current delivery
     when leased, and ``None`` when dead (``died_at`` is set then). ``attempt`` counts the
     deliveries so far; ``first_claimed_at`` is when the first of them began (None before).
+    ``holder`` names who holds a leased task's lease (the worker id its claim gave, see
+    ``Queue(holder=...)``), None when not leased or not named.
     """
 
     id: str
@@ -99,6 +101,52 @@ class TaskInfo:
     key: str | None = None
     timeout: timedelta | None = None
     max_attempts: int | None = None
+    holder: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of a task listing (``Queue.list_tasks``): the tasks found, and the cursor to
+    pass for the next page (None when the listing is done). A page may hold fewer tasks than
+    asked for, even none, while ``cursor`` is not None: each call looks at a bounded number of
+    tasks, as Redis's SCAN does. ``looked_at`` says how many."""
+
+    tasks: list[TaskInfo]
+    cursor: str | None
+    looked_at: int = 0
+
+
+#: The counters the per-minute history keeps (``Queue.history``).
+HISTORY_COUNTERS = ("scheduled", "claimed", "acked", "retried", "dead", "expired")
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    """What happened in one minute of a queue (``Queue.history``): tasks scheduled, claimed
+    (deliveries leased), acked, retried (failures that will run again), dead (sent to the
+    dead-letter queue) and expired (leases that ran out), counted by the scripts that made
+    those changes. ``minute`` is the start of the minute on the queue's clock."""
+
+    minute: datetime
+    scheduled: int = 0
+    claimed: int = 0
+    acked: int = 0
+    retried: int = 0
+    dead: int = 0
+    expired: int = 0
+
+
+@dataclass(frozen=True)
+class DueHistogram:
+    """How many scheduled tasks fall due in each bucket ahead (``Queue.due_histogram``), from
+    ``now``: ``overdue`` are due at or before now (parked tasks included), ``counts[i]`` fall
+    due in (now + i * bucket, now + (i + 1) * bucket], ``later`` after the last bucket."""
+
+    now: datetime
+    bucket: timedelta
+    overdue: int
+    counts: list[int]
+    later: int
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from .errors import DueqGroup, Settings
 from .metrics import metrics
 from .schedule import schedule
 from .stats import stats
+from .tasks import cancel, list_tasks, reschedule, run_now, show
 from .worker import worker
 
 __all__ = ["cli", "main"]
@@ -70,6 +71,8 @@ def _with_debug(command: click.Command) -> None:
 
 for command in (schedule, worker, stats, metrics, pause, resume, configure, dead, cron, acl, demo):
     _with_debug(command)
+    cli.add_command(command)
+for command in (list_tasks, show, cancel, reschedule, run_now):
     cli.add_command(command)
 
 

@@ -164,21 +164,35 @@ def _move_all(q: Queue, move: Callable[[list[str]], int], total: int, label: str
 
 
 def _move_command(action: str, doc: str, question: str) -> click.Command:
-    """``dead replay`` or ``dead purge``: ids (as arguments or --id) or --all, confirmed
-    unless --yes."""
+    """``dead replay`` or ``dead purge``: ids (as arguments or --id), --error-type NAME or
+    --all, confirmed unless --yes."""
 
     @click.command(action, help=doc)
     @click.argument("queue")
     @ids_arguments
     @click.option("--all", "everything", is_flag=True, help="Every task dead now.")
+    @click.option("--error-type", metavar="NAME", help="The dead tasks whose last error is NAME.")
     @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
     @redis_options
     def command(
-        queue: str, ids: tuple[str, ...], everything: bool, yes: bool, target: RedisTarget
+        queue: str,
+        ids: tuple[str, ...],
+        everything: bool,
+        error_type: str | None,
+        yes: bool,
+        target: RedisTarget,
     ) -> None:
-        if bool(ids) == everything:
-            raise click.UsageError("give the ids (ID... or --id ID) or --all, not both")
+        if bool(ids) + everything + (error_type is not None) != 1:
+            raise click.UsageError("give the ids (ID... or --id ID), --error-type NAME or --all")
         q = open_queue(target, queue)
+        if error_type is not None:
+            if not yes:
+                click.confirm(
+                    question.format(n=f"the {error_type}", queue=queue), abort=True, err=True
+                )
+            moved = getattr(q.dead, action)(error_type=error_type)
+            click.echo(f"{PAST[action]} {moved} dead task(s) of {queue!r}")
+            return
         move: Callable[[Iterable[str]], int] = getattr(q.dead, action)
         _dead_tasks(q, ids)
         total = len(set(ids)) if ids else q.dead.count()

@@ -17,17 +17,7 @@ from .connection import RedisTarget, redis_options
 from .errors import CliError
 from .options import replication_options
 from .output import console, safe, steps
-from .task_input import BadLine, Timing, checked_task, parse_json, parse_time, tasks_from_lines
-
-
-def _due_time(_ctx: click.Context, _param: click.Parameter, value: str | None) -> datetime | None:
-    """The --at option as an aware datetime."""
-    if value is None:
-        return None
-    try:
-        return parse_time(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+from .task_input import BadLine, Timing, checked_task, parse_json, tasks_from_lines, time_option
 
 
 def _line_source(path: str) -> Callable[[], Iterator[str]]:
@@ -88,7 +78,7 @@ def _schedule_file(
 @click.option(
     "--at",
     metavar="ISO",
-    callback=_due_time,
+    callback=time_option,
     help="Due time, ISO-8601 with an offset, e.g. 2030-01-02T09:00:00Z.",
 )
 @click.option("--delay", type=float, metavar="SECONDS", help="Due this many seconds from now.")

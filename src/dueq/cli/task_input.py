@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import click
+
 from ..clock import datetime_ms, duration_ms
 from ..envelope import DEFAULT_MAX_PAYLOAD_BYTES, encode_envelope, validate_id
 from ..task import Task
@@ -54,6 +56,16 @@ def parse_time(text: str) -> datetime:
     if at.tzinfo is None:
         raise ValueError(f"{text!r} has no time zone; add one such as Z or +02:00")
     return at
+
+
+def time_option(_ctx: object, _param: object, value: str | None) -> datetime | None:
+    """A click callback: an ``--at ISO`` option as an aware datetime (click.BadParameter)."""
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@
 -- KEYS[9] key_state HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[10] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[11] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot
+-- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
@@ -23,6 +24,7 @@
 
 local TRIM_DONE = 1000
 local now = dueq_now(ARGV[1])
+history_use(KEYS[12], ARGV[1])
 local window = done_window(KEYS[7], ARGV[2])
 local ids, tokens, positions = leases_unpack(ARGV[3])
 if #ids == 0 then return {0, ''} end

@@ -14,7 +14,8 @@
 -- KEYS[11] parked  ZSET (scores 0) "<key>\0<9 - priority><due ms, 15 digits><id>": due tasks
 --                  whose key was at a limit
 -- KEYS[12] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[13] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[14..22] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -23,7 +24,9 @@
 -- ARGV[5] most expired leases handled in this call
 -- ARGV[6] dead-letter cap: most entries kept
 -- ARGV[7] dead-letter cap: oldest age kept, ms
--- ARGV[8..] backoff ms after attempt 1, 2, ... for expired leases (the last entry repeats)
+-- ARGV[8] holder: who takes the leases (a worker id, without "|"), kept in the lease token as
+--         "<seq>@<holder>" so that listings show who holds what; "" for none
+-- ARGV[9..] backoff ms after attempt 1, 2, ... for expired leases (the last entry repeats)
 -- Returns {now, next_due ms or -1, next_lease_deadline ms or -1, token, lease_deadline,
 --          now_us (microseconds past now, so a consumer can sleep to the due time exactly),
 --          dropped (due ids without stored data, removed), buried (due tasks sent to dead here:
@@ -37,23 +40,25 @@
 -- oldest claim of the window leaves it, so consumers sleep exactly until then.
 
 local now, now_us = dueq_now_us(ARGV[1])
+history_use(KEYS[13], ARGV[1])
 local limit = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local max_attempts = tonumber(ARGV[4])
 local reclaim_limit = tonumber(ARGV[5])
 local backoff = {}
-for i = 8, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
+local holder = ARGV[8]
+for i = 9, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
 local levels = due_levels(KEYS[1])
 
 -- The next lease token. A lease_seq that is not a counter (corrupted) restarts above any count
 -- of claims (the clock in microseconds), so a token is never issued twice.
 local function next_token()
   local seq = try_incr(KEYS[7], 'lease_seq', 1)
-  if seq then return ms(seq) end
+  if seq then return holder == '' and ms(seq) or ms(seq) .. '@' .. holder end
   redis.log(redis.LOG_WARNING, '[dueq] lease_seq of ' .. KEYS[7] .. ' was unreadable; restarted')
   local fresh = ms(now) .. string.format('%03d', now_us)
   redis.call('HSET', KEYS[7], 'lease_seq', fresh)
-  return fresh
+  return holder == '' and fresh or fresh .. '@' .. holder
 end
 
 -- Send a task to dead with one error record (it is not leased when this is called).

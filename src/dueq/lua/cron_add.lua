@@ -9,7 +9,8 @@
 -- KEYS[7] errors      HASH id -> JSON list of error records
 -- KEYS[8] stats       HASH counter -> int (a replaced pending occurrence counts as cancelled)
 -- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
--- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
+-- KEYS[10] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- ARGV[1] now ms, or "" for server TIME (the minute its occurrence counts in the history)
 -- ARGV[2] name
 -- ARGV[3] definition JSON (canonical, so equal definitions are equal strings)
 -- ARGV[4] "1" to replace a different definition of the same name, "0" to refuse it
@@ -24,6 +25,7 @@
 -- A paused definition stays paused: nothing is scheduled (a replaced one keeps its old state
 -- until cron_control resumes it). A new definition clears a paused mark left without one.
 
+history_use(KEYS[10], ARGV[1])
 local name, definition = ARGV[2], ARGV[3]
 local current = redis.call('HGET', KEYS[1], name)
 local _, last, head_id = cron_state_read(redis.call('HGET', KEYS[2], name), name)

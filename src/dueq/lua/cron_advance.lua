@@ -13,6 +13,7 @@
 -- KEYS[8] stats       HASH counter -> int
 -- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
 -- KEYS[10] cron_paused HASH name -> paused-at ms (any value: paused)
+-- KEYS[11] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2..] one entry per claimed occurrence, each:
 --         name, slot ms (advance only if it is the pending one), occurrence id, lease token,
@@ -55,6 +56,7 @@ end
 
 -- Pass 2: carry the entries out; nothing below raises on what it reads.
 local now = dueq_now(ARGV[1])
+history_use(KEYS[11], ARGV[1])
 local previous_head = head_score(KEYS[3])
 local earliest = nil
 local out = {}

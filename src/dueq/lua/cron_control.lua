@@ -9,6 +9,7 @@
 -- KEYS[7] errors      HASH id -> JSON list of error records
 -- KEYS[8] stats       HASH counter -> int (a withdrawn pending occurrence counts as cancelled)
 -- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
+-- KEYS[10] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] action: "pause", "resume" or "run_now"
 -- ARGV[3] name
@@ -28,6 +29,7 @@
 -- "next|last|next_id" with its occurrence, so concurrent resumes add exactly one: the mark is
 -- tested and cleared in the same script.
 
+history_use(KEYS[10], ARGV[1])
 local action, name = ARGV[2], ARGV[3]
 if action ~= 'pause' and action ~= 'resume' and action ~= 'run_now' then
   return redis.error_reply('ERR cron_control: unknown action')

@@ -11,7 +11,8 @@
 -- KEYS[9] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
 -- KEYS[10] key_state HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[12..20] upper_due: the due ZSETs of priorities 1 to 9 (a retry goes back to its task's level)
+-- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9 (a retry goes back to its task's level)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -24,6 +25,7 @@
 --         3 = the task was cancelled while leased (nothing recorded)
 
 local now = dueq_now(ARGV[1])
+history_use(KEYS[12], ARGV[1])
 local id, token = ARGV[2], ARGV[3]
 local verdict = lease_verdict(KEYS[2], KEYS[4], KEYS[9], id, token, now)
 if verdict == 'c' then return {3, now} end

@@ -13,7 +13,8 @@
 -- KEYS[11] key_state HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[12] parked  ZSET due tasks whose key was at a limit (see the prelude)
 -- KEYS[13] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[14..22] upper_due: the due ZSETs of priorities 1 to 9 (a task goes to the level its envelope states)
+-- KEYS[14] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[15..23] upper_due: the due ZSETs of priorities 1 to 9 (a task goes to the level its envelope states)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "1" to replace existing tasks (payload, due time, attempts, errors; a live lease is
 --         revoked), "0" to keep them
@@ -26,6 +27,7 @@
 --         generated ids that already existed (the client retries those with new ids)
 
 local now = dueq_now(ARGV[1])
+history_use(KEYS[14], ARGV[1])
 local replace = ARGV[2] == '1'
 local blob = ARGV[3]
 local window = done_window(KEYS[10], ARGV[4])

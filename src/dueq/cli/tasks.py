@@ -1,0 +1,262 @@
+"""``dueq list``, ``show``, ``cancel``, ``reschedule`` and ``run-now``: see and steer tasks in any
+state.
+
+The commands are thin: filtering, paging and validation are the library's (``Queue.list_tasks``
+pages with a cursor and looks at a bounded number of tasks per call, ``Queue.get``,
+``cancel``, ``reschedule``, ``run_now``). ``--json`` prints one JSON document (a list of task
+objects, see ``task_json``) for scripts, instead of a table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from datetime import datetime, timezone
+from typing import Any, cast
+
+import click
+
+from ..task import TaskInfo, TaskState
+from .connection import RedisTarget, open_queue, redis_options
+from .errors import CliError
+from .output import console, safe, safe_lines, titled_table, when
+from .task_input import time_option
+
+ERROR_WIDTH = 60
+PAYLOAD_WIDTH = 40
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat().replace("+00:00", "Z")
+
+
+def task_json(info: TaskInfo) -> dict[str, Any]:
+    """One task as a JSON object: its state, times (ISO-8601 UTC), options and errors."""
+    return {
+        "id": info.id,
+        "state": info.state,
+        "payload": info.payload,
+        "attempt": info.attempt,
+        "due_at": _iso(info.due_at),
+        "first_claimed_at": _iso(info.first_claimed_at),
+        "lease_deadline": _iso(info.lease_deadline),
+        "holder": info.holder,
+        "died_at": _iso(info.died_at),
+        "priority": info.priority,
+        "key": info.key,
+        "timeout_s": None if info.timeout is None else info.timeout.total_seconds(),
+        "max_attempts": info.max_attempts,
+        "errors": [
+            {
+                "at": _iso(e.at),
+                "attempt": e.attempt,
+                "type": e.type,
+                "message": e.message,
+                "traceback": e.traceback,
+            }
+            for e in info.errors
+        ],
+    }
+
+
+def _short(text: str, width: int) -> str:
+    line = safe((text.splitlines() or [""])[0])
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _last_error(info: TaskInfo) -> str:
+    if not info.errors:
+        return "-"
+    e = info.errors[-1]
+    return _short(f"{e.type}: {e.message}", ERROR_WIDTH)
+
+
+@click.command("list")
+@click.argument("queue")
+@click.option(
+    "--state",
+    type=click.Choice(["scheduled", "leased", "dead"]),
+    default="scheduled",
+    show_default=True,
+    help="Which tasks.",
+)
+@click.option(
+    "--limit", type=click.IntRange(1), default=50, show_default=True, help="Most tasks shown."
+)
+@click.option("--grep", metavar="TEXT", help="Only tasks whose payload JSON contains TEXT.")
+@click.option("--error-type", metavar="NAME", help="Only tasks whose last error is NAME.")
+@click.option("--id-prefix", metavar="PREFIX", help="Only tasks whose id starts with PREFIX.")
+@click.option(
+    "--after",
+    metavar="ISO",
+    callback=time_option,
+    help="Only tasks due (leased: whose lease ends; dead: that died) at or after this time.",
+)
+@click.option("--before", metavar="ISO", callback=time_option, help="... at or before this time.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
+@redis_options
+def list_tasks(
+    queue: str,
+    state: str,
+    limit: int,
+    grep: str | None,
+    error_type: str | None,
+    id_prefix: str | None,
+    after: datetime | None,
+    before: datetime | None,
+    as_json: bool,
+    target: RedisTarget,
+) -> None:
+    """List tasks of QUEUE in one state, page by page: scheduled ones by priority then due
+    time (then parked ones), leased ones by lease deadline with their holder, dead ones by
+    when they died (oldest first)."""
+    q = open_queue(target, queue)
+    found = itertools.islice(
+        q.iter_tasks(
+            cast(TaskState, state),
+            page=min(limit, 1000),
+            grep=grep,
+            error_type=error_type,
+            id_prefix=id_prefix,
+            after=after,
+            before=before,
+        ),
+        limit + 1,
+    )
+    infos = list(found)
+    more = len(infos) > limit
+    infos = infos[:limit]
+    if as_json:
+        click.echo(json.dumps([task_json(i) for i in infos], ensure_ascii=False))
+        return
+    out = console()
+    if not infos:
+        out.print(f"no {state} tasks in {queue!r}")
+        return
+    now = datetime.now(timezone.utc)
+    if state == "scheduled":
+        columns: tuple[str, ...] = ("id", "due", "priority", "attempts", "payload")
+    elif state == "leased":
+        columns = ("id", "holder", "lease ends", "attempt", "payload")
+    else:
+        columns = ("id", "died", "attempts", "last error")
+    table = titled_table(f"{state} tasks of {queue!r}", columns, right={"attempts", "attempt"})
+    for info in infos:
+        payload = _short(json.dumps(info.payload, ensure_ascii=False), PAYLOAD_WIDTH)
+        row: tuple[str, ...]
+        if state == "scheduled":
+            row = (when(info.due_at, now), str(info.priority), str(info.attempt), payload)
+        elif state == "leased":
+            row = (safe(info.holder or "-"), when(info.lease_deadline, now), str(info.attempt))
+            row += (payload,)
+        else:
+            row = (when(info.died_at, now), str(info.attempt), _last_error(info))
+        table.add_row(safe(info.id), *row)
+    out.print(table)
+    if more:
+        out.print(f"showing the first {limit}; --limit shows more")
+
+
+@click.command("show")
+@click.argument("queue")
+@click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of text.")
+@redis_options
+def show(queue: str, ids: tuple[str, ...], as_json: bool, target: RedisTarget) -> None:
+    """Show tasks of QUEUE in any state: payload, times, options, holder and every error."""
+    q = open_queue(target, queue)
+    found = {i: q.get(i) for i in dict.fromkeys(ids)}
+    missing = [i for i, info in found.items() if info is None]
+    infos = [info for info in found.values() if info is not None]
+    if as_json:
+        click.echo(json.dumps([task_json(i) for i in infos], ensure_ascii=False))
+    else:
+        _print_tasks(infos)
+    if missing:
+        raise CliError(f"no task in {queue!r} with id {', '.join(safe(i) for i in missing)}")
+
+
+def _print_tasks(infos: list[TaskInfo]) -> None:
+    out = console()
+    now = datetime.now(timezone.utc)
+    for info in infos:
+        out.print(f"id: {safe(info.id)}    state: {info.state}    attempts: {info.attempt}")
+        if info.state == "scheduled":
+            out.print(f"due: {when(info.due_at, now)}")
+        elif info.state == "leased":
+            out.print(f"held by: {safe(info.holder or '-')}")
+            out.print(f"lease ends: {when(info.lease_deadline, now)}")
+        else:
+            out.print(f"died: {when(info.died_at, now)}")
+        options = [f"priority {info.priority}"]
+        if info.key is not None:
+            options.append(f"key {safe(info.key)}")
+        if info.max_attempts is not None:
+            options.append(f"max attempts {info.max_attempts}")
+        if info.timeout is not None:
+            options.append(f"timeout {info.timeout.total_seconds():g} s")
+        out.print("options: " + ", ".join(options))
+        out.print("payload:")
+        payload = json.dumps(info.payload, indent=2, ensure_ascii=False)
+        out.print("\n".join(safe_lines(payload)), soft_wrap=True)
+        out.print(f"errors ({len(info.errors)}):")
+        for e in info.errors:
+            out.print(f"  attempt {e.attempt}: " + _short(f"{e.type}: {e.message}", 200))
+        out.print()
+
+
+@click.command("cancel")
+@click.argument("queue")
+@click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@redis_options
+def cancel(queue: str, ids: tuple[str, ...], yes: bool, target: RedisTarget) -> None:
+    """Remove tasks of QUEUE in any state (a leased one's lease is revoked: its worker's ack
+    or failure is refused)."""
+    q = open_queue(target, queue)
+    wanted = list(dict.fromkeys(ids))
+    if not yes:
+        click.confirm(f"Cancel {len(wanted)} task(s) of {queue!r}?", abort=True, err=True)
+    cancelled = [i for i in wanted if q.cancel(i)]
+    missing = [i for i in wanted if i not in cancelled]
+    click.echo(f"cancelled {len(cancelled)} task(s) of {queue!r}")
+    if missing:
+        raise CliError(f"no task in {queue!r} with id {', '.join(safe(i) for i in missing)}")
+
+
+@click.command("reschedule")
+@click.argument("queue")
+@click.argument("task_id", metavar="ID")
+@click.option("--at", metavar="ISO", callback=time_option, help="New due time, ISO-8601.")
+@click.option("--delay", type=float, metavar="SECONDS", help="Due this many seconds from now.")
+@redis_options
+def reschedule(
+    queue: str, task_id: str, at: datetime | None, delay: float | None, target: RedisTarget
+) -> None:
+    """Move a scheduled task of QUEUE to a new due time (--at or --delay)."""
+    if (at is None) == (delay is None):
+        raise click.UsageError("give --at or --delay")
+    q = open_queue(target, queue)
+    if not q.reschedule(task_id, at=at, delay=delay):
+        info = q.get(task_id)
+        state = "no such task" if info is None else f"it is {info.state}"
+        raise CliError(f"task {safe(task_id)!s} of {queue!r} is not scheduled ({state})")
+    info = q.get(task_id)
+    click.echo(f"rescheduled {safe(task_id)}: due {_iso(info.due_at if info else None)}")
+
+
+@click.command("run-now")
+@click.argument("queue")
+@click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@redis_options
+def run_now(queue: str, ids: tuple[str, ...], target: RedisTarget) -> None:
+    """Make tasks of QUEUE due now: scheduled ones move to now, dead ones are replayed
+    (attempts and errors reset). A leased task is running already and is left alone."""
+    q = open_queue(target, queue)
+    refused = [i for i in dict.fromkeys(ids) if not q.run_now(i)]
+    done = len(dict.fromkeys(ids)) - len(refused)
+    click.echo(f"{done} task(s) of {queue!r} due now")
+    if refused:
+        raise CliError(
+            f"not run now (leased, or no such task): {', '.join(safe(i) for i in refused)}"
+        )
