@@ -2,11 +2,25 @@
 
 Threads of one subscription:
 
-- handler threads (or one asyncio loop for ``async def`` handlers) run the handler;
+- handler threads (or one asyncio loop for ``async def`` handlers) run the handler, and hand
+  their results to the settler in batches (every ``FLUSH_S``, or sooner when a thread runs out
+  of work), not one by one;
 - one settler thread acks successes in batches (one script call per batch and queue), fails
   errors through the retry policy, and emits an ``Outcome`` for each delivery;
 - a lease keeper on the reactivex scheduler extends the lease of every delivery held
   (waiting or running) once a third of its lease has passed.
+
+**Only as many handler threads as help.** ``concurrency`` is the most handlers that run at
+once, not how many threads take turns. Under the GIL, threads whose handlers never wait only
+take the interpreter from each other: every handler that makes a system call (a log line, a
+file write) hands the GIL to another thread and waits to get it back, a context switch or two
+per task (measured: 8 threads writing a line per task spend 70 to 105 us of CPU per task, one
+thread 43 us). So the thread runner starts with one active thread and a monitor adds one
+whenever the process sat mostly idle over a window although deliveries were waiting (the
+handlers wait on something: I/O, a lock, a sleep), or every active handler has run longer than
+``LONG_HANDLER_S`` (a slow handler never holds up the rest); it retires one when the process
+was busy all along (more threads would only queue for the GIL). Handlers that wait reach
+``concurrency`` threads within tens of milliseconds; handlers that do not run on one thread.
 
 A failing handler is an outcome, never an ``on_error``. Redis outages are waited out.
 """
@@ -19,6 +33,7 @@ import logging
 import queue as stdlib_queue
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -52,6 +67,22 @@ logger = logging.getLogger(__name__)
 #: ``Queue``, an ``AsyncDelivery`` from an ``AsyncQueue``). Raising means failure.
 Handler = Callable[[Delivery], Any] | Callable[[AsyncDelivery], Any]
 _Finished = tuple[Delivery, BaseException | None]
+
+#: Longest a handler thread keeps finished results before handing them to the settler (s).
+FLUSH_S = 0.002
+#: Most finished results handed to the settler at once.
+FLUSH_MAX = 256
+#: How often the thread runner's monitor looks at its handler threads (s).
+MONITOR_TICK_S = 0.002
+#: The window over which the monitor judges whether more handler threads would help (s).
+RAMP_WINDOW_S = 0.01
+#: Below this share of CPU time over a window with work waiting, the handlers wait on
+#: something: one more thread may take work.
+RAMP_UP_BELOW = 0.35
+#: Above it, the process was busy all along: one thread fewer takes work.
+RAMP_DOWN_ABOVE = 0.8
+#: A handler running longer than this no longer counts as busy: another thread may start.
+LONG_HANDLER_S = 0.02
 
 
 def is_async_handler(handler: Handler) -> bool:
@@ -87,7 +118,7 @@ class Processor(Settling):
         self._lease_lost: set[Delivery] = set()  # held, but the keeper found its lease lost
         self._closing = False
         self._give_up = threading.Event()  # stop retrying acks and fails through an outage
-        self._done: stdlib_queue.SimpleQueue[_Finished | None] = stdlib_queue.SimpleQueue()
+        self._done: stdlib_queue.SimpleQueue[list[_Finished] | None] = stdlib_queue.SimpleQueue()
         self._out: SerialEmitter[Outcome] = SerialEmitter()
         self._source: abc.DisposableBase | None = None
         self._source_ended = False
@@ -96,7 +127,13 @@ class Processor(Settling):
         self._keeper_due_s = KEEPER_TICK_MAX_S  # the period of the round scheduled now
         runner = _AsyncRunner if is_async_handler(handler) else _ThreadRunner
         self._runner: _Runner = runner(
-            handler, concurrency, self._begin, self._finished, self._release, timeout_s
+            handler,
+            concurrency,
+            self._begin,
+            self._finished,
+            self._done.put,
+            self._release,
+            timeout_s,
         )
         self._settler = threading.Thread(target=self._settle_loop, name="dueq-settler")
         self._settler.daemon = True
@@ -210,7 +247,9 @@ class Processor(Settling):
                 self._schedule_keeper(timeout_s)  # the keeper watches the timeout
             return True
 
-    def _finished(self, delivery: Delivery, error: BaseException | None) -> None:
+    def _finished(self, delivery: Delivery, error: BaseException | None) -> bool:
+        """A handler is done with ``delivery``; True when its result is to be settled (the
+        runner then hands it to the settler, in a batch)."""
         with self._lock:
             # failed by the keeper at its timeout, or released by close() past its grace: the
             # result comes too late (and must not emit that delivery's outcome again)
@@ -223,8 +262,8 @@ class Processor(Settling):
                 delivery.queue.name,
                 delivery.id,
             )
-            return
-        self._done.put((delivery, error))
+            return False
+        return True
 
     def _source_error(self, error: Exception) -> None:
         logger.error("delivery stream failed: %s", describe(error))
@@ -268,15 +307,15 @@ class Processor(Settling):
             return [], False
         if first is None:
             return [], True
-        batch = [first]
-        while len(batch) < SETTLE_BATCH:
+        batch = list(first)
+        while len(batch) < SETTLE_BATCH:  # (a hand-over may take a round past it, not far)
             try:
-                item = self._done.get_nowait()
+                items = self._done.get_nowait()
             except stdlib_queue.Empty:
                 break
-            if item is None:
+            if items is None:
                 return batch, True
-            batch.append(item)
+            batch += items
         return batch, False
 
     def _holds(self, d: Delivery) -> bool:
@@ -356,7 +395,7 @@ class Processor(Settling):
                 timeout_s,
             )
             self._runner.abandon(d)
-            self._done.put((d, timeout_error(d, timeout_s)))
+            self._done.put([(d, timeout_error(d, timeout_s))])
         return min(pending, default=None)
 
     def _schedule_keeper(self, period_s: float) -> None:
@@ -389,14 +428,16 @@ class _Runner:
         handler: Handler,
         concurrency: int,
         begin: Callable[[Delivery], bool],
-        finished: Callable[[Delivery, BaseException | None], None],
+        finished: Callable[[Delivery, BaseException | None], bool],
+        hand_over: Callable[[list[_Finished]], None],
         unstarted: Callable[[Delivery], None],
         timeout_s: float | None = None,
     ) -> None:
         self._handler: Callable[[Any], Any] = handler
         self._concurrency = concurrency
         self._begin = begin
-        self._finished = finished
+        self._finished = finished  # True: settle the result (hand it over)
+        self._hand_over = hand_over  # results to the settler, in order
         self._unstarted = unstarted
         self._timeout_s = timeout_s
 
@@ -421,78 +462,189 @@ class _Runner:
         raise NotImplementedError
 
 
-class _ThreadRunner(_Runner):
-    """A plain function on ``concurrency`` threads fed by one in-memory queue."""
+def ramp(active: int, ceiling: int, cpu_share: float, all_long: bool) -> int:
+    """How many handler threads may take work after a window in which deliveries waited and
+    ``active`` threads took them: one more when the handlers wait on something (the process
+    used less than ``RAMP_UP_BELOW`` of a CPU) or every one runs long; one fewer when the
+    process was busy all along; between 1 and ``ceiling``."""
+    if all_long or cpu_share < RAMP_UP_BELOW:
+        return min(active + 1, ceiling)
+    if cpu_share > RAMP_DOWN_ABOVE:
+        return max(active - 1, 1)
+    return active
 
-    def __init__(self, *args: Any) -> None:
+
+class _ThreadRunner(_Runner):
+    """A plain function on up to ``concurrency`` threads fed by one in-memory queue, with
+    only as many of them taking work as help (see the module docstring).
+
+    One lock guards the inbox and the counts. A thread takes deliveries one after another
+    while ``_working <= _active``, parks when the inbox is empty (or it is one too many), and
+    keeps its results in ``_results`` for the settler, handed over by whichever thread (or
+    the monitor) finds them ``FLUSH_S`` old, ``FLUSH_MAX`` long, or finds nothing left to do.
+    Handlers never run under the lock.
+    """
+
+    def __init__(self, *args: Any, cpu_clock: Callable[[], float] = time.process_time) -> None:
         super().__init__(*args)
-        self._inbox: stdlib_queue.SimpleQueue[Delivery | None] = stdlib_queue.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"dueq-handler-{i}", daemon=True)
-            for i in range(self._concurrency)
-        ]
+        self._cpu_clock = cpu_clock
         self._lock = threading.Lock()
-        self._current: dict[int, Delivery] = {}  # thread ident -> the delivery it runs
+        self._work_ready = threading.Condition(self._lock)  # handler threads wait here
+        self._monitor_wake = threading.Condition(self._lock)  # the monitor waits here
+        self._inbox: deque[Delivery] = deque()
+        self._active = 1  # threads that may take work now
+        self._working = 0  # threads taking work (running a handler, or about to)
+        self._stopping = False
+        self._current: dict[int, tuple[Delivery, float]] = {}  # thread -> (delivery, start)
         self._retired: set[int] = set()  # threads whose handler was abandoned: exit when done
+        self._results: list[_Finished] = []  # finished, not yet handed to the settler
+        self._results_since_s = 0.0  # when the oldest of them finished
+        self._monitor_idle = False  # the monitor waits without a timeout
+        self._threads = [self._thread(i) for i in range(self._concurrency)]
+        self._monitor = threading.Thread(
+            target=self._watch, name="dueq-handler-monitor", daemon=True
+        )
+
+    def _thread(self, i: int) -> threading.Thread:
+        return threading.Thread(target=self._work, name=f"dueq-handler-{i}", daemon=True)
+
+    @property
+    def active(self) -> int:
+        """How many handler threads may take work now."""
+        with self._lock:
+            return self._active
 
     def abandon(self, delivery: Delivery) -> None:
         with self._lock:
-            ident = next((i for i, d in self._current.items() if d is delivery), None)
+            ident = next((i for i, (d, _) in self._current.items() if d is delivery), None)
             if ident is None:
                 return  # it finished meanwhile
             self._retired.add(ident)
-            replacement = threading.Thread(
-                target=self._work, name=f"dueq-handler-{len(self._threads)}", daemon=True
-            )
+            del self._current[ident]
+            self._working -= 1  # it takes no more work: another may
+            replacement = self._thread(len(self._threads))
             self._threads.append(replacement)
         replacement.start()  # concurrency stays what was asked for
+        with self._lock:
+            self._work_ready.notify()
 
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+        self._monitor.start()
 
     def submit(self, delivery: Delivery) -> None:
-        self._inbox.put(delivery)
+        with self._lock:
+            self._inbox.append(delivery)
+            if self._working < self._active:
+                self._work_ready.notify()
+            if self._monitor_idle:
+                self._monitor_idle = False
+                self._monitor_wake.notify()
 
     def drain(self) -> list[Delivery]:
-        taken: list[Delivery] = []
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except stdlib_queue.Empty:
-                return taken
-            if item is not None:
-                taken.append(item)
+        with self._lock:
+            taken = list(self._inbox)
+            self._inbox.clear()
+        return taken
 
     def stop(self) -> None:
-        for _ in self._threads:
-            self._inbox.put(None)
+        """Threads finish what they run (and what still waits: ``begin`` refuses it once the
+        processor closes, so it is released), then exit."""
+        with self._lock:
+            self._stopping = True
+            self._work_ready.notify_all()
+            self._monitor_wake.notify_all()
+
+    def _flush(self) -> None:
+        """Hand the finished results to the settler (called with the lock held; the hand-over
+        is a queue put, no user code)."""
+        if self._results:
+            results, self._results = self._results, []
+            self._hand_over(results)
 
     def _work(self) -> None:
-        while True:
-            d = self._inbox.get()
-            if d is None:
-                return
-            if not self._begin(d):
-                self._unstarted(d)
-                continue
-            error: BaseException | None = None
-            ident = threading.get_ident()
-            with self._lock:
-                self._current[ident] = d
-            try:
-                result = self._handler(d)
-                if inspect.isawaitable(result):  # e.g. a partial of an async function
-                    asyncio.run(_awaited(result))
-            except BaseException as exc:  # a handler's SystemExit is its task's failure too
-                error = exc
-            with self._lock:
-                self._current.pop(ident, None)
-                retired = ident in self._retired
-                self._retired.discard(ident)
-            self._finished(d, error)
-            if retired:
-                return  # a replacement took this thread's place
+        ident = threading.get_ident()
+        with self._lock:
+            while True:
+                while not (self._inbox and (self._working < self._active or self._stopping)):
+                    self._flush()  # nothing to do for now: the settler gets what is finished
+                    if self._stopping and not self._inbox:
+                        return
+                    self._work_ready.wait()
+                self._working += 1
+                while True:
+                    d = self._inbox.popleft()
+                    self._current[ident] = (d, time.monotonic())
+                    self._lock.release()
+                    try:
+                        error, settle = self._run(d)
+                    finally:
+                        self._lock.acquire()
+                    if ident in self._retired:  # abandoned past its timeout: a replacement runs
+                        self._retired.discard(ident)
+                        return
+                    del self._current[ident]
+                    if settle:
+                        if not self._results:
+                            self._results_since_s = time.monotonic()
+                            if self._monitor_idle:  # it hands them over if no thread does
+                                self._monitor_idle = False
+                                self._monitor_wake.notify()
+                        self._results.append((d, error))
+                        if len(self._results) >= FLUSH_MAX:
+                            self._flush()
+                    if not self._inbox or (self._working > self._active and not self._stopping):
+                        break
+                self._working -= 1
+
+    def _run(self, d: Delivery) -> tuple[BaseException | None, bool]:
+        """Run the handler on ``d`` (outside the lock); its error, and whether to settle it."""
+        if not self._begin(d):
+            self._unstarted(d)
+            return None, False
+        error: BaseException | None = None
+        try:
+            result = self._handler(d)
+            if result is not None and inspect.isawaitable(result):  # a partial of an async def
+                asyncio.run(_awaited(result))
+        except BaseException as exc:  # a handler's SystemExit is its task's failure too
+            error = exc
+        return error, self._finished(d, error)
+
+    def _watch(self) -> None:
+        """The monitor: hands over results no thread is about to, and sets how many threads
+        take work (``ramp``) once per ``RAMP_WINDOW_S`` in which deliveries waited."""
+        window: tuple[float, float] | None = None  # (monotonic, cpu clock) at its start
+        with self._lock:
+            while True:
+                if self._stopping:  # after the last results of the last thread
+                    if not (self._working or self._results):
+                        return
+                elif not (self._results or (self._inbox and self._working >= self._active)):
+                    window = None
+                    self._monitor_idle = True
+                    self._monitor_wake.wait()
+                    continue
+                self._monitor_wake.wait(MONITOR_TICK_S)
+                now_s = time.monotonic()
+                if self._results and now_s - self._results_since_s >= FLUSH_S:
+                    self._flush()
+                if not (self._inbox and self._working >= self._active):
+                    window = None  # nobody waits for a thread: nothing to judge
+                    continue
+                if window is None:
+                    window = (now_s, self._cpu_clock())
+                    continue
+                if now_s - window[0] < RAMP_WINDOW_S:
+                    continue
+                cpu_share = (self._cpu_clock() - window[1]) / (now_s - window[0])
+                all_long = all(now_s - at >= LONG_HANDLER_S for _, at in self._current.values())
+                active = ramp(self._active, self._concurrency, cpu_share, all_long)
+                if active > self._active:
+                    self._work_ready.notify()
+                self._active = active
+                window = (now_s, self._cpu_clock())
 
 
 class _AsyncRunner(_Runner):
@@ -554,7 +706,8 @@ class _AsyncRunner(_Runner):
                 await within(self._handler(d), timeout_for(d, self._timeout_s), d)
             except BaseException as exc:  # a handler's SystemExit is its task's failure too
                 error = exc
-            self._finished(d, error)
+            if self._finished(d, error):
+                self._hand_over([(d, error)])
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
