@@ -104,17 +104,33 @@ class AsyncProcessor(Settling):
     def subscribe(
         self, source: Observable[Any], observer: abc.ObserverBase[Outcome]
     ) -> abc.DisposableBase:
-        self._loop = asyncio.get_running_loop()
-        _LIVE.add(self)
-        self._out.attach(observer)
-        self._settler = self._spawn(self._settle_loop())
-        self._keeper = self._spawn(self._keep_loop())
+        self.start(observer)
         self._source = source.subscribe(
             on_next=self._on_next,
             on_error=lambda exc: self._on_loop(self._source_error, exc),
             on_completed=lambda: self._on_loop(self._source_completed),
         )
         return Disposable(lambda: self._on_loop(self._dispose))
+
+    def start(self, observer: abc.ObserverBase[Outcome]) -> None:
+        """Start on the running loop without a source: the caller feeds ``accept_many`` and
+        ``source_error`` on this loop (``AsyncWorker``'s own claim loops, see
+        ``_async_consume.consume``) and hands what stops them to ``attach_source``."""
+        self._loop = asyncio.get_running_loop()
+        _LIVE.add(self)
+        self._out.attach(observer)
+        self._settler = self._spawn(self._settle_loop())
+        self._keeper = self._spawn(self._keep_loop())
+
+    def attach_source(self, source: abc.DisposableBase) -> None:
+        """What ``close`` disposes to stop claiming (for a processor fed by ``start``)."""
+        self._source = source
+        if self._closing:
+            source.dispose()
+
+    def source_error(self, error: Exception) -> None:
+        """The source of deliveries failed (called on the loop)."""
+        self._source_error(error)
 
     def _dispose(self) -> None:
         if not self._closing:
@@ -181,16 +197,26 @@ class AsyncProcessor(Settling):
         call_on_loop(self._loop, fn, *args)
 
     def _accept(self, d: Any) -> None:
+        self.accept_many([d])
+
+    def accept_many(self, deliveries: list[Any]) -> None:
+        """Hold ``deliveries`` and queue them for the runners (on the loop); once closing,
+        give them back."""
         if self._closing:
-            self._spawn(self._release(d))
+            for d in deliveries:
+                self._spawn(self._release(d))
             return
         assert self._loop is not None
-        self._held[d] = self._loop.time()
+        now_s = self._loop.time()
+        held = self._held
+        tick_s = self._keeper_tick_s
+        for d in deliveries:
+            held[d] = now_s
+            if d.queue.lease_ms / 3000 < tick_s:
+                self._keeper_poke.set()  # a shorter lease than the keeper's round allows for
         self._idle.clear()
-        if d.queue.lease_ms / 3000 < self._keeper_tick_s:
-            self._keeper_poke.set()  # a shorter lease than the keeper's round allows for
-        self._waiting.append(d)
-        if self._runners < self._concurrency:
+        self._waiting.extend(deliveries)
+        for _ in range(min(self._concurrency - self._runners, len(deliveries))):
             self._runners += 1
             self._spawn(self._runner())
 

@@ -143,15 +143,33 @@ class Processor(Settling):
     def subscribe(
         self, source: Observable[Delivery], observer: abc.ObserverBase[Outcome]
     ) -> abc.DisposableBase:
+        self.start(observer)
+        self._source = source.subscribe(
+            on_next=self._accept, on_error=self._source_error, on_completed=self._source_completed
+        )
+        return Disposable(lambda: self.close(None))
+
+    def start(self, observer: abc.ObserverBase[Outcome]) -> None:
+        """Start without a source: the caller feeds ``accept_many`` and ``source_error`` (the
+        ``Worker``'s own consumers, see ``observe.consume_queue``) and hands what stops them
+        to ``attach_source``."""
         self._out.attach(observer)
         self._runner.start()
         self._settler.start()
         with self._lock:
             self._schedule_keeper(KEEPER_TICK_MAX_S)
-        self._source = source.subscribe(
-            on_next=self._accept, on_error=self._source_error, on_completed=self._source_completed
-        )
-        return Disposable(lambda: self.close(None))
+
+    def attach_source(self, source: abc.DisposableBase) -> None:
+        """What ``close`` disposes to stop claiming (for a processor fed by ``start``)."""
+        with self._lock:
+            closing = self._closing
+            self._source = source
+        if closing:
+            source.dispose()
+
+    def source_error(self, error: Exception) -> None:
+        """The source of deliveries failed (not an outage: those are waited out)."""
+        self._source_error(error)
 
     def close(self, grace_s: float | None, *, hurry: threading.Event | None = None) -> None:
         """Stop claiming, release what has not started, give running handlers ``grace_s``
@@ -219,17 +237,26 @@ class Processor(Settling):
     # -- deliveries in -----------------------------------------------------------------------
 
     def _accept(self, delivery: Delivery) -> None:
-        period_s = delivery.queue.lease_ms / 3000
+        self.accept_many([delivery])
+
+    def accept_many(self, deliveries: list[Delivery]) -> None:
+        """Hold ``deliveries`` (keep their leases) and queue them for the handlers; once
+        closing, give them back."""
         with self._lock:
             closing = self._closing
             if not closing:
-                self._held[delivery] = self._scheduler.now.timestamp()
-                if period_s < self._keeper_due_s and self._keeper is not None:
-                    self._schedule_keeper(period_s)  # a shorter lease than the round allows for
+                now_s = self._scheduler.now.timestamp()
+                shortest_s = self._keeper_due_s
+                for d in deliveries:
+                    self._held[d] = now_s
+                    shortest_s = min(shortest_s, d.queue.lease_ms / 3000)
+                if shortest_s < self._keeper_due_s and self._keeper is not None:
+                    self._schedule_keeper(shortest_s)  # a shorter lease than the round allows
         if closing:
-            self._release(delivery)
+            for d in deliveries:
+                self._release(d)
         else:
-            self._runner.submit(delivery)
+            self._runner.submit_many(deliveries)
 
     def _begin(self, delivery: Delivery) -> bool:
         """A handler is about to start on ``delivery``; False if closing (then don't)."""
@@ -454,6 +481,10 @@ class _Runner:
     def submit(self, delivery: Delivery) -> None:
         raise NotImplementedError
 
+    def submit_many(self, deliveries: list[Delivery]) -> None:
+        for d in deliveries:
+            self.submit(d)
+
     def drain(self) -> list[Delivery]:
         """Take back the deliveries not yet picked up by a handler."""
         raise NotImplementedError
@@ -534,10 +565,13 @@ class _ThreadRunner(_Runner):
         self._monitor.start()
 
     def submit(self, delivery: Delivery) -> None:
+        self.submit_many([delivery])
+
+    def submit_many(self, deliveries: list[Delivery]) -> None:
         with self._lock:
-            self._inbox.append(delivery)
+            self._inbox.extend(deliveries)
             if self._working < self._active:
-                self._work_ready.notify()
+                self._work_ready.notify(min(self._active - self._working, len(deliveries)))
             if self._monitor_idle:
                 self._monitor_idle = False
                 self._monitor_wake.notify()
