@@ -14,11 +14,11 @@ import logging
 import signal
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
-from reactivex import Observer
+from reactivex import abc
 from reactivex.disposable import CompositeDisposable
 
 from ._async import AsyncQueue
@@ -90,8 +90,23 @@ class _WorkerSettings:
             "prefetch_low": self._prefetch_low,
         }
 
-    def _count(self, outcome: Outcome) -> None:
-        self.outcomes[outcome.kind] += 1
+
+class _Tally(abc.ObserverBase[Outcome]):
+    """Counts outcomes by kind; an error goes to ``failed`` (a plain observer: the outcome
+    stream of a worker is its busiest path)."""
+
+    def __init__(self, counts: Counter[str], failed: Callable[[Exception], None]) -> None:
+        self._counts = counts
+        self._failed = failed
+
+    def on_next(self, value: Outcome) -> None:
+        self._counts[value.kind] += 1
+
+    def on_error(self, error: Exception) -> None:
+        self._failed(error)
+
+    def on_completed(self) -> None:
+        pass  # a worker's sources never complete; it runs until stopped
 
 
 class Worker(_WorkerSettings):
@@ -148,7 +163,7 @@ class Worker(_WorkerSettings):
         logger.info("worker started on %s with concurrency %d", names, self.concurrency)
         # each queue's claim loop hands its claims to the processor whole (no observable
         # between them: one call per claim, not a few wrappers per delivery)
-        processor.start(Observer(self._count, self._failed))
+        processor.start(_Tally(self.outcomes, self._failed))
         processor.attach_source(
             CompositeDisposable(
                 [
@@ -275,7 +290,7 @@ class AsyncWorker(_WorkerSettings):
         names = ", ".join(q.name for q in self.queues)
         logger.info("worker started on %s with concurrency %d (asyncio)", names, self.concurrency)
         # as Worker: each queue's claim loop hands its claims to the processor whole
-        processor.start(Observer(self._count, self._failed))
+        processor.start(_Tally(self.outcomes, self._failed))
         processor.attach_source(
             CompositeDisposable(
                 [

@@ -234,7 +234,11 @@ class AsyncProcessor(Settling):
                 error: BaseException | None = None
                 try:
                     if self._is_async:
-                        await within(self._handler(d), timeout_for(d, self._timeout_s), d)
+                        timeout_s = timeout_for(d, self._timeout_s)
+                        if timeout_s is None:  # (one coroutine less per task)
+                            await self._handler(d)
+                        else:
+                            await within(self._handler(d), timeout_s, d)
                     else:  # past its timeout, the thread is abandoned (a spare takes its place)
                         timeout_s = timeout_for(d, self._timeout_s)
                         result = await within(self._in_thread(self._handler, d), timeout_s, d)

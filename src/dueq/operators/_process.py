@@ -349,6 +349,10 @@ class Processor(Settling):
         with self._lock:
             return d in self._held
 
+    def _still_held(self, deliveries: list[Delivery]) -> list[Delivery]:
+        with self._lock:
+            return [d for d in deliveries if d in self._held]
+
     def _pause(self, delay_s: float) -> Op:
         return partial(self._give_up.wait, delay_s)
 
