@@ -333,3 +333,16 @@ def test_a_handler_that_stops_its_worker_still_has_its_task_acked(
         return dict(worker.outcomes)
 
     assert run(redis_server, body) == {"acked": 1}
+
+
+def test_an_async_worker_whose_claims_fail_for_good_stops_and_raises_that_error(
+    redis_server: RedisServer,
+) -> None:
+    async def body(q: dueq.AsyncQueue) -> None:
+        await q.redis.set(q.keys.leased, "not a sorted set")  # every claim fails (no outage)
+        worker = dueq.AsyncWorker(q, lambda d: None, handle_signals=False)
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            async with asyncio.timeout(BOUND_S):
+                await worker.run()
+
+    run(redis_server, body)
