@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
 
 import dueq
-from dueq._prefetch import AUTO_HIGH, HOLD_S, WINDOW_S, Prefetch
+from dueq._prefetch import AUTO_HIGH, HOLD_S, REFILL_SHARE, WINDOW_S, Held, Prefetch
 
 WAIT_S = 30
 
@@ -106,3 +107,47 @@ def test_auto_with_slow_handlers_holds_no_more_than_low(r: redis.Redis) -> None:
         time.sleep(0.05)
     sub.dispose()
     assert len(got) == 16 and q.stats().leased == 16
+
+
+class _D:
+    """A stand-in delivery for ``Held`` (it reads only the lease deadline)."""
+
+    lease_deadline_ms = 10**15
+
+
+def test_a_full_hold_asks_for_a_claim_only_once_a_quarter_of_it_is_free() -> None:
+    held: Held[Any] = Held(Prefetch.parse(16))
+    ds = [_D() for _ in range(16)]
+    held.add(ds, now_ms=0)
+    assert held.full and not held.refill
+    for n, d in enumerate(ds[: 16 // REFILL_SHARE], 1):
+        held.settled(d)
+        assert held.refill == (n == 16 // REFILL_SHARE)  # 4 free: a claim worth making
+    tiny: Held[Any] = Held(Prefetch.parse(2))  # a bound under REFILL_SHARE: one free slot
+    pair = [_D(), _D()]
+    tiny.add(pair, now_ms=0)
+    tiny.settled(pair[0])
+    assert tiny.refill
+
+
+def test_a_consumer_with_a_full_hold_claims_again_when_a_quarter_is_free_not_at_each_ack(
+    r: redis.Redis,
+) -> None:
+    q = dueq.Queue("pf-refill", r, lease=30)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(100))
+    got: list[dueq.Delivery] = []
+    sub = q.observe(max_in_flight=8, wake=False).subscribe(on_next=got.append)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(got) == 8
+        got[0].ack()  # one free slot: not worth a claim yet
+        time.sleep(0.3)
+        assert len(got) == 8
+        got[1].ack()  # two free (a quarter of 8): claim
+        while len(got) < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(got) == 10 and q.stats().leased == 8
+    finally:
+        sub.dispose()

@@ -8,8 +8,8 @@ threads of its own:
 2. yield them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
    (capped by ``heartbeat``), until a wake message says an earlier task was scheduled
-   (``redis.asyncio`` Pub/Sub), or until a settled delivery frees a slot the loop was
-   waiting for.
+   (``redis.asyncio`` Pub/Sub), or, when the hold was full, until settled deliveries have
+   freed a quarter of it (``Held.refill``: a claim worth its round trip).
 
 Redis outages are logged and retried with backoff; the iterator never raises for them. Other
 errors (authentication, a Redis older than 6.2) end it with that error. Leaving the loop
@@ -128,7 +128,7 @@ async def _claims(
     def settled(delivery: AsyncDelivery) -> None:
         nonlocal starved
         held.settled(delivery)
-        if starved:  # as the threaded consumer: only a slot the loop waits for is news
+        if starved and held.refill:  # as the threaded consumer: room the loop waits for
             starved = False
             poke.set()
 

@@ -34,6 +34,8 @@ WINDOW_S = 0.05
 #: Bounds of ``"auto"`` when the consumer does not know its handlers' concurrency.
 AUTO_LOW = 16
 AUTO_HIGH = 1024
+#: A consumer whose hold was full claims again once this share of it is free (1/4).
+REFILL_SHARE = 4
 #: Most deliveries one consumer may hold (one claim call leases at most 1,000).
 MAX_IN_FLIGHT = 100_000
 
@@ -110,6 +112,16 @@ class Held(Generic[D]):
     @property
     def full(self) -> bool:
         return len(self.deliveries) >= self.prefetch.limit
+
+    @property
+    def refill(self) -> bool:
+        """True once a full hold has room for a claim worth its round trip: a
+        ``REFILL_SHARE`` of the bound (at least one slot). A consumer waiting on a full hold
+        claims again then, not at the first settled delivery: claiming one slot at a time
+        spends a script call (and a consumer wake-up) per few tasks while the handlers still
+        have most of the hold to work through."""
+        free = self.prefetch.limit - len(self.deliveries)
+        return free >= max(1, self.prefetch.limit // REFILL_SHARE)
 
     def add(self, claimed: list[D], now_ms: int) -> list[D]:
         """Hold ``claimed``; returns the held deliveries whose lease ran out unsettled by

@@ -6,7 +6,9 @@ Each subscription runs one consumer loop on a reactivex scheduler:
    emitted and not yet acked, failed or released);
 2. emit them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
-   (capped by ``heartbeat``), or until a wake message says an earlier task was scheduled.
+   (capped by ``heartbeat``), until a wake message says an earlier task was scheduled, or,
+   when the hold was full, until settled deliveries have freed a quarter of it
+   (``Held.refill``: a claim worth its round trip, not one per settled delivery).
 
 ``Worker`` runs the same loop without reactivex between it and its handlers
 (``consume_queue``): each claim goes to the processor whole, in one call, instead of one
@@ -160,7 +162,9 @@ class _Consumer:
     def _settled(self, delivery: Delivery) -> None:
         with self._lock:
             self._held.settled(delivery)
-            starved, self._starved = self._starved, False
+            starved = self._starved and self._held.refill
+            if starved:
+                self._starved = False
         if starved:
             self._request(0)
 
