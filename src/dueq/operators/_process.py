@@ -18,9 +18,13 @@ per task (measured: 8 threads writing a line per task spend 70 to 105 us of CPU 
 thread 43 us). So the thread runner starts with one active thread and a monitor adds one
 whenever the process sat mostly idle over a window although deliveries were waiting (the
 handlers wait on something: I/O, a lock, a sleep), or every active handler has run longer than
-``LONG_HANDLER_S`` (a slow handler never holds up the rest); it retires one when the process
-was busy all along (more threads would only queue for the GIL). Handlers that wait reach
-``concurrency`` threads within tens of milliseconds; handlers that do not run on one thread.
+``LONG_HANDLER_S`` (a slow handler never holds up the rest), or, as a probe, every thread kept
+a CPU busy (handlers in C outside the GIL may use more cores); it retires one when the process
+was busy but its threads only took turns (more would only queue for the GIL). See ``Ramp``.
+Handlers that wait reach ``concurrency`` threads within tens of milliseconds; handlers that
+hold the GIL run on one thread. The judgement uses the process's CPU time, so a machine whose
+other processes leave this one less than a third of a CPU looks like waiting handlers: it
+then runs more threads, as before this change, never more than ``concurrency``.
 
 A failing handler is an outcome, never an ``on_error``. Redis outages are waited out.
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import queue as stdlib_queue
 import threading
 import time
@@ -81,6 +86,10 @@ RAMP_WINDOW_S = 0.01
 RAMP_UP_BELOW = 0.35
 #: Above it, the process was busy all along: one thread fewer takes work.
 RAMP_DOWN_ABOVE = 0.8
+#: After a probe for handlers that run outside the GIL found none, no probe for this long
+#: (s); doubles after each such probe, up to ``PROBE_BACKOFF_MAX_S``.
+PROBE_BACKOFF_S = 0.5
+PROBE_BACKOFF_MAX_S = 30.0
 #: A handler running longer than this no longer counts as busy: another thread may start.
 LONG_HANDLER_S = 0.02
 
@@ -497,16 +506,45 @@ class _Runner:
         raise NotImplementedError
 
 
-def ramp(active: int, ceiling: int, cpu_share: float, all_long: bool) -> int:
-    """How many handler threads may take work after a window in which deliveries waited and
-    ``active`` threads took them: one more when the handlers wait on something (the process
-    used less than ``RAMP_UP_BELOW`` of a CPU) or every one runs long; one fewer when the
-    process was busy all along; between 1 and ``ceiling``."""
-    if all_long or cpu_share < RAMP_UP_BELOW:
-        return min(active + 1, ceiling)
-    if cpu_share > RAMP_DOWN_ABOVE:
-        return max(active - 1, 1)
-    return active
+class Ramp:
+    """How many handler threads may take work, judged once per window in which deliveries
+    waited and every allowed thread took them (``step``); between 1 and ``ceiling``:
+
+    - one more when the handlers wait on something (the process used less than
+      ``RAMP_UP_BELOW`` of a CPU), or every running handler has run long;
+    - one more, as a probe, when every thread used a whole CPU (handlers that run outside
+      the GIL, in C, can use more cores): kept if the next window shows one more CPU used,
+      else taken back and not tried again for a while (``PROBE_BACKOFF_S``, doubling);
+    - one fewer when the process was busy but the threads did not each use a CPU: they
+      take turns at the GIL, and another would only add hand-offs.
+    """
+
+    def __init__(self, ceiling: int, cores: int) -> None:
+        self.active = 1
+        self._ceiling = ceiling
+        self._cores = max(cores, 1)
+        self._probing = False  # the last step added a thread to see if it used another CPU
+        self._backoff_s = PROBE_BACKOFF_S
+        self._next_probe_s = 0.0
+
+    def step(self, cpu_share: float, all_long: bool, now_s: float) -> int:
+        active, probing, self._probing = self.active, self._probing, False
+        busy_each = cpu_share > active * RAMP_DOWN_ABOVE  # every thread used a whole CPU
+        if probing:
+            if busy_each:
+                self._backoff_s = PROBE_BACKOFF_S  # it did: more may help, go on
+            else:
+                self._next_probe_s = now_s + self._backoff_s
+                self._backoff_s = min(2 * self._backoff_s, PROBE_BACKOFF_MAX_S)
+        if all_long or cpu_share < RAMP_UP_BELOW:
+            active += 1
+        elif busy_each and active < self._cores and now_s >= self._next_probe_s:
+            active += 1
+            self._probing = active <= self._ceiling
+        elif cpu_share > RAMP_DOWN_ABOVE and not busy_each:
+            active -= 1
+        self.active = max(1, min(active, self._ceiling))
+        return self.active
 
 
 class _ThreadRunner(_Runner):
@@ -527,7 +565,8 @@ class _ThreadRunner(_Runner):
         self._work_ready = threading.Condition(self._lock)  # handler threads wait here
         self._monitor_wake = threading.Condition(self._lock)  # the monitor waits here
         self._inbox: deque[Delivery] = deque()
-        self._active = 1  # threads that may take work now
+        self._ramp = Ramp(self._concurrency, os.cpu_count() or 1)
+        self._active = 1  # threads that may take work now (the ramp's judgement)
         self._working = 0  # threads taking work (running a handler, or about to)
         self._stopping = False
         self._current: dict[int, tuple[Delivery, float]] = {}  # thread -> (delivery, start)
@@ -678,7 +717,7 @@ class _ThreadRunner(_Runner):
                     continue
                 cpu_share = (self._cpu_clock() - window[1]) / (now_s - window[0])
                 all_long = all(now_s - at >= LONG_HANDLER_S for _, at in self._current.values())
-                active = ramp(self._active, self._concurrency, cpu_share, all_long)
+                active = self._ramp.step(cpu_share, all_long, now_s)
                 if active > self._active:
                     self._work_ready.notify()
                 self._active = active
