@@ -127,6 +127,22 @@ def test_handlers_that_wait_get_more_threads_but_never_more_than_the_concurrency
     assert h.runner.active == 4
 
 
+def test_handlers_that_wait_for_each_other_all_get_a_thread_when_submitted_at_once() -> None:
+    # the claim of a whole hold at once, to an idle runner (its monitor asleep): the monitor
+    # must stay awake while deliveries wait, whoever of it and the first thread runs first
+    for _ in range(5):
+        together = threading.Barrier(4)
+        h = Harness(lambda d, b=together: b.wait(WAIT_S), 4, busy_clock)
+        try:
+            time.sleep(0.02)  # every thread parked, the monitor asleep
+            h.runner.submit_many([Item(i) for i in range(4)])  # type: ignore[list-item]
+            h.wait_settled(4)
+        finally:
+            together.abort()
+            h.stop()
+        assert h.peak == 4
+
+
 def test_a_long_handler_never_holds_up_the_rest_even_when_the_process_is_busy() -> None:
     release = threading.Event()
 

@@ -698,7 +698,7 @@ class _ThreadRunner(_Runner):
                 if self._stopping:  # after the last results of the last thread
                     if not (self._working or self._results):
                         return
-                elif not (self._results or (self._inbox and self._working >= self._active)):
+                elif not (self._results or self._inbox):  # (submit and results wake it)
                     window = None
                     self._monitor_idle = True
                     self._monitor_wake.wait()
