@@ -122,7 +122,8 @@ class Processor(Settling):
         self._scheduler: abc.SchedulerBase = scheduler or self._own_scheduler  # type: ignore[assignment]
         self._lock = threading.Condition()
         self._held: dict[Delivery, float] = {}  # -> when its lease was last extended (s)
-        self._running: dict[Delivery, float] = {}  # -> when its handler started (s)
+        self._running: dict[Delivery, float] = {}  # -> when its handler started (s; 0.0
+        # when no timeout applies to it)
         self._timed_out: set[Delivery] = set()  # failed by the keeper; late results refused
         self._lease_lost: set[Delivery] = set()  # held, but the keeper found its lease lost
         self._closing = False
@@ -272,8 +273,10 @@ class Processor(Settling):
         with self._lock:
             if self._closing or delivery not in self._held:
                 return False
-            self._running[delivery] = self._scheduler.now.timestamp()
             timeout_s = timeout_for(delivery, self._timeout_s)
+            # when it started matters only to a timeout (the scheduler's clock costs a
+            # datetime per read: not per task when none applies)
+            self._running[delivery] = 0.0 if timeout_s is None else self._scheduler.now.timestamp()
             if (
                 timeout_s is not None
                 and not self._runner.times_out
