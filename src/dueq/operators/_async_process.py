@@ -6,7 +6,9 @@ thread of its own:
 
 - at most ``concurrency`` runner tasks take waiting deliveries one after another and run the
   handler on each: an ``async def`` handler is awaited on the loop, so it can use the
-  application's clients; a plain function runs in a thread pool of ``concurrency`` threads;
+  application's clients; a plain function runs in a thread pool of ``concurrency`` threads.
+  A runner whose handlers never await lets the loop run others every ``RUNNER_YIELD_S``
+  (the settler then acks and the claim loop claims while it works through the hold);
 - one settler task acks successes in batches (one ``ack_many`` per queue and round) and
   records failures through the retry policy;
 - one keeper task extends each held lease once a third of it has passed, waking when the
@@ -53,6 +55,8 @@ from ._settle import (
 
 logger = logging.getLogger("dueq.operators._process")
 
+#: Longest a runner keeps the loop when its handlers never await (s).
+RUNNER_YIELD_S = 0.005
 #: Most seconds ``close`` waits for the settler's last round.
 SETTLER_STOP_S = 5.0
 
@@ -224,7 +228,8 @@ class AsyncProcessor(Settling):
         """One of at most ``concurrency`` tasks: runs waiting deliveries one after another
         until none waits (a task per runner, not per delivery: cheaper at 40k tasks/s)."""
         task = asyncio.current_task()
-        assert task is not None
+        assert task is not None and self._loop is not None
+        since_s = self._loop.time()  # when this runner last let the loop run others
         try:
             while self._waiting and not self._closing:
                 d = self._waiting.popleft()
@@ -259,6 +264,11 @@ class AsyncProcessor(Settling):
                     self._running.pop(d, None)
                 self._done.append((d, error))
                 self._done_event.set()
+                if self._loop.time() - since_s >= RUNNER_YIELD_S:
+                    # handlers that never await would keep the loop to this runner for the
+                    # whole hold: let the settler ack, the claim loop claim, the app serve
+                    await asyncio.sleep(0)
+                    since_s = self._loop.time()
         finally:
             self._runners -= 1
 
