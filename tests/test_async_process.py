@@ -342,9 +342,12 @@ def test_an_async_worker_whose_claims_fail_for_good_stops_and_raises_that_error(
     async def body(q: dueq.AsyncQueue) -> None:
         await q.redis.set(q.keys.leased, "not a sorted set")  # every claim fails (no outage)
         worker = dueq.AsyncWorker(q, lambda d: None, handle_signals=False)
-        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-            async with asyncio.timeout(BOUND_S):
-                await worker.run()
+        try:
+            with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+                async with asyncio.timeout(BOUND_S):
+                    await worker.run()
+        finally:
+            await q.redis.delete(q.keys.leased)  # the next test's queue has the same name
 
     run(redis_server, body)
 
