@@ -90,6 +90,27 @@ def test_backpressure_holds_max_in_flight_until_one_is_settled(r, redis_server):
     asyncio.run(main())
 
 
+def test_a_full_hold_claims_again_once_a_quarter_is_free_not_at_each_ack(r, redis_server):
+    async def main() -> None:
+        client = _client(redis_server)
+        q = dueq.AsyncQueue("refill", client)
+        await q.schedule_many(dueq.Task(i, id=f"t{i:02}") for i in range(20))
+        it = q.deliveries(max_in_flight=8, wake=False)
+        held = [await anext(it) for _ in range(8)]
+        ninth = asyncio.ensure_future(anext(it))
+        await held[0].ack()  # one free slot of eight: not worth a claim yet
+        await asyncio.sleep(0.3)
+        assert not ninth.done()
+        await held[1].ack()  # a quarter free: claim
+        async with asyncio.timeout(BOUND_S):
+            d = await ninth
+        assert d.id == "t08"
+        await it.aclose()
+        await client.aclose()
+
+    asyncio.run(main())
+
+
 def test_leaving_the_loop_releases_what_was_claimed_but_not_yielded(r, redis_server):
     async def main() -> None:
         client = _client(redis_server)

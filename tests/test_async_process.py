@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -333,3 +334,52 @@ def test_a_handler_that_stops_its_worker_still_has_its_task_acked(
         return dict(worker.outcomes)
 
     assert run(redis_server, body) == {"acked": 1}
+
+
+def test_an_async_worker_whose_claims_fail_for_good_stops_and_raises_that_error(
+    redis_server: RedisServer,
+) -> None:
+    async def body(q: dueq.AsyncQueue) -> None:
+        await q.redis.set(q.keys.leased, "not a sorted set")  # every claim fails (no outage)
+        worker = dueq.AsyncWorker(q, lambda d: None, handle_signals=False)
+        try:
+            with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+                async with asyncio.timeout(BOUND_S):
+                    await worker.run()
+        finally:
+            await q.redis.delete(q.keys.leased)  # the next test's queue has the same name
+
+    run(redis_server, body)
+
+
+def test_handlers_that_never_await_still_let_the_loop_run_other_tasks(
+    redis_server: RedisServer,
+) -> None:
+    # each handler blocks 1 ms without awaiting; over 300 of them the loop must still get to
+    # other tasks (the settler, the claim loop, the application) every few ms
+    async def body(q: dueq.AsyncQueue) -> None:
+        ticks = 0
+        seen: list[int] = []
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        async def handle(d: dueq.AsyncDelivery) -> None:
+            seen.append(ticks)
+            time.sleep(0.001)  # (blocks the loop on purpose: no await)
+
+        await q.schedule_many(dueq.Task(i) for i in range(300))
+        tick_task = asyncio.create_task(ticker())
+        sub, out = subscribe(q, handle, concurrency=1, max_in_flight=300)
+        try:
+            await out.wait(300)
+        finally:
+            sub.dispose()
+            tick_task.cancel()
+        # 300 ms of handlers: at one yield per 5 ms, well over 20 distinct tick counts
+        assert len(set(seen)) >= 20, len(set(seen))
+
+    run(redis_server, body)

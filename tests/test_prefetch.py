@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
 
 import dueq
-from dueq._prefetch import AUTO_HIGH, HOLD_S, WINDOW_S, Prefetch
+from dueq._prefetch import AUTO_HIGH, HOLD_S, REFILL_SHARE, WINDOW_S, Held, Prefetch
 
 WAIT_S = 30
 
@@ -24,15 +25,15 @@ def settle_at_rate(p: Prefetch, now_s: float, rate: float, windows: int) -> floa
     return now_s
 
 
-def test_fast_settling_grows_the_bound_by_doubling_up_to_high() -> None:
+def test_fast_settling_grows_the_bound_fourfold_per_window_up_to_high() -> None:
     p = Prefetch.parse("auto", low=16)
     now_s = 1000.0
     p.update(now_s)
     limits = []
-    for _ in range(8):
+    for _ in range(5):
         now_s = settle_at_rate(p, now_s, rate=100_000, windows=1)
         limits.append(p.limit)
-    assert limits == [32, 64, 128, 256, 512, 1024, 1024, 1024]  # never above AUTO_HIGH
+    assert limits == [64, 256, 1024, 1024, 1024]  # within 3 windows; never above AUTO_HIGH
     assert p.limit == AUTO_HIGH
 
 
@@ -56,7 +57,7 @@ def test_an_idle_queue_falls_back_to_low_and_a_burst_ramps_up_again() -> None:
     now_s = settle_at_rate(p, 1000.0, rate=100_000, windows=10)
     now_s = settle_at_rate(p, now_s, rate=0, windows=1)
     assert p.limit == 16
-    settle_at_rate(p, now_s, rate=100_000, windows=6)
+    settle_at_rate(p, now_s, rate=100_000, windows=3)
     assert p.limit == AUTO_HIGH
 
 
@@ -106,3 +107,47 @@ def test_auto_with_slow_handlers_holds_no_more_than_low(r: redis.Redis) -> None:
         time.sleep(0.05)
     sub.dispose()
     assert len(got) == 16 and q.stats().leased == 16
+
+
+class _D:
+    """A stand-in delivery for ``Held`` (it reads only the lease deadline)."""
+
+    lease_deadline_ms = 10**15
+
+
+def test_a_full_hold_asks_for_a_claim_only_once_a_quarter_of_it_is_free() -> None:
+    held: Held[Any] = Held(Prefetch.parse(16))
+    ds = [_D() for _ in range(16)]
+    held.add(ds, now_ms=0)
+    assert held.full and not held.refill
+    for n, d in enumerate(ds[: 16 // REFILL_SHARE], 1):
+        held.settled(d)
+        assert held.refill == (n == 16 // REFILL_SHARE)  # 4 free: a claim worth making
+    tiny: Held[Any] = Held(Prefetch.parse(2))  # a bound under REFILL_SHARE: one free slot
+    pair = [_D(), _D()]
+    tiny.add(pair, now_ms=0)
+    tiny.settled(pair[0])
+    assert tiny.refill
+
+
+def test_a_consumer_with_a_full_hold_claims_again_when_a_quarter_is_free_not_at_each_ack(
+    r: redis.Redis,
+) -> None:
+    q = dueq.Queue("pf-refill", r, lease=30)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(100))
+    got: list[dueq.Delivery] = []
+    sub = q.observe(max_in_flight=8, wake=False).subscribe(on_next=got.append)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(got) == 8
+        got[0].ack()  # one free slot: not worth a claim yet
+        time.sleep(0.3)
+        assert len(got) == 8
+        got[1].ack()  # two free (a quarter of 8): claim
+        while len(got) < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(got) == 10 and q.stats().leased == 8
+    finally:
+        sub.dispose()

@@ -310,3 +310,25 @@ def test_a_handler_that_stops_its_worker_still_has_its_task_acked(r: redis.Redis
     assert not thread.is_alive()
     assert q.get(tid) is None  # done, not released to run again
     assert dict(worker.outcomes) == {"acked": 1}
+
+
+def test_a_worker_whose_claims_fail_for_good_stops_and_raises_that_error(
+    r: redis.Redis,
+) -> None:
+    q = dueq.Queue("broken", r)
+    r.set(q.keys.leased, "not a sorted set")  # every claim now fails (not an outage)
+    worker = dueq.Worker(q, lambda d: None)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # the test looks at what it was
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], redis.ResponseError), raised
+    assert "WRONGTYPE" in str(raised[0])

@@ -140,13 +140,14 @@ def dueq_ids(n: int) -> list[str]:
     return ["".join(rnd.choices(alphabet, k=12)) for _ in range(n)]
 
 
-def raw_drain(r: redis.Redis, items: list[dict[str, Any]], out_path: str) -> float:
-    """Tasks per second of a pipelined ZPOPMIN + HMGET + HDEL consumer doing the same work."""
+def raw_drain(r: redis.Redis, items: list[dict[str, Any]], out_path: str) -> tuple[float, float]:
+    """Tasks per second of a pipelined ZPOPMIN + HMGET + HDEL consumer doing the same work,
+    and its CPU microseconds per task."""
     raw_layout_bytes(r, items)
     n = len(items)
     done = 0
     with open(out_path, "a", buffering=1) as out:
-        start = perf()
+        start, cpu_start = perf(), time.process_time()
         while done < n:
             popped = r.zpopmin("raw:due", 1000)
             if not popped:
@@ -160,24 +161,43 @@ def raw_drain(r: redis.Redis, items: list[dict[str, Any]], out_path: str) -> flo
                 json.loads(body)
                 out.write(f"{tid.decode()}\n")
             done += len(ids)
-        elapsed = perf() - start
-    return done / elapsed
+        elapsed, cpu_s = perf() - start, time.process_time() - cpu_start
+    return done / elapsed, cpu_s / max(done, 1) * 1e6
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu_s(r: redis.Redis) -> float:
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def run_worker(command: list[str], env: dict[str, str], r: redis.Redis, n: int) -> dict[str, float]:
-    """Spawn a worker, wait for ``n`` acks, stop it; start-up and drain figures."""
+    """Spawn a worker, wait for ``n`` acks, stop it; start-up, drain and CPU figures (the
+    worker's and Redis's CPU from the first ack to the last, in microseconds per task)."""
     q = dueq.Queue(QUEUE, r)
     spawned = perf()
     child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     first = last = None
+    cpu_first = cpu_last = redis_first = redis_last = 0.0
+    acked_first = 0
     try:
         while perf() - spawned < TIMEOUT_S:
             acked = int(q.stats().counters.get("acked", 0))
             now = perf()
             if acked and first is None:
-                first = now
+                first, acked_first = now, acked
+                cpu_first, redis_first = process_cpu_s(child.pid), redis_cpu_s(r)
             if acked >= n:
                 last = now
+                cpu_last, redis_last = process_cpu_s(child.pid), redis_cpu_s(r)
                 break
             if child.poll() is not None:
                 raise RuntimeError(f"worker exited early: {child.stderr.read().decode()[-2000:]}")
@@ -193,7 +213,13 @@ def run_worker(command: list[str], env: dict[str, str], r: redis.Redis, n: int) 
             child.stderr.close()
     if first is None or last is None:
         raise RuntimeError("the worker did not drain the queue in time")
-    return {"startup_s": first - spawned, "drain_per_s": n / max(last - first, 1e-9)}
+    drained = max(n - acked_first, 1)
+    return {
+        "startup_s": first - spawned,
+        "drain_per_s": n / max(last - first, 1e-9),
+        "worker_cpu_us_per_task": (cpu_last - cpu_first) / drained * 1e6,
+        "redis_cpu_us_per_task": (redis_last - redis_first) / drained * 1e6,
+    }
 
 
 def main() -> None:
@@ -220,9 +246,17 @@ def main() -> None:
             "DUEQ_REDIS_URL": server.url,
         }
         log("raw consumer ...")
-        raw = max(raw_drain(r, items, out_path) for _ in range(repeat))
+        raw, raw_cpu_us = max(raw_drain(r, items, out_path) for _ in range(repeat))
         figures["raw_drain_per_s"] = raw
-        rows.append(("raw", f"{raw:,.0f} tasks/s", "ZPOPMIN(1000)+HMGET+HDEL, best", ""))
+        figures["raw_cpu_us_per_task"] = raw_cpu_us
+        rows.append(
+            (
+                "raw",
+                f"{raw:,.0f} tasks/s",
+                f"ZPOPMIN(1000)+HMGET+HDEL, best; CPU/task {raw_cpu_us:.0f} us",
+                "",
+            )
+        )
         workers = {
             "threaded": [sys.executable, "-m", "dueq", "worker", QUEUE, "bench_handler:handle"],
             "asyncio": [sys.executable, str(Path(tmp, "async_worker.py")), QUEUE],
@@ -240,7 +274,9 @@ def main() -> None:
                     (
                         f"{name} #{i}",
                         f"{drain:,.0f} tasks/s",
-                        f"{drain / raw:.2f}x raw; start-up {run['startup_s']:.2f} s",
+                        f"{drain / raw:.2f}x raw; start-up {run['startup_s']:.2f} s; CPU/task: "
+                        f"worker {run['worker_cpu_us_per_task']:.0f} us, "
+                        f"Redis {run['redis_cpu_us_per_task']:.0f} us",
                         f">= {TARGET_DRAIN:,}",
                     )
                 )

@@ -8,8 +8,8 @@ threads of its own:
 2. yield them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
    (capped by ``heartbeat``), until a wake message says an earlier task was scheduled
-   (``redis.asyncio`` Pub/Sub), or until a settled delivery frees a slot the loop was
-   waiting for.
+   (``redis.asyncio`` Pub/Sub), or, when the hold was full, until settled deliveries have
+   freed a quarter of it (``Held.refill``: a claim worth its round trip).
 
 Redis outages are logged and retried with backoff; the iterator never raises for them. Other
 errors (authentication, a Redis older than 6.2) end it with that error. Leaving the loop
@@ -89,6 +89,35 @@ async def deliveries(
     prefetch_low: int = AUTO_LOW,
 ) -> AsyncGenerator[AsyncDelivery, None]:
     """The iterator behind ``AsyncQueue.deliveries``; see the module docstring."""
+    claims = _claims(
+        queue,
+        max_in_flight=max_in_flight,
+        wake=wake,
+        heartbeat=heartbeat,
+        prefetch_low=prefetch_low,
+    )
+    unyielded: deque[AsyncDelivery] = deque()
+    try:
+        async for batch in claims:
+            unyielded = deque(batch)
+            while unyielded:
+                yield unyielded.popleft()
+    finally:
+        await claims.aclose()  # stops the wake listener
+        for d in unyielded:  # claimed, never handed out: give back without counting
+            await _release(d)
+
+
+async def _claims(
+    queue: AsyncQueue,
+    *,
+    max_in_flight: int | str,
+    wake: bool,
+    heartbeat: Duration,
+    prefetch_low: int,
+) -> AsyncGenerator[list[AsyncDelivery], None]:
+    """The claim loop: each claim as a list (maybe empty while the queue is idle: the caller
+    never sees an empty one from ``deliveries``), resumed once the caller took it."""
     held: Held[AsyncDelivery] = Held(Prefetch.parse(max_in_flight, low=prefetch_low))
     heartbeat_ms = positive_duration_ms(heartbeat, "heartbeat")
     poke = asyncio.Event()
@@ -99,14 +128,13 @@ async def deliveries(
     def settled(delivery: AsyncDelivery) -> None:
         nonlocal starved
         held.settled(delivery)
-        if starved:  # as the threaded consumer: only a slot the loop waits for is news
+        if starved and held.refill:  # as the threaded consumer: room the loop waits for
             starved = False
             poke.set()
 
     listener = asyncio.create_task(_listen(queue, poke.set)) if wake else None
     backoff = Backoff()
     paused = False  # the last claim found the queue paused
-    unyielded: deque[AsyncDelivery] = deque()
     try:
         while True:
             poke.clear()
@@ -136,9 +164,8 @@ async def deliveries(
             for d in held.add(batch.deliveries, batch.now_ms):
                 d._on_settled = None  # its lease ran out unsettled: no longer ours
             starved = held.full
-            unyielded = deque(batch.deliveries)
-            while unyielded:
-                yield unyielded.popleft()
+            if batch.deliveries:
+                yield batch.deliveries
             full = held.full
             wait_ms = heartbeat_ms if full else batch.sleep_ms(heartbeat_ms)
             if wait_ms > 0 and not poke.is_set():
@@ -147,8 +174,45 @@ async def deliveries(
         if listener is not None:  # bounded: releases must come before the leases run out
             listener.cancel()
             await asyncio.wait({listener}, timeout=CLOSE_S)
-        for d in unyielded:  # claimed, never handed out: give back without counting
-            await _release(d)
+
+
+def consume(
+    queue: AsyncQueue,
+    on_claimed: Callable[[list[AsyncDelivery]], None],
+    on_error: Callable[[Exception], None],
+    *,
+    max_in_flight: int | str = 64,
+    wake: bool = True,
+    heartbeat: Duration = 5.0,
+    prefetch_low: int = AUTO_LOW,
+) -> abc.DisposableBase:
+    """``AsyncWorker``'s source: the claim loop as a task on the running loop, each claim
+    handed to ``on_claimed`` whole (no observable, no per-delivery hop between them); an
+    error that ends it goes to ``on_error``. Disposing cancels the task."""
+    claims = _claims(
+        queue,
+        max_in_flight=max_in_flight,
+        wake=wake,
+        heartbeat=heartbeat,
+        prefetch_low=prefetch_low,
+    )
+
+    async def pump() -> None:
+        try:
+            async for batch in claims:
+                on_claimed(batch)
+        except asyncio.CancelledError:
+            raise  # disposed
+        except Exception as exc:  # not an outage (those are waited out): the source ends
+            on_error(exc)
+        finally:
+            await claims.aclose()
+
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(pump())
+    _PUMPS.add(task)  # the loop holds tasks weakly
+    task.add_done_callback(_PUMPS.discard)
+    return Disposable(lambda: call_on_loop(loop, task.cancel))
 
 
 async def _release(d: AsyncDelivery) -> None:

@@ -7,10 +7,12 @@ sizes the hold by Little's law: hold what the handlers settle in ``HOLD_S`` at t
 settle now, ``limit = rate * HOLD_S``, re-estimated every ``WINDOW_S``:
 
 - handlers that settle a delivery within ``HOLD_S`` of its claim make the estimate exceed the
-  current limit, so it grows (at most doubling per window, up to ``high``);
+  current limit, so it grows (at most ``GROWTH``-fold per window, up to ``high``);
 - handlers that take longer make it fall, down to ``low`` (enough to keep every handler busy);
 - an idle queue settles nothing, so the limit falls back to ``low`` until work comes again,
-  and a burst then ramps up in a few windows (16 -> 1024 in six doublings, ~0.3 s).
+  and a burst then ramps up in a few windows (16 -> 64 -> 256 -> 1024, ~60 ms: a drain of
+  20,000 quick tasks lasts about half a second, and a ramp of six doublings over 0.3 s, as
+  before, spent half of it starved).
 
 The consumer asks ``limit`` before each claim and reports each settled delivery; the rest of
 the consumer (free slots = limit - held) is unchanged. Time is whatever clock the consumer
@@ -30,10 +32,14 @@ D = TypeVar("D", bound=DeliveryBase)
 #: Seconds of settling the adaptive limit holds.
 HOLD_S = 0.1
 #: Seconds between two estimates.
-WINDOW_S = 0.05
+WINDOW_S = 0.02
+#: Most the limit grows in one window (a factor).
+GROWTH = 4
 #: Bounds of ``"auto"`` when the consumer does not know its handlers' concurrency.
 AUTO_LOW = 16
 AUTO_HIGH = 1024
+#: A consumer whose hold was full claims again once this share of it is free (1/4).
+REFILL_SHARE = 4
 #: Most deliveries one consumer may hold (one claim call leases at most 1,000).
 MAX_IN_FLIGHT = 100_000
 
@@ -86,7 +92,7 @@ class Prefetch:
         rate = self._settled / window_s
         self._settled, self._since_s = 0, now_s
         target = round(rate * HOLD_S)
-        self._limit = max(self.low, min(self.high, target, 2 * self._limit))
+        self._limit = max(self.low, min(self.high, target, GROWTH * self._limit))
         return self._limit
 
 
@@ -110,6 +116,16 @@ class Held(Generic[D]):
     @property
     def full(self) -> bool:
         return len(self.deliveries) >= self.prefetch.limit
+
+    @property
+    def refill(self) -> bool:
+        """True once a full hold has room for a claim worth its round trip: a
+        ``REFILL_SHARE`` of the bound (at least one slot). A consumer waiting on a full hold
+        claims again then, not at the first settled delivery: claiming one slot at a time
+        spends a script call (and a consumer wake-up) per few tasks while the handlers still
+        have most of the hold to work through."""
+        free = self.prefetch.limit - len(self.deliveries)
+        return free >= max(1, self.prefetch.limit // REFILL_SHARE)
 
     def add(self, claimed: list[D], now_ms: int) -> list[D]:
         """Hold ``claimed``; returns the held deliveries whose lease ran out unsettled by

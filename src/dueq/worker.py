@@ -14,22 +14,21 @@ import logging
 import signal
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
-import reactivex
-from reactivex import Observable, Observer
+from reactivex import abc
+from reactivex.disposable import CompositeDisposable
 
 from ._async import AsyncQueue
-from ._async_consume import call_on_loop
-from ._async_consume import observe as observe_async
+from ._async_consume import call_on_loop, consume
 from ._core import QueueCore
 from ._prefetch import Prefetch
 from .checks import whole_number
 from .clock import Duration, duration_ms, positive_duration_ms
 from .exceptions import ConfigurationError
-from .observe import observe_queue
+from .observe import consume_queue
 from .operators import MAX_CONCURRENCY
 from .operators._async_process import AsyncProcessor
 from .operators._process import Handler, Processor, is_async_handler
@@ -83,24 +82,31 @@ class _WorkerSettings:
         self.outcomes: Counter[str] = Counter()
         self._error: Exception | None = None
 
-    def _sources(self) -> Observable[Any]:
-        settings: dict[str, Any] = {
+    def _settings(self) -> dict[str, Any]:
+        return {
             "max_in_flight": self.max_in_flight,
             "wake": True,
             "heartbeat": self.heartbeat,
             "prefetch_low": self._prefetch_low,
         }
-        return reactivex.merge(
-            *(
-                observe_async(q, **settings)
-                if isinstance(q, AsyncQueue)
-                else observe_queue(q, **settings)
-                for q in self.queues
-            )
-        )
 
-    def _count(self, outcome: Outcome) -> None:
-        self.outcomes[outcome.kind] += 1
+
+class _Tally(abc.ObserverBase[Outcome]):
+    """Counts outcomes by kind; an error goes to ``failed`` (a plain observer: the outcome
+    stream of a worker is its busiest path)."""
+
+    def __init__(self, counts: Counter[str], failed: Callable[[Exception], None]) -> None:
+        self._counts = counts
+        self._failed = failed
+
+    def on_next(self, value: Outcome) -> None:
+        self._counts[value.kind] += 1
+
+    def on_error(self, error: Exception) -> None:
+        self._failed(error)
+
+    def on_completed(self) -> None:
+        pass  # a worker's sources never complete; it runs until stopped
 
 
 class Worker(_WorkerSettings):
@@ -151,12 +157,23 @@ class Worker(_WorkerSettings):
 
         Raises the error that ended a delivery stream, if one did (Redis outages do not).
         """
-        source = self._sources()
         processor = Processor(self.handler, self.concurrency, timeout_s=self.timeout_s)
         previous = self._install_signal_handlers()
         names = ", ".join(q.name for q in self.queues)
         logger.info("worker started on %s with concurrency %d", names, self.concurrency)
-        processor.subscribe(source, Observer(self._count, self._failed))
+        # each queue's claim loop hands its claims to the processor whole (no observable
+        # between them: one call per claim, not a few wrappers per delivery)
+        processor.start(_Tally(self.outcomes, self._failed))
+        processor.attach_source(
+            CompositeDisposable(
+                [
+                    consume_queue(
+                        q, processor.accept_many, processor.source_error, **self._settings()
+                    )
+                    for q in self.queues
+                ]
+            )
+        )
         try:
             while not self._stop.wait(STOP_POLL_S):
                 if self._signalled:  # set by the signal handler, which takes no lock
@@ -272,7 +289,16 @@ class AsyncWorker(_WorkerSettings):
         installed = self._install_signal_handlers() if self.handle_signals else {}
         names = ", ".join(q.name for q in self.queues)
         logger.info("worker started on %s with concurrency %d (asyncio)", names, self.concurrency)
-        processor.subscribe(self._sources(), Observer(self._count, self._failed))
+        # as Worker: each queue's claim loop hands its claims to the processor whole
+        processor.start(_Tally(self.outcomes, self._failed))
+        processor.attach_source(
+            CompositeDisposable(
+                [
+                    consume(q, processor.accept_many, processor.source_error, **self._settings())
+                    for q in self.queues
+                ]
+            )
+        )
         try:
             await self._stop.wait()
             logger.info(

@@ -6,7 +6,9 @@ thread of its own:
 
 - at most ``concurrency`` runner tasks take waiting deliveries one after another and run the
   handler on each: an ``async def`` handler is awaited on the loop, so it can use the
-  application's clients; a plain function runs in a thread pool of ``concurrency`` threads;
+  application's clients; a plain function runs in a thread pool of ``concurrency`` threads.
+  A runner whose handlers never await lets the loop run others every ``RUNNER_YIELD_S``
+  (the settler then acks and the claim loop claims while it works through the hold);
 - one settler task acks successes in batches (one ``ack_many`` per queue and round) and
   records failures through the retry policy;
 - one keeper task extends each held lease once a third of it has passed, waking when the
@@ -53,6 +55,8 @@ from ._settle import (
 
 logger = logging.getLogger("dueq.operators._process")
 
+#: Longest a runner keeps the loop when its handlers never await (s).
+RUNNER_YIELD_S = 0.005
 #: Most seconds ``close`` waits for the settler's last round.
 SETTLER_STOP_S = 5.0
 
@@ -104,17 +108,33 @@ class AsyncProcessor(Settling):
     def subscribe(
         self, source: Observable[Any], observer: abc.ObserverBase[Outcome]
     ) -> abc.DisposableBase:
-        self._loop = asyncio.get_running_loop()
-        _LIVE.add(self)
-        self._out.attach(observer)
-        self._settler = self._spawn(self._settle_loop())
-        self._keeper = self._spawn(self._keep_loop())
+        self.start(observer)
         self._source = source.subscribe(
             on_next=self._on_next,
             on_error=lambda exc: self._on_loop(self._source_error, exc),
             on_completed=lambda: self._on_loop(self._source_completed),
         )
         return Disposable(lambda: self._on_loop(self._dispose))
+
+    def start(self, observer: abc.ObserverBase[Outcome]) -> None:
+        """Start on the running loop without a source: the caller feeds ``accept_many`` and
+        ``source_error`` on this loop (``AsyncWorker``'s own claim loops, see
+        ``_async_consume.consume``) and hands what stops them to ``attach_source``."""
+        self._loop = asyncio.get_running_loop()
+        _LIVE.add(self)
+        self._out.attach(observer)
+        self._settler = self._spawn(self._settle_loop())
+        self._keeper = self._spawn(self._keep_loop())
+
+    def attach_source(self, source: abc.DisposableBase) -> None:
+        """What ``close`` disposes to stop claiming (for a processor fed by ``start``)."""
+        self._source = source
+        if self._closing:
+            source.dispose()
+
+    def source_error(self, error: Exception) -> None:
+        """The source of deliveries failed (called on the loop)."""
+        self._source_error(error)
 
     def _dispose(self) -> None:
         if not self._closing:
@@ -181,16 +201,26 @@ class AsyncProcessor(Settling):
         call_on_loop(self._loop, fn, *args)
 
     def _accept(self, d: Any) -> None:
+        self.accept_many([d])
+
+    def accept_many(self, deliveries: list[Any]) -> None:
+        """Hold ``deliveries`` and queue them for the runners (on the loop); once closing,
+        give them back."""
         if self._closing:
-            self._spawn(self._release(d))
+            for d in deliveries:
+                self._spawn(self._release(d))
             return
         assert self._loop is not None
-        self._held[d] = self._loop.time()
+        now_s = self._loop.time()
+        held = self._held
+        tick_s = self._keeper_tick_s
+        for d in deliveries:
+            held[d] = now_s
+            if d.queue.lease_ms / 3000 < tick_s:
+                self._keeper_poke.set()  # a shorter lease than the keeper's round allows for
         self._idle.clear()
-        if d.queue.lease_ms / 3000 < self._keeper_tick_s:
-            self._keeper_poke.set()  # a shorter lease than the keeper's round allows for
-        self._waiting.append(d)
-        if self._runners < self._concurrency:
+        self._waiting.extend(deliveries)
+        for _ in range(min(self._concurrency - self._runners, len(deliveries))):
             self._runners += 1
             self._spawn(self._runner())
 
@@ -198,7 +228,8 @@ class AsyncProcessor(Settling):
         """One of at most ``concurrency`` tasks: runs waiting deliveries one after another
         until none waits (a task per runner, not per delivery: cheaper at 40k tasks/s)."""
         task = asyncio.current_task()
-        assert task is not None
+        assert task is not None and self._loop is not None
+        since_s = self._loop.time()  # when this runner last let the loop run others
         try:
             while self._waiting and not self._closing:
                 d = self._waiting.popleft()
@@ -208,7 +239,11 @@ class AsyncProcessor(Settling):
                 error: BaseException | None = None
                 try:
                     if self._is_async:
-                        await within(self._handler(d), timeout_for(d, self._timeout_s), d)
+                        timeout_s = timeout_for(d, self._timeout_s)
+                        if timeout_s is None:  # (one coroutine less per task)
+                            await self._handler(d)
+                        else:
+                            await within(self._handler(d), timeout_s, d)
                     else:  # past its timeout, the thread is abandoned (a spare takes its place)
                         timeout_s = timeout_for(d, self._timeout_s)
                         result = await within(self._in_thread(self._handler, d), timeout_s, d)
@@ -229,6 +264,11 @@ class AsyncProcessor(Settling):
                     self._running.pop(d, None)
                 self._done.append((d, error))
                 self._done_event.set()
+                if self._loop.time() - since_s >= RUNNER_YIELD_S:
+                    # handlers that never await would keep the loop to this runner for the
+                    # whole hold: let the settler ack, the claim loop claim, the app serve
+                    await asyncio.sleep(0)
+                    since_s = self._loop.time()
         finally:
             self._runners -= 1
 

@@ -53,22 +53,29 @@ class SerialEmitter(Generic[T]):
                 return  # the thread emitting now (maybe this one, further up) delivers them
             self._emitting = True
         while True:
-            with self._lock:
+            with self._lock:  # take every call queued now: one lock round per batch
                 if not self._calls:
                     self._emitting = False
                     return
-                name, value = self._calls.popleft()
+                calls = list(self._calls)
+                self._calls.clear()
                 observer = None if self._stopped else self._observer
-                if name != "on_next":
-                    self._stopped = True
+                if any(name != "on_next" for name, _ in calls):
+                    self._stopped = True  # (calls after it in this batch are dropped below)
             if observer is None:
                 continue
-            try:
-                if name == "on_completed":
-                    observer.on_completed()
-                else:
-                    getattr(observer, name)(value)
-            except Exception:  # the subscriber's own bug; reactivex has detached it
-                logger.exception("outcome subscriber raised; outcomes are no longer emitted")
-                with self._lock:
-                    self._stopped = True
+            for name, value in calls:
+                try:
+                    if name == "on_next":
+                        observer.on_next(value)
+                    elif name == "on_completed":
+                        observer.on_completed()
+                    else:
+                        observer.on_error(value)
+                except Exception:  # the subscriber's own bug; reactivex has detached it
+                    logger.exception("outcome subscriber raised; outcomes are no longer emitted")
+                    with self._lock:
+                        self._stopped = True
+                    break
+                if name != "on_next":
+                    break  # nothing goes out after on_error or on_completed

@@ -2,11 +2,29 @@
 
 Threads of one subscription:
 
-- handler threads (or one asyncio loop for ``async def`` handlers) run the handler;
+- handler threads (or one asyncio loop for ``async def`` handlers) run the handler, and hand
+  their results to the settler in batches (every ``FLUSH_S``, or sooner when a thread runs out
+  of work), not one by one;
 - one settler thread acks successes in batches (one script call per batch and queue), fails
   errors through the retry policy, and emits an ``Outcome`` for each delivery;
 - a lease keeper on the reactivex scheduler extends the lease of every delivery held
   (waiting or running) once a third of its lease has passed.
+
+**Only as many handler threads as help.** ``concurrency`` is the most handlers that run at
+once, not how many threads take turns. Under the GIL, threads whose handlers never wait only
+take the interpreter from each other: every handler that makes a system call (a log line, a
+file write) hands the GIL to another thread and waits to get it back, a context switch or two
+per task (measured: 8 threads writing a line per task spend 70 to 105 us of CPU per task, one
+thread 43 us). So the thread runner starts with one active thread and a monitor adds one
+whenever the process sat mostly idle over a window although deliveries were waiting (the
+handlers wait on something: I/O, a lock, a sleep), or every active handler has run longer than
+``LONG_HANDLER_S`` (a slow handler never holds up the rest), or, as a probe, every thread kept
+a CPU busy (handlers in C outside the GIL may use more cores); it retires one when the process
+was busy but its threads only took turns (more would only queue for the GIL). See ``Ramp``.
+Handlers that wait reach ``concurrency`` threads within tens of milliseconds; handlers that
+hold the GIL run on one thread. The judgement uses the process's CPU time, so a machine whose
+other processes leave this one less than a third of a CPU looks like waiting handlers: it
+then runs more threads, as before this change, never more than ``concurrency``.
 
 A failing handler is an outcome, never an ``on_error``. Redis outages are waited out.
 """
@@ -16,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import queue as stdlib_queue
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -53,6 +73,26 @@ logger = logging.getLogger(__name__)
 Handler = Callable[[Delivery], Any] | Callable[[AsyncDelivery], Any]
 _Finished = tuple[Delivery, BaseException | None]
 
+#: Longest a handler thread keeps finished results before handing them to the settler (s).
+FLUSH_S = 0.002
+#: Most finished results handed to the settler at once.
+FLUSH_MAX = 256
+#: How often the thread runner's monitor looks at its handler threads (s).
+MONITOR_TICK_S = 0.002
+#: The window over which the monitor judges whether more handler threads would help (s).
+RAMP_WINDOW_S = 0.01
+#: Below this share of CPU time over a window with work waiting, the handlers wait on
+#: something: one more thread may take work.
+RAMP_UP_BELOW = 0.35
+#: Above it, the process was busy all along: one thread fewer takes work.
+RAMP_DOWN_ABOVE = 0.8
+#: After a probe for handlers that run outside the GIL found none, no probe for this long
+#: (s); doubles after each such probe, up to ``PROBE_BACKOFF_MAX_S``.
+PROBE_BACKOFF_S = 0.5
+PROBE_BACKOFF_MAX_S = 30.0
+#: A handler running longer than this no longer counts as busy: another thread may start.
+LONG_HANDLER_S = 0.02
+
 
 def is_async_handler(handler: Handler) -> bool:
     """True for ``async def`` functions and objects whose ``__call__`` is one."""
@@ -82,12 +122,13 @@ class Processor(Settling):
         self._scheduler: abc.SchedulerBase = scheduler or self._own_scheduler  # type: ignore[assignment]
         self._lock = threading.Condition()
         self._held: dict[Delivery, float] = {}  # -> when its lease was last extended (s)
-        self._running: dict[Delivery, float] = {}  # -> when its handler started (s)
+        self._running: dict[Delivery, float] = {}  # -> when its handler started (s; 0.0
+        # when no timeout applies to it)
         self._timed_out: set[Delivery] = set()  # failed by the keeper; late results refused
         self._lease_lost: set[Delivery] = set()  # held, but the keeper found its lease lost
         self._closing = False
         self._give_up = threading.Event()  # stop retrying acks and fails through an outage
-        self._done: stdlib_queue.SimpleQueue[_Finished | None] = stdlib_queue.SimpleQueue()
+        self._done: stdlib_queue.SimpleQueue[list[_Finished] | None] = stdlib_queue.SimpleQueue()
         self._out: SerialEmitter[Outcome] = SerialEmitter()
         self._source: abc.DisposableBase | None = None
         self._source_ended = False
@@ -96,7 +137,13 @@ class Processor(Settling):
         self._keeper_due_s = KEEPER_TICK_MAX_S  # the period of the round scheduled now
         runner = _AsyncRunner if is_async_handler(handler) else _ThreadRunner
         self._runner: _Runner = runner(
-            handler, concurrency, self._begin, self._finished, self._release, timeout_s
+            handler,
+            concurrency,
+            self._begin,
+            self._finished,
+            self._done.put,
+            self._release,
+            timeout_s,
         )
         self._settler = threading.Thread(target=self._settle_loop, name="dueq-settler")
         self._settler.daemon = True
@@ -106,15 +153,33 @@ class Processor(Settling):
     def subscribe(
         self, source: Observable[Delivery], observer: abc.ObserverBase[Outcome]
     ) -> abc.DisposableBase:
+        self.start(observer)
+        self._source = source.subscribe(
+            on_next=self._accept, on_error=self._source_error, on_completed=self._source_completed
+        )
+        return Disposable(lambda: self.close(None))
+
+    def start(self, observer: abc.ObserverBase[Outcome]) -> None:
+        """Start without a source: the caller feeds ``accept_many`` and ``source_error`` (the
+        ``Worker``'s own consumers, see ``observe.consume_queue``) and hands what stops them
+        to ``attach_source``."""
         self._out.attach(observer)
         self._runner.start()
         self._settler.start()
         with self._lock:
             self._schedule_keeper(KEEPER_TICK_MAX_S)
-        self._source = source.subscribe(
-            on_next=self._accept, on_error=self._source_error, on_completed=self._source_completed
-        )
-        return Disposable(lambda: self.close(None))
+
+    def attach_source(self, source: abc.DisposableBase) -> None:
+        """What ``close`` disposes to stop claiming (for a processor fed by ``start``)."""
+        with self._lock:
+            closing = self._closing
+            self._source = source
+        if closing:
+            source.dispose()
+
+    def source_error(self, error: Exception) -> None:
+        """The source of deliveries failed (not an outage: those are waited out)."""
+        self._source_error(error)
 
     def close(self, grace_s: float | None, *, hurry: threading.Event | None = None) -> None:
         """Stop claiming, release what has not started, give running handlers ``grace_s``
@@ -182,25 +247,36 @@ class Processor(Settling):
     # -- deliveries in -----------------------------------------------------------------------
 
     def _accept(self, delivery: Delivery) -> None:
-        period_s = delivery.queue.lease_ms / 3000
+        self.accept_many([delivery])
+
+    def accept_many(self, deliveries: list[Delivery]) -> None:
+        """Hold ``deliveries`` (keep their leases) and queue them for the handlers; once
+        closing, give them back."""
         with self._lock:
             closing = self._closing
             if not closing:
-                self._held[delivery] = self._scheduler.now.timestamp()
-                if period_s < self._keeper_due_s and self._keeper is not None:
-                    self._schedule_keeper(period_s)  # a shorter lease than the round allows for
+                now_s = self._scheduler.now.timestamp()
+                shortest_s = self._keeper_due_s
+                for d in deliveries:
+                    self._held[d] = now_s
+                    shortest_s = min(shortest_s, d.queue.lease_ms / 3000)
+                if shortest_s < self._keeper_due_s and self._keeper is not None:
+                    self._schedule_keeper(shortest_s)  # a shorter lease than the round allows
         if closing:
-            self._release(delivery)
+            for d in deliveries:
+                self._release(d)
         else:
-            self._runner.submit(delivery)
+            self._runner.submit_many(deliveries)
 
     def _begin(self, delivery: Delivery) -> bool:
         """A handler is about to start on ``delivery``; False if closing (then don't)."""
         with self._lock:
             if self._closing or delivery not in self._held:
                 return False
-            self._running[delivery] = self._scheduler.now.timestamp()
             timeout_s = timeout_for(delivery, self._timeout_s)
+            # when it started matters only to a timeout (the scheduler's clock costs a
+            # datetime per read: not per task when none applies)
+            self._running[delivery] = 0.0 if timeout_s is None else self._scheduler.now.timestamp()
             if (
                 timeout_s is not None
                 and not self._runner.times_out
@@ -210,7 +286,9 @@ class Processor(Settling):
                 self._schedule_keeper(timeout_s)  # the keeper watches the timeout
             return True
 
-    def _finished(self, delivery: Delivery, error: BaseException | None) -> None:
+    def _finished(self, delivery: Delivery, error: BaseException | None) -> bool:
+        """A handler is done with ``delivery``; True when its result is to be settled (the
+        runner then hands it to the settler, in a batch)."""
         with self._lock:
             # failed by the keeper at its timeout, or released by close() past its grace: the
             # result comes too late (and must not emit that delivery's outcome again)
@@ -223,8 +301,8 @@ class Processor(Settling):
                 delivery.queue.name,
                 delivery.id,
             )
-            return
-        self._done.put((delivery, error))
+            return False
+        return True
 
     def _source_error(self, error: Exception) -> None:
         logger.error("delivery stream failed: %s", describe(error))
@@ -268,20 +346,24 @@ class Processor(Settling):
             return [], False
         if first is None:
             return [], True
-        batch = [first]
-        while len(batch) < SETTLE_BATCH:
+        batch = list(first)
+        while len(batch) < SETTLE_BATCH:  # (a hand-over may take a round past it, not far)
             try:
-                item = self._done.get_nowait()
+                items = self._done.get_nowait()
             except stdlib_queue.Empty:
                 break
-            if item is None:
+            if items is None:
                 return batch, True
-            batch.append(item)
+            batch += items
         return batch, False
 
     def _holds(self, d: Delivery) -> bool:
         with self._lock:
             return d in self._held
+
+    def _still_held(self, deliveries: list[Delivery]) -> list[Delivery]:
+        with self._lock:
+            return [d for d in deliveries if d in self._held]
 
     def _pause(self, delay_s: float) -> Op:
         return partial(self._give_up.wait, delay_s)
@@ -356,7 +438,7 @@ class Processor(Settling):
                 timeout_s,
             )
             self._runner.abandon(d)
-            self._done.put((d, timeout_error(d, timeout_s)))
+            self._done.put([(d, timeout_error(d, timeout_s))])
         return min(pending, default=None)
 
     def _schedule_keeper(self, period_s: float) -> None:
@@ -389,14 +471,16 @@ class _Runner:
         handler: Handler,
         concurrency: int,
         begin: Callable[[Delivery], bool],
-        finished: Callable[[Delivery, BaseException | None], None],
+        finished: Callable[[Delivery, BaseException | None], bool],
+        hand_over: Callable[[list[_Finished]], None],
         unstarted: Callable[[Delivery], None],
         timeout_s: float | None = None,
     ) -> None:
         self._handler: Callable[[Any], Any] = handler
         self._concurrency = concurrency
         self._begin = begin
-        self._finished = finished
+        self._finished = finished  # True: settle the result (hand it over)
+        self._hand_over = hand_over  # results to the settler, in order
         self._unstarted = unstarted
         self._timeout_s = timeout_s
 
@@ -413,6 +497,10 @@ class _Runner:
     def submit(self, delivery: Delivery) -> None:
         raise NotImplementedError
 
+    def submit_many(self, deliveries: list[Delivery]) -> None:
+        for d in deliveries:
+            self.submit(d)
+
     def drain(self) -> list[Delivery]:
         """Take back the deliveries not yet picked up by a handler."""
         raise NotImplementedError
@@ -421,78 +509,222 @@ class _Runner:
         raise NotImplementedError
 
 
-class _ThreadRunner(_Runner):
-    """A plain function on ``concurrency`` threads fed by one in-memory queue."""
+class Ramp:
+    """How many handler threads may take work, judged once per window in which deliveries
+    waited and every allowed thread took them (``step``); between 1 and ``ceiling``:
 
-    def __init__(self, *args: Any) -> None:
+    - one more when the handlers wait on something (the process used less than
+      ``RAMP_UP_BELOW`` of a CPU), or every running handler has run long;
+    - one more, as a probe, when every thread used a whole CPU (handlers that run outside
+      the GIL, in C, can use more cores): kept if the next window shows one more CPU used,
+      else taken back and not tried again for a while (``PROBE_BACKOFF_S``, doubling);
+    - one fewer when the process was busy but the threads did not each use a CPU: they
+      take turns at the GIL, and another would only add hand-offs.
+    """
+
+    def __init__(self, ceiling: int, cores: int) -> None:
+        self.active = 1
+        self._ceiling = ceiling
+        self._cores = max(cores, 1)
+        self._probing = False  # the last step added a thread to see if it used another CPU
+        self._backoff_s = PROBE_BACKOFF_S
+        self._next_probe_s = 0.0
+
+    def step(self, cpu_share: float, all_long: bool, now_s: float) -> int:
+        active, probing, self._probing = self.active, self._probing, False
+        busy_each = cpu_share > active * RAMP_DOWN_ABOVE  # every thread used a whole CPU
+        if probing:
+            if busy_each:
+                self._backoff_s = PROBE_BACKOFF_S  # it did: more may help, go on
+            else:
+                self._next_probe_s = now_s + self._backoff_s
+                self._backoff_s = min(2 * self._backoff_s, PROBE_BACKOFF_MAX_S)
+        if all_long or cpu_share < RAMP_UP_BELOW:
+            active += 1
+        elif busy_each and active < self._cores and now_s >= self._next_probe_s:
+            active += 1
+            self._probing = active <= self._ceiling
+        elif cpu_share > RAMP_DOWN_ABOVE and not busy_each:
+            active -= 1
+        self.active = max(1, min(active, self._ceiling))
+        return self.active
+
+
+class _ThreadRunner(_Runner):
+    """A plain function on up to ``concurrency`` threads fed by one in-memory queue, with
+    only as many of them taking work as help (see the module docstring).
+
+    One lock guards the inbox and the counts. A thread takes deliveries one after another
+    while ``_working <= _active``, parks when the inbox is empty (or it is one too many), and
+    keeps its results in ``_results`` for the settler, handed over by whichever thread (or
+    the monitor) finds them ``FLUSH_S`` old, ``FLUSH_MAX`` long, or finds nothing left to do.
+    Handlers never run under the lock.
+    """
+
+    def __init__(self, *args: Any, cpu_clock: Callable[[], float] = time.process_time) -> None:
         super().__init__(*args)
-        self._inbox: stdlib_queue.SimpleQueue[Delivery | None] = stdlib_queue.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"dueq-handler-{i}", daemon=True)
-            for i in range(self._concurrency)
-        ]
+        self._cpu_clock = cpu_clock
         self._lock = threading.Lock()
-        self._current: dict[int, Delivery] = {}  # thread ident -> the delivery it runs
+        self._work_ready = threading.Condition(self._lock)  # handler threads wait here
+        self._monitor_wake = threading.Condition(self._lock)  # the monitor waits here
+        self._inbox: deque[Delivery] = deque()
+        self._ramp = Ramp(self._concurrency, os.cpu_count() or 1)
+        self._active = 1  # threads that may take work now (the ramp's judgement)
+        self._working = 0  # threads taking work (running a handler, or about to)
+        self._stopping = False
+        self._current: dict[int, tuple[Delivery, float]] = {}  # thread -> (delivery, start)
         self._retired: set[int] = set()  # threads whose handler was abandoned: exit when done
+        self._results: list[_Finished] = []  # finished, not yet handed to the settler
+        self._results_since_s = 0.0  # when the oldest of them finished
+        self._monitor_idle = False  # the monitor waits without a timeout
+        self._threads = [self._thread(i) for i in range(self._concurrency)]
+        self._monitor = threading.Thread(
+            target=self._watch, name="dueq-handler-monitor", daemon=True
+        )
+
+    def _thread(self, i: int) -> threading.Thread:
+        return threading.Thread(target=self._work, name=f"dueq-handler-{i}", daemon=True)
+
+    @property
+    def active(self) -> int:
+        """How many handler threads may take work now."""
+        with self._lock:
+            return self._active
 
     def abandon(self, delivery: Delivery) -> None:
         with self._lock:
-            ident = next((i for i, d in self._current.items() if d is delivery), None)
+            ident = next((i for i, (d, _) in self._current.items() if d is delivery), None)
             if ident is None:
                 return  # it finished meanwhile
             self._retired.add(ident)
-            replacement = threading.Thread(
-                target=self._work, name=f"dueq-handler-{len(self._threads)}", daemon=True
-            )
+            del self._current[ident]
+            self._working -= 1  # it takes no more work: another may
+            replacement = self._thread(len(self._threads))
             self._threads.append(replacement)
         replacement.start()  # concurrency stays what was asked for
+        with self._lock:
+            self._work_ready.notify()
 
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+        self._monitor.start()
 
     def submit(self, delivery: Delivery) -> None:
-        self._inbox.put(delivery)
+        self.submit_many([delivery])
+
+    def submit_many(self, deliveries: list[Delivery]) -> None:
+        with self._lock:
+            self._inbox.extend(deliveries)
+            if self._working < self._active:
+                self._work_ready.notify(min(self._active - self._working, len(deliveries)))
+            if self._monitor_idle:
+                self._monitor_idle = False
+                self._monitor_wake.notify()
 
     def drain(self) -> list[Delivery]:
-        taken: list[Delivery] = []
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except stdlib_queue.Empty:
-                return taken
-            if item is not None:
-                taken.append(item)
+        with self._lock:
+            taken = list(self._inbox)
+            self._inbox.clear()
+        return taken
 
     def stop(self) -> None:
-        for _ in self._threads:
-            self._inbox.put(None)
+        """Threads finish what they run (and what still waits: ``begin`` refuses it once the
+        processor closes, so it is released), then exit."""
+        with self._lock:
+            self._stopping = True
+            self._work_ready.notify_all()
+            self._monitor_wake.notify_all()
+
+    def _flush(self) -> None:
+        """Hand the finished results to the settler (called with the lock held; the hand-over
+        is a queue put, no user code)."""
+        if self._results:
+            results, self._results = self._results, []
+            self._hand_over(results)
 
     def _work(self) -> None:
-        while True:
-            d = self._inbox.get()
-            if d is None:
-                return
-            if not self._begin(d):
-                self._unstarted(d)
-                continue
-            error: BaseException | None = None
-            ident = threading.get_ident()
-            with self._lock:
-                self._current[ident] = d
-            try:
-                result = self._handler(d)
-                if inspect.isawaitable(result):  # e.g. a partial of an async function
-                    asyncio.run(_awaited(result))
-            except BaseException as exc:  # a handler's SystemExit is its task's failure too
-                error = exc
-            with self._lock:
-                self._current.pop(ident, None)
-                retired = ident in self._retired
-                self._retired.discard(ident)
-            self._finished(d, error)
-            if retired:
-                return  # a replacement took this thread's place
+        ident = threading.get_ident()
+        with self._lock:
+            while True:
+                while not (self._inbox and (self._working < self._active or self._stopping)):
+                    self._flush()  # nothing to do for now: the settler gets what is finished
+                    if self._stopping and not self._inbox:
+                        return
+                    self._work_ready.wait()
+                self._working += 1
+                while True:
+                    d = self._inbox.popleft()
+                    self._current[ident] = (d, time.monotonic())
+                    self._lock.release()
+                    try:
+                        error, settle = self._run(d)
+                    finally:
+                        self._lock.acquire()
+                    if ident in self._retired:  # abandoned past its timeout: a replacement runs
+                        self._retired.discard(ident)
+                        return
+                    del self._current[ident]
+                    if settle:
+                        if not self._results:
+                            self._results_since_s = time.monotonic()
+                            if self._monitor_idle:  # it hands them over if no thread does
+                                self._monitor_idle = False
+                                self._monitor_wake.notify()
+                        self._results.append((d, error))
+                        if len(self._results) >= FLUSH_MAX:
+                            self._flush()
+                    if not self._inbox or (self._working > self._active and not self._stopping):
+                        break
+                self._working -= 1
+
+    def _run(self, d: Delivery) -> tuple[BaseException | None, bool]:
+        """Run the handler on ``d`` (outside the lock); its error, and whether to settle it."""
+        if not self._begin(d):
+            self._unstarted(d)
+            return None, False
+        error: BaseException | None = None
+        try:
+            result = self._handler(d)
+            if result is not None and inspect.isawaitable(result):  # a partial of an async def
+                asyncio.run(_awaited(result))
+        except BaseException as exc:  # a handler's SystemExit is its task's failure too
+            error = exc
+        return error, self._finished(d, error)
+
+    def _watch(self) -> None:
+        """The monitor: hands over results no thread is about to, and sets how many threads
+        take work (``ramp``) once per ``RAMP_WINDOW_S`` in which deliveries waited."""
+        window: tuple[float, float] | None = None  # (monotonic, cpu clock) at its start
+        with self._lock:
+            while True:
+                if self._stopping:  # after the last results of the last thread
+                    if not (self._working or self._results):
+                        return
+                elif not (self._results or self._inbox):  # (submit and results wake it)
+                    window = None
+                    self._monitor_idle = True
+                    self._monitor_wake.wait()
+                    continue
+                self._monitor_wake.wait(MONITOR_TICK_S)
+                now_s = time.monotonic()
+                if self._results and now_s - self._results_since_s >= FLUSH_S:
+                    self._flush()
+                if not (self._inbox and self._working >= self._active):
+                    window = None  # nobody waits for a thread: nothing to judge
+                    continue
+                if window is None:
+                    window = (now_s, self._cpu_clock())
+                    continue
+                if now_s - window[0] < RAMP_WINDOW_S:
+                    continue
+                cpu_share = (self._cpu_clock() - window[1]) / (now_s - window[0])
+                all_long = all(now_s - at >= LONG_HANDLER_S for _, at in self._current.values())
+                active = self._ramp.step(cpu_share, all_long, now_s)
+                if active > self._active:
+                    self._work_ready.notify()
+                self._active = active
+                window = (now_s, self._cpu_clock())
 
 
 class _AsyncRunner(_Runner):
@@ -554,7 +786,8 @@ class _AsyncRunner(_Runner):
                 await within(self._handler(d), timeout_for(d, self._timeout_s), d)
             except BaseException as exc:  # a handler's SystemExit is its task's failure too
                 error = exc
-            self._finished(d, error)
+            if self._finished(d, error):
+                self._hand_over([(d, error)])
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:

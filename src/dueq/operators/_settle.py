@@ -151,6 +151,10 @@ class Settling:
     def _holds(self, d: Any) -> bool:
         raise NotImplementedError
 
+    def _still_held(self, deliveries: list[Any]) -> list[Any]:
+        """Those of ``deliveries`` still held (one look for all, where that is cheaper)."""
+        return [d for d in deliveries if self._holds(d)]
+
     def _pause(self, delay_s: float) -> Op:
         """An op that waits ``delay_s`` (less if the consumer gives up meanwhile)."""
         raise NotImplementedError
@@ -178,7 +182,7 @@ class Settling:
                 pending.failures.append((d, error))
         refusal: Exception | None = None
         for q in list(pending.acks):
-            deliveries = [d for d in pending.acks.pop(q) if self._holds(d)]
+            deliveries = self._still_held(pending.acks.pop(q))
             try:
                 outcomes = yield from self._ack_flow(q, deliveries, final)
             except Exception as exc:  # an outage (_ack_flow reports every other error as lost)
