@@ -8,7 +8,6 @@ import os
 import re
 import sys
 
-import pytest
 from test_cli_worker import WAIT_S, start_worker, wait_for
 
 import dueq
@@ -99,10 +98,6 @@ def test_json_lines_mask_secrets_in_every_field():
     assert entry["url"] == "redis://u:***@h"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs extra=task_fields(...) on the consumers' log calls (operators/_settle.py)",
-)
 def test_json_log_lines_about_a_task_carry_its_queue_id_and_attempt(r, redis_server):
     q = dueq.Queue("f", r)
     q.schedule({"fail": True}, id="bad")

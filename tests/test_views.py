@@ -3,8 +3,6 @@ front ends (``make_queue``), against a real Redis."""
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,6 +11,7 @@ import pytest
 
 import dueq
 from dueq import _protocol as protocol
+from dueq._identity import worker_id
 
 
 def _all(q: Any, state: str, limit: int = 100, **filters: Any) -> list[dueq.TaskInfo]:
@@ -100,7 +99,7 @@ def test_leased_tasks_name_their_holder(make_queue: Callable[..., Any]) -> None:
     q.claim_batch(1, holder="host-b:42")
     holders = {t.id: t.holder for t in _all(q, "leased")}
     assert holders == {
-        "t0": f"{socket.gethostname().split('.')[0][-20:]}:{os.getpid()}",
+        "t0": worker_id(),  # the default: this process's worker id, as in logs and metrics
         "t1": "worker-7",
         "t2": "host-b:42",
     }

@@ -32,6 +32,7 @@ from reactivex.disposable import Disposable
 from ._prefetch import AUTO_LOW, Held, Prefetch
 from .clock import Duration, positive_duration_ms
 from .exceptions import ConfigurationError
+from .logs import task_fields
 from .outage import Backoff, is_outage
 from .task import AsyncDelivery
 
@@ -219,7 +220,14 @@ async def _release(d: AsyncDelivery) -> None:
     try:
         await d.release()
     except Exception as exc:  # its lease runs out instead and it comes again
-        logger.warning("queue %r: could not release %r: %s", d.queue.name, d.id, exc)
+        logger.warning(
+            "queue %r: task %r attempt %d: could not release it: %s",
+            d.queue.name,
+            d.id,
+            d.attempt,
+            exc,
+            extra=task_fields(d.queue.name, d.id, d.attempt),
+        )
 
 
 def observe(

@@ -14,8 +14,6 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-import os
-import socket
 import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
@@ -24,6 +22,7 @@ from typing import Any, Literal, TypeVar
 import redis
 
 from . import _protocol as protocol
+from ._identity import worker_id
 from .checks import whole_number
 from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
@@ -50,6 +49,7 @@ from .exceptions import (
 )
 from .failures import error_record
 from .keys import QueueKeys
+from .logs import task_fields
 from .retry import RetryPolicy
 from .snapshot import settings_from_hash, text
 from .task import (
@@ -97,13 +97,14 @@ HISTORY_MINUTES = 1440
 MAX_BUCKETS = 1000
 _STATES = ("scheduled", "leased", "dead")
 #: The host's first name label, its last 20 characters (a pod's unique suffix is at the end)
-_HOST = socket.gethostname().split(".")[0].replace("|", "_")[-20:] or "host"
 
 
 def default_holder() -> str:
-    """This process as a lease holder: "<host>:<pid>" (the pid read at each claim, so a forked
-    child names itself)."""
-    return f"{_HOST}:{os.getpid()}"
+    """This process as a lease holder: its worker id (``dueq._identity.worker_id``, the name
+    logs and metrics use), cut to MAX_HOLDER_LENGTH from the left when the host name is long;
+    made again in a forked child."""
+    wid = worker_id().replace("|", "_")
+    return wid if len(wid) <= MAX_HOLDER_LENGTH else wid[-MAX_HOLDER_LENGTH:]
 
 
 def validate_holder(holder: object) -> str:
@@ -557,10 +558,12 @@ class QueueCore:
                 payload, options = decode_task(row.envelope)
             except PayloadError as exc:
                 logger.error(
-                    "task %r in queue %r has an undecodable envelope; moved to dead: %s",
-                    row.id,
+                    "queue %r: task %r attempt %d has an undecodable envelope; moved to dead: %s",
                     self.name,
+                    row.id,
+                    row.attempt,
                     exc,
+                    extra=task_fields(self.name, row.id, row.attempt),
                 )
                 yield self._fail_call(row.id, reply.token, error_record(exc, row.attempt), True, 0)
                 continue

@@ -262,6 +262,6 @@ def decode_task(raw: bytes | str) -> tuple[Any, TaskOptions]:
     if nests_too_deep(body):
         raise PayloadError(f"stored payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
     try:
-        return json.loads(body), options
+        return json.loads(body.decode("utf-8")), options  # str: json skips detect_encoding
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise PayloadError(f"stored payload is not valid JSON: {str(exc)[:200]}") from None

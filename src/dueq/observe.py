@@ -43,6 +43,8 @@ from .wake import WakeListener
 if TYPE_CHECKING:
     from .queue import Queue
 
+from .logs import task_fields
+
 logger = logging.getLogger(__name__)
 
 
@@ -269,7 +271,12 @@ class _Consumer:
                 d.release()
             except Exception as exc:  # its lease expires on its own and it is redelivered
                 logger.warning(
-                    "queue %r: could not release %r: %s", self._queue.name, d.id, describe(exc)
+                    "queue %r: task %r attempt %d: could not release it: %s",
+                    self._queue.name,
+                    d.id,
+                    d.attempt,
+                    describe(exc),
+                    extra=task_fields(self._queue.name, d.id, d.attempt),
                 )
 
     def _end(self, exc: Exception) -> None:

@@ -86,7 +86,8 @@ def _whole(text: str) -> int:
     type=click.IntRange(1, 1024),
     default=8,
     show_default=True,
-    help="Handlers running at a time (threads, or coroutines for an async def).",
+    help="Most handlers running at a time (threads are added only while they help; "
+    "coroutines for an async def).",
 )
 @click.option(
     "--max-in-flight",

@@ -47,7 +47,8 @@ def process(
     on that event loop with no threads of its own: an ``async def`` handler is awaited there
     (so it can use the application's clients), a plain function runs in a pool of
     ``concurrency`` threads, and outcomes are emitted on the loop. Subscribed elsewhere (a
-    sync ``Queue``, ``Worker``), a plain function runs on a pool of threads and an
+    sync ``Queue``, ``Worker``), a plain function runs on up to ``concurrency`` threads
+    (added only while they help: see ``dueq.operators._process``) and an
     ``async def`` on an event loop thread of dueq's own.
 
     Returning acks the task; raising fails it through the queue's retry policy

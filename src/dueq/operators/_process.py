@@ -66,6 +66,8 @@ from ._settle import (
 if TYPE_CHECKING:
     pass
 
+from ..logs import task_fields
+
 logger = logging.getLogger(__name__)
 
 #: A handler: a plain function or an ``async def`` of one delivery (a ``Delivery`` from a
@@ -297,9 +299,12 @@ class Processor(Settling):
                 self._running.pop(delivery, None)  # done: no timeout applies any more
         if late:
             logger.warning(
-                "queue %r: handler of %r returned after its timeout; its result is refused",
+                "queue %r: task %r attempt %d: handler returned after its timeout; its result "
+                "is refused",
                 delivery.queue.name,
                 delivery.id,
+                delivery.attempt,
+                extra=task_fields(delivery.queue.name, delivery.id, delivery.attempt),
             )
             return False
         return True
@@ -432,10 +437,12 @@ class Processor(Settling):
                     pending.append(started_s + timeout_s - now_s)
         for d, timeout_s in late:
             logger.warning(
-                "queue %r: handler of %r ran past its %.3g s timeout; abandoned",
+                "queue %r: task %r attempt %d: handler ran past its %.3g s timeout; abandoned",
                 d.queue.name,
                 d.id,
+                d.attempt,
                 timeout_s,
+                extra=task_fields(d.queue.name, d.id, d.attempt),
             )
             self._runner.abandon(d)
             self._done.put([(d, timeout_error(d, timeout_s))])

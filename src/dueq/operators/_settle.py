@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import redis
 
 from ..exceptions import DueqError, LeaseLost, TaskTimeout, Unrecoverable
+from ..logs import task_fields
 from ..outage import Backoff, describe, is_outage
 from ..task import DeliveryBase, Outcome
 
@@ -214,12 +215,24 @@ class Settling:
         try:
             yield partial(q.ack_many, deliveries)
         except LeaseLost as exc:
-            if len(exc.cancelled) < len(exc.ids):
-                logger.warning(
-                    "queue %r: lease lost before ack; the task is delivered again", q.name
-                )
-            if exc.cancelled:
-                logger.info("queue %r: cancelled while running: %s", q.name, exc.cancelled[:10])
+            cancelled = set(exc.cancelled)
+            for d in deliveries:
+                if d.id in cancelled:
+                    logger.info(
+                        "queue %r: task %r attempt %d cancelled while running",
+                        q.name,
+                        d.id,
+                        d.attempt,
+                        extra=task_fields(q.name, d.id, d.attempt),
+                    )
+                elif d.id in exc.ids:
+                    logger.warning(
+                        "queue %r: task %r attempt %d: lease lost before ack; delivered again",
+                        q.name,
+                        d.id,
+                        d.attempt,
+                        extra=task_fields(q.name, d.id, d.attempt),
+                    )
         except Exception as exc:
             if is_outage(exc) and not final:
                 raise
@@ -237,12 +250,20 @@ class Settling:
             outcome: Outcome = yield partial(d.fail, error)
         except LeaseLost as exc:
             if exc.cancelled:
-                logger.info("queue %r: task %r cancelled while running", d.queue.name, d.id)
-            else:
-                logger.warning(
-                    "queue %r: lease on %r lost before its failure was recorded",
+                logger.info(
+                    "queue %r: task %r attempt %d cancelled while running",
                     d.queue.name,
                     d.id,
+                    d.attempt,
+                    extra=task_fields(d.queue.name, d.id, d.attempt),
+                )
+            else:
+                logger.warning(
+                    "queue %r: task %r attempt %d: lease lost before its failure was recorded",
+                    d.queue.name,
+                    d.id,
+                    d.attempt,
+                    extra=task_fields(d.queue.name, d.id, d.attempt),
                 )
             return d._outcome or Outcome(d.id, "lost", d.attempt)
         except Exception as exc:
@@ -253,10 +274,12 @@ class Settling:
                 # say): record a stand-in, so the task follows its retry policy all the same
                 return (yield from self._fail_flow(d, _stand_in(error, exc), final, stand_in=True))
             logger.error(
-                "queue %r: could not record the failure of %r: %s",
+                "queue %r: task %r attempt %d: could not record its failure: %s",
                 d.queue.name,
                 d.id,
+                d.attempt,
                 describe(exc),
+                extra=task_fields(d.queue.name, d.id, d.attempt),
             )
             return Outcome(d.id, "lost", d.attempt, error=describe(exc))
         log = logger.error if outcome.kind == "dead" else logger.info
@@ -267,6 +290,7 @@ class Settling:
             d.attempt,
             outcome.kind,
             outcome.error,
+            extra=task_fields(d.queue.name, d.id, d.attempt),
         )
         return outcome
 
@@ -291,7 +315,12 @@ class Settling:
                     yield self._pause(delay_s)
                     continue
                 logger.warning(
-                    "queue %r: could not release %r: %s", d.queue.name, d.id, describe(exc)
+                    "queue %r: task %r attempt %d: could not release it: %s",
+                    d.queue.name,
+                    d.id,
+                    d.attempt,
+                    describe(exc),
+                    extra=task_fields(d.queue.name, d.id, d.attempt),
                 )
                 return Outcome(d.id, "lost", d.attempt, error=describe(exc))
             if backoff.succeeded():
@@ -330,14 +359,22 @@ class Settling:
                 for d in deliveries:
                     if d.id in cancelled:
                         logger.warning(
-                            "queue %r: task %r was cancelled while its handler ran; the handler "
-                            "is told (d.cancelled) and the outcome is 'cancelled'",
+                            "queue %r: task %r attempt %d was cancelled while its handler ran; "
+                            "the handler is told (d.cancelled) and the outcome is 'cancelled'",
                             q.name,
                             d.id,
+                            d.attempt,
+                            extra=task_fields(q.name, d.id, d.attempt),
                         )
                         result.cancelled.append(d)
                     elif d.id in lost:
-                        logger.warning("queue %r: lease on %r lost while held", q.name, d.id)
+                        logger.warning(
+                            "queue %r: task %r attempt %d: lease lost while held",
+                            q.name,
+                            d.id,
+                            d.attempt,
+                            extra=task_fields(q.name, d.id, d.attempt),
+                        )
                     if d.id in lost:
                         result.lost.append(d)
             except Exception as exc:
