@@ -302,6 +302,29 @@ def test_a_read_with_many_ties_at_one_score_pages_through_every_task(spark, r, r
     assert sorted(row.id for row in df.collect()) == [f"t{i:04d}" for i in range(1050)]
 
 
+def test_scheduled_tasks_of_every_priority_and_parked_ones_are_read(spark, r, redis_server):
+    q = dueq.Queue("levels", r)
+    q.configure(key_concurrency=1)
+    q.schedule_many(dueq.Task({}, id=f"plain{i}", delay=3600) for i in range(5))
+    q.schedule_many(dueq.Task({}, id=f"urgent{i}", delay=3600, priority=7) for i in range(3))
+    q.schedule_many(dueq.Task({}, id=f"keyed{i}", key="tenant") for i in range(3))
+    [held] = q.claim(10)  # leases one keyed task; the other two are parked
+    assert held.key == "tenant"
+    expected = sorted(
+        [f"plain{i}" for i in range(5)]
+        + [f"urgent{i}" for i in range(3)]
+        + [f"keyed{i}" for i in range(3) if f"keyed{i}" != held.id]
+    )
+    df = (
+        spark.read.format("dueq")
+        .options(queue="levels", redis_url=redis_server.url, state="scheduled", partitions="3")
+        .load()
+    )
+    assert sorted(row.id for row in df.collect()) == expected
+    helper = ds.read_tasks(spark, queue="levels", redis_url=redis_server.url, state="scheduled")
+    assert sorted(row.id for row in helper.collect()) == expected
+
+
 def run_call(scripts: Scripts, call: protocol.Call[Any]) -> Any:
     return call.parse(scripts.run(call.script, call.keys, call.args))
 

@@ -728,3 +728,23 @@ SAMPLES["spark_commit"] = lambda k: spark_commit(
     k, _spark_sample_keys(k), "", query="query", batch=0, memory_ms=1, window_ms=0
 )
 SAMPLES["spark_abort"] = lambda k: spark_abort(_spark_sample_keys(k), "", "query", 0)
+
+
+# -- the parked set (claim.lua parks due tasks whose key is at a limit) -------------------------
+
+
+def parked_id(member: bytes | str) -> str:
+    """The task id of a member of the parked ZSET, ``<key>\\0<9 - priority><due ms, 15
+    digits><id>`` (a key holds no control characters, so the first NUL ends it)."""
+    raw = member.encode("utf-8") if isinstance(member, str) else bytes(member)
+    _key, _, rest = raw.partition(b"\0")
+    return rest[16:].decode("utf-8", "replace")
+
+
+def state_zsets(k: QueueKeys, state: str) -> list[str]:
+    """The sorted sets that hold the tasks of one state: a scheduled task waits in the due set
+    of its priority or, due but held back by its key's limits, in the parked set (whose members
+    ``parked_id`` reads)."""
+    if state == "scheduled":
+        return [*k.due_levels, k.parked]
+    return [k.leased if state == "leased" else k.dead]

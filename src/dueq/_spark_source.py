@@ -84,8 +84,9 @@ from .exceptions import ConfigurationError, DueqError
 from .keys import QueueKeys, SparkBatchKeys
 from .queue import SCHEDULE_BATCH, Queue
 from .scripts import Scripts
+from .snapshot import text
 from .spark import (
-    _STATE_KEY,
+    _STATES,
     _TASK_SCHEMA,
     DEFAULT_BATCH_SIZE,
     READ_PAGE,
@@ -626,8 +627,10 @@ class _StreamWriter(DataSourceStreamArrowWriter):
 
 @dataclass(frozen=True)
 class ScoreRange(InputPartition):
-    """One read partition: the tasks scored ``low`` (inclusive) up to ``high`` (exclusive)."""
+    """One read partition: the members of sorted set ``key`` scored ``low`` (inclusive) up to
+    ``high`` (exclusive)."""
 
+    key: str
     low: str
     high: str
 
@@ -636,28 +639,40 @@ class _Reader(DataSourceReader):
     def __init__(self, options: Any) -> None:
         self.queue, self.url = _target(options)
         self.state = options.get("state", "dead")
-        if self.state not in _STATE_KEY:
+        if self.state not in _STATES:
             raise ConfigurationError(f"state must be scheduled, leased or dead, got {self.state!r}")
         self.page_size = _int_option(options, "page_size", READ_PAGE, low=1, high=SCHEDULE_BATCH)
         self.wanted = _int_option(options, "partitions", 0, low=0, high=MAX_READ_PARTITIONS)
-        self.key = getattr(QueueKeys.for_queue(self.queue), _STATE_KEY[self.state])
+        keys = QueueKeys.for_queue(self.queue)
+        # a scheduled task waits in its priority's due set, or parked (see claim.lua)
+        self.zsets = protocol.state_zsets(keys, self.state)
+        self.parked = keys.parked
 
     def partitions(self) -> Sequence[ScoreRange]:
+        out: list[ScoreRange] = []
         with redis.Redis.from_url(self.url) as client:
-            count = int(client.zcard(self.key))
-            wanted = self.wanted or math.ceil(count / (self.page_size * READ_PARTITION_PAGES))
-            parts = max(1, min(wanted, count, MAX_READ_PARTITIONS))
-            bounds: list[str] = []
-            for i in range(1, parts):
-                found = client.zrange(
-                    self.key, i * count // parts, i * count // parts, withscores=True
-                )
-                if found:
-                    score = repr(float(found[0][1]))
-                    if not bounds or bounds[-1] != score:
-                        bounds.append(score)
-        edges = ["-inf", *bounds, "+inf"]
-        return [ScoreRange(low, high) for low, high in itertools.pairwise(edges)]
+            counts = [int(client.zcard(key)) for key in self.zsets]
+            total = sum(counts)
+            for key, count in zip(self.zsets, counts, strict=True):
+                if count == 0:
+                    continue
+                if self.wanted:
+                    wanted = max(1, round(self.wanted * count / total))
+                else:
+                    wanted = math.ceil(count / (self.page_size * READ_PARTITION_PAGES))
+                parts = max(1, min(wanted, count, MAX_READ_PARTITIONS))
+                bounds: list[str] = []
+                for i in range(1, parts):
+                    found = client.zrange(
+                        key, i * count // parts, i * count // parts, withscores=True
+                    )
+                    if found:
+                        score = repr(float(found[0][1]))
+                        if not bounds or bounds[-1] != score:
+                            bounds.append(score)
+                edges = ["-inf", *bounds, "+inf"]
+                out += [ScoreRange(key, low, high) for low, high in itertools.pairwise(edges)]
+        return out or [ScoreRange(self.zsets[0], "-inf", "+inf")]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, ScoreRange)
@@ -665,9 +680,10 @@ class _Reader(DataSourceReader):
             q = Queue(self.queue, client)
             low, skip = partition.low, 0
             high = partition.high if partition.high == "+inf" else "(" + partition.high
+            as_id = protocol.parked_id if partition.key == self.parked else text
             while True:
                 page = client.zrange(
-                    self.key,
+                    partition.key,
                     low,
                     high,
                     byscore=True,
@@ -677,7 +693,7 @@ class _Reader(DataSourceReader):
                 )
                 if not page:
                     return
-                ids = [m.decode() if isinstance(m, bytes) else str(m) for m, _ in page]
+                ids = [as_id(m) for m, _ in page]
                 for info in q._inspect_ids(ids):
                     if info.state == self.state:
                         yield _task_row(info)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import redis
 
+from . import _protocol as protocol
 from .checks import whole_number
 from .clock import Duration, duration_ms, positive_duration_ms
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, ENVELOPE_PREFIX, FLAG_ABSOLUTE, pack_task
@@ -82,7 +83,7 @@ _JSON_OPTIONS = {
     "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
     "dateFormat": "yyyy-MM-dd",
 }
-_STATE_KEY = {"scheduled": "due", "leased": "leased", "dead": "dead"}
+_STATES = ("scheduled", "leased", "dead")
 
 
 @dataclass
@@ -597,24 +598,26 @@ def read_tasks(
     during the walk are left out; the rows are collected on the driver, so this suits the
     dead-letter queue (capped by ``dead_max_count``) and other queues of moderate size.
     """
-    if state not in _STATE_KEY:
+    if state not in _STATES:
         raise ConfigurationError(f"state must be scheduled, leased or dead, got {state!r}")
     whole_number(page_size, "page_size", low=1, high=SCHEDULE_BATCH)
-    key = getattr(QueueKeys.for_queue(queue), _STATE_KEY[state])
+    keys = QueueKeys.for_queue(queue)
     rows: list[tuple[Any, ...]] = []
     seen: set[str] = set()
     with redis.Redis.from_url(redis_url) as client:
         q = Queue(queue, client)
-        cursor = 0
-        while True:
-            cursor, members = client.zscan(key, cursor, count=page_size)
-            fresh = [i for i in (text(m) for m, _score in members) if i not in seen]
-            seen.update(fresh)
-            for start in range(0, len(fresh), page_size):  # COUNT is only a hint to ZSCAN
-                infos = q._inspect_ids(fresh[start : start + page_size])
-                rows.extend(_task_row(i) for i in infos if i.state == state)
-            if cursor == 0:
-                break
+        for key in protocol.state_zsets(keys, state):
+            as_id = protocol.parked_id if key == keys.parked else text
+            cursor = 0
+            while True:
+                cursor, members = client.zscan(key, cursor, count=page_size)
+                fresh = [i for i in (as_id(m) for m, _score in members) if i not in seen]
+                seen.update(fresh)
+                for start in range(0, len(fresh), page_size):  # COUNT is only a hint to ZSCAN
+                    infos = q._inspect_ids(fresh[start : start + page_size])
+                    rows.extend(_task_row(i) for i in infos if i.state == state)
+                if cursor == 0:
+                    break
     logger.info("read %d %s task(s) from %r", len(rows), state, queue)
     return spark.createDataFrame(rows, _TASK_SCHEMA)
 
