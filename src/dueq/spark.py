@@ -553,7 +553,9 @@ def _run_partition(plan: PartitionPlan, counts: Any, rows: Iterable[Sequence[Any
 def foreach_batch(**options: Any) -> Callable[[DataFrame, int], None]:
     """A ``writeStream.foreachBatch`` function scheduling each micro-batch.
 
-    Takes ``schedule_dataframe``'s keyword arguments; each batch's counts are logged.
+    Takes ``schedule_dataframe``'s keyword arguments; each batch's counts are logged. Needs a
+    classic session, as ``schedule_dataframe`` does; from Spark Connect (and for exactly-once
+    micro-batches) use ``writeStream.format("dueq")``.
     """
 
     def write(batch: DataFrame, epoch_id: int) -> None:
