@@ -11,6 +11,11 @@ Ids come from ``id_col`` or, without one, from a hash of the task (its due time 
 every process and run, so Spark's task retries, speculative execution and re-runs of a job
 never duplicate a task that is still in the queue (see ``SparkScheduleResult`` for the counts).
 
+Spark Connect sessions have no SparkContext and so no accumulators: ``schedule_dataframe``
+(and ``foreach_batch``) refuses a Connect DataFrame with ConfigurationError before any job
+runs, pointing at the data source (``_spark_source``), which counts in commit messages and
+works from Connect. ``read_tasks`` and ``register`` take either kind of session.
+
 pyspark is an optional extra: ``pip install 'dueq[spark]'``.
 """
 
@@ -49,6 +54,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("dueq.spark needs pyspark: pip install 'dueq[spark]'") from exc
 
 if TYPE_CHECKING:
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
     from ._spark_source import DueqDataSource
 
 __all__ = [
@@ -483,11 +490,21 @@ def schedule_dataframe(
     a null or invalid id, or a payload that is not JSON are counted in the result
     (``on_bad_row="count"``) or stop the job with InvalidTaskError (``"raise"``); rows
     scheduled before that stay scheduled, and running again adds only what is missing.
-    Works inside ``writeStream.foreachBatch`` as well (see ``foreach_batch``).
+    Works inside ``writeStream.foreachBatch`` as well (see ``foreach_batch``). Needs a classic
+    session: a Spark Connect DataFrame raises ConfigurationError (no accumulators there; its
+    way is ``df.write.format("dueq")``).
     ``remember_done`` is the queue's window of ``Queue(remember_done=...)``: ids acked within
     it count as existing, so re-running a job after its tasks ran adds nothing.
     """
     check_target(queue, redis_url)
+    try:
+        context = df.sparkSession.sparkContext
+    except AttributeError:  # pyspark's JVM_ATTRIBUTE_NOT_SUPPORTED: a Spark Connect session
+        raise ConfigurationError(
+            "schedule_dataframe needs a classic SparkSession (it counts with an accumulator, "
+            "which Spark Connect has not); from Spark Connect, write with "
+            "df.write.format('dueq') (and writeStream.format('dueq') instead of foreach_batch)"
+        ) from None
     prepared, kind = _prepare(df, id_col, at_col, delay_col, payload_cols)
     plan = partition_plan(
         queue,
@@ -499,7 +516,7 @@ def schedule_dataframe(
         max_payload_bytes=max_payload_bytes,
         remember_done=remember_done,
     )
-    counts = df.sparkSession.sparkContext.accumulator(PartitionCounts(), _CountsParam())
+    counts = context.accumulator(PartitionCounts(), _CountsParam())
     try:
         prepared.foreachPartition(functools.partial(_run_partition, plan, counts))
     except Exception as exc:
@@ -537,7 +554,9 @@ def _run_partition(plan: PartitionPlan, counts: Any, rows: Iterable[Sequence[Any
 def foreach_batch(**options: Any) -> Callable[[DataFrame, int], None]:
     """A ``writeStream.foreachBatch`` function scheduling each micro-batch.
 
-    Takes ``schedule_dataframe``'s keyword arguments; each batch's counts are logged.
+    Takes ``schedule_dataframe``'s keyword arguments; each batch's counts are logged. Needs a
+    classic session, as ``schedule_dataframe`` does; from Spark Connect (and for exactly-once
+    micro-batches) use ``writeStream.format("dueq")``.
     """
 
     def write(batch: DataFrame, epoch_id: int) -> None:
@@ -583,7 +602,7 @@ def _task_row(info: TaskInfo) -> tuple[Any, ...]:
 
 
 def read_tasks(
-    spark: SparkSession,
+    spark: SparkSession | ConnectSession,
     *,
     queue: str,
     redis_url: str,
@@ -597,6 +616,7 @@ def read_tasks(
     each page in one script call, so no reply is larger than a page. Tasks that change state
     during the walk are left out; the rows are collected on the driver, so this suits the
     dead-letter queue (capped by ``dead_max_count``) and other queues of moderate size.
+    Works with a Spark Connect session too (the rows are sent with the plan).
     """
     if state not in _STATES:
         raise ConfigurationError(f"state must be scheduled, leased or dead, got {state!r}")
@@ -622,8 +642,11 @@ def read_tasks(
     return spark.createDataFrame(rows, _TASK_SCHEMA)
 
 
-def register(spark: SparkSession) -> None:
-    """Register ``DueqDataSource`` with ``spark`` so that ``format("dueq")`` finds it."""
+def register(spark: SparkSession | ConnectSession) -> None:
+    """Register ``DueqDataSource`` with ``spark`` so that ``format("dueq")`` finds it.
+
+    Works with a Spark Connect session too: the client sends the class to the server.
+    """
     from ._spark_source import DueqDataSource
 
     spark.dataSource.register(DueqDataSource)
