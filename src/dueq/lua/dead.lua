@@ -8,7 +8,7 @@
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] stats    HASH counter -> int
 -- KEYS[7] wake     Pub/Sub channel
--- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9 (a replayed task goes back to its level)
+-- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "replay" or "purge"
 -- ARGV[3] "ids" or "oldest"

@@ -12,7 +12,7 @@
 -- KEYS[10] key_state HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
--- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9 (a retry goes back to its task's level)
+-- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token

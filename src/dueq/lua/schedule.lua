@@ -14,7 +14,7 @@
 -- KEYS[12] parked  ZSET due tasks whose key was at a limit (see the prelude)
 -- KEYS[13] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[14] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
--- KEYS[15..23] upper_due: the due ZSETs of priorities 1 to 9 (a task goes to the level its envelope states)
+-- KEYS[15..23] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "1" to replace existing tasks (payload, due time, attempts, errors; a live lease is
 --         revoked), "0" to keep them
@@ -65,7 +65,9 @@ while pos <= #blob do
     local old_priority, _, old_key = task_options(old)
     if old_key then  -- its lease ends here, or it leaves the parked set
       if redis.call('ZSCORE', KEYS[5], id) then
-        if key_unlease(KEYS[11], KEYS[13], old_key, now) then redis.call('PUBLISH', KEYS[8], ms(now)) end
+        if key_unlease(KEYS[11], KEYS[13], old_key, now) then
+          redis.call('PUBLISH', KEYS[8], ms(now))
+        end
       else
         unpark_one(KEYS[12], KEYS[11], KEYS[3], old_key, old_priority, id)
       end
