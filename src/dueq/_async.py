@@ -253,18 +253,7 @@ class AsyncQueue(QueueCore):
         key_rate: Rate | Literal[False] | None = None,
         key_concurrency: int | Literal[False] | None = None,
     ) -> QueueSettings:
-        """Change the queue's settings, kept in Redis so that every producer and consumer
-        obeys the same ones; returns them after the change. ``None`` leaves a setting alone.
-
-        ``paused``: claims lease nothing while True (see ``pause``). ``remember_done``: how long
-        acked ids are remembered, so that scheduling one again counts it as existing (0 turns
-        it off). ``rate``: a ``dueq.Rate``, at most that many claims per window across every
-        consumer (False removes it). ``key_rate`` and ``key_concurrency`` apply to each limit
-        key (``schedule(..., key=)``) separately: claims of one key spaced ``per / n`` apart,
-        and at most that many of its tasks leased at once (False removes them); a key at its
-        limit steps aside, so other keys' tasks go first. Consumers are woken, so a change
-        applies at once.
-        """
+        """As ``Queue.configure``."""
         return await self._drive(
             self._configure_flow(
                 paused=paused,
