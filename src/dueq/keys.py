@@ -42,6 +42,8 @@ class QueueKeys:
     ``key_wait`` ZSET key -> ms when its parked tasks may be claimable again
     ``history`` HASH "<minute>|<counter>" -> count: per-minute counts of the last 24 hours
                 (field ``last``: the latest minute written; see the Lua prelude)
+    ``workers`` ZSET worker id -> ms its registry entry expires (see ``dueq.registry``)
+    ``workers_info`` HASH worker id -> JSON heartbeat entry (host, pid, queues, counts, ...)
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -66,6 +68,8 @@ class QueueKeys:
     parked: str
     key_wait: str
     history: str
+    workers: str
+    workers_info: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -108,6 +112,8 @@ class QueueKeys:
             parked=base + "parked",
             key_wait=base + "keys:wait",
             history=base + "history",
+            workers=base + "workers",
+            workers_info=base + "workers:info",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 
