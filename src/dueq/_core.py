@@ -47,7 +47,7 @@ from .exceptions import (
     TaskCancelled,
     Unrecoverable,
 )
-from .failures import error_record
+from .failures import error_record, token_holder
 from .keys import QueueKeys
 from .logs import task_fields
 from .registry import WorkerInfo, parse_workers
@@ -649,7 +649,7 @@ class QueueCore:
                 delay_ms = duration_ms(retry_in, "retry_in")
             else:
                 delay_ms = round(self.retry.delay_s(delivery.attempt, age_s, exc) * 1000)
-        record = error_record(error, delivery.attempt)
+        record = error_record(error, delivery.attempt, token_holder(delivery.token))
         reply: protocol.FailReply = yield self._fail_call(
             delivery.id, delivery.token, record, dead, delay_ms
         )
