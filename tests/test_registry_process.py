@@ -161,3 +161,58 @@ def test_dueq_workers_json_and_top_show_a_real_worker(
     child.communicate(timeout=WAIT_S)
     assert json.loads(invoke("workers", "--json").stdout)["workers"] == []
     assert "workers: none alive" in invoke("top", "--once").stdout
+
+
+def test_the_heartbeat_survives_a_redis_outage_and_announces_the_worker_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+    import threading
+
+    server = RedisServer().start()
+    try:
+        q = dueq.Queue("outage", server.client())
+        worker = dueq.Worker(q, lambda d: None, heartbeat=0.05)
+        runner = threading.Thread(target=worker.run, daemon=True)
+        runner.start()
+        wait_for(lambda: q.workers(), "the worker's entry")
+        with caplog.at_level(logging.WARNING, logger="dueq.registry"):
+            server.kill()
+            wait_for(
+                lambda: any("heartbeat" in m and "failed" in m for m in caplog.messages),
+                "a failed beat to be logged",
+            )
+            server.restart()
+        wait_for(lambda: q.workers(), "the worker to announce itself again")
+        worker.stop()
+        runner.join(WAIT_S)
+        assert not runner.is_alive()
+        assert q.workers() == []
+    finally:
+        server.stop()
+
+
+def test_dueq_top_exits_130_quietly_on_ctrl_c(
+    r: redis.Redis, redis_server: RedisServer, spawn: Any
+) -> None:
+    import os
+
+    dueq.Queue("w", r).schedule("x")
+    env = {**os.environ, "DUEQ_REDIS_URL": redis_server.url}
+    argv = [sys.executable, "-m", "dueq", "top", "w", "--interval", "0.1"]
+    child = spawn(*argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: child.stdout.readline().startswith("dueq top at"), "the first frame")
+    child.send_signal(signal.SIGINT)
+    _out, err = child.communicate(timeout=WAIT_S)
+    assert child.returncode == 130 and err == ""
+
+
+def test_a_queue_with_only_a_worker_exists_for_stats_and_top(
+    r: redis.Redis, redis_server: RedisServer, spawn: Any, invoke: Any
+) -> None:
+    child = worker_process(spawn, redis_server, "--queue", "fresh")
+    wait_for(lambda: entry_of(dueq.Queue("fresh", r), child.pid), "the worker's entry")
+    stats = invoke("stats", "fresh", "--json")
+    assert stats.exit_code == 0, stats.output
+    assert json.loads(stats.stdout)["queues"][0]["scheduled"] == 0
+    assert "workers: 1 alive" in invoke("top", "fresh", "--once").stdout
