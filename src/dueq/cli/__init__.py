@@ -24,7 +24,9 @@ from .metrics import metrics
 from .schedule import schedule
 from .stats import stats
 from .tasks import cancel, list_tasks, reschedule, run_now, show
+from .top import top
 from .worker import worker
+from .workers import workers
 
 __all__ = ["cli", "main"]
 
@@ -70,6 +72,9 @@ def _with_debug(command: click.Command) -> None:
 
 
 for command in (schedule, worker, stats, metrics, pause, resume, configure, dead, cron, acl, demo):
+    _with_debug(command)
+    cli.add_command(command)
+for command in (workers, top):
     _with_debug(command)
     cli.add_command(command)
 for command in (list_tasks, show, cancel, reschedule, run_now):
