@@ -1,0 +1,376 @@
+"""Sharded queues (``Queue(..., shards=N)``) on a real local Redis Cluster of 3 primaries,
+through both front ends, and on a single Redis (where every shard shares one server)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio.cluster
+import redis.crc
+from async_support import Blocking
+from cluster_support import SLOTS, local_cluster
+from redis.cluster import RedisCluster
+
+import dueq
+from dueq._shards import MAX_SHARDS, layout_key, shard_names, shard_of
+from dueq.keys import QueueKeys
+from dueq.server import RedisServer
+
+_names = itertools.count()
+#: an expired lease makes its task due again at once
+AT_ONCE = dueq.RetryPolicy(max_attempts=5, wait=lambda state: 0.0)
+
+
+def fresh(prefix: str = "sq") -> str:
+    """A queue name no other test of the module used (the cluster is shared)."""
+    return f"{prefix}{next(_names)}"
+
+
+@pytest.fixture(scope="module")
+def cluster_nodes() -> Iterator[list[RedisServer]]:
+    with local_cluster(3) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def cluster(cluster_nodes: list[RedisServer]) -> Iterator[RedisCluster]:
+    client = RedisCluster(host="127.0.0.1", port=cluster_nodes[0].port)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def sharded(cluster_nodes: list[RedisServer], front_end: str) -> Iterator[Callable[..., Any]]:
+    """Build a sharded queue on the cluster with either front end (an ``AsyncQueue`` wrapped
+    in ``Blocking``, so one test body checks both)."""
+    loop = asyncio.new_event_loop() if front_end == "async" else None
+    clients: list[Any] = []
+
+    def make(name: str, **kwargs: Any) -> Any:
+        kwargs.setdefault("shards", 3)
+        if loop is None:
+            client = RedisCluster(host="127.0.0.1", port=cluster_nodes[0].port)
+            clients.append(client)
+            return dueq.Queue(name, client, **kwargs)
+        aclient = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster_nodes[0].port)
+        clients.append(aclient)
+        return Blocking(dueq.AsyncQueue(name, aclient, **kwargs), loop)
+
+    yield make
+    for client in clients:
+        if loop is None:
+            client.close()
+        else:
+            loop.run_until_complete(client.aclose())
+    if loop is not None:
+        loop.close()
+
+
+def node_of(cluster: RedisCluster, key: str) -> int:
+    port: int = cluster.nodes_manager.get_node_from_slot(cluster.keyslot(key)).port
+    return port
+
+
+# -- placement and ids (no Redis) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [2, 3, 6, 16, MAX_SHARDS])
+@pytest.mark.parametrize("name", ["emails", "x", "tenant-42/reports"])
+def test_shard_tags_land_in_their_slot_ranges(name: str, n: int) -> None:
+    names = shard_names(name, n)
+    assert len(set(names)) == n
+    for i, shard in enumerate(names):
+        assert shard.split("#") == [name, shard.split("#")[1]]
+        assert shard.split("#")[1].split(".")[0] == str(i)
+        slot = redis.crc.key_slot(f"{{{shard}}}".encode())
+        assert i * SLOTS // n <= slot < (i + 1) * SLOTS // n
+
+
+def test_shard_of_is_a_stable_hash_of_the_id() -> None:
+    # pinned: every process, version and machine must agree, or tasks would be lost to get()
+    assert [shard_of(i, 3) for i in ("welcome:42", "a", "b", "c")] == [2, 2, 2, 0]
+    assert [shard_of(i, 6) for i in ("welcome:42", "a")] == [2, 5]
+
+
+def test_sequential_ids_spread_evenly_over_shards() -> None:
+    counts = Counter(shard_of(f"order:{i}", 6) for i in range(60_000))
+    assert set(counts) == set(range(6))
+    assert all(9_400 < c < 10_600 for c in counts.values()), counts
+
+
+def test_shards_is_checked_and_one_shard_is_the_plain_queue(r: Any) -> None:
+    assert type(dueq.Queue("plain", r, shards=1)) is dueq.Queue
+    assert dueq.Queue("plain", r, shards=1).keys == dueq.Queue("plain", r).keys
+    for bad in (0, MAX_SHARDS + 1, "3", True, 2.0):
+        with pytest.raises(dueq.ConfigurationError, match="shards"):
+            dueq.Queue("q", r, shards=bad)
+    with pytest.raises(dueq.ConfigurationError, match="cannot contain '#'"):
+        dueq.Queue("a#b", r, shards=3)
+    q = dueq.Queue("q", r, shards=3)
+    assert isinstance(q, dueq.Queue) and q.shard_names == shard_names("q", 3)
+
+
+# -- the cluster -------------------------------------------------------------------------------
+
+
+def test_shards_of_a_3_shard_queue_sit_on_three_primaries(cluster: RedisCluster) -> None:
+    q = dueq.Queue(fresh(), cluster, shards=3)
+    assert len({node_of(cluster, QueueKeys.for_queue(s).due) for s in q.shard_names}) == 3
+    six = dueq.Queue(fresh(), cluster, shards=6)
+    per_node = Counter(node_of(cluster, QueueKeys.for_queue(s).due) for s in six.shard_names)
+    assert sorted(per_node.values()) == [2, 2, 2]
+
+
+def test_3000_tasks_spread_over_all_primaries_and_are_idempotent_by_id(
+    sharded: Callable[..., Any], cluster: RedisCluster
+) -> None:
+    q = sharded(fresh())
+    tasks = [dueq.Task({"n": i}, id=f"t{i}", delay=60) for i in range(3000)]
+    assert q.schedule_many(tasks).added == 3000
+    per_node: Counter[int] = Counter()
+    for shard in q.shard_names:
+        due = QueueKeys.for_queue(shard).due
+        per_node[node_of(cluster, due)] += cluster.zcard(due)
+    assert len(per_node) == 3 and sum(per_node.values()) == 3000
+    assert all(800 < c < 1200 for c in per_node.values()), per_node
+    again = q.schedule_many(tasks)
+    assert (again.added, again.existing) == (0, 3000)
+    assert q.stats().scheduled == 3000
+    assert q.get("t1234").payload == {"n": 1234}
+    assert q.shard("t1234").get("t1234").payload == {"n": 1234}  # on the shard its id names
+    others = [s for s in q.shard_names if s != q.shard("t1234").name]
+    assert all(not cluster.hexists(QueueKeys.for_queue(s).tasks, "t1234") for s in others)
+
+
+def test_generated_ids_spread_evenly_and_are_found_by_id(sharded: Callable[..., Any]) -> None:
+    q = sharded(fresh())
+    ids = q.schedule_many(dueq.Task(i, delay=60) for i in range(1500)).ids
+    assert len(set(ids)) == 1500
+    counts = Counter(shard_of(i, 3) for i in ids)
+    assert all(400 < c < 600 for c in counts.values()), counts
+    assert [q.get(i).payload for i in ids[:20]] == list(range(20))
+
+
+def test_cancel_reschedule_and_run_now_work_by_id(sharded: Callable[..., Any]) -> None:
+    q = sharded(fresh())
+    a = q.schedule("a", id="a", delay=3600)
+    b = q.schedule("b", id="b", delay=3600)
+    c = q.schedule("c", id="c", delay=3600)
+    assert q.cancel(a) and not q.cancel(a)
+    assert q.reschedule(b, delay=7200) and q.get(b).state == "scheduled"
+    assert q.run_now(c)
+    (d,) = q.claim(limit=10)
+    assert d.id == c
+    d.ack()
+    assert q.get(c) is None and q.stats().scheduled == 1
+
+
+def test_one_consumer_drains_every_shard_within_bounded_attempts(
+    sharded: Callable[..., Any], clock: Any
+) -> None:
+    retry = dueq.RetryPolicy(max_attempts=3, wait=lambda state: 10.0)
+    q = sharded(fresh(), clock=clock, retry=retry)
+    # task i fails its first i % 4 attempts: 3 and up never succeed within 3 attempts
+    q.schedule_many(dueq.Task({"fails": i % 4}, id=f"d{i}") for i in range(300))
+    delivered: Counter[str] = Counter()
+    acked: Counter[str] = Counter()
+    for _ in range(200):
+        batch = q.claim(limit=64)
+        if not batch:
+            if q.stats().scheduled == 0:
+                break
+            clock.advance(10)
+            continue
+        succeeded = []
+        for d in batch:
+            delivered[d.id] += 1
+            assert d.attempt == delivered[d.id]
+            if d.payload["fails"] >= d.attempt:
+                d.fail(RuntimeError("not yet"))
+            else:
+                succeeded.append(d)
+                acked[d.id] += 1
+        assert q.ack_many(succeeded) == len(succeeded)
+    assert max(delivered.values()) == 3
+    assert set(acked.values()) == {1}
+    assert len(acked) == 225  # fails 0, 1, 2
+    stats = q.stats()
+    assert (stats.scheduled, stats.leased, stats.dead) == (0, 0, 75)
+
+
+def test_claims_start_at_different_shards(cluster: RedisCluster) -> None:
+    q = dueq.Queue(fresh(), cluster, shards=3)
+    q.schedule_many(dueq.Task(i, id=f"s{i}") for i in range(300))
+    firsts = {q.shard(q.claim(limit=1)[0].id).name for _ in range(6)}
+    assert len(firsts) == 3  # one claim of one task from each shard in turn
+
+
+def test_fencing_holds_per_task_and_batched_acks_group_by_shard(
+    sharded: Callable[..., Any], clock: Any
+) -> None:
+    q = sharded(fresh(), clock=clock, lease=5, retry=AT_ONCE)
+    q.schedule_many(dueq.Task(i, id=f"f{i}") for i in range(30))
+    first = q.claim(limit=30)
+    assert len({shard_of(d.id, 3) for d in first}) == 3
+    clock.advance(6)  # every lease ran out
+    second = q.claim(limit=30)
+    assert sorted(d.id for d in second) == sorted(d.id for d in first)
+    with pytest.raises(dueq.LeaseLost) as lost:
+        q.ack_many(first[:10])
+    assert sorted(lost.value.ids) == sorted(d.id for d in first[:10])
+    with pytest.raises(dueq.LeaseLost):
+        first[10].fail(RuntimeError("late"))
+    with pytest.raises(dueq.LeaseLost):
+        first[11].extend(5)
+    assert q.ack_many(second) == 30
+    assert q.stats().leased == 0 and q.stats().scheduled == 0
+
+
+def test_ack_many_acks_the_held_and_names_the_lost_across_shards(
+    sharded: Callable[..., Any], clock: Any
+) -> None:
+    q = sharded(fresh(), clock=clock, lease=5, retry=AT_ONCE)
+    q.schedule_many(dueq.Task(i, id=f"m{i}") for i in range(12))
+    early = q.claim(limit=6)
+    clock.advance(3)
+    held = q.claim(limit=6)  # its leases end 3 s after the early ones
+    assert len({shard_of(d.id, 3) for d in early + held}) == 3
+    clock.advance(3)  # the early leases ran out; the held ones did not
+    again = q.claim(limit=12)
+    assert {d.id for d in again} == {d.id for d in early}
+    with pytest.raises(dueq.LeaseLost) as lost:
+        q.ack_many(early + held)
+    assert lost.value.ids == [d.id for d in early]  # in the caller's order
+    assert q.stats().leased == 6  # the held ones were acked all the same
+    assert q.extend_many(again, 30) is not None
+    assert q.ack_many(again) == 6
+    assert q.stats().leased == 0
+
+
+def test_a_different_shard_count_on_a_live_queue_is_refused(
+    sharded: Callable[..., Any], cluster: RedisCluster
+) -> None:
+    name = fresh()
+    sharded(name, shards=3).schedule("x", id="x")
+    with pytest.raises(dueq.ConfigurationError, match=r"has 3 shards.*shards=6"):
+        sharded(name, shards=6).stats()
+    with pytest.raises(dueq.ConfigurationError, match="has 3 shards"):
+        sharded(name, shards=2).schedule("y")
+    assert cluster.get(layout_key(name)) == b"3"
+    assert sharded(name, shards=3).get("x").payload == "x"
+
+
+def test_a_sharded_queue_over_a_plain_queue_with_tasks_is_refused(
+    sharded: Callable[..., Any], cluster: RedisCluster
+) -> None:
+    name = fresh()
+    dueq.Queue(name, cluster).schedule("plain")
+    with pytest.raises(dueq.ConfigurationError, match="plain"):
+        sharded(name, shards=3).schedule("sharded")
+
+
+def test_what_slice_one_lacks_raises_a_clear_configuration_error(
+    sharded: Callable[..., Any],
+) -> None:
+    q = sharded(fresh())
+    calls: list[Callable[[], Any]] = [
+        lambda: q.dead.list(),
+        lambda: q.dead.replay(),
+        lambda: q.cron.add("n", "* * * * *"),
+        lambda: q.list_tasks("scheduled"),
+        lambda: list(q.iter_tasks("dead")),
+        lambda: q.history(),
+        lambda: q.due_histogram(),
+        lambda: q.configure(paused=True),
+        lambda: q.pause(),
+        lambda: q.resume(),
+        lambda: q.settings(),
+        lambda: q.keys,
+    ]
+    for call in calls:
+        with pytest.raises(dueq.ConfigurationError, match="not available on a sharded queue"):
+            call()
+
+
+def test_sharded_observe_is_never_early_and_wakes_on_any_shard(cluster: RedisCluster) -> None:
+    q = dueq.Queue(fresh(), cluster, shards=3)
+    q.schedule("far", id="far", delay=3600)
+    seen: list[tuple[str, float, float]] = []  # id, due (epoch s), delivered (epoch s)
+    done = threading.Event()
+    ids = [f"w{i}" for i in range(9)]
+    assert {shard_of(i, 3) for i in ids} == {0, 1, 2}
+
+    def handle(d: dueq.Delivery) -> None:
+        seen.append((d.id, d.due_at.timestamp(), time.time()))
+        if len(seen) == len(ids):
+            done.set()
+
+    stream = q.observe(heartbeat=3600).pipe(dueq.operators.process(handle, 4))
+    sub = stream.subscribe()
+    try:
+        time.sleep(0.3)  # asleep until the far task: only wake messages bring the next ones
+        q.schedule_many(dueq.Task(i, id=i, delay=0.2 + 0.05 * n) for n, i in enumerate(ids))
+        assert done.wait(30), f"only {len(seen)} of {len(ids)} delivered"
+    finally:
+        sub.dispose()
+    assert sorted(i for i, _, _ in seen) == sorted(ids)
+    for task_id, due_s, delivered_s in seen:
+        assert delivered_s >= due_s, f"{task_id} delivered {due_s - delivered_s:.3f} s early"
+
+
+def test_a_worker_drains_a_sharded_queue(cluster: RedisCluster) -> None:
+    q = dueq.Queue(fresh(), cluster, shards=3)
+    q.schedule_many(dueq.Task(i, id=f"k{i}") for i in range(200))
+    handled: list[str] = []
+    worker = dueq.Worker(q, lambda d: handled.append(d.id), concurrency=4, heartbeat=0.5)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        for _ in range(600):  # bounded wait
+            stats = q.stats()
+            if stats.scheduled == 0 and stats.leased == 0:
+                break
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        runner.join(30)
+    assert sorted(handled) == sorted(f"k{i}" for i in range(200))
+
+
+def test_async_deliveries_drain_every_shard_of_an_async_sharded_queue(
+    cluster_nodes: list[RedisServer],
+) -> None:
+    async def main() -> list[str]:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster_nodes[0].port)
+        q = dueq.AsyncQueue(fresh(), client, shards=3)
+        await q.schedule_many(dueq.Task(i, id=f"a{i}", delay=0.1) for i in range(90))
+        got: list[str] = []
+        async for d in q.deliveries(max_in_flight=16, heartbeat=0.5):
+            await d.ack()
+            got.append(d.id)
+            if len(got) == 90:
+                break
+        assert (await q.stats()).scheduled == 0
+        await client.aclose()
+        return got
+
+    got = asyncio.run(asyncio.wait_for(main(), 60))
+    assert sorted(got) == sorted(f"a{i}" for i in range(90))
+
+
+# -- one Redis ---------------------------------------------------------------------------------
+
+
+def test_a_sharded_queue_works_on_a_single_redis_too(make_queue: Callable[..., Any]) -> None:
+    q = make_queue("single", shards=4)
+    assert q.schedule_many(dueq.Task(i, id=f"s{i}") for i in range(40)).added == 40
+    batch = q.claim(limit=40)
+    assert len(batch) == 40 and q.ack_many(batch) == 40
+    assert q.stats().scheduled == 0
