@@ -116,6 +116,13 @@ def test_shards_is_checked_and_one_shard_is_the_plain_queue(r: Any) -> None:
     q = dueq.Queue("q", r, shards=3)
     assert isinstance(q, dueq.Queue) and q.shard_names == shard_names("q", 3)
 
+    class Mine(dueq.Queue):
+        pass
+
+    assert type(Mine("q", r)) is Mine
+    with pytest.raises(dueq.ConfigurationError, match="not on the subclass Mine"):
+        Mine("q", r, shards=3)
+
 
 # -- the cluster -------------------------------------------------------------------------------
 
@@ -323,6 +330,52 @@ def test_sharded_observe_is_never_early_and_wakes_on_any_shard(cluster: RedisClu
     assert sorted(i for i, _, _ in seen) == sorted(ids)
     for task_id, due_s, delivered_s in seen:
         assert delivered_s >= due_s, f"{task_id} delivered {due_s - delivered_s:.3f} s early"
+
+
+def test_a_sleeping_consumer_wakes_for_a_task_on_each_shard(cluster: RedisCluster) -> None:
+    q = dueq.Queue(fresh(), cluster, shards=3)
+    q.schedule("far", id="far", delay=3600)
+    arrived: list[str] = []
+    came = threading.Event()
+
+    def handle(d: dueq.Delivery) -> None:
+        arrived.append(d.id)
+        came.set()
+
+    sub = q.observe(heartbeat=3600).pipe(dueq.operators.process(handle, 2)).subscribe()
+    try:
+        for shard in (2, 0, 1):  # asleep until the far task each time: only a wake brings it
+            time.sleep(0.2)
+            came.clear()
+            task_id = next(f"x{i}" for i in itertools.count() if shard_of(f"x{i}", 3) == shard)
+            q.schedule(shard, id=task_id)
+            assert came.wait(30), f"the consumer was not woken for shard {shard}"
+            assert arrived[-1] == task_id
+    finally:
+        sub.dispose()
+
+
+def test_an_async_consumer_wakes_for_a_task_on_each_shard(
+    cluster_nodes: list[RedisServer],
+) -> None:
+    async def main() -> None:
+        client = redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=cluster_nodes[0].port)
+        q = dueq.AsyncQueue(fresh(), client, shards=3)
+        await q.schedule("far", id="far", delay=3600)
+        it = q.deliveries(heartbeat=3600)
+        for shard in (1, 2, 0):
+            task_id = next(f"y{i}" for i in itertools.count() if shard_of(f"y{i}", 3) == shard)
+            later = asyncio.get_running_loop().call_later(
+                0.2, lambda t=task_id: asyncio.ensure_future(q.schedule(t, id=t))
+            )
+            d = await asyncio.wait_for(it.__anext__(), 30)  # only a wake message brings it
+            assert d.id == task_id
+            await d.ack()
+            later.cancel()
+        await it.aclose()
+        await client.aclose()
+
+    asyncio.run(main())
 
 
 def test_a_worker_drains_a_sharded_queue(cluster: RedisCluster) -> None:

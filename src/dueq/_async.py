@@ -59,7 +59,7 @@ class AsyncQueue(QueueCore):
     def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> AsyncQueue:
         from ._shards import sharded_class  # it builds on this module
 
-        made: AsyncQueue = super().__new__(sharded_class(cls, shards) if cls is AsyncQueue else cls)
+        made: AsyncQueue = super().__new__(sharded_class(cls, shards))
         return made
 
     def __init__(

@@ -544,8 +544,15 @@ class ShardedAsyncQueue(_Sharded, AsyncQueue):
 
 def sharded_class(front_end: type[Any], shards: object) -> type[Any]:
     """The class ``Queue(..., shards=)`` or ``AsyncQueue(..., shards=)`` makes: the front end
-    itself for 1 shard, its sharded twin for more."""
+    itself for 1 shard, its sharded twin for more (a subclass of a front end cannot shard)."""
     whole_number(shards, "shards", low=1, high=MAX_SHARDS)
-    if shards == 1:
+    if shards == 1 or issubclass(front_end, _Sharded):
         return front_end
-    return ShardedAsyncQueue if issubclass(front_end, AsyncQueue) else ShardedQueue
+    if front_end is Queue:
+        return ShardedQueue
+    if front_end is AsyncQueue:
+        return ShardedAsyncQueue
+    raise ConfigurationError(
+        f"shards= is available on dueq.Queue and dueq.AsyncQueue, not on the subclass "
+        f"{front_end.__name__}"
+    )

@@ -87,7 +87,7 @@ class Queue(QueueCore):
     def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Queue:
         from ._shards import sharded_class  # it builds on this module
 
-        made: Queue = super().__new__(sharded_class(cls, shards) if cls is Queue else cls)
+        made: Queue = super().__new__(sharded_class(cls, shards))
         return made
 
     def __init__(
