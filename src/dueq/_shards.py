@@ -96,6 +96,9 @@ yet" until it lands):
 - sync sending in parallel: ``RedisCluster`` pipelines per node, or a small thread pool.
 - skip shards known idle: remember each shard's next due (monotonic) and skip it until then
   unless a wake message named it (the wake payload would need the shard).
+- ``dueq acl``: rules for a sharded queue (``~dueq:{emails#*`` keys, ``&dueq:{emails#*``
+  channels); the CLI, dashboard and metrics: address the logical queue (``--shards N``, or
+  read N from ``dueq:{name#}:shards``).
 - failover test (3 primaries + 3 replicas, CLUSTER FAILOVER while draining).
 - ``dueq reshard OLD NEW``: pause, move every task (envelope, meta, errors, dead) with a
   script per id pair of shards (MIGRATE-free: read from one slot, write to another, idempotent
