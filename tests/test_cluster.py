@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from cluster_support import local_cluster
 from redis.cluster import RedisCluster
 
 import dueq
+from dueq.server import local_cluster
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,13 @@ import pytest
 import redis.asyncio.cluster
 import redis.crc
 from async_support import Blocking
-from cluster_support import SLOTS, local_cluster
 from redis.cluster import RedisCluster
 
 import dueq
 from dueq._shards import MAX_SHARDS, layout_key, shard_names, shard_of
 from dueq.keys import QueueKeys
-from dueq.server import RedisServer
+from dueq.server import CLUSTER_SLOTS as SLOTS
+from dueq.server import RedisServer, local_cluster
 
 _names = itertools.count()
 #: an expired lease makes its task due again at once

@@ -144,7 +144,7 @@ __all__ = ["MAX_SHARDS", "layout_key", "shard_names", "shard_of"]
 
 #: Most shards one queue may have (placing N shards costs about N * N CRC16s, once).
 MAX_SHARDS = 256
-#: Redis Cluster's slot count.
+#: Redis Cluster's hash slots.
 SLOTS = 16384
 #: Most tags tried per shard before giving up on the slot range (never reached in practice:
 #: a try misses with probability 1 - 1/N).
