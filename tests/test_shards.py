@@ -261,6 +261,31 @@ def test_ack_many_acks_the_held_and_names_the_lost_across_shards(
     assert q.stats().leased == 0
 
 
+def test_dead_letters_of_every_shard_merge_newest_first_and_move_by_id(
+    sharded: Callable[..., Any], clock: Any
+) -> None:
+    one = dueq.RetryPolicy(max_attempts=1)
+    q = sharded(fresh(), clock=clock, retry=one)
+    ids = [f"dl{i}" for i in range(12)]
+    assert {shard_of(i, 3) for i in ids} == {0, 1, 2}
+    q.schedule_many(dueq.Task(i, id=i) for i in ids)
+    for d in sorted(q.claim(limit=12), key=lambda d: ids.index(d.id)):
+        clock.advance(1)  # each dies a second after the one before
+        assert d.fail(RuntimeError(d.id)).kind == "dead"
+    assert q.dead.count() == 12 and q.stats().dead == 12
+    assert [t.id for t in q.dead.list(limit=5)] == ids[::-1][:5]
+    assert [t.id for t in q.dead.list(limit=4, offset=5)] == ids[::-1][5:9]
+    assert [t.state for t in q.dead.list(limit=100)] == ["dead"] * 12
+    with pytest.raises(dueq.TaskNotFound):
+        q.dead.replay(ids=["dl0", "no-such-task"])
+    assert q.dead.count() == 12  # all or nothing: dl0 stayed dead
+    assert q.dead.replay(ids=["dl0", "dl1", "dl2"]) == 3
+    assert q.dead.purge(ids=["dl3"]) == 1
+    assert q.dead.purge(error_type="RuntimeError") == 8
+    assert q.dead.count() == 0 and q.stats().scheduled == 3
+    assert q.dead.replay() == 0
+
+
 def test_a_different_shard_count_on_a_live_queue_is_refused(
     sharded: Callable[..., Any], cluster: RedisCluster
 ) -> None:
@@ -288,8 +313,6 @@ def test_what_slice_one_lacks_raises_a_clear_configuration_error(
 ) -> None:
     q = sharded(fresh())
     calls: list[Callable[[], Any]] = [
-        lambda: q.dead.list(),
-        lambda: q.dead.replay(),
         lambda: q.cron.add("n", "* * * * *"),
         lambda: q.list_tasks("scheduled"),
         lambda: list(q.iter_tasks("dead")),

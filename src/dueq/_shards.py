@@ -70,15 +70,17 @@ hold per task exactly as on a plain queue. Deliveries belong to their shard's qu
 every shard's wake channel on one plain SUBSCRIBE connection (Cluster PUBLISH reaches every
 node).
 
+Dead letters (``q.dead``): ``list`` takes each shard's newest ``offset + limit`` and merges
+them by died-at (newest first), ``count`` sums, ``replay``/``purge`` by id check every id on its
+shard before moving any (all-or-nothing, as on one queue), and all or by ``error_type`` run on
+every shard.
+
 Sending: a step that goes to several shards at once (``_Each``) is awaited concurrently by
 ``ShardedAsyncQueue`` (one coroutine per shard: the nodes work in parallel) and sent in turn
 by ``ShardedQueue``.
 
 TODO (later slices; each raises ConfigurationError "... is not available on a sharded queue
 yet" until it lands):
-- dead letters merged: ``dead.list`` merges each shard's newest-first pages by died-at (a
-  k-way merge with one page per shard), ``count`` sums, ``replay``/``purge`` by id go to the
-  id's shard, all: every shard.
 - cron: each definition lives on shard ``shard_of(name, N)`` (its occurrences' ids then hash
   to other shards: occurrences are scheduled on the definition's shard with a deterministic
   id, and ``get``/``cancel`` of an occurrence id must look there: keep the cron-id parse in
@@ -116,7 +118,7 @@ import random
 import threading
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cache
@@ -129,8 +131,9 @@ from ._async import AsyncQueue
 from ._core import MAX_CLAIM_BATCH, ClaimBatch, Flow, QueueCore, _raise_not_held
 from .checks import whole_number
 from .clock import Duration
+from .dead import MAX_OFFSET, AsyncDeadLetters, DeadLetters, DeadLettersCore, _distinct_ids
 from .envelope import generated_ids
-from .exceptions import ConfigurationError, LeaseLost
+from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
 from .keys import PREFIX, QueueKeys
 from .queue import Queue
 from .snapshot import text
@@ -184,7 +187,7 @@ def _not_yet(what: str) -> ConfigurationError:
 
 
 class _NotYet:
-    """Stands for ``q.dead`` and ``q.cron`` of a sharded queue: any use raises
+    """Stands for ``q.cron`` of a sharded queue (for now): any use raises
     ConfigurationError naming what is missing (never a silent no-op on the wrong keys)."""
 
     def __init__(self, what: str) -> None:
@@ -269,7 +272,8 @@ class _Sharded(QueueCore):
         self._start = random.randrange(shards)  # where the next claim begins
         self._start_lock = threading.Lock()
         # the front end's DeadLetters and Crons would work on ``{name}`` keys: replaced
-        setattr(self, "dead", _NotYet("dead letters (q.dead)"))  # noqa: B010
+        dead = ShardedAsyncDeadLetters if issubclass(front_end, AsyncQueue) else ShardedDeadLetters
+        setattr(self, "dead", dead(self))  # type: ignore[arg-type]  # noqa: B010  (self is one)
         setattr(self, "cron", _NotYet("cron (q.cron)"))  # noqa: B010
 
     # No key set names the logical queue: a flow not written for shards must not run on
@@ -504,6 +508,65 @@ def _raise_combined(done: str, deliveries: Sequence[DeliveryBase], results: list
     cancelled = {i for r in results for i in r[2]}
     refused = [d.id for d in deliveries if d.id in refused_ids]
     _raise_not_held(done, refused, [i for i in refused if i in cancelled])
+
+
+class _ShardedDead(DeadLettersCore):
+    """The dead letters of a sharded queue: each shard's, merged (see the module docstring)."""
+
+    _core: _Sharded
+
+    def _shard_dead(self) -> list[DeadLettersCore]:
+        return [s.dead for s in self._core._shards]  # type: ignore[attr-defined]
+
+    def _list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
+        """Each shard's newest ``offset + limit``, merged newest first, then the page."""
+        whole_number(limit, "limit", low=0, high=MAX_OFFSET)
+        whole_number(offset, "offset", low=0, high=MAX_OFFSET)
+        if limit == 0:
+            return []
+        yield from self._core._layout_flow()
+        flows = [d._list_flow(min(offset + limit, MAX_OFFSET), 0) for d in self._shard_dead()]
+        parts: list[list[TaskInfo]] = yield from _together(flows)
+        merged = sorted(
+            (info for part in parts for info in part),
+            key=lambda info: info.died_at.timestamp() if info.died_at else 0.0,
+            reverse=True,
+        )
+        return merged[offset : offset + limit]
+
+    def _count_flow(self) -> Flow[int]:
+        yield from self._core._layout_flow()
+        counts: list[int] = yield from _together([d._count_flow() for d in self._shard_dead()])
+        return sum(counts)
+
+    def _move_flow(
+        self, action: str, ids: Iterable[str] | None, error_type: str | None = None
+    ) -> Flow[int]:
+        """By id: every id checked on its shard first (all-or-nothing, as on one queue), then
+        moved; all, or by error type: on every shard."""
+        yield from self._core._layout_flow()
+        shard_dead = self._shard_dead()
+        if ids is None or error_type is not None:
+            if ids is not None:
+                raise InvalidTaskError("give ids or error_type, not both")
+            flows = [d._move_flow(action, None, error_type) for d in shard_dead]
+            return sum((yield from _together(flows)))
+        groups: dict[int, list[str]] = defaultdict(list)
+        for task_id in _distinct_ids(ids):
+            groups[shard_of(task_id, self._core.shard_count)].append(task_id)
+        yield from _together([shard_dead[i]._check_dead_flow(g) for i, g in groups.items()])
+        moved = yield from _together(
+            [shard_dead[i]._move_flow(action, g) for i, g in groups.items()]
+        )
+        return sum(moved)
+
+
+class ShardedDeadLetters(_ShardedDead, DeadLetters):
+    """``q.dead`` of a ``ShardedQueue``."""
+
+
+class ShardedAsyncDeadLetters(_ShardedDead, AsyncDeadLetters):
+    """``q.dead`` of a ``ShardedAsyncQueue``."""
 
 
 def _settled_reply(send: Callable[[protocol.Step], Any], step: protocol.Step) -> tuple[bool, Any]:
