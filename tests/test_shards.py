@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import threading
 import time
+from datetime import timedelta
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -286,6 +287,23 @@ def test_dead_letters_of_every_shard_merge_newest_first_and_move_by_id(
     assert q.dead.replay() == 0
 
 
+def test_pause_and_resume_hold_on_every_shard(sharded: Callable[..., Any]) -> None:
+    q = sharded(fresh())
+    q.schedule_many(dueq.Task(i, id=f"p{i}") for i in range(30))
+    assert q.pause().paused and q.settings().paused and q.stats().paused
+    assert q.claim(limit=30) == []
+    one_per_shard = [
+        next(f"p{i}" for i in range(30) if shard_of(f"p{i}", 3) == k) for k in (0, 1, 2)
+    ]
+    assert all(q.shard(i).settings().paused for i in one_per_shard)
+    with pytest.raises(dueq.ConfigurationError, match="remember_done"):
+        q.configure(paused=False, remember_done=-1)  # refused before any shard is written
+    assert q.settings().paused
+    assert not q.resume().paused
+    assert len(q.claim(limit=30)) == 30
+    assert q.configure(remember_done=3600).remember_done == timedelta(hours=1)
+
+
 def test_a_different_shard_count_on_a_live_queue_is_refused(
     sharded: Callable[..., Any], cluster: RedisCluster
 ) -> None:
@@ -318,10 +336,8 @@ def test_what_slice_one_lacks_raises_a_clear_configuration_error(
         lambda: list(q.iter_tasks("dead")),
         lambda: q.history(),
         lambda: q.due_histogram(),
-        lambda: q.configure(paused=True),
-        lambda: q.pause(),
-        lambda: q.resume(),
-        lambda: q.settings(),
+        lambda: q.configure(rate=dueq.Rate(10, per=1.0)),
+        lambda: q.configure(key_concurrency=2),
         lambda: q.keys,
     ]
     for call in calls:

@@ -75,6 +75,12 @@ them by died-at (newest first), ``count`` sums, ``replay``/``purge`` by id check
 shard before moving any (all-or-nothing, as on one queue), and all or by ``error_type`` run on
 every shard.
 
+Settings: ``configure(paused=, remember_done=)``, ``pause``, ``resume`` write every shard
+(all validated before any is written) and return shard 0's settings; ``settings`` reads every
+shard and returns shard 0's. The shards change one after another (at once with the async
+front end), so a claim in that moment may find some shards paused and others not; every
+claim after the call returns sees the new settings.
+
 Sending: a step that goes to several shards at once (``_Each``) is awaited concurrently by
 ``ShardedAsyncQueue`` (one coroutine per shard: the nodes work in parallel) and sent in turn
 by ``ShardedQueue``.
@@ -85,10 +91,11 @@ yet" until it lands):
   to other shards: occurrences are scheduled on the definition's shard with a deterministic
   id, and ``get``/``cancel`` of an occurrence id must look there: keep the cron-id parse in
   ``shard_for``).
-- settings (``configure``, ``pause``, ``resume``, ``settings``): written to every shard; a rate
-  limit is split N ways (each shard gets ``n / N`` per window) or kept once on shard 0 and
-  read by claim.lua through an extra key (needs a Lua change); pause on every shard, in
-  shard order, before the call returns (a claim may see some shards paused for a moment).
+- limits (``configure(rate=, key_rate=, key_concurrency=)``): a rate limit split N ways (each
+  shard ``n / N`` per window) or kept once on shard 0 and read by claim.lua through an extra
+  key (a Lua change); per-key limits need a key's tasks on one shard (shard by limit key
+  instead of id when a task has a key: then get/cancel by id need the key, or an id -> shard
+  index).
 - views: ``list_tasks``/``iter_tasks`` (a cursor per shard, pages merged by the ordering
   score), ``history`` and ``due_histogram`` (summed per bucket).
 - Spark writer: ``schedule_dataframe(..., shards=N)`` and the data source option ``shards``
@@ -137,7 +144,7 @@ from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
 from .keys import PREFIX, QueueKeys
 from .queue import Queue
 from .snapshot import text
-from .task import DeliveryBase, Outcome, QueueStats, ScheduleResult, TaskInfo
+from .task import DeliveryBase, Outcome, QueueSettings, QueueStats, ScheduleResult, TaskInfo
 
 logger = logging.getLogger("dueq.queue")
 
@@ -487,11 +494,34 @@ class _Sharded(QueueCore):
     def _due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[Any]:
         raise _not_yet("due_histogram")
 
-    def _configure_flow(self, **_changes: Any) -> Flow[Any]:
-        raise _not_yet("configure/pause/resume")
+    # -- settings ----------------------------------------------------------------------------
 
-    def _settings_flow(self) -> Flow[Any]:
-        raise _not_yet("settings")
+    def _configure_flow(
+        self,
+        *,
+        paused: bool | None = None,
+        remember_done: Duration | None = None,
+        rate: Any = None,
+        key_rate: Any = None,
+        key_concurrency: Any = None,
+    ) -> Flow[QueueSettings]:
+        """``paused`` and ``remember_done`` written to every shard (each validated before any
+        is written); the limits would apply per shard, N times over: refused for now."""
+        if rate is not None or key_rate is not None or key_concurrency is not None:
+            raise _not_yet("configure(rate=, key_rate=, key_concurrency=)")
+        yield from self._layout_flow()
+        flows = [
+            s._configure_flow(paused=paused, remember_done=remember_done) for s in self._shards
+        ]
+        settings: list[QueueSettings] = yield from _together(flows)
+        return settings[0]
+
+    def _settings_flow(self) -> Flow[QueueSettings]:
+        yield from self._layout_flow()
+        settings: list[QueueSettings] = yield from _together(
+            [s._settings_flow() for s in self._shards]
+        )
+        return settings[0]
 
 
 def _refusals(flow: Flow[T]) -> Flow[tuple[T | None, list[str], list[str]]]:
