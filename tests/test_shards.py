@@ -304,6 +304,18 @@ def test_pause_and_resume_hold_on_every_shard(sharded: Callable[..., Any]) -> No
     assert q.configure(remember_done=3600).remember_done == timedelta(hours=1)
 
 
+def test_history_and_due_histogram_sum_the_shards(sharded: Callable[..., Any], clock: Any) -> None:
+    q = sharded(fresh(), clock=clock)
+    q.schedule_many(dueq.Task(i, id=f"h{i}", delay=30 + 60 * (i % 3)) for i in range(30))
+    q.schedule_many(dueq.Task(i, id=f"n{i}") for i in range(12))
+    q.ack_many(q.claim(limit=12))
+    histogram = q.due_histogram(bucket=60, buckets=2)
+    assert (histogram.overdue, histogram.counts, histogram.later) == (0, [10, 10], 10)
+    (now,) = q.history(minutes=1)
+    assert (now.scheduled, now.claimed, now.acked) == (42, 12, 12)
+    assert len(q.history(minutes=5)) == 5
+
+
 def test_a_different_shard_count_on_a_live_queue_is_refused(
     sharded: Callable[..., Any], cluster: RedisCluster
 ) -> None:
@@ -334,8 +346,6 @@ def test_what_slice_one_lacks_raises_a_clear_configuration_error(
         lambda: q.cron.add("n", "* * * * *"),
         lambda: q.list_tasks("scheduled"),
         lambda: list(q.iter_tasks("dead")),
-        lambda: q.history(),
-        lambda: q.due_histogram(),
         lambda: q.configure(rate=dueq.Rate(10, per=1.0)),
         lambda: q.configure(key_concurrency=2),
         lambda: q.keys,

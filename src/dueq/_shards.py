@@ -81,6 +81,9 @@ shard and returns shard 0's. The shards change one after another (at once with t
 front end), so a claim in that moment may find some shards paused and others not; every
 claim after the call returns sees the new settings.
 
+Views: ``history`` sums each minute's counts over the shards (minutes matched by their
+start), ``due_histogram`` sums the buckets (each shard counts from its own clock's now).
+
 Sending: a step that goes to several shards at once (``_Each``) is awaited concurrently by
 ``ShardedAsyncQueue`` (one coroutine per shard: the nodes work in parallel) and sent in turn
 by ``ShardedQueue``.
@@ -96,8 +99,8 @@ yet" until it lands):
   key (a Lua change); per-key limits need a key's tasks on one shard (shard by limit key
   instead of id when a task has a key: then get/cancel by id need the key, or an id -> shard
   index).
-- views: ``list_tasks``/``iter_tasks`` (a cursor per shard, pages merged by the ordering
-  score), ``history`` and ``due_histogram`` (summed per bucket).
+- views: ``list_tasks``/``iter_tasks`` (a cursor per shard packed in one cursor, each page
+  merged by the state's ordering score: priority and due time, lease deadline, died-at).
 - Spark writer: ``schedule_dataframe(..., shards=N)`` and the data source option ``shards``
   group each partition's rows by ``shard_of`` and send one batch per shard.
 - refuse a plain queue opened over a sharded one: claim.lua reads a ``shards`` field of the
@@ -126,7 +129,7 @@ import threading
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
 from datetime import datetime
 from functools import cache
 from typing import Any, NoReturn, TypeVar
@@ -144,7 +147,16 @@ from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
 from .keys import PREFIX, QueueKeys
 from .queue import Queue
 from .snapshot import text
-from .task import DeliveryBase, Outcome, QueueSettings, QueueStats, ScheduleResult, TaskInfo
+from .task import (
+    DeliveryBase,
+    DueHistogram,
+    HistoryPoint,
+    Outcome,
+    QueueSettings,
+    QueueStats,
+    ScheduleResult,
+    TaskInfo,
+)
 
 logger = logging.getLogger("dueq.queue")
 
@@ -488,11 +500,33 @@ class _Sharded(QueueCore):
     def _list_flow(self, state: Any, **_filters: Any) -> Flow[Any]:
         raise _not_yet("list_tasks/iter_tasks")
 
-    def _history_flow(self, minutes: int) -> Flow[Any]:
-        raise _not_yet("history")
+    def _history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
+        """Each minute's counts summed over the shards (minutes matched by their start)."""
+        yield from self._layout_flow()
+        parts: list[list[HistoryPoint]] = yield from _together(
+            [s._history_flow(minutes) for s in self._shards]
+        )
+        summed: dict[datetime, list[int]] = {}
+        for part in parts:
+            for point in part:
+                row = summed.setdefault(point.minute, [0] * 6)
+                for i, value in enumerate(astuple(point)[1:]):
+                    row[i] += value
+        latest = sorted(summed)[-minutes:]
+        return [HistoryPoint(minute, *summed[minute]) for minute in latest]
 
-    def _due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[Any]:
-        raise _not_yet("due_histogram")
+    def _due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
+        """Bucket counts summed over the shards (each counts from its own clock's now)."""
+        yield from self._layout_flow()
+        parts: list[DueHistogram] = yield from _together(
+            [s._due_histogram_flow(bucket, buckets) for s in self._shards]
+        )
+        return replace(
+            parts[0],
+            overdue=sum(p.overdue for p in parts),
+            counts=[sum(column) for column in zip(*(p.counts for p in parts), strict=True)],
+            later=sum(p.later for p in parts),
+        )
 
     # -- settings ----------------------------------------------------------------------------
 
