@@ -7,9 +7,9 @@ import asyncio
 import itertools
 import threading
 import time
-from datetime import timedelta
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
