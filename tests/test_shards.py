@@ -316,6 +316,38 @@ def test_history_and_due_histogram_sum_the_shards(sharded: Callable[..., Any], c
     assert len(q.history(minutes=5)) == 5
 
 
+def test_cron_definitions_live_on_the_shard_of_their_name(
+    sharded: Callable[..., Any], clock: Any
+) -> None:
+    q = sharded(fresh(), clock=clock)
+    names = ["nightly", "hourly", "tick", "report", "sync", "audit"]
+    assert {shard_of(n, 3) for n in names} == {0, 1, 2}
+    for name in names:
+        assert q.cron.add(name, "* * * * *", payload={"name": name}) == "added"
+    assert [d.name for d in q.cron.list()] == sorted(names)
+    for name in names:  # the pending occurrence is on the definition's shard, found by id
+        (pending,) = [d for d in q.cron.list() if d.name == name]
+        assert pending.next_at is not None
+        assert q.shard(name).cron.get(name).name == name
+    assert q.stats().scheduled == 6
+    clock.advance(60)
+    got = q.claim(limit=10)  # claiming each occurrence schedules the next on its shard
+    assert sorted(d.payload["name"] for d in got) == sorted(names)
+    for d in got:  # each came from its definition's shard, where its id is routed
+        assert d.queue.name == q.shard(d.id).name == q.shard(d.payload["name"]).name
+        assert q.get(d.id).state == "leased"
+    assert q.ack_many(got) == 6
+    assert q.stats().scheduled == 6
+    assert all(q.get(d.id) is None for d in got)
+    extra = q.cron.run_now("tick")
+    assert q.get(extra).state == "scheduled" and q.cancel(extra)
+    assert q.cron.pause("audit") and q.stats().scheduled == 5
+    assert q.cron.resume("audit") and q.cron.remove("audit")
+    assert q.cron.get("audit") is None and q.stats().scheduled == 5
+    with pytest.raises(dueq.CronError):
+        q.cron.add("", "* * * * *")
+
+
 def test_a_different_shard_count_on_a_live_queue_is_refused(
     sharded: Callable[..., Any], cluster: RedisCluster
 ) -> None:
@@ -343,7 +375,6 @@ def test_what_slice_one_lacks_raises_a_clear_configuration_error(
 ) -> None:
     q = sharded(fresh())
     calls: list[Callable[[], Any]] = [
-        lambda: q.cron.add("n", "* * * * *"),
         lambda: q.list_tasks("scheduled"),
         lambda: list(q.iter_tasks("dead")),
         lambda: q.configure(rate=dueq.Rate(10, per=1.0)),

@@ -39,12 +39,13 @@ one reason N cannot change on a live queue.
 
 Which shard holds a task
 ------------------------
-``shard_of(id, N) = int.from_bytes(blake2b(id.encode("utf-8"), digest_size=8), "big") % N``: a
-stable hash (unlike Python's ``hash``, the same in every process, version and language that
+``shard_of(id, N) = int.from_bytes(blake2b(id.encode("utf-8"), digest_size=8), "big") % N``:
+a stable hash (unlike Python's ``hash``, the same in every process, version and language that
 has BLAKE2b, e.g. a Spark executor or a JVM), uniform enough that ``mod N`` is even for
-sequential ids too. So idempotency, ``get``, ``cancel``, ``reschedule`` and ``run_now`` work by
-id on one shard. Generated ids are random, so they spread evenly; a generated id that was
-taken is replaced by a fresh one of the same shard (drawn until it hashes there).
+sequential ids too. So idempotency, ``get``, ``cancel``, ``reschedule`` and ``run_now`` work
+by id on one shard (``task_shard``: cron occurrences go with their definition, below).
+Generated ids are random, so they spread evenly; a generated id that was taken is replaced
+by a fresh one of the same shard (drawn until it hashes there).
 
 N is part of the data
 ---------------------
@@ -81,6 +82,11 @@ shard and returns shard 0's. The shards change one after another (at once with t
 front end), so a claim in that moment may find some shards paused and others not; every
 claim after the call returns sees the new settings.
 
+Cron: a definition lives on shard ``shard_of(name)``, so its occurrences are scheduled,
+claimed and advanced there by the shard's own cron keeper (``dueq.cron``, unchanged);
+``task_shard`` sends an occurrence's id (``cron:<name>:...``) to that shard, so ``get`` and
+``cancel`` of an occurrence find it. ``q.cron.list()`` merges every shard's definitions.
+
 Views: ``history`` sums each minute's counts over the shards (minutes matched by their
 start), ``due_histogram`` sums the buckets (each shard counts from its own clock's now).
 
@@ -90,10 +96,6 @@ by ``ShardedQueue``.
 
 TODO (later slices; each raises ConfigurationError "... is not available on a sharded queue
 yet" until it lands):
-- cron: each definition lives on shard ``shard_of(name, N)`` (its occurrences' ids then hash
-  to other shards: occurrences are scheduled on the definition's shard with a deterministic
-  id, and ``get``/``cancel`` of an occurrence id must look there: keep the cron-id parse in
-  ``shard_for``).
 - limits (``configure(rate=, key_rate=, key_concurrency=)``): a rate limit split N ways (each
   shard ``n / N`` per window) or kept once on shard 0 and read by claim.lua through an extra
   key (a Lua change); per-key limits need a key's tasks on one shard (shard by limit key
@@ -132,7 +134,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import astuple, dataclass, replace
 from datetime import datetime
 from functools import cache
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import redis.crc
 
@@ -141,6 +143,8 @@ from ._async import AsyncQueue
 from ._core import MAX_CLAIM_BATCH, ClaimBatch, Flow, QueueCore, _raise_not_held
 from .checks import whole_number
 from .clock import Duration
+from .cron import OCCURRENCE_PREFIX, AsyncCrons, CronDefinition, Crons, CronsCore, Occurrence
+from .cron import validate_name as validate_cron_name
 from .dead import MAX_OFFSET, AsyncDeadLetters, DeadLetters, DeadLettersCore, _distinct_ids
 from .envelope import generated_ids
 from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
@@ -162,7 +166,7 @@ logger = logging.getLogger("dueq.queue")
 
 T = TypeVar("T")
 
-__all__ = ["MAX_SHARDS", "layout_key", "shard_names", "shard_of"]
+__all__ = ["MAX_SHARDS", "layout_key", "shard_names", "shard_of", "task_shard"]
 
 #: Most shards one queue may have (placing N shards costs about N * N CRC16s, once).
 MAX_SHARDS = 256
@@ -177,6 +181,22 @@ def shard_of(task_id: str, shards: int) -> int:
     """The shard (0 to ``shards - 1``) that holds ``task_id``: BLAKE2b-64 of its UTF-8, mod N."""
     digest = hashlib.blake2b(task_id.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % shards
+
+
+def task_shard(task_id: str, shards: int) -> int:
+    """The shard that holds ``task_id``: ``shard_of(id)``, except that a cron occurrence's id
+    (``cron:<name>:<slot>`` or ``cron:<name>:now:<second>:<random>``) goes with its
+    definition, on ``shard_of(name)``: the cron keeper schedules each next occurrence on the
+    shard that claimed the last one."""
+    name = _cron_name(task_id)
+    return shard_of(task_id if name is None else name, shards)
+
+
+def _cron_name(task_id: str) -> str | None:
+    if not task_id.startswith(OCCURRENCE_PREFIX):
+        return None
+    occurrence = Occurrence.from_id(task_id)
+    return None if occurrence is None else occurrence.name
 
 
 @cache
@@ -203,17 +223,6 @@ def layout_key(name: str) -> str:
 
 def _not_yet(what: str) -> ConfigurationError:
     return ConfigurationError(f"{what} is not available on a sharded queue yet")
-
-
-class _NotYet:
-    """Stands for ``q.cron`` of a sharded queue (for now): any use raises
-    ConfigurationError naming what is missing (never a silent no-op on the wrong keys)."""
-
-    def __init__(self, what: str) -> None:
-        self._what = what
-
-    def __getattr__(self, attribute: str) -> NoReturn:
-        raise _not_yet(f"{self._what}.{attribute}")
 
 
 @dataclass(frozen=True)
@@ -293,7 +302,8 @@ class _Sharded(QueueCore):
         # the front end's DeadLetters and Crons would work on ``{name}`` keys: replaced
         dead = ShardedAsyncDeadLetters if issubclass(front_end, AsyncQueue) else ShardedDeadLetters
         setattr(self, "dead", dead(self))  # type: ignore[arg-type]  # noqa: B010  (self is one)
-        setattr(self, "cron", _NotYet("cron (q.cron)"))  # noqa: B010
+        crons = ShardedAsyncCrons if issubclass(front_end, AsyncQueue) else ShardedCrons
+        setattr(self, "cron", crons(self))  # type: ignore[arg-type]  # noqa: B010  (self is one)
 
     # No key set names the logical queue: a flow not written for shards must not run on
     # ``{name}`` keys, where it would silently miss every task.
@@ -310,7 +320,7 @@ class _Sharded(QueueCore):
 
     def shard(self, task_id: str) -> QueueCore:
         """The shard's queue (a plain ``Queue`` or ``AsyncQueue``) that holds ``task_id``."""
-        return self._shards[shard_of(task_id, self.shard_count)]
+        return self._shards[task_shard(task_id, self.shard_count)]
 
     def _owner(self, delivery: DeliveryBase) -> QueueCore:
         """The shard a delivery settles on (by name: any queue object of that shard will do)."""
@@ -361,7 +371,7 @@ class _Sharded(QueueCore):
         yield from self._layout_flow()
         groups: dict[int, list[int]] = defaultdict(list)
         for position, task_id in enumerate(ids):
-            groups[shard_of(task_id, self.shard_count)].append(position)
+            groups[task_shard(task_id, self.shard_count)].append(position)
         flows = [
             self._shards[i]._schedule_records_flow(
                 [ids[p] for p in positions],
@@ -385,7 +395,7 @@ class _Sharded(QueueCore):
 
     def _fresh_ids(self, shard: int) -> Iterator[str]:
         """Generated ids that hash to ``shard``."""
-        return (i for i in generated_ids() if shard_of(i, self.shard_count) == shard)
+        return (i for i in generated_ids() if task_shard(i, self.shard_count) == shard)
 
     def _cancel_flow(self, task_id: str) -> Flow[bool]:
         yield from self._layout_flow()
@@ -485,7 +495,7 @@ class _Sharded(QueueCore):
         yield from self._layout_flow()
         groups: dict[int, list[str]] = defaultdict(list)
         for task_id in ids:
-            groups[shard_of(task_id, self.shard_count)].append(task_id)
+            groups[task_shard(task_id, self.shard_count)].append(task_id)
         flows = [self._shards[i]._inspect_ids_flow(group) for i, group in groups.items()]
         found = {info.id: info for part in (yield from _together(flows)) for info in part}
         return [found[i] for i in dict.fromkeys(ids) if i in found]
@@ -617,7 +627,7 @@ class _ShardedDead(DeadLettersCore):
             return sum((yield from _together(flows)))
         groups: dict[int, list[str]] = defaultdict(list)
         for task_id in _distinct_ids(ids):
-            groups[shard_of(task_id, self._core.shard_count)].append(task_id)
+            groups[task_shard(task_id, self._core.shard_count)].append(task_id)
         yield from _together([shard_dead[i]._check_dead_flow(g) for i, g in groups.items()])
         moved = yield from _together(
             [shard_dead[i]._move_flow(action, g) for i, g in groups.items()]
@@ -631,6 +641,47 @@ class ShardedDeadLetters(_ShardedDead, DeadLetters):
 
 class ShardedAsyncDeadLetters(_ShardedDead, AsyncDeadLetters):
     """``q.dead`` of a ``ShardedAsyncQueue``."""
+
+
+def _named(method: str) -> Callable[..., Flow[Any]]:
+    """A cron flow of a sharded queue that goes to the shard of the definition's name."""
+
+    def flow(self: _ShardedCrons, name: str, *args: Any) -> Flow[Any]:
+        name = validate_cron_name(name)
+        yield from self._core._layout_flow()
+        crons = self._core._shards[shard_of(name, self._core.shard_count)].cron  # type: ignore[attr-defined]
+        return (yield from getattr(crons, method)(name, *args))
+
+    flow.__name__ = method
+    return flow
+
+
+class _ShardedCrons(CronsCore):
+    """The cron definitions of a sharded queue: each on the shard of its name (see the
+    module docstring); ``list`` merges every shard's."""
+
+    _core: _Sharded
+
+    _add_flow = _named("_add_flow")
+    _remove_flow = _named("_remove_flow")
+    _get_flow = _named("_get_flow")
+    _pause_flow = _named("_pause_flow")
+    _resume_flow = _named("_resume_flow")
+    _run_now_flow = _named("_run_now_flow")
+
+    def _list_flow(self) -> Flow[list[CronDefinition]]:
+        yield from self._core._layout_flow()
+        flows = [s.cron._list_flow() for s in self._core._shards]  # type: ignore[attr-defined]
+        parts: list[list[CronDefinition]] = yield from _together(flows)
+        return sorted((d for part in parts for d in part), key=lambda d: d.name)
+
+
+class ShardedCrons(_ShardedCrons, Crons):
+    """``q.cron`` of a ``ShardedQueue``."""
+
+
+class ShardedAsyncCrons(_ShardedCrons, AsyncCrons):
+    """``q.cron`` of a ``ShardedAsyncQueue``."""
 
 
 def _settled_reply(send: Callable[[protocol.Step], Any], step: protocol.Step) -> tuple[bool, Any]:
