@@ -11,9 +11,9 @@ Shard names
 Shard ``i`` of ``emails`` is the queue ``emails#i`` (keys ``dueq:{emails#i}:due`` ...), or
 ``emails#i.k`` for the smallest ``k >= 1`` that places it (below). A sharded queue's name may
 not contain ``#``, so a shard name splits at its only ``#`` into the logical name and the
-shard: ``emails#2`` is shard 2 of ``emails`` and nothing else. A plain ``Queue("emails#2")``
-is therefore a view of that one shard (an operator may inspect it that way); it is not a
-second queue that could collide with it.
+shard: ``emails#2`` (or ``emails#2.5``) is shard 2 of ``emails`` and nothing else. A plain
+``Queue("emails#2")`` is therefore a view of that one shard (an operator may inspect it that
+way); it is not a second queue that could collide with it.
 
 Placement. Redis Cluster maps a key to slot ``CRC16(tag) mod 16384`` and gives each primary
 contiguous slot ranges (``redis-cli --cluster create`` deals them out in N equal runs, in
@@ -104,7 +104,9 @@ yet" until it lands):
 - views: ``list_tasks``/``iter_tasks`` (a cursor per shard packed in one cursor, each page
   merged by the state's ordering score: priority and due time, lease deadline, died-at).
 - Spark writer: ``schedule_dataframe(..., shards=N)`` and the data source option ``shards``
-  group each partition's rows by ``shard_of`` and send one batch per shard.
+  group each partition's rows by ``task_shard`` and send one batch per shard (the staged
+  streaming commit then needs a stage per shard, committed shard by shard, each idempotent by
+  batch id as today).
 - refuse a plain queue opened over a sharded one: claim.lua reads a ``shards`` field of the
   ``:config`` hash of ``{name}`` and refuses (a Lua change, owned by the claim-script work).
 - sync sending in parallel: ``RedisCluster`` pipelines per node, or a small thread pool.
@@ -114,11 +116,17 @@ yet" until it lands):
   channels); the CLI, dashboard and metrics: address the logical queue (``--shards N``, or
   read N from ``dueq:{name#}:shards``).
 - failover test (3 primaries + 3 replicas, CLUSTER FAILOVER while draining).
-- ``dueq reshard OLD NEW``: pause, move every task (envelope, meta, errors, dead) with a
-  script per id pair of shards (MIGRATE-free: read from one slot, write to another, idempotent
-  by id), then rewrite ``:shards``; refuse while workers hold leases.
-- ``scripts/bench/shards.py``: drain and schedule throughput for 1, 3 and 6 shards over 3
-  primaries, and INFO commandstats per primary.
+- ``dueq reshard NAME --to M``: tasks cannot move between shards atomically (two shards
+  are two primaries), so: mark the layout key "N->M" (every process refuses both N and M
+  meanwhile), pause every shard, wait until nothing is leased, then per task copy it to its
+  new shard with its state (a new script: envelope, attempt record, errors, due or dead
+  score; idempotent by id) and only then delete it from the old one; a crash in between
+  leaves a task in both, and the copy step run again finds it present (nothing lost, no
+  duplicate delivery since nothing is claimed while paused). Then write M and resume.
+- ``check_server`` on every primary (today: the node the client picks).
+- ``scripts/bench/shards.py`` (slice 1 measures one client process and projects from each
+  primary's server time): add several producer and consumer processes, and a machine with a
+  core per primary, to measure the scaling instead of projecting it.
 """
 
 from __future__ import annotations
