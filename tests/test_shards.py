@@ -348,6 +348,24 @@ def test_cron_definitions_live_on_the_shard_of_their_name(
         q.cron.add("", "* * * * *")
 
 
+def test_listings_go_shard_by_shard_and_list_every_task_once(
+    sharded: Callable[..., Any],
+) -> None:
+    q = sharded(fresh())
+    q.schedule_many(dueq.Task(i, id=f"l{i}", delay=60 + i) for i in range(40))
+    q.schedule_many(dueq.Task(i, id=f"other{i}", delay=60) for i in range(5))
+    listed = [t.id for t in q.iter_tasks("scheduled", page=7, id_prefix="l")]
+    assert sorted(listed) == sorted(f"l{i}" for i in range(40))
+    first = q.list_tasks("scheduled", limit=100)
+    assert first.cursor is not None and len({shard_of(t.id, 3) for t in first.tasks}) == 1
+    due = [t.due_at for t in first.tasks]
+    assert due == sorted(due)  # in order within a shard
+    assert [t.id for t in q.iter_tasks("leased")] == []
+    for bad in ("nonsense", "MQ==", 3):
+        with pytest.raises(dueq.InvalidTaskError, match="cursor"):
+            q.list_tasks("scheduled", cursor=bad)
+
+
 def test_a_different_shard_count_on_a_live_queue_is_refused(
     sharded: Callable[..., Any], cluster: RedisCluster
 ) -> None:
@@ -375,8 +393,6 @@ def test_what_slice_one_lacks_raises_a_clear_configuration_error(
 ) -> None:
     q = sharded(fresh())
     calls: list[Callable[[], Any]] = [
-        lambda: q.list_tasks("scheduled"),
-        lambda: list(q.iter_tasks("dead")),
         lambda: q.configure(rate=dueq.Rate(10, per=1.0)),
         lambda: q.configure(key_concurrency=2),
         lambda: q.keys,

@@ -87,8 +87,11 @@ claimed and advanced there by the shard's own cron keeper (``dueq.cron``, unchan
 ``task_shard`` sends an occurrence's id (``cron:<name>:...``) to that shard, so ``get`` and
 ``cancel`` of an occurrence find it. ``q.cron.list()`` merges every shard's definitions.
 
-Views: ``history`` sums each minute's counts over the shards (minutes matched by their
-start), ``due_histogram`` sums the buckets (each shard counts from its own clock's now).
+Views: ``list_tasks``/``iter_tasks`` list shard by shard (each page comes from one shard,
+in the state's order within it; the cursor names the shard and that shard's cursor), so
+every task is listed once but not in one global order. ``history`` sums each minute's
+counts over the shards (minutes matched by their start), ``due_histogram`` sums the buckets
+(each shard counts from its own clock's now).
 
 Sending: a step that goes to several shards at once (``_Each``) is awaited concurrently by
 ``ShardedAsyncQueue`` (one coroutine per shard: the nodes work in parallel) and sent in turn
@@ -101,8 +104,9 @@ yet" until it lands):
   key (a Lua change); per-key limits need a key's tasks on one shard (shard by limit key
   instead of id when a task has a key: then get/cancel by id need the key, or an id -> shard
   index).
-- views: ``list_tasks``/``iter_tasks`` (a cursor per shard packed in one cursor, each page
-  merged by the state's ordering score: priority and due time, lease deadline, died-at).
+- ``list_tasks`` in the state's order across shards (a cursor per shard packed in one, each
+  page merged by the ordering score: priority and due time, lease deadline, died-at; the
+  scripts' cursors must then resume after any task, not only at a page's end).
 - Spark writer: ``schedule_dataframe(..., shards=N)`` and the data source option ``shards``
   group each partition's rows by ``task_shard`` and send one batch per shard (the staged
   streaming commit then needs a stage per shard, committed shard by shard, each idempotent by
@@ -132,6 +136,8 @@ yet" until it lands):
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import logging
 import random
@@ -168,6 +174,8 @@ from .task import (
     QueueStats,
     ScheduleResult,
     TaskInfo,
+    TaskPage,
+    TaskState,
 )
 
 logger = logging.getLogger("dueq.queue")
@@ -260,6 +268,26 @@ def _together(flows: Sequence[Flow[Any]]) -> Flow[list[Any]]:
                 results[i] = stop.value
                 del pending[i]
     return results
+
+
+def _join_cursor(index: int, inner: str | None) -> str:
+    return base64.urlsafe_b64encode(f"{index}|{inner or ''}".encode()).decode()
+
+
+def _split_cursor(cursor: object, shards: int) -> tuple[int, str | None]:
+    """(shard, that shard's cursor) of a sharded listing's cursor; InvalidTaskError if it is
+    not one such a listing returned."""
+    if cursor is None:
+        return 0, None
+    try:
+        raw = base64.urlsafe_b64decode(str(cursor).encode()).decode()
+        index_text, separator, inner = raw.partition("|")
+        index = int(index_text) if separator else -1
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        index = -1
+    if not isinstance(cursor, str) or not 0 <= index < shards:
+        raise InvalidTaskError(f"cursor {cursor!r} is not one a listing of this queue returned")
+    return index, inner or None
 
 
 def _sum_stats(parts: Sequence[QueueStats]) -> QueueStats:
@@ -515,8 +543,21 @@ class _Sharded(QueueCore):
 
     # -- not yet on a sharded queue ----------------------------------------------------------
 
-    def _list_flow(self, state: Any, **_filters: Any) -> Flow[Any]:
-        raise _not_yet("list_tasks/iter_tasks")
+    def _list_flow(
+        self, state: TaskState, *, limit: int = 100, cursor: str | None = None, **filters: Any
+    ) -> Flow[TaskPage]:
+        """One page of one shard's listing; the cursor names the shard and its cursor, and
+        moves to the next shard when one is done (shard by shard, see the module docstring)."""
+        index, inner = _split_cursor(cursor, self.shard_count)
+        yield from self._layout_flow()
+        page: TaskPage = yield from self._shards[index]._list_flow(
+            state, limit=limit, cursor=inner, **filters
+        )
+        if page.cursor is not None:
+            after: str | None = _join_cursor(index, page.cursor)
+        else:
+            after = _join_cursor(index + 1, None) if index + 1 < self.shard_count else None
+        return TaskPage(page.tasks, after, page.looked_at)
 
     def _history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
         """Each minute's counts summed over the shards (minutes matched by their start)."""
