@@ -11,34 +11,15 @@ import redis
 from redis.cluster import RedisCluster
 
 import dueq
-from dueq.server import RedisServer
-
-SLOTS = 16384
+from dueq.server import local_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RedisCluster]:
-    nodes = [RedisServer(extra_args=["--cluster-enabled", "yes"]).start() for _ in range(3)]
-    try:
-        clients = [n.client() for n in nodes]
-        share = SLOTS // len(nodes)
-        for i, client in enumerate(clients):
-            last = SLOTS - 1 if i == len(nodes) - 1 else (i + 1) * share - 1
-            client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
-        for node in nodes[1:]:
-            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
-        for _ in range(500):  # bounded wait for the nodes to agree
-            if all(c.cluster("info")["cluster_state"] == "ok" for c in clients):
-                break
-            time.sleep(0.02)
-        for c in clients:
-            c.close()
+    with local_cluster(3) as nodes:
         client = RedisCluster(host="127.0.0.1", port=nodes[0].port)
         yield client
         client.close()
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def test_queues_in_different_slots_run_every_script(cluster):

@@ -55,7 +55,13 @@ T = TypeVar("T")
 
 class AsyncQueue(QueueCore):
     """A named queue of delayed tasks, on a ``redis.asyncio`` client; the API of ``Queue``,
-    awaited. Settings are those of ``Queue`` (``retry``, ``lease``, ``clock``, ...)."""
+    awaited. Settings are those of ``Queue`` (``retry``, ``lease``, ``clock``, ``shards``, ...)."""
+
+    def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> AsyncQueue:
+        from ._shards import sharded_class  # it builds on this module
+
+        made: AsyncQueue = super().__new__(sharded_class(cls, shards))
+        return made
 
     def __init__(
         self,
@@ -72,6 +78,7 @@ class AsyncQueue(QueueCore):
         wait_replicas: int = 0,
         wait_timeout: Duration = 1.0,
         holder: str | None = None,
+        shards: int = 1,
     ) -> None:
         super().__init__(
             name,

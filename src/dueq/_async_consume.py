@@ -306,7 +306,7 @@ async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:
             try:
                 if pubsub is None:
                     pubsub = queue.redis.pubsub(ignore_subscribe_messages=True)
-                    await pubsub.subscribe(queue.keys.wake)
+                    await pubsub.subscribe(*queue._wake_channels())
                     if backoff.succeeded():
                         logger.info("queue %r: wake channel back", queue.name)
                     on_wake()

@@ -368,6 +368,10 @@ class QueueCore:
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def _wake_channels(self) -> list[str]:
+        """The Pub/Sub channels whose messages wake this queue's consumers."""
+        return [self.keys.wake]
+
     def _now_arg(self) -> str:
         return "" if self.clock is None else str(clock_ms(self.clock))
 

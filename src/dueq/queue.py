@@ -79,7 +79,17 @@ class Queue(QueueCore):
     reschedule, dead-letter replay/purge and cron definitions raise ReplicationTimeout when
     fewer confirm (the change is made on the primary; scheduling again by id is safe); acks,
     failures and releases log a warning instead.
+
+    ``shards`` (1 to 256; default 1) spreads the queue over that many hash tags, so a Redis
+    Cluster spreads it over its primaries (``dueq._shards`` says how, and what a sharded
+    queue does not offer yet); every process must give the same number.
     """
+
+    def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Queue:
+        from ._shards import sharded_class  # it builds on this module
+
+        made: Queue = super().__new__(sharded_class(cls, shards))
+        return made
 
     def __init__(
         self,
@@ -96,6 +106,7 @@ class Queue(QueueCore):
         wait_replicas: int = 0,
         wait_timeout: Duration = 1.0,
         holder: str | None = None,
+        shards: int = 1,
     ) -> None:
         super().__init__(
             name,

@@ -54,7 +54,7 @@ class WakeListener:
                 try:
                     if pubsub is None:
                         pubsub = self._queue.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                        pubsub.subscribe(self._queue.keys.wake)
+                        pubsub.subscribe(*self._queue._wake_channels())
                         if backoff.succeeded():
                             logger.info("queue %r: wake channel back", self._queue.name)
                         self._on_wake()  # anything scheduled while we were not listening
