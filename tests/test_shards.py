@@ -482,6 +482,14 @@ def test_a_worker_drains_a_sharded_queue(cluster: RedisCluster) -> None:
     runner = threading.Thread(target=worker.run)
     runner.start()
     try:
+        views = [dueq.Queue(name, cluster) for name in shard_names(q.name, 3)]
+        for _ in range(600):  # bounded wait: the first beat reached every shard
+            if all(view.workers() for view in views):
+                break
+            time.sleep(0.05)
+        (entry,) = q.workers()  # one entry, though every shard holds one
+        assert entry.queues == (q.name,)
+        assert all([w.worker_id for w in view.workers()] == [entry.worker_id] for view in views)
         for _ in range(600):  # bounded wait
             stats = q.stats()
             if stats.scheduled == 0 and stats.leased == 0:
@@ -491,6 +499,7 @@ def test_a_worker_drains_a_sharded_queue(cluster: RedisCluster) -> None:
         worker.stop()
         runner.join(30)
     assert sorted(handled) == sorted(f"k{i}" for i in range(200))
+    assert q.workers() == []  # it left every shard's registry on stop
 
 
 def test_async_deliveries_drain_every_shard_of_an_async_sharded_queue(

@@ -164,6 +164,7 @@ from .envelope import generated_ids
 from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
 from .keys import PREFIX, QueueKeys
 from .queue import Queue
+from .registry import WorkerInfo
 from .snapshot import text
 from .task import (
     DeliveryBase,
@@ -615,6 +616,32 @@ class _Sharded(QueueCore):
             [s._settings_flow() for s in self._shards]
         )
         return settings[0]
+
+    # -- worker registry ---------------------------------------------------------------------
+
+    def _workers_flow(self) -> Flow[list[WorkerInfo]]:
+        """Every shard's registry merged: a worker beats into each shard, so one entry per
+        worker id, from its latest beat."""
+        yield from self._layout_flow()
+        parts: list[list[WorkerInfo]] = yield from _together(
+            [s._workers_flow() for s in self._shards]
+        )
+        latest: dict[str, WorkerInfo] = {}
+        for part in parts:
+            for info in part:
+                seen = latest.get(info.worker_id)
+                if seen is None or info.last_seen_at > seen.last_seen_at:
+                    latest[info.worker_id] = info
+        return [latest[worker] for worker in sorted(latest)]
+
+    def _heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
+        """The beat (or the leave) on every shard, so each shard's own view shows the worker
+        too; returns the most live workers any shard counts."""
+        yield from self._layout_flow()
+        live: list[int] = yield from _together(
+            [s._heartbeat_flow(entry_json, ttl_ms, leave) for s in self._shards]
+        )
+        return max(live)
 
 
 def _refusals(flow: Flow[T]) -> Flow[tuple[T | None, list[str], list[str]]]:
