@@ -169,3 +169,23 @@ def test_pause_resume_and_run_now_of_an_unknown_name_are_one_line_errors(invoke,
         assert unknown_queue.exit_code == 1
         assert "no queue named 'unknown'" in one_error_line(unknown_queue)
     assert dueq.Queue("q", r).stats().scheduled == 1
+
+
+def test_list_shows_the_outcome_of_each_definitions_last_firing(invoke, r):
+    q = dueq.Queue("q", r)
+    q.cron.add("a-ok", "@hourly")
+    q.cron.add("b-bad", "@daily")
+    q.cron.add("c-new", "@weekly")
+    q.cron.run_now("a-ok")
+    q.cron.run_now("b-bad")
+    for d in q.claim(10):
+        if d.id.startswith("cron:a-ok:"):
+            d.ack()
+        else:
+            q.fail(d, dueq.Unrecoverable("smtp down"))
+    result = invoke("cron", "list", "q")
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
+    assert "acked " in rows["a-ok"] and " ago" in rows["a-ok"]
+    assert "dead: Unrecoverable " in rows["b-bad"]
+    assert "acked" not in rows["c-new"] and "dead" not in rows["c-new"]

@@ -122,3 +122,18 @@ def test_cron_list_json_gives_each_definition(invoke, r):
     assert nightly["paused"] is False and nightly["problem"] is None
     assert nightly["next_at"].endswith("Z")
     assert by_name["hourly"]["paused"] is True and by_name["hourly"]["next_at"] is None
+
+
+def test_cron_list_json_gives_the_last_outcome_of_each_definition(invoke, r):
+    q = dueq.Queue("c", r)
+    q.cron.add("nightly", "30 2 * * *")
+    q.cron.add("hourly", "@hourly")
+    fired = q.cron.run_now("nightly")
+    [d] = q.claim(10)
+    d.fail(TimeoutError("slow"))
+    by_name = {d["name"]: d for d in parsed(invoke("cron", "list", "c", "--json"))["definitions"]}
+    nightly = by_name["nightly"]
+    assert (nightly["last_outcome"], nightly["last_occurrence"]) == ("retrying", fired)
+    assert nightly["last_error_type"] == "TimeoutError" and nightly["last_success_at"] is None
+    assert datetime.fromisoformat(nightly["last_outcome_at"]).tzinfo is not None
+    assert by_name["hourly"]["last_outcome"] is None

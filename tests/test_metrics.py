@@ -8,13 +8,15 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from typing import Any
 
 import pytest
 from prometheus_client import parser
 from test_cli_worker import WAIT_S, start_worker, wait_for
 
 import dueq
-from dueq.metrics import QueueCollector, WorkerMetrics, counter_metric_name, new_registry
+from dueq.metrics import QueueCollector, WorkerMetrics, counter_metric_name, new_registry, serve
+from dueq.task import HISTORY_COUNTERS as HISTORY
 
 
 def free_port() -> int:
@@ -227,3 +229,84 @@ def test_the_worker_hook_measures_sync_and_async_handlers_and_counts_outcomes():
 )
 def test_stats_counters_become_prometheus_names(counter, family):
     assert counter_metric_name(counter) == family
+
+
+def serve_collector(r: Any, queues: list[str], clock: Any) -> tuple[Any, int]:
+    """A QueueCollector of ``queues`` on the given clock, served over HTTP on a free port."""
+    registry = new_registry(process=False)
+    registry.register(QueueCollector(r, queues, clock=clock))
+    server = serve(registry, 0)
+    return server, int(server.server_port)
+
+
+def test_rates_are_the_last_complete_minutes_counts_per_second_scraped_over_http(r, clock):
+    clock.now -= clock.now % 60  # the start of a minute
+    q = dueq.Queue("rates", r, clock=clock, retry=dueq.RetryPolicy(max_attempts=2))
+    q.schedule_many(dueq.Task(i) for i in range(9))
+    batch = q.claim(10)
+    q.ack_many(batch[:6])
+    for d in batch[6:8]:
+        d.fail("again")  # retried
+    q.fail(batch[8], dueq.Unrecoverable("no"))  # dead
+    clock.advance(59)
+    server, port = serve_collector(r, ["rates"], clock)
+    try:
+        filling = scrape(port)  # the minute is not over: the one before it had nothing
+        clock.advance(1)
+        q.schedule("next minute")  # counts in the new minute, not in the rates
+        done = scrape(port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    event = lambda e: ("dueq_task_rate_per_second", (("event", e), ("queue", "rates")))  # noqa: E731
+    assert {e: filling[event(e)] for e in HISTORY} == dict.fromkeys(HISTORY, 0.0)
+    assert {e: done[event(e)] for e in HISTORY} == {
+        "scheduled": 9 / 60,
+        "claimed": 9 / 60,
+        "acked": 6 / 60,
+        "retried": 2 / 60,
+        "dead": 1 / 60,
+        "expired": 0.0,
+    }
+
+
+def test_each_cron_definitions_last_outcome_is_scraped_over_http(r, clock):
+    clock.now -= clock.now % 60
+    q = dueq.Queue("cr", r, clock=clock, retry=dueq.RetryPolicy(max_attempts=1))
+    q.cron.add("ok", "* * * * *")
+    q.cron.add("bad", "* * * * *")
+    q.cron.add("idle", "0 3 * * *")
+    clock.advance(60)
+    acked_at = clock.now
+    for d in q.claim(10):
+        if d.id.startswith("cron:ok:"):
+            d.ack()
+    clock.advance(31)  # bad's lease (30 s) runs out: with one attempt it is dead
+    q.claim(0)
+    server, port = serve_collector(r, ["cr"], clock)
+    try:
+        found = scrape(port)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    def labels(cron: str, **more: str) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted({"queue": "cr", "cron": cron, **more}.items()))
+
+    outcome = {
+        (dict(lb)["cron"], dict(lb)["outcome"]): v
+        for (name, lb), v in found.items()
+        if name == "dueq_cron_last_outcome"
+    }
+    assert outcome == {
+        ("ok", "acked"): 1.0,
+        ("ok", "retrying"): 0.0,
+        ("ok", "dead"): 0.0,
+        ("bad", "acked"): 0.0,
+        ("bad", "retrying"): 0.0,
+        ("bad", "dead"): 1.0,
+    }
+    assert found["dueq_cron_last_success_timestamp_seconds", labels("ok")] == acked_at
+    assert ("dueq_cron_last_success_timestamp_seconds", labels("bad")) not in found
+    assert found["dueq_cron_last_outcome_timestamp_seconds", labels("bad")] == clock.now
+    assert ("dueq_cron_last_outcome_timestamp_seconds", labels("idle")) not in found

@@ -15,6 +15,13 @@ never touches any other server. Every figure is measured in this run. Sections:
               tasks in the due set; server-side claim time from SLOWLOG as well
 5. memory     INFO ``used_memory`` per task beyond the payload bytes (scheduled and leased),
               per key from ``MEMORY USAGE``, and the baseline layout for comparison
+6. views     what the per-minute history and the lease holder cost: schedule_many and
+              claim(1000) + ack_many throughput of one queue as shipped ("with") and one whose
+              scripts have history_use made a no-op and whose claims name no holder
+              ("without", scripts/bench/views.py's ``without_views``), taking turns in one run;
+              bytes: the holder's share of each leased task's meta value (MEMORY USAGE of the
+              meta hash, with and without), and MEMORY USAGE of the history hash after the
+              run and after a full day (1,440 simulated minutes, all six counters in each)
 A1-A5         the same for the asyncio front end: ``AsyncQueue`` on a ``redis.asyncio`` client,
               every call awaited on one event loop, each ratio against the same raw pipelines
               on ``redis.asyncio`` in this run (server-side claim time and the memory sweep
@@ -23,9 +30,10 @@ A1-A5         the same for the asyncio front end: ``AsyncQueue`` on a ``redis.as
               benchmark falls on both alike
 
 Throughput figures are the best of ``--repeat`` runs (like ``timeit``). ``--quick`` shrinks the
-sizes about 10x for a smoke run; ``--profile`` adds cProfile tables of schedule_many and drain.
+sizes about 10x for a smoke run; ``--profile`` adds cProfile tables of schedule_many and drain;
+``--views-only`` runs section 6 alone (its rounds: ``--repeat``, at least 5).
 
-    .venv/bin/python scripts/bench/core.py [--quick] [--repeat N] [--profile]
+    .venv/bin/python scripts/bench/core.py [--quick] [--repeat N] [--profile] [--views-only]
 
 The table goes to stdout, followed by one JSON line with every figure; progress goes to stderr.
 """
@@ -53,9 +61,11 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio
 from report import percentile, print_table
+from views import meta_bytes_per_leased_task, one_round, without_views
 
 import dueq
 from dueq import AsyncQueue, Queue, Task
+from dueq._core import MAX_HOLDER_LENGTH
 from dueq.envelope import generated_ids
 from dueq.scripts import script_source
 from dueq.server import RedisServer
@@ -76,7 +86,12 @@ TARGETS = {
     "drain_tasks_per_s_min": 40_000,
     "claim_latency_ratio_max": 1.3,
     "memory_bytes_per_task_max": 200,
+    "views_cost_pct_max": 10.0,
+    "views_bytes_per_task_max": 40.0,
 }
+#: Section 6: fewest rounds (each with and without), and minutes in the history's window.
+VIEWS_MIN_ROUNDS = 5
+HISTORY_DAY_MINUTES = 1440
 
 
 @dataclass(frozen=True)
@@ -449,6 +464,80 @@ def run_memory_sweep(r: redis.Redis, n: int) -> dict[str, dict[str, float]]:
         out["baseline"][str(size)] = (used_memory(r) - before) / n - size
     r.flushdb()
     return out
+
+
+# -- 6. history and lease holder ---------------------------------------------------------------
+
+
+def run_views(r: redis.Redis, n: int, rounds: int) -> dict[str, Any]:
+    """Throughput with and without the history and the holder, taking turns (the order flips
+    every round), best of ``rounds``; then the bytes they add."""
+    r.flushdb()
+    on = Queue("with", r)
+    off = without_views(Queue("without", r), r)
+    on.check_server()
+    off.check_server()
+    best_of: dict[str, dict[str, float]] = {"with": {}, "without": {}}
+    for round_no in range(rounds):
+        order = [("with", on), ("without", off)]
+        for label, q in order if round_no % 2 else order[::-1]:
+            for metric, value in one_round(q, r, n).items():
+                best_of[label][metric] = max(best_of[label].get(metric, value), value)
+    history_run = int(r.memory_usage(on.keys.history, samples=0) or 0)
+    meta_on = meta_bytes_per_leased_task(on, r, n, None)
+    holder = on.list_tasks("leased", limit=1).tasks[0].holder or ""
+    meta_off = meta_bytes_per_leased_task(off, r, n, None)
+    meta_longest = meta_bytes_per_leased_task(on, r, n, "w" * MAX_HOLDER_LENGTH)
+    w, wo = best_of["with"], best_of["without"]
+    r.flushdb()
+    return {
+        "tasks": n,
+        "rounds": rounds,
+        "with": {**w, "server_us_per_task": {k: -w[f"{k}_server_us_per_task"] for k in SW}},
+        "without": {**wo, "server_us_per_task": {k: -wo[f"{k}_server_us_per_task"] for k in SW}},
+        # how much slower "with" is: fewer tasks per second, or more server time per task
+        "cost_pct": {k: 100 * (1 - w[f"{k}_per_s"] / wo[f"{k}_per_s"]) for k in SW},
+        "server_cost_pct": {
+            k: 100 * (w[f"{k}_server_us_per_task"] / wo[f"{k}_server_us_per_task"] - 1) for k in SW
+        },
+        "holder": holder,
+        "meta_bytes_per_leased_task": {"with": meta_on, "without": meta_off},
+        "holder_bytes_per_task": meta_on - meta_off,
+        "longest_holder_bytes_per_task": meta_longest - meta_off,
+        "history_bytes_after_run": history_run,
+        "history_bytes_full_day": history_day_bytes(r),
+    }
+
+
+#: The two throughputs section 6 compares.
+SW = ("schedule", "drain")
+
+
+def history_day_bytes(r: redis.Redis) -> int:
+    """MEMORY USAGE of a history hash holding a full day: 1,440 minutes on a simulated clock,
+    each counting all six events (scheduled, claimed, acked, retried, dead, expired)."""
+    r.flushdb()
+    now = [1_800_000_000.0]
+    q = Queue("day", r, clock=lambda: now[0], lease=1, retry=dueq.RetryPolicy(max_attempts=2))
+    for minute in range(HISTORY_DAY_MINUTES):
+        q.schedule_many(Task(minute, id=f"{kind}{minute}") for kind in "abc")
+        for d in q.claim(10):  # also reclaims the last minute's held lease: expired, dead
+            if d.id.startswith("a"):
+                d.ack()
+            elif d.id.startswith("b"):
+                q.fail(d, dueq.Unrecoverable("dead"))
+            else:
+                q.fail(d, "again", retry_in=1)  # retried
+        now[0] += 2
+        assert len(q.claim(10)) == 1  # c again; its lease (1 s) runs out unsettled
+        now[0] += 58
+    now[0] -= 60  # back in the last minute written: the window holds all 1,440
+    points = q.history(HISTORY_DAY_MINUTES)
+    assert all(p.scheduled == 3 and p.retried == 1 for p in points)
+    assert all(p.expired == 1 for p in points[1:])  # the minute before's lease
+    size = int(r.memory_usage(q.keys.history, samples=0) or 0)
+    r.flushdb()
+    return size
 
 
 # -- the asyncio front end -----------------------------------------------------------------------
@@ -858,6 +947,8 @@ def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) 
             mem["sweep_baseline_mean"] = statistics.fmean(mem["sweep"]["baseline"].values())
             turns.sync["memory"] = mem
             turns.aio["memory"] = turns.wait(run_async_memory(c, sizes.memory))
+            log("6. history and lease holder ...")
+            views = run_views(r, sizes.drain, max(repeat, VIEWS_MIN_ROUNDS))
             if with_profile:
                 run_profiles(r, sizes)
             r.flushdb()
@@ -868,8 +959,81 @@ def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) 
         "env": env,
         "sizes": asdict(sizes),
         **summary(turns.sync, sizes),
+        "views": views_summary(views),
         "async": summary(turns.aio, sizes),
     }
+
+
+def measure_views(sizes: Sizes, repeat: int, env: dict[str, Any]) -> dict[str, Any]:
+    """Section 6 alone (``--views-only``)."""
+    with RedisServer() as server:
+        r = server.client()
+        env["redis_server"] = str(r.info("server")["redis_version"])
+        env["redis_server_binary"] = server.binary
+        log(f"6. history and lease holder on 127.0.0.1:{server.port} ...")
+        try:
+            views = run_views(r, sizes.drain, max(repeat, VIEWS_MIN_ROUNDS))
+        finally:
+            r.close()
+    return {"env": env, "sizes": asdict(sizes), "views": views_summary(views)}
+
+
+def views_summary(views: dict[str, Any]) -> dict[str, Any]:
+    """Section 6 with its targets: each cost at most 10%, the holder at most 40 B a task."""
+    t = TARGETS
+    return {
+        **views,
+        "met": {
+            "cost": all(pct <= t["views_cost_pct_max"] for pct in views["cost_pct"].values()),
+            "bytes": views["holder_bytes_per_task"] <= t["views_bytes_per_task_max"],
+        },
+    }
+
+
+def slower(pct: float) -> str:
+    """A cost in tasks per second as people say it: ``3.5% slower`` (or faster: noise)."""
+    return f"{abs(pct):.1f}% {'slower' if pct >= 0 else 'faster'}"
+
+
+def views_rows(v: dict[str, Any]) -> list[Row]:
+    t, met = TARGETS, v["met"]
+    w, wo = v["with"], v["without"]
+    rows: list[Row] = []
+    for k in SW:
+        rows.append(
+            (
+                f"6 {k}: history + holder cost",
+                slower(v["cost_pct"][k]),
+                f"with {w[f'{k}_per_s']:,.0f}/s, without {wo[f'{k}_per_s']:,.0f}/s "
+                f"({w[f'{k}_per_s'] / wo[f'{k}_per_s']:.3f}x); server "
+                f"{w['server_us_per_task'][k]:.2f} vs {wo['server_us_per_task'][k]:.2f} µs/task "
+                f"({v['server_cost_pct'][k]:+.1f}%)",
+                goal(
+                    f"<= {t['views_cost_pct_max']:.0f}%",
+                    v["cost_pct"][k] <= t["views_cost_pct_max"],
+                ),
+            )
+        )
+    meta = v["meta_bytes_per_leased_task"]
+    rows += [
+        (
+            "6 bytes: holder per leased task",
+            f"{v['holder_bytes_per_task']:.1f} B/task",
+            f"meta {meta['with']:.1f} vs {meta['without']:.1f} B/task (holder {v['holder']!r}, "
+            f"{len(v['holder'])} chars); {v['longest_holder_bytes_per_task']:.1f} B with a "
+            f"{MAX_HOLDER_LENGTH}-char holder",
+            goal(f"<= {t['views_bytes_per_task_max']:.0f}", met["bytes"]),
+        ),
+        (
+            "6 bytes: history hash",
+            f"{v['history_bytes_full_day']:,} B full day",
+            f"per queue, not per task (1,440 minutes x 6 counters at most); "
+            f"{v['history_bytes_after_run']:,} B after this run's {v['rounds']} x "
+            f"{v['tasks']:,} tasks",
+            "",
+        ),
+    ]
+    return rows
 
 
 def goal(text: str, ok: bool) -> str:
@@ -1057,6 +1221,7 @@ def table_rows(res: dict[str, Any]) -> list[Row]:
     return [
         *front_rows(res, None),
         *memory_rows(res),
+        *views_rows(res["views"]),
         *front_rows(res["async"], res),
         *async_memory_rows(res["async"], res),
     ]
@@ -1090,11 +1255,28 @@ def print_report(res: dict[str, Any]) -> None:
     )
 
 
+def print_views_report(res: dict[str, Any]) -> None:
+    env, v = res["env"], res["views"]
+    print(
+        f"\ndueq core benchmark, section 6 ({env['mode']}, best of {v['rounds']} rounds of "
+        f"{v['tasks']:,} tasks each way, wall {res['wall_s']:.1f} s)"
+    )
+    print(
+        f"redis-server {env['redis_server']}, redis-py {env['redis_py']}, Python "
+        f"{env['python']}, {env['cpus']} CPUs, load average {env['loadavg_1m_before']:.2f} "
+        f"before / {env['loadavg_1m_after']:.2f} after (other CPU load skews every figure)"
+    )
+    print_table(views_rows(v))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="~10x smaller sizes (smoke run)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per throughput figure")
     parser.add_argument("--profile", action="store_true", help="print cProfile tables too")
+    parser.add_argument(
+        "--views-only", action="store_true", help="section 6 alone: history and holder cost"
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     env: dict[str, Any] = {
@@ -1110,10 +1292,16 @@ def main(argv: list[str] | None = None) -> int:
         "payload_bytes": PAYLOAD_BYTES,
     }
     start = perf()
-    result = measure(sizes, env["repeat"], env, args.profile)
+    if args.views_only:
+        result = measure_views(sizes, env["repeat"], env)
+    else:
+        result = measure(sizes, env["repeat"], env, args.profile)
     result["wall_s"] = perf() - start
     env["loadavg_1m_after"] = os.getloadavg()[0]
-    print_report(result)
+    if args.views_only:
+        print_views_report(result)
+    else:
+        print_report(result)
     print(json.dumps(result, separators=(",", ":")))
     return 0
 

@@ -200,7 +200,7 @@ def claim(
     """Reclaim expired leases, then lease up to ``limit`` due tasks to ``holder`` (a worker
     id kept in the lease token, "<seq>@<holder>"; "" for none)."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
-    keys += [k.key_state, k.parked, k.key_wait, k.history, *k.upper_due]
+    keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, *k.upper_due]
     args = [
         now,
         limit,
@@ -252,7 +252,7 @@ def ack(
     """Finish leased tasks, given as (id, lease token) pairs."""
     args: list[Any] = [now, window_ms, pack_pairs(held)]
     keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config, k.cancelled]
-    keys += [k.key_state, k.key_wait, k.wake, k.history]
+    keys += [k.key_state, k.key_wait, k.wake, k.history, k.cron, k.cron_last]
     return Call("ack", keys, args, _parse_ack)
 
 
@@ -285,7 +285,7 @@ def fail(
 ) -> Call[FailReply]:
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
-    keys += [k.key_state, k.key_wait, k.history, *k.upper_due]
+    keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, *k.upper_due]
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -520,6 +520,7 @@ def cron_add(
 def cron_remove(k: QueueKeys, now: str, name: str) -> Call[bool]:
     """Delete a definition and its pending occurrence; the reply says whether it existed."""
     keys = [k.cron, k.cron_state, k.cron_paused, k.due, k.tasks, k.meta, k.errors, k.stats]
+    keys.append(k.cron_last)
     return Call("cron_remove", keys, [now, name], lambda reply: bool(int(reply)))
 
 

@@ -43,6 +43,20 @@ Pause, resume and run now (``cron_control`` script):
   while paused, and pause and remove leave it alone: it was asked for explicitly.
 - resume and run now plan from the definition they read and send it along: the script acts
   only if the definition is still that one (compare-and-set), else the flow reads again.
+
+The outcome of the last firing (``CronDefinition.last_outcome`` and the fields after it):
+
+- It is written by the scripts that settle deliveries (ack, fail, and claim for expired leases
+  and tasks it buries), in the same call as the change it reports, into one HASH beside the
+  definitions (``cron_last``, name -> JSON). An ordinary task pays one byte test in those
+  scripts (its id does not start with ``c``); only ids that start with ``cron:`` are parsed.
+- "Last firing" is the occurrence with the latest slot (a run-now occurrence counts at the
+  second it was asked for): a retry or death of an older occurrence that ends after a newer one
+  was acked does not hide that ack; an ack of any occurrence moves ``last_success_at``.
+- It is kept only while its definition exists (an occurrence running out after ``remove``
+  writes nothing), so the hash holds at most one field per definition, and ``remove`` deletes
+  it. A value that cannot be read shows as no outcome (never an error), and the next outcome
+  overwrites it.
 """
 
 from __future__ import annotations
@@ -75,6 +89,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MissedPolicy = Literal["skip", "latest", "all"]
+LastOutcome = Literal["acked", "retrying", "dead"]
 AddResult = Literal["added", "unchanged", "replaced", "restored"]
 
 #: Task ids of occurrences start with this.
@@ -147,6 +162,12 @@ class CronDefinition:
     ``problem`` says why a definition found in Redis cannot be kept going as it is (None when
     it is healthy). Then the fields show what could be read: ``""`` for unreadable text,
     ``0`` for an unreadable ``max_missed``, None for an unreadable payload or slot.
+
+    ``last_outcome`` is what became of its last firing, ``last_occurrence`` (the task id):
+    ``"acked"``, ``"retrying"`` (it failed and runs again) or ``"dead"``, at
+    ``last_outcome_at``, with ``last_error_type`` for a failure (``"LeaseExpired"`` when its
+    worker died or hung); ``last_success_at`` is its latest ack. All None until an occurrence
+    is settled (see the module doc).
     """
 
     name: str
@@ -159,6 +180,11 @@ class CronDefinition:
     last_fired_at: datetime | None
     problem: str | None = None
     paused: bool = False
+    last_outcome: LastOutcome | None = None
+    last_outcome_at: datetime | None = None
+    last_occurrence: str | None = None
+    last_error_type: str | None = None
+    last_success_at: datetime | None = None
 
 
 def validate_name(name: object) -> str:
@@ -294,6 +320,7 @@ def _definition(
     raw_state: bytes | str | None,
     name_problem: str | None = None,
     paused: bool = False,
+    raw_last: bytes | str | None = None,
 ) -> CronDefinition:
     """A CronDefinition from its stored JSON and state; what cannot be read is its problem
     (not the state of a paused definition: resume writes it anew)."""
@@ -339,7 +366,42 @@ def _definition(
         None if last is None else ms_datetime(last),
         "; ".join(problems) or None,
         paused,
+        **_read_last(name, raw_last),
     )
+
+
+def _read_last(name: str, raw: bytes | str | None) -> dict[str, Any]:
+    """The ``last_*`` fields of a CronDefinition from its cron_last value (JSON written by
+    the scripts' cron_note); none of them for a missing value or one that cannot be read."""
+    if raw is None:
+        return {}
+    try:
+        data = _json_object(raw)
+        occurrence, outcome, at_ms = data["id"], data["outcome"], data["at"]
+        error_type, ok_ms = data.get("error_type"), data.get("ok_at")
+        if (
+            not isinstance(occurrence, str)
+            or outcome not in get_args(LastOutcome)
+            or not _slot_ms_ok(at_ms)
+            or not (error_type is None or isinstance(error_type, str))
+            or not (ok_ms is None or _slot_ms_ok(ok_ms))
+        ):
+            raise CronError(f"unexpected fields {_shown(data)}")
+    except (CronError, KeyError) as exc:
+        logger.debug("cron %r: its last outcome in Redis cannot be read: %s", name, exc)
+        return {}
+    return {
+        "last_outcome": outcome,
+        "last_outcome_at": ms_datetime(at_ms),
+        "last_occurrence": occurrence,
+        "last_error_type": error_type,
+        "last_success_at": None if ok_ms is None else ms_datetime(ok_ms),
+    }
+
+
+def _slot_ms_ok(value: object) -> bool:
+    """An epoch ms that a datetime can hold (0 to the end of the year 9999)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SLOT_MS
 
 
 def _readable_fields(raw_spec: bytes | str) -> CronDefinition:
@@ -437,12 +499,13 @@ class CronsCore:
 
     def _list_flow(self) -> Flow[builtins.list[CronDefinition]]:
         k = self._core.keys
-        raw_specs, raw_states, raw_paused = yield from self._typed(
+        raw_specs, raw_states, raw_paused, raw_lasts = yield from self._typed(
             protocol.Batch(
                 (
                     protocol.command("HGETALL", k.cron),
                     protocol.command("HGETALL", k.cron_state),
                     protocol.command("HGETALL", k.cron_paused),
+                    protocol.command("HGETALL", k.cron_last),
                 )
             )
         )
@@ -450,24 +513,27 @@ class CronsCore:
         for raw_name, raw_spec in raw_specs.items():
             name, name_problem = _name(raw_name)
             state, paused = raw_states.get(raw_name), raw_name in raw_paused
-            found.append(_definition(name, raw_spec, state, name_problem, paused))
+            last = raw_lasts.get(raw_name)
+            found.append(_definition(name, raw_spec, state, name_problem, paused, last))
         return sorted(found, key=lambda d: d.name)
 
     def _get_flow(self, name: str) -> Flow[CronDefinition | None]:
         name = validate_name(name)
         k = self._core.keys
-        raw_spec, raw_state, raw_paused = yield from self._typed(
+        raw_spec, raw_state, raw_paused, raw_last = yield from self._typed(
             protocol.Batch(
                 (
                     protocol.command("HGET", k.cron, name),
                     protocol.command("HGET", k.cron_state, name),
                     protocol.command("HGET", k.cron_paused, name),
+                    protocol.command("HGET", k.cron_last, name),
                 )
             )
         )
         if raw_spec is None:
             return None
-        return _definition(name, raw_spec, raw_state, paused=raw_paused is not None)
+        paused = raw_paused is not None
+        return _definition(name, raw_spec, raw_state, paused=paused, raw_last=raw_last)
 
     def _pause_flow(self, name: str) -> Flow[bool]:
         name = validate_name(name)

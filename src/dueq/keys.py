@@ -31,6 +31,8 @@ class QueueKeys:
     ``cron``    HASH name -> cron definition (JSON)
     ``cron_state`` HASH name -> "head_ms|last_ms|head_id": the pending occurrence, last fired
     ``cron_paused`` HASH name -> paused-at ms: the paused cron definitions (any value: paused)
+    ``cron_last`` HASH name -> JSON: the outcome of each definition's last firing (see the Lua
+                prelude's cron_note)
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
     ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
@@ -66,6 +68,7 @@ class QueueKeys:
     parked: str
     key_wait: str
     history: str
+    cron_last: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -108,6 +111,7 @@ class QueueKeys:
             parked=base + "parked",
             key_wait=base + "keys:wait",
             history=base + "history",
+            cron_last=base + "cron:last",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

@@ -5,9 +5,10 @@ Install with the ``metrics`` extra (``pip install 'dueq[metrics]'``): ``promethe
 Two sources, because they answer different questions:
 
 - ``QueueCollector`` reads each queue's state from Redis at scrape time, through the public
-  API only (``Queue.stats()``, ``Queue.cron.list()``). Any process may serve it (``dueq
-  metrics`` does, for every queue it finds); the numbers are the same whoever serves them, so
-  scrape one exporter per Redis, not every worker, or aggregate with ``max`` by queue.
+  API only (``Queue.stats()``, ``Queue.history()``, ``Queue.cron.list()``). Any process may
+  serve it (``dueq metrics`` does, for every queue it finds); the numbers are the same whoever
+  serves them, so scrape one exporter per Redis, not every worker, or aggregate with ``max``
+  by queue.
 - ``WorkerMetrics`` counts what this process's handlers did: handler time, delivery lag (claim
   time minus due time, both in Redis time) and outcomes by kind. It lives in the worker (``dueq
   worker --metrics-port``) and is summed across workers.
@@ -33,8 +34,27 @@ Queue metrics (one series per queue; a queue whose stats cannot be read has ``du
                                                    ``expired``, ``released``, ``cancelled``,
                                                    ``replayed``, ``purged``, ``dropped``)
 ``dueq_cron_<event>_total``                 count  its cron counters (``cron_skipped``, ...)
+``dueq_task_rate_per_second{event}``        gauge  events per second in the last complete minute
+                                                   of the per-minute history (``scheduled``,
+                                                   ``claimed``, ``acked``, ``retried``, ``dead``,
+                                                   ``expired``): that minute's count / 60
+``dueq_cron_last_outcome{cron,outcome}``    gauge  1 for the outcome of the definition's last
+                                                   firing (``acked``, ``retrying``, ``dead``), 0
+                                                   for the others; no series before a firing
+``dueq_cron_last_outcome_timestamp_seconds`` gauge  when that outcome came (Unix time); ``cron``
+``dueq_cron_last_success_timestamp_seconds`` gauge  its latest ack (absent if none yet); ``cron``
 ``dueq_queue_up``                           gauge  1 when the queue's stats could be read
 ==========================================  =====  ===============================================
+
+Why a gauge of the last complete minute for rates, in events per second: the counters above
+already give any rate over any window (``rate(dueq_tasks_acked_total[5m])``), but only from
+scrapes Prometheus has taken; the rate gauges come from the history the queue's own scripts
+keep in Redis, so a new exporter, a restarted Prometheus or a gap in scraping still shows the
+throughput of the last minute at once. The current minute is still filling, so it is left
+out (its count would dip at every minute's start). Per second, not per minute, because the
+conventions ask for base units: ``dueq_task_rate_per_second{event="acked"}`` lines up with
+``rate(dueq_tasks_acked_total[1m])`` on one graph. The minute is the queue's clock's
+(``Queue(clock=...)``, Redis ``TIME`` by default), which is also how tests make it exact.
 
 Worker metrics:
 
@@ -63,7 +83,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, get_args
 from wsgiref.simple_server import WSGIServer
 
 try:
@@ -80,10 +100,11 @@ import redis
 
 from . import discovery
 from ._identity import worker_id
+from .cron import CronDefinition, LastOutcome
 from .exceptions import DueqError
 from .operators._process import is_async_handler
 from .queue import Queue
-from .task import Outcome, QueueStats
+from .task import HISTORY_COUNTERS, Outcome, QueueStats
 
 __all__ = [
     "DELIVERY_LAG_BUCKETS_S",
@@ -123,11 +144,20 @@ class QueueCollector(Collector):
 
     ``queues`` names the queues; None finds every queue in the database at each scrape
     (``dueq.discovery.queue_names``, an incremental SCAN). ``client`` is a blocking redis-py
-    client; scrapes may come from any thread (redis-py's pool is thread-safe).
+    client; scrapes may come from any thread (redis-py's pool is thread-safe). ``clock`` is the
+    queues' clock (see ``Queue(clock=...)``; None: Redis ``TIME``), which picks the minute the
+    rates come from.
     """
 
-    def __init__(self, client: redis.Redis, queues: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        queues: Sequence[str] | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self._client = client
+        self._clock = clock
         self._names = list(queues) if queues is not None else None
         self._queues: dict[str, Queue] = {}
         self._lock = threading.Lock()
@@ -138,7 +168,7 @@ class QueueCollector(Collector):
         with self._lock:
             q = self._queues.get(name)
             if q is None:
-                q = self._queues[name] = Queue(name, self._client)
+                q = self._queues[name] = Queue(name, self._client, clock=self._clock)
             return q
 
     def describe(self) -> Iterable[Metric]:
@@ -170,11 +200,18 @@ class QueueCollector(Collector):
         crons = GaugeMetricFamily(
             "dueq_cron_definitions", "Cron definitions by state", labels=["queue", "state"]
         )
+        rates = GaugeMetricFamily(
+            "dueq_task_rate_per_second",
+            "Events per second in the last complete minute of the queue's history",
+            labels=["queue", "event"],
+        )
+        cron_last = _CronLast()
         counters: dict[str, CounterMetricFamily] = {}
         for name in names:
             try:
                 q = self._queue(name)
                 s = q.stats()
+                last_minute = q.history(2)[0]
                 definitions = q.cron.list()
             except (redis.RedisError, DueqError, ValueError) as exc:
                 # one unreadable queue (no permission, corrupted data, Redis away) must not
@@ -189,6 +226,9 @@ class QueueCollector(Collector):
             )
             for state in ("active", "paused", "broken"):
                 crons.add_metric([name, state], cron_states[state])
+            for event in HISTORY_COUNTERS:
+                rates.add_metric([name, event], getattr(last_minute, event) / 60)
+            cron_last.add(name, definitions)
             for counter, value in sorted(s.counters.items()):
                 family = counter_metric_name(counter)
                 if family not in counters:
@@ -198,7 +238,8 @@ class QueueCollector(Collector):
                         labels=["queue"],
                     )
                 counters[family].add_metric([name], value)
-        yield from (up, tasks, lag, next_due, paused, missing, crons, *counters.values())
+        yield from (up, tasks, lag, next_due, paused, missing, crons, rates, *cron_last.families)
+        yield from counters.values()
 
     @staticmethod
     def _add_stats(
@@ -222,6 +263,40 @@ class QueueCollector(Collector):
             next_due.add_metric([name], s.next_due_at.timestamp())
         paused.add_metric([name], 1 if s.paused else 0)
         missing.add_metric([name], s.missing)
+
+
+class _CronLast:
+    """The families of each cron definition's last outcome (see the module doc)."""
+
+    def __init__(self) -> None:
+        labels = ["queue", "cron"]
+        self.outcome = GaugeMetricFamily(
+            "dueq_cron_last_outcome",
+            "1 for the outcome of the cron definition's last firing, 0 for the others",
+            labels=[*labels, "outcome"],
+        )
+        self.at = GaugeMetricFamily(
+            "dueq_cron_last_outcome_timestamp_seconds",
+            "When the cron definition's last firing had its outcome (Unix time)",
+            labels=labels,
+        )
+        self.success = GaugeMetricFamily(
+            "dueq_cron_last_success_timestamp_seconds",
+            "When an occurrence of the cron definition was last acked (Unix time)",
+            labels=labels,
+        )
+        self.families = (self.outcome, self.at, self.success)
+
+    def add(self, queue: str, definitions: Iterable[CronDefinition]) -> None:
+        for d in definitions:
+            if d.last_outcome is not None and d.last_outcome_at is not None:
+                for outcome in get_args(LastOutcome):
+                    self.outcome.add_metric(
+                        [queue, d.name, outcome], float(d.last_outcome == outcome)
+                    )
+                self.at.add_metric([queue, d.name], d.last_outcome_at.timestamp())
+            if d.last_success_at is not None:
+                self.success.add_metric([queue, d.name], d.last_success_at.timestamp())
 
 
 class _Outcomes(Collector):
@@ -363,6 +438,7 @@ def new_registry(*, process: bool = True) -> CollectorRegistry:
 def serve(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> WSGIServer:
     """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread; returns the
     server (``server_port`` is the port bound, useful with ``port=0``; ``shutdown()`` stops
-    it). Binds loopback unless told otherwise: the metrics name queues and hosts."""
+    it, then ``server_close()`` frees its socket). Binds loopback unless told otherwise: the
+    metrics name queues and hosts."""
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server

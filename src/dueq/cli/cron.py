@@ -11,13 +11,13 @@ from typing import Any
 
 import click
 
-from ..cron import DEFAULT_MAX_MISSED, MAX_MISSED_LIMIT, MissedPolicy
+from ..cron import DEFAULT_MAX_MISSED, MAX_MISSED_LIMIT, CronDefinition, MissedPolicy
 from ..exceptions import CronConflict
 from ..queue import Queue
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
 from .jsonout import emit, json_option
-from .output import console, safe, titled_table, when
+from .output import console, safe, seconds, titled_table, when
 from .task_input import parse_json
 
 PAYLOAD_WIDTH = 40
@@ -33,6 +33,16 @@ def _payload(_ctx: click.Context, _param: click.Parameter, value: str) -> Any:
 def _short(payload: Any) -> str:
     shown = safe(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
     return shown if len(shown) <= PAYLOAD_WIDTH else shown[: PAYLOAD_WIDTH - 1] + "…"
+
+
+def _outcome(d: CronDefinition, now: datetime) -> str:
+    """The last firing's outcome for the table: ``acked 3 min ago``, ``dead: KeyError 4.0 s
+    ago``, ``-`` before any."""
+    if d.last_outcome is None or d.last_outcome_at is None:
+        return "-"
+    error = f": {safe(d.last_error_type)}" if d.last_error_type else ""
+    ago = max(0.0, (now - d.last_outcome_at).total_seconds())
+    return f"{d.last_outcome}{error} {seconds(ago)} ago"
 
 
 @click.group()
@@ -118,11 +128,13 @@ def _cli_words(problem: str) -> str:
 def list_cron(queue: str, as_json: bool, target: RedisTarget) -> None:
     """List the cron definitions of QUEUE, with next and last fired slots.
 
-    A paused definition shows "paused" as its next slot.
+    A paused definition shows "paused" as its next slot. "last outcome" is what became of its
+    last firing: acked, retrying or dead (with the error type), and how long ago.
 
     Definitions whose data in Redis cannot be read are listed too, each problem below.
     --json prints {"queue", "definitions": [...]}, each with every field ("problem" null
-    when healthy).
+    when healthy; "last_outcome", "last_outcome_at", "last_occurrence", "last_error_type" and
+    "last_success_at" null before an outcome).
     """
     definitions = open_queue(target, queue).cron.list()
     if as_json:
@@ -133,7 +145,7 @@ def list_cron(queue: str, as_json: bool, target: RedisTarget) -> None:
         out.print(f"no cron definitions in {queue!r}")
         return
     now = datetime.now(timezone.utc)
-    columns = ("name", "expr", "tz", "missed", "next", "last fired", "payload")
+    columns = ("name", "expr", "tz", "missed", "next", "last fired", "last outcome", "payload")
     table = titled_table(f"cron definitions of {queue!r}", columns)
     for d in definitions:
         missed = f"all (max {d.max_missed})" if d.missed == "all" else d.missed
@@ -144,6 +156,7 @@ def list_cron(queue: str, as_json: bool, target: RedisTarget) -> None:
             missed,
             "paused" if d.paused else when(d.next_at, now),
             when(d.last_fired_at, now),
+            _outcome(d, now),
             _short(d.payload),
         )
     out.print(table)

@@ -418,6 +418,47 @@ local function cron_withdraw(k_due, k_tasks, k_meta, k_errors, k_stats, id)
   end
 end
 
+-- Cron last outcomes: the cron_last HASH (keys.py) holds, per definition name, the outcome of
+-- its last firing as JSON {"id", "outcome" ("acked", "retrying" or "dead"), "at" ms,
+-- "error_type" (or null), "ok_at" ms of its last ack (or null)}. Scripts that settle a
+-- delivery call cron_note for ids that start with "cron:" (callers test the first byte, 99,
+-- so other tasks pay one string.byte). Only the occurrence of the latest slot counts (a late
+-- retry of an older one only moves ok_at), only while the definition exists (so the hash
+-- holds at most one field per definition; cron_remove drops it), and an unreadable value is
+-- overwritten.
+local CRON_LABEL = '(%d%d%d%d%d%d%d%dT%d%d%d%d%d%dZ)'
+local CRON_HEX8 = string.rep('[0-9a-f]', 8)
+
+-- Name and slot label (UTC, so later labels sort later as text) of an occurrence id:
+-- "cron:<name>:<label>" or run_now's "cron:<name>:now:<label>:<8 hex>"; nil for other ids.
+local function cron_occurrence(id)
+  local name, label = string.match(id, '^cron:(.+):' .. CRON_LABEL .. '$')
+  if name then return name, label end
+  return string.match(id, '^cron:(.+):now:' .. CRON_LABEL .. ':' .. CRON_HEX8 .. '$')
+end
+
+local function cron_note(k_cron, k_last, id, outcome, now, error_type)
+  local name, label = cron_occurrence(id)
+  if not name or redis.call('HEXISTS', k_cron, name) == 0 then return end
+  local ok, old = pcall(cjson.decode, redis.call('HGET', k_last, name) or 'null')
+  local ok_at = outcome == 'acked' and now or nil
+  if ok and type(old) == 'table' and type(old.id) == 'string' and type(old.at) == 'number'
+      and type(old.outcome) == 'string' then
+    local old_ok = type(old.ok_at) == 'number' and clamp_ms(old.ok_at) or nil
+    if old_ok and (not ok_at or old_ok > ok_at) then ok_at = old_ok end
+    local _, old_label = cron_occurrence(old.id)
+    if old_label and old_label > label then  -- a later firing's outcome stays
+      if outcome ~= 'acked' then return end
+      id, outcome, now, error_type = old.id, old.outcome, clamp_ms(old.at), old.error_type
+    end
+  end
+  if type(error_type) ~= 'string' then error_type = nil end
+  redis.call('HSET', k_last, name, '{"id":' .. cjson.encode(id) .. ',"outcome":' ..
+    cjson.encode(outcome) .. ',"at":' .. ms(now) .. ',"error_type":' ..
+    (error_type and cjson.encode(string.sub(error_type, 1, 200)) or 'null') ..
+    ',"ok_at":' .. (ok_at and ms(ok_at) or 'null') .. '}')
+end
+
 -- Per-key limits. A task scheduled with key= counts against its key's limits (the queue's
 -- key_concurrency and key_rate settings) while it is leased. The key-state HASH holds one value
 -- per key, "leased|mark|parked": its leased tasks, the earliest ms its rate admits its next

@@ -12,6 +12,8 @@
 -- KEYS[10] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[11] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot
 -- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[13] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
+-- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
@@ -38,6 +40,9 @@ if #done > 0 then
   call_chunked('HDEL', KEYS[3], done)
   call_chunked('HDEL', KEYS[4], done)
   stat_incr(KEYS[5], 'acked', #done)
+  for _, id in ipairs(done) do  -- cron occurrences: their definition's last outcome
+    if string.byte(id, 1) == 99 then cron_note(KEYS[13], KEYS[14], id, 'acked', now) end
+  end
   if window > 0 then zadd_all(KEYS[6], now, done) end
 end
 if window > 0 then

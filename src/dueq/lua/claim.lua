@@ -15,7 +15,9 @@
 --                  whose key was at a limit
 -- KEYS[12] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[13] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
--- KEYS[14..22] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[14] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
+-- KEYS[15] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
+-- KEYS[16..24] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -69,6 +71,7 @@ local function bury(id, attempt, kind, message)
     message = message}))
   redis.call('ZADD', KEYS[6], now, id)
   died = died + 1
+  if string.byte(id, 1) == 99 then cron_note(KEYS[14], KEYS[15], id, 'dead', now, kind) end
 end
 
 -- 1. Expired leases: the holder died or hung. That delivery counts as a failed attempt.
@@ -87,7 +90,11 @@ for _, id in ipairs(expired) do
       error_append(KEYS[5], id, '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
         ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
         'the worker died, hung or outlived its lease","traceback":null}')
-      if attempt >= (own_attempts or max_attempts) then
+      local gone = attempt >= (own_attempts or max_attempts)
+      if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
+        cron_note(KEYS[14], KEYS[15], id, gone and 'dead' or 'retrying', now, 'LeaseExpired')
+      end
+      if gone then
         redis.call('ZADD', KEYS[6], now, id)
         died = died + 1
       else

@@ -9,6 +9,7 @@
 -- KEYS[6] meta        HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[7] errors      HASH id -> JSON list of error records
 -- KEYS[8] stats       HASH counter -> int (a removed pending occurrence counts as cancelled)
+-- KEYS[9] cron_last   HASH name -> last outcome JSON (its record goes too)
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] name
 -- Returns 1 if the definition existed, else 0
@@ -19,5 +20,6 @@ local _, _, head_id = cron_state_read(redis.call('HGET', KEYS[2], name), name)
 if redis.call('HDEL', KEYS[1], name) == 0 then return 0 end
 redis.call('HDEL', KEYS[2], name)
 redis.call('HDEL', KEYS[3], name)
+redis.call('HDEL', KEYS[9], name)
 cron_withdraw(KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], head_id)
 return 1

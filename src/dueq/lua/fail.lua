@@ -12,7 +12,9 @@
 -- KEYS[10] key_state HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
--- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[13] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
+-- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
+-- KEYS[15..23] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -39,6 +41,11 @@ end
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))
 redis.call('ZREM', KEYS[2], id)
+if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
+  local ok, record = pcall(cjson.decode, ARGV[4])
+  cron_note(KEYS[13], KEYS[14], id, ARGV[5] == 'dead' and 'dead' or 'retrying', now,
+    ok and type(record) == 'table' and record.type or nil)
+end
 if ARGV[5] == 'dead' then
   redis.call('ZADD', KEYS[6], now, id)
   stat_incr(KEYS[7], 'dead', 1)
