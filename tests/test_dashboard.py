@@ -331,3 +331,16 @@ def test_cli_refuses_a_public_bind_without_a_token(redis_server: RedisServer) ->
     )
     assert result.exit_code == 2
     assert "not a loopback address" in result.output
+
+
+def test_cron_page_shows_the_last_firing_and_its_outcome(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    q = Queue("nightly", r)
+    q.cron.add("report", "0 3 * * *", payload={"x": 1})
+    q.cron.run_now("report")
+    for d in q.claim(limit=10):
+        d.fail(ValueError("no data"), retry_in=60)
+    html = dashboard().get("/cron").text
+    assert "retrying (ValueError) at 20" in html
+    assert dashboard().get("/api/cron").json()["nightly"][0]["last_outcome"] == "retrying"

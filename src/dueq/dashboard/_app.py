@@ -33,6 +33,7 @@ from starlette.routing import Route
 
 from .. import discovery
 from .._async import AsyncQueue
+from ..cron import CronDefinition
 from ..exceptions import ConfigurationError, CronNotFound, DueqError, TaskNotFound
 from ..keys import validate_queue_name
 from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
@@ -360,6 +361,14 @@ def _sum_history(histories: list[list[HistoryPoint]]) -> list[HistoryPoint]:
             )
         )
     return out
+
+
+def _outcome(d: CronDefinition) -> str:
+    """The last firing's outcome (escaped HTML): what became of it, when, and the error."""
+    if d.last_outcome is None:
+        return "-"
+    error = f" ({d.last_error_type})" if d.last_error_type else ""
+    return e(f"{d.last_outcome}{error} at {when(d.last_outcome_at)}")
 
 
 def _lag(seconds: float) -> str:
@@ -745,12 +754,23 @@ class _Dashboard:
                     f"<tr><td>{link(n, '/queue', queue=n)}</td><td>{e(d.name)}</td>"
                     f"<td><code>{e(d.expr)}</code> {e(d.tz)}</td>"
                     f"<td>{e(when(d.next_at))}</td><td>{e(when(d.last_fired_at))}</td>"
+                    f"<td>{_outcome(d)}</td>"
                     f"<td>{'paused' if d.paused else 'active'}</td>"
                     f"<td>{e(d.problem or '')}</td><td>"
                     + self.buttons(toggle, button("Run now", "cron-run-now", fields))
                     + "</td></tr>"
                 )
-        head = ["queue", "name", "schedule", "next firing", "last firing", "state", "problem", ""]
+        head = [
+            "queue",
+            "name",
+            "schedule",
+            "next firing",
+            "last firing",
+            "last outcome",
+            "state",
+            "problem",
+            "",
+        ]
         body = "<h1>Cron</h1>" + table(head, rows, empty="no cron definitions")
         return self.page(request, "Cron", body)
 
@@ -908,6 +928,11 @@ class _Dashboard:
                         "next_at": d.next_at.isoformat() if d.next_at else None,
                         "last_fired_at": d.last_fired_at.isoformat() if d.last_fired_at else None,
                         "problem": d.problem,
+                        "last_outcome": d.last_outcome,
+                        "last_outcome_at": d.last_outcome_at.isoformat()
+                        if d.last_outcome_at
+                        else None,
+                        "last_error_type": d.last_error_type,
                     }
                     for d in defs
                 ]
