@@ -333,9 +333,7 @@ def test_cli_refuses_a_public_bind_without_a_token(redis_server: RedisServer) ->
     assert "not a loopback address" in result.output
 
 
-def test_cron_page_shows_the_last_firing_and_its_outcome(
-    r: redis.Redis, dashboard: Client
-) -> None:
+def test_cron_page_shows_the_last_firing_and_its_outcome(r: redis.Redis, dashboard: Client) -> None:
     q = Queue("nightly", r)
     q.cron.add("report", "0 3 * * *", payload={"x": 1})
     q.cron.run_now("report")

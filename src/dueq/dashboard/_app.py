@@ -60,7 +60,7 @@ SECURITY_HEADERS = {
     ),
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # "no-referrer" makes Chromium send Origin: null
     "Cache-Control": "no-store",
 }
 
@@ -723,7 +723,7 @@ class _Dashboard:
         )
         body = (
             f"<h1>Task {e(info.id)}</h1><p>{self.buttons(*actions)}</p>"
-            + table(["", ""], (f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts))
+            + table([], (f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts))
             + f'<h2>Payload</h2><pre id="payload">{e(pretty_json(info.payload))}</pre>'
             + f"<h2>Errors ({len(info.errors)})</h2>"
             + (errors or '<p class="muted">none</p>')

@@ -23,6 +23,7 @@ header .where{margin-left:auto;font-size:12px;opacity:.8}
 main{padding:12px 16px}
 h1{font-size:20px;margin:8px 0}
 h2{font-size:16px;margin:18px 0 6px}
+h3{font-size:14px;margin:12px 0 4px}
 table{border-collapse:collapse;background:#fff;font-size:13px}
 th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#eceff1}
@@ -104,7 +105,7 @@ def table(head: Sequence[str], rows: Iterable[str], *, empty: str = "none") -> s
     if not body:
         return f'<p class="muted">{e(empty)}</p>'
     cells = "".join(f"<th>{e(h)}</th>" for h in head)
-    return f"<table><tr>{cells}</tr>{body}</table>"
+    return f"<table>{f'<tr>{cells}</tr>' if head else ''}{body}</table>"
 
 
 def button(label: str, action: str, fields: Mapping[str, object], *, danger: bool = False) -> str:
