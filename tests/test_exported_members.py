@@ -47,6 +47,7 @@ PUBLIC = {
     "TaskTimeout",
     "Unrecoverable",
     "Worker",
+    "WorkerInfo",
     "__version__",
     "operators",
 }
@@ -62,6 +63,24 @@ def test_every_exported_name_exists_and_is_defined_in_a_dueq_module() -> None:
         member = getattr(dueq, name)
         if inspect.isclass(member) or inspect.isfunction(member):
             assert member.__module__.startswith("dueq"), name
+
+
+def test_worker_info_has_exactly_the_fields_the_dashboard_reads() -> None:
+    import dataclasses
+
+    fields = {f.name: f.type for f in dataclasses.fields(dueq.WorkerInfo)}
+    assert fields == {
+        "worker_id": "str",
+        "host": "str",
+        "pid": "int",
+        "queues": "tuple[str, ...]",
+        "started_at": "datetime",
+        "last_seen_at": "datetime",
+        "in_flight": "int",
+        "processed": "int",
+        "failed": "int",
+    }
+    assert dueq.WorkerInfo.__dataclass_params__.frozen  # type: ignore[attr-defined]
 
 
 def test_the_operators_module_exports_process_and_the_handler_type() -> None:

@@ -25,6 +25,7 @@ from .exceptions import (
     Unrecoverable,
 )
 from .queue import ClaimBatch, Queue
+from .registry import WorkerInfo
 from .retry import RetryPolicy
 from .task import (
     AsyncDelivery,
@@ -81,6 +82,7 @@ __all__ = [
     "TaskTimeout",
     "Unrecoverable",
     "Worker",
+    "WorkerInfo",
     "__version__",
     "operators",
 ]

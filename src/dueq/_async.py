@@ -30,6 +30,7 @@ from .clock import Clock, Duration
 from .cron import AsyncCrons
 from .dead import AsyncDeadLetters
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from .registry import WorkerInfo
 from .retry import RetryPolicy
 from .scripts import AsyncScripts
 from .task import (
@@ -337,3 +338,13 @@ class AsyncQueue(QueueCore):
     async def due_histogram(self, bucket: Duration = 60.0, buckets: int = 30) -> DueHistogram:
         """As ``Queue.due_histogram``."""
         return await self._drive(self._due_histogram_flow(bucket, buckets))
+
+    async def workers(self) -> list[WorkerInfo]:
+        """As ``Queue.workers``."""
+        return await self._drive(self._workers_flow())
+
+    async def _heartbeat(self, entry_json: str, ttl_ms: int) -> int:
+        return await self._drive(self._heartbeat_flow(entry_json, ttl_ms, leave=False))
+
+    async def _leave_registry(self) -> None:
+        await self._drive(self._heartbeat_flow("{}", 0, leave=True))

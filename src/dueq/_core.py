@@ -47,9 +47,10 @@ from .exceptions import (
     TaskCancelled,
     Unrecoverable,
 )
-from .failures import error_record
+from .failures import error_record, token_holder
 from .keys import QueueKeys
 from .logs import task_fields
+from .registry import WorkerInfo, parse_workers
 from .retry import RetryPolicy
 from .snapshot import settings_from_hash, text
 from .task import (
@@ -648,7 +649,7 @@ class QueueCore:
                 delay_ms = duration_ms(retry_in, "retry_in")
             else:
                 delay_ms = round(self.retry.delay_s(delivery.attempt, age_s, exc) * 1000)
-        record = error_record(error, delivery.attempt)
+        record = error_record(error, delivery.attempt, token_holder(delivery.token))
         reply: protocol.FailReply = yield self._fail_call(
             delivery.id, delivery.token, record, dead, delay_ms
         )
@@ -821,6 +822,19 @@ class QueueCore:
     def _stats_flow(self) -> Flow[QueueStats]:
         stats: QueueStats = yield protocol.stats(self.keys, self._now_arg())
         return stats
+
+    # -- the worker registry (dueq.registry) -------------------------------------------------
+
+    def _workers_flow(self) -> Flow[list[WorkerInfo]]:
+        server_ms, expiries, entries = yield protocol.workers_read(self.keys)
+        now_ms = clock_ms(self.clock) if self.clock is not None else server_ms
+        return parse_workers(now_ms, expiries, entries)
+
+    def _heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
+        live: int = yield protocol.heartbeat(
+            self.keys, self._now_arg(), worker_id(), entry_json, ttl_ms=ttl_ms, leave=leave
+        )
+        return live
 
     # -- settings ----------------------------------------------------------------------------
 

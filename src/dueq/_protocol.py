@@ -604,6 +604,37 @@ def cron_control(
     return Call("cron_control", keys, args, lambda reply: CronControl(int(reply)))
 
 
+# -- heartbeat.lua and the registry's read (dueq.registry) -------------------------------------
+
+
+def heartbeat(
+    k: QueueKeys, now: str, worker: str, entry_json: str, *, ttl_ms: int, leave: bool = False
+) -> Call[int]:
+    """Write (or, with ``leave``, remove) one worker's registry entry, a JSON object without
+    ``last_seen_ms``; stale entries are pruned. The reply counts the live entries."""
+    args = [now, worker, "leave" if leave else "beat", entry_json, ttl_ms]
+    return Call("heartbeat", [k.workers, k.workers_info], args, int)
+
+
+def score_pairs(reply: Any) -> list[tuple[Any, Any]]:
+    """ZRANGE ... WITHSCORES as (member, score) pairs: RESP2 sends a flat list, RESP3 pairs."""
+    if reply and isinstance(reply[0], (list, tuple)):
+        return [(member, score) for member, score in reply]
+    return list(zip(reply[::2], reply[1::2], strict=False))
+
+
+def workers_read(k: QueueKeys) -> Batch:
+    """The registry and the server clock in one round trip: [TIME (epoch ms), ZRANGE workers
+    WITHSCORES (expiry pairs), HGETALL workers_info] (``dueq.registry.parse_workers``)."""
+    return Batch(
+        (
+            command("TIME", parse=lambda t: int(t[0]) * 1000 + int(t[1]) // 1000),
+            command("ZRANGE", k.workers, 0, -1, "WITHSCORES", parse=score_pairs),
+            command("HGETALL", k.workers_info),
+        )
+    )
+
+
 #: The counterpart of every script that a front end can call, by script name (for the
 #: key-order test: each builds its call for a sample queue).
 SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
@@ -639,6 +670,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "cron_advance": lambda k: cron_advance(k, "", []),
     "cron_control": lambda k: cron_control(k, "", "pause", "n"),
     "configure": lambda k: configure(k, [("paused", "1")]),
+    "heartbeat": lambda k: heartbeat(k, "", "w", "{}", ttl_ms=1),
 }
 
 

@@ -57,7 +57,16 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "spark_abort",
     ),
     # claim (with cron occurrences), ack, fail, extend, release, get
-    "consumer": ("claim", "cron_advance", "ack", "fail", "extend", "release", "inspect"),
+    "consumer": (
+        "claim",
+        "cron_advance",
+        "ack",
+        "fail",
+        "extend",
+        "release",
+        "inspect",
+        "heartbeat",  # the worker registry (dueq.registry)
+    ),
     # stats, get, list_tasks, history, dead list/count/replay/purge,
     # cron add/list/remove/pause/resume/run_now, schedule (CLI), configure / pause / resume
     "operator": (
@@ -89,7 +98,8 @@ PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     "consumer": ("hmget", "subscribe", "unsubscribe", "info"),
     # SCAN + EXISTS: queue discovery and `dueq ... QUEUE` checks; ZCARD: dead.count();
     # HGET/HGETALL/HMGET: cron list/get; TIME: cron add reads the server clock;
-    # ZSCAN: Spark's read of a queue; ZCARD + ZRANGE: the Spark data source's partitioned read.
+    # ZSCAN: Spark's read of a queue; ZCARD + ZRANGE: the Spark data source's partitioned read;
+    # TIME + ZRANGE + HGETALL: the worker registry (Queue.workers, dueq workers).
     "operator": ("scan", "exists", "zcard", "hget", "hgetall", "hmget", "time", "zscan", "zrange"),
 }
 

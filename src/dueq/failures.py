@@ -1,8 +1,10 @@
 """Error records: what a failed attempt leaves in the task's error history.
 
-A record is a JSON object ``{"at", "attempt", "type", "message", "traceback"}``; the scripts
-add ``at`` from the queue clock. Messages and tracebacks are shortened so that one huge error
-cannot bloat Redis.
+A record is a JSON object ``{"at", "attempt", "type", "message", "traceback", "worker"}``; the
+scripts add ``at`` from the queue clock. ``worker`` is the lease holder of the failed attempt
+(the holder part of its lease token, ``<seq>@<holder>``), absent when the lease named none and
+in records older than the worker registry. Messages and tracebacks are shortened so that one
+huge error cannot bloat Redis.
 """
 
 from __future__ import annotations
@@ -29,8 +31,14 @@ def _shorten(text: str, limit: int) -> str:
     return f"{text[:half]}\n... [{len(text) - limit} characters cut] ...\n{text[-half:]}"
 
 
-def error_record(error: BaseException | str, attempt: int) -> str:
-    """The JSON record (without "at") of a failed attempt."""
+def token_holder(token: str) -> str | None:
+    """The holder a lease token names (``<seq>@<holder>``), or None."""
+    _, at, holder = token.partition("@")
+    return holder if at and holder else None
+
+
+def error_record(error: BaseException | str, attempt: int, worker: str | None = None) -> str:
+    """The JSON record (without "at") of a failed attempt run by ``worker``."""
     if isinstance(error, BaseException):
         kind = type(error).__qualname__
         message = str(error)
@@ -47,6 +55,8 @@ def error_record(error: BaseException | str, attempt: int) -> str:
         "message": _shorten(message, MAX_MESSAGE_CHARS),
         "traceback": _shorten(trace, MAX_TRACEBACK_CHARS) if trace else None,
     }
+    if worker is not None:
+        record["worker"] = worker
     return json.dumps(record, ensure_ascii=False)
 
 
@@ -74,12 +84,14 @@ def parse_error_records(raw: bytes | str | None) -> list[ErrorRecord]:
 def _record(item: dict[str, Any]) -> ErrorRecord:
     attempt = item.get("attempt")
     trace = item.get("traceback")
+    worker = item.get("worker")
     return ErrorRecord(
         attempt=attempt if isinstance(attempt, int) and 0 <= attempt <= 2**53 else 0,
         type=_text(item.get("type")),
         message=_text(item.get("message")),
         traceback=trace if isinstance(trace, str) else None,
         at=stored_datetime(item["at"]) if isinstance(item.get("at"), (int, float)) else None,
+        worker=worker if isinstance(worker, str) and worker else None,
     )
 
 

@@ -44,6 +44,8 @@ class QueueKeys:
     ``key_wait`` ZSET key -> ms when its parked tasks may be claimable again
     ``history`` HASH "<minute>|<counter>" -> count: per-minute counts of the last 24 hours
                 (field ``last``: the latest minute written; see the Lua prelude)
+    ``workers`` ZSET worker id -> ms its registry entry expires (see ``dueq.registry``)
+    ``workers_info`` HASH worker id -> JSON heartbeat entry (host, pid, queues, counts, ...)
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -69,6 +71,8 @@ class QueueKeys:
     key_wait: str
     history: str
     cron_last: str
+    workers: str
+    workers_info: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -112,6 +116,8 @@ class QueueKeys:
             key_wait=base + "keys:wait",
             history=base + "history",
             cron_last=base + "cron:last",
+            workers=base + "workers",
+            workers_info=base + "workers:info",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

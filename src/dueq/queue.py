@@ -32,6 +32,7 @@ from .cron import Crons
 from .dead import DeadLetters
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .observe import observe_queue
+from .registry import WorkerInfo
 from .retry import RetryPolicy
 from .scripts import Scripts
 from .task import (
@@ -405,3 +406,15 @@ class Queue(QueueCore):
         (seconds or a timedelta) from now, every priority counted (one ZCOUNT per bucket and
         priority in use)."""
         return self._drive(self._due_histogram_flow(bucket, buckets))
+
+    def workers(self) -> list[WorkerInfo]:
+        """The live consumer processes serving this queue (``Worker``, ``AsyncWorker``, ``dueq
+        worker``), sorted by worker id, as their last heartbeats described them; a process
+        that died is gone within a few heartbeats (see ``dueq.registry``)."""
+        return self._drive(self._workers_flow())
+
+    def _heartbeat(self, entry_json: str, ttl_ms: int) -> int:
+        return self._drive(self._heartbeat_flow(entry_json, ttl_ms, leave=False))
+
+    def _leave_registry(self) -> None:
+        self._drive(self._heartbeat_flow("{}", 0, leave=True))

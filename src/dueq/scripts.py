@@ -52,6 +52,7 @@ SCRIPT_NAMES = (
     "cron_control",
     "list_tasks",
     "history",
+    "heartbeat",
 )
 
 #: Scripts made of their own file followed by another script's body (after its header):

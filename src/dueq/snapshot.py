@@ -8,7 +8,7 @@ from typing import Any
 from .clock import ms_datetime, stored_ms
 from .envelope import NO_OPTIONS, decode_task
 from .exceptions import ConfigurationError, PayloadError
-from .failures import parse_error_records
+from .failures import parse_error_records, token_holder
 from .task import MAX_KEY_CONCURRENCY, QueueSettings, QueueStats, Rate, TaskInfo, TaskState
 
 #: Largest count read back from Redis (beyond it a stored number is corrupted).
@@ -42,8 +42,7 @@ def _meta_parts(raw: bytes | str | None) -> list[str]:
 
 def meta_holder(raw: bytes | str | None) -> str | None:
     """The holder named by a meta value's lease token ("<seq>@<holder>"), or None."""
-    _, at, holder = _meta_parts(raw)[1].partition("@")
-    return holder if at and holder else None
+    return token_holder(_meta_parts(raw)[1])
 
 
 def _count(raw: object) -> int:

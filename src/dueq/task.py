@@ -68,13 +68,17 @@ class Task:
 
 @dataclass(frozen=True)
 class ErrorRecord:
-    """One failed attempt: when, which attempt, the exception's type, message and traceback."""
+    """One failed attempt: when, which attempt, the exception's type, message and traceback,
+    and ``worker``, who ran it (the lease holder, see ``Queue(holder=...)``; for a
+    ``LeaseExpired`` record the holder whose lease ran out): None when not named, and in
+    records written before dueq named workers."""
 
     attempt: int
     type: str
     message: str
     traceback: str | None
     at: datetime | None
+    worker: str | None = None
 
 
 @dataclass(frozen=True)

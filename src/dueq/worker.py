@@ -33,6 +33,7 @@ from .operators import MAX_CONCURRENCY
 from .operators._async_process import AsyncProcessor
 from .operators._process import Handler, Processor, is_async_handler
 from .queue import Queue
+from .registry import AsyncHeartbeat, Heartbeat
 from .task import Outcome
 
 logger = logging.getLogger(__name__)
@@ -74,13 +75,20 @@ class _WorkerSettings:
         self._prefetch_low = 2 * concurrency
         Prefetch.parse(self.max_in_flight, low=self._prefetch_low)  # refused here
         self.grace_s = duration_ms(grace, "grace", error=ConfigurationError) / 1000
-        positive_duration_ms(heartbeat, "heartbeat")  # refused here, not when run() starts
         self.heartbeat = heartbeat
         self.timeout_s = (
             None if timeout is None else positive_duration_ms(timeout, "timeout") / 1000
         )
         self.outcomes: Counter[str] = Counter()
         self._error: Exception | None = None
+        #: how often the worker beats into the registry (see ``dueq.registry``)
+        self._beat_s = positive_duration_ms(heartbeat, "heartbeat") / 1000
+
+    def _counts(self, processor: Processor | AsyncProcessor) -> tuple[int, int, int]:
+        """(in flight, processed, failed) for the worker registry."""
+        out = self.outcomes
+        failed = out["retried"] + out["dead"]
+        return processor.in_flight, out["acked"] + failed, failed
 
     def _settings(self) -> dict[str, Any]:
         return {
@@ -174,6 +182,8 @@ class Worker(_WorkerSettings):
                 ]
             )
         )
+        beat = Heartbeat(self.queues, self._beat_s, lambda: self._counts(processor))
+        beat.start()
         try:
             while not self._stop.wait(STOP_POLL_S):
                 if self._signalled:  # set by the signal handler, which takes no lock
@@ -183,6 +193,7 @@ class Worker(_WorkerSettings):
             )
             processor.close(self.grace_s, hurry=self._hurry)
         finally:
+            beat.stop()
             self._restore_signal_handlers(previous)
         logger.info("worker stopped: %s", dict(self.outcomes))
         if self._error is not None:
@@ -299,6 +310,8 @@ class AsyncWorker(_WorkerSettings):
                 ]
             )
         )
+        beat = AsyncHeartbeat(self.queues, self._beat_s, lambda: self._counts(processor))
+        beat.start()
         try:
             await self._stop.wait()
             logger.info(
@@ -306,6 +319,7 @@ class AsyncWorker(_WorkerSettings):
             )
             await processor.close(self.grace_s, hurry=self._hurry)
         finally:
+            await beat.stop()
             self._restore_signal_handlers(installed)
             self._loop = None
         logger.info("worker stopped: %s", dict(self.outcomes))

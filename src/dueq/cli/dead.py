@@ -103,6 +103,7 @@ def ids_arguments(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def _error_lines(e: ErrorRecord) -> list[str]:
     at = f" at {e.at:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z" if e.at else ""
+    at += f" on {safe(e.worker)}" if e.worker else ""
     message, *more = safe_lines(f"{e.type}: {e.message}") or [""]
     lines = [f"  attempt {e.attempt}{at}: {message}", *("    " + line for line in more)]
     if e.traceback:

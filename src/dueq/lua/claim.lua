@@ -82,19 +82,22 @@ for _, id in ipairs(expired) do
   if envelope then
     local priority, own_attempts, key = task_options(envelope)
     if key then key_unlease(KEYS[10], KEYS[12], key, now) end
-    local attempt, _, _, first, readable = meta_parse(redis.call('HGET', KEYS[4], id))
+    local attempt, token, _, first, readable = meta_parse(redis.call('HGET', KEYS[4], id))
     if not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
     else
       redis.call('HSET', KEYS[4], id, attempt .. '|||' .. first)
+      -- the record names the holder whose lease ran out (the token's "@<holder>", if any)
+      local gone = string.match(token, '@(.+)$')
       error_append(KEYS[5], id, '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
         ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
-        'the worker died, hung or outlived its lease","traceback":null}')
-      local gone = attempt >= (own_attempts or max_attempts)
+        'the worker died, hung or outlived its lease","traceback":null' ..
+        (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}')
+      local final = attempt >= (own_attempts or max_attempts)
       if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
-        cron_note(KEYS[14], KEYS[15], id, gone and 'dead' or 'retrying', now, 'LeaseExpired')
+        cron_note(KEYS[14], KEYS[15], id, final and 'dead' or 'retrying', now, 'LeaseExpired')
       end
-      if gone then
+      if final then
         redis.call('ZADD', KEYS[6], now, id)
         died = died + 1
       else

@@ -116,6 +116,11 @@ class AsyncProcessor(Settling):
         )
         return Disposable(lambda: self._on_loop(self._dispose))
 
+    @property
+    def in_flight(self) -> int:
+        """Deliveries held now: running, or waiting for a handler (the worker registry)."""
+        return len(self._held)
+
     def start(self, observer: abc.ObserverBase[Outcome]) -> None:
         """Start on the running loop without a source: the caller feeds ``accept_many`` and
         ``source_error`` on this loop (``AsyncWorker``'s own claim loops, see

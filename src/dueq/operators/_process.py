@@ -161,6 +161,11 @@ class Processor(Settling):
         )
         return Disposable(lambda: self.close(None))
 
+    @property
+    def in_flight(self) -> int:
+        """Deliveries held now: running, or waiting for a handler (the worker registry)."""
+        return len(self._held)
+
     def start(self, observer: abc.ObserverBase[Outcome]) -> None:
         """Start without a source: the caller feeds ``accept_many`` and ``source_error`` (the
         ``Worker``'s own consumers, see ``observe.consume_queue``) and hands what stops them
