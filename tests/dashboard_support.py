@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
+import time
+from collections.abc import Iterator
 
 import redis
 
-from dueq import Queue, RetryPolicy
+from dueq import Queue, RetryPolicy, Worker
 
 XSS = "<script>window.__dueq_xss = 1</script>"
 
@@ -46,3 +50,20 @@ def csrf_of(html: str) -> str:
     found = re.search(r'name="csrf" value="([^"]+)"', html)
     assert found, "no CSRF field on the page"
     return found.group(1)
+
+
+@contextlib.contextmanager
+def running_worker(*queues: Queue) -> Iterator[Worker]:
+    """A real ``dueq.Worker`` on ``queues`` in a thread, until it has announced itself."""
+    worker = Worker(list(queues), lambda d: None, heartbeat=0.2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not queues[0].workers():
+        assert time.monotonic() < deadline, "the worker never announced itself"
+        time.sleep(0.05)
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(10)

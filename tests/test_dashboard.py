@@ -16,7 +16,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from dashboard_support import XSS, csrf_of, seed
+from html import escape as e
+
+from dashboard_support import XSS, csrf_of, running_worker, seed
 
 from dueq import ConfigurationError, Queue
 from dueq.cli import cli
@@ -61,6 +63,7 @@ def test_overview_json_counts_every_queue_by_state(r: redis.Redis, dashboard: Cl
         "paused": False,
         "oldest_due_lag_s": 0,
         "next_due_at": None,
+        "workers": 0,
     }
     assert data["queues"]["reports"]["scheduled"] == 2
     assert data["live"]["emails.dead"] == 3
@@ -264,8 +267,20 @@ def test_cron_page_pause_resume_and_run_now(r: redis.Redis, dashboard: Client) -
     assert client.get("/api/cron").json()["nightly"][0]["name"] == "report"
 
 
-def test_workers_page_says_when_the_registry_is_not_available(dashboard: Client) -> None:
-    assert "not available" in dashboard().get("/workers").text
+def test_workers_page_and_overview_show_the_live_workers(r: redis.Redis, dashboard: Client) -> None:
+    queues = seed(r)
+    client = dashboard()
+    assert client.get("/api/overview").json()["workers_alive"] == 0
+    with running_worker(queues["emails"], queues["reports"]) as worker:
+        overview = client.get("/api/overview").json()
+        assert overview["workers_alive"] == 1  # one worker on two queues counts once
+        assert overview["queues"]["reports"]["workers"] == 1
+        [listed] = client.get("/api/workers").json()["workers"]
+        assert listed["queues"] == ["emails", "reports"] and listed["pid"] > 0
+        html = client.get("/workers").text
+        assert "Workers (1 alive)" in html and e(listed["worker_id"]) in html
+        del worker
+    assert "no worker is alive" in client.get("/workers").text
 
 
 def test_metrics_endpoint_serves_queue_gauges(r: redis.Redis, dashboard: Client) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 import uvicorn
-from dashboard_support import seed
+from dashboard_support import running_worker, seed
 
 from dueq import Queue
 from dueq.dashboard import DashboardSettings, create_app
@@ -40,6 +40,7 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     )
 
 from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -135,7 +136,10 @@ def click(browser: WebDriver, css: str) -> None:
 
 
 def wait_text(browser: WebDriver, text: str) -> None:
-    WebDriverWait(browser, 10).until(lambda b: text in b.find_element(By.TAG_NAME, "body").text)
+    """Wait for ``text`` on the page (the body goes stale while a form submit navigates)."""
+    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda b: text in b.find_element(By.TAG_NAME, "body").text
+    )
 
 
 def test_overview_shows_real_queues_and_updates_live(
@@ -259,6 +263,7 @@ def test_workers_and_cron_pages(r: redis.Redis, serve: Serve, browser: WebDriver
     click(browser, "#confirm")
     wait_text(browser, "paused")
     assert q.cron.get("hourly").paused or q.cron.get("report").paused  # type: ignore[union-attr]
-    browser.get(site.url("/workers"))
-    wait_text(browser, "Workers")
-    shot(browser, "workers")
+    with running_worker(q):
+        browser.get(site.url("/workers"))
+        wait_text(browser, "Workers (1 alive)")
+        shot(browser, "workers")

@@ -36,6 +36,7 @@ from .._async import AsyncQueue
 from ..cron import CronDefinition
 from ..exceptions import ConfigurationError, CronNotFound, DueqError, TaskNotFound
 from ..keys import validate_queue_name
+from ..registry import WorkerInfo
 from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
 from . import _svg
 from ._html import CSS, JS, button, e, layout, link, live, pretty_json, table, url, when
@@ -494,8 +495,20 @@ class _Dashboard:
     async def overview_data(self) -> dict[str, Any]:
         names = await self.names()
         stats = await asyncio.gather(*(self.queue(n).stats() for n in names))
-        rows = {n: _stats_json(s) for n, s in zip(names, stats, strict=True)}
-        return {"queues": rows, "workers_alive": None, "live": self._live_rows(rows)}
+        workers = await self.workers(names)
+        rows = {
+            n: {**_stats_json(s), "workers": len(workers[n])}
+            for n, s in zip(names, stats, strict=True)
+        }
+        alive = len({w.worker_id for found in workers.values() for w in found})
+        live_rows = self._live_rows(rows)
+        live_rows["workers_alive"] = alive
+        return {"queues": rows, "workers_alive": alive, "live": live_rows}
+
+    async def workers(self, names: list[str]) -> dict[str, list[WorkerInfo]]:
+        """The live workers of each queue (a worker serving several is in each list)."""
+        found = await asyncio.gather(*(self.queue(n).workers() for n in names))
+        return dict(zip(names, found, strict=True))
 
     @staticmethod
     def _live_rows(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -558,15 +571,24 @@ class _Dashboard:
                 + live(f"{name}.dead", s["dead"], "n")
                 + live(f"{name}.paused", "paused" if s["paused"] else "running")
                 + live(f"{name}.oldest_due_lag_s", _lag(s["oldest_due_lag_s"]), "n")
+                + live(f"{name}.workers", s["workers"], "n")
                 + "</tr>"
             )
-        head = ["queue", "scheduled", "due now", "leased", "dead", "state", "oldest due lag"]
+        head = [
+            "queue",
+            "scheduled",
+            "due now",
+            "leased",
+            "dead",
+            "state",
+            "oldest due lag",
+            "workers",
+        ]
         body = (
             "<h1>Queues</h1>"
             + table(head, rows, empty="no queue in this Redis yet")
-            + f'<p>Workers alive: <span data-live="workers_alive">'
-            f"{e(data['workers_alive'] if data['workers_alive'] is not None else 'not available')}"
-            "</span></p>"
+            + f'<p>{link("Workers", "/workers")} alive: <span data-live="workers_alive">'
+            f"{e(data['workers_alive'])}</span></p>"
             + "<h2>Throughput, last hour (every queue)</h2>"
             + '<img class="chart" alt="throughput chart" src="/chart/throughput.svg" '
             'data-chart="/chart/throughput.svg">'
@@ -731,11 +753,53 @@ class _Dashboard:
         return self.page(request, f"Task {info.id}", body)
 
     async def workers_page(self, request: Request) -> Response:
-        body = (
-            "<h1>Workers</h1><p class='problem'>not available: this dueq has no worker "
-            "registry yet (Queue.workers)</p>"
+        workers = await self.alive()
+        rows = [
+            f"<tr><td>{e(w.worker_id)}</td><td>{e(w.host)}</td><td class='n'>{w.pid}</td>"
+            f"<td>{' '.join(link(n, '/queue', queue=n) for n in w.queues)}</td>"
+            f"<td>{e(when(w.started_at))}</td>"
+            + live(f"{w.worker_id}.last_seen_at", when(w.last_seen_at))
+            + live(f"{w.worker_id}.in_flight", w.in_flight, "n")
+            + live(f"{w.worker_id}.processed", w.processed, "n")
+            + live(f"{w.worker_id}.failed", w.failed, "n")
+            + "</tr>"
+            for w in workers
+        ]
+        head = ["worker", "host", "pid", "queues", "started", "last seen", "in flight"]
+        body = f"<h1>Workers ({len(rows)} alive)</h1>" + table(
+            [*head, "processed", "failed"], rows, empty="no worker is alive"
         )
-        return self.page(request, "Workers", body)
+        return self.page(request, "Workers", body, poll="/api/workers")
+
+    async def alive(self) -> list[WorkerInfo]:
+        """Every live worker of the shown queues, once each, by id."""
+        by_queue = await self.workers(await self.names())
+        unique = {w.worker_id: w for found in by_queue.values() for w in found}
+        return [unique[k] for k in sorted(unique)]
+
+    async def api_workers(self, request: Request) -> Response:
+        workers = await self.alive()
+        live_rows: dict[str, Any] = {}
+        for w in workers:
+            live_rows[f"{w.worker_id}.last_seen_at"] = when(w.last_seen_at)
+            live_rows[f"{w.worker_id}.in_flight"] = w.in_flight
+            live_rows[f"{w.worker_id}.processed"] = w.processed
+            live_rows[f"{w.worker_id}.failed"] = w.failed
+        rows = [
+            {
+                "worker_id": w.worker_id,
+                "host": w.host,
+                "pid": w.pid,
+                "queues": list(w.queues),
+                "started_at": w.started_at.isoformat(),
+                "last_seen_at": w.last_seen_at.isoformat(),
+                "in_flight": w.in_flight,
+                "processed": w.processed,
+                "failed": w.failed,
+            }
+            for w in workers
+        ]
+        return JSONResponse({"workers": rows, "live": live_rows})
 
     async def cron_page(self, request: Request) -> Response:
         only = request.query_params.get("queue")
@@ -1019,6 +1083,7 @@ def create_app(redis_url: str, settings: DashboardSettings | None = None) -> Sta
         route("/api/task", "api", dash.api_task),
         route("/api/dead-groups", "api", dash.api_dead_groups),
         route("/api/cron", "api", dash.api_cron),
+        route("/api/workers", "api", dash.api_workers),
         route("/chart/throughput.svg", "api", dash.throughput_svg),
         route("/chart/due.svg", "api", dash.due_svg),
         route("/metrics", "api", dash.metrics),
