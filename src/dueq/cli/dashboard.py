@@ -7,6 +7,8 @@ an explicit ``--insecure``. Needs the dashboard extra: ``pip install 'dueq[dashb
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import click
@@ -86,3 +88,30 @@ def dashboard(
     shown = host if ":" not in host else f"[{host}]"
     click.echo(f"dueq dashboard on http://{shown}:{port}/ (Redis {conn.shown})", err=True)
     serve(app, host, port)
+
+
+class Background:
+    """The dashboard served by uvicorn in a daemon thread (``dueq demo --dashboard``)."""
+
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        import uvicorn
+
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://{host}:{port}/"
+
+    def start(self, timeout_s: float = 10.0) -> Background:
+        """Start serving; CliError when it has not started within ``timeout_s``."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise CliError(f"the dashboard could not start on {self.url}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

@@ -671,6 +671,11 @@ class _Dashboard:
             f' <input name="grep" placeholder="payload text" value="{e(p.get("grep", ""))}">'
             ' <button type="submit" id="search">Search</button></form>'
         )
+        looked = (
+            f'<p class="muted">looked at {scheduled.looked_at} tasks for this page</p>'
+            if p.get("id_prefix") or p.get("grep")
+            else ""
+        )
         more = (
             f"<p>{link('next page', '/queue', queue=n, id_prefix=p.get('id_prefix'), grep=p.get('grep'), scheduled_cursor=scheduled.cursor)}</p>"  # noqa: E501
             if scheduled.cursor
@@ -700,6 +705,7 @@ class _Dashboard:
             + table(["id", "holder", "lease deadline", "attempt"], leased_rows)
             + f"<h2>Scheduled</h2>{search}"
             + table(["id", "due", "attempt", "priority", "payload"], sched_rows, empty="no match")
+            + looked
             + more
             + "<h2>Dead, by error type</h2>"
             + table(["error type", "tasks", ""], group_rows)
