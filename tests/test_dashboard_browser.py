@@ -101,6 +101,7 @@ def browser() -> Iterator[WebDriver]:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_window_size(*WINDOW)
+    driver.implicitly_wait(5)  # a click that navigates returns before the next page is there
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     print(f"\ndashboard screenshots: {ARTIFACTS}")
     yield driver
@@ -127,7 +128,7 @@ def serve(redis_server: RedisServer, browser: WebDriver) -> Iterator[Serve]:
 
 
 def shot(browser: WebDriver, name: str) -> None:
-    browser.set_window_size(*WINDOW)
+    """A screenshot of what the window shows, at the fixed window size."""
     browser.save_screenshot(str(ARTIFACTS / f"{name}.png"))
 
 
@@ -168,6 +169,8 @@ def test_open_a_queue_and_replay_an_error_group(
     form = browser.find_element(
         By.XPATH, "//tr[td[text()='ValueError']]//button[@data-action='replay-group']"
     )
+    browser.execute_script("arguments[0].scrollIntoView()", form)
+    shot(browser, "queue-dead")
     form.click()
     wait_text(browser, "Replay every dead task of queue emails whose last error is ValueError")
     shot(browser, "confirm")

@@ -39,7 +39,7 @@ from ..keys import validate_queue_name
 from ..registry import WorkerInfo
 from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
 from . import _svg
-from ._html import CSS, JS, button, e, layout, link, live, pretty_json, table, url, when
+from ._html import CSS, JS, button, chart, e, layout, link, live, pretty_json, table, url, when
 
 Kind = Literal["page", "api", "post", "open"]
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -590,8 +590,7 @@ class _Dashboard:
             + f'<p>{link("Workers", "/workers")} alive: <span data-live="workers_alive">'
             f"{e(data['workers_alive'])}</span></p>"
             + "<h2>Throughput, last hour (every queue)</h2>"
-            + '<img class="chart" alt="throughput chart" src="/chart/throughput.svg" '
-            'data-chart="/chart/throughput.svg">'
+            + chart("throughput chart", "/chart/throughput.svg")
         )
         return self.page(request, "Overview", body, poll="/api/overview")
 
@@ -695,13 +694,12 @@ class _Dashboard:
         body = (
             f"<h1>Queue {e(n)} {toggle}</h1>{counts}"
             f"<p>{link('Cron definitions of this queue', '/cron', queue=n)}</p>"
-            "<h2>Throughput, last hour</h2>"
-            f'<img class="chart" alt="throughput chart" src="{e(url("/chart/throughput.svg", queue=n))}" '  # noqa: E501
-            f'data-chart="{e(url("/chart/throughput.svg", queue=n))}">'
-            "<h2>Due in the next 24 hours</h2>"
-            f'<img class="chart" alt="due histogram" src="{e(url("/chart/due.svg", queue=n))}" '
-            f'data-chart="{e(url("/chart/due.svg", queue=n))}">'
-            f"<h2>Leased ({len(leased.tasks)} shown)</h2>"
+            '<div class="charts"><div><h2>Throughput, last hour</h2>'
+            + chart("throughput chart", url("/chart/throughput.svg", queue=n))
+            + "</div><div><h2>Due in the next 24 hours</h2>"
+            + chart("due histogram", url("/chart/due.svg", queue=n))
+            + "</div></div>"
+            + f"<h2>Leased ({len(leased.tasks)} shown)</h2>"
             + table(["id", "holder", "lease deadline", "attempt"], leased_rows)
             + f"<h2>Scheduled</h2>{search}"
             + table(["id", "due", "attempt", "priority", "payload"], sched_rows, empty="no match")

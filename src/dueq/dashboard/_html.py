@@ -37,7 +37,8 @@ button.danger{color:#b71c1c}
 .notice{background:#e8f5e9;border:1px solid #a5d6a7;padding:8px;margin:8px 0}
 .problem{background:#ffebee;border:1px solid #ef9a9a;padding:8px;margin:8px 0}
 .muted{color:#777;font-size:12px}
-img.chart{display:block;border:1px solid #ddd;margin:6px 0}
+img.chart{display:block;border:1px solid #ddd;margin:6px 0;width:600px;height:auto}
+.charts{display:flex;gap:16px;flex-wrap:wrap}
 """
 
 JS = """
@@ -98,6 +99,11 @@ def live(key: str, text: object, css: str = "") -> str:
     """A table cell the page's poller refreshes from the JSON endpoint's ``live[key]``."""
     cls = f' class="{e(css)}"' if css else ""
     return f'<td{cls} data-live="{e(key)}">{e(text)}</td>'
+
+
+def chart(alt: str, src: str) -> str:
+    """An SVG chart the page's poller reloads now and then."""
+    return f'<img class="chart" alt="{e(alt)}" src="{e(src)}" data-chart="{e(src)}">'
 
 
 def table(head: Sequence[str], rows: Iterable[str], *, empty: str = "none") -> str:
