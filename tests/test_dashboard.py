@@ -4,6 +4,7 @@ token, escaping, no Redis password)."""
 
 from __future__ import annotations
 
+import socket
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -357,3 +358,14 @@ def test_cron_page_shows_the_last_firing_and_its_outcome(r: redis.Redis, dashboa
     html = dashboard().get("/cron").text
     assert "retrying (ValueError) at 20" in html
     assert dashboard().get("/api/cron").json()["nightly"][0]["last_outcome"] == "retrying"
+
+
+def test_an_unreachable_redis_is_a_503_that_names_no_password(dashboard: Client) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    client = dashboard(f"redis://default:hunter2-pw@127.0.0.1:{port}/0")
+    page = client.get("/")
+    assert page.status_code == 503 and "Redis: ConnectionError" in page.text
+    assert "hunter2" not in page.text
+    assert client.get("/api/overview").json()["error"].startswith("Redis: ConnectionError")

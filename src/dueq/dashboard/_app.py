@@ -479,6 +479,8 @@ class _Dashboard:
             return self.problem(request, kind, 404, str(exc))
         except DueqError as exc:  # bad input from the form or URL: say why, change nothing
             return self.problem(request, kind, 400, str(exc))
+        except redis.RedisError as exc:  # Redis down or refusing: say so, the page retries
+            return self.problem(request, kind, 503, f"Redis: {type(exc).__name__}: {exc}")
 
     def _post_allowed(self, request: Request) -> None:
         if self.settings.read_only and request.url.path != "/login":
