@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--max-in-flight", type=int, default=None)
     parser.add_argument("--grace", type=float, default=10.0)
+    parser.add_argument("--heartbeat", type=float, default=5.0)
     parser.add_argument("--front-end", choices=["sync", "async"], default="sync")
     parser.add_argument(
         "--log-claimed", action="store_true", help="also push each claim time (ms) to 'claimed'"
@@ -52,6 +53,7 @@ def main() -> None:
         concurrency=args.concurrency,
         max_in_flight=args.max_in_flight,
         grace=args.grace,
+        heartbeat=args.heartbeat,
     )
     worker.run()
     r.rpush("exited", json.dumps(dict(worker.outcomes)))
@@ -74,6 +76,7 @@ async def run_async(args: argparse.Namespace) -> None:
         concurrency=args.concurrency,
         max_in_flight=args.max_in_flight,
         grace=args.grace,
+        heartbeat=args.heartbeat,
     )
     await worker.run()
     await r.rpush("exited", json.dumps(dict(worker.outcomes)))

@@ -826,7 +826,15 @@ class QueueCore:
     # -- the worker registry (dueq.registry) -------------------------------------------------
 
     def _workers_flow(self) -> Flow[list[WorkerInfo]]:
-        server_ms, expiries, entries = yield protocol.workers_read(self.keys)
+        try:
+            server_ms, expiries, entries = yield protocol.workers_read(self.keys)
+        except redis.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            # a registry key of another type (by hand): no readable entry; the next beat of
+            # any worker replaces it (heartbeat.lua)
+            logger.warning("the worker registry of %r is unreadable (%s)", self.name, exc)
+            return []
         now_ms = clock_ms(self.clock) if self.clock is not None else server_ms
         return parse_workers(now_ms, expiries, entries)
 

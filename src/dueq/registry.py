@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 #: Beats an entry outlives its last one by: a worker is shown until it misses this many.
 TTL_BEATS = 3
+#: Longest wait for a beat under way when the worker stops (s).
+STOP_WAIT_S = 10.0
 #: Floor of an entry's lifetime (ms): a beat late by a garbage collection or a busy Redis must
 #: not make a live worker vanish.
 MIN_TTL_MS = 500
@@ -163,7 +165,7 @@ def discover_workers(client: Any) -> list[WorkerInfo]:
     """Every live worker of every queue in this database (a blocking redis-py client), one
     entry per process, sorted by worker id. Walks the keyspace (``dueq.discovery``): for a
     refresh or a scrape, not per task."""
-    from .discovery import queue_names
+    from .discovery import queue_names  # here: dueq.queue imports this module
     from .queue import Queue
 
     return merge_workers(Queue(name, client).workers() for name in queue_names(client))
@@ -234,7 +236,10 @@ class Heartbeat(_Beat):
     def stop(self) -> None:
         """Stop beating and remove the entries (a failure is logged: they expire anyway)."""
         self._stop.set()
-        self._thread.join()
+        self._thread.join(STOP_WAIT_S)
+        if self._thread.is_alive():  # a beat hangs on an unresponsive Redis: leave it be
+            logger.warning("worker registry heartbeat did not stop; its entries will expire")
+            return
         for q in self._queues:
             try:
                 q._leave_registry()

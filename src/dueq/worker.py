@@ -127,6 +127,11 @@ class Worker(_WorkerSettings):
     A number fixes it. ``timeout`` fails an attempt that runs longer (``dueq.TaskTimeout``,
     retried by the queue's policy; see ``dueq.operators.process``). ``outcomes`` counts what
     became of the deliveries (acked, retried, dead, released, lost).
+
+    While it runs, the worker announces itself in the registry of each of its queues every
+    ``heartbeat`` seconds (``Queue.workers``, ``dueq workers``; see ``dueq.registry``); the
+    entry expires three beats after the process dies and is removed when ``run`` returns.
+    ``heartbeat`` also caps how long an idle claim loop sleeps.
     """
 
     def __init__(

@@ -25,7 +25,9 @@ from .metrics import metrics
 from .schedule import schedule
 from .stats import stats
 from .tasks import cancel, list_tasks, reschedule, run_now, show
+from .top import top
 from .worker import worker
+from .workers import workers
 
 __all__ = ["cli", "main"]
 
@@ -84,6 +86,9 @@ for command in (
     demo,
     dashboard,
 ):
+    _with_debug(command)
+    cli.add_command(command)
+for command in (workers, top):
     _with_debug(command)
     cli.add_command(command)
 for command in (list_tasks, show, cancel, reschedule, run_now):

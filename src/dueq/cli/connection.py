@@ -259,9 +259,10 @@ def open_queue(target: RedisTarget, name: str) -> Queue:
 
 
 def require_queue(conn: Connection, name: str) -> None:
-    """CliError unless queue ``name`` has any key (tasks, dead tasks or counters) in Redis."""
+    """CliError unless queue ``name`` has any key (tasks, dead tasks, counters, or live
+    workers: a queue exists for an operator as soon as a worker serves it) in Redis."""
     k = QueueKeys.for_queue(name)
     if not conn.client.exists(
-        k.leased, k.tasks, k.dead, k.stats, k.cron, k.done, k.config, *k.due_levels
+        k.leased, k.tasks, k.dead, k.stats, k.cron, k.done, k.config, k.workers, *k.due_levels
     ):
         raise CliError(f"no queue named {name!r} at {conn.shown}")

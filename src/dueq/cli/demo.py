@@ -26,11 +26,12 @@ from ..operators import process
 from ..queue import Queue
 from ..retry import RetryPolicy
 from ..task import QueueStats
+from .bars import state_counts
 from .connection import Connection, RedisTarget
 from .dashboard import Background, dashboard_module
 from .demo_board import Board
 from .demo_sources import Source, demo_sources, handle
-from .demo_view import LiveView, PlainView, delays_line, state_counts
+from .demo_view import LiveView, PlainView, delays_line
 from .options import seconds_option
 from .output import console
 

@@ -10,31 +10,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..task import QueueStats
+from .bars import state_counts, state_table
 from .demo_board import Board, Event
 
-#: The states shown, the colour of each, and what it means.
-STATES = (
-    ("scheduled", "cyan", "waiting in the due set: new, or retrying after a delay"),
-    ("leased", "yellow", "held by a worker, running"),
-    ("acked", "green", "done and removed"),
-    ("retried", "magenta", "failed attempts, due again after a growing delay"),
-    ("dead", "red", "out of attempts: in the dead-letter queue"),
-)
 EVENT_STYLES = {"retried": "magenta", "dead": "bold red", "source": "blue", "error": "bold red"}
 TAIL = 10
-BAR_WIDTH = 30
 PLAIN_EVERY_S = 1.0
-
-
-def state_counts(stats: QueueStats) -> dict[str, int]:
-    """Tasks in each state now (scheduled, leased, dead) and so far (acked, retried)."""
-    return {
-        "scheduled": stats.scheduled,
-        "leased": stats.leased,
-        "acked": stats.counters.get("acked", 0),
-        "retried": stats.counters.get("retried", 0),
-        "dead": stats.dead,
-    }
 
 
 def delays_line(board: Board) -> str:
@@ -61,15 +42,7 @@ def render(board: Board, stats: QueueStats, title: str) -> RenderableType:
     src = Table.grid(padding=(0, 2))
     for name, source in sources.items():
         src.add_row(Text(name, style="blue"), Text(source.status))
-    table = Table(box=None, padding=(0, 1), show_header=False)
-    for state, style, meaning in STATES:
-        bar = "█" * round(BAR_WIDTH * min(counts[state] / total, 1.0))
-        table.add_row(
-            Text(state, style=style),
-            Text(f"{counts[state]:>5}"),
-            Text(f"{bar:<{BAR_WIDTH}}", style=style),
-            Text(meaning, style="dim"),
-        )
+    table = state_table(counts, total)
     tail = [_event_text(e) for e in events[-TAIL:]] or [Text("no failures yet", style="dim")]
     return Group(head, src, Text(""), table, Text(""), Text(delays_line(board)), *tail)
 

@@ -114,6 +114,13 @@ def _whole(text: str) -> int:
     "Fail an attempt that runs longer (retried like any failure); none by default.",
     low=0.001,
 )
+@seconds_option(
+    "--heartbeat",
+    5.0,
+    "How often the worker announces itself (dueq workers) and idle claim loops look again; "
+    "its entry expires after 3 missed beats.",
+    low=0.01,
+)
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
@@ -146,6 +153,7 @@ def worker(
     lease: float,
     grace: float,
     timeout: float | None,
+    heartbeat: float,
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
@@ -197,6 +205,7 @@ def worker(
         max_in_flight=None if max_in_flight == "auto" else _whole(max_in_flight),
         grace=grace,
         timeout=timeout,
+        heartbeat=heartbeat,
     )
     if measured is not None:
         measured.follow(queue, w.outcomes)

@@ -1,0 +1,228 @@
+"""``dueq top``: a live view of real queues, as the demo's view is of its own.
+
+Per queue: tasks by state with bars (``bars.state_table``, shared with the demo), paused or
+not, per-minute rates of the last minutes (``Queue.history``), when scheduled tasks fall due
+(``Queue.due_histogram``), the live workers (``Queue.workers``) and the latest failures with
+the worker that ran each (the error records of the newest dead tasks, ``Queue.dead.list``).
+Every number comes from a library read; this module only lays them out. ``--once`` prints one
+frame and exits (for scripts, tests and a quick look); otherwise the frame is redrawn every
+``--interval`` on a terminal (printed each time elsewhere) until Ctrl-C, which exits 130.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import click
+import redis
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from ..exceptions import DueqError
+from ..queue import Queue
+from ..registry import WorkerInfo
+from ..task import DueHistogram, HistoryPoint, QueueStats
+from .bars import STYLES, sparkline, state_counts, state_table
+from .connection import Connection, RedisTarget, queue_names, redis_options, require_queue
+from .errors import EXIT_INTERRUPTED
+from .options import seconds_option
+from .output import console, safe, seconds
+
+#: The per-minute counters shown, in order.
+RATES = ("scheduled", "claimed", "acked", "retried", "dead", "expired")
+#: Dead tasks whose error records the failure list reads, and failure lines shown.
+DEAD_READ = 50
+FAILURES_SHOWN = 5
+#: The due histogram's buckets (one minute each).
+DUE_BUCKETS = 10
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt of a dead task: when, who ran it, which task, what went wrong."""
+
+    at: datetime | None
+    worker: str | None
+    task_id: str
+    error: str
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """What one queue's panel shows, read through the library."""
+
+    name: str
+    stats: QueueStats
+    history: list[HistoryPoint]
+    due: DueHistogram
+    workers: list[WorkerInfo]
+    failures: list[Failure]
+
+
+def read_view(q: Queue, minutes: int) -> QueueView:
+    """One queue's panel data: stats, history, due histogram, workers, recent failures."""
+    failures = [
+        Failure(e.at, e.worker, t.id, f"{e.type}: {e.message}")
+        for t in q.dead.list(limit=DEAD_READ)
+        for e in t.errors
+    ]
+    failures.sort(key=lambda f: f.at.timestamp() if f.at else 0.0, reverse=True)
+    return QueueView(
+        q.name,
+        q.stats(),
+        q.history(minutes),
+        q.due_histogram(timedelta(minutes=1), DUE_BUCKETS),
+        q.workers(),
+        failures,
+    )
+
+
+def _rates(history: list[HistoryPoint]) -> Table:
+    minutes = len(history)
+    table = Table(box=None, padding=(0, 1))
+    table.add_column("per minute")
+    table.add_column("now", justify="right")
+    table.add_column(f"last {minutes} min", justify="left")
+    table.add_column("total", justify="right")
+    for name in RATES:
+        counts = [getattr(p, name) for p in history]
+        table.add_row(
+            Text(name, style=STYLES.get(name, "")),
+            str(counts[-1] if counts else 0),
+            Text(sparkline(counts), style=STYLES.get(name, "")),
+            str(sum(counts)),
+        )
+    return table
+
+
+def _due(h: DueHistogram) -> Table:
+    """The due histogram as two rows: the buckets ahead, and how many tasks each holds."""
+    minutes = len(h.counts)
+    labels = ["overdue", *(f"{i}-{i + 1}m" for i in range(minutes)), f">{minutes}m"]
+    counts = [h.overdue, *h.counts, h.later]
+    table = Table(box=None, padding=(0, 1))
+    table.add_column("falls due")
+    for label in labels:
+        table.add_column(label, justify="right")
+    table.add_row("tasks", *(str(n) for n in counts))
+    return table
+
+
+def _workers(found: list[WorkerInfo], now: datetime) -> RenderableType:
+    if not found:
+        return Text("workers: none alive", style="dim")
+    table = Table(box=None, padding=(0, 1), title=f"workers: {len(found)} alive")
+    table.title_justify = "left"
+    for column in ("worker", "pid", "in flight", "processed", "failed", "seen"):
+        table.add_column(column, justify="left" if column == "worker" else "right")
+    for w in found:
+        ago = seconds(max((now - w.last_seen_at).total_seconds(), 0.0))
+        row = (w.pid, w.in_flight, w.processed, w.failed)
+        table.add_row(safe(w.worker_id), *(str(n) for n in row), f"{ago} ago")
+    return table
+
+
+def _failures(failures: list[Failure]) -> list[RenderableType]:
+    if not failures:
+        return [Text("recent failures: none", style="dim")]
+    by_worker = Counter(f.worker or "?" for f in failures)
+    counts = ", ".join(f"{safe(w)} {n}" for w, n in by_worker.most_common())
+    lines: list[RenderableType] = [Text(f"recent failures by worker: {counts}")]
+    for f in failures[:FAILURES_SHOWN]:
+        at = f"{f.at:%H:%M:%S}Z" if f.at else "-"
+        line = Text(f"  {at}  ", no_wrap=True, overflow="ellipsis")
+        line.append(safe(f.worker or "?"), style="yellow")
+        line.append(f"  {safe(f.task_id)}  ")
+        line.append(safe(f.error.splitlines()[0] if f.error else ""), style="red")
+        lines.append(line)
+    return lines
+
+
+def render_view(v: QueueView) -> RenderableType:
+    """One queue's panel."""
+    s = v.stats
+    counts = state_counts(s)
+    head = Text(f"queue {safe(v.name)}", style="bold")
+    head.append(
+        f"  ({'paused' if s.paused else 'running'}; {s.due_now} due now"
+        + (f", oldest waiting {seconds(s.oldest_due_lag_s)}" if s.due_now else "")
+        + ")"
+    )
+    total = max(counts.values(), default=0)
+    return Group(
+        head,
+        state_table(counts, total, meanings=False),
+        Text(""),
+        _rates(v.history),
+        Text(""),
+        _due(v.due),
+        Text(""),
+        _workers(v.workers, s.now),
+        *_failures(v.failures),
+        Text(""),
+    )
+
+
+def frame(conn: Connection, names: list[str], minutes: int) -> RenderableType:
+    """The whole screen: a title, then one panel per queue (a queue that cannot be read says
+    why instead)."""
+    parts: list[RenderableType] = [Text(f"dueq top at {safe(conn.shown)}", style="bold")]
+    shown = names or queue_names(conn.client)
+    if not shown:
+        parts.append(Text(f"no dueq queues at {safe(conn.shown)}"))
+    for name in shown:
+        try:
+            parts.append(render_view(read_view(Queue(name, conn.client), minutes)))
+        except (redis.exceptions.NoPermissionError, redis.ResponseError, DueqError) as exc:
+            # one unreadable queue (permissions, corrupted data) never hides the others
+            parts.append(Text(f"queue {safe(name)}: cannot read it: {safe(exc)}", style="red"))
+    return Group(*parts)
+
+
+@click.command()
+@click.argument("queues", nargs=-1, metavar="[QUEUE]...")
+@click.option("--once", is_flag=True, help="Print one frame and exit.")
+@seconds_option("--interval", 2.0, "Time between refreshes.", low=0.1)
+@click.option(
+    "--minutes",
+    type=click.IntRange(1, 1440),
+    default=30,
+    show_default=True,
+    help="Minutes of per-minute rates shown.",
+)
+@redis_options
+def top(
+    queues: tuple[str, ...], once: bool, interval: float, minutes: int, target: RedisTarget
+) -> None:
+    """A live view of QUEUEs (default: every queue found), refreshed until Ctrl-C.
+
+    Per queue: tasks by state, paused or running, per-minute rates of the last --minutes
+    (scheduled, claimed, acked, retried, dead, expired), when scheduled tasks fall due, the
+    live workers, and the latest failures with the worker that ran each.
+    """
+    conn = target.open()
+    for name in queues:
+        require_queue(conn, name)
+    out = console()
+    names = list(queues)
+    if once:
+        out.print(frame(conn, names, minutes))
+        return
+    live = Live(console=out, auto_refresh=False) if out.is_terminal else None
+    try:
+        with live or contextlib.nullcontext():
+            while True:
+                shown = frame(conn, names, minutes)
+                if live is not None:
+                    live.update(shown, refresh=True)
+                else:
+                    out.print(shown)
+                time.sleep(interval)
+    except KeyboardInterrupt:  # Ctrl-C is how top ends: quietly, with the usual 130
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
