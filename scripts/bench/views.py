@@ -11,8 +11,10 @@ queues take turns, round after round, so outside load falls on both alike:
 - ``without``: the same scripts with ``history_use`` made a no-op, and claims naming no holder.
 
 Throughput: ``schedule_many`` of N tasks, then ``claim(1000)`` + ``ack_many`` until drained;
-the best of ``--repeat`` rounds, as wall-clock tasks per second and as server time in scripts
-per task (INFO commandstats), which client-side noise on a shared machine affects less.
+the best of ``--repeat`` rounds, as wall-clock tasks per second, as server time in scripts
+per task (INFO commandstats, wall time inside Redis) and as the CPU time of Redis's main thread
+per task (INFO cpu): the one figure that a machine shared with other work barely moves, since a
+process waiting for a core spends no CPU time.
 Bytes: exact ``MEMORY USAGE`` (SAMPLES 0) of the meta hash with N tasks leased (the holder), per
 task, and of the history hash after the run (per queue, not per task).
 
@@ -52,16 +54,20 @@ def one_round(q: Queue, r: redis.Redis, n: int) -> dict[str, float]:
         r.delete(key)
     tasks = [Task({"n": i, "to": f"user{i}@example.com"}) for i in range(n)]
     r.config_resetstat()
+    cpu_s = redis_cpu_s(r)
     start = time.perf_counter()
     q.schedule_many(tasks)
     schedule_s = time.perf_counter() - start
+    schedule_cpu_s = redis_cpu_s(r) - cpu_s
     schedule_us = script_usec(r)
     r.config_resetstat()
+    cpu_s = redis_cpu_s(r)
     start = time.perf_counter()
     done = 0
     while batch := q.claim(1000):
         done += q.ack_many(batch)
     drain_s = time.perf_counter() - start
+    drain_cpu_s = redis_cpu_s(r) - cpu_s
     drain_us = script_usec(r)
     assert done == n
     return {
@@ -70,7 +76,16 @@ def one_round(q: Queue, r: redis.Redis, n: int) -> dict[str, float]:
         # server time per task, negated so that "best" (the max) is the least time
         "schedule_server_us_per_task": -schedule_us / n,
         "drain_server_us_per_task": -drain_us / n,
+        "schedule_redis_cpu_us_per_task": -schedule_cpu_s * 1e6 / n,
+        "drain_redis_cpu_us_per_task": -drain_cpu_s * 1e6 / n,
     }
+
+
+def redis_cpu_s(r: redis.Redis) -> float:
+    """CPU seconds Redis's main thread has used (user + system; the INFO call's own share is
+    the same for both variants)."""
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user_main_thread"]) + float(cpu["used_cpu_sys_main_thread"])
 
 
 def script_usec(r: redis.Redis) -> int:
