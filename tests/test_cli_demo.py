@@ -67,3 +67,54 @@ def test_demo_redis_url_and_embedded_exclude_each_other():
     result = CliRunner().invoke(cli, ["demo", "--embedded", "--redis-url", "redis://x"])
     assert result.exit_code == 2
     assert "exclude each other" in result.stderr
+
+
+def test_demo_dashboard_serves_the_demo_queue_while_it_runs(r, redis_server):
+    import socket
+    import threading
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    seen: list[dict] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set() and not seen:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}/api/overview", timeout=1)
+                if answer.status_code == 200 and answer.json()["queues"]:
+                    seen.append(answer.json())
+            except httpx.HTTPError:  # not serving yet
+                pass
+            done.wait(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = CliRunner().invoke(
+            cli,
+            [
+                "demo",
+                "--redis-url",
+                redis_server.url,
+                "--no-spark",
+                "--tasks",
+                "40",
+                "--spread",
+                "2",
+                "--dashboard",
+                str(port),
+            ],
+        )
+    finally:
+        done.set()
+        watcher.join()
+    assert result.exit_code == 0, result.output
+    (name,) = queue_names(r)
+    assert f"Dashboard: http://127.0.0.1:{port}/" in result.stdout
+    assert seen and list(seen[0]["queues"]) == [name]
+    with pytest.raises(httpx.HTTPError):  # stopped with the demo
+        httpx.get(f"http://127.0.0.1:{port}/", timeout=1)

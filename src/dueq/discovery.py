@@ -14,7 +14,7 @@ from typing import Any
 from .exceptions import ConfigurationError
 from .keys import PREFIX, QueueKeys, validate_queue_name
 
-__all__ = ["KEY_SUFFIXES", "queue_names", "queue_of_key"]
+__all__ = ["KEY_SUFFIXES", "async_queue_names", "queue_names", "queue_of_key"]
 
 #: What follows ``dueq:{<queue>}:`` in the name of each key a queue has.
 KEY_SUFFIXES = frozenset(
@@ -59,3 +59,12 @@ def queue_names(client: Any) -> list[str]:
             if (queue := queue_of_key(key)) is not None
         }
     )
+
+
+async def async_queue_names(client: Any) -> list[str]:
+    """As ``queue_names``, on a ``redis.asyncio`` client (the dashboard's)."""
+    found: set[str] = set()
+    async for key in client.scan_iter(match=f"{PREFIX}:{{*}}:*", count=SCAN_COUNT):
+        if (queue := queue_of_key(key)) is not None:
+            found.add(queue)
+    return sorted(found)

@@ -17,6 +17,7 @@ from .acl import acl
 from .configure import configure, pause, resume
 from .connection import ENV_URL, url_secrets
 from .cron import cron
+from .dashboard import dashboard
 from .dead import dead
 from .demo import demo
 from .errors import DueqGroup, Settings
@@ -71,7 +72,20 @@ def _with_debug(command: click.Command) -> None:
     )
 
 
-for command in (schedule, worker, stats, metrics, pause, resume, configure, dead, cron, acl, demo):
+for command in (
+    schedule,
+    worker,
+    stats,
+    metrics,
+    pause,
+    resume,
+    configure,
+    dead,
+    cron,
+    acl,
+    demo,
+    dashboard,
+):
     _with_debug(command)
     cli.add_command(command)
 for command in (workers, top):

@@ -28,6 +28,7 @@ from ..retry import RetryPolicy
 from ..task import QueueStats
 from .bars import state_counts
 from .connection import Connection, RedisTarget
+from .dashboard import Background, dashboard_module
 from .demo_board import Board
 from .demo_sources import Source, demo_sources, handle
 from .demo_view import LiveView, PlainView, delays_line
@@ -177,6 +178,16 @@ def _summary(q: Queue, board: Board, conn: Connection, finished: bool) -> tuple[
 )
 @seconds_option("--timeout", 55.0, "Stop even if the queue has not drained by then.", low=1)
 @click.option("--seed", type=int, help="Seed for which tasks fail (default: random).")
+@click.option(
+    "--dashboard",
+    "dashboard_port",
+    is_flag=False,
+    flag_value=8080,
+    type=click.IntRange(1, 65535),
+    default=None,
+    metavar="[PORT]",
+    help="Also serve the web dashboard on http://127.0.0.1:PORT/ (default 8080).",
+)
 def demo(
     redis_url: str | None,
     embedded: bool,
@@ -187,6 +198,7 @@ def demo(
     concurrency: int,
     timeout: float,
     seed: int | None,
+    dashboard_port: int | None,
 ) -> None:
     """Watch dueq schedule, run, retry and bury a few hundred tasks (under a minute).
 
@@ -204,11 +216,25 @@ def demo(
     out = console()
     where = f"{'embedded at ' if conn.embedded else ''}{conn.shown}"
     title = f"dueq demo · queue {q.name} · Redis {where} · logs in {logs}"
+    board_site = None
+    if dashboard_port is not None:
+        d = dashboard_module()
+        app = d.create_app(conn.url, d.DashboardSettings(queues=(q.name,)))
+        board_site = Background(app, "127.0.0.1", dashboard_port).start()
+        click.get_current_context().call_on_close(board_site.stop)
+        title += f" · dashboard {board_site.url}"
     view = LiveView(out, board, title) if out.is_terminal else PlainView(out, board, title)
     with _library_log_to(logs / "dueq.log"):
         finished = _run(q, board, sources, view, workers, concurrency, timeout)
     lines, unsettled = _summary(q, board, conn, finished)
     for line in lines:
         out.print(line, soft_wrap=True)
+    if board_site is not None:
+        out.print(f"Dashboard: {board_site.url}", soft_wrap=True)
+        if out.is_terminal:  # keep the queue and its dashboard to look at
+            out.print("Press Ctrl-C to stop it.", soft_wrap=True)
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how it ends
+                while board_site.thread.is_alive():
+                    time.sleep(0.2)
     if not finished or unsettled:
         raise click.exceptions.Exit(1)

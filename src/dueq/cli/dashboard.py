@@ -1,0 +1,117 @@
+"""``dueq dashboard``: serve the web UI (``dueq.dashboard``) with uvicorn until Ctrl-C.
+
+It binds 127.0.0.1 unless ``--host`` says otherwise, and refuses a non-loopback address
+without ``--token`` (or ``$DUEQ_DASHBOARD_TOKEN``, which keeps it out of the process list) or
+an explicit ``--insecure``. Needs the dashboard extra: ``pip install 'dueq[dashboard]'``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import click
+
+from ..exceptions import ConfigurationError
+from .connection import RedisTarget, redis_options, require_queue
+from .errors import CliError
+
+DEFAULT_HOST = "127.0.0.1"
+ENV_TOKEN = "DUEQ_DASHBOARD_TOKEN"
+
+
+def dashboard_module() -> Any:
+    """``dueq.dashboard``, or CliError naming the extra to install."""
+    try:
+        from .. import dashboard
+    except ImportError as exc:
+        raise CliError(f"{exc}") from None
+    return dashboard
+
+
+def serve(app: Any, host: str, port: int) -> None:
+    """Run ``app`` with uvicorn until Ctrl-C or SIGTERM (uvicorn handles both)."""
+    try:
+        import uvicorn
+    except ImportError:
+        raise CliError("the dashboard needs uvicorn: pip install 'dueq[dashboard]'") from None
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+@click.command()
+@click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to bind.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="TCP port."
+)
+@click.option("--read-only", is_flag=True, help="Show everything, change nothing (no buttons).")
+@click.option(
+    "--token",
+    envvar=ENV_TOKEN,
+    metavar="TOKEN",
+    help=f"Require this token (Bearer header or login form); also ${ENV_TOKEN}.",
+)
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without a token.")
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    metavar="QUEUE",
+    help="Show this queue (repeatable); default: every queue found.",
+)
+@redis_options
+def dashboard(
+    host: str,
+    port: int,
+    read_only: bool,
+    token: str | None,
+    insecure: bool,
+    queues: tuple[str, ...],
+    target: RedisTarget,
+) -> None:
+    """Serve a web UI of the queues at http://HOST:PORT/ (and /metrics) until Ctrl-C.
+
+    Overview, queue pages (due histogram, leased, scheduled with search, dead by error type),
+    task pages, workers and cron. Every change is a confirmed POST with a CSRF token.
+    """
+    d = dashboard_module()
+    try:
+        d.check_bind(host, token=token, insecure=insecure)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
+    conn = target.open()
+    for name in queues:
+        require_queue(conn, name)
+    app = d.create_app(
+        conn.url, d.DashboardSettings(read_only=read_only, token=token or None, queues=queues)
+    )
+    shown = host if ":" not in host else f"[{host}]"
+    click.echo(f"dueq dashboard on http://{shown}:{port}/ (Redis {conn.shown})", err=True)
+    serve(app, host, port)
+
+
+class Background:
+    """The dashboard served by uvicorn in a daemon thread (``dueq demo --dashboard``)."""
+
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        import uvicorn
+
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://{host}:{port}/"
+
+    def start(self, timeout_s: float = 10.0) -> Background:
+        """Start serving; CliError when it has not started within ``timeout_s``."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise CliError(f"the dashboard could not start on {self.url}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

@@ -1,0 +1,1108 @@
+"""The dashboard's Starlette app: pages, JSON endpoints, SVG charts, actions and ``/metrics``.
+
+Every view reads through ``AsyncQueue``'s public API and is paged or bucketed (a page of 50
+tasks, a histogram of 48 buckets, the per-minute history), so its cost does not grow with
+the queue. State changes go through one table (``ACTIONS``): a GET of ``/action/<verb>`` shows
+what would happen (the confirmation step, changing nothing); a POST with the CSRF token does
+it. ``_Dashboard.endpoint`` wraps every route with the checks (token, read-only, CSRF, Origin)
+and the security headers, so no route can forget them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlsplit
+
+import redis
+import redis.asyncio
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from .. import discovery
+from .._async import AsyncQueue
+from ..cron import CronDefinition
+from ..exceptions import ConfigurationError, CronNotFound, DueqError, TaskNotFound
+from ..keys import validate_queue_name
+from ..registry import WorkerInfo
+from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
+from . import _svg
+from ._html import CSS, JS, button, chart, e, layout, link, live, pretty_json, table, url, when
+
+Kind = Literal["page", "api", "post", "open"]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+CSRF_COOKIE = "dueq_csrf"
+SESSION_COOKIE = "dueq_session"
+PAGE_SIZE = 50
+MAX_FORM_BYTES = 64 * 1024
+#: list_tasks calls one search may make (each looks at up to 1,000 tasks).
+SEARCH_CALLS = 10
+#: Dead tasks read to group them by error type (replay/purge of a group acts on all of it).
+DEAD_GROUP_SCAN = 5_000
+HISTOGRAM_BUCKETS = 48
+HISTOGRAM_BUCKET = timedelta(minutes=30)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",  # "no-referrer" makes Chromium send Origin: null
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass(frozen=True)
+class DashboardSettings:
+    """How the dashboard behaves: ``read_only`` hides and refuses every state change;
+    ``token`` (when set) is required of every request (``Authorization: Bearer`` or the login
+    form's cookie); ``queues`` limits it to these queues (default: every queue found);
+    ``poll_s`` is how often pages refresh their figures."""
+
+    read_only: bool = False
+    token: str | None = None
+    queues: tuple[str, ...] = ()
+    poll_s: float = 2.0
+
+
+def redis_label(redis_url: str) -> str:
+    """What the pages call the Redis: scheme, host, port and database only. User, password
+    and query parameters (TLS files, passwords) are left out, so no secret reaches a page."""
+    try:
+        parts = urlsplit(redis_url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # unparsable: name nothing of it
+        return "redis"
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def check_bind(host: str, *, token: str | None, insecure: bool) -> None:
+    """ConfigurationError when ``host`` is not a loopback address and neither a token nor
+    ``insecure`` was given: a dashboard can replay and purge tasks, so it does not go on the
+    network open to anyone by accident."""
+    if token or insecure:
+        return
+    if host == "localhost":
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ConfigurationError(
+            f"refusing to serve the dashboard on {host}, which is not a loopback address, "
+            "without --token (or --insecure to do it anyway)"
+        )
+
+
+@dataclass(frozen=True)
+class Action:
+    """A state change: ``needs`` the form fields it reads, ``describe`` says what it will do
+    (the confirmation page), ``run`` does it and says what happened."""
+
+    label: str
+    needs: tuple[str, ...]
+    describe: Callable[[Mapping[str, str]], str]
+    run: Callable[[AsyncQueue, Mapping[str, str]], Awaitable[str]]
+    back: Literal["queue", "task", "cron"]
+    danger: bool = False
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+async def _pause(q: AsyncQueue, _f: Mapping[str, str]) -> str:
+    await q.pause()
+    return f"queue {q.name} paused"
+
+
+async def _resume(q: AsyncQueue, _f: Mapping[str, str]) -> str:
+    await q.resume()
+    return f"queue {q.name} resumed"
+
+
+async def _cancel(q: AsyncQueue, f: Mapping[str, str]) -> str:
+    done = await q.cancel(f["id"])
+    return f"task {f['id']} cancelled" if done else f"task {f['id']} was not there"
+
+
+async def _run_now(q: AsyncQueue, f: Mapping[str, str]) -> str:
+    done = await q.run_now(f["id"])
+    return f"task {f['id']} is due now" if done else f"task {f['id']} is running or gone"
+
+
+async def _reschedule(q: AsyncQueue, f: Mapping[str, str]) -> str:
+    try:
+        delay_s = float(f["delay_s"])
+    except ValueError:
+        raise ConfigurationError(
+            f"delay_s must be a number of seconds, got {f['delay_s']!r}"
+        ) from None
+    done = await q.reschedule(f["id"], delay=delay_s)
+    return f"task {f['id']} is due in {delay_s:g} s" if done else f"task {f['id']} not scheduled"
+
+
+async def _replay(q: AsyncQueue, f: Mapping[str, str]) -> str:
+    return f"{_count(await q.dead.replay([f['id']]), 'dead task')} replayed"
+
+
+async def _purge(q: AsyncQueue, f: Mapping[str, str]) -> str:
+    return f"{_count(await q.dead.purge([f['id']]), 'dead task')} purged"
+
+
+async def _replay_group(q: AsyncQueue, f: Mapping[str, str]) -> str:
+    moved = await q.dead.replay(error_type=f["error_type"])
+    return f"{_count(moved, 'dead task')} with error {f['error_type']} replayed"
+
+
+async def _purge_group(q: AsyncQueue, f: Mapping[str, str]) -> str:
+    moved = await q.dead.purge(error_type=f["error_type"])
+    return f"{_count(moved, 'dead task')} with error {f['error_type']} purged"
+
+
+async def _cron_pause(q: AsyncQueue, f: Mapping[str, str]) -> str:
+    await q.cron.pause(f["name"])
+    return f"cron {f['name']} paused"
+
+
+async def _cron_resume(q: AsyncQueue, f: Mapping[str, str]) -> str:
+    await q.cron.resume(f["name"])
+    return f"cron {f['name']} resumed"
+
+
+async def _cron_run_now(q: AsyncQueue, f: Mapping[str, str]) -> str:
+    return f"cron {f['name']} fired now: task {await q.cron.run_now(f['name'])}"
+
+
+ACTIONS: dict[str, Action] = {
+    "pause": Action(
+        "Pause",
+        (),
+        lambda f: f"Pause queue {f['queue']}: no consumer leases its tasks until it is resumed.",
+        _pause,
+        "queue",
+        danger=True,
+    ),
+    "resume": Action("Resume", (), lambda f: f"Resume queue {f['queue']}.", _resume, "queue"),
+    "cancel": Action(
+        "Cancel",
+        ("id",),
+        lambda f: f"Cancel task {f['id']} of queue {f['queue']} (a running handler is told).",
+        _cancel,
+        "task",
+        danger=True,
+    ),
+    "run-now": Action(
+        "Run now",
+        ("id",),
+        lambda f: f"Make task {f['id']} of queue {f['queue']} due now (a dead one is replayed).",
+        _run_now,
+        "task",
+    ),
+    "reschedule": Action(
+        "Reschedule",
+        ("id", "delay_s"),
+        lambda f: f"Make task {f['id']} of queue {f['queue']} due in {f['delay_s']} seconds.",
+        _reschedule,
+        "task",
+    ),
+    "replay": Action(
+        "Replay",
+        ("id",),
+        lambda f: f"Replay dead task {f['id']} of queue {f['queue']} (attempts reset, due now).",
+        _replay,
+        "task",
+    ),
+    "purge": Action(
+        "Purge",
+        ("id",),
+        lambda f: f"Delete dead task {f['id']} of queue {f['queue']} for good.",
+        _purge,
+        "queue",
+        danger=True,
+    ),
+    "replay-group": Action(
+        "Replay group",
+        ("error_type",),
+        lambda f: (
+            f"Replay every dead task of queue {f['queue']} whose last error is {f['error_type']}."
+        ),
+        _replay_group,
+        "queue",
+    ),
+    "purge-group": Action(
+        "Purge group",
+        ("error_type",),
+        lambda f: (
+            f"Delete every dead task of queue "
+            f"{f['queue']} whose last error is {f['error_type']}, for good."
+        ),
+        _purge_group,
+        "queue",
+        danger=True,
+    ),
+    "cron-pause": Action(
+        "Pause",
+        ("name",),
+        lambda f: f"Pause cron {f['name']} of queue {f['queue']}.",
+        _cron_pause,
+        "cron",
+        danger=True,
+    ),
+    "cron-resume": Action(
+        "Resume",
+        ("name",),
+        lambda f: f"Resume cron {f['name']} of queue {f['queue']}.",
+        _cron_resume,
+        "cron",
+    ),
+    "cron-run-now": Action(
+        "Run now",
+        ("name",),
+        lambda f: f"Fire cron {f['name']} of queue {f['queue']} now (its schedule is unchanged).",
+        _cron_run_now,
+        "cron",
+    ),
+}
+
+
+class HttpProblem(Exception):
+    """Answer the request with ``status`` and ``message`` (a page, or JSON for the API)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def form_fields(request: Request) -> dict[str, str]:
+    """The fields of a URL-encoded form POST (the only kind the pages send), read once.
+    Parsed here rather than by Starlette, which would need python-multipart for it."""
+    if not hasattr(request.state, "form"):
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            raise HttpProblem(413, "form too large")
+        pairs = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+        request.state.form = dict(pairs)
+    form: dict[str, str] = request.state.form
+    return form
+
+
+def _stats_json(s: QueueStats) -> dict[str, Any]:
+    return {
+        "scheduled": s.scheduled,
+        "due_now": s.due_now,
+        "leased": s.leased,
+        "dead": s.dead,
+        "paused": s.settings.paused,
+        "oldest_due_lag_s": round(s.oldest_due_lag_s, 3),
+        "next_due_at": s.next_due_at.isoformat() if s.next_due_at else None,
+    }
+
+
+def _task_json(t: TaskInfo) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "state": t.state,
+        "payload": t.payload,
+        "attempt": t.attempt,
+        "due_at": t.due_at.isoformat() if t.due_at else None,
+        "lease_deadline": t.lease_deadline.isoformat() if t.lease_deadline else None,
+        "holder": t.holder,
+        "died_at": t.died_at.isoformat() if t.died_at else None,
+        "priority": t.priority,
+        "key": t.key,
+        "errors": [
+            {
+                "attempt": r.attempt,
+                "type": r.type,
+                "message": r.message,
+                "traceback": r.traceback,
+                "at": r.at.isoformat() if r.at else None,
+            }
+            for r in t.errors
+        ],
+    }
+
+
+def _last_error(t: TaskInfo) -> str:
+    return t.errors[-1].type if t.errors else ""
+
+
+def _sum_history(histories: list[list[HistoryPoint]]) -> list[HistoryPoint]:
+    if not histories:
+        return []
+    out = []
+    for points in zip(*histories, strict=False):
+        out.append(
+            HistoryPoint(
+                points[0].minute,
+                *(
+                    sum(getattr(p, name) for p in points)
+                    for name in ("scheduled", "claimed", "acked", "retried", "dead", "expired")
+                ),
+            )
+        )
+    return out
+
+
+def _outcome(d: CronDefinition) -> str:
+    """The last firing's outcome (escaped HTML): what became of it, when, and the error."""
+    if d.last_outcome is None:
+        return "-"
+    error = f" ({d.last_error_type})" if d.last_error_type else ""
+    return e(f"{d.last_outcome}{error} at {when(d.last_outcome_at)}")
+
+
+def _lag(seconds: float) -> str:
+    return f"{seconds:.1f} s"
+
+
+@dataclass
+class _Dashboard:
+    redis_url: str
+    settings: DashboardSettings
+    where: str
+    client: redis.asyncio.Redis | None = None
+    sync_client: redis.Redis | None = None
+    queues: dict[str, AsyncQueue] = field(default_factory=dict)
+    session_value: str = ""
+
+    def __post_init__(self) -> None:
+        if self.settings.token:
+            self.session_value = hmac.new(
+                self.settings.token.encode(), b"dueq-dashboard-session", hashlib.sha256
+            ).hexdigest()
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def queue(self, name: str) -> AsyncQueue:
+        assert self.client is not None, "the app's lifespan opens the client"
+        if name not in self.queues:
+            self.queues[name] = AsyncQueue(validate_queue_name(name), self.client)
+        return self.queues[name]
+
+    async def names(self) -> list[str]:
+        if self.settings.queues:
+            return list(self.settings.queues)
+        return await discovery.async_queue_names(self.client)
+
+    async def known_queue(self, name: str | None) -> AsyncQueue:
+        if not name:
+            raise HttpProblem(400, "which queue? (?queue=NAME)")
+        try:
+            validate_queue_name(name)
+        except ConfigurationError as exc:
+            raise HttpProblem(400, str(exc)) from None
+        if name not in await self.names():
+            raise HttpProblem(404, f"no queue named {name!r}")
+        return self.queue(name)
+
+    def authorized(self, request: Request) -> bool:
+        token = self.settings.token
+        if not token:
+            return True
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.encode()):
+            return True
+        cookie = request.cookies.get(SESSION_COOKIE, "")
+        return hmac.compare_digest(cookie.encode(), self.session_value.encode())
+
+    async def csrf_ok(self, request: Request) -> bool:
+        form = await form_fields(request)
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        given = form.get("csrf", "")
+        return bool(cookie) and isinstance(given, str) and hmac.compare_digest(given, cookie)
+
+    def page(self, request: Request, title: str, body: str, poll: str | None = None) -> Response:
+        return HTMLResponse(
+            layout(title, body, where=self.where, poll=poll, read_only=self.settings.read_only)
+        )
+
+    def problem(self, request: Request, kind: Kind, status: int, message: str) -> Response:
+        if kind == "api":
+            return JSONResponse({"error": message}, status_code=status)
+        body = f'<h1>{status}</h1><p class="problem">{e(message)}</p><p>{link("Overview", "/")}</p>'
+        response = self.page(request, str(status), body)
+        response.status_code = status
+        return response
+
+    def endpoint(self, kind: Kind, handler: Endpoint) -> Endpoint:
+        """``handler`` behind the checks: token (unless ``open``), read-only and CSRF for
+        POSTs, a same-origin POST; security headers and the CSRF cookie on every answer."""
+
+        async def run(request: Request) -> Response:
+            request.state.csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+            response = await self._checked(kind, handler, request)
+            for name, value in SECURITY_HEADERS.items():
+                response.headers.setdefault(name, value)
+            if CSRF_COOKIE not in request.cookies:
+                response.set_cookie(
+                    CSRF_COOKIE, request.state.csrf, httponly=True, samesite="strict"
+                )
+            return response
+
+        return run
+
+    async def _checked(self, kind: Kind, handler: Endpoint, request: Request) -> Response:
+        if kind != "open" and not self.authorized(request):
+            if kind == "page":
+                return RedirectResponse(url("/login", next=request.url.path), status_code=303)
+            return self.problem(request, "api", 401, "a token is needed (Authorization: Bearer)")
+        try:
+            if request.method == "POST":
+                self._post_allowed(request)
+                if not await self.csrf_ok(request):
+                    raise HttpProblem(403, "the CSRF token is missing or wrong: reload the page")
+            return await handler(request)
+        except HttpProblem as exc:
+            return self.problem(request, kind, exc.status, exc.message)
+        except (TaskNotFound, CronNotFound) as exc:
+            return self.problem(request, kind, 404, str(exc))
+        except DueqError as exc:  # bad input from the form or URL: say why, change nothing
+            return self.problem(request, kind, 400, str(exc))
+        except redis.RedisError as exc:  # Redis down or refusing: say so, the page retries
+            return self.problem(request, kind, 503, f"Redis: {type(exc).__name__}: {exc}")
+
+    def _post_allowed(self, request: Request) -> None:
+        if self.settings.read_only and request.url.path != "/login":
+            raise HttpProblem(403, "this dashboard is read-only")
+        origin = request.headers.get("origin")
+        if origin and urlsplit(origin).netloc != request.headers.get("host"):
+            raise HttpProblem(403, "cross-origin POST refused")
+
+    def buttons(self, *items: str) -> str:
+        return "" if self.settings.read_only else " ".join(items)
+
+    # -- data --------------------------------------------------------------------------------
+
+    async def overview_data(self) -> dict[str, Any]:
+        names = await self.names()
+        stats = await asyncio.gather(*(self.queue(n).stats() for n in names))
+        workers = await self.workers(names)
+        rows = {
+            n: {**_stats_json(s), "workers": len(workers[n])}
+            for n, s in zip(names, stats, strict=True)
+        }
+        alive = len({w.worker_id for found in workers.values() for w in found})
+        live_rows = self._live_rows(rows)
+        live_rows["workers_alive"] = alive
+        return {"queues": rows, "workers_alive": alive, "live": live_rows}
+
+    async def workers(self, names: list[str]) -> dict[str, list[WorkerInfo]]:
+        """The live workers of each queue (a worker serving several is in each list)."""
+        found = await asyncio.gather(*(self.queue(n).workers() for n in names))
+        return dict(zip(names, found, strict=True))
+
+    @staticmethod
+    def _live_rows(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, row in rows.items():
+            for key, value in row.items():
+                out[f"{name}.{key}"] = (
+                    _lag(value)
+                    if key == "oldest_due_lag_s"
+                    else ("paused" if value else "running")
+                    if key == "paused"
+                    else value
+                )
+        return out
+
+    async def search(
+        self, q: AsyncQueue, state: Literal["scheduled", "leased", "dead"], request: Request
+    ) -> TaskPage:
+        """A page of up to ``PAGE_SIZE`` tasks matching the query's filters, looking at no
+        more than ``SEARCH_CALLS`` listing calls' worth of tasks."""
+        p = request.query_params
+        cursor = p.get(f"{state}_cursor") or None
+        filters: dict[str, Any] = {}
+        if state == "scheduled":
+            filters = {"id_prefix": p.get("id_prefix") or None, "grep": p.get("grep") or None}
+        found: list[TaskInfo] = []
+        looked = 0
+        for _ in range(SEARCH_CALLS):
+            page = await q.list_tasks(state, limit=PAGE_SIZE - len(found), cursor=cursor, **filters)
+            found += page.tasks
+            looked += page.looked_at
+            cursor = page.cursor
+            if cursor is None or len(found) >= PAGE_SIZE:
+                break
+        return TaskPage(found, cursor, looked)
+
+    async def dead_groups(self, q: AsyncQueue) -> tuple[Counter[str], int]:
+        groups: Counter[str] = Counter()
+        looked, cursor = 0, None
+        while looked < DEAD_GROUP_SCAN:
+            page = await q.list_tasks("dead", limit=1000, cursor=cursor)
+            groups.update(_last_error(t) for t in page.tasks)
+            looked += len(page.tasks)
+            cursor = page.cursor
+            if cursor is None:
+                break
+        return groups, looked
+
+    # -- pages -------------------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        data = await self.overview_data()
+        rows = []
+        for name, s in data["queues"].items():
+            rows.append(
+                f"<tr><td>{link(name, '/queue', queue=name)}</td>"
+                + live(f"{name}.scheduled", s["scheduled"], "n")
+                + live(f"{name}.due_now", s["due_now"], "n")
+                + live(f"{name}.leased", s["leased"], "n")
+                + live(f"{name}.dead", s["dead"], "n")
+                + live(f"{name}.paused", "paused" if s["paused"] else "running")
+                + live(f"{name}.oldest_due_lag_s", _lag(s["oldest_due_lag_s"]), "n")
+                + live(f"{name}.workers", s["workers"], "n")
+                + "</tr>"
+            )
+        head = [
+            "queue",
+            "scheduled",
+            "due now",
+            "leased",
+            "dead",
+            "state",
+            "oldest due lag",
+            "workers",
+        ]
+        body = (
+            "<h1>Queues</h1>"
+            + table(head, rows, empty="no queue in this Redis yet")
+            + f'<p>{link("Workers", "/workers")} alive: <span data-live="workers_alive">'
+            f"{e(data['workers_alive'])}</span></p>"
+            + "<h2>Throughput, last hour (every queue)</h2>"
+            + chart("throughput chart", "/chart/throughput.svg")
+        )
+        return self.page(request, "Overview", body, poll="/api/overview")
+
+    async def queue_page(self, request: Request) -> Response:
+        q = await self.known_queue(request.query_params.get("queue"))
+        stats = await q.stats()
+        s = _stats_json(stats)
+        leased = await self.search(q, "leased", request)
+        scheduled = await self.search(q, "scheduled", request)
+        dead_page = await self.search(q, "dead", request)
+        groups, grouped = await self.dead_groups(q)
+        n = q.name
+        state = "paused" if s["paused"] else "running"
+        toggle = self.buttons(
+            button("Resume", "resume", {"queue": n})
+            if s["paused"]
+            else button("Pause", "pause", {"queue": n}, danger=True)
+        )
+        counts = table(
+            ["scheduled", "due now", "leased", "dead", "state", "oldest due lag", "next due"],
+            [
+                "<tr>"
+                + live(f"{n}.scheduled", s["scheduled"], "n")
+                + live(f"{n}.due_now", s["due_now"], "n")
+                + live(f"{n}.leased", s["leased"], "n")
+                + live(f"{n}.dead", s["dead"], "n")
+                + live(f"{n}.paused", state, "paused" if s["paused"] else "")
+                + live(f"{n}.oldest_due_lag_s", _lag(s["oldest_due_lag_s"]), "n")
+                + live(f"{n}.next_due_at", when(stats.next_due_at))
+                + "</tr>"
+            ],
+        )
+        leased_rows = [
+            f"<tr><td>{link(t.id, '/task', queue=n, id=t.id)}</td><td>{e(t.holder or '-')}</td>"
+            f"<td>{e(when(t.lease_deadline))}</td><td class='n'>{t.attempt}</td></tr>"
+            for t in leased.tasks
+        ]
+        sched_rows = [
+            f"<tr><td>{link(t.id, '/task', queue=n, id=t.id)}</td><td>{e(when(t.due_at))}</td>"
+            f"<td class='n'>{t.attempt}</td><td class='n'>{t.priority}</td>"
+            f"<td><code>{e(pretty_json(t.payload)[:120])}</code></td></tr>"
+            for t in scheduled.tasks
+        ]
+        group_rows = [
+            f"<tr><td>{e(kind or '(no error record)')}</td><td class='n'>{count}</td><td>"
+            + (
+                self.buttons(
+                    button("Replay group", "replay-group", {"queue": n, "error_type": kind}),
+                    button(
+                        "Purge group",
+                        "purge-group",
+                        {"queue": n, "error_type": kind},
+                        danger=True,
+                    ),
+                )
+                if kind
+                else ""
+            )
+            + "</td></tr>"
+            for kind, count in groups.most_common()
+        ]
+        dead_rows = [
+            f"<tr><td>{link(t.id, '/task', queue=n, id=t.id)}</td><td>{e(_last_error(t))}</td>"
+            f"<td>{e(when(t.died_at))}</td><td class='n'>{t.attempt}</td><td>"
+            + self.buttons(
+                button("Replay", "replay", {"queue": n, "id": t.id}),
+                button("Purge", "purge", {"queue": n, "id": t.id}, danger=True),
+            )
+            + "</td></tr>"
+            for t in dead_page.tasks
+        ]
+        p = request.query_params
+        search = (
+            '<form method="get" action="/queue" class="search">'
+            f'<input type="hidden" name="queue" value="{e(n)}">'
+            f'<input name="id_prefix" placeholder="id prefix" value="{e(p.get("id_prefix", ""))}">'
+            f' <input name="grep" placeholder="payload text" value="{e(p.get("grep", ""))}">'
+            ' <button type="submit" id="search">Search</button></form>'
+        )
+        looked = (
+            f'<p class="muted">looked at {scheduled.looked_at} tasks for this page</p>'
+            if p.get("id_prefix") or p.get("grep")
+            else ""
+        )
+        more = (
+            f"<p>{link('next page', '/queue', queue=n, id_prefix=p.get('id_prefix'), grep=p.get('grep'), scheduled_cursor=scheduled.cursor)}</p>"  # noqa: E501
+            if scheduled.cursor
+            else ""
+        )
+        dead_more = (
+            f"<p>{link('next dead page', '/queue', queue=n, dead_cursor=dead_page.cursor)}</p>"
+            if dead_page.cursor
+            else ""
+        )
+        grouped_note = (
+            f'<p class="muted">grouped from the first {grouped} of {s["dead"]} dead tasks; '
+            "a group's replay or purge acts on every dead task of that error type</p>"
+            if grouped < s["dead"]
+            else ""
+        )
+        body = (
+            f"<h1>Queue {e(n)} {toggle}</h1>{counts}"
+            f"<p>{link('Cron definitions of this queue', '/cron', queue=n)}</p>"
+            '<div class="charts"><div><h2>Throughput, last hour</h2>'
+            + chart("throughput chart", url("/chart/throughput.svg", queue=n))
+            + "</div><div><h2>Due in the next 24 hours</h2>"
+            + chart("due histogram", url("/chart/due.svg", queue=n))
+            + "</div></div>"
+            + f"<h2>Leased ({len(leased.tasks)} shown)</h2>"
+            + table(["id", "holder", "lease deadline", "attempt"], leased_rows)
+            + f"<h2>Scheduled</h2>{search}"
+            + table(["id", "due", "attempt", "priority", "payload"], sched_rows, empty="no match")
+            + looked
+            + more
+            + "<h2>Dead, by error type</h2>"
+            + table(["error type", "tasks", ""], group_rows)
+            + grouped_note
+            + "<h2>Dead tasks</h2>"
+            + table(["id", "last error", "died", "attempts", ""], dead_rows)
+            + dead_more
+        )
+        return self.page(request, f"Queue {n}", body, poll=url("/api/queue", queue=n))
+
+    async def task_page(self, request: Request) -> Response:
+        q = await self.known_queue(request.query_params.get("queue"))
+        task_id = request.query_params.get("id", "")
+        info = await q.get(task_id) if task_id else None
+        if info is None:
+            raise HttpProblem(404, f"no task {task_id!r} in queue {q.name!r}")
+        n, ids = q.name, {"queue": q.name, "id": info.id}
+        actions: list[str] = []
+        if info.state in ("scheduled", "leased"):
+            actions.append(button("Cancel", "cancel", ids, danger=True))
+        if info.state in ("scheduled", "dead"):
+            actions.append(button("Run now", "run-now", ids))
+        if info.state == "scheduled":
+            actions.append(button("Reschedule", "reschedule", ids))
+        if info.state == "dead":
+            actions.append(button("Replay", "replay", ids))
+            actions.append(button("Purge", "purge", ids, danger=True))
+        facts = [
+            ("queue", link(n, "/queue", queue=n)),
+            ("state", e(info.state)),
+            ("attempts", e(info.attempt)),
+            ("due", e(when(info.due_at))),
+            ("lease deadline", e(when(info.lease_deadline))),
+            ("holder", e(info.holder or "-")),
+            ("died", e(when(info.died_at))),
+            ("priority", e(info.priority)),
+            ("key", e(info.key or "-")),
+        ]
+        errors = "".join(
+            f"<h3>attempt {r.attempt}: {e(r.type)} at {e(when(r.at))}</h3>"
+            f"<p>{e(r.message)}</p><pre>{e(r.traceback or '(no traceback)')}</pre>"
+            for r in info.errors
+        )
+        body = (
+            f"<h1>Task {e(info.id)}</h1><p>{self.buttons(*actions)}</p>"
+            + table([], (f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts))
+            + f'<h2>Payload</h2><pre id="payload">{e(pretty_json(info.payload))}</pre>'
+            + f"<h2>Errors ({len(info.errors)})</h2>"
+            + (errors or '<p class="muted">none</p>')
+        )
+        return self.page(request, f"Task {info.id}", body)
+
+    async def workers_page(self, request: Request) -> Response:
+        workers = await self.alive()
+        rows = [
+            f"<tr><td>{e(w.worker_id)}</td><td>{e(w.host)}</td><td class='n'>{w.pid}</td>"
+            f"<td>{' '.join(link(n, '/queue', queue=n) for n in w.queues)}</td>"
+            f"<td>{e(when(w.started_at))}</td>"
+            + live(f"{w.worker_id}.last_seen_at", when(w.last_seen_at))
+            + live(f"{w.worker_id}.in_flight", w.in_flight, "n")
+            + live(f"{w.worker_id}.processed", w.processed, "n")
+            + live(f"{w.worker_id}.failed", w.failed, "n")
+            + "</tr>"
+            for w in workers
+        ]
+        head = ["worker", "host", "pid", "queues", "started", "last seen", "in flight"]
+        body = f"<h1>Workers ({len(rows)} alive)</h1>" + table(
+            [*head, "processed", "failed"], rows, empty="no worker is alive"
+        )
+        return self.page(request, "Workers", body, poll="/api/workers")
+
+    async def alive(self) -> list[WorkerInfo]:
+        """Every live worker of the shown queues, once each, by id."""
+        by_queue = await self.workers(await self.names())
+        unique = {w.worker_id: w for found in by_queue.values() for w in found}
+        return [unique[k] for k in sorted(unique)]
+
+    async def api_workers(self, request: Request) -> Response:
+        workers = await self.alive()
+        live_rows: dict[str, Any] = {}
+        for w in workers:
+            live_rows[f"{w.worker_id}.last_seen_at"] = when(w.last_seen_at)
+            live_rows[f"{w.worker_id}.in_flight"] = w.in_flight
+            live_rows[f"{w.worker_id}.processed"] = w.processed
+            live_rows[f"{w.worker_id}.failed"] = w.failed
+        rows = [
+            {
+                "worker_id": w.worker_id,
+                "host": w.host,
+                "pid": w.pid,
+                "queues": list(w.queues),
+                "started_at": w.started_at.isoformat(),
+                "last_seen_at": w.last_seen_at.isoformat(),
+                "in_flight": w.in_flight,
+                "processed": w.processed,
+                "failed": w.failed,
+            }
+            for w in workers
+        ]
+        return JSONResponse({"workers": rows, "live": live_rows})
+
+    async def cron_page(self, request: Request) -> Response:
+        only = request.query_params.get("queue")
+        names = [(await self.known_queue(only)).name] if only else await self.names()
+        lists = await asyncio.gather(*(self.queue(n).cron.list() for n in names))
+        rows = []
+        for n, defs in zip(names, lists, strict=True):
+            for d in defs:
+                fields = {"queue": n, "name": d.name}
+                toggle = (
+                    button("Resume", "cron-resume", fields)
+                    if d.paused
+                    else button("Pause", "cron-pause", fields, danger=True)
+                )
+                rows.append(
+                    f"<tr><td>{link(n, '/queue', queue=n)}</td><td>{e(d.name)}</td>"
+                    f"<td><code>{e(d.expr)}</code> {e(d.tz)}</td>"
+                    f"<td>{e(when(d.next_at))}</td><td>{e(when(d.last_fired_at))}</td>"
+                    f"<td>{_outcome(d)}</td>"
+                    f"<td>{'paused' if d.paused else 'active'}</td>"
+                    f"<td>{e(d.problem or '')}</td><td>"
+                    + self.buttons(toggle, button("Run now", "cron-run-now", fields))
+                    + "</td></tr>"
+                )
+        head = [
+            "queue",
+            "name",
+            "schedule",
+            "next firing",
+            "last firing",
+            "last outcome",
+            "state",
+            "problem",
+            "",
+        ]
+        body = "<h1>Cron</h1>" + table(head, rows, empty="no cron definitions")
+        return self.page(request, "Cron", body)
+
+    async def action_page(self, request: Request) -> Response:
+        verb = request.path_params["verb"]
+        action = ACTIONS.get(verb)
+        if action is None:
+            raise HttpProblem(404, f"no action {verb!r}")
+        if self.settings.read_only:
+            raise HttpProblem(403, "this dashboard is read-only")
+        fields = await self._fields(request, action)
+        if request.method == "GET":
+            return self._confirm(request, verb, action, fields)
+        q = self.queue(fields["queue"])
+        done = await action.run(q, fields)
+        back = self._back(action, fields)
+        body = f'<h1>Done</h1><p class="notice" id="done">{e(done)}</p><p>{back}</p>'
+        return self.page(request, "Done", body)
+
+    async def _fields(self, request: Request, action: Action) -> dict[str, str]:
+        source: Mapping[str, Any] = (
+            request.query_params if request.method == "GET" else await form_fields(request)
+        )
+        q = await self.known_queue(source.get("queue"))
+        fields = {"queue": q.name}
+        for name in action.needs:
+            value = source.get(name)
+            if name == "delay_s" and request.method == "GET" and not value:
+                value = "60"
+            if not isinstance(value, str) or not value:
+                raise HttpProblem(400, f"{name} is missing")
+            fields[name] = value
+        return fields
+
+    def _back(self, action: Action, fields: Mapping[str, str]) -> str:
+        if action.back == "task":
+            return link(
+                f"Back to task {fields['id']}", "/task", queue=fields["queue"], id=fields["id"]
+            )
+        if action.back == "cron":
+            return link("Back to cron", "/cron")
+        return link(f"Back to queue {fields['queue']}", "/queue", queue=fields["queue"])
+
+    def _confirm(
+        self, request: Request, verb: str, action: Action, fields: Mapping[str, str]
+    ) -> Response:
+        inputs = "".join(
+            f'<label>{e(k)} <input name="{e(k)}" value="{e(v)}"></label> '
+            if k == "delay_s"
+            else f'<input type="hidden" name="{e(k)}" value="{e(v)}">'
+            for k, v in fields.items()
+        )
+        cls = ' class="danger"' if action.danger else ""
+        body = (
+            f"<h1>Confirm: {e(action.label)}</h1><p>{e(action.describe(fields))}</p>"
+            f'<form method="post" action="/action/{e(verb)}">{inputs}'
+            f'<input type="hidden" name="csrf" value="{e(request.state.csrf)}">'
+            f'<button type="submit" id="confirm"{cls}>Yes, {e(action.label.lower())}</button>'
+            f"</form><p>{self._back(action, fields)}</p>"
+        )
+        return self.page(request, f"Confirm {action.label}", body)
+
+    async def login_page(self, request: Request) -> Response:
+        nxt = request.query_params.get("next", "/")
+        if request.method == "POST":
+            form = await form_fields(request)
+            given = form.get("token", "")
+            nxt = str(form.get("next", "/"))
+            token = self.settings.token or ""
+            if token and isinstance(given, str) and hmac.compare_digest(given, token):
+                safe = nxt if nxt.startswith("/") and not nxt.startswith("//") else "/"
+                response = RedirectResponse(safe, status_code=303)
+                response.set_cookie(
+                    SESSION_COOKIE, self.session_value, httponly=True, samesite="strict"
+                )
+                return response
+            raise HttpProblem(401, "wrong token")
+        body = (
+            '<h1>Log in</h1><form method="post" action="/login">'
+            f'<input type="hidden" name="csrf" value="{e(request.state.csrf)}">'
+            f'<input type="hidden" name="next" value="{e(nxt)}">'
+            '<input type="password" name="token" placeholder="token" autofocus> '
+            '<button type="submit">Log in</button></form>'
+        )
+        return self.page(request, "Log in", body)
+
+    # -- JSON and charts ---------------------------------------------------------------------
+
+    async def api_overview(self, request: Request) -> Response:
+        return JSONResponse(await self.overview_data())
+
+    async def api_queue(self, request: Request) -> Response:
+        q = await self.known_queue(request.query_params.get("queue"))
+        stats = await q.stats()
+        hist = await q.due_histogram(HISTOGRAM_BUCKET, HISTOGRAM_BUCKETS)
+        row = _stats_json(stats)
+        live_row = self._live_rows({q.name: row})
+        live_row[f"{q.name}.next_due_at"] = when(stats.next_due_at)
+        return JSONResponse(
+            {
+                "queue": q.name,
+                "stats": row,
+                "counters": stats.counters,
+                "due_histogram": {
+                    "bucket_s": hist.bucket.total_seconds(),
+                    "overdue": hist.overdue,
+                    "counts": hist.counts,
+                    "later": hist.later,
+                },
+                "live": live_row,
+            }
+        )
+
+    async def api_tasks(self, request: Request) -> Response:
+        q = await self.known_queue(request.query_params.get("queue"))
+        state = request.query_params.get("state", "scheduled")
+        if state not in ("scheduled", "leased", "dead"):
+            raise HttpProblem(400, "state must be scheduled, leased or dead")
+        page = await self.search(q, state, request)  # type: ignore[arg-type]
+        return JSONResponse(
+            {
+                "tasks": [_task_json(t) for t in page.tasks],
+                "cursor": page.cursor,
+                "looked_at": page.looked_at,
+            }
+        )
+
+    async def api_task(self, request: Request) -> Response:
+        q = await self.known_queue(request.query_params.get("queue"))
+        info = (
+            await q.get(request.query_params.get("id", ""))
+            if request.query_params.get("id")
+            else None
+        )
+        if info is None:
+            raise HttpProblem(404, "no such task")
+        return JSONResponse(_task_json(info))
+
+    async def api_dead_groups(self, request: Request) -> Response:
+        q = await self.known_queue(request.query_params.get("queue"))
+        groups, looked = await self.dead_groups(q)
+        return JSONResponse({"groups": dict(groups.most_common()), "looked_at": looked})
+
+    async def api_cron(self, request: Request) -> Response:
+        names = await self.names()
+        lists = await asyncio.gather(*(self.queue(n).cron.list() for n in names))
+        return JSONResponse(
+            {
+                n: [
+                    {
+                        "name": d.name,
+                        "expr": d.expr,
+                        "tz": d.tz,
+                        "paused": d.paused,
+                        "next_at": d.next_at.isoformat() if d.next_at else None,
+                        "last_fired_at": d.last_fired_at.isoformat() if d.last_fired_at else None,
+                        "problem": d.problem,
+                        "last_outcome": d.last_outcome,
+                        "last_outcome_at": d.last_outcome_at.isoformat()
+                        if d.last_outcome_at
+                        else None,
+                        "last_error_type": d.last_error_type,
+                    }
+                    for d in defs
+                ]
+                for n, defs in zip(names, lists, strict=True)
+                if defs
+            }
+        )
+
+    async def throughput_svg(self, request: Request) -> Response:
+        only = request.query_params.get("queue")
+        names = [(await self.known_queue(only)).name] if only else await self.names()
+        histories = await asyncio.gather(*(self.queue(n).history(60) for n in names))
+        title = f"queue {only}" if only else f"{len(names)} queues"
+        svg = _svg.throughput(_sum_history(list(histories)), f"per minute, {title}")
+        return Response(svg, media_type="image/svg+xml")
+
+    async def due_svg(self, request: Request) -> Response:
+        q = await self.known_queue(request.query_params.get("queue"))
+        hist = await q.due_histogram(HISTOGRAM_BUCKET, HISTOGRAM_BUCKETS)
+        return Response(_svg.due_histogram(hist, f"queue {q.name}"), media_type="image/svg+xml")
+
+    async def metrics(self, request: Request) -> Response:
+        try:
+            from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+            from ..metrics import QueueCollector
+        except ImportError as exc:
+            raise HttpProblem(501, f"{exc}: pip install 'dueq[metrics]'") from None
+        if self.sync_client is None:
+            self.sync_client = redis.Redis.from_url(self.redis_url)
+        registry = CollectorRegistry()
+        registry.register(QueueCollector(self.sync_client, list(self.settings.queues) or None))
+        text = await run_in_threadpool(generate_latest, registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name == "dashboard.css":
+            return Response(CSS, media_type="text/css")
+        if name == "dashboard.js":
+            return Response(JS, media_type="text/javascript")
+        raise HttpProblem(404, "no such file")
+
+
+def create_app(redis_url: str, settings: DashboardSettings | None = None) -> Starlette:
+    """The dashboard as an ASGI app over the Redis at ``redis_url`` (serve it with uvicorn).
+
+    The Redis client is opened by the app's lifespan (on the server's event loop) and closed
+    when it ends. The pages name the Redis by ``redis_label(redis_url)``: never its password.
+    """
+    if settings is None:
+        settings = DashboardSettings()
+    for name in settings.queues:
+        validate_queue_name(name)
+    dash = _Dashboard(redis_url, settings, redis_label(redis_url))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        dash.client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            yield
+        finally:
+            await dash.client.aclose()
+            if dash.sync_client is not None:
+                dash.sync_client.close()
+
+    def route(
+        path: str, kind: Kind, handler: Endpoint, methods: tuple[str, ...] = ("GET",)
+    ) -> Route:
+        return Route(path, dash.endpoint(kind, handler), methods=list(methods))
+
+    routes = [
+        route("/", "page", dash.overview),
+        route("/queue", "page", dash.queue_page),
+        route("/task", "page", dash.task_page),
+        route("/workers", "page", dash.workers_page),
+        route("/cron", "page", dash.cron_page),
+        route("/action/{verb}", "page", dash.action_page, ("GET", "POST")),
+        route("/login", "open", dash.login_page, ("GET", "POST")),
+        route("/static/{name}", "open", dash.static),
+        route("/api/overview", "api", dash.api_overview),
+        route("/api/queue", "api", dash.api_queue),
+        route("/api/tasks", "api", dash.api_tasks),
+        route("/api/task", "api", dash.api_task),
+        route("/api/dead-groups", "api", dash.api_dead_groups),
+        route("/api/cron", "api", dash.api_cron),
+        route("/api/workers", "api", dash.api_workers),
+        route("/chart/throughput.svg", "api", dash.throughput_svg),
+        route("/chart/due.svg", "api", dash.due_svg),
+        route("/metrics", "api", dash.metrics),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.dashboard = dash
+    return app
+
+
+__all__ = [
+    "ACTIONS",
+    "DashboardSettings",
+    "check_bind",
+    "create_app",
+    "redis_label",
+]

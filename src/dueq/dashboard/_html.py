@@ -1,0 +1,152 @@
+"""HTML building blocks: every value goes through ``html.escape`` on its way into a page.
+
+No template engine: pages are short, and a handful of helpers (``e``, ``link``, ``table``,
+``button``) keep every interpolation escaped in one visible place. Scripts and styles come from
+``/static`` (same origin), so the Content-Security-Policy can forbid inline script entirely: a
+payload that slipped through unescaped still could not run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from html import escape
+from typing import Any
+from urllib.parse import urlencode
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
+header{background:#263238;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center}
+header a{color:#fff;text-decoration:none;font-weight:bold}
+header .where{margin-left:auto;font-size:12px;opacity:.8}
+main{padding:12px 16px}
+h1{font-size:20px;margin:8px 0}
+h2{font-size:16px;margin:18px 0 6px}
+h3{font-size:14px;margin:12px 0 4px}
+table{border-collapse:collapse;background:#fff;font-size:13px}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#eceff1}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+pre{background:#fff;border:1px solid #ddd;padding:8px;white-space:pre-wrap;
+word-break:break-all;max-width:1100px;font-size:12px}
+form.inline{display:inline;margin:0}
+button{font-size:12px;padding:2px 8px;cursor:pointer}
+button.danger{color:#b71c1c}
+.paused{color:#b71c1c;font-weight:bold}
+.notice{background:#e8f5e9;border:1px solid #a5d6a7;padding:8px;margin:8px 0}
+.problem{background:#ffebee;border:1px solid #ef9a9a;padding:8px;margin:8px 0}
+.muted{color:#777;font-size:12px}
+img.chart{display:block;border:1px solid #ddd;margin:6px 0;width:600px;height:auto}
+.charts{display:flex;gap:16px;flex-wrap:wrap}
+"""
+
+JS = """
+(function () {
+  var body = document.body, url = body.getAttribute('data-poll');
+  var every = Number(body.getAttribute('data-every')) || 2000, ticks = 0;
+  if (!url) { return; }
+  function tick() {
+    ticks += 1;
+    fetch(url, {credentials: 'same-origin', headers: {'Accept': 'application/json'}})
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (data) {
+        if (!data) { return; }
+        var live = data.live || {};
+        document.querySelectorAll('[data-live]').forEach(function (el) {
+          var v = live[el.getAttribute('data-live')];
+          if (v !== undefined && el.textContent !== String(v)) { el.textContent = String(v); }
+        });
+        if (ticks % 5 === 0) {
+          document.querySelectorAll('img[data-chart]').forEach(function (img) {
+            var src = img.getAttribute('data-chart');
+            img.src = src + (src.indexOf('?') < 0 ? '?' : '&') + 't=' + Date.now();
+          });
+        }
+        var stamp = document.getElementById('updated');
+        if (stamp) { stamp.textContent = 'live, updated ' + new Date().toLocaleTimeString(); }
+      })
+      .catch(function () { /* the next tick tries again */ })
+      .then(function () { setTimeout(tick, every); });
+  }
+  setTimeout(tick, every);
+})();
+"""
+
+
+def e(value: object) -> str:
+    """``value`` as text, escaped for HTML (quotes too: safe inside attributes)."""
+    return escape("" if value is None else str(value), quote=True)
+
+
+def url(path: str, **query: object) -> str:
+    """``path?query`` with the values URL-encoded (None values left out); not yet escaped."""
+    given = {k: str(v) for k, v in query.items() if v is not None and v != ""}
+    return f"{path}?{urlencode(given)}" if given else path
+
+
+def link(text: object, path: str, **query: object) -> str:
+    return f'<a href="{e(url(path, **query))}">{e(text)}</a>'
+
+
+def when(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def live(key: str, text: object, css: str = "") -> str:
+    """A table cell the page's poller refreshes from the JSON endpoint's ``live[key]``."""
+    cls = f' class="{e(css)}"' if css else ""
+    return f'<td{cls} data-live="{e(key)}">{e(text)}</td>'
+
+
+def chart(alt: str, src: str) -> str:
+    """An SVG chart the page's poller reloads now and then."""
+    return f'<img class="chart" alt="{e(alt)}" src="{e(src)}" data-chart="{e(src)}">'
+
+
+def table(head: Sequence[str], rows: Iterable[str], *, empty: str = "none") -> str:
+    body = "".join(rows)
+    if not body:
+        return f'<p class="muted">{e(empty)}</p>'
+    cells = "".join(f"<th>{e(h)}</th>" for h in head)
+    return f"<table>{f'<tr>{cells}</tr>' if head else ''}{body}</table>"
+
+
+def button(label: str, action: str, fields: Mapping[str, object], *, danger: bool = False) -> str:
+    """A button that opens the confirmation page of ``action`` (a GET: it changes nothing)."""
+    hidden = "".join(
+        f'<input type="hidden" name="{e(k)}" value="{e(v)}">'
+        for k, v in fields.items()
+        if v is not None
+    )
+    cls = ' class="danger"' if danger else ""
+    return (
+        f'<form class="inline" method="get" action="/action/{e(action)}">{hidden}'
+        f'<button type="submit"{cls} data-action="{e(action)}">{e(label)}</button></form>'
+    )
+
+
+def pretty_json(value: Any) -> str:
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):  # not JSON-shaped: show its repr instead
+        return repr(value)
+
+
+def layout(title: str, body: str, *, where: str, poll: str | None, read_only: bool) -> str:
+    """The whole page: header with navigation, ``body``, and the poller when ``poll`` is set."""
+    poll_attr = f' data-poll="{e(poll)}"' if poll else ""
+    mode = " · read-only" if read_only else ""
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{e(title)} · dueq</title>"
+        '<link rel="stylesheet" href="/static/dashboard.css">'
+        '<script src="/static/dashboard.js" defer></script></head>'
+        f"<body{poll_attr}><header>"
+        f"{link('dueq', '/')}{link('Overview', '/')}{link('Workers', '/workers')}"
+        f"{link('Cron', '/cron')}"
+        f'<span class="where">Redis {e(where)}{e(mode)} · <span id="updated"></span></span>'
+        f"</header><main>{body}</main></body></html>"
+    )

@@ -1,0 +1,69 @@
+"""Queues with tasks in every state, for the dashboard tests (app and browser)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Iterator
+
+import redis
+
+from dueq import Queue, RetryPolicy, Worker
+
+XSS = "<script>window.__dueq_xss = 1</script>"
+
+
+def boom(kind: type[Exception], message: str) -> Exception:
+    """An exception with a real traceback (raised and caught)."""
+    try:
+        raise kind(message)
+    except Exception as exc:  # caught on purpose: the test wants the raised exception
+        return exc
+
+
+def seed(r: redis.Redis) -> dict[str, Queue]:
+    """``emails``: 3 scheduled (one with a <script> payload), 1 leased (holder
+    ``worker-test``), 3 dead (2 ValueError, 1 KeyError); ``reports``: 2 scheduled."""
+    emails = Queue("emails", r, retry=RetryPolicy(max_attempts=1), holder="worker-test")
+    reports = Queue("reports", r)
+    for i in range(5):
+        emails.schedule({"n": i}, id=f"fail-{i}")
+    for d in emails.claim(limit=5):
+        if d.id == "fail-0":
+            d.fail(boom(KeyError, "no such key"))
+        elif d.id in ("fail-1", "fail-2"):
+            d.fail(boom(ValueError, f"bad value {d.id}"))
+        elif d.id == "fail-3":
+            pass  # stays leased
+        else:
+            d.release(delay=3600)
+    emails.schedule({"to": "ann@example.com"}, id="welcome:42", delay=600)
+    emails.schedule({"html": XSS}, id="xss-1", delay=900)
+    reports.schedule({"r": 1}, id="daily-1", delay=60)
+    reports.schedule({"r": 2}, id="daily-2", delay=7000)
+    return {"emails": emails, "reports": reports}
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, "no CSRF field on the page"
+    return found.group(1)
+
+
+@contextlib.contextmanager
+def running_worker(*queues: Queue) -> Iterator[Worker]:
+    """A real ``dueq.Worker`` on ``queues`` in a thread, until it has announced itself."""
+    worker = Worker(list(queues), lambda d: None, heartbeat=0.2)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not queues[0].workers():
+        assert time.monotonic() < deadline, "the worker never announced itself"
+        time.sleep(0.05)
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(10)

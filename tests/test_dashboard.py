@@ -1,0 +1,371 @@
+"""The dashboard app (``dueq.dashboard``) through Starlette's TestClient against a real Redis:
+what every page and JSON endpoint shows, and that it is safe by default (CSRF, read-only,
+token, escaping, no Redis password)."""
+
+from __future__ import annotations
+
+import socket
+import warnings
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+with warnings.catch_warnings():
+    # Starlette 1.x prefers the httpx2 fork and warns once on import when it finds httpx
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
+
+from html import escape as e
+
+from dashboard_support import XSS, csrf_of, running_worker, seed
+
+from dueq import ConfigurationError, Queue
+from dueq.cli import cli
+from dueq.dashboard import DashboardSettings, check_bind, create_app, redis_label
+from dueq.server import RedisServer
+
+Client = Callable[..., TestClient]
+
+
+@pytest.fixture
+def dashboard(redis_server: RedisServer, r: redis.Redis) -> Iterator[Client]:
+    opened: list[TestClient] = []
+
+    def make(url: str | None = None, **settings: object) -> TestClient:
+        app = create_app(url or redis_server.url, DashboardSettings(**settings))  # type: ignore[arg-type]
+        client = TestClient(app, base_url="http://127.0.0.1")
+        client.__enter__()
+        opened.append(client)
+        return client
+
+    yield make
+    for client in opened:
+        client.__exit__(None, None, None)
+
+
+def confirm(client: TestClient, verb: str, **fields: str) -> tuple[int, str]:
+    """Open the confirmation page of ``verb`` and submit it; (status, page) of the POST."""
+    page = client.get(f"/action/{verb}", params=fields)
+    assert page.status_code == 200, page.text
+    done = client.post(f"/action/{verb}", data={**fields, "csrf": csrf_of(page.text)})
+    return done.status_code, done.text
+
+
+def test_overview_json_counts_every_queue_by_state(r: redis.Redis, dashboard: Client) -> None:
+    seed(r)
+    data = dashboard().get("/api/overview").json()
+    assert data["queues"]["emails"] | {"oldest_due_lag_s": 0, "next_due_at": None} == {
+        "scheduled": 3,
+        "due_now": 0,
+        "leased": 1,
+        "dead": 3,
+        "paused": False,
+        "oldest_due_lag_s": 0,
+        "next_due_at": None,
+        "workers": 0,
+    }
+    assert data["queues"]["reports"]["scheduled"] == 2
+    assert data["live"]["emails.dead"] == 3
+
+
+def test_overview_page_lists_queues_with_live_cells_and_a_throughput_chart(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    seed(r)
+    client = dashboard()
+    html = client.get("/").text
+    assert 'href="/queue?queue=emails"' in html and 'href="/queue?queue=reports"' in html
+    assert 'data-live="emails.dead">3<' in html
+    assert 'data-poll="/api/overview"' in html
+    svg = client.get("/chart/throughput.svg")
+    assert svg.headers["content-type"].startswith("image/svg+xml")
+    assert "<polyline" in svg.text and "dead (3 in the hour)" in svg.text
+
+
+def test_queue_page_shows_leased_holder_scheduled_and_dead_groups(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    seed(r)
+    html = dashboard().get("/queue", params={"queue": "emails"}).text
+    assert "worker-test" in html  # the holder of the leased task
+    assert "fail-3" in html and "welcome:42" in html
+    assert "<td>ValueError</td><td class='n'>2</td>" in html
+    assert "<td>KeyError</td><td class='n'>1</td>" in html
+    assert 'data-action="replay-group"' in html and 'data-action="pause"' in html
+
+
+def test_due_histogram_buckets_the_next_24_hours(r: redis.Redis, dashboard: Client) -> None:
+    seed(r)
+    client = dashboard()
+    data = client.get("/api/queue", params={"queue": "reports"}).json()
+    hist = data["due_histogram"]
+    assert hist["bucket_s"] == 1800 and len(hist["counts"]) == 48
+    assert hist["counts"][0] == 1 and hist["counts"][3] == 1  # due in 1 min and in ~2 h
+    assert "<rect" in client.get("/chart/due.svg", params={"queue": "reports"}).text
+
+
+def test_search_by_id_prefix_and_payload_text(r: redis.Redis, dashboard: Client) -> None:
+    seed(r)
+    client = dashboard()
+    by_id = client.get("/queue", params={"queue": "emails", "id_prefix": "welcome:"}).text
+    assert "welcome:42" in by_id and "xss-1" not in by_id
+    by_text = client.get("/queue", params={"queue": "emails", "grep": "ann@example"}).text
+    assert "welcome:42" in by_text and "fail-4" not in by_text
+    found = client.get(
+        "/api/tasks", params={"queue": "emails", "state": "scheduled", "id_prefix": "xss"}
+    ).json()
+    assert [t["id"] for t in found["tasks"]] == ["xss-1"]
+
+
+def test_task_page_shows_payload_state_attempts_and_each_traceback(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    seed(r)
+    html = dashboard().get("/task", params={"queue": "emails", "id": "fail-1"}).text
+    assert "dead" in html and "bad value fail-1" in html
+    assert ", in boom" in html and "raise kind(message)" in html  # the traceback
+    assert "&quot;n&quot;: 1" in html  # the payload, as escaped JSON
+    assert 'data-action="replay"' in html and 'data-action="purge"' in html
+
+
+def test_a_script_payload_is_escaped_everywhere(r: redis.Redis, dashboard: Client) -> None:
+    seed(r)
+    client = dashboard()
+    for html in (
+        client.get("/task", params={"queue": "emails", "id": "xss-1"}).text,
+        client.get("/queue", params={"queue": "emails"}).text,
+    ):
+        assert "<script>window" not in html
+        assert "&lt;script&gt;window.__dueq_xss" in html
+    headers = client.get("/").headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert XSS in str(client.get("/api/task", params={"queue": "emails", "id": "xss-1"}).json())
+
+
+def test_confirmation_page_changes_nothing_and_the_confirmed_post_pauses(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    queues = seed(r)
+    client = dashboard()
+    page = client.get("/action/pause", params={"queue": "emails"})
+    assert "Pause queue emails" in page.text
+    assert not queues["emails"].settings().paused
+    status, html = confirm(client, "pause", queue="emails")
+    assert status == 200 and "queue emails paused" in html
+    assert queues["emails"].settings().paused
+    assert 'data-action="resume"' in client.get("/queue", params={"queue": "emails"}).text
+    confirm(client, "resume", queue="emails")
+    assert not queues["emails"].settings().paused
+
+
+def test_post_without_or_with_a_wrong_csrf_token_is_refused(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    queues = seed(r)
+    client = dashboard()
+    client.get("/")  # sets the CSRF cookie
+    missing = client.post("/action/pause", data={"queue": "emails"})
+    wrong = client.post("/action/pause", data={"queue": "emails", "csrf": "guess"})
+    assert missing.status_code == wrong.status_code == 403
+    assert "CSRF" in missing.text
+    assert not queues["emails"].settings().paused
+
+
+def test_a_cross_origin_post_is_refused_even_with_the_token(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    queues = seed(r)
+    client = dashboard()
+    token = csrf_of(client.get("/action/pause", params={"queue": "emails"}).text)
+    answer = client.post(
+        "/action/pause",
+        data={"queue": "emails", "csrf": token},
+        headers={"Origin": "http://evil.example"},
+    )
+    assert answer.status_code == 403
+    assert not queues["emails"].settings().paused
+
+
+def test_read_only_shows_no_buttons_and_refuses_every_change(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    queues = seed(r)
+    client = dashboard(read_only=True)
+    for path, params in (
+        ("/queue", {"queue": "emails"}),
+        ("/task", {"queue": "emails", "id": "fail-1"}),
+        ("/cron", {}),
+    ):
+        html = client.get(path, params=params).text
+        assert "data-action" not in html and 'action="/action/' not in html
+    assert client.get("/action/pause", params={"queue": "emails"}).status_code == 403
+    token = client.cookies.get("dueq_csrf")
+    refused = client.post("/action/pause", data={"queue": "emails", "csrf": token})
+    assert refused.status_code == 403 and "read-only" in refused.text
+    assert not queues["emails"].settings().paused
+
+
+def test_replay_of_an_error_group_moves_only_that_group(r: redis.Redis, dashboard: Client) -> None:
+    queues = seed(r)
+    status, html = confirm(dashboard(), "replay-group", queue="emails", error_type="ValueError")
+    assert status == 200 and "2 dead tasks with error ValueError replayed" in html
+    assert queues["emails"].dead.count() == 1
+    assert queues["emails"].get("fail-1").state == "scheduled"  # type: ignore[union-attr]
+
+
+def test_purge_of_an_error_group_and_of_one_task(r: redis.Redis, dashboard: Client) -> None:
+    queues = seed(r)
+    client = dashboard()
+    confirm(client, "purge-group", queue="emails", error_type="KeyError")
+    assert queues["emails"].get("fail-0") is None
+    confirm(client, "purge", queue="emails", id="fail-1")
+    assert queues["emails"].dead.count() == 1
+
+
+def test_task_actions_cancel_run_now_reschedule_replay(r: redis.Redis, dashboard: Client) -> None:
+    queues = seed(r)
+    q = queues["emails"]
+    client = dashboard()
+    confirm(client, "run-now", queue="emails", id="welcome:42")
+    assert q.stats().due_now == 1
+    _, html = confirm(client, "reschedule", queue="emails", id="welcome:42", delay_s="120")
+    assert "due in 120 s" in html and q.stats().due_now == 0
+    confirm(client, "replay", queue="emails", id="fail-2")
+    assert q.get("fail-2").state == "scheduled"  # type: ignore[union-attr]
+    confirm(client, "cancel", queue="emails", id="xss-1")
+    assert q.get("xss-1") is None
+
+
+def test_bad_action_input_is_a_clear_error_and_changes_nothing(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    queues = seed(r)
+    client = dashboard()
+    status, html = confirm(client, "reschedule", queue="emails", id="welcome:42", delay_s="soon")
+    assert status == 400 and "delay_s must be a number" in html
+    assert client.get("/action/replay", params={"queue": "nope", "id": "x"}).status_code == 404
+    status, html = confirm(client, "replay", queue="emails", id="welcome:42")
+    assert status == 404 and "not in the dead-letter queue" in html
+    assert queues["emails"].get("welcome:42").state == "scheduled"  # type: ignore[union-attr]
+    assert client.get("/task", params={"queue": "emails", "id": "none"}).status_code == 404
+
+
+def test_cron_page_pause_resume_and_run_now(r: redis.Redis, dashboard: Client) -> None:
+    q = Queue("nightly", r)
+    q.cron.add("report", "0 3 * * *", payload={"x": 1})
+    client = dashboard()
+    html = client.get("/cron").text
+    assert "report" in html and "0 3 * * *" in html and 'data-action="cron-pause"' in html
+    confirm(client, "cron-pause", queue="nightly", name="report")
+    assert q.cron.get("report").paused  # type: ignore[union-attr]
+    confirm(client, "cron-resume", queue="nightly", name="report")
+    assert not q.cron.get("report").paused  # type: ignore[union-attr]
+    before = q.stats().scheduled
+    _, html = confirm(client, "cron-run-now", queue="nightly", name="report")
+    assert "fired now" in html and q.stats().due_now >= 1 and q.stats().scheduled >= before
+    assert client.get("/api/cron").json()["nightly"][0]["name"] == "report"
+
+
+def test_workers_page_and_overview_show_the_live_workers(r: redis.Redis, dashboard: Client) -> None:
+    queues = seed(r)
+    client = dashboard()
+    assert client.get("/api/overview").json()["workers_alive"] == 0
+    with running_worker(queues["emails"], queues["reports"]) as worker:
+        overview = client.get("/api/overview").json()
+        assert overview["workers_alive"] == 1  # one worker on two queues counts once
+        assert overview["queues"]["reports"]["workers"] == 1
+        [listed] = client.get("/api/workers").json()["workers"]
+        assert listed["queues"] == ["emails", "reports"] and listed["pid"] > 0
+        html = client.get("/workers").text
+        assert "Workers (1 alive)" in html and e(listed["worker_id"]) in html
+        del worker
+    assert "no worker is alive" in client.get("/workers").text
+
+
+def test_metrics_endpoint_serves_queue_gauges(r: redis.Redis, dashboard: Client) -> None:
+    seed(r)
+    text = dashboard().get("/metrics").text
+    assert 'dueq_tasks{queue="emails",state="dead"} 3.0' in text
+
+
+def test_token_is_required_by_bearer_header_or_login_cookie(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    seed(r)
+    client = dashboard(token="s3cret-token")
+    assert client.get("/api/overview").status_code == 401
+    assert client.get("/metrics").status_code == 401
+    redirect = client.get("/", follow_redirects=False)
+    assert redirect.status_code == 303 and redirect.headers["location"].startswith("/login")
+    bearer = {"Authorization": "Bearer s3cret-token"}
+    assert client.get("/api/overview", headers=bearer).status_code == 200
+    login = client.get("/login")
+    wrong = client.post("/login", data={"token": "nope", "csrf": csrf_of(login.text)})
+    assert wrong.status_code == 401
+    ok = client.post(
+        "/login",
+        data={"token": "s3cret-token", "csrf": csrf_of(login.text), "next": "/"},
+        follow_redirects=False,
+    )
+    assert ok.status_code == 303
+    assert "HttpOnly" in ok.headers["set-cookie"] and "s3cret-token" not in ok.headers["set-cookie"]
+    assert client.get("/api/overview").status_code == 200  # the cookie now
+
+
+def test_the_redis_password_never_reaches_a_page(
+    r: redis.Redis, redis_server: RedisServer, dashboard: Client
+) -> None:
+    if redis_server.tls or type(redis_server) is not RedisServer:
+        pytest.skip("plain server only: the default user takes any password there")
+    seed(r)
+    url = f"redis://default:hunter2-pw@127.0.0.1:{redis_server.port}/0"
+    client = dashboard(url)
+    for path in ("/", "/queue?queue=emails", "/task?queue=emails&id=fail-1", "/cron", "/nope"):
+        assert "hunter2" not in client.get(path).text
+    assert redis_label(url) == f"redis://127.0.0.1:{redis_server.port}/0"
+    assert "secret" not in redis_label("rediss://h:6380/0?ssl_password=secret")
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.5", "example.com", "::"])
+def test_a_non_loopback_bind_needs_a_token_or_insecure(host: str) -> None:
+    with pytest.raises(ConfigurationError, match="not a loopback address"):
+        check_bind(host, token=None, insecure=False)
+    check_bind(host, token="t", insecure=False)
+    check_bind(host, token=None, insecure=True)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.2"])
+def test_a_loopback_bind_needs_nothing(host: str) -> None:
+    check_bind(host, token=None, insecure=False)
+
+
+def test_cli_refuses_a_public_bind_without_a_token(redis_server: RedisServer) -> None:
+    result = CliRunner().invoke(
+        cli, ["dashboard", "--host", "0.0.0.0", "--redis-url", redis_server.url]
+    )
+    assert result.exit_code == 2
+    assert "not a loopback address" in result.output
+
+
+def test_cron_page_shows_the_last_firing_and_its_outcome(r: redis.Redis, dashboard: Client) -> None:
+    q = Queue("nightly", r)
+    q.cron.add("report", "0 3 * * *", payload={"x": 1})
+    q.cron.run_now("report")
+    for d in q.claim(limit=10):
+        d.fail(ValueError("no data"), retry_in=60)
+    html = dashboard().get("/cron").text
+    assert "retrying (ValueError) at 20" in html
+    assert dashboard().get("/api/cron").json()["nightly"][0]["last_outcome"] == "retrying"
+
+
+def test_an_unreachable_redis_is_a_503_that_names_no_password(dashboard: Client) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    client = dashboard(f"redis://default:hunter2-pw@127.0.0.1:{port}/0")
+    page = client.get("/")
+    assert page.status_code == 503 and "Redis: ConnectionError" in page.text
+    assert "hunter2" not in page.text
+    assert client.get("/api/overview").json()["error"].startswith("Redis: ConnectionError")

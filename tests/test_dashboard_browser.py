@@ -1,0 +1,272 @@
+"""The dashboard in a real headless Chromium (Debian's chromium + chromium-driver, Selenium)
+against a real uvicorn server on a free loopback port and a real Redis.
+
+Screenshots of every page, at a fixed window size, go to ``tests/.artifacts/dashboard/``
+(git-ignored; the path is printed). Without chromium the tests skip with one line, except
+under CI (``$CI`` set), where they fail: CI must run them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import uvicorn
+from dashboard_support import running_worker, seed
+
+from dueq import Queue
+from dueq.dashboard import DashboardSettings, create_app
+from dueq.server import RedisServer
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+ARTIFACTS = Path(__file__).parent / ".artifacts" / "dashboard"
+WINDOW = (1280, 900)
+
+if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must run the browser tests: install chromium and chromium-driver")
+    pytest.skip(
+        "chromium/chromedriver not installed (scripts/install installs them)",
+        allow_module_level=True,
+    )
+
+from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Served:
+    """A uvicorn server of the dashboard in a thread, on a free loopback port."""
+
+    def __init__(self, url: str, settings: DashboardSettings) -> None:
+        self.port = _free_port()
+        config = uvicorn.Config(
+            create_app(url, settings), host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Served:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def url(self, path: str = "/") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    profile = tempfile.mkdtemp(prefix="dueq-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_window_size(*WINDOW)
+    driver.implicitly_wait(5)  # a click that navigates returns before the next page is there
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    print(f"\ndashboard screenshots: {ARTIFACTS}")
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+Serve = Callable[..., Served]
+
+
+@pytest.fixture
+def serve(redis_server: RedisServer, browser: WebDriver) -> Iterator[Serve]:
+    running: list[Served] = []
+
+    def start(**settings: object) -> Served:
+        served = Served(redis_server.url, DashboardSettings(**settings)).__enter__()  # type: ignore[arg-type]
+        running.append(served)
+        browser.delete_all_cookies()
+        return served
+
+    yield start
+    for served in running:
+        served.__exit__()
+
+
+def shot(browser: WebDriver, name: str) -> None:
+    """A screenshot of what the window shows, at the fixed window size."""
+    browser.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def click(browser: WebDriver, css: str) -> None:
+    browser.find_element(By.CSS_SELECTOR, css).click()
+
+
+def wait_text(browser: WebDriver, text: str) -> None:
+    """Wait for ``text`` on the page (the body goes stale while a form submit navigates)."""
+    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda b: text in b.find_element(By.TAG_NAME, "body").text
+    )
+
+
+def test_overview_shows_real_queues_and_updates_live(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    queues = seed(r)
+    site = serve()
+    browser.get(site.url())
+    cell = browser.find_element(By.CSS_SELECTOR, '[data-live="reports.scheduled"]')
+    assert cell.text == "2"
+    assert browser.find_element(By.CSS_SELECTOR, '[data-live="emails.dead"]').text == "3"
+    shot(browser, "overview")
+    queues["reports"].schedule({"r": 3}, delay=30)
+    WebDriverWait(browser, 10).until(lambda b: cell.text == "3")  # polled, not reloaded
+
+
+def test_open_a_queue_and_replay_an_error_group(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    queues = seed(r)
+    site = serve()
+    browser.get(site.url())
+    browser.find_element(By.LINK_TEXT, "emails").click()
+    wait_text(browser, "Dead, by error type")
+    shot(browser, "queue")
+    form = browser.find_element(
+        By.XPATH, "//tr[td[text()='ValueError']]//button[@data-action='replay-group']"
+    )
+    browser.execute_script("arguments[0].scrollIntoView()", form)
+    shot(browser, "queue-dead")
+    form.click()
+    wait_text(browser, "Replay every dead task of queue emails whose last error is ValueError")
+    shot(browser, "confirm")
+    click(browser, "#confirm")
+    wait_text(browser, "2 dead tasks with error ValueError replayed")
+    assert queues["emails"].dead.count() == 1  # checked in Redis
+    assert r.zcard("dueq:{emails}:dead") == 1
+
+
+def test_pause_and_resume_a_queue(r: redis.Redis, serve: Serve, browser: WebDriver) -> None:
+    queues = seed(r)
+    site = serve()
+    browser.get(site.url("/queue?queue=emails"))
+    click(browser, "button[data-action='pause']")
+    click(browser, "#confirm")
+    wait_text(browser, "queue emails paused")
+    assert queues["emails"].settings().paused
+    browser.find_element(By.PARTIAL_LINK_TEXT, "Back to queue").click()
+    click(browser, "button[data-action='resume']")
+    click(browser, "#confirm")
+    wait_text(browser, "queue emails resumed")
+    assert not queues["emails"].settings().paused
+
+
+def test_search_a_task_by_id_and_open_it(r: redis.Redis, serve: Serve, browser: WebDriver) -> None:
+    seed(r)
+    site = serve()
+    browser.get(site.url("/queue?queue=emails"))
+    browser.find_element(By.NAME, "id_prefix").send_keys("welcome:4")
+    click(browser, "#search")
+    wait_text(browser, "welcome:42")
+    assert "xss-1" not in browser.find_element(By.TAG_NAME, "body").text
+    browser.find_element(By.LINK_TEXT, "welcome:42").click()
+    wait_text(browser, "ann@example.com")
+    browser.get(site.url("/task?queue=emails&id=fail-1"))
+    wait_text(browser, "bad value fail-1")
+    shot(browser, "task")
+
+
+def test_a_script_payload_is_shown_as_text(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    seed(r)
+    site = serve()
+    for path in ("/task?queue=emails&id=xss-1", "/queue?queue=emails"):
+        browser.get(site.url(path))
+        wait_text(browser, "<script>window.__dueq_xss = 1</script>")  # visible as text
+        assert browser.execute_script("return window.__dueq_xss === undefined")
+
+
+def test_a_post_without_the_csrf_token_is_refused(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    queues = seed(r)
+    site = serve()
+    browser.get(site.url("/action/pause?queue=emails"))
+    browser.execute_script("document.querySelector('input[name=csrf]').remove()")
+    click(browser, "#confirm")
+    wait_text(browser, "CSRF token is missing or wrong")
+    assert not queues["emails"].settings().paused
+
+
+def test_read_only_shows_no_buttons_and_refuses_the_post(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    queues = seed(r)
+    site = serve(read_only=True)
+    browser.get(site.url("/queue?queue=emails"))
+    wait_text(browser, "Dead, by error type")
+    assert browser.find_elements(By.CSS_SELECTOR, "button[data-action]") == []
+    status = browser.execute_script(
+        "return fetch('/action/pause', {method: 'POST', headers: "
+        "{'Content-Type': 'application/x-www-form-urlencoded'}, body: 'queue=emails'})"
+        ".then(r => r.status)"
+    )
+    assert status == 403
+    assert not queues["emails"].settings().paused
+    shot(browser, "queue-read-only")
+
+
+def test_workers_and_cron_pages(r: redis.Redis, serve: Serve, browser: WebDriver) -> None:
+    q = Queue("nightly", r)
+    q.cron.add("report", "0 3 * * *", payload={"x": 1})
+    q.cron.add("hourly", "0 * * * *", payload={})
+    q.cron.run_now("hourly")
+    for d in q.claim(limit=10):
+        d.ack()
+    site = serve()
+    browser.get(site.url("/cron"))
+    wait_text(browser, "report")
+    shot(browser, "cron")
+    click(browser, "button[data-action='cron-pause']")
+    click(browser, "#confirm")
+    wait_text(browser, "paused")
+    assert q.cron.get("hourly").paused or q.cron.get("report").paused  # type: ignore[union-attr]
+    with running_worker(q):
+        browser.get(site.url("/workers"))
+        wait_text(browser, "Workers (1 alive)")
+        shot(browser, "workers")
