@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import redis
 from conftest import async_mirror
+from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -536,3 +537,34 @@ print(json.dumps(seen))
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [[{"a": 1}, None]]
+
+
+class Exploding(SpanProcessor):
+    """A span processor with a bug: every span start raises."""
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("exporter bug")
+
+
+def test_a_failing_span_processor_never_fails_a_schedule_or_a_delivery(
+    r: redis.Redis, spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(Exploding())
+    q = dueq.Queue("q", r)
+    with caplog.at_level("WARNING", logger="dueq._tracing"):
+        context = trace.set_span_in_context(
+            trace.NonRecordingSpan(
+                trace.SpanContext(1, 2, is_remote=True, trace_flags=trace.TraceFlags(1))
+            )
+        )
+        token = otel_context.attach(context)
+        try:
+            q.schedule({"a": 1}, id="t")  # its send span cannot start: untraced
+        finally:
+            otel_context.detach(token)
+        assert stored(r, "t") == b'1:{"a":1}'
+        outcomes = run_threaded(q, lambda d: None, 1)
+    assert outcomes[0].kind == "acked"
+    assert "OpenTelemetry tracing failed" in caplog.text

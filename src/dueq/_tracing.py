@@ -30,6 +30,7 @@ the task runs, unlinked.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,8 @@ try:
 except ImportError:  # the otel extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["SYSTEM", "ProducerSpan", "end_attempt", "producer", "start_attempt", "tracer"]
 
 #: ``messaging.system`` of every span dueq makes.
@@ -57,6 +60,15 @@ RECHECK_S = 1.0
 #: (the provider last seen, its tracer or None, monotonic time of the next look when None)
 _cache: tuple[object, Any, float] = (None, None, 0.0)
 _end_lock = threading.Lock()
+_warned = False
+
+
+def _trouble(error: Exception) -> None:
+    """Tracing itself failed (a span processor or exporter raised): the task goes on
+    untraced. Logged as a warning once per process, then at debug level."""
+    global _warned
+    level, _warned = (logging.DEBUG if _warned else logging.WARNING), True
+    logger.log(level, "OpenTelemetry tracing failed; going on without it: %r", error)
 
 
 def tracer() -> Any:
@@ -107,17 +119,24 @@ class ProducerSpan:
         span = self.span
         if span is None:
             return
-        if len(ids) == 1:
-            span.set_attribute("messaging.message.id", ids[0])
-        else:
-            span.set_attribute("messaging.batch.message_count", len(ids))
-        span.end()
+        try:
+            if len(ids) == 1:
+                span.set_attribute("messaging.message.id", ids[0])
+            else:
+                span.set_attribute("messaging.batch.message_count", len(ids))
+            span.end()
+        except Exception as exc:  # a span processor's bug: the tasks are scheduled all the same
+            _trouble(exc)
 
     def failed(self, error: BaseException) -> None:
         """Scheduling raised ``error``: end the span with it."""
-        if self.span is not None:
+        if self.span is None:
+            return
+        try:
             _record(self.span, error)
             self.span.end()
+        except Exception as exc:  # a span processor's bug: the caller gets ``error`` anyway
+            _trouble(exc)
 
 
 def producer(queue_name: str) -> ProducerSpan | None:
@@ -131,16 +150,20 @@ def producer(queue_name: str) -> ProducerSpan | None:
     found = tracer()
     if found is None:
         return ProducerSpan(_context_of(current.get_span_context()).line(), None)
-    span = found.start_span(
-        f"send {queue_name}",
-        kind=trace.SpanKind.PRODUCER,
-        attributes={
-            "messaging.system": SYSTEM,
-            "messaging.destination.name": queue_name,
-            "messaging.operation.type": "send",
-            "messaging.operation.name": "send",
-        },
-    )
+    try:
+        span = found.start_span(
+            f"send {queue_name}",
+            kind=trace.SpanKind.PRODUCER,
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.destination.name": queue_name,
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "send",
+            },
+        )
+    except Exception as exc:  # a span processor's bug: schedule untraced rather than fail
+        _trouble(exc)
+        return None
     return ProducerSpan(_context_of(span.get_span_context()).line(), span)
 
 
@@ -192,13 +215,17 @@ def start_attempt(d: DeliveryBase) -> AttemptSpan | None:
     }
     if holder:
         attributes["messaging.client.id"] = holder
-    span = found.start_span(
-        f"process {name}",
-        context=otel_context.Context(),  # a root: the creation context is a link
-        kind=trace.SpanKind.CONSUMER,
-        links=_link(d.trace_context),
-        attributes=attributes,
-    )
+    try:
+        span = found.start_span(
+            f"process {name}",
+            context=otel_context.Context(),  # a root: the creation context is a link
+            kind=trace.SpanKind.CONSUMER,
+            links=_link(d.trace_context),
+            attributes=attributes,
+        )
+    except Exception as exc:  # a span processor's bug: run the handler untraced
+        _trouble(exc)
+        return None
     return AttemptSpan(span)
 
 
@@ -212,9 +239,12 @@ def end_attempt(attempt: AttemptSpan | None, error: BaseException | None) -> Non
         if attempt._ended:
             return
         attempt._ended = True
-    if error is not None:
-        _record(attempt.span, error)
-    attempt.span.end()
+    try:
+        if error is not None:
+            _record(attempt.span, error)
+        attempt.span.end()
+    except Exception as exc:  # a span processor's bug must not stop settling the delivery
+        _trouble(exc)
 
 
 def _record(span: Any, error: BaseException) -> None:
