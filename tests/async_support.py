@@ -60,7 +60,7 @@ class Blocking:
             return Blocking(value, self._loop)
         if isinstance(value, list):
             return [self._wrap(v) for v in value]
-        if isinstance(value, tuple):
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):  # (a NamedTuple as is)
             return tuple(self._wrap(v) for v in value)
         return value
 

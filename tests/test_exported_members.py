@@ -45,6 +45,7 @@ PUBLIC = {
     "TaskNotFound",
     "TaskOptions",
     "TaskTimeout",
+    "TraceContext",
     "Unrecoverable",
     "Worker",
     "WorkerInfo",

@@ -8,7 +8,7 @@ in the dead-letter queue. See README.md for the guarantees.
 from . import operators
 from ._async import AsyncQueue
 from .cron import CronDefinition, Occurrence
-from .envelope import TaskOptions
+from .envelope import TaskOptions, TraceContext
 from .exceptions import (
     ConfigurationError,
     CronConflict,
@@ -80,6 +80,7 @@ __all__ = [
     "TaskOptions",
     "TaskPage",
     "TaskTimeout",
+    "TraceContext",
     "Unrecoverable",
     "Worker",
     "WorkerInfo",

@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 import redis
 
 from . import _protocol as protocol
+from . import _tracing
 from ._identity import worker_id
 from .checks import whole_number
 from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
@@ -31,7 +32,8 @@ from .envelope import (
     FLAG_ABSOLUTE,
     FLAG_GENERATED_ID,
     TaskOptions,
-    decode_task,
+    TraceContext,
+    decode_delivery,
     encode_envelope,
     generated_ids,
     pack_task,
@@ -386,6 +388,7 @@ class QueueCore:
         first_claimed_ms: int,
         claimed_ms: int,
         options: TaskOptions,
+        trace_context: TraceContext | None,
     ) -> DeliveryBase:
         """A delivery of the front end's kind (blocking or awaitable methods)."""
         raise NotImplementedError
@@ -441,6 +444,21 @@ class QueueCore:
     # -- scheduling --------------------------------------------------------------------------
 
     def _schedule_many_flow(self, tasks: Iterable[Task], replace: bool) -> Flow[ScheduleResult]:
+        """Schedule ``tasks``, inside a ``send`` span when tracing (see ``_tracing``)."""
+        send = _tracing.producer(self.name)
+        if send is None:
+            return (yield from self._encode_and_schedule_flow(tasks, replace, b""))
+        try:
+            result = yield from self._encode_and_schedule_flow(tasks, replace, send.line)
+        except BaseException as exc:  # the span records any failure; the caller gets it
+            send.failed(exc)
+            raise
+        send.sent(result.ids)
+        return result
+
+    def _encode_and_schedule_flow(
+        self, tasks: Iterable[Task], replace: bool, trace: bytes
+    ) -> Flow[ScheduleResult]:
         ids: list[str] = []
         records: list[bytes] = []
         fresh_ids = generated_ids()
@@ -465,7 +483,7 @@ class QueueCore:
                 else:
                     time_flag, due_ms = due(task.at, task.delay)
                 options = task.options()
-                envelope = encode_envelope(task.payload, max_bytes, options)
+                envelope = encode_envelope(task.payload, max_bytes, options, trace)
             except (InvalidTaskError, PayloadError) as exc:
                 raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
             records.append(pack_task(flags | time_flag, due_ms, task_id, envelope))
@@ -560,7 +578,7 @@ class QueueCore:
         deliveries: list[Any] = []
         for row in reply.rows:
             try:
-                payload, options = decode_task(row.envelope)
+                payload, options, trace_context = decode_delivery(row.envelope)
             except PayloadError as exc:
                 logger.error(
                     "queue %r: task %r attempt %d has an undecodable envelope; moved to dead: %s",
@@ -583,6 +601,7 @@ class QueueCore:
                     row.first_claimed_ms,
                     now_ms,
                     options,
+                    trace_context,
                 )
             )
         deliveries, cron_due = yield from self._cron_on_claim_flow(deliveries, now_ms)

@@ -12,6 +12,18 @@ version-2 head before the payload, one line the scripts read with one pattern ma
 (empty fields are unset; compact JSON never holds a raw newline, and keys may not). Tasks
 without options keep the version-1 form, so options cost nothing unless they are used.
 
+A task scheduled inside a trace (OpenTelemetry, see ``_tracing``) carries the W3C trace
+context it was created in as one more head line, after either version's head::
+
+    1:~00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\n{"to":"a@example.com"}
+    2:0|||key\n~<traceparent> <tracestate>\n{"to":"a@example.com"}
+
+``~`` cannot start a JSON text, so one byte tells whether a trace line is there; the
+traceparent has no spaces, so the first space (if any) ends it and starts the tracestate. The
+scripts read only the first line (options), so they need no change for it, and an untraced
+task is stored exactly as before. A trace line that is unreadable (corrupted in Redis) reads
+as no trace: it never costs the task.
+
 A prefix rather than a JSON wrapper keeps every task 12 bytes smaller while still letting a
 reader refuse a format it does not know. Payloads are JSON only (never pickle). Encoding happens
 before anything is written, so a bad payload raises PayloadError and leaves Redis untouched.
@@ -44,6 +56,14 @@ MAX_KEY_BYTES = 200
 MAX_TIMEOUT_MS = 366 * 86_400_000
 MAX_TASK_ATTEMPTS = 1_000_000
 _OPTIONS_HEAD = re.compile(rb"2:([0-9])\|([0-9]{0,12})\|([0-9]{0,7})\|([^\n]{0,800})\n")
+#: The first byte of a trace line (see the module docstring): no JSON text starts with it.
+TRACE_MARK = b"~"
+#: The longest tracestate kept with a task; a longer one is dropped (the traceparent is kept).
+#: 512 characters is what the W3C Trace Context spec asks every vendor to propagate.
+MAX_TRACESTATE_CHARS = 512
+_TRACE_LINE = re.compile(  # traceparent, then a space and the tracestate if there is one
+    r"([0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2})(?: ([\x20-\x7e]{1,512}))?"
+)
 MAX_ID_BYTES = 512
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 #: Deepest nesting of arrays and objects a payload may have.
@@ -143,6 +163,45 @@ class TaskOptions(NamedTuple):
 NO_OPTIONS = TaskOptions()
 
 
+class TraceContext(NamedTuple):
+    """The W3C trace context a task was scheduled in: ``traceparent`` and, if the trace had
+    one, ``tracestate`` (header values; ``headers()`` gives them as a carrier for any W3C
+    propagator)."""
+
+    traceparent: str
+    tracestate: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The context as W3C headers: ``{"traceparent": ..., "tracestate": ...}``."""
+        if self.tracestate is None:
+            return {"traceparent": self.traceparent}
+        return {"traceparent": self.traceparent, "tracestate": self.tracestate}
+
+    def line(self) -> bytes:
+        """The head line that stores this context (a tracestate too long to keep is left
+        out)."""
+        state = self.tracestate
+        if (
+            state
+            and len(state) <= MAX_TRACESTATE_CHARS
+            and _TRACE_LINE.fullmatch(f"{self.traceparent} {state}")
+        ):
+            return b"~%s %s\n" % (self.traceparent.encode("ascii"), state.encode("ascii"))
+        return b"~%s\n" % self.traceparent.encode("ascii")
+
+
+def trace_context_of(text: bytes) -> TraceContext | None:
+    """The trace context of a stored trace line (without its ``~`` and newline), or None
+    when it is unreadable."""
+    try:
+        found = _TRACE_LINE.fullmatch(text.decode("ascii"))
+    except UnicodeDecodeError:
+        return None
+    if found is None:
+        return None
+    return TraceContext(found[1], found[2])
+
+
 def validate_priority(priority: object) -> int:
     if (
         not isinstance(priority, int)
@@ -203,8 +262,11 @@ def _options_of(head_bytes: bytes) -> TaskOptions:
     return TaskOptions(int(priority), key_text, timeout_ms, max_attempts)
 
 
-def encode_envelope(payload: Any, max_bytes: int, options: TaskOptions = NO_OPTIONS) -> bytes:
-    """The stored form of a payload, refusing what JSON cannot carry or what is too large."""
+def encode_envelope(
+    payload: Any, max_bytes: int, options: TaskOptions = NO_OPTIONS, trace: bytes = b""
+) -> bytes:
+    """The stored form of a payload, refusing what JSON cannot carry or what is too large.
+    ``trace`` is a trace line (``TraceContext.line``) or empty."""
     try:
         data = _encode(payload).encode("utf-8")
     except RecursionError:
@@ -217,7 +279,7 @@ def encode_envelope(payload: Any, max_bytes: int, options: TaskOptions = NO_OPTI
         raise PayloadError(f"payload is {len(data)} bytes, over the limit of {max_bytes}")
     if nests_too_deep(data):
         raise PayloadError(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
-    return options.head() + data
+    return options.head() + trace + data
 
 
 @functools.cache
@@ -247,6 +309,13 @@ def decode_envelope(raw: bytes | str) -> Any:
 
 def decode_task(raw: bytes | str) -> tuple[Any, TaskOptions]:
     """The payload and options of a stored envelope; PayloadError if it cannot be read."""
+    payload, options, _ = decode_delivery(raw)
+    return payload, options
+
+
+def decode_delivery(raw: bytes | str) -> tuple[Any, TaskOptions, TraceContext | None]:
+    """The payload, options and trace context (None if it has none, or an unreadable one) of
+    a stored envelope; PayloadError if the payload cannot be read."""
     try:
         data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
     except (UnicodeEncodeError, TypeError) as exc:
@@ -259,9 +328,16 @@ def decode_task(raw: bytes | str) -> tuple[Any, TaskOptions]:
         body = data[end + 1 :]
     else:
         raise PayloadError("stored value is not a dueq envelope (no 1: or 2: prefix)")
+    trace = None
+    if body.startswith(TRACE_MARK):
+        end = body.find(b"\n")
+        if end < 0:
+            raise PayloadError("stored trace line has no end (no payload follows it)")
+        trace = trace_context_of(body[1:end])
+        body = body[end + 1 :]
     if nests_too_deep(body):
         raise PayloadError(f"stored payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
     try:
-        return json.loads(body.decode("utf-8")), options  # str: json skips detect_encoding
+        return json.loads(body.decode("utf-8")), options, trace  # str: no detect_encoding
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise PayloadError(f"stored payload is not valid JSON: {str(exc)[:200]}") from None

@@ -13,6 +13,7 @@ from .envelope import (
     MAX_TIMEOUT_MS,
     NO_OPTIONS,
     TaskOptions,
+    TraceContext,
     validate_key,
     validate_priority,
     validate_task_attempts,
@@ -268,6 +269,7 @@ class DeliveryBase:
         "options",
         "payload",
         "token",
+        "trace_context",
     )
 
     def __init__(
@@ -282,9 +284,14 @@ class DeliveryBase:
         first_claimed_ms: int,
         claimed_ms: int,
         options: TaskOptions = NO_OPTIONS,
+        trace_context: TraceContext | None = None,
     ) -> None:
         self._queue = queue
         self.options = options
+        #: the W3C trace context the task was scheduled in (``schedule`` inside a span, with
+        #: opentelemetry installed), or None: ``trace_context.headers()`` is a carrier for a
+        #: propagator, for consumers that claim by hand (``process`` links its spans to it)
+        self.trace_context = trace_context
         self.id = task_id
         self.payload = payload
         self.attempt = attempt

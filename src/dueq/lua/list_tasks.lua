@@ -91,13 +91,20 @@ local function last_error_type(raw)
   return type(last) == 'table' and last.type or nil
 end
 
--- The payload JSON of an envelope (after its "1:" or "2:<options>\n" head).
+-- The payload JSON of an envelope (after its "1:" or "2:<options>\n" head, and the trace
+-- line "~<traceparent>[ <tracestate>]\n" that may follow either; envelope.py).
 local function payload_text(envelope)
+  local start = 3
   if string.sub(envelope, 1, 2) == '2:' then
     local newline = string.find(envelope, '\n', 1, true)
-    return newline and string.sub(envelope, newline + 1) or envelope
+    if not newline then return envelope end
+    start = newline + 1
   end
-  return string.sub(envelope, 3)
+  if string.byte(envelope, start) == 126 then  -- "~": a trace line
+    local newline = string.find(envelope, '\n', start, true)
+    if newline then start = newline + 1 end
+  end
+  return string.sub(envelope, start)
 end
 
 local out = {'', 0}

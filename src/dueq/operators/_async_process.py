@@ -25,6 +25,7 @@ deliveries released (the threaded consumer can only abandon them).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import sys
@@ -37,6 +38,7 @@ from typing import Any
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
+from .. import _tracing
 from .._async_consume import call_on_loop, wait_event
 from ..exceptions import TaskCancelled
 from ..outage import describe
@@ -242,6 +244,9 @@ class AsyncProcessor(Settling):
                     continue  # close() released it
                 self._running[d] = task
                 error: BaseException | None = None
+                attempt = _tracing.start_attempt(d)  # the attempt's span, current in here
+                if attempt is not None:
+                    attempt.enter()
                 try:
                     if self._is_async:
                         timeout_s = timeout_for(d, self._timeout_s)
@@ -251,11 +256,16 @@ class AsyncProcessor(Settling):
                             await within(self._handler(d), timeout_s, d)
                     else:  # past its timeout, the thread is abandoned (a spare takes its place)
                         timeout_s = timeout_for(d, self._timeout_s)
-                        result = await within(self._in_thread(self._handler, d), timeout_s, d)
+                        if attempt is None:
+                            call = self._in_thread(self._handler, d)
+                        else:  # the pool's thread runs in this task's context (the span)
+                            call = self._in_thread(contextvars.copy_context().run, self._handler, d)
+                        result = await within(call, timeout_s, d)
                         if inspect.isawaitable(result):  # e.g. a partial of an async function
                             await within(result, timeout_s, d)
-                except asyncio.CancelledError:
+                except asyncio.CancelledError as exc:
                     if d not in self._cancelling:
+                        error = exc  # (for the span)
                         raise  # close() cancelled it past the grace period and releases it
                     # q.cancel() removed its task: the handler was cancelled; settling it
                     # reports the outcome "cancelled"
@@ -267,6 +277,9 @@ class AsyncProcessor(Settling):
                     error = exc
                 finally:
                     self._running.pop(d, None)
+                    if attempt is not None:
+                        attempt.leave()
+                        _tracing.end_attempt(attempt, error)
                 self._done.append((d, error))
                 self._done_event.set()
                 if self._loop.time() - since_s >= RUNNER_YIELD_S:

@@ -47,6 +47,7 @@ from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
+from .. import _tracing
 from ..outage import describe
 from ..task import AsyncDelivery, Delivery, Outcome
 from ._emit import SerialEmitter
@@ -127,6 +128,7 @@ class Processor(Settling):
         self._running: dict[Delivery, float] = {}  # -> when its handler started (s; 0.0
         # when no timeout applies to it)
         self._timed_out: set[Delivery] = set()  # failed by the keeper; late results refused
+        self._spans: dict[Delivery, _tracing.AttemptSpan] = {}  # tracing on: running attempts
         self._lease_lost: set[Delivery] = set()  # held, but the keeper found its lease lost
         self._closing = False
         self._give_up = threading.Event()  # stop retrying acks and fails through an outage
@@ -276,7 +278,9 @@ class Processor(Settling):
             self._runner.submit_many(deliveries)
 
     def _begin(self, delivery: Delivery) -> bool:
-        """A handler is about to start on ``delivery``; False if closing (then don't)."""
+        """A handler is about to start on ``delivery``; False if closing (then don't).
+        Called where the handler runs (its thread, or the loop's task): the attempt's span,
+        if tracing is on, is current there until ``_finished``."""
         with self._lock:
             if self._closing or delivery not in self._held:
                 return False
@@ -291,11 +295,20 @@ class Processor(Settling):
                 and self._keeper is not None
             ):
                 self._schedule_keeper(timeout_s)  # the keeper watches the timeout
-            return True
+        attempt = _tracing.start_attempt(delivery)  # (outside the lock: span processors run)
+        if attempt is not None:
+            self._spans[delivery] = attempt
+            attempt.enter()
+        return True
 
     def _finished(self, delivery: Delivery, error: BaseException | None) -> bool:
         """A handler is done with ``delivery``; True when its result is to be settled (the
         runner then hands it to the settler, in a batch)."""
+        if self._spans:
+            attempt = self._spans.pop(delivery, None)
+            if attempt is not None:
+                attempt.leave()
+                _tracing.end_attempt(attempt, error)
         with self._lock:
             # failed by the keeper at its timeout, or released by close() past its grace: the
             # result comes too late (and must not emit that delivery's outcome again)
@@ -450,7 +463,9 @@ class Processor(Settling):
                 extra=task_fields(d.queue.name, d.id, d.attempt),
             )
             self._runner.abandon(d)
-            self._done.put([(d, timeout_error(d, timeout_s))])
+            error = timeout_error(d, timeout_s)
+            _tracing.end_attempt(self._spans.get(d), error)  # the handler may never return
+            self._done.put([(d, error)])
         return min(pending, default=None)
 
     def _schedule_keeper(self, period_s: float) -> None:
