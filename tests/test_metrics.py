@@ -89,6 +89,7 @@ def test_a_running_worker_serves_acked_and_dead_counts_equal_to_what_happened(r,
     assert samples["dueq_queue_up", qw] == 1
     assert samples["dueq_paused", qw] == 0
     assert samples["dueq_oldest_due_lag_seconds", qw] == 0
+    assert samples["dueq_workers", qw] == 1  # the worker's registry entry, while it ran
     worker = {
         dict(labels)["worker"]
         for (name, labels) in samples

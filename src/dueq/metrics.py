@@ -43,6 +43,8 @@ Queue metrics (one series per queue; a queue whose stats cannot be read has ``du
                                                    for the others; no series before a firing
 ``dueq_cron_last_outcome_timestamp_seconds`` gauge  when that outcome came (Unix time); ``cron``
 ``dueq_cron_last_success_timestamp_seconds`` gauge  its latest ack (absent if none yet); ``cron``
+``dueq_workers``                            gauge  live worker processes serving the queue (the
+                                                   worker registry, ``Queue.workers()``)
 ``dueq_queue_up``                           gauge  1 when the queue's stats could be read
 ==========================================  =====  ===============================================
 
@@ -205,6 +207,9 @@ class QueueCollector(Collector):
             "Events per second in the last complete minute of the queue's history",
             labels=["queue", "event"],
         )
+        workers = GaugeMetricFamily(
+            "dueq_workers", "Live worker processes serving the queue", labels=["queue"]
+        )
         cron_last = _CronLast()
         counters: dict[str, CounterMetricFamily] = {}
         for name in names:
@@ -213,6 +218,7 @@ class QueueCollector(Collector):
                 s = q.stats()
                 last_minute = q.history(2)[0]
                 definitions = q.cron.list()
+                alive = len(q.workers())
             except (redis.RedisError, DueqError, ValueError) as exc:
                 # one unreadable queue (no permission, corrupted data, Redis away) must not
                 # fail the scrape of the others: it shows as dueq_queue_up 0
@@ -229,6 +235,7 @@ class QueueCollector(Collector):
             for event in HISTORY_COUNTERS:
                 rates.add_metric([name, event], getattr(last_minute, event) / 60)
             cron_last.add(name, definitions)
+            workers.add_metric([name], alive)
             for counter, value in sorted(s.counters.items()):
                 family = counter_metric_name(counter)
                 if family not in counters:
@@ -238,7 +245,8 @@ class QueueCollector(Collector):
                         labels=["queue"],
                     )
                 counters[family].add_metric([name], value)
-        yield from (up, tasks, lag, next_due, paused, missing, crons, rates, *cron_last.families)
+        yield from (up, tasks, lag, next_due, paused, missing, crons, rates, workers)
+        yield from cron_last.families
         yield from counters.values()
 
     @staticmethod
