@@ -16,7 +16,9 @@ the rounds of all cases take turns so that outside load falls on each alike.
 3. accuracy   three consumer threads (each its own connection and Queue) claim while plenty is
               due: the most claims in any window of ``per`` against the queue-wide ``Rate``;
               and the smallest gap between two claims of one key against its ``key_rate``
-4. memory     bytes per scheduled task (MEMORY USAGE of every key of the queue): plain, with a
+4. server     Redis time per task in the claim and in the ack script of each drain case (INFO
+              commandstats ``evalsha`` usec read between the calls, in one untimed drain per case)
+5. memory     bytes per scheduled task (MEMORY USAGE of every key of the queue): plain, with a
               priority, with a limit key, and parked (the parked entry and its meta value)
 
     .venv/bin/python scripts/bench/flow.py [--quick] [--repeat N]
@@ -143,6 +145,29 @@ def dueq_drain(r: redis.Redis, n: int, setup: Setup, make: Make) -> tuple[float,
     return elapsed, claims
 
 
+def server_us(r: redis.Redis) -> int:
+    """Microseconds Redis has spent in EVALSHA so far (INFO commandstats)."""
+    return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+
+
+def server_split(r: redis.Redis, n: int, setup: Setup, make: Make) -> tuple[float, float]:
+    """Redis microseconds per task in claim.lua and in ack.lua over one drain of n tasks."""
+    r.flushdb()
+    q = Queue("flow", r)
+    setup(q)
+    q.schedule_many(make(i) for i in range(n))
+    done = claim_us = ack_us = 0
+    while done < n:
+        before = server_us(r)
+        batch = q.claim(1000)
+        middle = server_us(r)
+        if batch:
+            done += q.ack_many(batch)
+        claim_us += middle - before
+        ack_us += server_us(r) - middle
+    return claim_us / n, ack_us / n
+
+
 # -- 3. accuracy -----------------------------------------------------------------------------
 
 
@@ -251,6 +276,21 @@ def main() -> None:
                     f"{rate[name]:,.0f} tasks/s ({ratio:.2f}x unlimited, {vs_raw:.2f}x raw)",
                     f"{detail}; {claims[name]} claims",
                     target,
+                )
+            )
+
+        progress("server time per script")
+        split = {name: server_split(r, n, setup, make) for name, (setup, make, _) in CASES.items()}
+        figures["server_us_per_task"] = {
+            name: {"claim": c, "ack": a} for name, (c, a) in split.items()
+        }
+        for name, (claim_us, ack_us) in split.items():
+            rows.append(
+                (
+                    f"server {name}",
+                    f"claim {claim_us:.1f} us + ack {ack_us:.1f} us per task",
+                    "Redis time in claim.lua and ack.lua (commandstats)",
+                    "",
                 )
             )
 

@@ -187,18 +187,26 @@ end
 -- The leases given as (id, token) pairs, packed as struct '>Hc0Hc0' (ack, extend): a repeated
 -- pair counts once. Returns the distinct ids and tokens, and for each pair as given the index
 -- of its distinct pair (so a reply can say something about every pair, in the caller's order).
+-- Pairs are told apart by id, and by "id|token" only for an id sent under two tokens.
 local function leases_unpack(blob)
-  local ids, tokens, seen, positions = {}, {}, {}, {}
+  local ids, tokens, by_id, by_pair, positions = {}, {}, {}, nil, {}
+  local n, k = 0, 0
   for id, token in pairs_unpack(blob) do
-    local pair = id .. '|' .. token
-    local at = seen[pair]
-    if not at then
-      ids[#ids + 1] = id
-      tokens[#tokens + 1] = token
-      at = #ids
-      seen[pair] = at
+    local at = by_id[id]
+    if at == nil then
+      n = n + 1
+      ids[n], tokens[n], by_id[id], at = id, token, n, n
+    elseif tokens[at] ~= token then
+      by_pair = by_pair or {}
+      local pair = id .. '|' .. token
+      at = by_pair[pair]
+      if not at then
+        n = n + 1
+        ids[n], tokens[n], by_pair[pair], at = id, token, n, n
+      end
     end
-    positions[#positions + 1] = at
+    k = k + 1
+    positions[k] = at
   end
   return ids, tokens, positions
 end

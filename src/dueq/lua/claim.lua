@@ -256,6 +256,10 @@ local buried_here = 0
 local token = nil
 local deadline = now + lease_ms
 local leased, meta, orphans = {}, {}, {}
+local n_leased, n_out = 0, #out
+-- Text of the first-claim time and of each distinct due ms in this claim, formatted once (tasks
+-- scheduled in bulk share their due ms).
+local now_text, due_texts = ms(now), {}
 local upper_used = upper_levels_used(levels)
 while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
   local ids, scores, priorities = {}, {}, {}
@@ -327,17 +331,20 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
       end
       token = token or next_token()
       attempt = attempt + 1
-      if first == '' then first = ms(now) end
-      leased[#leased + 1] = deadline
-      leased[#leased + 1] = id
-      meta[#meta + 1] = id
-      meta[#meta + 1] = attempt .. '|' .. token .. '|' .. ms(due_ms) .. '|' .. first ..
-        (key and '|' .. key or '')
-      out[#out + 1] = id
-      out[#out + 1] = envelopes[i]
-      out[#out + 1] = attempt
-      out[#out + 1] = ms(due_ms)
-      out[#out + 1] = first
+      if first == '' then first = now_text end
+      local due_text = due_texts[due_ms]
+      if not due_text then
+        due_text = ms(due_ms)
+        due_texts[due_ms] = due_text
+      end
+      leased[n_leased + 1], leased[n_leased + 2] = deadline, id
+      meta[n_leased + 1] = id
+      local value = attempt .. '|' .. token .. '|' .. due_text .. '|' .. first
+      meta[n_leased + 2] = key and value .. '|' .. key or value
+      n_leased = n_leased + 2
+      out[n_out + 1], out[n_out + 2], out[n_out + 3] = id, envelopes[i], attempt
+      out[n_out + 4], out[n_out + 5] = due_text, first
+      n_out = n_out + 5
     end
   end
   if parked_here == parked_before then break end  -- nothing stepped aside: no more to take
