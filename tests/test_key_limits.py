@@ -205,3 +205,75 @@ def test_bad_key_limits_raise_configuration_errors(make_queue: Callable[..., Any
         else:
             raise AssertionError(f"key_rate={bad_rate!r} was accepted")
     assert q.settings() == dueq.QueueSettings()
+
+
+# -- what the batched key bookkeeping relies on (claim.lua, ack.lua, the prelude's hset_many) --
+
+
+def key_states(r: redis.Redis, name: str = "q") -> dict[str, str]:
+    return {
+        f.decode(): v.decode() for f, v in r.hgetall(QueueKeys.for_queue(name).key_state).items()
+    }
+
+
+def expired_leases(
+    make_queue: Callable[..., Any], clock: Any, concurrency: int, **tasks: int
+) -> tuple[Any, list[Any]]:
+    """A queue (lease 5 s, retries in 10 s) whose keyed tasks were leased and whose leases then
+    expired and were reclaimed (by one claim, which leased nothing); and the stale deliveries."""
+    q = make_queue(lease=5)
+    q.configure(key_concurrency=concurrency)
+    for key, n in tasks.items():
+        schedule_keyed(q, key, n)
+    stale = q.claim(10)
+    clock.advance(6)
+    assert q.claim(10) == []
+    return q, stale
+
+
+def test_an_ack_batch_releases_the_key_slots_of_held_leases_only_and_refuses_stale_tokens(
+    make_queue: Callable[..., Any], clock: Any, r: redis.Redis
+) -> None:
+    q, stale = expired_leases(make_queue, clock, 10, k=3)
+    clock.advance(10)
+    fresh = q.claim(10)
+    assert sorted(d.id for d in fresh) == sorted(d.id for d in stale)
+    assert key_states(r) == {"k": "3||0"}
+    try:
+        q.ack_many([*stale, fresh[0]])
+    except dueq.LeaseLost as exc:
+        assert sorted(exc.ids) == sorted(d.id for d in stale)
+    else:
+        raise AssertionError("stale tokens were not refused")
+    assert key_states(r) == {"k": "2||0"}  # one slot freed: the held lease's, not the stale ones
+    assert q.stats().leased == 2
+    assert q.ack_many(fresh[1:]) == 2
+    assert key_states(r) == {}
+
+
+def test_leases_of_one_key_that_expire_together_all_free_their_slots_in_the_reclaiming_claim(
+    make_queue: Callable[..., Any], clock: Any, r: redis.Redis
+) -> None:
+    q, stale = expired_leases(make_queue, clock, 4, k=3, j=2)
+    assert len(stale) == 5
+    assert key_states(r) == {}  # all five reclaimed in one call, back in due in 10 s
+    clock.advance(10)
+    assert len(q.claim(10)) == 5
+    assert key_states(r) == {"k": "3||0", "j": "2||0"}
+
+
+def test_a_claim_over_many_keys_writes_each_keys_state_exactly_and_no_helper_field(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    q.schedule_many(dueq.Task({"i": i}, id=f"t{i:04d}", key=f"k{i % 300:03d}") for i in range(600))
+    leased = q.claim(1000)  # one lease per key; the other task of each key is parked
+    assert len(leased) == 300 and len({d.key for d in leased}) == 300
+    k = QueueKeys.for_queue("q")
+    assert key_states(r) == {f"k{i:03d}": "1||1" for i in range(300)}
+    # 300 leases and 300 parked tasks, nothing else (hset_many's helper field is gone)
+    assert sorted(r.hkeys(k.meta)) == [f"t{i:04d}".encode() for i in range(600)]
+    assert q.ack_many(leased) == 300
+    assert key_states(r) == {f"k{i:03d}": "0||1" for i in range(300)}
+    assert r.zcard(k.key_wait) == 300

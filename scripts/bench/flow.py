@@ -8,7 +8,9 @@ the rounds of all cases take turns so that outside load falls on each alike.
 
 1. raw        pipelined ZPOPMIN 1000 + HMGET + HDEL of N due tasks (no leases, no acks)
 2. drain      ``claim(1000)`` + ``ack_many`` of N due tasks, each case as a ratio to the
-              unlimited drain (target >= 0.8x) and to the raw drain:
+              unlimited drain (target >= 0.8x) and to the raw drain; and the CPU this process
+              and Redis spent per task (the least of the rounds), whose inverse ratio to the
+              unlimited case is the steadier figure when other work shares the machine:
               unlimited; a generous queue-wide ``rate`` (never binding); 10,000 limit keys with
               generous ``key_concurrency``/``key_rate`` (never binding); tasks spread over the
               ten priorities; and, for scale, 10,000 keys with ``key_concurrency=1`` (binding:
@@ -16,7 +18,10 @@ the rounds of all cases take turns so that outside load falls on each alike.
 3. accuracy   three consumer threads (each its own connection and Queue) claim while plenty is
               due: the most claims in any window of ``per`` against the queue-wide ``Rate``;
               and the smallest gap between two claims of one key against its ``key_rate``
-4. memory     bytes per scheduled task (MEMORY USAGE of every key of the queue): plain, with a
+4. server     Redis time per task in the claim and in the ack script of each drain case (INFO
+              commandstats ``evalsha`` usec read between the calls, in untimed drains; the least
+              of ``--repeat`` rounds)
+5. memory     bytes per scheduled task (MEMORY USAGE of every key of the queue): plain, with a
               priority, with a limit key, and parked (the parked entry and its meta value)
 
     .venv/bin/python scripts/bench/flow.py [--quick] [--repeat N]
@@ -125,13 +130,21 @@ CASES: dict[str, tuple[Setup, Make, str]] = {
 }
 
 
-def dueq_drain(r: redis.Redis, n: int, setup: Setup, make: Make) -> tuple[float, int]:
-    """Seconds to claim + ack n due tasks, and the claims it took."""
+def redis_cpu_s(r: redis.Redis) -> float:
+    cpu = r.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def dueq_drain(r: redis.Redis, n: int, setup: Setup, make: Make) -> tuple[float, int, float]:
+    """Seconds to claim + ack n due tasks, the claims it took, and the CPU microseconds per
+    task this process and Redis spent together (steadier than seconds on a shared machine)."""
     r.flushdb()
     q = Queue("flow", r)
     setup(q)
     q.schedule_many(make(i) for i in range(n))
     done = claims = 0
+    redis_before = redis_cpu_s(r)
+    cpu_start = time.process_time()
     start = perf()
     while done < n:
         batch = q.claim(1000)
@@ -139,8 +152,32 @@ def dueq_drain(r: redis.Redis, n: int, setup: Setup, make: Make) -> tuple[float,
         if batch:
             done += q.ack_many(batch)
     elapsed = perf() - start
+    cpu_s = time.process_time() - cpu_start + redis_cpu_s(r) - redis_before
     assert q.stats().scheduled == 0
-    return elapsed, claims
+    return elapsed, claims, cpu_s / n * 1e6
+
+
+def server_us(r: redis.Redis) -> int:
+    """Microseconds Redis has spent in EVALSHA so far (INFO commandstats)."""
+    return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+
+
+def server_split(r: redis.Redis, n: int, setup: Setup, make: Make) -> tuple[float, float]:
+    """Redis microseconds per task in claim.lua and in ack.lua over one drain of n tasks."""
+    r.flushdb()
+    q = Queue("flow", r)
+    setup(q)
+    q.schedule_many(make(i) for i in range(n))
+    done = claim_us = ack_us = 0
+    while done < n:
+        before = server_us(r)
+        batch = q.claim(1000)
+        middle = server_us(r)
+        if batch:
+            done += q.ack_many(batch)
+        claim_us += middle - before
+        ack_us += server_us(r) - middle
+    return claim_us / n, ack_us / n
 
 
 # -- 3. accuracy -----------------------------------------------------------------------------
@@ -229,28 +266,54 @@ def main() -> None:
     with RedisServer() as server, server.client() as r:
         best: dict[str, float] = {}
         claims: dict[str, int] = {}
+        cpu: dict[str, float] = {}
         for round_ in range(args.repeat):
             progress(f"round {round_ + 1}/{args.repeat}")
             best["raw"] = min(best.get("raw", 1e9), raw_drain(r, n))
             for name, (setup, make, _) in CASES.items():
-                elapsed, calls = dueq_drain(r, n, setup, make)
+                elapsed, calls, cpu_us = dueq_drain(r, n, setup, make)
+                cpu[name] = min(cpu.get(name, 1e9), cpu_us)
                 if elapsed < best.get(name, 1e9):
                     best[name], claims[name] = elapsed, calls
         rate = {name: n / s for name, s in best.items()}
         figures["tasks_per_s"] = rate
         figures["claims"] = claims
+        figures["cpu_us_per_task"] = cpu
         rows.append(("raw", f"{rate['raw']:,.0f} tasks/s", "ZPOPMIN 1000 + HMGET + HDEL", ""))
         for name, (_, _, detail) in CASES.items():
             ratio = rate[name] / rate["unlimited"]
             vs_raw = rate[name] / rate["raw"]
+            cpu_ratio = cpu["unlimited"] / cpu[name]
             figures[f"{name}_ratio"] = ratio
+            figures[f"{name}_cpu_ratio"] = cpu_ratio
             target = "" if name in ("unlimited", "keys_binding") else f">= {TARGET_RATIO}x"
             rows.append(
                 (
                     f"drain {name}",
-                    f"{rate[name]:,.0f} tasks/s ({ratio:.2f}x unlimited, {vs_raw:.2f}x raw)",
+                    f"{rate[name]:,.0f} tasks/s ({ratio:.2f}x unlimited, {vs_raw:.2f}x raw); "
+                    f"CPU {cpu[name]:.1f} us/task ({cpu_ratio:.2f}x)",
                     f"{detail}; {claims[name]} claims",
                     target,
+                )
+            )
+
+        progress("server time per script")
+        split: dict[str, tuple[float, float]] = {}
+        for _ in range(args.repeat):
+            for name, (setup, make, _) in CASES.items():
+                claim_us, ack_us = server_split(r, n, setup, make)
+                old_claim, old_ack = split.get(name, (1e9, 1e9))
+                split[name] = (min(old_claim, claim_us), min(old_ack, ack_us))
+        figures["server_us_per_task"] = {
+            name: {"claim": c, "ack": a} for name, (c, a) in split.items()
+        }
+        for name, (claim_us, ack_us) in split.items():
+            rows.append(
+                (
+                    f"server {name}",
+                    f"claim {claim_us:.1f} us + ack {ack_us:.1f} us per task",
+                    "Redis time in claim.lua and ack.lua (commandstats)",
+                    "",
                 )
             )
 

@@ -187,18 +187,26 @@ end
 -- The leases given as (id, token) pairs, packed as struct '>Hc0Hc0' (ack, extend): a repeated
 -- pair counts once. Returns the distinct ids and tokens, and for each pair as given the index
 -- of its distinct pair (so a reply can say something about every pair, in the caller's order).
+-- Pairs are told apart by id, and by "id|token" only for an id sent under two tokens.
 local function leases_unpack(blob)
-  local ids, tokens, seen, positions = {}, {}, {}, {}
+  local ids, tokens, by_id, by_pair, positions = {}, {}, {}, nil, {}
+  local n, k = 0, 0
   for id, token in pairs_unpack(blob) do
-    local pair = id .. '|' .. token
-    local at = seen[pair]
-    if not at then
-      ids[#ids + 1] = id
-      tokens[#tokens + 1] = token
-      at = #ids
-      seen[pair] = at
+    local at = by_id[id]
+    if at == nil then
+      n = n + 1
+      ids[n], tokens[n], by_id[id], at = id, token, n, n
+    elseif tokens[at] ~= token then
+      by_pair = by_pair or {}
+      local pair = id .. '|' .. token
+      at = by_pair[pair]
+      if not at then
+        n = n + 1
+        ids[n], tokens[n], by_pair[pair], at = id, token, n, n
+      end
     end
-    positions[#positions + 1] = at
+    k = k + 1
+    positions[k] = at
   end
   return ids, tokens, positions
 end
@@ -367,6 +375,28 @@ local function call_chunked(cmd, key, args)
   end
 end
 
+-- HSET of field, value pairs (a flat list), in chunks. Redis 7.0 keeps a hash that is new (or
+-- small) as a listpack until it holds 128 fields, and each field added to a listpack scans it:
+-- 1,000 new fields into an empty hash cost about 1 us each, against 0.2 us in a hashtable. The
+-- hot hashes (meta, key_state) empty out whenever a drain catches up, so a claim would pay that
+-- again and again. A batch of more than 128 fields therefore goes with one extra field, longer
+-- than hash-max-listpack-value (64), which makes Redis convert the hash before it inserts, and
+-- which is deleted right after. That field is 1,000 bytes: no task id (MAX_ID_BYTES 512) and no
+-- limit key (MAX_KEY_BYTES 200) can be as long, so it never stands for real data.
+local HASHTABLE_FIELD = string.rep('\0', 1000)
+local function hset_many(k_hash, pairs_list)
+  local n = #pairs_list
+  if n <= 256 then
+    if n > 0 then redis.call('HSET', k_hash, unpack(pairs_list)) end
+    return
+  end
+  redis.call('HSET', k_hash, HASHTABLE_FIELD, '', unpack(pairs_list, 1, math.min(n, 4000)))
+  for i = 4001, n, 4000 do
+    redis.call('HSET', k_hash, unpack(pairs_list, i, math.min(i + 3999, n)))
+  end
+  redis.call('HDEL', k_hash, HASHTABLE_FIELD)
+end
+
 -- ZADD every id with the same score.
 local function zadd_all(k_zset, score, ids)
   local args = {}
@@ -472,18 +502,46 @@ end
 -- it can be found by id.
 
 -- A key-state value as leased, mark (0: none) and parked; an unreadable value reads as zeros.
+-- Parsed once per distinct value in a script call (key_state_seen): the keys one claim leased
+-- share their value ("1|<mark>|0"), so a batch of keys mostly parses one string.
+local key_state_seen = {}
 local function key_state_parse(v)
   if not v then return 0, 0, 0 end
-  local f, t, p = string.match(v, '^(%d+)|([%d.]*)|(%d+)$')
-  return tonumber(f) or 0, tonumber(t) or 0, tonumber(p) or 0
+  local s = key_state_seen[v]
+  if not s then
+    local f, t, p = string.match(v, '^(%d+)|([%d.]*)|(%d+)$')
+    s = {tonumber(f) or 0, tonumber(t) or 0, tonumber(p) or 0}
+    key_state_seen[v] = s
+  end
+  return s[1], s[2], s[3]
 end
 
 -- The value to store for a key's state at `now`, or nil when there is nothing to remember.
+-- Built once per distinct (mark, leased, parked) in a script call (key_state_texts), for the
+-- same reason.
+local key_state_texts = {}
 local function key_state_value(leased, mark, parked, now)
   local keep_mark = mark > now
   if leased <= 0 and parked <= 0 and not keep_mark then return nil end
-  return math.max(leased, 0) .. '|' .. (keep_mark and string.format('%.3f', mark) or '') .. '|' ..
-    math.max(parked, 0)
+  if leased < 0 then leased = 0 end
+  if parked < 0 then parked = 0 end
+  if not keep_mark then mark = 0 end
+  local by_mark = key_state_texts[mark]
+  if not by_mark then
+    by_mark = {text = keep_mark and string.format('%.3f', mark) or ''}
+    key_state_texts[mark] = by_mark
+  end
+  local by_leased = by_mark[leased]
+  if not by_leased then
+    by_leased = {}
+    by_mark[leased] = by_leased
+  end
+  local v = by_leased[parked]
+  if not v then
+    v = leased .. '|' .. by_mark.text .. '|' .. parked
+    by_leased[parked] = v
+  end
+  return v
 end
 
 -- Write key states: `values` maps key -> value or false (delete); one HSET and one HDEL.
@@ -497,7 +555,7 @@ local function key_state_write(k_state, values)
       drop[#drop + 1] = key
     end
   end
-  if #set > 0 then call_chunked('HSET', k_state, set) end
+  if #set > 0 then hset_many(k_state, set) end
   if #drop > 0 then call_chunked('HDEL', k_state, drop) end
 end
 
@@ -522,6 +580,7 @@ end
 
 -- HMGET of any number of fields (Lua's unpack has a stack limit).
 local function hmget_chunked(key, fields)
+  if #fields <= 4000 then return redis.call('HMGET', key, unpack(fields)) end
   local out = {}
   for i = 1, #fields, 4000 do
     local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + 3999, #fields)))
@@ -542,28 +601,41 @@ end
 -- are dropped, and keys with parked tasks are made ready for the next claim. One HMGET, HSET,
 -- HDEL and ZADD for any number of keys. True when consumers should be woken.
 local function keys_release(k_state, k_wait, keys, now)
-  local ended, order = {}, {}
-  for _, key in ipairs(keys) do
-    if not ended[key] then
-      ended[key] = 0
-      order[#order + 1] = key
+  local ended, order, n = {}, {}, 0
+  for i = 1, #keys do
+    local key = keys[i]
+    local c = ended[key]
+    if c then
+      ended[key] = c + 1
+    else
+      ended[key] = 1
+      n = n + 1
+      order[n] = key
     end
-    ended[key] = ended[key] + 1
   end
-  if #order == 0 then return false end
+  if n == 0 then return false end
   local values = hmget_chunked(k_state, order)
-  local writes, ready = {}, {}
-  for i, key in ipairs(order) do
+  local set, drop, ready, n_set, n_drop, n_ready = {}, {}, {}, 0, 0, 0
+  for i = 1, n do
+    local key = order[i]
     local leased, mark, parked = key_state_parse(values[i])
-    writes[key] = key_state_value(leased - ended[key], mark, parked, now) or false
+    local v = key_state_value(leased - ended[key], mark, parked, now)
+    if v then
+      set[n_set + 1], set[n_set + 2] = key, v
+      n_set = n_set + 2
+    else
+      n_drop = n_drop + 1
+      drop[n_drop] = key
+    end
     if parked > 0 then
-      ready[#ready + 1] = now
-      ready[#ready + 1] = key
+      ready[n_ready + 1], ready[n_ready + 2] = now, key
+      n_ready = n_ready + 2
     end
   end
-  key_state_write(k_state, writes)
-  if #ready > 0 then zadd_chunked(k_wait, 'LT', ready) end
-  return #ready > 0
+  if n_set > 0 then hset_many(k_state, set) end
+  if n_drop > 0 then call_chunked('HDEL', k_state, drop) end
+  if n_ready > 0 then zadd_chunked(k_wait, 'LT', ready) end
+  return n_ready > 0
 end
 
 -- keys_release for one lease of `key`.

@@ -75,13 +75,15 @@ local function bury(id, attempt, kind, message)
 end
 
 -- 1. Expired leases: the holder died or hung. That delivery counts as a failed attempt.
+-- Their keys' leases end together (one keys_release after the loop).
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
+local expired_keys = {}
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
   local envelope = redis.call('HGET', KEYS[3], id)
   if envelope then
     local priority, own_attempts, key = task_options(envelope)
-    if key then key_unlease(KEYS[10], KEYS[12], key, now) end
+    if key then expired_keys[#expired_keys + 1] = key end
     local attempt, token, _, first, readable = meta_parse(redis.call('HGET', KEYS[4], id))
     if not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
@@ -110,6 +112,7 @@ for _, id in ipairs(expired) do
     redis.call('HDEL', KEYS[5], id)
   end
 end
+if #expired_keys > 0 then keys_release(KEYS[10], KEYS[12], expired_keys, now) end
 if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
@@ -151,19 +154,33 @@ local key_gap = key_n and key_per / key_n or nil
 
 -- The leased count, rate mark and parked count of every key this claim looks at, read once
 -- (key_load: one HMGET per batch of keys) and written back once at the end.
-local flight, marks, parked_n, changed = {}, {}, {}, {}
+-- `changed` lists each key whose state this claim changed once (`is_changed` says which).
+local flight, marks, parked_n, changed, is_changed = {}, {}, {}, {}, {}
 local function key_load(keys)
-  local loading, seen = {}, {}
-  for _, key in ipairs(keys) do
-    if flight[key] == nil and not seen[key] then
-      seen[key] = true
-      loading[#loading + 1] = key
+  local loading, n = {}, 0
+  for i = 1, #keys do
+    local key = keys[i]
+    if flight[key] == nil then
+      flight[key] = false  -- being loaded: listed once
+      n = n + 1
+      loading[n] = key
     end
   end
-  if #loading == 0 then return end
+  if n == 0 then return end
   local values = hmget_chunked(KEYS[10], loading)
-  for i, key in ipairs(loading) do
-    flight[key], marks[key], parked_n[key] = key_state_parse(values[i])
+  for i = 1, n do
+    local key, v = loading[i], values[i]
+    if v then
+      flight[key], marks[key], parked_n[key] = key_state_parse(v)
+    else
+      flight[key], marks[key], parked_n[key] = 0, 0, 0
+    end
+  end
+end
+local function key_changed(key)
+  if not is_changed[key] then
+    is_changed[key] = true
+    changed[#changed + 1] = key
   end
 end
 local function key_flight(key)
@@ -207,7 +224,7 @@ if wait_head and wait_head <= now and not paused and limit > 0 then
       end
     end
     local left = parked_n[key] - moved
-    changed[key] = true
+    key_changed(key)
     if left <= 0 or moved < room then  -- none left (or the count was wrong): done waiting
       parked_n[key] = 0
       redis.call('ZREM', KEYS[12], key)
@@ -234,7 +251,7 @@ local function park(key, priority, due_ms, id, attempt, first, wait_until)
   park_meta[#park_meta + 1] = id
   park_meta[#park_meta + 1] = attempt .. '||' .. ms(due_ms) .. '|' .. first
   parked_n[key] = parked_n[key] + 1
-  changed[key] = true
+  key_changed(key)
   if wait_until and (park_wait[key] == nil or wait_until < park_wait[key]) then
     park_wait[key] = wait_until
   end
@@ -249,6 +266,10 @@ local buried_here = 0
 local token = nil
 local deadline = now + lease_ms
 local leased, meta, orphans = {}, {}, {}
+local n_leased, n_out = 0, #out
+-- Text of the first-claim time and of each distinct due ms in this claim, formatted once (tasks
+-- scheduled in bulk share their due ms).
+local now_text, due_texts = ms(now), {}
 local upper_used = upper_levels_used(levels)
 while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
   local ids, scores, priorities = {}, {}, {}
@@ -287,7 +308,13 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
       most = own or max_attempts
     end
     local room, wait_until = 1, nil
-    if key and readable and envelopes[i] then room, wait_until = key_room(key, 1) end
+    if key and readable and envelopes[i] then  -- key_room(key, 1), inlined: the hot path
+      if key_concurrency and flight[key] >= key_concurrency then
+        room = 0
+      elseif key_gap and marks[key] > now then
+        room, wait_until = 0, marks[key]
+      end
+    end
     if not envelopes[i] then
       orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
     elseif not readable then
@@ -302,36 +329,54 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
       park(key, priority, due_ms, id, attempt, first, wait_until)
     else
       if key then
-        flight[key] = key_flight(key) + 1
-        if key_gap then marks[key] = math.max(key_mark(key), now) + key_gap end
-        changed[key] = true
+        flight[key] = flight[key] + 1
+        if key_gap then
+          local mark = marks[key]
+          marks[key] = (mark > now and mark or now) + key_gap
+        end
+        if not is_changed[key] then  -- key_changed(key), inlined
+          is_changed[key] = true
+          changed[#changed + 1] = key
+        end
       end
       token = token or next_token()
       attempt = attempt + 1
-      if first == '' then first = ms(now) end
-      leased[#leased + 1] = deadline
-      leased[#leased + 1] = id
-      meta[#meta + 1] = id
-      meta[#meta + 1] = attempt .. '|' .. token .. '|' .. ms(due_ms) .. '|' .. first ..
-        (key and '|' .. key or '')
-      out[#out + 1] = id
-      out[#out + 1] = envelopes[i]
-      out[#out + 1] = attempt
-      out[#out + 1] = ms(due_ms)
-      out[#out + 1] = first
+      if first == '' then first = now_text end
+      local due_text = due_texts[due_ms]
+      if not due_text then
+        due_text = ms(due_ms)
+        due_texts[due_ms] = due_text
+      end
+      leased[n_leased + 1], leased[n_leased + 2] = deadline, id
+      meta[n_leased + 1] = id
+      local value = attempt .. '|' .. token .. '|' .. due_text .. '|' .. first
+      meta[n_leased + 2] = key and value .. '|' .. key or value
+      n_leased = n_leased + 2
+      out[n_out + 1], out[n_out + 2], out[n_out + 3] = id, envelopes[i], attempt
+      out[n_out + 4], out[n_out + 5] = due_text, first
+      n_out = n_out + 5
     end
   end
   if parked_here == parked_before then break end  -- nothing stepped aside: no more to take
 end
 -- Write back the keys this claim changed (one HSET, one HDEL).
-local writes = {}
-for key in pairs(changed) do
-  writes[key] = key_state_value(flight[key], marks[key], parked_n[key], now) or false
+local state_set, state_drop, n_set, n_drop = {}, {}, 0, 0
+for i = 1, #changed do
+  local key = changed[i]
+  local v = key_state_value(flight[key], marks[key], parked_n[key], now)
+  if v then
+    state_set[n_set + 1], state_set[n_set + 2] = key, v
+    n_set = n_set + 2
+  else
+    n_drop = n_drop + 1
+    state_drop[n_drop] = key
+  end
 end
-key_state_write(KEYS[10], writes)
+if n_set > 0 then hset_many(KEYS[10], state_set) end
+if n_drop > 0 then call_chunked('HDEL', KEYS[10], state_drop) end
 if #park_members > 0 then
   call_chunked('ZADD', KEYS[11], park_members)
-  call_chunked('HSET', KEYS[4], park_meta)
+  hset_many(KEYS[4], park_meta)
   local waits = {}
   for key, at in pairs(park_wait) do
     waits[#waits + 1] = at
@@ -342,7 +387,7 @@ end
 if #leased > 0 then
   out[4] = token
   call_chunked('ZADD', KEYS[2], leased)
-  call_chunked('HSET', KEYS[4], meta)
+  hset_many(KEYS[4], meta)
   stat_incr(KEYS[7], 'claimed', #leased / 2)
   if rate_n then  -- one entry per lease, unique by token and position
     local claims = {}
