@@ -7,27 +7,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import redis
 from redis._parsers.base import BaseParser
+from waiting import wait_for
 
 import dueq
 from dueq.outage import is_outage, outage_reason
 from dueq.server import RedisServer
 
 WAIT_S = 30  # generous bound for things that happen in milliseconds when all is well
-
-
-def wait_for(condition: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def refused(call: Callable[[], object]) -> Exception:

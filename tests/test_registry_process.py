@@ -9,13 +9,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from waiting import wait_for
 
 import dueq
 from dueq.server import RedisServer
@@ -42,16 +42,6 @@ def spawn(redis_server: RedisServer) -> Iterator[Any]:
         if child.poll() is None:
             child.kill()
         child.communicate()
-
-
-def wait_for(condition: Any, what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def worker_process(spawn: Any, redis_server: RedisServer, *args: str) -> subprocess.Popen[str]:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from reactivex.testing import TestScheduler
+from waiting import wait_for
 
 import dueq
 from dueq.server import RedisServer
@@ -39,16 +40,6 @@ def spawn(redis_server: RedisServer) -> Iterator[Any]:
             child.send_signal(signal.SIGCONT)
             child.kill()
         child.wait()
-
-
-def wait_for(condition: Any, what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def started(r: redis.Redis, n: int = 1) -> list[str]:

@@ -164,7 +164,7 @@ from .envelope import generated_ids
 from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
 from .keys import PREFIX, QueueKeys
 from .queue import Queue
-from .registry import WorkerInfo
+from .registry import WorkerInfo, merge_workers
 from .snapshot import text
 from .task import (
     DeliveryBase,
@@ -626,13 +626,7 @@ class _Sharded(QueueCore):
         parts: list[list[WorkerInfo]] = yield from _together(
             [s._workers_flow() for s in self._shards]
         )
-        latest: dict[str, WorkerInfo] = {}
-        for part in parts:
-            for info in part:
-                seen = latest.get(info.worker_id)
-                if seen is None or info.last_seen_at > seen.last_seen_at:
-                    latest[info.worker_id] = info
-        return [latest[worker] for worker in sorted(latest)]
+        return merge_workers(parts)
 
     def _heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
         """The beat (or the leave) on every shard, so each shard's own view shows the worker
