@@ -88,14 +88,17 @@ async def deliveries(
     wake: bool = True,
     heartbeat: Duration = 5.0,
     prefetch_low: int = AUTO_LOW,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> AsyncGenerator[AsyncDelivery, None]:
-    """The iterator behind ``AsyncQueue.deliveries``; see the module docstring."""
+    """The iterator behind ``AsyncQueue.deliveries``; see the module docstring. It ends when
+    ``stopping()`` says so (``observe``'s disposal; checked before each claim)."""
     claims = _claims(
         queue,
         max_in_flight=max_in_flight,
         wake=wake,
         heartbeat=heartbeat,
         prefetch_low=prefetch_low,
+        stopping=stopping,
     )
     unyielded: deque[AsyncDelivery] = deque()
     try:
@@ -116,9 +119,11 @@ async def _claims(
     wake: bool,
     heartbeat: Duration,
     prefetch_low: int,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> AsyncGenerator[list[AsyncDelivery], None]:
     """The claim loop: each claim as a list (maybe empty while the queue is idle: the caller
-    never sees an empty one from ``deliveries``), resumed once the caller took it."""
+    never sees an empty one from ``deliveries``), resumed once the caller took it; it ends
+    when ``stopping()`` says so (checked before each claim)."""
     held: Held[AsyncDelivery] = Held(Prefetch.parse(max_in_flight, low=prefetch_low))
     heartbeat_ms = positive_duration_ms(heartbeat, "heartbeat")
     poke = asyncio.Event()
@@ -137,7 +142,7 @@ async def _claims(
     backoff = Backoff()
     paused = False  # the last claim found the queue paused
     try:
-        while True:
+        while not stopping():
             poke.clear()
             free = held.free(loop.time())
             try:  # with no free slot, a claim of 0 still reclaims lapsed leases
@@ -186,22 +191,24 @@ def consume(
     wake: bool = True,
     heartbeat: Duration = 5.0,
     prefetch_low: int = AUTO_LOW,
-) -> abc.DisposableBase:
+) -> ClaimLoop:
     """``AsyncWorker``'s source: the claim loop as a task on the running loop, each claim
     handed to ``on_claimed`` whole (no observable, no per-delivery hop between them); an
     error that ends it goes to ``on_error``. Disposing cancels the task."""
+    stopped = False
     claims = _claims(
         queue,
         max_in_flight=max_in_flight,
         wake=wake,
         heartbeat=heartbeat,
         prefetch_low=prefetch_low,
+        stopping=lambda: stopped,
     )
 
     async def pump() -> None:
         try:
             async for batch in claims:
-                on_claimed(batch)
+                on_claimed(batch)  # (a claim under way when disposed is handed over too)
         except asyncio.CancelledError:
             raise  # disposed
         except Exception as exc:  # not an outage (those are waited out): the source ends
@@ -209,11 +216,29 @@ def consume(
         finally:
             await claims.aclose()
 
+    def stop() -> None:
+        # the flag as well as the cancel: a cancel that lands as a Redis reply arrives can
+        # be swallowed inside the client (Python 3.11's wait_for), and the loop would go on
+        # claiming (and its closing processor releasing) until the lease ran out
+        nonlocal stopped
+        stopped = True
+        task.cancel()
+
     loop = asyncio.get_running_loop()
     task = loop.create_task(pump())
     _PUMPS.add(task)  # the loop holds tasks weakly
     task.add_done_callback(_PUMPS.discard)
-    return Disposable(lambda: call_on_loop(loop, task.cancel))
+    return ClaimLoop(lambda: call_on_loop(loop, stop), task)
+
+
+class ClaimLoop(Disposable):
+    """What ``consume`` returns: disposing stops the claim loop; ``task`` ends once it has
+    (``AsyncWorker`` awaits it, so that no claim is under way when it releases what it
+    holds)."""
+
+    def __init__(self, dispose: Callable[[], None], task: asyncio.Task[None]) -> None:
+        super().__init__(dispose)
+        self.task = task
 
 
 async def _release(d: AsyncDelivery) -> None:
@@ -265,6 +290,7 @@ def observe(
                 wake=wake,
                 heartbeat=heartbeat,
                 prefetch_low=prefetch_low,
+                stopping=lambda: stopped,  # should a cancel be swallowed in the client
             )
             try:
                 async for d in it:

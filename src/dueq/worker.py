@@ -22,7 +22,7 @@ from reactivex import abc
 from reactivex.disposable import CompositeDisposable
 
 from ._async import AsyncQueue
-from ._async_consume import call_on_loop, consume
+from ._async_consume import CLOSE_S, call_on_loop, consume
 from ._core import QueueCore
 from ._prefetch import Prefetch
 from .checks import whole_number
@@ -307,14 +307,11 @@ class AsyncWorker(_WorkerSettings):
         logger.info("worker started on %s with concurrency %d (asyncio)", names, self.concurrency)
         # as Worker: each queue's claim loop hands its claims to the processor whole
         processor.start(_Tally(self.outcomes, self._failed))
-        processor.attach_source(
-            CompositeDisposable(
-                [
-                    consume(q, processor.accept_many, processor.source_error, **self._settings())
-                    for q in self.queues
-                ]
-            )
-        )
+        loops = [
+            consume(q, processor.accept_many, processor.source_error, **self._settings())
+            for q in self.queues
+        ]
+        processor.attach_source(CompositeDisposable(loops))
         beat = AsyncHeartbeat(self.queues, self._beat_s, lambda: self._counts(processor))
         beat.start()
         try:
@@ -322,6 +319,11 @@ class AsyncWorker(_WorkerSettings):
             logger.info(
                 "worker stopping: no new tasks; %.1f s grace for running ones", self.grace_s
             )
+            # the claim loops end first (a claim under way hands its tasks over), so that the
+            # processor releases everything it got and nothing is claimed after run() returns
+            for claim_loop in loops:
+                claim_loop.dispose()
+            await asyncio.wait({c.task for c in loops}, timeout=CLOSE_S)
             await processor.close(self.grace_s, hurry=self._hurry)
         finally:
             await beat.stop()
