@@ -119,11 +119,12 @@ yet" until it lands):
   unless a wake message named it (the wake payload would need the shard).
 - ``dueq acl``: rules for a sharded queue (``~dueq:{emails#*`` keys, ``&dueq:{emails#*``
   channels; today only the layout key is granted, read-only).
-- ``wait_replicas`` with a ``RedisCluster`` client: the script and WAIT on one connection to
-  the node of the shard (``get_redis_connection(node)``), re-routed after MOVED.
+- ``wait_replicas`` with a ``redis.asyncio`` ``RedisCluster`` (the blocking one runs script
+  and WAIT on the shard's primary, ``dueq.scripts.Scripts._run_on_node``).
 - ``dueq worker --shards N`` (today a queue's N is read from Redis; a new queue opened by a
   worker before any producer recorded N is plain).
-- failover test (3 primaries + 3 replicas, CLUSTER FAILOVER while draining).
+- failover by kill + election (``tests/test_shards_failover.py`` does ``CLUSTER FAILOVER``
+  while draining, with AOF and ``wait_replicas=1``).
 - ``dueq reshard NAME --to M``: tasks cannot move between shards atomically (two shards
   are two primaries), so: mark the layout key "N->M" (every process refuses both N and M
   meanwhile), pause every shard, wait until nothing is leased, then per task copy it to its
