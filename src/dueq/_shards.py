@@ -100,6 +100,10 @@ Sending: a step that goes to several shards at once (``_Each``) is awaited concu
 ``ShardedAsyncQueue`` (one coroutine per shard: the nodes work in parallel) and sent in turn
 by ``ShardedQueue``.
 
+Failover: ``tests/test_shards_failover.py`` drains a queue of 3 shards on 3 primaries + 3
+replicas (AOF, ``wait_replicas=1``) while one primary is failed over (``CLUSTER FAILOVER``, or
+SIGKILL and election): nothing acked is delivered again, nothing is lost.
+
 TODO (later slices; each raises ConfigurationError "... is not available on a sharded queue
 yet" until it lands):
 - limits (``configure(rate=, key_rate=, key_concurrency=)``): a rate limit split N ways (each
@@ -123,8 +127,6 @@ yet" until it lands):
   and WAIT on the shard's primary, ``dueq.scripts.Scripts._run_on_node``).
 - ``dueq worker --shards N`` (today a queue's N is read from Redis; a new queue opened by a
   worker before any producer recorded N is plain).
-- failover by kill + election (``tests/test_shards_failover.py`` does ``CLUSTER FAILOVER``
-  while draining, with AOF and ``wait_replicas=1``).
 - ``dueq reshard NAME --to M``: tasks cannot move between shards atomically (two shards
   are two primaries), so: mark the layout key "N->M" (every process refuses both N and M
   meanwhile), pause every shard, wait until nothing is leased, then per task copy it to its
