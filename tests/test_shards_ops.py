@@ -232,3 +232,24 @@ def test_a_plain_queue_checks_for_a_sharded_one_once_per_object(r: Any) -> None:
     before = gets()
     shard.schedule("x")
     assert gets() == before
+
+
+def test_spark_writes_and_reads_refuse_a_sharded_queue_before_any_task_runs(r: Any) -> None:
+    pytest.importorskip("pyspark")
+    from pyspark.sql import types as T
+
+    from dueq import spark
+    from dueq._spark_source import DueqDataSource, _write_setup
+
+    dueq.Queue("sparked", r, shards=3).schedule("x", id="x")
+    url = f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}/0"
+    options = {"queue": "sparked", "redis_url": url, "id_col": "id"}
+    schema = T.StructType([T.StructField("id", T.StringType()), T.StructField("n", T.LongType())])
+    with pytest.raises(dueq.ConfigurationError, match="streaming writes do not support sharded"):
+        DueqDataSource(options).streamWriter(schema, False)
+    with pytest.raises(dueq.ConfigurationError, match="reads do not support sharded"):
+        DueqDataSource({**options, "state": "scheduled"}).reader(schema)
+    setup = _write_setup(options, schema)
+    with pytest.raises(dueq.ConfigurationError, match="is a sharded queue"):  # batch writes
+        spark.schedule_rows([("y", None, None, '{"n": 1}')], setup.plan)
+    assert dueq.Queue("sparked", r, shards=3).stats().scheduled == 1
