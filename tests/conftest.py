@@ -24,11 +24,12 @@ import redis
 import redis.asyncio
 from async_support import Blocking
 from click.testing import CliRunner, Result
+from redis.cluster import RedisCluster
 
 import dueq
 from dueq.acl import combined_rule
 from dueq.cli import cli
-from dueq.server import RedisServer
+from dueq.server import RedisServer, local_cluster
 
 ACL_MODE = os.environ.get("DUEQ_TEST_ACL") == "1"
 ACL_USER, ACL_PASSWORD = "dueq-test", "dueq-test-password"
@@ -211,3 +212,18 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster_nodes() -> Iterator[list[RedisServer]]:
+    """A local Redis Cluster of 3 primaries, one per test module that asks for it."""
+    with local_cluster(3) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def cluster(cluster_nodes: list[RedisServer]) -> Iterator[RedisCluster]:
+    """A blocking cluster client of ``cluster_nodes``."""
+    client = RedisCluster(host="127.0.0.1", port=cluster_nodes[0].port)
+    yield client
+    client.close()

@@ -29,9 +29,11 @@ def wait_for(condition, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def start_worker(redis_server: RedisServer, *args: str) -> subprocess.Popen[str]:
-    """``python -m dueq worker ARGS`` in the tests folder, where cli_handlers.py lives."""
-    env = {**os.environ, "DUEQ_REDIS_URL": redis_server.url}
+def start_worker(redis_server: RedisServer | str, *args: str) -> subprocess.Popen[str]:
+    """``python -m dueq worker ARGS`` in the tests folder, where cli_handlers.py lives, on
+    ``redis_server`` (or a Redis URL)."""
+    url = redis_server if isinstance(redis_server, str) else redis_server.url
+    env = {**os.environ, "DUEQ_REDIS_URL": url}
     return subprocess.Popen(
         [sys.executable, "-m", "dueq", "worker", *args],
         cwd=HERE,

@@ -22,7 +22,7 @@ import dueq
 from dueq._shards import MAX_SHARDS, layout_key, shard_names, shard_of
 from dueq.keys import QueueKeys
 from dueq.server import CLUSTER_SLOTS as SLOTS
-from dueq.server import RedisServer, local_cluster
+from dueq.server import RedisServer
 
 _names = itertools.count()
 #: an expired lease makes its task due again at once
@@ -32,19 +32,6 @@ AT_ONCE = dueq.RetryPolicy(max_attempts=5, wait=lambda state: 0.0)
 def fresh(prefix: str = "sq") -> str:
     """A queue name no other test of the module used (the cluster is shared)."""
     return f"{prefix}{next(_names)}"
-
-
-@pytest.fixture(scope="module")
-def cluster_nodes() -> Iterator[list[RedisServer]]:
-    with local_cluster(3) as nodes:
-        yield nodes
-
-
-@pytest.fixture
-def cluster(cluster_nodes: list[RedisServer]) -> Iterator[RedisCluster]:
-    client = RedisCluster(host="127.0.0.1", port=cluster_nodes[0].port)
-    yield client
-    client.close()
 
 
 @pytest.fixture

@@ -50,7 +50,7 @@ from .exceptions import (
     Unrecoverable,
 )
 from .failures import error_record, token_holder
-from .keys import QueueKeys
+from .keys import QueueKeys, layout_key
 from .logs import task_fields
 from .registry import WorkerInfo, parse_workers
 from .retry import RetryPolicy
@@ -364,6 +364,8 @@ class QueueCore:
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = _positive_ms(wait_timeout, "wait_timeout")
         self._server_checked = False
+        # no sharded queue has '#' in its name (a shard's has): nothing to refuse then
+        self._plain_checked = "#" in name
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -407,6 +409,31 @@ class QueueCore:
                 raise InvalidTaskError("give at= or delay=, not both")
             return FLAG_ABSOLUTE, datetime_ms(at)
         return 0, 0 if delay is None else duration_ms(delay, "delay")
+
+    def _plain_check_flow(self) -> Flow[None]:
+        """Once per queue object, before its first schedule or claim: refuse to work as a
+        plain queue over a sharded queue of the same name (``dueq._shards``), whose tasks live
+        under other keys: it would schedule tasks no sharded consumer sees and claim none.
+
+        One GET of the layout key, whose slot differs from the queue's (so it cannot be read
+        inside the scripts); the other operations do not check (they read only). A user who
+        may not read that key (an ACL rule from before sharded queues) skips the check.
+        """
+        if self._plain_checked:
+            return
+        try:
+            recorded = yield protocol.command("GET", layout_key(self.name))
+        except redis.exceptions.NoPermissionError as exc:  # cannot tell: work as before
+            logger.debug("cannot read the shard count of %r (%s); not checked", self.name, exc)
+            recorded = None
+        if recorded is not None:
+            shards = text(recorded)
+            raise ConfigurationError(
+                f"queue {self.name!r} is a sharded queue ({shards} shards, recorded in "
+                f"{layout_key(self.name)}); a plain queue of that name would not see its tasks. "
+                f"Open it with shards={shards}, or with dueq.discovery.open_queue(client, name)"
+            )
+        self._plain_checked = True
 
     def _check_server_flow(self) -> Flow[None]:
         """Check the Redis server once: refuse versions before 6.2, and say what its
@@ -494,6 +521,7 @@ class QueueCore:
         self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
     ) -> Flow[ScheduleResult]:
         """Send packed records in batches; generated ids that were taken are drawn again."""
+        yield from self._plain_check_flow()
         added = existing = replaced = 0
         for batch in _batches(records):
             pending = batch
@@ -548,6 +576,7 @@ class QueueCore:
             validate_holder(holder)
         else:  # the queue's ("" names no holder: scripts/bench/views.py measures without)
             holder = default_holder() if self.holder is None else self.holder
+        yield from self._plain_check_flow()
         reply: protocol.ClaimReply = yield protocol.claim(
             self.keys,
             self._now_arg(),

@@ -53,9 +53,12 @@ A sharded queue records N in ``dueq:{<name>#}:shards`` (a tag no shard and no sh
 can have) the first time it is used (SETNX), and every ``Queue(..., shards=N)`` object
 compares, once, before its first operation: a different N raises ConfigurationError, as
 does a sharded queue opened over a plain queue of the same name that holds tasks (its
-``dueq:{<name>}:...`` keys). A plain ``Queue(name)`` opened over a sharded queue sees an
-empty queue (it reads ``{name}``, which no shard uses) and is not refused: refusing would cost
-every plain queue a round trip (see TODO).
+``dueq:{<name>}:...`` keys). A plain ``Queue(name)`` opened over a sharded queue is refused
+at its first schedule or claim (``QueueCore._plain_check_flow``: one GET of the layout key
+per queue object; the layout key's slot is not the queue's, so the scripts cannot read it);
+its read-only calls see an empty queue. Whatever opens a queue by name (the CLI, the
+Prometheus collector, the dashboard) uses ``dueq.discovery.open_queue``, which reads N from
+the layout key, and discovery lists a sharded queue once, under its logical name.
 
 Consuming
 ---------
@@ -97,6 +100,10 @@ Sending: a step that goes to several shards at once (``_Each``) is awaited concu
 ``ShardedAsyncQueue`` (one coroutine per shard: the nodes work in parallel) and sent in turn
 by ``ShardedQueue``.
 
+Failover: ``tests/test_shards_failover.py`` drains a queue of 3 shards on 3 primaries + 3
+replicas (AOF, ``wait_replicas=1``) while one primary is failed over (``CLUSTER FAILOVER``, or
+SIGKILL and election): nothing acked is delivered again, nothing is lost.
+
 TODO (later slices; each raises ConfigurationError "... is not available on a sharded queue
 yet" until it lands):
 - limits (``configure(rate=, key_rate=, key_concurrency=)``): a rate limit split N ways (each
@@ -107,19 +114,22 @@ yet" until it lands):
 - ``list_tasks`` in the state's order across shards (a cursor per shard packed in one, each
   page merged by the ordering score: priority and due time, lease deadline, died-at; the
   scripts' cursors must then resume after any task, not only at a page's end).
-- Spark writer: ``schedule_dataframe(..., shards=N)`` and the data source option ``shards``
-  group each partition's rows by ``task_shard`` and send one batch per shard (the staged
-  streaming commit then needs a stage per shard, committed shard by shard, each idempotent by
-  batch id as today).
-- refuse a plain queue opened over a sharded one: claim.lua reads a ``shards`` field of the
-  ``:config`` hash of ``{name}`` and refuses (a Lua change, owned by the claim-script work).
+- Spark: today ``schedule_dataframe`` and the data source's batch writes are refused by
+  the plain queue's check, and the data source's streaming writes and reads by
+  ``_spark_source._plain_queue_only`` (on the driver, before any task). To support them: open
+  the queue with ``discovery.open_queue`` in ``schedule_rows`` (``ShardedQueue`` already groups
+  a batch by ``task_shard``, one script call per shard; a ``redis+cluster://`` URL on the
+  executors), a stage per shard for the streaming commit (committed shard by shard, each
+  idempotent by batch id as today), and reads partitioned per shard.
 - sync sending in parallel: ``RedisCluster`` pipelines per node, or a small thread pool.
 - skip shards known idle: remember each shard's next due (monotonic) and skip it until then
   unless a wake message named it (the wake payload would need the shard).
 - ``dueq acl``: rules for a sharded queue (``~dueq:{emails#*`` keys, ``&dueq:{emails#*``
-  channels); the CLI, dashboard and metrics: address the logical queue (``--shards N``, or
-  read N from ``dueq:{name#}:shards``).
-- failover test (3 primaries + 3 replicas, CLUSTER FAILOVER while draining).
+  channels; today only the layout key is granted, read-only).
+- ``wait_replicas`` with a ``redis.asyncio`` ``RedisCluster`` (the blocking one runs script
+  and WAIT on the shard's primary, ``dueq.scripts.Scripts._run_on_node``).
+- ``dueq worker --shards N`` (today a queue's N is read from Redis; a new queue opened by a
+  worker before any producer recorded N is plain).
 - ``dueq reshard NAME --to M``: tasks cannot move between shards atomically (two shards
   are two primaries), so: mark the layout key "N->M" (every process refuses both N and M
   meanwhile), pause every shard, wait until nothing is leased, then per task copy it to its
@@ -162,7 +172,7 @@ from .cron import validate_name as validate_cron_name
 from .dead import MAX_OFFSET, AsyncDeadLetters, DeadLetters, DeadLettersCore, _distinct_ids
 from .envelope import generated_ids
 from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
-from .keys import PREFIX, QueueKeys
+from .keys import QueueKeys, layout_key
 from .queue import Queue
 from .registry import WorkerInfo, merge_workers
 from .snapshot import text
@@ -231,11 +241,6 @@ def shard_names(name: str, shards: int) -> tuple[str, ...]:
                 break
         names.append(chosen)
     return tuple(names)
-
-
-def layout_key(name: str) -> str:
-    """The key that records how many shards the sharded queue ``name`` has."""
-    return f"{PREFIX}:{{{name}#}}:shards"
 
 
 def _not_yet(what: str) -> ConfigurationError:

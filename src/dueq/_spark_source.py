@@ -79,6 +79,7 @@ from zoneinfo import ZoneInfo
 import redis
 
 from . import _protocol as protocol
+from . import discovery
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .exceptions import ConfigurationError, DueqError
 from .keys import QueueKeys, SparkBatchKeys
@@ -730,7 +731,25 @@ class DueqDataSource(DataSource):
         return _BatchWriter(_write_setup(self.options, schema))
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> _StreamWriter:
-        return _StreamWriter(_write_setup(self.options, schema))
+        setup = _write_setup(self.options, schema)
+        _plain_queue_only(setup.plan.redis_url, setup.plan.queue, "streaming writes")
+        return _StreamWriter(setup)
 
     def reader(self, schema: T.StructType) -> _Reader:
-        return _Reader(self.options)
+        reader = _Reader(self.options)
+        _plain_queue_only(reader.url, reader.queue, "reads")
+        return reader
+
+
+def _plain_queue_only(url: str, queue: str, what: str) -> None:
+    """ConfigurationError for a sharded queue (``dueq._shards``), on the driver before any
+    task runs: the staged streaming commit and the partitioned read work on one queue's keys,
+    where a sharded queue has none (they would write tasks no consumer sees, or read nothing).
+    Batch writes need no check: they schedule through ``Queue``, which refuses by itself."""
+    with redis.Redis.from_url(url) as client:
+        shards = discovery.shard_count(client, queue)
+    if shards > 1:
+        raise ConfigurationError(
+            f"the dueq data source's {what} do not support sharded queues yet ({queue!r} has "
+            f"{shards} shards)"
+        )

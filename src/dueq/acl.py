@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from .exceptions import ConfigurationError
-from .keys import PREFIX
+from .keys import PREFIX, layout_key
 from .scripts import script_source
 
 Role = Literal["producer", "consumer", "operator"]
@@ -89,7 +89,9 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
 #: Every role: PING (the CLI checks the connection), SELECT (a URL naming a database other
 #: than 0), EVALSHA + SCRIPT LOAD (redis-py's Script reloads on NOSCRIPT), SCRIPT EXISTS
 #: (a redis-py pipeline checks its scripts first: Queue(wait_replicas=N)) and WAIT.
-COMMON_COMMANDS = ("ping", "select", "evalsha", "script|load", "script|exists", "wait")
+# GET: the shard count of a sharded queue (``dueq:{<queue>#}:shards``, read-only below), read
+# by the first schedule or claim of a plain queue object and by every open by name.
+COMMON_COMMANDS = ("ping", "select", "evalsha", "script|load", "script|exists", "wait", "get")
 PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     "producer": (),
     # HMGET: cron definitions of claimed occurrences; SUBSCRIBE: the wake channel;
@@ -170,7 +172,8 @@ def acl_rule(role: str, queue_pattern: str = "*") -> AclRule:
     return AclRule(
         role=checked,
         queue_pattern=pattern,
-        keys=(f"~{base}*",),
+        # the layout key of a sharded queue of that name, read-only ("*" covers it already)
+        keys=(f"~{base}*",) if pattern == "*" else (f"~{base}*", f"%R~{layout_key(pattern)}"),
         channels=(f"&{base}wake",),
         commands=tuple(sorted(commands)),
         description=DESCRIPTIONS[checked],

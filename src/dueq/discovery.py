@@ -5,16 +5,39 @@ A queue has no registry entry of its own: it exists while any of its keys does. 
 (``KEY_SUFFIXES``); anything else under the prefix (a key by hand, a name that is not a valid
 queue name) is skipped. The CLI (``dueq stats``, ``dueq metrics``) and the Prometheus collector
 both use this, so they agree on what a queue is.
+
+Sharded queues (``dueq._shards``) are listed once, under their logical name: the same SCAN
+finds each one's layout key ``dueq:{<name>#}:shards``, and a queue ``<name>#<i>[.<k>]`` whose
+``<name>`` has one is a shard of it, not a queue of its own. ``open_queue`` (and
+``open_async_queue``) open a queue by name the way it is stored: they read the recorded shard
+count (one GET, ``shard_count``) and pass it as ``shards=``, so the CLI, the Prometheus
+collector and the dashboard address the logical queue and never a shard by accident.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import ConfigurationError
-from .keys import PREFIX, QueueKeys, validate_queue_name
+from .keys import PREFIX, QueueKeys, layout_key, validate_queue_name
 
-__all__ = ["KEY_SUFFIXES", "async_queue_names", "queue_names", "queue_of_key"]
+if TYPE_CHECKING:
+    from ._async import AsyncQueue
+    from .queue import Queue
+
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "KEY_SUFFIXES",
+    "async_queue_names",
+    "async_shard_count",
+    "cluster_node_url",
+    "open_async_queue",
+    "open_queue",
+    "queue_names",
+    "queue_of_key",
+    "shard_count",
+]
 
 #: What follows ``dueq:{<queue>}:`` in the name of each key a queue has.
 KEY_SUFFIXES = frozenset(
@@ -22,8 +45,19 @@ KEY_SUFFIXES = frozenset(
     for key in QueueKeys.for_queue("x").names()
     if key.startswith("dueq:{x}:")
 )
+#: URL schemes that name one node of a Redis Cluster (``redis+cluster://host:port``).
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 #: Keys asked for per SCAN call.
 SCAN_COUNT = 1000
+
+
+def cluster_node_url(url: str) -> str | None:
+    """For a ``redis+cluster://`` (``rediss+cluster://``) URL, the ``redis://`` (``rediss://``)
+    URL of the node it names, for redis-py's ``RedisCluster.from_url``; None for any other."""
+    scheme = url.partition("://")[0].lower()
+    if scheme not in CLUSTER_SCHEMES:
+        return None
+    return scheme.removesuffix("+cluster") + url[len(scheme) :]
 
 
 def queue_of_key(key: bytes | str) -> str | None:
@@ -45,6 +79,76 @@ def queue_of_key(key: bytes | str) -> str | None:
         return None
 
 
+def layout_of_key(key: bytes | str) -> str | None:
+    """The sharded queue whose layout key (``dueq:{<name>#}:shards``) this is, else None."""
+    try:
+        name = key.decode("utf-8") if isinstance(key, bytes) else key
+    except UnicodeDecodeError:
+        return None
+    start, end = f"{PREFIX}:{{", "#}:shards"
+    if not (name.startswith(start) and name.endswith(end)):
+        return None
+    try:
+        return validate_queue_name(name[len(start) : -len(end)])
+    except ConfigurationError:
+        return None
+
+
+def _logical_names(keys: Iterable[bytes | str]) -> list[str]:
+    """Sorted queue names of these keys, each sharded queue once under its logical name."""
+    queues: set[str] = set()
+    sharded: set[str] = set()
+    for key in keys:
+        if (queue := queue_of_key(key)) is not None:
+            queues.add(queue)
+        elif (logical := layout_of_key(key)) is not None:
+            sharded.add(logical)
+    plain = {q for q in queues if "#" not in q or q.partition("#")[0] not in sharded}
+    return sorted(plain | sharded)
+
+
+def _count_of(name: str, recorded: bytes | str | None) -> int:
+    if recorded is None:
+        return 1
+    value = recorded.decode("utf-8", "replace") if isinstance(recorded, bytes) else recorded
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigurationError(
+            f"queue {name!r} records {value!r} shards in Redis ({layout_key(name)}), "
+            f"not a whole number of at least 1"
+        )
+    return int(value)
+
+
+def shard_count(client: Any, name: str) -> int:
+    """How many shards queue ``name`` has, as recorded in Redis (1: a plain queue, or none
+    recorded). One GET; ConfigurationError if the record is not a count."""
+    if "#" in name:  # a shard, or a plain queue: no sharded queue has '#' in its name
+        return 1
+    return _count_of(name, client.get(layout_key(name)))
+
+
+async def async_shard_count(client: Any, name: str) -> int:
+    """As ``shard_count``, on a ``redis.asyncio`` client."""
+    if "#" in name:
+        return 1
+    return _count_of(name, await client.get(layout_key(name)))
+
+
+def open_queue(client: Any, name: str, **settings: Any) -> Queue:
+    """``Queue(name, client, shards=N, **settings)`` with the N recorded in Redis: the logical
+    queue for a sharded one, the plain queue otherwise."""
+    from .queue import Queue  # here: dueq.queue imports dueq.registry, which imports this
+
+    return Queue(name, client, shards=shard_count(client, name), **settings)
+
+
+async def open_async_queue(client: Any, name: str, **settings: Any) -> AsyncQueue:
+    """As ``open_queue``, an ``AsyncQueue`` on a ``redis.asyncio`` client."""
+    from ._async import AsyncQueue
+
+    return AsyncQueue(name, client, shards=await async_shard_count(client, name), **settings)
+
+
 def queue_names(client: Any) -> list[str]:
     """Sorted names of the queues with any key in this database (a blocking redis-py client).
 
@@ -52,19 +156,10 @@ def queue_names(client: Any) -> list[str]:
     once per scrape or refresh, not per task. redis-py's NoPermissionError propagates when this
     user may not SCAN (name the queues instead).
     """
-    return sorted(
-        {
-            queue
-            for key in client.scan_iter(match=f"{PREFIX}:{{*}}:*", count=SCAN_COUNT)
-            if (queue := queue_of_key(key)) is not None
-        }
-    )
+    return _logical_names(client.scan_iter(match=f"{PREFIX}:{{*}}:*", count=SCAN_COUNT))
 
 
 async def async_queue_names(client: Any) -> list[str]:
     """As ``queue_names``, on a ``redis.asyncio`` client (the dashboard's)."""
-    found: set[str] = set()
-    async for key in client.scan_iter(match=f"{PREFIX}:{{*}}:*", count=SCAN_COUNT):
-        if (queue := queue_of_key(key)) is not None:
-            found.add(queue)
-    return sorted(found)
+    keys = [key async for key in client.scan_iter(match=f"{PREFIX}:{{*}}:*", count=SCAN_COUNT)]
+    return _logical_names(keys)

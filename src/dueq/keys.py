@@ -20,6 +20,12 @@ def validate_queue_name(name: object) -> str:
     return checked_name(name, "queue name", ConfigurationError, forbidden="{}")
 
 
+def layout_key(name: str) -> str:
+    """The key that records how many shards the sharded queue ``name`` has (``dueq._shards``):
+    its tag ``{<name>#}`` is no queue's, since a sharded queue's name has no ``#``."""
+    return f"{PREFIX}:{{{validate_queue_name(name)}#}}:shards"
+
+
 @dataclass(frozen=True)
 class QueueKeys:
     """The Redis keys of one queue.

@@ -104,6 +104,7 @@ from . import discovery
 from ._identity import worker_id
 from .cron import CronDefinition, LastOutcome
 from .exceptions import DueqError
+from .keys import validate_queue_name
 from .operators._process import is_async_handler
 from .queue import Queue
 from .task import HISTORY_COUNTERS, Outcome, QueueStats
@@ -164,13 +165,17 @@ class QueueCollector(Collector):
         self._queues: dict[str, Queue] = {}
         self._lock = threading.Lock()
         for name in self._names or ():
-            self._queue(name)  # a bad name is refused here, not at the first scrape
+            validate_queue_name(name)  # a bad name is refused here, not at the first scrape
 
     def _queue(self, name: str) -> Queue:
+        """Queue ``name`` as stored: a sharded queue with its recorded shard count (read at
+        each scrape, one GET, so a queue sharded after the collector started is seen)."""
+        shards = discovery.shard_count(self._client, name)
         with self._lock:
             q = self._queues.get(name)
-            if q is None:
-                q = self._queues[name] = Queue(name, self._client, clock=self._clock)
+            if q is None or getattr(q, "shard_count", 1) != shards:
+                q = Queue(name, self._client, clock=self._clock, shards=shards)
+                self._queues[name] = q
             return q
 
     def describe(self) -> Iterable[Metric]:

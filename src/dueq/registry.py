@@ -165,10 +165,9 @@ def discover_workers(client: Any) -> list[WorkerInfo]:
     """Every live worker of every queue in this database (a blocking redis-py client), one
     entry per process, sorted by worker id. Walks the keyspace (``dueq.discovery``): for a
     refresh or a scrape, not per task."""
-    from .discovery import queue_names  # here: dueq.queue imports this module
-    from .queue import Queue
+    from .discovery import open_queue, queue_names  # here: dueq.queue imports this module
 
-    return merge_workers(Queue(name, client).workers() for name in queue_names(client))
+    return merge_workers(open_queue(client, name).workers() for name in queue_names(client))
 
 
 # -- the beat ----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import redis
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from .exceptions import ConfigurationError, ReplicationTimeout
 
@@ -112,10 +113,10 @@ def _replicated(name: str, reply: Any, confirmed: Any, wanted: int, timeout_ms: 
 
 
 def _check_wait(client: object, wait_replicas: int) -> None:
-    if wait_replicas and isinstance(client, (RedisCluster, AsyncRedisCluster)):
+    if wait_replicas and isinstance(client, AsyncRedisCluster):
         raise ConfigurationError(
-            "wait_replicas is not supported with a RedisCluster client yet: WAIT must go to "
-            "the node that took the write"
+            "wait_replicas is not supported with a redis.asyncio RedisCluster client yet: WAIT "
+            "must go to the node that took the write (the blocking RedisCluster supports it)"
         )
 
 
@@ -141,6 +142,8 @@ class Scripts(_ScriptsBase):
         """Run script ``name`` with KEYS and ARGV."""
         if not _waits(name, self._wait_replicas):
             return self._scripts[name](keys=keys, args=args)
+        if isinstance(self._client, RedisCluster):
+            return self._run_on_node(name, keys, args)
         assert isinstance(self._client, redis.Redis)
         pipe = self._client.pipeline(transaction=False)
         self._scripts[name](keys=keys, args=args, client=pipe)
@@ -148,6 +151,35 @@ class Scripts(_ScriptsBase):
             "WAIT", self._wait_replicas, self._wait_timeout_ms
         )
         reply, confirmed = pipe.execute()
+        return _replicated(name, reply, confirmed, self._wait_replicas, self._wait_timeout_ms)
+
+    def _run_on_node(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """On a Redis Cluster: the script and its WAIT in one pipeline on the connection of
+        the primary that holds the keys' slot (WAIT counts the replicas of the node it is sent
+        to, so it must follow the write there). Routing that a failover made stale (MOVED from
+        a primary turned replica, or the node gone) refreshes the cluster's slot map and raises
+        ConnectionError: the script did not run on a primary (MOVED) or may have (a lost
+        connection, as on one server), and callers retry it as after any lost connection."""
+        cluster: RedisCluster = self._client
+        node = cluster.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+        pipe = cluster.get_redis_connection(node).pipeline(transaction=False)
+        self._scripts[name](keys=keys, args=args, client=pipe)
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "WAIT", self._wait_replicas, self._wait_timeout_ms
+        )
+        try:
+            reply, confirmed = pipe.execute()
+        except (
+            redis.exceptions.MovedError,
+            redis.exceptions.ClusterDownError,
+            redis.ConnectionError,
+            redis.TimeoutError,
+        ) as exc:
+            try:
+                cluster.nodes_manager.initialize()
+            except (redis.RedisError, RedisClusterException) as again:  # mid-failover: later
+                logger.debug("cannot refresh the cluster's slot map yet: %s", again)
+            raise redis.ConnectionError(f"{name}: the shard's primary moved ({exc})") from exc
         return _replicated(name, reply, confirmed, self._wait_replicas, self._wait_timeout_ms)
 
 

@@ -385,25 +385,53 @@ def current_primary(sentinels: Sequence[SentinelServer], service: str = "dueq") 
 
 
 @contextlib.contextmanager
-def local_cluster(primaries: int = 3) -> Iterator[list[RedisServer]]:
+def local_cluster(
+    primaries: int = 3, *, replicas: int = 0, appendonly: bool = False, node_timeout_ms: int = 5000
+) -> Iterator[list[RedisServer]]:
     """A Redis Cluster of ``primaries`` cluster-enabled servers on loopback ports, slots dealt
     out in equal contiguous runs (as ``redis-cli --cluster create`` does), once every node
-    says ``cluster_state:ok``; stopped on leaving the block. For tests and benchmarks."""
-    nodes = [RedisServer(extra_args=["--cluster-enabled", "yes"]).start() for _ in range(primaries)]
+    says ``cluster_state:ok``; stopped on leaving the block. For tests and benchmarks.
+
+    ``replicas`` per primary follow: the list holds the primaries first, then primary i's
+    replicas at ``primaries + i * replicas + j``, each in sync when the block starts.
+    ``appendonly`` turns on AOF with fsync always on every node (``RedisServer``);
+    ``node_timeout_ms`` is how long a silent node takes to be failed over."""
+    extra = ["--cluster-enabled", "yes", "--cluster-node-timeout", str(node_timeout_ms)]
+    nodes = [
+        RedisServer(appendonly=appendonly, extra_args=extra).start()
+        for _ in range(primaries * (1 + replicas))
+    ]
     try:
         clients = [n.client() for n in nodes]
         share = CLUSTER_SLOTS // primaries
-        for i, client in enumerate(clients):
+        for i, client in enumerate(clients[:primaries]):
             last = CLUSTER_SLOTS - 1 if i == primaries - 1 else (i + 1) * share - 1
             client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)  # type: ignore[no-untyped-call]
         for node in nodes[1:]:
             clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)  # type: ignore[no-untyped-call]
         for _ in range(1000):  # bounded wait for the nodes to agree
-            if all(c.cluster("info")["cluster_state"] == "ok" for c in clients):
+            if all(
+                c.cluster("info")["cluster_state"] == "ok"
+                and int(c.cluster("info")["cluster_known_nodes"]) == len(nodes)
+                for c in clients
+            ):
                 break
             time.sleep(0.02)
         else:
             raise RuntimeError("the local cluster did not reach cluster_state:ok")
+        ids = [redis_text(c.execute_command("CLUSTER", "MYID")) for c in clients[:primaries]]  # type: ignore[no-untyped-call]
+        for k, client in enumerate(clients[primaries:]):
+            client.execute_command("CLUSTER", "REPLICATE", ids[k // replicas])  # type: ignore[no-untyped-call]
+        for node in nodes[primaries:]:
+            node.wait_in_sync()
+        for _ in range(1000):  # bounded: every node has heard of every replica (a manual
+            # CLUSTER FAILOVER needs the primary to know its replica, or it times out)
+            views = [redis_text(c.execute_command("CLUSTER", "NODES")) for c in clients]  # type: ignore[no-untyped-call]
+            if all(v.count("slave") == primaries * replicas for v in views):
+                break
+            time.sleep(0.02)
+        else:
+            raise RuntimeError("the local cluster's nodes did not learn of every replica")
         for c in clients:
             c.close()
         yield nodes

@@ -11,8 +11,8 @@ from typing import Literal
 
 import click
 
+from ..discovery import open_queue
 from ..exceptions import ConfigurationError
-from ..queue import Queue
 from ..task import QueueSettings, Rate
 from .connection import RedisTarget, redis_options
 from .output import console, safe, seconds
@@ -63,7 +63,7 @@ def _concurrency(text: str | None) -> int | Literal[False] | None:
 def pause(queue: str, target: RedisTarget) -> None:
     """Stop every worker of QUEUE from taking tasks (scheduling goes on; leases that run out
     are still taken back). Tasks already taken are not affected."""
-    _show(queue, Queue(queue, target.open().client).pause())
+    _show(queue, open_queue(target.open().client, queue).pause())
 
 
 @click.command()
@@ -71,7 +71,7 @@ def pause(queue: str, target: RedisTarget) -> None:
 @redis_options
 def resume(queue: str, target: RedisTarget) -> None:
     """Let the workers of QUEUE take tasks again (they are woken at once)."""
-    _show(queue, Queue(queue, target.open().client).resume())
+    _show(queue, open_queue(target.open().client, queue).resume())
 
 
 @click.command()
@@ -116,7 +116,7 @@ def configure(
     limit = _rate(rate)  # usage errors before connecting
     key_limit = _rate(key_rate, "--key-rate")
     per_key = _concurrency(key_concurrency)
-    q = Queue(queue, target.open().client)
+    q = open_queue(target.open().client, queue)
     changes = (remember_done, paused, limit, key_limit, per_key)
     if all(change is None for change in changes):
         _show(queue, q.settings())

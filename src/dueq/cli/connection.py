@@ -12,6 +12,11 @@ Redis Sentinel: ``redis+sentinel://[[user]:password@]host:port[,host:port...]/se
 again after a failover, so ``dueq worker`` follows it (redis-py's ``Sentinel.master_for``;
 the worker waits out the outage as for any lost connection). The user-info credentials are
 the data nodes'; ``?sentinel_password=`` (and ``sentinel_username``) are the Sentinels' own.
+
+Redis Cluster: ``redis+cluster://[[user]:password@]host:port`` (``rediss+cluster://`` for
+TLS) names any one node; redis-py's ``RedisCluster`` finds the others and follows slot moves
+and failovers. Every command opens a queue as it is stored (``dueq.discovery.open_queue``), so
+a sharded queue is addressed by its logical name.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ import click
 import redis
 import redis.sentinel
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .. import discovery
-from ..keys import QueueKeys
+from ..keys import QueueKeys, layout_key
 from ..queue import Queue
 from ..server import RedisServer
 from .errors import CliError, Settings
@@ -129,6 +136,8 @@ class RedisTarget:
             client = client_from_url(url)
         except ValueError as exc:
             raise CliError(f"bad Redis URL {shown}: {exc}") from exc
+        except (redis.RedisError, RedisClusterException) as exc:  # a cluster connects at once
+            raise CliError(f"cannot reach the Redis Cluster at {shown}: {_reason(exc)}") from exc
         ctx.call_on_close(client.close)
         try:
             client.ping()
@@ -149,6 +158,12 @@ def client_from_url(url: str) -> redis.Redis:
     scheme = url.partition("://")[0].lower()
     if scheme in SENTINEL_SCHEMES:
         return _sentinel_client(url, tls=scheme.startswith("rediss"))
+    node_url = discovery.cluster_node_url(url)
+    if node_url is not None:
+        cluster: redis.Redis = RedisCluster.from_url(  # type: ignore[assignment]
+            node_url, socket_connect_timeout=CONNECT_TIMEOUT_S
+        )
+        return cluster
     return redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S)
 
 
@@ -235,8 +250,8 @@ def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
         default=DEFAULT_URL,
         show_default=True,
         metavar="URL",
-        help=f"Redis to use (redis://, rediss://, unix:// or redis+sentinel://HOST:PORT[,...]"
-        f"/SERVICE); also ${ENV_URL}.",
+        help=f"Redis to use (redis://, rediss://, unix://, redis+sentinel://HOST:PORT[,...]"
+        f"/SERVICE or redis+cluster://HOST:PORT); also ${ENV_URL}.",
     )(wrapper)
 
 
@@ -255,14 +270,16 @@ def open_queue(target: RedisTarget, name: str) -> Queue:
     """Connect and return queue ``name``; CliError if it has no key in Redis."""
     conn = target.open()
     require_queue(conn, name)
-    return Queue(name, conn.client)
+    return discovery.open_queue(conn.client, name)
 
 
 def require_queue(conn: Connection, name: str) -> None:
     """CliError unless queue ``name`` has any key (tasks, dead tasks, counters, or live
     workers: a queue exists for an operator as soon as a worker serves it) in Redis."""
     k = QueueKeys.for_queue(name)
-    if not conn.client.exists(
+    held = conn.client.exists(
         k.leased, k.tasks, k.dead, k.stats, k.cron, k.done, k.config, k.workers, *k.due_levels
-    ):
+    )
+    # a sharded queue: its layout key (another slot than {name}, so a call of its own)
+    if not held and ("#" in name or not conn.client.exists(layout_key(name))):
         raise CliError(f"no queue named {name!r} at {conn.shown}")

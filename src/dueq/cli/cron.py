@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
+from .. import discovery
 from ..cron import DEFAULT_MAX_MISSED, MAX_MISSED_LIMIT, CronDefinition, MissedPolicy
 from ..exceptions import CronConflict
-from ..queue import Queue
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
 from .jsonout import emit, json_option
@@ -95,7 +95,7 @@ def add_cron(
     @yearly; quote it: dueq cron add reports nightly "30 2 * * *" --tz Europe/Berlin.
     Adding the same definition again changes nothing; a different one needs --replace.
     """
-    q = Queue(queue, target.open().client)
+    q = discovery.open_queue(target.open().client, queue)
     try:
         result = q.cron.add(
             name,

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..discovery import open_queue
 from ..exceptions import ReplicationTimeout
 from ..queue import SCHEDULE_BATCH, Queue
 from ..task import ScheduleResult, Task
@@ -147,7 +148,7 @@ def schedule(
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
     client = target.open().client
-    q = Queue(queue, client, wait_replicas=wait_replicas, wait_timeout=wait_timeout)
+    q = open_queue(client, queue, wait_replicas=wait_replicas, wait_timeout=wait_timeout)
     if path is not None:
         result = _schedule_file(q, path, timing, options, replace)
         click.echo(

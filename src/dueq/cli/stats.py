@@ -12,8 +12,8 @@ import redis
 from rich.console import Group
 from rich.live import Live
 
+from ..discovery import open_queue
 from ..exceptions import DueqError
-from ..queue import Queue
 from ..task import QueueStats
 from .connection import Connection, RedisTarget, queue_names, redis_options, require_queue
 from .jsonout import emit, json_option, plain
@@ -37,7 +37,7 @@ def read_stats(conn: Connection, names: list[str]) -> tuple[list[QueueStatsRow],
     skipped: list[Skipped] = []
     for name in names:
         try:
-            rows.append((name, Queue(name, conn.client).stats()))
+            rows.append((name, open_queue(conn.client, name).stats()))
         except redis.exceptions.NoPermissionError:
             skipped.append((name, "this Redis user may not read it"))
         except (redis.ResponseError, DueqError, ValueError) as exc:  # corrupted data

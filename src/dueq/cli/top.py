@@ -24,6 +24,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ..discovery import open_queue
 from ..exceptions import DueqError
 from ..queue import Queue
 from ..registry import WorkerInfo
@@ -178,7 +179,7 @@ def frame(conn: Connection, names: list[str], minutes: int) -> RenderableType:
         parts.append(Text(f"no dueq queues at {safe(conn.shown)}"))
     for name in shown:
         try:
-            parts.append(render_view(read_view(Queue(name, conn.client), minutes)))
+            parts.append(render_view(read_view(open_queue(conn.client, name), minutes)))
         except (redis.exceptions.NoPermissionError, redis.ResponseError, DueqError) as exc:
             # one unreadable queue (permissions, corrupted data) never hides the others
             parts.append(Text(f"queue {safe(name)}: cannot read it: {safe(exc)}", style="red"))

@@ -18,8 +18,8 @@ from typing import Any
 
 import click
 
+from ..discovery import open_queue
 from ..logs import JsonFormatter, WorkerFilter
-from ..queue import Queue
 from ..retry import RetryPolicy
 from ..worker import Worker
 from .connection import RedisTarget, redis_options
@@ -170,9 +170,9 @@ def worker(
     """
     function = load_handler(handler)
     conn = target.open()
-    q = Queue(
-        queue,
+    q = open_queue(
         conn.client,
+        queue,
         retry=RetryPolicy(max_attempts=max_attempts),
         lease=lease,
         wait_replicas=wait_replicas,

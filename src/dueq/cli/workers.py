@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 import click
 import redis
 
+from ..discovery import open_queue
 from ..exceptions import DueqError
-from ..queue import Queue
 from ..registry import WorkerInfo, merge_workers
 from .connection import Connection, RedisTarget, queue_names, redis_options
 from .jsonout import emit, json_option, plain
@@ -27,7 +27,7 @@ def read_workers(conn: Connection, names: list[str]) -> list[WorkerInfo]:
     found: list[list[WorkerInfo]] = []
     for name in names or queue_names(conn.client):
         try:
-            found.append(Queue(name, conn.client).workers())
+            found.append(open_queue(conn.client, name).workers())
         except (redis.exceptions.NoPermissionError, DueqError):  # one queue never fails all
             continue
     return merge_workers(found)

@@ -25,6 +25,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+from redis.cluster import RedisCluster
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -394,11 +396,18 @@ class _Dashboard:
 
     # -- plumbing ----------------------------------------------------------------------------
 
-    def queue(self, name: str) -> AsyncQueue:
+    async def queue(self, name: str) -> AsyncQueue:
+        """Queue ``name`` as stored: sharded with its recorded shard count (read at each
+        request, one GET, so a queue sharded after the dashboard started is seen right)."""
         assert self.client is not None, "the app's lifespan opens the client"
-        if name not in self.queues:
-            self.queues[name] = AsyncQueue(validate_queue_name(name), self.client)
-        return self.queues[name]
+        shards = await discovery.async_shard_count(self.client, validate_queue_name(name))
+        q = self.queues.get(name)
+        if q is None or getattr(q, "shard_count", 1) != shards:
+            q = self.queues[name] = AsyncQueue(name, self.client, shards=shards)
+        return q
+
+    async def open_queues(self, names: list[str]) -> list[AsyncQueue]:
+        return [await self.queue(n) for n in names]
 
     async def names(self) -> list[str]:
         if self.settings.queues:
@@ -414,7 +423,7 @@ class _Dashboard:
             raise HttpProblem(400, str(exc)) from None
         if name not in await self.names():
             raise HttpProblem(404, f"no queue named {name!r}")
-        return self.queue(name)
+        return await self.queue(name)
 
     def authorized(self, request: Request) -> bool:
         token = self.settings.token
@@ -496,7 +505,7 @@ class _Dashboard:
 
     async def overview_data(self) -> dict[str, Any]:
         names = await self.names()
-        stats = await asyncio.gather(*(self.queue(n).stats() for n in names))
+        stats = await asyncio.gather(*(q.stats() for q in await self.open_queues(names)))
         workers = await self.workers(names)
         rows = {
             n: {**_stats_json(s), "workers": len(workers[n])}
@@ -509,7 +518,7 @@ class _Dashboard:
 
     async def workers(self, names: list[str]) -> dict[str, list[WorkerInfo]]:
         """The live workers of each queue (a worker serving several is in each list)."""
-        found = await asyncio.gather(*(self.queue(n).workers() for n in names))
+        found = await asyncio.gather(*(q.workers() for q in await self.open_queues(names)))
         return dict(zip(names, found, strict=True))
 
     @staticmethod
@@ -810,7 +819,7 @@ class _Dashboard:
     async def cron_page(self, request: Request) -> Response:
         only = request.query_params.get("queue")
         names = [(await self.known_queue(only)).name] if only else await self.names()
-        lists = await asyncio.gather(*(self.queue(n).cron.list() for n in names))
+        lists = await asyncio.gather(*(q.cron.list() for q in await self.open_queues(names)))
         rows = []
         for n, defs in zip(names, lists, strict=True):
             for d in defs:
@@ -854,7 +863,7 @@ class _Dashboard:
         fields = await self._fields(request, action)
         if request.method == "GET":
             return self._confirm(request, verb, action, fields)
-        q = self.queue(fields["queue"])
+        q = await self.queue(fields["queue"])
         done = await action.run(q, fields)
         back = self._back(action, fields)
         body = f'<h1>Done</h1><p class="notice" id="done">{e(done)}</p><p>{back}</p>'
@@ -986,7 +995,7 @@ class _Dashboard:
 
     async def api_cron(self, request: Request) -> Response:
         names = await self.names()
-        lists = await asyncio.gather(*(self.queue(n).cron.list() for n in names))
+        lists = await asyncio.gather(*(q.cron.list() for q in await self.open_queues(names)))
         return JSONResponse(
             {
                 n: [
@@ -1014,7 +1023,7 @@ class _Dashboard:
     async def throughput_svg(self, request: Request) -> Response:
         only = request.query_params.get("queue")
         names = [(await self.known_queue(only)).name] if only else await self.names()
-        histories = await asyncio.gather(*(self.queue(n).history(60) for n in names))
+        histories = await asyncio.gather(*(q.history(60) for q in await self.open_queues(names)))
         title = f"queue {only}" if only else f"{len(names)} queues"
         svg = _svg.throughput(_sum_history(list(histories)), f"per minute, {title}")
         return Response(svg, media_type="image/svg+xml")
@@ -1032,7 +1041,13 @@ class _Dashboard:
         except ImportError as exc:
             raise HttpProblem(501, f"{exc}: pip install 'dueq[metrics]'") from None
         if self.sync_client is None:
-            self.sync_client = redis.Redis.from_url(self.redis_url)
+            node_url = discovery.cluster_node_url(self.redis_url)
+            sync_client: Any = (
+                redis.Redis.from_url(self.redis_url)
+                if node_url is None
+                else RedisCluster.from_url(node_url)
+            )
+            self.sync_client = sync_client
         registry = CollectorRegistry()
         registry.register(QueueCollector(self.sync_client, list(self.settings.queues) or None))
         text = await run_in_threadpool(generate_latest, registry)
@@ -1061,7 +1076,13 @@ def create_app(redis_url: str, settings: DashboardSettings | None = None) -> Sta
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        dash.client = redis.asyncio.Redis.from_url(redis_url)
+        node_url = discovery.cluster_node_url(redis_url)
+        client: Any = (
+            redis.asyncio.Redis.from_url(redis_url)
+            if node_url is None
+            else redis.asyncio.cluster.RedisCluster.from_url(node_url)
+        )
+        dash.client = client
         try:
             yield
         finally:
