@@ -194,7 +194,8 @@ def consume(
 ) -> ClaimLoop:
     """``AsyncWorker``'s source: the claim loop as a task on the running loop, each claim
     handed to ``on_claimed`` whole (no observable, no per-delivery hop between them); an
-    error that ends it goes to ``on_error``. Disposing cancels the task."""
+    error that ends it goes to ``on_error``. Disposing stops it: a flag checked before each
+    claim, and a cancel of the task."""
     stopped = False
     claims = _claims(
         queue,
@@ -217,9 +218,9 @@ def consume(
             await claims.aclose()
 
     def stop() -> None:
-        # the flag as well as the cancel: a cancel that lands as a Redis reply arrives can
-        # be swallowed inside the client (Python 3.11's wait_for), and the loop would go on
-        # claiming (and its closing processor releasing) until the lease ran out
+        # the flag as well as the cancel: a cancel can be lost (seen in a test: the loop went
+        # on claiming, and the closing processor releasing each claim, hundreds of times;
+        # most likely swallowed inside the client as a reply arrived)
         nonlocal stopped
         stopped = True
         task.cancel()
