@@ -369,3 +369,29 @@ def test_an_unreachable_redis_is_a_503_that_names_no_password(dashboard: Client)
     assert page.status_code == 503 and "Redis: ConnectionError" in page.text
     assert "hunter2" not in page.text
     assert client.get("/api/overview").json()["error"].startswith("Redis: ConnectionError")
+
+
+def corrupt_reports(r: redis.Redis) -> None:
+    """Make ``reports`` unreadable: its due set becomes a string (WRONGTYPE)."""
+    due = next(k for k in r.scan_iter("dueq:{reports}:*") if k.endswith(b":due"))
+    r.delete(due)
+    r.set(due, "not a sorted set")
+
+
+def test_one_unreadable_queue_does_not_hide_the_others(r: redis.Redis, dashboard: Client) -> None:
+    seed(r)
+    corrupt_reports(r)
+    client = dashboard()
+    data = client.get("/api/overview").json()
+    assert data["queues"]["emails"]["scheduled"] == 3
+    assert data["queues"]["reports"]["error"].startswith("ResponseError")
+    assert "WRONGTYPE" in data["live"]["reports.error"]
+    page = client.get("/")
+    assert page.status_code == 200
+    assert "unreadable" in page.text and "WRONGTYPE" in page.text
+    assert ">emails<" in page.text
+    for path in ("/workers", "/api/workers", "/cron", "/api/cron", "/chart/throughput.svg"):
+        assert client.get(path).status_code == 200, path
+    # the queue's own page says why it cannot be shown: an error, not "Redis is down"
+    own = client.get("/queue", params={"queue": "reports"})
+    assert own.status_code == 500 and "WRONGTYPE" in own.text

@@ -15,12 +15,13 @@ import contextlib
 import hashlib
 import hmac
 import ipaddress
+import logging
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
 import redis
@@ -46,6 +47,10 @@ from ._html import CSS, JS, button, chart, e, layout, link, live, pretty_json, t
 Kind = Literal["page", "api", "post", "open"]
 Endpoint = Callable[[Request], Awaitable[Response]]
 
+logger = logging.getLogger("dueq.dashboard")
+_T = TypeVar("_T")
+# Redis itself unreachable: no queue can be read, so the request fails as a whole (503)
+REDIS_AWAY = (redis.ConnectionError, redis.TimeoutError)
 CSRF_COOKIE = "dueq_csrf"
 SESSION_COOKIE = "dueq_session"
 PAGE_SIZE = 50
@@ -286,6 +291,13 @@ ACTIONS: dict[str, Action] = {
 }
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A queue the dashboard could not read, and why (shown in its row)."""
+
+    why: str
+
+
 class HttpProblem(Exception):
     """Answer the request with ``status`` and ``message`` (a page, or JSON for the API)."""
 
@@ -409,6 +421,26 @@ class _Dashboard:
     async def open_queues(self, names: list[str]) -> list[AsyncQueue]:
         return [await self.queue(n) for n in names]
 
+    async def each_queue(
+        self, names: list[str], read: Callable[[AsyncQueue], Awaitable[_T]]
+    ) -> dict[str, _T | Unreadable]:
+        """``read`` of every queue at once; a queue that cannot be read (corrupted data, a
+        command the ACL refuses) gives ``Unreadable`` instead of failing the whole page, the way
+        ``dueq metrics`` shows it as down. Redis itself being away still fails the request (a
+        503 from ``_checked``): then no queue could be read."""
+
+        async def one(name: str) -> _T | Unreadable:
+            try:
+                return await read(await self.queue(name))
+            except REDIS_AWAY:
+                raise
+            except (redis.RedisError, DueqError, ValueError) as exc:
+                # this queue only: the others are still shown, this one says why it is not
+                logger.warning("dashboard: cannot read queue %r: %s", name, exc)
+                return Unreadable(f"{type(exc).__name__}: {exc}")
+
+        return dict(zip(names, await asyncio.gather(*(one(n) for n in names)), strict=True))
+
     async def names(self) -> list[str]:
         if self.settings.queues:
             return list(self.settings.queues)
@@ -488,8 +520,10 @@ class _Dashboard:
             return self.problem(request, kind, 404, str(exc))
         except DueqError as exc:  # bad input from the form or URL: say why, change nothing
             return self.problem(request, kind, 400, str(exc))
-        except redis.RedisError as exc:  # Redis down or refusing: say so, the page retries
+        except REDIS_AWAY as exc:  # Redis down: say so, the page retries
             return self.problem(request, kind, 503, f"Redis: {type(exc).__name__}: {exc}")
+        except redis.RedisError as exc:  # Redis answered with an error (bad data, ACL): say so
+            return self.problem(request, kind, 500, f"Redis: {type(exc).__name__}: {exc}")
 
     def _post_allowed(self, request: Request) -> None:
         if self.settings.read_only and request.url.path != "/login":
@@ -505,11 +539,13 @@ class _Dashboard:
 
     async def overview_data(self) -> dict[str, Any]:
         names = await self.names()
-        stats = await asyncio.gather(*(q.stats() for q in await self.open_queues(names)))
+        stats = await self.each_queue(names, lambda q: q.stats())
         workers = await self.workers(names)
         rows = {
-            n: {**_stats_json(s), "workers": len(workers[n])}
-            for n, s in zip(names, stats, strict=True)
+            n: {"error": s.why}
+            if isinstance(s, Unreadable)
+            else {**_stats_json(s), "workers": len(workers[n])}
+            for n, s in stats.items()
         }
         alive = len({w.worker_id for found in workers.values() for w in found})
         live_rows = self._live_rows(rows)
@@ -518,8 +554,8 @@ class _Dashboard:
 
     async def workers(self, names: list[str]) -> dict[str, list[WorkerInfo]]:
         """The live workers of each queue (a worker serving several is in each list)."""
-        found = await asyncio.gather(*(q.workers() for q in await self.open_queues(names)))
-        return dict(zip(names, found, strict=True))
+        found = await self.each_queue(names, lambda q: q.workers())
+        return {n: [] if isinstance(w, Unreadable) else w for n, w in found.items()}
 
     @staticmethod
     def _live_rows(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -574,6 +610,12 @@ class _Dashboard:
         data = await self.overview_data()
         rows = []
         for name, s in data["queues"].items():
+            if "error" in s:
+                rows.append(
+                    f"<tr><td>{link(name, '/queue', queue=name)}</td>"
+                    f'<td colspan="7" class="problem">unreadable: {e(s["error"])}</td></tr>'
+                )
+                continue
             rows.append(
                 f"<tr><td>{link(name, '/queue', queue=name)}</td>"
                 + live(f"{name}.scheduled", s["scheduled"], "n")
@@ -819,9 +861,15 @@ class _Dashboard:
     async def cron_page(self, request: Request) -> Response:
         only = request.query_params.get("queue")
         names = [(await self.known_queue(only)).name] if only else await self.names()
-        lists = await asyncio.gather(*(q.cron.list() for q in await self.open_queues(names)))
+        lists = await self.each_queue(names, lambda q: q.cron.list())
         rows = []
-        for n, defs in zip(names, lists, strict=True):
+        for n, defs in lists.items():
+            if isinstance(defs, Unreadable):
+                rows.append(
+                    f"<tr><td>{link(n, '/queue', queue=n)}</td>"
+                    f'<td colspan="8" class="problem">unreadable: {e(defs.why)}</td></tr>'
+                )
+                continue
             for d in defs:
                 fields = {"queue": n, "name": d.name}
                 toggle = (
@@ -995,7 +1043,7 @@ class _Dashboard:
 
     async def api_cron(self, request: Request) -> Response:
         names = await self.names()
-        lists = await asyncio.gather(*(q.cron.list() for q in await self.open_queues(names)))
+        lists = await self.each_queue(names, lambda q: q.cron.list())
         return JSONResponse(
             {
                 n: [
@@ -1015,17 +1063,18 @@ class _Dashboard:
                     }
                     for d in defs
                 ]
-                for n, defs in zip(names, lists, strict=True)
-                if defs
+                for n, defs in lists.items()
+                if defs and not isinstance(defs, Unreadable)
             }
         )
 
     async def throughput_svg(self, request: Request) -> Response:
         only = request.query_params.get("queue")
         names = [(await self.known_queue(only)).name] if only else await self.names()
-        histories = await asyncio.gather(*(q.history(60) for q in await self.open_queues(names)))
+        found = await self.each_queue(names, lambda q: q.history(60))
+        histories = [h for h in found.values() if not isinstance(h, Unreadable)]
         title = f"queue {only}" if only else f"{len(names)} queues"
-        svg = _svg.throughput(_sum_history(list(histories)), f"per minute, {title}")
+        svg = _svg.throughput(_sum_history(histories), f"per minute, {title}")
         return Response(svg, media_type="image/svg+xml")
 
     async def due_svg(self, request: Request) -> Response:
