@@ -38,7 +38,7 @@ ACL_USER, ACL_PASSWORD = "dueq-test", "dueq-test-password"
 #: never sends, or the rule holds anyway, so they cannot hide one it lacks), and the lists test
 #: handlers record into.
 TEST_SELECTORS = (
-    "(%R~* +dbsize +keys +llen +lrange +hlen +hkeys +dump +pubsub|numsub)",
+    "(%R~* +dbsize +keys +llen +lrange +hlen +hkeys +dump +pubsub|numsub +pubsub|shardnumsub)",
     "(~dueq:* +set +del)",
     "(~started ~exited ~handled +rpush +lpop +lrange +llen)",
 )

@@ -321,10 +321,11 @@ def test_every_role_is_refused_other_queues_and_server_commands(admin, login, ro
     assert admin.hexists(f"dueq:{{{OTHER}}}:tasks", "t")
 
 
-def test_the_wake_channel_of_another_queue_is_refused(login):
+@pytest.mark.parametrize("method", ["ssubscribe", "subscribe"])
+def test_the_wake_channel_of_another_queue_is_refused(login, method):
     pubsub = login("consumer").pubsub()
     with pytest.raises(redis.exceptions.NoPermissionError):
-        pubsub.subscribe(f"dueq:{{{OTHER}}}:wake")
+        getattr(pubsub, method)(f"dueq:{{{OTHER}}}:wake")
         pubsub.get_message(timeout=1)
     pubsub.close()
 

@@ -145,14 +145,14 @@ def test_an_ack_that_frees_a_slot_of_a_key_with_parked_tasks_wakes_consumers(
     schedule_keyed(q, "k", 2)
     [d] = q.claim(10)
     pubsub = r.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(QueueKeys.for_queue("q").wake)
+    pubsub.ssubscribe(QueueKeys.for_queue("q").wake)
     try:
         d.ack()
         deadline = time.monotonic() + BOUND_S
         message = None
         while message is None and time.monotonic() < deadline:
             message = pubsub.get_message(timeout=0.1)
-        assert message is not None and message["type"] == "message"
+        assert message is not None and message["type"] == "smessage"
     finally:
         pubsub.close()
 

@@ -17,6 +17,7 @@ import redis.asyncio.cluster
 import redis.crc
 from async_support import Blocking
 from redis.cluster import RedisCluster
+from waiting import wait_for
 
 import dueq
 from dueq._shards import MAX_SHARDS, layout_key, shard_names, shard_of
@@ -59,6 +60,12 @@ def sharded(cluster_nodes: list[RedisServer], front_end: str) -> Iterator[Callab
             loop.run_until_complete(client.aclose())
     if loop is not None:
         loop.close()
+
+
+def calls(node: Any, command: str) -> int:
+    """How many times ``node`` ran ``command`` since its stats were reset (INFO commandstats)."""
+    stats = node.info("commandstats").get(f"cmdstat_{command}")
+    return int(stats["calls"]) if stats else 0
 
 
 def node_of(cluster: RedisCluster, key: str) -> int:
@@ -436,6 +443,41 @@ def test_a_sleeping_consumer_wakes_for_a_task_on_each_shard(cluster: RedisCluste
             assert arrived[-1] == task_id
     finally:
         sub.dispose()
+
+
+def test_wakes_stay_on_their_shards_primary_by_sharded_pubsub(
+    cluster: RedisCluster, cluster_nodes: list[RedisServer]
+) -> None:
+    q = dueq.Queue(fresh(), cluster, shards=3)
+    q.schedule("far", id="far", delay=3600)
+    channels = [QueueKeys.for_queue(name).wake for name in shard_names(q.name, 3)]
+    nodes = [n.client() for n in cluster_nodes]
+    sub = q.observe(heartbeat=3600).subscribe()
+    try:
+        for node in nodes:
+            node.config_resetstat()
+
+        def subscribed() -> dict[int, set[bytes]]:
+            return {
+                n.connection_pool.connection_kwargs["port"]: set(n.pubsub_shardchannels())
+                for n in nodes
+            }
+
+        # each shard's channel is subscribed on the primary that holds the shard, and only there
+        want = {node_of(cluster, c): {c.encode()} for c in channels}
+        wait_for(lambda: subscribed() == want, "a sharded subscription per primary")
+        assert all(n.pubsub_channels() == [] for n in nodes)  # no classic subscription
+        for shard in range(3):
+            q.schedule(
+                shard, id=next(f"z{i}" for i in itertools.count() if shard_of(f"z{i}", 3) == shard)
+            )
+        spublished = [calls(n, "spublish") for n in nodes]
+        assert sum(spublished) >= 3 and all(spublished), spublished
+        assert [calls(n, "publish") for n in nodes] == [0, 0, 0]  # nothing broadcast
+    finally:
+        sub.dispose()
+        for node in nodes:
+            node.close()
 
 
 def test_an_async_consumer_wakes_for_a_task_on_each_shard(

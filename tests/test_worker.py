@@ -199,7 +199,7 @@ def test_an_idle_consumer_sends_a_few_commands_per_minute(r: redis.Redis) -> Non
 def test_the_wake_listener_itself_sends_no_commands_while_idle(r: redis.Redis) -> None:
     q = dueq.Queue("idle", r)
     sub = q.observe(heartbeat=3600).subscribe()
-    wait_for(lambda: r.pubsub_numsub(q.keys.wake)[0][1] == 1, "the wake subscription")
+    wait_for(lambda: r.pubsub_shardnumsub(q.keys.wake)[0][1] == 1, "the wake subscription")
     time.sleep(0.5)  # the claim the listener asks for once subscribed
     before = _commands(r)
     time.sleep(2.0)  # the listener polls its socket, not Redis

@@ -47,6 +47,7 @@ from .task import (
     TaskPage,
     TaskState,
 )
+from .wake import WakeSubscription
 
 logger = logging.getLogger("dueq.queue")
 
@@ -130,6 +131,10 @@ class AsyncQueue(QueueCore):
         self, deliveries: list[Any], now_ms: int
     ) -> Flow[tuple[list[Any], int | None]]:
         return self.cron._on_claim_flow(deliveries, now_ms)
+
+    async def _wake_subscription(self) -> WakeSubscription:
+        """What the async consumer's wake listener subscribes to (checks the server first)."""
+        return await self._drive(self._wake_subscription_flow())
 
     async def check_server(self) -> None:
         """As ``Queue.check_server``."""

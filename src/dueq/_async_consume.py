@@ -35,14 +35,13 @@ from .exceptions import ConfigurationError
 from .logs import task_fields
 from .outage import Backoff, is_outage
 from .task import AsyncDelivery
+from .wake import is_wake, read_call, subscribe_args
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
 
 logger = logging.getLogger("dueq.observe")
 
-#: How long one Pub/Sub read waits; bounds how long stopping the listener takes.
-POLL_S = 0.5
 #: Most seconds spent closing the wake subscription when the iterator ends.
 CLOSE_S = 1.0
 
@@ -332,12 +331,15 @@ async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:
         while True:
             try:
                 if pubsub is None:
+                    subscription = await queue._wake_subscription()
                     pubsub = queue.redis.pubsub(ignore_subscribe_messages=True)
-                    await pubsub.subscribe(*queue._wake_channels())
+                    method, channels = subscribe_args(subscription)
+                    await getattr(pubsub, method)(*channels)
+                    read, read_kwargs = read_call(pubsub, subscription)
                     if backoff.succeeded():
                         logger.info("queue %r: wake channel back", queue.name)
                     on_wake()
-                message = await pubsub.get_message(timeout=POLL_S)
+                message = await getattr(pubsub, read)(**read_kwargs)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -349,7 +351,7 @@ async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:
                 logger.debug("queue %r: wake channel down (%s)", queue.name, exc)
                 await asyncio.sleep(backoff.failed())
                 continue
-            if message is not None and message.get("type") == "message":
+            if is_wake(message):
                 on_wake()
     finally:
         await _close(pubsub)

@@ -71,6 +71,7 @@ from .task import (
     TaskPage,
     TaskState,
 )
+from .wake import WakeSubscription, sharded_pubsub
 
 logger = logging.getLogger("dueq.queue")
 
@@ -198,17 +199,19 @@ def wrong_client(client: object, wanted: str, hint: str) -> ConfigurationError:
     )
 
 
-def server_version_ok(version: str | None) -> None:
-    """ConfigurationError for a Redis older than 6.2 (an unreadable version is let through)."""
+def server_version_ok(version: str | None) -> tuple[int, ...] | None:
+    """ConfigurationError for a Redis older than 6.2 (an unreadable version is let through);
+    else the version's (major, minor), or None when it cannot be read."""
     if version is None:
-        return
+        return None
     try:
         major_minor = tuple(int(part) for part in version.split(".")[:2])
     except ValueError:
         logger.debug("cannot parse Redis version %r; skipping the check", version)
-        return
+        return None
     if major_minor < MIN_REDIS_VERSION:
         raise ConfigurationError(f"dueq needs Redis >= 6.2; this server runs {version}")
+    return major_minor
 
 
 def _pairs(reply: Any) -> dict[str, Any]:
@@ -364,6 +367,7 @@ class QueueCore:
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = _positive_ms(wait_timeout, "wait_timeout")
         self._server_checked = False
+        self._server_version: tuple[int, ...] | None = None
         # no sharded queue has '#' in its name (a shard's has): nothing to refuse then
         self._plain_checked = "#" in name
 
@@ -375,6 +379,15 @@ class QueueCore:
     def _wake_channels(self) -> list[str]:
         """The Pub/Sub channels whose messages wake this queue's consumers."""
         return [self.keys.wake]
+
+    def _wake_subscription_flow(self) -> Flow[WakeSubscription]:
+        """How this queue's consumers listen for wake messages: its channels, by SSUBSCRIBE
+        where the scripts SPUBLISH (see ``publish_wake`` in _prelude.lua and ``dueq.wake``)."""
+        if not self._server_checked:
+            yield from self._check_server_flow()
+        return WakeSubscription(
+            tuple(self._wake_channels()), sharded=sharded_pubsub(self._server_version)
+        )
 
     def _now_arg(self) -> str:
         return "" if self.clock is None else str(clock_ms(self.clock))
@@ -454,7 +467,7 @@ class QueueCore:
             except (redis.ResponseError, AttributeError, TypeError) as exc:  # none to read
                 logger.debug("cannot read the Redis version (%s); skipping the check", exc)
                 version = None
-        server_version_ok(version)
+        self._server_version = server_version_ok(version)
         self._server_checked = True
         try:  # INFO memory names the policy too, and needs no CONFIG (which can read secrets)
             memory = yield protocol.command("INFO", "memory")

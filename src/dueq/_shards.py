@@ -71,8 +71,8 @@ due times and leases by its own server's clock, so never-early, fencing and boun
 hold per task exactly as on a plain queue. Deliveries belong to their shard's queue
 (``d.queue`` is ``emails#i``), so ack, fail, extend and release go straight to their shard;
 ``ack_many`` and ``extend_many`` on the logical queue group by shard. Consumers listen to
-every shard's wake channel on one plain SUBSCRIBE connection (Cluster PUBLISH reaches every
-node).
+every shard's wake channel by sharded Pub/Sub (``dueq.wake``): SSUBSCRIBE on the node that
+holds the shard, where the shard's scripts SPUBLISH, so no wake is broadcast over the cluster.
 
 Dead letters (``q.dead``): ``list`` takes each shard's newest ``offset + limit`` and merges
 them by died-at (newest first), ``count`` sums, ``replay``/``purge`` by id check every id on its

@@ -94,10 +94,11 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
 COMMON_COMMANDS = ("ping", "select", "evalsha", "script|load", "script|exists", "wait", "get")
 PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     "producer": (),
-    # HMGET: cron definitions of claimed occurrences; SUBSCRIBE: the wake channel;
+    # HMGET: cron definitions of claimed occurrences; SSUBSCRIBE (Redis >= 7.0) or SUBSCRIBE
+    # (6.2): the wake channel;
     # INFO: the server version check at the first claim (INFO server; without it the
     # library falls back to HELLO, and ACL LOG records the refused INFO of every start).
-    "consumer": ("hmget", "subscribe", "unsubscribe", "info"),
+    "consumer": ("hmget", "ssubscribe", "sunsubscribe", "subscribe", "unsubscribe", "info"),
     # SCAN + EXISTS: queue discovery and `dueq ... QUEUE` checks; ZCARD: dead.count();
     # HGET/HGETALL/HMGET: cron list/get; TIME: cron add reads the server clock;
     # ZSCAN: Spark's read of a queue; ZCARD + ZRANGE: the Spark data source's partitioned read;

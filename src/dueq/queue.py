@@ -49,6 +49,7 @@ from .task import (
     TaskPage,
     TaskState,
 )
+from .wake import WakeSubscription
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,10 @@ class Queue(QueueCore):
         self, deliveries: list[Any], now_ms: int
     ) -> Flow[tuple[list[Any], int | None]]:
         return self.cron._on_claim_flow(deliveries, now_ms)
+
+    def _wake_subscription(self) -> WakeSubscription:
+        """What ``dueq.wake.WakeListener`` subscribes to (checks the server first)."""
+        return self._drive(self._wake_subscription_flow())
 
     def check_server(self) -> None:
         """Check the Redis server once: refuse versions before 6.2, and log what its

@@ -5,6 +5,17 @@ publish the new head's due time on ``dueq:{<queue>}:wake``. A sleeping consumer 
 claims at once instead of waiting for the time it computed. A lost message costs at most one
 heartbeat: after every (re)subscription the listener wakes its consumer, in case something was
 scheduled while it was not listening.
+
+Sharded Pub/Sub. On Redis >= 7.0 the scripts publish with SPUBLISH (``publish_wake`` in
+_prelude.lua) and consumers listen with SSUBSCRIBE: in a Cluster a shard message stays on the
+nodes that serve its channel's slot (the queue's own), where a classic PUBLISH is forwarded to
+every node of the cluster, so wake traffic grows with the cluster instead of with each node's
+share of it. Both sides choose by the server's version, so they agree: a 6.2 server has only
+PUBLISH/SUBSCRIBE. (A script whose ACL user lacks ``+spublish`` falls back to PUBLISH, which
+SSUBSCRIBEd consumers do not hear: they then wake at their computed times and heartbeats;
+``dueq acl`` grants both.) A sharded queue's consumer subscribes to every shard's channel;
+redis-py's cluster client holds one connection per node for them, read in turn
+(``SHARDED_POLL_S`` each), so a message waits at most that long per other node.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .outage import Backoff, is_outage
@@ -23,6 +35,45 @@ logger = logging.getLogger(__name__)
 
 #: How long one read waits for a message; bounds how long ``stop`` takes to be noticed.
 POLL_S = 0.5
+#: How long one read waits on each node of a Cluster's sharded subscription (read in turn).
+SHARDED_POLL_S = 0.05
+#: The first Redis version with SPUBLISH/SSUBSCRIBE.
+SHARDED_PUBSUB_VERSION = (7, 0)
+#: Message types that carry a wake (classic and sharded Pub/Sub).
+WAKE_TYPES = frozenset({"message", "smessage"})
+
+
+@dataclass(frozen=True)
+class WakeSubscription:
+    """What a consumer subscribes to: the queue's wake channels (one per shard), and whether
+    by SSUBSCRIBE (``sharded``) or SUBSCRIBE."""
+
+    channels: tuple[str, ...]
+    sharded: bool
+
+
+def sharded_pubsub(version: tuple[int, ...] | None) -> bool:
+    """Whether a server of ``version`` has sharded Pub/Sub (an unreadable version is taken to
+    be a current one: dueq's scripts try SPUBLISH first either way)."""
+    return version is None or version >= SHARDED_PUBSUB_VERSION
+
+
+def subscribe_args(subscription: WakeSubscription) -> tuple[str, tuple[str, ...]]:
+    """The pubsub method (``ssubscribe`` or ``subscribe``) and its channels."""
+    return ("ssubscribe" if subscription.sharded else "subscribe"), subscription.channels
+
+
+def read_call(pubsub: Any, subscription: WakeSubscription) -> tuple[str, dict[str, Any]]:
+    """The pubsub method and keywords that read the next message: a Cluster's sharded
+    subscription spans a connection per node, read by ``get_sharded_message``."""
+    if subscription.sharded and hasattr(pubsub, "get_sharded_message"):
+        return "get_sharded_message", {"ignore_subscribe_messages": True, "timeout": SHARDED_POLL_S}
+    return "get_message", {"timeout": POLL_S}
+
+
+def is_wake(message: Any) -> bool:
+    """Whether a read message is a wake (not a subscribe confirmation or nothing)."""
+    return message is not None and message.get("type") in WAKE_TYPES
 
 
 class WakeListener:
@@ -53,12 +104,15 @@ class WakeListener:
             while not self._stopped.is_set():
                 try:
                     if pubsub is None:
+                        subscription = self._queue._wake_subscription()
                         pubsub = self._queue.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                        pubsub.subscribe(*self._queue._wake_channels())
+                        method, channels = subscribe_args(subscription)
+                        getattr(pubsub, method)(*channels)
+                        read, read_kwargs = read_call(pubsub, subscription)
                         if backoff.succeeded():
                             logger.info("queue %r: wake channel back", self._queue.name)
                         self._on_wake()  # anything scheduled while we were not listening
-                    message = pubsub.get_message(timeout=POLL_S)
+                    message = getattr(pubsub, read)(**read_kwargs)
                 except Exception as exc:
                     if self._stopped.is_set():
                         return  # e.g. the client was closed right after the consumer stopped
@@ -71,7 +125,7 @@ class WakeListener:
                     logger.debug("queue %r: wake channel down (%s)", self._queue.name, exc)
                     self._stopped.wait(delay_s)
                     continue
-                if message is not None and message.get("type") == "message":
+                if is_wake(message):
                     self._on_wake()
         finally:
             _close(pubsub)

@@ -33,7 +33,7 @@ if #ids == 0 then return {0, ''} end
 local done, verdicts, keys = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
 if #done > 0 then
   if #keys > 0 and keys_release(KEYS[9], KEYS[10], keys, now) then
-    redis.call('PUBLISH', KEYS[11], ms(now))
+    publish_wake(KEYS[11], ms(now))
   end
   call_chunked('ZREM', KEYS[1], done)
   call_chunked('HDEL', KEYS[2], done)

@@ -29,7 +29,7 @@ if key and not deadline then unpark_one(KEYS[10], KEYS[9], KEYS[5], key, priorit
 if deadline then
   local now = dueq_now(ARGV[1])
   if key and key_unlease(KEYS[9], KEYS[11], key, now) then
-    redis.call('PUBLISH', KEYS[12], ms(now))
+    publish_wake(KEYS[12], ms(now))
   end
   local _, token = meta_parse(redis.call('HGET', KEYS[5], id))
   if token ~= '' and tonumber(deadline) > now then

@@ -13,5 +13,5 @@ for i = 1, #ARGV, 2 do
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   end
 end
-if #ARGV > 0 then redis.call('PUBLISH', KEYS[2], 'configure') end
+if #ARGV > 0 then publish_wake(KEYS[2], 'configure') end
 return redis.call('HGETALL', KEYS[1])

@@ -36,7 +36,7 @@ if verdict == 'l' then return {0, now} end
 local envelope = redis.call('HGET', KEYS[3], id)
 local _, _, key = task_options(envelope)
 if key and key_unlease(KEYS[10], KEYS[11], key, now) then
-  redis.call('PUBLISH', KEYS[8], ms(now))
+  publish_wake(KEYS[8], ms(now))
 end
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))

@@ -26,7 +26,7 @@ local envelope = redis.call('HGET', KEYS[7], id)
 local k_level = level_key(due_levels(KEYS[1]), envelope)
 local _, _, key = task_options(envelope)
 if key and key_unlease(KEYS[8], KEYS[9], key, now) then
-  redis.call('PUBLISH', KEYS[5], ms(now))
+  publish_wake(KEYS[5], ms(now))
 end
 local previous_head = head_score(k_level)
 redis.call('ZREM', KEYS[2], id)

@@ -66,7 +66,7 @@ while pos <= #blob do
     if old_key then  -- its lease ends here, or it leaves the parked set
       if redis.call('ZSCORE', KEYS[5], id) then
         if key_unlease(KEYS[11], KEYS[13], old_key, now) then
-          redis.call('PUBLISH', KEYS[8], ms(now))
+          publish_wake(KEYS[8], ms(now))
         end
       else
         unpark_one(KEYS[12], KEYS[11], KEYS[3], old_key, old_priority, id)
