@@ -117,7 +117,12 @@ def test_dueq_acl_prints_comments_then_the_rule_to_append():
     assert comments and all(c.startswith("# ") for c in comments)
     assert line == " ".join(acl_rules("consumer", "emails"))
     tokens = line.split()
-    assert tokens[:3] == ["~dueq:{emails}:*", "%R~dueq:{emails#}:shards", "&dueq:{emails}:wake"]
+    assert tokens[:4] == [
+        "~dueq:{emails}:*",
+        "~dueq:{emails#*}:*",  # a sharded queue's shards and its layout key
+        "&dueq:{emails}:wake",
+        "&dueq:{emails#*}:wake",
+    ]
     assert {"+evalsha", "+script|load", "+subscribe"} <= set(tokens)
     assert not {"+@all", "~*", "+eval", "+keys", "+flushall", "+config|get"} & set(tokens)
 
@@ -215,6 +220,35 @@ def test_the_consumer_claims_settles_observes_and_runs_a_worker(admin, login):
     assert worker.outcomes["acked"] == 3
     # the eviction check reads CONFIG GET, which the rule leaves out (it can read secrets)
     assert refused(admin, "consumer") <= {"config|get"}
+
+
+def test_each_role_works_a_sharded_queue_of_its_name_and_no_other(admin, login):
+    producer = dueq.Queue(QUEUE, login("producer"), shards=3)
+    producer.schedule_many([dueq.Task(n, id=f"s{n}") for n in range(30)])  # writes the layout
+    consumer = dueq.Queue(QUEUE, login("consumer"), shards=3)
+    acked: list[str] = []
+    done = threading.Event()
+
+    def handle(d: dueq.Delivery) -> None:
+        acked.append(d.id)
+        if len(acked) == 31:
+            done.set()
+
+    sub = consumer.observe(heartbeat=3600).pipe(process(handle)).subscribe()
+    try:
+        time.sleep(0.2)  # asleep on the three shards' wake channels (SSUBSCRIBE): only a wake
+        producer.schedule("late", id="late")
+        assert done.wait(30), f"{len(acked)} of 31 handled"
+    finally:
+        sub.dispose()
+    operator = dueq.discovery.open_queue(login("operator"), QUEUE)
+    assert operator.shard_count == 3
+    wait_until(lambda: operator.stats().leased == 0)
+    assert operator.stats().scheduled == 0
+    other = dueq.Queue(OTHER, login("producer"), shards=3)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        other.schedule("x")
+    assert refused(admin, "producer") and refused(admin, "consumer") <= {"config|get"}
 
 
 def wait_until(condition: Callable[[], bool]) -> None:

@@ -124,8 +124,6 @@ yet" until it lands):
 - sync sending in parallel: ``RedisCluster`` pipelines per node, or a small thread pool.
 - skip shards known idle: remember each shard's next due (monotonic) and skip it until then
   unless a wake message named it (the wake payload would need the shard).
-- ``dueq acl``: rules for a sharded queue (``~dueq:{emails#*`` keys, ``&dueq:{emails#*``
-  channels; today only the layout key is granted, read-only).
 - ``wait_replicas`` with a ``redis.asyncio`` ``RedisCluster`` (the blocking one runs script
   and WAIT on the shard's primary, ``dueq.scripts.Scripts._run_on_node``).
 - ``dueq worker --shards N`` (today a queue's N is read from Redis; a new queue opened by a

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from .exceptions import ConfigurationError
-from .keys import PREFIX, layout_key
+from .keys import PREFIX
 from .scripts import script_source
 
 Role = Literal["producer", "consumer", "operator"]
@@ -89,9 +89,20 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
 #: Every role: PING (the CLI checks the connection), SELECT (a URL naming a database other
 #: than 0), EVALSHA + SCRIPT LOAD (redis-py's Script reloads on NOSCRIPT), SCRIPT EXISTS
 #: (a redis-py pipeline checks its scripts first: Queue(wait_replicas=N)) and WAIT.
-# GET: the shard count of a sharded queue (``dueq:{<queue>#}:shards``, read-only below), read
-# by the first schedule or claim of a plain queue object and by every open by name.
-COMMON_COMMANDS = ("ping", "select", "evalsha", "script|load", "script|exists", "wait", "get")
+# GET: the shard count of a sharded queue (``dueq:{<queue>#}:shards``), read by the first
+# schedule or claim of a plain queue object and by every open by name; EXISTS + SETNX: a
+# sharded queue object's first use checks for a plain queue of its name and records N.
+COMMON_COMMANDS = (
+    "ping",
+    "select",
+    "evalsha",
+    "script|load",
+    "script|exists",
+    "wait",
+    "get",
+    "exists",
+    "setnx",
+)
 PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     "producer": (),
     # HMGET: cron definitions of claimed occurrences; SSUBSCRIBE (Redis >= 7.0) or SUBSCRIBE
@@ -170,12 +181,19 @@ def acl_rule(role: str, queue_pattern: str = "*") -> AclRule:
     for script in ROLE_SCRIPTS[checked]:
         commands |= script_commands(script)
     base = f"{PREFIX}:{{{pattern}}}:"
+    if pattern == "*":  # every tag: plain queues, shards and layout keys alike
+        keys, channels = (f"~{base}*",), (f"&{base}wake",)
+    else:
+        # a sharded queue of that name: its shards' tags are ``<name>#<i>[.<k>]`` (a sharded
+        # queue's name holds no '#'), its layout key ``dueq:{<name>#}:shards`` (which the first
+        # producer writes): ``{<pattern>#*}`` matches both and nothing of another queue
+        shards = f"{PREFIX}:{{{pattern}#*}}:"
+        keys, channels = (f"~{base}*", f"~{shards}*"), (f"&{base}wake", f"&{shards}wake")
     return AclRule(
         role=checked,
         queue_pattern=pattern,
-        # the layout key of a sharded queue of that name, read-only ("*" covers it already)
-        keys=(f"~{base}*",) if pattern == "*" else (f"~{base}*", f"%R~{layout_key(pattern)}"),
-        channels=(f"&{base}wake",),
+        keys=keys,
+        channels=channels,
         commands=tuple(sorted(commands)),
         description=DESCRIPTIONS[checked],
     )
