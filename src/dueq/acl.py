@@ -181,6 +181,8 @@ def acl_rule(role: str, queue_pattern: str = "*") -> AclRule:
     for script in ROLE_SCRIPTS[checked]:
         commands |= script_commands(script)
     base = f"{PREFIX}:{{{pattern}}}:"
+    keys: tuple[str, ...]
+    channels: tuple[str, ...]
     if pattern == "*":  # every tag: plain queues, shards and layout keys alike
         keys, channels = (f"~{base}*",), (f"&{base}wake",)
     else:
