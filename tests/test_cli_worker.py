@@ -155,3 +155,36 @@ def test_a_bad_max_in_flight_is_refused_before_anything_is_claimed(
     result = invoke_here("w", "cli_handlers:record", "--max-in-flight", value)
     assert result.exit_code == code and message in result.stderr
     assert dueq.Queue("w", r).get("untouched").state == "scheduled"
+
+
+def test_a_worker_started_with_shards_before_any_producer_serves_every_shard(r, redis_server):
+    child = start_worker(redis_server, "fresh", "cli_handlers:record", "--shards", "3")
+    try:
+        # the worker has claimed (and found nothing) before the queue exists in Redis
+        wait_for(lambda: r.exists("dueq:{fresh#}:shards"), "the worker to record the layout")
+        q = dueq.Queue("fresh", r, shards=3)
+        ids = q.schedule_many(dueq.Task({"n": n}) for n in range(30)).ids
+        wait_for(lambda: r.llen("handled") == 30, "30 handled")
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=WAIT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    assert {x.decode() for x in r.lrange("handled", 0, -1)} == {f"{i}:1" for i in ids}
+
+
+def test_a_shard_count_that_disagrees_with_the_recorded_one_is_refused(
+    invoke_here, r, redis_server
+):
+    dueq.Queue("three", r, shards=3).schedule("x", id="x")
+    result = invoke_here("three", "cli_handlers:record", "--shards", "2")
+    assert result.exit_code == 1, result.output
+    assert "queue 'three' has 3 shards in Redis" in result.output
+    assert "shards=3" in result.output
+    scheduled = CliRunner().invoke(
+        cli, ["schedule", "three", '{"a": 1}', "--shards", "1", "--redis-url", redis_server.url]
+    )
+    assert scheduled.exit_code == 1 and "has 3 shards in Redis" in scheduled.output
+    assert dueq.Queue("three", r, shards=3).stats().scheduled == 1  # nothing added

@@ -126,8 +126,6 @@ yet" until it lands):
   unless a wake message named it (the wake payload would need the shard).
 - ``wait_replicas`` with a ``redis.asyncio`` ``RedisCluster`` (the blocking one runs script
   and WAIT on the shard's primary, ``dueq.scripts.Scripts._run_on_node``).
-- ``dueq worker --shards N`` (today a queue's N is read from Redis; a new queue opened by a
-  worker before any producer recorded N is plain).
 - ``dueq reshard NAME --to M``: tasks cannot move between shards atomically (two shards
   are two primaries), so: mark the layout key "N->M" (every process refuses both N and M
   meanwhile), pause every shard, wait until nothing is leased, then per task copy it to its

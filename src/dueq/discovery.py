@@ -134,19 +134,45 @@ async def async_shard_count(client: Any, name: str) -> int:
     return _count_of(name, await client.get(layout_key(name)))
 
 
-def open_queue(client: Any, name: str, **settings: Any) -> Queue:
+def open_queue(client: Any, name: str, *, shards: int | None = None, **settings: Any) -> Queue:
     """``Queue(name, client, shards=N, **settings)`` with the N recorded in Redis: the logical
-    queue for a sharded one, the plain queue otherwise."""
+    queue for a sharded one, the plain queue otherwise.
+
+    ``shards``: the N the caller expects. A queue that has no N recorded yet (new, or plain)
+    is opened with it, so a worker started before the first producer still serves every shard
+    (a plain queue that holds tasks is refused at the first use, as by ``Queue(shards=N)``);
+    a queue recorded with another N is refused now with ConfigurationError."""
     from .queue import Queue  # here: dueq.queue imports dueq.registry, which imports this
 
-    return Queue(name, client, shards=shard_count(client, name), **settings)
+    n = _expected(name, shards, shard_count(client, name))
+    return Queue(name, client, shards=n, **settings)
 
 
-async def open_async_queue(client: Any, name: str, **settings: Any) -> AsyncQueue:
+async def open_async_queue(
+    client: Any, name: str, *, shards: int | None = None, **settings: Any
+) -> AsyncQueue:
     """As ``open_queue``, an ``AsyncQueue`` on a ``redis.asyncio`` client."""
     from ._async import AsyncQueue
 
-    return AsyncQueue(name, client, shards=await async_shard_count(client, name), **settings)
+    n = _expected(name, shards, await async_shard_count(client, name))
+    return AsyncQueue(name, client, shards=n, **settings)
+
+
+def _expected(name: str, shards: int | None, recorded: int) -> int:
+    """The shard count to open ``name`` with: ``recorded`` unless the caller expects one
+    (checked like ``Queue(shards=)``), which must then agree with a recorded one."""
+    from ._shards import MAX_SHARDS  # here: dueq._shards imports dueq.registry via _async
+    from .checks import whole_number
+
+    if shards is None:
+        return recorded
+    whole_number(shards, "shards", low=1, high=MAX_SHARDS)
+    if recorded != 1 and recorded != shards:
+        raise ConfigurationError(
+            f"queue {name!r} has {recorded} shards in Redis ({layout_key(name)}), not {shards}: "
+            f"open it with shards={recorded}"
+        )
+    return shards
 
 
 def queue_names(client: Any) -> list[str]:

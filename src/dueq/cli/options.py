@@ -39,3 +39,15 @@ def replication_options(command: Callable[..., Any]) -> Callable[..., Any]:
         help="Wait until N replicas have each change that must survive a failover (Redis "
         "WAIT); schedule fails when fewer confirm, a worker logs it.",
     )(command)
+
+
+def shards_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--shards N``: the queue's expected shard count, passed to ``discovery.open_queue``."""
+    return click.option(
+        "--shards",
+        type=click.IntRange(1, 256),
+        metavar="N",
+        help="The queue's shard count (a sharded queue on a Redis Cluster). By default it is "
+        "read from Redis; give it when this may run before any producer recorded it. A "
+        "different recorded count is refused.",
+    )(command)

@@ -16,7 +16,7 @@ from ..queue import SCHEDULE_BATCH, Queue
 from ..task import ScheduleResult, Task
 from .connection import RedisTarget, redis_options
 from .errors import CliError
-from .options import replication_options
+from .options import replication_options, shards_option
 from .output import console, safe, steps
 from .task_input import BadLine, Timing, checked_task, parse_json, tasks_from_lines, time_option
 
@@ -97,6 +97,7 @@ def _schedule_file(
 @click.option("--key", metavar="KEY", help="Limit key: the queue's key_rate/key_concurrency.")
 @click.option("--timeout", type=float, metavar="SECONDS", help="Each attempt's time limit.")
 @click.option("--max-attempts", type=int, metavar="N", help="Deliveries at most (this task).")
+@shards_option
 @replication_options
 @redis_options
 def schedule(
@@ -111,6 +112,7 @@ def schedule(
     key: str | None,
     timeout: float | None,
     max_attempts: int | None,
+    shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
     target: RedisTarget,
@@ -148,7 +150,9 @@ def schedule(
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
     client = target.open().client
-    q = open_queue(client, queue, wait_replicas=wait_replicas, wait_timeout=wait_timeout)
+    q = open_queue(
+        client, queue, shards=shards, wait_replicas=wait_replicas, wait_timeout=wait_timeout
+    )
     if path is not None:
         result = _schedule_file(q, path, timing, options, replace)
         click.echo(

@@ -25,7 +25,7 @@ from ..worker import Worker
 from .connection import RedisTarget, redis_options
 from .errors import CliError, Settings
 from .metrics import DEFAULT_HOST, metrics_module, start_exporter
-from .options import replication_options, seconds_option
+from .options import replication_options, seconds_option, shards_option
 from .output import safe, safe_lines
 
 
@@ -140,6 +140,7 @@ def _whole(text: str) -> int:
     show_default=True,
     help="With --metrics-port: the address to bind.",
 )
+@shards_option
 @replication_options
 @redis_options
 @click.pass_obj
@@ -157,6 +158,7 @@ def worker(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
+    shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
     target: RedisTarget,
@@ -173,6 +175,7 @@ def worker(
     q = open_queue(
         conn.client,
         queue,
+        shards=shards,
         retry=RetryPolicy(max_attempts=max_attempts),
         lease=lease,
         wait_replicas=wait_replicas,
