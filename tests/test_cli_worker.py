@@ -172,6 +172,7 @@ def test_a_worker_started_with_shards_before_any_producer_serves_every_shard(r, 
             child.kill()
             child.wait()
     assert child.returncode == 0, err
+    assert out == "worker stopped: acked=30\n"
     assert {x.decode() for x in r.lrange("handled", 0, -1)} == {f"{i}:1" for i in ids}
 
 

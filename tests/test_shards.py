@@ -207,6 +207,38 @@ def test_one_consumer_drains_every_shard_within_bounded_attempts(
     assert (stats.scheduled, stats.leased, stats.dead) == (0, 0, 75)
 
 
+def test_a_sync_step_for_several_shards_goes_to_their_nodes_at_once(
+    cluster: RedisCluster, cluster_nodes: list[RedisServer]
+) -> None:
+    q = dueq.Queue(fresh(), cluster, shards=3)
+    names = shard_names(q.name, 3)
+    ids = [next(f"p{i}" for i in itertools.count() if shard_of(f"p{i}", 3) == n) for n in range(3)]
+    q.schedule_many(dueq.Task("warm", id=f"warm-{i}") for i in ids)  # scripts loaded everywhere
+    [paused] = [
+        n.client()
+        for n in cluster_nodes
+        if n.port == node_of(cluster, QueueKeys.for_queue(names[0]).tasks)
+    ]
+    paused.client_pause(30_000, all=False)  # shard 0's node takes no writes (scripts) for now
+    sending = threading.Thread(target=q.schedule_many, args=([dueq.Task(i, id=i) for i in ids],))
+    try:
+        sending.start()
+        # shards 1 and 2 are written while shard 0 (the first step) still waits on its node
+        wait_for(
+            lambda: all(
+                cluster.hexists(QueueKeys.for_queue(n).tasks, i)
+                for n, i in zip(names[1:], ids[1:], strict=True)
+            ),
+            "the other shards' writes during the pause",
+        )
+        assert sending.is_alive()  # shard 0's write is still held by the pause
+    finally:
+        paused.client_unpause()
+        sending.join(30)
+        paused.close()
+    assert all(q.get(i) is not None for i in ids)
+
+
 def test_claims_start_at_different_shards(cluster: RedisCluster) -> None:
     q = dueq.Queue(fresh(), cluster, shards=3)
     q.schedule_many(dueq.Task(i, id=f"s{i}") for i in range(300))

@@ -97,8 +97,12 @@ counts over the shards (minutes matched by their start), ``due_histogram`` sums 
 (each shard counts from its own clock's now).
 
 Sending: a step that goes to several shards at once (``_Each``) is awaited concurrently by
-``ShardedAsyncQueue`` (one coroutine per shard: the nodes work in parallel) and sent in turn
-by ``ShardedQueue``.
+``ShardedAsyncQueue`` (one coroutine per shard: the nodes work in parallel). ``ShardedQueue``
+sends the first shard's step from the calling thread and the others from a small pool of
+threads shared by every sharded queue of the process (``SEND_THREADS``; made again in a forked
+child, whose copy has no threads), so a ``schedule_many`` or ``ack_many`` over N shards takes
+one round trip, not N. A client with ``single_connection_client=True`` cannot be shared by
+threads: its steps go in turn.
 
 Failover: ``tests/test_shards_failover.py`` drains a queue of 3 shards on 3 primaries + 3
 replicas (AOF, ``wait_replicas=1``) while one primary is failed over (``CLUSTER FAILOVER``, or
@@ -121,7 +125,6 @@ yet" until it lands):
   a batch by ``task_shard``, one script call per shard; a ``redis+cluster://`` URL on the
   executors), a stage per shard for the streaming commit (committed shard by shard, each
   idempotent by batch id as today), and reads partitioned per shard.
-- sync sending in parallel: ``RedisCluster`` pipelines per node, or a small thread pool.
 - skip shards known idle: remember each shard's next due (monotonic) and skip it until then
   unless a wake message named it (the wake payload would need the shard).
 - ``wait_replicas`` with a ``redis.asyncio`` ``RedisCluster`` (the blocking one runs script
@@ -146,11 +149,13 @@ import base64
 import binascii
 import hashlib
 import logging
+import os
 import random
 import threading
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass, replace
 from datetime import datetime
 from functools import cache
@@ -762,18 +767,42 @@ def _settled_reply(send: Callable[[protocol.Step], Any], step: protocol.Step) ->
         return False, exc
 
 
+#: Threads that send the steps of an ``_Each`` to shards other than the first (per process).
+SEND_THREADS = 16
+_send_pool: tuple[int, ThreadPoolExecutor] | None = None
+_send_pool_lock = threading.Lock()
+
+
+def _senders() -> ThreadPoolExecutor:
+    """The process's pool of sending threads (a forked child makes its own: the parent's
+    threads are not in it)."""
+    global _send_pool
+    with _send_pool_lock:
+        if _send_pool is None or _send_pool[0] != os.getpid():
+            pool = ThreadPoolExecutor(SEND_THREADS, thread_name_prefix="dueq-shard-send")
+            _send_pool = (os.getpid(), pool)
+        return _send_pool[1]
+
+
 class ShardedQueue(_Sharded, Queue):
     """``Queue(name, client, shards=N)`` with N > 1: see the module docstring."""
 
     def __init__(self, name: str, redis_client: Any, *, shards: int, **settings: Any) -> None:
         super().__init__(name, redis_client, **settings)
         self._setup_shards(shards, Queue, redis_client, settings)
+        # one connection for every call: threads must not share it
+        self._in_turn = getattr(redis_client, "connection", None) is not None
 
     def _send(self, step: Any) -> Any:
         send = super()._send
-        if isinstance(step, _Each):  # in turn (see TODO: pipelines per node)
+        if not isinstance(step, _Each):
+            return send(step)
+        first, *others = step.steps
+        if not others or self._in_turn:
             return [_settled_reply(send, s) for s in step.steps]
-        return send(step)
+        pool = _senders()
+        futures = [pool.submit(_settled_reply, send, s) for s in others]
+        return [_settled_reply(send, first), *(f.result() for f in futures)]
 
 
 class ShardedAsyncQueue(_Sharded, AsyncQueue):
