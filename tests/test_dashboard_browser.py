@@ -40,7 +40,10 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     )
 
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -132,13 +135,27 @@ def shot(browser: WebDriver, name: str) -> None:
     browser.save_screenshot(str(ARTIFACTS / f"{name}.png"))
 
 
+#: How long a wait for the page may take (a loaded CI machine runs Spark beside the browser).
+WAIT_S = 30
+#: What a page that is being replaced can raise for a moment: the element went stale, or the
+#: document it belonged to is gone (a WebDriverException such as "no such execution context").
+#: A wait retries these; one that never ends fails as a TimeoutException.
+IN_FLUX = (StaleElementReferenceException, WebDriverException)
+
+
 def click(browser: WebDriver, css: str) -> None:
-    browser.find_element(By.CSS_SELECTOR, css).click()
+    """Click the element once the (maybe still loading) page has it."""
+
+    def clicked(b: WebDriver) -> bool:
+        b.find_element(By.CSS_SELECTOR, css).click()
+        return True
+
+    WebDriverWait(browser, WAIT_S, ignored_exceptions=IN_FLUX).until(clicked)
 
 
 def wait_text(browser: WebDriver, text: str) -> None:
     """Wait for ``text`` on the page (the body goes stale while a form submit navigates)."""
-    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+    WebDriverWait(browser, WAIT_S, ignored_exceptions=IN_FLUX).until(
         lambda b: text in b.find_element(By.TAG_NAME, "body").text
     )
 
@@ -154,7 +171,7 @@ def test_overview_shows_real_queues_and_updates_live(
     assert browser.find_element(By.CSS_SELECTOR, '[data-live="emails.dead"]').text == "3"
     shot(browser, "overview")
     queues["reports"].schedule({"r": 3}, delay=30)
-    WebDriverWait(browser, 10).until(lambda b: cell.text == "3")  # polled, not reloaded
+    WebDriverWait(browser, WAIT_S).until(lambda b: cell.text == "3")  # polled, not reloaded
 
 
 def test_open_a_queue_and_replay_an_error_group(
