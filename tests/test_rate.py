@@ -51,6 +51,49 @@ def test_the_window_slides_claim_by_claim(make_queue: Callable[..., Any], clock:
     assert len(q.claim(100)) == 2
 
 
+def test_the_window_keeps_one_entry_per_claim_not_per_task(
+    make_queue: Callable[..., Any], r: redis.Redis, clock: Any
+) -> None:
+    q = make_queue("r")
+    q.configure(rate=dueq.Rate(1000, per=1.0))
+    q.schedule_many(dueq.Task({"i": i}) for i in range(900))
+    assert len(q.claim(300)) == 300
+    assert len(q.claim(500)) == 500
+    assert r.zcard(q.keys.rate) == 2  # the window's work and memory grow with claims
+    assert len(q.claim(500)) == 100  # 200 slots left in the window: the last 100 due go
+    assert "rate_in_window" not in q.stats().counters  # bookkeeping, not a counter
+
+
+def test_a_window_written_one_entry_per_task_still_counts_each(
+    make_queue: Callable[..., Any], r: redis.Redis, clock: Any
+) -> None:
+    q = make_queue("r")
+    q.configure(rate=dueq.Rate(6, per=1.0))
+    q.schedule_many(dueq.Task({"i": i}) for i in range(10))
+    now_ms = round(clock.now * 1000)
+    r.zadd(q.keys.rate, {f"1@old:{i}": now_ms for i in range(1, 6)})  # as dueq wrote it before
+    assert len(q.claim(10)) == 1
+    clock.advance(1.0)
+    assert len(q.claim(10)) == 6
+
+
+@pytest.mark.parametrize("kept_sum", [None, b"not a number", b"-3", b"1.5", b"1"])
+def test_a_lost_or_wrong_running_sum_is_recounted_from_the_window(
+    make_queue: Callable[..., Any], r: redis.Redis, clock: Any, kept_sum: bytes | None
+) -> None:
+    q = make_queue("r")
+    q.configure(rate=dueq.Rate(10, per=1.0))
+    q.schedule_many(dueq.Task({"i": i}) for i in range(20))
+    assert len(q.claim(4)) == 4
+    assert len(q.claim(3)) == 3
+    if kept_sum is None:
+        r.hdel(q.keys.stats, "rate_in_window")
+    else:
+        r.hset(q.keys.stats, "rate_in_window", kept_sum)
+    # 7 in the window: a sum that is missing, unreadable or below one per entry is recounted
+    assert len(q.claim(10)) == 3
+
+
 def test_every_consumer_shares_one_rate(make_queue: Callable[..., Any], clock: Any) -> None:
     a, b = make_queue("r"), make_queue("r")
     a.configure(rate=dueq.Rate(3, per=1.0))

@@ -151,6 +151,7 @@ def queue_stats(reply: list[Any]) -> QueueStats:
     settings = settings_from_reply(reply[7])
     counters = {text(reply[i]): _count(reply[i + 1]) for i in range(8, len(reply), 2)}
     counters.pop("lease_seq", None)
+    counters.pop("rate_in_window", None)  # claim.lua's running sum of the rate window
     return QueueStats(
         scheduled=scheduled,
         due_now=due_now,

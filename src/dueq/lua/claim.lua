@@ -9,7 +9,9 @@
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
 -- KEYS[8] config   HASH setting -> value (paused, rate)
--- KEYS[9] rate     ZSET claim -> claimed-at ms: the claims of the last rate window
+-- KEYS[9] rate     ZSET "<n>*<token>" -> claimed-at ms: the claims of the last rate window,
+--                  one entry per claim that leased n tasks (an entry without "<n>*" counts 1);
+--                  their sum is kept in the stats field rate_in_window
 -- KEYS[10] key_state HASH key -> "leased|next rate slot ms|parked" (see the prelude)
 -- KEYS[11] parked  ZSET (scores 0) "<key>\0<9 - priority><due ms, 15 digits><id>": due tasks
 --                  whose key was at a limit
@@ -38,8 +40,9 @@
 --          id1, envelope1, attempt1, due1, first_claimed1, id2, envelope2, ...}
 -- Due tasks are leased by priority (9 first), then earliest due within a priority.
 -- With a rate "n/per_ms" set, at most n tasks are leased in any window of per_ms (counted by
--- the claim times kept in KEYS[9]); when the rate holds tasks back, next_due is when the
--- oldest claim of the window leaves it, so consumers sleep exactly until then.
+-- the claims kept in KEYS[9], one entry per claim with its count: O(1) work per claim, not
+-- per task); when the rate holds tasks back, next_due is when the oldest claim of the window
+-- leaves it, so consumers sleep exactly until then.
 
 local now, now_us = dueq_now_us(ARGV[1])
 history_use(KEYS[13], ARGV[1])
@@ -136,9 +139,10 @@ end
 -- The rate: how many more claims the window allows (nil: no rate, or an unreadable one).
 local rate_n, rate_per = rate_setting('rate')
 local rate_left = nil
+local rate_in_window = 0
 if rate_n then
-  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. ms(now - rate_per + 1))
-  rate_left = math.max(rate_n - redis.call('ZCARD', KEYS[9]), 0)
+  rate_in_window = rate_window(KEYS[9], KEYS[7], now - rate_per + 1)
+  rate_left = math.max(rate_n - rate_in_window, 0)
   limit = math.min(limit, rate_left)
 end
 
@@ -389,14 +393,11 @@ if #leased > 0 then
   call_chunked('ZADD', KEYS[2], leased)
   hset_many(KEYS[4], meta)
   stat_incr(KEYS[7], 'claimed', #leased / 2)
-  if rate_n then  -- one entry per lease, unique by token and position
-    local claims = {}
-    for i = 1, #leased / 2 do
-      claims[#claims + 1] = now
-      claims[#claims + 1] = token .. ':' .. i
-    end
-    call_chunked('ZADD', KEYS[9], claims)
-    rate_left = rate_left - #leased / 2
+  if rate_n then  -- one entry for this claim (its token is unique), with its count
+    local n = #leased / 2
+    redis.call('ZADD', KEYS[9], now, n .. '*' .. token)
+    redis.call('HSET', KEYS[7], 'rate_in_window', rate_in_window + n)
+    rate_left = rate_left - n
     redis.call('PEXPIRE', KEYS[9], rate_per + 1000)
   end
 end
