@@ -149,14 +149,18 @@ def test_a_corrupted_rate_setting_is_logged_and_claims_go_on(
     assert len(q.claim(100)) == 3
 
 
+@pytest.mark.parametrize(
+    ("shards", "front_end"), [(1, "sync"), (1, "async"), (3, "sync"), (3, "async")]
+)
 def test_a_rate_of_20_per_second_holds_in_every_window_across_three_processes(
-    r: redis.Redis, redis_server: RedisServer
+    r: redis.Redis, redis_server: RedisServer, shards: int, front_end: str
 ) -> None:
-    q = dueq.Queue("w", r)  # the queue worker_process.py consumes
-    q.configure(rate=dueq.Rate(20, per=1.0))
-    q.schedule_many(dueq.Task({"i": i}) for i in range(70))
+    q = dueq.Queue("w", r, shards=shards)  # the queue worker_process.py consumes
+    q.configure(rate=dueq.Rate(20, per=1.0))  # on 3 shards: 7 + 7 + 6, one share each
+    q.schedule_many(dueq.Task({"i": i}, id=f"t{i}") for i in range(70))
     command = [sys.executable, str(CHILD), "--url", redis_server.url, "--sleep", "0"]
-    command += ["--log-claimed", "--lease", "30"]
+    command += ["--log-claimed", "--lease", "30", "--shards", str(shards)]
+    command += ["--front-end", front_end]
     children = [subprocess.Popen(command, stderr=subprocess.DEVNULL) for _ in range(3)]
     try:
         deadline = time.monotonic() + BOUND_S

@@ -419,13 +419,39 @@ def test_what_slice_one_lacks_raises_a_clear_configuration_error(
 ) -> None:
     q = sharded(fresh())
     calls: list[Callable[[], Any]] = [
-        lambda: q.configure(rate=dueq.Rate(10, per=1.0)),
         lambda: q.configure(key_concurrency=2),
+        lambda: q.configure(key_rate=dueq.Rate(5, per=1.0)),
         lambda: q.keys,
     ]
     for call in calls:
         with pytest.raises(dueq.ConfigurationError, match="not available on a sharded queue"):
             call()
+
+
+def test_a_rate_is_split_over_the_shards_and_read_back_whole(
+    sharded: Callable[..., Any], cluster: RedisCluster
+) -> None:
+    q = sharded(fresh())
+    assert q.configure(rate=dueq.Rate(10, per=3600.0)).rate == dueq.Rate(10, per=3600.0)
+    assert q.settings().rate == dueq.Rate(10, per=3600.0)
+    assert q.stats().settings.rate == dueq.Rate(10, per=3600.0)
+    shares = [dueq.Queue(n, cluster).settings().rate for n in shard_names(q.name, 3)]
+    assert shares == [dueq.Rate(4, per=3600.0), dueq.Rate(3, per=3600.0), dueq.Rate(3, per=3600.0)]
+    # so the shards together lease at most 10 in a window, wherever the due tasks lie
+    q.schedule_many(dueq.Task(i, id=f"r{i}") for i in range(60))
+    assert len(q.claim(100)) + len(q.claim(100)) == 10
+    assert q.configure(rate=False).rate is None
+    assert all(dueq.Queue(n, cluster).settings().rate is None for n in shard_names(q.name, 3))
+
+
+def test_a_rate_below_one_per_shard_is_refused_and_changes_nothing(
+    sharded: Callable[..., Any],
+) -> None:
+    q = sharded(fresh())
+    q.configure(rate=dueq.Rate(30, per=1.0))
+    with pytest.raises(dueq.ConfigurationError, match="n must be at least 3"):
+        q.configure(rate=dueq.Rate(2, per=1.0), paused=True)
+    assert q.settings().rate == dueq.Rate(30, per=1.0) and not q.settings().paused
 
 
 def test_sharded_observe_is_never_early_and_wakes_on_any_shard(cluster: RedisCluster) -> None:

@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--heartbeat", type=float, default=5.0)
     parser.add_argument("--front-end", choices=["sync", "async"], default="sync")
+    parser.add_argument("--shards", type=int, default=1)
     parser.add_argument(
         "--log-claimed", action="store_true", help="also push each claim time (ms) to 'claimed'"
     )
@@ -39,7 +40,7 @@ def main() -> None:
         asyncio.run(run_async(args))
         return
     r = redis.Redis.from_url(args.url)
-    q = dueq.Queue(args.queue, r, lease=args.lease)
+    q = dueq.Queue(args.queue, r, lease=args.lease, shards=args.shards)
 
     def handle(d: dueq.Delivery) -> None:
         r.rpush("started", f"{d.id}:{d.attempt}")
@@ -62,7 +63,7 @@ def main() -> None:
 async def run_async(args: argparse.Namespace) -> None:
     """The same worker as ``main`` on the asyncio front end (``AsyncWorker``)."""
     r = redis.asyncio.Redis.from_url(args.url)
-    q = dueq.AsyncQueue(args.queue, r, lease=args.lease)
+    q = dueq.AsyncQueue(args.queue, r, lease=args.lease, shards=args.shards)
 
     async def handle(d: dueq.AsyncDelivery) -> None:
         await r.rpush("started", f"{d.id}:{d.attempt}")

@@ -80,10 +80,17 @@ shard before moving any (all-or-nothing, as on one queue), and all or by ``error
 every shard.
 
 Settings: ``configure(paused=, remember_done=)``, ``pause``, ``resume`` write every shard
-(all validated before any is written) and return shard 0's settings; ``settings`` reads every
-shard and returns shard 0's. The shards change one after another (at once with the async
-front end), so a claim in that moment may find some shards paused and others not; every
-claim after the call returns sees the new settings.
+(all validated before any is written); ``settings`` reads every shard. A queue-wide ``rate``
+is split: shard i keeps ``n // N`` (+1 for the first ``n % N``) per the same window in its
+own config (``rate_shares``), and its claim script counts its own leases, so the shards
+together never lease more than n in any window, with no cross-slot step and no extra round
+trip; the price is that a shard's unused share cannot go to another (n is reached only while
+every shard has due tasks), and n must be at least N. ``settings`` and ``stats`` add the
+shares back up (``_logical_settings``). The shards change one after another (at once with the
+async front end), so a claim in that moment may find some shards paused (or with the new
+share) and others not; every claim after the call returns sees the new settings. Per-key
+limits are refused: a key's tasks lie on every shard (the id picks the shard) and a key's
+count cannot span slots; placing keyed tasks by key instead would break lookup by id.
 
 Cron: a definition lives on shard ``shard_of(name)``, so its occurrences are scheduled,
 claimed and advanced there by the shard's own cron keeper (``dueq.cron``, unchanged);
@@ -110,11 +117,9 @@ SIGKILL and election): nothing acked is delivered again, nothing is lost.
 
 TODO (later slices; each raises ConfigurationError "... is not available on a sharded queue
 yet" until it lands):
-- limits (``configure(rate=, key_rate=, key_concurrency=)``): a rate limit split N ways (each
-  shard ``n / N`` per window) or kept once on shard 0 and read by claim.lua through an extra
-  key (a Lua change); per-key limits need a key's tasks on one shard (shard by limit key
-  instead of id when a task has a key: then get/cancel by id need the key, or an id -> shard
-  index).
+- per-key limits (``configure(key_rate=, key_concurrency=)``): they need a key's tasks on one
+  shard (shard by limit key instead of id when a task has a key: then get/cancel by id need
+  the key, or an id -> shard index).
 - ``list_tasks`` in the state's order across shards (a cursor per shard packed in one, each
   page merged by the ordering score: priority and due time, lease deadline, died-at; the
   scripts' cursors must then resume after any task, not only at a page's end).
@@ -184,6 +189,7 @@ from .task import (
     Outcome,
     QueueSettings,
     QueueStats,
+    Rate,
     ScheduleResult,
     TaskInfo,
     TaskPage,
@@ -306,6 +312,7 @@ def _sum_stats(parts: Sequence[QueueStats]) -> QueueStats:
     due_ats = [p.next_due_at for p in parts if p.next_due_at is not None]
     return replace(
         parts[0],
+        settings=_logical_settings([p.settings for p in parts]),
         scheduled=sum(p.scheduled for p in parts),
         due_now=sum(p.due_now for p in parts),
         leased=sum(p.leased for p in parts),
@@ -316,6 +323,31 @@ def _sum_stats(parts: Sequence[QueueStats]) -> QueueStats:
         counters=dict(counters),
         missing=sum(p.missing for p in parts),
     )
+
+
+def rate_shares(rate: Rate, shards: int) -> list[Rate]:
+    """The queue-wide ``rate`` split over ``shards``: shard i gets ``n // N`` (one more for the
+    first ``n % N``) per the same window, so the shards together never lease more than n in
+    any window (each counts its own leases, atomically in its claim script). ConfigurationError
+    when n < N: some shard would get no share and never lease."""
+    if rate.n < shards:
+        raise ConfigurationError(
+            f"a rate on a queue of {shards} shards is split over the shards (each claims on "
+            f"its own primary), so it needs at least one claim per window per shard: n must "
+            f"be at least {shards}, got {rate}"
+        )
+    base, extra = divmod(rate.n, shards)
+    return [Rate(base + (1 if i < extra else 0), rate.per) for i in range(shards)]
+
+
+def _logical_settings(parts: Sequence[QueueSettings]) -> QueueSettings:
+    """The settings of the logical queue from its shards': shard 0's, with the rate the
+    shards' shares add up to (while a change is half written, shard 0's share)."""
+    rates = [p.rate for p in parts]
+    first = rates[0]
+    if first is None or any(r is None or r.per_ms != first.per_ms for r in rates):
+        return parts[0]
+    return replace(parts[0], rate=Rate(sum(r.n for r in rates if r is not None), first.per))
 
 
 class _Sharded(QueueCore):
@@ -605,23 +637,42 @@ class _Sharded(QueueCore):
         key_rate: Any = None,
         key_concurrency: Any = None,
     ) -> Flow[QueueSettings]:
-        """``paused`` and ``remember_done`` written to every shard (each validated before any
-        is written); the limits would apply per shard, N times over: refused for now."""
-        if rate is not None or key_rate is not None or key_concurrency is not None:
-            raise _not_yet("configure(rate=, key_rate=, key_concurrency=)")
+        """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
+        them (``rate_shares``); everything is validated before any shard is written. Per-key
+        limits are refused: a key's tasks lie on every shard (the id picks the shard), so no
+        one claim script could count a key's leases (see README, "Sharded queues")."""
+        if key_rate not in (None, False) or key_concurrency not in (None, False):
+            raise ConfigurationError(
+                "key_rate and key_concurrency are not available on a sharded queue: a key's "
+                "tasks are spread over the shards by id, and each shard's claim script sees "
+                "only its own leases, so a per-key limit would hold per shard, N times over. "
+                "Keep keyed tasks on a plain queue (one per tenant group, for example)"
+            )
+        shares: list[Any] = [rate] * self.shard_count
+        if rate is not None and rate is not False:
+            if not isinstance(rate, Rate):
+                raise ConfigurationError(f"rate must be a dueq.Rate or False, got {rate!r}")
+            shares = rate_shares(rate, self.shard_count)
         yield from self._layout_flow()
         flows = [
-            s._configure_flow(paused=paused, remember_done=remember_done) for s in self._shards
+            s._configure_flow(
+                paused=paused,
+                remember_done=remember_done,
+                rate=share,
+                key_rate=key_rate,
+                key_concurrency=key_concurrency,
+            )
+            for s, share in zip(self._shards, shares, strict=True)
         ]
         settings: list[QueueSettings] = yield from _together(flows)
-        return settings[0]
+        return _logical_settings(settings)
 
     def _settings_flow(self) -> Flow[QueueSettings]:
         yield from self._layout_flow()
         settings: list[QueueSettings] = yield from _together(
             [s._settings_flow() for s in self._shards]
         )
-        return settings[0]
+        return _logical_settings(settings)
 
     # -- worker registry ---------------------------------------------------------------------
 
