@@ -111,6 +111,27 @@ def test_a_full_hold_claims_again_once_a_quarter_is_free_not_at_each_ack(r, redi
     asyncio.run(main())
 
 
+def test_the_last_few_slots_are_not_claimed_right_after_a_big_claim(r, redis_server):
+    async def main() -> None:
+        client = _client(redis_server)
+        q = dueq.AsyncQueue("tail", client)
+        await q.schedule_many(dueq.Task(i) for i in range(1100))
+        it = q.deliveries(max_in_flight=1024, wake=False)
+        held = [await anext(it) for _ in range(1000)]  # one claim leases at most 1,000
+        more = asyncio.ensure_future(anext(it))
+        await asyncio.sleep(0.3)
+        assert not more.done()  # 24 free of 1,024: not worth a round trip
+        assert (await q.stats()).leased == 1000
+        for d in held[:232]:  # 256 free: claim
+            await d.ack()
+        async with asyncio.timeout(BOUND_S):
+            await more
+        await it.aclose()
+        await client.aclose()
+
+    asyncio.run(main())
+
+
 def test_leaving_the_loop_releases_what_was_claimed_but_not_yielded(r, redis_server):
     async def main() -> None:
         client = _client(redis_server)

@@ -11,7 +11,16 @@ import pytest
 import redis
 
 import dueq
-from dueq._prefetch import AUTO_HIGH, HOLD_S, REFILL_SHARE, WINDOW_S, Held, Prefetch
+from dueq._prefetch import (
+    AUTO_HIGH,
+    GROWTH,
+    HOLD_S,
+    MIN_WINDOW_S,
+    REFILL_SHARE,
+    WINDOW_S,
+    Held,
+    Prefetch,
+)
 
 WAIT_S = 30
 
@@ -59,6 +68,36 @@ def test_an_idle_queue_falls_back_to_low_and_a_burst_ramps_up_again() -> None:
     assert p.limit == 16
     settle_at_rate(p, now_s, rate=100_000, windows=3)
     assert p.limit == AUTO_HIGH
+
+
+def test_a_hold_settled_whole_before_the_window_ends_grows_at_once_up_to_high() -> None:
+    p = Prefetch.parse("auto", low=16)
+    now_s = 1000.0
+    p.update(now_s)
+    limits = []
+    for _ in range(5):  # each claim's worth settled in 2 ms: a turnover ends the window early
+        p.settled(p.limit)
+        now_s += 2 * MIN_WINDOW_S
+        limits.append(p.update(now_s))
+    assert limits == [16 * GROWTH, 16 * GROWTH**2, AUTO_HIGH, AUTO_HIGH, AUTO_HIGH]
+    assert now_s - 1000.0 < WINDOW_S  # all of it within one ordinary window
+
+
+def test_a_turnover_faster_than_the_shortest_window_waits_for_it() -> None:
+    p = Prefetch.parse("auto", low=16)
+    p.update(1000.0)
+    p.settled(16)
+    assert p.update(1000.0 + MIN_WINDOW_S / 2) == 16  # too short to estimate a rate from
+    assert p.update(1000.0 + MIN_WINDOW_S) == 16 * GROWTH
+
+
+def test_a_partial_turnover_waits_for_the_whole_window_and_may_shrink() -> None:
+    p = Prefetch.parse("auto", low=16)
+    now_s = settle_at_rate(p, 1000.0, rate=100_000, windows=10)
+    assert p.limit == AUTO_HIGH
+    p.settled(AUTO_HIGH - 1)  # not a whole hold: no early estimate
+    assert p.update(now_s + WINDOW_S / 2) == AUTO_HIGH
+    assert p.update(now_s + 1.0) == round((AUTO_HIGH - 1) / 1.0 * HOLD_S)  # ~1k/s: shrinks
 
 
 def test_a_fixed_bound_never_moves_and_bad_bounds_are_refused() -> None:
@@ -109,10 +148,26 @@ def test_auto_with_slow_handlers_holds_no_more_than_low(r: redis.Redis) -> None:
     assert len(got) == 16 and q.stats().leased == 16
 
 
+def wait_for_count(got: list[dueq.Delivery], n: int) -> None:
+    """Wait (up to WAIT_S) until ``got`` holds ``n`` deliveries."""
+    deadline = time.monotonic() + WAIT_S
+    while len(got) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 class _D:
     """A stand-in delivery for ``Held`` (it reads only the lease deadline)."""
 
     lease_deadline_ms = 10**15
+
+
+def test_a_hold_with_less_than_a_quarter_free_counts_as_full() -> None:
+    held: Held[Any] = Held(Prefetch.parse(16))
+    held.add([_D() for _ in range(13)], now_ms=0)  # 3 free of 16: not worth a claim
+    assert held.full and not held.refill and held.free(0.0) == 3
+    fewer: Held[Any] = Held(Prefetch.parse(16))
+    fewer.add([_D() for _ in range(12)], now_ms=0)  # 4 free: a claim worth making
+    assert not fewer.full and fewer.refill
 
 
 def test_a_full_hold_asks_for_a_claim_only_once_a_quarter_of_it_is_free() -> None:
@@ -138,16 +193,33 @@ def test_a_consumer_with_a_full_hold_claims_again_when_a_quarter_is_free_not_at_
     got: list[dueq.Delivery] = []
     sub = q.observe(max_in_flight=8, wake=False).subscribe(on_next=got.append)
     try:
-        deadline = time.monotonic() + WAIT_S
-        while len(got) < 8 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_count(got, 8)
         assert len(got) == 8
         got[0].ack()  # one free slot: not worth a claim yet
         time.sleep(0.3)
         assert len(got) == 8
         got[1].ack()  # two free (a quarter of 8): claim
-        while len(got) < 10 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_count(got, 10)
         assert len(got) == 10 and q.stats().leased == 8
+    finally:
+        sub.dispose()
+
+
+def test_a_consumer_does_not_claim_the_last_few_slots_right_after_a_big_claim(
+    r: redis.Redis,
+) -> None:
+    q = dueq.Queue("pf-tail", r, lease=30)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(1100))
+    got: list[dueq.Delivery] = []
+    sub = q.observe(max_in_flight=1024, wake=False).subscribe(on_next=got.append)
+    try:
+        wait_for_count(got, 1000)
+        time.sleep(0.3)
+        # one claim leases at most 1,000; the 24 slots left are not worth a round trip
+        assert len(got) == 1000 and q.stats().leased == 1000
+        for d in got[: 1024 // REFILL_SHARE - 24]:  # 256 free now: claim the rest
+            d.ack()
+        wait_for_count(got, 1100)
+        assert len(got) == 1100
     finally:
         sub.dispose()

@@ -12,7 +12,9 @@ whose first statement appends one line to a file. Starts its own throwaway redis
 2. threaded   ``dueq worker QUEUE bench_handler:handle`` as a subprocess, defaults only
 3. asyncio    ``dueq.AsyncWorker(q, ahandle)`` as a subprocess, defaults only
 4. memory     bytes per scheduled task (INFO used_memory before/after scheduling, and
-              MEMORY USAGE per key), next to the raw ZSET + HASH layout of the same tasks
+              MEMORY USAGE per key), where they go (id, envelope, dict entries, bucket
+              tables, skiplist nodes), next to the raw ZSET + HASH layout of the same tasks
+              and a single ZSET of id+JSON without the by-id hash
 
 For the workers, start-up is the time from spawning the process to the first ack, and drain
 is tasks per second from the first ack to the last (the parent polls the queue's counters
@@ -118,19 +120,72 @@ def schedule(r: redis.Redis, items: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def raw_layout_bytes(r: redis.Redis, items: list[dict[str, Any]]) -> float:
-    """Bytes per task of the plainest layout: ZSET id -> due, HASH id -> JSON."""
+def raw_layout_bytes(r: redis.Redis, items: list[dict[str, Any]], *, by_id: bool = True) -> float:
+    """Bytes per task of the plainest layout: ZSET id -> due, HASH id -> JSON; or, with
+    ``by_id=False``, one ZSET whose member is id + JSON (no index by id: what a layout without
+    the tasks hash would cost, every guarantee that needs it aside)."""
     r.flushall()
     before = used_memory(r)
     ids = dueq_ids(len(items))
     pipe = r.pipeline(transaction=False)
     for i, (tid, p) in enumerate(zip(ids, items, strict=True)):
-        pipe.zadd("raw:due", {tid: p["due"] * 1000})
-        pipe.hset("raw:tasks", tid, json.dumps(p))
+        if by_id:
+            pipe.zadd("raw:due", {tid: p["due"] * 1000})
+            pipe.hset("raw:tasks", tid, json.dumps(p))
+        else:
+            pipe.zadd("raw:due", {tid + json.dumps(p): p["due"] * 1000})
         if i % 1000 == 999:
             pipe.execute()
     pipe.execute()
     return (used_memory(r) - before) / len(items)
+
+
+def sds_bytes(length: int) -> int:
+    """What Redis 7 allocates for a string of ``length`` bytes (sds header + NUL), before
+    the allocator rounds it up."""
+    header = 1 if length < 32 else 3 if length < 256 else 5 if length < 65536 else 9
+    return header + length + 1
+
+
+def size_class(size: int) -> int:
+    """jemalloc's size class for ``size`` bytes (x86-64: 8, 16, then steps of 16 up to 128,
+    then four classes per doubling: 160, 192, 224, 256, 320, ...)."""
+    if size <= 8:
+        return 8
+    step = 16 if size <= 128 else 2 ** ((size - 1).bit_length() - 3)
+    return -(-size // step) * step
+
+
+def breakdown(r: redis.Redis, n: int) -> list[tuple[str, float]]:
+    """Where the bytes of one scheduled task go, as MEMORY USAGE counts them: the id and
+    envelope as stored (from a sample of the tasks hash), rounded to their allocation class,
+    the entries, and each dict's bucket table (8 B per bucket, a power of two >= entries)."""
+    tasks, due = f"dueq:{{{QUEUE}}}:tasks", f"dueq:{{{QUEUE}}}:due"
+    sample = r.hrandfield(tasks, 1000, withvalues=True)
+    fields, values = sample[0::2], sample[1::2]
+    id_len = sum(map(len, fields)) / len(fields)
+    value_len = sum(map(len, values)) / len(values)
+    id_class = sum(size_class(sds_bytes(len(f))) for f in fields) / len(fields)
+    value_class = sum(size_class(sds_bytes(len(v))) for v in values) / len(values)
+    buckets = 2 ** max(n - 1, 1).bit_length() * 8 / n
+    hash_total = (r.memory_usage(tasks, samples=0) or 0) / n
+    zset_total = (r.memory_usage(due, samples=0) or 0) / n
+    dict_entry = 24  # key, value, next (jemalloc rounds it to 32; MEMORY USAGE counts 24)
+    node = zset_total - id_class - dict_entry - buckets
+    return [
+        (f"tasks hash: envelope ({value_len:.0f} B, its allocation class)", value_class),
+        (f"tasks hash: id ({id_len:.0f} B)", id_class),
+        ("tasks hash: dict entry", dict_entry),
+        (f"tasks hash: bucket table ({n:,} entries)", buckets),
+        (
+            "tasks hash: rest (MEMORY USAGE minus the above)",
+            hash_total - value_class - id_class - dict_entry - buckets,
+        ),
+        ("due set: id", id_class),
+        ("due set: dict entry", dict_entry),
+        ("due set: bucket table", buckets),
+        ("due set: skiplist node and its levels (the rest)", node),
+    ]
 
 
 def dueq_ids(n: int) -> list[str]:
@@ -282,9 +337,13 @@ def main() -> None:
                 )
         log("memory ...")
         memory = schedule(r, items)
+        parts = breakdown(r, n)
         raw_bytes = raw_layout_bytes(r, items)
+        no_index_bytes = raw_layout_bytes(r, items, by_id=False)
         figures["memory"] = memory
+        figures["memory_breakdown"] = dict(parts)
         figures["raw_layout_bytes_per_task"] = raw_bytes
+        figures["no_index_layout_bytes_per_task"] = no_index_bytes
         rows.append(
             (
                 "memory",
@@ -297,6 +356,16 @@ def main() -> None:
         for key, value in memory.items():
             if key.startswith("key "):
                 rows.append(("memory", f"{value:.0f} B/task", key[4:], ""))
+        for part, value in parts:
+            rows.append(("  of which", f"{value:.1f} B", part, ""))
+        rows.append(
+            (
+                "memory",
+                f"{no_index_bytes:.0f} B/task",
+                "one ZSET of id+JSON, no by-id hash (no idempotency, no O(1) get/cancel by id)",
+                "",
+            )
+        )
         r.close()
     print_table(rows)
     print(json.dumps(figures))

@@ -8,8 +8,9 @@ threads of its own:
 2. yield them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
    (capped by ``heartbeat``), until a wake message says an earlier task was scheduled
-   (``redis.asyncio`` Pub/Sub), or, when the hold was full, until settled deliveries have
-   freed a quarter of it (``Held.refill``: a claim worth its round trip).
+   (``redis.asyncio`` Pub/Sub), or, when less than a quarter of the hold was free, until
+   settled deliveries have freed a quarter of it (``Held.refill``: a claim worth its round
+   trip).
 
 Redis outages are logged and retried with backoff; the iterator never raises for them. Other
 errors (authentication, a Redis older than 6.2) end it with that error. Leaving the loop

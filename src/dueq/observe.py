@@ -7,8 +7,9 @@ Each subscription runs one consumer loop on a reactivex scheduler:
 2. emit them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
    (capped by ``heartbeat``), until a wake message says an earlier task was scheduled, or,
-   when the hold was full, until settled deliveries have freed a quarter of it
-   (``Held.refill``: a claim worth its round trip, not one per settled delivery).
+   when less than a quarter of the hold was free, until settled deliveries have freed a
+   quarter of it (``Held.refill``: a claim worth its round trip, not one per settled
+   delivery, nor a claim of the last few slots right after a big one).
 
 ``Worker`` runs the same loop without reactivex between it and its handlers
 (``consume_queue``): each claim goes to the processor whole, in one call, instead of one
