@@ -234,7 +234,9 @@ def test_a_plain_queue_checks_for_a_sharded_one_once_per_object(r: Any) -> None:
     assert gets() == before
 
 
-def test_spark_writes_and_reads_refuse_a_sharded_queue_before_any_task_runs(r: Any) -> None:
+def test_spark_streams_refuse_a_sharded_queue_and_batch_writes_reach_its_shards(
+    r: Any,
+) -> None:
     pytest.importorskip("pyspark")
     from pyspark.sql import types as T
 
@@ -247,9 +249,10 @@ def test_spark_writes_and_reads_refuse_a_sharded_queue_before_any_task_runs(r: A
     schema = T.StructType([T.StructField("id", T.StringType()), T.StructField("n", T.LongType())])
     with pytest.raises(dueq.ConfigurationError, match="streaming writes do not support sharded"):
         DueqDataSource(options).streamWriter(schema, False)
-    with pytest.raises(dueq.ConfigurationError, match="reads do not support sharded"):
-        DueqDataSource({**options, "state": "scheduled"}).reader(schema)
     setup = _write_setup(options, schema)
-    with pytest.raises(dueq.ConfigurationError, match="is a sharded queue"):  # batch writes
-        spark.schedule_rows([("y", None, None, '{"n": 1}')], setup.plan)
-    assert dueq.Queue("sparked", r, shards=3).stats().scheduled == 1
+    counts = spark.schedule_rows([("y", None, None, '{"n": 1}')], setup.plan)  # batch writes
+    assert (counts.added, counts.existing) == (1, 0)
+    again = spark.schedule_rows([("y", None, None, '{"n": 1}')], setup.plan)
+    assert (again.added, again.existing) == (0, 1)
+    q = dueq.Queue("sparked", r, shards=3)
+    assert q.stats().scheduled == 2 and q.get("y") is not None

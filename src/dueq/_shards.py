@@ -123,13 +123,10 @@ yet" until it lands):
 - ``list_tasks`` in the state's order across shards (a cursor per shard packed in one, each
   page merged by the ordering score: priority and due time, lease deadline, died-at; the
   scripts' cursors must then resume after any task, not only at a page's end).
-- Spark: today ``schedule_dataframe`` and the data source's batch writes are refused by
-  the plain queue's check, and the data source's streaming writes and reads by
-  ``_spark_source._plain_queue_only`` (on the driver, before any task). To support them: open
-  the queue with ``discovery.open_queue`` in ``schedule_rows`` (``ShardedQueue`` already groups
-  a batch by ``task_shard``, one script call per shard; a ``redis+cluster://`` URL on the
-  executors), a stage per shard for the streaming commit (committed shard by shard, each
-  idempotent by batch id as today), and reads partitioned per shard.
+- Spark streaming writes (batch writes and reads work: ``schedule_rows`` opens the queue with
+  ``discovery.open_queue``, reads partition each shard): a stage per shard for the streaming
+  commit, committed shard by shard, each idempotent by batch id as today
+  (``_spark_source._plain_queue_only`` refuses it on the driver until then).
 - skip shards known idle: remember each shard's next due (monotonic) and skip it until then
   unless a wake message named it (the wake payload would need the shard).
 - ``wait_replicas`` with a ``redis.asyncio`` ``RedisCluster`` (the blocking one runs script

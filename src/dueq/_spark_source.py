@@ -80,6 +80,7 @@ import redis
 
 from . import _protocol as protocol
 from . import discovery
+from ._shards import shard_names
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .exceptions import ConfigurationError, DueqError
 from .keys import QueueKeys, SparkBatchKeys
@@ -628,9 +629,11 @@ class _StreamWriter(DataSourceStreamArrowWriter):
 
 @dataclass(frozen=True)
 class ScoreRange(InputPartition):
-    """One read partition: the members of sorted set ``key`` scored ``low`` (inclusive) up to
-    ``high`` (exclusive)."""
+    """One read partition: the members of sorted set ``key`` of queue ``queue`` (the queue
+    itself, or one shard of a sharded queue) scored ``low`` (inclusive) up to ``high``
+    (exclusive)."""
 
+    queue: str
     key: str
     low: str
     high: str
@@ -644,17 +647,23 @@ class _Reader(DataSourceReader):
             raise ConfigurationError(f"state must be scheduled, leased or dead, got {self.state!r}")
         self.page_size = _int_option(options, "page_size", READ_PAGE, low=1, high=SCHEDULE_BATCH)
         self.wanted = _int_option(options, "partitions", 0, low=0, high=MAX_READ_PARTITIONS)
-        keys = QueueKeys.for_queue(self.queue)
+        # a sharded queue is read shard by shard: each shard is a queue of its own keys
+        with discovery.client_for_url(self.url) as client:
+            shards = discovery.shard_count(client, self.queue)
+        names = [self.queue] if shards == 1 else shard_names(self.queue, shards)
         # a scheduled task waits in its priority's due set, or parked (see claim.lua)
-        self.zsets = protocol.state_zsets(keys, self.state)
-        self.parked = keys.parked
+        self.zsets = [
+            (name, key)
+            for name in names
+            for key in protocol.state_zsets(QueueKeys.for_queue(name), self.state)
+        ]
 
     def partitions(self) -> Sequence[ScoreRange]:
         out: list[ScoreRange] = []
-        with redis.Redis.from_url(self.url) as client:
-            counts = [int(client.zcard(key)) for key in self.zsets]
+        with discovery.client_for_url(self.url) as client:
+            counts = [int(client.zcard(key)) for _, key in self.zsets]
             total = sum(counts)
-            for key, count in zip(self.zsets, counts, strict=True):
+            for (name, key), count in zip(self.zsets, counts, strict=True):
                 if count == 0:
                     continue
                 if self.wanted:
@@ -672,16 +681,17 @@ class _Reader(DataSourceReader):
                         if not bounds or bounds[-1] != score:
                             bounds.append(score)
                 edges = ["-inf", *bounds, "+inf"]
-                out += [ScoreRange(key, low, high) for low, high in itertools.pairwise(edges)]
-        return out or [ScoreRange(self.zsets[0], "-inf", "+inf")]
+                out += [ScoreRange(name, key, low, high) for low, high in itertools.pairwise(edges)]
+        return out or [ScoreRange(*self.zsets[0], "-inf", "+inf")]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, ScoreRange)
-        with redis.Redis.from_url(self.url) as client:
-            q = Queue(self.queue, client)
+        with discovery.client_for_url(self.url) as client:
+            q = Queue(partition.queue, client)
             low, skip = partition.low, 0
             high = partition.high if partition.high == "+inf" else "(" + partition.high
-            as_id = protocol.parked_id if partition.key == self.parked else text
+            parked = partition.key == QueueKeys.for_queue(partition.queue).parked
+            as_id = protocol.parked_id if parked else text
             while True:
                 page = client.zrange(
                     partition.key,
@@ -736,17 +746,16 @@ class DueqDataSource(DataSource):
         return _StreamWriter(setup)
 
     def reader(self, schema: T.StructType) -> _Reader:
-        reader = _Reader(self.options)
-        _plain_queue_only(reader.url, reader.queue, "reads")
-        return reader
+        return _Reader(self.options)
 
 
 def _plain_queue_only(url: str, queue: str, what: str) -> None:
     """ConfigurationError for a sharded queue (``dueq._shards``), on the driver before any
-    task runs: the staged streaming commit and the partitioned read work on one queue's keys,
-    where a sharded queue has none (they would write tasks no consumer sees, or read nothing).
-    Batch writes need no check: they schedule through ``Queue``, which refuses by itself."""
-    with redis.Redis.from_url(url) as client:
+    task runs: the staged streaming commit works on one queue's keys, where a sharded queue
+    has none (it would write tasks no consumer sees). Batch writes and reads need no check:
+    they schedule through the logical queue (``schedule_rows`` opens the queue as stored) and
+    read each shard (``_Reader``)."""
+    with discovery.client_for_url(url) as client:
         shards = discovery.shard_count(client, queue)
     if shards > 1:
         raise ConfigurationError(

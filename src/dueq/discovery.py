@@ -60,6 +60,19 @@ def cluster_node_url(url: str) -> str | None:
     return scheme.removesuffix("+cluster") + url[len(scheme) :]
 
 
+def client_for_url(url: str) -> Any:
+    """A blocking client for ``url``: a ``RedisCluster`` for ``redis+cluster://`` (and
+    ``rediss+cluster://``), else ``redis.Redis.from_url`` (``redis://``, ``rediss://``,
+    ``unix://``). For code that gets a URL and may meet a sharded queue (Spark executors)."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    node_url = cluster_node_url(url)
+    if node_url is not None:
+        return RedisCluster.from_url(node_url)
+    return redis.Redis.from_url(url)
+
+
 def queue_of_key(key: bytes | str) -> str | None:
     """The queue whose key this is, or None for a key no dueq queue has (``dueq:{}:x``,
     ``dueq:{a}b:c``, a name that is not UTF-8 or not a valid queue name, an unknown suffix)."""

@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import redis
-
 from . import _protocol as protocol
+from . import discovery
+from ._shards import shard_names
 from .checks import whole_number
 from .clock import Duration, duration_ms, positive_duration_ms
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, ENVELOPE_PREFIX, FLAG_ABSOLUTE, pack_task
@@ -213,13 +213,15 @@ def schedule_rows(rows: Iterable[Sequence[Any]], plan: PartitionPlan) -> Partiti
     ``schedule_dataframe`` prepares it. Opens its own connection; one script call per batch.
     """
     counts = PartitionCounts()
-    client = redis.Redis.from_url(plan.redis_url)
+    client = discovery.client_for_url(plan.redis_url)
     try:
         with warnings.catch_warnings():  # the deprecated keyword, kept for this parameter
             warnings.simplefilter("ignore", DeprecationWarning)
-            q = Queue(
-                plan.queue,
+            # as stored: a sharded queue's logical queue, which sends each batch to its
+            # shards (one script call per shard), so ids and idempotency are the same
+            q = discovery.open_queue(
                 client,
+                plan.queue,
                 max_payload_bytes=plan.max_payload_bytes,
                 remember_done=plan.remember_done,
             )
@@ -621,23 +623,26 @@ def read_tasks(
     if state not in _STATES:
         raise ConfigurationError(f"state must be scheduled, leased or dead, got {state!r}")
     whole_number(page_size, "page_size", low=1, high=SCHEDULE_BATCH)
-    keys = QueueKeys.for_queue(queue)
     rows: list[tuple[Any, ...]] = []
     seen: set[str] = set()
-    with redis.Redis.from_url(redis_url) as client:
-        q = Queue(queue, client)
-        for key in protocol.state_zsets(keys, state):
-            as_id = protocol.parked_id if key == keys.parked else text
-            cursor = 0
-            while True:
-                cursor, members = client.zscan(key, cursor, count=page_size)
-                fresh = [i for i in (as_id(m) for m, _score in members) if i not in seen]
-                seen.update(fresh)
-                for start in range(0, len(fresh), page_size):  # COUNT is only a hint to ZSCAN
-                    infos = q._inspect_ids(fresh[start : start + page_size])
-                    rows.extend(_task_row(i) for i in infos if i.state == state)
-                if cursor == 0:
-                    break
+    with discovery.client_for_url(redis_url) as client:
+        # a sharded queue is read shard by shard (each a plain queue of its own keys)
+        shards = discovery.shard_count(client, queue)
+        for name in [queue] if shards == 1 else shard_names(queue, shards):
+            keys = QueueKeys.for_queue(name)
+            q = Queue(name, client)
+            for key in protocol.state_zsets(keys, state):
+                as_id = protocol.parked_id if key == keys.parked else text
+                cursor = 0
+                while True:
+                    cursor, members = client.zscan(key, cursor, count=page_size)
+                    fresh = [i for i in (as_id(m) for m, _score in members) if i not in seen]
+                    seen.update(fresh)
+                    for start in range(0, len(fresh), page_size):  # COUNT is only a hint
+                        infos = q._inspect_ids(fresh[start : start + page_size])
+                        rows.extend(_task_row(i) for i in infos if i.state == state)
+                    if cursor == 0:
+                        break
     logger.info("read %d %s task(s) from %r", len(rows), state, queue)
     return spark.createDataFrame(rows, _TASK_SCHEMA)
 
