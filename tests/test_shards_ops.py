@@ -234,9 +234,7 @@ def test_a_plain_queue_checks_for_a_sharded_one_once_per_object(r: Any) -> None:
     assert gets() == before
 
 
-def test_spark_streams_refuse_a_sharded_queue_and_batch_writes_reach_its_shards(
-    r: Any,
-) -> None:
+def test_spark_writes_to_a_sharded_queue_on_one_redis_reach_its_shards(r: Any) -> None:
     pytest.importorskip("pyspark")
     from pyspark.sql import types as T
 
@@ -247,8 +245,8 @@ def test_spark_streams_refuse_a_sharded_queue_and_batch_writes_reach_its_shards(
     url = f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}/0"
     options = {"queue": "sparked", "redis_url": url, "id_col": "id"}
     schema = T.StructType([T.StructField("id", T.StringType()), T.StructField("n", T.LongType())])
-    with pytest.raises(dueq.ConfigurationError, match="streaming writes do not support sharded"):
-        DueqDataSource(options).streamWriter(schema, False)
+    shards = DueqDataSource(options).streamWriter(schema, False).names  # stages per shard
+    assert shards == list(shard_names("sparked", 3))
     setup = _write_setup(options, schema)
     counts = spark.schedule_rows([("y", None, None, '{"n": 1}')], setup.plan)  # batch writes
     assert (counts.added, counts.existing) == (1, 0)

@@ -1,19 +1,24 @@
 """Spark on a sharded queue over a real local Redis Cluster of 3 primaries, with a real local
 SparkSession: batch writes (``schedule_dataframe`` and the ``dueq`` data source) go to the
 logical queue, each task to the shard of its id, idempotently; ``read_tasks`` reads every
-shard, and the data source's partitioned read reads each shard in its own partitions.
-(Streaming writes refuse a sharded queue: tests/test_shards_ops.py.)"""
+shard, and the data source's partitioned read reads each shard in its own partitions;
+streaming writes stage and commit per shard, so a replayed micro-batch adds nothing and a
+commit cut off between shards is finished once."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.cluster import RedisCluster
 
 import dueq
-from dueq.keys import QueueKeys
+from dueq import _protocol as protocol
+from dueq.envelope import pack_task
+from dueq.keys import QueueKeys, SparkBatchKeys
+from dueq.scripts import Scripts
 from dueq.server import RedisServer
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
@@ -21,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dueq import spark as ds
-from dueq._shards import shard_names
+from dueq._shards import shard_names, shard_of
 
 T0 = 1_900_000_000
 ROWS = 3_000
@@ -107,3 +112,86 @@ def test_the_data_sources_read_partitions_each_shard_and_reads_every_task_once(
     assert df.rdd.getNumPartitions() >= 3  # at least one per shard
     found = [row.id for row in df.collect()]
     assert sorted(found) == sorted(f"s{i}" for i in range(90))
+
+
+def stream_once(spark: Any, source: Path, checkpoint: Path, queue: str, redis_url: str) -> None:
+    query = (
+        spark.readStream.schema("id string, at string, v long")
+        .json(str(source))
+        .writeStream.format("dueq")
+        .options(queue=queue, redis_url=redis_url, id_col="id", at_col="at")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+
+
+def test_a_replayed_micro_batch_adds_nothing_to_any_shard_even_after_its_tasks_ran(
+    spark: Any, cluster: RedisCluster, cluster_nodes: list[RedisServer], tmp_path: Path
+) -> None:
+    source = tmp_path / "in"
+    source.mkdir()
+    lines = [json.dumps({"id": f"s-{i}", "at": "2020-01-01T09:00:00Z", "v": i}) for i in range(300)]
+    (source / "part-0.json").write_text("\n".join(lines) + "\n")
+    q = dueq.Queue("sparkstream", cluster, shards=3)
+    q.pause()  # records the layout; claims below run after resume
+    checkpoint = tmp_path / "checkpoint"
+    stream_once(spark, source, checkpoint, q.name, url(cluster_nodes))
+    assert q.stats().scheduled == 300
+    assert len(per_primary(cluster, q.name)) == 3
+    q.resume()
+    acked = 0
+    while deliveries := q.claim(1000):
+        acked += q.ack_many(deliveries)
+    assert acked == 300
+    (checkpoint / "commits" / "0").unlink()  # the driver died after the sink committed
+    (checkpoint / "commits" / ".0.crc").unlink(missing_ok=True)
+    stream_once(spark, source, checkpoint, q.name, url(cluster_nodes))
+    assert (checkpoint / "commits" / "0").exists()  # Spark did replay batch 0
+    assert q.stats().scheduled == 0
+    assert not any(cluster.keys(f"dueq:{{{n}}}:spark:stage:*") for n in shard_names(q.name, 3))
+
+
+def test_a_commit_cut_off_between_shards_is_finished_by_the_replay_exactly_once(
+    cluster: RedisCluster, cluster_nodes: list[RedisServer]
+) -> None:
+    import pyspark.sql.types as T
+
+    from dueq._spark_source import DueqCommitMessage, DueqDataSource
+
+    q = dueq.Queue("sparkcut", cluster, shards=3)
+    q.pause()
+    schema = T.StructType([T.StructField("id", T.StringType()), T.StructField("v", T.LongType())])
+    options = {"queue": q.name, "redis_url": url(cluster_nodes), "id_col": "id"}
+    writer = DueqDataSource(options).streamWriter(schema, False)
+    names = shard_names(q.name, 3)
+    scripts = Scripts(cluster)
+    ids = [f"c{i}" for i in range(30)]
+    for i in ids:  # what the write tasks stage: each row in its id's shard
+        name = names[shard_of(i, 3)]
+        record = pack_task(0, 0, i, b'1:{"v":1}')
+        call = protocol.spark_stage(
+            SparkBatchKeys.for_batch(name, "query", 4), "", "query", 4, 60_000, record
+        )
+        assert call.parse(scripts.run(call.script, call.keys, call.args)).staged == 1
+    # the first shard commits, then the driver dies before the others
+    first = protocol.spark_commit(
+        QueueKeys.for_queue(names[0]),
+        SparkBatchKeys.for_batch(names[0], "query", 4),
+        "",
+        query="query",
+        batch=4,
+        memory_ms=86_400_000,
+        window_ms=0,
+    )
+    while first.parse(scripts.run(first.script, first.keys, first.args)).state is (
+        protocol.CommitState.PROMOTED
+    ):
+        pass
+    on_first = sum(1 for i in ids if shard_of(i, 3) == 0)
+    assert q.stats().scheduled == on_first
+    writer.commit([DueqCommitMessage(query="query")], 4)  # the replay's commit
+    assert sorted(t.id for t in q.iter_tasks("scheduled")) == sorted(ids)
+    writer.commit([DueqCommitMessage(query="query")], 4)  # and once more: nothing changes
+    assert q.stats().scheduled == 30

@@ -103,6 +103,11 @@ every task is listed once but not in one global order. ``history`` sums each min
 counts over the shards (minutes matched by their start), ``due_histogram`` sums the buckets
 (each shard counts from its own clock's now).
 
+Spark: ``schedule_rows`` (batch writes) opens the queue with ``discovery.open_queue``, so its
+batches go through the logical queue; the data source's streaming writer stages and commits
+each micro-batch per shard, and its reader partitions each shard's sorted sets
+(``_spark_source._queue_names``: the shards, read on the driver).
+
 Sending: a step that goes to several shards at once (``_Each``) is awaited concurrently by
 ``ShardedAsyncQueue`` (one coroutine per shard: the nodes work in parallel). ``ShardedQueue``
 sends the first shard's step from the calling thread and the others from a small pool of
@@ -123,10 +128,6 @@ yet" until it lands):
 - ``list_tasks`` in the state's order across shards (a cursor per shard packed in one, each
   page merged by the ordering score: priority and due time, lease deadline, died-at; the
   scripts' cursors must then resume after any task, not only at a page's end).
-- Spark streaming writes (batch writes and reads work: ``schedule_rows`` opens the queue with
-  ``discovery.open_queue``, reads partition each shard): a stage per shard for the streaming
-  commit, committed shard by shard, each idempotent by batch id as today
-  (``_spark_source._plain_queue_only`` refuses it on the driver until then).
 - skip shards known idle: remember each shard's next due (monotonic) and skip it until then
   unless a wake message named it (the wake payload would need the shard).
 - ``wait_replicas`` with a ``redis.asyncio`` ``RedisCluster`` (the blocking one runs script

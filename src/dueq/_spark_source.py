@@ -76,11 +76,9 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import redis
-
 from . import _protocol as protocol
 from . import discovery
-from ._shards import shard_names
+from ._shards import shard_names, task_shard
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .exceptions import ConfigurationError, DueqError
 from .keys import QueueKeys, SparkBatchKeys
@@ -528,11 +526,27 @@ class _BatchWriter(DataSourceArrowWriter):
 
 
 class _StreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, setup: _WriteSetup) -> None:
-        self.setup = setup
+    """Stages each micro-batch in the queue, then commits it there. A sharded queue stages
+    and commits per shard (``names``: its shards in shard order, from the driver): each row
+    goes to the stage of its id's shard, and the commit runs shard by shard, each one
+    idempotent by (query, batch) on its own, so a commit cut off between two shards is
+    finished by the replay (the committed shards answer "committed before")."""
 
-    def _keys(self, query: str, batch: int) -> SparkBatchKeys:
-        return SparkBatchKeys.for_batch(self.setup.plan.queue, query, batch)
+    def __init__(self, setup: _WriteSetup, names: list[str]) -> None:
+        self.setup = setup
+        self.names = names
+
+    def _keys(self, name: str, query: str, batch: int) -> SparkBatchKeys:
+        return SparkBatchKeys.for_batch(name, query, batch)
+
+    def _by_shard(self, ids: list[str], records: list[bytes]) -> list[tuple[str, list[bytes]]]:
+        """The records grouped by the queue (or shard) that holds each id."""
+        if len(self.names) == 1:
+            return [(self.names[0], records)]
+        groups: dict[int, list[bytes]] = {}
+        for task_id, record in zip(ids, records, strict=True):
+            groups.setdefault(task_shard(task_id, len(self.names)), []).append(record)
+        return [(self.names[i], groups[i]) for i in sorted(groups)]
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DueqCommitMessage:
         context = TaskContext.get()
@@ -541,20 +555,25 @@ class _StreamWriter(DataSourceStreamArrowWriter):
         if query is None or batch_text is None:
             raise DueqError("the dueq stream writer runs only inside a streaming micro-batch")
         batch = int(batch_text)
-        keys = self._keys(query, batch)
         message = DueqCommitMessage(query=query)
-        with redis.Redis.from_url(self.setup.plan.redis_url) as client:
+        with discovery.client_for_url(self.setup.plan.redis_url) as client:
             scripts = Scripts(client)
-            for _ids, records in packed_batches(
+            for ids, records in packed_batches(
                 self.setup.rows(iterator), self.setup.plan, message.counts
             ):
-                call = protocol.spark_stage(
-                    keys, "", query, batch, self.setup.staging_ttl_ms, b"".join(records)
-                )
-                reply = call.parse(scripts.run(call.script, call.keys, call.args))
-                message.staged += reply.staged
-                message.duplicates += reply.duplicates
-                message.refused += len(records) if reply.refused else 0
+                for name, part in self._by_shard(ids, records):
+                    call = protocol.spark_stage(
+                        self._keys(name, query, batch),
+                        "",
+                        query,
+                        batch,
+                        self.setup.staging_ttl_ms,
+                        b"".join(part),
+                    )
+                    reply = call.parse(scripts.run(call.script, call.keys, call.args))
+                    message.staged += reply.staged
+                    message.duplicates += reply.duplicates
+                    message.refused += len(part) if reply.refused else 0
         return message
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -564,30 +583,33 @@ class _StreamWriter(DataSourceStreamArrowWriter):
         total = _total(messages)
         plan = self.setup.plan
         added = existing = 0
-        with redis.Redis.from_url(plan.redis_url) as client:
+        states = []
+        with discovery.client_for_url(plan.redis_url) as client:
             scripts = Scripts(client)
-            call = protocol.spark_commit(
-                QueueKeys.for_queue(plan.queue),
-                self._keys(query, batchId),
-                "",
-                query=query,
-                batch=batchId,
-                memory_ms=self.setup.batch_memory_ms,
-                window_ms=0,
-            )
-            while True:
-                step = call.parse(scripts.run(call.script, call.keys, call.args))
-                if step.state is not protocol.CommitState.PROMOTED:
-                    break
-                assert step.scheduled is not None
-                added += step.scheduled.added
-                existing += step.scheduled.existing
-        if step.state is protocol.CommitState.EARLIER_UNFINISHED:
-            raise DueqError(
-                f"batch {step.batch} of streaming query {query} began to commit into "
-                f"{plan.queue!r} and never finished; batch {batchId} cannot commit"
-            )
-        if step.state is protocol.CommitState.COMMITTED_BEFORE:
+            for name in self.names:  # shard by shard: each commit is idempotent on its own
+                call = protocol.spark_commit(
+                    QueueKeys.for_queue(name),
+                    self._keys(name, query, batchId),
+                    "",
+                    query=query,
+                    batch=batchId,
+                    memory_ms=self.setup.batch_memory_ms,
+                    window_ms=0,
+                )
+                while True:
+                    step = call.parse(scripts.run(call.script, call.keys, call.args))
+                    if step.state is not protocol.CommitState.PROMOTED:
+                        break
+                    assert step.scheduled is not None
+                    added += step.scheduled.added
+                    existing += step.scheduled.existing
+                if step.state is protocol.CommitState.EARLIER_UNFINISHED:
+                    raise DueqError(
+                        f"batch {step.batch} of streaming query {query} began to commit into "
+                        f"{name!r} and never finished; batch {batchId} cannot commit"
+                    )
+                states.append(step.state)
+        if all(state is protocol.CommitState.COMMITTED_BEFORE for state in states):
             logger.info(
                 "micro-batch %d of query %s was committed into %r before: nothing scheduled",
                 batchId,
@@ -611,9 +633,12 @@ class _StreamWriter(DataSourceStreamArrowWriter):
         if query is None:  # every task failed: their stage (if any) expires after staging_ttl_s
             logger.warning("micro-batch %d into %r failed", batchId, self.setup.plan.queue)
             return
-        with redis.Redis.from_url(self.setup.plan.redis_url) as client:
-            call = protocol.spark_abort(self._keys(query, batchId), "", query, batchId)
-            dropped = call.parse(Scripts(client).run(call.script, call.keys, call.args))
+        dropped = True
+        with discovery.client_for_url(self.setup.plan.redis_url) as client:
+            scripts = Scripts(client)
+            for name in self.names:
+                call = protocol.spark_abort(self._keys(name, query, batchId), "", query, batchId)
+                dropped = call.parse(scripts.run(call.script, call.keys, call.args)) and dropped
         logger.warning(
             "micro-batch %d into %r failed: %s",
             batchId,
@@ -648,9 +673,7 @@ class _Reader(DataSourceReader):
         self.page_size = _int_option(options, "page_size", READ_PAGE, low=1, high=SCHEDULE_BATCH)
         self.wanted = _int_option(options, "partitions", 0, low=0, high=MAX_READ_PARTITIONS)
         # a sharded queue is read shard by shard: each shard is a queue of its own keys
-        with discovery.client_for_url(self.url) as client:
-            shards = discovery.shard_count(client, self.queue)
-        names = [self.queue] if shards == 1 else shard_names(self.queue, shards)
+        names = _queue_names(self.url, self.queue)
         # a scheduled task waits in its priority's due set, or parked (see claim.lua)
         self.zsets = [
             (name, key)
@@ -742,23 +765,15 @@ class DueqDataSource(DataSource):
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> _StreamWriter:
         setup = _write_setup(self.options, schema)
-        _plain_queue_only(setup.plan.redis_url, setup.plan.queue, "streaming writes")
-        return _StreamWriter(setup)
+        return _StreamWriter(setup, _queue_names(setup.plan.redis_url, setup.plan.queue))
 
     def reader(self, schema: T.StructType) -> _Reader:
         return _Reader(self.options)
 
 
-def _plain_queue_only(url: str, queue: str, what: str) -> None:
-    """ConfigurationError for a sharded queue (``dueq._shards``), on the driver before any
-    task runs: the staged streaming commit works on one queue's keys, where a sharded queue
-    has none (it would write tasks no consumer sees). Batch writes and reads need no check:
-    they schedule through the logical queue (``schedule_rows`` opens the queue as stored) and
-    read each shard (``_Reader``)."""
+def _queue_names(url: str, queue: str) -> list[str]:
+    """On the driver: the queues the data source works on for ``queue``: itself, or the
+    shards of a sharded queue in shard order (each a plain queue of its own keys)."""
     with discovery.client_for_url(url) as client:
         shards = discovery.shard_count(client, queue)
-    if shards > 1:
-        raise ConfigurationError(
-            f"the dueq data source's {what} do not support sharded queues yet ({queue!r} has "
-            f"{shards} shards)"
-        )
+    return [queue] if shards == 1 else list(shard_names(queue, shards))
