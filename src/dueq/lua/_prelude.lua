@@ -125,7 +125,7 @@ end
 -- The queue-wide rate's window (claim.lua): drop the claims of `k_rate` older than `since_ms`
 -- and return how many tasks the rest leased. The sum is kept in the stats field
 -- rate_in_window, so a claim costs O(log N + claims that left the window), not a walk of the
--- window; an entry "<n>*<token>" counts n, any other (written by dueq 0.x, one per task) 1.
+-- window; an entry "<n>*<token>" counts n, any other (an older dueq wrote one per task) 1.
 -- A missing or unreadable sum, or one below one per entry, is recounted (bounded by the
 -- window); a plausible sum written by hand is trusted.
 local function rate_entry_count(member)
