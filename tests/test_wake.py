@@ -15,7 +15,14 @@ from waiting import wait_for
 
 import dueq
 from dueq.server import RedisServer
-from dueq.wake import POLL_S, SHARDED_POLL_S, WakeSubscription, read_call, sharded_pubsub
+from dueq.wake import (
+    POLL_S,
+    SHARDED_POLL_S,
+    WakeSubscription,
+    check_subscribed,
+    read_call,
+    sharded_pubsub,
+)
 
 
 def calls(admin: redis.Redis, command: str) -> int:
@@ -120,3 +127,19 @@ def test_the_listener_reads_a_cluster_subscription_node_by_node() -> None:
 )
 def test_ssubscribe_is_used_from_redis_7(version: tuple[int, int] | None, sharded: bool) -> None:
     assert sharded_pubsub(version) is sharded
+
+
+def test_a_cluster_subscription_left_without_nodes_counts_as_an_outage() -> None:
+    class ClusterLike:
+        def __init__(self) -> None:
+            self.node_pubsub_mapping: dict[str, object] = {}
+
+        def get_sharded_message(self) -> None: ...
+
+    sharded = WakeSubscription(("a",), sharded=True)
+    with pytest.raises(redis.ConnectionError, match="holds no node"):
+        check_subscribed(ClusterLike(), sharded)  # reading it would return at once, forever
+    live = ClusterLike()
+    live.node_pubsub_mapping = {"127.0.0.1:7000": object()}
+    check_subscribed(live, sharded)
+    check_subscribed(ClusterLike(), WakeSubscription(("a",), sharded=False))

@@ -36,7 +36,7 @@ from .exceptions import ConfigurationError
 from .logs import task_fields
 from .outage import Backoff, is_outage
 from .task import AsyncDelivery
-from .wake import is_wake, read_call, subscribe_args
+from .wake import check_subscribed, is_wake, read_call, subscribe_args
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
@@ -340,6 +340,7 @@ async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:
                     if backoff.succeeded():
                         logger.info("queue %r: wake channel back", queue.name)
                     on_wake()
+                check_subscribed(pubsub, subscription)
                 message = await getattr(pubsub, read)(**read_kwargs)
             except asyncio.CancelledError:
                 raise

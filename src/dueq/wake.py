@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from .outage import Backoff, is_outage
 
 if TYPE_CHECKING:
@@ -71,6 +73,15 @@ def read_call(pubsub: Any, subscription: WakeSubscription) -> tuple[str, dict[st
     return "get_message", {"timeout": POLL_S}
 
 
+def check_subscribed(pubsub: Any, subscription: WakeSubscription) -> None:
+    """ConnectionError when a Cluster's sharded subscription holds no node any more (its
+    nodes went away in a failover or a slot move): reading it would return at once, a busy
+    loop, so the listener subscribes again after its outage backoff instead."""
+    cluster = subscription.sharded and hasattr(pubsub, "get_sharded_message")
+    if cluster and not getattr(pubsub, "node_pubsub_mapping", True):
+        raise redis.ConnectionError("the sharded wake subscription holds no node")
+
+
 def is_wake(message: Any) -> bool:
     """Whether a read message is a wake (not a subscribe confirmation or nothing)."""
     return message is not None and message.get("type") in WAKE_TYPES
@@ -112,6 +123,7 @@ class WakeListener:
                         if backoff.succeeded():
                             logger.info("queue %r: wake channel back", self._queue.name)
                         self._on_wake()  # anything scheduled while we were not listening
+                    check_subscribed(pubsub, subscription)
                     message = getattr(pubsub, read)(**read_kwargs)
                 except Exception as exc:
                     if self._stopped.is_set():
