@@ -78,7 +78,7 @@ from zoneinfo import ZoneInfo
 
 from . import _protocol as protocol
 from . import discovery
-from ._shards import shard_names, task_shard
+from ._shards import task_shard
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .exceptions import ConfigurationError, DueqError
 from .keys import QueueKeys, SparkBatchKeys
@@ -772,8 +772,7 @@ class DueqDataSource(DataSource):
 
 
 def _queue_names(url: str, queue: str) -> list[str]:
-    """On the driver: the queues the data source works on for ``queue``: itself, or the
-    shards of a sharded queue in shard order (each a plain queue of its own keys)."""
+    """On the driver: the queues the data source works on for ``queue`` (itself, or its
+    shards: ``discovery.stored_queue_names``)."""
     with discovery.client_for_url(url) as client:
-        shards = discovery.shard_count(client, queue)
-    return [queue] if shards == 1 else list(shard_names(queue, shards))
+        return discovery.stored_queue_names(client, queue)

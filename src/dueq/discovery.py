@@ -31,12 +31,14 @@ __all__ = [
     "KEY_SUFFIXES",
     "async_queue_names",
     "async_shard_count",
+    "client_for_url",
     "cluster_node_url",
     "open_async_queue",
     "open_queue",
     "queue_names",
     "queue_of_key",
     "shard_count",
+    "stored_queue_names",
 ]
 
 #: What follows ``dueq:{<queue>}:`` in the name of each key a queue has.
@@ -60,17 +62,18 @@ def cluster_node_url(url: str) -> str | None:
     return scheme.removesuffix("+cluster") + url[len(scheme) :]
 
 
-def client_for_url(url: str) -> Any:
+def client_for_url(url: str, **options: Any) -> Any:
     """A blocking client for ``url``: a ``RedisCluster`` for ``redis+cluster://`` (and
     ``rediss+cluster://``), else ``redis.Redis.from_url`` (``redis://``, ``rediss://``,
-    ``unix://``). For code that gets a URL and may meet a sharded queue (Spark executors)."""
+    ``unix://``); ``options`` go to either (e.g. ``socket_connect_timeout``). For code that
+    gets a URL and may meet a sharded queue (Spark executors, the CLI)."""
     import redis
     from redis.cluster import RedisCluster
 
     node_url = cluster_node_url(url)
     if node_url is not None:
-        return RedisCluster.from_url(node_url)
-    return redis.Redis.from_url(url)
+        return RedisCluster.from_url(node_url, **options)
+    return redis.Redis.from_url(url, **options)
 
 
 def queue_of_key(key: bytes | str) -> str | None:
@@ -130,6 +133,15 @@ def _count_of(name: str, recorded: bytes | str | None) -> int:
             f"not a whole number of at least 1"
         )
     return int(value)
+
+
+def stored_queue_names(client: Any, name: str) -> list[str]:
+    """The plain queues that hold queue ``name``'s tasks: ``name`` itself, or the shards of a
+    sharded queue in shard order (each a queue of its own keys). One GET."""
+    from ._shards import shard_names  # here: dueq._shards imports dueq.registry via _async
+
+    shards = shard_count(client, name)
+    return [name] if shards == 1 else list(shard_names(name, shards))
 
 
 def shard_count(client: Any, name: str) -> int:

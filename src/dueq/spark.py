@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import _protocol as protocol
 from . import discovery
-from ._shards import shard_names
 from .checks import whole_number
 from .clock import Duration, duration_ms, positive_duration_ms
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, ENVELOPE_PREFIX, FLAG_ABSOLUTE, pack_task
@@ -627,8 +626,7 @@ def read_tasks(
     seen: set[str] = set()
     with discovery.client_for_url(redis_url) as client:
         # a sharded queue is read shard by shard (each a plain queue of its own keys)
-        shards = discovery.shard_count(client, queue)
-        for name in [queue] if shards == 1 else shard_names(queue, shards):
+        for name in discovery.stored_queue_names(client, queue):
             keys = QueueKeys.for_queue(name)
             q = Queue(name, client)
             for key in protocol.state_zsets(keys, state):

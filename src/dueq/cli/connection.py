@@ -31,7 +31,6 @@ import click
 import redis
 import redis.sentinel
 from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
@@ -158,13 +157,8 @@ def client_from_url(url: str) -> redis.Redis:
     scheme = url.partition("://")[0].lower()
     if scheme in SENTINEL_SCHEMES:
         return _sentinel_client(url, tls=scheme.startswith("rediss"))
-    node_url = discovery.cluster_node_url(url)
-    if node_url is not None:
-        cluster: redis.Redis = RedisCluster.from_url(  # type: ignore[assignment]
-            node_url, socket_connect_timeout=CONNECT_TIMEOUT_S
-        )
-        return cluster
-    return redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S)
+    client: redis.Redis = discovery.client_for_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S)
+    return client
 
 
 def _host_port(item: str) -> tuple[str, int]:

@@ -27,7 +27,6 @@ from urllib.parse import parse_qsl, urlsplit
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
-from redis.cluster import RedisCluster
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -1090,13 +1089,7 @@ class _Dashboard:
         except ImportError as exc:
             raise HttpProblem(501, f"{exc}: pip install 'dueq[metrics]'") from None
         if self.sync_client is None:
-            node_url = discovery.cluster_node_url(self.redis_url)
-            sync_client: Any = (
-                redis.Redis.from_url(self.redis_url)
-                if node_url is None
-                else RedisCluster.from_url(node_url)
-            )
-            self.sync_client = sync_client
+            self.sync_client = discovery.client_for_url(self.redis_url)
         registry = CollectorRegistry()
         registry.register(QueueCollector(self.sync_client, list(self.settings.queues) or None))
         text = await run_in_threadpool(generate_latest, registry)
