@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 
 import dueq
@@ -277,3 +278,25 @@ def test_a_claim_over_many_keys_writes_each_keys_state_exactly_and_no_helper_fie
     assert q.ack_many(leased) == 300
     assert key_states(r) == {f"k{i:03d}": "0||1" for i in range(300)}
     assert r.zcard(k.key_wait) == 300
+
+
+@pytest.mark.parametrize("tail", [b"|", b"x", b"|k|"], ids=["bar-no-key", "junk", "other-key"])
+def test_an_ack_reads_the_key_of_a_lease_from_its_meta_and_refuses_an_unreadable_key_part(
+    make_queue: Callable[..., Any], r: redis.Redis, tail: bytes
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=5)
+    q.schedule({}, id="a", key="k")
+    [d] = q.claim(1)
+    k = QueueKeys.for_queue("q")
+    meta = r.hget(k.meta, "a")
+    assert meta is not None and meta.endswith(b"|k")
+    assert key_states(r) == {"k": "1||0"}
+    r.hset(k.meta, "a", meta[: -len(b"|k")] + tail)
+    if tail == b"|k|":  # a readable key part, naming another key: that key's slot is freed
+        assert q.ack_many([d]) == 1
+        assert key_states(r) == {"k": "1||0"}
+        return
+    with pytest.raises(dueq.LeaseLost):
+        q.ack_many([d])
+    assert key_states(r) == {"k": "1||0"}  # nothing released on an unreadable record

@@ -210,6 +210,43 @@ def test_a_corrupted_options_head_is_buried_not_crashing_the_claim(
     assert info.errors[0].type == "PayloadError"
 
 
+@pytest.mark.parametrize(
+    "stored",
+    [b"2:3|||k" + b"x" * 2000 + b"\n{}", b"2:3|||k{}"],
+    ids=["head-past-900-bytes", "no-newline"],
+)
+def test_an_options_head_without_an_end_is_buried_with_a_payload_error(
+    make_queue: Callable[..., Any], r: redis.Redis, stored: bytes
+) -> None:
+    q = make_queue()
+    q.schedule({}, id="bad")
+    q.schedule({}, id="good")
+    r.hset(QueueKeys.for_queue("q").tasks, "bad", stored)
+    assert ids_of(q.claim(10)) == ["good"]
+    info = q.get("bad")
+    assert info is not None and info.state == "dead"
+    assert info.errors[0].type == "PayloadError"
+
+
+def test_deliveries_over_more_keys_than_the_client_keeps_heads_of_each_carry_their_own_key(
+    make_queue: Callable[..., Any],
+) -> None:
+    # the client reads each distinct options head once and keeps 16,384 of them; a claim over
+    # more distinct heads than that (here keys and priorities) still gives every task its own
+    q = make_queue()
+    n = 17_000
+    q.schedule_many(
+        dueq.Task({"i": i}, id=f"t{i:05d}", key=f"k{i}", priority=i % 10) for i in range(n)
+    )
+    seen = 0
+    while batch := q.claim(1000):
+        for d in batch:
+            assert d.key == f"k{d.payload['i']}" and d.priority == d.payload["i"] % 10
+        seen += len(batch)
+        q.ack_many(batch)
+    assert seen == n
+
+
 def test_a_tasks_own_timeout_fails_a_thread_handler_the_consumer_has_no_timeout_for(
     r: redis.Redis,
 ) -> None:

@@ -58,6 +58,8 @@ MAX_TASK_ATTEMPTS = 1_000_000
 _OPTIONS_HEAD = re.compile(rb"2:([0-9])\|([0-9]{0,12})\|([0-9]{0,7})\|([^\n]{0,800})\n")
 #: The first byte of a trace line (see the module docstring): no JSON text starts with it.
 TRACE_MARK = b"~"
+#: The longest a version-2 head may be, with its newline (its key is at most 800 bytes).
+_HEAD_MAX_BYTES = 900
 #: The longest tracestate kept with a task; a longer one is dropped (the traceparent is kept).
 #: 512 characters is what the W3C Trace Context spec asks every vendor to propagate.
 MAX_TRACESTATE_CHARS = 512
@@ -244,9 +246,15 @@ def validate_task_attempts(max_attempts: object) -> int:
     return max_attempts
 
 
-@functools.lru_cache(maxsize=16384)
+#: Options of the version-2 heads read so far, by head (without its newline): the tasks of one
+#: key or priority share a head, so a claim mostly finds it here (a dict lookup; an lru_cache
+#: call costs more than the rest of reading the head). Emptied when it reaches _HEADS_KEPT.
+_HEADS: dict[bytes, TaskOptions] = {}
+_HEADS_KEPT = 16384
+
+
 def _options_of(head_bytes: bytes) -> TaskOptions:
-    """The options of one version-2 head (cached: the tasks of one key or priority share it)."""
+    """The options of one version-2 head, given with its newline (kept in _HEADS)."""
     head = _OPTIONS_HEAD.fullmatch(head_bytes)
     if head is None:
         raise PayloadError("stored task options are unreadable")
@@ -259,7 +267,11 @@ def _options_of(head_bytes: bytes) -> TaskOptions:
     max_attempts = int(attempts) if attempts else None
     if timeout_ms == 0 or max_attempts == 0:
         raise PayloadError("stored task options hold a zero timeout or max_attempts")
-    return TaskOptions(int(priority), key_text, timeout_ms, max_attempts)
+    options = TaskOptions(int(priority), key_text, timeout_ms, max_attempts)
+    if len(_HEADS) >= _HEADS_KEPT:
+        _HEADS.clear()
+    _HEADS[head_bytes[:-1]] = options
+    return options
 
 
 def encode_envelope(
@@ -321,11 +333,14 @@ def decode_delivery(raw: bytes | str) -> tuple[Any, TaskOptions, TraceContext | 
     except (UnicodeEncodeError, TypeError) as exc:
         raise PayloadError(f"stored value is not text: {exc}") from None
     options = NO_OPTIONS
-    if data.startswith(ENVELOPE_PREFIX):
-        body = data[len(ENVELOPE_PREFIX) :]
-    elif data.startswith(OPTIONS_PREFIX) and (end := data.find(b"\n", 0, 900)) > 0:
-        options = _options_of(data[: end + 1])
-        body = data[end + 1 :]
+    prefix = data[:2]
+    if prefix == ENVELOPE_PREFIX:
+        body = data[2:]
+    elif prefix == OPTIONS_PREFIX:
+        head, newline, body = data.partition(b"\n")
+        if not newline or len(head) >= _HEAD_MAX_BYTES:
+            raise PayloadError("stored task options have no end (no newline in 900 bytes)")
+        options = _HEADS.get(head) or _options_of(head + newline)
     else:
         raise PayloadError("stored value is not a dueq envelope (no 1: or 2: prefix)")
     trace = None

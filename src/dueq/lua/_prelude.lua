@@ -32,15 +32,16 @@ local MAX_ATTEMPT = 1000000000
 -- (claim.lua appends "|<key>" to the meta of such a lease, so ending it needs no envelope).
 local function meta_parse(v)
   if not v then return 0, '', '', '', true, nil end
-  local a, t, d, f, rest = string.match(v, '^(%d+)|([^|]*)|(%d*)|(%d*)(.*)$')
+  -- `rest` is where the part after first_ms starts (a position: no string is made for it)
+  local a, t, d, f, rest = string.match(v, '^(%d+)|([^|]*)|(%d*)|(%d*)()')
   local attempt = tonumber(a)
   if not attempt or attempt > MAX_ATTEMPT or #d > 16 or #f > 16 then
     return 0, '', '', '', false, nil
   end
   local key = nil
-  if rest ~= '' then
-    if #rest < 2 or string.sub(rest, 1, 1) ~= '|' then return 0, '', '', '', false, nil end
-    key = string.sub(rest, 2)
+  if rest <= #v then  -- "|<key>", the key not empty
+    if rest == #v or string.byte(v, rest) ~= 124 then return 0, '', '', '', false, nil end
+    key = string.sub(v, rest + 1)
   end
   return attempt, t, d, f, true, key
 end
@@ -338,14 +339,10 @@ local function task_options(envelope)
   return 0, nil, nil
 end
 
--- The limit key of a stored envelope, or nil (task_options' third value, found faster).
-local function task_key(envelope)
-  if envelope and string.byte(envelope, 1) == 50 then
-    local key = string.match(envelope, '^2:%d|%d*|%d*|([^\n]*)\n')
-    if key and key ~= '' then return key end
-  end
-  return nil
-end
+-- The limit key of a stored envelope that starts "2:" (string.byte 50): string.match with this
+-- pattern gives it (an empty capture: none). task_options' third value, found faster; claim.lua
+-- uses it inline in its lease loop.
+local TASK_KEY_PATTERN = '^2:%d|%d*|%d*|([^\n]*)\n'
 
 -- The due ZSET a stored envelope's task waits in.
 local function level_key(levels, envelope)
@@ -659,10 +656,18 @@ local function keys_release(k_state, k_wait, keys, now)
   if n == 0 then return false end
   local values = hmget_chunked(k_state, order)
   local set, drop, ready, n_set, n_drop, n_ready = {}, {}, {}, 0, 0, 0
+  -- the last value read and its parts: the keys one claim leased share one value
+  local seen, leased, mark, parked = nil, 0, 0, 0
   for i = 1, n do
-    local key = order[i]
-    local leased, mark, parked = key_state_parse(values[i])
-    local v = key_state_value(leased - ended[key], mark, parked, now)
+    local key, value = order[i], values[i]
+    if value ~= seen then
+      leased, mark, parked = key_state_parse(value)
+      seen = value
+    end
+    local left = leased - ended[key]
+    -- nothing left to remember (key_state_value's nil, tested inline: the common case)
+    local v = not (left <= 0 and parked <= 0 and mark <= now)
+      and key_state_value(left, mark, parked, now)
     if v then
       set[n_set + 1], set[n_set + 2] = key, v
       n_set = n_set + 2

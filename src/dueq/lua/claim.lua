@@ -157,51 +157,48 @@ local key_n, key_per = rate_setting('key_rate')
 local key_gap = key_n and key_per / key_n or nil
 
 -- The leased count, rate mark and parked count of every key this claim looks at, read once
--- (key_load: one HMGET per batch of keys) and written back once at the end.
--- `changed` lists each key whose state this claim changed once (`is_changed` says which).
-local flight, marks, parked_n, changed, is_changed = {}, {}, {}, {}, {}
-local function key_load(keys)
-  local loading, n = {}, 0
-  for i = 1, #keys do
-    local key = keys[i]
-    if flight[key] == nil then
-      flight[key] = false  -- being loaded: listed once
-      n = n + 1
-      loading[n] = key
+-- and written back once at the end. Each key gets a slot number the first time it is seen
+-- (slot_of[key], slot_key[slot]); its state lives in arrays by slot (flight, marks, parked_n,
+-- and changed: whether this claim changed it), so the lease loop does one hash lookup per task
+-- and the rest are array reads (a claim over 1,000 new keys would otherwise grow five hash
+-- tables keyed by key). key_fetch reads the state of the slots given since its last call with
+-- one HMGET, or none when no key has any state (no key holds a lease, a rate mark or a parked
+-- task: asked once, with EXISTS; this claim writes key states only at its end).
+local slot_of, slot_key, flight, marks, parked_n, changed = {}, {}, {}, {}, {}, {}
+local n_slots, n_fetched, any_state = 0, 0, nil
+local function key_slot(key)
+  local j = slot_of[key]
+  if j == nil then
+    n_slots = n_slots + 1
+    j = n_slots
+    slot_of[key], slot_key[j] = j, key
+  end
+  return j
+end
+local function key_fetch()
+  if any_state == nil then any_state = redis.call('EXISTS', KEYS[10]) == 1 end
+  for from = n_fetched + 1, n_slots, 4000 do
+    local to = math.min(from + 3999, n_slots)
+    local values = any_state and redis.call('HMGET', KEYS[10], unpack(slot_key, from, to)) or {}
+    for j = from, to do
+      local v = values[j - from + 1]
+      if v then
+        flight[j], marks[j], parked_n[j] = key_state_parse(v)
+      else
+        flight[j], marks[j], parked_n[j] = 0, 0, 0
+      end
+      changed[j] = false
     end
   end
-  if n == 0 then return end
-  local values = hmget_chunked(KEYS[10], loading)
-  for i = 1, n do
-    local key, v = loading[i], values[i]
-    if v then
-      flight[key], marks[key], parked_n[key] = key_state_parse(v)
-    else
-      flight[key], marks[key], parked_n[key] = 0, 0, 0
-    end
-  end
-end
-local function key_changed(key)
-  if not is_changed[key] then
-    is_changed[key] = true
-    changed[#changed + 1] = key
-  end
-end
-local function key_flight(key)
-  if flight[key] == nil then key_load({key}) end
-  return flight[key]
-end
-local function key_mark(key)
-  if marks[key] == nil then key_load({key}) end
-  return marks[key]
+  n_fetched = n_slots
 end
 
--- How many tasks of `key` the limits admit now (at most `most`), and when the key's rate admits
--- the next one if it admits none now.
-local function key_room(key, most)
-  if key_concurrency then most = math.min(most, key_concurrency - key_flight(key)) end
+-- How many tasks of the key in slot j the limits admit now (at most `most`), and when the
+-- key's rate admits the next one if it admits none now.
+local function key_room(j, most)
+  if key_concurrency then most = math.min(most, key_concurrency - flight[j]) end
   if key_gap and most > 0 then
-    if key_mark(key) > now then return 0, key_mark(key) end
+    if marks[j] > now then return 0, marks[j] end
     most = math.min(most, 1)
   end
   return math.max(most, 0), nil
@@ -213,9 +210,11 @@ local UNPARK_KEYS = 100
 local wait_head = head_score(KEYS[12])
 if wait_head and wait_head <= now and not paused and limit > 0 then
   local ready = redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', now, 'LIMIT', 0, UNPARK_KEYS)
-  key_load(ready)
+  for _, key in ipairs(ready) do key_slot(key) end
+  key_fetch()
   for _, key in ipairs(ready) do
-    local room, wait_until = key_room(key, limit)
+    local j = slot_of[key]
+    local room, wait_until = key_room(j, limit)
     local moved = 0
     if room > 0 then
       local members = redis.call('ZRANGEBYLEX', KEYS[11], '[' .. key .. '\0', '(' .. key .. '\1',
@@ -227,13 +226,13 @@ if wait_head and wait_head <= now and not paused and limit > 0 then
         moved = moved + 1
       end
     end
-    local left = parked_n[key] - moved
-    key_changed(key)
+    local left = parked_n[j] - moved
+    changed[j] = true
     if left <= 0 or moved < room then  -- none left (or the count was wrong): done waiting
-      parked_n[key] = 0
+      parked_n[j] = 0
       redis.call('ZREM', KEYS[12], key)
     else
-      parked_n[key] = left
+      parked_n[j] = left
       if wait_until then
         redis.call('ZADD', KEYS[12], wait_until, key)  -- its rate's next slot
       elseif key_gap then
@@ -249,13 +248,13 @@ end
 -- after the loop.
 local parked_here = 0
 local park_members, park_meta, park_wait = {}, {}, {}
-local function park(key, priority, due_ms, id, attempt, first, wait_until)
+local function park(key, j, priority, due_ms, id, attempt, first, wait_until)
   park_members[#park_members + 1] = 0
   park_members[#park_members + 1] = parked_member(key, priority, due_ms, id)
   park_meta[#park_meta + 1] = id
   park_meta[#park_meta + 1] = attempt .. '||' .. ms(due_ms) .. '|' .. first
-  parked_n[key] = parked_n[key] + 1
-  key_changed(key)
+  parked_n[j] = parked_n[j] + 1
+  changed[j] = true
   if wait_until and (park_wait[key] == nil or wait_until < park_wait[key]) then
     park_wait[key] = wait_until
   end
@@ -295,28 +294,40 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
   local parked_before = parked_here
   local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
   local metas = redis.call('HMGET', KEYS[4], unpack(ids))
-  local task_keys, round_keys = {}, {}
+  -- the slot of each task's limit key (false: none); task_key inlined, this is the hot path
+  local task_slots = {}
   for i = 1, #ids do
-    local key = task_key(envelopes[i])
-    task_keys[i] = key
-    if key then round_keys[#round_keys + 1] = key end
+    local envelope, j = envelopes[i], false
+    if envelope and string.byte(envelope, 1) == 50 then
+      local key = string.match(envelope, TASK_KEY_PATTERN)
+      if key and key ~= '' then
+        j = slot_of[key]
+        if not j then  -- key_slot(key), inlined
+          n_slots = n_slots + 1
+          j = n_slots
+          slot_of[key], slot_key[j] = j, key
+        end
+      end
+    end
+    task_slots[i] = j
   end
-  if #round_keys > 0 then key_load(round_keys) end
+  if n_slots > n_fetched then key_fetch() end
   for i = 1, #ids do
     local id, due_ms = ids[i], clamp_ms(scores[i])
     local attempt, _, _, first, readable = meta_parse(metas[i])
-    local priority, key = priorities[i], task_keys[i]
+    local priority, j = priorities[i], task_slots[i]
+    local key = j and slot_key[j]
     local most = max_attempts
     if attempt > 0 and string.byte(envelopes[i] or '', 1) == 50 then  -- its own max_attempts?
       local _, own = task_options(envelopes[i])
       most = own or max_attempts
     end
     local room, wait_until = 1, nil
-    if key and readable and envelopes[i] then  -- key_room(key, 1), inlined: the hot path
-      if key_concurrency and flight[key] >= key_concurrency then
+    if j and readable and envelopes[i] then  -- key_room(j, 1), inlined: the hot path
+      if key_concurrency and flight[j] >= key_concurrency then
         room = 0
-      elseif key_gap and marks[key] > now then
-        room, wait_until = 0, marks[key]
+      elseif key_gap and marks[j] > now then
+        room, wait_until = 0, marks[j]
       end
     end
     if not envelopes[i] then
@@ -330,18 +341,15 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
         most .. ' (lowered since it was scheduled)')
       buried_here = buried_here + 1
     elseif room < 1 then
-      park(key, priority, due_ms, id, attempt, first, wait_until)
+      park(key, j, priority, due_ms, id, attempt, first, wait_until)
     else
-      if key then
-        flight[key] = flight[key] + 1
+      if j then
+        flight[j] = flight[j] + 1
         if key_gap then
-          local mark = marks[key]
-          marks[key] = (mark > now and mark or now) + key_gap
+          local mark = marks[j]
+          marks[j] = (mark > now and mark or now) + key_gap
         end
-        if not is_changed[key] then  -- key_changed(key), inlined
-          is_changed[key] = true
-          changed[#changed + 1] = key
-        end
+        changed[j] = true
       end
       token = token or next_token()
       attempt = attempt + 1
@@ -353,8 +361,11 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
       end
       leased[n_leased + 1], leased[n_leased + 2] = deadline, id
       meta[n_leased + 1] = id
-      local value = attempt .. '|' .. token .. '|' .. due_text .. '|' .. first
-      meta[n_leased + 2] = key and value .. '|' .. key or value
+      if key then  -- one concatenation either way (each makes a new string)
+        meta[n_leased + 2] = attempt .. '|' .. token .. '|' .. due_text .. '|' .. first .. '|' .. key
+      else
+        meta[n_leased + 2] = attempt .. '|' .. token .. '|' .. due_text .. '|' .. first
+      end
       n_leased = n_leased + 2
       out[n_out + 1], out[n_out + 2], out[n_out + 3] = id, envelopes[i], attempt
       out[n_out + 4], out[n_out + 5] = due_text, first
@@ -364,16 +375,25 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
   if parked_here == parked_before then break end  -- nothing stepped aside: no more to take
 end
 -- Write back the keys this claim changed (one HSET, one HDEL).
+-- Keys leased once here share their new state (1, the same mark, 0 parked): the last state
+-- made is reused while the next key's is the same.
 local state_set, state_drop, n_set, n_drop = {}, {}, 0, 0
-for i = 1, #changed do
-  local key = changed[i]
-  local v = key_state_value(flight[key], marks[key], parked_n[key], now)
-  if v then
-    state_set[n_set + 1], state_set[n_set + 2] = key, v
-    n_set = n_set + 2
-  else
-    n_drop = n_drop + 1
-    state_drop[n_drop] = key
+local last_f, last_m, last_p, last_v = nil, nil, nil, nil
+for j = 1, n_slots do
+  if changed[j] then
+    local f, m, p = flight[j], marks[j], parked_n[j]
+    local v = last_v
+    if f ~= last_f or m ~= last_m or p ~= last_p then
+      v = key_state_value(f, m, p, now)
+      last_f, last_m, last_p, last_v = f, m, p, v
+    end
+    if v then
+      state_set[n_set + 1], state_set[n_set + 2] = slot_key[j], v
+      n_set = n_set + 2
+    else
+      n_drop = n_drop + 1
+      state_drop[n_drop] = slot_key[j]
+    end
   end
 end
 if n_set > 0 then hset_many(KEYS[10], state_set) end
