@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 import dueq
 
 
@@ -199,3 +201,37 @@ def test_large_payloads_are_sent_in_batches_bounded_by_bytes(make_queue, admin):
     assert result.added == 12
     assert calls == 2  # 12 MiB of tasks: two calls under the 8 MiB batch bound, not one
     assert q.get("big11").payload == {"blob": big}
+
+
+def test_get_many_reads_the_tasks_that_exist_in_the_order_given_once_each(make_queue):
+    q = make_queue()
+    q.schedule({"n": 1}, id="a")
+    q.schedule({"n": 2}, id="b", delay=60)
+    q.schedule({"n": 3}, id="c", delay=30)
+    (leased,) = q.claim(1)
+    assert leased.id == "a"
+    infos = q.get_many(["c", "missing", "a", "c", "b"])
+    assert [(i.id, i.state, i.payload["n"]) for i in infos] == [
+        ("c", "scheduled", 3),
+        ("a", "leased", 1),
+        ("b", "scheduled", 2),
+    ]
+    assert q.get_many([]) == []
+    assert q.get_many(iter(["b"]))[0] == q.get("b")
+
+
+def test_get_many_reads_more_ids_than_one_page_holds(make_queue):
+    q = make_queue()
+    q.schedule_many(dueq.Task({"i": i}, id=f"t{i:04d}", delay=60) for i in range(2500))
+    infos = q.get_many(f"t{i:04d}" for i in reversed(range(2600)))
+    assert [i.payload["i"] for i in infos] == list(reversed(range(2500)))
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 600, 42, "\ud800"], ids=["empty", "long", "int", "lone"])
+def test_get_many_refuses_a_bad_id_before_it_reads_anything(make_queue, bad):
+    q = make_queue()
+    q.schedule({}, id="a")
+    with pytest.raises(dueq.InvalidTaskError):
+        q.get_many(["a", bad])
+    with pytest.raises(dueq.InvalidTaskError, match="iterable of ids"):
+        q.get_many("a")

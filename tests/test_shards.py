@@ -160,6 +160,14 @@ def test_generated_ids_spread_evenly_and_are_found_by_id(sharded: Callable[..., 
     assert [q.get(i).payload for i in ids[:20]] == list(range(20))
 
 
+def test_get_many_reads_ids_of_every_shard_in_the_order_given(sharded: Callable[..., Any]) -> None:
+    q = sharded(fresh())
+    ids = q.schedule_many(dueq.Task(i, delay=60) for i in range(300)).ids
+    assert len({shard_of(i, 3) for i in ids}) == 3
+    wanted = [*reversed(ids), "missing", ids[0]]
+    assert [info.payload for info in q.get_many(wanted)] == list(reversed(range(300)))
+
+
 def test_cancel_reschedule_and_run_now_work_by_id(sharded: Callable[..., Any]) -> None:
     q = sharded(fresh())
     a = q.schedule("a", id="a", delay=3600)

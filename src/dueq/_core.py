@@ -804,6 +804,15 @@ class QueueCore:
         found = yield from self._inspect_ids_flow([validate_id(task_id)])
         return found[0] if found else None
 
+    def _get_many_flow(self, task_ids: Iterable[str]) -> Flow[list[TaskInfo]]:
+        if isinstance(task_ids, (str, bytes)):  # a lone id would be read as its characters
+            raise InvalidTaskError(f"task_ids must be an iterable of ids, got {task_ids!r}")
+        ids = list(dict.fromkeys(validate_id(task_id) for task_id in task_ids))
+        found: list[TaskInfo] = []
+        for start in range(0, len(ids), MAX_PAGE):  # one snapshot per page of MAX_PAGE ids
+            found += yield from self._inspect_ids_flow(ids[start : start + MAX_PAGE])
+        return found
+
     def _inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
         found: list[TaskInfo] = yield protocol.inspect_ids(self.keys, self._now_arg(), ids)
         return found

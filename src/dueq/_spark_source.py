@@ -93,6 +93,7 @@ from .spark import (
     ColumnPlan,
     PartitionCounts,
     PartitionPlan,
+    _stored_snapshots,
     _task_row,
     check_target,
     columns_of,
@@ -728,7 +729,7 @@ class _Reader(DataSourceReader):
                 if not page:
                     return
                 ids = [as_id(m) for m, _ in page]
-                for info in q._inspect_ids(ids):
+                for info in _stored_snapshots(q, ids):
                     if info.state == self.state:
                         yield _task_row(info)
                 if len(page) < self.page_size:

@@ -258,6 +258,20 @@ def packed_batches(
         logger.warning("partition had %d bad row(s): %s", sum(counts.bad.values()), counts.samples)
 
 
+def _stored_snapshots(q: Queue, ids: Sequence[str]) -> list[TaskInfo]:
+    """``q.get_many`` of ids read from the queue's sorted sets; an id no task could have (a
+    member written by hand) is logged and left out rather than failing the whole read."""
+    usable = []
+    for task_id in ids:
+        try:
+            usable.append(_validate_id(task_id))
+        except InvalidTaskError as exc:
+            logger.warning(
+                "queue %r: skipped a stored member that is not a task id: %s", q.name, exc
+            )
+    return q.get_many(usable)
+
+
 def _flush(q: Queue, ids: list[str], records: list[bytes], counts: PartitionCounts) -> None:
     result = q._schedule_records(ids, records, False, iter(()))
     counts.added += result.added
@@ -637,7 +651,7 @@ def read_tasks(
                     fresh = [i for i in (as_id(m) for m, _score in members) if i not in seen]
                     seen.update(fresh)
                     for start in range(0, len(fresh), page_size):  # COUNT is only a hint
-                        infos = q._inspect_ids(fresh[start : start + page_size])
+                        infos = _stored_snapshots(q, fresh[start : start + page_size])
                         rows.extend(_task_row(i) for i in infos if i.state == state)
                     if cursor == 0:
                         break
