@@ -339,12 +339,10 @@ local function task_options(envelope)
   return 0, nil, nil
 end
 
--- The limit key of a stored envelope, or nil: task_options' third value, found faster (claim.lua
--- inlines this in its lease loop, with the same pattern).
-local TASK_KEY_PATTERN = '^2:%d|%d*|%d*|([^\n]*)\n'
+-- The limit key of a stored envelope, or nil (task_options' third value, found faster).
 local function task_key(envelope)
   if envelope and string.byte(envelope, 1) == 50 then
-    local key = string.match(envelope, TASK_KEY_PATTERN)
+    local key = string.match(envelope, '^2:%d|%d*|%d*|([^\n]*)\n')
     if key and key ~= '' then return key end
   end
   return nil
