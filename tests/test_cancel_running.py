@@ -71,6 +71,21 @@ def test_a_lease_that_only_ran_out_is_lost_not_cancelled(
     assert not isinstance(caught.value, dueq.TaskCancelled) and not d.cancelled
 
 
+def test_a_cancel_after_the_lease_ran_out_but_before_reclaim_tells_the_holder_cancelled(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue("c", lease=30)
+    q.schedule({}, id="job")
+    (d,) = q.claim(1)
+    clock.advance(31)  # the lease ran out; no claim has reclaimed it yet
+    assert q.cancel("job")  # the task existed, so cancel says so ...
+    with pytest.raises(dueq.TaskCancelled) as caught:  # ... and its holder is told the same
+        d.ack()
+    assert caught.value.cancelled == ["job"] and d.cancelled
+    assert q.get("job") is None and q.dead.count() == 0
+    assert q.claim(10) == []  # and nothing comes back from the reclaim
+
+
 def test_a_batch_ack_names_cancelled_and_lost_leases_apart(
     make_queue: Callable[..., Any], clock: Any
 ) -> None:

@@ -1,6 +1,7 @@
 -- cancel.lua: remove a task in any state. A live lease on it is revoked and remembered as
 -- "id|token" in KEYS[8] until an hour after its deadline, so its holder's ack, fail, extend or
--- release reports "cancelled" (TaskCancelled) rather than "lost".
+-- release reports "cancelled" (TaskCancelled) rather than "lost". So is a lease that ran out
+-- but was not reclaimed yet (kept an hour from the cancel).
 --
 -- KEYS[1] due      ZSET id -> due ms
 -- KEYS[2] leased   ZSET id -> lease deadline ms
@@ -31,9 +32,11 @@ if deadline then
   if key and key_unlease(KEYS[9], KEYS[11], key, now) then
     publish_wake(KEYS[12], ms(now))
   end
+  -- A lease that ran out but was not reclaimed yet still has no other holder: its holder
+  -- is told "cancelled" too (remembered from now, as a live one is from its deadline).
   local _, token = meta_parse(redis.call('HGET', KEYS[5], id))
-  if token ~= '' and tonumber(deadline) > now then
-    redis.call('ZADD', KEYS[8], tonumber(deadline), id .. '|' .. token)
+  if token ~= '' then
+    redis.call('ZADD', KEYS[8], math.max(tonumber(deadline), now), id .. '|' .. token)
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. ms(now - KEEP_MS))
 end
