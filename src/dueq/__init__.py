@@ -7,6 +7,7 @@ in the dead-letter queue. See README.md for the guarantees.
 
 from . import operators
 from ._async import AsyncQueue
+from ._version import __version__
 from .cron import CronDefinition, Occurrence
 from .envelope import TaskOptions, TraceContext
 from .exceptions import (
@@ -43,8 +44,6 @@ from .task import (
     TaskPage,
 )
 from .worker import AsyncWorker, Worker
-
-__version__ = "0.1.0.dev0"
 
 __all__ = [
     "AsyncDelivery",

@@ -35,6 +35,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__
 from .envelope import TraceContext
 
 if TYPE_CHECKING:
@@ -88,8 +89,6 @@ def tracer() -> Any:
         if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
             found = None
         else:
-            from . import __version__
-
             found = provider.get_tracer(_SCOPE, __version__)
     _cache = (provider, found, time.monotonic() + RECHECK_S)
     return found

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import click
 
-from .. import __version__
+from .._version import __version__
 from .acl import acl
 from .configure import configure, pause, resume
 from .connection import ENV_URL, url_secrets
