@@ -148,8 +148,7 @@ def test_an_entry_without_an_expiry_is_dropped_by_the_next_beat(make_queue, r):
 
 
 def test_a_queue_with_only_workers_is_found_by_discovery(make_queue, r):
-    from dueq.discovery import queue_names
-    from dueq.registry import discover_workers
+    from dueq.discovery import discover_workers, queue_names
 
     q = make_queue("lonely")
     _beat(q, queues=("lonely",))

@@ -14,7 +14,7 @@ time zone (a task's ``spark.sql.session.timeZone`` local property, else the zone
 timestamp column, else the worker's local zone), and the payload JSON written as Spark's
 ``to_json`` writes it (``_encoder``: Java's number formats, ISO timestamps with the offset,
 base64 binary, nulls kept), so generated row-hash ids are the ones ``schedule_dataframe``
-makes. The tuples then go through ``dueq.spark``'s own partition code (``packed_batches``):
+makes. The tuples then go through the batch path's own partition code (``packed_batches``):
 the same validation, the same bad-row reasons and samples, the same packed records.
 
 **Batch writes** schedule each task's rows directly, one schedule-script call per batch, as
@@ -79,13 +79,7 @@ from zoneinfo import ZoneInfo
 from . import _protocol as protocol
 from . import discovery
 from ._shards import task_shard
-from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
-from .exceptions import ConfigurationError, DueqError
-from .keys import QueueKeys, SparkBatchKeys
-from .queue import SCHEDULE_BATCH, Queue
-from .scripts import Scripts
-from .snapshot import text
-from .spark import (
+from ._spark_batch import (
     _STATES,
     _TASK_SCHEMA,
     DEFAULT_BATCH_SIZE,
@@ -101,6 +95,12 @@ from .spark import (
     partition_plan,
     schedule_rows,
 )
+from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from .exceptions import ConfigurationError, DueqError
+from .keys import QueueKeys, SparkBatchKeys
+from .queue import SCHEDULE_BATCH, Queue
+from .scripts import Scripts
+from .snapshot import text
 
 try:
     import pyarrow as pa

@@ -17,14 +17,15 @@ collector and the dashboard address the logical queue and never a shard by accid
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ._async import AsyncQueue
+from ._shards import MAX_SHARDS, shard_names
+from .checks import whole_number
 from .exceptions import ConfigurationError
 from .keys import PREFIX, QueueKeys, layout_key, validate_queue_name
-
-if TYPE_CHECKING:
-    from ._async import AsyncQueue
-    from .queue import Queue
+from .queue import Queue
+from .registry import WorkerInfo, merge_workers
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -33,6 +34,7 @@ __all__ = [
     "async_shard_count",
     "client_for_url",
     "cluster_node_url",
+    "discover_workers",
     "open_async_queue",
     "open_queue",
     "queue_names",
@@ -138,8 +140,6 @@ def _count_of(name: str, recorded: bytes | str | None) -> int:
 def stored_queue_names(client: Any, name: str) -> list[str]:
     """The plain queues that hold queue ``name``'s tasks: ``name`` itself, or the shards of a
     sharded queue in shard order (each a queue of its own keys). One GET."""
-    from ._shards import shard_names  # here: dueq._shards imports dueq.registry via _async
-
     shards = shard_count(client, name)
     return [name] if shards == 1 else list(shard_names(name, shards))
 
@@ -167,8 +167,6 @@ def open_queue(client: Any, name: str, *, shards: int | None = None, **settings:
     is opened with it, so a worker started before the first producer still serves every shard
     (a plain queue that holds tasks is refused at the first use, as by ``Queue(shards=N)``);
     a queue recorded with another N is refused now with ConfigurationError."""
-    from .queue import Queue  # here: dueq.queue imports dueq.registry, which imports this
-
     n = _expected(name, shards, shard_count(client, name))
     return Queue(name, client, shards=n, **settings)
 
@@ -177,8 +175,6 @@ async def open_async_queue(
     client: Any, name: str, *, shards: int | None = None, **settings: Any
 ) -> AsyncQueue:
     """As ``open_queue``, an ``AsyncQueue`` on a ``redis.asyncio`` client."""
-    from ._async import AsyncQueue
-
     n = _expected(name, shards, await async_shard_count(client, name))
     return AsyncQueue(name, client, shards=n, **settings)
 
@@ -186,9 +182,6 @@ async def open_async_queue(
 def _expected(name: str, shards: int | None, recorded: int) -> int:
     """The shard count to open ``name`` with: ``recorded`` unless the caller expects one
     (checked like ``Queue(shards=)``), which must then agree with a recorded one."""
-    from ._shards import MAX_SHARDS  # here: dueq._shards imports dueq.registry via _async
-    from .checks import whole_number
-
     if shards is None:
         return recorded
     whole_number(shards, "shards", low=1, high=MAX_SHARDS)
@@ -214,3 +207,10 @@ async def async_queue_names(client: Any) -> list[str]:
     """As ``queue_names``, on a ``redis.asyncio`` client (the dashboard's)."""
     keys = [key async for key in client.scan_iter(match=f"{PREFIX}:{{*}}:*", count=SCAN_COUNT)]
     return _logical_names(keys)
+
+
+def discover_workers(client: Any) -> list[WorkerInfo]:
+    """Every live worker of every queue in this database (a blocking redis-py client), one
+    entry per process, sorted by worker id. Walks the keyspace: for a refresh or a scrape,
+    not per task."""
+    return merge_workers(open_queue(client, name).workers() for name in queue_names(client))

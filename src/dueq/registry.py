@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ._async import AsyncQueue
     from .queue import Queue
 
-__all__ = ["TTL_BEATS", "WorkerInfo", "discover_workers"]
+__all__ = ["TTL_BEATS", "WorkerInfo", "merge_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,15 +159,6 @@ def merge_workers(lists: Iterable[list[WorkerInfo]]) -> list[WorkerInfo]:
             if seen is None or w.last_seen_at > seen.last_seen_at:
                 best[w.worker_id] = w
     return [best[k] for k in sorted(best)]
-
-
-def discover_workers(client: Any) -> list[WorkerInfo]:
-    """Every live worker of every queue in this database (a blocking redis-py client), one
-    entry per process, sorted by worker id. Walks the keyspace (``dueq.discovery``): for a
-    refresh or a scrape, not per task."""
-    from .discovery import open_queue, queue_names  # here: dueq.queue imports this module
-
-    return merge_workers(open_queue(client, name).workers() for name in queue_names(client))
 
 
 # -- the beat ----------------------------------------------------------------------------------
