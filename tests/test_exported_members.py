@@ -51,6 +51,7 @@ PUBLIC = {
     "WorkerInfo",
     "__version__",
     "operators",
+    "worker_id",
 }
 
 

@@ -11,7 +11,7 @@ import sys
 from test_cli_worker import WAIT_S, start_worker, wait_for
 
 import dueq
-from dueq._identity import worker_id
+from dueq import worker_id
 from dueq.logs import JsonFormatter, WorkerFilter, task_fields
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import dueq
 from dueq import _protocol as protocol
-from dueq._identity import worker_id
+from dueq import worker_id
 
 
 def _all(q: Any, state: str, limit: int = 100, **filters: Any) -> list[dueq.TaskInfo]:

@@ -7,6 +7,7 @@ in the dead-letter queue. See README.md for the guarantees.
 
 from . import operators
 from ._async import AsyncQueue
+from ._identity import worker_id
 from ._version import __version__
 from .cron import CronDefinition, Occurrence
 from .envelope import TaskOptions, TraceContext
@@ -85,4 +86,5 @@ __all__ = [
     "WorkerInfo",
     "__version__",
     "operators",
+    "worker_id",
 ]
