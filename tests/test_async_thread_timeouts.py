@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from conftest import async_mirror
 from waiting import wait_for
 
 import dueq
+from dueq.server import RedisServer
 
 BOUND_S = 30.0
 REFUSED = "handler returned after its timeout; its result is refused"
@@ -225,3 +228,73 @@ def test_past_the_bound_on_abandoned_threads_a_slot_waits_and_its_task_does_not_
 
     asyncio.run(main())
     wait_for(lambda: len(returned) == len(hung), "the hanging handlers to return")
+
+
+def test_the_timeouts_page_example_runs_as_written(
+    r: redis.Redis, redis_server: RedisServer
+) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "timeouts.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    assert len(blocks) == 1
+    scope: dict[str, Any] = {"REDIS_URL": redis_server.url}
+    exec(compile(blocks[0], "docs/timeouts.md", "exec"), scope)  # its asserts are the test
+    assert scope["outcomes"] == {"dead": 1, "acked": 1}
+
+
+@pytest.mark.parametrize("front", ["sync", "async"])
+def test_key_concurrency_counts_leases_so_a_handler_abandoned_at_its_timeout_overlaps_its_keys_next(
+    r: redis.Redis, front: str
+) -> None:
+    # what docs/timeouts.md says: the limit is 1, yet the key's second task starts while the
+    # first one's handler, abandoned at its timeout, still runs
+    release = threading.Event()
+    running: list[str] = []
+    most: list[int] = [0]
+    lock = threading.Lock()
+
+    def handle(d: Any) -> None:
+        with lock:
+            running.append(d.id)
+            most[0] = max(most[0], len(running))
+        try:
+            if d.id == "first":
+                release.wait(BOUND_S)
+        finally:
+            with lock:
+                running.remove(d.id)
+
+    policy = dueq.RetryPolicy(1, wait=no_wait)
+    if front == "sync":
+        q = dueq.Queue("atk", r, retry=policy)
+        q.configure(key_concurrency=1)
+        q.schedule(0, id="first", key="k")
+        q.schedule(1, id="second", key="k", delay=0.05)
+        worker = dueq.Worker(q, handle, concurrency=1, timeout=0.2)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            wait_for(lambda: worker.outcomes["acked"] == 1, "the second task's ack")
+        finally:
+            release.set()
+            worker.stop()
+            thread.join(BOUND_S)
+    else:
+
+        async def main() -> None:
+            client = async_mirror(r)
+            aq = dueq.AsyncQueue("atk", client, retry=policy)
+            await aq.configure(key_concurrency=1)
+            await aq.schedule(0, id="first", key="k")
+            await aq.schedule(1, id="second", key="k", delay=0.05)
+            consumer = Consumer("worker", aq, handle, concurrency=1, timeout=0.2)
+            consumer.start()
+            try:
+                await until(lambda: consumer.kinds().get("acked") == 1, "the second task's ack")
+            finally:
+                release.set()
+                await consumer.stop()
+                await client.aclose()
+
+        asyncio.run(main())
+    wait_for(lambda: not running, "the abandoned handler to return")
+    assert most[0] == 2
