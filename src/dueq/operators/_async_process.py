@@ -447,7 +447,7 @@ class HandlerJob:
     ``time.monotonic()`` at which the handler started (for a timed job), ``done`` is set when
     it returned in time; ``result()`` then returns or raises what it did."""
 
-    __slots__ = ("_handler", "_loop", "_timed", "_value", "d", "done", "started", "state")
+    __slots__ = ("_handler", "_loop", "_timed", "_value", "d", "done", "started", "state", "why")
 
     def __init__(self, handler: Any, d: Any, loop: asyncio.AbstractEventLoop, timed: bool) -> None:
         self._handler = handler
@@ -457,6 +457,7 @@ class HandlerJob:
         self.started: asyncio.Future[float] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
         self.state = _WAITING  # guarded by the HandlerThreads lock
+        self.why = "its timeout"  # what it was abandoned for (the late line says it)
         self._value: tuple[Any, BaseException | None] = (None, None)
 
     def run(self) -> None:
@@ -534,6 +535,8 @@ class HandlerThreads:
             if job.state != _RUNNING:
                 return job.state != _FINISHED
             job.state = _ABANDONED
+            if timed_out_s is None:
+                job.why = "it was released (the consumer closed past its grace period)"
             self._live -= 1
             self._abandoned += 1
             abandoned, live = self._abandoned, self._capacity()
@@ -615,20 +618,21 @@ class HandlerThreads:
                     self._live += 1
                 lock.release()
                 try:
-                    _refused(job.d)
+                    _refused(job.d, job.why)
                 finally:
                     lock.acquire()
                 if not rejoin:
                     return
 
 
-def _refused(d: Any) -> None:
-    """Say that an abandoned handler returned and its result is dropped (the threaded
-    consumer's line)."""
+def _refused(d: Any, why: str) -> None:
+    """Say that an abandoned handler returned and its result is dropped (past its timeout:
+    the threaded consumer's line)."""
     logger.warning(
-        "queue %r: task %r attempt %d: handler returned after its timeout; its result is refused",
+        "queue %r: task %r attempt %d: handler returned after %s; its result is refused",
         d.queue.name,
         d.id,
         d.attempt,
+        why,
         extra=task_fields(d.queue.name, d.id, d.attempt),
     )
