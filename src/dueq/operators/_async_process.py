@@ -6,7 +6,9 @@ thread of its own:
 
 - at most ``concurrency`` runner tasks take waiting deliveries one after another and run the
   handler on each: an ``async def`` handler is awaited on the loop, so it can use the
-  application's clients; a plain function runs in a thread pool of ``concurrency`` threads.
+  application's clients; a plain function runs on one of ``concurrency`` handler threads
+  (``HandlerThreads``): its ``timeout`` counts from when it starts there, and a thread
+  abandoned past it is replaced, so what hangs never holds up the rest (up to a bound).
   A runner whose handlers never await lets the loop run others every ``RUNNER_YIELD_S``
   (the settler then acks and the claim loop claims while it works through the hold);
 - one settler task acks successes in batches (one ``ack_many`` per queue and round) and
@@ -25,10 +27,13 @@ deliveries released (the threaded consumer can only abandon them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +46,7 @@ from reactivex.disposable import Disposable
 from .. import _tracing
 from .._async_consume import call_on_loop, wait_event
 from ..exceptions import TaskCancelled
+from ..logs import task_fields
 from ..outage import describe
 from ..task import Outcome
 from ._emit import SerialEmitter
@@ -51,6 +57,7 @@ from ._settle import (
     Pending,
     Settling,
     run_flow_async,
+    timeout_error,
     timeout_for,
     within,
 )
@@ -82,7 +89,8 @@ class AsyncProcessor(Settling):
         self._timeout_s = timeout_s
         self._is_async = is_async
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None  # blocking Redis calls (a sync Queue)
+        self._threads: HandlerThreads | None = None  # plain-function handlers
         self._waiting: deque[Any] = deque()  # accepted, not yet picked up by a runner
         self._runners = 0  # runner tasks alive (at most concurrency)
         self._held: dict[Any, float] = {}  # -> loop time its lease was last extended
@@ -196,6 +204,8 @@ class AsyncProcessor(Settling):
             self._keeper.cancel()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+        if self._threads is not None:
+            self._threads.stop()
         _LIVE.discard(self)
 
     # -- deliveries in -----------------------------------------------------------------------
@@ -254,13 +264,13 @@ class AsyncProcessor(Settling):
                             await self._handler(d)
                         else:
                             await within(self._handler(d), timeout_s, d)
-                    else:  # past its timeout, the thread is abandoned (a spare takes its place)
+                    else:  # past its timeout, the thread is abandoned (another takes its place)
                         timeout_s = timeout_for(d, self._timeout_s)
                         if attempt is None:
-                            call = self._in_thread(self._handler, d)
-                        else:  # the pool's thread runs in this task's context (the span)
-                            call = self._in_thread(contextvars.copy_context().run, self._handler, d)
-                        result = await within(call, timeout_s, d)
+                            call = self._handler
+                        else:  # the handler's thread runs in this task's context (the span)
+                            call = partial(contextvars.copy_context().run, self._handler)
+                        result = await self._in_handler_thread(call, d, timeout_s)
                         if inspect.isawaitable(result):  # e.g. a partial of an async function
                             await within(result, timeout_s, d)
                 except asyncio.CancelledError as exc:
@@ -380,14 +390,35 @@ class AsyncProcessor(Settling):
         return await run_flow_async(flow, self._in_thread)
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
-        """Run a blocking call (a sync handler, a sync Queue's ack) in this processor's pool."""
+        """Run a blocking Redis call (a sync Queue's ack, extend, release) in this processor's
+        pool, which handlers never use (a hanging handler cannot hold up an ack)."""
         if self._pool is None:
-            # twice the concurrency: threads abandoned past a timeout leave spares behind
-            self._pool = ThreadPoolExecutor(
-                2 * self._concurrency, thread_name_prefix="dueq-handler"
-            )
+            self._pool = ThreadPoolExecutor(2 * self._concurrency, thread_name_prefix="dueq-redis")
         assert self._loop is not None
         return await self._loop.run_in_executor(self._pool, fn, *args)
+
+    async def _in_handler_thread(self, handler: Any, d: Any, timeout_s: float | None) -> Any:
+        """Run a plain-function handler on one of the handler threads and return its result.
+        ``timeout_s`` counts from when the handler starts in its thread (waiting for a thread
+        is no part of the attempt); past it the thread is abandoned and TaskTimeout raised."""
+        if self._threads is None:
+            self._threads = HandlerThreads(self._concurrency)
+        assert self._loop is not None
+        threads = self._threads
+        job = threads.submit(handler, d, self._loop, timed=timeout_s is not None)
+        try:
+            if timeout_s is not None:
+                started_s = await job.started  # (time.monotonic() in the handler's thread)
+                left_s = started_s + timeout_s - time.monotonic()
+                if not job.done.done():
+                    await asyncio.wait({job.done}, timeout=max(left_s, 0.0))
+                if not job.done.done() and threads.abandon(job, timed_out_s=timeout_s):
+                    raise timeout_error(d, timeout_s)
+            await job.done  # (set at once if the handler finished as its time ran out)
+        except asyncio.CancelledError:  # close() past its grace: the thread is let go
+            threads.abandon(job)
+            raise
+        return job.result()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         assert self._loop is not None
@@ -400,3 +431,208 @@ class AsyncProcessor(Settling):
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("dueq task failed", exc_info=task.exception())
+
+
+#: Handler threads abandoned past their timeout and still running that a processor keeps
+#: replacing: ``max(ABANDONED_MIN, 2 * concurrency)``. Past that bound an abandoned thread is
+#: not replaced (an error says so), so a handler stuck for good on every task cannot grow
+#: threads without end: at most ``concurrency + max(8, 2 * concurrency)`` handler threads.
+ABANDONED_MIN = 8
+
+_WAITING, _RUNNING, _FINISHED, _ABANDONED, _DROPPED = range(5)
+
+
+class HandlerJob:
+    """One call of a plain-function handler on a handler thread. ``started`` gets the
+    ``time.monotonic()`` at which the handler started (for a timed job), ``done`` is set when
+    it returned in time; ``result()`` then returns or raises what it did."""
+
+    __slots__ = ("_handler", "_loop", "_timed", "_value", "d", "done", "started", "state", "why")
+
+    def __init__(self, handler: Any, d: Any, loop: asyncio.AbstractEventLoop, timed: bool) -> None:
+        self._handler = handler
+        self.d = d
+        self._loop = loop
+        self._timed = timed
+        self.started: asyncio.Future[float] = loop.create_future()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.state = _WAITING  # guarded by the HandlerThreads lock
+        self.why = "its timeout"  # what it was abandoned for (the late line says it)
+        self._value: tuple[Any, BaseException | None] = (None, None)
+
+    def run(self) -> None:
+        """Run the handler (in its thread, outside any lock) and keep what it returned."""
+        if self._timed:
+            self._post(self.started, time.monotonic())
+        try:
+            self._value = (self._handler(self.d), None)
+        except BaseException as exc:  # a handler's SystemExit is its task's failure too
+            self._value = (None, exc)
+
+    def finished(self) -> None:
+        self._post(self.done, None)
+
+    def result(self) -> Any:
+        value, error = self._value
+        self._value = (None, None)  # (no cycle through the exception's traceback)
+        if error is not None:
+            raise error
+        return value
+
+    def _post(self, future: asyncio.Future[Any], value: Any) -> None:
+        # a closed loop (RuntimeError): nobody waits for this any more
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(_set_result, future, value)
+
+
+def _set_result(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+class HandlerThreads:
+    """Threads for a plain-function handler on an asyncio consumer: up to ``concurrency`` live
+    ones (started as work needs them), each running one job at a time from a queue.
+
+    A job abandoned past its timeout leaves its thread to the handler, and that thread no
+    longer counts: the next job gets a new thread, so ``concurrency`` handlers can always run
+    at once, whatever hangs. When the abandoned handler returns, its result is refused (a log
+    line says so) and its thread takes work again if a live one is missing, else ends. At most
+    ``max(ABANDONED_MIN, 2 * concurrency)`` abandoned threads are replaced; each one past that
+    leaves one live thread fewer until an abandoned one returns (jobs then wait for a thread,
+    which does not count against their timeout).
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        self._concurrency = concurrency
+        self.abandoned_max = max(ABANDONED_MIN, 2 * concurrency)
+        self._lock = threading.Lock()
+        self._work_ready = threading.Condition(self._lock)
+        self._jobs: deque[HandlerJob] = deque()  # submitted, not picked up by a thread
+        self._live = 0  # threads that take work: waiting for it or running a job
+        self._idle = 0  # live threads waiting for work and not yet woken for a job
+        self._abandoned = 0  # threads still running a job that was abandoned
+        self._started = 0  # threads ever started (their names)
+        self._stopping = False
+
+    def submit(
+        self, handler: Any, d: Any, loop: asyncio.AbstractEventLoop, *, timed: bool
+    ) -> HandlerJob:
+        job = HandlerJob(handler, d, loop, timed)
+        with self._lock:
+            self._jobs.append(job)
+            self._staff()
+        return job
+
+    def abandon(self, job: HandlerJob, *, timed_out_s: float | None = None) -> bool:
+        """Give up on ``job`` (past ``timed_out_s``, or the consumer closes). True when it will
+        never deliver a result; False when it finished first (its result stands)."""
+        with self._lock:
+            if job.state == _WAITING:
+                self._jobs.remove(job)
+                job.state = _DROPPED
+                return True
+            if job.state != _RUNNING:
+                return job.state != _FINISHED
+            job.state = _ABANDONED
+            if timed_out_s is None:
+                job.why = "it was released (the consumer closed past its grace period)"
+            self._live -= 1
+            self._abandoned += 1
+            abandoned, live = self._abandoned, self._capacity()
+            self._staff()
+        d = job.d
+        if timed_out_s is not None:
+            logger.warning(
+                "queue %r: task %r attempt %d: handler ran past its %.3g s timeout; abandoned",
+                d.queue.name,
+                d.id,
+                d.attempt,
+                timed_out_s,
+                extra=task_fields(d.queue.name, d.id, d.attempt),
+            )
+        if abandoned > self.abandoned_max:
+            logger.error(
+                "%d handler thread(s) abandoned past their timeout still run, more than the %d "
+                "this consumer replaces (max(%d, 2 x concurrency)); this one is not replaced: "
+                "%d of %d handler(s) can run at once until an abandoned one returns",
+                abandoned,
+                self.abandoned_max,
+                ABANDONED_MIN,
+                live,
+                self._concurrency,
+            )
+        return True
+
+    def stop(self) -> None:
+        """Idle threads end now, busy ones when their handler returns."""
+        with self._lock:
+            self._stopping = True
+            self._work_ready.notify_all()
+
+    def _capacity(self) -> int:
+        """Live threads allowed now: ``concurrency``, less one per abandoned thread past the
+        bound (called with the lock held)."""
+        return self._concurrency - max(0, self._abandoned - self.abandoned_max)
+
+    def _staff(self) -> None:
+        """Wake or start threads for the jobs waiting (called with the lock held)."""
+        waiting = len(self._jobs)
+        wake = min(self._idle, waiting)
+        if wake:
+            self._idle -= wake
+            self._work_ready.notify(wake)
+        for _ in range(min(waiting - wake, self._capacity() - self._live)):
+            self._live += 1
+            self._started += 1
+            thread = threading.Thread(
+                target=self._work, name=f"dueq-handler-{self._started}", daemon=True
+            )
+            thread.start()
+
+    def _work(self) -> None:
+        lock = self._lock
+        with lock:
+            while True:
+                while not self._jobs:
+                    if self._stopping:
+                        self._live -= 1
+                        return
+                    self._idle += 1
+                    self._work_ready.wait()  # (whoever wakes it takes it out of _idle)
+                job = self._jobs.popleft()
+                job.state = _RUNNING
+                lock.release()
+                try:
+                    job.run()
+                finally:
+                    lock.acquire()
+                if job.state == _RUNNING:
+                    job.state = _FINISHED
+                    job.finished()
+                    continue
+                # abandoned while it ran: take work again if a live thread is missing
+                self._abandoned -= 1
+                rejoin = not self._stopping and self._live < self._capacity()
+                if rejoin:
+                    self._live += 1
+                lock.release()
+                try:
+                    _refused(job.d, job.why)
+                finally:
+                    lock.acquire()
+                if not rejoin:
+                    return
+
+
+def _refused(d: Any, why: str) -> None:
+    """Say that an abandoned handler returned and its result is dropped (past its timeout:
+    the threaded consumer's line)."""
+    logger.warning(
+        "queue %r: task %r attempt %d: handler returned after %s; its result is refused",
+        d.queue.name,
+        d.id,
+        d.attempt,
+        why,
+        extra=task_fields(d.queue.name, d.id, d.attempt),
+    )
