@@ -5,9 +5,12 @@ bodies read whole into memory, and a session cookie that never expired nor could
 from __future__ import annotations
 
 import importlib
+import re
+import shlex
 import socket
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -321,3 +324,47 @@ def test_logout_works_on_a_read_only_dashboard(testclient: Callable[..., TestCli
     out = client.post("/logout", data={"csrf": csrf_of(page.text)}, follow_redirects=False)
     assert out.status_code == 303
     assert client.get("/api/overview").status_code == 401
+
+
+# -- the docs page -------------------------------------------------------------------------
+
+DOC = Path(__file__).parent.parent / "docs" / "dashboard-security.md"
+
+
+def doc_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+def test_the_docs_python_block_allows_exactly_its_names(redis_server: RedisServer) -> None:
+    (code,) = doc_blocks("python")
+    scope: dict[str, object] = {"redis_url": redis_server.url}
+    exec(code, scope)
+    with TestClient(scope["app"], base_url="https://127.0.0.1") as client:  # type: ignore[arg-type]
+        bearer = {"Authorization": "Bearer a-long-random-token"}
+        for host, status in (
+            ("dash.example.com", 200),
+            ("ops-box:8080", 200),
+            ("ops-box:8081", 400),
+            ("rebind.example", 400),
+        ):
+            assert client.get("/api/overview", headers={**bearer, "Host": host}).status_code == (
+                status
+            ), host
+
+
+def test_the_docs_command_line_runs_and_allows_its_names(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (command_line,) = doc_blocks("sh")
+    argv = shlex.split(command_line.replace("\\\n", " "))
+    assert argv[:2] == ["dueq", "dashboard"]
+    command = importlib.import_module("dueq.cli.dashboard")
+    started: list[tuple[object, str]] = []
+    monkeypatch.setattr(command, "serve", lambda app, host, port: started.append((app, host)))
+    result = CliRunner().invoke(cli, [*argv[1:], "--redis-url", redis_server.url])
+    assert result.exit_code == 0, result.output
+    [(app, host)] = started
+    assert host == "0.0.0.0"
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # type: ignore[arg-type]
+        assert client.get("/login", headers={"Host": "dash.example.com"}).status_code == 200
+        assert client.get("/login", headers={"Host": "rebind.example"}).status_code == 400

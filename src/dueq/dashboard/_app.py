@@ -772,7 +772,9 @@ class _Dashboard:
     async def _checked(self, kind: Kind, handler: Endpoint, request: Request) -> Response:
         if kind != "open" and not self.authorized(request):
             if kind == "page":
-                return RedirectResponse(url("/login", next=request.url.path), status_code=303)
+                query = request.url.query
+                back = request.url.path + (f"?{query}" if query else "")
+                return RedirectResponse(url("/login", next=back), status_code=303)
             return self.problem(request, "api", 401, "a token is needed (Authorization: Bearer)")
         try:
             if request.method == "POST":
