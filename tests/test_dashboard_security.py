@@ -217,6 +217,25 @@ def test_a_streamed_body_is_refused_without_being_read_whole(
     assert sent[0] < 32 * MiB, f"{sent[0] / MiB:.1f} MiB consumed"
 
 
+def test_an_unread_body_of_a_refused_post_is_not_drained(
+    r: redis.Redis, served: Callable[..., Served]
+) -> None:
+    queues = seed(r)
+    site = served(token=TOKEN)
+    sent = [0]
+
+    def body() -> Iterator[bytes]:
+        for _ in range(2048):  # 128 MiB
+            sent[0] += 64 * 1024
+            yield b"a" * (64 * 1024)
+
+    answer = httpx.post(site.url("/action/pause"), content=body(), timeout=60)
+    assert answer.status_code == 303  # to the login page, without reading the body
+    assert answer.headers["connection"] == "close"
+    assert sent[0] < 32 * MiB, f"{sent[0] / MiB:.1f} MiB consumed"
+    assert not queues["emails"].settings().paused
+
+
 def test_a_form_just_under_the_limit_is_still_read(
     r: redis.Redis, testclient: Callable[..., TestClient]
 ) -> None:

@@ -518,19 +518,29 @@ class _Guard:
             return
         received = 0
         started = False
+        # a body the route answered without reading to its end (a refused login, an
+        # unauthorized POST): close the connection rather than let the server drain it
+        body_done = length in (None, "0") and "transfer-encoding" not in headers
 
         async def counted() -> Message:
-            nonlocal received
+            nonlocal received, body_done
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > MAX_FORM_BYTES:
                     raise BodyTooLarge()
+                body_done = body_done or not message.get("more_body", False)
             return message
 
         async def sending(message: Message) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if not body_done:
+                    message = {
+                        **message,
+                        "headers": [*message.get("headers", []), (b"connection", b"close")],
+                    }
             await send(message)
 
         try:
