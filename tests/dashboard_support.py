@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import redis
 
@@ -67,3 +69,38 @@ def running_worker(*queues: Queue) -> Iterator[Worker]:
     finally:
         worker.stop()
         thread.join(10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Served:
+    """A real uvicorn server of the dashboard app in a thread, on a free loopback port."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1") -> None:
+        import uvicorn
+
+        self.host = host
+        self.port = free_port()
+        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Served:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def url(self, path: str = "/") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"

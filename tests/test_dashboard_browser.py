@@ -287,3 +287,40 @@ def test_workers_and_cron_pages(r: redis.Redis, serve: Serve, browser: WebDriver
         browser.get(site.url("/workers"))
         wait_text(browser, "Workers (1 alive)")
         shot(browser, "workers")
+
+
+def test_log_in_with_the_token_and_log_out(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    seed(r)
+    site = serve(token="browser-token")
+    browser.get(site.url("/queue?queue=emails"))
+    wait_text(browser, "Log in")  # redirected: no session yet
+    browser.find_element(By.NAME, "token").send_keys("browser-token")
+    click(browser, "button[type='submit']")
+    wait_text(browser, "Dead, by error type")  # back where it was going, logged in
+    assert browser.current_url == site.url("/queue?queue=emails")
+    session = browser.get_cookie("dueq_session")
+    assert session is not None and session["httpOnly"] and session["sameSite"] == "Strict"
+    assert session["path"] == "/" and "expiry" in session  # expires (12 h), not a fixed value
+    shot(browser, "logged-in")
+    click(browser, "#logout")
+    wait_text(browser, "Log in")
+    assert browser.get_cookie("dueq_session") is None
+    browser.add_cookie({"name": "dueq_session", "value": session["value"], "path": "/"})
+    browser.get(site.url("/"))  # the old cookie, put back: the server ended that session
+    wait_text(browser, "Log in")
+
+
+def test_a_rebinding_name_gets_a_plain_400(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    seed(r)
+    site = serve()
+    # Chromium resolves every *.localhost name to loopback itself: the page's Host is a name
+    # the dashboard was not told about, as on a DNS-rebinding attacker's page
+    browser.get(f"http://rebind.localhost:{site.port}/api/task?queue=emails&id=welcome:42")
+    wait_text(browser, "does not answer to this Host")
+    assert "ann@example.com" not in browser.find_element(By.TAG_NAME, "body").text
+    browser.get(f"http://localhost:{site.port}/task?queue=emails&id=welcome:42")
+    wait_text(browser, "ann@example.com")

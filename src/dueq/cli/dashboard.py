@@ -2,7 +2,9 @@
 
 It binds 127.0.0.1 unless ``--host`` says otherwise, and refuses a non-loopback address
 without ``--token`` (or ``$DUEQ_DASHBOARD_TOKEN``, which keeps it out of the process list) or
-an explicit ``--insecure``. Needs the dashboard extra: ``pip install 'dueq[dashboard]'``.
+an explicit ``--insecure``. It answers only to the Host names of docs/dashboard-security.md
+(loopback, ``--host``, the arrival address, each ``--allow-host``).
+Needs the dashboard extra: ``pip install 'dueq[dashboard]'``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from .connection import RedisTarget, redis_options, require_queue
 from .errors import CliError
 
 DEFAULT_HOST = "127.0.0.1"
+#: Bind-anywhere addresses: no browser names the dashboard by these, so they are not allowed
+#: as a Host (the address a request arrives on is, see ``dueq.dashboard.HostRules``).
+WILDCARDS = ("0.0.0.0", "::", "")
 ENV_TOKEN = "DUEQ_DASHBOARD_TOKEN"
 
 
@@ -53,6 +58,26 @@ def serve(app: Any, host: str, port: int) -> None:
 )
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback --host without a token.")
 @click.option(
+    "--allow-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME[:PORT]",
+    help="Also answer to this Host name (repeatable): the name people and proxies use. "
+    "Default: 127.0.0.1, localhost, ::1, --host and the address a request arrived on.",
+)
+@click.option(
+    "--behind-tls",
+    is_flag=True,
+    help="Browsers reach it over https (a TLS proxy in front): mark its cookies Secure.",
+)
+@click.option(
+    "--session-hours",
+    type=click.FloatRange(min=0, min_open=True),
+    default=12.0,
+    show_default=True,
+    help="How long a login lasts (with --token).",
+)
+@click.option(
     "--queue",
     "queues",
     multiple=True,
@@ -66,6 +91,9 @@ def dashboard(
     read_only: bool,
     token: str | None,
     insecure: bool,
+    allowed_hosts: tuple[str, ...],
+    behind_tls: bool,
+    session_hours: float,
     queues: tuple[str, ...],
     target: RedisTarget,
 ) -> None:
@@ -82,10 +110,21 @@ def dashboard(
     conn = target.open()
     for name in queues:
         require_queue(conn, name)
-    app = d.create_app(
-        conn.url, d.DashboardSettings(read_only=read_only, token=token or None, queues=queues)
-    )
     shown = host if ":" not in host else f"[{host}]"
+    if host not in WILDCARDS:  # the name it is bound to, at its port (an address: harmless)
+        allowed_hosts = (f"{shown}:{port}", *allowed_hosts)
+    settings = d.DashboardSettings(
+        read_only=read_only,
+        token=token or None,
+        queues=queues,
+        allowed_hosts=allowed_hosts,
+        behind_tls=behind_tls,
+        session_s=session_hours * 3600,
+    )
+    try:
+        app = d.create_app(conn.url, settings)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
     click.echo(f"dueq dashboard on http://{shown}:{port}/ (Redis {conn.shown})", err=True)
     serve(app, host, port)
 

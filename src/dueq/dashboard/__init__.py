@@ -6,10 +6,14 @@ listing calls per search) or bucketed (per-minute history, a 48-bucket due histo
 queue of millions of tasks costs a page what a queue of ten does.
 
 Safe by default, because a dashboard can replay and purge: it binds 127.0.0.1 and refuses any
-other address without a token (``check_bind``); with a token every request needs it
-(``Authorization: Bearer`` or the login form's HttpOnly cookie); every state change is a POST
-carrying a CSRF token (double-submit cookie, SameSite=Strict) after a confirmation page, and a
-cross-origin POST is refused; ``read_only`` hides every button and answers POSTs with 403.
+other address without a token (``check_bind``); it answers only to loopback names, its own
+address and ``allowed_hosts`` (any other ``Host``, as from a DNS-rebinding page, gets 400);
+no request body over 64 KiB is read; with a token every request needs it
+(``Authorization: Bearer`` or a login session: a random, expiring HttpOnly cookie that
+``/logout`` ends); every state change is a POST carrying a CSRF token (double-submit cookie,
+SameSite=Strict) after a confirmation page, and a POST from an Origin outside the allowed
+names is refused; ``read_only`` hides every button and answers POSTs with 403. See
+docs/dashboard-security.md.
 Every value is escaped, the Content-Security-Policy allows no inline script, and the pages
 name the Redis without its password (``redis_label``). Charts are SVG drawn on the server;
 pages refresh their figures by polling a JSON endpoint every few seconds.

@@ -5,7 +5,9 @@ tasks, a histogram of 48 buckets, the per-minute history), so its cost does not 
 the queue. State changes go through one table (``ACTIONS``): a GET of ``/action/<verb>`` shows
 what would happen (the confirmation step, changing nothing); a POST with the CSRF token does
 it. ``_Dashboard.endpoint`` wraps every route with the checks (token, read-only, CSRF, Origin)
-and the security headers, so no route can forget them.
+and the security headers, so no route can forget them; ``_Guard`` wraps the whole app and
+refuses, before any route runs, a ``Host`` that is not allowed (DNS rebinding) and a request
+body over ``MAX_FORM_BYTES`` (counted while it arrives, never read whole first).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hmac
 import ipaddress
 import logging
 import secrets
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,12 +32,22 @@ import redis.asyncio
 import redis.asyncio.cluster
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import discovery
 from .._async import AsyncQueue
+from ..clock import Clock
 from ..cron import CronDefinition
 from ..exceptions import ConfigurationError, CronNotFound, DueqError, TaskNotFound
 from ..keys import validate_queue_name
@@ -53,7 +66,16 @@ REDIS_AWAY = (redis.ConnectionError, redis.TimeoutError)
 CSRF_COOKIE = "dueq_csrf"
 SESSION_COOKIE = "dueq_session"
 PAGE_SIZE = 50
+#: Largest request body any route reads (the forms are a few hundred bytes). A longer one is
+#: refused with 413 by its Content-Length before it is read, or as soon as it passes this.
 MAX_FORM_BYTES = 64 * 1024
+#: Names a person on this machine reaches the dashboard by (any port: a Host check is about
+#: the name; a POST's Origin must also be at the dashboard's own port, see ``HostRules``).
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+#: How long a login lasts by default (then the login page again).
+SESSION_S = 12 * 3600.0
+#: Sessions kept at once; past it the oldest is ended (only logins with the token add one).
+MAX_SESSIONS = 10_000
 #: list_tasks calls one search may make (each looks at up to 1,000 tasks).
 SEARCH_CALLS = 10
 #: Dead tasks read to group them by error type (replay/purge of a group acts on all of it).
@@ -76,13 +98,23 @@ SECURITY_HEADERS = {
 class DashboardSettings:
     """How the dashboard behaves: ``read_only`` hides and refuses every state change;
     ``token`` (when set) is required of every request (``Authorization: Bearer`` or the login
-    form's cookie); ``queues`` limits it to these queues (default: every queue found);
-    ``poll_s`` is how often pages refresh their figures."""
+    form's session cookie, which lasts ``session_s`` or until ``/logout``); ``queues`` limits
+    it to these queues (default: every queue found); ``poll_s`` is how often pages refresh
+    their figures.
+
+    ``allowed_hosts``: the names (``NAME`` at any port, ``NAME:PORT``, ``[v6]``) the dashboard
+    answers to besides 127.0.0.1, localhost, ::1 and the address a request arrived on; any
+    other ``Host`` gets a plain 400, and a POST's ``Origin`` must be one of them.
+    ``behind_tls``: the browser reaches it over https (a TLS proxy in front), so its cookies
+    are marked ``Secure`` (they are anyway when the request's scheme is https)."""
 
     read_only: bool = False
     token: str | None = None
     queues: tuple[str, ...] = ()
     poll_s: float = 2.0
+    allowed_hosts: tuple[str, ...] = ()
+    session_s: float = SESSION_S
+    behind_tls: bool = False
 
 
 def redis_label(redis_url: str) -> str:
@@ -116,6 +148,144 @@ def check_bind(host: str, *, token: str | None, insecure: bool) -> None:
             f"refusing to serve the dashboard on {host}, which is not a loopback address, "
             "without --token (or --insecure to do it anyway)"
         )
+
+
+def split_host(value: str) -> tuple[str, int | None]:
+    """``(name, port)`` of a ``Host`` value or allow-list entry: ``name``, ``name:port``,
+    ``[v6]``, ``[v6]:port`` or a bare IPv6 address; the name lowercased, an IP address in its
+    canonical form. ValueError when it is not one of these."""
+    text = value.strip().lower()
+    port_text: str | None
+    if text.startswith("["):
+        name, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"not a host: {value!r}")
+        port_text = rest[1:] if rest else None
+    elif text.count(":") > 1:  # a bare IPv6 address (an allow-list entry such as ::1)
+        name, port_text = text, None
+    else:
+        name, colon, port_text = text.partition(":")
+        port_text = port_text if colon else None
+    if not name or any(c in name for c in "/@?#\\ []"):
+        raise ValueError(f"not a host: {value!r}")
+    port = None
+    if port_text is not None:
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise ValueError(f"not a port: {value!r}")
+        port = int(port_text)
+    with contextlib.suppress(ValueError):  # a name, not an IP address: kept as it is
+        name = str(ipaddress.ip_address(name))
+    return name, port
+
+
+def _default_port(scheme: str) -> int:
+    return 443 if scheme in ("https", "wss") else 80
+
+
+@dataclass(frozen=True)
+class HostRules:
+    """Which ``Host`` and ``Origin`` values the dashboard accepts (DNS rebinding defence).
+
+    ``Host``: a loopback name or the address the connection arrived on (its bound address; for
+    0.0.0.0, whichever of the machine's addresses the client used), at any port; or an
+    ``allowed`` entry (at any port, or at the port it names). A rebinding page's Host is the
+    attacker's name, so it matches none of these. ``Origin`` (of a POST): ``http``/``https``
+    with one of the same names, where the loopback names and the arrival address count only
+    at the dashboard's own port: another program on another local port is another origin,
+    and cookies do not tell ports apart."""
+
+    allowed: tuple[tuple[str, int | None], ...]
+
+    @classmethod
+    def of(cls, entries: tuple[str, ...]) -> HostRules:
+        parsed = []
+        for entry in entries:
+            try:
+                parsed.append(split_host(entry))
+            except ValueError:
+                raise ConfigurationError(
+                    f"allowed host {entry!r} is not NAME, NAME:PORT or [IPv6]:PORT"
+                ) from None
+        return cls(tuple(parsed))
+
+    def _local(self, name: str, scope: Scope) -> bool:
+        server = scope.get("server")
+        if name in LOOPBACK_NAMES:
+            return True
+        if not server or not isinstance(server[0], str):
+            return False
+        try:
+            return name == str(ipaddress.ip_address(server[0]))
+        except ValueError:  # not an IP address (a unix socket path): nothing to match
+            return False
+
+    def _listed(self, name: str, port: int) -> bool:
+        return any(name == n and (p is None or p == port) for n, p in self.allowed)
+
+    def host_ok(self, host: str | None, scope: Scope) -> bool:
+        if not host:
+            return False
+        try:
+            name, port = split_host(host)
+        except ValueError:
+            return False
+        if self._local(name, scope):
+            return True
+        return self._listed(name, port or _default_port(scope.get("scheme", "http")))
+
+    def origin_ok(self, origin: str, scope: Scope) -> bool:
+        try:
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or parts.path or "@" in parts.netloc:
+                return False
+            name, port = split_host(parts.netloc)
+        except ValueError:
+            return False
+        port = port or _default_port(parts.scheme)
+        server = scope.get("server")
+        if self._local(name, scope) and server and port == server[1]:
+            return True
+        return self._listed(name, port)
+
+
+@dataclass
+class Sessions:
+    """Logged-in sessions, in the app's memory: a random id per login (the cookie holds it,
+    the server only its SHA-256), ended by expiry, ``/logout`` or a restart of the server."""
+
+    lifetime_s: float
+    clock: Clock
+    expires_at: dict[str, float] = field(default_factory=dict)
+
+    @staticmethod
+    def _digest(value: str) -> str:
+        return hashlib.sha256(value.encode()).hexdigest()
+
+    def open(self) -> str:
+        now = self.clock()
+        for key in [k for k, at in self.expires_at.items() if at <= now]:
+            del self.expires_at[key]
+        while len(self.expires_at) >= MAX_SESSIONS:  # the oldest first (insertion order)
+            del self.expires_at[next(iter(self.expires_at))]
+        value = secrets.token_urlsafe(32)
+        self.expires_at[self._digest(value)] = now + self.lifetime_s
+        return value
+
+    def valid(self, value: str | None) -> bool:
+        if not value:
+            return False
+        key = self._digest(value)
+        at = self.expires_at.get(key)
+        if at is None:
+            return False
+        if at <= self.clock():
+            del self.expires_at[key]
+            return False
+        return True
+
+    def close(self, value: str | None) -> None:
+        if value:
+            self.expires_at.pop(self._digest(value), None)
 
 
 @dataclass(frozen=True)
@@ -306,13 +476,95 @@ class HttpProblem(Exception):
         self.message = message
 
 
+class BodyTooLarge(HttpProblem):
+    """The request body passed ``MAX_FORM_BYTES`` while it was being received."""
+
+    def __init__(self) -> None:
+        super().__init__(413, f"request body too large (at most {MAX_FORM_BYTES} bytes)")
+
+
+#: Answers of the guard itself: no page, no data, and the connection closed (a refused body
+#: is not read to its end).
+CLOSE = {"Connection": "close", **SECURITY_HEADERS}
+
+
+class _Guard:
+    """ASGI middleware in front of every route: a ``Host`` outside ``HostRules`` gets a plain
+    400; a body whose Content-Length is over ``MAX_FORM_BYTES`` gets 413 before a byte of it
+    is read, and one that passes it while arriving (chunked, or a lying length) raises
+    ``BodyTooLarge`` from ``receive``, which the route answers with 413 (or this does)."""
+
+    def __init__(self, app: ASGIApp, rules: HostRules) -> None:
+        self.app = app
+        self.rules = rules
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if not self.rules.host_ok(headers.get("host"), scope):
+            answer = PlainTextResponse(
+                "Bad Request: the dashboard does not answer to this Host (see --allow-host)",
+                status_code=400,
+                headers=CLOSE,
+            )
+            await answer(scope, receive, send)
+            return
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_FORM_BYTES):
+            answer = PlainTextResponse(str(BodyTooLarge()), status_code=413, headers=CLOSE)
+            await answer(scope, receive, send)
+            return
+        received = 0
+        started = False
+        # a body the route answered without reading to its end (a refused login, an
+        # unauthorized POST): close the connection rather than let the server drain it
+        body_done = length in (None, "0") and "transfer-encoding" not in headers
+
+        async def counted() -> Message:
+            nonlocal received, body_done
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > MAX_FORM_BYTES:
+                    raise BodyTooLarge()
+                body_done = body_done or not message.get("more_body", False)
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if not body_done:
+                    message = {
+                        **message,
+                        "headers": [*message.get("headers", []), (b"connection", b"close")],
+                    }
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except BodyTooLarge as exc:
+            if started:
+                raise
+            answer = PlainTextResponse(str(exc), status_code=413, headers=CLOSE)
+            await answer(scope, receive, send)
+
+
 async def form_fields(request: Request) -> dict[str, str]:
-    """The fields of a URL-encoded form POST (the only kind the pages send), read once.
+    """The fields of a URL-encoded form POST (the only kind the pages send), read once and
+    counted as it arrives: past ``MAX_FORM_BYTES`` it is refused, never read whole first.
     Parsed here rather than by Starlette, which would need python-multipart for it."""
     if not hasattr(request.state, "form"):
-        body = await request.body()
-        if len(body) > MAX_FORM_BYTES:
-            raise HttpProblem(413, "form too large")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_FORM_BYTES:
+                raise BodyTooLarge()
+            chunks.append(chunk)
+        body = b"".join(chunks)
         pairs = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
         request.state.form = dict(pairs)
     form: dict[str, str] = request.state.form
@@ -397,13 +649,17 @@ class _Dashboard:
     client: redis.asyncio.Redis | None = None
     sync_client: redis.Redis | None = None
     queues: dict[str, AsyncQueue] = field(default_factory=dict)
-    session_value: str = ""
+    clock: Clock = time.time
+    sessions: Sessions = field(init=False)
+    rules: HostRules = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.settings.token:
-            self.session_value = hmac.new(
-                self.settings.token.encode(), b"dueq-dashboard-session", hashlib.sha256
-            ).hexdigest()
+        if not self.settings.session_s > 0:
+            raise ConfigurationError(
+                f"session_s must be a positive number of seconds, got {self.settings.session_s!r}"
+            )
+        self.sessions = Sessions(self.settings.session_s, self.clock)
+        self.rules = HostRules.of(self.settings.allowed_hosts)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -463,8 +719,11 @@ class _Dashboard:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.encode()):
             return True
-        cookie = request.cookies.get(SESSION_COOKIE, "")
-        return hmac.compare_digest(cookie.encode(), self.session_value.encode())
+        return self.sessions.valid(request.cookies.get(SESSION_COOKIE))
+
+    def secure(self, request: Request) -> bool:
+        """Mark cookies ``Secure``: the browser reaches the dashboard over TLS."""
+        return self.settings.behind_tls or request.url.scheme == "https"
 
     async def csrf_ok(self, request: Request) -> bool:
         form = await form_fields(request)
@@ -473,16 +732,29 @@ class _Dashboard:
         return bool(cookie) and isinstance(given, str) and hmac.compare_digest(given, cookie)
 
     def page(self, request: Request, title: str, body: str, poll: str | None = None) -> Response:
+        logged_in = bool(self.settings.token) and self.sessions.valid(
+            request.cookies.get(SESSION_COOKIE)
+        )
         return HTMLResponse(
-            layout(title, body, where=self.where, poll=poll, read_only=self.settings.read_only)
+            layout(
+                title,
+                body,
+                where=self.where,
+                poll=poll,
+                read_only=self.settings.read_only,
+                logout_csrf=request.state.csrf if logged_in else None,
+            )
         )
 
     def problem(self, request: Request, kind: Kind, status: int, message: str) -> Response:
         if kind == "api":
-            return JSONResponse({"error": message}, status_code=status)
+            headers = {"Connection": "close"} if status == 413 else None
+            return JSONResponse({"error": message}, status_code=status, headers=headers)
         body = f'<h1>{status}</h1><p class="problem">{e(message)}</p><p>{link("Overview", "/")}</p>'
         response = self.page(request, str(status), body)
         response.status_code = status
+        if status == 413:  # the rest of the body is not read: close rather than drain it
+            response.headers["Connection"] = "close"
         return response
 
     def endpoint(self, kind: Kind, handler: Endpoint) -> Endpoint:
@@ -496,7 +768,12 @@ class _Dashboard:
                 response.headers.setdefault(name, value)
             if CSRF_COOKIE not in request.cookies:
                 response.set_cookie(
-                    CSRF_COOKIE, request.state.csrf, httponly=True, samesite="strict"
+                    CSRF_COOKIE,
+                    request.state.csrf,
+                    path="/",
+                    httponly=True,
+                    samesite="strict",
+                    secure=self.secure(request),
                 )
             return response
 
@@ -505,7 +782,9 @@ class _Dashboard:
     async def _checked(self, kind: Kind, handler: Endpoint, request: Request) -> Response:
         if kind != "open" and not self.authorized(request):
             if kind == "page":
-                return RedirectResponse(url("/login", next=request.url.path), status_code=303)
+                query = request.url.query
+                back = request.url.path + (f"?{query}" if query else "")
+                return RedirectResponse(url("/login", next=back), status_code=303)
             return self.problem(request, "api", 401, "a token is needed (Authorization: Bearer)")
         try:
             if request.method == "POST":
@@ -525,10 +804,12 @@ class _Dashboard:
             return self.problem(request, kind, 500, f"Redis: {type(exc).__name__}: {exc}")
 
     def _post_allowed(self, request: Request) -> None:
-        if self.settings.read_only and request.url.path != "/login":
+        if self.settings.read_only and request.url.path not in ("/login", "/logout"):
             raise HttpProblem(403, "this dashboard is read-only")
         origin = request.headers.get("origin")
-        if origin and urlsplit(origin).netloc != request.headers.get("host"):
+        # checked against the allowed names, not the request's Host (which a rebinding page
+        # controls); the Host itself was checked by _Guard before any route ran
+        if origin is not None and not self.rules.origin_ok(origin, request.scope):
             raise HttpProblem(403, "cross-origin POST refused")
 
     def buttons(self, *items: str) -> str:
@@ -969,8 +1250,15 @@ class _Dashboard:
             if token and isinstance(given, str) and hmac.compare_digest(given, token):
                 safe = nxt if nxt.startswith("/") and not nxt.startswith("//") else "/"
                 response = RedirectResponse(safe, status_code=303)
+                self.sessions.close(request.cookies.get(SESSION_COOKIE))  # a new id per login
                 response.set_cookie(
-                    SESSION_COOKIE, self.session_value, httponly=True, samesite="strict"
+                    SESSION_COOKIE,
+                    self.sessions.open(),
+                    max_age=int(self.settings.session_s),
+                    path="/",
+                    httponly=True,
+                    samesite="strict",
+                    secure=self.secure(request),
                 )
                 return response
             raise HttpProblem(401, "wrong token")
@@ -982,6 +1270,19 @@ class _Dashboard:
             '<button type="submit">Log in</button></form>'
         )
         return self.page(request, "Log in", body)
+
+    async def logout(self, request: Request) -> Response:
+        """End this browser's session on the server (its cookie no longer works) and drop it."""
+        self.sessions.close(request.cookies.get(SESSION_COOKIE))
+        response = RedirectResponse("/login" if self.settings.token else "/", status_code=303)
+        response.delete_cookie(
+            SESSION_COOKIE,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=self.secure(request),
+        )
+        return response
 
     # -- JSON and charts ---------------------------------------------------------------------
 
@@ -1104,17 +1405,20 @@ class _Dashboard:
         raise HttpProblem(404, "no such file")
 
 
-def create_app(redis_url: str, settings: DashboardSettings | None = None) -> Starlette:
+def create_app(
+    redis_url: str, settings: DashboardSettings | None = None, *, clock: Clock | None = None
+) -> Starlette:
     """The dashboard as an ASGI app over the Redis at ``redis_url`` (serve it with uvicorn).
 
     The Redis client is opened by the app's lifespan (on the server's event loop) and closed
     when it ends. The pages name the Redis by ``redis_label(redis_url)``: never its password.
+    ``clock`` (epoch seconds) times the login sessions; default ``time.time``.
     """
     if settings is None:
         settings = DashboardSettings()
     for name in settings.queues:
         validate_queue_name(name)
-    dash = _Dashboard(redis_url, settings, redis_label(redis_url))
+    dash = _Dashboard(redis_url, settings, redis_label(redis_url), clock=clock or time.time)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -1145,6 +1449,7 @@ def create_app(redis_url: str, settings: DashboardSettings | None = None) -> Sta
         route("/cron", "page", dash.cron_page),
         route("/action/{verb}", "page", dash.action_page, ("GET", "POST")),
         route("/login", "open", dash.login_page, ("GET", "POST")),
+        route("/logout", "open", dash.logout, ("POST",)),
         route("/static/{name}", "open", dash.static),
         route("/api/overview", "api", dash.api_overview),
         route("/api/queue", "api", dash.api_queue),
@@ -1157,7 +1462,9 @@ def create_app(redis_url: str, settings: DashboardSettings | None = None) -> Sta
         route("/chart/due.svg", "api", dash.due_svg),
         route("/metrics", "api", dash.metrics),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(
+        routes=routes, lifespan=lifespan, middleware=[Middleware(_Guard, rules=dash.rules)]
+    )
     app.state.dashboard = dash
     return app
 

@@ -135,10 +135,26 @@ def pretty_json(value: Any) -> str:
         return repr(value)
 
 
-def layout(title: str, body: str, *, where: str, poll: str | None, read_only: bool) -> str:
-    """The whole page: header with navigation, ``body``, and the poller when ``poll`` is set."""
+def layout(
+    title: str,
+    body: str,
+    *,
+    where: str,
+    poll: str | None,
+    read_only: bool,
+    logout_csrf: str | None = None,
+) -> str:
+    """The whole page: header with navigation, ``body``, and the poller when ``poll`` is set;
+    a Log out button (a POST carrying ``logout_csrf``) when that is given."""
     poll_attr = f' data-poll="{e(poll)}"' if poll else ""
     mode = " · read-only" if read_only else ""
+    logout = (
+        '<form class="inline" method="post" action="/logout">'
+        f'<input type="hidden" name="csrf" value="{e(logout_csrf)}">'
+        '<button type="submit" id="logout">Log out</button></form>'
+        if logout_csrf
+        else ""
+    )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{e(title)} · dueq</title>"
@@ -148,5 +164,5 @@ def layout(title: str, body: str, *, where: str, poll: str | None, read_only: bo
         f"{link('dueq', '/')}{link('Overview', '/')}{link('Workers', '/workers')}"
         f"{link('Cron', '/cron')}"
         f'<span class="where">Redis {e(where)}{e(mode)} · <span id="updated"></span></span>'
-        f"</header><main>{body}</main></body></html>"
+        f"{logout}</header><main>{body}</main></body></html>"
     )
