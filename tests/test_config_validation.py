@@ -5,6 +5,7 @@ with the refused values in ``settings().rejected``."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import timedelta
 from importlib import resources
@@ -209,3 +210,20 @@ def test_lua_and_python_read_a_setting_the_same_way(admin, field, raw):
     prelude = resources.files("dueq").joinpath("lua/_prelude.lua").read_text(encoding="utf-8")
     lua = admin.eval(prelude + _LUA_PROBE, 0, field, raw)
     assert (lua.decode() if isinstance(lua, bytes) else lua) == _python_reading(field, raw)
+
+
+def test_dueq_configure_shows_a_refused_value(invoke, r):
+    q = dueq.Queue("shown", r)
+    r.hset(q.keys.config, "rate", "1/99999999999999999999")
+    result = invoke("configure", "shown")
+    assert result.exit_code == 0, result.output
+    assert "rate off" in result.output
+    assert "1/99999999999999999999" in result.output and "ignored" in result.output
+
+
+def test_the_python_example_of_the_docs_page_runs(r):
+    page = Path(__file__).parent.parent / "docs" / "settings-validation.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), {"r": r})
