@@ -384,7 +384,9 @@ def test_one_unreadable_queue_does_not_hide_the_others(r: redis.Redis, dashboard
     client = dashboard()
     data = client.get("/api/overview").json()
     assert data["queues"]["emails"]["scheduled"] == 3
-    assert data["queues"]["reports"]["error"].startswith("ResponseError")
+    # named by dueq: which key, what it holds (it is also a redis ResponseError)
+    assert data["queues"]["reports"]["error"].startswith("CorruptQueue")
+    assert "dueq:{reports}:due holds a string" in data["queues"]["reports"]["error"]
     assert "WRONGTYPE" in data["live"]["reports.error"]
     page = client.get("/")
     assert page.status_code == 200

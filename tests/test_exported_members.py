@@ -20,6 +20,7 @@ PUBLIC = {
     "AsyncWorker",
     "ClaimBatch",
     "ConfigurationError",
+    "CorruptQueue",
     "CronConflict",
     "CronDefinition",
     "CronError",

@@ -13,6 +13,7 @@ from .cron import CronDefinition, Occurrence
 from .envelope import TaskOptions, TraceContext
 from .exceptions import (
     ConfigurationError,
+    CorruptQueue,
     CronConflict,
     CronError,
     CronNotFound,
@@ -52,6 +53,7 @@ __all__ = [
     "AsyncWorker",
     "ClaimBatch",
     "ConfigurationError",
+    "CorruptQueue",
     "CronConflict",
     "CronDefinition",
     "CronError",

@@ -57,6 +57,7 @@ from .retry import RetryPolicy
 from .snapshot import settings_from_hash, text
 from .task import (
     MAX_KEY_CONCURRENCY,
+    MAX_REMEMBER_DONE_MS,
     DeliveryBase,
     DueHistogram,
     HistoryPoint,
@@ -949,6 +950,10 @@ class QueueCore:
             changes.append(("paused", "1" if paused else ""))
         if remember_done is not None:
             ms = duration_ms(remember_done, "remember_done", error=ConfigurationError)
+            if ms > MAX_REMEMBER_DONE_MS:
+                raise ConfigurationError(
+                    f"remember_done must be at most 366 days, got {remember_done!r}"
+                )
             changes.append(("remember_done_ms", str(ms) if ms > 0 else ""))
         settings: QueueSettings = yield protocol.configure(self.keys, changes)
         return settings

@@ -453,7 +453,7 @@ def configure(k: QueueKeys, changes: Sequence[tuple[str, str]]) -> Call[QueueSet
     args: list[Any] = []
     for setting, value in changes:
         args += (setting, value)
-    return Call("configure", [k.config, k.wake], args, settings_from_reply)
+    return Call("configure", [k.config, k.wake, k.stats], args, settings_from_reply)
 
 
 # -- dead.lua ----------------------------------------------------------------------------------

@@ -92,6 +92,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
 # GET: the shard count of a sharded queue (``dueq:{<queue>#}:shards``), read by the first
 # schedule or claim of a plain queue object and by every open by name; EXISTS + SETNX: a
 # sharded queue object's first use checks for a plain queue of its name and records N.
+# TYPE: after a script failed with WRONGTYPE, the runner finds the key to name (scripts.py).
 COMMON_COMMANDS = (
     "ping",
     "select",
@@ -102,6 +103,7 @@ COMMON_COMMANDS = (
     "get",
     "exists",
     "setnx",
+    "type",  # only after a script's WRONGTYPE: which key is of the wrong type (scripts.py)
 )
 PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     "producer": (),

@@ -13,6 +13,7 @@
     ├── LeaseLost                                a holder whose lease expired or was taken over
     │   └── TaskCancelled                        ... because its task was cancelled while leased
     ├── ReplicationTimeout                       written, but fewer replicas confirmed it than asked
+    ├── CorruptQueue   (also redis ResponseError) a queue key holds the wrong type of value
     ├── TaskTimeout                              an attempt ran past process(timeout=...): retried
     └── Unrecoverable                            raised by a handler: skip retries, go to dead
 
@@ -25,8 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from redis.exceptions import ResponseError
+
 __all__ = [
     "ConfigurationError",
+    "CorruptQueue",
     "CronConflict",
     "CronError",
     "CronNotFound",
@@ -108,6 +112,21 @@ class ReplicationTimeout(DueqError):
         super().__init__(message)
         self.confirmed = confirmed
         self.wanted = wanted
+
+
+class CorruptQueue(DueqError, ResponseError):
+    """A key the queue cannot work without (due, leased, tasks, meta, config, ...) holds another
+    type of value than dueq keeps there: something other than dueq wrote it. The message names
+    the key, the type it holds and the type expected; nothing of the failed call was done past
+    the point where it met the key. An operator must restore or delete the key; consumers stop
+    with this error rather than retry. It is also a ``redis.ResponseError`` whose message has
+    "WRONGTYPE" in it, as Redis's own error had before dueq named the key."""
+
+    def __init__(self, message: str, key: str, actual_type: str, expected_type: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.actual_type = actual_type
+        self.expected_type = expected_type
 
 
 class TaskTimeout(DueqError):

@@ -26,6 +26,47 @@ def layout_key(name: str) -> str:
     return f"{PREFIX}:{{{validate_queue_name(name)}#}}:shards"
 
 
+#: The Redis type dueq keeps at each key of a queue, by the part after the queue's tag
+#: ("dueq:{<queue>}:<part>"); the wake channel is no key.
+KEY_TYPES = {
+    "due": "zset",
+    "leased": "zset",
+    "tasks": "hash",
+    "meta": "hash",
+    "errors": "hash",
+    "dead": "zset",
+    "cron": "hash",
+    "cron:state": "hash",
+    "cron:paused": "hash",
+    "cron:last": "hash",
+    "stats": "hash",
+    "done": "zset",
+    "config": "hash",
+    "rate": "zset",
+    "cancelled": "zset",
+    "keys": "hash",
+    "parked": "zset",
+    "keys:wait": "zset",
+    "history": "hash",
+    "workers": "zset",
+    "workers:info": "hash",
+    "spark:batches": "hash",
+    "spark:queries": "zset",
+    **{f"due:p{p}": "zset" for p in range(1, 10)},
+}
+
+
+def expected_type(key: str) -> str | None:
+    """The Redis type dueq keeps at ``key`` (a key of a queue or a Spark stage), or None for a
+    name it does not know."""
+    _, tag_end, part = key.partition("}:")
+    if not tag_end or not key.startswith(PREFIX + ":{"):
+        return None
+    if part.startswith("spark:stage:"):
+        return {"rows": "list", "ids": "set"}.get(part.rsplit(":", 1)[-1])
+    return KEY_TYPES.get(part)
+
+
 @dataclass(frozen=True)
 class QueueKeys:
     """The Redis keys of one queue.

@@ -12,6 +12,12 @@ reschedule, dead-letter moves, cron definitions) raise ReplicationTimeout when f
 confirm; settling a delivery (ack, fail, release) logs a warning instead, since the change is
 made and losing it in a failover only means the task runs again (at-least-once). Claims and
 lease extensions do not wait: losing one returns the task to due, which leases already allow.
+
+Keys of the wrong type: a script that meets a key holding another type than dueq keeps there
+fails with Redis's ``WRONGTYPE``, which names no key. The runner then asks the ``TYPE`` of that
+call's KEYS (one round trip, only on this error) and raises ``CorruptQueue`` naming the key, the
+type it holds and the type expected (keys.py ``KEY_TYPES``). Statistics keys never get here:
+the scripts leave a wrong-typed one alone (see the Lua prelude).
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from .exceptions import ConfigurationError, ReplicationTimeout
+from .exceptions import ConfigurationError, CorruptQueue, ReplicationTimeout
+from .keys import expected_type
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +99,35 @@ def script_source(name: str) -> str:
     return prelude + "\n" + body
 
 
+def _wrong_type(exc: redis.ResponseError) -> bool:
+    """Redis's WRONGTYPE, as Redis raised it (not already a CorruptQueue)."""
+    return not isinstance(exc, CorruptQueue) and "WRONGTYPE" in str(exc)
+
+
+def corrupt_queue(name: str, keys: list[str], types: list[Any]) -> CorruptQueue | None:
+    """The CorruptQueue for the keys of a call whose TYPE (``types``, in KEYS order) is not the
+    one dueq keeps there, or None when every key is of its type (or missing)."""
+    wrong = []
+    for key, raw in zip(keys, types, strict=True):
+        actual = raw.decode() if isinstance(raw, bytes) else str(raw)
+        expected = expected_type(key)
+        if expected is not None and actual not in (expected, "none"):
+            wrong.append((key, actual, expected))
+    if not wrong:
+        return None
+    named = "; ".join(
+        f"{key} holds a {actual}, where dueq keeps a {expected}" for key, actual, expected in wrong
+    )
+    key, actual, expected = wrong[0]
+    return CorruptQueue(
+        f"WRONGTYPE: {named}. {name}.lua cannot run until it is fixed: something other than "
+        "dueq wrote that key; restore it, or move it away (RENAME) and let dueq start it afresh",
+        key,
+        actual,
+        expected,
+    )
+
+
 def _waits(name: str, wait_replicas: int) -> bool:
     return bool(wait_replicas) and (name in PRODUCER_SCRIPTS or name in SETTLE_SCRIPTS)
 
@@ -139,7 +175,30 @@ class Scripts(_ScriptsBase):
     """The scripts of a blocking client (``redis.Redis`` or ``RedisCluster``), by name."""
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run script ``name`` with KEYS and ARGV."""
+        """Run script ``name`` with KEYS and ARGV; a key of the wrong type raises CorruptQueue."""
+        try:
+            return self._run(name, keys, args)
+        except redis.ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
+            corrupt = self._look(name, keys)
+            if corrupt is None:
+                raise
+            raise corrupt from exc
+
+    def _look(self, name: str, keys: list[str]) -> CorruptQueue | None:
+        """TYPE of each of ``keys`` (one round trip), as corrupt_queue reads them."""
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.type(key)
+            types = pipe.execute()
+        except redis.RedisError as exc:  # cannot look (no +type, connection lost): Redis's error
+            logger.debug("cannot read the key types of %s: %s", name, exc)
+            return None
+        return corrupt_queue(name, keys, types)
+
+    def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         if not _waits(name, self._wait_replicas):
             return self._scripts[name](keys=keys, args=args)
         if isinstance(self._client, RedisCluster):
@@ -187,7 +246,30 @@ class AsyncScripts(_ScriptsBase):
     """The scripts of a ``redis.asyncio`` client, awaited by name (as ``Scripts``)."""
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run script ``name`` with KEYS and ARGV."""
+        """Run script ``name`` with KEYS and ARGV; a key of the wrong type raises CorruptQueue."""
+        try:
+            return await self._run(name, keys, args)
+        except redis.ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
+            corrupt = await self._look(name, keys)
+            if corrupt is None:
+                raise
+            raise corrupt from exc
+
+    async def _look(self, name: str, keys: list[str]) -> CorruptQueue | None:
+        """TYPE of each of ``keys`` (one round trip), as corrupt_queue reads them."""
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.type(key)
+            types = await pipe.execute()
+        except redis.RedisError as exc:  # cannot look (no +type, connection lost): Redis's error
+            logger.debug("cannot read the key types of %s: %s", name, exc)
+            return None
+        return corrupt_queue(name, keys, types)
+
+    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         if not _waits(name, self._wait_replicas):
             return await self._scripts[name](keys=keys, args=args)
         assert isinstance(self._client, redis.asyncio.Redis)

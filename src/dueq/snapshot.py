@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
 from .clock import ms_datetime, stored_ms
 from .envelope import NO_OPTIONS, decode_task
-from .exceptions import ConfigurationError, PayloadError
+from .exceptions import PayloadError
 from .failures import parse_error_records, token_holder
-from .task import MAX_KEY_CONCURRENCY, QueueSettings, QueueStats, Rate, TaskInfo, TaskState
+from .task import (
+    MAX_KEY_CONCURRENCY,
+    MAX_RATE_N,
+    MAX_RATE_PER_MS,
+    MAX_REMEMBER_DONE_MS,
+    QueueSettings,
+    QueueStats,
+    Rate,
+    TaskInfo,
+    TaskState,
+)
 
 #: Largest count read back from Redis (beyond it a stored number is corrupted).
 MAX_COUNT = 2**53
@@ -106,36 +117,76 @@ def _datetime(ms: int | None) -> datetime | None:
     return None if ms is None else ms_datetime(ms)
 
 
+#: setting_value's answer for a stored value the scripts refuse.
+REJECTED: Any = object()
+
+_WHOLE = re.compile(r"[0-9]{1,15}")
+_RATE = re.compile(r"([0-9]+)/([0-9]+)")
+
+
+def _whole(raw: str, low: int, high: int) -> int | None:
+    if _WHOLE.fullmatch(raw) is None:
+        return None
+    n = int(raw)
+    return n if low <= n <= high else None
+
+
+def setting_value(field: str, raw: str) -> Any:
+    """A stored setting as the scripts read it (the Lua prelude's setting_parse, the same
+    rules): paused -> bool, rate and key_rate -> (n, per_ms), key_concurrency and
+    remember_done_ms -> int; REJECTED for a value they refuse (they run as if it were unset).
+    A field without a rule comes back as it is."""
+    value: Any = None
+    if field == "paused":
+        if raw in ("0", "1"):
+            return raw == "1"
+    elif field in ("rate", "key_rate"):
+        parts = _RATE.fullmatch(raw)
+        if parts is not None:
+            n = _whole(parts[1], 1, MAX_RATE_N)
+            per_ms = _whole(parts[2], 1, MAX_RATE_PER_MS)
+            value = None if n is None or per_ms is None else (n, per_ms)
+    elif field == "key_concurrency":
+        value = _whole(raw, 1, MAX_KEY_CONCURRENCY)
+    elif field == "remember_done_ms":
+        value = _whole(raw, 0, MAX_REMEMBER_DONE_MS)
+    else:
+        return raw
+    return REJECTED if value is None else value
+
+
 def settings_from_reply(reply: list[Any]) -> QueueSettings:
-    """QueueSettings from a config hash's fields and values (HGETALL as a flat list). A value
-    that cannot be read (corrupted, or written by a newer dueq) is left at its default."""
-    raw = {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
-    done_ms = raw.get("remember_done_ms", "")
+    """QueueSettings from a config hash's fields and values (HGETALL as a flat list): what the
+    scripts enforce, and in ``rejected`` the values they refuse. Fields dueq does not know
+    (written by a newer dueq, say) are left out."""
+    raw = {text(reply[i]): _setting_text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
+    values: dict[str, Any] = {}
+    rejected: dict[str, str] = {}
+    for name in ("paused", "rate", "key_rate", "key_concurrency", "remember_done_ms"):
+        if name in raw:
+            value = setting_value(name, raw[name])
+            if value is REJECTED:
+                rejected[name] = raw[name]
+            else:
+                values[name] = value
+    done_ms = values.get("remember_done_ms", 0)
     return QueueSettings(
-        paused=raw.get("paused") == "1",
-        remember_done=timedelta(milliseconds=int(done_ms))
-        if done_ms.isdigit() and int(done_ms) > 0
-        else None,
-        rate=_rate(raw.get("rate", "")),
-        key_rate=_rate(raw.get("key_rate", "")),
-        key_concurrency=_count_setting(raw.get("key_concurrency", "")),
+        paused=values.get("paused", False),
+        remember_done=timedelta(milliseconds=done_ms) if done_ms > 0 else None,
+        rate=_rate(values.get("rate")),
+        key_rate=_rate(values.get("key_rate")),
+        key_concurrency=values.get("key_concurrency"),
+        rejected=rejected,
     )
 
 
-def _count_setting(raw: str) -> int | None:
-    """A stored whole number >= 1, or None when unset or unreadable."""
-    return int(raw) if raw.isdigit() and 0 < int(raw) <= MAX_KEY_CONCURRENCY else None
+def _setting_text(value: bytes | str) -> str:
+    """A stored setting as text; bytes that are not UTF-8 are replaced (no rule accepts them)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-def _rate(raw: str) -> Rate | None:
-    """A stored rate "n/per_ms" (see configure.lua), or None when unset or unreadable."""
-    n, _, per_ms = raw.partition("/")
-    if not (n.isdigit() and per_ms.isdigit()):
-        return None
-    try:
-        return Rate(int(n), per=int(per_ms) / 1000)
-    except ConfigurationError:  # out of range: corrupted, or written by a newer dueq
-        return None
+def _rate(value: tuple[int, int] | None) -> Rate | None:
+    return None if value is None else Rate(value[0], per=value[1] / 1000)
 
 
 def settings_from_hash(reply: Any) -> QueueSettings:
@@ -152,6 +203,8 @@ def queue_stats(reply: list[Any]) -> QueueStats:
     counters = {text(reply[i]): _count(reply[i + 1]) for i in range(8, len(reply), 2)}
     counters.pop("lease_seq", None)
     counters.pop("rate_in_window", None)  # claim.lua's running sum of the rate window
+    for name in [name for name in counters if name.startswith("rejected:")]:
+        del counters[name]  # the last refused setting logged (see the Lua prelude's settings)
     return QueueStats(
         scheduled=scheduled,
         due_now=due_now,

@@ -176,8 +176,10 @@ class Rate:
     def __post_init__(self) -> None:
         whole_number(self.n, "Rate n", low=1, high=MAX_RATE_N)
         per_ms = duration_ms(self.per, "Rate per", error=ConfigurationError)
-        if per_ms < 1:
-            raise ConfigurationError(f"Rate per must be at least 1 ms, got {self.per!r}")
+        if not 1 <= per_ms <= MAX_RATE_PER_MS:
+            raise ConfigurationError(
+                f"Rate per must be from 1 ms to 366 days ({MAX_RATE_PER_MS} ms), got {self.per!r}"
+            )
         object.__setattr__(self, "per", per_ms / 1000)
 
     @property
@@ -188,10 +190,16 @@ class Rate:
         return f"{self.n}/{self.per:g}s"
 
 
+# The bounds of the settings the scripts accept (the Lua prelude's SETTING_MAX_*, which
+# must be the same numbers; dueq.snapshot.setting_value applies them to stored values).
 #: Most claims a Rate may allow per window (the script keeps one entry per claim of a window).
 MAX_RATE_N = 1_000_000
+#: Longest window of a Rate, ms (366 days).
+MAX_RATE_PER_MS = 366 * 86_400_000
 #: The largest key_concurrency setting.
 MAX_KEY_CONCURRENCY = 1_000_000
+#: Longest remember_done window, ms (366 days).
+MAX_REMEMBER_DONE_MS = 366 * 86_400_000
 
 
 @dataclass(frozen=True)
@@ -209,6 +217,9 @@ class QueueSettings:
     key_rate: Rate | None = None
     #: per limit key: most of its tasks leased at once, across every consumer
     key_concurrency: int | None = None
+    #: stored values the scripts refuse (hand-edited, or written by another tool), setting ->
+    #: the raw value: the queue runs as if those settings were unset (Redis logs each once)
+    rejected: dict[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

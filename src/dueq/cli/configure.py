@@ -27,6 +27,11 @@ def _show(queue: str, settings: QueueSettings) -> None:
         f"key_concurrency {settings.key_concurrency or 'off'}; "
         f"remember_done {seconds(done.total_seconds()) if done else 'off'}"
     )
+    for name, raw in settings.rejected.items():  # stored by hand or another tool: not obeyed
+        console().print(
+            f"  {name}: stored value {safe(repr(raw))} is not one dueq can use; it is ignored "
+            f"(as if unset) until it is changed"
+        )
 
 
 def _rate(text: str | None, hint: str = "--rate") -> Rate | Literal[False] | None:

@@ -49,7 +49,13 @@ from .. import discovery
 from .._async import AsyncQueue
 from ..clock import Clock
 from ..cron import CronDefinition
-from ..exceptions import ConfigurationError, CronNotFound, DueqError, TaskNotFound
+from ..exceptions import (
+    ConfigurationError,
+    CorruptQueue,
+    CronNotFound,
+    DueqError,
+    TaskNotFound,
+)
 from ..keys import validate_queue_name
 from ..registry import WorkerInfo
 from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
@@ -796,6 +802,8 @@ class _Dashboard:
             return self.problem(request, kind, exc.status, exc.message)
         except (TaskNotFound, CronNotFound) as exc:
             return self.problem(request, kind, 404, str(exc))
+        except CorruptQueue as exc:  # a queue key of the wrong type: the data, not the input
+            return self.problem(request, kind, 500, f"Redis: {exc}")
         except DueqError as exc:  # bad input from the form or URL: say why, change nothing
             return self.problem(request, kind, 400, str(exc))
         except REDIS_AWAY as exc:  # Redis down: say so, the page retries

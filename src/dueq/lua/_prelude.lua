@@ -46,14 +46,29 @@ local function meta_parse(v)
   return attempt, t, d, f, true, key
 end
 
+-- Statistics (the stats hash's counters other than lease_seq, the per-minute history) are
+-- never worth stopping a script for: a statistics key that holds another type than a hash
+-- (written by something other than dueq) is left alone, logged once per script call, and its
+-- numbers are not kept until an operator deletes it. Every other key is essential: a wrong
+-- type there raises WRONGTYPE, which dueq's script runner (scripts.py) names as CorruptQueue.
+local unusable_logged = {}
+local function stats_key_unusable(key)
+  if unusable_logged[key] then return end
+  unusable_logged[key] = true
+  redis.log(redis.LOG_WARNING, '[dueq] ' .. key .. ' is not a hash (written by something ' ..
+    'other than dueq): its statistics are not kept until it is deleted')
+end
+
 -- HINCRBY that reports (instead of raising) a value it cannot increment: not an integer, or
--- an increment past 2^63. Returns the new value, or nil for such a value.
+-- an increment past 2^63. Returns the new value, or nil for such a value; nil, true when the
+-- key is not a hash.
 local function try_incr(key, field, n)
   local r = redis.pcall('HINCRBY', key, field, n)
   if type(r) == 'table' and r.err then
     if string.find(r.err, 'not an integer', 1, true) or string.find(r.err, 'overflow', 1, true) then
       return nil
     end
+    if string.find(r.err, 'WRONGTYPE', 1, true) then return nil, true end
     return redis.call('HINCRBY', key, field, n)  -- any other error: raise it as Redis said it
   end
   return r
@@ -83,7 +98,13 @@ local function history_minute()
   if h.minute ~= nil then return h.minute or nil end
   local k_history = h.key
   local minute = math.floor(dueq_now(h.arg) / 60000)
-  local last = tonumber(redis.call('HGET', k_history, 'last'))
+  local got = redis.pcall('HGET', k_history, 'last')
+  if type(got) == 'table' then  -- not a hash: no history this call
+    stats_key_unusable(k_history)
+    h.minute = false
+    return nil
+  end
+  local last = tonumber(got)
   if not last or last ~= math.floor(last) or minute - last >= HISTORY_MINUTES then
     redis.call('DEL', k_history)  -- nothing left in the window (or unreadable): start afresh
     redis.call('HSET', k_history, 'last', minute)
@@ -107,20 +128,54 @@ local function history_add(field, n)
   local minute = history_minute()
   if not minute then return end
   local k_history, bucket = history.key, minute .. '|' .. field
-  if not try_incr(k_history, bucket, n) then redis.call('HSET', k_history, bucket, n) end
+  local v, wrong = try_incr(k_history, bucket, n)
+  if not v and not wrong then redis.call('HSET', k_history, bucket, n) end
 end
 
 -- Add n to a counter of the stats hash (and to its minute's bucket, see history_use). A counter
 -- that is not an integer Redis can increment (a plain HINCRBY would fail after earlier writes)
--- is logged and restarted at n.
+-- is logged and restarted at n; a stats key that is not a hash is left alone (see
+-- stats_key_unusable).
 local function stat_incr(k_stats, field, n)
   if history and HISTORY_COUNTERS[field] then history_add(field, n) end
-  local v = try_incr(k_stats, field, n)
+  local v, wrong = try_incr(k_stats, field, n)
   if v then return v end
+  if wrong then
+    stats_key_unusable(k_stats)
+    return n
+  end
   redis.log(redis.LOG_WARNING, '[dueq] counter ' .. field .. ' of ' .. k_stats ..
     ' was not an integer; restarted')
   redis.call('HSET', k_stats, field, n)
   return n
+end
+
+-- HSET of one statistics field (a stats key that is not a hash is left alone).
+local function stat_set(k_stats, field, value)
+  local r = redis.pcall('HSET', k_stats, field, value)
+  if type(r) == 'table' and r.err then
+    if not string.find(r.err, 'WRONGTYPE', 1, true) then redis.call('HSET', k_stats, field, value) end
+    stats_key_unusable(k_stats)
+  end
+end
+
+-- The sequence number of the next lease token (claim.lua), as text: the stats field lease_seq
+-- counts claims. One that is not a counter (corrupted) restarts above any count of claims (the
+-- clock in microseconds), so a number is never issued twice. A stats key that is not a hash
+-- is left alone: the number is then "t" and the server's TIME in microseconds (two script
+-- calls never run in the same microsecond), so tokens still fence.
+local function lease_seq_next(k_stats, now, now_us)
+  local seq, wrong = try_incr(k_stats, 'lease_seq', 1)
+  if seq then return ms(seq) end
+  if wrong then
+    stats_key_unusable(k_stats)
+    local t = redis.call('TIME')
+    return 't' .. t[1] .. string.format('%06d', tonumber(t[2]))
+  end
+  redis.log(redis.LOG_WARNING, '[dueq] lease_seq of ' .. k_stats .. ' was unreadable; restarted')
+  local fresh = ms(now) .. string.format('%03d', now_us)
+  redis.call('HSET', k_stats, 'lease_seq', fresh)
+  return fresh
 end
 
 -- The queue-wide rate's window (claim.lua): drop the claims of `k_rate` older than `since_ms`
@@ -141,7 +196,8 @@ local function rate_window(k_rate, k_stats, since_ms)
     if #gone > 0 then redis.call('DEL', k_rate) end
     return 0
   end
-  local sum = tonumber(redis.call('HGET', k_stats, 'rate_in_window'))
+  local sum = redis.pcall('HGET', k_stats, 'rate_in_window')
+  sum = type(sum) ~= 'table' and tonumber(sum) or nil  -- a stats key that is not a hash: recount
   if sum and sum >= 0 and math.floor(sum) == sum then
     for i = 1, #gone do sum = sum - rate_entry_count(gone[i]) end
   end
@@ -181,28 +237,84 @@ local function lease_held(k_leased, k_meta, id, token, now)
   return t ~= '' and t == token
 end
 
--- Settings of the queue (the config hash, changed by configure.lua) in one HMGET: a table
--- field -> value, without the fields that are unset.
-local function settings_read(k_config, ...)
+-- Settings: the queue's config hash (configure.lua writes it). Every script reads and checks
+-- its settings before its first write. Accepted values (dueq.snapshot.setting_value is the same
+-- rule in Python, with the bounds in dueq.task; tests/test_config_validation.py feeds both the
+-- same strings):
+--   paused            "1" (paused) or "0" (running)
+--   rate, key_rate    "<n>/<per_ms>": n in 1..SETTING_MAX_RATE_N, per_ms in 1..SETTING_MAX_PER_MS
+--   key_concurrency   1..SETTING_MAX_KEY_CONCURRENCY
+--   remember_done_ms  0..SETTING_MAX_WINDOW_MS
+-- Numbers are ASCII digits only, at most 15 of them (exact as Lua numbers). Any other value
+-- is refused: the script runs as if the setting were unset, and Redis logs the refused value
+-- once (the stats field "rejected:<field>" remembers the last one logged; configure.lua drops
+-- it when the setting is changed).
+local SETTING_MAX_RATE_N = 1000000
+local SETTING_MAX_PER_MS = 31622400000  -- 366 days
+local SETTING_MAX_KEY_CONCURRENCY = 1000000
+local SETTING_MAX_WINDOW_MS = 31622400000  -- 366 days
+local SETTING_SHOWN = 100  -- bytes of a refused value logged and remembered
+
+local function setting_whole(s, low, high)
+  if not s or #s > 15 or not string.match(s, '^%d+$') then return nil end
+  local n = tonumber(s)
+  if n < low or n > high then return nil end
+  return n
+end
+
+-- A setting's value as the scripts use it (paused: a boolean; a rate: {n, per_ms}; else a
+-- number), and whether it was accepted. A field without a rule is passed through.
+local function setting_parse(field, raw)
+  local v = nil
+  if field == 'paused' then
+    if raw == '1' or raw == '0' then return raw == '1', true end
+  elseif field == 'rate' or field == 'key_rate' then
+    local n, per = string.match(raw, '^(%d+)/(%d+)$')
+    n, per = setting_whole(n, 1, SETTING_MAX_RATE_N), setting_whole(per, 1, SETTING_MAX_PER_MS)
+    if n and per then v = {n, per} end
+  elseif field == 'key_concurrency' then
+    v = setting_whole(raw, 1, SETTING_MAX_KEY_CONCURRENCY)
+  elseif field == 'remember_done_ms' then
+    v = setting_whole(raw, 0, SETTING_MAX_WINDOW_MS)
+  else
+    return raw, true
+  end
+  return v, v ~= nil
+end
+
+-- Log a refused setting unless the same value was logged before (after validation: the one
+-- write it makes is a statistics field, which never fails the script).
+local function setting_refused(k_config, k_stats, field, raw)
+  local shown = string.sub(raw, 1, SETTING_SHOWN)
+  local marker = 'rejected:' .. field
+  local seen = redis.pcall('HGET', k_stats, marker)
+  if seen == shown then return end
+  redis.log(redis.LOG_WARNING, '[dueq] setting ' .. field .. ' of ' .. k_config ..
+    ' is not a value dueq can use: "' .. shown .. '"; ignored (as if unset) until it is changed')
+  stat_set(k_stats, marker, shown)
+end
+
+-- The queue's settings `...` in one HMGET: a table field -> value as setting_parse reads it,
+-- without the fields that are unset or refused.
+local function settings_read(k_config, k_stats, ...)
   local fields = {...}
   local values = redis.call('HMGET', k_config, unpack(fields))
   local out = {}
   for i, field in ipairs(fields) do
-    if values[i] then out[field] = values[i] end
+    local raw = values[i]
+    if raw then
+      local v, ok = setting_parse(field, raw)
+      if ok then out[field] = v else setting_refused(k_config, k_stats, field, raw) end
+    end
   end
   return out
 end
 
--- The remember-done window ms: the queue's setting when it is set (a value that is not a
--- whole number is logged and ignored), else the caller's (Queue(remember_done=...), deprecated).
-local function done_window(k_config, caller_ms)
-  local v = settings_read(k_config, 'remember_done_ms').remember_done_ms
-  if v ~= nil then
-    local n = tonumber(v)
-    if n and n >= 0 and n == math.floor(n) then return n end
-    redis.log(redis.LOG_WARNING, '[dueq] remember_done_ms of ' .. k_config .. ' is unreadable: ' ..
-      string.sub(v, 1, 40) .. '; using the caller\'s window')
-  end
+-- The remember-done window ms: the queue's setting when it is set (and accepted), else the
+-- caller's (Queue(remember_done=...), deprecated).
+local function done_window(k_config, k_stats, caller_ms)
+  local v = settings_read(k_config, k_stats, 'remember_done_ms').remember_done_ms
+  if v ~= nil then return v end
   return tonumber(caller_ms)
 end
 

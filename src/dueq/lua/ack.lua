@@ -6,7 +6,7 @@
 -- KEYS[4] errors   HASH id -> JSON list of error records
 -- KEYS[5] stats    HASH counter -> int
 -- KEYS[6] done     ZSET id -> acked-at ms (written only when the remember-done window > 0)
--- KEYS[7] config   HASH setting -> value (remember_done_ms)
+-- KEYS[7] config   HASH setting -> value (remember_done_ms: see the prelude's settings)
 -- KEYS[8] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
 -- KEYS[9] key_state HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[10] key_wait ZSET key -> ms when its parked tasks may be claimable again
@@ -27,7 +27,7 @@
 local TRIM_DONE = 1000
 local now = dueq_now(ARGV[1])
 history_use(KEYS[12], ARGV[1])
-local window = done_window(KEYS[7], ARGV[2])
+local window = done_window(KEYS[7], KEYS[5], ARGV[2])
 local ids, tokens, positions = leases_unpack(ARGV[3])
 if #ids == 0 then return {0, ''} end
 local done, verdicts, keys = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)

@@ -8,7 +8,8 @@
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
--- KEYS[8] config   HASH setting -> value (paused, rate)
+-- KEYS[8] config   HASH setting -> value (paused, rate, key_rate, key_concurrency; values
+--                  the prelude's setting_parse refuses count as unset, and are logged once)
 -- KEYS[9] rate     ZSET "<n>*<token>" -> claimed-at ms: the claims of the last rate window,
 --                  one entry per claim that leased n tasks (an entry without "<n>*" counts 1);
 --                  their sum is kept in the stats field rate_in_window
@@ -55,15 +56,11 @@ local holder = ARGV[8]
 for i = 9, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
 local levels = due_levels(KEYS[1])
 
--- The next lease token. A lease_seq that is not a counter (corrupted) restarts above any count
--- of claims (the clock in microseconds), so a token is never issued twice.
+-- The next lease token: "<seq>@<holder>", seq from the prelude's lease_seq_next (never issued
+-- twice, even when the stats field or key holding the count is corrupted).
 local function next_token()
-  local seq = try_incr(KEYS[7], 'lease_seq', 1)
-  if seq then return holder == '' and ms(seq) or ms(seq) .. '@' .. holder end
-  redis.log(redis.LOG_WARNING, '[dueq] lease_seq of ' .. KEYS[7] .. ' was unreadable; restarted')
-  local fresh = ms(now) .. string.format('%03d', now_us)
-  redis.call('HSET', KEYS[7], 'lease_seq', fresh)
-  return holder == '' and fresh or fresh .. '@' .. holder
+  local seq = lease_seq_next(KEYS[7], now, now_us)
+  return holder == '' and seq or seq .. '@' .. holder
 end
 
 -- Send a task to dead with one error record (it is not leased when this is called).
@@ -120,24 +117,13 @@ if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
 -- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
-local config = settings_read(KEYS[8], 'paused', 'rate', 'key_rate', 'key_concurrency')
-local paused = config.paused == '1'
+local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency')
+local paused = config.paused == true
 local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
 
--- A rate "n/per_ms" of the config hash as n, per_ms (nil, nil: unset, or unreadable: logged).
-local function rate_setting(name)
-  local v = config[name]
-  if not v then return nil, nil end
-  local n, per = string.match(v, '^(%d+)/(%d+)$')
-  n, per = tonumber(n), tonumber(per)
-  if n and per and n >= 1 and per >= 1 then return n, per end
-  redis.log(redis.LOG_WARNING, '[dueq] ' .. name .. ' of ' .. KEYS[8] .. ' is unreadable: ' ..
-    string.sub(v, 1, 40) .. '; claiming without it')
-  return nil, nil
-end
-
--- The rate: how many more claims the window allows (nil: no rate, or an unreadable one).
-local rate_n, rate_per = rate_setting('rate')
+-- The rate: how many more claims the window allows (nil: no rate).
+local rate_n, rate_per = nil, nil
+if config.rate then rate_n, rate_per = config.rate[1], config.rate[2] end
 local rate_left = nil
 local rate_in_window = 0
 if rate_n then
@@ -147,14 +133,8 @@ if rate_n then
 end
 
 -- Per-key limits: most leased tasks per key, and the spacing of one key's claims in ms.
-local key_concurrency = tonumber(config.key_concurrency)
-if config.key_concurrency and not (key_concurrency and key_concurrency >= 1) then
-  redis.log(redis.LOG_WARNING, '[dueq] key_concurrency of ' .. KEYS[8] .. ' is unreadable: ' ..
-    string.sub(config.key_concurrency, 1, 40) .. '; claiming without it')
-  key_concurrency = nil
-end
-local key_n, key_per = rate_setting('key_rate')
-local key_gap = key_n and key_per / key_n or nil
+local key_concurrency = config.key_concurrency
+local key_gap = config.key_rate and config.key_rate[2] / config.key_rate[1] or nil
 
 -- The leased count, rate mark and parked count of every key this claim looks at, read once
 -- and written back once at the end. Each key gets a slot number the first time it is seen
@@ -413,7 +393,7 @@ if #leased > 0 then
   if rate_n then  -- one entry for this claim (its token is unique), with its count
     local n = #leased / 2
     redis.call('ZADD', KEYS[9], now, n .. '*' .. token)
-    redis.call('HSET', KEYS[7], 'rate_in_window', rate_in_window + n)
+    stat_set(KEYS[7], 'rate_in_window', rate_in_window + n)
     rate_left = rate_left - n
     redis.call('PEXPIRE', KEYS[9], rate_per + 1000)
   end

@@ -1,7 +1,8 @@
 -- history.lua: the per-minute counts of the last minutes, and how many tasks fall due in each
 -- bucket ahead, as one snapshot. Cost: O(minutes * 6 + buckets * 10 * log N).
 --
--- KEYS[1] history  HASH "<minute>|<counter>" -> count (see the prelude)
+-- KEYS[1] history  HASH "<minute>|<counter>" -> count (see the prelude; a key of another
+--                  type reads as zero counts)
 -- KEYS[2] due      ZSET id -> due ms
 -- KEYS[3] parked   ZSET due tasks whose key was at a limit (all due now)
 -- KEYS[4..12] upper_due: the due ZSETs of priorities 1 to 9
@@ -18,7 +19,15 @@ local minutes, bucket_ms, buckets = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumb
 local out = {now}
 
 local current = math.floor(now / 60000)
-if minutes > 0 then
+local kept = redis.call('TYPE', KEYS[1])
+kept = kept.ok or kept
+if kept ~= 'hash' and kept ~= 'none' then  -- see the prelude's stats_key_unusable
+  stats_key_unusable(KEYS[1])
+  minutes = -minutes  -- no history: zero counts
+end
+if minutes < 0 then
+  for _ = 1, -minutes * #HISTORY_NAMES do out[#out + 1] = 0 end
+elseif minutes > 0 then
   local fields = {}
   for m = current - minutes + 1, current do
     for _, name in ipairs(HISTORY_NAMES) do fields[#fields + 1] = m .. '|' .. name end

@@ -9,7 +9,7 @@
 -- KEYS[7] stats    HASH counter -> int
 -- KEYS[8] wake     Pub/Sub channel, told when the earliest due time moves earlier
 -- KEYS[9] done     ZSET id -> acked-at ms (read only when the remember-done window > 0)
--- KEYS[10] config  HASH setting -> value (remember_done_ms)
+-- KEYS[10] config  HASH setting -> value (remember_done_ms: see the prelude's settings)
 -- KEYS[11] key_state HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[12] parked  ZSET due tasks whose key was at a limit (see the prelude)
 -- KEYS[13] key_wait ZSET key -> ms when its parked tasks may be claimable again
@@ -30,7 +30,7 @@ local now = dueq_now(ARGV[1])
 history_use(KEYS[14], ARGV[1])
 local replace = ARGV[2] == '1'
 local blob = ARGV[3]
-local window = done_window(KEYS[10], ARGV[4])
+local window = done_window(KEYS[10], KEYS[7], ARGV[4])
 local acked_since = now - window
 local levels = due_levels(KEYS[1])
 local previous_head = levels_head(levels)

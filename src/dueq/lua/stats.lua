@@ -3,7 +3,7 @@
 -- KEYS[1] due      ZSET id -> due ms
 -- KEYS[2] leased   ZSET id -> lease deadline ms
 -- KEYS[3] dead     ZSET id -> died-at ms
--- KEYS[4] stats    HASH counter -> int
+-- KEYS[4] stats    HASH counter -> int (a key of another type reads as no counters)
 -- KEYS[5] tasks    HASH id -> envelope (only counted)
 -- KEYS[6] config   HASH setting -> value
 -- KEYS[7] parked  ZSET due tasks whose key was at a limit (counted as scheduled and due)
@@ -33,6 +33,10 @@ local out = {
 }
 local head = levels_head(levels)
 if head then out[6] = clamp_ms(head) end
-local counters = redis.call('HGETALL', KEYS[4])
+local counters = redis.pcall('HGETALL', KEYS[4])
+if counters.err then  -- not a hash (see the prelude's stats_key_unusable): no counters
+  stats_key_unusable(KEYS[4])
+  counters = {}
+end
 for _, v in ipairs(counters) do out[#out + 1] = v end
 return out
