@@ -227,3 +227,19 @@ def cluster(cluster_nodes: list[RedisServer]) -> Iterator[RedisCluster]:
     client = RedisCluster(host="127.0.0.1", port=cluster_nodes[0].port)
     yield client
     client.close()
+
+
+# -- running in parallel (pytest-xdist) ---------------------------------------------------------
+
+#: Test files that share one JVM: a SparkSession (or Spark Connect server) per process is
+#: costly, and they ran in one process before the suite went parallel, so they stay together
+#: on one xdist worker (``--dist loadgroup``).
+SPARK_FILES = frozenset(
+    {"test_spark.py", "test_spark_source.py", "test_spark_connect.py", "test_shards_spark.py"}
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SPARK_FILES:
+            item.add_marker(pytest.mark.xdist_group("spark"))
