@@ -21,9 +21,7 @@ from dueq.keys import QueueKeys
 
 
 def schedule_keyed(q: Any, key: str, n: int, *, prefix: str = "") -> None:
-    q.schedule_many(
-        dueq.Task({"i": i}, id=f"{prefix or key}-{i:03d}", key=key) for i in range(n)
-    )
+    q.schedule_many(dueq.Task({"i": i}, id=f"{prefix or key}-{i:03d}", key=key) for i in range(n))
 
 
 def dump_all(r: redis.Redis) -> dict[bytes, bytes | None]:

@@ -25,6 +25,8 @@ PUBLIC = {
     "CronError",
     "CronNotFound",
     "Delivery",
+    "DoctorFinding",
+    "DoctorReport",
     "DueqError",
     "ErrorRecord",
     "InvalidTaskError",

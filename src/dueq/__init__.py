@@ -8,6 +8,7 @@ in the dead-letter queue. See README.md for the guarantees.
 from . import operators
 from ._async import AsyncQueue
 from .cron import CronDefinition, Occurrence
+from .doctor import DoctorFinding, DoctorReport
 from .envelope import TaskOptions, TraceContext
 from .exceptions import (
     ConfigurationError,
@@ -57,6 +58,8 @@ __all__ = [
     "CronError",
     "CronNotFound",
     "Delivery",
+    "DoctorFinding",
+    "DoctorReport",
     "DueHistogram",
     "DueqError",
     "ErrorRecord",
