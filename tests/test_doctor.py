@@ -261,3 +261,20 @@ def test_cli_doctor_prints_findings_exits_1_and_fix_repairs_them(
 def test_cli_doctor_help_names_its_exit_codes(invoke: Callable[..., Any]) -> None:
     out = invoke("doctor", "--help").output
     assert "--fix" in out and "--json" in out and "exit" in out.lower()
+
+
+def test_doctor_on_a_sharded_queue_checks_each_shard_and_names_it(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue("sq", shards=2)
+    q.schedule_many(dueq.Task(i, id=f"t{i}") for i in range(4))
+    shard = q.shard("t0")
+    r.zadd(shard.keys.key_wait, {"nobody": 0})  # a key-wait entry of a key with nothing parked
+    [finding] = q.doctor().findings
+    assert (finding.what, finding.subject, finding.queue) == (
+        "key_wait_stale",
+        "nobody",
+        shard.name,
+    )
+    q.doctor(fix=True)
+    assert q.doctor().healthy

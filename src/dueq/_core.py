@@ -931,7 +931,7 @@ class QueueCore:
                 cursor = reply.cursor
         for finding in findings.values():
             if finding.fixed:  # a change to Redis: say what was changed
-                logger.warning("doctor repaired %r: %s", self.name, finding.line())
+                logger.info("doctor repaired %r: %s", self.name, finding.line())
         return DoctorReport(self.name, fix, list(findings.values()), notes)
 
     # -- the worker registry (dueq.registry) -------------------------------------------------

@@ -48,13 +48,15 @@ class DoctorFinding:
 
     def line(self) -> str:
         """One line for people: what, subject, found, expected, fixed or not."""
-        values = (
-            ""
-            if self.found is None and self.expected is None
-            else (f": found {self.found!r}, expected {self.expected!r}")
-        )
+        values = ""
+        if self.found is not None or self.expected is not None:
+            values = f": found {_shown(self.found)}, expected {_shown(self.expected)}"
         state = "fixed" if self.fixed else "not fixed"
         return f"{self.what} {self.subject!r}{values} ({state}; {FINDINGS.get(self.what, '')})"
+
+
+def _shown(value: int | str | None) -> str:
+    return "none" if value is None else repr(value) if isinstance(value, str) else str(value)
 
 
 @dataclass(frozen=True)
