@@ -10,7 +10,9 @@ both front ends, and the CLI command.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -278,3 +280,16 @@ def test_doctor_on_a_sharded_queue_checks_each_shard_and_names_it(
     )
     q.doctor(fix=True)
     assert q.doctor().healthy
+
+
+def test_the_docs_page_python_block_runs(make_queue: Callable[..., Any], r: redis.Redis) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "doctor.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert blocks
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    schedule_keyed(q, "k", 2)
+    r.hset(QueueKeys.for_queue("q").key_state, "k", "999|0|0")
+    for block in blocks:
+        exec(block, {"q": q})
+    assert q.doctor().healthy and [d.id for d in q.claim(10)] == ["k-000"]
