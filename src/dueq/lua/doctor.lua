@@ -37,14 +37,16 @@
 --
 -- Why each call is bounded: the "keys" phase walks the key_state hash (HSCAN, COUNT batch),
 -- then the parked set key by key (ZRANGEBYLEX to the next key: O(log N) per key), at most
--- `batch` keys a call; each key costs one HGET and one ZLEXCOUNT. Its leased count can only be
--- checked against every lease at once (no index by key), so each call of the phase counts the
--- leases per key from the meta values (ZRANGE + HMGET: O(leases), refused above the lease cap,
--- where a note says the leased counts were not checked); the first call also checks every key
--- that holds a lease (at most the lease cap). "waits" and "orphans" walk their sets by rank,
--- `batch` entries a call; "rate" is one call, refused (with a note) above the lease cap. Each
--- call is atomic for what it looks at; between calls the queue runs on, so a key may be looked
--- at twice (the caller keeps one finding per what and subject).
+-- `batch` keys a call; each key costs one HGET and one ZLEXCOUNT. A leased count can only be
+-- checked against every lease at once (no index by key), so a call that meets a key with a
+-- stored leased count counts the leases per key from the meta values once (ZRANGE + HMGET:
+-- O(leases)), refused above the lease cap (a note then says the leased counts were not
+-- checked). The first call checks every key that holds a lease (at most the lease cap); the
+-- parked walk checks only keys without a state (the others came from the hash) and counts no
+-- lease. "waits" and "orphans" walk their sets by rank, `batch` entries a call; "rate" is one
+-- call, refused (with a note) above the lease cap. So one call costs O(batch log N + lease
+-- cap). Each call is atomic for what it looks at; between calls the queue runs on, so a key
+-- may be looked at twice (the caller keeps one finding per what and subject).
 
 local now = dueq_now(ARGV[1])
 local phase, cursor, batch = ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -65,8 +67,12 @@ local function parked_count(key)
   return redis.call('ZLEXCOUNT', k_parked, '[' .. key .. '\0', '(' .. key .. '\1')
 end
 
--- The leases per key, from the meta values ("|<key>"), or nil when there are more than the cap.
+-- The leases per key, from the meta values ("|<key>"), or nil when there are more than the cap
+-- (counted once per call, when a key first needs it).
+local counted, counts_cache = false, nil
 local function lease_counts()
+  if counted then return counts_cache end
+  counted = true
   local n = redis.call('ZCARD', k_leased)
   if n > lease_cap then
     out[3] = 'leased counts per key not checked: ' .. n .. ' leases, more than the cap of ' ..
@@ -82,15 +88,21 @@ local function lease_counts()
       if key then counts[key] = (counts[key] or 0) + 1 end
     end
   end
+  counts_cache = counts
   return counts
 end
 
--- Check one key's state against the leases (`counts`, nil: not checked) and its parked members.
-local function check_key(key, counts)
+-- Check one key's state against its parked members and against the leases: always when
+-- `leases` is 'all', when its stored leased count is not 0 with 'stored' (a key that holds a
+-- lease but has a stored count of 0 is found by the phase's first call, which checks every key
+-- that holds a lease with 'all'), never with false.
+local function check_key(key, leases)
   local raw = redis.call('HGET', k_state, key)
   local leased, mark, parked = key_state_parse(raw or nil)
   local readable = not raw or string.match(raw, '^%d+|[%d.]*|%d+$') ~= nil
-  local want_leased = counts and (counts[key] or 0) or leased
+  local counts = (leases == 'all' or leases and (leased ~= 0 or not readable)) and
+    lease_counts() or nil
+  local want_leased = counts and (counts[key] or 0) or (readable and leased or 0)
   local want_parked = parked_count(key)
   local wanted = key_state_value(want_leased, mark, want_parked, now)
   local wrong = false
@@ -114,11 +126,10 @@ local function check_key(key, counts)
 end
 
 if phase == 'keys' then
-  local counts = lease_counts()
   local looked = 0
   if cursor == '' then  -- first call: every key that holds a lease
-    for key in pairs(counts or {}) do
-      check_key(key, counts)
+    for key in pairs(lease_counts() or {}) do
+      check_key(key, 'all')
       looked = looked + 1
     end
     cursor = 's0'
@@ -126,10 +137,11 @@ if phase == 'keys' then
   if string.sub(cursor, 1, 1) == 's' then  -- the key_state hash, by HSCAN
     local scan = redis.call('HSCAN', k_state, string.sub(cursor, 2), 'COUNT', batch)
     local fields = scan[2]
-    for i = 1, #fields, 2 do check_key(fields[i], counts) end
+    for i = 1, #fields, 2 do check_key(fields[i], 'stored') end
     looked = looked + #fields / 2
     out[1] = scan[1] == '0' and 'p' or 's' .. scan[1]
-  else  -- the parked set, key by key ("p<last key looked at>")
+  else  -- the parked set, key by key ("p<last key looked at>"): keys without a state (the
+    -- others were checked from the key_state hash)
     local last = string.sub(cursor, 2)
     local from = last == '' and '-' or '(' .. last .. '\1'
     out[1] = ''
@@ -140,7 +152,7 @@ if phase == 'keys' then
       local nul = string.find(member, '\0', 1, true)
       if nul then
         local key = string.sub(member, 1, nul - 1)
-        check_key(key, counts)
+        if redis.call('HEXISTS', k_state, key) == 0 then check_key(key, false) end
         from = '(' .. key .. '\1'
         out[1] = 'p' .. key
       else
