@@ -26,6 +26,8 @@ PUBLIC = {
     "CronError",
     "CronNotFound",
     "Delivery",
+    "DoctorFinding",
+    "DoctorReport",
     "DueqError",
     "ErrorRecord",
     "InvalidTaskError",

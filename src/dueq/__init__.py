@@ -10,6 +10,7 @@ from ._async import AsyncQueue
 from ._identity import worker_id
 from ._version import __version__
 from .cron import CronDefinition, Occurrence
+from .doctor import DoctorFinding, DoctorReport
 from .envelope import TaskOptions, TraceContext
 from .exceptions import (
     ConfigurationError,
@@ -59,6 +60,8 @@ __all__ = [
     "CronError",
     "CronNotFound",
     "Delivery",
+    "DoctorFinding",
+    "DoctorReport",
     "DueHistogram",
     "DueqError",
     "ErrorRecord",

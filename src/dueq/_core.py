@@ -27,6 +27,7 @@ from ._identity import worker_id
 from .checks import whole_number
 from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
+from .doctor import DoctorFinding, DoctorReport
 from .envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     FLAG_ABSOLUTE,
@@ -99,6 +100,10 @@ MAX_PAGE = 1000
 LIST_BUDGET = 1000
 #: The history's window (minutes) and the due histogram's largest shape.
 HISTORY_MINUTES = 1440
+#: Most keys, entries or ids one doctor.lua call looks at (``Queue.doctor(batch=...)``).
+MAX_DOCTOR_BATCH = 10_000
+#: Most leases (and rate entries) one doctor.lua call counts: about 10 ms of Redis time.
+DOCTOR_LEASE_CAP = 20_000
 MAX_BUCKETS = 1000
 _STATES = ("scheduled", "leased", "dead")
 #: The host's first name label, its last 20 characters (a pod's unique suffix is at the end)
@@ -897,6 +902,38 @@ class QueueCore:
     def _stats_flow(self) -> Flow[QueueStats]:
         stats: QueueStats = yield protocol.stats(self.keys, self._now_arg())
         return stats
+
+    def _doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
+        """Every doctor.lua phase, batch by batch (each call atomic for its batch); one finding
+        per what and subject (a key can be looked at twice while the queue runs on)."""
+        if not isinstance(fix, bool):
+            raise ConfigurationError(f"fix must be True or False, got {fix!r}")
+        whole_number(batch, "batch", low=1, high=MAX_DOCTOR_BATCH)
+        findings: dict[tuple[str, str], DoctorFinding] = {}
+        notes: list[str] = []
+        for phase in protocol.DOCTOR_PHASES:
+            cursor = ""
+            while True:
+                reply: protocol.DoctorReply = yield protocol.doctor(
+                    self.keys,
+                    self._now_arg(),
+                    phase,
+                    cursor,
+                    batch=batch,
+                    fix=fix,
+                    lease_cap=DOCTOR_LEASE_CAP,
+                )
+                for finding in reply.findings:
+                    findings.setdefault((finding.what, finding.subject), finding)
+                if reply.note and reply.note not in notes:
+                    notes.append(reply.note)
+                if not reply.cursor:
+                    break
+                cursor = reply.cursor
+        for finding in findings.values():
+            if finding.fixed:  # a change to Redis: say what was changed
+                logger.info("doctor repaired %r: %s", self.name, finding.line())
+        return DoctorReport(self.name, fix, list(findings.values()), notes)
 
     # -- the worker registry (dueq.registry) -------------------------------------------------
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from .doctor import DoctorFinding
 from .exceptions import DueqError, LeaseLost, TaskCancelled, TaskNotFound
 from .keys import QueueKeys, SparkBatchKeys
 from .snapshot import queue_stats, settings_from_reply, task_infos, text
@@ -635,6 +636,55 @@ def workers_read(k: QueueKeys) -> Batch:
     )
 
 
+# -- doctor.lua (Queue.doctor) -----------------------------------------------------------------
+
+#: The phases of a doctor run, in order; each runs until its cursor comes back "".
+DOCTOR_PHASES = ("keys", "waits", "rate", "orphans")
+
+
+@dataclass(frozen=True)
+class DoctorReply:
+    cursor: str  # "" when the phase is done
+    looked_at: int
+    note: str  # "" or what this call did not check
+    findings: list[DoctorFinding]
+
+
+def _doctor_value(value: Any) -> int | str | None:
+    if value is None or isinstance(value, int):
+        return value
+    return bytes(value).decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _parse_doctor(queue: str) -> Callable[[Any], DoctorReply]:
+    def parse(reply: Any) -> DoctorReply:
+        rows = reply[3:]
+        findings = [
+            DoctorFinding(
+                what=text(rows[i]),
+                subject=str(_doctor_value(rows[i + 1])),
+                found=_doctor_value(rows[i + 2]),
+                expected=_doctor_value(rows[i + 3]),
+                fixed=int(rows[i + 4]) == 1,
+                queue=queue,
+            )
+            for i in range(0, len(rows), 5)
+        ]
+        return DoctorReply(text(reply[0]), int(reply[1]), text(reply[2]), findings)
+
+    return parse
+
+
+def doctor(
+    k: QueueKeys, now: str, phase: str, cursor: str, *, batch: int, fix: bool, lease_cap: int
+) -> Call[DoctorReply]:
+    """One bounded batch of a doctor run's ``phase`` (see doctor.lua), from ``cursor``."""
+    keys = [k.due, k.leased, k.tasks, k.meta, k.stats, k.rate, k.key_state, k.parked]
+    keys += [k.key_wait, *k.upper_due]
+    args = [now, phase, cursor, batch, "1" if fix else "", lease_cap]
+    return Call("doctor", keys, args, _parse_doctor(k.queue))
+
+
 #: The counterpart of every script that a front end can call, by script name (for the
 #: key-order test: each builds its call for a sample queue).
 SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
@@ -671,6 +721,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "cron_control": lambda k: cron_control(k, "", "pause", "n"),
     "configure": lambda k: configure(k, [("paused", "1")]),
     "heartbeat": lambda k: heartbeat(k, "", "w", "{}", ttl_ms=1),
+    "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1),
 }
 
 

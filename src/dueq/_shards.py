@@ -174,6 +174,7 @@ from .clock import Duration
 from .cron import OCCURRENCE_PREFIX, AsyncCrons, CronDefinition, Crons, CronsCore, Occurrence
 from .cron import validate_name as validate_cron_name
 from .dead import MAX_OFFSET, AsyncDeadLetters, DeadLetters, DeadLettersCore, _distinct_ids
+from .doctor import DoctorReport
 from .envelope import generated_ids
 from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
 from .keys import QueueKeys, layout_key
@@ -577,6 +578,19 @@ class _Sharded(QueueCore):
         yield from self._layout_flow()
         parts: list[QueueStats] = yield from _together([s._stats_flow() for s in self._shards])
         return _sum_stats(parts)
+
+    def _doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
+        """Each shard checked on its own keys (findings name their shard), side by side."""
+        yield from self._layout_flow()
+        parts: list[DoctorReport] = yield from _together(
+            [s._doctor_flow(fix, batch) for s in self._shards]
+        )
+        return DoctorReport(
+            self.name,
+            fix,
+            [f for part in parts for f in part.findings],
+            list(dict.fromkeys(note for part in parts for note in part.notes)),
+        )
 
     # -- not yet on a sharded queue ----------------------------------------------------------
 

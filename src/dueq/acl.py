@@ -82,6 +82,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "configure",
         "list_tasks",
         "history",
+        "doctor",  # q.doctor / dueq doctor: checks and repairs derived state
     ),
 }
 

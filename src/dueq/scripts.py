@@ -61,6 +61,7 @@ SCRIPT_NAMES = (
     "list_tasks",
     "history",
     "heartbeat",
+    "doctor",
 )
 
 #: Scripts made of their own file followed by another script's body (after its header):

@@ -20,6 +20,7 @@ from .cron import cron
 from .dashboard import dashboard
 from .dead import dead
 from .demo import demo
+from .doctor import doctor
 from .errors import DueqGroup, Settings
 from .metrics import metrics
 from .schedule import schedule
@@ -85,6 +86,7 @@ for command in (
     acl,
     demo,
     dashboard,
+    doctor,
 ):
     _with_debug(command)
     cli.add_command(command)

@@ -75,16 +75,19 @@ local function bury(id, attempt, kind, message)
 end
 
 -- 1. Expired leases: the holder died or hung. That delivery counts as a failed attempt.
--- Their keys' leases end together (one keys_release after the loop).
+-- Their keys' leases end together (one keys_release after the loop). A lease whose task data
+-- is gone (evicted, deleted by hand) still ends its key's lease: the meta value names the key
+-- ("|<key>"), so the key's other tasks are not held back by a lease nobody can end.
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
 local expired_keys = {}
 for _, id in ipairs(expired) do
   redis.call('ZREM', KEYS[2], id)
   local envelope = redis.call('HGET', KEYS[3], id)
+  local meta_value = redis.call('HGET', KEYS[4], id)
   if envelope then
     local priority, own_attempts, key = task_options(envelope)
     if key then expired_keys[#expired_keys + 1] = key end
-    local attempt, token, _, first, readable = meta_parse(redis.call('HGET', KEYS[4], id))
+    local attempt, token, _, first, readable = meta_parse(meta_value)
     if not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
     else
@@ -108,6 +111,11 @@ for _, id in ipairs(expired) do
       end
     end
   else
+    local _, _, _, _, _, key = meta_parse(meta_value)
+    if key then expired_keys[#expired_keys + 1] = key end
+    redis.log(redis.LOG_WARNING, '[dueq] expired lease of ' .. id .. ' in ' .. KEYS[2] ..
+      ' had no stored task (evicted or deleted by hand): dropped' ..
+      (key and ', its key ' .. key .. ' released' or ''))
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
   end

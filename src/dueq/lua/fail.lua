@@ -35,6 +35,11 @@ if verdict == 'l' then return {0, now} end
 
 local envelope = redis.call('HGET', KEYS[3], id)
 local _, _, key = task_options(envelope)
+if not envelope then  -- its data is gone (evicted, deleted by hand): the meta names the key
+  key = select(6, meta_parse(redis.call('HGET', KEYS[4], id)))
+  redis.log(redis.LOG_WARNING, '[dueq] failed lease of ' .. id .. ' had no stored task ' ..
+    '(evicted or deleted by hand)' .. (key and '; its key ' .. key .. ' released' or ''))
+end
 if key and key_unlease(KEYS[10], KEYS[11], key, now) then
   publish_wake(KEYS[8], ms(now))
 end

@@ -25,6 +25,11 @@ local due = now + tonumber(ARGV[4])
 local envelope = redis.call('HGET', KEYS[7], id)
 local k_level = level_key(due_levels(KEYS[1]), envelope)
 local _, _, key = task_options(envelope)
+if not envelope then  -- its data is gone (evicted, deleted by hand): the meta names the key
+  key = select(6, meta_parse(redis.call('HGET', KEYS[3], id)))
+  redis.log(redis.LOG_WARNING, '[dueq] released lease of ' .. id .. ' had no stored task ' ..
+    '(evicted or deleted by hand)' .. (key and '; its key ' .. key .. ' released' or ''))
+end
 if key and key_unlease(KEYS[8], KEYS[9], key, now) then
   publish_wake(KEYS[5], ms(now))
 end

@@ -1,0 +1,81 @@
+"""What ``q.doctor()`` reports: the derived state of a queue that disagrees with its tasks.
+
+The scripts keep some state derived from the tasks, so that a claim stays cheap: each limit
+key's leased and parked counts, the key-wait entries that say when a key's parked tasks may be
+claimable, and the sum of the queue-wide rate window. A hand edit, an eviction or a bug can
+make it disagree with the tasks it is derived from; a key whose leased count is too high then
+holds its tasks back forever. ``q.doctor()`` (and ``dueq doctor QUEUE``) compares it with the
+tasks, and ``q.doctor(fix=True)`` rewrites it from them, never touching a task. Tasks whose data
+is gone are reported only: the claim drops them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["FINDINGS", "DoctorFinding", "DoctorReport"]
+
+#: Each kind of finding, with what it means.
+FINDINGS: dict[str, str] = {
+    "key_leased": "the key's leased count differs from the leases that name the key",
+    "key_parked": "the key's parked count differs from its tasks in the parked set",
+    "key_state_unreadable": "the key's state cannot be read (claims read it as zeros)",
+    "key_wait_stale": "a key-wait entry of a key with no parked task",
+    "rate_in_window": "the rate window's sum differs from its entries",
+    "leased_without_data": "a leased id whose task data is gone (report only)",
+    "due_without_data": "a due id whose task data is gone (report only: the claim drops it)",
+    "parked_without_data": "a parked id whose task data is gone (report only)",
+    "parked_unreadable": "a parked-set member that names no key (report only)",
+}
+
+
+@dataclass(frozen=True)
+class DoctorFinding:
+    """One piece of derived state that disagrees with the tasks."""
+
+    #: what is wrong: a key of ``FINDINGS``
+    what: str
+    #: the limit key, stats field or task id it is about
+    subject: str
+    #: the value found (a count, ms, text), None for none
+    found: int | str | None
+    #: the value the tasks call for, None for none (or nothing to compare: report only)
+    expected: int | str | None
+    #: whether this doctor run repaired it
+    fixed: bool
+    #: the queue (the shard, on a sharded queue) whose keys hold it
+    queue: str = ""
+
+    def line(self) -> str:
+        """One line for people: what, subject, found, expected, fixed or not."""
+        values = ""
+        if self.found is not None or self.expected is not None:
+            values = f": found {_shown(self.found)}, expected {_shown(self.expected)}"
+        state = "fixed" if self.fixed else "not fixed"
+        return f"{self.what} {self.subject!r}{values} ({state}; {FINDINGS.get(self.what, '')})"
+
+
+def _shown(value: int | str | None) -> str:
+    return "none" if value is None else repr(value) if isinstance(value, str) else str(value)
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """The result of ``q.doctor()``: every finding, and what could not be checked."""
+
+    queue: str
+    #: whether this run repaired what it found (``fix=True``)
+    fix: bool
+    findings: list[DoctorFinding] = field(default_factory=list)
+    #: checks left out, with why (a bound was reached)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        """Nothing was found."""
+        return not self.findings
+
+    @property
+    def problems(self) -> list[DoctorFinding]:
+        """The findings this run did not repair."""
+        return [f for f in self.findings if not f.fixed]

@@ -1,0 +1,295 @@
+"""A key is never blocked forever by derived state that went wrong, and ``q.doctor`` finds
+(and with ``fix=True`` repairs) such state without touching any task.
+
+Regressions: a leased keyed task whose stored data vanished kept its key's lease count when its
+lease expired (or was failed or released), so the key's other tasks stayed parked forever; a
+hand-edited key state (``999|0|0``) did the same and nothing could repair it. Contract tests on
+both front ends, and the CLI command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import dueq
+from dueq.keys import QueueKeys
+
+
+def schedule_keyed(q: Any, key: str, n: int, *, prefix: str = "") -> None:
+    q.schedule_many(dueq.Task({"i": i}, id=f"{prefix or key}-{i:03d}", key=key) for i in range(n))
+
+
+def dump_all(r: redis.Redis) -> dict[bytes, bytes | None]:
+    """Every key of the database, serialized (DUMP), with its TTL state."""
+    return {key: r.dump(key) for key in sorted(r.keys("*"))}
+
+
+# -- 1. a leased keyed task whose data vanished no longer holds its key ------------------------
+
+
+def test_an_expired_lease_whose_data_vanished_releases_its_key(
+    make_queue: Callable[..., Any], r: redis.Redis, clock: Any, redis_server: Any
+) -> None:
+    q = make_queue(lease=5)
+    q.configure(key_concurrency=1)
+    schedule_keyed(q, "k", 3)
+    [a] = q.claim(10)
+    assert a.id == "k-000" and q.claim(10) == []  # the key is at its limit
+    r.hdel(QueueKeys.for_queue("q").tasks, "k-000")  # evicted, or deleted by hand
+    clock.advance(6)  # its lease expires: the claim that reclaims it frees the key
+    [b] = q.claim(10)
+    assert b.id == "k-001"
+    log = (redis_server.dir / "redis.log").read_text(errors="replace")
+    assert "k-000" in log and "released" in log
+
+
+def test_failing_or_releasing_a_lease_whose_data_vanished_releases_its_key(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    schedule_keyed(q, "k", 3)
+    tasks = QueueKeys.for_queue("q").tasks
+    [a] = q.claim(10)
+    r.hdel(tasks, a.id)
+    a.fail(ValueError("boom"))
+    [b] = q.claim(10)
+    assert b.id == "k-001"
+    r.hdel(tasks, b.id)
+    b.release()
+    [c] = q.claim(10)
+    assert c.id == "k-002"
+
+
+# -- 2. doctor finds and repairs a hand-edited key state ---------------------------------------
+
+
+def test_doctor_reports_a_hand_edited_key_state_and_fix_makes_its_parked_tasks_claimable(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    keys = QueueKeys.for_queue("q")
+    r.hset(keys.key_state, "k", "999|0|0")
+    schedule_keyed(q, "k", 3)
+    assert q.claim(10) == []  # every task of the key is parked behind 999 phantom leases
+
+    report = q.doctor()
+    assert isinstance(report, dueq.DoctorReport)
+    assert not report.healthy and report.problems == report.findings
+    found = {(f.what, f.subject): f for f in report.findings}
+    leased = found[("key_leased", "k")]
+    assert (leased.found, leased.expected, leased.fixed) == (999, 0, False)
+    assert set(found) == {("key_leased", "k")}  # its parked count (3) is right
+    assert q.claim(10) == []  # reporting changed nothing
+
+    fixed = q.doctor(fix=True)
+    assert fixed.findings and all(f.fixed for f in fixed.findings) and fixed.problems == []
+    [d] = q.claim(10)
+    assert d.id == "k-000"
+    d.ack()
+    [e] = q.claim(10)
+    assert e.id == "k-001"
+    assert q.doctor().healthy
+
+
+def test_doctor_fix_repairs_counts_of_an_orphaned_lease_and_a_lost_parked_count(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    keys = QueueKeys.for_queue("q")
+    schedule_keyed(q, "k", 3)
+    [a] = q.claim(10)
+    assert q.claim(10) == []  # k-001, k-002 parked: key state "1||2"
+    r.hset(keys.key_state, "k", "1||0")  # the parked count lost
+    r.hset(keys.key_state, "ghost", "2||0")  # a key with no lease at all
+    r.zadd(keys.key_wait, {"nobody": 0})  # a wait entry of a key with nothing parked
+
+    report = q.doctor(fix=True)
+    got = {(f.what, f.subject, f.found, f.expected) for f in report.findings}
+    assert got == {
+        ("key_parked", "k", 0, 2),
+        ("key_leased", "ghost", 2, 0),
+        ("key_wait_stale", "nobody", 0, None),
+    }
+    assert r.hget(keys.key_state, "k") == b"1||2"
+    assert r.hget(keys.key_state, "ghost") is None
+    assert r.zscore(keys.key_wait, "nobody") is None
+    a.ack()  # the lease's end brings the parked tasks back, as if nothing had happened
+    assert [d.id for d in q.claim(10)] == ["k-001"]
+
+
+def test_doctor_reports_tasks_without_data_and_leaves_them(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    keys = QueueKeys.for_queue("q")
+    q.schedule("x", id="one")
+    q.schedule("y", id="two")
+    q.claim(1)  # one leased, the other due
+    leased = [m.decode() for m in r.zrange(keys.leased, 0, -1)]
+    due = [m.decode() for m in r.zrange(keys.due, 0, -1)]
+    r.hdel(keys.tasks, *leased, *due)
+    before = dump_all(r)
+    report = q.doctor(fix=True)
+    got = {(f.what, f.subject, f.fixed) for f in report.findings}
+    assert got == {("leased_without_data", leased[0], False), ("due_without_data", due[0], False)}
+    assert report.problems == report.findings
+    assert dump_all(r) == before  # report only: the claim handles them
+
+
+# -- 3. a healthy busy queue: nothing reported, nothing changed ---------------------------------
+
+
+def busy_queue(q: Any, clock: Any) -> list[Any]:
+    """A queue in every state: keyed tasks leased and parked (concurrency and rate), plain,
+    priority, dead and retrying tasks, a queue-wide rate window. Returns live deliveries."""
+    q.configure(key_concurrency=2, rate=dueq.Rate(1000, per=60.0))
+    for key in ("a", "b", "c"):
+        schedule_keyed(q, key, 5)
+    q.schedule_many(dueq.Task({"p": i}, id=f"plain-{i}", priority=i % 3) for i in range(10))
+    q.schedule("later", id="later", delay=3600)
+    held = q.claim(20)
+    held[0].fail(ValueError("retry me"))
+    held[1].fail(dueq.Unrecoverable("bury me"))
+    held[2].ack()
+    held[3].release(delay=60)
+    clock.advance(1)
+    held = held[4:] + q.claim(3)
+    q.configure(key_rate=dueq.Rate(1, per=30.0))
+    schedule_keyed(q, "d", 3)
+    held += q.claim(5)
+    return held
+
+
+def test_doctor_on_a_healthy_busy_queue_reports_nothing_and_changes_nothing(
+    make_queue: Callable[..., Any], r: redis.Redis, clock: Any
+) -> None:
+    q = make_queue()
+    held = busy_queue(q, clock)
+    assert held and r.exists(QueueKeys.for_queue("q").parked)
+    assert r.exists(QueueKeys.for_queue("q").dead)
+    before = dump_all(r)
+    report = q.doctor()
+    assert report.findings == [] and report.healthy
+    assert q.doctor(fix=True).findings == []
+    assert dump_all(r) == before
+
+
+def test_doctor_checks_in_batches_with_the_same_result(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    keys = QueueKeys.for_queue("q")
+    for i in range(30):
+        schedule_keyed(q, f"key{i:02d}", 2)
+    q.claim(100)
+    for i in range(0, 30, 3):
+        r.hset(keys.key_state, f"key{i:02d}", "5||1")
+    whole = q.doctor(batch=1000)
+    small = q.doctor(batch=2)
+    assert set(whole.findings) == set(small.findings)
+    assert {f.subject for f in whole.findings} == {f"key{i:02d}" for i in range(0, 30, 3)}
+    q.doctor(fix=True, batch=2)
+    assert q.doctor().healthy
+
+
+def test_doctor_reports_a_rate_window_sum_that_disagrees_with_its_entries(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(rate=dueq.Rate(10, per=60.0))
+    q.schedule_many(dueq.Task(i) for i in range(4))
+    q.claim(2)
+    q.claim(1)
+    keys = QueueKeys.for_queue("q")
+    assert r.hget(keys.stats, "rate_in_window") == b"3"
+    r.hset(keys.stats, "rate_in_window", "9")  # claims would be held back for nothing
+    [finding] = q.doctor().findings
+    assert (finding.what, finding.subject, finding.found, finding.expected) == (
+        "rate_in_window",
+        "rate_in_window",
+        9,
+        3,
+    )
+    q.doctor(fix=True)
+    assert r.hget(keys.stats, "rate_in_window") == b"3"
+
+
+def test_doctor_refuses_a_batch_outside_its_bounds(make_queue: Callable[..., Any]) -> None:
+    q = make_queue()
+    with pytest.raises(dueq.ConfigurationError):
+        q.doctor(batch=0)
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+def test_cli_doctor_prints_findings_exits_1_and_fix_repairs_them(
+    invoke: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = dueq.Queue("cq", r)
+    q.configure(key_concurrency=1)
+    q.schedule("x", id="t1", key="k")
+    assert invoke("doctor", "cq").exit_code == 0
+    r.hset(QueueKeys.for_queue("cq").key_state, "k", "999|0|0")
+
+    found = invoke("doctor", "cq")
+    assert found.exit_code == 1, found.output
+    assert "key_leased" in found.output and "'k'" in found.output and "999" in found.output
+
+    as_json = invoke("doctor", "cq", "--json")
+    assert as_json.exit_code == 1
+    document = json.loads(as_json.output)
+    assert document["queue"] == "cq" and document["healthy"] is False
+    assert document["findings"][0]["what"] == "key_leased"
+
+    fixed = invoke("doctor", "cq", "--fix")
+    assert fixed.exit_code == 0, fixed.output
+    assert "fixed" in fixed.output
+    assert [d.id for d in q.claim()] == ["t1"]
+    assert invoke("doctor", "cq").exit_code == 0
+
+
+def test_cli_doctor_help_names_its_exit_codes(invoke: Callable[..., Any]) -> None:
+    out = invoke("doctor", "--help").output
+    assert "--fix" in out and "--json" in out and "exit" in out.lower()
+
+
+def test_doctor_on_a_sharded_queue_checks_each_shard_and_names_it(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue("sq", shards=2)
+    q.schedule_many(dueq.Task(i, id=f"t{i}") for i in range(4))
+    shard = q.shard("t0")
+    r.zadd(shard.keys.key_wait, {"nobody": 0})  # a key-wait entry of a key with nothing parked
+    [finding] = q.doctor().findings
+    assert (finding.what, finding.subject, finding.queue) == (
+        "key_wait_stale",
+        "nobody",
+        shard.name,
+    )
+    q.doctor(fix=True)
+    assert q.doctor().healthy
+
+
+def test_the_docs_page_python_block_runs(make_queue: Callable[..., Any], r: redis.Redis) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "doctor.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert blocks
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    schedule_keyed(q, "k", 2)
+    r.hset(QueueKeys.for_queue("q").key_state, "k", "999|0|0")
+    for block in blocks:
+        exec(block, {"q": q})
+    assert q.doctor().healthy and [d.id for d in q.claim(10)] == ["k-000"]
