@@ -706,9 +706,10 @@ def build_machine(
             if t is not None:
                 self.leave_key(t)
                 self.counters["cancelled"] += 1
-                live = t.state == "leased" and t.deadline is not None and t.deadline > self.now
-                if live and t.token is not None and t.deadline is not None:
-                    self.revoked[(tid, t.token)] = t.deadline  # its holder hears "cancelled"
+                # its holder hears "cancelled", also when its lease ran out but was not
+                # reclaimed yet (remembered from now then)
+                if t.state == "leased" and t.token is not None and t.deadline is not None:
+                    self.revoked[(tid, t.token)] = max(t.deadline, self.now)
 
         @rule(pause=st.booleans())
         def pause_or_resume(self, pause: bool) -> None:
