@@ -24,7 +24,8 @@ import dueq
 from dueq.acl import ROLES, acl_rule, acl_rules, combined_rule, script_commands
 from dueq.cli import cli
 from dueq.operators import process
-from dueq.server import RedisServer
+from dueq.server import RedisServer, server_build
+from dueq.wake import sharded_pubsub
 
 PASSWORD = "acl-test-pw"
 QUEUE, OTHER = "emails", "billing"
@@ -95,9 +96,15 @@ def url(server: RedisServer, role: str) -> str:
 
 
 def refused(admin: redis.Redis, role: str) -> set[str]:
-    """What ACL LOG says the user was refused: command or key/channel names."""
+    """What ACL LOG says the user was refused: command or key/channel names, less redis-py's
+    CLIENT SETINFO on connecting, which Redis 6.2 checks (and logs) before it finds the
+    subcommand unknown (7.0 refuses the unknown subcommand first; the rule cannot name
+    ``client|setinfo``, which 7.0's ACL SETUSER refuses; redis-py ignores the error)."""
     entries = admin.acl_log(256)
-    return {str(e["object"]) for e in entries if str(e["username"]) == role}
+    logged = {str(e["object"]) for e in entries if str(e["username"]) == role}
+    if server_build(admin) < ("redis", (7, 0)):
+        logged.discard("client")
+    return logged
 
 
 def run_cli(server: RedisServer, role: str, *args: str) -> tuple[int, str, str]:
@@ -117,13 +124,14 @@ def test_dueq_acl_prints_comments_then_the_rule_to_append():
     assert comments and all(c.startswith("# ") for c in comments)
     assert line == " ".join(acl_rules("consumer", "emails"))
     tokens = line.split()
-    assert tokens[:4] == [
+    assert tokens[:5] == [
+        "resetchannels",  # Redis 6.2 gives a new user allchannels, which refuses &patterns
         "~dueq:{emails}:*",
         "~dueq:{emails#*}:*",  # a sharded queue's shards and its layout key
         "&dueq:{emails}:wake",
         "&dueq:{emails#*}:wake",
     ]
-    assert {"+evalsha", "+script|load", "+subscribe"} <= set(tokens)
+    assert {"+evalsha", "+script|load", "+@pubsub"} <= set(tokens)
     assert not {"+@all", "~*", "+eval", "+keys", "+flushall", "+config|get"} & set(tokens)
 
 
@@ -356,7 +364,9 @@ def test_every_role_is_refused_other_queues_and_server_commands(admin, login, ro
 
 
 @pytest.mark.parametrize("method", ["ssubscribe", "subscribe"])
-def test_the_wake_channel_of_another_queue_is_refused(login, method):
+def test_the_wake_channel_of_another_queue_is_refused(server, login, method):
+    if method == "ssubscribe" and not sharded_pubsub(server_build(server.client())[1]):
+        pytest.skip("Redis 6.2 has no SSUBSCRIBE")
     pubsub = login("consumer").pubsub()
     with pytest.raises(redis.exceptions.NoPermissionError):
         getattr(pubsub, method)(f"dueq:{{{OTHER}}}:wake")
@@ -380,7 +390,9 @@ def test_roles_within_one_queue_are_not_separated_by_redis(admin, login):
 
 
 @pytest.mark.timeout(900)
-def test_the_core_consumer_and_cron_tests_pass_as_the_acl_user():
+def test_the_core_consumer_and_cron_tests_pass_as_the_acl_user(server):
+    if server_build(server.client()) < ("redis", (7, 0)):
+        pytest.skip("the test user's extra selectors (conftest) need ACL selectors, Redis >= 7.0")
     files = [str(HERE / name) for name in SUITE if (HERE / name).exists()]
     env = {**os.environ, "DUEQ_TEST_ACL": "1"}
     done = subprocess.run(

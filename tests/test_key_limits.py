@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis
+from servers_support import subscribe_wake
 
 import dueq
 from dueq.keys import QueueKeys
@@ -145,8 +146,7 @@ def test_an_ack_that_frees_a_slot_of_a_key_with_parked_tasks_wakes_consumers(
     q.configure(key_concurrency=1)
     schedule_keyed(q, "k", 2)
     [d] = q.claim(10)
-    pubsub = r.pubsub(ignore_subscribe_messages=True)
-    pubsub.ssubscribe(QueueKeys.for_queue("q").wake)
+    pubsub = subscribe_wake(r, QueueKeys.for_queue("q").wake, ignore_subscribe_messages=True)
     try:
         d.ack()
         deadline = time.monotonic() + BOUND_S

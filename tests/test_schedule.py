@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from servers_support import subscribe_wake
 
 import dueq
 
@@ -135,8 +136,7 @@ def _next_wake(pubsub, timeout: float) -> int | None:
 
 def test_earlier_schedule_publishes_on_the_wake_channel(make_queue, r, clock):
     q = make_queue()
-    pubsub = r.pubsub()
-    pubsub.ssubscribe(q.keys.wake)  # sharded Pub/Sub: the scripts SPUBLISH on Redis >= 7.0
+    pubsub = subscribe_wake(r, q.keys.wake)  # SSUBSCRIBE from Redis 7.0, SUBSCRIBE on 6.2
     now_ms = round(clock.now * 1000)
     q.schedule(1, delay=100)
     first = _next_wake(pubsub, 1)
