@@ -8,6 +8,7 @@ import pytest
 from servers_support import subscribe_wake
 
 import dueq
+from dueq.wake import WAKE_TYPES
 
 
 def test_schedule_stores_payload_and_due_time_from_delay(make_queue, clock):
@@ -129,7 +130,7 @@ def test_reschedule_moves_only_scheduled_tasks(make_queue, clock):
 def _next_wake(pubsub, timeout: float) -> int | None:
     """The next wake message's due time, skipping subscribe confirmations."""
     message = pubsub.get_message(timeout=timeout)
-    while message is not None and message["type"] != "smessage":
+    while message is not None and message["type"] not in WAKE_TYPES:
         message = pubsub.get_message(timeout=timeout)
     return None if message is None else int(message["data"])
 

@@ -126,7 +126,7 @@ def _check_wait(client: object, wait_replicas: int) -> None:
 #: ""``, as some managed services do: "unknown command").
 _SCRIPTING_REFUSED = re.compile(
     r"(?:no permissions to run the '(?P<perm>evalsha|eval|script\|load|script)' command)"
-    r"|(?:unknown command '(?P<unknown>evalsha|eval|script)')",
+    r"|(?:unknown command ['`](?P<unknown>evalsha|eval|script)['`])",  # 6.2 quotes with `
     re.IGNORECASE,
 )
 
