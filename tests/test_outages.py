@@ -44,6 +44,14 @@ OUTAGE_REPLIES = [
     "OOM command not allowed when used memory > 'maxmemory'. script: c1e43c3, on @user_script:1.",
     "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
     "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist",
+    # valkey 9.1 (for a while, valkey#3663) prefixes a script's error with ERR; redis-py strips
+    # the ERR and raises a plain ResponseError, not its OutOfMemoryError / ReadOnlyError
+    "ERR OOM command not allowed when used memory > 'maxmemory'. "
+    "script: c1e43c3, on @user_script:1.",
+    "ERR NOREPLICAS Not enough good replicas to write. script: 67ed14c1cb0, on @user_script:1.",
+    "ERR READONLY You can't write against a read only replica. "
+    "script: 67ed14c1cb0, on @user_script:1.",
+    "ERR MISCONF Errors writing to the AOF file: No space left on device",
     # redis 6.2 wraps errors raised inside a script in an ERR reply
     "ERR Error running script (call to f_67ed14c1cb0): @user_script:1: "
     "NOREPLICAS Not enough good replicas to write.",

