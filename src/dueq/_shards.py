@@ -55,7 +55,8 @@ has BLAKE2b, e.g. a Spark executor or a JVM), uniform enough that ``mod N`` is e
 sequential ids too. So idempotency, ``get``, ``cancel``, ``reschedule`` and ``run_now`` work
 by id on one shard (``task_shard``: cron occurrences go with their definition, below).
 Generated ids are random, so they spread evenly; a generated id that was taken is replaced
-by a fresh one of the same shard (drawn until it hashes there).
+by a fresh one of the same shard (drawn until it hashes there). ``dueq.shard_of`` is the
+public name of this function (for producers that partition work by shard themselves).
 
 N is part of the data
 ---------------------
@@ -705,7 +706,7 @@ class Sharded:
 
 
 def sharded_layout(
-    name: str, shards: object, make_shard: Callable[[str], QueueCore]
+    name: str, shards: int, make_shard: Callable[[str], QueueCore]
 ) -> Sharded | None:
     """The layout ``Queue(name, ..., shards=)`` (or ``AsyncQueue``) holds: None for 1 shard
     (a plain queue), else ``Sharded`` over shards ``make_shard`` builds. ConfigurationError
@@ -713,7 +714,6 @@ def sharded_layout(
     whole_number(shards, "shards", low=1, high=MAX_SHARDS)
     if shards == 1:
         return None
-    assert isinstance(shards, int)  # whole_number checked it
     return Sharded(name, shards, make_shard)
 
 

@@ -85,7 +85,8 @@ class Queue(QueueCore):
 
     ``shards`` (1 to 256; default 1) spreads the queue over that many hash tags, so a Redis
     Cluster spreads it over its primaries (``dueq._shards`` says how, and what a sharded
-    queue does not offer yet); every process must give the same number.
+    queue does not offer yet); every process must give the same number. Every queue tells
+    its layout: ``shard_count``, ``shard_names`` and ``shard(task_id)`` (the shard's queue).
     """
 
     def __init__(
