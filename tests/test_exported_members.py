@@ -54,6 +54,7 @@ PUBLIC = {
     "WorkerInfo",
     "__version__",
     "operators",
+    "shard_of",
     "worker_id",
 }
 

@@ -111,12 +111,47 @@ def test_shards_is_checked_and_one_shard_is_the_plain_queue(r: Any) -> None:
     q = dueq.Queue("q", r, shards=3)
     assert isinstance(q, dueq.Queue) and q.shard_names == shard_names("q", 3)
 
+
+def test_a_sharded_queue_is_a_plain_front_end_object_that_holds_its_shards(r: Any) -> None:
+    aclient = redis.asyncio.Redis(port=r.connection_pool.connection_kwargs["port"])
+    for front_end, client in ((dueq.Queue, r), (dueq.AsyncQueue, aclient)):
+        q = front_end("q", client, shards=3)
+        assert type(q) is front_end
+        assert (q.shard_count, q.shard_names) == (3, shard_names("q", 3))
+        shard = q.shard("welcome:42")
+        assert type(shard) is front_end and shard.name == q.shard_names[shard_of("welcome:42", 3)]
+        # q.dead and q.cron are the front end's own classes, over the shards
+        assert type(q.dead) is type(shard.dead) and type(q.cron) is type(shard.cron)
+        plain = front_end("q", client)
+        assert (plain.shard_count, plain.shard_names, plain.shard("a")) == (1, ("q",), plain)
+
+
+def test_a_subclass_of_a_front_end_shards_too(r: Any) -> None:
     class Mine(dueq.Queue):
         pass
 
     assert type(Mine("q", r)) is Mine
-    with pytest.raises(dueq.ConfigurationError, match="not on the subclass Mine"):
-        Mine("q", r, shards=3)
+    q = Mine("q", r, shards=3)
+    assert type(q) is Mine and q.shard_count == 3
+    assert all(type(q.shard(f"t{i}")) is dueq.Queue for i in range(10))
+
+
+def test_the_shard_layer_does_not_import_the_front_ends() -> None:
+    import ast
+    import pathlib
+
+    source = pathlib.Path(dueq.__file__).with_name("_shards.py").read_text()
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert not imported & {"queue", "_async", "dueq.queue", "dueq._async"}, imported
+
+
+def test_shard_of_is_public() -> None:
+    assert dueq.shard_of is shard_of
+    assert dueq.shard_of("welcome:42", 3) == 2
 
 
 # -- the cluster -------------------------------------------------------------------------------

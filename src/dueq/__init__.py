@@ -8,6 +8,7 @@ in the dead-letter queue. See README.md for the guarantees.
 from . import operators
 from ._async import AsyncQueue
 from ._identity import worker_id
+from ._shards import shard_of
 from ._version import __version__
 from .cron import CronDefinition, Occurrence
 from .doctor import DoctorFinding, DoctorReport
@@ -91,5 +92,6 @@ __all__ = [
     "WorkerInfo",
     "__version__",
     "operators",
+    "shard_of",
     "worker_id",
 ]

@@ -26,6 +26,7 @@ from ._core import (
     drive_async,
     wrong_client,
 )
+from ._shards import Each, send_each_async, sharded_layout
 from .clock import Clock, Duration
 from .cron import AsyncCrons
 from .dead import AsyncDeadLetters
@@ -59,12 +60,6 @@ class AsyncQueue(QueueCore):
     """A named queue of delayed tasks, on a ``redis.asyncio`` client; the API of ``Queue``,
     awaited. Settings are those of ``Queue`` (``retry``, ``lease``, ``clock``, ``shards``, ...)."""
 
-    def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> AsyncQueue:
-        from ._shards import sharded_class  # it builds on this module
-
-        made: AsyncQueue = super().__new__(sharded_class(cls, shards))
-        return made
-
     def __init__(
         self,
         name: str,
@@ -82,8 +77,7 @@ class AsyncQueue(QueueCore):
         holder: str | None = None,
         shards: int = 1,
     ) -> None:
-        super().__init__(
-            name,
+        settings: dict[str, Any] = dict(
             retry=retry,
             lease=lease,
             clock=clock,
@@ -95,6 +89,11 @@ class AsyncQueue(QueueCore):
             wait_timeout=wait_timeout,
             holder=holder,
         )
+        # shards: plain AsyncQueues of these settings on this client (see dueq._shards)
+        sharded = sharded_layout(
+            name, shards, lambda shard: AsyncQueue(shard, redis_client, **settings)
+        )
+        super().__init__(name, sharded=sharded, **settings)
         if not isinstance(redis_client, (redis.asyncio.Redis, AsyncRedisCluster)):
             blocking = isinstance(redis_client, (redis.Redis, redis.RedisCluster))
             raise wrong_client(
@@ -106,32 +105,30 @@ class AsyncQueue(QueueCore):
         self._scripts = AsyncScripts(
             redis_client, wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms
         )
-        self.dead = AsyncDeadLetters(self)
-        self.cron = AsyncCrons(self)
+        self.dead = AsyncDeadLetters(self, self._dead_flows)
+        self.cron = AsyncCrons(self, self._cron_flows)
 
     # -- sending -----------------------------------------------------------------------------
 
-    async def _send(self, step: protocol.Step) -> Any:
+    async def _send(self, step: protocol.Step | Each) -> Any:
         if isinstance(step, protocol.Call):
             return step.parse(await self._scripts.run(step.script, step.keys, step.args))
         if isinstance(step, protocol.Command):
             return step.parse(await self.redis.execute_command(*step.args))
-        pipe = self.redis.pipeline(transaction=False)
-        for command in step.commands:
-            pipe.execute_command(*command.args)
-        replies = await pipe.execute()
-        return [c.parse(r) for c, r in zip(step.commands, replies, strict=True)]
+        if isinstance(step, protocol.Batch):
+            pipe = self.redis.pipeline(transaction=False)
+            for command in step.commands:
+                pipe.execute_command(*command.args)
+            replies = await pipe.execute()
+            return [c.parse(r) for c, r in zip(step.commands, replies, strict=True)]
+        # a sharded queue's steps for several shards: awaited at once
+        return await send_each_async(self._send, step)
 
     async def _drive(self, flow: Flow[T]) -> T:
         return await drive_async(flow, self._send)
 
     def _delivery(self, *fields: Any) -> AsyncDelivery:
         return AsyncDelivery(self, *fields)
-
-    def _cron_on_claim_flow(
-        self, deliveries: list[Any], now_ms: int
-    ) -> Flow[tuple[list[Any], int | None]]:
-        return self.cron._on_claim_flow(deliveries, now_ms)
 
     async def _wake_subscription(self) -> WakeSubscription:
         """What the async consumer's wake listener subscribes to (checks the server first)."""

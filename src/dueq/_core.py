@@ -17,7 +17,8 @@ import logging
 import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal, TypeVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import redis
 
@@ -27,6 +28,8 @@ from ._identity import worker_id
 from .checks import whole_number
 from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
+from .cron import CronsCore
+from .dead import DeadLettersCore
 from .doctor import DoctorFinding, DoctorReport
 from .envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -74,6 +77,9 @@ from .task import (
     TaskState,
 )
 from .wake import WakeSubscription, sharded_pubsub
+
+if TYPE_CHECKING:
+    from ._shards import Sharded
 
 logger = logging.getLogger("dueq.queue")
 
@@ -321,7 +327,12 @@ class ClaimBatch:
 
 class QueueCore:
     """Settings, validation and the flows of every queue operation, shared by ``Queue`` and
-    ``AsyncQueue`` (which add the client, and send what the flows yield)."""
+    ``AsyncQueue`` (which add the client, and send what the flows yield).
+
+    ``sharded`` is the layout of a sharded queue (``dueq._shards.Sharded``, made by the front
+    end), or None for a plain queue; the flows that reach the data hand a sharded queue's
+    calls to it, and a plain queue runs them as they are.
+    """
 
     def __init__(
         self,
@@ -337,8 +348,15 @@ class QueueCore:
         wait_replicas: int = 0,
         wait_timeout: Duration = 1.0,
         holder: str | None = None,
+        sharded: Sharded | None = None,
     ) -> None:
-        self.keys = QueueKeys.for_queue(name)
+        keys = QueueKeys.for_queue(name)  # checks the name, sharded or not
+        self._sharded = sharded
+        if sharded is None:
+            self.keys = keys
+        #: how many shards the queue has (1: a plain queue), and their queues' names
+        self.shard_count = 1 if sharded is None else sharded.count
+        self.shard_names = (name,) if sharded is None else sharded.names
         #: who this queue's claims lease to (None: "<host>:<pid>", see ``default_holder``)
         self.holder = None if holder is None else validate_holder(holder)
         self.name = name
@@ -376,14 +394,33 @@ class QueueCore:
         self._server_version: tuple[int, ...] | None = None
         # no sharded queue has '#' in its name (a shard's has): nothing to refuse then
         self._plain_checked = "#" in name
+        # what q.dead and q.cron drive, and the cron keeper of this queue's claims
+        self._dead_flows = DeadLettersCore(self) if sharded is None else sharded.dead_flows(self)
+        self._cron_flows = CronsCore(self) if sharded is None else sharded.cron_flows(self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+    @cached_property
+    def keys(self) -> QueueKeys:
+        """The queue's Redis keys (``dueq.keys.QueueKeys``). A plain queue sets them in
+        ``__init__``; a sharded queue has none of its own (each shard has its own): asking
+        raises ConfigurationError."""
+        if self._sharded is not None:
+            raise self._sharded.no_keys()
+        return QueueKeys.for_queue(self.name)
+
+    def shard(self, task_id: str) -> QueueCore:
+        """The queue of the shard that holds ``task_id`` (a plain queue of the same front
+        end, see ``dueq._shards``); a plain queue holds every task itself."""
+        return self if self._sharded is None else self._sharded.shard(task_id)
 
     # -- helpers -----------------------------------------------------------------------------
 
     def _wake_channels(self) -> list[str]:
         """The Pub/Sub channels whose messages wake this queue's consumers."""
+        if self._sharded is not None:
+            return self._sharded.wake_channels()
         return [self.keys.wake]
 
     def _wake_subscription_flow(self) -> Flow[WakeSubscription]:
@@ -417,8 +454,8 @@ class QueueCore:
     def _cron_on_claim_flow(
         self, deliveries: list[Any], now_ms: int
     ) -> Flow[tuple[list[Any], int | None]]:
-        """The front end's cron keeper (see ``Crons.on_claim``)."""
-        raise NotImplementedError
+        """The cron keeper of a claim (``CronsCore._on_claim_flow``)."""
+        return self._cron_flows._on_claim_flow(deliveries, now_ms)
 
     @staticmethod
     def _due(at: datetime | None, delay: Duration | None) -> tuple[int, int]:
@@ -540,6 +577,8 @@ class QueueCore:
         self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
     ) -> Flow[ScheduleResult]:
         """Send packed records in batches; generated ids that were taken are drawn again."""
+        if self._sharded is not None:
+            return (yield from self._sharded.schedule_records_flow(ids, records, replace))
         yield from self._plain_check_flow()
         added = existing = replaced = 0
         for batch in _batches(records):
@@ -566,12 +605,16 @@ class QueueCore:
         return ScheduleResult(added=added, existing=existing, replaced=replaced, ids=ids)
 
     def _cancel_flow(self, task_id: str) -> Flow[bool]:
+        if self._sharded is not None:
+            return (yield from self._sharded.cancel_flow(task_id))
         existed: bool = yield protocol.cancel(self.keys, self._now_arg(), validate_id(task_id))
         return existed
 
     def _reschedule_flow(
         self, task_id: str, at: datetime | None, delay: Duration | None
     ) -> Flow[bool]:
+        if self._sharded is not None:
+            return (yield from self._sharded.reschedule_flow(task_id, at, delay))
         if at is None and delay is None:
             raise InvalidTaskError("reschedule needs at= or delay=")
         flags, due_ms = self._due(at, delay)
@@ -589,6 +632,8 @@ class QueueCore:
     def _claim_flow(
         self, limit: int, lease: Duration | None, holder: str | None = None
     ) -> Flow[ClaimBatch]:
+        if self._sharded is not None:
+            return (yield from self._sharded.claim_flow(limit, lease, holder))
         whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
         lease_ms = self.lease_ms if lease is None else _positive_ms(lease, "lease")
         if holder is not None:
@@ -665,6 +710,8 @@ class QueueCore:
         )
 
     def _ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
+        if self._sharded is not None:
+            return (yield from self._sharded.ack_flow(deliveries))
         if not deliveries:
             return 0
         acked, refused, cancelled = 0, [], []  # ids in the caller's order
@@ -709,6 +756,8 @@ class QueueCore:
     def _fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:
+        if self._sharded is not None:
+            return (yield from self._sharded.fail_flow(delivery, error, retry_in))
         exc = error if isinstance(error, BaseException) else None
         age_s = max(delivery.claimed_ms - delivery.first_claimed_ms, 0) / 1000
         delay_ms = 0
@@ -746,6 +795,8 @@ class QueueCore:
         return outcome
 
     def _extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
+        if self._sharded is not None:
+            return (yield from self._sharded.extend_flow(delivery, seconds))
         try:
             return (yield from self._extend_many_flow([delivery], seconds))
         except TaskCancelled:
@@ -761,6 +812,8 @@ class QueueCore:
         self, deliveries: Sequence[DeliveryBase], seconds: Duration
     ) -> Flow[datetime]:
         """One script call per LEASE_BATCH leases; each lease judged by its own token."""
+        if self._sharded is not None:
+            return (yield from self._sharded.extend_many_flow(deliveries, seconds))
         ms = _positive_ms(seconds, "lease extension")
         refused: list[str] = []
         cancelled: list[str] = []
@@ -783,6 +836,8 @@ class QueueCore:
         return ms_datetime(deadline_ms if deadline_ms is not None else 0)
 
     def _release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
+        if self._sharded is not None:
+            return (yield from self._sharded.release_flow(delivery, delay))
         delay_ms = duration_ms(delay, "delay")
         reply: protocol.TimeReply = yield protocol.release(
             self.keys, self._now_arg(), delivery.id, delivery.token, delay_ms
@@ -820,6 +875,8 @@ class QueueCore:
         return found
 
     def _inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
+        if self._sharded is not None:
+            return (yield from self._sharded.inspect_ids_flow(ids))
         found: list[TaskInfo] = yield protocol.inspect_ids(self.keys, self._now_arg(), ids)
         return found
 
@@ -835,6 +892,19 @@ class QueueCore:
         after: datetime | None = None,
         before: datetime | None = None,
     ) -> Flow[TaskPage]:
+        if self._sharded is not None:
+            return (
+                yield from self._sharded.list_flow(
+                    state,
+                    limit=limit,
+                    cursor=cursor,
+                    id_prefix=id_prefix,
+                    grep=grep,
+                    error_type=error_type,
+                    after=after,
+                    before=before,
+                )
+            )
         if state not in _STATES:
             raise InvalidTaskError(f"state must be one of {', '.join(_STATES)}, got {state!r}")
         whole_number(limit, "limit", low=1, high=MAX_PAGE)
@@ -863,6 +933,8 @@ class QueueCore:
     def _run_now_flow(self, task_id: str) -> Flow[bool]:
         """A scheduled task (parked ones too) becomes due now; a dead one is replayed (attempts
         and errors reset, due now); a leased one is left alone (it is running): False."""
+        if self._sharded is not None:
+            return (yield from self._sharded.run_now_flow(task_id))
         task_id = validate_id(task_id)
         moved: protocol.TimeReply = yield protocol.reschedule(
             self.keys, self._now_arg(), task_id, absolute=False, due_ms=0
@@ -875,6 +947,8 @@ class QueueCore:
         return replayed.status is protocol.Status.OK
 
     def _history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
+        if self._sharded is not None:
+            return (yield from self._sharded.history_flow(minutes))
         whole_number(minutes, "minutes", low=1, high=HISTORY_MINUTES)
         reply: protocol.HistoryReply = yield protocol.history(
             self.keys, self._now_arg(), minutes=minutes, bucket_ms=1, buckets=0
@@ -886,6 +960,8 @@ class QueueCore:
         ]
 
     def _due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
+        if self._sharded is not None:
+            return (yield from self._sharded.due_histogram_flow(bucket, buckets))
         bucket_ms = _positive_ms(bucket, "bucket")
         whole_number(buckets, "buckets", low=1, high=MAX_BUCKETS)
         reply: protocol.HistoryReply = yield protocol.history(
@@ -900,12 +976,16 @@ class QueueCore:
         )
 
     def _stats_flow(self) -> Flow[QueueStats]:
+        if self._sharded is not None:
+            return (yield from self._sharded.stats_flow())
         stats: QueueStats = yield protocol.stats(self.keys, self._now_arg())
         return stats
 
     def _doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Every doctor.lua phase, batch by batch (each call atomic for its batch); one finding
         per what and subject (a key can be looked at twice while the queue runs on)."""
+        if self._sharded is not None:
+            return (yield from self._sharded.doctor_flow(fix, batch))
         if not isinstance(fix, bool):
             raise ConfigurationError(f"fix must be True or False, got {fix!r}")
         whole_number(batch, "batch", low=1, high=MAX_DOCTOR_BATCH)
@@ -938,6 +1018,8 @@ class QueueCore:
     # -- the worker registry (dueq.registry) -------------------------------------------------
 
     def _workers_flow(self) -> Flow[list[WorkerInfo]]:
+        if self._sharded is not None:
+            return (yield from self._sharded.workers_flow())
         try:
             server_ms, expiries, entries = yield protocol.workers_read(self.keys)
         except redis.ResponseError as exc:
@@ -951,6 +1033,8 @@ class QueueCore:
         return parse_workers(now_ms, expiries, entries)
 
     def _heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
+        if self._sharded is not None:
+            return (yield from self._sharded.heartbeat_flow(entry_json, ttl_ms, leave))
         live: int = yield protocol.heartbeat(
             self.keys, self._now_arg(), worker_id(), entry_json, ttl_ms=ttl_ms, leave=leave
         )
@@ -968,6 +1052,16 @@ class QueueCore:
         key_concurrency: int | Literal[False] | None = None,
     ) -> Flow[QueueSettings]:
         """Validate every change before writing any; None leaves a setting as it is."""
+        if self._sharded is not None:
+            return (
+                yield from self._sharded.configure_flow(
+                    paused=paused,
+                    remember_done=remember_done,
+                    rate=rate,
+                    key_rate=key_rate,
+                    key_concurrency=key_concurrency,
+                )
+            )
         changes: list[tuple[str, str]] = []
         for name, value in (("rate", rate), ("key_rate", key_rate)):
             if value is None:
@@ -996,6 +1090,8 @@ class QueueCore:
         return settings
 
     def _settings_flow(self) -> Flow[QueueSettings]:
+        if self._sharded is not None:
+            return (yield from self._sharded.settings_flow())
         settings: QueueSettings = yield protocol.command(
             "HGETALL", self.keys.config, parse=settings_from_hash
         )

@@ -1,10 +1,20 @@
 """Sharded queues: one logical queue over N hash tags, so a Redis Cluster spreads it.
 
-``Queue(name, client, shards=N)`` (and ``AsyncQueue``) returns a ``ShardedQueue``
-(``ShardedAsyncQueue``): a ``Queue`` whose flows (``dueq._core``) dispatch to N ordinary
-queues, its *shards*. Every shard is a plain queue with its own hash tag, so every Lua script
-still touches one slot and runs unchanged; the shards only differ from other queues by name.
-``shards=1`` (or no ``shards``) is exactly the plain queue: same class, same keys, no cost.
+``Queue(name, client, shards=N)`` (and ``AsyncQueue``) with N > 1 is an ordinary ``Queue``
+(``type(q) is Queue``) that holds a *layout*: a ``Sharded`` object of this module, made by the
+front end with a factory that builds N ordinary queues of the same front end and settings,
+its *shards* (``make_shard(name)``; this module never names the front ends, and imports
+neither ``dueq.queue`` nor ``dueq._async``). The flows of ``dueq._core`` that reach the data
+(schedule, claim, ack, extend, inspect, list, stats, settings, registry, ...) start with one
+test, ``self._sharded is not None``, and hand a sharded queue's call to the layout, which runs
+the shards' own flows, side by side where it can (``Each``, below). ``q.dead`` and ``q.cron``
+are the front end's ``DeadLetters``/``Crons`` over the layout's flows (``ShardedDeadFlows``,
+``ShardedCronFlows``), chosen once in ``QueueCore.__init__``. Every shard is a plain queue with
+its own hash tag, so every Lua script still touches one slot and runs unchanged; the shards
+only differ from other queues by name. ``shards=1`` (or no ``shards``) is exactly the plain
+queue: no layout, same keys, and the flows as they were. Every queue says what it is by plain
+attributes: ``shard_count`` (1 for a plain queue), ``shard_names`` (``(name,)``) and
+``shard(task_id)`` (the queue of the shard that holds an id; a plain queue itself).
 
 Shard names
 -----------
@@ -45,7 +55,8 @@ has BLAKE2b, e.g. a Spark executor or a JVM), uniform enough that ``mod N`` is e
 sequential ids too. So idempotency, ``get``, ``cancel``, ``reschedule`` and ``run_now`` work
 by id on one shard (``task_shard``: cron occurrences go with their definition, below).
 Generated ids are random, so they spread evenly; a generated id that was taken is replaced
-by a fresh one of the same shard (drawn until it hashes there).
+by a fresh one of the same shard (drawn until it hashes there). ``dueq.shard_of`` is the
+public name of this function (for producers that partition work by shard themselves).
 
 N is part of the data
 ---------------------
@@ -108,41 +119,26 @@ batches go through the logical queue; the data source's streaming writer stages 
 each micro-batch per shard, and its reader partitions each shard's sorted sets
 (``_spark_source._queue_names``: the shards, read on the driver).
 
-Sending: a step that goes to several shards at once (``_Each``) is awaited concurrently by
-``ShardedAsyncQueue`` (one coroutine per shard: the nodes work in parallel). ``ShardedQueue``
-sends the first shard's step from the calling thread and the others from a small pool of
-threads shared by every sharded queue of the process (``SEND_THREADS``; made again in a forked
-child, whose copy has no threads), so a ``schedule_many`` or ``ack_many`` over N shards takes
-one round trip, not N. A client with ``single_connection_client=True`` cannot be shared by
-threads: its steps go in turn.
+Sending: a step that goes to several shards at once (``Each``) is sent by the front end's
+``_send``: ``AsyncQueue`` awaits its steps concurrently (``send_each_async``: one coroutine
+per shard, the nodes work in parallel); ``Queue`` sends the first shard's step from the
+calling thread and the others from a small pool of threads shared by every sharded queue of
+the process (``send_each``; ``SEND_THREADS``, made again in a forked child, whose copy has no
+threads), so a ``schedule_many`` or ``ack_many`` over N shards takes one round trip, not N. A
+client with ``single_connection_client=True`` cannot be shared by threads: its steps go in
+turn. A plain queue never yields an ``Each``, and its ``_send`` tests for one last.
 
 Failover: ``tests/test_shards_failover.py`` drains a queue of 3 shards on 3 primaries + 3
 replicas (AOF, ``wait_replicas=1``) while one primary is failed over (``CLUSTER FAILOVER``, or
 SIGKILL and election): nothing acked is delivered again, nothing is lost.
 
-TODO (later slices; each raises ConfigurationError "... is not available on a sharded queue
-yet" until it lands):
-- per-key limits (``configure(key_rate=, key_concurrency=)``): they need a key's tasks on one
-  shard (shard by limit key instead of id when a task has a key: then get/cancel by id need
-  the key, or an id -> shard index).
-- ``list_tasks`` in the state's order across shards (a cursor per shard packed in one, each
-  page merged by the ordering score: priority and due time, lease deadline, died-at; the
-  scripts' cursors must then resume after any task, not only at a page's end).
-- skip shards known idle: remember each shard's next due (monotonic) and skip it until then
-  unless a wake message named it (the wake payload would need the shard).
-- ``wait_replicas`` with a ``redis.asyncio`` ``RedisCluster`` (the blocking one runs script
-  and WAIT on the shard's primary, ``dueq.scripts.Scripts._run_on_node``).
-- ``dueq reshard NAME --to M``: tasks cannot move between shards atomically (two shards
-  are two primaries), so: mark the layout key "N->M" (every process refuses both N and M
-  meanwhile), pause every shard, wait until nothing is leased, then per task copy it to its
-  new shard with its state (a new script: envelope, attempt record, errors, due or dead
-  score; idempotent by id) and only then delete it from the old one; a crash in between
-  leaves a task in both, and the copy step run again finds it present (nothing lost, no
-  duplicate delivery since nothing is claimed while paused). Then write M and resume.
-- ``check_server`` on every primary (today: the node the client picks).
-- ``scripts/bench/shards.py`` (slice 1 measures one client process and projects from each
-  primary's server time): add several producer and consumer processes, and a machine with a
-  core per primary, to measure the scaling instead of projecting it.
+Not yet
+-------
+Per-key limits (``configure(key_rate=, key_concurrency=)``) and ``q.keys`` raise
+ConfigurationError ("... not available on a sharded queue"); the other gaps (listing in one
+global order, skipping idle shards, ``wait_replicas`` on an asyncio ``RedisCluster``,
+resharding, ``check_server`` on every primary, a multi-process benchmark) are left to later
+issues.
 """
 
 from __future__ import annotations
@@ -157,7 +153,7 @@ import random
 import threading
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass, replace
 from datetime import datetime
@@ -167,18 +163,16 @@ from typing import Any, TypeVar
 import redis.crc
 
 from . import _protocol as protocol
-from ._async import AsyncQueue
 from ._core import MAX_CLAIM_BATCH, ClaimBatch, Flow, QueueCore, _raise_not_held
 from .checks import whole_number
 from .clock import Duration
-from .cron import OCCURRENCE_PREFIX, AsyncCrons, CronDefinition, Crons, CronsCore, Occurrence
+from .cron import OCCURRENCE_PREFIX, CronDefinition, CronsCore, Occurrence
 from .cron import validate_name as validate_cron_name
-from .dead import MAX_OFFSET, AsyncDeadLetters, DeadLetters, DeadLettersCore, _distinct_ids
+from .dead import MAX_OFFSET, DeadLettersCore, _distinct_ids
 from .doctor import DoctorReport
 from .envelope import generated_ids
 from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
 from .keys import QueueKeys, layout_key
-from .queue import Queue
 from .registry import WorkerInfo, merge_workers
 from .snapshot import text
 from .task import (
@@ -199,7 +193,18 @@ logger = logging.getLogger("dueq.queue")
 
 T = TypeVar("T")
 
-__all__ = ["MAX_SHARDS", "layout_key", "shard_names", "shard_of", "task_shard"]
+__all__ = [
+    "MAX_SHARDS",
+    "Each",
+    "Sharded",
+    "layout_key",
+    "send_each",
+    "send_each_async",
+    "shard_names",
+    "shard_of",
+    "sharded_layout",
+    "task_shard",
+]
 
 #: Most shards one queue may have (placing N shards costs about N * N CRC16s, once).
 MAX_SHARDS = 256
@@ -211,7 +216,9 @@ MAX_TAG_TRIES = 64 * MAX_SHARDS
 
 
 def shard_of(task_id: str, shards: int) -> int:
-    """The shard (0 to ``shards - 1``) that holds ``task_id``: BLAKE2b-64 of its UTF-8, mod N."""
+    """The shard (0 to ``shards - 1``) that holds ``task_id`` in a queue of ``shards`` shards:
+    BLAKE2b-64 of its UTF-8, mod N (the same in every process and language; see
+    ``dueq._shards``). A cron occurrence goes with its definition instead (``task_shard``)."""
     digest = hashlib.blake2b(task_id.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % shards
 
@@ -254,14 +261,15 @@ def _not_yet(what: str) -> ConfigurationError:
 
 
 @dataclass(frozen=True)
-class _Each:
-    """Steps for several shards at once; the reply is one ``(ok, value or error)`` per step."""
+class Each:
+    """Steps for several shards at once (``_together``); the front end's ``_send`` answers
+    one ``(ok, value or error)`` per step (``send_each``, ``send_each_async``)."""
 
     steps: tuple[protocol.Step, ...]
 
 
 def _together(flows: Sequence[Flow[Any]]) -> Flow[list[Any]]:
-    """Run flows side by side: each round sends every pending step in one ``_Each``; an
+    """Run flows side by side: each round sends every pending step in one ``Each``; an
     error of a step is thrown into its own flow. Returns the flows' results in order."""
     results: list[Any] = [None] * len(flows)
     pending: dict[int, protocol.Step] = {}
@@ -272,7 +280,7 @@ def _together(flows: Sequence[Flow[Any]]) -> Flow[list[Any]]:
             results[i] = stop.value
     while pending:
         order = list(pending)
-        replies: list[tuple[bool, Any]] = yield _Each(tuple(pending[i] for i in order))  # type: ignore[misc]
+        replies: list[tuple[bool, Any]] = yield Each(tuple(pending[i] for i in order))  # type: ignore[misc]
         for i, (ok, value) in zip(order, replies, strict=True):
             try:
                 pending[i] = flows[i].send(value) if ok else flows[i].throw(value)
@@ -349,52 +357,50 @@ def _logical_settings(parts: Sequence[QueueSettings]) -> QueueSettings:
     return replace(parts[0], rate=Rate(sum(r.n for r in rates if r is not None), first.per))
 
 
-class _Sharded(QueueCore):
-    """The flows of a sharded queue, for both front ends (mixed in before ``Queue`` or
-    ``AsyncQueue``, whose public methods drive these flows unchanged)."""
+class Sharded:
+    """The layout of a sharded queue: its shards, and the flows of the logical queue over
+    them (``QueueCore``'s flows hand a sharded queue's calls to these; see the module
+    docstring). Made once per queue object by ``sharded_layout``."""
 
-    _shards: list[QueueCore]  # the shards' Queue or AsyncQueue, in shard order
-
-    def _setup_shards(
-        self, shards: int, front_end: type[QueueCore], client: Any, settings: dict[str, Any]
-    ) -> None:
-        """Check the name and make the shards: queues of ``front_end`` on the same client."""
-        if "#" in self.name:
+    def __init__(self, name: str, count: int, make_shard: Callable[[str], QueueCore]) -> None:
+        """Check the name and make the shards, ``make_shard(shard_name)`` each: queues of the
+        front end that asks, on its client, with its settings."""
+        if "#" in name:
             raise ConfigurationError(
                 f"a sharded queue's name cannot contain '#' (it separates the name from the "
-                f"shard in the shards' names, {self.name}#0 ...), got {self.name!r}"
+                f"shard in the shards' names, {name}#0 ...), got {name!r}"
             )
-        self.shard_count = shards
-        self.shard_names = shard_names(self.name, shards)
-        with warnings.catch_warnings():  # the deprecated remember_done= warned once already
+        self.name = name
+        self.count = count
+        self.names = shard_names(name, count)
+        with warnings.catch_warnings():  # the deprecated remember_done= warns once, for the queue
             warnings.simplefilter("ignore", DeprecationWarning)
-            self._shards = [front_end(n, client, **settings) for n in self.shard_names]  # type: ignore[call-arg]
-        self._by_name = {s.name: s for s in self._shards}
-        self._layout_checked = False
-        self._start = random.randrange(shards)  # where the next claim begins
+            #: the shards' queues (of the front end that made this layout), in shard order
+            self.queues = [make_shard(n) for n in self.names]
+        self._by_name = {s.name: s for s in self.queues}
+        self._checked = False
+        self._start = random.randrange(count)  # where the next claim begins
         self._start_lock = threading.Lock()
-        # the front end's DeadLetters and Crons would work on ``{name}`` keys: replaced
-        dead = ShardedAsyncDeadLetters if issubclass(front_end, AsyncQueue) else ShardedDeadLetters
-        setattr(self, "dead", dead(self))  # type: ignore[arg-type]  # noqa: B010  (self is one)
-        crons = ShardedAsyncCrons if issubclass(front_end, AsyncQueue) else ShardedCrons
-        setattr(self, "cron", crons(self))  # type: ignore[arg-type]  # noqa: B010  (self is one)
 
-    # No key set names the logical queue: a flow not written for shards must not run on
-    # ``{name}`` keys, where it would silently miss every task.
-    @property
-    def keys(self) -> QueueKeys:
-        raise _not_yet(f"a single key set for {self.name!r} (each shard has its own)")
+    def no_keys(self) -> ConfigurationError:
+        """What ``q.keys`` raises: no key set names the logical queue, so a flow not written
+        for shards must not run on ``{name}`` keys, where it would silently miss every task."""
+        return _not_yet(f"a single key set for {self.name!r} (each shard has its own)")
 
-    @keys.setter
-    def keys(self, _value: QueueKeys) -> None:
-        """QueueCore sets it; a sharded queue keeps none."""
-
-    def _wake_channels(self) -> list[str]:
-        return [s.keys.wake for s in self._shards]
+    def wake_channels(self) -> list[str]:
+        return [s.keys.wake for s in self.queues]
 
     def shard(self, task_id: str) -> QueueCore:
         """The shard's queue (a plain ``Queue`` or ``AsyncQueue``) that holds ``task_id``."""
-        return self._shards[task_shard(task_id, self.shard_count)]
+        return self.queues[task_shard(task_id, self.count)]
+
+    def dead_flows(self, queue: QueueCore) -> DeadLettersCore:
+        """The dead-letter flows of the logical ``queue`` (for its ``q.dead``)."""
+        return ShardedDeadFlows(queue, self)
+
+    def cron_flows(self, queue: QueueCore) -> CronsCore:
+        """The cron flows of the logical ``queue`` (for its ``q.cron``)."""
+        return ShardedCronFlows(queue, self)
 
     def _owner(self, delivery: DeliveryBase) -> QueueCore:
         """The shard a delivery settles on (by name: any queue object of that shard will do)."""
@@ -407,10 +413,10 @@ class _Sharded(QueueCore):
             )
         return owner
 
-    def _layout_flow(self) -> Flow[None]:
-        """Once per object: refuse a different N, or a plain queue of this name with tasks;
-        record N when the queue is new."""
-        if self._layout_checked:
+    def check_flow(self) -> Flow[None]:
+        """Once per queue object: refuse a different N, or a plain queue of this name with
+        tasks; record N when the queue is new."""
+        if self._checked:
             return
         plain = QueueKeys.for_queue(self.name)
         held: int = yield protocol.command("EXISTS", plain.tasks, plain.dead, plain.cron)
@@ -422,32 +428,32 @@ class _Sharded(QueueCore):
         key = layout_key(self.name)
         _, recorded = yield protocol.Batch(
             (
-                protocol.command("SETNX", key, str(self.shard_count)),
+                protocol.command("SETNX", key, str(self.count)),
                 protocol.command("GET", key),
             )
         )
         found = None if recorded is None else text(recorded)
-        if found != str(self.shard_count):
+        if found != str(self.count):
             raise ConfigurationError(
                 f"queue {self.name!r} has {found} shards in Redis ({key}); it was opened with "
-                f"shards={self.shard_count}. Changing N on a live queue would hide every task "
+                f"shards={self.count}. Changing N on a live queue would hide every task "
                 f"whose id hashes to another shard: open it with shards={found}"
             )
-        self._layout_checked = True
+        self._checked = True
 
     # -- scheduling --------------------------------------------------------------------------
 
-    def _schedule_records_flow(
-        self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
+    def schedule_records_flow(
+        self, ids: list[str], records: list[bytes], replace: bool
     ) -> Flow[ScheduleResult]:
         """Group the records by shard and send each group to its shard (batches as a plain
         queue's); the shards' calls of a round go together."""
-        yield from self._layout_flow()
+        yield from self.check_flow()
         groups: dict[int, list[int]] = defaultdict(list)
         for position, task_id in enumerate(ids):
-            groups[task_shard(task_id, self.shard_count)].append(position)
+            groups[task_shard(task_id, self.count)].append(position)
         flows = [
-            self._shards[i]._schedule_records_flow(
+            self.queues[i]._schedule_records_flow(
                 [ids[p] for p in positions],
                 [records[p] for p in positions],
                 replace,
@@ -469,37 +475,37 @@ class _Sharded(QueueCore):
 
     def _fresh_ids(self, shard: int) -> Iterator[str]:
         """Generated ids that hash to ``shard``."""
-        return (i for i in generated_ids() if task_shard(i, self.shard_count) == shard)
+        return (i for i in generated_ids() if task_shard(i, self.count) == shard)
 
-    def _cancel_flow(self, task_id: str) -> Flow[bool]:
-        yield from self._layout_flow()
+    def cancel_flow(self, task_id: str) -> Flow[bool]:
+        yield from self.check_flow()
         return (yield from self.shard(task_id)._cancel_flow(task_id))
 
-    def _reschedule_flow(
+    def reschedule_flow(
         self, task_id: str, at: datetime | None, delay: Duration | None
     ) -> Flow[bool]:
-        yield from self._layout_flow()
+        yield from self.check_flow()
         return (yield from self.shard(task_id)._reschedule_flow(task_id, at, delay))
 
-    def _run_now_flow(self, task_id: str) -> Flow[bool]:
-        yield from self._layout_flow()
+    def run_now_flow(self, task_id: str) -> Flow[bool]:
+        yield from self.check_flow()
         return (yield from self.shard(task_id)._run_now_flow(task_id))
 
     # -- consuming ---------------------------------------------------------------------------
 
-    def _claim_flow(
+    def claim_flow(
         self, limit: int, lease: Duration | None, holder: str | None = None
     ) -> Flow[ClaimBatch]:
         """Claim from the shards in turn until ``limit`` are leased (a claim of 0 visits all)."""
         whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
-        yield from self._layout_flow()
+        yield from self.check_flow()
         with self._start_lock:
             start = self._start
-            self._start = (start + 1) % self.shard_count
+            self._start = (start + 1) % self.count
         deliveries: list[Any] = []
         batches: list[ClaimBatch] = []
-        for step in range(self.shard_count):
-            shard = self._shards[(start + step) % self.shard_count]
+        for step in range(self.count):
+            shard = self.queues[(start + step) % self.count]
             batch: ClaimBatch = yield from shard._claim_flow(limit - len(deliveries), lease, holder)
             batches.append(batch)
             deliveries += batch.deliveries
@@ -511,7 +517,7 @@ class _Sharded(QueueCore):
             upcoming = [ms for ms in (b.next_due_ms, b.next_lease_deadline_ms) if ms is not None]
             if upcoming:
                 waits_ms.append(min(upcoming) - b.now_ms - b.now_fraction_ms)
-        if len(batches) < self.shard_count:
+        if len(batches) < self.count:
             waits_ms.append(0.0)  # stopped early: the shards not visited may have work now
         next_due_ms = (
             int(first.now_ms + first.now_fraction_ms + min(waits_ms)) if waits_ms else None
@@ -525,7 +531,7 @@ class _Sharded(QueueCore):
             all(b.paused for b in batches),
         )
 
-    def _ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
+    def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
         groups: dict[str, list[DeliveryBase]] = defaultdict(list)
         for d in deliveries:
             groups[self._owner(d).name].append(d)
@@ -537,7 +543,7 @@ class _Sharded(QueueCore):
             for group, (acked, refused, _) in zip(groups.values(), results, strict=True)
         )
 
-    def _extend_many_flow(
+    def extend_many_flow(
         self, deliveries: Sequence[DeliveryBase], seconds: Duration
     ) -> Flow[datetime]:
         groups: dict[str, list[DeliveryBase]] = defaultdict(list)
@@ -552,38 +558,38 @@ class _Sharded(QueueCore):
         deadlines: list[datetime] = [r[0] for r in results]
         return min(deadlines)  # every lease was held, or _raise_combined raised
 
-    def _extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
+    def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
         return (yield from self._owner(delivery)._extend_flow(delivery, seconds))
 
-    def _fail_flow(
+    def fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:
         return (yield from self._owner(delivery)._fail_flow(delivery, error, retry_in))
 
-    def _release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
+    def release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
         return (yield from self._owner(delivery)._release_flow(delivery, delay))
 
     # -- inspection --------------------------------------------------------------------------
 
-    def _inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
-        yield from self._layout_flow()
+    def inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
+        yield from self.check_flow()
         groups: dict[int, list[str]] = defaultdict(list)
         for task_id in ids:
-            groups[task_shard(task_id, self.shard_count)].append(task_id)
-        flows = [self._shards[i]._inspect_ids_flow(group) for i, group in groups.items()]
+            groups[task_shard(task_id, self.count)].append(task_id)
+        flows = [self.queues[i]._inspect_ids_flow(group) for i, group in groups.items()]
         found = {info.id: info for part in (yield from _together(flows)) for info in part}
         return [found[i] for i in dict.fromkeys(ids) if i in found]
 
-    def _stats_flow(self) -> Flow[QueueStats]:
-        yield from self._layout_flow()
-        parts: list[QueueStats] = yield from _together([s._stats_flow() for s in self._shards])
+    def stats_flow(self) -> Flow[QueueStats]:
+        yield from self.check_flow()
+        parts: list[QueueStats] = yield from _together([s._stats_flow() for s in self.queues])
         return _sum_stats(parts)
 
-    def _doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
+    def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Each shard checked on its own keys (findings name their shard), side by side."""
-        yield from self._layout_flow()
+        yield from self.check_flow()
         parts: list[DoctorReport] = yield from _together(
-            [s._doctor_flow(fix, batch) for s in self._shards]
+            [s._doctor_flow(fix, batch) for s in self.queues]
         )
         return DoctorReport(
             self.name,
@@ -592,29 +598,27 @@ class _Sharded(QueueCore):
             list(dict.fromkeys(note for part in parts for note in part.notes)),
         )
 
-    # -- not yet on a sharded queue ----------------------------------------------------------
-
-    def _list_flow(
-        self, state: TaskState, *, limit: int = 100, cursor: str | None = None, **filters: Any
+    def list_flow(
+        self, state: TaskState, *, limit: int, cursor: str | None, **filters: Any
     ) -> Flow[TaskPage]:
         """One page of one shard's listing; the cursor names the shard and its cursor, and
         moves to the next shard when one is done (shard by shard, see the module docstring)."""
-        index, inner = _split_cursor(cursor, self.shard_count)
-        yield from self._layout_flow()
-        page: TaskPage = yield from self._shards[index]._list_flow(
+        index, inner = _split_cursor(cursor, self.count)
+        yield from self.check_flow()
+        page: TaskPage = yield from self.queues[index]._list_flow(
             state, limit=limit, cursor=inner, **filters
         )
         if page.cursor is not None:
             after: str | None = _join_cursor(index, page.cursor)
         else:
-            after = _join_cursor(index + 1, None) if index + 1 < self.shard_count else None
+            after = _join_cursor(index + 1, None) if index + 1 < self.count else None
         return TaskPage(page.tasks, after, page.looked_at)
 
-    def _history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
+    def history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
         """Each minute's counts summed over the shards (minutes matched by their start)."""
-        yield from self._layout_flow()
+        yield from self.check_flow()
         parts: list[list[HistoryPoint]] = yield from _together(
-            [s._history_flow(minutes) for s in self._shards]
+            [s._history_flow(minutes) for s in self.queues]
         )
         summed: dict[datetime, list[int]] = {}
         for part in parts:
@@ -625,11 +629,11 @@ class _Sharded(QueueCore):
         latest = sorted(summed)[-minutes:]
         return [HistoryPoint(minute, *summed[minute]) for minute in latest]
 
-    def _due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
+    def due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
         """Bucket counts summed over the shards (each counts from its own clock's now)."""
-        yield from self._layout_flow()
+        yield from self.check_flow()
         parts: list[DueHistogram] = yield from _together(
-            [s._due_histogram_flow(bucket, buckets) for s in self._shards]
+            [s._due_histogram_flow(bucket, buckets) for s in self.queues]
         )
         return replace(
             parts[0],
@@ -640,14 +644,8 @@ class _Sharded(QueueCore):
 
     # -- settings ----------------------------------------------------------------------------
 
-    def _configure_flow(
-        self,
-        *,
-        paused: bool | None = None,
-        remember_done: Duration | None = None,
-        rate: Any = None,
-        key_rate: Any = None,
-        key_concurrency: Any = None,
+    def configure_flow(
+        self, *, paused: Any, remember_done: Any, rate: Any, key_rate: Any, key_concurrency: Any
     ) -> Flow[QueueSettings]:
         """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
         them (``rate_shares``); everything is validated before any shard is written. Per-key
@@ -660,12 +658,12 @@ class _Sharded(QueueCore):
                 "only its own leases, so a per-key limit would hold per shard, N times over. "
                 "Keep keyed tasks on a plain queue (one per tenant group, for example)"
             )
-        shares: list[Any] = [rate] * self.shard_count
+        shares: list[Any] = [rate] * self.count
         if rate is not None and rate is not False:
             if not isinstance(rate, Rate):
                 raise ConfigurationError(f"rate must be a dueq.Rate or False, got {rate!r}")
-            shares = rate_shares(rate, self.shard_count)
-        yield from self._layout_flow()
+            shares = rate_shares(rate, self.count)
+        yield from self.check_flow()
         flows = [
             s._configure_flow(
                 paused=paused,
@@ -674,37 +672,49 @@ class _Sharded(QueueCore):
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,
             )
-            for s, share in zip(self._shards, shares, strict=True)
+            for s, share in zip(self.queues, shares, strict=True)
         ]
         settings: list[QueueSettings] = yield from _together(flows)
         return _logical_settings(settings)
 
-    def _settings_flow(self) -> Flow[QueueSettings]:
-        yield from self._layout_flow()
+    def settings_flow(self) -> Flow[QueueSettings]:
+        yield from self.check_flow()
         settings: list[QueueSettings] = yield from _together(
-            [s._settings_flow() for s in self._shards]
+            [s._settings_flow() for s in self.queues]
         )
         return _logical_settings(settings)
 
     # -- worker registry ---------------------------------------------------------------------
 
-    def _workers_flow(self) -> Flow[list[WorkerInfo]]:
+    def workers_flow(self) -> Flow[list[WorkerInfo]]:
         """Every shard's registry merged: a worker beats into each shard, so one entry per
         worker id, from its latest beat."""
-        yield from self._layout_flow()
+        yield from self.check_flow()
         parts: list[list[WorkerInfo]] = yield from _together(
-            [s._workers_flow() for s in self._shards]
+            [s._workers_flow() for s in self.queues]
         )
         return merge_workers(parts)
 
-    def _heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
+    def heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
         """The beat (or the leave) on every shard, so each shard's own view shows the worker
         too; returns the most live workers any shard counts."""
-        yield from self._layout_flow()
+        yield from self.check_flow()
         live: list[int] = yield from _together(
-            [s._heartbeat_flow(entry_json, ttl_ms, leave) for s in self._shards]
+            [s._heartbeat_flow(entry_json, ttl_ms, leave) for s in self.queues]
         )
         return max(live)
+
+
+def sharded_layout(
+    name: str, shards: int, make_shard: Callable[[str], QueueCore]
+) -> Sharded | None:
+    """The layout ``Queue(name, ..., shards=)`` (or ``AsyncQueue``) holds: None for 1 shard
+    (a plain queue), else ``Sharded`` over shards ``make_shard`` builds. ConfigurationError
+    for a count that is not 1 to MAX_SHARDS, or a name with '#'."""
+    whole_number(shards, "shards", low=1, high=MAX_SHARDS)
+    if shards == 1:
+        return None
+    return Sharded(name, shards, make_shard)
 
 
 def _refusals(flow: Flow[T]) -> Flow[tuple[T | None, list[str], list[str]]]:
@@ -723,13 +733,14 @@ def _raise_combined(done: str, deliveries: Sequence[DeliveryBase], results: list
     _raise_not_held(done, refused, [i for i in refused if i in cancelled])
 
 
-class _ShardedDead(DeadLettersCore):
-    """The dead letters of a sharded queue: each shard's, merged (see the module docstring)."""
+class ShardedDeadFlows(DeadLettersCore):
+    """The dead-letter flows of a sharded queue (its ``q.dead`` drives them): each shard's,
+    merged (see the module docstring)."""
 
-    _core: _Sharded
-
-    def _shard_dead(self) -> list[DeadLettersCore]:
-        return [s.dead for s in self._core._shards]  # type: ignore[attr-defined]
+    def __init__(self, queue: QueueCore, layout: Sharded) -> None:
+        super().__init__(queue)
+        self._layout = layout
+        self._shard_dead = [DeadLettersCore(s) for s in layout.queues]
 
     def _list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
         """Each shard's newest ``offset + limit``, merged newest first, then the page."""
@@ -737,8 +748,8 @@ class _ShardedDead(DeadLettersCore):
         whole_number(offset, "offset", low=0, high=MAX_OFFSET)
         if limit == 0:
             return []
-        yield from self._core._layout_flow()
-        flows = [d._list_flow(min(offset + limit, MAX_OFFSET), 0) for d in self._shard_dead()]
+        yield from self._layout.check_flow()
+        flows = [d._list_flow(min(offset + limit, MAX_OFFSET), 0) for d in self._shard_dead]
         parts: list[list[TaskInfo]] = yield from _together(flows)
         merged = sorted(
             (info for part in parts for info in part),
@@ -748,8 +759,8 @@ class _ShardedDead(DeadLettersCore):
         return merged[offset : offset + limit]
 
     def _count_flow(self) -> Flow[int]:
-        yield from self._core._layout_flow()
-        counts: list[int] = yield from _together([d._count_flow() for d in self._shard_dead()])
+        yield from self._layout.check_flow()
+        counts: list[int] = yield from _together([d._count_flow() for d in self._shard_dead])
         return sum(counts)
 
     def _move_flow(
@@ -757,8 +768,8 @@ class _ShardedDead(DeadLettersCore):
     ) -> Flow[int]:
         """By id: every id checked on its shard first (all-or-nothing, as on one queue), then
         moved; all, or by error type: on every shard."""
-        yield from self._core._layout_flow()
-        shard_dead = self._shard_dead()
+        yield from self._layout.check_flow()
+        shard_dead = self._shard_dead
         if ids is None or error_type is not None:
             if ids is not None:
                 raise InvalidTaskError("give ids or error_type, not both")
@@ -766,7 +777,7 @@ class _ShardedDead(DeadLettersCore):
             return sum((yield from _together(flows)))
         groups: dict[int, list[str]] = defaultdict(list)
         for task_id in _distinct_ids(ids):
-            groups[task_shard(task_id, self._core.shard_count)].append(task_id)
+            groups[task_shard(task_id, self._layout.count)].append(task_id)
         yield from _together([shard_dead[i]._check_dead_flow(g) for i, g in groups.items()])
         moved = yield from _together(
             [shard_dead[i]._move_flow(action, g) for i, g in groups.items()]
@@ -774,32 +785,28 @@ class _ShardedDead(DeadLettersCore):
         return sum(moved)
 
 
-class ShardedDeadLetters(_ShardedDead, DeadLetters):
-    """``q.dead`` of a ``ShardedQueue``."""
-
-
-class ShardedAsyncDeadLetters(_ShardedDead, AsyncDeadLetters):
-    """``q.dead`` of a ``ShardedAsyncQueue``."""
-
-
 def _named(method: str) -> Callable[..., Flow[Any]]:
     """A cron flow of a sharded queue that goes to the shard of the definition's name."""
 
-    def flow(self: _ShardedCrons, name: str, *args: Any) -> Flow[Any]:
+    def flow(self: ShardedCronFlows, name: str, *args: Any) -> Flow[Any]:
         name = validate_cron_name(name)
-        yield from self._core._layout_flow()
-        crons = self._core._shards[shard_of(name, self._core.shard_count)].cron  # type: ignore[attr-defined]
+        yield from self._layout.check_flow()
+        crons = self._shard_crons[shard_of(name, self._layout.count)]
         return (yield from getattr(crons, method)(name, *args))
 
     flow.__name__ = method
     return flow
 
 
-class _ShardedCrons(CronsCore):
-    """The cron definitions of a sharded queue: each on the shard of its name (see the
-    module docstring); ``list`` merges every shard's."""
+class ShardedCronFlows(CronsCore):
+    """The cron flows of a sharded queue (its ``q.cron`` drives them): each definition on
+    the shard of its name (see the module docstring); ``list`` merges every shard's. The
+    shards' claims keep their own definitions (each shard's queue has its own keeper)."""
 
-    _core: _Sharded
+    def __init__(self, queue: QueueCore, layout: Sharded) -> None:
+        super().__init__(queue)
+        self._layout = layout
+        self._shard_crons = [CronsCore(s) for s in layout.queues]
 
     _add_flow = _named("_add_flow")
     _remove_flow = _named("_remove_flow")
@@ -809,18 +816,13 @@ class _ShardedCrons(CronsCore):
     _run_now_flow = _named("_run_now_flow")
 
     def _list_flow(self) -> Flow[list[CronDefinition]]:
-        yield from self._core._layout_flow()
-        flows = [s.cron._list_flow() for s in self._core._shards]  # type: ignore[attr-defined]
+        yield from self._layout.check_flow()
+        flows = [c._list_flow() for c in self._shard_crons]
         parts: list[list[CronDefinition]] = yield from _together(flows)
         return sorted((d for part in parts for d in part), key=lambda d: d.name)
 
 
-class ShardedCrons(_ShardedCrons, Crons):
-    """``q.cron`` of a ``ShardedQueue``."""
-
-
-class ShardedAsyncCrons(_ShardedCrons, AsyncCrons):
-    """``q.cron`` of a ``ShardedAsyncQueue``."""
+# -- sending an Each (the front ends' ``_send``) ------------------------------------------------
 
 
 def _settled_reply(send: Callable[[protocol.Step], Any], step: protocol.Step) -> tuple[bool, Any]:
@@ -830,7 +832,7 @@ def _settled_reply(send: Callable[[protocol.Step], Any], step: protocol.Step) ->
         return False, exc
 
 
-#: Threads that send the steps of an ``_Each`` to shards other than the first (per process).
+#: Threads that send the steps of an ``Each`` to shards other than the first (per process).
 SEND_THREADS = 16
 _send_pool: tuple[int, ThreadPoolExecutor] | None = None
 _send_pool_lock = threading.Lock()
@@ -847,56 +849,26 @@ def _senders() -> ThreadPoolExecutor:
         return _send_pool[1]
 
 
-class ShardedQueue(_Sharded, Queue):
-    """``Queue(name, client, shards=N)`` with N > 1: see the module docstring."""
-
-    def __init__(self, name: str, redis_client: Any, *, shards: int, **settings: Any) -> None:
-        super().__init__(name, redis_client, **settings)
-        self._setup_shards(shards, Queue, redis_client, settings)
-        # one connection for every call: threads must not share it
-        self._in_turn = getattr(redis_client, "connection", None) is not None
-
-    def _send(self, step: Any) -> Any:
-        send = super()._send
-        if not isinstance(step, _Each):
-            return send(step)
-        first, *others = step.steps
-        if not others or self._in_turn:
-            return [_settled_reply(send, s) for s in step.steps]
-        pool = _senders()
-        futures = [pool.submit(_settled_reply, send, s) for s in others]
-        return [_settled_reply(send, first), *(f.result() for f in futures)]
+def send_each(
+    send: Callable[[protocol.Step], Any], each: Each, *, in_turn: bool
+) -> list[tuple[bool, Any]]:
+    """The replies to an ``Each`` for a blocking ``send``: the first step from this thread,
+    the others from the sending threads at the same time (in turn with ``in_turn``: a client
+    of one connection, which threads must not share)."""
+    first, *others = each.steps
+    if not others or in_turn:
+        return [_settled_reply(send, s) for s in each.steps]
+    pool = _senders()
+    futures = [pool.submit(_settled_reply, send, s) for s in others]
+    return [_settled_reply(send, first), *(f.result() for f in futures)]
 
 
-class ShardedAsyncQueue(_Sharded, AsyncQueue):
-    """``AsyncQueue(name, client, shards=N)`` with N > 1: see the module docstring."""
-
-    def __init__(self, name: str, redis_client: Any, *, shards: int, **settings: Any) -> None:
-        super().__init__(name, redis_client, **settings)
-        self._setup_shards(shards, AsyncQueue, redis_client, settings)
-
-    async def _send(self, step: Any) -> Any:
-        send = super()._send
-        if not isinstance(step, _Each):
-            return await send(step)
-        replies = await asyncio.gather(*(send(s) for s in step.steps), return_exceptions=True)
-        for reply in replies:
-            if isinstance(reply, BaseException) and not isinstance(reply, Exception):
-                raise reply  # cancelled: not a reply of the shard
-        return [(not isinstance(r, Exception), r) for r in replies]
-
-
-def sharded_class(front_end: type[Any], shards: object) -> type[Any]:
-    """The class ``Queue(..., shards=)`` or ``AsyncQueue(..., shards=)`` makes: the front end
-    itself for 1 shard, its sharded twin for more (a subclass of a front end cannot shard)."""
-    whole_number(shards, "shards", low=1, high=MAX_SHARDS)
-    if shards == 1 or issubclass(front_end, _Sharded):
-        return front_end
-    if front_end is Queue:
-        return ShardedQueue
-    if front_end is AsyncQueue:
-        return ShardedAsyncQueue
-    raise ConfigurationError(
-        f"shards= is available on dueq.Queue and dueq.AsyncQueue, not on the subclass "
-        f"{front_end.__name__}"
-    )
+async def send_each_async(
+    send: Callable[[protocol.Step], Awaitable[Any]], each: Each
+) -> list[tuple[bool, Any]]:
+    """The replies to an ``Each`` for an awaitable ``send``: every step awaited at once."""
+    replies = await asyncio.gather(*(send(s) for s in each.steps), return_exceptions=True)
+    for reply in replies:
+        if isinstance(reply, BaseException) and not isinstance(reply, Exception):
+            raise reply  # cancelled: not a reply of the shard
+    return [(not isinstance(r, Exception), r) for r in replies]

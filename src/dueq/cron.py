@@ -825,12 +825,13 @@ def _wrong_type(exc: redis.RedisError) -> bool:
     return isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc)
 
 
-class Crons(CronsCore):
+class Crons:
     """The cron definitions of a ``Queue`` (``Queue.cron``)."""
 
-    def __init__(self, queue: Queue) -> None:
-        super().__init__(queue)
+    def __init__(self, queue: Queue, flows: CronsCore | None = None) -> None:
         self._queue = queue
+        #: the flows it drives: the queue's own, or a sharded queue's (``dueq._shards``)
+        self._flows = CronsCore(queue) if flows is None else flows
 
     def add(
         self,
@@ -854,7 +855,7 @@ class Crons(CronsCore):
         CronConflict unless ``replace``. Bad input raises CronError or PayloadError and
         writes nothing. Returns "added", "unchanged", "replaced" or "restored".
         """
-        flow = self._add_flow(name, expr, payload, tz, missed, max_missed, replace)
+        flow = self._flows._add_flow(name, expr, payload, tz, missed, max_missed, replace)
         return self._queue._drive(flow)
 
     def remove(self, name: str) -> bool:
@@ -862,7 +863,7 @@ class Crons(CronsCore):
 
         An occurrence already leased or waiting for a retry still runs to its end.
         """
-        return self._queue._drive(self._remove_flow(name))
+        return self._queue._drive(self._flows._remove_flow(name))
 
     def list(self) -> builtins.list[CronDefinition]:
         """Every definition of the queue, by name, with its next and last fired slot.
@@ -870,11 +871,11 @@ class Crons(CronsCore):
         A definition whose data in Redis cannot be read is listed with ``problem`` set.
         CronError if the queue's cron keys are not hashes at all.
         """
-        return self._queue._drive(self._list_flow())
+        return self._queue._drive(self._flows._list_flow())
 
     def get(self, name: str) -> CronDefinition | None:
         """One definition by name (``problem`` set if it cannot be read), or None."""
-        return self._queue._drive(self._get_flow(name))
+        return self._queue._drive(self._flows._get_flow(name))
 
     def pause(self, name: str) -> bool:
         """Stop scheduling ``name``'s occurrences; False if it was already paused.
@@ -885,7 +886,7 @@ class Crons(CronsCore):
         with ``replace=True`` keeps it paused. ``run_now`` still works. CronNotFound for an
         unknown name.
         """
-        return self._queue._drive(self._pause_flow(name))
+        return self._queue._drive(self._flows._pause_flow(name))
 
     def resume(self, name: str) -> bool:
         """Schedule ``name`` again from its next slot after now; False if it was not paused.
@@ -893,7 +894,7 @@ class Crons(CronsCore):
         Slots that fell into the pause are not run, whatever its ``missed`` policy says.
         CronNotFound for an unknown name; CronError if its definition in Redis cannot be used.
         """
-        return self._queue._drive(self._resume_flow(name))
+        return self._queue._drive(self._flows._resume_flow(name))
 
     def run_now(self, name: str) -> str:
         """Schedule one extra occurrence of ``name``, due now; returns its task id.
@@ -904,15 +905,16 @@ class Crons(CronsCore):
         ``remove`` do not withdraw it. CronNotFound for an unknown name; CronError if its
         definition in Redis cannot be used.
         """
-        return self._queue._drive(self._run_now_flow(name))
+        return self._queue._drive(self._flows._run_now_flow(name))
 
 
-class AsyncCrons(CronsCore):
+class AsyncCrons:
     """The cron definitions of an ``AsyncQueue``; the methods of ``Crons``, awaited."""
 
-    def __init__(self, queue: AsyncQueue) -> None:
-        super().__init__(queue)
+    def __init__(self, queue: AsyncQueue, flows: CronsCore | None = None) -> None:
         self._queue = queue
+        #: the flows it drives: the queue's own, or a sharded queue's (``dueq._shards``)
+        self._flows = CronsCore(queue) if flows is None else flows
 
     async def add(
         self,
@@ -926,29 +928,29 @@ class AsyncCrons(CronsCore):
         replace: bool = False,
     ) -> AddResult:
         """As ``Crons.add``."""
-        flow = self._add_flow(name, expr, payload, tz, missed, max_missed, replace)
+        flow = self._flows._add_flow(name, expr, payload, tz, missed, max_missed, replace)
         return await self._queue._drive(flow)
 
     async def remove(self, name: str) -> bool:
         """As ``Crons.remove``."""
-        return await self._queue._drive(self._remove_flow(name))
+        return await self._queue._drive(self._flows._remove_flow(name))
 
     async def list(self) -> builtins.list[CronDefinition]:
         """As ``Crons.list``."""
-        return await self._queue._drive(self._list_flow())
+        return await self._queue._drive(self._flows._list_flow())
 
     async def get(self, name: str) -> CronDefinition | None:
         """As ``Crons.get``."""
-        return await self._queue._drive(self._get_flow(name))
+        return await self._queue._drive(self._flows._get_flow(name))
 
     async def pause(self, name: str) -> bool:
         """As ``Crons.pause``."""
-        return await self._queue._drive(self._pause_flow(name))
+        return await self._queue._drive(self._flows._pause_flow(name))
 
     async def resume(self, name: str) -> bool:
         """As ``Crons.resume``."""
-        return await self._queue._drive(self._resume_flow(name))
+        return await self._queue._drive(self._flows._resume_flow(name))
 
     async def run_now(self, name: str) -> str:
         """As ``Crons.run_now``."""
-        return await self._queue._drive(self._run_now_flow(name))
+        return await self._queue._drive(self._flows._run_now_flow(name))

@@ -8,6 +8,7 @@ the same ids) can still stop a later batch; the error then says how many were mo
 
 Both front ends share the flows of ``DeadLettersCore``; ``DeadLetters`` (``Queue.dead``)
 drives them with blocking calls and ``AsyncDeadLetters`` (``AsyncQueue.dead``) awaits them.
+A sharded queue's ``q.dead`` drives its layout's flows instead (``dueq._shards``).
 """
 
 from __future__ import annotations
@@ -133,20 +134,21 @@ class DeadLettersCore:
             )
 
 
-class DeadLetters(DeadLettersCore):
+class DeadLetters:
     """The dead-letter queue of a ``Queue``: list, count, replay and purge dead tasks."""
 
-    def __init__(self, queue: Queue) -> None:
-        super().__init__(queue)
+    def __init__(self, queue: Queue, flows: DeadLettersCore | None = None) -> None:
         self._queue = queue
+        #: the flows it drives: the queue's own, or a sharded queue's (``dueq._shards``)
+        self._flows = DeadLettersCore(queue) if flows is None else flows
 
     def list(self, limit: int = 50, offset: int = 0) -> list[TaskInfo]:
         """Dead tasks, most recently died first."""
-        return self._queue._drive(self._list_flow(limit, offset))
+        return self._queue._drive(self._flows._list_flow(limit, offset))
 
     def count(self) -> int:
         """How many tasks are dead."""
-        return self._queue._drive(self._count_flow())
+        return self._queue._drive(self._flows._count_flow())
 
     def replay(self, ids: Iterable[str] | None = None, *, error_type: str | None = None) -> int:
         """Put dead tasks back in due now with attempts and errors reset; returns the count.
@@ -157,40 +159,41 @@ class DeadLetters(DeadLettersCore):
         With ``error_type`` (instead of ``ids``), only the dead tasks whose last error record
         has that type (e.g. ``"TimeoutError"``), found a page at a time.
         """
-        return self._queue._drive(self._move_flow("replay", ids, error_type))
+        return self._queue._drive(self._flows._move_flow("replay", ids, error_type))
 
     def purge(self, ids: Iterable[str] | None = None, *, error_type: str | None = None) -> int:
         """Delete dead tasks for good; returns the count. ``ids`` and ``error_type`` as for
         ``replay``."""
-        return self._queue._drive(self._move_flow("purge", ids, error_type))
+        return self._queue._drive(self._flows._move_flow("purge", ids, error_type))
 
 
-class AsyncDeadLetters(DeadLettersCore):
+class AsyncDeadLetters:
     """The dead-letter queue of an ``AsyncQueue``; the methods of ``DeadLetters``, awaited."""
 
-    def __init__(self, queue: AsyncQueue) -> None:
-        super().__init__(queue)
+    def __init__(self, queue: AsyncQueue, flows: DeadLettersCore | None = None) -> None:
         self._queue = queue
+        #: the flows it drives: the queue's own, or a sharded queue's (``dueq._shards``)
+        self._flows = DeadLettersCore(queue) if flows is None else flows
 
     async def list(self, limit: int = 50, offset: int = 0) -> list[TaskInfo]:
         """Dead tasks, most recently died first."""
-        return await self._queue._drive(self._list_flow(limit, offset))
+        return await self._queue._drive(self._flows._list_flow(limit, offset))
 
     async def count(self) -> int:
         """How many tasks are dead."""
-        return await self._queue._drive(self._count_flow())
+        return await self._queue._drive(self._flows._count_flow())
 
     async def replay(
         self, ids: Iterable[str] | None = None, *, error_type: str | None = None
     ) -> int:
         """As ``DeadLetters.replay``."""
-        return await self._queue._drive(self._move_flow("replay", ids, error_type))
+        return await self._queue._drive(self._flows._move_flow("replay", ids, error_type))
 
     async def purge(
         self, ids: Iterable[str] | None = None, *, error_type: str | None = None
     ) -> int:
         """As ``DeadLetters.purge``."""
-        return await self._queue._drive(self._move_flow("purge", ids, error_type))
+        return await self._queue._drive(self._flows._move_flow("purge", ids, error_type))
 
 
 def _distinct_ids(ids: object) -> list[str]:

@@ -27,6 +27,7 @@ from ._core import (
     drive,
     wrong_client,
 )
+from ._shards import Each, send_each, sharded_layout
 from .clock import Clock, Duration
 from .cron import Crons
 from .dead import DeadLetters
@@ -84,14 +85,9 @@ class Queue(QueueCore):
 
     ``shards`` (1 to 256; default 1) spreads the queue over that many hash tags, so a Redis
     Cluster spreads it over its primaries (``dueq._shards`` says how, and what a sharded
-    queue does not offer yet); every process must give the same number.
+    queue does not offer yet); every process must give the same number. Every queue tells
+    its layout: ``shard_count``, ``shard_names`` and ``shard(task_id)`` (the shard's queue).
     """
-
-    def __new__(cls, *args: Any, shards: int = 1, **kwargs: Any) -> Queue:
-        from ._shards import sharded_class  # it builds on this module
-
-        made: Queue = super().__new__(sharded_class(cls, shards))
-        return made
 
     def __init__(
         self,
@@ -110,8 +106,7 @@ class Queue(QueueCore):
         holder: str | None = None,
         shards: int = 1,
     ) -> None:
-        super().__init__(
-            name,
+        settings: dict[str, Any] = dict(
             retry=retry,
             lease=lease,
             clock=clock,
@@ -123,6 +118,9 @@ class Queue(QueueCore):
             wait_timeout=wait_timeout,
             holder=holder,
         )
+        # shards: plain Queues of these settings on this client (see dueq._shards)
+        sharded = sharded_layout(name, shards, lambda shard: Queue(shard, redis_client, **settings))
+        super().__init__(name, sharded=sharded, **settings)
         if not isinstance(redis_client, (redis.Redis, RedisCluster)):
             asyncio_client = type(redis_client).__module__.startswith("redis.asyncio")
             raise wrong_client(
@@ -134,32 +132,32 @@ class Queue(QueueCore):
         self._scripts = Scripts(
             redis_client, wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms
         )
-        self.dead = DeadLetters(self)
-        self.cron = Crons(self)
+        self.dead = DeadLetters(self, self._dead_flows)
+        self.cron = Crons(self, self._cron_flows)
 
     # -- sending -----------------------------------------------------------------------------
 
-    def _send(self, step: protocol.Step) -> Any:
+    def _send(self, step: protocol.Step | Each) -> Any:
         if isinstance(step, protocol.Call):
             return step.parse(self._scripts.run(step.script, step.keys, step.args))
         if isinstance(step, protocol.Command):
             return step.parse(self.redis.execute_command(*step.args))  # type: ignore[no-untyped-call]
-        pipe = self.redis.pipeline(transaction=False)
-        for command in step.commands:
-            pipe.execute_command(*command.args)
-        replies = pipe.execute()
-        return [c.parse(r) for c, r in zip(step.commands, replies, strict=True)]
+        if isinstance(step, protocol.Batch):
+            pipe = self.redis.pipeline(transaction=False)
+            for command in step.commands:
+                pipe.execute_command(*command.args)
+            replies = pipe.execute()
+            return [c.parse(r) for c, r in zip(step.commands, replies, strict=True)]
+        # a sharded queue's steps for several shards; a client of one connection (threads
+        # must not share it) sends them in turn
+        in_turn = getattr(self.redis, "connection", None) is not None
+        return send_each(self._send, step, in_turn=in_turn)
 
     def _drive(self, flow: Flow[T]) -> T:
         return drive(flow, self._send)
 
     def _delivery(self, *fields: Any) -> Delivery:
         return Delivery(self, *fields)
-
-    def _cron_on_claim_flow(
-        self, deliveries: list[Any], now_ms: int
-    ) -> Flow[tuple[list[Any], int | None]]:
-        return self.cron._on_claim_flow(deliveries, now_ms)
 
     def _wake_subscription(self) -> WakeSubscription:
         """What ``dueq.wake.WakeListener`` subscribes to (checks the server first)."""
