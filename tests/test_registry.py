@@ -14,7 +14,7 @@ from dueq.registry import entry_json
 
 
 def _beat(q, ttl_ms: int = 3000, counts=(2, 10, 3), queues=("q",)) -> int:
-    return q._heartbeat(entry_json(queues, 1_700_000_000_000, *counts), ttl_ms)
+    return q.send_heartbeat(entry_json(queues, 1_700_000_000_000, *counts), ttl_ms)
 
 
 # -- error records name the worker -------------------------------------------------------------
@@ -92,7 +92,7 @@ def test_an_entry_past_its_ttl_is_never_shown_and_the_next_beat_prunes_it(make_q
 def test_leaving_removes_the_entry_at_once(make_queue, r):
     q = make_queue()
     _beat(q)
-    q._leave_registry()
+    q.leave_registry()
     assert q.workers() == []
     assert r.zcard(q.keys.workers) == 0 and r.hlen(q.keys.workers_info) == 0
 

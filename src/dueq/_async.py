@@ -124,19 +124,19 @@ class AsyncQueue(QueueCore):
         # a sharded queue's steps for several shards: awaited at once
         return await send_each_async(self._send, step)
 
-    async def _drive(self, flow: Flow[T]) -> T:
+    async def drive(self, flow: Flow[T]) -> T:
         return await drive_async(flow, self._send)
 
     def _delivery(self, *fields: Any) -> AsyncDelivery:
         return AsyncDelivery(self, *fields)
 
-    async def _wake_subscription(self) -> WakeSubscription:
+    async def wake_subscription(self) -> WakeSubscription:
         """What the async consumer's wake listener subscribes to (checks the server first)."""
-        return await self._drive(self._wake_subscription_flow())
+        return await self.drive(self.wake_subscription_flow())
 
     async def check_server(self) -> None:
         """As ``Queue.check_server``."""
-        await self._drive(self._check_server_flow())
+        await self.drive(self.check_server_flow())
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -156,24 +156,24 @@ class AsyncQueue(QueueCore):
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
         ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``)."""
         tasks = [Task(payload, id, at, delay, priority, key, timeout, max_attempts)]
-        result = await self._drive(self._schedule_many_flow(tasks, replace))
+        result = await self.drive(self.schedule_many_flow(tasks, replace))
         return result.ids[0]
 
     async def schedule_many(
         self, tasks: Iterable[Task], *, replace: bool = False
     ) -> ScheduleResult:
         """As ``Queue.schedule_many``: validated first, then one round trip per batch."""
-        return await self._drive(self._schedule_many_flow(tasks, replace))
+        return await self.drive(self.schedule_many_flow(tasks, replace))
 
     async def cancel(self, task_id: str) -> bool:
         """Remove a task in any state; True if it existed. A live lease on it is revoked."""
-        return await self._drive(self._cancel_flow(task_id))
+        return await self.drive(self.cancel_flow(task_id))
 
     async def reschedule(
         self, task_id: str, *, at: datetime | None = None, delay: Duration | None = None
     ) -> bool:
         """Move a scheduled task to a new due time; False if it is not scheduled."""
-        return await self._drive(self._reschedule_flow(task_id, at, delay))
+        return await self.drive(self.reschedule_flow(task_id, at, delay))
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -191,11 +191,11 @@ class AsyncQueue(QueueCore):
         ``get``); by default the queue's ``holder``, else "<host>:<pid>"."""
         if not self._server_checked:
             await self.check_server()
-        return await self._drive(self._claim_flow(limit, lease, holder))
+        return await self.drive(self.claim_flow(limit, lease, holder))
 
     async def ack_many(self, deliveries: Sequence[AsyncDelivery]) -> int:
         """Ack a batch in one round trip; LeaseLost (with ``.ids``) if some leases were lost."""
-        return await self._drive(self._ack_flow(deliveries))
+        return await self.drive(self.ack_flow(deliveries))
 
     async def fail(
         self,
@@ -205,21 +205,21 @@ class AsyncQueue(QueueCore):
         retry_in: Duration | None = None,
     ) -> Outcome:
         """Record a failed delivery; retried after the backoff (or ``retry_in``), or dead."""
-        return await self._drive(self._fail_flow(delivery, error, retry_in))
+        return await self.drive(self.fail_flow(delivery, error, retry_in))
 
     async def extend_many(self, deliveries: Sequence[AsyncDelivery], seconds: Duration) -> datetime:
         """Extend many held leases to ``seconds`` from now in one round trip per 1,000;
         returns the new deadline. LeaseLost (with ``.ids``) names the leases that were not
         held; the others are still extended."""
-        return await self._drive(self._extend_many_flow(deliveries, seconds))
+        return await self.drive(self.extend_many_flow(deliveries, seconds))
 
     async def extend(self, delivery: AsyncDelivery, seconds: Duration) -> datetime:
         """Extend a held lease to ``seconds`` from now; LeaseLost if it is not held."""
-        return await self._drive(self._extend_flow(delivery, seconds))
+        return await self.drive(self.extend_flow(delivery, seconds))
 
     async def release(self, delivery: AsyncDelivery, *, delay: Duration = 0) -> Outcome:
         """Give a leased task back, due after ``delay``; the delivery does not count."""
-        return await self._drive(self._release_flow(delivery, delay))
+        return await self.drive(self.release_flow(delivery, delay))
 
     def deliveries(
         self,
@@ -265,8 +265,8 @@ class AsyncQueue(QueueCore):
         key_concurrency: int | Literal[False] | None = None,
     ) -> QueueSettings:
         """As ``Queue.configure``."""
-        return await self._drive(
-            self._configure_flow(
+        return await self.drive(
+            self.configure_flow(
                 paused=paused,
                 remember_done=remember_done,
                 rate=rate,
@@ -286,23 +286,23 @@ class AsyncQueue(QueueCore):
 
     async def settings(self) -> QueueSettings:
         """The queue's settings as stored in Redis."""
-        return await self._drive(self._settings_flow())
+        return await self.drive(self.settings_flow())
 
     # -- inspection --------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> TaskInfo | None:
         """A snapshot of one task, or None if there is no such task."""
-        return await self._drive(self._get_flow(task_id))
+        return await self.drive(self.get_flow(task_id))
 
     async def get_many(self, task_ids: Iterable[str]) -> list[TaskInfo]:
         """Snapshots of the tasks with these ids that exist, in the order given (a repeated id
         once, a missing one left out): one round trip per 1,000 ids, each page one consistent
         snapshot. ``InvalidTaskError`` for an id that is not valid, before anything is read."""
-        return await self._drive(self._get_many_flow(task_ids))
+        return await self.drive(self.get_many_flow(task_ids))
 
     async def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
-        return await self._drive(self._stats_flow())
+        return await self.drive(self.stats_flow())
 
     async def doctor(self, fix: bool = False, *, batch: int = 1000) -> DoctorReport:
         """Check the queue's derived state against its tasks; with ``fix=True`` repair it.
@@ -315,7 +315,7 @@ class AsyncQueue(QueueCore):
         the claim drops them. Runs in calls of at most ``batch`` keys or entries (1 to 10,000),
         each atomic for its batch, so a large queue is never blocked for long. Returns a
         ``DoctorReport`` with one ``DoctorFinding`` per problem (``docs/doctor.md``)."""
-        return await self._drive(self._doctor_flow(fix, batch))
+        return await self.drive(self.doctor_flow(fix, batch))
 
     async def list_tasks(
         self,
@@ -330,8 +330,8 @@ class AsyncQueue(QueueCore):
         before: datetime | None = None,
     ) -> TaskPage:
         """As ``Queue.list_tasks``."""
-        return await self._drive(
-            self._list_flow(
+        return await self.drive(
+            self.list_flow(
                 state,
                 limit=limit,
                 cursor=cursor,
@@ -358,22 +358,22 @@ class AsyncQueue(QueueCore):
 
     async def run_now(self, task_id: str) -> bool:
         """As ``Queue.run_now``."""
-        return await self._drive(self._run_now_flow(task_id))
+        return await self.drive(self.run_now_flow(task_id))
 
     async def history(self, minutes: int = 60) -> list[HistoryPoint]:
         """As ``Queue.history``."""
-        return await self._drive(self._history_flow(minutes))
+        return await self.drive(self.history_flow(minutes))
 
     async def due_histogram(self, bucket: Duration = 60.0, buckets: int = 30) -> DueHistogram:
         """As ``Queue.due_histogram``."""
-        return await self._drive(self._due_histogram_flow(bucket, buckets))
+        return await self.drive(self.due_histogram_flow(bucket, buckets))
 
     async def workers(self) -> list[WorkerInfo]:
         """As ``Queue.workers``."""
-        return await self._drive(self._workers_flow())
+        return await self.drive(self.workers_flow())
 
-    async def _heartbeat(self, entry_json: str, ttl_ms: int) -> int:
-        return await self._drive(self._heartbeat_flow(entry_json, ttl_ms, leave=False))
+    async def send_heartbeat(self, entry_json: str, ttl_ms: int) -> int:
+        return await self.drive(self.heartbeat_flow(entry_json, ttl_ms, leave=False))
 
-    async def _leave_registry(self) -> None:
-        await self._drive(self._heartbeat_flow("{}", 0, leave=True))
+    async def leave_registry(self) -> None:
+        await self.drive(self.heartbeat_flow("{}", 0, leave=True))

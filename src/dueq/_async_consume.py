@@ -166,9 +166,9 @@ async def _claims(
                 paused = batch.paused
                 logger.info("queue %r: %s", queue.name, "paused; waiting" if paused else "resumed")
             for d in batch.deliveries:
-                d._on_settled = settled
+                d.on_settled = settled
             for d in held.add(batch.deliveries, batch.now_ms):
-                d._on_settled = None  # its lease ran out unsettled: no longer ours
+                d.on_settled = None  # its lease ran out unsettled: no longer ours
             starved = held.full
             if batch.deliveries:
                 yield batch.deliveries
@@ -332,7 +332,7 @@ async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:
         while True:
             try:
                 if pubsub is None:
-                    subscription = await queue._wake_subscription()
+                    subscription = await queue.wake_subscription()
                     pubsub = queue.redis.pubsub(ignore_subscribe_messages=True)
                     method, channels = subscribe_args(subscription)
                     await getattr(pubsub, method)(*channels)

@@ -423,16 +423,16 @@ class QueueCore:
             return self._sharded.wake_channels()
         return [self.keys.wake]
 
-    def _wake_subscription_flow(self) -> Flow[WakeSubscription]:
+    def wake_subscription_flow(self) -> Flow[WakeSubscription]:
         """How this queue's consumers listen for wake messages: its channels, by SSUBSCRIBE
         where the scripts SPUBLISH (see ``publish_wake`` in _prelude.lua and ``dueq.wake``)."""
         if not self._server_checked:
-            yield from self._check_server_flow()
+            yield from self.check_server_flow()
         return WakeSubscription(
             tuple(self._wake_channels()), sharded=sharded_pubsub(self._server_version)
         )
 
-    def _now_arg(self) -> str:
+    def now_arg(self) -> str:
         return "" if self.clock is None else str(clock_ms(self.clock))
 
     def _delivery(
@@ -451,11 +451,11 @@ class QueueCore:
         """A delivery of the front end's kind (blocking or awaitable methods)."""
         raise NotImplementedError
 
-    def _cron_on_claim_flow(
+    def cron_on_claim_flow(
         self, deliveries: list[Any], now_ms: int
     ) -> Flow[tuple[list[Any], int | None]]:
-        """The cron keeper of a claim (``CronsCore._on_claim_flow``)."""
-        return self._cron_flows._on_claim_flow(deliveries, now_ms)
+        """The cron keeper of a claim (``CronsCore.on_claim_flow``)."""
+        return self._cron_flows.on_claim_flow(deliveries, now_ms)
 
     @staticmethod
     def _due(at: datetime | None, delay: Duration | None) -> tuple[int, int]:
@@ -466,7 +466,7 @@ class QueueCore:
             return FLAG_ABSOLUTE, datetime_ms(at)
         return 0, 0 if delay is None else duration_ms(delay, "delay")
 
-    def _plain_check_flow(self) -> Flow[None]:
+    def plain_check_flow(self) -> Flow[None]:
         """Once per queue object, before its first schedule or claim: refuse to work as a
         plain queue over a sharded queue of the same name (``dueq._shards``), whose tasks live
         under other keys: it would schedule tasks no sharded consumer sees and claim none.
@@ -491,7 +491,7 @@ class QueueCore:
             )
         self._plain_checked = True
 
-    def _check_server_flow(self) -> Flow[None]:
+    def check_server_flow(self) -> Flow[None]:
         """Check the Redis server once: refuse versions before 6.2, and say what its
         ``maxmemory-policy`` means for the queue (see ``log_eviction_policy``).
 
@@ -526,20 +526,20 @@ class QueueCore:
 
     # -- scheduling --------------------------------------------------------------------------
 
-    def _schedule_many_flow(self, tasks: Iterable[Task], replace: bool) -> Flow[ScheduleResult]:
+    def schedule_many_flow(self, tasks: Iterable[Task], replace: bool) -> Flow[ScheduleResult]:
         """Schedule ``tasks``, inside a ``send`` span when tracing (see ``_tracing``)."""
         send = _tracing.producer(self.name)
         if send is None:
-            return (yield from self._encode_and_schedule_flow(tasks, replace, b""))
+            return (yield from self.encode_and_schedule_flow(tasks, replace, b""))
         try:
-            result = yield from self._encode_and_schedule_flow(tasks, replace, send.line)
+            result = yield from self.encode_and_schedule_flow(tasks, replace, send.line)
         except BaseException as exc:  # the span records any failure; the caller gets it
             send.failed(exc)
             raise
         send.sent(result.ids)
         return result
 
-    def _encode_and_schedule_flow(
+    def encode_and_schedule_flow(
         self, tasks: Iterable[Task], replace: bool, trace: bytes
     ) -> Flow[ScheduleResult]:
         ids: list[str] = []
@@ -571,15 +571,15 @@ class QueueCore:
                 raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
             records.append(pack_task(flags | time_flag, due_ms, task_id, envelope))
             ids.append(task_id)
-        return (yield from self._schedule_records_flow(ids, records, replace, fresh_ids))
+        return (yield from self.schedule_records_flow(ids, records, replace, fresh_ids))
 
-    def _schedule_records_flow(
+    def schedule_records_flow(
         self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
     ) -> Flow[ScheduleResult]:
         """Send packed records in batches; generated ids that were taken are drawn again."""
         if self._sharded is not None:
             return (yield from self._sharded.schedule_records_flow(ids, records, replace))
-        yield from self._plain_check_flow()
+        yield from self.plain_check_flow()
         added = existing = replaced = 0
         for batch in _batches(records):
             pending = batch
@@ -587,7 +587,7 @@ class QueueCore:
                 blob = b"".join(records[i] for i in pending)
                 reply: protocol.ScheduleReply = yield protocol.schedule(
                     self.keys,
-                    self._now_arg(),
+                    self.now_arg(),
                     blob,
                     replace=replace,
                     window_ms=self.remember_done_ms,
@@ -604,13 +604,13 @@ class QueueCore:
                 raise DueqError(f"no unused id found for {len(pending)} task(s)")
         return ScheduleResult(added=added, existing=existing, replaced=replaced, ids=ids)
 
-    def _cancel_flow(self, task_id: str) -> Flow[bool]:
+    def cancel_flow(self, task_id: str) -> Flow[bool]:
         if self._sharded is not None:
             return (yield from self._sharded.cancel_flow(task_id))
-        existed: bool = yield protocol.cancel(self.keys, self._now_arg(), validate_id(task_id))
+        existed: bool = yield protocol.cancel(self.keys, self.now_arg(), validate_id(task_id))
         return existed
 
-    def _reschedule_flow(
+    def reschedule_flow(
         self, task_id: str, at: datetime | None, delay: Duration | None
     ) -> Flow[bool]:
         if self._sharded is not None:
@@ -620,7 +620,7 @@ class QueueCore:
         flags, due_ms = self._due(at, delay)
         reply: protocol.TimeReply = yield protocol.reschedule(
             self.keys,
-            self._now_arg(),
+            self.now_arg(),
             validate_id(task_id),
             absolute=flags == FLAG_ABSOLUTE,
             due_ms=due_ms,
@@ -629,7 +629,7 @@ class QueueCore:
 
     # -- consuming ---------------------------------------------------------------------------
 
-    def _claim_flow(
+    def claim_flow(
         self, limit: int, lease: Duration | None, holder: str | None = None
     ) -> Flow[ClaimBatch]:
         if self._sharded is not None:
@@ -640,10 +640,10 @@ class QueueCore:
             validate_holder(holder)
         else:  # the queue's ("" names no holder: scripts/bench/views.py measures without)
             holder = default_holder() if self.holder is None else self.holder
-        yield from self._plain_check_flow()
+        yield from self.plain_check_flow()
         reply: protocol.ClaimReply = yield protocol.claim(
             self.keys,
-            self._now_arg(),
+            self.now_arg(),
             limit=limit,
             lease_ms=lease_ms,
             max_attempts=self.retry.max_attempts,
@@ -697,7 +697,7 @@ class QueueCore:
                     trace_context,
                 )
             )
-        deliveries, cron_due = yield from self._cron_on_claim_flow(deliveries, now_ms)
+        deliveries, cron_due = yield from self.cron_on_claim_flow(deliveries, now_ms)
         if cron_due is not None and (next_due is None or cron_due < next_due):
             next_due = cron_due
         return ClaimBatch(
@@ -709,7 +709,7 @@ class QueueCore:
             reply.paused,
         )
 
-    def _ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
+    def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
         if self._sharded is not None:
             return (yield from self._sharded.ack_flow(deliveries))
         if not deliveries:
@@ -719,19 +719,18 @@ class QueueCore:
             chunk = deliveries[start : start + protocol.LEASE_BATCH]
             reply: protocol.AckReply = yield protocol.ack(
                 self.keys,
-                self._now_arg(),
+                self.now_arg(),
                 [(d.id, d.token) for d in chunk],
                 window_ms=self.remember_done_ms,
             )
             for d, verdict in zip(chunk, reply.verdicts, strict=True):
                 if verdict == "c":
-                    d._cancelled = True
-                    d._settled(Outcome(d.id, "cancelled", d.attempt))
+                    d.mark_settled(Outcome(d.id, "cancelled", d.attempt))
                     cancelled.append(d.id)
                 elif verdict == "l":
-                    d._settled(Outcome(d.id, "lost", d.attempt))
+                    d.mark_settled(Outcome(d.id, "lost", d.attempt))
                 else:
-                    d._settled(None)
+                    d.mark_settled(None)
                 if verdict != "h":
                     refused.append(d.id)
             acked += reply.acked
@@ -743,7 +742,7 @@ class QueueCore:
     ) -> protocol.Call[protocol.FailReply]:
         return protocol.fail(
             self.keys,
-            self._now_arg(),
+            self.now_arg(),
             task_id,
             token,
             record,
@@ -753,7 +752,7 @@ class QueueCore:
             dead_max_age_ms=self.dead_max_age_ms,
         )
 
-    def _fail_flow(
+    def fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:
         if self._sharded is not None:
@@ -775,15 +774,16 @@ class QueueCore:
         )
         message = f"{type(error).__name__}: {error}" if exc else str(error)
         if reply.status is protocol.Status.CANCELLED:
-            delivery._cancelled = True
-            delivery._settled(Outcome(delivery.id, "cancelled", delivery.attempt, None, message))
+            delivery.mark_settled(
+                Outcome(delivery.id, "cancelled", delivery.attempt, None, message)
+            )
             protocol.raise_for(
                 reply.status,
                 f"task {delivery.id!r} was cancelled while leased; failure not recorded",
                 [delivery.id],
             )
         if reply.status is protocol.Status.LEASE_LOST:
-            delivery._settled(Outcome(delivery.id, "lost", delivery.attempt, None, message))
+            delivery.mark_settled(Outcome(delivery.id, "lost", delivery.attempt, None, message))
             protocol.raise_for(
                 reply.status,
                 f"lease on task {delivery.id!r} was lost; failure not recorded",
@@ -791,14 +791,14 @@ class QueueCore:
             )
         kind: OutcomeKind = "dead" if reply.status is protocol.Status.DEAD else "retried"
         outcome = Outcome(delivery.id, kind, delivery.attempt, ms_datetime(reply.at_ms), message)
-        delivery._settled(outcome)
+        delivery.mark_settled(outcome)
         return outcome
 
-    def _extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
+    def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
         if self._sharded is not None:
             return (yield from self._sharded.extend_flow(delivery, seconds))
         try:
-            return (yield from self._extend_many_flow([delivery], seconds))
+            return (yield from self.extend_many_flow([delivery], seconds))
         except TaskCancelled:
             raise TaskCancelled(
                 f"task {delivery.id!r} was cancelled while leased; not extended", [delivery.id]
@@ -808,7 +808,7 @@ class QueueCore:
                 f"lease on task {delivery.id!r} was lost; not extended", [delivery.id]
             ) from None
 
-    def _extend_many_flow(
+    def extend_many_flow(
         self, deliveries: Sequence[DeliveryBase], seconds: Duration
     ) -> Flow[datetime]:
         """One script call per LEASE_BATCH leases; each lease judged by its own token."""
@@ -821,7 +821,7 @@ class QueueCore:
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
             chunk = deliveries[start : start + protocol.LEASE_BATCH]
             reply: protocol.ExtendReply = yield protocol.extend(
-                self.keys, self._now_arg(), [(d.id, d.token) for d in chunk], ms
+                self.keys, self.now_arg(), [(d.id, d.token) for d in chunk], ms
             )
             for d, verdict in zip(chunk, reply.verdicts, strict=True):
                 if verdict == "h":
@@ -829,58 +829,57 @@ class QueueCore:
                     continue
                 refused.append(d.id)
                 if verdict == "c":
-                    d._cancelled = True
+                    d.mark_cancelled()
                     cancelled.append(d.id)
             deadline_ms = reply.deadline_ms
         _raise_not_held("extended", refused, cancelled)
         return ms_datetime(deadline_ms if deadline_ms is not None else 0)
 
-    def _release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
+    def release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
         if self._sharded is not None:
             return (yield from self._sharded.release_flow(delivery, delay))
         delay_ms = duration_ms(delay, "delay")
         reply: protocol.TimeReply = yield protocol.release(
-            self.keys, self._now_arg(), delivery.id, delivery.token, delay_ms
+            self.keys, self.now_arg(), delivery.id, delivery.token, delay_ms
         )
         if reply.status is protocol.Status.CANCELLED:
-            delivery._cancelled = True
-            delivery._settled(Outcome(delivery.id, "cancelled", delivery.attempt))
+            delivery.mark_settled(Outcome(delivery.id, "cancelled", delivery.attempt))
             protocol.raise_for(
                 reply.status,
                 f"task {delivery.id!r} was cancelled while leased; not released",
                 [delivery.id],
             )
         if reply.status is not protocol.Status.OK:
-            delivery._settled(Outcome(delivery.id, "lost", delivery.attempt))
+            delivery.mark_settled(Outcome(delivery.id, "lost", delivery.attempt))
             protocol.raise_for(
                 reply.status, f"lease on task {delivery.id!r} was lost; not released", [delivery.id]
             )
         outcome = Outcome(delivery.id, "released", delivery.attempt, ms_datetime(reply.ms))
-        delivery._settled(outcome)
+        delivery.mark_settled(outcome)
         return outcome
 
     # -- inspection --------------------------------------------------------------------------
 
-    def _get_flow(self, task_id: str) -> Flow[TaskInfo | None]:
-        found = yield from self._inspect_ids_flow([validate_id(task_id)])
+    def get_flow(self, task_id: str) -> Flow[TaskInfo | None]:
+        found = yield from self.inspect_ids_flow([validate_id(task_id)])
         return found[0] if found else None
 
-    def _get_many_flow(self, task_ids: Iterable[str]) -> Flow[list[TaskInfo]]:
+    def get_many_flow(self, task_ids: Iterable[str]) -> Flow[list[TaskInfo]]:
         if isinstance(task_ids, (str, bytes)):  # a lone id would be read as its characters
             raise InvalidTaskError(f"task_ids must be an iterable of ids, got {task_ids!r}")
         ids = list(dict.fromkeys(validate_id(task_id) for task_id in task_ids))
         found: list[TaskInfo] = []
         for start in range(0, len(ids), MAX_PAGE):  # one snapshot per page of MAX_PAGE ids
-            found += yield from self._inspect_ids_flow(ids[start : start + MAX_PAGE])
+            found += yield from self.inspect_ids_flow(ids[start : start + MAX_PAGE])
         return found
 
-    def _inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
+    def inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
         if self._sharded is not None:
             return (yield from self._sharded.inspect_ids_flow(ids))
-        found: list[TaskInfo] = yield protocol.inspect_ids(self.keys, self._now_arg(), ids)
+        found: list[TaskInfo] = yield protocol.inspect_ids(self.keys, self.now_arg(), ids)
         return found
 
-    def _list_flow(
+    def list_flow(
         self,
         state: TaskState,
         *,
@@ -921,7 +920,7 @@ class QueueCore:
         )
         reply: protocol.ListReply = yield protocol.list_tasks(
             self.keys,
-            self._now_arg(),
+            self.now_arg(),
             state,
             _decode_cursor(cursor, state),
             limit,
@@ -930,28 +929,28 @@ class QueueCore:
         )
         return TaskPage(reply.tasks, _encode_cursor(reply.cursor), reply.looked_at)
 
-    def _run_now_flow(self, task_id: str) -> Flow[bool]:
+    def run_now_flow(self, task_id: str) -> Flow[bool]:
         """A scheduled task (parked ones too) becomes due now; a dead one is replayed (attempts
         and errors reset, due now); a leased one is left alone (it is running): False."""
         if self._sharded is not None:
             return (yield from self._sharded.run_now_flow(task_id))
         task_id = validate_id(task_id)
         moved: protocol.TimeReply = yield protocol.reschedule(
-            self.keys, self._now_arg(), task_id, absolute=False, due_ms=0
+            self.keys, self.now_arg(), task_id, absolute=False, due_ms=0
         )
         if moved.status is protocol.Status.OK:
             return True
         replayed: protocol.DeadReply = yield protocol.dead_ids(
-            self.keys, self._now_arg(), "replay", [task_id]
+            self.keys, self.now_arg(), "replay", [task_id]
         )
         return replayed.status is protocol.Status.OK
 
-    def _history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
+    def history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
         if self._sharded is not None:
             return (yield from self._sharded.history_flow(minutes))
         whole_number(minutes, "minutes", low=1, high=HISTORY_MINUTES)
         reply: protocol.HistoryReply = yield protocol.history(
-            self.keys, self._now_arg(), minutes=minutes, bucket_ms=1, buckets=0
+            self.keys, self.now_arg(), minutes=minutes, bucket_ms=1, buckets=0
         )
         first_ms = (reply.now_ms // 60_000 - minutes + 1) * 60_000
         return [
@@ -959,13 +958,13 @@ class QueueCore:
             for i, row in enumerate(reply.minutes)
         ]
 
-    def _due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
+    def due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
         if self._sharded is not None:
             return (yield from self._sharded.due_histogram_flow(bucket, buckets))
         bucket_ms = _positive_ms(bucket, "bucket")
         whole_number(buckets, "buckets", low=1, high=MAX_BUCKETS)
         reply: protocol.HistoryReply = yield protocol.history(
-            self.keys, self._now_arg(), minutes=0, bucket_ms=bucket_ms, buckets=buckets
+            self.keys, self.now_arg(), minutes=0, bucket_ms=bucket_ms, buckets=buckets
         )
         return DueHistogram(
             ms_datetime(reply.now_ms),
@@ -975,13 +974,13 @@ class QueueCore:
             reply.later,
         )
 
-    def _stats_flow(self) -> Flow[QueueStats]:
+    def stats_flow(self) -> Flow[QueueStats]:
         if self._sharded is not None:
             return (yield from self._sharded.stats_flow())
-        stats: QueueStats = yield protocol.stats(self.keys, self._now_arg())
+        stats: QueueStats = yield protocol.stats(self.keys, self.now_arg())
         return stats
 
-    def _doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
+    def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Every doctor.lua phase, batch by batch (each call atomic for its batch); one finding
         per what and subject (a key can be looked at twice while the queue runs on)."""
         if self._sharded is not None:
@@ -996,7 +995,7 @@ class QueueCore:
             while True:
                 reply: protocol.DoctorReply = yield protocol.doctor(
                     self.keys,
-                    self._now_arg(),
+                    self.now_arg(),
                     phase,
                     cursor,
                     batch=batch,
@@ -1017,7 +1016,7 @@ class QueueCore:
 
     # -- the worker registry (dueq.registry) -------------------------------------------------
 
-    def _workers_flow(self) -> Flow[list[WorkerInfo]]:
+    def workers_flow(self) -> Flow[list[WorkerInfo]]:
         if self._sharded is not None:
             return (yield from self._sharded.workers_flow())
         try:
@@ -1032,17 +1031,17 @@ class QueueCore:
         now_ms = clock_ms(self.clock) if self.clock is not None else server_ms
         return parse_workers(now_ms, expiries, entries)
 
-    def _heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
+    def heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
         if self._sharded is not None:
             return (yield from self._sharded.heartbeat_flow(entry_json, ttl_ms, leave))
         live: int = yield protocol.heartbeat(
-            self.keys, self._now_arg(), worker_id(), entry_json, ttl_ms=ttl_ms, leave=leave
+            self.keys, self.now_arg(), worker_id(), entry_json, ttl_ms=ttl_ms, leave=leave
         )
         return live
 
     # -- settings ----------------------------------------------------------------------------
 
-    def _configure_flow(
+    def configure_flow(
         self,
         *,
         paused: bool | None = None,
@@ -1089,7 +1088,7 @@ class QueueCore:
         settings: QueueSettings = yield protocol.configure(self.keys, changes)
         return settings
 
-    def _settings_flow(self) -> Flow[QueueSettings]:
+    def settings_flow(self) -> Flow[QueueSettings]:
         if self._sharded is not None:
             return (yield from self._sharded.settings_flow())
         settings: QueueSettings = yield protocol.command(

@@ -65,7 +65,7 @@ can have) the first time it is used (SETNX), and every ``Queue(..., shards=N)`` 
 compares, once, before its first operation: a different N raises ConfigurationError, as
 does a sharded queue opened over a plain queue of the same name that holds tasks (its
 ``dueq:{<name>}:...`` keys). A plain ``Queue(name)`` opened over a sharded queue is refused
-at its first schedule or claim (``QueueCore._plain_check_flow``: one GET of the layout key
+at its first schedule or claim (``QueueCore.plain_check_flow``: one GET of the layout key
 per queue object; the layout key's slot is not the queue's, so the scripts cannot read it);
 its read-only calls see an empty queue. Whatever opens a queue by name (the CLI, the
 Prometheus collector, the dashboard) uses ``dueq.discovery.open_queue``, which reads N from
@@ -404,7 +404,7 @@ class Sharded:
 
     def _owner(self, delivery: DeliveryBase) -> QueueCore:
         """The shard a delivery settles on (by name: any queue object of that shard will do)."""
-        name = delivery._queue.name
+        name = delivery.queue_name
         owner = self._by_name.get(name)
         if owner is None:
             raise ConfigurationError(
@@ -453,7 +453,7 @@ class Sharded:
         for position, task_id in enumerate(ids):
             groups[task_shard(task_id, self.count)].append(position)
         flows = [
-            self.queues[i]._schedule_records_flow(
+            self.queues[i].schedule_records_flow(
                 [ids[p] for p in positions],
                 [records[p] for p in positions],
                 replace,
@@ -479,17 +479,17 @@ class Sharded:
 
     def cancel_flow(self, task_id: str) -> Flow[bool]:
         yield from self.check_flow()
-        return (yield from self.shard(task_id)._cancel_flow(task_id))
+        return (yield from self.shard(task_id).cancel_flow(task_id))
 
     def reschedule_flow(
         self, task_id: str, at: datetime | None, delay: Duration | None
     ) -> Flow[bool]:
         yield from self.check_flow()
-        return (yield from self.shard(task_id)._reschedule_flow(task_id, at, delay))
+        return (yield from self.shard(task_id).reschedule_flow(task_id, at, delay))
 
     def run_now_flow(self, task_id: str) -> Flow[bool]:
         yield from self.check_flow()
-        return (yield from self.shard(task_id)._run_now_flow(task_id))
+        return (yield from self.shard(task_id).run_now_flow(task_id))
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -506,7 +506,7 @@ class Sharded:
         batches: list[ClaimBatch] = []
         for step in range(self.count):
             shard = self.queues[(start + step) % self.count]
-            batch: ClaimBatch = yield from shard._claim_flow(limit - len(deliveries), lease, holder)
+            batch: ClaimBatch = yield from shard.claim_flow(limit - len(deliveries), lease, holder)
             batches.append(batch)
             deliveries += batch.deliveries
             if limit and len(deliveries) >= limit:
@@ -535,7 +535,7 @@ class Sharded:
         groups: dict[str, list[DeliveryBase]] = defaultdict(list)
         for d in deliveries:
             groups[self._owner(d).name].append(d)
-        flows = [_refusals(self._by_name[k]._ack_flow(group)) for k, group in groups.items()]
+        flows = [_refusals(self._by_name[k].ack_flow(group)) for k, group in groups.items()]
         results = yield from _together(flows)
         _raise_combined("acked", deliveries, results)
         return sum(
@@ -550,7 +550,7 @@ class Sharded:
         for d in deliveries:
             groups[self._owner(d).name].append(d)
         flows = [
-            _refusals(self._by_name[k]._extend_many_flow(group, seconds))
+            _refusals(self._by_name[k].extend_many_flow(group, seconds))
             for k, group in groups.items()
         ]
         results = yield from _together(flows)
@@ -559,15 +559,15 @@ class Sharded:
         return min(deadlines)  # every lease was held, or _raise_combined raised
 
     def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
-        return (yield from self._owner(delivery)._extend_flow(delivery, seconds))
+        return (yield from self._owner(delivery).extend_flow(delivery, seconds))
 
     def fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:
-        return (yield from self._owner(delivery)._fail_flow(delivery, error, retry_in))
+        return (yield from self._owner(delivery).fail_flow(delivery, error, retry_in))
 
     def release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
-        return (yield from self._owner(delivery)._release_flow(delivery, delay))
+        return (yield from self._owner(delivery).release_flow(delivery, delay))
 
     # -- inspection --------------------------------------------------------------------------
 
@@ -576,20 +576,20 @@ class Sharded:
         groups: dict[int, list[str]] = defaultdict(list)
         for task_id in ids:
             groups[task_shard(task_id, self.count)].append(task_id)
-        flows = [self.queues[i]._inspect_ids_flow(group) for i, group in groups.items()]
+        flows = [self.queues[i].inspect_ids_flow(group) for i, group in groups.items()]
         found = {info.id: info for part in (yield from _together(flows)) for info in part}
         return [found[i] for i in dict.fromkeys(ids) if i in found]
 
     def stats_flow(self) -> Flow[QueueStats]:
         yield from self.check_flow()
-        parts: list[QueueStats] = yield from _together([s._stats_flow() for s in self.queues])
+        parts: list[QueueStats] = yield from _together([s.stats_flow() for s in self.queues])
         return _sum_stats(parts)
 
     def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Each shard checked on its own keys (findings name their shard), side by side."""
         yield from self.check_flow()
         parts: list[DoctorReport] = yield from _together(
-            [s._doctor_flow(fix, batch) for s in self.queues]
+            [s.doctor_flow(fix, batch) for s in self.queues]
         )
         return DoctorReport(
             self.name,
@@ -605,7 +605,7 @@ class Sharded:
         moves to the next shard when one is done (shard by shard, see the module docstring)."""
         index, inner = _split_cursor(cursor, self.count)
         yield from self.check_flow()
-        page: TaskPage = yield from self.queues[index]._list_flow(
+        page: TaskPage = yield from self.queues[index].list_flow(
             state, limit=limit, cursor=inner, **filters
         )
         if page.cursor is not None:
@@ -618,7 +618,7 @@ class Sharded:
         """Each minute's counts summed over the shards (minutes matched by their start)."""
         yield from self.check_flow()
         parts: list[list[HistoryPoint]] = yield from _together(
-            [s._history_flow(minutes) for s in self.queues]
+            [s.history_flow(minutes) for s in self.queues]
         )
         summed: dict[datetime, list[int]] = {}
         for part in parts:
@@ -633,7 +633,7 @@ class Sharded:
         """Bucket counts summed over the shards (each counts from its own clock's now)."""
         yield from self.check_flow()
         parts: list[DueHistogram] = yield from _together(
-            [s._due_histogram_flow(bucket, buckets) for s in self.queues]
+            [s.due_histogram_flow(bucket, buckets) for s in self.queues]
         )
         return replace(
             parts[0],
@@ -665,7 +665,7 @@ class Sharded:
             shares = rate_shares(rate, self.count)
         yield from self.check_flow()
         flows = [
-            s._configure_flow(
+            s.configure_flow(
                 paused=paused,
                 remember_done=remember_done,
                 rate=share,
@@ -680,7 +680,7 @@ class Sharded:
     def settings_flow(self) -> Flow[QueueSettings]:
         yield from self.check_flow()
         settings: list[QueueSettings] = yield from _together(
-            [s._settings_flow() for s in self.queues]
+            [s.settings_flow() for s in self.queues]
         )
         return _logical_settings(settings)
 
@@ -691,7 +691,7 @@ class Sharded:
         worker id, from its latest beat."""
         yield from self.check_flow()
         parts: list[list[WorkerInfo]] = yield from _together(
-            [s._workers_flow() for s in self.queues]
+            [s.workers_flow() for s in self.queues]
         )
         return merge_workers(parts)
 
@@ -700,7 +700,7 @@ class Sharded:
         too; returns the most live workers any shard counts."""
         yield from self.check_flow()
         live: list[int] = yield from _together(
-            [s._heartbeat_flow(entry_json, ttl_ms, leave) for s in self.queues]
+            [s.heartbeat_flow(entry_json, ttl_ms, leave) for s in self.queues]
         )
         return max(live)
 
@@ -742,14 +742,14 @@ class ShardedDeadFlows(DeadLettersCore):
         self._layout = layout
         self._shard_dead = [DeadLettersCore(s) for s in layout.queues]
 
-    def _list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
+    def list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
         """Each shard's newest ``offset + limit``, merged newest first, then the page."""
         whole_number(limit, "limit", low=0, high=MAX_OFFSET)
         whole_number(offset, "offset", low=0, high=MAX_OFFSET)
         if limit == 0:
             return []
         yield from self._layout.check_flow()
-        flows = [d._list_flow(min(offset + limit, MAX_OFFSET), 0) for d in self._shard_dead]
+        flows = [d.list_flow(min(offset + limit, MAX_OFFSET), 0) for d in self._shard_dead]
         parts: list[list[TaskInfo]] = yield from _together(flows)
         merged = sorted(
             (info for part in parts for info in part),
@@ -758,12 +758,12 @@ class ShardedDeadFlows(DeadLettersCore):
         )
         return merged[offset : offset + limit]
 
-    def _count_flow(self) -> Flow[int]:
+    def count_flow(self) -> Flow[int]:
         yield from self._layout.check_flow()
-        counts: list[int] = yield from _together([d._count_flow() for d in self._shard_dead])
+        counts: list[int] = yield from _together([d.count_flow() for d in self._shard_dead])
         return sum(counts)
 
-    def _move_flow(
+    def move_flow(
         self, action: str, ids: Iterable[str] | None, error_type: str | None = None
     ) -> Flow[int]:
         """By id: every id checked on its shard first (all-or-nothing, as on one queue), then
@@ -773,14 +773,14 @@ class ShardedDeadFlows(DeadLettersCore):
         if ids is None or error_type is not None:
             if ids is not None:
                 raise InvalidTaskError("give ids or error_type, not both")
-            flows = [d._move_flow(action, None, error_type) for d in shard_dead]
+            flows = [d.move_flow(action, None, error_type) for d in shard_dead]
             return sum((yield from _together(flows)))
         groups: dict[int, list[str]] = defaultdict(list)
         for task_id in _distinct_ids(ids):
             groups[task_shard(task_id, self._layout.count)].append(task_id)
-        yield from _together([shard_dead[i]._check_dead_flow(g) for i, g in groups.items()])
+        yield from _together([shard_dead[i].check_dead_flow(g) for i, g in groups.items()])
         moved = yield from _together(
-            [shard_dead[i]._move_flow(action, g) for i, g in groups.items()]
+            [shard_dead[i].move_flow(action, g) for i, g in groups.items()]
         )
         return sum(moved)
 
@@ -808,16 +808,16 @@ class ShardedCronFlows(CronsCore):
         self._layout = layout
         self._shard_crons = [CronsCore(s) for s in layout.queues]
 
-    _add_flow = _named("_add_flow")
-    _remove_flow = _named("_remove_flow")
-    _get_flow = _named("_get_flow")
-    _pause_flow = _named("_pause_flow")
-    _resume_flow = _named("_resume_flow")
-    _run_now_flow = _named("_run_now_flow")
+    add_flow = _named("add_flow")
+    remove_flow = _named("remove_flow")
+    get_flow = _named("get_flow")
+    pause_flow = _named("pause_flow")
+    resume_flow = _named("resume_flow")
+    run_now_flow = _named("run_now_flow")
 
-    def _list_flow(self) -> Flow[list[CronDefinition]]:
+    def list_flow(self) -> Flow[list[CronDefinition]]:
         yield from self._layout.check_flow()
-        flows = [c._list_flow() for c in self._shard_crons]
+        flows = [c.list_flow() for c in self._shard_crons]
         parts: list[list[CronDefinition]] = yield from _together(flows)
         return sorted((d for part in parts for d in part), key=lambda d: d.name)
 

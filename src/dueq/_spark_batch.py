@@ -246,7 +246,7 @@ def _stored_snapshots(q: Queue, ids: Sequence[str]) -> list[TaskInfo]:
 
 
 def _flush(q: Queue, ids: list[str], records: list[bytes], counts: PartitionCounts) -> None:
-    result = q._schedule_records(ids, records, False, iter(()))
+    result = q.schedule_records(ids, records, False, iter(()))
     counts.added += result.added
     counts.existing += result.existing
 

@@ -179,12 +179,12 @@ def _link(stored: TraceContext | None) -> list[Any]:
 class AttemptSpan:
     """The span of one attempt and the context token that makes it current."""
 
-    __slots__ = ("_ended", "_token", "span")
+    __slots__ = ("_token", "ended", "span")
 
     def __init__(self, span: Any) -> None:
         self.span = span
         self._token: Any = None
-        self._ended = False
+        self.ended = False
 
     def enter(self) -> None:
         """Make the span current in this thread (or task) while the handler runs."""
@@ -202,7 +202,7 @@ def start_attempt(d: DeliveryBase) -> AttemptSpan | None:
     found = tracer()
     if found is None:
         return None
-    name = d._queue.name
+    name = d.queue_name
     holder = d.token.partition("@")[2]
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
@@ -235,9 +235,9 @@ def end_attempt(attempt: AttemptSpan | None, error: BaseException | None) -> Non
     if attempt is None:
         return
     with _end_lock:
-        if attempt._ended:
+        if attempt.ended:
             return
-        attempt._ended = True
+        attempt.ended = True
     try:
         if error is not None:
             _record(attempt.span, error)

@@ -447,13 +447,13 @@ class CronsCore:
     def __init__(self, queue: QueueCore) -> None:
         self._core = queue
 
-    def _now_ms_flow(self) -> Flow[int]:
+    def now_ms_flow(self) -> Flow[int]:
         clock = self._core.clock
         if clock is not None:
             return clock_ms(clock)
         return _server_ms((yield protocol.command("TIME")))
 
-    def _add_flow(
+    def add_flow(
         self,
         name: str,
         expr: str,
@@ -471,10 +471,10 @@ class CronsCore:
         queue = self._core
         envelope = encode_envelope(payload, queue.max_payload_bytes)
         spec = _Spec(schedule.expr, tz, missed, max_missed, payload)
-        next_ms = schedule.next_after((yield from self._now_ms_flow()))
+        next_ms = schedule.next_after((yield from self.now_ms_flow()))
         call = protocol.cron_add(
             queue.keys,
-            queue._now_arg(),
+            queue.now_arg(),
             name,
             spec.to_json(),
             replace=replace,
@@ -490,14 +490,14 @@ class CronsCore:
             )
         return cast(AddResult, status)
 
-    def _remove_flow(self, name: str) -> Flow[bool]:
+    def remove_flow(self, name: str) -> Flow[bool]:
         name = validate_name(name)
         existed: bool = yield from self._typed(
-            protocol.cron_remove(self._core.keys, self._core._now_arg(), name)
+            protocol.cron_remove(self._core.keys, self._core.now_arg(), name)
         )
         return existed
 
-    def _list_flow(self) -> Flow[builtins.list[CronDefinition]]:
+    def list_flow(self) -> Flow[builtins.list[CronDefinition]]:
         k = self._core.keys
         raw_specs, raw_states, raw_paused, raw_lasts = yield from self._typed(
             protocol.Batch(
@@ -517,7 +517,7 @@ class CronsCore:
             found.append(_definition(name, raw_spec, state, name_problem, paused, last))
         return sorted(found, key=lambda d: d.name)
 
-    def _get_flow(self, name: str) -> Flow[CronDefinition | None]:
+    def get_flow(self, name: str) -> Flow[CronDefinition | None]:
         name = validate_name(name)
         k = self._core.keys
         raw_spec, raw_state, raw_paused, raw_last = yield from self._typed(
@@ -535,13 +535,13 @@ class CronsCore:
         paused = raw_paused is not None
         return _definition(name, raw_spec, raw_state, paused=paused, raw_last=raw_last)
 
-    def _pause_flow(self, name: str) -> Flow[bool]:
+    def pause_flow(self, name: str) -> Flow[bool]:
         name = validate_name(name)
         queue = self._core
-        call = protocol.cron_control(queue.keys, queue._now_arg(), "pause", name)
+        call = protocol.cron_control(queue.keys, queue.now_arg(), "pause", name)
         return self._controlled(name, (yield from self._typed(call)))
 
-    def _resume_flow(self, name: str) -> Flow[bool]:
+    def resume_flow(self, name: str) -> Flow[bool]:
         name = validate_name(name)
         queue = self._core
         for _ in range(_CONTROL_TRIES):
@@ -554,7 +554,7 @@ class CronsCore:
                 raise CronError(f"cron {name!r} has no slot before the year 10000 to resume at")
             call = protocol.cron_control(
                 queue.keys,
-                queue._now_arg(),
+                queue.now_arg(),
                 "resume",
                 name,
                 raw_spec,
@@ -567,7 +567,7 @@ class CronsCore:
                 return self._controlled(name, reply)
         raise self._changed(name)
 
-    def _run_now_flow(self, name: str) -> Flow[str]:
+    def run_now_flow(self, name: str) -> Flow[str]:
         name = validate_name(name)
         queue = self._core
         for _ in range(_CONTROL_TRIES):
@@ -576,7 +576,7 @@ class CronsCore:
             task_id = run_now_id(name, now_ms)
             call = protocol.cron_control(
                 queue.keys,
-                queue._now_arg(),
+                queue.now_arg(),
                 "run_now",
                 name,
                 raw_spec,
@@ -644,7 +644,7 @@ class CronsCore:
 
     # -- called by the claim flow ---------------------------------------------------------------
 
-    def _on_claim_flow(
+    def on_claim_flow(
         self, deliveries: builtins.list[Any], now_ms: int
     ) -> Flow[tuple[builtins.list[Any], int | None]]:
         """Advance the schedules of claimed occurrences (two round trips for any number).
@@ -661,7 +661,7 @@ class CronsCore:
         if not claimed:
             return deliveries, None
         try:
-            results = yield from self._advance_flow(claimed, now_ms)
+            results = yield from self.advance_flow(claimed, now_ms)
         except redis.RedisError as exc:
             if _wrong_type(exc):  # a cron key of another type: corrupted data, not an outage
                 logger.error(
@@ -706,7 +706,7 @@ class CronsCore:
         kept = [d for d in deliveries if d.id not in dropped] if dropped else deliveries
         return kept, min(due, default=None)
 
-    def _advance_flow(
+    def advance_flow(
         self, claimed: builtins.list[tuple[Any, str, int]], now_ms: int
     ) -> Flow[builtins.list[tuple[Any, _Plan, int]]]:
         """Plan each claimed occurrence and carry the plans out in one script call; returns
@@ -743,7 +743,7 @@ class CronsCore:
             )
         if not planned:
             return []
-        statuses = yield protocol.cron_advance(k, queue._now_arg(), entries)
+        statuses = yield protocol.cron_advance(k, queue.now_arg(), entries)
         results = []
         for (delivery, name, plan), status in zip(planned, statuses, strict=True):
             if status == _REBUILT:
@@ -855,15 +855,15 @@ class Crons:
         CronConflict unless ``replace``. Bad input raises CronError or PayloadError and
         writes nothing. Returns "added", "unchanged", "replaced" or "restored".
         """
-        flow = self._flows._add_flow(name, expr, payload, tz, missed, max_missed, replace)
-        return self._queue._drive(flow)
+        flow = self._flows.add_flow(name, expr, payload, tz, missed, max_missed, replace)
+        return self._queue.drive(flow)
 
     def remove(self, name: str) -> bool:
         """Delete a definition and its pending occurrence; False if there was none.
 
         An occurrence already leased or waiting for a retry still runs to its end.
         """
-        return self._queue._drive(self._flows._remove_flow(name))
+        return self._queue.drive(self._flows.remove_flow(name))
 
     def list(self) -> builtins.list[CronDefinition]:
         """Every definition of the queue, by name, with its next and last fired slot.
@@ -871,11 +871,11 @@ class Crons:
         A definition whose data in Redis cannot be read is listed with ``problem`` set.
         CronError if the queue's cron keys are not hashes at all.
         """
-        return self._queue._drive(self._flows._list_flow())
+        return self._queue.drive(self._flows.list_flow())
 
     def get(self, name: str) -> CronDefinition | None:
         """One definition by name (``problem`` set if it cannot be read), or None."""
-        return self._queue._drive(self._flows._get_flow(name))
+        return self._queue.drive(self._flows.get_flow(name))
 
     def pause(self, name: str) -> bool:
         """Stop scheduling ``name``'s occurrences; False if it was already paused.
@@ -886,7 +886,7 @@ class Crons:
         with ``replace=True`` keeps it paused. ``run_now`` still works. CronNotFound for an
         unknown name.
         """
-        return self._queue._drive(self._flows._pause_flow(name))
+        return self._queue.drive(self._flows.pause_flow(name))
 
     def resume(self, name: str) -> bool:
         """Schedule ``name`` again from its next slot after now; False if it was not paused.
@@ -894,7 +894,7 @@ class Crons:
         Slots that fell into the pause are not run, whatever its ``missed`` policy says.
         CronNotFound for an unknown name; CronError if its definition in Redis cannot be used.
         """
-        return self._queue._drive(self._flows._resume_flow(name))
+        return self._queue.drive(self._flows.resume_flow(name))
 
     def run_now(self, name: str) -> str:
         """Schedule one extra occurrence of ``name``, due now; returns its task id.
@@ -905,7 +905,7 @@ class Crons:
         ``remove`` do not withdraw it. CronNotFound for an unknown name; CronError if its
         definition in Redis cannot be used.
         """
-        return self._queue._drive(self._flows._run_now_flow(name))
+        return self._queue.drive(self._flows.run_now_flow(name))
 
 
 class AsyncCrons:
@@ -928,29 +928,29 @@ class AsyncCrons:
         replace: bool = False,
     ) -> AddResult:
         """As ``Crons.add``."""
-        flow = self._flows._add_flow(name, expr, payload, tz, missed, max_missed, replace)
-        return await self._queue._drive(flow)
+        flow = self._flows.add_flow(name, expr, payload, tz, missed, max_missed, replace)
+        return await self._queue.drive(flow)
 
     async def remove(self, name: str) -> bool:
         """As ``Crons.remove``."""
-        return await self._queue._drive(self._flows._remove_flow(name))
+        return await self._queue.drive(self._flows.remove_flow(name))
 
     async def list(self) -> builtins.list[CronDefinition]:
         """As ``Crons.list``."""
-        return await self._queue._drive(self._flows._list_flow())
+        return await self._queue.drive(self._flows.list_flow())
 
     async def get(self, name: str) -> CronDefinition | None:
         """As ``Crons.get``."""
-        return await self._queue._drive(self._flows._get_flow(name))
+        return await self._queue.drive(self._flows.get_flow(name))
 
     async def pause(self, name: str) -> bool:
         """As ``Crons.pause``."""
-        return await self._queue._drive(self._flows._pause_flow(name))
+        return await self._queue.drive(self._flows.pause_flow(name))
 
     async def resume(self, name: str) -> bool:
         """As ``Crons.resume``."""
-        return await self._queue._drive(self._flows._resume_flow(name))
+        return await self._queue.drive(self._flows.resume_flow(name))
 
     async def run_now(self, name: str) -> str:
         """As ``Crons.run_now``."""
-        return await self._queue._drive(self._flows._run_now_flow(name))
+        return await self._queue.drive(self._flows.run_now_flow(name))

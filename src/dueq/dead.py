@@ -39,36 +39,36 @@ class DeadLettersCore:
     def __init__(self, queue: QueueCore) -> None:
         self._core = queue
 
-    def _list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
+    def list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
         whole_number(limit, "limit", low=0, high=MAX_OFFSET)
         whole_number(offset, "offset", low=0, high=MAX_OFFSET)
         if limit == 0:
             return []
         q = self._core
-        found: list[TaskInfo] = yield protocol.inspect_dead(q.keys, q._now_arg(), offset, limit)
+        found: list[TaskInfo] = yield protocol.inspect_dead(q.keys, q.now_arg(), offset, limit)
         return found
 
-    def _count_flow(self) -> Flow[int]:
+    def count_flow(self) -> Flow[int]:
         count: int = yield protocol.command("ZCARD", self._core.keys.dead, parse=int)
         return count
 
-    def _move_flow(
+    def move_flow(
         self, action: str, ids: Iterable[str] | None, error_type: str | None = None
     ) -> Flow[int]:
         q = self._core
         if error_type is not None:
             if ids is not None:
                 raise InvalidTaskError("give ids or error_type, not both")
-            return (yield from self._move_matching_flow(action, error_type))
+            return (yield from self.move_matching_flow(action, error_type))
         if ids is not None:
             wanted = _distinct_ids(ids)
             if len(wanted) > DEAD_BATCH:
-                yield from self._check_dead_flow(wanted)
+                yield from self.check_dead_flow(wanted)
             moved = 0
             for start in range(0, len(wanted), DEAD_BATCH):
                 batch = wanted[start : start + DEAD_BATCH]
                 reply: protocol.DeadReply = yield protocol.dead_ids(
-                    q.keys, q._now_arg(), action, batch
+                    q.keys, q.now_arg(), action, batch
                 )
                 if reply.status is not protocol.Status.OK:
                     already = f" ({moved} of the ids before them were moved)" if moved else ""
@@ -79,11 +79,11 @@ class DeadLettersCore:
                     )
                 moved += reply.count
             return moved
-        remaining: int = yield from self._count_flow()
+        remaining: int = yield from self.count_flow()
         moved = 0
         while remaining > 0:
             reply = yield protocol.dead_oldest(
-                q.keys, q._now_arg(), action, min(remaining, DEAD_BATCH)
+                q.keys, q.now_arg(), action, min(remaining, DEAD_BATCH)
             )
             if reply.count == 0:
                 break
@@ -91,7 +91,7 @@ class DeadLettersCore:
             remaining -= reply.count
         return moved
 
-    def _move_matching_flow(self, action: str, error_type: str) -> Flow[int]:
+    def move_matching_flow(self, action: str, error_type: str) -> Flow[int]:
         """Move the dead tasks whose last error has ``error_type``, a listing page at a time
         (each page found by ``list_tasks``, then moved in one all-or-nothing call; ids that
         left the dead-letter queue in between are skipped)."""
@@ -100,13 +100,13 @@ class DeadLettersCore:
         q = self._core
         moved, cursor = 0, None
         while True:
-            page = yield from q._list_flow(
+            page = yield from q.list_flow(
                 "dead", limit=DEAD_BATCH, cursor=cursor, error_type=error_type
             )
             batch = [info.id for info in page.tasks]
             while batch:
                 reply: protocol.DeadReply = yield protocol.dead_ids(
-                    q.keys, q._now_arg(), action, batch
+                    q.keys, q.now_arg(), action, batch
                 )
                 if reply.status is protocol.Status.OK:
                     moved += reply.count
@@ -117,7 +117,7 @@ class DeadLettersCore:
             if cursor is None:
                 return moved
 
-    def _check_dead_flow(self, wanted: Sequence[str]) -> Flow[None]:
+    def check_dead_flow(self, wanted: Sequence[str]) -> Flow[None]:
         """TaskNotFound (listing them) if any of ``wanted`` is not dead; writes nothing."""
         dead_key = self._core.keys.dead
         replies: list[Any] = yield protocol.Batch(
@@ -144,11 +144,11 @@ class DeadLetters:
 
     def list(self, limit: int = 50, offset: int = 0) -> list[TaskInfo]:
         """Dead tasks, most recently died first."""
-        return self._queue._drive(self._flows._list_flow(limit, offset))
+        return self._queue.drive(self._flows.list_flow(limit, offset))
 
     def count(self) -> int:
         """How many tasks are dead."""
-        return self._queue._drive(self._flows._count_flow())
+        return self._queue.drive(self._flows.count_flow())
 
     def replay(self, ids: Iterable[str] | None = None, *, error_type: str | None = None) -> int:
         """Put dead tasks back in due now with attempts and errors reset; returns the count.
@@ -159,12 +159,12 @@ class DeadLetters:
         With ``error_type`` (instead of ``ids``), only the dead tasks whose last error record
         has that type (e.g. ``"TimeoutError"``), found a page at a time.
         """
-        return self._queue._drive(self._flows._move_flow("replay", ids, error_type))
+        return self._queue.drive(self._flows.move_flow("replay", ids, error_type))
 
     def purge(self, ids: Iterable[str] | None = None, *, error_type: str | None = None) -> int:
         """Delete dead tasks for good; returns the count. ``ids`` and ``error_type`` as for
         ``replay``."""
-        return self._queue._drive(self._flows._move_flow("purge", ids, error_type))
+        return self._queue.drive(self._flows.move_flow("purge", ids, error_type))
 
 
 class AsyncDeadLetters:
@@ -177,23 +177,23 @@ class AsyncDeadLetters:
 
     async def list(self, limit: int = 50, offset: int = 0) -> list[TaskInfo]:
         """Dead tasks, most recently died first."""
-        return await self._queue._drive(self._flows._list_flow(limit, offset))
+        return await self._queue.drive(self._flows.list_flow(limit, offset))
 
     async def count(self) -> int:
         """How many tasks are dead."""
-        return await self._queue._drive(self._flows._count_flow())
+        return await self._queue.drive(self._flows.count_flow())
 
     async def replay(
         self, ids: Iterable[str] | None = None, *, error_type: str | None = None
     ) -> int:
         """As ``DeadLetters.replay``."""
-        return await self._queue._drive(self._flows._move_flow("replay", ids, error_type))
+        return await self._queue.drive(self._flows.move_flow("replay", ids, error_type))
 
     async def purge(
         self, ids: Iterable[str] | None = None, *, error_type: str | None = None
     ) -> int:
         """As ``DeadLetters.purge``."""
-        return await self._queue._drive(self._flows._move_flow("purge", ids, error_type))
+        return await self._queue.drive(self._flows.move_flow("purge", ids, error_type))
 
 
 def _distinct_ids(ids: object) -> list[str]:

@@ -237,9 +237,9 @@ class _Consumer:
         deliveries = batch.deliveries
         with self._lock:
             for d in deliveries:
-                d._on_settled = self._settled
+                d.on_settled = self._settled
             for d in self._held.add(deliveries, batch.now_ms):
-                d._on_settled = None  # its lease ran out unsettled: no longer ours
+                d.on_settled = None  # its lease ran out unsettled: no longer ours
             stopped = self._stopped
             full = self._held.full
             self._starved = full

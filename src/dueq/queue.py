@@ -153,21 +153,21 @@ class Queue(QueueCore):
         in_turn = getattr(self.redis, "connection", None) is not None
         return send_each(self._send, step, in_turn=in_turn)
 
-    def _drive(self, flow: Flow[T]) -> T:
+    def drive(self, flow: Flow[T]) -> T:
         return drive(flow, self._send)
 
     def _delivery(self, *fields: Any) -> Delivery:
         return Delivery(self, *fields)
 
-    def _wake_subscription(self) -> WakeSubscription:
+    def wake_subscription(self) -> WakeSubscription:
         """What ``dueq.wake.WakeListener`` subscribes to (checks the server first)."""
-        return self._drive(self._wake_subscription_flow())
+        return self.drive(self.wake_subscription_flow())
 
     def check_server(self) -> None:
         """Check the Redis server once: refuse versions before 6.2, and log what its
         ``maxmemory-policy`` means for the queue (an ``allkeys-*`` policy may lose tasks).
         Works for a user without INFO or CONFIG (the checks Redis refuses are skipped)."""
-        self._drive(self._check_server_flow())
+        self.drive(self.check_server_flow())
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -199,23 +199,23 @@ class Queue(QueueCore):
         if Redis fails between batches the earlier ones stay, and re-running with the same
         explicit ids adds only what is missing.
         """
-        return self._drive(self._schedule_many_flow(tasks, replace))
+        return self.drive(self.schedule_many_flow(tasks, replace))
 
-    def _schedule_records(
+    def schedule_records(
         self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
     ) -> ScheduleResult:
         """Send records packed elsewhere (the Spark writer packs them on executors)."""
-        return self._drive(self._schedule_records_flow(ids, records, replace, fresh_ids))
+        return self.drive(self.schedule_records_flow(ids, records, replace, fresh_ids))
 
     def cancel(self, task_id: str) -> bool:
         """Remove a task in any state; True if it existed. A live lease on it is revoked."""
-        return self._drive(self._cancel_flow(task_id))
+        return self.drive(self.cancel_flow(task_id))
 
     def reschedule(
         self, task_id: str, *, at: datetime | None = None, delay: Duration | None = None
     ) -> bool:
         """Move a scheduled task to a new due time; False if it is not scheduled."""
-        return self._drive(self._reschedule_flow(task_id, at, delay))
+        return self.drive(self.reschedule_flow(task_id, at, delay))
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -235,14 +235,14 @@ class Queue(QueueCore):
         ``get``); by default the queue's ``holder``, else "<host>:<pid>"."""
         if not self._server_checked:
             self.check_server()
-        return self._drive(self._claim_flow(limit, lease, holder))
+        return self.drive(self.claim_flow(limit, lease, holder))
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> int:
         """Ack a batch in one round trip; returns how many were acked.
 
         Raises LeaseLost (with ``.ids``) if some leases were lost; the others are still acked.
         """
-        return self._drive(self._ack_flow(deliveries))
+        return self.drive(self.ack_flow(deliveries))
 
     def fail(
         self, delivery: Delivery, error: BaseException | str, *, retry_in: Duration | None = None
@@ -251,21 +251,21 @@ class Queue(QueueCore):
 
         ``Unrecoverable`` errors, and failures of the last allowed attempt, go to dead.
         """
-        return self._drive(self._fail_flow(delivery, error, retry_in))
+        return self.drive(self.fail_flow(delivery, error, retry_in))
 
     def extend_many(self, deliveries: Sequence[Delivery], seconds: Duration) -> datetime:
         """Extend many held leases to ``seconds`` from now in one round trip per 1,000;
         returns the new deadline. Raises LeaseLost (with ``.ids``) naming the leases that were
         not held; the others are still extended."""
-        return self._drive(self._extend_many_flow(deliveries, seconds))
+        return self.drive(self.extend_many_flow(deliveries, seconds))
 
     def extend(self, delivery: Delivery, seconds: Duration) -> datetime:
         """Extend a held lease to ``seconds`` from now; raises LeaseLost if it is not held."""
-        return self._drive(self._extend_flow(delivery, seconds))
+        return self.drive(self.extend_flow(delivery, seconds))
 
     def release(self, delivery: Delivery, *, delay: Duration = 0) -> Outcome:
         """Give a leased task back, due after ``delay``; the delivery does not count."""
-        return self._drive(self._release_flow(delivery, delay))
+        return self.drive(self.release_flow(delivery, delay))
 
     def observe(
         self,
@@ -317,8 +317,8 @@ class Queue(QueueCore):
         limit steps aside, so other keys' tasks go first. Consumers are woken, so a change
         applies at once.
         """
-        return self._drive(
-            self._configure_flow(
+        return self.drive(
+            self.configure_flow(
                 paused=paused,
                 remember_done=remember_done,
                 rate=rate,
@@ -338,23 +338,23 @@ class Queue(QueueCore):
 
     def settings(self) -> QueueSettings:
         """The queue's settings as stored in Redis."""
-        return self._drive(self._settings_flow())
+        return self.drive(self.settings_flow())
 
     # -- inspection --------------------------------------------------------------------------
 
     def get(self, task_id: str) -> TaskInfo | None:
         """A snapshot of one task, or None if there is no such task."""
-        return self._drive(self._get_flow(task_id))
+        return self.drive(self.get_flow(task_id))
 
     def get_many(self, task_ids: Iterable[str]) -> list[TaskInfo]:
         """Snapshots of the tasks with these ids that exist, in the order given (a repeated id
         once, a missing one left out): one round trip per 1,000 ids, each page one consistent
         snapshot. ``InvalidTaskError`` for an id that is not valid, before anything is read."""
-        return self._drive(self._get_many_flow(task_ids))
+        return self.drive(self.get_many_flow(task_ids))
 
     def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
-        return self._drive(self._stats_flow())
+        return self.drive(self.stats_flow())
 
     def doctor(self, fix: bool = False, *, batch: int = 1000) -> DoctorReport:
         """Check the queue's derived state against its tasks; with ``fix=True`` repair it.
@@ -367,7 +367,7 @@ class Queue(QueueCore):
         the claim drops them. Runs in calls of at most ``batch`` keys or entries (1 to 10,000),
         each atomic for its batch, so a large queue is never blocked for long. Returns a
         ``DoctorReport`` with one ``DoctorFinding`` per problem (``docs/doctor.md``)."""
-        return self._drive(self._doctor_flow(fix, batch))
+        return self.drive(self.doctor_flow(fix, batch))
 
     def list_tasks(
         self,
@@ -393,8 +393,8 @@ class Queue(QueueCore):
         ``limit``, at most 1,000), so its cost is bounded whatever the queue's size: a page
         may hold fewer than ``limit`` tasks, even none, before the listing is done.
         """
-        return self._drive(
-            self._list_flow(
+        return self.drive(
+            self.list_flow(
                 state,
                 limit=limit,
                 cursor=cursor,
@@ -423,28 +423,28 @@ class Queue(QueueCore):
         """Make a task due now: a scheduled one (parked ones too) moves to now, a dead one is
         replayed (attempts and errors reset). False for a leased task (it is running: cancel it,
         or wait) and for an unknown id."""
-        return self._drive(self._run_now_flow(task_id))
+        return self.drive(self.run_now_flow(task_id))
 
     def history(self, minutes: int = 60) -> list[HistoryPoint]:
         """What happened in each of the last ``minutes`` (1 to 1,440; the current minute last):
         tasks scheduled, claimed, acked, retried, dead and expired, as the queue's scripts
         counted them. Redis keeps 24 hours."""
-        return self._drive(self._history_flow(minutes))
+        return self.drive(self.history_flow(minutes))
 
     def due_histogram(self, bucket: Duration = 60.0, buckets: int = 30) -> DueHistogram:
         """How many scheduled tasks fall due in each of ``buckets`` buckets of ``bucket``
         (seconds or a timedelta) from now, every priority counted (one ZCOUNT per bucket and
         priority in use)."""
-        return self._drive(self._due_histogram_flow(bucket, buckets))
+        return self.drive(self.due_histogram_flow(bucket, buckets))
 
     def workers(self) -> list[WorkerInfo]:
         """The live consumer processes serving this queue (``Worker``, ``AsyncWorker``, ``dueq
         worker``), sorted by worker id, as their last heartbeats described them; a process
         that died is gone within a few heartbeats (see ``dueq.registry``)."""
-        return self._drive(self._workers_flow())
+        return self.drive(self.workers_flow())
 
-    def _heartbeat(self, entry_json: str, ttl_ms: int) -> int:
-        return self._drive(self._heartbeat_flow(entry_json, ttl_ms, leave=False))
+    def send_heartbeat(self, entry_json: str, ttl_ms: int) -> int:
+        return self.drive(self.heartbeat_flow(entry_json, ttl_ms, leave=False))
 
-    def _leave_registry(self) -> None:
-        self._drive(self._heartbeat_flow("{}", 0, leave=True))
+    def leave_registry(self) -> None:
+        self.drive(self.heartbeat_flow("{}", 0, leave=True))

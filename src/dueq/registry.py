@@ -210,7 +210,7 @@ class Heartbeat(_Beat):
         ok = True
         for q in self._queues:
             try:
-                q._heartbeat(entry, self.ttl_ms)
+                q.send_heartbeat(entry, self.ttl_ms)
             except Exception as exc:  # an outage, or anything else: logged, tried next beat
                 self.failed(q.name, exc)
                 ok = False
@@ -232,7 +232,7 @@ class Heartbeat(_Beat):
             return
         for q in self._queues:
             try:
-                q._leave_registry()
+                q.leave_registry()
             except Exception as exc:  # the entry then expires after its TTL instead
                 logger.warning("could not leave the worker registry of %r (%s)", q.name, exc)
 
@@ -254,7 +254,7 @@ class AsyncHeartbeat(_Beat):
             ok = True
             for q in self._queues:
                 try:
-                    await q._heartbeat(entry, self.ttl_ms)
+                    await q.send_heartbeat(entry, self.ttl_ms)
                 except Exception as exc:  # an outage, or anything else: logged, tried next beat
                     self.failed(q.name, exc)
                     ok = False
@@ -267,7 +267,7 @@ class AsyncHeartbeat(_Beat):
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        leaving: list[Awaitable[None]] = [q._leave_registry() for q in self._queues]
+        leaving: list[Awaitable[None]] = [q.leave_registry() for q in self._queues]
         for q, result in zip(
             self._queues, await asyncio.gather(*leaving, return_exceptions=True), strict=True
         ):

@@ -267,7 +267,6 @@ class DeliveryBase:
 
     __slots__ = (
         "_cancelled",
-        "_on_settled",
         "_outcome",
         "_queue",
         "_settled_flag",
@@ -277,6 +276,7 @@ class DeliveryBase:
         "first_claimed_ms",
         "id",
         "lease_deadline_ms",
+        "on_settled",
         "options",
         "payload",
         "token",
@@ -311,7 +311,8 @@ class DeliveryBase:
         self.token = token
         self.first_claimed_ms = first_claimed_ms
         self.claimed_ms = claimed_ms
-        self._on_settled: Callable[[Any], None] | None = None
+        #: called once with this delivery when it is settled (set by dueq's consumers)
+        self.on_settled: Callable[[Any], None] | None = None
         self._outcome: Outcome | None = None
         self._settled_flag = False
         self._cancelled = False
@@ -357,12 +358,30 @@ class DeliveryBase:
         lease (every third of the lease) or settles the delivery."""
         return self._cancelled
 
-    def _settled(self, outcome: Outcome | None = None) -> None:
-        """Called once this delivery is no longer held: acked, failed, released or lost.
-        ``outcome`` is what became of it (None for an ack)."""
+    @property
+    def queue_name(self) -> str:
+        """The name of the queue this delivery came from (a shard's, on a sharded queue)."""
+        return self._queue.name
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """What became of this delivery once settled here other than by an ack (retried, dead,
+        released, cancelled, lost); None before that and after an ack."""
+        return self._outcome
+
+    def mark_cancelled(self) -> None:
+        """Record that dueq found this task cancelled while leased here (``cancelled``): called
+        by the flows that learn it from a script's verdict."""
+        self._cancelled = True
+
+    def mark_settled(self, outcome: Outcome | None = None) -> None:
+        """Called by the flows once this delivery is no longer held: acked, failed, released
+        or lost. ``outcome`` is what became of it (None for an ack); ``on_settled`` runs."""
         self._settled_flag = True
+        if outcome is not None and outcome.kind == "cancelled":
+            self._cancelled = True
         self._outcome = outcome
-        hook, self._on_settled = self._on_settled, None
+        hook, self.on_settled = self.on_settled, None
         if hook is not None:
             hook(self)
 

@@ -115,7 +115,7 @@ class WakeListener:
             while not self._stopped.is_set():
                 try:
                     if pubsub is None:
-                        subscription = self._queue._wake_subscription()
+                        subscription = self._queue.wake_subscription()
                         pubsub = self._queue.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
                         method, channels = subscribe_args(subscription)
                         getattr(pubsub, method)(*channels)

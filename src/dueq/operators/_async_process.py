@@ -325,7 +325,7 @@ class AsyncProcessor(Settling):
             batch, self._done = self._done[:SETTLE_BATCH], self._done[SETTLE_BATCH:]
             final = self._settler_stop and not self._done
             try:
-                settled = await self._drive(self._settle_flow(batch, pending, final=final))
+                settled = await self.drive(self.settle_flow(batch, pending, final=final))
             except Exception as exc:  # a bug here must not stop every later ack: report, go on
                 logger.exception("settling %d task(s) failed; their leases run out", len(batch))
                 error = describe(exc)
@@ -336,7 +336,7 @@ class AsyncProcessor(Settling):
                 return
 
     async def _release(self, d: Any) -> None:
-        outcome = await self._drive(self._release_flow(d))
+        outcome = await self.drive(self.release_flow(d))
         self._out.on_next(outcome)
         self._forget([d])
 
@@ -357,7 +357,7 @@ class AsyncProcessor(Settling):
             now_s = self._loop.time()
             held = [(d, at) for d, at in self._held.items() if d not in self._lease_lost]
             try:
-                done = await self._drive(self._keep_flow(held, now_s))
+                done = await self.drive(self.keep_flow(held, now_s))
             except Exception:  # a bug in one round must not end lease keeping: report, go on
                 logger.exception("lease keeper round failed")
                 await asyncio.sleep(KEEPER_TICK_MAX_S)
@@ -386,7 +386,7 @@ class AsyncProcessor(Settling):
     def _giving_up(self) -> bool:
         return self._give_up.is_set()
 
-    async def _drive(self, flow: Any) -> Any:
+    async def drive(self, flow: Any) -> Any:
         return await run_flow_async(flow, self._in_thread)
 
     async def _in_thread(self, fn: Any, *args: Any) -> Any:

@@ -352,7 +352,7 @@ class Processor(Settling):
         while not stop:
             batch, stop = self._next_batch(pending.wait_s())
             try:
-                settled = run_flow(self._settle_flow(batch, pending, final=stop))
+                settled = run_flow(self.settle_flow(batch, pending, final=stop))
             except Exception as exc:  # a bug here must not stop every later ack: report, go on
                 logger.exception("settling %d task(s) failed; their leases run out", len(batch))
                 error = describe(exc)
@@ -395,7 +395,7 @@ class Processor(Settling):
         return self._give_up.is_set()
 
     def _release(self, d: Delivery) -> None:
-        self._emit([run_flow(self._release_flow(d))])
+        self._emit([run_flow(self.release_flow(d))])
         self._forget([d])
 
     def _emit(self, outcomes: list[Outcome]) -> None:
@@ -424,7 +424,7 @@ class Processor(Settling):
             held = [(d, at) for d, at in self._held.items() if d not in self._lease_lost]
         now_s = scheduler.now.timestamp()
         next_timeout_s = self._fail_timed_out(now_s)
-        done = run_flow(self._keep_flow(held, now_s))
+        done = run_flow(self.keep_flow(held, now_s))
         if next_timeout_s is not None:
             done.tick_s = max(min(done.tick_s, next_timeout_s), KEEPER_TICK_MIN_S)
         with self._lock:

@@ -164,7 +164,7 @@ class Settling:
         """True once releases and settles should stop retrying through an outage."""
         raise NotImplementedError
 
-    def _settle_flow(
+    def settle_flow(
         self, batch: list[_Finished], pending: Pending, *, final: bool
     ) -> Generator[Op, Any, list[tuple[Any, Outcome]]]:
         """One round: ack every success waiting (one ``ack_many`` per queue), then record the
@@ -176,7 +176,7 @@ class Settling:
         settled: list[tuple[Any, Outcome]] = []
         for d, error in batch:
             if d.settled:  # the handler acked, failed or released it itself
-                settled.append((d, d._outcome or Outcome(d.id, "acked", d.attempt)))
+                settled.append((d, d.outcome or Outcome(d.id, "acked", d.attempt)))
             elif error is None:
                 pending.acks[d.queue].append(d)
             else:
@@ -185,7 +185,7 @@ class Settling:
         for q in list(pending.acks):
             deliveries = self._still_held(pending.acks.pop(q))
             try:
-                outcomes = yield from self._ack_flow(q, deliveries, final)
+                outcomes = yield from self.ack_flow(q, deliveries, final)
             except Exception as exc:  # an outage (_ack_flow reports every other error as lost)
                 pending.acks[q] = deliveries
                 refusal = exc
@@ -196,7 +196,7 @@ class Settling:
             if not self._holds(d):  # released by close() meanwhile
                 continue
             try:
-                settled.append((d, (yield from self._fail_flow(d, error, final))))
+                settled.append((d, (yield from self.fail_flow(d, error, final))))
             except Exception as exc:  # an outage: the next ones would meet it too
                 pending.failures = failures[i:]
                 refusal = exc
@@ -208,7 +208,7 @@ class Settling:
         return settled
 
     @staticmethod
-    def _ack_flow(q: Any, deliveries: list[Any], final: bool) -> Generator[Op, Any, list[Outcome]]:
+    def ack_flow(q: Any, deliveries: list[Any], final: bool) -> Generator[Op, Any, list[Outcome]]:
         """Outcomes of acking ``deliveries``; raises an outage unless ``final``."""
         if not deliveries:
             return []
@@ -240,9 +240,9 @@ class Settling:
                 "queue %r: could not ack %d task(s): %s", q.name, len(deliveries), describe(exc)
             )
             return [Outcome(d.id, "lost", d.attempt, error=describe(exc)) for d in deliveries]
-        return [d._outcome or Outcome(d.id, "acked", d.attempt) for d in deliveries]
+        return [d.outcome or Outcome(d.id, "acked", d.attempt) for d in deliveries]
 
-    def _fail_flow(
+    def fail_flow(
         self, d: Any, error: BaseException, final: bool, *, stand_in: bool = False
     ) -> Generator[Op, Any, Outcome]:
         """The outcome of recording ``error`` for ``d``; raises an outage unless ``final``."""
@@ -265,14 +265,14 @@ class Settling:
                     d.attempt,
                     extra=task_fields(d.queue.name, d.id, d.attempt),
                 )
-            return d._outcome or Outcome(d.id, "lost", d.attempt)
+            return d.outcome or Outcome(d.id, "lost", d.attempt)
         except Exception as exc:
             if is_outage(exc) and not final:
                 raise
             if not stand_in and not isinstance(exc, (redis.RedisError, DueqError)):
                 # the handler's exception could not be recorded as it is (its __str__ raised,
                 # say): record a stand-in, so the task follows its retry policy all the same
-                return (yield from self._fail_flow(d, _stand_in(error, exc), final, stand_in=True))
+                return (yield from self.fail_flow(d, _stand_in(error, exc), final, stand_in=True))
             logger.error(
                 "queue %r: task %r attempt %d: could not record its failure: %s",
                 d.queue.name,
@@ -294,7 +294,7 @@ class Settling:
         )
         return outcome
 
-    def _release_flow(self, d: Any) -> Generator[Op, Any, Outcome]:
+    def release_flow(self, d: Any) -> Generator[Op, Any, Outcome]:
         """Give ``d`` back without counting it, retrying through an outage until the consumer
         gives up; a lease that could not be given back runs out by itself."""
         backoff = Backoff()
@@ -302,7 +302,7 @@ class Settling:
             try:
                 outcome: Outcome = yield d.release
             except LeaseLost:
-                return d._outcome or Outcome(d.id, "lost", d.attempt)
+                return d.outcome or Outcome(d.id, "lost", d.attempt)
             except Exception as exc:  # its lease expires on its own; it is delivered again
                 if is_outage(exc) and not self._giving_up():
                     delay_s = backoff.failed()
@@ -328,7 +328,7 @@ class Settling:
             return outcome
 
     @staticmethod
-    def _keep_flow(held: list[tuple[Any, float]], now_s: float) -> Generator[Op, Any, KeeperRound]:
+    def keep_flow(held: list[tuple[Any, float]], now_s: float) -> Generator[Op, Any, KeeperRound]:
         """One lease-keeper round over ``held`` (each delivery with when its lease was last
         extended, in the keeper's clock): extend every lease a third of whose time has passed,
         one ``extend_many`` call per queue, and say when the next extension is due. A lost
