@@ -84,6 +84,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("dueq.queue")
 
 T = TypeVar("T")
+S = TypeVar("S")  # what a flow yields: a protocol step, or a call (the settle flows)
 #: An operation written once: yields protocol steps, receives their parsed replies.
 Flow = Generator[protocol.Step, Any, T]
 
@@ -157,8 +158,10 @@ def _decode_cursor(cursor: object, state: str) -> str:
     return raw
 
 
-def drive(flow: Flow[T], send: Callable[[protocol.Step], Any]) -> T:
-    """Run a flow with a blocking ``send``; errors of a step are thrown into the flow."""
+def drive(flow: Generator[S, Any, T], send: Callable[[S], Any]) -> T:
+    """Run a flow with a blocking ``send``; errors of a step are thrown into the flow. The one
+    driver of every flow: the queue flows (steps are protocol steps) and the settle flows of
+    ``dueq.operators`` (steps are calls)."""
     try:
         step = next(flow)
         while True:
@@ -173,7 +176,7 @@ def drive(flow: Flow[T], send: Callable[[protocol.Step], Any]) -> T:
         return result
 
 
-async def drive_async(flow: Flow[T], send: Callable[[protocol.Step], Awaitable[Any]]) -> T:
+async def drive_async(flow: Generator[S, Any, T], send: Callable[[S], Awaitable[Any]]) -> T:
     """Run a flow with an awaitable ``send``; errors of a step are thrown into the flow."""
     try:
         step = next(flow)

@@ -19,10 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import redis
+
 from ._async import AsyncQueue
 from ._shards import MAX_SHARDS, shard_names
 from .checks import whole_number
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, DueqError
 from .keys import PREFIX, QueueKeys, layout_key, validate_queue_name
 from .queue import Queue
 from .registry import WorkerInfo, merge_workers
@@ -209,8 +211,16 @@ async def async_queue_names(client: Any) -> list[str]:
     return _logical_names(keys)
 
 
-def discover_workers(client: Any) -> list[WorkerInfo]:
-    """Every live worker of every queue in this database (a blocking redis-py client), one
-    entry per process, sorted by worker id. Walks the keyspace: for a refresh or a scrape,
-    not per task."""
-    return merge_workers(open_queue(client, name).workers() for name in queue_names(client))
+def discover_workers(client: Any, names: Iterable[str] = ()) -> list[WorkerInfo]:
+    """The live workers of the queues ``names`` (every queue in this database when empty; a
+    blocking redis-py client), one entry per process (its most recent beat), sorted by worker
+    id: the one rule the CLI, the dashboard and the metrics use. A queue this user may not
+    read is left out (its workers may show through another). Walks the keyspace when no names
+    are given: for a refresh or a scrape, not per task."""
+    found: list[list[WorkerInfo]] = []
+    for name in list(names) or queue_names(client):
+        try:
+            found.append(open_queue(client, name).workers())
+        except (redis.exceptions.NoPermissionError, DueqError):  # one queue never fails all
+            continue
+    return merge_workers(found)

@@ -11,11 +11,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import click
-import redis
 
-from ..discovery import open_queue
-from ..exceptions import DueqError
-from ..registry import WorkerInfo, merge_workers
+from ..discovery import discover_workers
+from ..registry import WorkerInfo
 from .connection import Connection, RedisTarget, queue_names, redis_options
 from .jsonout import emit, json_option, plain
 from .output import console, safe, seconds, titled_table
@@ -23,14 +21,8 @@ from .output import console, safe, seconds, titled_table
 
 def read_workers(conn: Connection, names: list[str]) -> list[WorkerInfo]:
     """The live workers of the queues ``names`` (every queue found when empty), one per
-    process; a queue this user may not read is left out (its workers may show elsewhere)."""
-    found: list[list[WorkerInfo]] = []
-    for name in names or queue_names(conn.client):
-        try:
-            found.append(open_queue(conn.client, name).workers())
-        except (redis.exceptions.NoPermissionError, DueqError):  # one queue never fails all
-            continue
-    return merge_workers(found)
+    process (``dueq.discovery.discover_workers``)."""
+    return discover_workers(conn.client, names or queue_names(conn.client))
 
 
 def workers_table(title: str, found: list[WorkerInfo], now: datetime) -> object:

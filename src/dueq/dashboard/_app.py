@@ -57,7 +57,7 @@ from ..exceptions import (
     TaskNotFound,
 )
 from ..keys import validate_queue_name
-from ..registry import WorkerInfo
+from ..registry import WorkerInfo, merge_workers
 from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
 from . import _svg
 from ._html import CSS, JS, button, chart, e, layout, link, live, pretty_json, table, url, when
@@ -1119,8 +1119,7 @@ class _Dashboard:
     async def alive(self) -> list[WorkerInfo]:
         """Every live worker of the shown queues, once each, by id."""
         by_queue = await self.workers(await self.names())
-        unique = {w.worker_id: w for found in by_queue.values() for w in found}
-        return [unique[k] for k in sorted(unique)]
+        return merge_workers(by_queue.values())  # the rule discover_workers uses
 
     async def api_workers(self, request: Request) -> Response:
         workers = await self.alive()

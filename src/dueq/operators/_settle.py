@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from .._core import drive, drive_async
 from ..exceptions import DueqError, LeaseLost, TaskTimeout, Unrecoverable
 from ..logs import task_fields
 from ..outage import Backoff, describe, is_outage
@@ -35,8 +36,8 @@ logger = logging.getLogger("dueq.operators._process")
 
 #: A call to make: returns its result (threaded consumer) or an awaitable of it (asyncio).
 Op = Callable[[], Any]
-#: A flow: yields ops, gets their results back, returns its own result.
-Flow = Generator[Op, Any, "R"]
+#: A settle flow: yields ops, gets their results back, returns its own result.
+OpFlow = Generator[Op, Any, "R"]
 R = TypeVar("R")
 D = TypeVar("D", bound=DeliveryBase)
 _Finished = tuple[Any, BaseException | None]
@@ -51,40 +52,25 @@ KEEPER_TICK_MIN_S = 0.001
 
 
 def run_flow(flow: Generator[Op, Any, R]) -> R:
-    """Drive ``flow`` with blocking calls."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                result = op()
-            except Exception as exc:  # the flow decides what an error of its call means
-                op = flow.throw(exc)
-            else:
-                op = flow.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+    """Drive ``flow`` with blocking calls (the flows' own driver, each op called)."""
+    return drive(flow, _call)
+
+
+def _call(op: Op) -> Any:
+    return op()
 
 
 async def run_flow_async(
     flow: Generator[Op, Any, R], in_thread: Callable[..., Awaitable[Any]]
 ) -> R:
-    """Drive ``flow`` on the running loop: an op that is a coroutine function (an
-    ``AsyncDelivery``'s ack, say) is awaited; any other op would block, so it runs through
-    ``in_thread`` (a sync ``Queue``'s delivery consumed on a loop)."""
-    try:
-        op = next(flow)
-        while True:
-            try:
-                if is_coroutine_op(op):
-                    result = await op()
-                else:
-                    result = await in_thread(op)
-            except Exception as exc:  # the flow decides what an error of its call means
-                op = flow.throw(exc)
-            else:
-                op = flow.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+    """Drive ``flow`` on the running loop (the flows' own async driver): an op that is a
+    coroutine function (an ``AsyncDelivery``'s ack, say) is awaited; any other op would block,
+    so it runs through ``in_thread`` (a sync ``Queue``'s delivery consumed on a loop)."""
+
+    async def send(op: Op) -> Any:
+        return await (op() if is_coroutine_op(op) else in_thread(op))
+
+    return await drive_async(flow, send)
 
 
 def is_coroutine_op(op: Op) -> bool:
