@@ -249,8 +249,9 @@ def cluster(cluster_nodes: list[RedisServer]) -> Iterator[RedisCluster]:
 # -- running in parallel (pytest-xdist) ---------------------------------------------------------
 
 #: Test files that share one JVM: a SparkSession (or Spark Connect server) per process is
-#: costly, and they ran in one process before the suite went parallel, so they stay together
-#: on one xdist worker (``--dist loadgroup``).
+#: costly, and two JVMs at once on a loaded 2-core machine made py4j calls fail ("... does not
+#: exist in the JVM"), so they and every other test of the ``spark`` fixture stay together on
+#: one xdist worker (``--dist loadgroup``).
 SPARK_FILES = frozenset(
     {"test_spark.py", "test_spark_source.py", "test_spark_connect.py", "test_shards_spark.py"}
 )
@@ -258,5 +259,5 @@ SPARK_FILES = frozenset(
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in SPARK_FILES:
+        if item.path.name in SPARK_FILES or "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))

@@ -16,15 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from internals import process
 
-from dueq.operators._process import (
-    FLUSH_MAX,
-    LONG_HANDLER_S,
-    RAMP_DOWN_ABOVE,
-    RAMP_UP_BELOW,
-    Ramp,
-    _ThreadRunner,
-)
+FLUSH_MAX = process.FLUSH_MAX
+LONG_HANDLER_S = process.LONG_HANDLER_S
+RAMP_DOWN_ABOVE = process.RAMP_DOWN_ABOVE
+RAMP_UP_BELOW = process.RAMP_UP_BELOW
+Ramp = process.Ramp
+_ThreadRunner = process._ThreadRunner
+
 
 WAIT_S = 10.0
 

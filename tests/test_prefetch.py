@@ -9,18 +9,19 @@ from typing import Any
 
 import pytest
 import redis
+from internals import prefetch
 
 import dueq
-from dueq._prefetch import (
-    AUTO_HIGH,
-    GROWTH,
-    HOLD_S,
-    MIN_WINDOW_S,
-    REFILL_SHARE,
-    WINDOW_S,
-    Held,
-    Prefetch,
-)
+
+AUTO_HIGH = prefetch.AUTO_HIGH
+GROWTH = prefetch.GROWTH
+HOLD_S = prefetch.HOLD_S
+MIN_WINDOW_S = prefetch.MIN_WINDOW_S
+REFILL_SHARE = prefetch.REFILL_SHARE
+WINDOW_S = prefetch.WINDOW_S
+Held = prefetch.Held
+Prefetch = prefetch.Prefetch
+
 
 WAIT_S = 30
 

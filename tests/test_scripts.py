@@ -6,9 +6,9 @@ import re
 from importlib import resources
 
 import pytest
+from internals import protocol, script_runner
 
 import dueq
-from dueq import _protocol as protocol
 from dueq.keys import QueueKeys, SparkBatchKeys
 from dueq.scripts import CONTINUES_WITH, SCRIPT_NAMES, script_source
 
@@ -23,7 +23,7 @@ def test_scripts_recover_after_script_flush(make_queue, r, admin):
     q = make_queue()
     q.schedule("before")
     admin.script_flush()
-    assert r.script_exists(q._scripts._scripts["claim"].sha) == [False]
+    assert r.script_exists(script_runner(q)._scripts["claim"].sha) == [False]
     [d] = q.claim()
     d.ack()
     admin.script_flush()

@@ -16,15 +16,17 @@ import pytest
 import redis.asyncio.cluster
 import redis.crc
 from async_support import Blocking
+from internals import shards
 from redis.cluster import RedisCluster
 from waiting import wait_for
 
 import dueq
-from dueq._shards import MAX_SHARDS, layout_key, shard_names, shard_of
-from dueq.keys import QueueKeys
+from dueq import shard_of
+from dueq.keys import QueueKeys, layout_key
 from dueq.server import CLUSTER_SLOTS as SLOTS
 from dueq.server import RedisServer
 
+MAX_SHARDS, shard_names = shards.MAX_SHARDS, shards.shard_names
 _names = itertools.count()
 #: an expired lease makes its task due again at once
 AT_ONCE = dueq.RetryPolicy(max_attempts=5, wait=lambda state: 0.0)

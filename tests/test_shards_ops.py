@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from internals import shards, spark_source
 from redis.cluster import RedisCluster
 from test_cli_worker import start_worker, wait_for
 
 import dueq
 from dueq import discovery
-from dueq._shards import shard_names
 from dueq.cli import cli
 from dueq.keys import layout_key
 from dueq.metrics import QueueCollector, new_registry
@@ -30,6 +30,7 @@ with warnings.catch_warnings():
 
 from dueq.dashboard import create_app
 
+shard_names = shards.shard_names
 HERE = Path(__file__).parent
 WAIT_S = 60
 _names = itertools.count()
@@ -239,7 +240,8 @@ def test_spark_writes_to_a_sharded_queue_on_one_redis_reach_its_shards(r: Any) -
     from pyspark.sql import types as T
 
     from dueq import spark
-    from dueq._spark_source import DueqDataSource, _write_setup
+
+    DueqDataSource = spark_source().DueqDataSource
 
     dueq.Queue("sparked", r, shards=3).schedule("x", id="x")
     url = f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}/0"
@@ -247,7 +249,7 @@ def test_spark_writes_to_a_sharded_queue_on_one_redis_reach_its_shards(r: Any) -
     schema = T.StructType([T.StructField("id", T.StringType()), T.StructField("n", T.LongType())])
     shards = DueqDataSource(options).streamWriter(schema, False).names  # stages per shard
     assert shards == list(shard_names("sparked", 3))
-    setup = _write_setup(options, schema)
+    setup = spark_source()._write_setup(options, schema)
     counts = spark.schedule_rows([("y", None, None, '{"n": 1}')], setup.plan)  # batch writes
     assert (counts.added, counts.existing) == (1, 0)
     again = spark.schedule_rows([("y", None, None, '{"n": 1}')], setup.plan)

@@ -12,21 +12,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from internals import protocol, spark_source
 from redis.cluster import RedisCluster
 
 import dueq
-from dueq import _protocol as protocol
 from dueq.envelope import pack_task
 from dueq.keys import QueueKeys, SparkBatchKeys
 from dueq.scripts import Scripts
 from dueq.server import RedisServer
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
+from internals import shards
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from dueq import shard_of
 from dueq import spark as ds
-from dueq._shards import shard_names, shard_of
+
+shard_names = shards.shard_names
 
 T0 = 1_900_000_000
 ROWS = 3_000
@@ -158,7 +161,8 @@ def test_a_commit_cut_off_between_shards_is_finished_by_the_replay_exactly_once(
 ) -> None:
     import pyspark.sql.types as T
 
-    from dueq._spark_source import DueqCommitMessage, DueqDataSource
+    DueqCommitMessage = spark_source().DueqCommitMessage
+    DueqDataSource = spark_source().DueqDataSource
 
     q = dueq.Queue("sparkcut", cluster, shards=3)
     q.pause()

@@ -21,14 +21,13 @@ pytest.importorskip("pyarrow", reason="the data source needs pyarrow: pip instal
 pytest.importorskip("pyspark.sql.datasource", reason="the data source needs pyspark >= 4.0")
 
 import pyarrow as pa
+from internals import protocol, spark_source
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from test_spark import ROWS, bad_rows_frame, reminders
 
-from dueq import _protocol as protocol
 from dueq import spark as ds
-from dueq._spark_source import _write_setup
 from dueq.envelope import pack_task
 from dueq.keys import QueueKeys, SparkBatchKeys
 from dueq.scripts import Scripts
@@ -112,7 +111,7 @@ def test_the_write_task_counts_bad_rows_by_reason_without_spark(redis_server):
             T.StructField("x", T.DoubleType()),
         ]
     )
-    setup = _write_setup(
+    setup = spark_source()._write_setup(
         {"queue": "bad-arrow", "redis_url": redis_server.url, "id_col": "id", "at_col": "at"},
         schema,
     )

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import redis
 from conftest import async_mirror
+from internals import look_again_for_tracer
+from internals import tracing as _tracing
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -27,7 +29,6 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util._once import Once
 
 import dueq
-from dueq import _tracing
 from dueq.envelope import TaskOptions, decode_delivery, encode_envelope
 from dueq.keys import QueueKeys
 from dueq.server import RedisServer
@@ -46,10 +47,10 @@ def spans() -> Iterator[InMemorySpanExporter]:
     saved = (trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE)
     trace._TRACER_PROVIDER_SET_ONCE = Once()
     trace.set_tracer_provider(provider)
-    _tracing._cache = (None, None, 0.0)  # dueq looks again now, not within RECHECK_S
+    look_again_for_tracer()  # dueq looks again now, not within RECHECK_S
     yield exporter
     trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE = saved
-    _tracing._cache = (None, None, 0.0)
+    look_again_for_tracer()
     provider.shutdown()
 
 
@@ -513,7 +514,7 @@ def test_dueq_works_without_opentelemetry(redis_server: RedisServer, r: redis.Re
 import sys, json, threading
 sys.modules["opentelemetry"] = None  # the import fails: as if the extra were not installed
 import redis, dueq
-from dueq import _tracing
+from internals import tracing as _tracing
 assert _tracing.trace is None and _tracing.tracer() is None and _tracing.producer("q") is None
 client = redis.Redis(host={kw.get("host", "127.0.0.1")!r}, port={kw["port"]})
 q = dueq.Queue("bare", client)

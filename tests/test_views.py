@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from internals import protocol
 
 import dueq
-from dueq import _protocol as protocol
 from dueq import worker_id
 
 

@@ -1,0 +1,56 @@
+"""dueq's internals that some tests pin directly, reached in this one named place.
+
+Most tests use the public API only. A few are unit tests of parts users never touch, and
+import them from here rather than from dueq's private modules, so the list of such seams is
+short and visible (issue 26: tests use the public API or a named test-support module):
+
+- ``protocol``: each Lua script's Python owner (key order, argument packing, reply parsing),
+  which tests/test_scripts.py checks against the scripts' headers;
+- ``core``: the flows' module (a test replaces its id generator to force an id collision);
+- ``tracing``: the tracer lookup and its cache (reset between tracing tests);
+- ``prefetch`` and ``process``: the consumers' prefetch and handler-thread algorithms, unit
+  tested on their own;
+- ``shards``: the shard placement rule (``shard_names``) and its bound (``MAX_SHARDS``);
+- ``spark_source()``: the Spark data source's module (pyspark >= 4.0; imported on demand).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from dueq import _core as core
+from dueq import _prefetch as prefetch
+from dueq import _protocol as protocol
+from dueq import _shards as shards
+from dueq import _tracing as tracing
+from dueq.operators import _process as process
+
+__all__ = [
+    "core",
+    "look_again_for_tracer",
+    "prefetch",
+    "process",
+    "protocol",
+    "script_runner",
+    "shards",
+    "spark_source",
+    "tracing",
+]
+
+
+def spark_source() -> ModuleType:
+    """``dueq._spark_source`` (needs pyspark >= 4.0 and pyarrow)."""
+    from dueq import _spark_source
+
+    return _spark_source
+
+
+def script_runner(queue: Any) -> Any:
+    """The script runner (``dueq.scripts.Scripts``) a blocking queue sends its calls through."""
+    return queue._scripts
+
+
+def look_again_for_tracer() -> None:
+    """Make dueq look for the tracer provider at its next span, not within RECHECK_S."""
+    tracing._cache = (None, None, 0.0)
