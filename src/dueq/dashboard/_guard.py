@@ -1,4 +1,4 @@
-"""The guard: which requests reach a route at all, and who may use one.
+"""The guard: which requests reach the app at all, and the rules the per-route checks apply.
 
 Pure request rules with no page of their own: the ``Host``/``Origin`` allow-list (``HostRules``,
 the DNS-rebinding defence), the request body limit (``Guard``, the ASGI middleware in front of
