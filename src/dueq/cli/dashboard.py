@@ -21,7 +21,7 @@ from .errors import CliError
 
 DEFAULT_HOST = "127.0.0.1"
 #: Bind-anywhere addresses: no browser names the dashboard by these, so they are not allowed
-#: as a Host (the address a request arrives on is, see ``dueq.dashboard.HostRules``).
+#: as a Host (the address a request arrives on is, see ``dueq.dashboard._guard.HostRules``).
 WILDCARDS = ("0.0.0.0", "::", "")
 ENV_TOKEN = "DUEQ_DASHBOARD_TOKEN"
 

@@ -1,0 +1,166 @@
+"""The JSON API: the figures and tasks the pages poll, for scripts too (``/api/...``).
+
+Every answer is the JSON form of what a page shows (``_reads``), with a ``live`` map of the
+figures a page refreshes (keyed as its ``data-live`` cells).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..task import TaskInfo
+from ._context import Context, Unreadable
+from ._guard import HttpProblem
+from ._html import when
+from ._reads import (
+    HISTOGRAM_BUCKET,
+    HISTOGRAM_BUCKETS,
+    alive,
+    dead_groups,
+    live_rows,
+    overview_data,
+    search,
+    stats_json,
+)
+
+
+def _task_json(t: TaskInfo) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "state": t.state,
+        "payload": t.payload,
+        "attempt": t.attempt,
+        "due_at": t.due_at.isoformat() if t.due_at else None,
+        "lease_deadline": t.lease_deadline.isoformat() if t.lease_deadline else None,
+        "holder": t.holder,
+        "died_at": t.died_at.isoformat() if t.died_at else None,
+        "priority": t.priority,
+        "key": t.key,
+        "errors": [
+            {
+                "attempt": r.attempt,
+                "type": r.type,
+                "message": r.message,
+                "traceback": r.traceback,
+                "at": r.at.isoformat() if r.at else None,
+            }
+            for r in t.errors
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class Api:
+    """The JSON endpoints, each a route handler over the shared context."""
+
+    ctx: Context
+
+    async def api_overview(self, request: Request) -> Response:
+        return JSONResponse(await overview_data(self.ctx))
+
+    async def api_queue(self, request: Request) -> Response:
+        q = await self.ctx.known_queue(request.query_params.get("queue"))
+        stats = await q.stats()
+        hist = await q.due_histogram(HISTOGRAM_BUCKET, HISTOGRAM_BUCKETS)
+        row = stats_json(stats)
+        live_row = live_rows({q.name: row})
+        live_row[f"{q.name}.next_due_at"] = when(stats.next_due_at)
+        return JSONResponse(
+            {
+                "queue": q.name,
+                "stats": row,
+                "counters": stats.counters,
+                "due_histogram": {
+                    "bucket_s": hist.bucket.total_seconds(),
+                    "overdue": hist.overdue,
+                    "counts": hist.counts,
+                    "later": hist.later,
+                },
+                "live": live_row,
+            }
+        )
+
+    async def api_tasks(self, request: Request) -> Response:
+        q = await self.ctx.known_queue(request.query_params.get("queue"))
+        state = request.query_params.get("state", "scheduled")
+        if state not in ("scheduled", "leased", "dead"):
+            raise HttpProblem(400, "state must be scheduled, leased or dead")
+        page = await search(q, state, request)  # type: ignore[arg-type]
+        return JSONResponse(
+            {
+                "tasks": [_task_json(t) for t in page.tasks],
+                "cursor": page.cursor,
+                "looked_at": page.looked_at,
+            }
+        )
+
+    async def api_task(self, request: Request) -> Response:
+        q = await self.ctx.known_queue(request.query_params.get("queue"))
+        info = (
+            await q.get(request.query_params.get("id", ""))
+            if request.query_params.get("id")
+            else None
+        )
+        if info is None:
+            raise HttpProblem(404, "no such task")
+        return JSONResponse(_task_json(info))
+
+    async def api_dead_groups(self, request: Request) -> Response:
+        q = await self.ctx.known_queue(request.query_params.get("queue"))
+        groups, looked = await dead_groups(q)
+        return JSONResponse({"groups": dict(groups.most_common()), "looked_at": looked})
+
+    async def api_cron(self, request: Request) -> Response:
+        names = await self.ctx.names()
+        lists = await self.ctx.each_queue(names, lambda q: q.cron.list())
+        return JSONResponse(
+            {
+                n: [
+                    {
+                        "name": d.name,
+                        "expr": d.expr,
+                        "tz": d.tz,
+                        "paused": d.paused,
+                        "next_at": d.next_at.isoformat() if d.next_at else None,
+                        "last_fired_at": d.last_fired_at.isoformat() if d.last_fired_at else None,
+                        "problem": d.problem,
+                        "last_outcome": d.last_outcome,
+                        "last_outcome_at": d.last_outcome_at.isoformat()
+                        if d.last_outcome_at
+                        else None,
+                        "last_error_type": d.last_error_type,
+                    }
+                    for d in defs
+                ]
+                for n, defs in lists.items()
+                if defs and not isinstance(defs, Unreadable)
+            }
+        )
+
+    async def api_workers(self, request: Request) -> Response:
+        workers = await alive(self.ctx)
+        live_rows: dict[str, Any] = {}
+        for w in workers:
+            live_rows[f"{w.worker_id}.last_seen_at"] = when(w.last_seen_at)
+            live_rows[f"{w.worker_id}.in_flight"] = w.in_flight
+            live_rows[f"{w.worker_id}.processed"] = w.processed
+            live_rows[f"{w.worker_id}.failed"] = w.failed
+        rows = [
+            {
+                "worker_id": w.worker_id,
+                "host": w.host,
+                "pid": w.pid,
+                "queues": list(w.queues),
+                "started_at": w.started_at.isoformat(),
+                "last_seen_at": w.last_seen_at.isoformat(),
+                "in_flight": w.in_flight,
+                "processed": w.processed,
+                "failed": w.failed,
+            }
+            for w in workers
+        ]
+        return JSONResponse({"workers": rows, "live": live_rows})

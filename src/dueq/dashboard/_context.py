@@ -1,0 +1,153 @@
+"""The context every part of the dashboard is handed: settings, Redis clients and queues.
+
+One ``Context`` per app (``create_app`` makes it; its lifespan opens and closes the clients).
+It opens queues as stored (``queue``, ``known_queue``, ``each_queue``, ``names``) and draws a
+page in the dashboard's layout (``page``, ``problem``, ``buttons``), so the views, the API, the
+actions and the auth routes share these without sharing a class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+import redis
+import redis.asyncio
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+
+from .. import discovery
+from .._async import AsyncQueue
+from ..clock import Clock
+from ..exceptions import ConfigurationError, DueqError
+from ..keys import validate_queue_name
+from ._guard import SESSION_COOKIE, HostRules, HttpProblem, Sessions
+from ._html import e, layout, link
+
+if TYPE_CHECKING:
+    from ._app import DashboardSettings
+
+#: What a route is: a page (a login redirect when not authorized), JSON or a chart ("api": a
+#: 401), or open to anyone (login, logout, static files).
+Kind = Literal["page", "api", "post", "open"]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+logger = logging.getLogger("dueq.dashboard")
+_T = TypeVar("_T")
+# Redis itself unreachable: no queue can be read, so the request fails as a whole (503)
+REDIS_AWAY = (redis.ConnectionError, redis.TimeoutError)
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A queue the dashboard could not read, and why (shown in its row)."""
+
+    why: str
+
+
+@dataclass
+class Context:
+    """The dashboard's shared state: ``settings``, the Redis at ``redis_url`` (named ``where``
+    on the pages), its clients (set by the app's lifespan), the queues opened so far, the
+    login ``sessions`` and the ``rules`` for Host and Origin."""
+
+    redis_url: str
+    settings: DashboardSettings
+    where: str
+    client: redis.asyncio.Redis | None = None
+    sync_client: redis.Redis | None = None
+    queues: dict[str, AsyncQueue] = field(default_factory=dict)
+    clock: Clock = time.time
+    sessions: Sessions = field(init=False)
+    rules: HostRules = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.settings.session_s > 0:
+            raise ConfigurationError(
+                f"session_s must be a positive number of seconds, got {self.settings.session_s!r}"
+            )
+        self.sessions = Sessions(self.settings.session_s, self.clock)
+        self.rules = HostRules.of(self.settings.allowed_hosts)
+
+    async def queue(self, name: str) -> AsyncQueue:
+        """Queue ``name`` as stored: sharded with its recorded shard count (read at each
+        request, one GET, so a queue sharded after the dashboard started is seen right)."""
+        assert self.client is not None, "the app's lifespan opens the client"
+        shards = await discovery.async_shard_count(self.client, validate_queue_name(name))
+        q = self.queues.get(name)
+        if q is None or getattr(q, "shard_count", 1) != shards:
+            q = self.queues[name] = AsyncQueue(name, self.client, shards=shards)
+        return q
+
+    async def each_queue(
+        self, names: list[str], read: Callable[[AsyncQueue], Awaitable[_T]]
+    ) -> dict[str, _T | Unreadable]:
+        """``read`` of every queue at once; a queue that cannot be read (corrupted data, a
+        command the ACL refuses) gives ``Unreadable`` instead of failing the whole page, the way
+        ``dueq metrics`` shows it as down. Redis itself being away still fails the request (a
+        503 from ``Auth.endpoint``): then no queue could be read."""
+
+        async def one(name: str) -> _T | Unreadable:
+            try:
+                return await read(await self.queue(name))
+            except REDIS_AWAY:
+                raise
+            except (redis.RedisError, DueqError, ValueError) as exc:
+                # this queue only: the others are still shown, this one says why it is not
+                logger.warning("dashboard: cannot read queue %r: %s", name, exc)
+                return Unreadable(f"{type(exc).__name__}: {exc}")
+
+        return dict(zip(names, await asyncio.gather(*(one(n) for n in names)), strict=True))
+
+    async def names(self) -> list[str]:
+        if self.settings.queues:
+            return list(self.settings.queues)
+        return await discovery.async_queue_names(self.client)
+
+    async def known_queue(self, name: str | None) -> AsyncQueue:
+        if not name:
+            raise HttpProblem(400, "which queue? (?queue=NAME)")
+        try:
+            validate_queue_name(name)
+        except ConfigurationError as exc:
+            raise HttpProblem(400, str(exc)) from None
+        if name not in await self.names():
+            raise HttpProblem(404, f"no queue named {name!r}")
+        return await self.queue(name)
+
+    def secure(self, request: Request) -> bool:
+        """Mark cookies ``Secure``: the browser reaches the dashboard over TLS."""
+        return self.settings.behind_tls or request.url.scheme == "https"
+
+    def page(self, request: Request, title: str, body: str, poll: str | None = None) -> Response:
+        logged_in = bool(self.settings.token) and self.sessions.valid(
+            request.cookies.get(SESSION_COOKIE)
+        )
+        return HTMLResponse(
+            layout(
+                title,
+                body,
+                where=self.where,
+                poll=poll,
+                read_only=self.settings.read_only,
+                logout_csrf=request.state.csrf if logged_in else None,
+            )
+        )
+
+    def problem(self, request: Request, kind: Kind, status: int, message: str) -> Response:
+        if kind == "api":
+            headers = {"Connection": "close"} if status == 413 else None
+            return JSONResponse({"error": message}, status_code=status, headers=headers)
+        body = f'<h1>{status}</h1><p class="problem">{e(message)}</p><p>{link("Overview", "/")}</p>'
+        response = self.page(request, str(status), body)
+        response.status_code = status
+        if status == 413:  # the rest of the body is not read: close rather than drain it
+            response.headers["Connection"] = "close"
+        return response
+
+    def buttons(self, *items: str) -> str:
+        return "" if self.settings.read_only else " ".join(items)

@@ -1,0 +1,308 @@
+"""The read views: the HTML pages (overview, queue, task, workers, cron) and their static files.
+
+Each page reads through ``AsyncQueue``'s public API, paged or bucketed (``_reads``), shows an
+action as a button only when the dashboard is not read-only (``Context.buttons``; the button
+leads to the confirmation page of ``_actions``), and names the JSON endpoint (``_api``) it
+polls to refresh its figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..cron import CronDefinition
+from ._context import Context, Unreadable
+from ._guard import HttpProblem
+from ._html import CSS, JS, button, chart, e, link, live, pretty_json, table, url, when
+from ._reads import alive, dead_groups, lag, last_error, overview_data, search, stats_json
+
+
+def _outcome(d: CronDefinition) -> str:
+    """The last firing's outcome (escaped HTML): what became of it, when, and the error."""
+    if d.last_outcome is None:
+        return "-"
+    error = f" ({d.last_error_type})" if d.last_error_type else ""
+    return e(f"{d.last_outcome}{error} at {when(d.last_outcome_at)}")
+
+
+@dataclass(frozen=True)
+class Views:
+    """The pages, each a route handler over the shared context."""
+
+    ctx: Context
+
+    async def overview(self, request: Request) -> Response:
+        data = await overview_data(self.ctx)
+        rows = []
+        for name, s in data["queues"].items():
+            if "error" in s:
+                rows.append(
+                    f"<tr><td>{link(name, '/queue', queue=name)}</td>"
+                    f'<td colspan="7" class="problem">unreadable: {e(s["error"])}</td></tr>'
+                )
+                continue
+            rows.append(
+                f"<tr><td>{link(name, '/queue', queue=name)}</td>"
+                + live(f"{name}.scheduled", s["scheduled"], "n")
+                + live(f"{name}.due_now", s["due_now"], "n")
+                + live(f"{name}.leased", s["leased"], "n")
+                + live(f"{name}.dead", s["dead"], "n")
+                + live(f"{name}.paused", "paused" if s["paused"] else "running")
+                + live(f"{name}.oldest_due_lag_s", lag(s["oldest_due_lag_s"]), "n")
+                + live(f"{name}.workers", s["workers"], "n")
+                + "</tr>"
+            )
+        head = [
+            "queue",
+            "scheduled",
+            "due now",
+            "leased",
+            "dead",
+            "state",
+            "oldest due lag",
+            "workers",
+        ]
+        body = (
+            "<h1>Queues</h1>"
+            + table(head, rows, empty="no queue in this Redis yet")
+            + f'<p>{link("Workers", "/workers")} alive: <span data-live="workers_alive">'
+            f"{e(data['workers_alive'])}</span></p>"
+            + "<h2>Throughput, last hour (every queue)</h2>"
+            + chart("throughput chart", "/chart/throughput.svg")
+        )
+        return self.ctx.page(request, "Overview", body, poll="/api/overview")
+
+    async def queue_page(self, request: Request) -> Response:
+        q = await self.ctx.known_queue(request.query_params.get("queue"))
+        stats = await q.stats()
+        s = stats_json(stats)
+        leased = await search(q, "leased", request)
+        scheduled = await search(q, "scheduled", request)
+        dead_page = await search(q, "dead", request)
+        groups, grouped = await dead_groups(q)
+        n = q.name
+        state = "paused" if s["paused"] else "running"
+        toggle = self.ctx.buttons(
+            button("Resume", "resume", {"queue": n})
+            if s["paused"]
+            else button("Pause", "pause", {"queue": n}, danger=True)
+        )
+        counts = table(
+            ["scheduled", "due now", "leased", "dead", "state", "oldest due lag", "next due"],
+            [
+                "<tr>"
+                + live(f"{n}.scheduled", s["scheduled"], "n")
+                + live(f"{n}.due_now", s["due_now"], "n")
+                + live(f"{n}.leased", s["leased"], "n")
+                + live(f"{n}.dead", s["dead"], "n")
+                + live(f"{n}.paused", state, "paused" if s["paused"] else "")
+                + live(f"{n}.oldest_due_lag_s", lag(s["oldest_due_lag_s"]), "n")
+                + live(f"{n}.next_due_at", when(stats.next_due_at))
+                + "</tr>"
+            ],
+        )
+        leased_rows = [
+            f"<tr><td>{link(t.id, '/task', queue=n, id=t.id)}</td><td>{e(t.holder or '-')}</td>"
+            f"<td>{e(when(t.lease_deadline))}</td><td class='n'>{t.attempt}</td></tr>"
+            for t in leased.tasks
+        ]
+        sched_rows = [
+            f"<tr><td>{link(t.id, '/task', queue=n, id=t.id)}</td><td>{e(when(t.due_at))}</td>"
+            f"<td class='n'>{t.attempt}</td><td class='n'>{t.priority}</td>"
+            f"<td><code>{e(pretty_json(t.payload)[:120])}</code></td></tr>"
+            for t in scheduled.tasks
+        ]
+        group_rows = [
+            f"<tr><td>{e(kind or '(no error record)')}</td><td class='n'>{count}</td><td>"
+            + (
+                self.ctx.buttons(
+                    button("Replay group", "replay-group", {"queue": n, "error_type": kind}),
+                    button(
+                        "Purge group",
+                        "purge-group",
+                        {"queue": n, "error_type": kind},
+                        danger=True,
+                    ),
+                )
+                if kind
+                else ""
+            )
+            + "</td></tr>"
+            for kind, count in groups.most_common()
+        ]
+        dead_rows = [
+            f"<tr><td>{link(t.id, '/task', queue=n, id=t.id)}</td><td>{e(last_error(t))}</td>"
+            f"<td>{e(when(t.died_at))}</td><td class='n'>{t.attempt}</td><td>"
+            + self.ctx.buttons(
+                button("Replay", "replay", {"queue": n, "id": t.id}),
+                button("Purge", "purge", {"queue": n, "id": t.id}, danger=True),
+            )
+            + "</td></tr>"
+            for t in dead_page.tasks
+        ]
+        p = request.query_params
+        search_form = (
+            '<form method="get" action="/queue" class="search">'
+            f'<input type="hidden" name="queue" value="{e(n)}">'
+            f'<input name="id_prefix" placeholder="id prefix" value="{e(p.get("id_prefix", ""))}">'
+            f' <input name="grep" placeholder="payload text" value="{e(p.get("grep", ""))}">'
+            ' <button type="submit" id="search">Search</button></form>'
+        )
+        looked = (
+            f'<p class="muted">looked at {scheduled.looked_at} tasks for this page</p>'
+            if p.get("id_prefix") or p.get("grep")
+            else ""
+        )
+        more = (
+            f"<p>{link('next page', '/queue', queue=n, id_prefix=p.get('id_prefix'), grep=p.get('grep'), scheduled_cursor=scheduled.cursor)}</p>"  # noqa: E501
+            if scheduled.cursor
+            else ""
+        )
+        dead_more = (
+            f"<p>{link('next dead page', '/queue', queue=n, dead_cursor=dead_page.cursor)}</p>"
+            if dead_page.cursor
+            else ""
+        )
+        grouped_note = (
+            f'<p class="muted">grouped from the first {grouped} of {s["dead"]} dead tasks; '
+            "a group's replay or purge acts on every dead task of that error type</p>"
+            if grouped < s["dead"]
+            else ""
+        )
+        body = (
+            f"<h1>Queue {e(n)} {toggle}</h1>{counts}"
+            f"<p>{link('Cron definitions of this queue', '/cron', queue=n)}</p>"
+            '<div class="charts"><div><h2>Throughput, last hour</h2>'
+            + chart("throughput chart", url("/chart/throughput.svg", queue=n))
+            + "</div><div><h2>Due in the next 24 hours</h2>"
+            + chart("due histogram", url("/chart/due.svg", queue=n))
+            + "</div></div>"
+            + f"<h2>Leased ({len(leased.tasks)} shown)</h2>"
+            + table(["id", "holder", "lease deadline", "attempt"], leased_rows)
+            + f"<h2>Scheduled</h2>{search_form}"
+            + table(["id", "due", "attempt", "priority", "payload"], sched_rows, empty="no match")
+            + looked
+            + more
+            + "<h2>Dead, by error type</h2>"
+            + table(["error type", "tasks", ""], group_rows)
+            + grouped_note
+            + "<h2>Dead tasks</h2>"
+            + table(["id", "last error", "died", "attempts", ""], dead_rows)
+            + dead_more
+        )
+        return self.ctx.page(request, f"Queue {n}", body, poll=url("/api/queue", queue=n))
+
+    async def task_page(self, request: Request) -> Response:
+        q = await self.ctx.known_queue(request.query_params.get("queue"))
+        task_id = request.query_params.get("id", "")
+        info = await q.get(task_id) if task_id else None
+        if info is None:
+            raise HttpProblem(404, f"no task {task_id!r} in queue {q.name!r}")
+        n, ids = q.name, {"queue": q.name, "id": info.id}
+        actions: list[str] = []
+        if info.state in ("scheduled", "leased"):
+            actions.append(button("Cancel", "cancel", ids, danger=True))
+        if info.state in ("scheduled", "dead"):
+            actions.append(button("Run now", "run-now", ids))
+        if info.state == "scheduled":
+            actions.append(button("Reschedule", "reschedule", ids))
+        if info.state == "dead":
+            actions.append(button("Replay", "replay", ids))
+            actions.append(button("Purge", "purge", ids, danger=True))
+        facts = [
+            ("queue", link(n, "/queue", queue=n)),
+            ("state", e(info.state)),
+            ("attempts", e(info.attempt)),
+            ("due", e(when(info.due_at))),
+            ("lease deadline", e(when(info.lease_deadline))),
+            ("holder", e(info.holder or "-")),
+            ("died", e(when(info.died_at))),
+            ("priority", e(info.priority)),
+            ("key", e(info.key or "-")),
+        ]
+        errors = "".join(
+            f"<h3>attempt {r.attempt}: {e(r.type)} at {e(when(r.at))}</h3>"
+            f"<p>{e(r.message)}</p><pre>{e(r.traceback or '(no traceback)')}</pre>"
+            for r in info.errors
+        )
+        body = (
+            f"<h1>Task {e(info.id)}</h1><p>{self.ctx.buttons(*actions)}</p>"
+            + table([], (f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts))
+            + f'<h2>Payload</h2><pre id="payload">{e(pretty_json(info.payload))}</pre>'
+            + f"<h2>Errors ({len(info.errors)})</h2>"
+            + (errors or '<p class="muted">none</p>')
+        )
+        return self.ctx.page(request, f"Task {info.id}", body)
+
+    async def workers_page(self, request: Request) -> Response:
+        workers = await alive(self.ctx)
+        rows = [
+            f"<tr><td>{e(w.worker_id)}</td><td>{e(w.host)}</td><td class='n'>{w.pid}</td>"
+            f"<td>{' '.join(link(n, '/queue', queue=n) for n in w.queues)}</td>"
+            f"<td>{e(when(w.started_at))}</td>"
+            + live(f"{w.worker_id}.last_seen_at", when(w.last_seen_at))
+            + live(f"{w.worker_id}.in_flight", w.in_flight, "n")
+            + live(f"{w.worker_id}.processed", w.processed, "n")
+            + live(f"{w.worker_id}.failed", w.failed, "n")
+            + "</tr>"
+            for w in workers
+        ]
+        head = ["worker", "host", "pid", "queues", "started", "last seen", "in flight"]
+        body = f"<h1>Workers ({len(rows)} alive)</h1>" + table(
+            [*head, "processed", "failed"], rows, empty="no worker is alive"
+        )
+        return self.ctx.page(request, "Workers", body, poll="/api/workers")
+
+    async def cron_page(self, request: Request) -> Response:
+        only = request.query_params.get("queue")
+        names = [(await self.ctx.known_queue(only)).name] if only else await self.ctx.names()
+        lists = await self.ctx.each_queue(names, lambda q: q.cron.list())
+        rows = []
+        for n, defs in lists.items():
+            if isinstance(defs, Unreadable):
+                rows.append(
+                    f"<tr><td>{link(n, '/queue', queue=n)}</td>"
+                    f'<td colspan="8" class="problem">unreadable: {e(defs.why)}</td></tr>'
+                )
+                continue
+            for d in defs:
+                fields = {"queue": n, "name": d.name}
+                toggle = (
+                    button("Resume", "cron-resume", fields)
+                    if d.paused
+                    else button("Pause", "cron-pause", fields, danger=True)
+                )
+                rows.append(
+                    f"<tr><td>{link(n, '/queue', queue=n)}</td><td>{e(d.name)}</td>"
+                    f"<td><code>{e(d.expr)}</code> {e(d.tz)}</td>"
+                    f"<td>{e(when(d.next_at))}</td><td>{e(when(d.last_fired_at))}</td>"
+                    f"<td>{_outcome(d)}</td>"
+                    f"<td>{'paused' if d.paused else 'active'}</td>"
+                    f"<td>{e(d.problem or '')}</td><td>"
+                    + self.ctx.buttons(toggle, button("Run now", "cron-run-now", fields))
+                    + "</td></tr>"
+                )
+        head = [
+            "queue",
+            "name",
+            "schedule",
+            "next firing",
+            "last firing",
+            "last outcome",
+            "state",
+            "problem",
+            "",
+        ]
+        body = "<h1>Cron</h1>" + table(head, rows, empty="no cron definitions")
+        return self.ctx.page(request, "Cron", body)
+
+    async def static(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name == "dashboard.css":
+            return Response(CSS, media_type="text/css")
+        if name == "dashboard.js":
+            return Response(JS, media_type="text/javascript")
+        raise HttpProblem(404, "no such file")
