@@ -20,7 +20,7 @@ from freezegun import freeze_time
 from freezegun.api import FrozenDateTimeFactory
 
 import dueq
-from dueq.cron import _parse_occurrence_id, occurrence_id, run_now_id
+from dueq.cron import occurrence_id, parse_occurrence_id, run_now_id
 from dueq.server import RedisServer
 
 
@@ -298,7 +298,7 @@ def test_a_failing_run_now_occurrence_is_retried_with_the_queue_policy(make_queu
 def test_run_now_ids_never_collide_with_slot_ids_or_move_a_schedule():
     for name in ["n", "a:b", "x:now", "n:now:20260101T000000Z"]:
         task_id = run_now_id(name, 1_800_000_000_000)
-        assert _parse_occurrence_id(task_id) is None  # not taken for a slot by on_claim
+        assert parse_occurrence_id(task_id) is None  # not taken for a slot by on_claim
         assert dueq.Occurrence.from_id(task_id) == dueq.Occurrence(
             name, datetime.fromtimestamp(1_800_000_000, timezone.utc), run_now=True
         )

@@ -191,6 +191,17 @@ def test_a_corrupted_definition_runs_its_occurrence_once_and_never_blocks_others
     assert runs(q) == sorted([slot_id("bad", clock), slot_id("good", clock)])
 
 
+def test_the_claim_time_keeper_logs_on_the_dueq_cron_logger(make_queue, r, clock, caplog):
+    """Users configure cron logging by the name ``dueq.cron``; the keeper is a private module
+    (``dueq._cron_keeper``) but keeps logging there."""
+    q = two_every_second(make_queue)
+    r.hset(q.keys.cron, "bad", "{not json")
+    clock.advance(1)
+    with caplog.at_level(logging.ERROR, logger="dueq.cron"):
+        runs(q)
+    assert {rec.name for rec in caplog.records if "'bad'" in rec.getMessage()} == {"dueq.cron"}
+
+
 def test_a_broken_definition_can_be_removed(make_queue, r, clock):
     q = two_every_second(make_queue)
     r.hset(q.keys.cron, "bad", "{not json")
