@@ -589,31 +589,6 @@ def _stats_json(s: QueueStats) -> dict[str, Any]:
     }
 
 
-def _task_json(t: TaskInfo) -> dict[str, Any]:
-    return {
-        "id": t.id,
-        "state": t.state,
-        "payload": t.payload,
-        "attempt": t.attempt,
-        "due_at": t.due_at.isoformat() if t.due_at else None,
-        "lease_deadline": t.lease_deadline.isoformat() if t.lease_deadline else None,
-        "holder": t.holder,
-        "died_at": t.died_at.isoformat() if t.died_at else None,
-        "priority": t.priority,
-        "key": t.key,
-        "errors": [
-            {
-                "attempt": r.attempt,
-                "type": r.type,
-                "message": r.message,
-                "traceback": r.traceback,
-                "at": r.at.isoformat() if r.at else None,
-            }
-            for r in t.errors
-        ],
-    }
-
-
 def _last_error(t: TaskInfo) -> str:
     return t.errors[-1].type if t.errors else ""
 
@@ -1326,7 +1301,7 @@ class _Dashboard:
         page = await self.search(q, state, request)  # type: ignore[arg-type]
         return JSONResponse(
             {
-                "tasks": [_task_json(t) for t in page.tasks],
+                "tasks": [t.to_json(q.name) for t in page.tasks],
                 "cursor": page.cursor,
                 "looked_at": page.looked_at,
             }
@@ -1341,7 +1316,7 @@ class _Dashboard:
         )
         if info is None:
             raise HttpProblem(404, "no such task")
-        return JSONResponse(_task_json(info))
+        return JSONResponse(info.to_json(q.name))
 
     async def api_dead_groups(self, request: Request) -> Response:
         q = await self.known_queue(request.query_params.get("queue"))
