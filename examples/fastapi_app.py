@@ -10,7 +10,8 @@
   a timeout) fails the attempt, which the queue retries with backoff and finally buries in
   its dead-letter queue. At shutdown the worker is stopped and awaited: handlers that are
   running get ``grace`` seconds, tasks not started go back to the queue for the next process.
-- ``GET /tasks/{id}`` shows a task (``await queue.get(id)``), 404 once it is done.
+- ``GET /tasks/{id}`` shows a task in its JSON form (``info.to_json``, docs/json.md), 404
+  once it is done.
 - ``GET /health`` never touches Redis, and nothing blocks the loop: while Redis stalls (a
   failover pauses writes for seconds), ``/signup`` waits for it and ``/health`` answers at
   once.
@@ -158,11 +159,12 @@ def create_app(settings: Settings) -> FastAPI:
         return Scheduled(task_id=task_id, due_in_s=settings.reminder_delay_s)
 
     @app.get("/tasks/{task_id}")
-    async def task(task_id: str, request: Request) -> dueq.TaskInfo:
-        info = await queue_of(request).get(task_id)
+    async def task(task_id: str, request: Request) -> dict[str, Any]:
+        queue = queue_of(request)
+        info = await queue.get(task_id)
         if info is None:
             raise HTTPException(404, f"no task {task_id!r} (never scheduled, or done)")
-        return info
+        return info.to_json(queue.name)  # the task's one JSON form (docs/json.md)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

@@ -322,9 +322,9 @@ def test_the_operator_lists_shows_steers_tasks_and_reads_history(server, admin, 
     assert op.due_histogram(bucket=3600, buckets=1).counts == [1]
     assert op.run_now("later") and op.dead.replay(error_type="Unrecoverable") == 2
     code, out, err = run_cli(server, "operator", "list", QUEUE, "--state", "leased", "--json")
-    assert code == 0 and {t["holder"] for t in json.loads(out)} == {"acl-worker"}, err
+    assert code == 0 and {t["holder"] for t in json.loads(out)["tasks"]} == {"acl-worker"}, err
     code, out, err = run_cli(server, "operator", "show", QUEUE, "v2", "--json")
-    assert code == 0 and [t["state"] for t in json.loads(out)] == ["leased"], err
+    assert code == 0 and [t["state"] for t in json.loads(out)["tasks"]] == ["leased"], err
     for args in (
         ("reschedule", QUEUE, "later", "--delay", "60"),
         ("run-now", QUEUE, "later"),

@@ -81,13 +81,13 @@ def test_dead_list_json_lets_a_script_pick_ids_by_error_type(invoke, q):
         except TimeoutError as exc:
             d.fail(exc, retry_in=0)
     doc = parsed(invoke("dead", "list", "jobs", "--json"))
-    assert doc["queue"] == "jobs" and doc["total"] == 4
+    assert doc["queue"] == "jobs" and doc["total"] == 4 and doc["next_cursor"] is None
     timeouts = [t["id"] for t in doc["tasks"] if t["errors"][-1]["type"] == "TimeoutError"]
     assert timeouts == ["smtp"]
-    first = doc["tasks"][0]
-    assert first["state"] == "dead" and first["attempt"] == 2 and first["payload"] == {"smtp": True}
-    assert first["died_at"].endswith("Z")
-    assert "traceback" not in first["errors"][0]
+    last = doc["tasks"][-1]  # oldest first: smtp died last
+    assert last["state"] == "dead" and last["attempt"] == 2 and last["payload"] == {"smtp": True}
+    assert last["died_at"].endswith("Z") and last["queue"] == "jobs"
+    assert "in test_dead_list_json" in last["errors"][0]["traceback"]
 
 
 def test_dead_show_json_has_every_error_with_its_traceback(invoke, q):

@@ -18,8 +18,11 @@ def q(make_queue: Any) -> Any:
 
 
 def _json(result: Any) -> Any:
+    """The tasks of a --json document ({"queue", "tasks": [...], ...}, docs/json.md)."""
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    document = json.loads(result.stdout)
+    assert document["queue"] == "jobs"
+    return document["tasks"]
 
 
 def _one_of_each_state(q: Any) -> None:

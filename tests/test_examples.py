@@ -162,6 +162,7 @@ def test_fastapi_example_schedules_from_a_request_and_sends_once_from_the_same_l
     before = result["before"]
     assert (before["id"], before["state"], before["attempt"]) == (task_id, "scheduled", 0)
     assert before["payload"] == {"email": "ada@example.com", "template": "welcome-reminder"}
+    assert before["queue"] == "fastapi-example" and before["due_at"].endswith("Z")  # to_json
     assert result["bad"] == 422
     assert received == [
         {

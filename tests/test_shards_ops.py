@@ -108,12 +108,13 @@ def test_list_and_dead_list_json_on_a_cluster_list_every_shard(
 ) -> None:
     q = seeded(cluster)
     listed = parsed(run(url, "list", q.name, "--json", "--limit", "100"))
-    assert sorted(t["id"] for t in listed) == sorted(f"t{i}" for i in range(30))
+    assert sorted(t["id"] for t in listed["tasks"]) == sorted(f"t{i}" for i in range(30))
+    assert listed["next_cursor"] is None
     dead = parsed(run(url, "dead", "list", q.name, "--json"))
     assert dead["total"] == 4
     assert sorted(t["id"] for t in dead["tasks"]) == ["x0", "x1", "x2", "x3"]
-    (shown,) = parsed(run(url, "show", q.name, "t7", "--json"))
-    assert shown["payload"] == {"n": 7}
+    (shown,) = parsed(run(url, "show", q.name, "t7", "--json"))["tasks"]
+    assert shown["payload"] == {"n": 7} and shown["queue"] == q.name
 
 
 def test_pause_resume_and_cancel_on_a_cluster_reach_every_shard(

@@ -261,6 +261,8 @@ def test_read_tasks_returns_the_dead_letter_queue(spark, r, redis_server, clock)
     t3 = rows["t3"]
     assert (t3.state, t3.attempts, json.loads(t3.payload)) == ("dead", 1, {"i": 3})
     assert json.loads(t3.errors)[0]["message"] == "broken 3"
+    # the errors column holds the records of the task's one JSON form (docs/json.md)
+    assert json.loads(t3.errors) == q.get("t3").to_json("dlq")["errors"]
     assert t3.died_at is not None and t3.due_at is None
     scheduled = ds.read_tasks(spark, queue="dlq", redis_url=redis_server.url, state="scheduled")
     assert [row.id for row in scheduled.collect()] == ["alive"]

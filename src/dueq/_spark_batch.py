@@ -568,16 +568,9 @@ _TASK_SCHEMA = T.StructType(
 
 
 def _task_row(info: TaskInfo) -> tuple[Any, ...]:
-    errors = [
-        {
-            "attempt": e.attempt,
-            "type": e.type,
-            "message": e.message,
-            "traceback": e.traceback,
-            "at": e.at.isoformat() if e.at else None,
-        }
-        for e in info.errors
-    ]
+    # errors: the records of the task's one JSON form (TaskInfo.to_json, docs/json.md); the
+    # other columns keep Spark types (timestamps, not ISO text), so the row is not that form
+    errors = [e.to_json() for e in info.errors]
     return (
         info.id,
         info.state,

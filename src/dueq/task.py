@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 from .checks import whole_number
@@ -26,6 +26,16 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 TaskState = Literal["scheduled", "leased", "dead"]
+
+
+def iso_ms(at: datetime | None) -> str | None:
+    """``at`` as ``2030-01-02T03:04:05.678Z`` (ISO 8601, UTC, milliseconds); None as None: the
+    form of every time in a task's JSON (``TaskInfo.to_json``)."""
+    if at is None:
+        return None
+    return at.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 OutcomeKind = Literal["acked", "retried", "dead", "released", "lost", "cancelled"]
 
 
@@ -81,6 +91,17 @@ class ErrorRecord:
     at: datetime | None
     worker: str | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """This record as JSON types: at, attempt, type, message, traceback, worker."""
+        return {
+            "at": iso_ms(self.at),
+            "attempt": self.attempt,
+            "type": self.type,
+            "message": self.message,
+            "traceback": self.traceback,
+            "worker": self.worker,
+        }
+
 
 @dataclass(frozen=True)
 class TaskInfo:
@@ -107,6 +128,31 @@ class TaskInfo:
     timeout: timedelta | None = None
     max_attempts: int | None = None
     holder: str | None = None
+
+    def to_json(self, queue: str) -> dict[str, Any]:
+        """The one JSON form of a task (docs/json.md), as used by the CLI's ``--json``, the
+        dashboard's API and Spark's ``errors`` column: a dict of JSON types, every key always
+        present (null when it does not apply), times ISO 8601 UTC with milliseconds.
+        ``queue`` is the name of the queue the task was read from."""
+        due_ms = None if self.due_at is None else round(self.due_at.timestamp() * 1000)
+        return {
+            "id": self.id,
+            "queue": queue,
+            "state": self.state,
+            "due_at": iso_ms(self.due_at),
+            "due_ms": due_ms,
+            "attempt": self.attempt,
+            "first_claimed_at": iso_ms(self.first_claimed_at),
+            "max_attempts": self.max_attempts,
+            "priority": self.priority,
+            "key": self.key,
+            "timeout_s": None if self.timeout is None else self.timeout.total_seconds(),
+            "payload": self.payload,
+            "errors": [e.to_json() for e in self.errors],
+            "holder": self.holder,
+            "lease_deadline": iso_ms(self.lease_deadline),
+            "died_at": iso_ms(self.died_at),
+        }
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from ..queue import Queue
 from ..task import ErrorRecord, TaskInfo
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
-from .jsonout import emit, json_option, plain
+from .jsonout import emit, json_option
 from .output import console, safe, safe_lines, steps, titled_table, when
+from .tasks import cursor_option, page_of, tasks_document
 
 #: Dead tasks moved per script call by ``replay --all`` / ``purge --all``.
 BATCH = 1000
@@ -52,18 +53,23 @@ def dead() -> None:
 @click.option(
     "--limit", type=click.IntRange(1), default=50, show_default=True, help="Most tasks shown."
 )
+@cursor_option
 @json_option
 @redis_options
-def list_dead(queue: str, limit: int, as_json: bool, target: RedisTarget) -> None:
-    """List the dead tasks of QUEUE, most recently died first.
+def list_dead(
+    queue: str, limit: int, cursor: str | None, as_json: bool, target: RedisTarget
+) -> None:
+    """List the dead tasks of QUEUE, oldest first (as ``dueq list --state dead``).
 
-    --json prints {"queue", "total", "tasks": [...]}, each task with its payload and errors
-    (without tracebacks: dead show has them), e.g. for jq to pick ids by error type.
+    --json prints {"queue", "total", "tasks": [...], "next_cursor"}, each task in its one
+    JSON form (docs/json.md), e.g. for jq to pick ids by error type; pass next_cursor as
+    --cursor for the next page.
     """
     q = open_queue(target, queue)
-    infos, total = q.dead.list(limit=limit), q.dead.count()
+    infos, next_cursor = page_of(q, "dead", limit, cursor)
+    total = q.dead.count()
     if as_json:
-        emit({"queue": queue, "total": total, "tasks": [_listed(info) for info in infos]})
+        emit(tasks_document(queue, infos, total=total, next_cursor=next_cursor))
         return
     out = console()
     if not infos:
@@ -75,16 +81,8 @@ def list_dead(queue: str, limit: int, as_json: bool, target: RedisTarget) -> Non
     for info in infos:
         table.add_row(safe(info.id), str(info.attempt), when(info.died_at, now), _last_error(info))
     out.print(table)
-    if total > len(infos):
+    if next_cursor is not None:
         out.print(f"showing {len(infos)} of {total}; --limit shows more")
-
-
-def _listed(info: TaskInfo) -> dict[str, Any]:
-    """A dead task for ``dead list --json``: every field, errors without tracebacks."""
-    fields: dict[str, Any] = plain(info)
-    for error in fields["errors"]:
-        error.pop("traceback", None)
-    return fields
 
 
 def ids_arguments(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -119,14 +117,15 @@ def _error_lines(e: ErrorRecord) -> list[str]:
 def show_dead(queue: str, ids: tuple[str, ...], as_json: bool, target: RedisTarget) -> None:
     """Show dead tasks of QUEUE: payload and every attempt's error with its traceback.
 
-    Ids come as arguments or --id (or both). --json prints {"queue", "tasks": [...]}.
+    Ids come as arguments or --id (or both). --json prints {"queue", "tasks": [...]}
+    (docs/json.md).
     """
     if not ids:
         raise click.UsageError("give the id of one or more dead tasks")
     q = open_queue(target, queue)
     infos = _dead_tasks(q, ids)
     if as_json:
-        emit({"queue": queue, "tasks": infos})
+        emit(tasks_document(queue, infos))
         return
     out = console()
     now = datetime.now(timezone.utc)

@@ -1,12 +1,13 @@
 """``--json``: what read commands print for machines, one JSON document per line.
 
-Every read command (``stats``, ``dead list``, ``dead show``, ``cron list``) takes ``--json`` and
-then prints one JSON object on one line (``stats --watch --json``: one per refresh, JSON
-Lines), parsed by ``jq`` or a script instead of scraping a table. The library's dataclasses
-(``QueueStats``, ``TaskInfo``, ``CronDefinition``, ...) are converted field by field
-(``plain``): times as ISO-8601 UTC strings ending in ``Z``, durations as seconds (a float), so a
-field added to a dataclass appears without a change here. Output is ASCII (``ensure_ascii``):
-an id or error message with terminal escapes or bidi overrides shows as ``\\u001b``, never raw.
+Every read command (``stats``, ``list``, ``show``, ``dead list``, ``dead show``, ``cron list``)
+takes ``--json`` and then prints one JSON object on one line (``stats --watch --json``: one per
+refresh, JSON Lines), parsed by ``jq`` or a script instead of scraping a table. A task has one
+JSON form, ``TaskInfo.to_json`` (docs/json.md), in every command that prints tasks. The other
+dataclasses (``QueueStats``, ``CronDefinition``, ...) are converted field by field (``plain``):
+times as ISO-8601 UTC strings ending in ``Z``, durations as seconds (a float), so a field added
+to a dataclass appears without a change here. Output is ASCII (``ensure_ascii``): an id or
+error message with terminal escapes or bidi overrides shows as ``\\u001b``, never raw.
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
 
+from ..task import iso_ms
+
 
 def iso(at: datetime | None) -> str | None:
-    """``at`` as ``2030-01-02T03:04:05.678Z`` (UTC, milliseconds), None as None."""
-    if at is None:
-        return None
-    return at.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """``at`` as ``2030-01-02T03:04:05.678Z`` (UTC, milliseconds), None as None: the form a
+    task's times take too (``dueq.task.iso_ms``)."""
+    return iso_ms(at)
 
 
 def plain(value: Any) -> Any:

@@ -3,22 +3,24 @@ state.
 
 The commands are thin: filtering, paging and validation are the library's (``Queue.list_tasks``
 pages with a cursor and looks at a bounded number of tasks per call, ``Queue.get``,
-``cancel``, ``reschedule``, ``run_now``). ``--json`` prints one JSON document (a list of task
-objects, see ``task_json``) for scripts, instead of a table.
+``cancel``, ``reschedule``, ``run_now``). ``--json`` prints one JSON document,
+``{"queue", "tasks": [...]}`` (each task in its one form, ``TaskInfo.to_json``; a listing adds
+``next_cursor``), for scripts, instead of a table.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 from datetime import datetime, timezone
 from typing import Any, cast
 
 import click
 
-from ..task import TaskInfo, TaskState
+from ..queue import Queue
+from ..task import TaskInfo, TaskState, iso_ms
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
+from .jsonout import emit, json_option
 from .output import console, safe, safe_lines, titled_table, when
 from .task_input import time_option
 
@@ -26,37 +28,36 @@ ERROR_WIDTH = 60
 PAYLOAD_WIDTH = 40
 
 
-def _iso(at: datetime | None) -> str | None:
-    return None if at is None else at.isoformat().replace("+00:00", "Z")
+def task_json(info: TaskInfo, queue: str) -> dict[str, Any]:
+    """One task as JSON: its one form, ``TaskInfo.to_json`` (docs/json.md)."""
+    return info.to_json(queue)
 
 
-def task_json(info: TaskInfo) -> dict[str, Any]:
-    """One task as a JSON object: its state, times (ISO-8601 UTC), options and errors."""
-    return {
-        "id": info.id,
-        "state": info.state,
-        "payload": info.payload,
-        "attempt": info.attempt,
-        "due_at": _iso(info.due_at),
-        "first_claimed_at": _iso(info.first_claimed_at),
-        "lease_deadline": _iso(info.lease_deadline),
-        "holder": info.holder,
-        "died_at": _iso(info.died_at),
-        "priority": info.priority,
-        "key": info.key,
-        "timeout_s": None if info.timeout is None else info.timeout.total_seconds(),
-        "max_attempts": info.max_attempts,
-        "errors": [
-            {
-                "at": _iso(e.at),
-                "attempt": e.attempt,
-                "type": e.type,
-                "message": e.message,
-                "traceback": e.traceback,
-            }
-            for e in info.errors
-        ],
-    }
+def tasks_document(queue: str, infos: list[TaskInfo], **more: Any) -> dict[str, Any]:
+    """What ``show``/``dead show`` (and, with ``next_cursor``, ``list``/``dead list``) print
+    with --json: ``{"queue", "tasks": [...], ...}``."""
+    return {"queue": queue, "tasks": [task_json(i, queue) for i in infos], **more}
+
+
+def page_of(
+    q: Queue, state: TaskState, limit: int, cursor: str | None, **filters: Any
+) -> tuple[list[TaskInfo], str | None]:
+    """Up to ``limit`` tasks in ``state`` from ``cursor`` on (``Queue.list_tasks``'s order),
+    and the cursor after the last of them (None: nothing more)."""
+    infos: list[TaskInfo] = []
+    while True:
+        page = q.list_tasks(state, limit=min(limit - len(infos), 1000), cursor=cursor, **filters)
+        infos += page.tasks
+        cursor = page.cursor
+        if cursor is None or len(infos) >= limit:
+            return infos, cursor
+
+
+def cursor_option(command: Any) -> Any:
+    """Add ``--cursor`` (the command receives ``cursor``): a --json listing's next_cursor."""
+    return click.option(
+        "--cursor", metavar="CURSOR", help="Go on from a --json listing's next_cursor."
+    )(command)
 
 
 def _short(text: str, width: int) -> str:
@@ -93,7 +94,8 @@ def _last_error(info: TaskInfo) -> str:
     help="Only tasks due (leased: whose lease ends; dead: that died) at or after this time.",
 )
 @click.option("--before", metavar="ISO", callback=time_option, help="... at or before this time.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
+@cursor_option
+@json_option
 @redis_options
 def list_tasks(
     queue: str,
@@ -104,30 +106,32 @@ def list_tasks(
     id_prefix: str | None,
     after: datetime | None,
     before: datetime | None,
+    cursor: str | None,
     as_json: bool,
     target: RedisTarget,
 ) -> None:
     """List tasks of QUEUE in one state, page by page: scheduled ones by priority then due
     time (then parked ones), leased ones by lease deadline with their holder, dead ones by
-    when they died (oldest first)."""
+    when they died (oldest first).
+
+    --json prints {"queue", "tasks": [...], "next_cursor"} (docs/json.md); pass next_cursor
+    as --cursor for the next page.
+    """
     q = open_queue(target, queue)
-    found = itertools.islice(
-        q.iter_tasks(
-            cast(TaskState, state),
-            page=min(limit, 1000),
-            grep=grep,
-            error_type=error_type,
-            id_prefix=id_prefix,
-            after=after,
-            before=before,
-        ),
-        limit + 1,
+    infos, next_cursor = page_of(
+        q,
+        cast(TaskState, state),
+        limit,
+        cursor,
+        grep=grep,
+        error_type=error_type,
+        id_prefix=id_prefix,
+        after=after,
+        before=before,
     )
-    infos = list(found)
-    more = len(infos) > limit
-    infos = infos[:limit]
+    more = next_cursor is not None
     if as_json:
-        click.echo(json.dumps([task_json(i) for i in infos], ensure_ascii=False))
+        emit(tasks_document(queue, infos, next_cursor=next_cursor))
         return
     out = console()
     if not infos:
@@ -160,16 +164,19 @@ def list_tasks(
 @click.command("show")
 @click.argument("queue")
 @click.argument("ids", metavar="ID...", nargs=-1, required=True)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of text.")
+@json_option
 @redis_options
 def show(queue: str, ids: tuple[str, ...], as_json: bool, target: RedisTarget) -> None:
-    """Show tasks of QUEUE in any state: payload, times, options, holder and every error."""
+    """Show tasks of QUEUE in any state: payload, times, options, holder and every error.
+
+    --json prints {"queue", "tasks": [...]} (docs/json.md).
+    """
     q = open_queue(target, queue)
     found = {i: q.get(i) for i in dict.fromkeys(ids)}
     missing = [i for i, info in found.items() if info is None]
     infos = [info for info in found.values() if info is not None]
     if as_json:
-        click.echo(json.dumps([task_json(i) for i in infos], ensure_ascii=False))
+        emit(tasks_document(queue, infos))
     else:
         _print_tasks(infos)
     if missing:
@@ -242,7 +249,7 @@ def reschedule(
         state = "no such task" if info is None else f"it is {info.state}"
         raise CliError(f"task {safe(task_id)!s} of {queue!r} is not scheduled ({state})")
     info = q.get(task_id)
-    click.echo(f"rescheduled {safe(task_id)}: due {_iso(info.due_at if info else None)}")
+    click.echo(f"rescheduled {safe(task_id)}: due {iso_ms(info.due_at if info else None)}")
 
 
 @click.command("run-now")

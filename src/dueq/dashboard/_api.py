@@ -12,7 +12,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..task import TaskInfo
 from ._context import Context, Unreadable
 from ._guard import HttpProblem
 from ._html import when
@@ -26,31 +25,6 @@ from ._reads import (
     search,
     stats_json,
 )
-
-
-def _task_json(t: TaskInfo) -> dict[str, Any]:
-    return {
-        "id": t.id,
-        "state": t.state,
-        "payload": t.payload,
-        "attempt": t.attempt,
-        "due_at": t.due_at.isoformat() if t.due_at else None,
-        "lease_deadline": t.lease_deadline.isoformat() if t.lease_deadline else None,
-        "holder": t.holder,
-        "died_at": t.died_at.isoformat() if t.died_at else None,
-        "priority": t.priority,
-        "key": t.key,
-        "errors": [
-            {
-                "attempt": r.attempt,
-                "type": r.type,
-                "message": r.message,
-                "traceback": r.traceback,
-                "at": r.at.isoformat() if r.at else None,
-            }
-            for r in t.errors
-        ],
-    }
 
 
 @dataclass(frozen=True)
@@ -92,7 +66,7 @@ class Api:
         page = await search(q, state, request)  # type: ignore[arg-type]
         return JSONResponse(
             {
-                "tasks": [_task_json(t) for t in page.tasks],
+                "tasks": [t.to_json(q.name) for t in page.tasks],
                 "cursor": page.cursor,
                 "looked_at": page.looked_at,
             }
@@ -107,7 +81,7 @@ class Api:
         )
         if info is None:
             raise HttpProblem(404, "no such task")
-        return JSONResponse(_task_json(info))
+        return JSONResponse(info.to_json(q.name))
 
     async def api_dead_groups(self, request: Request) -> Response:
         q = await self.ctx.known_queue(request.query_params.get("queue"))

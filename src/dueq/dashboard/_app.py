@@ -29,7 +29,6 @@ from ..clock import Clock
 from ..keys import validate_queue_name
 from ._actions import ACTIONS, Actions
 from ._api import Api
-from ._api import _task_json as _task_json  # its home was here: kept importable from here
 from ._auth import Auth
 from ._charts import Charts
 from ._context import Context, Endpoint, Kind
