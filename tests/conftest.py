@@ -257,7 +257,39 @@ SPARK_FILES = frozenset(
 )
 
 
+#: Files whose every test takes seconds of real time (soaks, chaos, failover, a browser).
+SLOW_FILES = SPARK_FILES | {
+    "test_soak.py",
+    "test_chaos.py",
+    "test_shards_failover.py",
+    "test_dashboard_browser.py",
+    "test_replication.py",
+}
+#: Single tests that take seconds (measured: 3 s to 150 s each on a 2-core machine): whole
+#: suites re-run in a subprocess, the model-based state machine, demos, multi-process rates.
+SLOW_TESTS = (
+    "test_acl.py::test_the_core_consumer_and_cron_tests_pass_as_the_acl_user",
+    "test_tls.py::test_core_consumer_and_cron_tests_pass_against_a_tls_only_server",
+    "test_state_machine.py::test_queue_matches_model",
+    "test_cli_demo.py::",
+    "test_rate.py::test_a_rate_of_20_per_second_holds_in_every_window_across_three_processes",
+    "test_examples.py::",
+    "test_server.py::test_sentinels",
+    "test_cli_sentinel.py::",
+)
+#: Fixtures that start something heavy: a JVM, a local Redis Cluster.
+SLOW_FIXTURES = ("spark", "connect", "cluster_nodes")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in SPARK_FILES or "spark" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if item.path.name in SPARK_FILES or "spark" in fixtures:
             item.add_marker(pytest.mark.xdist_group("spark"))
+        where = f"{item.path.name}::{item.name}"
+        if (
+            item.path.name in SLOW_FILES
+            or any(where.startswith(t) for t in SLOW_TESTS)
+            or any(f in fixtures for f in SLOW_FIXTURES)
+        ):
+            item.add_marker(pytest.mark.slow)
