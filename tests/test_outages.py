@@ -4,12 +4,15 @@ killed and restarted, a server whose memory is full, an ACL user that lacks a pe
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+import redis.asyncio
 from redis._parsers.base import BaseParser
 from waiting import wait_for
 
@@ -446,3 +449,49 @@ def test_the_lease_keeper_reports_an_outage_once_per_round_not_once_per_lease(
             proceed.set()
             sub.dispose()
     assert not [m for m in messages() if "could not extend the lease on" in m]
+
+
+def test_both_consumers_log_the_same_line_for_the_same_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the claim loop's decisions (and their log lines) are written once, for both front ends
+    def first_warning() -> logging.LogRecord | None:
+        return next((rec for rec in caplog.records if "unavailable" in rec.getMessage()), None)
+
+    with RedisServer() as server:
+        client = server.client()
+        dueq.Queue("same-line", client).schedule({}, id="due")
+        client.config_set("min-replicas-to-write", 1)  # no replica: each claim gets NOREPLICAS
+        with caplog.at_level("WARNING", logger="dueq"):
+            sub = dueq.Queue("same-line", client).observe(wake=False).subscribe()
+            try:
+                threaded = wait_for(first_warning, "the threaded consumer's warning")
+            finally:
+                sub.dispose()
+            caplog.clear()
+
+            async def main() -> logging.LogRecord:
+                aclient = redis.asyncio.Redis(port=server.port)
+                it = dueq.AsyncQueue("same-line", aclient).deliveries(wake=False)
+                claiming = asyncio.ensure_future(anext(it))
+                try:
+                    async with asyncio.timeout(WAIT_S):
+                        while (found := first_warning()) is None:
+                            await asyncio.sleep(0.02)
+                    return found
+                finally:
+                    claiming.cancel()
+                    await asyncio.wait({claiming})
+                    await it.aclose()
+                    await aclient.aclose()
+
+            asynced = asyncio.run(main())
+        client.close()
+    assert "NOREPLICAS" in threaded.getMessage()
+    # the same words and values (the retry delay is jittered: left out)
+    assert (asynced.name, asynced.levelno, asynced.msg) == (
+        threaded.name,
+        threaded.levelno,
+        threaded.msg,
+    )
+    assert asynced.args[:3] == threaded.args[:3]  # type: ignore[index]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from .outage import Backoff, is_outage
+from .outage import Backoff, describe, is_outage
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -87,6 +87,44 @@ def is_wake(message: Any) -> bool:
     return message is not None and message.get("type") in WAKE_TYPES
 
 
+class WakeRules:
+    """The wake listener's decisions, written once for ``WakeListener`` (a thread) and the
+    asyncio consumer's listener task (``dueq._async_consume``), which only do the I/O:
+    subscribe (``subscribe_args``), read (``read_call``, ``check_subscribed``), hand each
+    wake on (``is_wake``), and on an error close and ask ``failed`` how long to back off."""
+
+    def __init__(self, queue_name: str) -> None:
+        self.queue_name = queue_name
+        self._backoff = Backoff()
+
+    def subscribed(self) -> None:
+        """A (re)subscription is made (the listener then wakes its consumer once, in case
+        something was scheduled while it was not listening)."""
+        if self._backoff.succeeded():
+            logger.info("queue %r: wake channel back", self.queue_name)
+
+    def failed(self, exc: Exception) -> float | None:
+        """Subscribing or reading raised ``exc``: seconds to wait before subscribing again
+        (an outage), or None when the listener stops (anything else; its consumer still
+        wakes at its computed times and heartbeat)."""
+        if not is_outage(exc):
+            logger.error("queue %r: wake listener stopped", self.queue_name, exc_info=exc)
+            return None
+        delay_s = self._backoff.failed()
+        logger.debug(
+            "queue %r: wake channel down (%s); subscribing again in %.2f s",
+            self.queue_name,
+            describe(exc),
+            delay_s,
+        )
+        return delay_s
+
+
+def close_failed() -> None:
+    """Log a subscription that raised as it was closed (broken, or slow to close)."""
+    logger.debug("error closing the wake subscription", exc_info=True)
+
+
 class WakeListener:
     """Calls ``on_wake()`` for each message on the queue's wake channel, until ``stop()``."""
 
@@ -109,7 +147,7 @@ class WakeListener:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        backoff = Backoff()
+        rules = WakeRules(self._queue.name)
         pubsub: Any = None
         try:
             while not self._stopped.is_set():
@@ -120,21 +158,18 @@ class WakeListener:
                         method, channels = subscribe_args(subscription)
                         getattr(pubsub, method)(*channels)
                         read, read_kwargs = read_call(pubsub, subscription)
-                        if backoff.succeeded():
-                            logger.info("queue %r: wake channel back", self._queue.name)
+                        rules.subscribed()
                         self._on_wake()  # anything scheduled while we were not listening
                     check_subscribed(pubsub, subscription)
                     message = getattr(pubsub, read)(**read_kwargs)
-                except Exception as exc:
+                except Exception as exc:  # the rules decide: an outage's backoff, or the end
                     if self._stopped.is_set():
                         return  # e.g. the client was closed right after the consumer stopped
-                    if not is_outage(exc):
-                        logger.exception("queue %r: wake listener stopped", self._queue.name)
-                        return  # the consumer still wakes at its computed times and heartbeat
+                    delay_s = rules.failed(exc)
+                    if delay_s is None:
+                        return
                     _close(pubsub)
                     pubsub = None
-                    delay_s = backoff.failed()
-                    logger.debug("queue %r: wake channel down (%s)", self._queue.name, exc)
                     self._stopped.wait(delay_s)
                     continue
                 if is_wake(message):
@@ -148,4 +183,4 @@ def _close(pubsub: Any) -> None:
         try:
             pubsub.close()
         except Exception:  # closing a broken connection may raise; nothing to do about it
-            logger.debug("error closing the wake subscription", exc_info=True)
+            close_failed()
