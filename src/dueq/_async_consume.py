@@ -34,7 +34,7 @@ from ._prefetch import AUTO_LOW, Prefetch
 from .clock import Duration, positive_duration_ms
 from .exceptions import ConfigurationError
 from .task import AsyncDelivery
-from .wake import WakeRules, check_subscribed, close_failed, is_wake, read_call, subscribe_args
+from .wake import WakeOp, close_failed, wake_flow
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
@@ -292,35 +292,35 @@ async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:
     After every (re)subscription it wakes the consumer once, in case something was scheduled
     while it was not listening; a lost message costs at most one heartbeat.
     """
-    rules = WakeRules(queue.name)
-    pubsub: Any = None
+    flow = wake_flow(queue.name)
+    opened: Any = None  # the subscription open now: closed when the listener ends
     try:
+        step = next(flow)
         while True:
+            reply: Any = None
             try:
-                if pubsub is None:
-                    subscription = await queue.wake_subscription()
-                    pubsub = queue.redis.pubsub(ignore_subscribe_messages=True)
-                    method, channels = subscribe_args(subscription)
-                    await getattr(pubsub, method)(*channels)
-                    read, read_kwargs = read_call(pubsub, subscription)
-                    rules.subscribed()
+                if step.op is WakeOp.SUBSCRIPTION:
+                    reply = await queue.wake_subscription()
+                elif step.op is WakeOp.PUBSUB:
+                    reply = opened = queue.redis.pubsub(ignore_subscribe_messages=True)
+                elif step.op is WakeOp.CALL:
+                    reply = await getattr(step.pubsub, step.method)(*step.args, **step.kwargs)
+                elif step.op is WakeOp.WAKE:
                     on_wake()
-                check_subscribed(pubsub, subscription)
-                message = await getattr(pubsub, read)(**read_kwargs)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the rules decide: an outage's backoff, or the end
-                delay_s = rules.failed(exc)
-                if delay_s is None:
-                    return
-                await _close(pubsub)
-                pubsub = None
-                await asyncio.sleep(delay_s)
-                continue
-            if is_wake(message):
-                on_wake()
+                elif step.op is WakeOp.CLOSE:
+                    await _close(step.pubsub)
+                    opened = None
+                else:
+                    await asyncio.sleep(step.delay_s)
+            except Exception as exc:  # the flow decides (an outage, or the end)
+                step = flow.throw(exc)
+            else:
+                step = flow.send(reply)
+    except StopIteration:
+        pass  # the flow ended (an error that is not an outage; logged there)
     finally:
-        await _close(pubsub)
+        flow.close()
+        await _close(opened)
 
 
 async def _close(pubsub: Any) -> None:
