@@ -17,6 +17,8 @@ from redis._parsers.base import BaseParser
 from waiting import wait_for
 
 import dueq
+from dueq._consume import ClaimRules
+from dueq._prefetch import Prefetch
 from dueq.outage import is_outage, outage_reason
 from dueq.server import RedisServer
 
@@ -495,3 +497,21 @@ def test_both_consumers_log_the_same_line_for_the_same_outage(
         threaded.msg,
     )
     assert asynced.args[:3] == threaded.args[:3]  # type: ignore[index]
+
+
+def test_the_claim_rules_back_off_on_an_outage_and_end_the_stream_on_anything_else(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the decisions both consumers drive (dueq._consume): what a claim's error means
+    q = dueq.Queue("rules", r)
+    rules: ClaimRules[dueq.Delivery] = ClaimRules(q.name, Prefetch.parse(8), 5000)
+    with caplog.at_level("INFO", logger="dueq"):
+        backoff_ms = rules.failed(redis.ConnectionError("gone"))
+        assert backoff_ms is not None and backoff_ms > 0
+        assert rules.claimed(q.claim_batch(rules.to_claim(0.0)), lambda d: None) == 5000
+        assert rules.failed(ValueError("a bug")) is None
+    assert [rec.getMessage().split(";")[0] for rec in caplog.records] == [
+        "queue 'rules': Redis unavailable (try 1): ConnectionError: gone",
+        "queue 'rules': Redis is back",
+        "queue 'rules': consumer stopped by ValueError: a bug",
+    ]

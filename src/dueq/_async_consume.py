@@ -1,7 +1,9 @@
 """``AsyncQueue.deliveries``: an ``async for`` iterator of deliveries, each the moment it is due.
 
 The same loop as the threaded consumer (``dueq.observe``), on the caller's event loop with no
-threads of its own:
+threads of its own: both drive one ``ClaimRules`` (``dueq._consume``: what to claim, what a
+reply means, the log lines) and one wake listener flow (``dueq.wake.wake_flow``), and only do
+the I/O and the waiting themselves:
 
 1. claim as many due tasks as there are free slots (``max_in_flight`` minus the deliveries
    yielded and not yet acked, failed or released, or whose lease has run out);

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ._prefetch import Held, Prefetch
 from .logs import task_fields
 from .outage import Backoff, describe, is_outage
 from .task import DeliveryBase
+
+if TYPE_CHECKING:
+    from ._core import ClaimBatch
 
 D = TypeVar("D", bound=DeliveryBase)
 
@@ -48,7 +51,7 @@ class ClaimRules(Generic[D]):
         leases), at most ``MAX_CLAIM``."""
         return min(self.held.free(now_s), MAX_CLAIM)
 
-    def claimed(self, batch: Any, on_settled: Callable[[D], None]) -> float:
+    def claimed(self, batch: ClaimBatch, on_settled: Callable[[D], None]) -> float:
         """Take a claim's reply (a ``ClaimBatch``): its deliveries are held (each reports to
         ``on_settled``), and held ones whose lease ran out are let go. Returns the ms to wait
         before the next claim, unless a settle or a wake comes first: the heartbeat when the
@@ -68,8 +71,7 @@ class ClaimRules(Generic[D]):
         self._starved = self.held.full
         if self._starved:
             return self.heartbeat_ms
-        wait_ms: float = batch.sleep_ms(self.heartbeat_ms)
-        return wait_ms
+        return batch.sleep_ms(self.heartbeat_ms)
 
     def failed(self, exc: Exception) -> float | None:
         """A claim raised ``exc``: the ms to back off for an outage (logged, retried), or None

@@ -1,6 +1,8 @@
 """``Queue.observe``: an observable of deliveries that claims each task the moment it is due.
 
-Each subscription runs one consumer loop on a reactivex scheduler:
+Each subscription runs one consumer loop on a reactivex scheduler (a driver of
+``dueq._consume.ClaimRules``, the decisions it shares with the asyncio consumer, and of the
+wake listener flow ``dueq.wake.wake_flow``):
 
 1. claim as many due tasks as there are free slots (``max_in_flight`` minus the deliveries
    emitted and not yet acked, failed or released);
