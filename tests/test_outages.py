@@ -4,16 +4,21 @@ killed and restarted, a server whose memory is full, an ACL user that lacks a pe
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+import redis.asyncio
 from redis._parsers.base import BaseParser
 from waiting import wait_for
 
 import dueq
+from dueq._consume import ClaimRules
+from dueq._prefetch import Prefetch
 from dueq.outage import is_outage, outage_reason
 from dueq.server import RedisServer
 
@@ -446,3 +451,67 @@ def test_the_lease_keeper_reports_an_outage_once_per_round_not_once_per_lease(
             proceed.set()
             sub.dispose()
     assert not [m for m in messages() if "could not extend the lease on" in m]
+
+
+def test_both_consumers_log_the_same_line_for_the_same_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the claim loop's decisions (and their log lines) are written once, for both front ends
+    def first_warning() -> logging.LogRecord | None:
+        return next((rec for rec in caplog.records if "unavailable" in rec.getMessage()), None)
+
+    with RedisServer() as server:
+        client = server.client()
+        dueq.Queue("same-line", client).schedule({}, id="due")
+        client.config_set("min-replicas-to-write", 1)  # no replica: each claim gets NOREPLICAS
+        with caplog.at_level("WARNING", logger="dueq"):
+            sub = dueq.Queue("same-line", client).observe(wake=False).subscribe()
+            try:
+                threaded = wait_for(first_warning, "the threaded consumer's warning")
+            finally:
+                sub.dispose()
+            caplog.clear()
+
+            async def main() -> logging.LogRecord:
+                aclient = redis.asyncio.Redis(port=server.port)
+                it = dueq.AsyncQueue("same-line", aclient).deliveries(wake=False)
+                claiming = asyncio.ensure_future(anext(it))
+                try:
+                    async with asyncio.timeout(WAIT_S):
+                        while (found := first_warning()) is None:
+                            await asyncio.sleep(0.02)
+                    return found
+                finally:
+                    claiming.cancel()
+                    await asyncio.wait({claiming})
+                    await it.aclose()
+                    await aclient.aclose()
+
+            asynced = asyncio.run(main())
+        client.close()
+    assert "NOREPLICAS" in threaded.getMessage()
+    # the same words and values (the retry delay is jittered: left out)
+    assert (asynced.name, asynced.levelno, asynced.msg) == (
+        threaded.name,
+        threaded.levelno,
+        threaded.msg,
+    )
+    assert asynced.args[:3] == threaded.args[:3]  # type: ignore[index]
+
+
+def test_the_claim_rules_back_off_on_an_outage_and_end_the_stream_on_anything_else(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the decisions both consumers drive (dueq._consume): what a claim's error means
+    q = dueq.Queue("rules", r)
+    rules: ClaimRules[dueq.Delivery] = ClaimRules(q.name, Prefetch.parse(8), 5000)
+    with caplog.at_level("INFO", logger="dueq"):
+        backoff_ms = rules.failed(redis.ConnectionError("gone"))
+        assert backoff_ms is not None and backoff_ms > 0
+        assert rules.claimed(q.claim_batch(rules.to_claim(0.0)), lambda d: None) == 5000
+        assert rules.failed(ValueError("a bug")) is None
+    assert [rec.getMessage().split(";")[0] for rec in caplog.records] == [
+        "queue 'rules': Redis unavailable (try 1): ConnectionError: gone",
+        "queue 'rules': Redis is back",
+        "queue 'rules': consumer stopped by ValueError: a bug",
+    ]

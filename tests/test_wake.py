@@ -18,10 +18,12 @@ from dueq.server import RedisServer
 from dueq.wake import (
     POLL_S,
     SHARDED_POLL_S,
+    WakeOp,
     WakeSubscription,
     check_subscribed,
     read_call,
     sharded_pubsub,
+    wake_flow,
 )
 
 
@@ -143,3 +145,22 @@ def test_a_cluster_subscription_left_without_nodes_counts_as_an_outage() -> None
     live.node_pubsub_mapping = {"127.0.0.1:7000": object()}
     check_subscribed(live, sharded)
     check_subscribed(ClusterLike(), WakeSubscription(("a",), sharded=False))
+
+
+def test_the_wake_flow_backs_off_on_an_outage_and_stops_on_anything_else(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the listener's decisions, shared by the thread and the asyncio task: no I/O of its own
+    flow = wake_flow("flow")
+    assert next(flow).op is WakeOp.SUBSCRIPTION
+    with caplog.at_level("DEBUG", logger="dueq.wake"):
+        step = flow.throw(redis.ConnectionError("gone"))
+        assert step.op is WakeOp.SLEEP and step.delay_s > 0  # no pubsub yet: nothing to close
+        assert next(flow).op is WakeOp.SUBSCRIPTION  # subscribes again after the backoff
+        assert next(flow).op is WakeOp.PUBSUB
+        with pytest.raises(StopIteration):  # not an outage: the listener stops
+            flow.throw(ValueError("a bug"))
+    lines = [(rec.levelname, rec.getMessage()) for rec in caplog.records]
+    assert lines[0][0] == "DEBUG"
+    assert lines[0][1].startswith("queue 'flow': wake channel down (ConnectionError: gone)")
+    assert lines[1] == ("ERROR", "queue 'flow': wake listener stopped")

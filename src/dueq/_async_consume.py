@@ -1,7 +1,9 @@
 """``AsyncQueue.deliveries``: an ``async for`` iterator of deliveries, each the moment it is due.
 
 The same loop as the threaded consumer (``dueq.observe``), on the caller's event loop with no
-threads of its own:
+threads of its own: both drive one ``ClaimRules`` (``dueq._consume``: what to claim, what a
+reply means, the log lines) and one wake listener flow (``dueq.wake.wake_flow``), and only do
+the I/O and the waiting themselves:
 
 1. claim as many due tasks as there are free slots (``max_in_flight`` minus the deliveries
    yielded and not yet acked, failed or released, or whose lease has run out);
@@ -21,7 +23,6 @@ so their attempt does not count.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
@@ -30,18 +31,15 @@ import reactivex
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
-from ._prefetch import AUTO_LOW, Held, Prefetch
+from ._consume import ClaimRules, release_failed
+from ._prefetch import AUTO_LOW, Prefetch
 from .clock import Duration, positive_duration_ms
 from .exceptions import ConfigurationError
-from .logs import task_fields
-from .outage import Backoff, is_outage
 from .task import AsyncDelivery
-from .wake import check_subscribed, is_wake, read_call, subscribe_args
+from .wake import WakeOp, close_failed, wake_flow
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
-
-logger = logging.getLogger("dueq.observe")
 
 #: Most seconds spent closing the wake subscription when the iterator ends.
 CLOSE_S = 1.0
@@ -124,56 +122,33 @@ async def _claims(
     """The claim loop: each claim as a list (maybe empty while the queue is idle: the caller
     never sees an empty one from ``deliveries``), resumed once the caller took it; it ends
     when ``stopping()`` says so (checked before each claim)."""
-    held: Held[AsyncDelivery] = Held(Prefetch.parse(max_in_flight, low=prefetch_low))
-    heartbeat_ms = positive_duration_ms(heartbeat, "heartbeat")
+    rules: ClaimRules[AsyncDelivery] = ClaimRules(
+        queue.name,
+        Prefetch.parse(max_in_flight, low=prefetch_low),
+        positive_duration_ms(heartbeat, "heartbeat"),
+    )
     poke = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    starved = False  # the last claim left no free slot: a settle should claim again
-
     def settled(delivery: AsyncDelivery) -> None:
-        nonlocal starved
-        held.settled(delivery)
-        if starved and held.refill:  # as the threaded consumer: room the loop waits for
-            starved = False
+        if rules.settled(delivery):  # room the loop waits for
             poke.set()
 
     listener = asyncio.create_task(_listen(queue, poke.set)) if wake else None
-    backoff = Backoff()
-    paused = False  # the last claim found the queue paused
     try:
         while not stopping():
             poke.clear()
-            free = held.free(loop.time())
-            try:  # with no free slot, a claim of 0 still reclaims lapsed leases
-                batch = await queue.claim_batch(min(free, 1000))
-            except Exception as exc:
-                if not is_outage(exc):
+            try:
+                batch = await queue.claim_batch(rules.to_claim(loop.time()))
+            except Exception as exc:  # the rules decide: an outage's backoff, or the end
+                backoff_ms = rules.failed(exc)
+                if backoff_ms is None:
                     raise
-                delay_s = backoff.failed()
-                logger.warning(
-                    "queue %r: Redis unavailable (try %d): %s; retrying in %.2f s",
-                    queue.name,
-                    backoff.failures,
-                    exc,
-                    delay_s,
-                )
-                await asyncio.sleep(delay_s)
+                await asyncio.sleep(backoff_ms / 1000)
                 continue
-            if backoff.succeeded():
-                logger.info("queue %r: Redis is back; claiming again", queue.name)
-            if batch.paused != paused:
-                paused = batch.paused
-                logger.info("queue %r: %s", queue.name, "paused; waiting" if paused else "resumed")
-            for d in batch.deliveries:
-                d.on_settled = settled
-            for d in held.add(batch.deliveries, batch.now_ms):
-                d.on_settled = None  # its lease ran out unsettled: no longer ours
-            starved = held.full
+            wait_ms = rules.claimed(batch, settled)
             if batch.deliveries:
                 yield batch.deliveries
-            full = held.full
-            wait_ms = heartbeat_ms if full else batch.sleep_ms(heartbeat_ms)
             if wait_ms > 0 and not poke.is_set():
                 await wait_event(poke, wait_ms / 1000)
     finally:
@@ -246,14 +221,7 @@ async def _release(d: AsyncDelivery) -> None:
     try:
         await d.release()
     except Exception as exc:  # its lease runs out instead and it comes again
-        logger.warning(
-            "queue %r: task %r attempt %d: could not release it: %s",
-            d.queue.name,
-            d.id,
-            d.attempt,
-            exc,
-            extra=task_fields(d.queue.name, d.id, d.attempt),
-        )
+        release_failed(d.queue.name, d, exc)
 
 
 def observe(
@@ -326,37 +294,35 @@ async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:
     After every (re)subscription it wakes the consumer once, in case something was scheduled
     while it was not listening; a lost message costs at most one heartbeat.
     """
-    backoff = Backoff()
-    pubsub: Any = None
+    flow = wake_flow(queue.name)
+    opened: Any = None  # the subscription open now: closed when the listener ends
     try:
+        step = next(flow)
         while True:
+            reply: Any = None
             try:
-                if pubsub is None:
-                    subscription = await queue.wake_subscription()
-                    pubsub = queue.redis.pubsub(ignore_subscribe_messages=True)
-                    method, channels = subscribe_args(subscription)
-                    await getattr(pubsub, method)(*channels)
-                    read, read_kwargs = read_call(pubsub, subscription)
-                    if backoff.succeeded():
-                        logger.info("queue %r: wake channel back", queue.name)
+                if step.op is WakeOp.SUBSCRIPTION:
+                    reply = await queue.wake_subscription()
+                elif step.op is WakeOp.PUBSUB:
+                    reply = opened = queue.redis.pubsub(ignore_subscribe_messages=True)
+                elif step.op is WakeOp.CALL:
+                    reply = await getattr(step.pubsub, step.method)(*step.args, **step.kwargs)
+                elif step.op is WakeOp.WAKE:
                     on_wake()
-                check_subscribed(pubsub, subscription)
-                message = await getattr(pubsub, read)(**read_kwargs)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if not is_outage(exc):
-                    logger.exception("queue %r: wake listener stopped", queue.name)
-                    return  # the consumer still wakes at its computed times and heartbeat
-                await _close(pubsub)
-                pubsub = None
-                logger.debug("queue %r: wake channel down (%s)", queue.name, exc)
-                await asyncio.sleep(backoff.failed())
-                continue
-            if is_wake(message):
-                on_wake()
+                elif step.op is WakeOp.CLOSE:
+                    await _close(step.pubsub)
+                    opened = None
+                else:
+                    await asyncio.sleep(step.delay_s)
+            except Exception as exc:  # the flow decides (an outage, or the end)
+                step = flow.throw(exc)
+            else:
+                step = flow.send(reply)
+    except StopIteration:
+        pass  # the flow ended (an error that is not an outage; logged there)
     finally:
-        await _close(pubsub)
+        flow.close()
+        await _close(opened)
 
 
 async def _close(pubsub: Any) -> None:
@@ -366,4 +332,4 @@ async def _close(pubsub: Any) -> None:
         try:
             await asyncio.wait_for(pubsub.aclose(), CLOSE_S)
         except (Exception, asyncio.CancelledError):  # broken or slow to close: let it go
-            logger.debug("error closing the wake subscription", exc_info=True)
+            close_failed()

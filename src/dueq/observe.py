@@ -1,6 +1,8 @@
 """``Queue.observe``: an observable of deliveries that claims each task the moment it is due.
 
-Each subscription runs one consumer loop on a reactivex scheduler:
+Each subscription runs one consumer loop on a reactivex scheduler (a driver of
+``dueq._consume.ClaimRules``, the decisions it shares with the asyncio consumer, and of the
+wake listener flow ``dueq.wake.wake_flow``):
 
 1. claim as many due tasks as there are free slots (``max_in_flight`` minus the deliveries
    emitted and not yet acked, failed or released);
@@ -24,7 +26,6 @@ NOREPLICAS, MASTERDOWN, LOADING, OOM) are logged and retried with backoff; they 
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -35,18 +36,14 @@ from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
-from ._prefetch import AUTO_LOW, Held, Prefetch
+from ._consume import ClaimRules, release_failed, subscriber_raised
+from ._prefetch import AUTO_LOW, Prefetch
 from .clock import Duration, positive_duration_ms
-from .outage import Backoff, describe, is_outage
 from .task import Delivery
 from .wake import WakeListener
 
 if TYPE_CHECKING:
     from .queue import Queue
-
-from .logs import task_fields
-
-logger = logging.getLogger(__name__)
 
 
 def observe_queue(
@@ -111,8 +108,9 @@ def consume_queue(
 
 
 class _Consumer:
-    """One subscription's claim loop. Thread-safe: wake messages and settled deliveries arrive
-    from other threads; claims run on the scheduler."""
+    """One subscription's claim loop: a driver of ``ClaimRules`` (``dueq._consume``, shared
+    with the asyncio consumer) on a scheduler. Thread-safe: wake messages and settled
+    deliveries arrive from other threads; claims run on the scheduler."""
 
     def __init__(
         self,
@@ -127,17 +125,13 @@ class _Consumer:
         self._observer = observer
         self._on_claimed = on_claimed  # each claim whole, instead of observer.on_next
         self._scheduler = scheduler
-        self._held: Held[Delivery] = Held(prefetch)
-        self._heartbeat_ms = heartbeat_ms
+        self._rules: ClaimRules[Delivery] = ClaimRules(queue.name, prefetch, heartbeat_ms)
         self._lock = threading.Lock()
         self._timer: abc.DisposableBase | None = None
         self._timer_at: datetime | None = None
         self._claiming = False  # a claim step is running
         self._again = False  # something asked for a claim while one was running
-        self._starved = False  # the last step found no free slot
         self._stopped = False
-        self._paused = False  # the last claim found the queue paused
-        self._backoff = Backoff()
         self._listener: WakeListener | None = None
 
     # -- control -----------------------------------------------------------------------------
@@ -164,11 +158,8 @@ class _Consumer:
 
     def _settled(self, delivery: Delivery) -> None:
         with self._lock:
-            self._held.settled(delivery)
-            starved = self._starved and self._held.refill
-            if starved:
-                self._starved = False
-        if starved:
+            claim_now = self._rules.settled(delivery)
+        if claim_now:
             self._request(0)
 
     def _request(self, delay_ms: float) -> None:
@@ -198,10 +189,10 @@ class _Consumer:
                 return
             self._timer = self._timer_at = None
             self._claiming, self._again = True, False
-            free = self._held.free(self._scheduler.now.timestamp())
-        next_ms: float | None = self._heartbeat_ms
+            count = self._rules.to_claim(self._scheduler.now.timestamp())
+        next_ms: float | None = self._rules.heartbeat_ms
         try:
-            next_ms = self._claim(free)
+            next_ms = self._claim(count)
         finally:
             with self._lock:
                 self._claiming = False
@@ -210,39 +201,20 @@ class _Consumer:
         if next_ms is not None:
             self._request(next_ms)
 
-    def _claim(self, free: int) -> float | None:
+    def _claim(self, count: int) -> float | None:
         """One claim; returns ms until the next step, or None when the stream has ended."""
-        try:  # with no free slot, a claim of 0 still reads the time and reclaims lapsed leases
-            batch = self._queue.claim_batch(min(free, 1000))
-        except Exception as exc:
-            if not is_outage(exc):
-                self._end(exc)
-                return None
-            delay_s = self._backoff.failed()
-            logger.warning(
-                "queue %r: Redis unavailable (try %d): %s; retrying in %.2f s",
-                self._queue.name,
-                self._backoff.failures,
-                describe(exc),
-                delay_s,
-            )
-            return round(delay_s * 1000)
-        if self._backoff.succeeded():
-            logger.info("queue %r: Redis is back; claiming again", self._queue.name)
-        if batch.paused != self._paused:
-            self._paused = batch.paused
-            logger.info(
-                "queue %r: %s", self._queue.name, "paused; waiting" if batch.paused else "resumed"
-            )
+        try:
+            batch = self._queue.claim_batch(count)
+        except Exception as exc:  # the rules decide: an outage's backoff, or the end
+            backoff_ms = self._rules.failed(exc)
+            if backoff_ms is None:
+                self.stop()
+                self._observer.on_error(exc)
+            return backoff_ms
         deliveries = batch.deliveries
         with self._lock:
-            for d in deliveries:
-                d.on_settled = self._settled
-            for d in self._held.add(deliveries, batch.now_ms):
-                d.on_settled = None  # its lease ran out unsettled: no longer ours
+            wait_ms = self._rules.claimed(batch, self._settled)
             stopped = self._stopped
-            full = self._held.full
-            self._starved = full
         if stopped:
             self._give_back(deliveries)
             return None
@@ -251,16 +223,14 @@ class _Consumer:
                 self._on_claimed(deliveries)
         else:
             self._emit(deliveries)
-        if full:
-            return self._heartbeat_ms  # a settled delivery pokes sooner
-        return batch.sleep_ms(self._heartbeat_ms)
+        return wait_ms
 
     def _emit(self, deliveries: list[Delivery]) -> None:
         for i, d in enumerate(deliveries):
             try:
                 self._observer.on_next(d)
             except Exception:  # the subscriber raised: reactivex has detached it
-                logger.exception("queue %r: subscriber raised; stopping", self._queue.name)
+                subscriber_raised(self._queue.name)
                 self.stop()
                 self._give_back(deliveries[i + 1 :])
                 return
@@ -271,16 +241,4 @@ class _Consumer:
             try:
                 d.release()
             except Exception as exc:  # its lease expires on its own and it is redelivered
-                logger.warning(
-                    "queue %r: task %r attempt %d: could not release it: %s",
-                    self._queue.name,
-                    d.id,
-                    d.attempt,
-                    describe(exc),
-                    extra=task_fields(self._queue.name, d.id, d.attempt),
-                )
-
-    def _end(self, exc: Exception) -> None:
-        logger.error("queue %r: consumer stopped by %s", self._queue.name, describe(exc))
-        self.stop()
-        self._observer.on_error(exc)
+                release_failed(self._queue.name, d, exc)

@@ -20,15 +20,16 @@ redis-py's cluster client holds one connection per node for them, read in turn
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from .outage import Backoff, is_outage
+from .outage import Backoff, describe, is_outage
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -87,6 +88,78 @@ def is_wake(message: Any) -> bool:
     return message is not None and message.get("type") in WAKE_TYPES
 
 
+class WakeOp(enum.Enum):
+    """What a step of ``wake_flow`` asks its driver to do (and what it sends back)."""
+
+    SUBSCRIPTION = "subscription"  # the queue's WakeSubscription (reads the server version)
+    PUBSUB = "pubsub"  # a new pubsub of the queue's client (the driver closes it at the end)
+    CALL = "call"  # getattr(pubsub, method)(*args, **kwargs): its reply
+    WAKE = "wake"  # call the consumer's on_wake()
+    CLOSE = "close"  # close pubsub (never raises)
+    SLEEP = "sleep"  # wait delay_s (or less, when the listener is stopped)
+
+
+@dataclass(frozen=True)
+class WakeStep:
+    """One I/O step of ``wake_flow``, for its driver (a thread or an asyncio task)."""
+
+    op: WakeOp
+    pubsub: Any = None
+    method: str = ""
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    delay_s: float = 0.0
+
+
+_WAKE = WakeStep(WakeOp.WAKE)
+
+
+def wake_flow(queue_name: str) -> Generator[WakeStep, Any, None]:
+    """The wake listener, written once: subscribe (SSUBSCRIBE or SUBSCRIBE, see the module
+    docstring), wake the consumer once (anything scheduled while it was not listening), then
+    wake it for each wake message read. An outage (an error of a step, thrown in by the driver)
+    closes the subscription and subscribes again after a backoff; any other error ends the
+    flow (the consumer still wakes at its computed times and heartbeat). It does no I/O: the
+    driver runs each step and sends its reply back; ``WakeListener`` and the asyncio
+    consumer's listener are its drivers."""
+    backoff = Backoff()
+    while True:
+        pubsub: Any = None
+        try:
+            subscription = yield WakeStep(WakeOp.SUBSCRIPTION)
+            pubsub = yield WakeStep(WakeOp.PUBSUB)
+            method, channels = subscribe_args(subscription)
+            yield WakeStep(WakeOp.CALL, pubsub, method, channels)
+            read, read_kwargs = read_call(pubsub, subscription)
+            if backoff.succeeded():
+                logger.info("queue %r: wake channel back", queue_name)
+            yield _WAKE
+            while True:
+                check_subscribed(pubsub, subscription)
+                message = yield WakeStep(WakeOp.CALL, pubsub, read, (), read_kwargs)
+                if is_wake(message):
+                    yield _WAKE
+        except Exception as exc:  # an outage is waited out; anything else ends the listener
+            if not is_outage(exc):
+                logger.error("queue %r: wake listener stopped", queue_name, exc_info=exc)
+                return
+            delay_s = backoff.failed()
+            logger.debug(
+                "queue %r: wake channel down (%s); subscribing again in %.2f s",
+                queue_name,
+                describe(exc),
+                delay_s,
+            )
+            if pubsub is not None:
+                yield WakeStep(WakeOp.CLOSE, pubsub)
+            yield WakeStep(WakeOp.SLEEP, delay_s=delay_s)
+
+
+def close_failed() -> None:
+    """Log a subscription that raised as it was closed (broken, or slow to close)."""
+    logger.debug("error closing the wake subscription", exc_info=True)
+
+
 class WakeListener:
     """Calls ``on_wake()`` for each message on the queue's wake channel, until ``stop()``."""
 
@@ -109,38 +182,38 @@ class WakeListener:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        backoff = Backoff()
-        pubsub: Any = None
+        """Drive ``wake_flow`` with blocking I/O until ``stop()``."""
+        flow = wake_flow(self._queue.name)
+        opened: Any = None  # the subscription open now: closed when the listener ends
         try:
+            step = next(flow)
             while not self._stopped.is_set():
+                reply: Any = None
                 try:
-                    if pubsub is None:
-                        subscription = self._queue.wake_subscription()
-                        pubsub = self._queue.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-                        method, channels = subscribe_args(subscription)
-                        getattr(pubsub, method)(*channels)
-                        read, read_kwargs = read_call(pubsub, subscription)
-                        if backoff.succeeded():
-                            logger.info("queue %r: wake channel back", self._queue.name)
-                        self._on_wake()  # anything scheduled while we were not listening
-                    check_subscribed(pubsub, subscription)
-                    message = getattr(pubsub, read)(**read_kwargs)
-                except Exception as exc:
+                    if step.op is WakeOp.SUBSCRIPTION:
+                        reply = self._queue.wake_subscription()
+                    elif step.op is WakeOp.PUBSUB:
+                        reply = opened = self._queue.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                    elif step.op is WakeOp.CALL:
+                        reply = getattr(step.pubsub, step.method)(*step.args, **step.kwargs)
+                    elif step.op is WakeOp.WAKE:
+                        self._on_wake()
+                    elif step.op is WakeOp.CLOSE:
+                        _close(step.pubsub)
+                        opened = None
+                    else:
+                        self._stopped.wait(step.delay_s)
+                except Exception as exc:  # the flow decides (an outage, or the end)
                     if self._stopped.is_set():
                         return  # e.g. the client was closed right after the consumer stopped
-                    if not is_outage(exc):
-                        logger.exception("queue %r: wake listener stopped", self._queue.name)
-                        return  # the consumer still wakes at its computed times and heartbeat
-                    _close(pubsub)
-                    pubsub = None
-                    delay_s = backoff.failed()
-                    logger.debug("queue %r: wake channel down (%s)", self._queue.name, exc)
-                    self._stopped.wait(delay_s)
-                    continue
-                if is_wake(message):
-                    self._on_wake()
+                    step = flow.throw(exc)
+                else:
+                    step = flow.send(reply)
+        except StopIteration:
+            pass  # the flow ended (an error that is not an outage; logged there)
         finally:
-            _close(pubsub)
+            flow.close()
+            _close(opened)
 
 
 def _close(pubsub: Any) -> None:
@@ -148,4 +221,4 @@ def _close(pubsub: Any) -> None:
         try:
             pubsub.close()
         except Exception:  # closing a broken connection may raise; nothing to do about it
-            logger.debug("error closing the wake subscription", exc_info=True)
+            close_failed()

@@ -1,0 +1,117 @@
+"""The claim loop's decisions, written once for both consumers (issue 26).
+
+``Queue.observe``/``Worker`` (``dueq.observe``: a reactivex scheduler and threads) and
+``AsyncQueue.deliveries``/``AsyncWorker`` (``dueq._async_consume``: the caller's event loop)
+drive the same ``ClaimRules``: how many to claim, what a claim's reply means (sleep until the
+next due time, claim again now, paused, an outage's backoff, the end of the stream on any other
+error), when a settled delivery should bring the next claim, and every log line of the loop.
+The rules do no I/O and take no time of their own: each driver claims, hands over, sleeps and
+wakes in its own way, and asks the rules what to do next. Not thread-safe: the threaded driver
+calls them under its lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from ._prefetch import Held, Prefetch
+from .logs import task_fields
+from .outage import Backoff, describe, is_outage
+from .task import DeliveryBase
+
+if TYPE_CHECKING:
+    from ._core import ClaimBatch
+
+D = TypeVar("D", bound=DeliveryBase)
+
+logger = logging.getLogger("dueq.observe")
+
+#: Most deliveries one claim call asks for (the claim script leases at most 1,000).
+MAX_CLAIM = 1000
+
+
+class ClaimRules(Generic[D]):
+    """One consumer's claim loop, as decisions: ``to_claim`` before each claim, then
+    ``claimed`` (the claim's reply: what to hand over and how long to wait) or ``failed`` (its
+    error: how long to back off, or None when the stream ends with it); ``settled`` for each
+    settled delivery (True: claim now, the hold has room worth a claim again)."""
+
+    def __init__(self, queue_name: str, prefetch: Prefetch, heartbeat_ms: int) -> None:
+        self.queue_name = queue_name
+        self.held: Held[D] = Held(prefetch)
+        self.heartbeat_ms = heartbeat_ms
+        self._backoff = Backoff()
+        self._paused = False  # the last claim found the queue paused
+        self._starved = False  # the last claim left no room worth a claim
+
+    def to_claim(self, now_s: float) -> int:
+        """How many to claim now: the free slots (0 still reads the time and reclaims lapsed
+        leases), at most ``MAX_CLAIM``."""
+        return min(self.held.free(now_s), MAX_CLAIM)
+
+    def claimed(self, batch: ClaimBatch, on_settled: Callable[[D], None]) -> float:
+        """Take a claim's reply (a ``ClaimBatch``): its deliveries are held (each reports to
+        ``on_settled``), and held ones whose lease ran out are let go. Returns the ms to wait
+        before the next claim, unless a settle or a wake comes first: the heartbeat when the
+        hold is full (a settle that frees a quarter of it claims sooner), else until the next
+        due time or lease deadline."""
+        if self._backoff.succeeded():
+            logger.info("queue %r: Redis is back; claiming again", self.queue_name)
+        if batch.paused != self._paused:
+            self._paused = batch.paused
+            logger.info(
+                "queue %r: %s", self.queue_name, "paused; waiting" if batch.paused else "resumed"
+            )
+        for d in batch.deliveries:
+            d.on_settled = on_settled
+        for d in self.held.add(batch.deliveries, batch.now_ms):
+            d.on_settled = None  # its lease ran out unsettled: no longer ours
+        self._starved = self.held.full
+        if self._starved:
+            return self.heartbeat_ms
+        return batch.sleep_ms(self.heartbeat_ms)
+
+    def failed(self, exc: Exception) -> float | None:
+        """A claim raised ``exc``: the ms to back off for an outage (logged, retried), or None
+        when the stream ends with it (anything else: waiting would hide it)."""
+        if not is_outage(exc):
+            logger.error("queue %r: consumer stopped by %s", self.queue_name, describe(exc))
+            return None
+        delay_s = self._backoff.failed()
+        logger.warning(
+            "queue %r: Redis unavailable (try %d): %s; retrying in %.2f s",
+            self.queue_name,
+            self._backoff.failures,
+            describe(exc),
+            delay_s,
+        )
+        return round(delay_s * 1000)
+
+    def settled(self, delivery: D) -> bool:
+        """``delivery`` was acked, failed or released: True when the loop, waiting on a full
+        hold, should claim now."""
+        self.held.settled(delivery)
+        if self._starved and self.held.refill:
+            self._starved = False
+            return True
+        return False
+
+
+def release_failed(queue_name: str, d: DeliveryBase, exc: Exception) -> None:
+    """Log a delivery given back (claimed, never handed over) whose release failed: its lease
+    runs out instead and it is delivered again."""
+    logger.warning(
+        "queue %r: task %r attempt %d: could not release it: %s",
+        queue_name,
+        d.id,
+        d.attempt,
+        describe(exc),
+        extra=task_fields(queue_name, d.id, d.attempt),
+    )
+
+
+def subscriber_raised(queue_name: str) -> None:
+    """Log a subscriber that raised from ``on_next`` (the stream stops)."""
+    logger.exception("queue %r: subscriber raised; stopping", queue_name)
