@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
-import uvicorn
-from dashboard_support import running_worker, seed
+from dashboard_support import Served, running_worker, seed
 
 from dueq import Queue
 from dueq.dashboard import DashboardSettings, create_app
@@ -48,40 +44,6 @@ from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Served:
-    """A uvicorn server of the dashboard in a thread, on a free loopback port."""
-
-    def __init__(self, url: str, settings: DashboardSettings) -> None:
-        self.port = _free_port()
-        config = uvicorn.Config(
-            create_app(url, settings), host="127.0.0.1", port=self.port, log_level="warning"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Served:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-    def url(self, path: str = "/") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +82,7 @@ def serve(redis_server: RedisServer, browser: WebDriver) -> Iterator[Serve]:
     running: list[Served] = []
 
     def start(**settings: object) -> Served:
-        served = Served(redis_server.url, DashboardSettings(**settings)).__enter__()  # type: ignore[arg-type]
+        served = Served(create_app(redis_server.url, DashboardSettings(**settings))).__enter__()  # type: ignore[arg-type]
         running.append(served)
         browser.delete_all_cookies()
         return served

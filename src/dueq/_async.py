@@ -305,16 +305,7 @@ class AsyncQueue(QueueCore):
         return await self.drive(self.stats_flow())
 
     async def doctor(self, fix: bool = False, *, batch: int = 1000) -> DoctorReport:
-        """Check the queue's derived state against its tasks; with ``fix=True`` repair it.
-
-        Derived state is what the scripts keep so that claims stay cheap: each limit key's
-        leased and parked counts, the key-wait entries, the rate window's sum. A hand edit, an
-        eviction or a bug can make it disagree with the tasks, and a key whose leased count is
-        too high holds its tasks back forever. No task is touched (due, leased, tasks, meta,
-        errors and dead stay as they are); tasks whose data is gone are reported only, since
-        the claim drops them. Runs in calls of at most ``batch`` keys or entries (1 to 10,000),
-        each atomic for its batch, so a large queue is never blocked for long. Returns a
-        ``DoctorReport`` with one ``DoctorFinding`` per problem (``docs/doctor.md``)."""
+        """As ``Queue.doctor``."""
         return await self.drive(self.doctor_flow(fix, batch))
 
     async def list_tasks(
