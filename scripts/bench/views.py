@@ -32,7 +32,7 @@ from typing import Any
 import redis
 
 from dueq import Queue, Task
-from dueq._core import MAX_HOLDER_LENGTH
+from dueq.checks import MAX_HOLDER_LENGTH
 from dueq.scripts import SCRIPT_NAMES, script_source
 from dueq.server import RedisServer
 

@@ -25,7 +25,7 @@ import redis
 from . import _protocol as protocol
 from . import _tracing
 from ._identity import worker_id
-from .checks import whole_number
+from .checks import MAX_HOLDER_LENGTH, validate_holder, whole_number
 from .clock import Clock, Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
 from .cron import CronsCore
@@ -99,9 +99,6 @@ MAX_PAYLOAD_LIMIT = 64 * 1024 * 1024
 MIN_REDIS_VERSION = (6, 2)
 #: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
 ID_RETRIES = 5
-#: Longest lease holder name: it is kept with every leased task (see ``Queue(holder=...)``), and
-#: 32 characters keep that under 40 bytes per task (scripts/bench/views.py measures it).
-MAX_HOLDER_LENGTH = 32
 #: Most tasks one listing page returns, and entries one page looks at (list_tasks.lua's cost).
 MAX_PAGE = 1000
 LIST_BUDGET = 1000
@@ -122,22 +119,6 @@ def default_holder() -> str:
     made again in a forked child."""
     wid = worker_id().replace("|", "_")
     return wid if len(wid) <= MAX_HOLDER_LENGTH else wid[-MAX_HOLDER_LENGTH:]
-
-
-def validate_holder(holder: object) -> str:
-    """A lease holder name: printable, without "|", at most MAX_HOLDER_LENGTH characters."""
-    if (
-        not isinstance(holder, str)
-        or not holder
-        or len(holder) > MAX_HOLDER_LENGTH
-        or "|" in holder
-        or not holder.isprintable()
-    ):
-        raise ConfigurationError(
-            f"holder must be a printable string of 1 to {MAX_HOLDER_LENGTH} characters "
-            f'without "|", got {holder!r}'
-        )
-    return holder
 
 
 def _encode_cursor(raw: str) -> str | None:

@@ -39,3 +39,24 @@ def checked_name(name: object, what: str, error: type[DueqError], *, forbidden: 
         extra = f" or {' '.join(forbidden)}" if forbidden else ""
         raise error(f"{what} {name!r} must be printable, without spaces{extra}")
     return name
+
+
+#: Longest lease holder name: it is kept with every leased task (see ``Queue(holder=...)``), and
+#: 32 characters keep that under 40 bytes per task (scripts/bench/views.py measures it).
+MAX_HOLDER_LENGTH = 32
+
+
+def validate_holder(holder: object) -> str:
+    """A lease holder name: printable, without "|", at most MAX_HOLDER_LENGTH characters."""
+    if (
+        not isinstance(holder, str)
+        or not holder
+        or len(holder) > MAX_HOLDER_LENGTH
+        or "|" in holder
+        or not holder.isprintable()
+    ):
+        raise ConfigurationError(
+            f"holder must be a printable string of 1 to {MAX_HOLDER_LENGTH} characters "
+            f'without "|", got {holder!r}'
+        )
+    return holder
