@@ -323,3 +323,5 @@ def test_a_worker_whose_claims_fail_for_good_stops_and_raises_that_error(
     assert not thread.is_alive()
     assert len(raised) == 1 and isinstance(raised[0], redis.ResponseError), raised
     assert "WRONGTYPE" in str(raised[0])
+    assert isinstance(raised[0], dueq.CorruptQueue)  # which names the key and its type
+    assert q.keys.leased in str(raised[0])

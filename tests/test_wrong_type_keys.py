@@ -8,7 +8,6 @@ names the key, the type it holds and the type dueq keeps there.
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
@@ -63,23 +62,3 @@ def test_the_tasks_hash_of_the_wrong_type_is_named_by_schedule(make_queue, r):
     r.rpush(q.keys.tasks, "x")
     with pytest.raises(dueq.CorruptQueue, match=r"tasks.*list.*hash"):
         q.schedule({"a": 1})
-
-
-def test_a_worker_stops_on_a_corrupt_queue_with_the_error_naming_the_key(r):
-    q = dueq.Queue(_queue_name(), r)
-    r.set(q.keys.leased, "not a sorted set")
-    worker = dueq.Worker(q, lambda d: None)
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:  # the test looks at what it was
-            raised.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(10)
-    assert not thread.is_alive()
-    assert len(raised) == 1 and isinstance(raised[0], dueq.CorruptQueue), raised
-    assert q.keys.leased in str(raised[0])
