@@ -8,11 +8,12 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import redis
 
-from dueq import Queue, RetryPolicy, Worker
+from dueq import Queue, RetryPolicy, Task, Worker
 
 XSS = "<script>window.__dueq_xss = 1</script>"
 
@@ -104,3 +105,9 @@ class Served:
 
     def url(self, path: str = "/") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
+
+
+def overdue(q: Queue, *, count: int, minutes: float) -> None:
+    """``count`` tasks of ``q`` that fell due ``minutes`` ago (by the Redis clock's now)."""
+    at = datetime.now(timezone.utc) - timedelta(minutes=minutes)
+    q.schedule_many(Task({"n": i}, id=f"late-{i}", at=at) for i in range(count))

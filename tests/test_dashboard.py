@@ -65,6 +65,8 @@ def test_overview_json_counts_every_queue_by_state(r: redis.Redis, dashboard: Cl
         "oldest_due_lag_s": 0,
         "next_due_at": None,
         "workers": 0,
+        "health": "warn",  # its 3 dead letters came in the last hour
+        "health_reason": "3 dead letters in the last 1 h",
     }
     assert data["queues"]["reports"]["scheduled"] == 2
     assert data["live"]["emails.dead"] == 3
@@ -231,7 +233,7 @@ def test_task_actions_cancel_run_now_reschedule_replay(r: redis.Redis, dashboard
     confirm(client, "run-now", queue="emails", id="welcome:42")
     assert q.stats().due_now == 1
     _, html = confirm(client, "reschedule", queue="emails", id="welcome:42", delay_s="120")
-    assert "due in 120 s" in html and q.stats().due_now == 0
+    assert "due in 2 min" in html and q.stats().due_now == 0
     confirm(client, "replay", queue="emails", id="fail-2")
     assert q.get("fail-2").state == "scheduled"  # type: ignore[union-attr]
     confirm(client, "cancel", queue="emails", id="xss-1")

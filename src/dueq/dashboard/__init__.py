@@ -29,5 +29,16 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from ._app import ACTIONS, DashboardSettings, check_bind, create_app, redis_label
+from ._health import Health, HealthRules, human_duration, judge_health
 
-__all__ = ["ACTIONS", "DashboardSettings", "check_bind", "create_app", "redis_label"]
+__all__ = [
+    "ACTIONS",
+    "DashboardSettings",
+    "Health",
+    "HealthRules",
+    "check_bind",
+    "create_app",
+    "human_duration",
+    "judge_health",
+    "redis_label",
+]

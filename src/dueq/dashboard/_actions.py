@@ -18,7 +18,9 @@ from .._async import AsyncQueue
 from ..exceptions import ConfigurationError
 from ._context import Context
 from ._guard import HttpProblem, form_fields
+from ._health import human_duration
 from ._html import e, link
+from ._reads import dead_groups
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,11 @@ class Action:
     needs: tuple[str, ...]
     describe: Callable[[Mapping[str, str]], str]
     run: Callable[[AsyncQueue, Mapping[str, str]], Awaitable[str]]
-    back: Literal["queue", "task", "cron"]
+    back: Literal["queue", "task", "cron", "dead"]
     danger: bool = False
+    #: for the dead-letter actions: how many tasks it acts on (and whether that is exact), so
+    #: the confirmation asks "Replay 37 tasks?"
+    count: Callable[[AsyncQueue, Mapping[str, str]], Awaitable[tuple[int, bool]]] | None = None
 
 
 def _count(n: int, what: str) -> str:
@@ -66,7 +71,19 @@ async def _reschedule(q: AsyncQueue, f: Mapping[str, str]) -> str:
             f"delay_s must be a number of seconds, got {f['delay_s']!r}"
         ) from None
     done = await q.reschedule(f["id"], delay=delay_s)
-    return f"task {f['id']} is due in {delay_s:g} s" if done else f"task {f['id']} not scheduled"
+    due = f"task {f['id']} is due in {human_duration(delay_s)}"
+    return due if done else f"task {f['id']} not scheduled"
+
+
+async def _one(_q: AsyncQueue, _f: Mapping[str, str]) -> tuple[int, bool]:
+    return 1, True
+
+
+async def _group_size(q: AsyncQueue, f: Mapping[str, str]) -> tuple[int, bool]:
+    """The dead tasks whose last error is ``f["error_type"]``, as ``dead_groups`` counts them:
+    exact when every dead task was looked at, a floor when the scan stopped first."""
+    groups, looked = await dead_groups(q)
+    return groups[f["error_type"]], looked >= await q.dead.count()
 
 
 async def _replay(q: AsyncQueue, f: Mapping[str, str]) -> str:
@@ -122,7 +139,7 @@ ACTIONS: dict[str, Action] = {
     "run-now": Action(
         "Run now",
         ("id",),
-        lambda f: f"Make task {f['id']} of queue {f['queue']} due now (a dead one is replayed).",
+        lambda f: f"Make task {f['id']} of queue {f['queue']} due now.",
         _run_now,
         "task",
     ),
@@ -139,6 +156,7 @@ ACTIONS: dict[str, Action] = {
         lambda f: f"Replay dead task {f['id']} of queue {f['queue']} (attempts reset, due now).",
         _replay,
         "task",
+        count=_one,
     ),
     "purge": Action(
         "Purge",
@@ -147,6 +165,7 @@ ACTIONS: dict[str, Action] = {
         _purge,
         "queue",
         danger=True,
+        count=_one,
     ),
     "replay-group": Action(
         "Replay group",
@@ -155,7 +174,8 @@ ACTIONS: dict[str, Action] = {
             f"Replay every dead task of queue {f['queue']} whose last error is {f['error_type']}."
         ),
         _replay_group,
-        "queue",
+        "dead",
+        count=_group_size,
     ),
     "purge-group": Action(
         "Purge group",
@@ -165,8 +185,9 @@ ACTIONS: dict[str, Action] = {
             f"{f['queue']} whose last error is {f['error_type']}, for good."
         ),
         _purge_group,
-        "queue",
+        "dead",
         danger=True,
+        count=_group_size,
     ),
     "cron-pause": Action(
         "Pause",
@@ -208,7 +229,10 @@ class Actions:
             raise HttpProblem(403, "this dashboard is read-only")
         fields = await self._fields(request, action)
         if request.method == "GET":
-            return self._confirm(request, verb, action, fields)
+            counted = None
+            if action.count is not None:
+                counted = await action.count(await self.ctx.queue(fields["queue"]), fields)
+            return self._confirm(request, verb, action, fields, counted)
         q = await self.ctx.queue(fields["queue"])
         done = await action.run(q, fields)
         back = self._back(action, fields)
@@ -237,10 +261,19 @@ class Actions:
             )
         if action.back == "cron":
             return link("Back to cron", "/cron")
+        if action.back == "dead":
+            queue = fields["queue"]
+            back = link(f"queue {queue}", "/queue", queue=queue)
+            return f"{link('Back to dead letters', '/dead')} · {back}"
         return link(f"Back to queue {fields['queue']}", "/queue", queue=fields["queue"])
 
     def _confirm(
-        self, request: Request, verb: str, action: Action, fields: Mapping[str, str]
+        self,
+        request: Request,
+        verb: str,
+        action: Action,
+        fields: Mapping[str, str],
+        counted: tuple[int, bool] | None,
     ) -> Response:
         inputs = "".join(
             f'<label>{e(k)} <input name="{e(k)}" value="{e(v)}"></label> '
@@ -249,11 +282,18 @@ class Actions:
             for k, v in fields.items()
         )
         cls = ' class="danger"' if action.danger else ""
+        verb_word = action.label.split()[0]  # "Replay group" asks "Replay 37 tasks?"
+        if counted is None:
+            title, yes = f"Confirm: {action.label}", f"Yes, {action.label.lower()}"
+        else:
+            n, exact = counted
+            tasks = f"{'' if exact else 'at least '}{n} task{'' if n == 1 else 's'}"
+            title, yes = f"{verb_word} {tasks}?", f"Yes, {verb_word.lower()} {tasks}"
         body = (
-            f"<h1>Confirm: {e(action.label)}</h1><p>{e(action.describe(fields))}</p>"
+            f"<h1>{e(title)}</h1><p>{e(action.describe(fields))}</p>"
             f'<form method="post" action="/action/{e(verb)}">{inputs}'
             f'<input type="hidden" name="csrf" value="{e(request.state.csrf)}">'
-            f'<button type="submit" id="confirm"{cls}>Yes, {e(action.label.lower())}</button>'
+            f'<button type="submit" id="confirm"{cls}>{e(yes)}</button>'
             f"</form><p>{self._back(action, fields)}</p>"
         )
         return self.ctx.page(request, f"Confirm {action.label}", body)

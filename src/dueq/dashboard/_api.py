@@ -20,8 +20,10 @@ from ._reads import (
     HISTOGRAM_BUCKETS,
     alive,
     dead_groups,
+    health_json,
     live_rows,
     overview_data,
+    queue_health,
     search,
     stats_json,
 )
@@ -40,7 +42,7 @@ class Api:
         q = await self.ctx.known_queue(request.query_params.get("queue"))
         stats = await q.stats()
         hist = await q.due_histogram(HISTOGRAM_BUCKET, HISTOGRAM_BUCKETS)
-        row = stats_json(stats)
+        row = {**stats_json(stats), **health_json(await queue_health(self.ctx, q, stats))}
         live_row = live_rows({q.name: row})
         live_row[f"{q.name}.next_due_at"] = when(stats.next_due_at)
         return JSONResponse(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,6 +33,7 @@ from ._auth import Auth
 from ._charts import Charts
 from ._context import Context, Endpoint, Kind
 from ._guard import SESSION_S, Guard, check_bind
+from ._health import HealthRules
 from ._views import Views
 
 
@@ -48,7 +49,10 @@ class DashboardSettings:
     answers to besides 127.0.0.1, localhost, ::1 and the address a request arrived on; any
     other ``Host`` gets a plain 400, and a POST's ``Origin`` must be one of them.
     ``behind_tls``: the browser reaches it over https (a TLS proxy in front), so its cookies
-    are marked ``Secure`` (they are anyway when the request's scheme is https)."""
+    are marked ``Secure`` (they are anyway when the request's scheme is https).
+
+    ``health``: when a queue's row says ``warn`` or ``bad`` (``HealthRules``: the waits and
+    the dead-letter window; see docs/dashboard-health.md)."""
 
     read_only: bool = False
     token: str | None = None
@@ -57,6 +61,7 @@ class DashboardSettings:
     allowed_hosts: tuple[str, ...] = ()
     session_s: float = SESSION_S
     behind_tls: bool = False
+    health: HealthRules = field(default_factory=HealthRules)
 
 
 def redis_label(redis_url: str) -> str:
@@ -117,6 +122,7 @@ def create_app(
         route("/task", "page", views.task_page),
         route("/workers", "page", views.workers_page),
         route("/cron", "page", views.cron_page),
+        route("/dead", "page", views.dead_page),
         route("/action/{verb}", "page", actions.action_page, ("GET", "POST")),
         route("/login", "open", auth.login_page, ("GET", "POST")),
         route("/logout", "open", auth.logout, ("POST",)),

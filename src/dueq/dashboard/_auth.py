@@ -50,6 +50,8 @@ class Auth:
 
         async def run(request: Request) -> Response:
             request.state.csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+            # the pages name the Redis only to someone let in (not on the login page)
+            request.state.authorized = self.authorized(request)
             response = await self._checked(kind, handler, request)
             for name, value in SECURITY_HEADERS.items():
                 response.headers.setdefault(name, value)

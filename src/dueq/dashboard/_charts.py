@@ -12,7 +12,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .. import discovery
 from . import _svg
 from ._context import Context, Unreadable
 from ._guard import HttpProblem
@@ -46,11 +45,7 @@ class Charts:
             from ..metrics import QueueCollector
         except ImportError as exc:
             raise HttpProblem(501, f"{exc}: pip install 'dueq[metrics]'") from None
-        if self.ctx.sync_client is None:
-            self.ctx.sync_client = discovery.client_for_url(self.ctx.redis_url)
         registry = CollectorRegistry()
-        registry.register(
-            QueueCollector(self.ctx.sync_client, list(self.ctx.settings.queues) or None)
-        )
+        registry.register(QueueCollector(self.ctx.sync(), list(self.ctx.settings.queues) or None))
         text = await run_in_threadpool(generate_latest, registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)

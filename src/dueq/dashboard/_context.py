@@ -119,6 +119,13 @@ class Context:
             raise HttpProblem(404, f"no queue named {name!r}")
         return await self.queue(name)
 
+    def sync(self) -> redis.Redis:
+        """A blocking client to the same Redis (opened on first use, closed by the app's
+        lifespan), for the rules written for one: ``discover_workers``, the metrics."""
+        if self.sync_client is None:
+            self.sync_client = discovery.client_for_url(self.redis_url)
+        return self.sync_client
+
     def secure(self, request: Request) -> bool:
         """Mark cookies ``Secure``: the browser reaches the dashboard over TLS."""
         return self.settings.behind_tls or request.url.scheme == "https"
@@ -131,7 +138,7 @@ class Context:
             layout(
                 title,
                 body,
-                where=self.where,
+                where=self.where if getattr(request.state, "authorized", False) else None,
                 poll=poll,
                 read_only=self.settings.read_only,
                 logout_csrf=request.state.csrf if logged_in else None,

@@ -39,6 +39,16 @@ button.danger{color:#b71c1c}
 .muted{color:#777;font-size:12px}
 img.chart{display:block;border:1px solid #ddd;margin:6px 0;width:600px;height:auto}
 .charts{display:flex;gap:16px;flex-wrap:wrap}
+tr[data-health=warn] td{background:#fff8e1}
+tr[data-health=bad] td{background:#ffebee}
+td.badge{font-weight:bold;text-transform:uppercase;font-size:11px}
+[data-health=ok] td.badge{color:#2e7d32}
+[data-health=warn] td.badge{color:#e65100}
+[data-health=bad] td.badge{color:#b71c1c}
+td.why{color:#444}
+p#health,p.health{padding:6px 10px;border-left:6px solid #2e7d32;background:#e8f5e9}
+p#health[data-health=warn],p.health[data-health=warn]{border-color:#ef6c00;background:#fff3e0}
+p#health[data-health=bad],p.health[data-health=bad]{border-color:#c62828;background:#ffebee}
 """
 
 JS = """
@@ -56,6 +66,10 @@ JS = """
         document.querySelectorAll('[data-live]').forEach(function (el) {
           var v = live[el.getAttribute('data-live')];
           if (v !== undefined && el.textContent !== String(v)) { el.textContent = String(v); }
+        });
+        document.querySelectorAll('[data-health-of]').forEach(function (el) {
+          var v = live[el.getAttribute('data-health-of')];
+          if (v !== undefined) { el.setAttribute('data-health', String(v)); }
         });
         if (ticks % 5 === 0) {
           document.querySelectorAll('img[data-chart]').forEach(function (img) {
@@ -101,6 +115,14 @@ def live(key: str, text: object, css: str = "") -> str:
     return f'<td{cls} data-live="{e(key)}">{e(text)}</td>'
 
 
+def health_row(queue: str, level: str) -> str:
+    """The opening ``<tr>`` of a queue's row, coloured by its health (the poller keeps
+    ``data-health`` current from the JSON's ``live[QUEUE.health]``)."""
+    return (
+        f'<tr data-health="{e(level)}" data-queue="{e(queue)}" data-health-of="{e(queue)}.health">'
+    )
+
+
 def chart(alt: str, src: str) -> str:
     """An SVG chart the page's poller reloads now and then."""
     return f'<img class="chart" alt="{e(alt)}" src="{e(src)}" data-chart="{e(src)}">'
@@ -139,13 +161,14 @@ def layout(
     title: str,
     body: str,
     *,
-    where: str,
+    where: str | None,
     poll: str | None,
     read_only: bool,
     logout_csrf: str | None = None,
 ) -> str:
     """The whole page: header with navigation, ``body``, and the poller when ``poll`` is set;
-    a Log out button (a POST carrying ``logout_csrf``) when that is given."""
+    a Log out button (a POST carrying ``logout_csrf``) when that is given; the Redis named as
+    ``where`` unless that is None (a visitor not yet logged in)."""
     poll_attr = f' data-poll="{e(poll)}"' if poll else ""
     mode = " · read-only" if read_only else ""
     logout = (
@@ -162,7 +185,8 @@ def layout(
         '<script src="/static/dashboard.js" defer></script></head>'
         f"<body{poll_attr}><header>"
         f"{link('dueq', '/')}{link('Overview', '/')}{link('Workers', '/workers')}"
-        f"{link('Cron', '/cron')}"
-        f'<span class="where">Redis {e(where)}{e(mode)} · <span id="updated"></span></span>'
+        f"{link('Cron', '/cron')}{link('Dead letters', '/dead')}"
+        f'<span class="where">{e(f"Redis {where}" if where else "")}{e(mode)} · '
+        '<span id="updated"></span></span>'
         f"{logout}</header><main>{body}</main></body></html>"
     )

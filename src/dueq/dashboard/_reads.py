@@ -12,12 +12,15 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, Literal
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
+from .. import discovery
 from .._async import AsyncQueue
-from ..registry import WorkerInfo, merge_workers
+from ..registry import WorkerInfo
 from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
 from ._context import Context, Unreadable
+from ._health import Health, human_duration, judge_health, worst
 
 PAGE_SIZE = 50
 #: list_tasks calls one search may make (each looks at up to 1,000 tasks).
@@ -62,36 +65,84 @@ def sum_history(histories: list[list[HistoryPoint]]) -> list[HistoryPoint]:
 
 
 def lag(seconds: float) -> str:
-    return f"{seconds:.1f} s"
+    return human_duration(seconds)
+
+
+def health_json(health: Health) -> dict[str, str]:
+    return {"health": health.level, "health_reason": health.reason}
+
+
+async def stats_and_history(ctx: Context, q: AsyncQueue) -> tuple[QueueStats, list[HistoryPoint]]:
+    """What the health rule reads of a queue: its stats and the history of its dead window."""
+    return await q.stats(), await q.history(ctx.settings.health.history_minutes)
+
+
+async def queue_health(ctx: Context, q: AsyncQueue, stats: QueueStats) -> Health:
+    """``q``'s health now (one queue's page): its live workers and recent history."""
+    live = (await workers(ctx, [q.name]))[q.name]
+    history = await q.history(ctx.settings.health.history_minutes)
+    return judge_health(stats, live_workers=len(live), history=history, rules=ctx.settings.health)
 
 
 async def overview_data(ctx: Context) -> dict[str, Any]:
-    """Every shown queue's stats row and live workers (the overview page and its JSON)."""
+    """Every shown queue's stats row, health and live workers (the overview page and its
+    JSON); ``health`` is the worst row's (an unreadable queue is ``bad``)."""
     names = await ctx.names()
-    stats = await ctx.each_queue(names, lambda q: q.stats())
+    read = await ctx.each_queue(names, lambda q: stats_and_history(ctx, q))
     by_queue = await workers(ctx, names)
-    rows = {
-        n: {"error": s.why}
-        if isinstance(s, Unreadable)
-        else {**stats_json(s), "workers": len(by_queue[n])}
-        for n, s in stats.items()
-    }
+    rows: dict[str, dict[str, Any]] = {}
+    healths: dict[str, Health] = {}
+    for n, found in read.items():
+        if isinstance(found, Unreadable):
+            healths[n] = Health("bad", (f"unreadable: {found.why}",))
+            rows[n] = {"error": found.why, **health_json(healths[n])}
+            continue
+        stats, history = found
+        healths[n] = judge_health(
+            stats, live_workers=len(by_queue[n]), history=history, rules=ctx.settings.health
+        )
+        rows[n] = {**stats_json(stats), "workers": len(by_queue[n]), **health_json(healths[n])}
     alive_n = len({w.worker_id for found in by_queue.values() for w in found})
+    level = worst(healths.values())
+    summary = health_summary(healths)
     live = live_rows(rows)
-    live["workers_alive"] = alive_n
-    return {"queues": rows, "workers_alive": alive_n, "live": live}
+    live |= {"workers_alive": alive_n, "health": level, "health_summary": summary}
+    return {
+        "queues": rows,
+        "workers_alive": alive_n,
+        "health": level,
+        "health_summary": summary,
+        "live": live,
+    }
+
+
+def health_summary(healths: Mapping[str, Health]) -> str:
+    """The overview's line: how many queues are bad and how many warn, or that all are ok."""
+    bad = sum(h.level == "bad" for h in healths.values())
+    warn = sum(h.level == "warn" for h in healths.values())
+    if not bad and not warn:
+        return f"all {len(healths)} queues ok" if len(healths) != 1 else "the queue is ok"
+    parts = [f"{bad} bad" if bad else "", f"{warn} warn" if warn else ""]
+    return f"{' and '.join(p for p in parts if p)} of {len(healths)} queues: see the rows"
+
+
+async def live_workers(ctx: Context, names: list[str]) -> list[WorkerInfo]:
+    """The live workers of ``names``, once each: ``dueq.discovery.discover_workers``, the one
+    rule the CLI and the metrics use too (a blocking read, so in a thread)."""
+    if not names:  # discover_workers would walk the keyspace for every queue
+        return []
+    return await run_in_threadpool(discovery.discover_workers, ctx.sync(), names)
 
 
 async def workers(ctx: Context, names: list[str]) -> dict[str, list[WorkerInfo]]:
     """The live workers of each queue (a worker serving several is in each list)."""
-    found = await ctx.each_queue(names, lambda q: q.workers())
-    return {n: [] if isinstance(w, Unreadable) else w for n, w in found.items()}
+    found = await live_workers(ctx, names)
+    return {n: [w for w in found if n in w.queues] for n in names}
 
 
 async def alive(ctx: Context) -> list[WorkerInfo]:
     """Every live worker of the shown queues, once each, by id."""
-    by_queue = await workers(ctx, await ctx.names())
-    return merge_workers(by_queue.values())  # the rule discover_workers uses
+    return await live_workers(ctx, await ctx.names())
 
 
 def live_rows(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

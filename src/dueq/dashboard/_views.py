@@ -8,16 +8,40 @@ polls to refresh its figures.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .._async import AsyncQueue
 from ..cron import CronDefinition
 from ._context import Context, Unreadable
 from ._guard import HttpProblem
-from ._html import CSS, JS, button, chart, e, link, live, pretty_json, table, url, when
-from ._reads import alive, dead_groups, lag, last_error, overview_data, search, stats_json
+from ._html import (
+    CSS,
+    JS,
+    button,
+    chart,
+    e,
+    health_row,
+    link,
+    live,
+    pretty_json,
+    table,
+    url,
+    when,
+)
+from ._reads import (
+    alive,
+    dead_groups,
+    lag,
+    last_error,
+    overview_data,
+    queue_health,
+    search,
+    stats_json,
+)
 
 
 def _outcome(d: CronDefinition) -> str:
@@ -38,14 +62,15 @@ class Views:
         data = await overview_data(self.ctx)
         rows = []
         for name, s in data["queues"].items():
+            start = health_row(name, s["health"]) + f"<td>{link(name, '/queue', queue=name)}</td>"
+            badge = live(f"{name}.health", s["health"], "badge")
+            why = live(f"{name}.health_reason", s["health_reason"], "why")
             if "error" in s:
-                rows.append(
-                    f"<tr><td>{link(name, '/queue', queue=name)}</td>"
-                    f'<td colspan="7" class="problem">unreadable: {e(s["error"])}</td></tr>'
-                )
+                rows.append(f'{start}{badge}<td colspan="7"></td>{why}</tr>')
                 continue
             rows.append(
-                f"<tr><td>{link(name, '/queue', queue=name)}</td>"
+                start
+                + badge
                 + live(f"{name}.scheduled", s["scheduled"], "n")
                 + live(f"{name}.due_now", s["due_now"], "n")
                 + live(f"{name}.leased", s["leased"], "n")
@@ -53,10 +78,12 @@ class Views:
                 + live(f"{name}.paused", "paused" if s["paused"] else "running")
                 + live(f"{name}.oldest_due_lag_s", lag(s["oldest_due_lag_s"]), "n")
                 + live(f"{name}.workers", s["workers"], "n")
+                + why
                 + "</tr>"
             )
         head = [
             "queue",
+            "health",
             "scheduled",
             "due now",
             "leased",
@@ -64,12 +91,15 @@ class Views:
             "state",
             "oldest due lag",
             "workers",
+            "why",
         ]
         body = (
             "<h1>Queues</h1>"
+            + f'<p id="health" data-health="{e(data["health"])}" data-health-of="health">'
+            f'<span data-live="health_summary">{e(data["health_summary"])}</span></p>'
             + table(head, rows, empty="no queue in this Redis yet")
             + f'<p>{link("Workers", "/workers")} alive: <span data-live="workers_alive">'
-            f"{e(data['workers_alive'])}</span></p>"
+            f"{e(data['workers_alive'])}</span> · {link('Dead letters', '/dead')}</p>"
             + "<h2>Throughput, last hour (every queue)</h2>"
             + chart("throughput chart", "/chart/throughput.svg")
         )
@@ -79,6 +109,7 @@ class Views:
         q = await self.ctx.known_queue(request.query_params.get("queue"))
         stats = await q.stats()
         s = stats_json(stats)
+        health = await queue_health(self.ctx, q, stats)
         leased = await search(q, "leased", request)
         scheduled = await search(q, "scheduled", request)
         dead_page = await search(q, "dead", request)
@@ -173,7 +204,10 @@ class Views:
             else ""
         )
         body = (
-            f"<h1>Queue {e(n)} {toggle}</h1>{counts}"
+            f"<h1>Queue {e(n)} {toggle}</h1>"
+            f'<p class="health" data-health="{e(health.level)}" data-health-of="{e(n)}.health">'
+            f'<span data-live="{e(n)}.health_reason">{e(health.reason)}</span></p>{counts}'
+            f"<p>{link('Dead letters of every queue', '/dead')}</p>"
             f"<p>{link('Cron definitions of this queue', '/cron', queue=n)}</p>"
             '<div class="charts"><div><h2>Throughput, last hour</h2>'
             + chart("throughput chart", url("/chart/throughput.svg", queue=n))
@@ -195,6 +229,60 @@ class Views:
         )
         return self.ctx.page(request, f"Queue {n}", body, poll=url("/api/queue", queue=n))
 
+    async def dead_page(self, request: Request) -> Response:
+        """Every shown queue's dead letters, grouped by the type of their last error, with a
+        replay and a purge per group (each confirmed with its count)."""
+
+        async def read(q: AsyncQueue) -> tuple[Counter[str], int, int]:
+            groups, looked = await dead_groups(q)
+            return groups, looked, await q.dead.count()
+
+        found = await self.ctx.each_queue(await self.ctx.names(), read)
+        rows: list[str] = []
+        total = queues = 0
+        notes: list[str] = []
+        for n, got in found.items():
+            if isinstance(got, Unreadable):
+                rows.append(
+                    f"<tr><td>{link(n, '/queue', queue=n)}</td>"
+                    f'<td colspan="3" class="problem">unreadable: {e(got.why)}</td></tr>'
+                )
+                continue
+            groups, looked, count = got
+            if not count:
+                continue
+            total, queues = total + count, queues + 1
+            if looked < count:
+                notes.append(f"{n}: grouped from the first {looked} of {count}")
+            for kind, size in groups.most_common():
+                fields = {"queue": n, "error_type": kind}
+                acts = (
+                    self.ctx.buttons(
+                        button("Replay group", "replay-group", fields),
+                        button("Purge group", "purge-group", fields, danger=True),
+                    )
+                    if kind
+                    else '<span class="muted">no error record: act per task</span>'
+                )
+                rows.append(
+                    f'<tr data-queue="{e(n)}"><td>{link(n, "/queue", queue=n)}</td>'
+                    f"<td>{e(kind or '(no error record)')}</td>"
+                    f"<td class='n'>{size}</td><td>{acts}</td></tr>"
+                )
+        note = (
+            f'<p class="muted">{e("; ".join(notes))}; a group\'s replay or purge acts on every '
+            "dead task of that error type</p>"
+            if notes
+            else ""
+        )
+        head = f"Dead letters ({total} in {queues} queue{'' if queues == 1 else 's'})"
+        body = (
+            f"<h1>{e(head)}</h1>"
+            + table(["queue", "error type", "tasks", ""], rows, empty="no dead letters")
+            + note
+        )
+        return self.ctx.page(request, "Dead letters", body)
+
     async def task_page(self, request: Request) -> Response:
         q = await self.ctx.known_queue(request.query_params.get("queue"))
         task_id = request.query_params.get("id", "")
@@ -205,9 +293,8 @@ class Views:
         actions: list[str] = []
         if info.state in ("scheduled", "leased"):
             actions.append(button("Cancel", "cancel", ids, danger=True))
-        if info.state in ("scheduled", "dead"):
+        if info.state == "scheduled":  # a dead task's one way back is Replay
             actions.append(button("Run now", "run-now", ids))
-        if info.state == "scheduled":
             actions.append(button("Reschedule", "reschedule", ids))
         if info.state == "dead":
             actions.append(button("Replay", "replay", ids))
