@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import redis
-from dashboard_support import Served, running_worker, seed
+from dashboard_support import Served, boom, overdue, running_worker, seed
 
-from dueq import Queue
+from dueq import Queue, RetryPolicy, Task
 from dueq.dashboard import DashboardSettings, create_app
 from dueq.server import RedisServer
 
@@ -286,3 +286,51 @@ def test_a_rebinding_name_gets_a_plain_400(
     assert "ann@example.com" not in browser.find_element(By.TAG_NAME, "body").text
     browser.get(f"http://localhost:{site.port}/task?queue=emails&id=welcome:42")
     wait_text(browser, "ann@example.com")
+
+
+def health_of(browser: WebDriver, queue: str) -> str:
+    row = browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{queue}"]')
+    return str(row.get_attribute("data-health"))
+
+
+def test_overview_marks_a_stalled_queue_bad_and_an_idle_one_ok_live(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    overdue(Queue("stalled", r), count=180, minutes=11)
+    idle = Queue("idle", r)
+    idle.schedule({"n": 1}, delay=3600)
+    seed(r)  # emails: 3 dead letters just now (warn); reports: nothing due (ok)
+    site = serve()
+    browser.get(site.url())
+    wait_text(browser, "180 due, no live worker (oldest waiting 11 min")
+    assert health_of(browser, "stalled") == "bad"
+    assert health_of(browser, "emails") == "warn"
+    assert health_of(browser, "idle") == health_of(browser, "reports") == "ok"
+    bad_cell = browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="stalled"] td')
+    assert bad_cell.value_of_css_property("background-color") == "rgba(255, 235, 238, 1)"
+    assert browser.find_element(By.ID, "health").get_attribute("data-health") == "bad"
+    shot(browser, "health-overview")
+    overdue(idle, count=5, minutes=7)  # idle stalls too: the row turns bad on the next poll
+    WebDriverWait(browser, WAIT_S).until(lambda b: health_of(b, "idle") == "bad")
+    wait_text(browser, "5 due, no live worker (oldest waiting 7 min")
+
+
+def test_dead_letter_page_replays_a_group_after_a_counted_confirmation(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    queues = seed(r)
+    billing = Queue("billing", r, retry=RetryPolicy(max_attempts=1))
+    billing.schedule_many(Task({"n": i}, id=f"b-{i}") for i in range(37))
+    for d in billing.claim(limit=37):
+        d.fail(boom(TimeoutError, "gateway timed out"))
+    site = serve()
+    browser.get(site.url())
+    browser.find_element(By.LINK_TEXT, "Dead letters").click()
+    wait_text(browser, "Dead letters (40 in 2 queues)")
+    shot(browser, "dead-letters")
+    click(browser, "tr[data-queue='billing'] button[data-action='replay-group']")
+    wait_text(browser, "Replay 37 tasks?")
+    shot(browser, "dead-confirm")
+    click(browser, "#confirm")
+    wait_text(browser, "37 dead tasks with error TimeoutError replayed")
+    assert billing.dead.count() == 0 and queues["emails"].dead.count() == 3

@@ -310,7 +310,9 @@ def test_the_due_chart_labels_its_hours_and_the_throughput_chart_its_minutes(
 # ---- the docs page runs ----------------------------------------------------------------
 
 
-def test_the_python_blocks_of_the_health_docs_run(redis_server: RedisServer) -> None:
+def test_the_python_blocks_of_the_health_docs_run(
+    redis_server: RedisServer, r: redis.Redis
+) -> None:
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     assert blocks, "docs/dashboard-health.md has no python block"
     scope: dict[str, object] = {"REDIS_URL": redis_server.url}

@@ -64,8 +64,9 @@ def sum_history(histories: list[list[HistoryPoint]]) -> list[HistoryPoint]:
     return out
 
 
-def lag(seconds: float) -> str:
-    return human_duration(seconds)
+def lag(seconds: float, due_now: int = 1) -> str:
+    """How long the oldest due task has waited, or ``-`` when none is due."""
+    return human_duration(seconds) if due_now else "-"
 
 
 def health_json(health: Health) -> dict[str, str]:
@@ -151,7 +152,7 @@ def live_rows(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     for name, row in rows.items():
         for key, value in row.items():
             out[f"{name}.{key}"] = (
-                lag(value)
+                lag(value, row.get("due_now", 1))
                 if key == "oldest_due_lag_s"
                 else ("paused" if value else "running")
                 if key == "paused"

@@ -11,11 +11,26 @@ from collections.abc import Sequence
 from html import escape
 
 from ..task import DueHistogram, HistoryPoint
+from ._health import human_duration
 
-WIDTH, HEIGHT = 720, 200
-LEFT, RIGHT, TOP, BOTTOM = 48, 12, 24, 28
+WIDTH, HEIGHT = 720, 216
+LEFT, RIGHT, TOP, BOTTOM = 48, 12, 24, 44
+#: Where the x axis's time labels stand (under the axis, above the captions).
+TICK_Y = HEIGHT - BOTTOM + 14
+#: Hours between the due histogram's labels; minutes between the throughput chart's.
+HOUR_TICKS = 3
+MINUTE_TICKS = 10
 #: Series of the throughput chart: (HistoryPoint field, colour).
 SERIES = (("acked", "#2e7d32"), ("retried", "#ef6c00"), ("dead", "#c62828"))
+
+
+def _tick(x: float, label: str) -> str:
+    """A time label on the x axis at ``x``, with a short mark."""
+    axis = HEIGHT - BOTTOM
+    return (
+        f'<line x1="{x:.1f}" y1="{axis}" x2="{x:.1f}" y2="{axis + 4}" stroke="#999"/>'
+        f'<text x="{x:.1f}" y="{TICK_Y}" text-anchor="middle" class="tick">{escape(label)}</text>'
+    )
 
 
 def _frame(title: str, body: list[str], y_max: int) -> str:
@@ -50,6 +65,11 @@ def throughput(points: Sequence[HistoryPoint], title: str) -> str:
         x = LEFT + 220 + i * 150
         body.append(f'<rect x="{x}" y="6" width="10" height="10" fill="{colour}"/>')
         body.append(f'<text x="{x + 14}" y="15">{name} ({total} in the hour)</text>')
+    body += [
+        _tick(LEFT + j * step, p.minute.strftime("%H:%M"))
+        for j, p in enumerate(points)
+        if p.minute.minute % MINUTE_TICKS == 0
+    ]
     if points:
         first, last = points[0].minute, points[-1].minute
         body.append(
@@ -77,11 +97,19 @@ def due_histogram(hist: DueHistogram, title: str) -> str:
             f'width="{max(1.0, width - 2):.1f}" height="{h:.1f}" fill="{colour}">'
             f"<title>{count}</title></rect>"
         )
-    hours = hist.bucket.total_seconds() * len(hist.counts) / 3600
+    bucket_s = hist.bucket.total_seconds()
+    span_s = bucket_s * len(hist.counts)
+    # hours from now on the x axis: bucket k starts k buckets after now, in bar k + 1
+    step_s = HOUR_TICKS * 3600
+    body += [
+        _tick(LEFT + (1 + at_s / bucket_s) * width, f"+{at_s // 3600:g} h")
+        for at_s in (step_s * i for i in range(1, int(span_s // step_s) + 1))
+        if at_s < span_s
+    ]
     body.append(f'<text x="{LEFT}" y="{HEIGHT - 8}">overdue ({hist.overdue})</text>')
     body.append(
         f'<text x="{LEFT + plot_w / 2:.0f}" y="{HEIGHT - 8}" text-anchor="middle">'
-        f"next {hours:g} h, {escape(str(hist.bucket))} per bar</text>"
+        f"next {human_duration(span_s)} from now, {human_duration(bucket_s)} per bar</text>"
     )
     body.append(
         f'<text x="{WIDTH - RIGHT}" y="{HEIGHT - 8}" text-anchor="end">later ({hist.later})</text>'

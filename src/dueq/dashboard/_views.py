@@ -76,7 +76,7 @@ class Views:
                 + live(f"{name}.leased", s["leased"], "n")
                 + live(f"{name}.dead", s["dead"], "n")
                 + live(f"{name}.paused", "paused" if s["paused"] else "running")
-                + live(f"{name}.oldest_due_lag_s", lag(s["oldest_due_lag_s"]), "n")
+                + live(f"{name}.oldest_due_lag_s", lag(s["oldest_due_lag_s"], s["due_now"]), "n")
                 + live(f"{name}.workers", s["workers"], "n")
                 + why
                 + "</tr>"
@@ -130,7 +130,7 @@ class Views:
                 + live(f"{n}.leased", s["leased"], "n")
                 + live(f"{n}.dead", s["dead"], "n")
                 + live(f"{n}.paused", state, "paused" if s["paused"] else "")
-                + live(f"{n}.oldest_due_lag_s", lag(s["oldest_due_lag_s"]), "n")
+                + live(f"{n}.oldest_due_lag_s", lag(s["oldest_due_lag_s"], s["due_now"]), "n")
                 + live(f"{n}.next_due_at", when(stats.next_due_at))
                 + "</tr>"
             ],
