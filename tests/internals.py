@@ -6,7 +6,8 @@ short and visible (issue 26: tests use the public API or a named test-support mo
 
 - ``protocol``: each Lua script's Python owner (key order, argument packing, reply parsing),
   which tests/test_scripts.py checks against the scripts' headers;
-- ``core``: the flows' module (a test replaces its id generator to force an id collision);
+- ``schedule_flows``: the scheduling flows' module (a test replaces its id generator to force
+  an id collision);
 - ``tracing``: the tracer lookup and its cache (reset between tracing tests);
 - ``prefetch`` and ``process``: the consumers' prefetch and handler-thread algorithms, unit
   tested on their own;
@@ -19,19 +20,19 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from dueq import _core as core
 from dueq import _prefetch as prefetch
 from dueq import _protocol as protocol
+from dueq import _schedule_flows as schedule_flows
 from dueq import _shards as shards
 from dueq import _tracing as tracing
 from dueq.operators import _process as process
 
 __all__ = [
-    "core",
     "look_again_for_tracer",
     "prefetch",
     "process",
     "protocol",
+    "schedule_flows",
     "script_runner",
     "shards",
     "spark_source",

@@ -166,7 +166,9 @@ def test_all_keys_of_a_queue_share_one_hash_tag(make_queue, r):
 def test_a_generated_id_that_is_taken_is_retried_never_dropped(make_queue, monkeypatch):
     q = make_queue()
     q.schedule({"v": "old"}, id="taken")
-    monkeypatch.setattr(internals.core, "generated_ids", lambda: iter(["taken", "taken", "fresh"]))
+    monkeypatch.setattr(
+        internals.schedule_flows, "generated_ids", lambda: iter(["taken", "taken", "fresh"])
+    )
     result = q.schedule_many([dueq.Task({"v": "new"})])
     assert (result.added, result.existing, result.ids) == (1, 0, ["fresh"])
     assert q.get("taken").payload == {"v": "old"}

@@ -19,13 +19,10 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from . import _protocol as protocol
 from ._async_consume import deliveries, observe
-from ._core import (
-    ClaimBatch,
-    Flow,
-    QueueCore,
-    drive_async,
-    wrong_client,
-)
+from ._core import QueueCore
+from ._drive import Flow, drive_async
+from ._lease_flows import ClaimBatch
+from ._server_check import wrong_client
 from ._shards import Each, send_each_async, sharded_layout
 from .clock import Clock, Duration
 from .cron import AsyncCrons

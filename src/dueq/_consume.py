@@ -22,7 +22,7 @@ from .outage import Backoff, describe, is_outage
 from .task import DeliveryBase
 
 if TYPE_CHECKING:
-    from ._core import ClaimBatch
+    from ._lease_flows import ClaimBatch
 
 D = TypeVar("D", bound=DeliveryBase)
 

@@ -40,7 +40,8 @@ from .exceptions import CronError, PayloadError
 from .outage import is_outage
 
 if TYPE_CHECKING:
-    from ._core import Flow, QueueCore
+    from ._core import QueueCore
+    from ._drive import Flow
 
 #: The cron definitions' one logger (``dueq.cron``): users configure it by that name.
 logger = logging.getLogger("dueq.cron")

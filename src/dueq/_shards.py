@@ -163,7 +163,9 @@ from typing import Any, TypeVar
 import redis.crc
 
 from . import _protocol as protocol
-from ._core import MAX_CLAIM_BATCH, ClaimBatch, Flow, QueueCore, _raise_not_held
+from ._core import QueueCore
+from ._drive import Flow
+from ._lease_flows import MAX_CLAIM_BATCH, ClaimBatch, raise_not_held
 from .checks import whole_number
 from .clock import Duration
 from .cron import OCCURRENCE_PREFIX, CronDefinition, CronsCore, Occurrence
@@ -730,7 +732,7 @@ def _raise_combined(done: str, deliveries: Sequence[DeliveryBase], results: list
     refused_ids = {i for r in results for i in r[1]}
     cancelled = {i for r in results for i in r[2]}
     refused = [d.id for d in deliveries if d.id in refused_ids]
-    _raise_not_held(done, refused, [i for i in refused if i in cancelled])
+    raise_not_held(done, refused, [i for i in refused if i in cancelled])
 
 
 class ShardedDeadFlows(DeadLettersCore):

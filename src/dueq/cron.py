@@ -95,7 +95,8 @@ from .exceptions import CronConflict, CronError, CronNotFound
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
-    from ._core import Flow, QueueCore
+    from ._core import QueueCore
+    from ._drive import Flow
     from .queue import Queue
 
 #: What other modules import from here: its own names and those of its parts they use.

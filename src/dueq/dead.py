@@ -23,7 +23,8 @@ from .exceptions import InvalidTaskError
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
-    from ._core import Flow, QueueCore
+    from ._core import QueueCore
+    from ._drive import Flow
     from .queue import Queue
     from .task import TaskInfo
 

@@ -17,16 +17,11 @@ from reactivex import Observable, abc
 from redis.cluster import RedisCluster
 
 from . import _protocol as protocol
-from ._core import (
-    MAX_CLAIM_BATCH,
-    MIN_REDIS_VERSION,
-    SCHEDULE_BATCH,
-    ClaimBatch,
-    Flow,
-    QueueCore,
-    drive,
-    wrong_client,
-)
+from ._core import QueueCore
+from ._drive import Flow, drive
+from ._lease_flows import MAX_CLAIM_BATCH, ClaimBatch
+from ._schedule_flows import SCHEDULE_BATCH
+from ._server_check import MIN_REDIS_VERSION, wrong_client
 from ._shards import Each, send_each, sharded_layout
 from .clock import Clock, Duration
 from .cron import Crons

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from .._core import drive, drive_async
+from .._drive import drive, drive_async
 from ..exceptions import DueqError, LeaseLost, TaskTimeout, Unrecoverable
 from ..logs import task_fields
 from ..outage import Backoff, describe, is_outage

@@ -1,0 +1,210 @@
+"""The inspection flows: get and list tasks, history, due histogram, stats, doctor, run_now."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+
+from . import _protocol as protocol
+from ._drive import Flow
+from ._queue_base import QueueBase
+from .checks import whole_number
+from .clock import Duration, datetime_ms, ms_datetime
+from .clock import positive_duration_ms as _positive_ms
+from .doctor import DoctorFinding, DoctorReport
+from .envelope import validate_id
+from .exceptions import ConfigurationError, InvalidTaskError
+from .task import DueHistogram, HistoryPoint, QueueStats, TaskInfo, TaskPage, TaskState
+
+logger = logging.getLogger("dueq.queue")
+
+#: Most tasks one listing page returns, and entries one page looks at (list_tasks.lua's cost).
+MAX_PAGE = 1000
+LIST_BUDGET = 1000
+#: The history's window (minutes) and the due histogram's largest shape.
+HISTORY_MINUTES = 1440
+#: Most keys, entries or ids one doctor.lua call looks at (``Queue.doctor(batch=...)``).
+MAX_DOCTOR_BATCH = 10_000
+#: Most leases (and rate entries) one doctor.lua call counts: about 10 ms of Redis time.
+DOCTOR_LEASE_CAP = 20_000
+MAX_BUCKETS = 1000
+_STATES = ("scheduled", "leased", "dead")
+
+
+def _encode_cursor(raw: str) -> str | None:
+    return base64.urlsafe_b64encode(raw.encode()).decode() if raw else None
+
+
+def _decode_cursor(cursor: object, state: str) -> str:
+    """The script's cursor inside one ``TaskPage.cursor`` of a listing of ``state``."""
+    if cursor is None:
+        return ""
+    sources = {"scheduled": "0123456789p", "leased": "l", "dead": "d"}[state]
+    try:
+        raw = base64.urlsafe_b64decode(str(cursor).encode()).decode() if cursor else ""
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raw = ""
+    if not (isinstance(cursor, str) and raw[:1] in tuple(sources) and raw[1:2] == "|"):
+        raise InvalidTaskError(f"cursor {cursor!r} is not one a {state} listing returned")
+    return raw
+
+
+class ViewFlows(QueueBase):
+    """The flows that read a queue: get, list, history, stats, doctor (and run_now)."""
+
+    def get_flow(self, task_id: str) -> Flow[TaskInfo | None]:
+        found = yield from self.inspect_ids_flow([validate_id(task_id)])
+        return found[0] if found else None
+
+    def get_many_flow(self, task_ids: Iterable[str]) -> Flow[list[TaskInfo]]:
+        if isinstance(task_ids, (str, bytes)):  # a lone id would be read as its characters
+            raise InvalidTaskError(f"task_ids must be an iterable of ids, got {task_ids!r}")
+        ids = list(dict.fromkeys(validate_id(task_id) for task_id in task_ids))
+        found: list[TaskInfo] = []
+        for start in range(0, len(ids), MAX_PAGE):  # one snapshot per page of MAX_PAGE ids
+            found += yield from self.inspect_ids_flow(ids[start : start + MAX_PAGE])
+        return found
+
+    def inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
+        if self._sharded is not None:
+            return (yield from self._sharded.inspect_ids_flow(ids))
+        found: list[TaskInfo] = yield protocol.inspect_ids(self.keys, self.now_arg(), ids)
+        return found
+
+    def list_flow(
+        self,
+        state: TaskState,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+        id_prefix: str | None = None,
+        grep: str | None = None,
+        error_type: str | None = None,
+        after: datetime | None = None,
+        before: datetime | None = None,
+    ) -> Flow[TaskPage]:
+        if self._sharded is not None:
+            return (
+                yield from self._sharded.list_flow(
+                    state,
+                    limit=limit,
+                    cursor=cursor,
+                    id_prefix=id_prefix,
+                    grep=grep,
+                    error_type=error_type,
+                    after=after,
+                    before=before,
+                )
+            )
+        if state not in _STATES:
+            raise InvalidTaskError(f"state must be one of {', '.join(_STATES)}, got {state!r}")
+        whole_number(limit, "limit", low=1, high=MAX_PAGE)
+        texts = {"id_prefix": id_prefix, "grep": grep, "error_type": error_type}
+        for name, value in texts.items():
+            if value is not None and not isinstance(value, str):
+                raise InvalidTaskError(f"{name} must be a string, got {value!r}")
+        keep = protocol.ListFilter(
+            id_prefix or "",
+            grep or "",
+            error_type or "",
+            None if after is None else datetime_ms(after),
+            None if before is None else datetime_ms(before),
+        )
+        reply: protocol.ListReply = yield protocol.list_tasks(
+            self.keys,
+            self.now_arg(),
+            state,
+            _decode_cursor(cursor, state),
+            limit,
+            max(LIST_BUDGET, limit),
+            keep,
+        )
+        return TaskPage(reply.tasks, _encode_cursor(reply.cursor), reply.looked_at)
+
+    def run_now_flow(self, task_id: str) -> Flow[bool]:
+        """A scheduled task (parked ones too) becomes due now; a dead one is replayed (attempts
+        and errors reset, due now); a leased one is left alone (it is running): False."""
+        if self._sharded is not None:
+            return (yield from self._sharded.run_now_flow(task_id))
+        task_id = validate_id(task_id)
+        moved: protocol.TimeReply = yield protocol.reschedule(
+            self.keys, self.now_arg(), task_id, absolute=False, due_ms=0
+        )
+        if moved.status is protocol.Status.OK:
+            return True
+        replayed: protocol.DeadReply = yield protocol.dead_ids(
+            self.keys, self.now_arg(), "replay", [task_id]
+        )
+        return replayed.status is protocol.Status.OK
+
+    def history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
+        if self._sharded is not None:
+            return (yield from self._sharded.history_flow(minutes))
+        whole_number(minutes, "minutes", low=1, high=HISTORY_MINUTES)
+        reply: protocol.HistoryReply = yield protocol.history(
+            self.keys, self.now_arg(), minutes=minutes, bucket_ms=1, buckets=0
+        )
+        first_ms = (reply.now_ms // 60_000 - minutes + 1) * 60_000
+        return [
+            HistoryPoint(ms_datetime(first_ms + i * 60_000), *row)
+            for i, row in enumerate(reply.minutes)
+        ]
+
+    def due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
+        if self._sharded is not None:
+            return (yield from self._sharded.due_histogram_flow(bucket, buckets))
+        bucket_ms = _positive_ms(bucket, "bucket")
+        whole_number(buckets, "buckets", low=1, high=MAX_BUCKETS)
+        reply: protocol.HistoryReply = yield protocol.history(
+            self.keys, self.now_arg(), minutes=0, bucket_ms=bucket_ms, buckets=buckets
+        )
+        return DueHistogram(
+            ms_datetime(reply.now_ms),
+            timedelta(milliseconds=bucket_ms),
+            reply.overdue,
+            reply.buckets,
+            reply.later,
+        )
+
+    def stats_flow(self) -> Flow[QueueStats]:
+        if self._sharded is not None:
+            return (yield from self._sharded.stats_flow())
+        stats: QueueStats = yield protocol.stats(self.keys, self.now_arg())
+        return stats
+
+    def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
+        """Every doctor.lua phase, batch by batch (each call atomic for its batch); one finding
+        per what and subject (a key can be looked at twice while the queue runs on)."""
+        if self._sharded is not None:
+            return (yield from self._sharded.doctor_flow(fix, batch))
+        if not isinstance(fix, bool):
+            raise ConfigurationError(f"fix must be True or False, got {fix!r}")
+        whole_number(batch, "batch", low=1, high=MAX_DOCTOR_BATCH)
+        findings: dict[tuple[str, str], DoctorFinding] = {}
+        notes: list[str] = []
+        for phase in protocol.DOCTOR_PHASES:
+            cursor = ""
+            while True:
+                reply: protocol.DoctorReply = yield protocol.doctor(
+                    self.keys,
+                    self.now_arg(),
+                    phase,
+                    cursor,
+                    batch=batch,
+                    fix=fix,
+                    lease_cap=DOCTOR_LEASE_CAP,
+                )
+                for finding in reply.findings:
+                    findings.setdefault((finding.what, finding.subject), finding)
+                if reply.note and reply.note not in notes:
+                    notes.append(reply.note)
+                if not reply.cursor:
+                    break
+                cursor = reply.cursor
+        for finding in findings.values():
+            if finding.fixed:  # a change to Redis: say what was changed
+                logger.info("doctor repaired %r: %s", self.name, finding.line())
+        return DoctorReport(self.name, fix, list(findings.values()), notes)
