@@ -2,7 +2,7 @@
 
 Tasks wait in a sorted set scored by their next-attempt time; one Lua script atomically claims
 every due task and leases it to one consumer; failures come back with backoff until they land
-in the dead-letter queue. See README.md for the guarantees.
+in the dead-letter queue. See docs/guarantees.md for the guarantees.
 """
 
 from . import operators

@@ -69,7 +69,7 @@ class QueueBase:
         #: how many shards the queue has (1: a plain queue), and their queues' names
         self.shard_count = 1 if sharded is None else sharded.count
         self.shard_names = (name,) if sharded is None else sharded.names
-        #: who this queue's claims lease to (None: "<host>:<pid>", see ``default_holder``)
+        #: who this queue's claims lease to (None: this process's worker id, see ``default_holder``)
         self.holder = None if holder is None else validate_holder(holder)
         self.name = name
         if retry is not None and not isinstance(retry, RetryPolicy):
