@@ -139,3 +139,12 @@ def test_the_lag_page_example_runs_as_written(r):
     blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     assert len(blocks) == 1
     exec(compile(blocks[0], str(page), "exec"), {"r": r})  # its asserts are the test
+
+
+def test_a_sharded_queue_stores_past_times_as_the_time_they_were_scheduled(make_queue, clock):
+    q = make_queue("sharded", shards=3)
+    q.schedule_many(dueq.Task(n, id=f"t{n}", at=Y2020) for n in range(6))
+    assert q.reschedule("t0", at=Y2020)
+    clock.advance(4)
+    stats = q.stats()
+    assert (stats.due_now, stats.oldest_due_lag_s) == (6, 4.0)
