@@ -56,6 +56,17 @@ def test_partition_function_schedules_plain_tuples_without_spark(r, redis_server
     assert q.get("c").due_at == due_at(T0 + 1)
 
 
+def test_partition_function_stores_a_past_due_time_as_the_time_it_was_scheduled(r, redis_server):
+    # issue 27: a row due in 2020 is due now, and its lag counts from now, not from 2020
+    plan = ds.PartitionPlan("old-rows", redis_server.url, "at", True, 2, "count")
+    y2020_us = int(datetime(2020, 1, 1, tzinfo=timezone.utc).timestamp()) * 1_000_000
+    counts = ds.schedule_rows(iter([("a", y2020_us, None, '{"x":1}')]), plan)
+    assert counts.added == 1
+    stats = dueq.Queue("old-rows", r).stats()
+    assert stats.due_now == 1
+    assert 0 <= stats.oldest_due_lag_s < 60
+
+
 def test_partition_function_raises_on_a_bad_row_when_asked(redis_server):
     plan = ds.PartitionPlan("plain", redis_server.url, "at", False, 10, "raise")
     with pytest.raises(dueq.InvalidTaskError, match="due time is unparsable"):

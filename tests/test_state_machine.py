@@ -396,6 +396,7 @@ def build_machine(
                 else:
                     at = ms_datetime(self.now + ms)
                     task = dueq.Task(payload, id=tid, at=at, priority=priority)
+                    ms = max(ms, 0)  # a past "at" is stored as now (issue 27)
                 tasks.append(task)
                 made = self.model_schedule(tid, self.now + ms, payload, replace, priority)
                 outcome[made] += 1

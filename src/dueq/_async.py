@@ -8,8 +8,9 @@ one front end is consumed by the other. Only the I/O differs: every call goes th
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import redis
@@ -24,6 +25,7 @@ from ._drive import Flow, drive_async
 from ._lease_flows import ClaimBatch
 from ._server_check import wrong_client
 from ._shards import Each, send_each_async, sharded_layout
+from .checks import client_from_url
 from .clock import Clock, Duration
 from .cron import AsyncCrons
 from .dead import AsyncDeadLetters
@@ -55,7 +57,10 @@ T = TypeVar("T")
 
 class AsyncQueue(QueueCore):
     """A named queue of delayed tasks, on a ``redis.asyncio`` client; the API of ``Queue``,
-    awaited. Settings are those of ``Queue`` (``retry``, ``lease``, ``clock``, ``shards``, ...)."""
+    awaited. Settings are those of ``Queue`` (``retry``, ``lease``, ``clock``, ``shards``, ...).
+
+    ``AsyncQueue.from_url(url, name, **options)`` makes the client too; that queue owns it
+    (``owns_client``) and ``await aclose()`` (or the end of an ``async with``) closes it."""
 
     def __init__(
         self,
@@ -99,11 +104,47 @@ class AsyncQueue(QueueCore):
                 "; for a blocking client use dueq.Queue" if blocking else "",
             )
         self.redis = redis_client
+        #: True when the queue made its client (``from_url``): ``aclose()`` closes it then
+        self.owns_client = False
         self._scripts = AsyncScripts(
             redis_client, wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms
         )
         self.dead = AsyncDeadLetters(self, self._dead_flows)
         self.cron = AsyncCrons(self, self._cron_flows)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        name: str,
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> AsyncQueue:
+        """As ``Queue.from_url``, on a new ``redis.asyncio.Redis.from_url`` client (not
+        awaited: nothing connects before the first call); ``aclose()`` closes it."""
+        from_url = redis.asyncio.Redis.from_url
+        client: redis.asyncio.Redis = client_from_url(from_url, url, client_options)
+        queue = cls(name, client, **options)  # a refused option leaves no connection open
+        queue.owns_client = True
+        return queue
+
+    async def aclose(self) -> None:
+        """Close the Redis client if this queue made it (``from_url``); a client passed to
+        the constructor is left open (it is the caller's)."""
+        if self.owns_client:
+            await self.redis.aclose()
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
     # -- sending -----------------------------------------------------------------------------
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
 from .exceptions import ConfigurationError, DueqError
+
+T = TypeVar("T")
 
 
 def whole_number(value: object, what: str, *, low: int, high: int | None = None) -> int:
@@ -60,3 +65,17 @@ def validate_holder(holder: object) -> str:
             f'without "|", got {holder!r}'
         )
     return holder
+
+
+def client_from_url(
+    from_url: Callable[..., T], url: object, client_options: Mapping[str, Any] | None
+) -> T:
+    """``from_url(url, **client_options)`` (redis-py's ``Redis.from_url``, blocking or asyncio);
+    a URL it cannot use (not a str, an unknown scheme) is a ConfigurationError. Nothing is
+    connected yet: redis-py connects at the first command."""
+    if not isinstance(url, str):
+        raise ConfigurationError(f"the Redis URL must be a str, got {type(url).__name__}")
+    try:
+        return from_url(url, **dict(client_options or {}))
+    except ValueError as exc:  # redis-py's word for a URL it cannot read
+        raise ConfigurationError(f"cannot use the Redis URL: {exc}") from exc

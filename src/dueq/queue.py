@@ -8,8 +8,9 @@ Every state change is one Lua script call (see ``dueq/lua``), built by the proto
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
+from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import redis
@@ -23,6 +24,7 @@ from ._lease_flows import MAX_CLAIM_BATCH, ClaimBatch
 from ._schedule_flows import SCHEDULE_BATCH
 from ._server_check import MIN_REDIS_VERSION, wrong_client
 from ._shards import Each, send_each, sharded_layout
+from .checks import client_from_url
 from .clock import Clock, Duration
 from .cron import Crons
 from .dead import DeadLetters
@@ -82,6 +84,9 @@ class Queue(QueueCore):
     Cluster spreads it over its primaries (``dueq._shards`` says how, and what a sharded
     queue does not offer yet); every process must give the same number. Every queue tells
     its layout: ``shard_count``, ``shard_names`` and ``shard(task_id)`` (the shard's queue).
+
+    ``Queue.from_url(url, name, **options)`` makes the client too; that queue owns it
+    (``owns_client``) and ``close()`` (or the end of a ``with`` block) closes it.
     """
 
     def __init__(
@@ -124,11 +129,50 @@ class Queue(QueueCore):
                 "; for a redis.asyncio client use dueq.AsyncQueue" if asyncio_client else "",
             )
         self.redis = redis_client
+        #: True when the queue made its client (``from_url``): ``close()`` closes it then
+        self.owns_client = False
         self._scripts = Scripts(
             redis_client, wait_replicas=self.wait_replicas, wait_timeout_ms=self.wait_timeout_ms
         )
         self.dead = DeadLetters(self, self._dead_flows)
         self.cron = Crons(self, self._cron_flows)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        name: str,
+        *,
+        client_options: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Queue:
+        """A queue named ``name`` on a new ``redis.Redis.from_url(url, **client_options)``
+        client (``redis://``, ``rediss://`` with its certificate checks, ``unix://``).
+        ``options`` are the constructor's keywords (``retry``, ``lease``, ``shards``, ...);
+        ``client_options`` are redis-py's (``socket_timeout``, ``client_name``, ...). The
+        queue owns the client: ``close()`` closes it. ConfigurationError for a URL redis-py
+        cannot use; nothing connects before the first call."""
+        client: redis.Redis = client_from_url(redis.Redis.from_url, url, client_options)
+        queue = cls(name, client, **options)  # a refused option leaves no connection open
+        queue.owns_client = True
+        return queue
+
+    def close(self) -> None:
+        """Close the Redis client if this queue made it (``from_url``); a client passed to
+        the constructor is left open (it is the caller's)."""
+        if self.owns_client:
+            self.redis.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
     # -- sending -----------------------------------------------------------------------------
 

@@ -10,7 +10,8 @@
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] flags: 1 when ARGV[4] is an absolute epoch ms, 0 when it is a delay from now
--- ARGV[4] due (ms)
+-- ARGV[4] due (ms); an absolute due time before now is stored as now (lag counts from the
+--         reschedule, and the task queues behind tasks already due)
 -- Returns the new due ms, or -1 when the task is not scheduled
 
 local now = dueq_now(ARGV[1])
@@ -25,7 +26,7 @@ if not redis.call('ZSCORE', k_level, id) then
   zadd_flag = 'NX'
 end
 local due = tonumber(ARGV[4])
-if ARGV[3] ~= '1' then due = now + due end
+if ARGV[3] ~= '1' then due = now + due elseif due < now then due = now end
 local previous_head = head_score(k_level)
 redis.call('ZADD', k_level, zadd_flag, due, id)
 wake_if_earlier(KEYS[2], previous_head, due)
