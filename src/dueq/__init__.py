@@ -28,6 +28,7 @@ from .exceptions import (
     TaskNotFound,
     TaskTimeout,
     Unrecoverable,
+    WaitTimeout,
 )
 from .queue import ClaimBatch, Queue
 from .registry import WorkerInfo
@@ -88,6 +89,7 @@ __all__ = [
     "TaskTimeout",
     "TraceContext",
     "Unrecoverable",
+    "WaitTimeout",
     "Worker",
     "WorkerInfo",
     "__version__",

@@ -647,7 +647,14 @@ class Sharded:
     # -- settings ----------------------------------------------------------------------------
 
     def configure_flow(
-        self, *, paused: Any, remember_done: Any, rate: Any, key_rate: Any, key_concurrency: Any
+        self,
+        *,
+        paused: Any,
+        remember_done: Any,
+        rate: Any,
+        key_rate: Any,
+        key_concurrency: Any,
+        keep_results: Any = None,
     ) -> Flow[QueueSettings]:
         """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
         them (``rate_shares``); everything is validated before any shard is written. Per-key
@@ -670,6 +677,7 @@ class Sharded:
             s.configure_flow(
                 paused=paused,
                 remember_done=remember_done,
+                keep_results=keep_results,
                 rate=share,
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,
