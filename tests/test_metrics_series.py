@@ -4,8 +4,11 @@ from the start at 0, a ``worker`` label that survives restarts, queue-wide gauge
 
 from __future__ import annotations
 
+import os
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 from prometheus_client import generate_latest
@@ -23,6 +26,7 @@ from dueq.metrics import (
 )
 
 LUA = Path(dueq.__file__).parent / "lua"
+SRC = Path(__file__).resolve().parent.parent / "src"
 
 
 def text_of(registry) -> str:
@@ -129,3 +133,20 @@ def test_a_worker_exports_its_own_series_and_the_queue_gauges_only_when_asked(r,
     assert {
         dict(labels)["worker"] for name, labels in from_both if name == "dueq_worker_outcomes_total"
     } == {socket.gethostname()}
+
+
+def test_the_metrics_series_pages_block_prints_the_series_it_shows(r, redis_server):
+    doc = Path(__file__).resolve().parent.parent / "docs" / "metrics-series.md"
+    (block,) = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
+    (shown,) = re.findall(r"```\n(dueq_.*?)```", doc.read_text(), flags=re.S)
+    result = subprocess.run(
+        [sys.executable, "-c", block],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(SRC), "DUEQ_REDIS_URL": redis_server.url},
+        check=True,
+    )
+    printed = result.stdout.splitlines()
+    for line in shown.splitlines():
+        assert line in printed

@@ -184,3 +184,40 @@ def test_the_fallback_is_one_handler_shared_by_nested_blocks_and_gone_after_them
     assert result.stdout.split("\n") == ["1 INFO", "1", "0 NOTSET", "1", ""]
     assert result.stderr.endswith(" INFO dueq.worker: once \\x1b[2J\n"), result.stderr
     assert result.stderr.count("once") == 1
+
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "worker-output.md"
+
+
+def run_doc_blocks(redis_url: str, *blocks: str) -> str:
+    """Run ``blocks`` of docs/worker-output.md as one script; its stderr."""
+    result = subprocess.run(
+        [sys.executable, "-c", "\n".join(blocks)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(SRC), "DUEQ_REDIS_URL": redis_url},
+        check=True,
+    )
+    return result.stderr
+
+
+def test_the_worker_output_pages_blocks_do_what_it_says(r, redis_server):
+    import re
+
+    script, basic, dict_config, silence, warning = re.findall(
+        r"```python\n(.*?)```", DOC.read_text(), flags=re.S
+    )
+    retried = "task 'welcome:ada' attempt 1 failed (retried): ConnectionError: mail server down"
+    dead = "task 'welcome:ada' attempt 2 failed (dead): ConnectionError: mail server down"
+    expectations = {
+        (): {"worker started on emails": 1, retried: 1, dead: 1, "worker stopped: {": 1},
+        (basic,): {"worker started on emails": 1, retried: 1, dead: 1, "worker stopped: {": 1},
+        (dict_config,): {"INFO dueq.worker: worker started": 1, retried: 1, dead: 1},
+        (silence,): {"emails": 0, "welcome:ada": 0},
+        (warning,): {"worker started": 0, retried: 0, dead: 1},
+    }
+    for configure, counts in expectations.items():
+        r.flushdb()
+        err = run_doc_blocks(redis_server.url, *configure, script)
+        assert {text: len(lines_with(err, text)) for text in counts} == counts, err
