@@ -78,7 +78,7 @@ from zoneinfo import ZoneInfo
 
 from . import _protocol as protocol
 from . import discovery
-from ._shards import task_shard
+from ._shard_layout import task_shard
 from ._spark_batch import (
     _STATES,
     _TASK_SCHEMA,
