@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from ._async import AsyncQueue
-from ._shards import MAX_SHARDS, shard_names
+from ._shard_layout import MAX_SHARDS, shard_names
 from .checks import whole_number
 from .exceptions import ConfigurationError, DueqError
 from .keys import PREFIX, QueueKeys, layout_key, validate_queue_name
