@@ -108,6 +108,9 @@ class Served:
 
 
 def overdue(q: Queue, *, count: int, minutes: float) -> None:
-    """``count`` tasks of ``q`` that fell due ``minutes`` ago (by the Redis clock's now)."""
+    """``count`` tasks of ``q`` that fell due ``minutes`` ago and have waited since. A past
+    ``at=`` is stored as the time of scheduling (docs/lag.md), so they are scheduled through a
+    queue of the same name whose clock runs ``minutes`` behind this machine's."""
+    late = Queue(q.name, q.redis, clock=lambda: time.time() - minutes * 60)
     at = datetime.now(timezone.utc) - timedelta(minutes=minutes)
-    q.schedule_many(Task({"n": i}, id=f"late-{i}", at=at) for i in range(count))
+    late.schedule_many(Task({"n": i}, id=f"late-{i}", at=at) for i in range(count))
