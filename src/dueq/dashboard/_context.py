@@ -125,6 +125,7 @@ class Context:
         shard of a sharded queue (listed once, under its logical name). Two or three EXISTS."""
         if self.settings.queues:
             return name in self.settings.queues
+        assert self.client is not None, "the app's lifespan opens the client"
         if not await discovery.async_queue_exists(self.client, name):
             return False
         logical, shard, _ = name.partition("#")
