@@ -185,7 +185,7 @@ def worker(
     HANDLER takes a dueq.Delivery (d.payload, d.id, d.attempt); returning acks the task,
     raising fails it (retried with jittered exponential backoff, then dead). On SIGINT or
     SIGTERM the worker stops claiming, lets running handlers finish within --grace, gives
-    the rest back and prints what became of its tasks; a second signal cuts the grace short.
+    the rest back and logs what became of its tasks; a second signal cuts the grace short.
     """
     function = load_handler(handler)
     conn = target.open()
@@ -235,6 +235,4 @@ def worker(
         logging.getLogger(__name__).info("%s", banner, extra={"queue": queue})
     else:
         click.echo(banner, err=True)
-    w.run()
-    summary = ", ".join(f"{kind}={count}" for kind, count in sorted(w.outcomes.items()))
-    click.echo(f"worker stopped: {summary or 'no tasks'}")
+    w.run()  # it logs what became of its tasks ("worker stopped: {...}"), once, on stderr
