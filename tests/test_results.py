@@ -268,3 +268,23 @@ def test_ended_messages_carry_the_ids(r):
     packed = b"".join(len(x).to_bytes(2, "big") + x for x in (b"a", b"b\nc", "é".encode()))
     assert ended_ids(packed) == ["a", "b\nc", "é"]
     assert json.dumps(ended_ids(b"")) == "[]"
+
+
+def test_list_tasks_lists_kept_done_and_cancelled_tasks_newest_first(make_queue, clock):
+    q = keeping(make_queue)
+    for i in range(3):
+        q.schedule({"i": i}, id=f"d{i}")
+        (d,) = q.claim()
+        d.ack(result=i * 10)
+        clock.advance(1)
+    q.schedule("c", id="c1", delay=60)
+    q.cancel("c1")
+    page = q.list_tasks("done", limit=2)
+    assert [(t.id, t.state, t.result) for t in page.tasks] == [
+        ("d2", "done", 20),
+        ("d1", "done", 10),
+    ]
+    rest = q.list_tasks("done", limit=2, cursor=page.cursor)
+    assert [t.id for t in rest.tasks] == ["d0"]
+    assert [t.id for t in q.list_tasks("cancelled").tasks] == ["c1"]
+    assert [t.id for t in q.list_tasks("done", grep='"i":1').tasks] == ["d1"]

@@ -429,7 +429,8 @@ def list_tasks(
     k: QueueKeys, now: str, state: str, cursor: str, limit: int, budget: int, keep: ListFilter
 ) -> Call[ListReply]:
     """One page of the tasks in ``state``, looking at most at ``budget`` entries."""
-    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, *k.upper_due]
+    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.finished]
+    keys += k.upper_due
     low = "" if keep.low_ms is None else keep.low_ms
     high = "" if keep.high_ms is None else keep.high_ms
     args = [now, state, cursor, limit, budget, keep.id_prefix, keep.grep, keep.error_type]

@@ -42,7 +42,7 @@ MAX_DOCTOR_BATCH = 10_000
 #: Most leases (and rate entries) one doctor.lua call counts: about 10 ms of Redis time.
 DOCTOR_LEASE_CAP = 20_000
 MAX_BUCKETS = 1000
-_STATES = ("scheduled", "leased", "dead")
+_STATES = ("scheduled", "leased", "dead", "done", "cancelled")
 
 
 def _encode_cursor(raw: str) -> str | None:
@@ -53,7 +53,7 @@ def _decode_cursor(cursor: object, state: str) -> str:
     """The script's cursor inside one ``TaskPage.cursor`` of a listing of ``state``."""
     if cursor is None:
         return ""
-    sources = {"scheduled": "0123456789p", "leased": "l", "dead": "d"}[state]
+    sources = {"scheduled": "0123456789p", "leased": "l", "dead": "d"}.get(state, "f")
     try:
         raw = base64.urlsafe_b64decode(str(cursor).encode()).decode() if cursor else ""
     except (binascii.Error, UnicodeDecodeError, ValueError):

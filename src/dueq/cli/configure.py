@@ -24,12 +24,14 @@ from .output import console, safe, seconds
 
 def _show(queue: str, settings: QueueSettings) -> None:
     done = settings.remember_done
+    kept = settings.keep_results
     console().print(
         f"queue {safe(repr(queue))}: {'paused' if settings.paused else 'running'}; "
         f"rate {settings.rate or 'off'}; "
         f"key_rate {settings.key_rate or 'off'}; "
         f"key_concurrency {settings.key_concurrency or 'off'}; "
-        f"remember_done {seconds(done.total_seconds()) if done else 'off'}"
+        f"remember_done {seconds(done.total_seconds()) if done else 'off'}; "
+        f"keep_results {seconds(kept.total_seconds()) if kept else 'off'}"
     )
     for name, raw in settings.rejected.items():  # stored by hand or another tool: not obeyed
         console().print(
@@ -112,6 +114,13 @@ def resume(queue: str, create: bool, target: RedisTarget) -> None:
     "(0: off). Applies to every producer and worker of QUEUE.",
 )
 @click.option(
+    "--keep-results",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Keep finished tasks (done, cancelled) readable with their handler's return value "
+    "this long: dueq show, dueq list --state done, q.wait (0: off). See docs/results.md.",
+)
+@click.option(
     "--rate",
     metavar="N/SECONDS|off",
     help="At most N tasks taken per SECONDS by all workers of QUEUE together (20/1: 20 per "
@@ -135,6 +144,7 @@ def resume(queue: str, create: bool, target: RedisTarget) -> None:
 def configure(
     queue: str,
     remember_done: float | None,
+    keep_results: float | None,
     rate: str | None,
     key_rate: str | None,
     key_concurrency: str | None,
@@ -147,13 +157,14 @@ def configure(
     key_limit = _rate(key_rate, "--key-rate")
     per_key = _concurrency(key_concurrency)
     q = _existing(target, queue, create)
-    changes = (remember_done, paused, limit, key_limit, per_key)
+    changes = (remember_done, keep_results, paused, limit, key_limit, per_key)
     if all(change is None for change in changes):
         _show(queue, q.settings())
         return
     settings = q.configure(
         paused=paused,
         remember_done=remember_done,
+        keep_results=keep_results,
         rate=limit,
         key_rate=key_limit,
         key_concurrency=per_key,

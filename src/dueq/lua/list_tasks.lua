@@ -11,9 +11,12 @@
 -- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[6] errors   HASH id -> JSON list of error records
 -- KEYS[7] parked   ZSET due tasks whose key was at a limit (see the prelude)
--- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[8] results  HASH id -> finished record (keep_results; see the prelude's results notes)
+-- KEYS[9] finished ZSET id -> finished ms (the records of results)
+-- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
--- ARGV[2] state: "scheduled", "leased" or "dead"
+-- ARGV[2] state: "scheduled", "leased", "dead", "done" or "cancelled" (the last two: the
+--         records kept by keep_results)
 -- ARGV[3] cursor: "" to start, else the cursor a previous call returned
 -- ARGV[4] limit: most tasks returned (1..1000)
 -- ARGV[5] budget: most entries looked at (>= limit, <= 10000)
@@ -22,11 +25,12 @@
 -- ARGV[8] error type the last error record must have ("" for any)
 -- ARGV[9] lowest time kept, ms ("" for none) and ARGV[10] highest time kept, ms ("" for none):
 --         the time each state is ordered by (scheduled: due; leased: lease deadline; dead:
---         died at)
+--         died at; done, cancelled: finished at)
 -- Returns {cursor ("" when done), looked at, then 6-tuples as inspect.lua: id, state, score,
---          envelope, meta, errors}
+--          envelope, meta, errors}; a kept record has its header JSON as meta (as inspect.lua)
 -- Order: scheduled tasks by priority (9 first), then due time, then the parked ones (by key);
--- leased by lease deadline; dead by died-at, newest first (ties by id, descending: the order
+-- leased by lease deadline; dead by died-at, newest first; done and cancelled by finished-at,
+-- newest first; dead by died-at, newest first (ties by id, descending: the order
 -- of inspect.lua's dead pages, so q.dead.list and every listing agree). A cursor names the
 -- source and the last entry looked at ("<source>|<score>|<member>"), so tasks that come and
 -- go between calls never make a page repeat or skip the tasks that stayed.
@@ -44,6 +48,8 @@ if state == 'scheduled' then
   sources[#sources + 1] = {'p', KEYS[7]}
 elseif state == 'leased' then
   sources[1] = {'l', KEYS[2]}
+elseif state == 'done' or state == 'cancelled' then
+  sources[1] = {'f', KEYS[9]}
 else
   sources[1] = {'d', KEYS[3]}
 end
@@ -133,16 +139,23 @@ local found, looked = 0, 0
 local function consider(id, score_text)
   looked = looked + 1
   if prefix ~= '' and string.sub(id, 1, #prefix) ~= prefix then return false end
-  local envelope = redis.call('HGET', KEYS[4], id)
+  local envelope, head, errors = nil, nil, nil
+  if state == 'done' or state == 'cancelled' then
+    local record = redis.call('HGET', KEYS[8], id)
+    if record then head, envelope = string.match(record, '^([^\n]*)\n(.*)$') end
+    if not head or string.match(head, '^{"state":"(%a+)"') ~= state then return false end
+  else
+    envelope = redis.call('HGET', KEYS[4], id)
+  end
   if not envelope then return false end  -- gone (or a dangling entry): not a task to show
   if grep ~= '' and not string.find(payload_text(envelope), grep, 1, true) then return false end
-  local errors = redis.call('HGET', KEYS[6], id)
+  if not head then errors = redis.call('HGET', KEYS[6], id) end
   if error_type ~= '' and last_error_type(errors) ~= error_type then return false end
   out[#out + 1] = id
   out[#out + 1] = state
   out[#out + 1] = score_text
   out[#out + 1] = envelope
-  out[#out + 1] = redis.call('HGET', KEYS[5], id) or ''
+  out[#out + 1] = head or redis.call('HGET', KEYS[5], id) or ''
   out[#out + 1] = errors or ''
   found = found + 1
   return true
@@ -174,7 +187,7 @@ for i = start, #sources do
         if found >= limit or looked >= budget then break end
       end
     else
-      local desc = name == 'd'
+      local desc = name == 'd' or name == 'f'
       local rows = scored_after(key, last_member and last_score, last_member, want, desc)
       if #rows == 0 then exhausted = true break end
       for j = 1, #rows, 2 do
