@@ -288,3 +288,51 @@ def test_list_tasks_lists_kept_done_and_cancelled_tasks_newest_first(make_queue,
     assert [t.id for t in rest.tasks] == ["d0"]
     assert [t.id for t in q.list_tasks("cancelled").tasks] == ["c1"]
     assert [t.id for t in q.list_tasks("done", grep='"i":1').tasks] == ["d1"]
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def finished_tasks(r):
+    """Queue "jobs" keeping results an hour, with a done task (result {"sent": 3}) and a
+    cancelled one."""
+    q = dueq.Queue("jobs", r)
+    q.configure(keep_results=3600)
+    q.schedule({"to": "ann"}, id="done1")
+    (d,) = q.claim()
+    d.ack(result={"sent": 3})
+    q.schedule({"to": "bob"}, id="gone1", delay=60)
+    q.cancel("gone1")
+    return q
+
+
+def test_cli_configure_sets_keep_results(invoke, r):
+    dueq.Queue("jobs", r).schedule({}, id="first", delay=3600)
+    assert "keep_results off" in invoke("configure", "jobs").output
+    result = invoke("configure", "jobs", "--keep-results", "3600")
+    assert result.exit_code == 0, result.output
+    assert "keep_results 1.0 h" in result.output
+    assert dueq.Queue("jobs", r).settings().keep_results == timedelta(hours=1)
+    assert "keep_results off" in invoke("configure", "jobs", "--keep-results", "0").output
+
+
+def test_cli_show_and_list_show_finished_tasks_and_results(invoke, r):
+    finished_tasks(r)
+    shown = invoke("show", "jobs", "done1", "gone1")
+    assert shown.exit_code == 0, shown.output
+    assert "state: done" in shown.output and "state: cancelled" in shown.output
+    assert '"sent": 3' in shown.output and "finished:" in shown.output
+    listed = invoke("list", "jobs", "--state", "done")
+    assert listed.exit_code == 0, listed.output
+    assert "done1" in listed.output and '{"sent": 3}' in listed.output
+    assert "gone1" in invoke("list", "jobs", "--state", "cancelled").output
+
+
+def test_cli_json_carries_state_result_and_finished_at(invoke, r):
+    finished_tasks(r)
+    document = json.loads(invoke("list", "jobs", "--state", "done", "--json").output)
+    (task,) = document["tasks"]
+    assert (task["id"], task["state"], task["result"]) == ("done1", "done", {"sent": 3})
+    assert task["finished_at"].endswith("Z")
+    shown = json.loads(invoke("show", "jobs", "gone1", "--json").output)
+    assert shown["tasks"][0]["state"] == "cancelled"

@@ -163,6 +163,9 @@ class TaskInfo:
             "holder": self.holder,
             "lease_deadline": iso_ms(self.lease_deadline),
             "died_at": iso_ms(self.died_at),
+            "finished_at": iso_ms(self.finished_at),
+            "result": self.result,
+            "result_unstored": self.result_unstored,
         }
 
 

@@ -73,6 +73,15 @@ def _last_error(info: TaskInfo) -> str:
     return _short(f"{e.type}: {e.message}", ERROR_WIDTH)
 
 
+def _result_text(info: TaskInfo, width: int = PAYLOAD_WIDTH) -> str:
+    """A kept result on one line: its JSON, or why it was not kept ("-": none)."""
+    if info.result_unstored is not None:
+        return _short(f"(not kept: {info.result_unstored})", width)
+    if info.result is None:
+        return "-"
+    return _short(json.dumps(info.result, ensure_ascii=False), width)
+
+
 def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
     """The table of tasks in one ``state`` (``list --state STATE``; ``dead list`` too)."""
     now = datetime.now(timezone.utc)
@@ -80,6 +89,8 @@ def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
         columns: tuple[str, ...] = ("id", "due", "priority", "attempts", "payload")
     elif state == "leased":
         columns = ("id", "holder", "lease ends", "attempt", "payload")
+    elif state in ("done", "cancelled"):
+        columns = ("id", "finished", "attempts", "result")
     else:
         columns = ("id", "died", "attempts", "last error")
     table = titled_table(title, columns, right={"attempts", "attempt"})
@@ -91,6 +102,8 @@ def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
         elif state == "leased":
             row = (safe(info.holder or "-"), when(info.lease_deadline, now), str(info.attempt))
             row += (payload,)
+        elif state in ("done", "cancelled"):
+            row = (when(info.finished_at, now), str(info.attempt), _result_text(info))
         else:
             row = (when(info.died_at, now), str(info.attempt), _last_error(info))
         table.add_row(safe(info.id), *row)
@@ -101,10 +114,11 @@ def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
 @click.argument("queue")
 @click.option(
     "--state",
-    type=click.Choice(["scheduled", "leased", "dead"]),
+    type=click.Choice(["scheduled", "leased", "dead", "done", "cancelled"]),
     default="scheduled",
     show_default=True,
-    help="Which tasks.",
+    help="Which tasks (done and cancelled: kept while the queue keeps results, "
+    "dueq configure --keep-results).",
 )
 @click.option(
     "--limit", type=click.IntRange(1), default=50, show_default=True, help="Most tasks shown."
@@ -137,7 +151,8 @@ def list_tasks(
 ) -> None:
     """List tasks of QUEUE in one state, page by page: scheduled ones by priority then due
     time (then parked ones), leased ones by lease deadline with their holder, dead ones by
-    when they died, newest first (as dueq dead list).
+    when they died, newest first (as dueq dead list); done and cancelled ones (kept with
+    their results while the queue keeps results) by when they finished, newest first.
 
     --json prints {"queue", "tasks": [...], "next_cursor"} (docs/json.md); pass next_cursor
     as --cursor for the next page.
@@ -213,6 +228,8 @@ def print_tasks(infos: list[TaskInfo]) -> None:
         elif info.state == "leased":
             out.print(f"held by: {safe(info.holder or '-')}")
             out.print(f"lease ends: {when(info.lease_deadline, now)}")
+        elif info.state in ("done", "cancelled"):
+            out.print(f"finished: {when(info.finished_at, now)}")
         else:
             out.print(f"died: {when(info.died_at, now)}")
         if info.first_claimed_at is not None:
@@ -228,6 +245,13 @@ def print_tasks(infos: list[TaskInfo]) -> None:
         out.print("payload:")
         payload = json.dumps(info.payload, indent=2, ensure_ascii=False)
         out.print("\n".join(safe_lines(payload)), soft_wrap=True)
+        if info.state == "done":
+            if info.result_unstored is not None:
+                out.print(f"result: not kept ({safe(info.result_unstored)})")
+            else:
+                out.print("result:")
+                result = json.dumps(info.result, indent=2, ensure_ascii=False)
+                out.print("\n".join(safe_lines(result)), soft_wrap=True)
         out.print(f"errors ({len(info.errors)}):")
         for e in info.errors:
             out.print("\n".join(error_lines(e)), soft_wrap=True)
