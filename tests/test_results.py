@@ -336,3 +336,30 @@ def test_cli_json_carries_state_result_and_finished_at(invoke, r):
     assert task["finished_at"].endswith("Z")
     shown = json.loads(invoke("show", "jobs", "gone1", "--json").output)
     assert shown["tasks"][0]["state"] == "cancelled"
+
+
+def test_dashboard_task_page_shows_a_done_tasks_result(r, redis_server):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Starlette prefers the httpx2 fork (see test_dashboard)
+        from starlette.testclient import TestClient
+
+    from dueq.dashboard import DashboardSettings, create_app
+
+    q = finished_tasks(r)
+    q.schedule("x", id="big")
+    (d,) = q.claim()
+    d.ack(result="y" * 70_000)
+    with TestClient(
+        create_app(redis_server.url, DashboardSettings()), base_url="http://127.0.0.1"
+    ) as client:
+        html = client.get("/task", params={"queue": "jobs", "id": "done1"}).text
+        assert 'id="result"' in html and "&quot;sent&quot;: 3" in html
+        assert "finished" in html
+        unkept = client.get("/task", params={"queue": "jobs", "id": "big"}).text
+        assert "not kept: too big" in unkept
+        api = client.get("/api/task", params={"queue": "jobs", "id": "done1"}).json()
+        assert api["result"] == {"sent": 3}
+        cancelled = client.get("/task", params={"queue": "jobs", "id": "gone1"}).text
+        assert "cancelled" in cancelled and 'id="result"' not in cancelled

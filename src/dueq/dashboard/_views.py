@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from .._async import AsyncQueue
 from ..cron import CronDefinition
+from ..task import TaskInfo
 from ._context import Context, Unreadable
 from ._guard import HttpProblem
 from ._html import (
@@ -42,6 +43,17 @@ from ._reads import (
     search,
     stats_json,
 )
+
+
+def result_section(info: TaskInfo) -> str:
+    """A done task's kept result (``keep_results``), or why it was not kept; "" otherwise."""
+    if info.state != "done":
+        return ""
+    if info.result_unstored is not None:
+        return (
+            f'<h2>Result</h2><p id="result" class="muted">not kept: {e(info.result_unstored)}</p>'
+        )
+    return f'<h2>Result</h2><pre id="result">{e(pretty_json(info.result))}</pre>'
 
 
 def _outcome(d: CronDefinition) -> str:
@@ -307,6 +319,7 @@ class Views:
             ("lease deadline", e(when(info.lease_deadline))),
             ("holder", e(info.holder or "-")),
             ("died", e(when(info.died_at))),
+            ("finished", e(when(info.finished_at))),
             ("priority", e(info.priority)),
             ("key", e(info.key or "-")),
         ]
@@ -319,6 +332,7 @@ class Views:
             f"<h1>Task {e(info.id)}</h1><p>{self.ctx.buttons(*actions)}</p>"
             + table([], (f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts))
             + f'<h2>Payload</h2><pre id="payload">{e(pretty_json(info.payload))}</pre>'
+            + result_section(info)
             + f"<h2>Errors ({len(info.errors)})</h2>"
             + (errors or '<p class="muted">none</p>')
         )
