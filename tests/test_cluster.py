@@ -84,3 +84,24 @@ def test_cron_definitions_and_occurrences_on_a_cluster_queue(cluster):
     assert d.id == extra
     d.ack()
     assert q.cron.remove("tick") and q.stats().scheduled == 0
+
+
+def test_wait_hears_the_ended_channel_on_a_cluster(cluster):
+    """q.wait subscribes by SSUBSCRIBE on the queue's node and wakes on another client's ack."""
+    q = dueq.Queue("results", cluster)
+    q.configure(keep_results=600)
+    tid = q.schedule({"n": 1})
+
+    def ack_later() -> None:
+        deadline = time.monotonic() + 30
+        while not cluster.pubsub_shardnumsub(q.keys.ended)[0][1]:
+            assert time.monotonic() < deadline, "the waiter never subscribed"
+            time.sleep(0.02)
+        (d,) = q.claim()
+        d.ack(result={"ok": True})
+
+    acker = threading.Thread(target=ack_later)
+    acker.start()
+    info = q.wait(tid, timeout=30)
+    acker.join()
+    assert (info.state, info.result) == ("done", {"ok": True})

@@ -363,3 +363,15 @@ def test_dashboard_task_page_shows_a_done_tasks_result(r, redis_server):
         assert api["result"] == {"sent": 3}
         cancelled = client.get("/task", params={"queue": "jobs", "id": "gone1"}).text
         assert "cancelled" in cancelled and 'id="result"' not in cancelled
+
+
+def test_wait_and_results_on_a_sharded_queue(make_queue):
+    q = make_queue("sharded", shards=3)
+    q.configure(keep_results=600)
+    ids = [q.schedule(i) for i in range(6)]
+    deliveries = q.claim(limit=10)
+    for d in deliveries:
+        d.result = d.payload * 10
+    assert q.ack_many(deliveries) == 6
+    assert [q.wait(t, timeout=5).result for t in ids] == [0, 10, 20, 30, 40, 50]
+    assert sorted(t.id for t in q.iter_tasks("done")) == sorted(ids)

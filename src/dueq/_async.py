@@ -52,7 +52,14 @@ from .task import (
     TaskPage,
     TaskState,
 )
-from .wake import WakeSubscription, ended_ids, is_subscribed, is_wake, subscribe_args
+from .wake import (
+    WakeSubscription,
+    ended_ids,
+    is_subscribed,
+    is_wake,
+    read_method,
+    subscribe_args,
+)
 
 logger = logging.getLogger("dueq.queue")
 
@@ -353,8 +360,9 @@ class AsyncQueue(QueueCore):
         pubsub = self.redis.pubsub()
         try:
             await getattr(pubsub, method)(*channels)
+            read = getattr(pubsub, read_method(pubsub, subscription))
             # read the confirmation first, so every end after the look below is heard
-            while not is_subscribed(await pubsub.get_message(timeout=_left_s(deadline))):
+            while not is_subscribed(await read(timeout=_left_s(deadline))):
                 if _left_s(deadline) <= 0:
                     raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
             while True:
@@ -365,7 +373,7 @@ class AsyncQueue(QueueCore):
                     left_s = _left_s(deadline)
                     if left_s <= 0:
                         raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
-                    message = await pubsub.get_message(timeout=left_s)
+                    message = await read(timeout=left_s)
                     if is_wake(message) and task_id in ended_ids(message["data"]):
                         break
         finally:

@@ -51,7 +51,14 @@ from .task import (
     TaskPage,
     TaskState,
 )
-from .wake import WakeSubscription, ended_ids, is_subscribed, is_wake, subscribe_args
+from .wake import (
+    WakeSubscription,
+    ended_ids,
+    is_subscribed,
+    is_wake,
+    read_method,
+    subscribe_args,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -412,8 +419,9 @@ class Queue(QueueCore):
         pubsub = self.redis.pubsub()  # type: ignore[no-untyped-call]
         try:
             getattr(pubsub, method)(*channels)
+            read = getattr(pubsub, read_method(pubsub, subscription))
             # read the confirmation first, so every end after the look below is heard
-            while not is_subscribed(pubsub.get_message(timeout=_left_s(deadline))):
+            while not is_subscribed(read(timeout=_left_s(deadline))):
                 if _left_s(deadline) <= 0:
                     raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
             while True:
@@ -424,7 +432,7 @@ class Queue(QueueCore):
                     left_s = _left_s(deadline)
                     if left_s <= 0:
                         raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
-                    message = pubsub.get_message(timeout=left_s)
+                    message = read(timeout=left_s)
                     if is_wake(message) and task_id in ended_ids(message["data"]):
                         break
         finally:

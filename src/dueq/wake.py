@@ -238,6 +238,14 @@ def ended_ids(data: bytes | str) -> list[str]:
     return ids
 
 
+def read_method(pubsub: Any, subscription: WakeSubscription) -> str:
+    """The pubsub method that reads one message with ``timeout=``: a Cluster's sharded
+    subscription is read by ``get_sharded_message`` (as ``read_call``)."""
+    if subscription.sharded and hasattr(pubsub, "get_sharded_message"):
+        return "get_sharded_message"
+    return "get_message"
+
+
 def is_subscribed(message: Any) -> bool:
     """Whether a read message confirms a (sharded) subscription."""
     return message is not None and message.get("type") in ("subscribe", "ssubscribe")
