@@ -31,6 +31,8 @@ UNUSABLE = [
     ("paused", "yes"),
     ("remember_done_ms", "1e300"),
     ("remember_done_ms", "-1"),
+    ("keep_results_ms", "1e300"),
+    ("keep_results_ms", "31622400001"),
 ]
 
 
@@ -70,6 +72,16 @@ def test_an_ack_and_a_schedule_with_an_unusable_remember_done_work(make_queue, r
     assert q.schedule({"a": 1}, id="t1") == "t1"  # not remembered: the setting is refused
     assert q.get("t1") is not None
     assert q.settings().remember_done is None
+
+
+def test_an_ack_with_an_unusable_keep_results_keeps_nothing(make_queue, r):
+    q = make_queue(_queue_name())
+    r.hset(q.keys.config, "keep_results_ms", "-5")
+    q.schedule({"a": 1}, id="t1")
+    (d,) = q.claim()
+    d.ack(result=1)
+    assert q.get("t1") is None  # refused: as if unset
+    assert q.settings().keep_results is None
 
 
 def _log_lines(admin: redis.Redis, needle: str) -> list[str]:
@@ -118,6 +130,8 @@ def test_the_refusal_marker_is_not_shown_as_a_counter(make_queue, r):
         ({"rate": dueq.Rate(1, per=1.0)}, None),
         ({"remember_done": timedelta(days=367)}, "remember_done"),
         ({"remember_done": timedelta(days=366)}, None),
+        ({"keep_results": timedelta(days=367)}, "keep_results"),
+        ({"keep_results": timedelta(days=366)}, None),
     ],
 )
 def test_configure_refuses_values_the_scripts_would_refuse(make_queue, r, kwargs, what):
@@ -181,7 +195,7 @@ PROBES = [
     "1/1e3",
     " 1/1",
 ]
-FIELDS = ["paused", "rate", "key_rate", "key_concurrency", "remember_done_ms"]
+FIELDS = ["paused", "rate", "key_rate", "key_concurrency", "remember_done_ms", "keep_results_ms"]
 
 #: Lua's reading of a setting, in the form _python_reading gives it.
 _LUA_PROBE = """
