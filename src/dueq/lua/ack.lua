@@ -28,16 +28,17 @@
 --         "=" .. JSON the value to keep, "!" .. why the value could not be kept; or "" for
 --         no values at all. Read only when keep_results_ms > 0 (the last of a repeated pair's
 --         values counts)
--- Returns {acked, verdicts, kept_ms}: verdicts has one character per pair as given, 'h' (held: acked),
---         'c' (its task was cancelled while leased: not acked) or 'l' (lease lost, expired or
---         taken over: not acked), and keep_results_ms (0: nothing was kept)
+-- Returns {acked, verdicts, kept_ms}: verdicts has one character per pair as given, 'h'
+--         (held: acked), 'c' (its task was cancelled while leased: not acked) or 'l' (lease
+--         lost, expired or taken over: not acked); kept_ms is keep_results_ms (0: none kept)
 
 local TRIM_DONE = 1000
 local now = dueq_now(ARGV[1])
 history_use(KEYS[12], ARGV[1])
-local window = done_window(KEYS[7], KEYS[5], ARGV[2])
+local config = settings_read(KEYS[7], KEYS[5], 'remember_done_ms', 'keep_results_ms')
+local window = config.remember_done_ms or tonumber(ARGV[2])  -- (as done_window reads it)
+local keep_ms = config.keep_results_ms or 0
 local ids, tokens, positions = leases_unpack(ARGV[3])
-local keep_ms = results_keep_ms(KEYS[7], KEYS[5])
 if #ids == 0 then return {0, '', keep_ms} end
 local done, verdicts, keys = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
 if #done > 0 and keep_ms > 0 then
