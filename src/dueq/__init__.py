@@ -27,8 +27,10 @@ from .exceptions import (
     TaskCancelled,
     TaskNotFound,
     TaskTimeout,
+    UnknownTask,
     Unrecoverable,
 )
+from .named import AsyncTaskFunction, TaskFunction
 from .queue import ClaimBatch, Queue
 from .registry import WorkerInfo
 from .retry import RetryPolicy
@@ -52,6 +54,7 @@ from .worker import AsyncWorker, Worker
 __all__ = [
     "AsyncDelivery",
     "AsyncQueue",
+    "AsyncTaskFunction",
     "AsyncWorker",
     "ClaimBatch",
     "ConfigurationError",
@@ -81,12 +84,14 @@ __all__ = [
     "ScheduleResult",
     "Task",
     "TaskCancelled",
+    "TaskFunction",
     "TaskInfo",
     "TaskNotFound",
     "TaskOptions",
     "TaskPage",
     "TaskTimeout",
     "TraceContext",
+    "UnknownTask",
     "Unrecoverable",
     "Worker",
     "WorkerInfo",
