@@ -11,7 +11,8 @@ short and visible (issue 26: tests use the public API or a named test-support mo
 - ``tracing``: the tracer lookup and its cache (reset between tracing tests);
 - ``prefetch`` and ``process``: the consumers' prefetch and handler-thread algorithms, unit
   tested on their own;
-- ``shards``: the shard placement rule (``shard_names``) and its bound (``MAX_SHARDS``);
+- ``shards``: the shard placement rule (``dueq._shard_layout.shard_names``) and its bound
+  (``MAX_SHARDS``);
 - ``spark_source()``: the Spark data source's module (pyspark >= 4.0; imported on demand).
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 from dueq import _prefetch as prefetch
 from dueq import _protocol as protocol
 from dueq import _schedule_flows as schedule_flows
-from dueq import _shards as shards
+from dueq import _shard_layout as shards
 from dueq import _tracing as tracing
 from dueq.operators import _process as process
 

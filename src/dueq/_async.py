@@ -24,7 +24,8 @@ from ._core import QueueCore
 from ._drive import Flow, drive_async
 from ._lease_flows import ClaimBatch
 from ._server_check import wrong_client
-from ._shards import Each, send_each_async, sharded_layout
+from ._shard_fanout import Each, send_each_async
+from ._shards import sharded_layout
 from .checks import client_from_url
 from .clock import Clock, Duration
 from .cron import AsyncCrons

@@ -23,7 +23,8 @@ from ._drive import Flow, drive
 from ._lease_flows import MAX_CLAIM_BATCH, ClaimBatch
 from ._schedule_flows import SCHEDULE_BATCH
 from ._server_check import MIN_REDIS_VERSION, wrong_client
-from ._shards import Each, send_each, sharded_layout
+from ._shard_fanout import Each, send_each
+from ._shards import sharded_layout
 from .checks import client_from_url
 from .clock import Clock, Duration
 from .cron import Crons

@@ -9,6 +9,8 @@ Needs the dashboard extra: ``pip install 'dueq[dashboard]'``.
 
 from __future__ import annotations
 
+import errno
+import socket
 import threading
 import time
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import click
 
 from ..exceptions import ConfigurationError
-from .connection import RedisTarget, redis_options, require_queue
+from .connection import RedisTarget, embedded_redis_options, require_queue
 from .errors import CliError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -35,13 +37,40 @@ def dashboard_module() -> Any:
     return dashboard
 
 
-def serve(app: Any, host: str, port: int) -> None:
-    """Run ``app`` with uvicorn until Ctrl-C or SIGTERM (uvicorn handles both)."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port``, as uvicorn would bind it (SO_REUSEADDR); CliError
+    in one line when it cannot be (the port is taken, the address is not this machine's), so
+    that happens before the URL is printed and uvicorn is started."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:  # socket.gaierror too: the host name does not resolve
+        raise CliError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        reason = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise CliError(
+            f"cannot serve the dashboard on {host}:{port}: {reason} (choose another --port)"
+        ) from None
+    return sock
+
+
+def serve(app: Any, sock: socket.socket) -> None:
+    """Run ``app`` with uvicorn on the bound ``sock`` until Ctrl-C or SIGTERM (uvicorn
+    handles both)."""
     try:
         import uvicorn
     except ImportError:
         raise CliError("the dashboard needs uvicorn: pip install 'dueq[dashboard]'") from None
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    with sock:
+        server.run(sockets=[sock])
+    if not server.started:
+        raise CliError("the dashboard could not start (see uvicorn's message above)")
 
 
 @click.command()
@@ -84,7 +113,7 @@ def serve(app: Any, host: str, port: int) -> None:
     metavar="QUEUE",
     help="Show this queue (repeatable); default: every queue found.",
 )
-@redis_options
+@embedded_redis_options
 def dashboard(
     host: str,
     port: int,
@@ -110,6 +139,10 @@ def dashboard(
     conn = target.open()
     for name in queues:
         require_queue(conn, name)
+    sock = listen(host, port)
+    ctx = click.get_current_context()
+    ctx.call_on_close(sock.close)  # closed at once if anything below fails; else uvicorn's
+    port = sock.getsockname()[1]  # --port 0: the port the system chose
     shown = host if ":" not in host else f"[{host}]"
     if host not in WILDCARDS:  # the name it is bound to, at its port (an address: harmless)
         allowed_hosts = (f"{shown}:{port}", *allowed_hosts)
@@ -126,7 +159,7 @@ def dashboard(
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"dueq dashboard on http://{shown}:{port}/ (Redis {conn.shown})", err=True)
-    serve(app, host, port)
+    serve(app, sock)
 
 
 class Background:
