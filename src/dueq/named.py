@@ -336,8 +336,12 @@ def dispatcher(
     """The handler a worker runs on ``queues`` (see ``Dispatcher``). ``on_loop``: the worker
     runs ``async def`` handlers on an event loop (``AsyncWorker``), so when every function
     (and ``handler``) is ``async def`` the dispatcher is one too; otherwise it is a plain
-    function (run on handler threads; an ``async def`` function's coroutine is awaited)."""
+    function (run on handler threads; an ``async def`` function's coroutine is awaited).
+    A ``handler`` that is a Dispatcher, or wraps one (``functools.wraps``: a metrics wrapper
+    does), dispatches already and gets every delivery."""
     queues = list(queues)
+    if handler is not None and isinstance(inspect.unwrap(handler), Dispatcher):
+        return handler  # type: ignore[return-value]  # (it dispatches already: it gets all)
     if handler is not None:
         kind = AsyncDispatcher if is_async(handler) else Dispatcher
         return kind(queues, handler)
