@@ -408,7 +408,7 @@ def decode_named(
         line = body[1:end]
         if line.startswith(NAME_MARK):
             name, space, line = line[1:].partition(b" ")
-            task_name = _stored_name(name)
+            task_name = _NAMES.get(name) or _stored_name(name)
             trace = trace_context_of(line) if space else None
         else:
             trace = trace_context_of(line)
@@ -422,9 +422,16 @@ def decode_named(
     return payload, options, trace, task_name
 
 
+#: Task names read so far, by their stored bytes (a claim mostly finds them here, as _HEADS).
+_NAMES: dict[bytes, str] = {}
+
+
 def _stored_name(name: bytes) -> str:
-    """A stored task name (see ``decode_named``)."""
+    """A stored task name (see ``decode_named``), checked once and kept in _NAMES."""
     text = name.decode("ascii", "replace")
     if _TASK_NAME.fullmatch(text) is None:
         raise PayloadError(f"stored task name {text[:60]!r} is unreadable")
+    if len(_NAMES) >= _HEADS_KEPT:
+        _NAMES.clear()
+    _NAMES[name] = text
     return text

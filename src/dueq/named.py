@@ -261,6 +261,9 @@ class AsyncTaskFunction(TaskFunction[P, R]):
         return str(result.ids[0])
 
 
+_NONE: Mapping[str, Any] = {}
+
+
 def _routes(queues: Iterable[Any]) -> dict[str, Mapping[str, TaskFunction[Any, Any]]]:
     """Each queue's (and shard's) name -> its registry (live: later registrations count)."""
     return {shard: q.tasks for q in queues for shard in q.shard_names}
@@ -300,9 +303,14 @@ class Dispatcher:
         return self._handler
 
     def __call__(self, d: Any) -> Any:
-        if d.task_name is None:
+        name = d.task_name
+        if name is None:
             return self.plain(d)(d)
-        return self.function(d)(**d.payload)
+        fn = self._routes.get(d.queue_name, _NONE).get(name)
+        payload = d.payload
+        if fn is None or type(payload) is not dict:
+            return self.function(d)(**payload)  # (raises the error that says why)
+        return fn.fn(**payload)
 
 
 class AsyncDispatcher(Dispatcher):
