@@ -407,7 +407,7 @@ class Sharded(ShardLayout):
         """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
         them (``rate_shares``); everything is validated before any shard is written. Per-key
         limits are refused: a key's tasks lie on every shard (the id picks the shard), so no
-        one claim script could count a key's leases (see README, "Sharded queues")."""
+        one claim script could count a key's leases (see docs/sharding.md)."""
         if key_rate not in (None, False) or key_concurrency not in (None, False):
             raise ConfigurationError(
                 "key_rate and key_concurrency are not available on a sharded queue: a key's "

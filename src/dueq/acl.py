@@ -12,7 +12,7 @@ starts calling a new command changes the rule with it. The commands sent from Py
 listed by hand below, per role; ``tests/test_acl.py`` runs each role's operations as a user
 with exactly this rule against a real server, so a missing command fails a test.
 
-What this does and does not separate (the README says it for users):
+What this does and does not separate (docs/deployment.md says it for users):
 
 * Queue from queue, and the server from the queue: a user with the rule for ``emails``
   cannot read or write another queue's keys (also not from inside a script: Redis checks key
