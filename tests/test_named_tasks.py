@@ -343,3 +343,20 @@ def test_a_stored_name_that_is_unreadable_sends_the_task_to_dead_at_claim(
     assert q.claim() == []
     [error] = q.get(tid).errors
     assert error.type == "PayloadError" and "task name" in error.message
+
+
+def test_a_sharded_queue_dispatches_named_tasks_from_every_shard(
+    make_queue: Any, r: redis.Redis, clock: Any
+) -> None:
+    q = make_queue("sq", shards=2)
+    seen: list[int] = []
+
+    @q.task(name="count")
+    def count(n: int) -> None:
+        seen.append(n)
+
+    for n in range(8):
+        count.schedule(n=n, id=f"t{n}")
+    run_worker(q, lambda: len(seen) == 8)
+    assert sorted(seen) == list(range(8))
+    assert dueq.Queue("sq", r, clock=clock, shards=2).stats().dead == 0
