@@ -480,12 +480,13 @@ class Queue(QueueCore):
 
         Scheduled tasks come by priority (9 first), then due time, then the parked ones (due,
         waiting for their key's limits); leased by lease deadline (``holder`` says who holds
-        each); dead by died-at, oldest first. Filters: ``id_prefix``, ``grep`` (text the
-        payload's JSON contains), ``error_type`` (the type of the last error record) and
-        ``after``/``before`` (inclusive bounds on the time the state is ordered by: due time,
-        lease deadline or died-at). Each call looks at most at 1,000 tasks (at least
-        ``limit``, at most 1,000), so its cost is bounded whatever the queue's size: a page
-        may hold fewer than ``limit`` tasks, even none, before the listing is done.
+        each); dead by died-at, newest first (as ``q.dead.list``). Filters: ``id_prefix``,
+        ``grep`` (text the payload's JSON contains), ``error_type`` (the type of the last
+        error record) and ``after``/``before`` (inclusive bounds on the time the state is
+        ordered by: due time, lease deadline or died-at). Each call looks at most at 1,000
+        tasks (at least ``limit``, at most 1,000), so its cost is bounded whatever the
+        queue's size: a page may hold fewer than ``limit`` tasks, even none, before the
+        listing is done.
         """
         return self.drive(
             self.list_flow(

@@ -64,7 +64,7 @@ SUMMARIES = {
     "list": "List tasks of QUEUE in one state, page by page.",
     "show": "Show tasks in any state: payload, options, every error.",
     "dead": "List, show, replay and purge tasks out of attempts.",
-    "dead list": "List the dead tasks of QUEUE, oldest first.",
+    "dead list": "List the dead tasks of QUEUE, newest first.",
     "dead show": "Show dead tasks: payload, every error with traceback.",
     "dead replay": "Put dead tasks back in the queue, due now.",
     "dead purge": "Delete dead tasks for good.",

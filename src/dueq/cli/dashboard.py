@@ -26,6 +26,10 @@ DEFAULT_HOST = "127.0.0.1"
 #: as a Host (the address a request arrives on is, see ``dueq.dashboard._guard.HostRules``).
 WILDCARDS = ("0.0.0.0", "::", "")
 ENV_TOKEN = "DUEQ_DASHBOARD_TOKEN"
+#: A health threshold: a positive number of seconds. The dead-letter window is at most the
+#: 24 h of per-minute history Redis keeps (``dueq.dashboard.HealthRules``).
+SECONDS = click.FloatRange(min=0, min_open=True)
+DEAD_WINDOW_MAX_S = 86_400
 
 
 def dashboard_module() -> Any:
@@ -113,6 +117,26 @@ def serve(app: Any, sock: socket.socket) -> None:
     metavar="QUEUE",
     help="Show this queue (repeatable); default: every queue found.",
 )
+@click.option(
+    "--health-no-worker-bad-s",
+    type=SECONDS,
+    metavar="SECONDS",
+    help="A queue is bad when its oldest due task has waited this long with no live worker "
+    "(default 60).",
+)
+@click.option(
+    "--health-lag-bad-s",
+    type=SECONDS,
+    metavar="SECONDS",
+    help="A queue is bad when its oldest due task has waited this long at all (default 300).",
+)
+@click.option(
+    "--health-dead-window-s",
+    type=click.FloatRange(min=0, max=DEAD_WINDOW_MAX_S, min_open=True),
+    metavar="SECONDS",
+    help="A queue warns when a task died in this window (default 3600, at most 86400: the "
+    "history Redis keeps).",
+)
 @embedded_redis_options
 def dashboard(
     host: str,
@@ -124,18 +148,34 @@ def dashboard(
     behind_tls: bool,
     session_hours: float,
     queues: tuple[str, ...],
+    health_no_worker_bad_s: float | None,
+    health_lag_bad_s: float | None,
+    health_dead_window_s: float | None,
     target: RedisTarget,
 ) -> None:
     """Serve a web UI of the queues at http://HOST:PORT/ (and /metrics) until Ctrl-C.
 
     Overview, queue pages (due histogram, leased, scheduled with search, dead by error type),
-    task pages, workers and cron. Every change is a confirmed POST with a CSRF token.
+    task pages, workers and cron. Every change is a confirmed POST with a CSRF token. The
+    --health-* options set when a queue's row turns warn or bad (docs/dashboard-health.md).
     """
     d = dashboard_module()
     try:
         d.check_bind(host, token=token, insecure=insecure)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from None
+    thresholds = {
+        "no_worker_bad_s": health_no_worker_bad_s,
+        "lag_bad_s": health_lag_bad_s,
+        "dead_window_s": health_dead_window_s,
+    }
+    try:
+        health = d.HealthRules(**{k: v for k, v in thresholds.items() if v is not None})
+    except ConfigurationError as exc:  # nan passes click's range check
+        given = next(
+            (f"--health-{k[:-2].replace('_', '-')}-s" for k in thresholds if k in str(exc)), None
+        )
+        raise click.BadParameter(str(exc), param_hint=given) from None
     conn = target.open()
     for name in queues:
         require_queue(conn, name)
@@ -153,6 +193,7 @@ def dashboard(
         allowed_hosts=allowed_hosts,
         behind_tls=behind_tls,
         session_s=session_hours * 3600,
+        health=health,
     )
     try:
         app = d.create_app(conn.url, settings)

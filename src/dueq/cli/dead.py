@@ -49,7 +49,7 @@ def dead() -> None:
 def list_dead(
     queue: str, limit: int, cursor: str | None, as_json: bool, target: RedisTarget
 ) -> None:
-    """List the dead tasks of QUEUE, oldest first, as dueq list --state dead does.
+    """List the dead tasks of QUEUE, newest first, as dueq list --state dead does.
 
     --json prints {"queue", "total", "tasks": [...], "next_cursor"}, each task in its one
     JSON form (docs/json.md), e.g. for jq to pick ids by error type; pass next_cursor as

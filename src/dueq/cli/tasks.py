@@ -137,7 +137,7 @@ def list_tasks(
 ) -> None:
     """List tasks of QUEUE in one state, page by page: scheduled ones by priority then due
     time (then parked ones), leased ones by lease deadline with their holder, dead ones by
-    when they died, oldest first (as dueq dead list).
+    when they died, newest first (as dueq dead list).
 
     --json prints {"queue", "tasks": [...], "next_cursor"} (docs/json.md); pass next_cursor
     as --cursor for the next page.

@@ -231,7 +231,7 @@ def worker(
     HANDLER takes a dueq.Delivery (d.payload, d.id, d.attempt); returning acks the task,
     raising fails it (retried with jittered exponential backoff, then dead). On SIGINT or
     SIGTERM the worker stops claiming, lets running handlers finish within --grace, gives
-    the rest back and prints what became of its tasks; a second signal cuts the grace short.
+    the rest back and logs what became of its tasks; a second signal cuts the grace short.
 
     With one argument, MODULE:QUEUE names a dueq.Queue (or AsyncQueue) object: the worker
     serves that queue, with its client and settings, and runs its named tasks (@q.task) by
@@ -301,9 +301,8 @@ def worker(
         logging.getLogger(__name__).info("%s", banner, extra={"queue": queue})
     else:
         click.echo(banner, err=True)
+    # it logs what became of its tasks ("worker stopped: {...}"), once, on stderr
     if isinstance(w, AsyncWorker):
         asyncio.run(w.run())
     else:
         w.run()
-    summary = ", ".join(f"{kind}={count}" for kind, count in sorted(w.outcomes.items()))
-    click.echo(f"worker stopped: {summary or 'no tasks'}")
