@@ -375,3 +375,47 @@ def test_wait_and_results_on_a_sharded_queue(make_queue):
     assert q.ack_many(deliveries) == 6
     assert [q.wait(t, timeout=5).result for t in ids] == [0, 10, 20, 30, 40, 50]
     assert sorted(t.id for t in q.iter_tasks("done")) == sorted(ids)
+
+
+def test_a_named_tasks_return_value_is_kept_and_waited_for(r):
+    q = dueq.Queue("named", r)
+    q.configure(keep_results=600)
+
+    @q.task(name="add")
+    def add(a: int, b: int) -> dict:
+        return {"sum": a + b}
+
+    tid = add.schedule(a=2, b=3)
+    worker = dueq.Worker(q)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        info = q.wait(tid, timeout=30)
+    finally:
+        worker.stop()
+        runner.join(30)
+    assert (info.state, info.result, info.task_name) == ("done", {"sum": 5}, "add")
+
+
+def test_an_async_named_tasks_return_value_is_kept(r):
+    async def main():
+        client = async_mirror(r)
+        q = dueq.AsyncQueue("named-async", client)
+        await q.configure(keep_results=600)
+
+        @q.task(name="mul")
+        async def mul(a: int, b: int) -> int:
+            return a * b
+
+        tid = await mul.schedule(a=6, b=7)
+        worker = dueq.AsyncWorker(q)
+        running = asyncio.create_task(worker.run())
+        try:
+            return await q.wait(tid, timeout=30)
+        finally:
+            worker.stop()
+            await running
+            await client.aclose()
+
+    info = asyncio.run(main())
+    assert (info.state, info.result) == ("done", 42)

@@ -27,9 +27,11 @@ from .exceptions import (
     TaskCancelled,
     TaskNotFound,
     TaskTimeout,
+    UnknownTask,
     Unrecoverable,
     WaitTimeout,
 )
+from .named import AsyncTaskFunction, TaskFunction
 from .queue import ClaimBatch, Queue
 from .registry import WorkerInfo
 from .retry import RetryPolicy
@@ -53,6 +55,7 @@ from .worker import AsyncWorker, Worker
 __all__ = [
     "AsyncDelivery",
     "AsyncQueue",
+    "AsyncTaskFunction",
     "AsyncWorker",
     "ClaimBatch",
     "ConfigurationError",
@@ -82,12 +85,14 @@ __all__ = [
     "ScheduleResult",
     "Task",
     "TaskCancelled",
+    "TaskFunction",
     "TaskInfo",
     "TaskNotFound",
     "TaskOptions",
     "TaskPage",
     "TaskTimeout",
     "TraceContext",
+    "UnknownTask",
     "Unrecoverable",
     "WaitTimeout",
     "Worker",

@@ -16,6 +16,7 @@
     ├── CorruptQueue   (also redis ResponseError) a queue key holds the wrong type of value
     ├── TaskTimeout                              an attempt ran past process(timeout=...): retried
     ├── WaitTimeout      (also TimeoutError)     q.wait: the task did not end in time
+    ├── UnknownTask      (also LookupError)     a named task no function is registered for: retried
     └── Unrecoverable                            raised by a handler: skip retries, go to dead
 
 Redis's own errors (``redis.exceptions.ConnectionError``, ``TimeoutError``, ...) pass through
@@ -43,6 +44,7 @@ __all__ = [
     "TaskCancelled",
     "TaskNotFound",
     "TaskTimeout",
+    "UnknownTask",
     "Unrecoverable",
     "WaitTimeout",
 ]
@@ -144,6 +146,17 @@ class WaitTimeout(DueqError, TimeoutError):
     def __init__(self, message: str, task_id: str) -> None:
         super().__init__(message)
         self.task_id = task_id
+
+
+class UnknownTask(DueqError, LookupError):
+    """A worker got a task whose name (``@q.task(name=...)``) has no function registered on
+    its queue, or a plain payload task and no handler for them: that attempt fails, so the
+    task is retried (a worker that knows it may come) and ends dead with this reason.
+    ``.name`` is the task's name (None for a plain payload task)."""
+
+    def __init__(self, message: str, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 class Unrecoverable(DueqError):

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .clock import ms_datetime, stored_ms
-from .envelope import NO_OPTIONS, decode_task
+from .envelope import NO_OPTIONS, decode_named
 from .exceptions import PayloadError
 from .failures import parse_error_records, token_holder
 from .task import (
@@ -114,8 +114,9 @@ def _task_info(
         attempt = _count(head.get("attempt", 0))
     unstored = head.get("unstored")
     options = NO_OPTIONS
+    task_name = None
     try:
-        payload, options = decode_task(raw)
+        payload, options, _, task_name = decode_named(raw)
     except PayloadError:  # shown as raw text, so operators can see what is stored
         payload = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw) or None
     due_ms = {"scheduled": score, "leased": leased_due}.get(state)
@@ -137,6 +138,7 @@ def _task_info(
         result=head.get("result"),
         finished_at=_datetime(score) if state in ("dead", "done", "cancelled") else None,
         result_unstored=unstored if isinstance(unstored, str) else None,
+        task_name=task_name,
     )
 
 
