@@ -419,3 +419,24 @@ def test_an_async_named_tasks_return_value_is_kept(r):
 
     info = asyncio.run(main())
     assert (info.state, info.result) == ("done", 42)
+
+
+def test_a_kept_record_keeps_the_failed_attempts_errors(make_queue, clock):
+    q = keeping(make_queue)
+    q.schedule("x", id="t1")
+    (d,) = q.claim()
+    d.fail(RuntimeError("first try"))
+    clock.advance(60)
+    (d,) = q.claim()
+    d.ack(result="second try")
+    info = q.get("t1")
+    assert (info.state, info.attempt, info.result) == ("done", 2, "second try")
+    assert [(e.attempt, e.type, e.message) for e in info.errors] == [
+        (1, "RuntimeError", "first try")
+    ]
+    q.schedule("y", id="t2")
+    (d,) = q.claim()
+    d.fail(ValueError("nope"))
+    q.cancel("t2")
+    assert [e.type for e in q.get("t2").errors] == ["ValueError"]
+    assert q.get("t2").attempt == 1

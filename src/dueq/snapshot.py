@@ -113,6 +113,8 @@ def _task_info(
     if head:
         attempt = _count(head.get("attempt", 0))
     unstored = head.get("unstored")
+    if isinstance(head.get("errors"), list):  # a kept record's error history
+        errors_raw = json.dumps(head["errors"])
     options = NO_OPTIONS
     task_name = None
     try:

@@ -504,8 +504,9 @@ end
 
 -- Results (keep_results). With the setting keep_results_ms > 0, a task that ends by ack or
 -- cancel leaves a record in the results HASH (id -> '<header JSON>\n<envelope>', the header
--- {"state":"done"|"cancelled","finished_ms":..,"attempt":..,"result":<JSON or null>, and
--- "unstored":"<why>" when the handler's value could not be kept}) and its finished time in
+-- {"state":"done"|"cancelled","finished_ms":..,"attempt":..,"result":<JSON or null>,
+-- "unstored":"<why>" when the handler's value could not be kept, "errors":[...] the failed
+-- attempts' records when there were any}) and its finished time in
 -- the finished ZSET. Each script that writes a record drops the records older than the
 -- retention, at most RESULTS_TRIM + written per call (and, once the setting is off, the
 -- leftovers as if the retention were 0): no sweeper. Dead tasks stay in the dead set as ever.
@@ -517,10 +518,14 @@ local function results_keep_ms(k_config, k_stats)
   return settings_read(k_config, k_stats, 'keep_results_ms').keep_results_ms or 0
 end
 
-local function results_record(state, now, attempt, result, unstored)
+local function results_record(state, now, attempt, result, unstored, errors)
   local head = '{"state":"' .. state .. '","finished_ms":' .. ms(now) .. ',"attempt":' ..
     attempt .. ',"result":' .. (result or 'null')
   if unstored then head = head .. ',"unstored":' .. cjson.encode(unstored) end
+  if errors then  -- the error history as stored, when it is a JSON list (else left out)
+    local ok, list = pcall(cjson.decode, errors)
+    if ok and type(list) == 'table' then head = head .. ',"errors":' .. errors end
+  end
   return head .. '}'
 end
 

@@ -54,6 +54,7 @@ if #done > 0 and keep_ms > 0 then
   end
   local records, envelopes, metas = {}, redis.call('HMGET', KEYS[2], unpack(done)),
     redis.call('HMGET', KEYS[3], unpack(done))
+  local errors = redis.call('HMGET', KEYS[4], unpack(done))
   local unstored = 0
   local d = 0
   for i = 1, #ids do
@@ -65,8 +66,8 @@ if #done > 0 and keep_ms > 0 then
       elseif mark == '!' then why = string.sub(value, 2); unstored = unstored + 1 end
       local attempt = meta_parse(metas[d])
       records[#records + 1] = ids[i]
-      records[#records + 1] = results_record('done', now, attempt, result, why) .. '\n' ..
-        (envelopes[d] or '')
+      records[#records + 1] = results_record('done', now, attempt, result, why, errors[d] or nil)
+        .. '\n' .. (envelopes[d] or '')
     end
   end
   call_chunked('HSET', KEYS[15], records)

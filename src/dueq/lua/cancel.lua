@@ -35,7 +35,9 @@ local now = dueq_now(ARGV[1])
 local keep_ms = results_keep_ms(KEYS[13], KEYS[7])
 if keep_ms > 0 then
   local attempt = meta_parse(redis.call('HGET', KEYS[5], id))
-  redis.call('HSET', KEYS[14], id, results_record('cancelled', now, attempt) .. '\n' .. envelope)
+  local record = results_record('cancelled', now, attempt, nil, nil,
+    redis.call('HGET', KEYS[6], id) or nil)
+  redis.call('HSET', KEYS[14], id, record .. '\n' .. envelope)
   redis.call('ZADD', KEYS[15], now, id)
 end
 results_trim(KEYS[14], KEYS[15], now, keep_ms, 1)
