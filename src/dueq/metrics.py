@@ -154,6 +154,7 @@ STATS_COUNTERS = (
     "replayed",
     "purged",
     "dropped",
+    "results_unstored",
     "cron_skipped",
     "cron_state_rebuilt",
 )
