@@ -440,3 +440,14 @@ def test_a_kept_record_keeps_the_failed_attempts_errors(make_queue, clock):
     q.cancel("t2")
     assert [e.type for e in q.get("t2").errors] == ["ValueError"]
     assert q.get("t2").attempt == 1
+
+
+def test_wait_with_no_time_left_still_returns_a_task_that_has_ended(make_queue):
+    q = keeping(make_queue)
+    q.schedule("x", id="t1")
+    (d,) = q.claim()
+    d.ack(result=7)
+    assert q.wait("t1", timeout=0).result == 7
+    q.schedule("y", id="t2")
+    with pytest.raises(dueq.WaitTimeout):
+        q.wait("t2", timeout=0)
