@@ -361,6 +361,8 @@ def test_dashboard_task_page_shows_a_done_tasks_result(r, redis_server):
         assert "not kept: too big" in unkept
         api = client.get("/api/task", params={"queue": "jobs", "id": "done1"}).json()
         assert api["result"] == {"sent": 3}
+        listed = client.get("/api/tasks", params={"queue": "jobs", "state": "done"}).json()
+        assert {t["id"] for t in listed["tasks"]} == {"done1", "big"}
         cancelled = client.get("/task", params={"queue": "jobs", "id": "gone1"}).text
         assert "cancelled" in cancelled and 'id="result"' not in cancelled
 
