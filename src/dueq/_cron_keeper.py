@@ -25,6 +25,7 @@ nothing after it. It logs on the ``dueq.cron`` logger, as the rest of the cron d
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -222,6 +223,13 @@ def advance_flow(
     return reply.earliest_ms, results
 
 
+@functools.lru_cache(maxsize=4096)
+def _spec(raw_spec: bytes | str) -> Spec:
+    """A stored definition, read once per distinct value (a claim of many occurrences of one
+    definition, and every later claim, reads the same bytes); CronError is not kept."""
+    return Spec.from_json(raw_spec)
+
+
 def _planned(
     queue: QueueCore, name: str, raw_spec: bytes | str, task_id: str, slot_ms: int, now_ms: int
 ) -> tuple[Spec, Plan, bytes] | None:
@@ -229,7 +237,7 @@ def _planned(
     None (and an error logged) if its definition cannot be used: the occurrence then just
     runs."""
     try:
-        spec = Spec.from_json(raw_spec)
+        spec = _spec(raw_spec)
         plan = plan_claim(spec.slots(), spec, slot_ms, now_ms)
         envelope = spec.envelope(queue.max_payload_bytes)
     except (CronError, PayloadError) as exc:
