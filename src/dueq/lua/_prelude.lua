@@ -473,8 +473,10 @@ local function upper_levels_used(levels)
 end
 
 -- The earliest score over every priority level (only level 0 when `base_only`), or nil when
--- all are empty.
+-- all are empty. Without `base_only`, one EXISTS tells whether the upper levels need reading
+-- (a queue without priorities pays two commands, not ten).
 local function levels_head(levels, base_only)
+  if base_only == nil then base_only = not upper_levels_used(levels) end
   local best = nil
   for p = 0, base_only and 0 or 9 do
     local h = head_score(levels[p])
