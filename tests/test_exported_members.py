@@ -31,6 +31,7 @@ PUBLIC = {
     "DueqError",
     "ErrorRecord",
     "InvalidTaskError",
+    "KeyLimit",
     "LeaseLost",
     "Occurrence",
     "Outcome",

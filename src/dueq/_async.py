@@ -39,6 +39,7 @@ from .task import (
     AsyncDelivery,
     DueHistogram,
     HistoryPoint,
+    KeyLimit,
     Outcome,
     QueueSettings,
     QueueStats,
@@ -302,6 +303,8 @@ class AsyncQueue(QueueCore):
         rate: Rate | Literal[False] | None = None,
         key_rate: Rate | Literal[False] | None = None,
         key_concurrency: int | Literal[False] | None = None,
+        concurrency: int | Literal[False] | None = None,
+        key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
     ) -> QueueSettings:
         """As ``Queue.configure``."""
         return await self.drive(
@@ -311,6 +314,8 @@ class AsyncQueue(QueueCore):
                 rate=rate,
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,
+                concurrency=concurrency,
+                key_limits=key_limits,
             )
         )
 

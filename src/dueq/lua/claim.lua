@@ -8,8 +8,9 @@
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
--- KEYS[8] config   HASH setting -> value (paused, rate, key_rate, key_concurrency; values
---                  the prelude's setting_parse refuses count as unset, and are logged once)
+-- KEYS[8] config   HASH setting -> value (paused, rate, key_rate, key_concurrency,
+--                  concurrency, key_limit:<key>; values the prelude's setting_parse refuses
+--                  count as unset, and are logged once)
 -- KEYS[9] rate     ZSET "<n>*<token>" -> claimed-at ms: the claims of the last rate window,
 --                  one entry per claim that leased n tasks (an entry without "<n>*" counts 1);
 --                  their sum is kept in the stats field rate_in_window
@@ -44,6 +45,10 @@
 -- the claims kept in KEYS[9], one entry per claim with its count: O(1) work per claim, not
 -- per task); when the rate holds tasks back, next_due is when the oldest claim of the window
 -- leaves it, so consumers sleep exactly until then.
+-- With a concurrency cap set, the queue never holds more than that many live leases (leased
+-- entries whose deadline is after now); a claim that leaves the queue at its cap returns
+-- next_due -1, so consumers sleep until a lease ends (ack, fail and release publish on the wake
+-- channel when they end one at the cap) or the next lease deadline (an expiry frees a slot).
 
 local now, now_us = dueq_now_us(ARGV[1])
 history_use(KEYS[13], ARGV[1])
@@ -125,7 +130,8 @@ if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
 -- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
-local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency')
+local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency',
+  'concurrency')
 local paused = config.paused == true
 local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
 
@@ -138,6 +144,15 @@ if rate_n then
   rate_in_window = rate_window(KEYS[9], KEYS[7], now - rate_per + 1)
   rate_left = math.max(rate_n - rate_in_window, 0)
   limit = math.min(limit, rate_left)
+end
+
+-- The concurrency cap (issue 29): lease at most as many as the cap leaves room for. The live
+-- leases are counted in the leased ZSET (O(log N): ZCARD less the entries already expired).
+local cap = config.concurrency
+local cap_live = 0
+if cap then
+  cap_live = redis.call('ZCARD', KEYS[2]) - redis.call('ZCOUNT', KEYS[2], '-inf', now)
+  limit = math.min(limit, math.max(cap - cap_live, 0))
 end
 
 -- Per-key limits: most leased tasks per key, and the spacing of one key's claims in ms.
@@ -432,4 +447,6 @@ if next_due and not paused then
   end
 end
 if next_deadline then out[3] = clamp_ms(next_deadline) end
+-- At the concurrency cap: no claim can lease until a lease ends (a wake) or expires (out[3]).
+if cap and cap_live + #leased / 2 >= cap then out[2] = -1 end
 return out
