@@ -207,6 +207,7 @@ FIELDS = [
     "remember_done_ms",
     "concurrency",
     "key_limit:k",
+    "key_limits",
 ]
 
 #: Lua's reading of a setting, in the form _python_reading gives it.

@@ -13,6 +13,7 @@ from .failures import parse_error_records, token_holder
 from .task import (
     MAX_CONCURRENCY,
     MAX_KEY_CONCURRENCY,
+    MAX_KEY_LIMITS,
     MAX_RATE_N,
     MAX_RATE_PER_MS,
     MAX_REMEMBER_DONE_MS,
@@ -154,6 +155,8 @@ def setting_value(field: str, raw: str) -> Any:
         value = _whole(raw, 0, MAX_REMEMBER_DONE_MS)
     elif field == "concurrency":
         value = _whole(raw, 1, MAX_CONCURRENCY)
+    elif field == "key_limits":  # configure.lua's count of key_limit:<key> fields
+        value = _whole(raw, 0, MAX_KEY_LIMITS)
     elif field.startswith(KEY_LIMIT_PREFIX):
         value = _key_limit_value(raw)
     else:

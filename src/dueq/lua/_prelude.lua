@@ -254,7 +254,9 @@ end
 --   remember_done_ms  0..SETTING_MAX_WINDOW_MS
 --   concurrency       1..SETTING_MAX_CONCURRENCY: most live leases of the queue (claim.lua)
 --   key_limit:<key>   "<concurrency>|<n>/<per_ms>", either part empty (not both): the limits
---                     of one named key, over key_concurrency / key_rate (see key_limits_read)
+--                     of one named key, over key_concurrency / key_rate (claim.lua)
+--   key_limits        0..SETTING_MAX_KEY_LIMITS: how many key_limit:<key> settings there are,
+--                     kept by configure.lua; claim.lua reads key_limit:<key> only when > 0
 -- Numbers are ASCII digits only, at most 15 of them (exact as Lua numbers). Any other value
 -- is refused: the script runs as if the setting were unset, and Redis logs the refused value
 -- once (the stats field "rejected:<field>" remembers the last one logged; configure.lua drops
@@ -290,6 +292,8 @@ local function setting_parse(field, raw)
     v = setting_whole(raw, 0, SETTING_MAX_WINDOW_MS)
   elseif field == 'concurrency' then
     v = setting_whole(raw, 1, SETTING_MAX_CONCURRENCY)
+  elseif field == 'key_limits' then
+    v = setting_whole(raw, 0, SETTING_MAX_KEY_LIMITS)
   elseif string.sub(field, 1, 10) == 'key_limit:' then
     -- {concurrency or false, {n, per_ms} or false}
     local c, r = string.match(raw, '^(%d*)|(.*)$')

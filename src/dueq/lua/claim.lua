@@ -131,7 +131,7 @@ if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
 -- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
 local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency',
-  'concurrency')
+  'concurrency', 'key_limits')
 local paused = config.paused == true
 local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
 
@@ -158,6 +158,12 @@ end
 -- Per-key limits: most leased tasks per key, and the spacing of one key's claims in ms.
 local key_concurrency = config.key_concurrency
 local key_gap = config.key_rate and config.key_rate[2] / config.key_rate[1] or nil
+-- Named keys' overrides (config key_limit:<key>, issue 29) are read with the keys' states, only
+-- when configure.lua counted some (key_limits > 0). Each slot's limits: conc[j], gaps[j] (false:
+-- none), the queue's key_concurrency / key_gap unless the key has its own.
+local overrides = (config.key_limits or 0) > 0
+local conc, gaps = {}, {}
+local default_conc, default_gap = key_concurrency or false, key_gap or false
 
 -- The leased count, rate mark and parked count of every key this claim looks at, read once
 -- and written back once at the end. Each key gets a slot number the first time it is seen
@@ -191,6 +197,24 @@ local function key_fetch()
         flight[j], marks[j], parked_n[j] = 0, 0, 0
       end
       changed[j] = false
+      conc[j], gaps[j] = default_conc, default_gap
+    end
+    if overrides then
+      local fields = {}
+      for j = from, to do fields[j - from + 1] = 'key_limit:' .. slot_key[j] end
+      local raws = redis.call('HMGET', KEYS[8], unpack(fields))
+      for j = from, to do
+        local raw = raws[j - from + 1]
+        if raw then
+          local v, ok = setting_parse(fields[j - from + 1], raw)
+          if not ok then
+            setting_refused(KEYS[8], KEYS[7], fields[j - from + 1], raw)
+          else
+            if v[1] then conc[j] = v[1] end
+            if v[2] then gaps[j] = v[2][2] / v[2][1] end
+          end
+        end
+      end
     end
   end
   n_fetched = n_slots
@@ -199,10 +223,10 @@ end
 -- How many tasks of the key in slot j the limits admit now (at most `most`), and when the
 -- key's rate admits the next one if it admits none now.
 local function key_room(j, most)
-  if key_concurrency then most = math.min(most, key_concurrency - flight[j]) end
-  if key_gap and most > 0 then
-    if marks[j] > now then return 0, marks[j] end
-    most = math.min(most, 1)
+  if conc[j] then most = math.min(most, conc[j] - flight[j]) end
+  if most > 0 then
+    if marks[j] > now then return 0, marks[j] end  -- its rate's next slot, or a cooldown
+    if gaps[j] then most = math.min(most, 1) end
   end
   return math.max(most, 0), nil
 end
@@ -238,9 +262,9 @@ if wait_head and wait_head <= now and not paused and limit > 0 then
       parked_n[j] = left
       if wait_until then
         redis.call('ZADD', KEYS[12], wait_until, key)  -- its rate's next slot
-      elseif key_gap then
-        redis.call('ZADD', KEYS[12], now + key_gap, key)  -- after the slot just given out
-      elseif key_concurrency then
+      elseif gaps[j] then
+        redis.call('ZADD', KEYS[12], now + gaps[j], key)  -- after the slot just given out
+      elseif conc[j] then
         redis.call('ZREM', KEYS[12], key)  -- until one of its leases ends (key_unlease)
       end  -- no limit any more: ready again at once
     end
@@ -324,9 +348,10 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
     end
     local room, wait_until = 1, nil
     if j and readable and envelopes[i] then  -- key_room(j, 1), inlined: the hot path
-      if key_concurrency and flight[j] >= key_concurrency then
+      local kc = conc[j]
+      if kc and flight[j] >= kc then
         room = 0
-      elseif key_gap and marks[j] > now then
+      elseif marks[j] > now then  -- its rate's next slot, or a cooldown
         room, wait_until = 0, marks[j]
       end
     end
@@ -345,9 +370,10 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
     else
       if j then
         flight[j] = flight[j] + 1
-        if key_gap then
+        local gap = gaps[j]
+        if gap then
           local mark = marks[j]
-          marks[j] = (mark > now and mark or now) + key_gap
+          marks[j] = (mark > now and mark or now) + gap
         end
         changed[j] = true
       end

@@ -1,6 +1,7 @@
 -- configure.lua: change a queue's settings (the config hash every script reads), atomically.
 --
--- KEYS[1] config   HASH setting -> value
+-- KEYS[1] config   HASH setting -> value (key_limits: the count of key_limit:<key> fields,
+--                  kept here)
 -- KEYS[2] wake     Pub/Sub channel: consumers claim at once after a change (resume, say)
 -- KEYS[3] stats    HASH: the field "rejected:<setting>" of a setting changed here is dropped
 --                  (the last refused value logged; see the prelude's settings)
@@ -43,6 +44,21 @@ for i = 1, #ARGV, 2 do
     redis.call('HDEL', KEYS[1], ARGV[i])
   else
     redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+-- The count of key_limit:<key> settings, kept in key_limits for claim.lua (bounded: <= 1,000
+-- fields, and a change of key limits is rare).
+local touched = false
+for i = 1, #ARGV, 2 do
+  if string.sub(ARGV[i], 1, 10) == 'key_limit:' then touched = true end
+end
+if touched then
+  local n = 0
+  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(field, 1, 10) == 'key_limit:' then n = n + 1 end
+  end
+  if n > 0 then redis.call('HSET', KEYS[1], 'key_limits', n) else
+    redis.call('HDEL', KEYS[1], 'key_limits')
   end
 end
 if #ARGV > 0 then publish_wake(KEYS[2], 'configure') end
