@@ -31,6 +31,7 @@ PUBLIC = {
     "DueqError",
     "ErrorRecord",
     "InvalidTaskError",
+    "KeyCooldown",
     "KeyLimit",
     "LeaseLost",
     "Occurrence",

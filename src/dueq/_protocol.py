@@ -330,11 +330,14 @@ def extend(
     return Call("extend", keys, [now, lease_ms, pack_pairs(held)], _parse_extend)
 
 
-def release(k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int) -> Call[TimeReply]:
-    """Give a leased task back, due after ``delay_ms``, without counting the delivery."""
+def release(
+    k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int, hold_ms: int = 0
+) -> Call[TimeReply]:
+    """Give a leased task back, due after ``delay_ms``, without counting the delivery; with
+    ``hold_ms`` (a KeyCooldown) its limit key is held that long too."""
     keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks]
     keys += [k.key_state, k.key_wait, k.config, *k.upper_due]
-    return Call("release", keys, [now, task_id, token, delay_ms], _parse_release)
+    return Call("release", keys, [now, task_id, token, delay_ms, hold_ms], _parse_release)
 
 
 def _parse_release(reply: Any) -> TimeReply:

@@ -18,7 +18,7 @@ from .envelope import (
     validate_priority,
     validate_task_attempts,
 )
-from .exceptions import ConfigurationError, InvalidTaskError
+from .exceptions import ConfigurationError, InvalidTaskError, KeyCooldown
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
@@ -505,6 +505,11 @@ class Delivery(DeliveryBase):
         """Give the task back, due after ``delay``, without counting this delivery."""
         return self._queue.release(self, delay=delay)
 
+    def cooldown(self, seconds: float | timedelta) -> Outcome:
+        """Give the task back, due after ``seconds``, without counting this delivery, and hold
+        its limit key as long (see ``dueq.KeyCooldown``): the outcome is ``released``."""
+        return self._queue.fail(self, KeyCooldown(seconds))
+
 
 class AsyncDelivery(DeliveryBase):
     """A task leased to this consumer by an ``AsyncQueue``: ``await`` its ``ack``, ``fail``,
@@ -534,3 +539,7 @@ class AsyncDelivery(DeliveryBase):
     async def release(self, delay: Duration = 0) -> Outcome:
         """Give the task back, due after ``delay``, without counting this delivery."""
         return await self._queue.release(self, delay=delay)
+
+    async def cooldown(self, seconds: float | timedelta) -> Outcome:
+        """As ``Delivery.cooldown``."""
+        return await self._queue.fail(self, KeyCooldown(seconds))

@@ -15,6 +15,8 @@
 -- ARGV[2] id
 -- ARGV[3] lease token
 -- ARGV[4] delay ms before it is due again
+-- ARGV[5] key hold ms (a KeyCooldown): the task's limit key is held that long, so its other
+--         tasks wait (parked); "" or 0 for none
 -- Returns the new due ms, -1 when the lease is lost, -2 when the task was cancelled while leased
 
 local now = dueq_now(ARGV[1])
@@ -34,6 +36,9 @@ end
 if key and key_unlease(KEYS[8], KEYS[9], key, now) then
   publish_wake(KEYS[5], ms(now))
 end
+-- KeyCooldown (issue 29): hold the task's key until now + ARGV[5]
+local hold_ms = tonumber(ARGV[5] or '') or 0
+if key and hold_ms > 0 then key_hold(KEYS[8], KEYS[9], key, now + hold_ms, now) end
 -- the concurrency cap: a consumer may be sleeping capped; tell it a lease ends
 local cap = settings_read(KEYS[10], KEYS[4], 'concurrency').concurrency
 if cap and at_cap(KEYS[2], cap, now) then publish_wake(KEYS[5], ms(now)) end
