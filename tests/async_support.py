@@ -16,7 +16,14 @@ import dueq
 from dueq.cron import AsyncCrons
 from dueq.dead import AsyncDeadLetters
 
-_WRAPPED = (dueq.AsyncDelivery, dueq.AsyncQueue, AsyncDeadLetters, AsyncCrons, dueq.ClaimBatch)
+_WRAPPED = (
+    dueq.AsyncDelivery,
+    dueq.AsyncQueue,
+    AsyncDeadLetters,
+    AsyncCrons,
+    dueq.ClaimBatch,
+    dueq.AsyncTaskFunction,
+)
 
 
 class Blocking:
@@ -55,8 +62,17 @@ class Blocking:
     def __repr__(self) -> str:
         return f"Blocking({self._target!r})"
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the target (an ``AsyncTaskFunction``: the function itself)."""
+        result = self._target(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()})
+        if inspect.isawaitable(result):
+            result = self._loop.run_until_complete(result)
+        return self._wrap(result)
+
     def _wrap(self, value: Any) -> Any:
         if isinstance(value, _WRAPPED):
+            return Blocking(value, self._loop)
+        if inspect.isfunction(value):  # a decorator a method returned (q.task(name=...))
             return Blocking(value, self._loop)
         if isinstance(value, list):
             return [self._wrap(v) for v in value]

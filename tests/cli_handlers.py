@@ -26,3 +26,14 @@ def hostile(d: dueq.Delivery) -> None:
 
 def noop(d: dueq.Delivery) -> None:
     """Succeed without touching Redis (failover tests: only dueq's own calls may fail)."""
+
+
+#: A queue object with a named task, for ``dueq worker cli_handlers:named_queue``.
+named_queue = dueq.Queue("named", _client, retry=dueq.RetryPolicy(max_attempts=1))
+
+
+@named_queue.task(name="greet")
+def greet(who: str) -> str:
+    """Push ``who`` to the list ``greeted``."""
+    _client.rpush("greeted", who)
+    return who

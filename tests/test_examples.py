@@ -303,3 +303,15 @@ def test_fastapi_example_under_uvicorn_prints_a_failing_webhook(r, redis_server)
     assert len(failed) == 1, err
     assert "task 'reminder:bo@example.com'" in failed[0]
     assert closed in failed[0]  # the error names the webhook it could not reach
+
+
+def test_named_tasks_example_dispatches_by_name_and_buries_an_unknown_name(redis_server):
+    out = run_example("named_tasks.py", "--redis-url", redis_server.url)
+    assert "registered: send_digest, send_welcome" in out
+    assert "refused: " in out and "missing a required argument: 'to'" in out
+    assert "ran: welcome ada@example.com (Ada)" in out
+    assert "ran: welcome bob@example.com (no name)" in out
+    assert "ran: digest ada@example.com: 3 item(s)" in out
+    assert "handler got: [{'ping': True}]" in out
+    assert "dead: invoice:1 (send_invoice): UnknownTask: no task named 'send_invoice'" in out
+    assert "outcomes: {'acked': 4, 'dead': 1}" in out

@@ -10,8 +10,11 @@ whose first statement appends one line to a file. Starts its own throwaway redis
               with the same JSON decode and file append per task: the speed of Redis and
               Python without dueq's guarantees (leases, fencing, retries), the ratio's base
 2. threaded   ``dueq worker QUEUE bench_handler:handle`` as a subprocess, defaults only
-3. asyncio    ``dueq.AsyncWorker(q, ahandle)`` as a subprocess, defaults only
-4. memory     bytes per scheduled task (INFO used_memory before/after scheduling, and
+3. named      ``dueq worker bench_handler:q``: the same tasks scheduled as the named task
+              ``bench_task`` (``@q.task``), run by a worker without a handler that dispatches
+              by name (``docs/named-tasks.md``); the function writes the same line
+4. asyncio    ``dueq.AsyncWorker(q, ahandle)`` as a subprocess, defaults only
+5. memory     bytes per scheduled task (INFO used_memory before/after scheduling, and
               MEMORY USAGE per key), where they go (id, envelope, dict entries, bucket
               tables, skiplist nodes), next to the raw ZSET + HASH layout of the same tasks
               and a single ZSET of id+JSON without the by-id hash
@@ -21,6 +24,7 @@ is tasks per second from the first ack to the last (the parent polls the queue's
 every 5 ms). Each worker runs ``--repeat`` times (default 2); all runs are printed.
 
     .venv/bin/python scripts/bench/worker.py [--tasks N] [--repeat N] [--quick]
+        [--workers threaded,named,asyncio] [--no-memory]
 
 The table goes to stdout, followed by one JSON line with every figure; progress goes to stderr.
 """
@@ -67,6 +71,16 @@ def handle(d):
 
 async def ahandle(d):
     _out.write(f"{d.id}\\n")
+
+
+import dueq
+
+q = dueq.Queue.from_url(os.environ["BENCH_URL"], "bench", retry=dueq.RetryPolicy(max_attempts=5))
+
+
+@q.task(name="bench_task")
+def bench_task(k, tid, due, payload):
+    _out.write(f"{tid}\\n")
 """
 
 ASYNC_WORKER = """
@@ -105,12 +119,15 @@ def used_memory(r: redis.Redis) -> int:
     return int(r.info("memory")["used_memory"])
 
 
-def schedule(r: redis.Redis, items: list[dict[str, Any]]) -> dict[str, float]:
-    """Schedule the tasks with dueq; bytes per task from used_memory and MEMORY USAGE."""
+def schedule(
+    r: redis.Redis, items: list[dict[str, Any]], task: str | None = None
+) -> dict[str, float]:
+    """Schedule the tasks with dueq (as the named task ``task`` if given); bytes per task
+    from used_memory and MEMORY USAGE."""
     r.flushall()
     before = used_memory(r)
     q = dueq.Queue(QUEUE, r)
-    q.schedule_many(dueq.Task(p) for p in items)
+    q.schedule_many(dueq.Task(p, task=task) for p in items)
     after = used_memory(r)
     keys = {k.decode(): r.memory_usage(k, samples=0) or 0 for k in r.scan_iter("dueq:*")}
     return {
@@ -282,7 +299,12 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="2,000 tasks, one run each")
+    parser.add_argument(
+        "--workers", default="threaded,named,asyncio", help="which workers to run (comma list)"
+    )
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory figures")
     args = parser.parse_args()
+    chosen = [w.strip() for w in args.workers.split(",") if w.strip()]
     n = 2000 if args.quick else args.tasks
     repeat = 1 if args.quick else args.repeat
     items = payloads(n)
@@ -314,13 +336,16 @@ def main() -> None:
         )
         workers = {
             "threaded": [sys.executable, "-m", "dueq", "worker", QUEUE, "bench_handler:handle"],
+            "named": [sys.executable, "-m", "dueq", "worker", "bench_handler:q"],
             "asyncio": [sys.executable, str(Path(tmp, "async_worker.py")), QUEUE],
         }
         for name, command in workers.items():
+            if name not in chosen:
+                continue
             runs = []
             for i in range(repeat):
                 log(f"{name} worker, run {i + 1} ...")
-                schedule(r, items)
+                schedule(r, items, "bench_task" if name == "named" else None)
                 runs.append(run_worker(command, env, r, n))
             figures[name] = runs
             for i, run in enumerate(runs, 1):
@@ -335,6 +360,16 @@ def main() -> None:
                         f">= {TARGET_DRAIN:,}",
                     )
                 )
+        if "threaded" in figures and "named" in figures:
+            plain = max(run["drain_per_s"] for run in figures["threaded"])
+            named = max(run["drain_per_s"] for run in figures["named"])
+            figures["named_vs_plain"] = named / plain
+            rows.append(("named/plain", f"{named / plain:.3f}", "best drain of each", ">= 0.90"))
+        if args.no_memory:
+            r.close()
+            print_table(rows)
+            print(json.dumps(figures))
+            return
         log("memory ...")
         memory = schedule(r, items)
         parts = breakdown(r, n)

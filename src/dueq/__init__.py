@@ -28,8 +28,10 @@ from .exceptions import (
     TaskCancelled,
     TaskNotFound,
     TaskTimeout,
+    UnknownTask,
     Unrecoverable,
 )
+from .named import AsyncTaskFunction, TaskFunction
 from .queue import ClaimBatch, Queue
 from .registry import WorkerInfo
 from .retry import RetryPolicy
@@ -54,6 +56,7 @@ from .worker import AsyncWorker, Worker
 __all__ = [
     "AsyncDelivery",
     "AsyncQueue",
+    "AsyncTaskFunction",
     "AsyncWorker",
     "ClaimBatch",
     "ConfigurationError",
@@ -85,12 +88,14 @@ __all__ = [
     "ScheduleResult",
     "Task",
     "TaskCancelled",
+    "TaskFunction",
     "TaskInfo",
     "TaskNotFound",
     "TaskOptions",
     "TaskPage",
     "TaskTimeout",
     "TraceContext",
+    "UnknownTask",
     "Unrecoverable",
     "Worker",
     "WorkerInfo",

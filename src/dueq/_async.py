@@ -8,10 +8,10 @@ one front end is consumed by the other. Only the I/O differs: every call goes th
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import redis
 import redis.asyncio
@@ -32,6 +32,7 @@ from .cron import AsyncCrons
 from .dead import AsyncDeadLetters
 from .doctor import DoctorReport
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from .named import AsyncTaskFunction
 from .registry import WorkerInfo
 from .retry import RetryPolicy
 from .scripts import AsyncScripts
@@ -55,6 +56,8 @@ from .wake import WakeSubscription
 logger = logging.getLogger("dueq.queue")
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 
 class AsyncQueue(QueueCore):
@@ -180,6 +183,53 @@ class AsyncQueue(QueueCore):
 
     # -- scheduling --------------------------------------------------------------------------
 
+    @overload
+    def task(self, fn: Callable[P, R], /) -> AsyncTaskFunction[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_attempts: int | None = None,
+        timeout: Duration | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+    ) -> Callable[[Callable[P, R]], AsyncTaskFunction[P, R]]: ...
+
+    def task(
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_attempts: int | None = None,
+        timeout: Duration | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+    ) -> AsyncTaskFunction[P, R] | Callable[[Callable[P, R]], AsyncTaskFunction[P, R]]:
+        """Register a function as a named task of this queue (``@q.task`` or
+        ``@q.task(name=...)``): see ``dueq.TaskFunction``. ``name`` defaults to
+        ``module.qualname``; ``max_attempts``, ``timeout``, ``priority`` and ``key`` are the
+        defaults of its tasks. A ``Worker`` without a handler runs it by name."""
+
+        def register(function: Callable[P, R]) -> AsyncTaskFunction[P, R]:
+            defined = AsyncTaskFunction(
+                self,
+                function,
+                name=name,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                priority=priority,
+                key=key,
+            )
+            self.register_task(defined)
+            return defined
+
+        return register if fn is None else register(fn)
+
     async def schedule(
         self,
         payload: Any,
@@ -192,10 +242,13 @@ class AsyncQueue(QueueCore):
         key: str | None = None,
         timeout: Duration | None = None,
         max_attempts: int | None = None,
+        task: str | None = None,
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
-        ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``)."""
-        tasks = [Task(payload, id, at, delay, priority, key, timeout, max_attempts)]
+        ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``).
+        ``task`` names the registered function that runs it (``@q.task``): ``payload`` is
+        then a dict of its arguments."""
+        tasks = [Task(payload, id, at, delay, priority, key, timeout, max_attempts, task)]
         result = await self.drive(self.schedule_many_flow(tasks, replace))
         return result.ids[0]
 

@@ -14,7 +14,7 @@ from ._queue_base import QueueBase
 from .checks import MAX_HOLDER_LENGTH, validate_holder, whole_number
 from .clock import Duration, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
-from .envelope import decode_delivery
+from .envelope import decode_named
 from .exceptions import KeyCooldown, LeaseLost, PayloadError, TaskCancelled, Unrecoverable
 from .failures import error_record, token_holder
 from .logs import task_fields
@@ -138,7 +138,7 @@ class LeaseFlows(QueueBase):
         deliveries: list[Any] = []
         for row in reply.rows:
             try:
-                payload, options, trace_context = decode_delivery(row.envelope)
+                payload, options, trace_context, task_name = decode_named(row.envelope)
             except PayloadError as exc:
                 logger.error(
                     "queue %r: task %r attempt %d has an undecodable envelope; moved to dead: %s",
@@ -162,6 +162,7 @@ class LeaseFlows(QueueBase):
                     now_ms,
                     options,
                     trace_context,
+                    task_name,
                 )
             )
         deliveries, cron_due = yield from self.cron_on_claim_flow(deliveries, now_ms)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Mapping
 from datetime import timedelta
 from functools import cached_property
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -21,6 +23,7 @@ from .dead import DeadLettersCore
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, TaskOptions, TraceContext
 from .exceptions import ConfigurationError
 from .keys import QueueKeys, layout_key
+from .named import TaskFunction
 from .retry import RetryPolicy
 from .snapshot import text
 from .task import DeliveryBase
@@ -108,6 +111,9 @@ class QueueBase:
         self._plain_checked = "#" in name
         # what q.dead and q.cron drive, and the cron keeper of this queue's claims
         self._dead_flows, self._cron_flows = self._part_flows()
+        self._task_functions: dict[str, TaskFunction[Any, Any]] = {}
+        #: the named tasks registered on this queue (``@q.task``): name -> TaskFunction
+        self.tasks: Mapping[str, TaskFunction[Any, Any]] = MappingProxyType(self._task_functions)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -120,6 +126,18 @@ class QueueBase:
         if self._sharded is not None:
             raise self._sharded.no_keys()
         return QueueKeys.for_queue(self.name)
+
+    def register_task(self, task_function: TaskFunction[Any, Any]) -> None:
+        """Add a named task to ``tasks``; ConfigurationError if its name is another
+        function's already (registering the same function again is allowed)."""
+        name = task_function.name
+        known = self._task_functions.get(name)
+        if known is not None and known.fn is not task_function.fn:
+            raise ConfigurationError(
+                f"queue {self.name!r} already has a task named {name!r} ({known.fn!r}): "
+                "give one of them another name (@q.task(name=...))"
+            )
+        self._task_functions[name] = task_function
 
     def _part_flows(self) -> tuple[DeadLettersCore, CronsCore]:
         """The dead-letter and cron flows of this queue (``QueueCore``: they take the whole
@@ -158,6 +176,7 @@ class QueueBase:
         claimed_ms: int,
         options: TaskOptions,
         trace_context: TraceContext | None,
+        task_name: str | None,
     ) -> DeliveryBase:
         """A delivery of the front end's kind (blocking or awaitable methods)."""
         raise NotImplementedError

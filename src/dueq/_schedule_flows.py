@@ -19,6 +19,7 @@ from .envelope import (
     pack_task,
     repack_with_id,
     validate_id,
+    validate_task_name,
 )
 from .exceptions import DueqError, InvalidTaskError, PayloadError
 from .task import ScheduleResult, Task
@@ -99,12 +100,31 @@ class ScheduleFlows(QueueBase):
                 else:
                     time_flag, due_ms = due(task.at, task.delay)
                 options = task.options()
-                envelope = encode_envelope(task.payload, max_bytes, options, trace)
+                if task.task is None:
+                    envelope = encode_envelope(task.payload, max_bytes, options, trace)
+                else:
+                    envelope = encode_envelope(
+                        task.payload, max_bytes, options, trace, self._named(task)
+                    )
             except (InvalidTaskError, PayloadError) as exc:
                 raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
             records.append(pack_task(flags | time_flag, due_ms, task_id, envelope))
             ids.append(task_id)
         return (yield from self.schedule_records_flow(ids, records, replace, fresh_ids))
+
+    def _named(self, task: Task) -> str:
+        """The name of a named task, its payload checked: a dict of arguments, and, when the
+        name is registered on this queue, arguments its function's signature accepts."""
+        name = validate_task_name(task.task)
+        function = self.tasks.get(name)
+        if function is not None:
+            function.check_arguments(task.payload)
+        elif not isinstance(task.payload, dict):
+            raise InvalidTaskError(
+                f"the payload of named task {name!r} is a dict of its arguments, "
+                f"got {type(task.payload).__name__}"
+            )
+        return name
 
     def schedule_records_flow(
         self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]

@@ -23,10 +23,18 @@ from . import _protocol as protocol
 from . import discovery
 from .checks import whole_number
 from .clock import Duration, duration_ms, positive_duration_ms
-from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, ENVELOPE_PREFIX, FLAG_ABSOLUTE, pack_task
+from .envelope import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    ENVELOPE_PREFIX,
+    FLAG_ABSOLUTE,
+    name_line,
+    pack_task,
+    validate_task_name,
+)
 from .envelope import validate_id as _validate_id
 from .exceptions import ConfigurationError, InvalidTaskError
 from .keys import QueueKeys, validate_queue_name
+from .named import TaskFunction
 from .queue import SCHEDULE_BATCH, Queue
 from .snapshot import text
 from .task import TaskInfo, TaskState
@@ -125,6 +133,8 @@ class PartitionPlan:
     on_bad_row: BadRowPolicy
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     remember_done: Duration | None = None
+    #: the named task each row runs (``@q.task``: the row's columns are its arguments)
+    task: str | None = None
 
 
 class _BadRow(Exception):
@@ -162,14 +172,18 @@ def _payload(text: str | None, max_bytes: int) -> bytes:
     return data
 
 
-def row_id(flags: int, due: int, payload: bytes) -> str:
-    """The id of a task without an id column: a hash of its due time and payload JSON."""
-    return hashlib.sha256(b"%d:%d:" % (flags, due) + payload).hexdigest()[:32]
+def row_id(flags: int, due: int, payload: bytes, task: str | None = None) -> str:
+    """The id of a task without an id column: a hash of its due time and payload JSON (and
+    its task name, for a named task: the same arguments to two tasks are two tasks)."""
+    head = b"%d:%d:" % (flags, due)
+    if task is not None:
+        head += b"@%s:" % task.encode("ascii")
+    return hashlib.sha256(head + payload).hexdigest()[:32]
 
 
 def _task_id(plan: PartitionPlan, given: Any, flags: int, due: int, payload: bytes) -> str:
     if not plan.has_id:
-        return row_id(flags, due, payload)
+        return row_id(flags, due, payload, plan.task)
     if given is None:
         raise _BadRow("id", "id is null")
     try:
@@ -212,6 +226,7 @@ def packed_batches(
     once the rows are used up. Rows as ``schedule_rows`` takes them."""
     ids: list[str] = []
     records: list[bytes] = []
+    head = ENVELOPE_PREFIX if plan.task is None else ENVELOPE_PREFIX + name_line(plan.task)
     for number, (given, due, raw, payload) in enumerate(rows):
         try:
             flags, due_ms = _due(plan.due_kind, due, raw)
@@ -221,7 +236,7 @@ def packed_batches(
             _count_bad(counts, plan, number, given, bad)
             continue
         ids.append(task_id)
-        records.append(pack_task(flags, due_ms, task_id, ENVELOPE_PREFIX + data))
+        records.append(pack_task(flags, due_ms, task_id, head + data))
         if len(records) >= plan.batch_size:
             yield ids, records
             ids, records = [], []
@@ -433,8 +448,10 @@ def partition_plan(
     on_bad_row: str,
     max_payload_bytes: int,
     remember_done: Duration | None,
+    task: str | None = None,
 ) -> PartitionPlan:
-    """A checked PartitionPlan (ConfigurationError for a bad setting)."""
+    """A checked PartitionPlan (ConfigurationError for a bad setting; InvalidTaskError for a
+    bad task name)."""
     check_target(queue, redis_url)
     whole_number(batch_size, "batch_size", low=1, high=SCHEDULE_BATCH)
     if on_bad_row != "count" and on_bad_row != "raise":
@@ -452,7 +469,19 @@ def partition_plan(
         policy,
         max_payload_bytes,
         remember_done,
+        None if task is None else validate_task_name(task),
     )
+
+
+def task_name_of(task: Any, payload_cols: Sequence[str]) -> str | None:
+    """The name of ``task`` (a name, or a ``dueq.TaskFunction``, whose signature must accept
+    ``payload_cols`` as its arguments: InvalidTaskError before anything is written)."""
+    if task is None or isinstance(task, str):
+        return task
+    if not isinstance(task, TaskFunction):
+        raise InvalidTaskError(f"task must be a name or a dueq.TaskFunction, got {task!r}")
+    task.check_arguments(dict.fromkeys(payload_cols))
+    return task.name
 
 
 def schedule_dataframe(
@@ -468,6 +497,7 @@ def schedule_dataframe(
     on_bad_row: BadRowPolicy = "count",
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     remember_done: Duration | None = None,
+    task: str | TaskFunction[..., Any] | None = None,
 ) -> SparkScheduleResult:
     """Schedule one task per row of ``df``; an id that is already in the queue is left alone.
 
@@ -483,6 +513,9 @@ def schedule_dataframe(
     way is ``df.write.format("dueq")``).
     ``remember_done`` is the queue's window of ``Queue(remember_done=...)``: ids acked within
     it count as existing, so re-running a job after its tasks ran adds nothing.
+    ``task`` makes each row a call of a named task (``@q.task``; a name, or the function,
+    whose signature is then checked against the payload columns first): the payload columns
+    are its arguments.
     """
     check_target(queue, redis_url)
     try:
@@ -494,6 +527,7 @@ def schedule_dataframe(
             "df.write.format('dueq') (and writeStream.format('dueq') instead of foreach_batch)"
         ) from None
     prepared, kind = _prepare(df, id_col, at_col, delay_col, payload_cols)
+    columns = columns_of(df.schema, id_col, at_col, delay_col, payload_cols)
     plan = partition_plan(
         queue,
         redis_url,
@@ -503,6 +537,7 @@ def schedule_dataframe(
         on_bad_row=on_bad_row,
         max_payload_bytes=max_payload_bytes,
         remember_done=remember_done,
+        task=task_name_of(task, columns.payload_cols),
     )
     counts = context.accumulator(PartitionCounts(), _CountsParam())
     try:

@@ -178,6 +178,7 @@ def _write_setup(options: Any, schema: T.StructType) -> _WriteSetup:
             options, "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES, low=1, high=2**31 - 1
         ),
         remember_done=None,
+        task=options.get("task"),
     )
     day_s = 86_400
     ttl_s = _int_option(options, "staging_ttl_s", DEFAULT_STAGING_TTL_S, low=60, high=365 * day_s)
@@ -471,7 +472,8 @@ class DueqDataSource(DataSource):
     also finds it on its own where the ``pyspark_dueq`` module is importable).
     Options: ``queue`` and ``redis_url`` (always); for writes ``id_col``, ``at_col``,
     ``delay_col``, ``payload_cols`` (comma-separated), ``batch_size``, ``on_bad_row``,
-    ``max_payload_bytes``, and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads
+    ``max_payload_bytes``, ``task`` (each row calls that named task, its columns the
+    arguments), and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads
     ``state`` (scheduled, leased or dead), ``page_size`` and ``partitions``.
     """
 

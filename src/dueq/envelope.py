@@ -24,6 +24,18 @@ scripts read only the first line (options), so they need no change for it, and a
 task is stored exactly as before. A trace line that is unreadable (corrupted in Redis) reads
 as no trace: it never costs the task.
 
+A named task (``@q.task``, ``schedule(..., task="send_welcome")``) carries its name in that same
+head line, after ``~@``, followed by the trace context when there is one::
+
+    1:~@send_welcome\n{"to":"a@b.c"}
+    2:0|||key\n~@send_welcome 00-4bf9...-01\n{"to":"a@b.c"}
+
+One line, not two, so that readers that know only trace lines still read the payload: to them
+the name line is an unreadable trace line (the task loses its trace link there, never its
+payload), and list_tasks.lua skips it as it skips a trace line. A task without a name is stored
+exactly as before. Names are 1 to MAX_TASK_NAME_CHARS characters of ``[A-Za-z0-9_.:<>/-]``
+(no space, so the first space ends the name), starting with a letter, digit or ``_``.
+
 A prefix rather than a JSON wrapper keeps every task 12 bytes smaller while still letting a
 reader refuse a format it does not know. Payloads are JSON only (never pickle). Encoding happens
 before anything is written, so a bad payload raises PayloadError and leaves Redis untouched.
@@ -67,6 +79,10 @@ _TRACE_LINE = re.compile(  # traceparent, then a space and the tracestate if the
     r"([0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2})(?: ([\x20-\x7e]{1,512}))?"
 )
 MAX_ID_BYTES = 512
+#: The mark after TRACE_MARK that starts a task name (see the module docstring).
+NAME_MARK = b"@"
+MAX_TASK_NAME_CHARS = 200
+_TASK_NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.:<>/-]{{0,{MAX_TASK_NAME_CHARS - 1}}}")
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 #: Deepest nesting of arrays and objects a payload may have.
 MAX_PAYLOAD_DEPTH = 128
@@ -120,6 +136,30 @@ def validate_id(task_id: object) -> str:
     if size > MAX_ID_BYTES:
         raise InvalidTaskError(f"task id is longer than {MAX_ID_BYTES} bytes")
     return task_id
+
+
+def validate_task_name(name: object) -> str:
+    """``name`` if it can name a task (see the module docstring), else InvalidTaskError."""
+    if not isinstance(name, str):
+        raise InvalidTaskError(f"task name must be a str, got {type(name).__name__}")
+    if _TASK_NAME.fullmatch(name) is None:
+        if not name or len(name) > MAX_TASK_NAME_CHARS:
+            raise InvalidTaskError(
+                f"task name must be 1 to {MAX_TASK_NAME_CHARS} characters, got {len(name)}"
+            )
+        raise InvalidTaskError(
+            f"task name {name[:60]!r} may hold only ASCII letters, digits and _ . : < > / -, "
+            "and must start with a letter, digit or _ (pass name= to choose another)"
+        )
+    return name
+
+
+def name_line(task_name: str, trace: bytes = b"") -> bytes:
+    """The head line that stores a (validated) task name and, if ``trace`` is a trace line
+    (``TraceContext.line``), its trace context."""
+    if trace:
+        return b"~@%s %s" % (task_name.encode("ascii"), trace[1:])
+    return b"~@%s\n" % task_name.encode("ascii")
 
 
 def nests_too_deep(data: bytes) -> bool:
@@ -275,10 +315,15 @@ def _options_of(head_bytes: bytes) -> TaskOptions:
 
 
 def encode_envelope(
-    payload: Any, max_bytes: int, options: TaskOptions = NO_OPTIONS, trace: bytes = b""
+    payload: Any,
+    max_bytes: int,
+    options: TaskOptions = NO_OPTIONS,
+    trace: bytes = b"",
+    task_name: str | None = None,
 ) -> bytes:
     """The stored form of a payload, refusing what JSON cannot carry or what is too large.
-    ``trace`` is a trace line (``TraceContext.line``) or empty."""
+    ``trace`` is a trace line (``TraceContext.line``) or empty; ``task_name`` a validated task
+    name or None (see the module docstring)."""
     try:
         data = _encode(payload).encode("utf-8")
     except RecursionError:
@@ -291,6 +336,8 @@ def encode_envelope(
         raise PayloadError(f"payload is {len(data)} bytes, over the limit of {max_bytes}")
     if nests_too_deep(data):
         raise PayloadError(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
+    if task_name is not None:
+        trace = name_line(task_name, trace)
     return options.head() + trace + data
 
 
@@ -328,6 +375,15 @@ def decode_task(raw: bytes | str) -> tuple[Any, TaskOptions]:
 def decode_delivery(raw: bytes | str) -> tuple[Any, TaskOptions, TraceContext | None]:
     """The payload, options and trace context (None if it has none, or an unreadable one) of
     a stored envelope; PayloadError if the payload cannot be read."""
+    payload, options, trace, _ = decode_named(raw)
+    return payload, options, trace
+
+
+def decode_named(
+    raw: bytes | str,
+) -> tuple[Any, TaskOptions, TraceContext | None, str | None]:
+    """``decode_delivery``, and the task's name (None for a plain payload task); a name that
+    is stored but unreadable is a PayloadError (the task could not be dispatched)."""
     try:
         data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
     except (UnicodeEncodeError, TypeError) as exc:
@@ -344,15 +400,38 @@ def decode_delivery(raw: bytes | str) -> tuple[Any, TaskOptions, TraceContext | 
     else:
         raise PayloadError("stored value is not a dueq envelope (no 1: or 2: prefix)")
     trace = None
+    task_name = None
     if body.startswith(TRACE_MARK):
         end = body.find(b"\n")
         if end < 0:
             raise PayloadError("stored trace line has no end (no payload follows it)")
-        trace = trace_context_of(body[1:end])
+        line = body[1:end]
+        if line.startswith(NAME_MARK):
+            name, space, line = line[1:].partition(b" ")
+            task_name = _NAMES.get(name) or _stored_name(name)
+            trace = trace_context_of(line) if space else None
+        else:
+            trace = trace_context_of(line)
         body = body[end + 1 :]
     if nests_too_deep(body):
         raise PayloadError(f"stored payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
     try:
-        return json.loads(body.decode("utf-8")), options, trace  # str: no detect_encoding
+        payload = json.loads(body.decode("utf-8"))  # str: no detect_encoding
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise PayloadError(f"stored payload is not valid JSON: {str(exc)[:200]}") from None
+    return payload, options, trace, task_name
+
+
+#: Task names read so far, by their stored bytes (a claim mostly finds them here, as _HEADS).
+_NAMES: dict[bytes, str] = {}
+
+
+def _stored_name(name: bytes) -> str:
+    """A stored task name (see ``decode_named``), checked once and kept in _NAMES."""
+    text = name.decode("ascii", "replace")
+    if _TASK_NAME.fullmatch(text) is None:
+        raise PayloadError(f"stored task name {text[:60]!r} is unreadable")
+    if len(_NAMES) >= _HEADS_KEPT:
+        _NAMES.clear()
+    _NAMES[name] = text
+    return text

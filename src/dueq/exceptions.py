@@ -15,6 +15,7 @@
     ├── ReplicationTimeout                       written, but fewer replicas confirmed it than asked
     ├── CorruptQueue   (also redis ResponseError) a queue key holds the wrong type of value
     ├── TaskTimeout                              an attempt ran past process(timeout=...): retried
+    ├── UnknownTask      (also LookupError)     a named task no function is registered for: retried
     ├── Unrecoverable                            raised by a handler: skip retries, go to dead
     └── KeyCooldown                              raised by a handler: back later, its key held
 
@@ -46,6 +47,7 @@ __all__ = [
     "TaskCancelled",
     "TaskNotFound",
     "TaskTimeout",
+    "UnknownTask",
     "Unrecoverable",
 ]
 
@@ -137,6 +139,17 @@ class TaskTimeout(DueqError):
     """An attempt ran past its timeout (``process(handler, timeout=...)``): recorded as the
     attempt's failure, so the task follows its retry policy. An ``async def`` handler was
     cancelled; a plain function's thread was abandoned and its late result is refused."""
+
+
+class UnknownTask(DueqError, LookupError):
+    """A worker got a task whose name (``@q.task(name=...)``) has no function registered on
+    its queue, or a plain payload task and no handler for them: that attempt fails, so the
+    task is retried (a worker that knows it may come) and ends dead with this reason.
+    ``.name`` is the task's name (None for a plain payload task)."""
+
+    def __init__(self, message: str, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 class Unrecoverable(DueqError):

@@ -8,10 +8,10 @@ Every state change is one Lua script call (see ``dueq/lua``), built by the proto
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar, overload
 
 import redis
 from reactivex import Observable, abc
@@ -31,6 +31,7 @@ from .cron import Crons
 from .dead import DeadLetters
 from .doctor import DoctorReport
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from .named import TaskFunction
 from .observe import observe_queue
 from .registry import WorkerInfo
 from .retry import RetryPolicy
@@ -55,6 +56,8 @@ from .wake import WakeSubscription
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 __all__ = ["MAX_CLAIM_BATCH", "MIN_REDIS_VERSION", "SCHEDULE_BATCH", "ClaimBatch", "Queue"]
 
@@ -212,6 +215,53 @@ class Queue(QueueCore):
 
     # -- scheduling --------------------------------------------------------------------------
 
+    @overload
+    def task(self, fn: Callable[P, R], /) -> TaskFunction[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_attempts: int | None = None,
+        timeout: Duration | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+    ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
+
+    def task(
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_attempts: int | None = None,
+        timeout: Duration | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+    ) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
+        """Register a function as a named task of this queue (``@q.task`` or
+        ``@q.task(name=...)``): see ``dueq.TaskFunction``. ``name`` defaults to
+        ``module.qualname``; ``max_attempts``, ``timeout``, ``priority`` and ``key`` are the
+        defaults of its tasks. A ``Worker`` without a handler runs it by name."""
+
+        def register(function: Callable[P, R]) -> TaskFunction[P, R]:
+            defined = TaskFunction(
+                self,
+                function,
+                name=name,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                priority=priority,
+                key=key,
+            )
+            self.register_task(defined)
+            return defined
+
+        return register if fn is None else register(fn)
+
     def schedule(
         self,
         payload: Any,
@@ -224,11 +274,15 @@ class Queue(QueueCore):
         key: str | None = None,
         timeout: Duration | None = None,
         max_attempts: int | None = None,
+        task: str | None = None,
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
-        ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``)."""
+        ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``).
+        ``task`` names the registered function that runs it (``@q.task``): ``payload`` is
+        then a dict of its arguments."""
         result = self.schedule_many(
-            [Task(payload, id, at, delay, priority, key, timeout, max_attempts)], replace=replace
+            [Task(payload, id, at, delay, priority, key, timeout, max_attempts, task)],
+            replace=replace,
         )
         return result.ids[0]
 

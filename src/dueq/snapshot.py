@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .clock import ms_datetime, stored_ms
-from .envelope import NO_OPTIONS, decode_task
+from .envelope import NO_OPTIONS, decode_named
 from .exceptions import PayloadError
 from .failures import parse_error_records, token_holder
 from .task import (
@@ -93,8 +93,9 @@ def _task_info(
 ) -> TaskInfo:
     attempt, leased_due, first_ms = parse_meta(meta_raw)
     options = NO_OPTIONS
+    task_name = None
     try:
-        payload, options = decode_task(raw)
+        payload, options, _, task_name = decode_named(raw)
     except PayloadError:  # shown as raw text, so operators can see what is stored
         payload = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw) or None
     due_ms = {"scheduled": score, "leased": leased_due}.get(state)
@@ -113,6 +114,7 @@ def _task_info(
         timeout=None if options.timeout_ms is None else timedelta(milliseconds=options.timeout_ms),
         max_attempts=options.max_attempts,
         holder=meta_holder(meta_raw) if state == "leased" else None,
+        task_name=task_name,
     )
 
 

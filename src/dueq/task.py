@@ -47,6 +47,10 @@ class Task:
     ``key`` (the limit group the queue's ``key_rate``/``key_concurrency`` apply to),
     ``timeout`` (overrides the consumer's for this task) and ``max_attempts`` (overrides the
     consumer's retry policy's).
+
+    ``task`` names the function that runs it (``@q.task``; ``payload`` is then a dict of its
+    arguments, checked against its signature when the queue has it registered); None for a
+    plain payload task, which goes to the worker's handler.
     """
 
     payload: Any
@@ -57,6 +61,7 @@ class Task:
     key: str | None = None
     timeout: Duration | None = None
     max_attempts: int | None = None
+    task: str | None = None
 
     def options(self) -> TaskOptions:
         """The options kept with the task, validated (InvalidTaskError names what is wrong)."""
@@ -111,7 +116,8 @@ class TaskInfo:
     when leased, and ``None`` when dead (``died_at`` is set then). ``attempt`` counts the
     deliveries so far; ``first_claimed_at`` is when the first of them began (None before).
     ``holder`` names who holds a leased task's lease (the worker id its claim gave, see
-    ``Queue(holder=...)``), None when not leased or not named.
+    ``Queue(holder=...)``), None when not leased or not named. ``task_name`` is the name of
+    the function that runs a named task (``@q.task``), None for a plain payload task.
     """
 
     id: str
@@ -128,6 +134,7 @@ class TaskInfo:
     timeout: timedelta | None = None
     max_attempts: int | None = None
     holder: str | None = None
+    task_name: str | None = None
 
     def to_json(self, queue: str) -> dict[str, Any]:
         """The one JSON form of a task (docs/json.md), as used by the CLI's ``--json``, the
@@ -361,6 +368,7 @@ class DeliveryBase:
         "on_settled",
         "options",
         "payload",
+        "task_name",
         "token",
         "trace_context",
     )
@@ -378,9 +386,13 @@ class DeliveryBase:
         claimed_ms: int,
         options: TaskOptions = NO_OPTIONS,
         trace_context: TraceContext | None = None,
+        task_name: str | None = None,
     ) -> None:
         self._queue = queue
         self.options = options
+        #: the name of the function that runs this task (``@q.task``), None for a plain
+        #: payload task (``payload`` is then the function's arguments as a dict)
+        self.task_name = task_name
         #: the W3C trace context the task was scheduled in (``schedule`` inside a span, with
         #: opentelemetry installed), or None: ``trace_context.headers()`` is a carrier for a
         #: propagator, for consumers that claim by hand (``process`` links its spans to it)

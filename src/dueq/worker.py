@@ -29,6 +29,7 @@ from .checks import whole_number
 from .clock import Duration, duration_ms, positive_duration_ms
 from .exceptions import ConfigurationError
 from .logs import stderr_fallback
+from .named import dispatcher
 from .observe import consume_queue
 from .operators import MAX_CONCURRENCY
 from .operators._async_process import AsyncProcessor
@@ -51,7 +52,7 @@ class _WorkerSettings:
         self,
         queues: Any,
         queue_type: type[Any],
-        handler: Handler,
+        handler: Handler | None,
         *,
         concurrency: int,
         max_in_flight: int | None,
@@ -67,7 +68,7 @@ class _WorkerSettings:
             raise ConfigurationError(
                 f"{type(self).__name__} needs a dueq.{kind} or a non-empty list of them"
             )
-        if not callable(handler):
+        if handler is not None and not callable(handler):
             raise ConfigurationError(f"handler must be callable, got {handler!r}")
         whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
         self.handler = handler
@@ -121,6 +122,11 @@ class _Tally(abc.ObserverBase[Outcome]):
 class Worker(_WorkerSettings):
     """Runs ``handler`` on deliveries of ``queues`` with ``concurrency`` handlers at a time.
 
+    Named tasks (``@q.task``) run their function, registered on their queue, whatever the
+    handler; ``handler`` gets the plain payload tasks and may be left out when there are none.
+    A task whose name is not registered fails its attempt with ``dueq.UnknownTask`` (retried,
+    then dead), as does a plain task when there is no handler (see ``dueq.named``).
+
     ``max_in_flight`` bounds the deliveries held per queue (running plus waiting, their leases
     kept alive). The default adapts: it holds what the handlers settle in about 0.1 s, at
     least twice the concurrency and at most 1,024 (see ``dueq._prefetch``), so fast handlers
@@ -138,7 +144,7 @@ class Worker(_WorkerSettings):
     def __init__(
         self,
         queues: Queue | Iterable[Queue],
-        handler: Handler,
+        handler: Handler | None = None,
         *,
         concurrency: int = 8,
         max_in_flight: int | None = None,
@@ -177,7 +183,11 @@ class Worker(_WorkerSettings):
             self._run()
 
     def _run(self) -> None:
-        processor = Processor(self.handler, self.concurrency, timeout_s=self.timeout_s)
+        processor = Processor(
+            dispatcher(self.queues, self.handler, on_loop=False),
+            self.concurrency,
+            timeout_s=self.timeout_s,
+        )
         previous = self._install_signal_handlers()
         names = ", ".join(q.name for q in self.queues)
         logger.info("worker started on %s with concurrency %d", names, self.concurrency)
@@ -257,7 +267,7 @@ class AsyncWorker(_WorkerSettings):
     def __init__(
         self,
         queues: AsyncQueue | Iterable[AsyncQueue],
-        handler: Handler,
+        handler: Handler | None = None,
         *,
         concurrency: int = 8,
         max_in_flight: int | None = None,
@@ -311,8 +321,9 @@ class AsyncWorker(_WorkerSettings):
         self._stop, self._hurry = asyncio.Event(), asyncio.Event()
         for _ in range(self._stop_requests):
             self._request_stop()
+        handler = dispatcher(self.queues, self.handler, on_loop=True)
         processor = AsyncProcessor(
-            self.handler, self.concurrency, is_async_handler(self.handler), self.timeout_s
+            handler, self.concurrency, is_async_handler(handler), self.timeout_s
         )
         installed = self._install_signal_handlers() if self.handle_signals else {}
         names = ", ".join(q.name for q in self.queues)

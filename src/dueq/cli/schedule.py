@@ -97,6 +97,12 @@ def _schedule_file(
 @click.option("--key", metavar="KEY", help="Limit key: the queue's key_rate/key_concurrency.")
 @click.option("--timeout", type=float, metavar="SECONDS", help="Each attempt's time limit.")
 @click.option("--max-attempts", type=int, metavar="N", help="Deliveries at most (this task).")
+@click.option(
+    "--task",
+    "task_name",
+    metavar="NAME",
+    help="Run it by a named task (@q.task): the JSON is an object of the function's arguments.",
+)
 @shards_option
 @replication_options
 @redis_options
@@ -112,6 +118,7 @@ def schedule(
     key: str | None,
     timeout: float | None,
     max_attempts: int | None,
+    task_name: str | None,
     shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
@@ -121,9 +128,10 @@ def schedule(
 
     \b
     dueq schedule emails '{"to": "a@example.com"}' --delay 60 --id welcome:42
+    dueq schedule emails --task send_welcome '{"to": "a@example.com"}'
     dueq schedule emails --file tasks.jsonl
     A file line is {"payload": ..., "id": "...", "at": "ISO time"} or "delay": seconds
-    instead of "at", and may give "priority", "key", "timeout", "max_attempts"; only
+    instead of "at", and may give "priority", "key", "timeout", "max_attempts", "task"; only
     "payload" is required. --at/--delay and the option flags apply to lines without
     their own. A bad line rejects the whole file before anything is written. An id that
     already exists is left alone unless --replace.
@@ -137,7 +145,13 @@ def schedule(
     if at is not None and at < datetime.now(timezone.utc):
         click.echo(f"warning: --at {at.isoformat()} is in the past; the task is due now", err=True)
     timing = Timing(at, delay)
-    given = {"priority": priority, "key": key, "timeout": timeout, "max_attempts": max_attempts}
+    given = {
+        "priority": priority,
+        "key": key,
+        "timeout": timeout,
+        "max_attempts": max_attempts,
+        "task": task_name,
+    }
     options = {name: value for name, value in given.items() if value is not None}
     if payload is not None:
         try:

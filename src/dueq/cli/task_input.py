@@ -22,11 +22,17 @@ from typing import Any
 import click
 
 from ..clock import datetime_ms, duration_ms
-from ..envelope import DEFAULT_MAX_PAYLOAD_BYTES, encode_envelope, validate_id
+from ..envelope import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    encode_envelope,
+    validate_id,
+    validate_task_name,
+)
+from ..exceptions import InvalidTaskError
 from ..task import Task
 
 #: Per-task options a line (or the command line, for every line without them) may give.
-OPTION_KEYS = ("priority", "key", "timeout", "max_attempts")
+OPTION_KEYS = ("priority", "key", "timeout", "max_attempts", "task")
 LINE_KEYS = frozenset({"payload", "id", "at", "delay", *OPTION_KEYS})
 
 
@@ -88,7 +94,14 @@ def checked_task(
     if timing.delay is not None:
         duration_ms(timing.delay, "delay")
     task = Task(payload, id=task_id, at=timing.at, delay=timing.delay, **(options or {}))
-    encode_envelope(payload, DEFAULT_MAX_PAYLOAD_BYTES, task.options())
+    name = None
+    if task.task is not None:  # a named task: its payload is a dict of the function's arguments
+        name = validate_task_name(task.task)
+        if not isinstance(payload, dict):
+            raise InvalidTaskError(
+                f"the payload of named task {name!r} must be a JSON object of its arguments"
+            )
+    encode_envelope(payload, DEFAULT_MAX_PAYLOAD_BYTES, task.options(), task_name=name)
     return task
 
 

@@ -1,4 +1,5 @@
-"""``dueq worker``: run ``dueq.Worker`` on a handler named ``module:function``.
+"""``dueq worker``: run ``dueq.Worker`` on a handler named ``module:function``, or on a queue
+object named ``module:attribute`` and the named tasks registered on it (``@q.task``).
 
 ``--log-format json`` writes one JSON object per log line (``dueq.logs.JsonFormatter``); text
 lines name the worker too. ``--metrics-port`` serves Prometheus metrics from this process: the
@@ -12,6 +13,7 @@ exports them once per Redis; a worker adds them only with ``--queue-metrics``
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import os
@@ -21,10 +23,13 @@ from typing import Any
 
 import click
 
+from .._async import AsyncQueue
 from ..discovery import open_queue
 from ..logs import JsonFormatter, WorkerFilter
+from ..named import Dispatcher
+from ..queue import Queue
 from ..retry import RetryPolicy
-from ..worker import Worker
+from ..worker import AsyncWorker, Worker
 from .connection import RedisTarget, redis_options
 from .errors import CliError, Settings
 from .metrics import DEFAULT_HOST, metrics_module, start_exporter
@@ -53,9 +58,18 @@ def load_handler(spec: str) -> Callable[..., Any]:
 
     The current directory is searched first, as ``python -m`` and other task runners do.
     """
+    target = load_object(spec, "HANDLER", "module:function")
+    if not callable(target):
+        raise HandlerImportError(f"{spec!r} is a {type(target).__name__}, not a function")
+    handler: Callable[..., Any] = target
+    return handler
+
+
+def load_object(spec: str, hint: str = "HANDLER", form: str = "module:function") -> Any:
+    """The object ``module:attribute`` names (see ``load_handler``)."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise click.BadParameter(f"{spec!r} is not module:function", param_hint="HANDLER")
+        raise click.BadParameter(f"{spec!r} is not {form}", param_hint=hint)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -66,10 +80,42 @@ def load_handler(spec: str) -> Callable[..., Any]:
         if not hasattr(target, part):
             raise HandlerImportError(f"cannot import {spec!r}: no attribute {part!r} in {target!r}")
         target = getattr(target, part)
-    if not callable(target):
-        raise HandlerImportError(f"{spec!r} is a {type(target).__name__}, not a function")
-    handler: Callable[..., Any] = target
-    return handler
+    return target
+
+
+#: The options that build the queue of ``dueq worker QUEUE HANDLER``: a queue object has its
+#: own settings, so they are refused with one.
+_QUEUE_OPTIONS = ("max_attempts", "lease", "shards", "wait_replicas", "wait_timeout")
+
+
+def load_queue(spec: str) -> Queue | AsyncQueue:
+    """The ``dueq.Queue`` or ``dueq.AsyncQueue`` object ``module:attribute`` names, whose
+    registered tasks (``@q.task``) the worker runs; CliError otherwise."""
+    found = load_object(spec, "QUEUE", "module:queue (or give QUEUE MODULE:FUNCTION)")
+    if not isinstance(found, (Queue, AsyncQueue)):
+        raise HandlerImportError(
+            f"{spec!r} is a {type(found).__name__}, not a dueq.Queue: name a queue object "
+            "(dueq worker myapp.tasks:q), or give QUEUE MODULE:FUNCTION"
+        )
+    ctx = click.get_current_context()
+    given = [
+        "--" + name.replace("_", "-")
+        for name in _QUEUE_OPTIONS
+        if ctx.get_parameter_source(name)
+        in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    ]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)} set up a queue by name; {spec} is a queue object with its own "
+            "settings (set them where it is made)"
+        )
+    if not found.tasks:
+        logging.getLogger(__name__).warning(
+            "queue object %s has no registered tasks (@q.task): its named tasks will fail with "
+            "UnknownTask",
+            spec,
+        )
+    return found
 
 
 def _whole(text: str) -> int:
@@ -82,8 +128,8 @@ def _whole(text: str) -> int:
 
 
 @click.command()
-@click.argument("queue")
-@click.argument("handler", metavar="MODULE:FUNCTION")
+@click.argument("queue", metavar="QUEUE|MODULE:QUEUE")
+@click.argument("handler", metavar="[MODULE:FUNCTION]", required=False)
 @click.option(
     "--concurrency",
     type=click.IntRange(1, 1024),
@@ -162,7 +208,7 @@ def _whole(text: str) -> int:
 def worker(
     settings: Settings,
     queue: str,
-    handler: str,
+    handler: str | None,
     concurrency: int,
     max_in_flight: str,
     max_attempts: int,
@@ -186,18 +232,33 @@ def worker(
     raising fails it (retried with jittered exponential backoff, then dead). On SIGINT or
     SIGTERM the worker stops claiming, lets running handlers finish within --grace, gives
     the rest back and logs what became of its tasks; a second signal cuts the grace short.
+
+    With one argument, MODULE:QUEUE names a dueq.Queue (or AsyncQueue) object: the worker
+    serves that queue, with its client and settings, and runs its named tasks (@q.task) by
+    name (docs/named-tasks.md).
     """
-    function = load_handler(handler)
-    conn = target.open()
-    q = open_queue(
-        conn.client,
-        queue,
-        shards=shards,
-        retry=RetryPolicy(max_attempts=max_attempts),
-        lease=lease,
-        wait_replicas=wait_replicas,
-        wait_timeout=wait_timeout,
-    )
+    q: Queue | AsyncQueue
+    if handler is None:
+        if ":" not in queue:
+            raise click.UsageError(
+                f"give QUEUE MODULE:FUNCTION, or a queue object as MODULE:QUEUE (not {queue!r})"
+            )
+        q = load_queue(queue)
+        function: Callable[..., Any] = Dispatcher([q], None)
+        handler, queue, shown = "named tasks", q.name, repr(q)
+    else:
+        function = load_handler(handler)
+        conn = target.open()
+        shown = conn.shown
+        q = open_queue(
+            conn.client,
+            queue,
+            shards=shards,
+            retry=RetryPolicy(max_attempts=max_attempts),
+            lease=lease,
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+        )
     log = logging.StreamHandler(sys.stderr)
     log.addFilter(WorkerFilter())
     log.setFormatter(
@@ -211,7 +272,9 @@ def worker(
         m = metrics_module()
         registry = m.new_registry()
         if queue_metrics:
-            registry.register(m.QueueCollector(conn.client, [queue]))
+            if isinstance(q, AsyncQueue):
+                raise click.UsageError("--queue-metrics needs a dueq.Queue, not an AsyncQueue")
+            registry.register(m.QueueCollector(q.redis, [queue]))
         measured = m.WorkerMetrics(registry, worker=name)
         function = measured.wrap(queue, function)
         server = start_exporter(registry, metrics_port, metrics_host)
@@ -219,20 +282,27 @@ def worker(
         logging.getLogger(__name__).info(
             "serving metrics on http://%s:%d/metrics", metrics_host, server.server_port
         )
-    w = Worker(
-        q,
-        function,
-        concurrency=concurrency,
-        max_in_flight=None if max_in_flight == "auto" else _whole(max_in_flight),
-        grace=grace,
-        timeout=timeout,
-        heartbeat=heartbeat,
-    )
+    settings_kw: dict[str, Any] = {
+        "concurrency": concurrency,
+        "max_in_flight": None if max_in_flight == "auto" else _whole(max_in_flight),
+        "grace": grace,
+        "timeout": timeout,
+        "heartbeat": heartbeat,
+    }
+    w: Worker | AsyncWorker
+    if isinstance(q, AsyncQueue):
+        w = AsyncWorker(q, function, **settings_kw)
+    else:
+        w = Worker(q, function, **settings_kw)
     if measured is not None:
         measured.follow(queue, w.outcomes)
-    banner = f"worker on {queue!r} at {conn.shown}: {safe(handler)}, concurrency {concurrency}"
+    banner = f"worker on {queue!r} at {shown}: {safe(handler)}, concurrency {concurrency}"
     if log_format == "json":  # every stderr line is then one JSON object
         logging.getLogger(__name__).info("%s", banner, extra={"queue": queue})
     else:
         click.echo(banner, err=True)
-    w.run()  # it logs what became of its tasks ("worker stopped: {...}"), once, on stderr
+    # it logs what became of its tasks ("worker stopped: {...}"), once, on stderr
+    if isinstance(w, AsyncWorker):
+        asyncio.run(w.run())
+    else:
+        w.run()

@@ -1,0 +1,359 @@
+"""Named tasks: functions registered on a queue under a name (``@q.task``), scheduled by name
+with their arguments as the payload, and run by a worker that dispatches on the name.
+
+``TaskFunction`` is what ``Queue.task`` returns (``AsyncTaskFunction`` for ``AsyncQueue.task``):
+calling it calls the function; ``schedule(**arguments, delay=...)`` schedules it. The name
+travels in the task's envelope (``dueq.envelope``); the arguments are checked against the
+function's signature by the scheduling flow, before anything is written. ``dispatcher`` makes
+the handler a ``Worker`` without a handler of its own runs: the name picks the function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from .clock import Duration
+from .envelope import validate_task_name
+from .exceptions import ConfigurationError, InvalidTaskError, UnknownTask
+from .task import Task
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: The keywords ``TaskFunction.schedule`` takes as options, not as the function's arguments.
+#: A function with a parameter of one of these names is scheduled with ``schedule_args``.
+OPTION_NAMES = frozenset(
+    {"delay", "at", "id", "replace", "priority", "key", "timeout", "max_attempts"}
+)
+
+
+def default_name(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a function (the name ``@q.task`` gives it by default)."""
+    module = getattr(fn, "__module__", None) or "__main__"
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if not qualname:
+        raise ConfigurationError(f"{fn!r} has no __qualname__: pass @q.task(name=...)")
+    return f"{module}.{qualname}"
+
+
+class TaskFunction(Generic[P, R]):
+    """A function registered on a queue under ``name`` (``@q.task``).
+
+    ``fn(...)`` calls the function. ``fn.schedule(**arguments, delay=..., ...)`` schedules it
+    on ``fn.queue`` and returns the task id: the keyword arguments that are not options are
+    the payload (a JSON object of the function's arguments), checked against its signature
+    before anything is written (``InvalidTaskError``). The options are ``Queue.schedule``'s:
+    ``delay``, ``at``, ``id``, ``replace``, ``priority``, ``key``, ``timeout``,
+    ``max_attempts``; those given to ``@q.task`` are the defaults. A function with a parameter
+    named like an option must be scheduled with ``schedule_args({...}, **options)``.
+    """
+
+    def __init__(
+        self,
+        queue: Any,
+        fn: Callable[P, R],
+        *,
+        name: str | None = None,
+        max_attempts: int | None = None,
+        timeout: Duration | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigurationError(f"a task must be a function, got {fn!r}")
+        self.fn = fn
+        self.queue = queue
+        self.name = validate_task_name(default_name(fn) if name is None else name)
+        self.signature = inspect.signature(fn)
+        positional = [
+            p.name
+            for p in self.signature.parameters.values()
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is p.empty
+        ]
+        if positional:
+            raise ConfigurationError(
+                f"task {self.name!r}: positional-only parameters {positional} cannot be given "
+                "by name, and a task's arguments travel as a JSON object"
+            )
+        #: parameters named like a ``schedule`` option (see ``schedule_args``)
+        self.shadowed = sorted(OPTION_NAMES.intersection(self.signature.parameters))
+        # the defaults, validated now (a bad one is an error at decoration, not at schedule)
+        self._defaults = Task(
+            None, priority=priority or 0, key=key, timeout=timeout, max_attempts=max_attempts
+        )
+        self._defaults.options()
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} on {self.queue.name!r}>"
+
+    def check_arguments(self, arguments: Any) -> None:
+        """InvalidTaskError unless ``arguments`` (a task's payload) is a dict that binds to the
+        function's signature (nothing missing, nothing unexpected)."""
+        if not isinstance(arguments, dict):
+            raise InvalidTaskError(
+                f"task {self.name!r}: the payload of a named task is a dict of its arguments, "
+                f"got {type(arguments).__name__}"
+            )
+        if not all(isinstance(k, str) for k in arguments):
+            raise InvalidTaskError(f"task {self.name!r}: argument names must be str")
+        try:
+            self.signature.bind(**arguments)
+        except TypeError as exc:
+            raise InvalidTaskError(f"task {self.name!r}: {exc}") from None
+
+    def task(
+        self,
+        arguments: Mapping[str, Any],
+        *,
+        delay: Duration | None = None,
+        at: datetime | None = None,
+        id: str | None = None,  # the public API names it id
+        priority: int | None = None,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        max_attempts: int | None = None,
+    ) -> Task:
+        """A ``dueq.Task`` of this function with these arguments, for ``schedule_many``."""
+        d = self._defaults
+        return Task(
+            dict(arguments),
+            id,
+            at,
+            delay,
+            d.priority if priority is None else priority,
+            d.key if key is None else key,
+            d.timeout if timeout is None else timeout,
+            d.max_attempts if max_attempts is None else max_attempts,
+            self.name,
+        )
+
+    def _arguments(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.shadowed:
+            raise InvalidTaskError(
+                f"task {self.name!r} has parameter(s) {self.shadowed} named like schedule "
+                "options: schedule it with schedule_args({...}, delay=..., ...)"
+            )
+        return kwargs
+
+    def schedule(
+        self,
+        *,
+        delay: Duration | None = None,
+        at: datetime | None = None,
+        id: str | None = None,  # the public API names it id
+        replace: bool = False,
+        priority: int | None = None,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        max_attempts: int | None = None,
+        **arguments: Any,
+    ) -> str:
+        """Schedule a call of this function with ``arguments``; returns the task id."""
+        task = self.task(
+            self._arguments(arguments),
+            delay=delay,
+            at=at,
+            id=id,
+            priority=priority,
+            key=key,
+            timeout=timeout,
+            max_attempts=max_attempts,
+        )
+        result = self.queue.schedule_many([task], replace=replace)
+        return str(result.ids[0])
+
+    def schedule_args(
+        self,
+        arguments: Mapping[str, Any],
+        /,
+        *,
+        delay: Duration | None = None,
+        at: datetime | None = None,
+        id: str | None = None,  # the public API names it id
+        replace: bool = False,
+        priority: int | None = None,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        max_attempts: int | None = None,
+    ) -> str:
+        """``schedule`` with the arguments as one mapping: for functions with a parameter
+        named like an option (``key``, ``id``, ``timeout``, ...)."""
+        task = self.task(
+            arguments,
+            delay=delay,
+            at=at,
+            id=id,
+            priority=priority,
+            key=key,
+            timeout=timeout,
+            max_attempts=max_attempts,
+        )
+        result = self.queue.schedule_many([task], replace=replace)
+        return str(result.ids[0])
+
+
+class AsyncTaskFunction(TaskFunction[P, R]):
+    """``TaskFunction`` of an ``AsyncQueue`` (``AsyncQueue.task``): ``await fn.schedule(...)``
+    and ``await fn.schedule_args(...)``; the function itself may be ``async def`` or plain."""
+
+    async def schedule(  # type: ignore[override]
+        self,
+        *,
+        delay: Duration | None = None,
+        at: datetime | None = None,
+        id: str | None = None,  # the public API names it id
+        replace: bool = False,
+        priority: int | None = None,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        max_attempts: int | None = None,
+        **arguments: Any,
+    ) -> str:
+        """Schedule a call of this function with ``arguments``; returns the task id."""
+        task = self.task(
+            self._arguments(arguments),
+            delay=delay,
+            at=at,
+            id=id,
+            priority=priority,
+            key=key,
+            timeout=timeout,
+            max_attempts=max_attempts,
+        )
+        result = await self.queue.schedule_many([task], replace=replace)
+        return str(result.ids[0])
+
+    async def schedule_args(  # type: ignore[override]
+        self,
+        arguments: Mapping[str, Any],
+        /,
+        *,
+        delay: Duration | None = None,
+        at: datetime | None = None,
+        id: str | None = None,  # the public API names it id
+        replace: bool = False,
+        priority: int | None = None,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        max_attempts: int | None = None,
+    ) -> str:
+        """``schedule`` with the arguments as one mapping (see ``TaskFunction``)."""
+        task = self.task(
+            arguments,
+            delay=delay,
+            at=at,
+            id=id,
+            priority=priority,
+            key=key,
+            timeout=timeout,
+            max_attempts=max_attempts,
+        )
+        result = await self.queue.schedule_many([task], replace=replace)
+        return str(result.ids[0])
+
+
+_NONE: Mapping[str, Any] = {}
+
+
+def _routes(queues: Iterable[Any]) -> dict[str, Mapping[str, TaskFunction[Any, Any]]]:
+    """Each queue's (and shard's) name -> its registry (live: later registrations count)."""
+    return {shard: q.tasks for q in queues for shard in q.shard_names}
+
+
+class Dispatcher:
+    """The handler of a worker for named tasks: a named task runs its registered function
+    with the payload as keyword arguments and returns its value (an ``async def`` function's
+    coroutine is awaited by the consumer); a plain payload task goes to ``handler``. A name
+    not registered on the delivery's queue, or a plain task without a handler, fails the
+    attempt with ``UnknownTask`` (retried, then dead)."""
+
+    def __init__(self, queues: Iterable[Any], handler: Callable[[Any], Any] | None) -> None:
+        self._routes = _routes(queues)
+        self._handler = handler
+
+    def function(self, d: Any) -> Callable[..., Any]:
+        """The function of named delivery ``d``, or UnknownTask."""
+        fn = self._routes.get(d.queue_name, {}).get(d.task_name)
+        if fn is None:
+            raise UnknownTask(
+                f"no task named {d.task_name!r} is registered on queue {d.queue_name!r}",
+                d.task_name,
+            )
+        if not isinstance(d.payload, dict):
+            raise InvalidTaskError(
+                f"task {d.task_name!r}: payload is a {type(d.payload).__name__}, not a dict of "
+                "arguments"
+            )
+        return fn.fn
+
+    def plain(self, d: Any) -> Callable[[Any], Any]:
+        if self._handler is None:
+            raise UnknownTask(
+                f"task {d.id!r} is a plain payload task (no name) and this worker has no handler"
+            )
+        return self._handler
+
+    def __call__(self, d: Any) -> Any:
+        name = d.task_name
+        if name is None:
+            return self.plain(d)(d)
+        fn = self._routes.get(d.queue_name, _NONE).get(name)
+        payload = d.payload
+        if fn is None or type(payload) is not dict:
+            return self.function(d)(**payload)  # (raises the error that says why)
+        return fn.fn(**payload)
+
+
+class AsyncDispatcher(Dispatcher):
+    """``Dispatcher`` as an ``async def`` handler, for consumers on an event loop whose
+    functions are ``async def``: a plain function among them runs in the loop's default
+    thread pool (so it cannot block the loop)."""
+
+    async def __call__(self, d: Any) -> Any:
+        if d.task_name is None:
+            call: functools.partial[Any] = functools.partial(self.plain(d), d)
+        else:
+            call = functools.partial(self.function(d), **d.payload)
+        if is_async(call.func):
+            return await call()
+        result = await asyncio.get_running_loop().run_in_executor(None, call)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+
+def is_async(fn: Any) -> bool:
+    """True for ``async def`` functions and objects whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 (a method lookup, not a callable test)
+    )
+
+
+def dispatcher(
+    queues: Iterable[Any], handler: Callable[[Any], Any] | None, *, on_loop: bool
+) -> Dispatcher:
+    """The handler a worker runs on ``queues`` (see ``Dispatcher``). ``on_loop``: the worker
+    runs ``async def`` handlers on an event loop (``AsyncWorker``), so when every function
+    (and ``handler``) is ``async def`` the dispatcher is one too; otherwise it is a plain
+    function (run on handler threads; an ``async def`` function's coroutine is awaited).
+    A ``handler`` that is a Dispatcher, or wraps one (``functools.wraps``: a metrics wrapper
+    does), dispatches already and gets every delivery."""
+    queues = list(queues)
+    if handler is not None and isinstance(inspect.unwrap(handler), Dispatcher):
+        return handler  # type: ignore[return-value]  # (it dispatches already: it gets all)
+    if handler is not None:
+        kind = AsyncDispatcher if is_async(handler) else Dispatcher
+        return kind(queues, handler)
+    functions = [fn.fn for q in queues for fn in q.tasks.values()]
+    if on_loop and functions and all(is_async(fn) for fn in functions):
+        return AsyncDispatcher(queues, None)
+    return Dispatcher(queues, None)
