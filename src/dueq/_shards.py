@@ -604,6 +604,7 @@ class ShardedCronFlows(CronsCore):
     pause_flow = _named("pause_flow")
     resume_flow = _named("resume_flow")
     run_now_flow = _named("run_now_flow")
+    backfill_flow = _named("backfill_flow")
 
     def list_flow(self) -> Flow[list[CronDefinition]]:
         yield from self._layout.check_flow()

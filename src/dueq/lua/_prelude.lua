@@ -629,13 +629,43 @@ local function cron_state_read(v, name)
   return head, last, id
 end
 
--- Withdraw a cron definition's pending occurrence if it is still waiting in due (one already
--- leased or retrying runs out); it counts as cancelled.
-local function cron_withdraw(k_due, k_tasks, k_meta, k_errors, k_stats, id)
-  if id and id ~= '' and redis.call('ZREM', k_due, id) == 1 then
+-- Withdraw a cron definition's pending occurrence if it is still waiting in the due ZSET of
+-- its priority (levels: due_levels; one already leased or retrying runs out); it counts as
+-- cancelled.
+local function cron_withdraw(levels, k_tasks, k_meta, k_errors, k_stats, id)
+  if not id or id == '' then return end
+  local envelope = redis.call('HGET', k_tasks, id)
+  local k_level = envelope and level_key(levels, envelope)
+  if k_level and redis.call('ZREM', k_level, id) == 1 then
     forget(k_tasks, k_meta, k_errors, id)
     stat_incr(k_stats, 'cancelled', 1)
   end
+end
+
+-- Cron runs records: the cron_runs HASH (keys.py) holds, per definition with policies, JSON
+-- {"fired": occurrences started, "skipped": slots skipped by overlap, "finished": "limit" or
+-- "end" once it fires no more, "run": id of the latest started occurrence, "buffered": id of
+-- the occurrence waiting for it (overlap "buffer_one")}. Written by the cron scripts only; an
+-- unreadable value reads as a new record.
+local function cron_runs_read(k_runs, name)
+  local ok, t = pcall(cjson.decode, redis.call('HGET', k_runs, name) or '{}')
+  if not ok or type(t) ~= 'table' then t = {} end
+  local r = {}
+  for _, f in ipairs({'fired', 'skipped'}) do
+    r[f] = type(t[f]) == 'number' and t[f] >= 0 and math.floor(t[f]) or 0
+  end
+  for _, f in ipairs({'finished', 'run', 'buffered'}) do
+    r[f] = type(t[f]) == 'string' and t[f] or nil
+  end
+  return r
+end
+
+local function cron_runs_write(k_runs, name, r)
+  local parts = {'"fired":' .. ms(r.fired), '"skipped":' .. ms(r.skipped)}
+  for _, f in ipairs({'finished', 'run', 'buffered'}) do
+    if r[f] then parts[#parts + 1] = '"' .. f .. '":' .. cjson.encode(r[f]) end
+  end
+  redis.call('HSET', k_runs, name, '{' .. table.concat(parts, ',') .. '}')
 end
 
 -- Cron last outcomes: the cron_last HASH (keys.py) holds, per definition name, the outcome of
@@ -657,18 +687,26 @@ local function cron_occurrence(id)
   return string.match(id, '^cron:(.+):now:' .. CRON_LABEL .. ':' .. CRON_HEX8 .. '$')
 end
 
+-- "failures" counts consecutive dead occurrences in the order they end (an ack resets it), for
+-- the definition's pause_after_failures (cron_advance pauses it); "cancelled" is written by
+-- cron_advance for an occurrence that overlap "cancel_other" cancelled.
 local function cron_note(k_cron, k_last, id, outcome, now, error_type)
   local name, label = cron_occurrence(id)
   if not name or redis.call('HEXISTS', k_cron, name) == 0 then return end
   local ok, old = pcall(cjson.decode, redis.call('HGET', k_last, name) or 'null')
   local ok_at = outcome == 'acked' and now or nil
+  local failures = 0
+  if outcome ~= 'acked' and ok and type(old) == 'table' and type(old.failures) == 'number' then
+    failures = math.min(math.max(math.floor(old.failures), 0), 1000000)
+  end
+  if outcome == 'dead' then failures = failures + 1 end
   if ok and type(old) == 'table' and type(old.id) == 'string' and type(old.at) == 'number'
       and type(old.outcome) == 'string' then
     local old_ok = type(old.ok_at) == 'number' and clamp_ms(old.ok_at) or nil
     if old_ok and (not ok_at or old_ok > ok_at) then ok_at = old_ok end
     local _, old_label = cron_occurrence(old.id)
     if old_label and old_label > label then  -- a later firing's outcome stays
-      if outcome ~= 'acked' then return end
+      if outcome ~= 'acked' and outcome ~= 'dead' then return end
       id, outcome, now, error_type = old.id, old.outcome, clamp_ms(old.at), old.error_type
     end
   end
@@ -676,7 +714,15 @@ local function cron_note(k_cron, k_last, id, outcome, now, error_type)
   redis.call('HSET', k_last, name, '{"id":' .. cjson.encode(id) .. ',"outcome":' ..
     cjson.encode(outcome) .. ',"at":' .. ms(now) .. ',"error_type":' ..
     (error_type and cjson.encode(string.sub(error_type, 1, 200)) or 'null') ..
-    ',"ok_at":' .. (ok_at and ms(ok_at) or 'null') .. '}')
+    ',"ok_at":' .. (ok_at and ms(ok_at) or 'null') ..
+    (failures > 0 and ',"failures":' .. ms(failures) or '') .. '}')
+end
+
+-- Consecutive dead occurrences of a definition (cron_note's "failures"), 0 when unknown.
+local function cron_failures(k_last, name)
+  local ok, t = pcall(cjson.decode, redis.call('HGET', k_last, name) or '{}')
+  if ok and type(t) == 'table' and type(t.failures) == 'number' then return t.failures end
+  return 0
 end
 
 -- Per-key limits. A task scheduled with key= counts against its key's limits (the queue's
