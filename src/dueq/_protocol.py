@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .doctor import DoctorFinding
-from .exceptions import DueqError, LeaseLost, TaskCancelled, TaskNotFound
+from .exceptions import ConfigurationError, DueqError, LeaseLost, TaskCancelled, TaskNotFound
 from .keys import QueueKeys, SparkBatchKeys
 from .snapshot import queue_stats, settings_from_reply, task_infos, text
-from .task import QueueSettings, QueueStats, TaskInfo
+from .task import MAX_KEY_LIMITS, QueueSettings, QueueStats, TaskInfo
 
 T = TypeVar("T")
 
@@ -286,7 +286,7 @@ def fail(
 ) -> Call[FailReply]:
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
-    keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, *k.upper_due]
+    keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.config, *k.upper_due]
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -330,11 +330,14 @@ def extend(
     return Call("extend", keys, [now, lease_ms, pack_pairs(held)], _parse_extend)
 
 
-def release(k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int) -> Call[TimeReply]:
-    """Give a leased task back, due after ``delay_ms``, without counting the delivery."""
+def release(
+    k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int, hold_ms: int = 0
+) -> Call[TimeReply]:
+    """Give a leased task back, due after ``delay_ms``, without counting the delivery; with
+    ``hold_ms`` (a KeyCooldown) its limit key is held that long too."""
     keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks]
-    keys += [k.key_state, k.key_wait, *k.upper_due]
-    return Call("release", keys, [now, task_id, token, delay_ms], _parse_release)
+    keys += [k.key_state, k.key_wait, k.config, *k.upper_due]
+    return Call("release", keys, [now, task_id, token, delay_ms, hold_ms], _parse_release)
 
 
 def _parse_release(reply: Any) -> TimeReply:
@@ -454,7 +457,17 @@ def configure(k: QueueKeys, changes: Sequence[tuple[str, str]]) -> Call[QueueSet
     args: list[Any] = []
     for setting, value in changes:
         args += (setting, value)
-    return Call("configure", [k.config, k.wake, k.stats], args, settings_from_reply)
+    return Call("configure", [k.config, k.wake, k.stats], args, _parse_configure)
+
+
+def _parse_configure(reply: Any) -> QueueSettings:
+    refused = int(reply[0])
+    if refused:
+        raise ConfigurationError(
+            f"a queue keeps at most {MAX_KEY_LIMITS} key limits; this change would leave "
+            f"{refused} (nothing was changed): remove some first"
+        )
+    return settings_from_reply(list(reply[1:]))
 
 
 # -- dead.lua ----------------------------------------------------------------------------------

@@ -229,6 +229,13 @@ local function meta_unlease(k_meta, id, attempt_delta)
   return a
 end
 
+-- Whether the queue holds at least `cap` live leases (deadline after now). ack, fail and
+-- release ask before they end a lease, and wake consumers when it does: a consumer whose claim
+-- found the queue at its concurrency cap sleeps until then (see claim.lua).
+local function at_cap(k_leased, cap, now)
+  return redis.call('ZCARD', k_leased) - redis.call('ZCOUNT', k_leased, '-inf', now) >= cap
+end
+
 -- A lease is held when the token matches and its deadline is still in the future.
 local function lease_held(k_leased, k_meta, id, token, now)
   local deadline = redis.call('ZSCORE', k_leased, id)
@@ -245,6 +252,11 @@ end
 --   rate, key_rate    "<n>/<per_ms>": n in 1..SETTING_MAX_RATE_N, per_ms in 1..SETTING_MAX_PER_MS
 --   key_concurrency   1..SETTING_MAX_KEY_CONCURRENCY
 --   remember_done_ms  0..SETTING_MAX_WINDOW_MS
+--   concurrency       1..SETTING_MAX_CONCURRENCY: most live leases of the queue (claim.lua)
+--   key_limit:<key>   "<concurrency>|<n>/<per_ms>", either part empty (not both): the limits
+--                     of one named key, over key_concurrency / key_rate (claim.lua)
+--   key_limits        0..SETTING_MAX_KEY_LIMITS: how many key_limit:<key> settings there are,
+--                     kept by configure.lua; claim.lua reads key_limit:<key> only when > 0
 -- Numbers are ASCII digits only, at most 15 of them (exact as Lua numbers). Any other value
 -- is refused: the script runs as if the setting were unset, and Redis logs the refused value
 -- once (the stats field "rejected:<field>" remembers the last one logged; configure.lua drops
@@ -253,6 +265,8 @@ local SETTING_MAX_RATE_N = 1000000
 local SETTING_MAX_PER_MS = 31622400000  -- 366 days
 local SETTING_MAX_KEY_CONCURRENCY = 1000000
 local SETTING_MAX_WINDOW_MS = 31622400000  -- 366 days
+local SETTING_MAX_CONCURRENCY = 1000000
+local SETTING_MAX_KEY_LIMITS = 1000  -- most key_limit:<key> settings (configure.lua)
 local SETTING_SHOWN = 100  -- bytes of a refused value logged and remembered
 
 local function setting_whole(s, low, high)
@@ -276,6 +290,26 @@ local function setting_parse(field, raw)
     v = setting_whole(raw, 1, SETTING_MAX_KEY_CONCURRENCY)
   elseif field == 'remember_done_ms' then
     v = setting_whole(raw, 0, SETTING_MAX_WINDOW_MS)
+  elseif field == 'concurrency' then
+    v = setting_whole(raw, 1, SETTING_MAX_CONCURRENCY)
+  elseif field == 'key_limits' then
+    v = setting_whole(raw, 0, SETTING_MAX_KEY_LIMITS)
+  elseif string.sub(field, 1, 10) == 'key_limit:' then
+    -- {concurrency or false, {n, per_ms} or false}
+    local c, r = string.match(raw, '^(%d*)|(.*)$')
+    if c then
+      local conc, rate, ok = false, false, true
+      if c ~= '' then
+        conc = setting_whole(c, 1, SETTING_MAX_KEY_CONCURRENCY)
+        ok = conc ~= nil
+      end
+      if r ~= '' then
+        local n, per = string.match(r, '^(%d+)/(%d+)$')
+        n, per = setting_whole(n, 1, SETTING_MAX_RATE_N), setting_whole(per, 1, SETTING_MAX_PER_MS)
+        if n and per then rate = {n, per} else ok = false end
+      end
+      if ok and (conc or rate) then v = {conc, rate} end
+    end
   else
     return raw, true
   end
@@ -848,6 +882,16 @@ local function keys_release(k_state, k_wait, keys, now)
   if n_drop > 0 then call_chunked('HDEL', k_state, drop) end
   if n_ready > 0 then zadd_chunked(k_wait, 'LT', ready) end
   return n_ready > 0
+end
+
+-- Hold a key until `until_ms` (a handler's KeyCooldown, release.lua): its rate mark moves there
+-- (claim.lua parks the key's due tasks while its mark lies ahead, whatever its limits), and its
+-- parked tasks wait until then.
+local function key_hold(k_state, k_wait, key, until_ms, now)
+  local leased, mark, parked = key_state_parse(redis.call('HGET', k_state, key))
+  if until_ms > mark then mark = until_ms end
+  key_state_write(k_state, {[key] = key_state_value(leased, mark, parked, now) or false})
+  if parked > 0 then redis.call('ZADD', k_wait, mark, key) end
 end
 
 -- keys_release for one lease of `key`.
