@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 from cli_support import one_error_line
@@ -189,3 +190,47 @@ def test_list_shows_the_outcome_of_each_definitions_last_firing(invoke, r):
     assert "acked " in rows["a-ok"] and " ago" in rows["a-ok"]
     assert "dead: Unrecoverable " in rows["b-bad"]
     assert "acked" not in rows["c-new"] and "dead" not in rows["c-new"]
+
+
+def test_add_takes_every_policy_and_list_json_shows_them(invoke, r):
+    result = invoke(
+        "cron", "add", "q", "poll", "--every", "300", "--offset", "10", "--overlap", "skip",
+        "--start", "2026-01-01T00:00:00Z", "--end", "2099-01-01T00:00:00+01:00",
+        "--limit", "100", "--jitter", "30", "--catchup-window", "7200",
+        "--pause-after-failures", "3", "--task", "send_report", "--priority", "5",
+        "--key", "reports", "--timeout", "600", "--max-attempts", "3",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    listed = invoke("cron", "list", "q", "--json")
+    assert listed.exit_code == 0, listed.output
+    [d] = json.loads(listed.stdout)["definitions"]
+    assert (d["every"], d["offset"], d["overlap"], d["limit"]) == (300.0, 10.0, "skip", 100)
+    assert (d["jitter"], d["catchup_window"], d["pause_after_failures"]) == (30.0, 7200.0, 3)
+    assert (d["task"], d["priority"], d["key"], d["timeout"], d["max_attempts"]) == (
+        "send_report",
+        5,
+        "reports",
+        600.0,
+        3,
+    )
+    assert (d["fired"], d["skipped"], d["failures"], d["finished"]) == (0, 0, 0, None)
+    assert d["start"].startswith("2026-01-01T00:00:00")
+    table = invoke("cron", "list", "q")
+    assert "overlap skip" in table.stdout.replace("\n", " ") or "overlap" in table.stdout
+
+
+def test_add_refuses_a_time_without_offset_and_expr_with_every(invoke):
+    naive = invoke("cron", "add", "q", "p", "--every", "60", "--start", "2026-01-01T00:00:00")
+    assert naive.exit_code == 2 and "time zone offset" in naive.output
+    both = invoke("cron", "add", "q", "p", "* * * * *", "--every", "60")
+    assert both.exit_code == 1 and "not both" in one_error_line(both)
+
+
+def test_backfill_prints_how_many_and_adds_nothing_the_second_time(invoke, r):
+    dueq.Queue("q", r).cron.add("h", "0 * * * *")
+    args = ("cron", "backfill", "q", "h", "--start", "2026-01-01T00:00:00Z")
+    first = invoke(*args, "--end", "2026-01-01T05:00:00Z")
+    assert first.exit_code == 0, first.output
+    assert first.stdout.strip() == "backfilled 5 occurrence(s) of cron 'h' in 'q'"
+    again = invoke(*args, "--end", "2026-01-01T05:00:00Z")
+    assert again.stdout.strip() == "backfilled 0 occurrence(s) of cron 'h' in 'q'"

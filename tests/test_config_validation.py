@@ -15,7 +15,7 @@ import pytest
 import redis
 
 import dueq
-from dueq.snapshot import REJECTED, setting_value
+from dueq.snapshot import REJECTED, key_limit_text, setting_value
 
 #: Values the scripts cannot use, per setting (each must be refused as a whole).
 UNUSABLE = [
@@ -33,6 +33,12 @@ UNUSABLE = [
     ("remember_done_ms", "-1"),
     ("keep_results_ms", "1e300"),
     ("keep_results_ms", "31622400001"),
+    ("concurrency", "0"),
+    ("concurrency", "1000001"),
+    ("key_limit:tenant", "|"),
+    ("key_limit:tenant", "0|"),
+    ("key_limit:tenant", "1|0/1000"),
+    ("key_limit:tenant", "1"),
 ]
 
 
@@ -194,13 +200,39 @@ PROBES = [
     "1.5/1000",
     "1/1e3",
     " 1/1",
+    "5|",
+    "|5/1000",
+    "5|5/1000",
+    "|",
+    "0|",
+    "5|0/1000",
+    "x|",
+    "5|5/1000|",
+    "5|5",
+    "1000001|",
+    "|1000000/31622400000",
+    "5||5/1000",
 ]
-FIELDS = ["paused", "rate", "key_rate", "key_concurrency", "remember_done_ms", "keep_results_ms"]
+FIELDS = [
+    "paused",
+    "rate",
+    "key_rate",
+    "key_concurrency",
+    "remember_done_ms",
+    "concurrency",
+    "key_limit:k",
+    "key_limits",
+    "keep_results_ms",
+]
 
 #: Lua's reading of a setting, in the form _python_reading gives it.
 _LUA_PROBE = """
 local v, ok = setting_parse(ARGV[1], ARGV[2])
 if not ok then return 'rejected' end
+if string.sub(ARGV[1], 1, 10) == 'key_limit:' then  -- {concurrency or false, rate or false}
+  local rate = v[2] and ms(v[2][1]) .. '/' .. ms(v[2][2]) or ''
+  return (v[1] and ms(v[1]) or '') .. '|' .. rate
+end
 if type(v) == 'table' then return ms(v[1]) .. '/' .. ms(v[2]) end
 if type(v) == 'boolean' then return v and 'true' or 'false' end
 return ms(v)
@@ -215,6 +247,8 @@ def _python_reading(field: str, raw: str) -> str:
         return "true" if value else "false"
     if isinstance(value, tuple):
         return f"{value[0]}/{value[1]}"
+    if isinstance(value, dueq.KeyLimit):
+        return key_limit_text(value)
     return str(value)
 
 

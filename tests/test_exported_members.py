@@ -32,6 +32,8 @@ PUBLIC = {
     "DueqError",
     "ErrorRecord",
     "InvalidTaskError",
+    "KeyCooldown",
+    "KeyLimit",
     "LeaseLost",
     "Occurrence",
     "Outcome",

@@ -43,6 +43,7 @@ from .task import (
     AsyncDelivery,
     DueHistogram,
     HistoryPoint,
+    KeyLimit,
     Outcome,
     QueueSettings,
     QueueStats,
@@ -366,6 +367,8 @@ class AsyncQueue(QueueCore):
         rate: Rate | Literal[False] | None = None,
         key_rate: Rate | Literal[False] | None = None,
         key_concurrency: int | Literal[False] | None = None,
+        concurrency: int | Literal[False] | None = None,
+        key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
     ) -> QueueSettings:
         """As ``Queue.configure``."""
         return await self.drive(
@@ -376,6 +379,8 @@ class AsyncQueue(QueueCore):
                 rate=rate,
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,
+                concurrency=concurrency,
+                key_limits=key_limits,
             )
         )
 

@@ -25,6 +25,7 @@ nothing after it. It logs on the ``dueq.cron`` logger, as the rest of the cron d
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,8 +35,7 @@ import redis
 from . import _protocol as protocol
 from ._cron_ids import MAX_SLOT_MS, occurrence_id, parse_occurrence_id
 from ._cron_spec import Spec, wrong_type
-from .cronexpr import CronSchedule, schedule_for, slot_label
-from .envelope import encode_envelope
+from .cronexpr import Window, slot_label
 from .exceptions import CronError, PayloadError
 from .outage import is_outage
 
@@ -49,36 +49,45 @@ logger = logging.getLogger("dueq.cron")
 
 @dataclass(frozen=True)
 class Plan:
-    """What claiming a pending occurrence does: run it or drop it, and what to schedule."""
+    """What claiming a pending occurrence does: run it or drop it, and what to schedule
+    (``next_ms`` None: the definition's window has no slot after now)."""
 
     run: bool
     missed_now: list[int]
-    next_ms: int
+    next_ms: int | None
 
 
-def plan_claim(schedule: CronSchedule, spec: Spec, slot_ms: int, now_ms: int) -> Plan:
+def plan_claim(slots: Window, spec: Spec, slot_ms: int, now_ms: int) -> Plan:
     """Decide for the pending slot claimed at ``now_ms``.
 
-    A slot is missed when the slot after it has come too; then ``skip`` drops it, ``latest``
-    drops it and runs the latest slot instead, and ``all`` runs it and the missed slots after
-    it, ``max_missed`` in all.
+    A slot is missed when the slot after it has come too, or (with a ``catchup_window``) when
+    it is older than the window; then ``skip`` drops it, ``latest`` drops it and runs the
+    latest slot instead, and ``all`` runs it and the missed slots after it, ``max_missed`` in
+    all. Slots older than the catch-up window never run.
     """
-    following = schedule.next_after(slot_ms)
-    if following > now_ms:
+    cutoff = None if spec.catchup_ms is None else now_ms - spec.catchup_ms
+    late = cutoff is not None and slot_ms < cutoff
+    following = slots.next_after(slot_ms)
+    if (following is None or following > now_ms) and not late:
         return Plan(True, [], following)
-    next_ms = schedule.next_after(now_ms)
+    next_ms = slots.next_after(now_ms)
     if spec.missed == "skip":
         return Plan(False, [], next_ms)
     if spec.missed == "latest":
-        return Plan(False, [schedule.latest_at_or_before(now_ms)], next_ms)
-    return Plan(True, schedule.between(slot_ms, now_ms, spec.max_missed - 1), next_ms)
+        latest = slots.latest_at_or_before(now_ms)
+        keep = latest is not None and latest > slot_ms and (cutoff is None or latest >= cutoff)
+        return Plan(False, [latest] if keep and latest is not None else [], next_ms)
+    run = not late
+    after = slot_ms if cutoff is None else max(slot_ms, cutoff - 1)
+    return Plan(run, slots.between(after, now_ms, spec.max_missed - (1 if run else 0)), next_ms)
 
 
-_REFUSED, _ADVANCED, _REBUILT, _PAUSED = (
+_REFUSED, _ADVANCED, _REBUILT, _PAUSED, _FAILED_PAUSE = (
     protocol.CronAdvance.REFUSED,
     protocol.CronAdvance.ADVANCED,
     protocol.CronAdvance.REBUILT,
     protocol.CronAdvance.PAUSED,
+    protocol.CronAdvance.FAILED_PAUSE,
 )
 
 
@@ -99,7 +108,7 @@ def on_claim_flow(
     if not claimed:
         return deliveries, None
     try:
-        results = yield from advance_flow(queue, claimed, now_ms)
+        advanced = yield from advance_flow(queue, claimed, now_ms)
     except redis.RedisError as exc:
         if wrong_type(exc):  # a cron key of another type: corrupted data, not an outage
             logger.error(
@@ -125,32 +134,35 @@ def on_claim_flow(
             len(claimed),
         )
         return deliveries, None
+    earliest, results = advanced
     dropped: set[str] = set()
-    due: list[int] = []
     for delivery, plan, status in results:
-        if status == _ADVANCED:
-            due += plan.missed_now
-            if not plan.run:
-                dropped.add(delivery.id)
-        if status in (_ADVANCED, _REBUILT):
-            due.append(plan.next_ms)
-        elif status == _PAUSED:
+        if not status.runs or (status == _ADVANCED and not plan.run):
+            dropped.add(delivery.id)
+        if status == _PAUSED:
             logger.info(
                 "queue %r: %r runs, but its cron definition is paused: nothing is "
                 "scheduled after it",
                 queue.name,
                 delivery.id,
             )
+        elif status == _FAILED_PAUSE:
+            logger.warning(
+                "queue %r: %r does not run: its cron definition reached its "
+                "pause_after_failures count and is paused (resume it to go on)",
+                queue.name,
+                delivery.id,
+            )
     kept = [d for d in deliveries if d.id not in dropped] if dropped else deliveries
-    return kept, min(due, default=None)
+    return kept, earliest
 
 
 def advance_flow(
     queue: QueueCore, claimed: list[tuple[Any, str, int]], now_ms: int
-) -> Flow[list[tuple[Any, Plan, int]]]:
-    """Plan each claimed occurrence and carry the plans out in one script call; returns
-    each plan sent with the script's status for it (an occurrence that is not sent, or
-    not advanced, just runs)."""
+) -> Flow[tuple[int | None, list[tuple[Any, Plan, protocol.CronAdvance]]]]:
+    """Plan each claimed occurrence and carry the plans out in one script call; returns the
+    earliest due time the script added (None: none) and each plan sent with the script's
+    status for it (an occurrence that is not sent, or not advanced, just runs)."""
     k = queue.keys
     names = sorted({name for _, name, _ in claimed})
     raw_specs = yield protocol.command("HMGET", k.cron, *names)
@@ -164,8 +176,10 @@ def advance_flow(
         planning = _planned(queue, name, raw, delivery.id, slot_ms, now_ms)
         if planning is None:
             continue
-        plan, envelope = planning
+        spec, plan, envelope = planning
         planned.append((delivery, name, plan))
+        next_id = "" if plan.next_ms is None else occurrence_id(name, plan.next_ms)
+        missed = [(ms, occurrence_id(name, ms)) for ms in plan.missed_now]
         entries.append(
             protocol.CronEntry(
                 name=name,
@@ -175,15 +189,19 @@ def advance_flow(
                 drop=not plan.run,
                 envelope=envelope,
                 next_ms=plan.next_ms,
-                next_id=occurrence_id(name, plan.next_ms),
-                missed_now=[(ms, occurrence_id(name, ms)) for ms in plan.missed_now],
+                next_due_ms=None if plan.next_ms is None else spec.due_ms(plan.next_ms, next_id),
+                next_id=next_id,
+                missed_now=[(spec.due_ms(ms, task_id), task_id) for ms, task_id in missed],
+                overlap=spec.overlap,
+                limit=spec.limit,
+                pause_after=spec.pause_after,
             )
         )
     if not planned:
-        return []
-    statuses = yield protocol.cron_advance(k, queue.now_arg(), entries)
+        return None, []
+    reply = yield protocol.cron_advance(k, queue.now_arg(), entries)
     results = []
-    for (delivery, name, plan), status in zip(planned, statuses, strict=True):
+    for (delivery, name, plan), status in zip(planned, reply.statuses, strict=True):
         if status == _REBUILT:
             logger.warning(
                 "queue %r: cron %r had no readable schedule state in Redis; rebuilt it "
@@ -191,7 +209,7 @@ def advance_flow(
                 queue.name,
                 name,
                 delivery.id,
-                slot_label(plan.next_ms),
+                "none" if plan.next_ms is None else slot_label(plan.next_ms),
             )
         elif status == _REFUSED:
             logger.error(
@@ -201,19 +219,27 @@ def advance_flow(
                 name,
                 delivery.id,
             )
-        results.append((delivery, plan, int(status)))
-    return results
+        results.append((delivery, plan, status))
+    return reply.earliest_ms, results
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec(raw_spec: bytes | str) -> Spec:
+    """A stored definition, read once per distinct value (a claim of many occurrences of one
+    definition, and every later claim, reads the same bytes); CronError is not kept."""
+    return Spec.from_json(raw_spec)
 
 
 def _planned(
     queue: QueueCore, name: str, raw_spec: bytes | str, task_id: str, slot_ms: int, now_ms: int
-) -> tuple[Plan, bytes] | None:
-    """The plan for one claimed occurrence and the envelope of those it adds; None (and
-    an error logged) if its definition cannot be used: the occurrence then just runs."""
+) -> tuple[Spec, Plan, bytes] | None:
+    """The definition, the plan for one claimed occurrence and the envelope of those it adds;
+    None (and an error logged) if its definition cannot be used: the occurrence then just
+    runs."""
     try:
-        spec = Spec.from_json(raw_spec)
-        plan = plan_claim(schedule_for(spec.expr, spec.tz), spec, slot_ms, now_ms)
-        envelope = encode_envelope(spec.payload, queue.max_payload_bytes)
+        spec = _spec(raw_spec)
+        plan = plan_claim(spec.slots(), spec, slot_ms, now_ms)
+        envelope = spec.envelope(queue.max_payload_bytes)
     except (CronError, PayloadError) as exc:
         logger.error(
             "queue %r: cron %r: its definition in Redis cannot be used (%s); %r runs as an "
@@ -233,7 +259,8 @@ def _planned(
             task_id,
         )
         return None
-    if not all(0 <= ms <= MAX_SLOT_MS for ms in (plan.next_ms, *plan.missed_now)):
+    slots = [*plan.missed_now] if plan.next_ms is None else [plan.next_ms, *plan.missed_now]
+    if not all(0 <= ms <= MAX_SLOT_MS for ms in slots):
         logger.error(
             "queue %r: cron %r: %r runs without advancing its schedule (no slot before "
             "the year 10000)",
@@ -242,4 +269,4 @@ def _planned(
             task_id,
         )
         return None
-    return plan, envelope
+    return spec, plan, envelope

@@ -16,27 +16,55 @@ Nothing here talks to Redis.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal, cast, get_args
 
 import redis
 
 from ._cron_ids import MAX_SLOT_MS, is_slot_id_of
 from .checks import checked_name
-from .cronexpr import schedule_for
-from .exceptions import CronError
+from .cronexpr import CronSchedule, EverySchedule, Window, load_zone, schedule_for
+from .envelope import (
+    TaskOptions,
+    encode_envelope,
+    validate_key,
+    validate_priority,
+    validate_task_attempts,
+    validate_task_name,
+)
+from .exceptions import CronError, InvalidTaskError
 from .snapshot import text
 
 MissedPolicy = Literal["skip", "latest", "all"]
-LastOutcome = Literal["acked", "retrying", "dead"]
+LastOutcome = Literal["acked", "retrying", "dead", "cancelled"]
+#: What a slot does while the previous occurrence of its definition still runs or retries.
+Overlap = Literal["allow_all", "skip", "buffer_one", "cancel_other"]
 
 #: Most missed occurrences ``missed="all"`` runs after downtime, by default and at most.
 DEFAULT_MAX_MISSED = 10
 MAX_MISSED_LIMIT = 1000
 #: The fields of a stored definition, in the order ``Spec`` takes them.
 SPEC_FIELDS = ("expr", "tz", "missed", "max_missed", "payload")
+#: A week, in ms: the longest jitter.
+MAX_JITTER_MS = 7 * 86_400_000
+#: Most firings ``limit=`` allows, and most consecutive dead occurrences before a pause.
+MAX_LIMIT = 10**12
+MAX_PAUSE_AFTER = 1000
+#: The policies that are whole numbers, with their bounds.
+_INT_FIELDS = (
+    ("every_ms", 1000, MAX_SLOT_MS),
+    ("offset_ms", 0, MAX_SLOT_MS),
+    ("start_ms", 0, MAX_SLOT_MS),
+    ("end_ms", 0, MAX_SLOT_MS),
+    ("limit", 1, MAX_LIMIT),
+    ("jitter_ms", 0, MAX_JITTER_MS),
+    ("catchup_ms", 1000, MAX_SLOT_MS),
+    ("pause_after", 1, MAX_PAUSE_AFTER),
+    ("timeout_ms", 1, MAX_SLOT_MS),
+)
 #: A readable cron_state value, "head_ms|last_ms|head_id" (cron_state_read in the scripts).
 _STATE = re.compile(r"([0-9]{1,15})\|([0-9]{0,15})\|(.*)", re.DOTALL)
 
@@ -49,17 +77,41 @@ def validate_name(name: object) -> str:
 
 @dataclass(frozen=True)
 class Spec:
-    """A validated definition: what is stored, compared and scheduled from."""
+    """A validated definition: what is stored, compared and scheduled from.
+
+    The policies (``every_ms`` and the fields after it) are stored only when they differ from
+    their defaults, so a definition without policies keeps the JSON it always had. ``expr`` is
+    ``""`` for an ``every=`` definition.
+    """
 
     expr: str
     tz: str
     missed: MissedPolicy
     max_missed: int
     payload: Any
+    every_ms: int | None = None
+    offset_ms: int = 0
+    start_ms: int | None = None
+    end_ms: int | None = None
+    limit: int | None = None
+    jitter_ms: int = 0
+    catchup_ms: int | None = None
+    pause_after: int | None = None
+    overlap: Overlap = "allow_all"
+    priority: int = 0
+    key: str | None = None
+    timeout_ms: int | None = None
+    max_attempts: int | None = None
+    task: str | None = None
 
     def to_json(self) -> str:
         """Canonical JSON: equal definitions give equal strings."""
-        return json.dumps(self.__dict__, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        data = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name in SPEC_FIELDS or getattr(self, f.name) != f.default
+        }
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> Spec:
@@ -73,24 +125,83 @@ class Spec:
             raise CronError(f"expr and tz must be text, got {shown(expr)} and {shown(tz)}")
         if missed not in get_args(MissedPolicy):
             raise CronError(f"missed is {shown(missed)}, not 'skip', 'latest' or 'all'")
-        if (
-            not isinstance(max_missed, int)
-            or isinstance(max_missed, bool)
-            or not 1 <= max_missed <= MAX_MISSED_LIMIT
-        ):
+        if not _int_ok(max_missed, 1, MAX_MISSED_LIMIT):
             raise CronError(f"max_missed is {shown(max_missed)}, not 1 to {MAX_MISSED_LIMIT}")
-        try:
-            schedule_for(expr, tz)
-        except CronError:
-            raise
-        except Exception as exc:  # croniter and zoneinfo on hostile text: any error means bad
-            raise CronError(f"expression {shown(expr)} in {shown(tz)}: {exc!r}") from exc
-        spec = cls(expr, tz, missed, max_missed, data["payload"])
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise CronError(f"it has unknown fields {shown(sorted(unknown))}")
+        policies = {k: v for k, v in data.items() if k not in SPEC_FIELDS}
+        spec = cls(expr, tz, missed, max_missed, data["payload"], **policies)
+        spec.check()
         try:
             spec.to_json()
         except (ValueError, RecursionError) as exc:
             raise CronError(f"its payload cannot be JSON again ({exc})") from exc
         return spec
+
+    def check(self) -> None:
+        """CronError if a field is out of range or of the wrong type."""
+        for name, low, high in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not _int_ok(value, low, high):
+                raise CronError(f"{name} is {shown(value)}, not {low} to {high}")
+        if self.overlap not in get_args(Overlap):
+            raise CronError(
+                f"overlap is {shown(self.overlap)}, not one of {', '.join(get_args(Overlap))}"
+            )
+        if self.start_ms is not None and self.end_ms is not None and self.end_ms < self.start_ms:
+            raise CronError("end is before start")
+        try:
+            validate_priority(self.priority)
+            if self.max_attempts is not None:
+                validate_task_attempts(self.max_attempts)
+            if self.key is not None:
+                validate_key(self.key)
+            if self.task is not None:
+                validate_task_name(self.task)
+        except InvalidTaskError as exc:
+            raise CronError(str(exc)) from exc
+        try:
+            self.base_slots()
+        except CronError:
+            raise
+        except Exception as exc:  # croniter and zoneinfo on hostile text: any error means bad
+            raise CronError(f"expression {shown(self.expr)} in {shown(self.tz)}: {exc!r}") from exc
+
+    def base_slots(self) -> CronSchedule | EverySchedule:
+        """The slots of its expression or interval, before its window."""
+        if self.every_ms is not None:
+            if self.expr:
+                raise CronError("a definition has an expression or every=, not both")
+            load_zone(self.tz)
+            return EverySchedule(self.every_ms, self.offset_ms)
+        if self.offset_ms:
+            raise CronError("offset= goes with every=")
+        return schedule_for(self.expr, self.tz)
+
+    def slots(self) -> Window:
+        """Its slots within ``[start, end]``."""
+        return Window(self.base_slots(), self.start_ms, self.end_ms)
+
+    def options(self) -> TaskOptions:
+        """The task options its occurrences carry."""
+        return TaskOptions(self.priority, self.key, self.timeout_ms, self.max_attempts)
+
+    def envelope(self, max_bytes: int) -> bytes:
+        """The stored form of its occurrences (payload, options, task name)."""
+        return encode_envelope(self.payload, max_bytes, self.options(), task_name=self.task)
+
+    def due_ms(self, slot_ms: int, task_id: str) -> int:
+        """When the occurrence of ``slot_ms`` (id ``task_id``) is due: the slot plus its jitter,
+        a fixed offset in ``[0, jitter)`` derived from the id, so every process agrees."""
+        if not self.jitter_ms:
+            return slot_ms
+        digest = hashlib.sha256(task_id.encode("utf-8")).digest()
+        return slot_ms + int.from_bytes(digest[:8], "big") % self.jitter_ms
+
+
+def _int_ok(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def json_object(raw: bytes | str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from .checks import MAX_HOLDER_LENGTH, validate_holder, whole_number
 from .clock import Duration, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
 from .envelope import decode_named, result_entry
-from .exceptions import LeaseLost, PayloadError, TaskCancelled, Unrecoverable
+from .exceptions import KeyCooldown, LeaseLost, PayloadError, TaskCancelled, Unrecoverable
 from .failures import error_record, token_holder
 from .logs import task_fields
 from .task import DeliveryBase, Outcome, OutcomeKind
@@ -234,6 +234,8 @@ class LeaseFlows(QueueBase):
     ) -> Flow[Outcome]:
         if self._sharded is not None:
             return (yield from self._sharded.fail_flow(delivery, error, retry_in))
+        if isinstance(error, KeyCooldown):  # back later, no attempt counted, its key held
+            return (yield from self.release_flow(delivery, error.seconds, hold=True))
         exc = error if isinstance(error, BaseException) else None
         age_s = max(delivery.claimed_ms - delivery.first_claimed_ms, 0) / 1000
         delay_ms = 0
@@ -312,12 +314,21 @@ class LeaseFlows(QueueBase):
         raise_not_held("extended", refused, cancelled)
         return ms_datetime(deadline_ms if deadline_ms is not None else 0)
 
-    def release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
+    def release_flow(
+        self, delivery: DeliveryBase, delay: Duration, *, hold: bool = False
+    ) -> Flow[Outcome]:
+        """Give ``delivery`` back, due after ``delay``; with ``hold`` (a KeyCooldown) its limit
+        key is held as long."""
         if self._sharded is not None:
             return (yield from self._sharded.release_flow(delivery, delay))
         delay_ms = duration_ms(delay, "delay")
         reply: protocol.TimeReply = yield protocol.release(
-            self.keys, self.now_arg(), delivery.id, delivery.token, delay_ms
+            self.keys,
+            self.now_arg(),
+            delivery.id,
+            delivery.token,
+            delay_ms,
+            hold_ms=delay_ms if hold else 0,
         )
         if reply.status is protocol.Status.CANCELLED:
             delivery.mark_settled(Outcome(delivery.id, "cancelled", delivery.attempt))

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .doctor import DoctorFinding
-from .exceptions import DueqError, LeaseLost, TaskCancelled, TaskNotFound
+from .exceptions import ConfigurationError, DueqError, LeaseLost, TaskCancelled, TaskNotFound
 from .keys import QueueKeys, SparkBatchKeys
 from .snapshot import queue_stats, settings_from_reply, task_infos, text
-from .task import QueueSettings, QueueStats, TaskInfo
+from .task import MAX_KEY_LIMITS, QueueSettings, QueueStats, TaskInfo
 
 T = TypeVar("T")
 
@@ -307,7 +307,8 @@ def fail(
 ) -> Call[FailReply]:
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
-    keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.ended, *k.upper_due]
+    keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.config, k.ended]
+    keys += k.upper_due
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -351,11 +352,14 @@ def extend(
     return Call("extend", keys, [now, lease_ms, pack_pairs(held)], _parse_extend)
 
 
-def release(k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int) -> Call[TimeReply]:
-    """Give a leased task back, due after ``delay_ms``, without counting the delivery."""
+def release(
+    k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int, hold_ms: int = 0
+) -> Call[TimeReply]:
+    """Give a leased task back, due after ``delay_ms``, without counting the delivery; with
+    ``hold_ms`` (a KeyCooldown) its limit key is held that long too."""
     keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks]
-    keys += [k.key_state, k.key_wait, *k.upper_due]
-    return Call("release", keys, [now, task_id, token, delay_ms], _parse_release)
+    keys += [k.key_state, k.key_wait, k.config, *k.upper_due]
+    return Call("release", keys, [now, task_id, token, delay_ms, hold_ms], _parse_release)
 
 
 def _parse_release(reply: Any) -> TimeReply:
@@ -477,7 +481,17 @@ def configure(k: QueueKeys, changes: Sequence[tuple[str, str]]) -> Call[QueueSet
     args: list[Any] = []
     for setting, value in changes:
         args += (setting, value)
-    return Call("configure", [k.config, k.wake, k.stats], args, settings_from_reply)
+    return Call("configure", [k.config, k.wake, k.stats], args, _parse_configure)
+
+
+def _parse_configure(reply: Any) -> QueueSettings:
+    refused = int(reply[0])
+    if refused:
+        raise ConfigurationError(
+            f"a queue keeps at most {MAX_KEY_LIMITS} key limits; this change would leave "
+            f"{refused} (nothing was changed): remove some first"
+        )
+    return settings_from_reply(list(reply[1:]))
 
 
 # -- dead.lua ----------------------------------------------------------------------------------
@@ -529,22 +543,30 @@ def cron_add(
     definition_json: str,
     *,
     replace: bool,
-    next_ms: int,
+    next_ms: int | None,
     next_id: str,
     envelope: bytes,
+    next_due_ms: int | None = None,
 ) -> Call[str | None]:
-    """Store a definition and schedule its next occurrence; None when a different definition
-    exists and ``replace`` is off."""
+    """Store a definition and schedule its next occurrence (``next_ms`` None: its window has
+    no more slots, it is stored finished); None when a different definition exists and
+    ``replace`` is off."""
     keys = [k.cron, k.cron_state, k.cron_paused, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake]
-    keys.append(k.history)
-    args = [now, name, definition_json, "1" if replace else "0", next_ms, next_id, envelope]
+    keys += [k.history, k.cron_runs, *k.upper_due]
+    due = next_ms if next_due_ms is None else next_due_ms
+    args: list[Any] = [now, name, definition_json, "1" if replace else "0"]
+    args += [_ms_or_empty(next_ms), next_id, envelope, _ms_or_empty(due)]
     return Call("cron_add", keys, args, _parse_cron_add)
+
+
+def _ms_or_empty(ms: int | None) -> int | str:
+    return "" if ms is None else ms
 
 
 def cron_remove(k: QueueKeys, now: str, name: str) -> Call[bool]:
     """Delete a definition and its pending occurrence; the reply says whether it existed."""
     keys = [k.cron, k.cron_state, k.cron_paused, k.due, k.tasks, k.meta, k.errors, k.stats]
-    keys.append(k.cron_last)
+    keys += [k.cron_last, k.cron_runs, k.cron_filled, *k.upper_due]
     return Call("cron_remove", keys, [now, name], lambda reply: bool(int(reply)))
 
 
@@ -556,6 +578,15 @@ class CronAdvance(enum.IntEnum):
     ADVANCED = 1  # the schedule moved on
     REBUILT = 2  # the state was unreadable and was rebuilt; the occurrence runs
     PAUSED = 3  # the definition is paused: the occurrence runs, nothing is scheduled
+    SKIPPED = 4  # overlap: the previous occurrence still runs, this one was dropped
+    BUFFERED = 5  # overlap buffer_one: it waits in due until the previous one ends
+    FINISHED = 6  # limit reached or window ended: dropped
+    FAILED_PAUSE = 7  # pause_after_failures reached: paused now, this one dropped
+
+    @property
+    def runs(self) -> bool:
+        """Whether the claimed occurrence runs (the others are no longer this claim's)."""
+        return self < CronAdvance.SKIPPED
 
 
 @dataclass(frozen=True)
@@ -568,22 +599,62 @@ class CronEntry:
     token: str
     drop: bool  # a missed slot that must not run
     envelope: bytes
-    next_ms: int
+    next_ms: int | None  # None: the definition's window has no more slots
+    next_due_ms: int | None
     next_id: str
-    missed_now: Sequence[tuple[int, str]]  # (slot ms, id) of missed occurrences to run now
+    missed_now: Sequence[tuple[int, str]]  # (due ms, id) of missed occurrences to run now
+    overlap: str = "allow_all"
+    limit: int | None = None
+    pause_after: int | None = None
 
 
-def cron_advance(k: QueueKeys, now: str, entries: Sequence[CronEntry]) -> Call[list[CronAdvance]]:
-    """Move the schedules of claimed occurrences on, compare-and-set, in one call."""
+@dataclass(frozen=True)
+class CronAdvanced:
+    """cron_advance.lua's reply: the earliest due time it added (None: none), and a status
+    per entry."""
+
+    earliest_ms: int | None
+    statuses: list[CronAdvance]
+
+
+def _parse_cron_advance(reply: Any) -> CronAdvanced:
+    earliest = int(reply[0])
+    return CronAdvanced(
+        None if earliest < 0 else earliest, [CronAdvance(int(x)) for x in reply[1:]]
+    )
+
+
+def cron_advance(k: QueueKeys, now: str, entries: Sequence[CronEntry]) -> Call[CronAdvanced]:
+    """Move the schedules of claimed occurrences on, compare-and-set, in one call, and apply
+    their definitions' policies."""
     args: list[Any] = [now]
     for e in entries:
         args += (e.name, e.slot_ms, e.occurrence_id, e.token, "1" if e.drop else "0")
-        args += (e.envelope, e.next_ms, e.next_id, len(e.missed_now))
-        for slot_ms, task_id in e.missed_now:
-            args += (slot_ms, task_id)
+        args += (e.envelope, _ms_or_empty(e.next_ms), _ms_or_empty(e.next_due_ms), e.next_id)
+        args += (e.overlap, _ms_or_empty(e.limit), _ms_or_empty(e.pause_after), len(e.missed_now))
+        for due_ms, task_id in e.missed_now:
+            args += (due_ms, task_id)
     keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.leased, k.stats, k.wake]
-    keys += [k.cron_paused, k.history]
-    return Call("cron_advance", keys, args, lambda reply: [CronAdvance(int(x)) for x in reply])
+    keys += [k.cron_paused, k.history, k.cron_runs, k.cron_last, k.cancelled, k.key_state]
+    keys += [k.key_wait, *k.upper_due]
+    return Call("cron_advance", keys, args, _parse_cron_advance)
+
+
+def cron_backfill(
+    k: QueueKeys,
+    now: str,
+    name: str,
+    definition_json: bytes | str,
+    envelope: bytes,
+    slots: Sequence[tuple[int, int, str]],
+) -> Call[int]:
+    """Schedule the occurrences of ``slots`` ((slot ms, due ms, id)) once per slot; the reply
+    is the count added, -1 for an unknown name, -2 when the definition changed."""
+    keys = [k.cron, k.cron_filled, k.due, k.tasks, k.stats, k.wake, k.history, *k.upper_due]
+    args: list[Any] = [now, name, definition_json, envelope]
+    for slot in slots:
+        args += slot
+    return Call("cron_backfill", keys, args, int)
 
 
 # -- cron_control.lua ----------------------------------------------------------------------------
@@ -605,13 +676,16 @@ def cron_control(
     name: str,
     definition_json: bytes | str = "",
     *,
-    next_ms: int | str = "",
+    next_ms: int | str | None = "",
     occurrence_id: str = "",
     envelope: bytes = b"",
+    next_due_ms: int | None = None,
+    pause_after: int | None = None,
 ) -> Call[CronControl]:
-    """Pause (``action="pause"``, no other arguments), resume (the next slot, its id and
-    envelope) or run now (the extra occurrence's id and envelope) one definition; resume and
-    run now change nothing unless the definition is still ``definition_json``."""
+    """Pause (``action="pause"``, no other arguments), resume (the next slot, None when the
+    window has no more, its id, envelope, due time and the pause_after_failures count) or run
+    now (the extra occurrence's id and envelope) one definition; resume and run now change
+    nothing unless the definition is still ``definition_json``."""
     keys = [
         k.cron,
         k.cron_state,
@@ -623,8 +697,14 @@ def cron_control(
         k.stats,
         k.wake,
         k.history,
+        k.cron_runs,
+        k.cron_last,
+        *k.upper_due,
     ]
-    args = [now, action, name, definition_json, next_ms, occurrence_id, envelope]
+    next_text = "" if next_ms is None else next_ms
+    due = next_text if next_due_ms is None else next_due_ms
+    args = [now, action, name, definition_json, next_text, occurrence_id, envelope, due]
+    args.append(_ms_or_empty(pause_after))
     return Call("cron_control", keys, args, lambda reply: CronControl(int(reply)))
 
 
@@ -741,6 +821,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     ),
     "cron_remove": lambda k: cron_remove(k, "", "n"),
     "cron_advance": lambda k: cron_advance(k, "", []),
+    "cron_backfill": lambda k: cron_backfill(k, "", "n", "{}", b"1:null", []),
     "cron_control": lambda k: cron_control(k, "", "pause", "n"),
     "configure": lambda k: configure(k, [("paused", "1")]),
     "heartbeat": lambda k: heartbeat(k, "", "w", "{}", ttl_ms=1),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Literal
 
 from . import _protocol as protocol
@@ -10,12 +11,16 @@ from ._drive import Flow
 from ._queue_base import QueueBase
 from .checks import whole_number
 from .clock import Duration, duration_ms
-from .exceptions import ConfigurationError
-from .snapshot import settings_from_hash
+from .envelope import validate_key
+from .exceptions import ConfigurationError, InvalidTaskError
+from .snapshot import KEY_LIMIT_PREFIX, key_limit_text, settings_from_hash
 from .task import (
+    MAX_CONCURRENCY,
     MAX_KEEP_RESULTS_MS,
     MAX_KEY_CONCURRENCY,
+    MAX_KEY_LIMITS,
     MAX_REMEMBER_DONE_MS,
+    KeyLimit,
     QueueSettings,
     Rate,
 )
@@ -35,6 +40,8 @@ class SettingsFlows(QueueBase):
         rate: Rate | Literal[False] | None = None,
         key_rate: Rate | Literal[False] | None = None,
         key_concurrency: int | Literal[False] | None = None,
+        concurrency: int | Literal[False] | None = None,
+        key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
     ) -> Flow[QueueSettings]:
         """Validate every change before writing any; None leaves a setting as it is."""
         if self._sharded is not None:
@@ -46,9 +53,17 @@ class SettingsFlows(QueueBase):
                     rate=rate,
                     key_rate=key_rate,
                     key_concurrency=key_concurrency,
+                    concurrency=concurrency,
+                    key_limits=key_limits,
                 )
             )
         changes: list[tuple[str, str]] = []
+        if concurrency is not None and concurrency is not False and concurrency != 0:
+            whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
+            changes.append(("concurrency", str(concurrency)))
+        elif concurrency is not None:  # False or 0: no cap
+            changes.append(("concurrency", ""))
+        changes += key_limit_changes(key_limits)
         for name, value in (("rate", rate), ("key_rate", key_rate)):
             if value is None:
                 continue
@@ -89,3 +104,34 @@ class SettingsFlows(QueueBase):
             "HGETALL", self.keys.config, parse=settings_from_hash
         )
         return settings
+
+
+def key_limit_changes(
+    key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None,
+) -> list[tuple[str, str]]:
+    """The config changes of ``configure(key_limits=...)``: each key's KeyLimit set, or (None or
+    False) removed; keys not named are left as they are."""
+    if key_limits is None:
+        return []
+    if not isinstance(key_limits, Mapping):
+        raise ConfigurationError(
+            f"key_limits must be a mapping of key -> dueq.KeyLimit (or None to remove one), "
+            f"got {key_limits!r}"
+        )
+    if len(key_limits) > MAX_KEY_LIMITS:
+        raise ConfigurationError(f"a queue keeps at most {MAX_KEY_LIMITS} key limits")
+    changes = []
+    for key, limit in key_limits.items():
+        try:
+            validate_key(key)
+        except InvalidTaskError as exc:
+            raise ConfigurationError(f"key_limits: {exc}") from None
+        if limit is None or limit is False:
+            changes.append((KEY_LIMIT_PREFIX + key, ""))
+        elif isinstance(limit, KeyLimit):
+            changes.append((KEY_LIMIT_PREFIX + key, key_limit_text(limit)))
+        else:
+            raise ConfigurationError(
+                f"key_limits[{key!r}] must be a dueq.KeyLimit or None, got {limit!r}"
+            )
+    return changes

@@ -106,6 +106,7 @@ from .doctor import DoctorReport
 from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
 from .registry import WorkerInfo, merge_workers
 from .task import (
+    MAX_CONCURRENCY,
     DeliveryBase,
     DueHistogram,
     HistoryPoint,
@@ -181,14 +182,33 @@ def rate_shares(rate: Rate, shards: int) -> list[Rate]:
     return [Rate(base + (1 if i < extra else 0), rate.per) for i in range(shards)]
 
 
+def concurrency_shares(concurrency: int, shards: int) -> list[int]:
+    """The queue-wide concurrency cap split over ``shards`` like ``rate_shares``: each shard's
+    claim script counts only its own leases, so shard i caps at ``n // N`` (one more for the
+    first ``n % N``) and the shards together never hold more than n. A shard's share may sit
+    idle while another shard has more due work than its share. ConfigurationError when n < N."""
+    whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
+    if concurrency < shards:
+        raise ConfigurationError(
+            f"a concurrency cap on a queue of {shards} shards is split over the shards (each "
+            f"counts its own leases), so it must be at least {shards}, got {concurrency}"
+        )
+    base, extra = divmod(concurrency, shards)
+    return [base + (1 if i < extra else 0) for i in range(shards)]
+
+
 def _logical_settings(parts: Sequence[QueueSettings]) -> QueueSettings:
-    """The settings of the logical queue from its shards': shard 0's, with the rate the
-    shards' shares add up to (while a change is half written, shard 0's share)."""
+    """The settings of the logical queue from its shards': shard 0's, with the rate and the
+    concurrency cap the shards' shares add up to (while a change is half written, shard 0's)."""
+    first_part = parts[0]
+    caps = [p.concurrency for p in parts]
+    if all(c is not None for c in caps):
+        first_part = replace(first_part, concurrency=sum(c for c in caps if c is not None))
     rates = [p.rate for p in parts]
     first = rates[0]
     if first is None or any(r is None or r.per_ms != first.per_ms for r in rates):
-        return parts[0]
-    return replace(parts[0], rate=Rate(sum(r.n for r in rates if r is not None), first.per))
+        return first_part
+    return replace(first_part, rate=Rate(sum(r.n for r in rates if r is not None), first.per))
 
 
 class Sharded(ShardLayout):
@@ -409,6 +429,8 @@ class Sharded(ShardLayout):
         rate: Any,
         key_rate: Any,
         key_concurrency: Any,
+        concurrency: Any,
+        key_limits: Any,
         keep_results: Any = None,
     ) -> Flow[QueueSettings]:
         """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
@@ -422,6 +444,14 @@ class Sharded(ShardLayout):
                 "only its own leases, so a per-key limit would hold per shard, N times over. "
                 "Keep keyed tasks on a plain queue (one per tenant group, for example)"
             )
+        if key_limits:
+            raise ConfigurationError(
+                "key_limits are not available on a sharded queue, for the same reason as "
+                "key_rate and key_concurrency: a key's tasks are spread over the shards by id"
+            )
+        caps: list[Any] = [concurrency] * self.count
+        if concurrency not in (None, False, 0):
+            caps = concurrency_shares(concurrency, self.count)
         shares: list[Any] = [rate] * self.count
         if rate is not None and rate is not False:
             if not isinstance(rate, Rate):
@@ -436,8 +466,9 @@ class Sharded(ShardLayout):
                 rate=share,
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,
+                concurrency=cap,
             )
-            for s, share in zip(self.queues, shares, strict=True)
+            for s, share, cap in zip(self.queues, shares, caps, strict=True)
         ]
         settings: list[QueueSettings] = yield from together(flows)
         return _logical_settings(settings)
@@ -575,6 +606,7 @@ class ShardedCronFlows(CronsCore):
     pause_flow = _named("pause_flow")
     resume_flow = _named("resume_flow")
     run_now_flow = _named("run_now_flow")
+    backfill_flow = _named("backfill_flow")
 
     def list_flow(self) -> Flow[list[CronDefinition]]:
         yield from self._layout.check_flow()

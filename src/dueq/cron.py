@@ -57,7 +57,7 @@ from __future__ import annotations
 import builtins
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 import redis
@@ -78,6 +78,7 @@ from ._cron_spec import (
     SPEC_FIELDS,
     LastOutcome,
     MissedPolicy,
+    Overlap,
     Spec,
     json_object,
     missed_policy,
@@ -88,10 +89,9 @@ from ._cron_spec import (
 )
 from ._cron_spec import shown as shown_value
 from .checks import whole_number
-from .clock import clock_ms, ms_datetime
-from .cronexpr import CronSchedule, schedule_for
-from .envelope import encode_envelope
-from .exceptions import CronConflict, CronError, CronNotFound
+from .clock import Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
+from .cronexpr import CronSchedule
+from .exceptions import CronConflict, CronError, CronNotFound, DueqError
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
@@ -113,6 +113,8 @@ __all__ = [
     "LastOutcome",
     "MissedPolicy",
     "Occurrence",
+    "Overlap",
+    "Policies",
     "occurrence_id",
     "parse_occurrence_id",
     "run_now_id",
@@ -125,6 +127,77 @@ AddResult = Literal["added", "unchanged", "replaced", "restored"]
 
 #: How often resume and run now read a definition again that changed under them.
 _CONTROL_TRIES = 5
+#: Most slots one ``backfill`` call schedules.
+MAX_BACKFILL = 1000
+
+
+@dataclass(frozen=True)
+class Policies:
+    """The policies and task options of ``Crons.add`` beyond the expression (see there)."""
+
+    every: Duration | None = None
+    offset: Duration | None = None
+    overlap: Overlap = "allow_all"
+    start: datetime | None = None
+    end: datetime | None = None
+    limit: int | None = None
+    jitter: Duration | None = None
+    catchup_window: Duration | None = None
+    pause_after_failures: int | None = None
+    task: str | None = None
+    priority: int = 0
+    key: str | None = None
+    timeout: Duration | None = None
+    max_attempts: int | None = None
+
+    def spec(
+        self, expr: str | None, tz: str, missed: MissedPolicy, max_missed: int, payload: Any
+    ) -> Spec:
+        """The checked definition; CronError says what is wrong."""
+        try:
+            return self._spec(expr, tz, missed, max_missed, payload)
+        except CronError:
+            raise
+        except DueqError as exc:  # a bad duration or datetime: one error type for add
+            raise CronError(str(exc)) from exc
+
+    def _spec(
+        self, expr: str | None, tz: str, missed: MissedPolicy, max_missed: int, payload: Any
+    ) -> Spec:
+        if (expr is None) == (self.every is None):
+            raise CronError("give a cron expression or every=, not both and not neither")
+        if self.every is None and self.offset is not None:
+            raise CronError("offset= goes with every=")
+
+        def ms(value: Duration | None, what: str) -> int | None:
+            return None if value is None else duration_ms(value, what)
+
+        def at(value: datetime | None) -> int | None:
+            return None if value is None else datetime_ms(value)
+
+        spec = Spec(
+            "" if expr is None else CronSchedule(expr, tz).expr,
+            tz,
+            missed,
+            max_missed,
+            payload,
+            every_ms=ms(self.every, "every"),
+            offset_ms=ms(self.offset, "offset") or 0,
+            start_ms=at(self.start),
+            end_ms=at(self.end),
+            limit=self.limit,
+            jitter_ms=ms(self.jitter, "jitter") or 0,
+            catchup_ms=ms(self.catchup_window, "catchup_window"),
+            pause_after=self.pause_after_failures,
+            overlap=self.overlap,
+            priority=self.priority,
+            key=self.key,
+            timeout_ms=ms(self.timeout, "timeout"),
+            max_attempts=self.max_attempts,
+            task=self.task,
+        )
+        spec.check()
+        return spec
 
 
 @dataclass(frozen=True)
@@ -182,6 +255,68 @@ class CronDefinition:
     last_occurrence: str | None = None
     last_error_type: str | None = None
     last_success_at: datetime | None = None
+    every: timedelta | None = None
+    offset: timedelta | None = None
+    overlap: Overlap = "allow_all"
+    start: datetime | None = None
+    end: datetime | None = None
+    limit: int | None = None
+    jitter: timedelta | None = None
+    catchup_window: timedelta | None = None
+    pause_after_failures: int | None = None
+    task: str | None = None
+    priority: int = 0
+    key: str | None = None
+    timeout: timedelta | None = None
+    max_attempts: int | None = None
+    fired: int = 0
+    skipped: int = 0
+    failures: int = 0
+    finished: str | None = None
+    paused_reason: str | None = None
+
+
+def _policy_fields(spec: Spec) -> dict[str, Any]:
+    """The policy fields of a CronDefinition from its stored definition."""
+
+    def span(ms: int | None) -> timedelta | None:
+        return None if ms is None else timedelta(milliseconds=ms)
+
+    return {
+        "every": span(spec.every_ms),
+        "offset": span(spec.offset_ms) if spec.every_ms is not None else None,
+        "overlap": spec.overlap,
+        "start": None if spec.start_ms is None else ms_datetime(spec.start_ms),
+        "end": None if spec.end_ms is None else ms_datetime(spec.end_ms),
+        "limit": spec.limit,
+        "jitter": span(spec.jitter_ms or None),
+        "catchup_window": span(spec.catchup_ms),
+        "pause_after_failures": spec.pause_after,
+        "task": spec.task,
+        "priority": spec.priority,
+        "key": spec.key,
+        "timeout": span(spec.timeout_ms),
+        "max_attempts": spec.max_attempts,
+    }
+
+
+def _runs_fields(raw: bytes | str | None) -> dict[str, Any]:
+    """fired, skipped and finished of a cron_runs value (none for a missing or unreadable
+    one)."""
+    if raw is None:
+        return {}
+    try:
+        data = json_object(raw)
+    except CronError:
+        return {}
+    out: dict[str, Any] = {}
+    for field in ("fired", "skipped"):
+        value = data.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            out[field] = value
+    if data.get("finished") in ("limit", "end"):
+        out["finished"] = data["finished"]
+    return out
 
 
 def _definition(
@@ -189,12 +324,14 @@ def _definition(
     raw_spec: bytes | str,
     raw_state: bytes | str | None,
     name_problem: str | None = None,
-    paused: bool = False,
+    paused: bool | str = False,
     raw_last: bytes | str | None = None,
+    raw_runs: bytes | str | None = None,
 ) -> CronDefinition:
     """A CronDefinition from its stored JSON and state; what cannot be read is its problem
     (not the state of a paused definition: resume writes it anew)."""
     problems: builtins.list[str] = []
+    policies: dict[str, Any] = {}
     if name_problem is not None:
         problems.append(name_problem)
     else:
@@ -214,8 +351,21 @@ def _definition(
         shown = CronDefinition(
             name, spec.expr, spec.tz, spec.missed, spec.max_missed, spec.payload, None, None
         )
+        policies = _policy_fields(spec)
+    runs = _runs_fields(raw_runs)
+    last = _read_last(name, raw_last)
+    failures = last.pop("failures", 0)
+    reason = None
+    if isinstance(paused, str):
+        reason = paused
+    pause_after = policies.get("pause_after_failures")
+    if not paused and pause_after is not None and failures >= pause_after:
+        paused, reason = True, f"{failures} consecutive dead occurrences"
+    if paused and reason is None:
+        reason = "paused"
+    finished = runs.get("finished")
     state = read_state(name, raw_state)
-    if state is None and not paused:
+    if state is None and not paused and finished is None:
         what = (
             "it has no schedule state in Redis"
             if raw_state is None
@@ -224,7 +374,7 @@ def _definition(
         problems.append(
             f"{what}; claiming its pending occurrence rebuilds it, or add it again to schedule it"
         )
-    head, last = state or (None, None)
+    head, fired_ms = state or (None, None)
     return CronDefinition(
         name,
         shown.expr,
@@ -232,11 +382,15 @@ def _definition(
         shown.missed,
         shown.max_missed,
         shown.payload,
-        None if head is None or paused else ms_datetime(head),
-        None if last is None else ms_datetime(last),
+        None if head is None or paused or finished else ms_datetime(head),
+        None if fired_ms is None else ms_datetime(fired_ms),
         "; ".join(problems) or None,
-        paused,
-        **_read_last(name, raw_last),
+        bool(paused),
+        **last,
+        **policies,
+        **runs,
+        failures=failures,
+        paused_reason=reason,
     )
 
 
@@ -250,13 +404,23 @@ def _read_last(name: str, raw: bytes | str | None) -> dict[str, Any]:
     except CronError as exc:
         logger.debug("cron %r: its last outcome in Redis cannot be read: %s", name, exc)
         return {}
+    failures = json_object(raw).get("failures")
     return {
         "last_outcome": outcome,
         "last_outcome_at": ms_datetime(at_ms),
         "last_occurrence": occurrence,
         "last_error_type": error_type,
         "last_success_at": None if ok_ms is None else ms_datetime(ok_ms),
+        "failures": failures if isinstance(failures, int) and failures > 0 else 0,
     }
+
+
+def _paused(raw: bytes | str | None) -> bool | str:
+    """A cron_paused value as False (not paused), True, or the reason a script paused it."""
+    if raw is None:
+        return False
+    value = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    return "pause_after_failures reached" if value.endswith("|failures") else True
 
 
 def _readable_fields(raw_spec: bytes | str) -> CronDefinition:
@@ -304,22 +468,25 @@ class CronsCore:
     def add_flow(
         self,
         name: str,
-        expr: str,
+        expr: str | None,
         payload: Any,
         tz: str,
         missed: MissedPolicy,
         max_missed: int,
         replace: bool,
+        policies: Policies = Policies(),
     ) -> Flow[AddResult]:
         name = validate_name(name)
         if missed not in get_args(MissedPolicy):
             raise CronError(f"missed must be 'skip', 'latest' or 'all', got {missed!r}")
         whole_number(max_missed, "max_missed", low=1, high=MAX_MISSED_LIMIT)
-        schedule = CronSchedule(expr, tz)
+        spec = policies.spec(expr, tz, missed, max_missed, payload)
         queue = self._core
-        envelope = encode_envelope(payload, queue.max_payload_bytes)
-        spec = Spec(schedule.expr, tz, missed, max_missed, payload)
-        next_ms = schedule.next_after((yield from self.now_ms_flow()))
+        envelope = spec.envelope(queue.max_payload_bytes)
+        next_ms = spec.slots().next_after((yield from self.now_ms_flow()))
+        if next_ms is not None and next_ms > MAX_SLOT_MS:
+            raise CronError(f"cron {name!r} has no slot before the year 10000")
+        next_id = "" if next_ms is None else occurrence_id(name, next_ms)
         call = protocol.cron_add(
             queue.keys,
             queue.now_arg(),
@@ -327,8 +494,9 @@ class CronsCore:
             spec.to_json(),
             replace=replace,
             next_ms=next_ms,
-            next_id=occurrence_id(name, next_ms),
+            next_id=next_id,
             envelope=envelope,
+            next_due_ms=None if next_ms is None else spec.due_ms(next_ms, next_id),
         )
         status = yield from self._typed(call)
         if status is None:
@@ -337,6 +505,40 @@ class CronsCore:
                 "pass replace=True to replace it"
             )
         return cast(AddResult, status)
+
+    def backfill_flow(self, name: str, start: datetime, end: datetime) -> Flow[int]:
+        """Schedule the slots of ``[start, end)`` not backfilled before; returns how many."""
+        name = validate_name(name)
+        try:
+            start_ms, end_ms = datetime_ms(start), datetime_ms(end)
+        except DueqError as exc:
+            raise CronError(str(exc)) from exc
+        if end_ms <= start_ms:
+            raise CronError("backfill needs start before end")
+        queue = self._core
+        for _ in range(_CONTROL_TRIES):
+            raw_spec, _, _ = yield from self._control_read(name)
+            spec = self._usable(name, raw_spec)
+            slots = spec.slots().between(start_ms - 1, end_ms - 1, MAX_BACKFILL + 1)
+            if len(slots) > MAX_BACKFILL:
+                raise CronError(
+                    f"cron {name!r}: [start, end) holds more than {MAX_BACKFILL} slots; "
+                    "backfill it in parts"
+                )
+            if not slots:
+                return 0
+            ids = [occurrence_id(name, ms) for ms in slots]
+            triples = [(ms, spec.due_ms(ms, i), i) for ms, i in zip(slots, ids, strict=True)]
+            envelope = spec.envelope(queue.max_payload_bytes)
+            call = protocol.cron_backfill(
+                queue.keys, queue.now_arg(), name, raw_spec, envelope, triples
+            )
+            added: int = yield from self._typed(call)
+            if added == -1:
+                raise self._not_found(name)
+            if added >= 0:
+                return added
+        raise self._changed(name)
 
     def remove_flow(self, name: str) -> Flow[bool]:
         name = validate_name(name)
@@ -347,41 +549,43 @@ class CronsCore:
 
     def list_flow(self) -> Flow[builtins.list[CronDefinition]]:
         k = self._core.keys
-        raw_specs, raw_states, raw_paused, raw_lasts = yield from self._typed(
+        raw_specs, raw_states, raw_paused, raw_lasts, raw_runs = yield from self._typed(
             protocol.Batch(
                 (
                     protocol.command("HGETALL", k.cron),
                     protocol.command("HGETALL", k.cron_state),
                     protocol.command("HGETALL", k.cron_paused),
                     protocol.command("HGETALL", k.cron_last),
+                    protocol.command("HGETALL", k.cron_runs),
                 )
             )
         )
         found = []
         for raw_name, raw_spec in raw_specs.items():
             name, name_problem = _name(raw_name)
-            state, paused = raw_states.get(raw_name), raw_name in raw_paused
-            last = raw_lasts.get(raw_name)
-            found.append(_definition(name, raw_spec, state, name_problem, paused, last))
+            state, paused = raw_states.get(raw_name), _paused(raw_paused.get(raw_name))
+            last, runs = raw_lasts.get(raw_name), raw_runs.get(raw_name)
+            found.append(_definition(name, raw_spec, state, name_problem, paused, last, runs))
         return sorted(found, key=lambda d: d.name)
 
     def get_flow(self, name: str) -> Flow[CronDefinition | None]:
         name = validate_name(name)
         k = self._core.keys
-        raw_spec, raw_state, raw_paused, raw_last = yield from self._typed(
+        raw_spec, raw_state, raw_paused, raw_last, raw_runs = yield from self._typed(
             protocol.Batch(
                 (
                     protocol.command("HGET", k.cron, name),
                     protocol.command("HGET", k.cron_state, name),
                     protocol.command("HGET", k.cron_paused, name),
                     protocol.command("HGET", k.cron_last, name),
+                    protocol.command("HGET", k.cron_runs, name),
                 )
             )
         )
         if raw_spec is None:
             return None
-        paused = raw_paused is not None
-        return _definition(name, raw_spec, raw_state, paused=paused, raw_last=raw_last)
+        paused = _paused(raw_paused)
+        return _definition(name, raw_spec, raw_state, None, paused, raw_last, raw_runs)
 
     def pause_flow(self, name: str) -> Flow[bool]:
         name = validate_name(name)
@@ -394,12 +598,13 @@ class CronsCore:
         queue = self._core
         for _ in range(_CONTROL_TRIES):
             raw_spec, paused, now_ms = yield from self._control_read(name)
-            if not paused:
-                return False
             spec = self._usable(name, raw_spec)
-            next_ms = schedule_for(spec.expr, spec.tz).next_after(now_ms)
-            if next_ms > MAX_SLOT_MS:
+            if not paused and spec.pause_after is None:
+                return False
+            next_ms = spec.slots().next_after(now_ms)
+            if next_ms is not None and next_ms > MAX_SLOT_MS:
                 raise CronError(f"cron {name!r} has no slot before the year 10000 to resume at")
+            next_id = "" if next_ms is None else occurrence_id(name, next_ms)
             call = protocol.cron_control(
                 queue.keys,
                 queue.now_arg(),
@@ -407,8 +612,10 @@ class CronsCore:
                 name,
                 raw_spec,
                 next_ms=next_ms,
-                occurrence_id=occurrence_id(name, next_ms),
-                envelope=encode_envelope(spec.payload, queue.max_payload_bytes),
+                occurrence_id=next_id,
+                envelope=spec.envelope(queue.max_payload_bytes),
+                next_due_ms=None if next_ms is None else spec.due_ms(next_ms, next_id),
+                pause_after=spec.pause_after,
             )
             reply = yield from self._typed(call)
             if reply is not protocol.CronControl.CHANGED:
@@ -429,7 +636,7 @@ class CronsCore:
                 name,
                 raw_spec,
                 occurrence_id=task_id,
-                envelope=encode_envelope(spec.payload, queue.max_payload_bytes),
+                envelope=spec.envelope(queue.max_payload_bytes),
             )
             reply = yield from self._typed(call)
             if reply is protocol.CronControl.DONE:
@@ -518,13 +725,27 @@ class Crons:
     def add(
         self,
         name: str,
-        expr: str,
+        expr: str | None = None,
         *,
+        every: Duration | None = None,
+        offset: Duration | None = None,
         payload: Any = None,
         tz: str = "UTC",
         missed: MissedPolicy = "latest",
         max_missed: int = DEFAULT_MAX_MISSED,
         replace: bool = False,
+        overlap: Overlap = "allow_all",
+        start: datetime | None = None,
+        end: datetime | None = None,
+        limit: int | None = None,
+        jitter: Duration | None = None,
+        catchup_window: Duration | None = None,
+        pause_after_failures: int | None = None,
+        task: str | None = None,
+        priority: int = 0,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        max_attempts: int | None = None,
     ) -> AddResult:
         """Define a recurring task and schedule its next occurrence.
 
@@ -534,11 +755,35 @@ class Crons:
         run ``"all"`` (at most ``max_missed``).
         Adding the same definition again changes nothing (and restores its pending occurrence
         if that was cancelled); a different definition under the same name raises
-        CronConflict unless ``replace``. Bad input raises CronError or PayloadError and
-        writes nothing. Returns "added", "unchanged", "replaced" or "restored".
+        CronConflict unless ``replace`` (a replaced definition starts its counts anew). Bad
+        input raises CronError or PayloadError and writes nothing. Returns "added",
+        "unchanged", "replaced" or "restored".
+
+        Instead of ``expr``, ``every`` (whole seconds) fires at every multiple of the interval
+        since the Unix epoch plus ``offset``. The policies (docs/cron-policies.md), enforced
+        by the scripts for every process: ``overlap`` (what a slot does while the previous
+        occurrence still runs or retries: ``"allow_all"``, ``"skip"``, ``"buffer_one"``,
+        ``"cancel_other"``), ``start``/``end`` (no slot outside them), ``limit`` (that many
+        firings, then finished), ``jitter`` (a fixed per-slot delay in ``[0, jitter)``),
+        ``catchup_window`` (missed slots older than it never run), ``pause_after_failures``
+        (paused after that many consecutive dead occurrences). ``task``, ``priority``,
+        ``key``, ``timeout`` and ``max_attempts`` are the occurrences' task options.
         """
-        flow = self._flows.add_flow(name, expr, payload, tz, missed, max_missed, replace)
+        policies = Policies(
+            every, offset, overlap, start, end, limit, jitter, catchup_window,
+            pause_after_failures, task, priority, key, timeout, max_attempts,
+        )  # fmt: skip
+        flow = self._flows.add_flow(name, expr, payload, tz, missed, max_missed, replace, policies)
         return self._queue.drive(flow)
+
+    def backfill(self, name: str, *, start: datetime, end: datetime) -> int:
+        """Schedule the occurrences of ``name``'s slots in ``[start, end)``, due now (or at
+        their slot if later); returns how many were added.
+
+        Idempotent: a slot backfilled before, or whose occurrence exists, is not added again.
+        At most 1000 slots per call (CronError beyond). CronNotFound for an unknown name.
+        """
+        return self._queue.drive(self._flows.backfill_flow(name, start, end))
 
     def remove(self, name: str) -> bool:
         """Delete a definition and its pending occurrence; False if there was none.
@@ -601,17 +846,39 @@ class AsyncCrons:
     async def add(
         self,
         name: str,
-        expr: str,
+        expr: str | None = None,
         *,
+        every: Duration | None = None,
+        offset: Duration | None = None,
         payload: Any = None,
         tz: str = "UTC",
         missed: MissedPolicy = "latest",
         max_missed: int = DEFAULT_MAX_MISSED,
         replace: bool = False,
+        overlap: Overlap = "allow_all",
+        start: datetime | None = None,
+        end: datetime | None = None,
+        limit: int | None = None,
+        jitter: Duration | None = None,
+        catchup_window: Duration | None = None,
+        pause_after_failures: int | None = None,
+        task: str | None = None,
+        priority: int = 0,
+        key: str | None = None,
+        timeout: Duration | None = None,
+        max_attempts: int | None = None,
     ) -> AddResult:
         """As ``Crons.add``."""
-        flow = self._flows.add_flow(name, expr, payload, tz, missed, max_missed, replace)
+        policies = Policies(
+            every, offset, overlap, start, end, limit, jitter, catchup_window,
+            pause_after_failures, task, priority, key, timeout, max_attempts,
+        )  # fmt: skip
+        flow = self._flows.add_flow(name, expr, payload, tz, missed, max_missed, replace, policies)
         return await self._queue.drive(flow)
+
+    async def backfill(self, name: str, *, start: datetime, end: datetime) -> int:
+        """As ``Crons.backfill``."""
+        return await self._queue.drive(self._flows.backfill_flow(name, start, end))
 
     async def remove(self, name: str) -> bool:
         """As ``Crons.remove``."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
+from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
@@ -176,3 +177,77 @@ def parse_slot_label(label: str) -> int | None:
     except ValueError:
         return None
     return _ms(parsed)
+
+
+class EverySchedule:
+    """Fixed-interval slots: every multiple of ``every_ms`` since the Unix epoch, plus
+    ``offset_ms`` (``0 <= offset_ms < every_ms``). Every process computes the same slots, with
+    no stored start: ``every=5 min, offset=10 s`` fires at :00:10, :05:10, ... UTC."""
+
+    def __init__(self, every_ms: int, offset_ms: int = 0) -> None:
+        if every_ms < 1000 or every_ms % 1000:
+            raise CronError(
+                f"every must be a whole number of seconds, at least 1, got {every_ms} ms"
+            )
+        if not 0 <= offset_ms < every_ms or offset_ms % 1000:
+            raise CronError("offset must be whole seconds, at least 0 and shorter than every")
+        self.every_ms = every_ms
+        self.offset_ms = offset_ms
+
+    def next_after(self, ms: int) -> int:
+        """The first slot strictly after ``ms``."""
+        return ((ms - self.offset_ms) // self.every_ms + 1) * self.every_ms + self.offset_ms
+
+    def latest_at_or_before(self, ms: int) -> int:
+        """The last slot at or before ``ms``."""
+        return ((ms - self.offset_ms) // self.every_ms) * self.every_ms + self.offset_ms
+
+    def between(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
+        """Up to ``limit`` slots in ``(after_ms, until_ms]``, earliest first."""
+        found: list[int] = []
+        ms = self.next_after(after_ms)
+        while ms <= until_ms and len(found) < limit:
+            found.append(ms)
+            ms += self.every_ms
+        return found
+
+
+class Slots(Protocol):
+    """What the planners need of a schedule: a cron expression's or a fixed interval's."""
+
+    def next_after(self, ms: int) -> int: ...
+    def latest_at_or_before(self, ms: int) -> int: ...
+
+
+class Window:
+    """A schedule's slots limited to ``[start_ms, end_ms]`` (either end open when None):
+    ``next_after`` and ``latest_at_or_before`` return None where no slot of the window is."""
+
+    def __init__(self, inner: Slots, start_ms: int | None, end_ms: int | None) -> None:
+        self.inner = inner
+        self.start_ms = start_ms
+        self.end_ms = end_ms
+
+    def next_after(self, ms: int) -> int | None:
+        if self.start_ms is not None:
+            ms = max(ms, self.start_ms - 1)
+        found = self.inner.next_after(ms)
+        return None if self.end_ms is not None and found > self.end_ms else found
+
+    def latest_at_or_before(self, ms: int) -> int | None:
+        if self.end_ms is not None:
+            ms = min(ms, self.end_ms)
+        found = self.inner.latest_at_or_before(ms)
+        return None if self.start_ms is not None and found < self.start_ms else found
+
+    def between(self, after_ms: int, until_ms: int, limit: int) -> list[int]:
+        """Up to ``limit`` slots of the window in ``(after_ms, until_ms]``, earliest first."""
+        found: list[int] = []
+        ms = after_ms
+        while len(found) < limit:
+            following = self.next_after(ms)
+            if following is None or following > until_ms:
+                break
+            found.append(following)
+            ms = following
+        return found

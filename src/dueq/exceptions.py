@@ -17,7 +17,8 @@
     ├── TaskTimeout                              an attempt ran past process(timeout=...): retried
     ├── WaitTimeout      (also TimeoutError)     q.wait: the task did not end in time
     ├── UnknownTask      (also LookupError)     a named task no function is registered for: retried
-    └── Unrecoverable                            raised by a handler: skip retries, go to dead
+    ├── Unrecoverable                            raised by a handler: skip retries, go to dead
+    └── KeyCooldown                              raised by a handler: back later, its key held
 
 Redis's own errors (``redis.exceptions.ConnectionError``, ``TimeoutError``, ...) pass through
 unwrapped: they say nothing about the task, only about the connection, and callers usually
@@ -26,7 +27,9 @@ retry them with their own policy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from datetime import timedelta
 
 from redis.exceptions import ResponseError
 
@@ -38,6 +41,7 @@ __all__ = [
     "CronNotFound",
     "DueqError",
     "InvalidTaskError",
+    "KeyCooldown",
     "LeaseLost",
     "PayloadError",
     "ReplicationTimeout",
@@ -161,3 +165,30 @@ class UnknownTask(DueqError, LookupError):
 
 class Unrecoverable(DueqError):
     """Raise (or pass to ``Delivery.fail``) to send a task straight to the dead-letter queue."""
+
+
+#: Longest cooldown, seconds (366 days, as the scripts bound rate windows).
+MAX_COOLDOWN_S = 366 * 86_400
+
+
+class KeyCooldown(DueqError):
+    """Raise from a handler (or pass to ``Delivery.fail``; or call ``d.cooldown(seconds)``) when
+    the task's limit key must rest, such as a tenant's API answering 429: the task goes back to
+    due ``seconds`` from now with no attempt counted (like ``d.release(delay=seconds)``), and its
+    key (``schedule(..., key=)``) is held as long, so the key's other tasks wait (parked) while
+    other keys run. A task without a key only waits itself. On a sharded queue the key is held on
+    the task's own shard only (a key's tasks are spread over the shards by id)."""
+
+    def __init__(self, seconds: float | timedelta, message: str = "") -> None:
+        raw = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise ConfigurationError(
+                f"KeyCooldown seconds must be a number or a timedelta, got {seconds!r}"
+            )
+        if math.isnan(raw) or not 0 < raw <= MAX_COOLDOWN_S:
+            raise ConfigurationError(
+                f"KeyCooldown seconds must be above 0 and at most 366 days, got {seconds!r}"
+            )
+        super().__init__(message or f"cooling down for {raw:g} s")
+        #: how long the task and its key wait, seconds
+        self.seconds = float(raw)

@@ -39,6 +39,8 @@ KEY_TYPES = {
     "cron:state": "hash",
     "cron:paused": "hash",
     "cron:last": "hash",
+    "cron:runs": "hash",
+    "cron:filled": "zset",
     "stats": "hash",
     "done": "zset",
     "results": "hash",
@@ -82,6 +84,9 @@ class QueueKeys:
     ``cron_paused`` HASH name -> paused-at ms: the paused cron definitions (any value: paused)
     ``cron_last`` HASH name -> JSON: the outcome of each definition's last firing (see the Lua
                 prelude's cron_note)
+    ``cron_runs`` HASH name -> JSON: a definition's policy record (fired, skipped, finished, the
+                running occurrence; see the Lua prelude's cron_runs_read)
+    ``cron_filled`` ZSET (scores 0) "<name>\\0<slot ms>": the slots ``cron.backfill`` scheduled
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
     ``results`` HASH id -> finished record (``<JSON header>\n<envelope>``, see the Lua prelude's
                 results notes): acked and cancelled tasks, only while ``keep_results`` keeps them
@@ -125,6 +130,8 @@ class QueueKeys:
     key_wait: str
     history: str
     cron_last: str
+    cron_runs: str
+    cron_filled: str
     workers: str
     workers_info: str
     results: str
@@ -173,6 +180,8 @@ class QueueKeys:
             key_wait=base + "keys:wait",
             history=base + "history",
             cron_last=base + "cron:last",
+            cron_runs=base + "cron:runs",
+            cron_filled=base + "cron:filled",
             workers=base + "workers",
             workers_info=base + "workers:info",
             results=base + "results",

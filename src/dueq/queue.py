@@ -42,6 +42,7 @@ from .task import (
     Delivery,
     DueHistogram,
     HistoryPoint,
+    KeyLimit,
     Outcome,
     QueueSettings,
     QueueStats,
@@ -408,6 +409,8 @@ class Queue(QueueCore):
         rate: Rate | Literal[False] | None = None,
         key_rate: Rate | Literal[False] | None = None,
         key_concurrency: int | Literal[False] | None = None,
+        concurrency: int | Literal[False] | None = None,
+        key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
     ) -> QueueSettings:
         """Change the queue's settings, kept in Redis so that every producer and consumer
         obeys the same ones; returns them after the change. ``None`` leaves a setting alone.
@@ -421,7 +424,12 @@ class Queue(QueueCore):
         ``key_concurrency`` apply to each limit key (``schedule(..., key=)``) separately:
         claims of one key spaced ``per / n`` apart, and at most that many of its tasks leased
         at once (False removes them); a key at its limit steps aside, so other keys' tasks go
-        first. Consumers are woken, so a change applies at once.
+        first. ``concurrency``: at most that many
+        live leases of the whole queue across every consumer (a capped consumer sleeps until
+        a lease ends; False or 0 removes it). ``key_limits``: limits of named keys over the
+        key_rate / key_concurrency defaults, ``{key: dueq.KeyLimit(concurrency=, rate=)}``
+        (None for a key removes its override; keys not named are left alone; at most 1,000).
+        Consumers are woken, so a change applies at once.
         """
         return self.drive(
             self.configure_flow(
@@ -431,6 +439,8 @@ class Queue(QueueCore):
                 rate=rate,
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,
+                concurrency=concurrency,
+                key_limits=key_limits,
             )
         )
 

@@ -59,6 +59,7 @@ SCRIPT_NAMES = (
     "spark_commit",
     "spark_abort",
     "cron_control",
+    "cron_backfill",
     "list_tasks",
     "history",
     "heartbeat",
@@ -82,6 +83,7 @@ PRODUCER_SCRIPTS = frozenset(
         "configure",
         "spark_commit",
         "cron_control",
+        "cron_backfill",
     }
 )
 #: Scripts that settle a delivery: a replication shortfall is logged, not raised.

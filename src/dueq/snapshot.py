@@ -12,11 +12,14 @@ from .envelope import NO_OPTIONS, decode_named
 from .exceptions import PayloadError
 from .failures import parse_error_records, token_holder
 from .task import (
+    MAX_CONCURRENCY,
     MAX_KEEP_RESULTS_MS,
     MAX_KEY_CONCURRENCY,
+    MAX_KEY_LIMITS,
     MAX_RATE_N,
     MAX_RATE_PER_MS,
     MAX_REMEMBER_DONE_MS,
+    KeyLimit,
     QueueSettings,
     QueueStats,
     Rate,
@@ -153,6 +156,10 @@ REJECTED: Any = object()
 
 _WHOLE = re.compile(r"[0-9]{1,15}")
 _RATE = re.compile(r"([0-9]+)/([0-9]+)")
+_KEY_LIMIT = re.compile(r"([0-9]*)\|(.*)", re.DOTALL)
+
+#: The prefix of a config field holding one named key's limits ("key_limit:<key>").
+KEY_LIMIT_PREFIX = "key_limit:"
 
 
 def _whole(raw: str, low: int, high: int) -> int | None:
@@ -165,27 +172,57 @@ def _whole(raw: str, low: int, high: int) -> int | None:
 def setting_value(field: str, raw: str) -> Any:
     """A stored setting as the scripts read it (the Lua prelude's setting_parse, the same
     rules): paused -> bool, rate and key_rate -> (n, per_ms), key_concurrency and
-    remember_done_ms -> int; REJECTED for a value they refuse (they run as if it were unset).
-    A field without a rule comes back as it is."""
+    remember_done_ms and concurrency -> int, key_limit:<key> -> KeyLimit; REJECTED for a value
+    they refuse (they run as if it were unset). A field without a rule comes back as it is."""
     value: Any = None
     if field == "paused":
         if raw in ("0", "1"):
             return raw == "1"
     elif field in ("rate", "key_rate"):
-        parts = _RATE.fullmatch(raw)
-        if parts is not None:
-            n = _whole(parts[1], 1, MAX_RATE_N)
-            per_ms = _whole(parts[2], 1, MAX_RATE_PER_MS)
-            value = None if n is None or per_ms is None else (n, per_ms)
+        value = _rate_value(raw)
     elif field == "key_concurrency":
         value = _whole(raw, 1, MAX_KEY_CONCURRENCY)
     elif field == "remember_done_ms":
         value = _whole(raw, 0, MAX_REMEMBER_DONE_MS)
     elif field == "keep_results_ms":
         value = _whole(raw, 0, MAX_KEEP_RESULTS_MS)
+    elif field == "concurrency":
+        value = _whole(raw, 1, MAX_CONCURRENCY)
+    elif field == "key_limits":  # configure.lua's count of key_limit:<key> fields
+        value = _whole(raw, 0, MAX_KEY_LIMITS)
+    elif field.startswith(KEY_LIMIT_PREFIX):
+        value = _key_limit_value(raw)
     else:
         return raw
     return REJECTED if value is None else value
+
+
+def _rate_value(raw: str) -> tuple[int, int] | None:
+    parts = _RATE.fullmatch(raw)
+    if parts is None:
+        return None
+    n = _whole(parts[1], 1, MAX_RATE_N)
+    per_ms = _whole(parts[2], 1, MAX_RATE_PER_MS)
+    return None if n is None or per_ms is None else (n, per_ms)
+
+
+def _key_limit_value(raw: str) -> KeyLimit | None:
+    """A key_limit:<key> value "<concurrency>|<n>/<per_ms>" (either part empty, not both)."""
+    parts = _KEY_LIMIT.fullmatch(raw)
+    if parts is None or (not parts[1] and not parts[2]):
+        return None
+    concurrency = _whole(parts[1], 1, MAX_KEY_CONCURRENCY) if parts[1] else None
+    rate = _rate_value(parts[2]) if parts[2] else None
+    if (parts[1] and concurrency is None) or (parts[2] and rate is None):
+        return None
+    return KeyLimit(concurrency=concurrency, rate=_rate(rate))
+
+
+def key_limit_text(limit: KeyLimit) -> str:
+    """The stored form of a KeyLimit (the config field key_limit:<key>)."""
+    concurrency = "" if limit.concurrency is None else str(limit.concurrency)
+    rate = "" if limit.rate is None else f"{limit.rate.n}/{limit.rate.per_ms}"
+    return f"{concurrency}|{rate}"
 
 
 def settings_from_reply(reply: list[Any]) -> QueueSettings:
@@ -195,20 +232,21 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
     raw = {text(reply[i]): _setting_text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
     values: dict[str, Any] = {}
     rejected: dict[str, str] = {}
-    for name in (
-        "paused",
-        "rate",
-        "key_rate",
-        "key_concurrency",
-        "remember_done_ms",
-        "keep_results_ms",
-    ):
+    names = ["paused", "rate", "key_rate", "key_concurrency", "remember_done_ms", "concurrency"]
+    names += ["keep_results_ms"]
+    names += sorted(name for name in raw if name.startswith(KEY_LIMIT_PREFIX))
+    for name in names:
         if name in raw:
             value = setting_value(name, raw[name])
             if value is REJECTED:
                 rejected[name] = raw[name]
             else:
                 values[name] = value
+    key_limits = {
+        name[len(KEY_LIMIT_PREFIX) :]: value
+        for name, value in values.items()
+        if name.startswith(KEY_LIMIT_PREFIX)
+    }
     done_ms = values.get("remember_done_ms", 0)
     keep_ms = values.get("keep_results_ms", 0)
     return QueueSettings(
@@ -218,6 +256,8 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
         rate=_rate(values.get("rate")),
         key_rate=_rate(values.get("key_rate")),
         key_concurrency=values.get("key_concurrency"),
+        concurrency=values.get("concurrency"),
+        key_limits=key_limits,
         rejected=rejected,
     )
 

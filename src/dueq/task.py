@@ -18,7 +18,7 @@ from .envelope import (
     validate_priority,
     validate_task_attempts,
 )
-from .exceptions import ConfigurationError, InvalidTaskError
+from .exceptions import ConfigurationError, InvalidTaskError, KeyCooldown
 
 if TYPE_CHECKING:
     from ._async import AsyncQueue
@@ -269,6 +269,38 @@ MAX_KEY_CONCURRENCY = 1_000_000
 MAX_REMEMBER_DONE_MS = 366 * 86_400_000
 #: Longest keep_results retention, ms (366 days).
 MAX_KEEP_RESULTS_MS = 366 * 86_400_000
+#: The largest concurrency setting (live leases of the whole queue).
+MAX_CONCURRENCY = 1_000_000
+#: Most per-key limit overrides a queue keeps (``configure(key_limits=...)``).
+MAX_KEY_LIMITS = 1000
+#: Longest key cooldown, ms (366 days): ``raise KeyCooldown(seconds)``, ``d.cooldown``.
+MAX_COOLDOWN_MS = 366 * 86_400_000
+
+
+@dataclass(frozen=True)
+class KeyLimit:
+    """The limits of one named limit key, overriding the queue's ``key_concurrency`` and
+    ``key_rate`` for it (``q.configure(key_limits={"tenant:big": dueq.KeyLimit(...)})``): a
+    field left None falls back to the queue-wide default."""
+
+    #: most of the key's tasks leased at once, across every consumer
+    concurrency: int | None = None
+    #: claims of the key spaced ``per / n`` apart
+    rate: Rate | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency is None and self.rate is None:
+            raise ConfigurationError("a KeyLimit needs concurrency=, rate= or both")
+        if self.concurrency is not None:
+            whole_number(self.concurrency, "KeyLimit concurrency", low=1, high=MAX_KEY_CONCURRENCY)
+        if self.rate is not None and not isinstance(self.rate, Rate):
+            raise ConfigurationError(f"KeyLimit rate must be a dueq.Rate, got {self.rate!r}")
+
+    def __str__(self) -> str:
+        parts = [] if self.concurrency is None else [f"concurrency {self.concurrency}"]
+        if self.rate is not None:
+            parts.append(f"rate {self.rate}")
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -288,6 +320,10 @@ class QueueSettings:
     key_rate: Rate | None = None
     #: per limit key: most of its tasks leased at once, across every consumer
     key_concurrency: int | None = None
+    #: most live leases of the whole queue, across every consumer, or None for no cap
+    concurrency: int | None = None
+    #: limits of named keys, overriding key_concurrency / key_rate for them (key -> KeyLimit)
+    key_limits: dict[str, KeyLimit] = field(default_factory=dict, hash=False)
     #: stored values the scripts refuse (hand-edited, or written by another tool), setting ->
     #: the raw value: the queue runs as if those settings were unset (Redis logs each once)
     rejected: dict[str, str] = field(default_factory=dict, hash=False)
@@ -507,6 +543,11 @@ class Delivery(DeliveryBase):
         """Give the task back, due after ``delay``, without counting this delivery."""
         return self._queue.release(self, delay=delay)
 
+    def cooldown(self, seconds: float | timedelta) -> Outcome:
+        """Give the task back, due after ``seconds``, without counting this delivery, and hold
+        its limit key as long (see ``dueq.KeyCooldown``): the outcome is ``released``."""
+        return self._queue.fail(self, KeyCooldown(seconds))
+
 
 class AsyncDelivery(DeliveryBase):
     """A task leased to this consumer by an ``AsyncQueue``: ``await`` its ``ack``, ``fail``,
@@ -539,3 +580,7 @@ class AsyncDelivery(DeliveryBase):
     async def release(self, delay: Duration = 0) -> Outcome:
         """Give the task back, due after ``delay``, without counting this delivery."""
         return await self._queue.release(self, delay=delay)
+
+    async def cooldown(self, seconds: float | timedelta) -> Outcome:
+        """As ``Delivery.cooldown``."""
+        return await self._queue.fail(self, KeyCooldown(seconds))

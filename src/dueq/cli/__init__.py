@@ -57,6 +57,7 @@ SUMMARIES = {
     "cron remove": "Delete cron definitions and their pending occurrences.",
     "cron resume": "Schedule NAME again from its next slot after now.",
     "cron run-now": "Schedule one extra occurrence of NAME, due now.",
+    "cron backfill": "Schedule the slots of NAME in [--start, --end), once each.",
     "worker": "Run HANDLER on the tasks of QUEUE until stopped.",
     "workers": "Show the live worker processes of queues.",
     "stats": "Count scheduled, due, leased and dead tasks per queue.",

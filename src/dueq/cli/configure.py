@@ -17,7 +17,7 @@ import click
 from ..discovery import open_queue
 from ..exceptions import ConfigurationError
 from ..queue import Queue
-from ..task import QueueSettings, Rate
+from ..task import KeyLimit, QueueSettings, Rate
 from .connection import RedisTarget, redis_options, require_queue
 from .output import console, safe, seconds
 
@@ -31,8 +31,11 @@ def _show(queue: str, settings: QueueSettings) -> None:
         f"key_rate {settings.key_rate or 'off'}; "
         f"key_concurrency {settings.key_concurrency or 'off'}; "
         f"remember_done {seconds(done.total_seconds()) if done else 'off'}; "
-        f"keep_results {seconds(kept.total_seconds()) if kept else 'off'}"
+        f"keep_results {seconds(kept.total_seconds()) if kept else 'off'}; "
+        f"concurrency {settings.concurrency or 'off'}"
     )
+    for key, limit in settings.key_limits.items():
+        console().print(f"  key {safe(repr(key))}: {limit}")
     for name, raw in settings.rejected.items():  # stored by hand or another tool: not obeyed
         console().print(
             f"  {name}: stored value {safe(repr(raw))} is not one dueq can use; it is ignored "
@@ -55,17 +58,51 @@ def _rate(text: str | None, hint: str = "--rate") -> Rate | Literal[False] | Non
         ) from None
 
 
-def _concurrency(text: str | None) -> int | Literal[False] | None:
-    """``--key-concurrency N`` or ``off``; None when not given."""
+def _concurrency(text: str | None, hint: str = "--key-concurrency") -> int | Literal[False] | None:
+    """``--key-concurrency N`` (or ``--concurrency``) or ``off``; None when not given."""
     if text is None:
         return None
     if text == "off":
         return False
     if not text.isdigit() or int(text) < 1:
-        raise click.BadParameter(
-            f"{text!r} is not a whole number >= 1 or off", param_hint="--key-concurrency"
-        )
+        raise click.BadParameter(f"{text!r} is not a whole number >= 1 or off", param_hint=hint)
     return int(text)
+
+
+def _key_limits(texts: tuple[str, ...]) -> dict[str, KeyLimit | None] | None:
+    """``--key-limit KEY=concurrency:5,rate:50/1`` (either part, or both) or ``KEY=off``,
+    repeatable; None when not given."""
+    if not texts:
+        return None
+    out: dict[str, KeyLimit | None] = {}
+    for text in texts:
+        key, sep, spec = text.rpartition("=")
+        if not sep or not key:
+            raise click.BadParameter(
+                f"{text!r} is not KEY=concurrency:N,rate:N/SECONDS or KEY=off",
+                param_hint="--key-limit",
+            )
+        if spec == "off":
+            out[key] = None
+            continue
+        parts: dict[str, str] = {}
+        for item in spec.split(","):
+            name, colon, value = item.partition(":")
+            if not colon or name not in ("concurrency", "rate") or name in parts:
+                raise click.BadParameter(
+                    f"{text!r}: {item!r} is not concurrency:N or rate:N/SECONDS",
+                    param_hint="--key-limit",
+                )
+            parts[name] = value
+        concurrency = _concurrency(parts.get("concurrency"), "--key-limit")
+        rate = _rate(parts.get("rate"), "--key-limit")
+        try:
+            out[key] = KeyLimit(
+                concurrency=concurrency or None, rate=rate if isinstance(rate, Rate) else None
+            )
+        except ConfigurationError as exc:
+            raise click.BadParameter(f"{text!r}: {exc}", param_hint="--key-limit") from None
+    return out
 
 
 def create_option(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -138,6 +175,20 @@ def resume(queue: str, create: bool, target: RedisTarget) -> None:
     help="For each limit key separately: at most N of its tasks taken at once by all workers; "
     "off removes the limit.",
 )
+@click.option(
+    "--concurrency",
+    metavar="N|off",
+    help="At most N tasks of QUEUE taken at once by all workers together (live leases); "
+    "off removes the cap.",
+)
+@click.option(
+    "--key-limit",
+    "key_limit_texts",
+    metavar="KEY=concurrency:N,rate:N/SECONDS|KEY=off",
+    multiple=True,
+    help="Limits of one named key over --key-concurrency/--key-rate (either part, or both; "
+    "repeatable); KEY=off removes them. At most 1,000 keys.",
+)
 @click.option("--paused/--running", default=None, help="Pause or resume QUEUE.")
 @create_option
 @redis_options
@@ -148,6 +199,8 @@ def configure(
     rate: str | None,
     key_rate: str | None,
     key_concurrency: str | None,
+    concurrency: str | None,
+    key_limit_texts: tuple[str, ...],
     paused: bool | None,
     create: bool,
     target: RedisTarget,
@@ -156,8 +209,10 @@ def configure(
     limit = _rate(rate)  # usage errors before connecting
     key_limit = _rate(key_rate, "--key-rate")
     per_key = _concurrency(key_concurrency)
+    cap = _concurrency(concurrency, "--concurrency")
+    key_limits = _key_limits(key_limit_texts)
     q = _existing(target, queue, create)
-    changes = (remember_done, keep_results, paused, limit, key_limit, per_key)
+    changes = (remember_done, keep_results, paused, limit, key_limit, per_key, cap, key_limits)
     if all(change is None for change in changes):
         _show(queue, q.settings())
         return
@@ -168,5 +223,7 @@ def configure(
         rate=limit,
         key_rate=key_limit,
         key_concurrency=per_key,
+        concurrency=cap,
+        key_limits=key_limits,
     )
     _show(queue, settings)

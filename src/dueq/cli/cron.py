@@ -16,7 +16,7 @@ from ..cron import DEFAULT_MAX_MISSED, MAX_MISSED_LIMIT, CronDefinition, MissedP
 from ..exceptions import CronConflict
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
-from .jsonout import emit, json_option
+from .jsonout import emit, iso, json_option
 from .output import console, safe, seconds, titled_table, when
 from .task_input import parse_json
 
@@ -50,10 +50,104 @@ def cron() -> None:
     """Recurring tasks, kept in Redis; every worker of the queue keeps them going."""
 
 
+def _instant(_ctx: click.Context, _param: click.Parameter, value: str | None) -> datetime | None:
+    """An ISO 8601 time with its offset (``2026-05-01T03:00:00+02:00``), or None."""
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an ISO 8601 time") from None
+    if parsed.tzinfo is None:
+        raise click.BadParameter(f"{value!r} has no time zone offset (add Z or +02:00)")
+    return parsed
+
+
+def _span(d: Any) -> str:
+    return "-" if d is None else seconds(d.total_seconds())
+
+
+def _policies(d: CronDefinition) -> str:
+    """The policies of a definition, shortest first, for the table (``-`` for none)."""
+    parts = []
+    if d.overlap != "allow_all":
+        parts.append(f"overlap {d.overlap}")
+    if d.start or d.end:
+        parts.append(f"window {iso(d.start) or '…'} to {iso(d.end) or '…'}")
+    if d.limit is not None:
+        parts.append(f"limit {d.fired}/{d.limit}")
+    if d.jitter is not None:
+        parts.append(f"jitter {_span(d.jitter)}")
+    if d.catchup_window is not None:
+        parts.append(f"catch-up {_span(d.catchup_window)}")
+    if d.pause_after_failures is not None:
+        parts.append(f"failures {d.failures}/{d.pause_after_failures}")
+    if d.skipped:
+        parts.append(f"skipped {d.skipped}")
+    if d.task is not None:
+        parts.append(f"task {safe(d.task)}")
+    return ", ".join(parts) or "-"
+
+
+def _next(d: CronDefinition, now: datetime) -> str:
+    if d.paused:
+        return "paused" if d.paused_reason in (None, "paused") else f"paused ({d.paused_reason})"
+    if d.finished:
+        return f"finished ({d.finished})"
+    return when(d.next_at, now)
+
+
 @cron.command("add")
 @click.argument("queue")
 @click.argument("name")
-@click.argument("expr")
+@click.argument("expr", required=False)
+@click.option(
+    "--every",
+    type=click.FloatRange(min=1),
+    metavar="SECONDS",
+    help="Fire every SECONDS (whole) since the Unix epoch instead of EXPR.",
+)
+@click.option(
+    "--offset",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="With --every: slots at the multiples plus SECONDS.",
+)
+@click.option(
+    "--overlap",
+    type=click.Choice(["allow_all", "skip", "buffer_one", "cancel_other"]),
+    default="allow_all",
+    show_default=True,
+    help="What a slot does while the previous occurrence still runs or retries.",
+)
+@click.option("--start", callback=_instant, metavar="ISO", help="No slot before this time.")
+@click.option("--end", callback=_instant, metavar="ISO", help="No slot after this time.")
+@click.option("--limit", type=click.IntRange(min=1), help="Fire this many times, then finish.")
+@click.option(
+    "--jitter",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Delay each slot by a fixed per-slot offset below SECONDS.",
+)
+@click.option(
+    "--catchup-window",
+    type=click.FloatRange(min=1),
+    metavar="SECONDS",
+    help="Missed slots older than SECONDS never run.",
+)
+@click.option(
+    "--pause-after-failures",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Pause after N consecutive dead occurrences.",
+)
+@click.option("--task", "task_name", metavar="NAME", help="Occurrences call this named task.")
+@click.option("--priority", type=click.IntRange(0, 9), default=0, show_default=True)
+@click.option("--key", metavar="KEY", help="The occurrences' limit key.")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0.001), metavar="SECONDS", help="Each attempt's timeout."
+)
+@click.option("--max-attempts", type=click.IntRange(min=1), help="Attempts per occurrence.")
 @click.option(
     "--payload",
     default="null",
@@ -88,8 +182,9 @@ def add_cron(
     max_missed: int,
     replace: bool,
     target: RedisTarget,
+    **policies: Any,
 ) -> None:
-    """Define NAME in QUEUE to run at EXPR, and schedule its next occurrence.
+    """Define NAME in QUEUE to run at EXPR (or --every), and schedule its next occurrence.
 
     EXPR is 5-field cron, 6 fields with seconds first, or @hourly, @daily, @weekly, @monthly,
     @yearly; quote it:
@@ -97,9 +192,14 @@ def add_cron(
     \b
         dueq cron add reports nightly "30 2 * * *" --tz Europe/Berlin
 
+    \b
+        dueq cron add jobs poll --every 300 --offset 10 --overlap skip
+
     Adding the same definition again changes nothing; a different one needs --replace.
+    The policies are described in docs/cron-policies.md.
     """
     q = discovery.open_queue(target.open().client, queue)
+    policies["task"] = policies.pop("task_name")
     try:
         result = q.cron.add(
             name,
@@ -109,6 +209,7 @@ def add_cron(
             missed=missed,
             max_missed=max_missed,
             replace=replace,
+            **policies,
         )
     except CronConflict:
         raise CliError(
@@ -132,8 +233,11 @@ def _cli_words(problem: str) -> str:
 def list_cron(queue: str, as_json: bool, target: RedisTarget) -> None:
     """List the cron definitions of QUEUE, with next and last fired slots.
 
-    A paused definition shows "paused" as its next slot. "last outcome" is what became of its
-    last firing: acked, retrying or dead (with the error type), and how long ago.
+    A paused definition shows "paused" as its next slot (with the reason when
+    --pause-after-failures paused it), a finished one "finished (limit)" or "finished (end)".
+    "last outcome" is what became of its last firing: acked, retrying, dead (with the error
+    type) or cancelled, and how long ago. "policies" shows overlap, window, limit (fired/limit),
+    jitter, catch-up window, failures (consecutive dead/pause after) and skipped slots.
 
     Definitions whose data in Redis cannot be read are listed too, each problem below.
     --json prints {"queue", "definitions": [...]}, each with every field ("problem" null
@@ -149,18 +253,32 @@ def list_cron(queue: str, as_json: bool, target: RedisTarget) -> None:
         out.print(f"no cron definitions in {queue!r}")
         return
     now = datetime.now(timezone.utc)
-    columns = ("name", "expr", "tz", "missed", "next", "last fired", "last outcome", "payload")
+    columns = (
+        "name",
+        "expr",
+        "tz",
+        "missed",
+        "next",
+        "last fired",
+        "last outcome",
+        "policies",
+        "payload",
+    )
     table = titled_table(f"cron definitions of {queue!r}", columns)
     for d in definitions:
         missed = f"all (max {d.max_missed})" if d.missed == "all" else d.missed
+        expr = d.expr
+        if d.every is not None:
+            expr = f"every {_span(d.every)}" + (f" +{_span(d.offset)}" if d.offset else "")
         table.add_row(
             safe(d.name),
-            safe(d.expr),
+            safe(expr),
             safe(d.tz),
             missed,
-            "paused" if d.paused else when(d.next_at, now),
+            _next(d, now),
             when(d.last_fired_at, now),
             _outcome(d, now),
+            _policies(d),
             _short(d.payload),
         )
     out.print(table)
@@ -170,6 +288,24 @@ def list_cron(queue: str, as_json: bool, target: RedisTarget) -> None:
             out.print(
                 f"cron {safe(repr(d.name))} cannot be kept going: {safe(problem)}", style="red"
             )
+
+
+@cron.command("backfill")
+@click.argument("queue")
+@click.argument("name")
+@click.option("--start", callback=_instant, required=True, metavar="ISO", help="First instant.")
+@click.option("--end", callback=_instant, required=True, metavar="ISO", help="End (excluded).")
+@redis_options
+def backfill_cron(
+    queue: str, name: str, start: datetime, end: datetime, target: RedisTarget
+) -> None:
+    """Schedule NAME's slots in [--start, --end) of QUEUE, due now; prints how many.
+
+    Running it again adds nothing: a slot backfilled once is never backfilled again. At most
+    1000 slots per call.
+    """
+    added = open_queue(target, queue).cron.backfill(name, start=start, end=end)
+    click.echo(f"backfilled {added} occurrence(s) of cron {name!r} in {queue!r}")
 
 
 @cron.command("remove")

@@ -55,7 +55,13 @@ def stats_table(conn: Connection, names: list[str]) -> Group:
     for name, s in rows:
         table.add_row(
             safe(name) + (" (paused)" if s.paused else ""),
-            *(str(n) for n in (s.scheduled, s.due_now, s.leased, s.dead)),
+            str(s.scheduled),
+            str(s.due_now),
+            # against the concurrency cap, when the queue has one
+            str(s.leased)
+            if s.settings.concurrency is None
+            else f"{s.leased}/{s.settings.concurrency}",
+            str(s.dead),
             *(str(s.counters.get(c, 0)) for c in COUNTERS),
             when(s.next_due_at, s.now),
             seconds(s.oldest_due_lag_s) if s.due_now else "-",

@@ -229,6 +229,13 @@ local function meta_unlease(k_meta, id, attempt_delta)
   return a
 end
 
+-- Whether the queue holds at least `cap` live leases (deadline after now). ack, fail and
+-- release ask before they end a lease, and wake consumers when it does: a consumer whose claim
+-- found the queue at its concurrency cap sleeps until then (see claim.lua).
+local function at_cap(k_leased, cap, now)
+  return redis.call('ZCARD', k_leased) - redis.call('ZCOUNT', k_leased, '-inf', now) >= cap
+end
+
 -- A lease is held when the token matches and its deadline is still in the future.
 local function lease_held(k_leased, k_meta, id, token, now)
   local deadline = redis.call('ZSCORE', k_leased, id)
@@ -246,6 +253,11 @@ end
 --   key_concurrency   1..SETTING_MAX_KEY_CONCURRENCY
 --   remember_done_ms  0..SETTING_MAX_WINDOW_MS
 --   keep_results_ms   0..SETTING_MAX_WINDOW_MS
+--   concurrency       1..SETTING_MAX_CONCURRENCY: most live leases of the queue (claim.lua)
+--   key_limit:<key>   "<concurrency>|<n>/<per_ms>", either part empty (not both): the limits
+--                     of one named key, over key_concurrency / key_rate (claim.lua)
+--   key_limits        0..SETTING_MAX_KEY_LIMITS: how many key_limit:<key> settings there are,
+--                     kept by configure.lua; claim.lua reads key_limit:<key> only when > 0
 -- Numbers are ASCII digits only, at most 15 of them (exact as Lua numbers). Any other value
 -- is refused: the script runs as if the setting were unset, and Redis logs the refused value
 -- once (the stats field "rejected:<field>" remembers the last one logged; configure.lua drops
@@ -254,6 +266,8 @@ local SETTING_MAX_RATE_N = 1000000
 local SETTING_MAX_PER_MS = 31622400000  -- 366 days
 local SETTING_MAX_KEY_CONCURRENCY = 1000000
 local SETTING_MAX_WINDOW_MS = 31622400000  -- 366 days
+local SETTING_MAX_CONCURRENCY = 1000000
+local SETTING_MAX_KEY_LIMITS = 1000  -- most key_limit:<key> settings (configure.lua)
 local SETTING_SHOWN = 100  -- bytes of a refused value logged and remembered
 
 local function setting_whole(s, low, high)
@@ -277,6 +291,26 @@ local function setting_parse(field, raw)
     v = setting_whole(raw, 1, SETTING_MAX_KEY_CONCURRENCY)
   elseif field == 'remember_done_ms' or field == 'keep_results_ms' then
     v = setting_whole(raw, 0, SETTING_MAX_WINDOW_MS)
+  elseif field == 'concurrency' then
+    v = setting_whole(raw, 1, SETTING_MAX_CONCURRENCY)
+  elseif field == 'key_limits' then
+    v = setting_whole(raw, 0, SETTING_MAX_KEY_LIMITS)
+  elseif string.sub(field, 1, 10) == 'key_limit:' then
+    -- {concurrency or false, {n, per_ms} or false}
+    local c, r = string.match(raw, '^(%d*)|(.*)$')
+    if c then
+      local conc, rate, ok = false, false, true
+      if c ~= '' then
+        conc = setting_whole(c, 1, SETTING_MAX_KEY_CONCURRENCY)
+        ok = conc ~= nil
+      end
+      if r ~= '' then
+        local n, per = string.match(r, '^(%d+)/(%d+)$')
+        n, per = setting_whole(n, 1, SETTING_MAX_RATE_N), setting_whole(per, 1, SETTING_MAX_PER_MS)
+        if n and per then rate = {n, per} else ok = false end
+      end
+      if ok and (conc or rate) then v = {conc, rate} end
+    end
   else
     return raw, true
   end
@@ -474,8 +508,10 @@ local function upper_levels_used(levels)
 end
 
 -- The earliest score over every priority level (only level 0 when `base_only`), or nil when
--- all are empty.
+-- all are empty. Without `base_only`, one EXISTS tells whether the upper levels need reading
+-- (a queue without priorities pays two commands, not ten).
 local function levels_head(levels, base_only)
+  if base_only == nil then base_only = not upper_levels_used(levels) end
   local best = nil
   for p = 0, base_only and 0 or 9 do
     local h = head_score(levels[p])
@@ -644,13 +680,43 @@ local function cron_state_read(v, name)
   return head, last, id
 end
 
--- Withdraw a cron definition's pending occurrence if it is still waiting in due (one already
--- leased or retrying runs out); it counts as cancelled.
-local function cron_withdraw(k_due, k_tasks, k_meta, k_errors, k_stats, id)
-  if id and id ~= '' and redis.call('ZREM', k_due, id) == 1 then
+-- Withdraw a cron definition's pending occurrence if it is still waiting in the due ZSET of
+-- its priority (levels: due_levels; one already leased or retrying runs out); it counts as
+-- cancelled.
+local function cron_withdraw(levels, k_tasks, k_meta, k_errors, k_stats, id)
+  if not id or id == '' then return end
+  local envelope = redis.call('HGET', k_tasks, id)
+  local k_level = envelope and level_key(levels, envelope)
+  if k_level and redis.call('ZREM', k_level, id) == 1 then
     forget(k_tasks, k_meta, k_errors, id)
     stat_incr(k_stats, 'cancelled', 1)
   end
+end
+
+-- Cron runs records: the cron_runs HASH (keys.py) holds, per definition with policies, JSON
+-- {"fired": occurrences started, "skipped": slots skipped by overlap, "finished": "limit" or
+-- "end" once it fires no more, "run": id of the latest started occurrence, "buffered": id of
+-- the occurrence waiting for it (overlap "buffer_one")}. Written by the cron scripts only; an
+-- unreadable value reads as a new record.
+local function cron_runs_read(k_runs, name)
+  local ok, t = pcall(cjson.decode, redis.call('HGET', k_runs, name) or '{}')
+  if not ok or type(t) ~= 'table' then t = {} end
+  local r = {}
+  for _, f in ipairs({'fired', 'skipped'}) do
+    r[f] = type(t[f]) == 'number' and t[f] >= 0 and math.floor(t[f]) or 0
+  end
+  for _, f in ipairs({'finished', 'run', 'buffered'}) do
+    r[f] = type(t[f]) == 'string' and t[f] or nil
+  end
+  return r
+end
+
+local function cron_runs_write(k_runs, name, r)
+  local parts = {'"fired":' .. ms(r.fired), '"skipped":' .. ms(r.skipped)}
+  for _, f in ipairs({'finished', 'run', 'buffered'}) do
+    if r[f] then parts[#parts + 1] = '"' .. f .. '":' .. cjson.encode(r[f]) end
+  end
+  redis.call('HSET', k_runs, name, '{' .. table.concat(parts, ',') .. '}')
 end
 
 -- Cron last outcomes: the cron_last HASH (keys.py) holds, per definition name, the outcome of
@@ -672,18 +738,26 @@ local function cron_occurrence(id)
   return string.match(id, '^cron:(.+):now:' .. CRON_LABEL .. ':' .. CRON_HEX8 .. '$')
 end
 
+-- "failures" counts consecutive dead occurrences in the order they end (an ack resets it), for
+-- the definition's pause_after_failures (cron_advance pauses it); "cancelled" is written by
+-- cron_advance for an occurrence that overlap "cancel_other" cancelled.
 local function cron_note(k_cron, k_last, id, outcome, now, error_type)
   local name, label = cron_occurrence(id)
   if not name or redis.call('HEXISTS', k_cron, name) == 0 then return end
   local ok, old = pcall(cjson.decode, redis.call('HGET', k_last, name) or 'null')
   local ok_at = outcome == 'acked' and now or nil
+  local failures = 0
+  if outcome ~= 'acked' and ok and type(old) == 'table' and type(old.failures) == 'number' then
+    failures = math.min(math.max(math.floor(old.failures), 0), 1000000)
+  end
+  if outcome == 'dead' then failures = failures + 1 end
   if ok and type(old) == 'table' and type(old.id) == 'string' and type(old.at) == 'number'
       and type(old.outcome) == 'string' then
     local old_ok = type(old.ok_at) == 'number' and clamp_ms(old.ok_at) or nil
     if old_ok and (not ok_at or old_ok > ok_at) then ok_at = old_ok end
     local _, old_label = cron_occurrence(old.id)
     if old_label and old_label > label then  -- a later firing's outcome stays
-      if outcome ~= 'acked' then return end
+      if outcome ~= 'acked' and outcome ~= 'dead' then return end
       id, outcome, now, error_type = old.id, old.outcome, clamp_ms(old.at), old.error_type
     end
   end
@@ -691,7 +765,15 @@ local function cron_note(k_cron, k_last, id, outcome, now, error_type)
   redis.call('HSET', k_last, name, '{"id":' .. cjson.encode(id) .. ',"outcome":' ..
     cjson.encode(outcome) .. ',"at":' .. ms(now) .. ',"error_type":' ..
     (error_type and cjson.encode(string.sub(error_type, 1, 200)) or 'null') ..
-    ',"ok_at":' .. (ok_at and ms(ok_at) or 'null') .. '}')
+    ',"ok_at":' .. (ok_at and ms(ok_at) or 'null') ..
+    (failures > 0 and ',"failures":' .. ms(failures) or '') .. '}')
+end
+
+-- Consecutive dead occurrences of a definition (cron_note's "failures"), 0 when unknown.
+local function cron_failures(k_last, name)
+  local ok, t = pcall(cjson.decode, redis.call('HGET', k_last, name) or '{}')
+  if ok and type(t) == 'table' and type(t.failures) == 'number' then return t.failures end
+  return 0
 end
 
 -- Per-key limits. A task scheduled with key= counts against its key's limits (the queue's
@@ -849,6 +931,16 @@ local function keys_release(k_state, k_wait, keys, now)
   if n_drop > 0 then call_chunked('HDEL', k_state, drop) end
   if n_ready > 0 then zadd_chunked(k_wait, 'LT', ready) end
   return n_ready > 0
+end
+
+-- Hold a key until `until_ms` (a handler's KeyCooldown, release.lua): its rate mark moves there
+-- (claim.lua parks the key's due tasks while its mark lies ahead, whatever its limits), and its
+-- parked tasks wait until then.
+local function key_hold(k_state, k_wait, key, until_ms, now)
+  local leased, mark, parked = key_state_parse(redis.call('HGET', k_state, key))
+  if until_ms > mark then mark = until_ms end
+  key_state_write(k_state, {[key] = key_state_value(leased, mark, parked, now) or false})
+  if parked > 0 then redis.call('ZADD', k_wait, mark, key) end
 end
 
 -- keys_release for one lease of `key`.

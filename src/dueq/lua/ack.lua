@@ -6,11 +6,13 @@
 -- KEYS[4] errors   HASH id -> JSON list of error records
 -- KEYS[5] stats    HASH counter -> int
 -- KEYS[6] done     ZSET id -> acked-at ms (written only when the remember-done window > 0)
--- KEYS[7] config   HASH setting -> value (remember_done_ms: see the prelude's settings)
+-- KEYS[7] config   HASH setting -> value (remember_done_ms, concurrency, keep_results_ms: see
+--                  the prelude's settings)
 -- KEYS[8] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
 -- KEYS[9] key_state HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[10] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[11] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot
+-- KEYS[11] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot, or
+--                  a lease ends while the queue is at its concurrency cap
 -- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
 -- KEYS[13] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
 -- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
@@ -35,9 +37,12 @@
 local TRIM_DONE = 1000
 local now = dueq_now(ARGV[1])
 history_use(KEYS[12], ARGV[1])
-local config = settings_read(KEYS[7], KEYS[5], 'remember_done_ms', 'keep_results_ms')
-local window = config.remember_done_ms or tonumber(ARGV[2])  -- (as done_window reads it)
-local keep_ms = config.keep_results_ms or 0
+-- done_window's rule (the queue's remember_done_ms, else ARGV[2]), in the same HMGET as the cap
+-- and keep_results_ms
+local settings = settings_read(KEYS[7], KEYS[5], 'remember_done_ms', 'concurrency',
+  'keep_results_ms')
+local window = settings.remember_done_ms or tonumber(ARGV[2])
+local keep_ms = settings.keep_results_ms or 0
 local ids, tokens, positions = leases_unpack(ARGV[3])
 if #ids == 0 then return {0, '', keep_ms} end
 local done, verdicts, keys = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
@@ -76,6 +81,10 @@ if #done > 0 and keep_ms > 0 then
 end
 if #done > 0 then
   if #keys > 0 and keys_release(KEYS[9], KEYS[10], keys, now) then
+    publish_wake(KEYS[11], ms(now))
+  end
+  -- the concurrency cap: a consumer may be sleeping capped; tell it leases end
+  if settings.concurrency and at_cap(KEYS[1], settings.concurrency, now) then
     publish_wake(KEYS[11], ms(now))
   end
   call_chunked('ZREM', KEYS[1], done)

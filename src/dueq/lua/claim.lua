@@ -8,8 +8,9 @@
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
--- KEYS[8] config   HASH setting -> value (paused, rate, key_rate, key_concurrency; values
---                  the prelude's setting_parse refuses count as unset, and are logged once)
+-- KEYS[8] config   HASH setting -> value (paused, rate, key_rate, key_concurrency,
+--                  concurrency, key_limit:<key>; values the prelude's setting_parse refuses
+--                  count as unset, and are logged once)
 -- KEYS[9] rate     ZSET "<n>*<token>" -> claimed-at ms: the claims of the last rate window,
 --                  one entry per claim that leased n tasks (an entry without "<n>*" counts 1);
 --                  their sum is kept in the stats field rate_in_window
@@ -45,6 +46,10 @@
 -- the claims kept in KEYS[9], one entry per claim with its count: O(1) work per claim, not
 -- per task); when the rate holds tasks back, next_due is when the oldest claim of the window
 -- leaves it, so consumers sleep exactly until then.
+-- With a concurrency cap set, the queue never holds more than that many live leases (leased
+-- entries whose deadline is after now); a claim that leaves the queue at its cap returns
+-- next_due -1, so consumers sleep until a lease ends (ack, fail and release publish on the wake
+-- channel when they end one at the cap) or the next lease deadline (an expiry frees a slot).
 
 local now, now_us = dueq_now_us(ARGV[1])
 history_use(KEYS[13], ARGV[1])
@@ -129,7 +134,8 @@ if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
 -- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
-local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency')
+local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency',
+  'concurrency', 'key_limits')
 local paused = config.paused == true
 local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
 
@@ -144,9 +150,24 @@ if rate_n then
   limit = math.min(limit, rate_left)
 end
 
+-- The concurrency cap (issue 29): lease at most as many as the cap leaves room for. The live
+-- leases are counted in the leased ZSET (O(log N): ZCARD less the entries already expired).
+local cap = config.concurrency
+local cap_live = 0
+if cap then
+  cap_live = redis.call('ZCARD', KEYS[2]) - redis.call('ZCOUNT', KEYS[2], '-inf', now)
+  limit = math.min(limit, math.max(cap - cap_live, 0))
+end
+
 -- Per-key limits: most leased tasks per key, and the spacing of one key's claims in ms.
 local key_concurrency = config.key_concurrency
 local key_gap = config.key_rate and config.key_rate[2] / config.key_rate[1] or nil
+-- Named keys' overrides (config key_limit:<key>, issue 29) are read with the keys' states, only
+-- when configure.lua counted some (key_limits > 0). Each slot's limits: conc[j], gaps[j] (false:
+-- none), the queue's key_concurrency / key_gap unless the key has its own.
+local overrides = (config.key_limits or 0) > 0
+local conc, gaps = {}, {}
+local default_conc, default_gap = key_concurrency or false, key_gap or false
 
 -- The leased count, rate mark and parked count of every key this claim looks at, read once
 -- and written back once at the end. Each key gets a slot number the first time it is seen
@@ -180,6 +201,24 @@ local function key_fetch()
         flight[j], marks[j], parked_n[j] = 0, 0, 0
       end
       changed[j] = false
+      conc[j], gaps[j] = default_conc, default_gap
+    end
+    if overrides then
+      local fields = {}
+      for j = from, to do fields[j - from + 1] = 'key_limit:' .. slot_key[j] end
+      local raws = redis.call('HMGET', KEYS[8], unpack(fields))
+      for j = from, to do
+        local raw = raws[j - from + 1]
+        if raw then
+          local v, ok = setting_parse(fields[j - from + 1], raw)
+          if not ok then
+            setting_refused(KEYS[8], KEYS[7], fields[j - from + 1], raw)
+          else
+            if v[1] then conc[j] = v[1] end
+            if v[2] then gaps[j] = v[2][2] / v[2][1] end
+          end
+        end
+      end
     end
   end
   n_fetched = n_slots
@@ -188,10 +227,10 @@ end
 -- How many tasks of the key in slot j the limits admit now (at most `most`), and when the
 -- key's rate admits the next one if it admits none now.
 local function key_room(j, most)
-  if key_concurrency then most = math.min(most, key_concurrency - flight[j]) end
-  if key_gap and most > 0 then
-    if marks[j] > now then return 0, marks[j] end
-    most = math.min(most, 1)
+  if conc[j] then most = math.min(most, conc[j] - flight[j]) end
+  if most > 0 then
+    if marks[j] > now then return 0, marks[j] end  -- its rate's next slot, or a cooldown
+    if gaps[j] then most = math.min(most, 1) end
   end
   return math.max(most, 0), nil
 end
@@ -227,9 +266,9 @@ if wait_head and wait_head <= now and not paused and limit > 0 then
       parked_n[j] = left
       if wait_until then
         redis.call('ZADD', KEYS[12], wait_until, key)  -- its rate's next slot
-      elseif key_gap then
-        redis.call('ZADD', KEYS[12], now + key_gap, key)  -- after the slot just given out
-      elseif key_concurrency then
+      elseif gaps[j] then
+        redis.call('ZADD', KEYS[12], now + gaps[j], key)  -- after the slot just given out
+      elseif conc[j] then
         redis.call('ZREM', KEYS[12], key)  -- until one of its leases ends (key_unlease)
       end  -- no limit any more: ready again at once
     end
@@ -313,9 +352,10 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
     end
     local room, wait_until = 1, nil
     if j and readable and envelopes[i] then  -- key_room(j, 1), inlined: the hot path
-      if key_concurrency and flight[j] >= key_concurrency then
+      local kc = conc[j]
+      if kc and flight[j] >= kc then
         room = 0
-      elseif key_gap and marks[j] > now then
+      elseif marks[j] > now then  -- its rate's next slot, or a cooldown
         room, wait_until = 0, marks[j]
       end
     end
@@ -334,9 +374,10 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
     else
       if j then
         flight[j] = flight[j] + 1
-        if key_gap then
+        local gap = gaps[j]
+        if gap then
           local mark = marks[j]
-          marks[j] = (mark > now and mark or now) + key_gap
+          marks[j] = (mark > now and mark or now) + gap
         end
         changed[j] = true
       end
@@ -437,4 +478,6 @@ if next_due and not paused then
   end
 end
 if next_deadline then out[3] = clamp_ms(next_deadline) end
+-- At the concurrency cap: no claim can lease until a lease ends (a wake) or expires (out[3]).
+if cap and cap_live + #leased / 2 >= cap then out[2] = -1 end
 return out

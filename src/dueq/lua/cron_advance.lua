@@ -1,5 +1,7 @@
 -- cron_advance.lua: cron occurrences were claimed; for each that is its definition's pending
--- occurrence, move the schedule on (compare-and-set, so only one claimer advances a slot).
+-- occurrence, move the schedule on (compare-and-set, so only one claimer advances a slot), and
+-- apply the definition's policies to every occurrence that starts (overlap, limit, pause after
+-- failures), atomically with the claim's outcome.
 -- Every argument is checked before the first write; a state value that cannot be read (edited
 -- by hand, or written by a faulty tool) is rebuilt for its own entry and never stops the others.
 --
@@ -12,15 +14,25 @@
 -- KEYS[7] leased      ZSET id -> lease deadline ms
 -- KEYS[8] stats       HASH counter -> int
 -- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
--- KEYS[10] cron_paused HASH name -> paused-at ms (any value: paused)
+-- KEYS[10] cron_paused HASH name -> paused-at ms (any value: paused; "<ms>|failures" when
+--                     pause_after_failures paused it)
 -- KEYS[11] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[12] cron_runs  HASH name -> runs record JSON (see the prelude's cron_runs_read)
+-- KEYS[13] cron_last  HASH name -> last outcome JSON (cron_note in the prelude)
+-- KEYS[14] cancelled  ZSET "id|token" -> lease deadline ms: leases revoked (as cancel.lua)
+-- KEYS[15] key_state  HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[16] key_wait   ZSET key -> ms when its parked tasks may be claimable again
+-- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2..] one entry per claimed occurrence, each:
 --         name, slot ms (advance only if it is the pending one), occurrence id, lease token,
 --         "1" to drop the occurrence (a missed slot that must not run) or "0" to run it,
---         envelope for the occurrences it adds, next pending slot ms (after now), next pending
---         id, count of missed occurrences to run now, then that many pairs: slot ms, id
--- Returns one status per entry:
+--         envelope for the occurrences it adds, next pending slot ms (after now; "" when the
+--         definition's window has no more), next pending due ms (slot + jitter), next pending
+--         id, overlap ("allow_all", "skip", "buffer_one" or "cancel_other"), limit ("" none),
+--         pause after failures ("" none), count of missed occurrences to run now, then that
+--         many pairs: due ms, id
+-- Returns {earliest due ms of the occurrences added or -1, then one status per entry}:
 --          1 the schedule advanced;
 --          0 the slot was not the pending one (only the last fired slot is updated, nothing is
 --            dropped), or the definition is gone (nothing changes);
@@ -29,27 +41,38 @@
 --         -1 the entry's numbers are out of range: nothing changed for it;
 --          3 the definition is paused: the occurrence runs (also a missed slot), nothing is
 --            scheduled, and the state keeps its pending slot (an unreadable one is rebuilt as
---            for 2, without adding the occurrence); resuming schedules from then on.
+--            for 2, without adding the occurrence); resuming schedules from then on;
+--          4 overlap skip/buffer_one: the previous occurrence still runs, this one was
+--            dropped (counted in the runs record's "skipped"); a pending one still advanced;
+--          5 overlap buffer_one: it waits in due until the previous occurrence ends;
+--          6 the definition is finished (limit reached, or its window ended): dropped;
+--          7 pause after failures: the definition was paused now, the occurrence dropped.
 --         An error (before any write) if the entries are not laid out as above.
 
 -- Pass 1: lay out and check every entry, writing nothing.
+local FIXED = 13
 local entries = {}
 local i = 2
 while i <= #ARGV do
-  if i + 8 > #ARGV then return redis.error_reply('ERR cron_advance: truncated entry') end
-  local missed = tonumber(ARGV[i + 8])
-  if not missed or missed < 0 or missed % 1 ~= 0 or i + 8 + 2 * missed > #ARGV then
+  if i + FIXED - 1 > #ARGV then return redis.error_reply('ERR cron_advance: truncated entry') end
+  local missed = tonumber(ARGV[i + FIXED - 1])
+  if not missed or missed < 0 or missed % 1 ~= 0 or i + FIXED - 1 + 2 * missed > #ARGV then
     return redis.error_reply('ERR cron_advance: bad missed count')
   end
   local e = {
     name = ARGV[i], slot = ARGV[i + 1], id = ARGV[i + 2], token = ARGV[i + 3],
     drop = ARGV[i + 4] == '1', envelope = ARGV[i + 5], next_ms = ARGV[i + 6],
-    next_id = ARGV[i + 7], first_missed = i + 9, last_missed = i + 8 + 2 * missed,
+    next_due = ARGV[i + 7], next_id = ARGV[i + 8], overlap = ARGV[i + 9],
+    limit = tonumber(ARGV[i + 10]), pause_after = tonumber(ARGV[i + 11]),
+    first_missed = i + FIXED, last_missed = i + FIXED - 1 + 2 * missed,
   }
-  e.ok = ms_text_ok(e.slot, false) and ms_text_ok(e.next_ms, false)
+  e.ok = ms_text_ok(e.slot, false) and ms_text_ok(e.next_ms, true)
+    and ms_text_ok(e.next_due, e.next_ms == '')
   for j = e.first_missed, e.last_missed, 2 do
     e.ok = e.ok and ms_text_ok(ARGV[j], false)
   end
+  e.policed = e.overlap ~= 'allow_all' or e.limit ~= nil or e.pause_after ~= nil
+    or e.next_ms == ''
   entries[#entries + 1] = e
   i = e.last_missed + 1
 end
@@ -57,15 +80,103 @@ end
 -- Pass 2: carry the entries out; nothing below raises on what it reads.
 local now = dueq_now(ARGV[1])
 history_use(KEYS[11], ARGV[1])
-local previous_head = head_score(KEYS[3])
+local levels = due_levels(KEYS[3])
+local previous_head = levels_head(levels)
 local earliest = nil
 local out = {}
 
 local function add(id, envelope, due_text)
   local due = tonumber(due_text)
-  if add_task(KEYS[4], KEYS[3], KEYS[8], id, envelope, due) then
+  if add_task(KEYS[4], level_key(levels, envelope), KEYS[8], id, envelope, due) then
     if earliest == nil or due < earliest then earliest = due end
   end
+end
+
+-- End this claim's lease of an occurrence (its key's lease too); false if it is not held.
+local function unlease(e)
+  if not lease_held(KEYS[7], KEYS[5], e.id, e.token, now) then return false end
+  redis.call('ZREM', KEYS[7], e.id)
+  local _, _, key = task_options(redis.call('HGET', KEYS[4], e.id))
+  if key and key_unlease(KEYS[15], KEYS[16], key, now) then publish_wake(KEYS[9], ms(now)) end
+  return true
+end
+
+local function drop(e)
+  if unlease(e) then
+    forget(KEYS[4], KEYS[5], KEYS[6], e.id)
+    stat_incr(KEYS[8], 'cron_skipped', 1)
+  end
+end
+
+-- Where an occurrence still is: 'leased', 'due' (waiting for a retry) or nil (it ended).
+local function live(id)
+  if not id then return nil end
+  if redis.call('ZSCORE', KEYS[7], id) then return 'leased' end
+  local envelope = redis.call('HGET', KEYS[4], id)
+  local k_level = envelope and level_key(levels, envelope)
+  if k_level and redis.call('ZSCORE', k_level, id) then return 'due' end
+  return nil
+end
+
+-- Cancel a running occurrence as cancel.lua does: its holder is told "cancelled".
+local function cancel_running(id, where)
+  local envelope = redis.call('HGET', KEYS[4], id)
+  if where == 'leased' then
+    local deadline = tonumber(redis.call('ZSCORE', KEYS[7], id))
+    local _, _, key = task_options(envelope)
+    if key and key_unlease(KEYS[15], KEYS[16], key, now) then publish_wake(KEYS[9], ms(now)) end
+    local _, token = meta_parse(redis.call('HGET', KEYS[5], id))
+    if token ~= '' then redis.call('ZADD', KEYS[14], math.max(deadline, now), id .. '|' .. token) end
+    redis.call('ZREMRANGEBYSCORE', KEYS[14], '-inf', '(' .. ms(now - 3600000))
+    redis.call('ZREM', KEYS[7], id)
+  else
+    local k_level = level_key(levels, envelope)
+    redis.call('ZREM', k_level, id)
+  end
+  forget(KEYS[4], KEYS[5], KEYS[6], id)
+  stat_incr(KEYS[8], 'cancelled', 1)
+  cron_note(KEYS[1], KEYS[13], id, 'cancelled', now, nil)
+end
+
+-- The policies for an occurrence that starts now (first delivery): returns a status if it must
+-- not run (4, 5, 6, 7), else nil (it runs, and is counted).
+local function police(e, runs)
+  if runs.finished then
+    drop(e)
+    return 6
+  end
+  if e.pause_after and cron_failures(KEYS[13], e.name) >= e.pause_after then
+    redis.call('HSET', KEYS[10], e.name, ms(now) .. '|failures')
+    drop(e)
+    return 7
+  end
+  local running = runs.run ~= e.id and runs.run or nil
+  local where = e.overlap ~= 'allow_all' and live(running) or nil
+  if where and e.overlap == 'cancel_other' then
+    cancel_running(running, where)
+  elseif where then
+    local waiting = runs.buffered
+    if e.overlap == 'buffer_one' and (not waiting or waiting == e.id
+        or redis.call('HEXISTS', KEYS[4], waiting) == 0) and unlease(e) then
+      -- wait in due until the running one's lease deadline (or its retry), then look again
+      local k_running = where == 'leased' and KEYS[7]
+        or level_key(levels, redis.call('HGET', KEYS[4], running))
+      local at = redis.call('ZSCORE', k_running, running)
+      redis.call('HDEL', KEYS[5], e.id)
+      local k_level = level_key(levels, redis.call('HGET', KEYS[4], e.id))
+      redis.call('ZADD', k_level, math.max(tonumber(at) or now, now), e.id)
+      runs.buffered = e.id
+      return 5
+    end
+    drop(e)
+    runs.skipped = runs.skipped + 1
+    return 4
+  end
+  runs.fired = runs.fired + 1
+  runs.run = e.id
+  if runs.buffered == e.id then runs.buffered = nil end
+  if e.limit and runs.fired >= e.limit then runs.finished = 'limit' end
+  return nil
 end
 
 for _, e in ipairs(entries) do
@@ -74,35 +185,54 @@ for _, e in ipairs(entries) do
     if last == '' or tonumber(ms_text) > tonumber(last) then last = ms_text end
   end
   local paused = e.ok and redis.call('HEXISTS', KEYS[10], e.name) == 1
+  local runs, stopped = nil, nil
+  if e.ok and e.policed and not e.drop and redis.call('HEXISTS', KEYS[1], e.name) == 1 then
+    runs = cron_runs_read(KEYS[12], e.name)
+    local attempt = meta_parse(redis.call('HGET', KEYS[5], e.id))
+    if attempt <= 1 and runs.run ~= e.id then stopped = police(e, runs) end
+  end
+  local pending = head and tonumber(head) == tonumber(e.slot)
   if not e.ok then
     out[#out + 1] = -1
+  elseif stopped and (stopped >= 6 or not pending or paused) then
+    out[#out + 1] = stopped
   elseif not head then
     if redis.call('HEXISTS', KEYS[1], e.name) == 0 then
       out[#out + 1] = 0
     else
-      if not paused then add(e.next_id, e.envelope, e.next_ms) end
-      redis.call('HSET', KEYS[2], e.name, e.next_ms .. '|' .. e.slot .. '|' .. e.next_id)
+      if not paused and e.next_ms ~= '' then add(e.next_id, e.envelope, e.next_due) end
+      redis.call('HSET', KEYS[2], e.name, (e.next_ms ~= '' and e.next_ms or e.slot) .. '|' ..
+        e.slot .. '|' .. (e.next_ms ~= '' and e.next_id or e.id))
       stat_incr(KEYS[8], 'cron_state_rebuilt', 1)
-      out[#out + 1] = paused and 3 or 2
+      out[#out + 1] = stopped or (paused and 3 or 2)
     end
-  elseif paused or tonumber(head) ~= tonumber(e.slot) then
-    -- Not the pending slot (a redelivery), or paused: it runs, and the schedule stays.
-    fired(e.slot)
+  elseif paused or not pending or (runs and runs.finished and not stopped) then
+    -- Not the pending slot (a redelivery), paused, or its last firing: it runs, the schedule
+    -- stays.
+    if not stopped then fired(e.slot) end
     redis.call('HSET', KEYS[2], e.name, head .. '|' .. last .. '|' .. head_id)
     out[#out + 1] = paused and 3 or 0
   else
-    if not e.drop then
+    if stopped then
+      -- skipped or buffered by overlap: the schedule still moves on
+    elseif not e.drop then
       fired(e.slot)
-    elseif lease_held(KEYS[7], KEYS[5], e.id, e.token, now) then
-      redis.call('ZREM', KEYS[7], e.id)
-      forget(KEYS[4], KEYS[5], KEYS[6], e.id)
-      stat_incr(KEYS[8], 'cron_skipped', 1)
+    else
+      drop(e)
     end
     for j = e.first_missed, e.last_missed, 2 do add(ARGV[j + 1], e.envelope, ARGV[j]) end
-    add(e.next_id, e.envelope, e.next_ms)
-    redis.call('HSET', KEYS[2], e.name, e.next_ms .. '|' .. last .. '|' .. e.next_id)
-    out[#out + 1] = 1
+    if e.next_ms ~= '' then
+      add(e.next_id, e.envelope, e.next_due)
+      redis.call('HSET', KEYS[2], e.name, e.next_ms .. '|' .. last .. '|' .. e.next_id)
+    else
+      if not runs then runs = cron_runs_read(KEYS[12], e.name) end
+      runs.finished = runs.finished or 'end'
+      redis.call('HSET', KEYS[2], e.name, head .. '|' .. last .. '|' .. head_id)
+    end
+    out[#out + 1] = stopped or 1
   end
+  if runs then cron_runs_write(KEYS[12], e.name, runs) end
 end
 if earliest then wake_if_earlier(KEYS[9], previous_head, earliest) end
+table.insert(out, 1, earliest or -1)
 return out

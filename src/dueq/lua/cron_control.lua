@@ -10,13 +10,19 @@
 -- KEYS[8] stats       HASH counter -> int (a withdrawn pending occurrence counts as cancelled)
 -- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
 -- KEYS[10] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[11] cron_runs  HASH name -> runs record JSON (resume past the window's end: finished)
+-- KEYS[12] cron_last  HASH name -> last outcome JSON (resume clears its failure count)
+-- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] action: "pause", "resume" or "run_now"
 -- ARGV[3] name
 -- ARGV[4] resume, run_now: the definition JSON the caller planned from (compare-and-set)
--- ARGV[5] resume: the next slot ms (after now); run_now: unused
+-- ARGV[5] resume: the next slot ms (after now; "" when the window has none); run_now: unused
 -- ARGV[6] resume: the next occurrence's id; run_now: the extra occurrence's id
 -- ARGV[7] resume, run_now: the envelope of the occurrence it adds
+-- ARGV[8] resume: the next occurrence's due ms (slot plus jitter)
+-- ARGV[9] resume: the definition's pause_after_failures ("" none): a definition whose count of
+--         consecutive dead occurrences reached it counts as paused, and resume clears the count
 -- Returns  1 done: paused (its pending occurrence withdrawn if still waiting in due), resumed
 --            (the next occurrence scheduled), or the extra occurrence is due now;
 --          0 nothing to do: already paused, not paused, or a task with that id exists;
@@ -34,34 +40,51 @@ local action, name = ARGV[2], ARGV[3]
 if action ~= 'pause' and action ~= 'resume' and action ~= 'run_now' then
   return redis.error_reply('ERR cron_control: unknown action')
 end
-if action == 'resume' and not ms_text_ok(ARGV[5], false) then
+if action == 'resume' and not ms_text_ok(ARGV[5], true) then
   return redis.error_reply('ERR cron_control: bad slot')
 end
 local current = redis.call('HGET', KEYS[1], name)
 if not current then return -1 end
 local paused = redis.call('HEXISTS', KEYS[3], name) == 1
+local levels = due_levels(KEYS[4])
 
 if action == 'pause' then
   if paused then return 0 end
   local _, _, head_id = cron_state_read(redis.call('HGET', KEYS[2], name), name)
   redis.call('HSET', KEYS[3], name, ms(dueq_now(ARGV[1])))
-  cron_withdraw(KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], head_id)
+  cron_withdraw(levels, KEYS[5], KEYS[6], KEYS[7], KEYS[8], head_id)
   return 1
 end
 
 if current ~= ARGV[4] then return -2 end
-local previous_head = head_score(KEYS[4])
+local previous_head = levels_head(levels)
 local due
 if action == 'resume' then
-  if not paused then return 0 end
+  local pause_after = tonumber(ARGV[9])
+  local failed = pause_after and cron_failures(KEYS[12], name) >= pause_after
+  if failed then  -- the count starts again
+    local v = redis.call('HGET', KEYS[12], name)
+    redis.call('HSET', KEYS[12], name, (string.gsub(v, ',"failures":%d+', '')))
+  end
+  if not paused then return failed and 1 or 0 end
   local _, last = cron_state_read(redis.call('HGET', KEYS[2], name), name)
   redis.call('HDEL', KEYS[3], name)
-  due = tonumber(ARGV[5])
+  if ARGV[5] == '' then
+    local runs = cron_runs_read(KEYS[11], name)
+    runs.finished = runs.finished or 'end'
+    cron_runs_write(KEYS[11], name, runs)
+    return 1
+  end
+  due = tonumber(ARGV[8])
   redis.call('HSET', KEYS[2], name, ARGV[5] .. '|' .. (last or '') .. '|' .. ARGV[6])
-  if not add_task(KEYS[5], KEYS[4], KEYS[8], ARGV[6], ARGV[7], due) then return 1 end
+  if not add_task(KEYS[5], level_key(levels, ARGV[7]), KEYS[8], ARGV[6], ARGV[7], due) then
+    return 1
+  end
 else
   due = dueq_now(ARGV[1])
-  if not add_task(KEYS[5], KEYS[4], KEYS[8], ARGV[6], ARGV[7], due) then return 0 end
+  if not add_task(KEYS[5], level_key(levels, ARGV[7]), KEYS[8], ARGV[6], ARGV[7], due) then
+    return 0
+  end
 end
 wake_if_earlier(KEYS[9], previous_head, due)
 return 1

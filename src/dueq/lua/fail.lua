@@ -7,15 +7,16 @@
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int
--- KEYS[8] wake     Pub/Sub channel
+-- KEYS[8] wake     Pub/Sub channel (also told when a lease ends at the concurrency cap)
 -- KEYS[9] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
 -- KEYS[10] key_state HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
 -- KEYS[13] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
 -- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
--- KEYS[15] ended    Pub/Sub channel: the id, when the task dies (for q.wait)
--- KEYS[16..24] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[15] config   HASH setting -> value (concurrency: see the prelude's settings)
+-- KEYS[16] ended    Pub/Sub channel: the id, when the task dies (for q.wait)
+-- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -44,6 +45,9 @@ end
 if key and key_unlease(KEYS[10], KEYS[11], key, now) then
   publish_wake(KEYS[8], ms(now))
 end
+-- the concurrency cap: a consumer may be sleeping capped; tell it a lease ends
+local cap = settings_read(KEYS[15], KEYS[7], 'concurrency').concurrency
+if cap and at_cap(KEYS[2], cap, now) then publish_wake(KEYS[8], ms(now)) end
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))
 redis.call('ZREM', KEYS[2], id)
@@ -56,7 +60,7 @@ if ARGV[5] == 'dead' then
   redis.call('ZADD', KEYS[6], now, id)
   stat_incr(KEYS[7], 'dead', 1)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[7]), tonumber(ARGV[8]))
-  publish_ended(KEYS[15], {id})
+  publish_ended(KEYS[16], {id})
   return {2, now}
 end
 local due = now + tonumber(ARGV[6])

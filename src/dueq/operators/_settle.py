@@ -268,6 +268,17 @@ class Settling:
                 extra=task_fields(d.queue.name, d.id, d.attempt),
             )
             return Outcome(d.id, "lost", d.attempt, error=describe(exc))
+        if outcome.kind == "released":  # a KeyCooldown: no attempt counted
+            logger.info(
+                "queue %r: task %r attempt %d: %s; back at %s, its key held as long",
+                d.queue.name,
+                d.id,
+                d.attempt,
+                describe(error) if isinstance(error, Exception) else error,
+                outcome.at,
+                extra=task_fields(d.queue.name, d.id, d.attempt),
+            )
+            return outcome
         log = logger.error if outcome.kind == "dead" else logger.info
         log(
             "queue %r: task %r attempt %d failed (%s): %s",
