@@ -253,12 +253,31 @@ class AsyncQueue(QueueCore):
         timeout: Duration | None = None,
         max_attempts: int | None = None,
         task: str | None = None,
+        expires: Duration | datetime | None = None,
+        debounce: Duration | None = None,
+        max_wait: Duration | None = None,
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
-        ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``).
+        ``priority``, ``key``, ``timeout``, ``max_attempts`` and ``expires`` are kept with it,
+        ``debounce``/``max_wait`` debounce repeated schedules of one id (see ``Task``).
         ``task`` names the registered function that runs it (``@q.task``): ``payload`` is
         then a dict of its arguments."""
-        tasks = [Task(payload, id, at, delay, priority, key, timeout, max_attempts, task)]
+        tasks = [
+            Task(
+                payload,
+                id,
+                at,
+                delay,
+                priority,
+                key,
+                timeout,
+                max_attempts,
+                task,
+                expires,
+                debounce,
+                max_wait,
+            )
+        ]
         result = await self.drive(self.schedule_many_flow(tasks, replace))
         return result.ids[0]
 

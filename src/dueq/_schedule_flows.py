@@ -13,6 +13,8 @@ from ._queue_base import QueueBase
 from .clock import Duration, datetime_ms, duration_ms
 from .envelope import (
     FLAG_ABSOLUTE,
+    FLAG_DEBOUNCE,
+    FLAG_EXPIRES_RELATIVE,
     FLAG_GENERATED_ID,
     encode_envelope,
     generated_ids,
@@ -95,11 +97,23 @@ class ScheduleFlows(QueueBase):
             else:
                 task_id, flags = validate_id(task.id), 0
             try:
+                max_wait_ms = None
                 if task.at is None and task.delay is None:
                     time_flag, due_ms = 0, 0  # due now
                 else:
                     time_flag, due_ms = due(task.at, task.delay)
-                options = task.options()
+                if task.debounce is not None or task.max_wait is not None:
+                    debounced = task.debounce_ms()
+                    if debounced is not None:
+                        due_ms, max_wait_ms = debounced
+                        time_flag |= FLAG_DEBOUNCE
+                if task.expires is None:
+                    options = task.options()
+                else:
+                    expires_ms, relative = task.expiry()
+                    options = task.options(expires_ms)
+                    if relative:
+                        time_flag |= FLAG_EXPIRES_RELATIVE
                 if task.task is None:
                     envelope = encode_envelope(task.payload, max_bytes, options, trace)
                 else:
@@ -108,7 +122,7 @@ class ScheduleFlows(QueueBase):
                     )
             except (InvalidTaskError, PayloadError) as exc:
                 raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
-            records.append(pack_task(flags | time_flag, due_ms, task_id, envelope))
+            records.append(pack_task(flags | time_flag, due_ms, task_id, envelope, max_wait_ms))
             ids.append(task_id)
         return (yield from self.schedule_records_flow(ids, records, replace, fresh_ids))
 

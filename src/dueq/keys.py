@@ -45,6 +45,7 @@ KEY_TYPES = {
     "done": "zset",
     "results": "hash",
     "finished": "zset",
+    "debounce": "hash",
     "config": "hash",
     "rate": "zset",
     "cancelled": "zset",
@@ -92,7 +93,10 @@ class QueueKeys:
                 results notes): acked and cancelled tasks, only while ``keep_results`` keeps them
     ``finished`` ZSET id -> finished ms: the records of ``results``, oldest first, for trimming
     ``ended``   Pub/Sub channel: the ids of tasks that ended (acked with ``keep_results``, dead,
-                cancelled), for ``wait``
+                cancelled, expired), for ``wait``
+    ``debounce`` HASH id -> "<cap ms>" for a debounced task, "<cap ms>|<due ms>|<envelope>"
+                while it also has a follow-up waiting for its running lease to end (the Lua
+                prelude's debounce notes)
     ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
     ``cancelled`` ZSET "id|token" -> lease deadline ms: leases revoked by ``cancel``
@@ -137,6 +141,7 @@ class QueueKeys:
     results: str
     finished: str
     ended: str
+    debounce: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -187,6 +192,7 @@ class QueueKeys:
             results=base + "results",
             finished=base + "finished",
             ended=base + "ended",
+            debounce=base + "debounce",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

@@ -473,10 +473,19 @@ local function due_levels(k_due0)
 end
 
 -- Priority, max attempts (or nil) and limit key (or nil) of a stored envelope; a missing or
--- unreadable head counts as none (priority 0), so corrupted options never stop a claim.
+-- unreadable head counts as none (priority 0), so corrupted options never stop a claim. A
+-- version-3 head ("3:<priority>|<timeout ms>|<max attempts>|<expires ms>|<key>\n", a task
+-- with an expiry: see the expiry notes) holds the same options.
 local function task_options(envelope)
   if envelope and string.sub(envelope, 1, 2) == '2:' then
     local p, _, m, key = string.match(envelope, '^2:(%d)|(%d*)|(%d*)|([^\n]*)\n')
+    if p then
+      local attempts = tonumber(m)
+      if attempts and attempts < 1 then attempts = nil end
+      return tonumber(p), attempts, key ~= '' and key or nil
+    end
+  elseif envelope and string.sub(envelope, 1, 2) == '3:' then
+    local p, _, m, key = string.match(envelope, '^3:(%d)|(%d*)|(%d*)|%d*|([^\n]*)\n')
     if p then
       local attempts = tonumber(m)
       if attempts and attempts < 1 then attempts = nil end
@@ -488,8 +497,12 @@ end
 
 -- The limit key of a stored envelope, or nil (task_options' third value, found faster).
 local function task_key(envelope)
-  if envelope and string.byte(envelope, 1) == 50 then
+  local b = envelope and string.byte(envelope, 1)
+  if b == 50 then
     local key = string.match(envelope, '^2:%d|%d*|%d*|([^\n]*)\n')
+    if key and key ~= '' then return key end
+  elseif b == 51 then
+    local key = string.match(envelope, '^3:%d|%d*|%d*|%d*|([^\n]*)\n')
     if key and key ~= '' then return key end
   end
   return nil
@@ -957,4 +970,149 @@ local function unpark_one(k_parked, k_state, k_meta, key, priority, id)
     return true
   end
   return false
+end
+
+-- Expiry (issue 29). A task scheduled with expires= carries its expiry, epoch ms, in a
+-- version-3 envelope head (task_options); tasks without one keep their version-1 or 2 form.
+-- schedule.lua turns a relative expiry (record flag 8: ms from now) into epoch ms on the queue
+-- clock. claim.lua never leases a task past its expiry: it ends it "expired" (tasks_expire);
+-- fail.lua ends a task whose next attempt would come at or after its expiry the same way.
+-- The counter is expired_tasks ("expired" counts leases that ran out).
+
+-- The expiry of a stored envelope, epoch ms, or nil.
+local function task_expires(envelope)
+  if envelope and string.byte(envelope, 1) == 51 then
+    return tonumber(string.match(envelope, '^3:%d|%d*|%d*|(%d+)|'))
+  end
+  return nil
+end
+
+-- Whether a stored envelope's expiry is at or before `at` ms (false: none, or unreadable).
+local function task_expired(envelope, at)
+  local expires = task_expires(envelope)
+  return expires ~= nil and expires <= at
+end
+
+-- The envelope with its relative expiry (ms from now) made absolute.
+local function expiry_absolute(envelope, now)
+  local _, e, rel = string.find(envelope, '^3:%d|%d*|%d*|(%d+)|')
+  if not e then return envelope end
+  return string.sub(envelope, 1, e - #rel - 1) .. ms(now + tonumber(rel)) ..
+    string.sub(envelope, e)
+end
+
+-- Debounce (issue 29). The debounce HASH (keys.py) holds, per debounced id, "<cap ms>" (the
+-- latest due time repeated schedules may move it to: the first schedule + max_wait; empty
+-- for no bound), and while the task runs (leased, or waiting for a retry of a run) the one
+-- follow-up that schedules made meanwhile: "<cap ms>|<due ms>|<envelope>". The follow-up
+-- replaces the task when its run ends (ack, dead, expired: followups_start), due at its
+-- due time or then, whichever is later. A lease is never revoked by a debounced schedule.
+
+-- A debounced task that was just added: remember its cap; its due time (capped).
+local function debounce_start(k_debounce, id, now, due, max_wait)
+  if max_wait < 0 then
+    redis.call('HDEL', k_debounce, id)
+    return due
+  end
+  local cap = now + max_wait
+  redis.call('HSET', k_debounce, id, ms(cap))
+  return math.min(due, cap)
+end
+
+-- A debounced schedule of a task that runs: keep (or update) its one follow-up; true if so
+-- (false: the task does not run and has no follow-up, so the caller replaces it in place).
+local function debounce_follow(k_debounce, k_leased, id, envelope, now, due, max_wait)
+  local entry = redis.call('HGET', k_debounce, id)
+  local cap, pending = nil, false
+  if entry then
+    local c, fdue = string.match(entry, '^(%d*)|(%d+)|')
+    pending = fdue ~= nil
+    if pending then cap = tonumber(c) end
+  end
+  if not pending then
+    if not redis.call('ZSCORE', k_leased, id) then return false end
+    if max_wait >= 0 then cap = now + max_wait end
+  end
+  if cap and due > cap then due = math.max(cap, now) end
+  redis.call('HSET', k_debounce, id, (cap and ms(cap) or '') .. '|' .. ms(due) .. '|' .. envelope)
+  return true
+end
+
+-- A debounced schedule replacing a task in place (not running): its due time, capped by the
+-- cap of its first debounced schedule (or a new cap from now).
+local function debounce_due(k_debounce, id, now, due, max_wait)
+  local cap = tonumber(string.match(redis.call('HGET', k_debounce, id) or '', '^(%d+)$'))
+  if not cap then
+    if max_wait < 0 then return due end
+    cap = now + max_wait
+    redis.call('HSET', k_debounce, id, ms(cap))
+  end
+  return math.max(math.min(due, cap), now)
+end
+
+-- The runs of `ids` ended (acked, expired, or dead): each one's follow-up, if it has one,
+-- becomes the task (attempts from 0; a dead run leaves the dead set, as replace=True would
+-- take it out), due at its due time or now; other entries are dropped. Counts them as
+-- scheduled and tells the wake channel (k.wake may be nil) of an earlier head.
+-- k: {debounce, tasks, meta, errors, stats, wake (or nil), dead (or nil)}.
+local function followups_start(k, levels, ids, now)
+  local k_debounce, k_tasks, k_meta, k_errors, k_dead = k.debounce, k.tasks, k.meta, k.errors,
+    k.dead
+  if #ids == 0 or redis.call('EXISTS', k_debounce) == 0 then return end
+  local entries = hmget_chunked(k_debounce, ids)
+  local previous_head = k.wake and levels_head(levels)
+  local earliest, started = nil, 0
+  for i, id in ipairs(ids) do
+    local entry = entries[i]
+    if entry then
+      local cap, due, from = string.match(entry, '^(%d*)|(%d+)|()')
+      if cap then
+        local envelope = string.sub(entry, from)
+        due = math.max(tonumber(due), now)
+        if k_dead then redis.call('ZREM', k_dead, id) end
+        redis.call('HDEL', k_meta, id)
+        redis.call('HDEL', k_errors, id)
+        redis.call('HSET', k_tasks, id, envelope)
+        local k_level = level_key(levels, envelope)
+        redis.call('ZADD', k_level, due, id)
+        if cap ~= '' then redis.call('HSET', k_debounce, id, cap) end
+        if cap == '' then redis.call('HDEL', k_debounce, id) end
+        if not earliest or due < earliest then earliest = due end
+        started = started + 1
+      else
+        redis.call('HDEL', k_debounce, id)
+      end
+    end
+  end
+  if started > 0 then stat_incr(k.stats, 'scheduled', started) end
+  if earliest and k.wake then wake_if_earlier(k.wake, previous_head, earliest) end
+end
+
+-- End tasks that are not leased (out of their due sets already) as expired: a kept record
+-- with keep_results, the counter, the ended channel, their data dropped, follow-ups started.
+-- k: {tasks, meta, errors, stats, results, finished, ended, debounce, wake (or nil)}.
+local function tasks_expire(k, levels, ids, now, keep_ms)
+  if #ids == 0 then return end
+  local k_tasks, k_meta, k_errors, k_results, k_finished = k.tasks, k.meta, k.errors, k.results,
+    k.finished
+  if keep_ms > 0 then
+    local envelopes = hmget_chunked(k_tasks, ids)
+    local metas = hmget_chunked(k_meta, ids)
+    local errors = hmget_chunked(k_errors, ids)
+    local records = {}
+    for i, id in ipairs(ids) do
+      records[#records + 1] = id
+      records[#records + 1] = results_record('expired', now, meta_parse(metas[i]), nil, nil,
+        errors[i] or nil) .. '\n' .. (envelopes[i] or '')
+    end
+    call_chunked('HSET', k_results, records)
+    zadd_all(k_finished, now, ids)
+  end
+  results_trim(k_results, k_finished, now, keep_ms, #ids)
+  call_chunked('HDEL', k_tasks, ids)
+  call_chunked('HDEL', k_meta, ids)
+  call_chunked('HDEL', k_errors, ids)
+  stat_incr(k.stats, 'expired_tasks', #ids)
+  publish_ended(k.ended, ids)
+  followups_start(k, levels, ids, now)
 end

@@ -20,6 +20,9 @@
 --                   the prelude's results notes)
 -- KEYS[16] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[17] ended    Pub/Sub channel: the acked ids, when results are kept (for q.wait)
+-- KEYS[18] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
+-- KEYS[19] due      ZSET id -> due ms (a follow-up of an acked task is scheduled there)
+-- KEYS[20..28] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
@@ -92,6 +95,8 @@ if #done > 0 then
   call_chunked('HDEL', KEYS[3], done)
   call_chunked('HDEL', KEYS[4], done)
   stat_incr(KEYS[5], 'acked', #done)
+  followups_start({debounce = KEYS[18], tasks = KEYS[2], meta = KEYS[3], errors = KEYS[4],
+    stats = KEYS[5], wake = KEYS[11]}, due_levels(KEYS[19]), done, now)
   for _, id in ipairs(done) do  -- cron occurrences: their definition's last outcome
     if string.byte(id, 1) == 99 then cron_note(KEYS[13], KEYS[14], id, 'acked', now) end
   end

@@ -15,8 +15,11 @@
 -- KEYS[13] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
 -- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
 -- KEYS[15] config   HASH setting -> value (concurrency: see the prelude's settings)
--- KEYS[16] ended    Pub/Sub channel: the id, when the task dies (for q.wait)
--- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[16] ended    Pub/Sub channel: the id, when the task dies or expires (for q.wait)
+-- KEYS[17] results  HASH id -> finished record (an expired task, with keep_results_ms > 0)
+-- KEYS[18] finished ZSET id -> finished ms (the records of results, for trimming)
+-- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
+-- KEYS[20..28] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -26,7 +29,8 @@
 -- ARGV[7] dead-letter cap: most entries kept
 -- ARGV[8] dead-letter cap: oldest age kept, ms
 -- Returns {status, at ms}: 1 = back in due at that time, 2 = dead since then, 0 = lease lost,
---         3 = the task was cancelled while leased (nothing recorded)
+--         3 = the task was cancelled while leased (nothing recorded), 4 = expired since then
+--         (its next attempt would come at or after its expiry: the prelude's expiry notes)
 
 local now = dueq_now(ARGV[1])
 history_use(KEYS[12], ARGV[1])
@@ -46,7 +50,8 @@ if key and key_unlease(KEYS[10], KEYS[11], key, now) then
   publish_wake(KEYS[8], ms(now))
 end
 -- the concurrency cap: a consumer may be sleeping capped; tell it a lease ends
-local cap = settings_read(KEYS[15], KEYS[7], 'concurrency').concurrency
+local settings = settings_read(KEYS[15], KEYS[7], 'concurrency', 'keep_results_ms')
+local cap = settings.concurrency
 if cap and at_cap(KEYS[2], cap, now) then publish_wake(KEYS[8], ms(now)) end
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))
@@ -61,9 +66,17 @@ if ARGV[5] == 'dead' then
   stat_incr(KEYS[7], 'dead', 1)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[7]), tonumber(ARGV[8]))
   publish_ended(KEYS[16], {id})
+  followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
+    stats = KEYS[7], wake = KEYS[8], dead = KEYS[6]}, due_levels(KEYS[1]), {id}, now)
   return {2, now}
 end
 local due = now + tonumber(ARGV[6])
+if task_expired(envelope, due) then
+  tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
+    results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19],
+    wake = KEYS[8]}, due_levels(KEYS[1]), {id}, now, settings.keep_results_ms or 0)
+  return {4, now}
+end
 local k_level = level_key(due_levels(KEYS[1]), envelope)
 local previous_head = head_score(k_level)
 redis.call('ZADD', k_level, due, id)
