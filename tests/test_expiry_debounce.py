@@ -297,3 +297,29 @@ def test_cancelling_a_lease_at_the_cap_wakes_capped_consumers(
         assert wakes() == 0
     finally:
         pubsub.close()
+
+
+def test_the_cli_schedules_with_expiry_and_debounce_and_show_names_the_expiry(
+    invoke: Callable[..., Any], r: redis.Redis
+) -> None:
+    out = invoke("schedule", "cliexp", '{"a": 1}', "--id", "x", "--expires", "600")
+    assert out.exit_code == 0, out.output
+    shown = invoke("show", "cliexp", "x")
+    assert shown.exit_code == 0 and "expires:" in shown.output, shown.output
+    for n in (1, 2):
+        out = invoke(
+            "schedule",
+            "cliexp",
+            f'{{"n": {n}}}',
+            "--id",
+            "d",
+            "--debounce",
+            "60",
+            "--max-wait",
+            "120",
+        )
+        assert out.exit_code == 0, out.output
+    info = dueq.Queue("cliexp", r).get("d")
+    assert info is not None and info.payload == {"n": 2}
+    bad = invoke("schedule", "cliexp", "{}", "--debounce", "5")
+    assert bad.exit_code != 0  # debounce needs an id

@@ -140,6 +140,7 @@ def _task_info(
         key=options.key,
         timeout=None if options.timeout_ms is None else timedelta(milliseconds=options.timeout_ms),
         max_attempts=options.max_attempts,
+        expires_at=None if options.expires_ms is None else ms_datetime(options.expires_ms),
         holder=meta_holder(meta_raw) if state == "leased" else None,
         result=head.get("result"),
         finished_at=_datetime(score) if state in ("dead", "done", "cancelled", "expired") else None,

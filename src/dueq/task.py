@@ -195,6 +195,8 @@ class TaskInfo:
     finished_at: datetime | None = None
     result_unstored: str | None = None
     task_name: str | None = None
+    #: when the task stops being startable (``expires=``), None without an expiry
+    expires_at: datetime | None = None
 
     def to_json(self, queue: str) -> dict[str, Any]:
         """The one JSON form of a task (docs/json.md), as used by the CLI's ``--json``, the

@@ -103,6 +103,18 @@ def _schedule_file(
     metavar="NAME",
     help="Run it by a named task (@q.task): the JSON is an object of the function's arguments.",
 )
+@click.option(
+    "--expires", type=float, metavar="SECONDS", help="Never started later than this from now."
+)
+@click.option(
+    "--debounce",
+    type=float,
+    metavar="SECONDS",
+    help="With --id: a repeat within this moves the task to the repeat + SECONDS.",
+)
+@click.option(
+    "--max-wait", type=float, metavar="SECONDS", help="With --debounce: due at most this late."
+)
 @shards_option
 @replication_options
 @redis_options
@@ -119,6 +131,9 @@ def schedule(
     timeout: float | None,
     max_attempts: int | None,
     task_name: str | None,
+    expires: float | None,
+    debounce: float | None,
+    max_wait: float | None,
     shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
@@ -151,6 +166,9 @@ def schedule(
         "timeout": timeout,
         "max_attempts": max_attempts,
         "task": task_name,
+        "expires": expires,
+        "debounce": debounce,
+        "max_wait": max_wait,
     }
     options = {name: value for name, value in given.items() if value is not None}
     if payload is not None:
