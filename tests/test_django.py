@@ -10,9 +10,12 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +175,58 @@ def test_django6_runs_the_same_scenario_with_its_built_in_django_tasks(redis_ser
     assert out["django"].startswith("6.")
     assert out["tasks_module"] == "django.tasks"
     check_scenario(out, "dj6.")
+
+
+EXAMPLE = ROOT / "examples" / "django_project"
+
+
+def test_django_doc_blocks_are_the_example_projects_tested_code():
+    """docs/django.md's Python blocks need a Django project, so they are marked not run; each
+    is, verbatim, code of examples/django_project, which the next test runs."""
+    page = (ROOT / "docs" / "django.md").read_text()
+    blocks = re.findall(r"(<!--[^\n]*-->)?\n```python\n(.*?)```", page, flags=re.S)
+    sources = "\n".join(p.read_text() for p in EXAMPLE.rglob("*.py"))
+    assert len(blocks) == 3
+    for mark, code in blocks:
+        assert "not run: needs a Django project" in mark
+        body = textwrap.dedent(code)
+        assert all(line.strip() in sources for line in body.splitlines()), body
+
+
+def example_env(redis_url: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "REDIS_URL": redis_url}
+
+
+@pytest.mark.slow
+@needs_django
+def test_django_example_project_runs_its_tasks_through_dueq_worker(redis_server, r):
+    env = example_env(redis_server.url)
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "dueq_worker"],
+        cwd=EXAMPLE,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        demo = subprocess.run(
+            [sys.executable, "manage.py", "shop_demo"],
+            cwd=EXAMPLE,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker_output, _ = worker.communicate(timeout=60)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert demo.stdout.splitlines() == [
+        "SUCCESSFUL welcome mail sent to user 42",
+        "SUCCESSFUL {'day': '2026-01-01', 'rows': 3}",
+        "FAILED builtins.ValueError",
+        "READY True",
+    ]
+    assert worker.returncode == 0, worker_output
+    assert "serving shop.default, shop.reports" in worker_output

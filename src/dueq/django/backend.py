@@ -252,6 +252,17 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             raise TaskResultDoesNotExist(result_id)
         return self.result_of(info, queue_name)
 
+    def wait(self, result_id: str, timeout: float = 10.0) -> Any:
+        """The ``TaskResult`` of ``result_id`` once the task has ended (SUCCESSFUL or FAILED),
+        woken by the queue when it does (``Queue.wait``, no polling); raises
+        ``dueq.WaitTimeout`` if it has not ended within ``timeout`` seconds. Needs
+        ``keep_results``."""
+        queue_name, sep, _ = str(result_id).rpartition(":")
+        if not sep or (self.queues and queue_name not in self.queues):
+            raise TaskResultDoesNotExist(result_id)
+        self.queue(queue_name).wait(result_id, timeout=timeout)
+        return self.get_result(result_id)
+
     def result_of(self, info: TaskInfo, queue_name: str) -> Any:
         """The ``TaskResult`` a stored dueq task reads as."""
         payload = info.payload
