@@ -21,9 +21,17 @@ the lifespan's shutdown, which stops the worker.
 
 Settings come from the environment (``DUEQ_REDIS_URL``; ``REMINDER_WEBHOOK_URL``;
 ``REMINDER_DELAY_S``) or the command line. Without a Redis URL an embedded redis-server (a
-throwaway process on a free loopback port) is started. The default webhook is this app's own
-``/demo/reminders`` route on port 8000 (``--port`` moves both), which stands in for a mail
-service and only logs what it gets.
+throwaway process on a free loopback port) is started. Without ``REMINDER_WEBHOOK_URL`` the
+webhook is this app's own ``/demo/reminders`` route, which stands in for a mail service and
+only logs what it gets; its address is learned from the requests: the address and port the
+server accepted them on (the ASGI ``server``, not the client's ``Host`` header, which would
+let a caller send the reminders anywhere), so ``uvicorn --port 9000`` works as well as 8000.
+A reminder due before the first request is retried until then.
+
+Failures show: a webhook that fails raises ``WebhookFailed`` naming the URL, and the worker
+logs each failed attempt (task id, attempt, error). Under uvicorn, which configures only its
+own ``uvicorn*`` loggers, those lines go to stderr by dueq's fallback (docs/worker-output.md);
+configure logging (``--log-config``) to route them elsewhere.
 
 Run (uvicorn is optional: ``pip install uvicorn``):
     uvicorn examples.fastapi_app:app                 # from the repository root
@@ -56,7 +64,12 @@ from dueq.server import RedisServer
 
 logger = logging.getLogger("fastapi_app")
 
-DEFAULT_WEBHOOK_URL = "http://127.0.0.1:8000/demo/reminders"
+#: The demo mail service's route, on whichever address the server listens on.
+DEMO_WEBHOOK_PATH = "/demo/reminders"
+
+
+class WebhookFailed(Exception):
+    """A reminder's webhook did not take it (the attempt fails and is retried)."""
 
 
 @dataclass
@@ -64,7 +77,7 @@ class Settings:
     """What the service needs to know; ``from_env`` reads it from the environment."""
 
     redis_url: str | None = None  # None: start an embedded redis-server
-    webhook_url: str = DEFAULT_WEBHOOK_URL
+    webhook_url: str | None = None  # None: this app's demo route, at the server's address
     reminder_delay_s: float = 24 * 3600.0
     queue: str = "signup-reminders"
     concurrency: int = 32  # webhooks in flight at once
@@ -77,7 +90,7 @@ class Settings:
     def from_env(cls) -> Settings:
         return cls(
             redis_url=os.environ.get("DUEQ_REDIS_URL") or None,
-            webhook_url=os.environ.get("REMINDER_WEBHOOK_URL", DEFAULT_WEBHOOK_URL),
+            webhook_url=os.environ.get("REMINDER_WEBHOOK_URL") or None,
             reminder_delay_s=float(os.environ.get("REMINDER_DELAY_S", cls.reminder_delay_s)),
         )
 
@@ -118,9 +131,15 @@ def create_app(settings: Settings) -> FastAPI:
         async def send_reminder(delivery: dueq.AsyncDelivery) -> None:
             """The handler: runs on this loop and uses the app's HTTP client. Returning acks
             the task; raising (``raise_for_status``, a timeout) fails the attempt."""
+            url = settings.webhook_url or app.state.webhook_url
+            if url is None:
+                raise WebhookFailed("no webhook yet: set REMINDER_WEBHOOK_URL, or send a request")
             body = {"task_id": delivery.id, "attempt": delivery.attempt, **delivery.payload}
-            response = await http.post(settings.webhook_url, json=body)
-            response.raise_for_status()
+            try:
+                response = await http.post(url, json=body)
+                response.raise_for_status()
+            except httpx.HTTPError as exc:  # the worker logs it with the task id and attempt
+                raise WebhookFailed(f"POST {url}: {type(exc).__name__}: {exc}") from exc
 
         worker = dueq.AsyncWorker(
             queue,
@@ -131,6 +150,7 @@ def create_app(settings: Settings) -> FastAPI:
         )
         running = asyncio.create_task(worker.run())
         app.state.queue = queue
+        app.state.webhook_url = settings.webhook_url
         try:
             yield
         finally:
@@ -151,6 +171,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/signup", status_code=202)
     async def signup(body: Signup, request: Request) -> Scheduled:
+        if request.app.state.webhook_url is None:
+            request.app.state.webhook_url = own_webhook_url(request)
         task_id = await queue_of(request).schedule(
             {"email": body.email, "template": "welcome-reminder"},
             id=f"reminder:{body.email.lower()}",
@@ -172,6 +194,19 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.mount("/demo", demo_mail_service([]))
     return app
+
+
+def own_webhook_url(request: Request) -> str:
+    """The demo route at the address and port the server accepted ``request`` on (ASGI
+    ``scope["server"]``; a client cannot choose it as it can the ``Host`` header)."""
+    server = request.scope.get("server")
+    if not server or server[1] is None:  # a Unix socket: the request's own base URL
+        return str(request.base_url).rstrip("/") + DEMO_WEBHOOK_PATH
+    host, port = server
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
+    if host in ("0.0.0.0", "[::]"):  # bound to every address: loopback reaches it
+        host = "127.0.0.1"
+    return f"http://{host}:{port}{DEMO_WEBHOOK_PATH}"
 
 
 def demo_mail_service(received: list[dict[str, Any]]) -> FastAPI:
@@ -288,8 +323,6 @@ def main() -> int:
         return 2
     settings = Settings.from_env()
     settings.redis_url = redis_url
-    if settings.webhook_url == DEFAULT_WEBHOOK_URL:
-        settings.webhook_url = f"http://127.0.0.1:{args.port}/demo/reminders"
     uvicorn.run(create_app(settings), host="127.0.0.1", port=args.port)
     return 0
 

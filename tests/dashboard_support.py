@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import redis
@@ -108,6 +107,12 @@ class Served:
 
 
 def overdue(q: Queue, *, count: int, minutes: float) -> None:
-    """``count`` tasks of ``q`` that fell due ``minutes`` ago (by the Redis clock's now)."""
-    at = datetime.now(timezone.utc) - timedelta(minutes=minutes)
-    q.schedule_many(Task({"n": i}, id=f"late-{i}", at=at) for i in range(count))
+    """``count`` tasks of ``q`` that fell due ``minutes`` ago and have waited since.
+
+    A past ``at=`` would be stored as now (docs/lag.md: lag counts from when a task was
+    scheduled), so they are scheduled, due at once, by a producer whose clock reads
+    ``minutes`` ago: the same data a producer writing then would have left.
+    """
+    then_s = time.time() - minutes * 60
+    producer = Queue(q.name, q.redis, clock=lambda: then_s)
+    producer.schedule_many(Task({"n": i}, id=f"late-{i}") for i in range(count))

@@ -9,9 +9,10 @@ short and visible (issue 26: tests use the public API or a named test-support mo
 - ``schedule_flows``: the scheduling flows' module (a test replaces its id generator to force
   an id collision);
 - ``tracing``: the tracer lookup and its cache (reset between tracing tests);
-- ``prefetch`` and ``process``: the consumers' prefetch and handler-thread algorithms, unit
-  tested on their own;
-- ``shards``: the shard placement rule (``shard_names``) and its bound (``MAX_SHARDS``);
+- ``prefetch``, ``consume`` and ``process``: the consumers' prefetch, claim-loop rules and
+  handler-thread algorithms, unit tested on their own;
+- ``shards``: the shard placement rule (``dueq._shard_layout.shard_names``) and its bound
+  (``MAX_SHARDS``);
 - ``spark_source()``: the Spark data source's module (pyspark >= 4.0; imported on demand).
 """
 
@@ -20,14 +21,16 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from dueq import _consume as consume
 from dueq import _prefetch as prefetch
 from dueq import _protocol as protocol
 from dueq import _schedule_flows as schedule_flows
-from dueq import _shards as shards
+from dueq import _shard_layout as shards
 from dueq import _tracing as tracing
 from dueq.operators import _process as process
 
 __all__ = [
+    "consume",
     "look_again_for_tracer",
     "prefetch",
     "process",

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 from click.testing import CliRunner
+from waiting import wait_for
 
 import dueq
 from dueq.acl import ROLES, acl_rule, acl_rules, combined_rule, script_commands
@@ -142,14 +143,15 @@ def test_each_role_has_the_commands_of_its_lua_scripts_and_no_more_than_its_job(
     assert script_commands("schedule") <= producer
     assert script_commands("claim") | script_commands("ack") <= consumer
     assert script_commands("dead") | script_commands("stats") <= operator
-    assert {"scan", "subscribe", "info"}.isdisjoint(producer)
+    assert "scan" not in producer  # (it subscribes and reads INFO only to wait: q.wait)
     assert "scan" not in consumer and "subscribe" not in operator
     assert all(acl_rule(role).keys == ("~dueq:{*}:*",) for role in ROLES)
 
 
 def test_several_roles_give_one_rule_with_the_union_of_their_commands():
-    union = set(combined_rule(("producer", "operator"), "emails"))
-    assert union == set(acl_rules("producer", "emails")) | set(acl_rules("operator", "emails"))
+    # (producer and consumer both publish and subscribe: their Pub/Sub tokens are the same)
+    union = set(combined_rule(("producer", "consumer"), "emails"))
+    assert union == set(acl_rules("producer", "emails")) | set(acl_rules("consumer", "emails"))
     assert printed_rule("producer", "operator", "--queue", "emails").split() == combined_rule(
         ("producer", "operator"), "emails"
     )
@@ -181,6 +183,10 @@ def test_the_producer_schedules_cancels_reschedules_and_gets(server, admin, logi
     assert q.reschedule("a", delay=0)
     assert q.get("a") is not None
     assert q.cancel("a")
+    admin.hset(f"dueq:{{{QUEUE}}}:config", "keep_results_ms", "60000")
+    q.schedule({"n": 2}, id="w")
+    q.cancel("w")
+    assert q.wait("w", timeout=5).state == "cancelled"  # q.wait: the ended channel
     code, out, err = run_cli(server, "producer", "schedule", QUEUE, '{"n": 9}', "--id", "cli")
     assert (code, out) == (0, "cli\n"), err
     assert refused(admin, "producer") == set()
@@ -210,7 +216,9 @@ def test_the_consumer_claims_settles_observes_and_runs_a_worker(admin, login):
 
     sub = consumer.observe().pipe(process(lambda d: None)).subscribe(on_next=keep)
     try:
-        time.sleep(0.2)  # the consumer is asleep on the wake channel
+        # the consumer has claimed what was due and listens on the wake channel
+        wait_for(lambda: {o.id for o in outcomes} >= {"c1", "c2"}, "the first claim")
+        wait_for(lambda: _listeners(admin, QUEUE) == [1], "the wake subscription")
         producer.schedule("late", id="later")
         assert done.wait(30), outcomes
     finally:
@@ -246,7 +254,10 @@ def test_each_role_works_a_sharded_queue_of_its_name_and_no_other(admin, login):
 
     sub = consumer.observe(heartbeat=3600).pipe(process(handle)).subscribe()
     try:
-        time.sleep(0.2)  # asleep on the three shards' wake channels (SSUBSCRIBE): only a wake
+        # all 30 handled, then asleep on the three shards' wake channels (SSUBSCRIBE): only a
+        # wake brings the next one
+        wait_for(lambda: len(acked) == 30, "the first 30")
+        wait_for(lambda: _listeners(admin, QUEUE, 3) == [1, 1, 1], "the wake subscriptions")
         producer.schedule("late", id="late")
         assert done.wait(30), f"{len(acked)} of 31 handled"
     finally:
@@ -407,3 +418,11 @@ def test_the_core_consumer_and_cron_tests_pass_as_the_acl_user(server):
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+def _listeners(admin: redis.Redis, name: str, shards: int = 1) -> list[int]:
+    """How many clients listen (SSUBSCRIBE) on each wake channel of queue ``name``."""
+    channels = [
+        dueq.Queue(n, admin).keys.wake for n in dueq.Queue(name, admin, shards=shards).shard_names
+    ]
+    return [int(count) for _, count in admin.pubsub_shardnumsub(*channels)]

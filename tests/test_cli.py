@@ -274,14 +274,14 @@ def test_a_wrong_password_is_one_line(invoke, redis_server, r):
     assert "refused the credentials" in one_error_line(result)
 
 
-def test_embedded_starts_a_server_for_the_command(invoke):
+def test_embedded_is_no_option_of_a_command_that_would_find_an_empty_redis(invoke):
     result = invoke("stats", "--embedded", url=UNREACHABLE)
-    assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("no dueq queues at redis://127.0.0.1:")
+    assert result.exit_code == 2
+    assert "No such option '--embedded'" in one_error_line(result)
 
 
 def test_redis_url_and_embedded_exclude_each_other(invoke):
-    result = CliRunner().invoke(cli, ["stats", "--embedded", "--redis-url", UNREACHABLE])
+    result = CliRunner().invoke(cli, ["dashboard", "--embedded", "--redis-url", UNREACHABLE])
     assert result.exit_code == 2
     assert "exclude each other" in one_error_line(result)
 

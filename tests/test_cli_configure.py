@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 import dueq
+
+
+@pytest.fixture(autouse=True)
+def jobs(r):
+    """Queue "jobs" exists (a task is scheduled): settings of a queue that does not are
+    refused without --create (tests/test_cli_surface.py)."""
+    dueq.Queue("jobs", r).schedule({}, id="first", delay=3600)
 
 
 def test_pause_and_resume_change_what_every_worker_may_claim(invoke, r):
@@ -21,7 +30,7 @@ def test_pause_and_resume_change_what_every_worker_may_claim(invoke, r):
 
 
 def test_a_queue_may_be_paused_before_anything_was_scheduled(invoke, r):
-    assert invoke("pause", "later").exit_code == 0
+    assert invoke("pause", "later", "--create").exit_code == 0
     q = dueq.Queue("later", r)
     q.schedule({}, id="a")
     assert q.claim(10) == []
@@ -54,13 +63,13 @@ def test_configure_refuses_a_bad_key_concurrency_before_writing(invoke, r):
         assert result.exit_code == 2 and "--key-concurrency" in result.output
     result = invoke("configure", "jobs", "--key-rate", "5/0")
     assert result.exit_code == 2 and "--key-rate" in result.output
-    assert not r.exists(dueq.Queue("jobs", r).keys.config)
+    assert not r.exists(dueq.Queue("jobs", r).keys.config)  # nothing written
 
 
 def test_configure_refuses_a_negative_window_before_writing(invoke, r):
     result = invoke("configure", "jobs", "--remember-done", "-5")
     assert result.exit_code == 2 and "--remember-done" in result.output
-    assert not r.exists(dueq.Queue("jobs", r).keys.config)
+    assert not r.exists(dueq.Queue("jobs", r).keys.config)  # nothing written
 
 
 def test_configure_sets_and_removes_a_rate(invoke, r):

@@ -84,7 +84,7 @@ def test_dead_list_json_lets_a_script_pick_ids_by_error_type(invoke, q):
     assert doc["queue"] == "jobs" and doc["total"] == 4 and doc["next_cursor"] is None
     timeouts = [t["id"] for t in doc["tasks"] if t["errors"][-1]["type"] == "TimeoutError"]
     assert timeouts == ["smtp"]
-    last = doc["tasks"][-1]  # oldest first: smtp died last
+    last = doc["tasks"][0]  # newest first: smtp died last
     assert last["state"] == "dead" and last["attempt"] == 2 and last["payload"] == {"smtp": True}
     assert last["died_at"].endswith("Z") and last["queue"] == "jobs"
     assert "in test_dead_list_json" in last["errors"][0]["traceback"]

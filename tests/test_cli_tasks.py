@@ -43,8 +43,8 @@ def test_list_json_in_every_state(invoke: Any, q: Any) -> None:
     [held] = _json(invoke("list", "jobs", "--state", "leased", "--json"))
     assert (held["id"], held["holder"], held["attempt"]) == ("t-held", "w1", 1)
     dead = _json(invoke("list", "jobs", "--state", "dead", "--json"))
-    assert [t["id"] for t in dead] == ["t-dead", "v-dead"]
-    assert dead[0]["errors"][-1]["type"] == "TimeoutError"
+    assert [t["id"] for t in dead] == ["v-dead", "t-dead"]  # newest first (one ms: by id)
+    assert dead[1]["errors"][-1]["type"] == "TimeoutError"
 
 
 def test_list_filters_and_limits(invoke: Any, q: Any) -> None:

@@ -399,3 +399,28 @@ def test_one_unreadable_queue_does_not_hide_the_others(r: redis.Redis, dashboard
     # the queue's own page says why it cannot be shown: an error, not "Redis is down"
     own = client.get("/queue", params={"queue": "reports"})
     assert own.status_code == 500 and "WRONGTYPE" in own.text
+
+
+def test_a_queue_is_known_by_its_keys_without_a_scan_per_request(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    seed(r)
+    split = Queue("split", r, shards=2)
+    split.schedule({"n": 1})
+    split.schedule({"n": 2})
+
+    def scans() -> int:
+        return int(r.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+
+    client = dashboard()
+    before = scans()
+    assert client.get("/api/queue", params={"queue": "emails"}).status_code == 200
+    assert client.get("/api/queue", params={"queue": "split"}).status_code == 200
+    assert client.get("/api/queue", params={"queue": "nope"}).status_code == 404
+    # a shard of a sharded queue is not a queue of its own (the overview lists "split" once)
+    assert client.get("/api/queue", params={"queue": "split#0"}).status_code == 404
+    assert client.get("/api/tasks", params={"queue": "reports"}).status_code == 200
+    assert scans() == before  # EXISTS, not a walk of the keyspace, per request
+    only = dashboard(queues=("reports",))  # --queue: only those are known
+    assert only.get("/api/queue", params={"queue": "emails"}).status_code == 404
+    assert only.get("/api/queue", params={"queue": "reports"}).status_code == 200

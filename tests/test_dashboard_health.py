@@ -6,11 +6,13 @@ login. docs/dashboard-health.md's Python blocks run here too."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -20,9 +22,12 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
+from click.testing import CliRunner
 from dashboard_support import csrf_of, overdue, running_worker, seed
 
+import dueq.dashboard
 from dueq import ConfigurationError, Queue, RetryPolicy
+from dueq.cli import cli
 from dueq.dashboard import (
     DashboardSettings,
     HealthRules,
@@ -318,3 +323,67 @@ def test_the_python_blocks_of_the_health_docs_run(
     scope: dict[str, object] = {"REDIS_URL": redis_server.url}
     for block in blocks:
         exec(compile(block, str(DOC), "exec"), scope)  # the docs page's own examples
+
+
+# ---- dueq dashboard --health-*: the thresholds from the command line -----------------------
+
+
+def _served_by_cli(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, *flags: str
+) -> tuple[DashboardSettings, TestClient]:
+    """Run ``dueq dashboard FLAGS`` without serving: the settings it built and its app."""
+    command = importlib.import_module("dueq.cli.dashboard")  # the module, not the command
+    built: list[DashboardSettings] = []
+    create = dueq.dashboard.create_app
+
+    def capture(url: str, settings: DashboardSettings) -> object:
+        built.append(settings)
+        return create(url, settings)
+
+    listen = command.listen
+    apps: list[object] = []
+    monkeypatch.setattr(command, "listen", lambda host, port: listen(host, 0))
+    monkeypatch.setattr(command, "serve", lambda app, sock: apps.append(app))
+    monkeypatch.setattr(dueq.dashboard, "create_app", capture)
+    result = CliRunner().invoke(cli, ["dashboard", "--redis-url", redis_server.url, *flags])
+    assert result.exit_code == 0, result.output
+    return built[0], TestClient(apps[0], base_url="http://127.0.0.1")  # type: ignore[arg-type]
+
+
+def test_cli_health_flags_reach_the_overview_rows(
+    r: redis.Redis, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    overdue(Queue("stalled", r), count=3, minutes=11)  # no worker: bad by default (> 1 min)
+    settings, app = _served_by_cli(redis_server, monkeypatch)
+    assert settings.health == HealthRules()
+    with app as client:
+        assert client.get("/api/overview").json()["queues"]["stalled"]["health"] == "bad"
+    patient = ("--health-no-worker-bad-s", "1200", "--health-lag-bad-s", "3600")
+    settings, app = _served_by_cli(
+        redis_server, monkeypatch, *patient, "--health-dead-window-s", "600"
+    )
+    assert settings.health == HealthRules(no_worker_bad_s=1200, lag_bad_s=3600, dead_window_s=600)
+    with app as client:  # 11 min with no worker is under 20 min: a warning, not bad
+        assert client.get("/api/overview").json()["queues"]["stalled"]["health"] == "warn"
+    _, app = _served_by_cli(redis_server, monkeypatch, *patient[:2], "--health-lag-bad-s", "600")
+    with app as client:  # 11 min is over the 10 min lag limit: bad again
+        assert client.get("/api/overview").json()["queues"]["stalled"]["health"] == "bad"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--health-no-worker-bad-s", "0"),
+        ("--health-lag-bad-s", "-5"),
+        ("--health-lag-bad-s", "soon"),
+        ("--health-dead-window-s", "90000"),
+        ("--health-dead-window-s", "nan"),
+    ],
+)
+def test_cli_health_flags_refuse_values_that_are_not_sensible_durations(
+    invoke: Callable[..., object], flag: str, value: str
+) -> None:
+    result: Any = invoke("dashboard", "--port", "0", flag, value)
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "No such option" not in result.output
+    assert "Traceback" not in result.output

@@ -11,6 +11,7 @@ import socket
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -150,13 +151,20 @@ def test_an_allowed_host_with_a_port_allows_only_that_port(
     assert client.get("/", headers={"Host": "[fd00::6]"}).status_code == 400
 
 
+def _any_free_port(command: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dueq dashboard`` binds its port first (``listen``): any free one here, not 8080."""
+    listen = command.listen
+    monkeypatch.setattr(command, "listen", lambda host, port: listen(host, 0))
+
+
 def test_cli_allow_host_reaches_the_app(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     command = importlib.import_module("dueq.cli.dashboard")  # the module, not the command
 
     started: list[object] = []
-    monkeypatch.setattr(command, "serve", lambda app, host, port: started.append(app))
+    _any_free_port(command, monkeypatch)
+    monkeypatch.setattr(command, "serve", lambda app, sock: started.append(app))
     args = ["dashboard", "--redis-url", redis_server.url, "--allow-host", "dash.example.com"]
     result = CliRunner().invoke(cli, [*args, "--allow-host", "box:8080", "--behind-tls"])
     assert result.exit_code == 0, result.output
@@ -379,7 +387,10 @@ def test_the_docs_command_line_runs_and_allows_its_names(
     assert argv[:2] == ["dueq", "dashboard"]
     command = importlib.import_module("dueq.cli.dashboard")
     started: list[tuple[object, str]] = []
-    monkeypatch.setattr(command, "serve", lambda app, host, port: started.append((app, host)))
+    _any_free_port(command, monkeypatch)
+    monkeypatch.setattr(
+        command, "serve", lambda app, sock: started.append((app, sock.getsockname()[0]))
+    )
     result = CliRunner().invoke(cli, [*argv[1:], "--redis-url", redis_server.url])
     assert result.exit_code == 0, result.output
     [(app, host)] = started

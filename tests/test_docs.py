@@ -10,7 +10,9 @@ fragment) has ``<!-- not run: reason -->`` on the line before its fence; they ar
 kept few (``test_few_blocks_are_marked_not_run``). Shell blocks are not run.
 
 A few pages predate this convention and assume names their text introduces (``q``, ``r``,
-``redis_url``); ``PAGE_SETUP`` gives them, visibly, instead of editing those pages.
+``redis_url``); ``PAGE_SETUP`` gives them, visibly, instead of editing those pages. A few pages
+show what a separate process prints (a worker's stderr, a metrics scrape) and are run by their
+own test, named in ``RUN_BY``; a test here checks that the named test really reads the page.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ PAGE_SETUP = {
     ),
     "dashboard-security.md": "redis_url = REDIS_URL\n",
     "settings-validation.md": "",  # it uses the client ``r``
+}
+
+#: Pages whose blocks their own test runs (in a subprocess, or with the setup the page's text
+#: describes), and that test.
+RUN_BY = {
+    "docs/lag.md": "tests/test_lag.py",
+    "docs/metrics-series.md": "tests/test_metrics_series.py",
+    "docs/worker-output.md": "tests/test_worker_output.py",
 }
 
 
@@ -104,7 +114,9 @@ def run_page(blocks: list[Block], scope: dict[str, Any]) -> None:
     asyncio.run(on_one_loop())
 
 
-@pytest.mark.parametrize("page", sorted({b.page for b in ALL_BLOCKS if b.not_run is None}), ids=str)
+@pytest.mark.parametrize(
+    "page", sorted({b.page for b in ALL_BLOCKS if b.not_run is None} - set(RUN_BY)), ids=str
+)
 def test_the_python_blocks_of_each_page_run_against_a_real_redis(
     page: str,
     r: redis.Redis,
@@ -121,6 +133,13 @@ def test_the_python_blocks_of_each_page_run_against_a_real_redis(
         scope["r"] = r
         exec(compile(setup, f"setup of {page}", "exec"), scope)
     run_page(runnable, scope)  # a block's own asserts are the test; any error fails it
+
+
+@pytest.mark.parametrize("page", sorted(RUN_BY), ids=str)
+def test_a_page_run_by_its_own_test_is_read_by_that_test(page: str) -> None:
+    test_text = (ROOT / RUN_BY[page]).read_text()
+    assert [b for b in ALL_BLOCKS if b.page == page and b.not_run is None], page
+    assert Path(page).name in test_text and "```python" in test_text  # it finds the blocks
 
 
 def test_few_blocks_are_marked_not_run_and_each_says_why() -> None:

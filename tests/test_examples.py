@@ -227,3 +227,79 @@ def test_flow_control_example_limits_tenants_runs_urgent_first_and_times_out(red
     position = int(re.search(r"small tenant done starting at position (\d+)", out).group(1))
     assert position < 24  # not behind the big tenant's 24 tasks
     assert "dead: hangs: TaskTimeout: handler ran past its timeout of 0.3 s" in out
+
+
+@contextlib.contextmanager
+def uvicorn_example(redis_url: str, **env: str) -> Any:
+    """``uvicorn fastapi_app:app`` as a user runs it, on a free port other than 8000; yields
+    (base URL, the process) and stops it (SIGTERM) on the way out."""
+    import os
+    import socket
+
+    pytest.importorskip("uvicorn")
+    fastapi_example()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    assert port != 8000
+    child = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "fastapi_app:app", "--port", str(port)],
+        cwd=EXAMPLES,
+        env={**os.environ, "DUEQ_REDIS_URL": redis_url, "REMINDER_DELAY_S": "0.2", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield f"http://127.0.0.1:{port}", child
+    finally:
+        if child.poll() is None:
+            child.terminate()
+        try:
+            child.communicate(timeout=30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+def wait_until(condition: Any, what: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except Exception:  # httpx.TransportError, OSError: the server is not listening yet
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_fastapi_example_under_uvicorn_on_another_port_sends_its_reminders(r, redis_server):
+    import httpx
+
+    with uvicorn_example(redis_server.url) as (base, _child):
+        wait_until(lambda: httpx.get(f"{base}/health").status_code == 200, "uvicorn")
+        reply = httpx.post(f"{base}/signup", json={"email": "ada@example.com"})
+        assert reply.status_code == 202, reply.text
+        q = dueq.Queue("signup-reminders", r)
+        wait_until(lambda: q.stats().counters.get("acked") == 1, "the reminder acked")
+    stats = dueq.Queue("signup-reminders", r).stats()
+    assert "retried" not in stats.counters and stats.dead == 0
+
+
+def test_fastapi_example_under_uvicorn_prints_a_failing_webhook(r, redis_server):
+    import httpx
+
+    closed = "http://127.0.0.1:9/nothing-listens-here"  # the discard port: refused
+    with uvicorn_example(redis_server.url, REMINDER_WEBHOOK_URL=closed) as (base, child):
+        wait_until(lambda: httpx.get(f"{base}/health").status_code == 200, "uvicorn")
+        httpx.post(f"{base}/signup", json={"email": "bo@example.com"})
+        q = dueq.Queue("signup-reminders", r)
+        wait_until(lambda: q.stats().counters.get("retried") == 1, "a failed attempt")
+        child.terminate()
+        _, err = child.communicate(timeout=30)
+    failed = [line for line in err.splitlines() if "attempt 1 failed (retried)" in line]
+    assert len(failed) == 1, err
+    assert "task 'reminder:bo@example.com'" in failed[0]
+    assert closed in failed[0]  # the error names the webhook it could not reach

@@ -48,6 +48,7 @@ PUBLIC = {
     "TaskNotFound",
     "TaskOptions",
     "TaskTimeout",
+    "WaitTimeout",
     "TraceContext",
     "Unrecoverable",
     "Worker",

@@ -13,12 +13,11 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 import redis.asyncio
+from internals import consume, prefetch
 from redis._parsers.base import BaseParser
 from waiting import wait_for
 
 import dueq
-from dueq._consume import ClaimRules
-from dueq._prefetch import Prefetch
 from dueq.outage import is_outage, outage_reason
 from dueq.server import RedisServer
 
@@ -504,7 +503,9 @@ def test_the_claim_rules_back_off_on_an_outage_and_end_the_stream_on_anything_el
 ) -> None:
     # the decisions both consumers drive (dueq._consume): what a claim's error means
     q = dueq.Queue("rules", r)
-    rules: ClaimRules[dueq.Delivery] = ClaimRules(q.name, Prefetch.parse(8), 5000)
+    rules: consume.ClaimRules[dueq.Delivery] = consume.ClaimRules(
+        q.name, prefetch.Prefetch.parse(8), 5000
+    )
     with caplog.at_level("INFO", logger="dueq"):
         backoff_ms = rules.failed(redis.ConnectionError("gone"))
         assert backoff_ms is not None and backoff_ms > 0

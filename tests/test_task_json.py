@@ -125,7 +125,7 @@ def test_cli_dashboard_and_to_json_give_the_same_document(
     }
 
 
-def test_list_and_dead_list_give_dead_tasks_oldest_first_with_a_cursor(
+def test_list_and_dead_list_give_dead_tasks_newest_first_with_a_cursor(
     make_queue: Any, invoke: Any
 ) -> None:
     q = make_queue("jobs", clock=None, retry=dueq.RetryPolicy(max_attempts=1))
@@ -135,10 +135,10 @@ def test_list_and_dead_list_give_dead_tasks_oldest_first_with_a_cursor(
         d.fail(ValueError(f"no {n}"))
     for command in (("list", "jobs", "--state", "dead"), ("dead", "list", "jobs")):
         first = _stdout(invoke(*command, "--json", "--limit", "2"))
-        assert [t["id"] for t in first["tasks"]] == ["d0", "d1"], command
+        assert [t["id"] for t in first["tasks"]] == ["d2", "d1"], command
         assert first["next_cursor"] is not None
         rest = _stdout(invoke(*command, "--json", "--cursor", first["next_cursor"]))
-        assert [t["id"] for t in rest["tasks"]] == ["d2"], command
+        assert [t["id"] for t in rest["tasks"]] == ["d0"], command
         assert rest["next_cursor"] is None
 
 

@@ -137,13 +137,47 @@ def test_dead_tasks_filter_by_their_last_error_type_and_replay_by_it(
     for d in q.claim(6):
         d.fail(TimeoutError("smtp") if int(d.id[1]) % 2 else ValueError("bad"))
     timeouts = _all(q, "dead", error_type="TimeoutError")
-    assert [t.id for t in timeouts] == ["t1", "t3", "t5"]
+    assert [t.id for t in timeouts] == ["t5", "t3", "t1"]  # newest first (one died-at: by id)
     assert q.dead.replay(error_type="TimeoutError") == 3
     assert sorted(t.id for t in _all(q, "scheduled")) == ["t1", "t3", "t5"]
     assert q.dead.purge(error_type="ValueError") == 3
     assert q.dead.count() == 0
     with pytest.raises(dueq.InvalidTaskError):
         q.dead.replay(["t1"], error_type="TimeoutError")
+
+
+def test_dead_tasks_list_newest_first_as_dead_list_does_and_page_without_repeats(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue("v", retry=dueq.RetryPolicy(max_attempts=1))
+    start = datetime.fromtimestamp(clock.now, UTC)
+    q.schedule_many(dueq.Task(i, id=f"t{i:03d}") for i in range(250))
+    for _ in range(5):  # 50 die each second: ties at one died-at go by id, descending
+        for d in q.claim(50):
+            d.fail("boom")
+        clock.advance(1)
+    newest = sorted((f"t{i:03d}" for i in range(250)), reverse=True)
+    assert [t.id for t in q.dead.list(limit=250)] == newest  # offset paging: newest first
+    assert [t.id for t in _all(q, "dead", limit=7)] == newest  # cursor paging: the same order
+    first = q.list_tasks("dead", limit=100)
+    assert [t.id for t in first.tasks] == newest[:100]
+    # tasks at and before the cursor leave, new ones die: the rest still comes exactly once
+    q.dead.purge([first.tasks[-1].id, first.tasks[0].id, newest[150]])
+    q.schedule("late", id="late")
+    [d] = q.claim()
+    d.fail("boom")
+    rest: list[str] = []
+    cursor = first.cursor
+    while cursor is not None:
+        page = q.list_tasks("dead", limit=100, cursor=cursor)
+        rest += [t.id for t in page.tasks]
+        cursor = page.cursor
+    assert rest == [i for i in newest[100:] if i != newest[150]]
+    window = _all(
+        q, "dead", limit=20, after=start + timedelta(seconds=1), before=start + timedelta(seconds=2)
+    )
+    # died 1 s and 2 s after the start (less the purged one)
+    assert [t.id for t in window] == [i for i in newest[100:200] if i != newest[150]]
 
 
 def test_run_now_makes_scheduled_and_dead_tasks_due_and_leaves_leased_ones(

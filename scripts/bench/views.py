@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 import redis
+from bench_internals import replace_scripts
 
 from dueq import Queue, Task
 from dueq.checks import MAX_HOLDER_LENGTH
@@ -41,10 +42,11 @@ HISTORY_ON = "history = {key = k_history, arg = now_arg}"
 
 def without_views(q: Queue, r: redis.Redis) -> Queue:
     """``q`` running scripts whose history_use does nothing, claiming without a holder."""
-    for name in SCRIPT_NAMES:
-        source = script_source(name)
-        assert HISTORY_ON in source
-        q._scripts._scripts[name] = r.register_script(source.replace(HISTORY_ON, "history = nil"))
+    sources = {name: script_source(name) for name in SCRIPT_NAMES}
+    assert all(HISTORY_ON in source for source in sources.values())
+    replace_scripts(
+        q, {name: source.replace(HISTORY_ON, "history = nil") for name, source in sources.items()}
+    )
     q.holder = ""  # "" names no holder (the constructor refuses it; the bench sets it)
     return q
 

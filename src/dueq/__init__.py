@@ -8,7 +8,7 @@ in the dead-letter queue. See docs/guarantees.md for the guarantees.
 from . import operators
 from ._async import AsyncQueue
 from ._identity import worker_id
-from ._shards import shard_of
+from ._shard_layout import shard_of
 from ._version import __version__
 from .cron import CronDefinition, Occurrence
 from .doctor import DoctorFinding, DoctorReport
@@ -28,6 +28,7 @@ from .exceptions import (
     TaskNotFound,
     TaskTimeout,
     Unrecoverable,
+    WaitTimeout,
 )
 from .queue import ClaimBatch, Queue
 from .registry import WorkerInfo
@@ -88,6 +89,7 @@ __all__ = [
     "TaskTimeout",
     "TraceContext",
     "Unrecoverable",
+    "WaitTimeout",
     "Worker",
     "WorkerInfo",
     "__version__",

@@ -7,7 +7,9 @@ one front end is consumed by the other. Only the I/O differs: every call goes th
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -24,13 +26,15 @@ from ._core import QueueCore
 from ._drive import Flow, drive_async
 from ._lease_flows import ClaimBatch
 from ._server_check import wrong_client
-from ._shards import Each, send_each_async, sharded_layout
+from ._shard_fanout import Each, send_each_async
+from ._shards import sharded_layout
 from .checks import client_from_url
-from .clock import Clock, Duration
+from .clock import Clock, Duration, duration_ms
 from .cron import AsyncCrons
 from .dead import AsyncDeadLetters
 from .doctor import DoctorReport
-from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
+from .exceptions import WaitTimeout
 from .registry import WorkerInfo
 from .retry import RetryPolicy
 from .scripts import AsyncScripts
@@ -48,7 +52,7 @@ from .task import (
     TaskPage,
     TaskState,
 )
-from .wake import WakeSubscription
+from .wake import WakeSubscription, ended_ids, is_subscribed, is_wake, subscribe_args
 
 logger = logging.getLogger("dueq.queue")
 
@@ -298,6 +302,7 @@ class AsyncQueue(QueueCore):
         *,
         paused: bool | None = None,
         remember_done: Duration | None = None,
+        keep_results: Duration | None = None,
         rate: Rate | Literal[False] | None = None,
         key_rate: Rate | Literal[False] | None = None,
         key_concurrency: int | Literal[False] | None = None,
@@ -307,6 +312,7 @@ class AsyncQueue(QueueCore):
             self.configure_flow(
                 paused=paused,
                 remember_done=remember_done,
+                keep_results=keep_results,
                 rate=rate,
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,
@@ -337,6 +343,33 @@ class AsyncQueue(QueueCore):
         once, a missing one left out): one round trip per 1,000 ids, each page one consistent
         snapshot. ``InvalidTaskError`` for an id that is not valid, before anything is read."""
         return await self.drive(self.get_many_flow(task_ids))
+
+    async def wait(self, task_id: str, timeout: Duration = 10.0) -> TaskInfo:
+        """As ``Queue.wait``: the task once it has ended; ``WaitTimeout`` if not in time."""
+        task_id = validate_id(task_id)
+        deadline = time.monotonic() + duration_ms(timeout, "timeout") / 1000
+        subscription = await self.drive(self.ended_subscription_flow(task_id))
+        method, channels = subscribe_args(subscription)
+        pubsub = self.redis.pubsub()
+        try:
+            await getattr(pubsub, method)(*channels)
+            # read the confirmation first, so every end after the look below is heard
+            while not is_subscribed(await pubsub.get_message(timeout=_left_s(deadline))):
+                if _left_s(deadline) <= 0:
+                    raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
+            while True:
+                info = await self.drive(self.wait_check_flow(task_id))
+                if info is not None:
+                    return info
+                while True:
+                    left_s = _left_s(deadline)
+                    if left_s <= 0:
+                        raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
+                    message = await pubsub.get_message(timeout=left_s)
+                    if is_wake(message) and task_id in ended_ids(message["data"]):
+                        break
+        finally:
+            await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
 
     async def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
@@ -406,3 +439,8 @@ class AsyncQueue(QueueCore):
 
     async def leave_registry(self) -> None:
         await self.drive(self.heartbeat_flow("{}", 0, leave=True))
+
+
+def _left_s(deadline: float) -> float:
+    """Seconds left until a ``time.monotonic()`` deadline (0 once passed)."""
+    return max(deadline - time.monotonic(), 0.0)

@@ -14,7 +14,7 @@ from ._queue_base import QueueBase
 from .checks import MAX_HOLDER_LENGTH, validate_holder, whole_number
 from .clock import Duration, duration_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
-from .envelope import decode_delivery
+from .envelope import decode_delivery, result_entry
 from .exceptions import LeaseLost, PayloadError, TaskCancelled, Unrecoverable
 from .failures import error_record, token_holder
 from .logs import task_fields
@@ -184,13 +184,22 @@ class LeaseFlows(QueueBase):
         acked, refused, cancelled = 0, [], []  # ids in the caller's order
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
             chunk = deliveries[start : start + protocol.LEASE_BATCH]
+            entries = [result_entry(d.result) for d in chunk]
             reply: protocol.AckReply = yield protocol.ack(
                 self.keys,
                 self.now_arg(),
                 [(d.id, d.token) for d in chunk],
                 window_ms=self.remember_done_ms,
+                values=[entry for entry, _ in entries],
             )
-            for d, verdict in zip(chunk, reply.verdicts, strict=True):
+            for d, verdict, (_, why) in zip(chunk, reply.verdicts, entries, strict=True):
+                if why is not None and verdict == "h" and reply.kept_ms > 0:
+                    logger.warning(
+                        "task %r acked; its result was not kept (%s)",
+                        d.id,
+                        why,
+                        extra=task_fields(d.queue_name, d.id, d.attempt),
+                    )
                 if verdict == "c":
                     d.mark_settled(Outcome(d.id, "cancelled", d.attempt))
                     cancelled.append(d.id)

@@ -201,7 +201,8 @@ def claim(
     """Reclaim expired leases, then lease up to ``limit`` due tasks to ``holder`` (a worker
     id kept in the lease token, "<seq>@<holder>"; "" for none)."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
-    keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, *k.upper_due]
+    keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, k.ended]
+    keys += k.upper_due
     args = [
         now,
         limit,
@@ -225,6 +226,8 @@ class AckReply:
     #: one character per (id, token) pair as sent: "h" acked, "c" its task was cancelled
     #: while leased, "l" its lease was lost (both not acked)
     verdicts: str
+    #: the queue's keep_results in ms when the call ran (0: no result was kept)
+    kept_ms: int = 0
 
 
 #: Most leases one ack or extend call settles or moves (the flows split bigger batches).
@@ -244,16 +247,34 @@ def pack_pairs(pairs: Sequence[tuple[str, str]]) -> bytes:
 
 
 def _parse_ack(reply: Any) -> AckReply:
-    return AckReply(int(reply[0]), text(reply[1]))
+    return AckReply(int(reply[0]), text(reply[1]), int(reply[2]))
+
+
+def pack_values(values: Sequence[bytes]) -> bytes:
+    """The handlers' values of an ack, one per pair (see ``dueq.results.result_entry``), as
+    one argument, struct '>Hc0' each; b"" when no pair has one (ack.lua reads none)."""
+    if not any(values):
+        return b""
+    parts: list[bytes] = []
+    for value in values:
+        parts += (len(value).to_bytes(2, "big"), value)
+    return b"".join(parts)
 
 
 def ack(
-    k: QueueKeys, now: str, held: Sequence[tuple[str, str]], *, window_ms: int
+    k: QueueKeys,
+    now: str,
+    held: Sequence[tuple[str, str]],
+    *,
+    window_ms: int,
+    values: Sequence[bytes] = (),
 ) -> Call[AckReply]:
-    """Finish leased tasks, given as (id, lease token) pairs."""
-    args: list[Any] = [now, window_ms, pack_pairs(held)]
+    """Finish leased tasks, given as (id, lease token) pairs; ``values`` (parallel to
+    ``held``, or empty) are the entries to keep as their results when the queue keeps them."""
+    args: list[Any] = [now, window_ms, pack_pairs(held), pack_values(values)]
     keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config, k.cancelled]
     keys += [k.key_state, k.key_wait, k.wake, k.history, k.cron, k.cron_last]
+    keys += [k.results, k.finished, k.ended]
     return Call("ack", keys, args, _parse_ack)
 
 
@@ -286,7 +307,7 @@ def fail(
 ) -> Call[FailReply]:
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
-    keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, *k.upper_due]
+    keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.ended, *k.upper_due]
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -360,7 +381,8 @@ def reschedule(
 def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     """Remove a task in any state; the reply says whether it existed."""
     keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
-    keys += [k.key_state, k.parked, k.key_wait, k.wake, *k.upper_due]
+    keys += [k.key_state, k.parked, k.key_wait, k.wake, k.config, k.results, k.finished]
+    keys += [k.ended, *k.upper_due]
     return Call("cancel", keys, [now, task_id], bool)
 
 
@@ -371,13 +393,13 @@ _INSPECT_KEYS = ("due", "leased", "dead", "tasks", "meta", "errors")
 
 def inspect_ids(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[list[TaskInfo]]:
     """Snapshots of the given tasks (missing ones are left out)."""
-    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, *k.upper_due]
+    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, *k.upper_due]
     return Call("inspect", keys, [now, "ids", *ids], task_infos)
 
 
 def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[TaskInfo]]:
     """Snapshots of dead tasks, most recently died first."""
-    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, *k.upper_due]
+    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, *k.upper_due]
     return Call("inspect", keys, [now, "dead", offset, count], task_infos)
 
 

@@ -12,7 +12,13 @@ from .checks import whole_number
 from .clock import Duration, duration_ms
 from .exceptions import ConfigurationError
 from .snapshot import settings_from_hash
-from .task import MAX_KEY_CONCURRENCY, MAX_REMEMBER_DONE_MS, QueueSettings, Rate
+from .task import (
+    MAX_KEEP_RESULTS_MS,
+    MAX_KEY_CONCURRENCY,
+    MAX_REMEMBER_DONE_MS,
+    QueueSettings,
+    Rate,
+)
 
 logger = logging.getLogger("dueq.queue")
 
@@ -25,6 +31,7 @@ class SettingsFlows(QueueBase):
         *,
         paused: bool | None = None,
         remember_done: Duration | None = None,
+        keep_results: Duration | None = None,
         rate: Rate | Literal[False] | None = None,
         key_rate: Rate | Literal[False] | None = None,
         key_concurrency: int | Literal[False] | None = None,
@@ -35,6 +42,7 @@ class SettingsFlows(QueueBase):
                 yield from self._sharded.configure_flow(
                     paused=paused,
                     remember_done=remember_done,
+                    keep_results=keep_results,
                     rate=rate,
                     key_rate=key_rate,
                     key_concurrency=key_concurrency,
@@ -64,6 +72,13 @@ class SettingsFlows(QueueBase):
                     f"remember_done must be at most 366 days, got {remember_done!r}"
                 )
             changes.append(("remember_done_ms", str(ms) if ms > 0 else ""))
+        if keep_results is not None:
+            ms = duration_ms(keep_results, "keep_results", error=ConfigurationError)
+            if ms > MAX_KEEP_RESULTS_MS:
+                raise ConfigurationError(
+                    f"keep_results must be at most 366 days, got {keep_results!r}"
+                )
+            changes.append(("keep_results_ms", str(ms) if ms > 0 else ""))
         settings: QueueSettings = yield protocol.configure(self.keys, changes)
         return settings
 

@@ -7,7 +7,7 @@ its *shards* (``make_shard(name)``; this module never names the front ends, and 
 neither ``dueq.queue`` nor ``dueq._async``). The flows of ``dueq._core`` that reach the data
 (schedule, claim, ack, extend, inspect, list, stats, settings, registry, ...) start with one
 test, ``self._sharded is not None``, and hand a sharded queue's call to the layout, which runs
-the shards' own flows, side by side where it can (``Each``, below). ``q.dead`` and ``q.cron``
+the shards' own flows, side by side where it can (``dueq._shard_fanout``). ``q.dead`` and ``q.cron``
 are the front end's ``DeadLetters``/``Crons`` over the layout's flows (``ShardedDeadFlows``,
 ``ShardedCronFlows``), chosen once in ``QueueCore.__init__``. Every shard is a plain queue with
 its own hash tag, so every Lua script still touches one slot and runs unchanged; the shards
@@ -16,60 +16,10 @@ queue: no layout, same keys, and the flows as they were. Every queue says what i
 attributes: ``shard_count`` (1 for a plain queue), ``shard_names`` (``(name,)``) and
 ``shard(task_id)`` (the queue of the shard that holds an id; a plain queue itself).
 
-Shard names
------------
-Shard ``i`` of ``emails`` is the queue ``emails#i`` (keys ``dueq:{emails#i}:due`` ...), or
-``emails#i.k`` for the smallest ``k >= 1`` that places it (below). A sharded queue's name may
-not contain ``#``, so a shard name splits at its only ``#`` into the logical name and the
-shard: ``emails#2`` (or ``emails#2.5``) is shard 2 of ``emails`` and nothing else. A plain
-``Queue("emails#2")`` is therefore a view of that one shard (an operator may inspect it that
-way); it is not a second queue that could collide with it.
 
-Placement. Redis Cluster maps a key to slot ``CRC16(tag) mod 16384`` and gives each primary
-contiguous slot ranges (``redis-cli --cluster create`` deals them out in N equal runs, in
-order). Shard ``i`` of N therefore takes the first tag ``emails#i``, ``emails#i.1``,
-``emails#i.2`` ... whose slot lies in the i-th of N equal slot ranges,
-``[i * 16384 // N, (i + 1) * 16384 // N)`` (``shard_names``). With N a multiple of the
-number of primaries M (and the default equal slot allocation), each primary holds exactly N/M
-shards; with other N they spread as evenly as the ranges overlap the primaries'. Each try
-lands in the wanted range with probability 1/N, so a shard costs about N CRC16s (0.35 µs
-each), computed once per (name, N). For ``emails`` and N = 3 (ranges 0-5460, 5461-10921,
-10922-16383; slot = ``redis.crc.key_slot(b"{tag}")``)::
-
-    shard 0: emails#0   -> slot  1360  in 0-5460: taken
-    shard 1: emails#1   -> slot  5489  in 5461-10921: taken
-    shard 2: emails#2   -> slot  9490  not in 10922-16383
-             emails#2.1 -> slot  7855  not in 10922-16383
-             emails#2.2 -> slot 11980  taken
-
-so a 3-primary cluster made by ``redis-cli --cluster create`` holds one shard per primary
-(plain ``emails#0..2`` would have put two on the middle one);
-``test_shard_tags_land_in_their_slot_ranges`` pins the rule. The tags depend on N, which is
-one reason N cannot change on a live queue.
-
-Which shard holds a task
-------------------------
-``shard_of(id, N) = int.from_bytes(blake2b(id.encode("utf-8"), digest_size=8), "big") % N``:
-a stable hash (unlike Python's ``hash``, the same in every process, version and language that
-has BLAKE2b, e.g. a Spark executor or a JVM), uniform enough that ``mod N`` is even for
-sequential ids too. So idempotency, ``get``, ``cancel``, ``reschedule`` and ``run_now`` work
-by id on one shard (``task_shard``: cron occurrences go with their definition, below).
-Generated ids are random, so they spread evenly; a generated id that was taken is replaced
-by a fresh one of the same shard (drawn until it hashes there). ``dueq.shard_of`` is the
-public name of this function (for producers that partition work by shard themselves).
-
-N is part of the data
----------------------
-A sharded queue records N in ``dueq:{<name>#}:shards`` (a tag no shard and no sharded queue
-can have) the first time it is used (SETNX), and every ``Queue(..., shards=N)`` object
-compares, once, before its first operation: a different N raises ConfigurationError, as
-does a sharded queue opened over a plain queue of the same name that holds tasks (its
-``dueq:{<name>}:...`` keys). A plain ``Queue(name)`` opened over a sharded queue is refused
-at its first schedule or claim (``QueueCore.plain_check_flow``: one GET of the layout key
-per queue object; the layout key's slot is not the queue's, so the scripts cannot read it);
-its read-only calls see an empty queue. Whatever opens a queue by name (the CLI, the
-Prometheus collector, the dashboard) uses ``dueq.discovery.open_queue``, which reads N from
-the layout key, and discovery lists a sharded queue once, under its logical name.
+Where the shards are and which one holds a task: ``dueq._shard_layout`` (its ``ShardLayout``
+is this module's ``Sharded`` without the flows). How several shards are sent to at once:
+``dueq._shard_fanout``.
 
 Consuming
 ---------
@@ -119,15 +69,6 @@ batches go through the logical queue; the data source's streaming writer stages 
 each micro-batch per shard, and its reader partitions each shard's sorted sets
 (``_spark_source._queue_names``: the shards, read on the driver).
 
-Sending: a step that goes to several shards at once (``Each``) is sent by the front end's
-``_send``: ``AsyncQueue`` awaits its steps concurrently (``send_each_async``: one coroutine
-per shard, the nodes work in parallel); ``Queue`` sends the first shard's step from the
-calling thread and the others from a small pool of threads shared by every sharded queue of
-the process (``send_each``; ``SEND_THREADS``, made again in a forked child, whose copy has no
-threads), so a ``schedule_many`` or ``ack_many`` over N shards takes one round trip, not N. A
-client with ``single_connection_client=True`` cannot be shared by threads: its steps go in
-turn. A plain queue never yields an ``Each``, and its ``_send`` tests for one last.
-
 Failover: ``tests/test_shards_failover.py`` drains a queue of 3 shards on 3 primaries + 3
 replicas (AOF, ``wait_replicas=1``) while one primary is failed over (``CLUSTER FAILOVER``, or
 SIGKILL and election): nothing acked is delivered again, nothing is lost.
@@ -143,40 +84,27 @@ issues.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import hashlib
-import logging
-import os
-import random
-import threading
-import warnings
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import astuple, dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import astuple, replace
 from datetime import datetime
-from functools import cache
 from typing import Any, TypeVar
 
-import redis.crc
-
-from . import _protocol as protocol
 from ._core import QueueCore
 from ._drive import Flow
 from ._lease_flows import MAX_CLAIM_BATCH, ClaimBatch, raise_not_held
+from ._shard_fanout import together
+from ._shard_layout import MAX_SHARDS, ShardLayout, shard_of, task_shard
 from .checks import whole_number
 from .clock import Duration
-from .cron import OCCURRENCE_PREFIX, CronDefinition, CronsCore, Occurrence
+from .cron import CronDefinition, CronsCore
 from .cron import validate_name as validate_cron_name
 from .dead import MAX_OFFSET, DeadLettersCore, _distinct_ids
 from .doctor import DoctorReport
-from .envelope import generated_ids
 from .exceptions import ConfigurationError, InvalidTaskError, LeaseLost
-from .keys import QueueKeys, layout_key
 from .registry import WorkerInfo, merge_workers
-from .snapshot import text
 from .task import (
     DeliveryBase,
     DueHistogram,
@@ -191,105 +119,9 @@ from .task import (
     TaskState,
 )
 
-logger = logging.getLogger("dueq.queue")
-
 T = TypeVar("T")
 
-__all__ = [
-    "MAX_SHARDS",
-    "Each",
-    "Sharded",
-    "layout_key",
-    "send_each",
-    "send_each_async",
-    "shard_names",
-    "shard_of",
-    "sharded_layout",
-    "task_shard",
-]
-
-#: Most shards one queue may have (placing N shards costs about N * N CRC16s, once).
-MAX_SHARDS = 256
-#: Redis Cluster's hash slots.
-SLOTS = 16384
-#: Most tags tried per shard before giving up on the slot range (never reached in practice:
-#: a try misses with probability 1 - 1/N).
-MAX_TAG_TRIES = 64 * MAX_SHARDS
-
-
-def shard_of(task_id: str, shards: int) -> int:
-    """The shard (0 to ``shards - 1``) that holds ``task_id`` in a queue of ``shards`` shards:
-    BLAKE2b-64 of its UTF-8, mod N (the same in every process and language; see
-    ``dueq._shards``). A cron occurrence goes with its definition instead (``task_shard``)."""
-    digest = hashlib.blake2b(task_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % shards
-
-
-def task_shard(task_id: str, shards: int) -> int:
-    """The shard that holds ``task_id``: ``shard_of(id)``, except that a cron occurrence's id
-    (``cron:<name>:<slot>`` or ``cron:<name>:now:<second>:<random>``) goes with its
-    definition, on ``shard_of(name)``: the cron keeper schedules each next occurrence on the
-    shard that claimed the last one."""
-    name = _cron_name(task_id)
-    return shard_of(task_id if name is None else name, shards)
-
-
-def _cron_name(task_id: str) -> str | None:
-    if not task_id.startswith(OCCURRENCE_PREFIX):
-        return None
-    occurrence = Occurrence.from_id(task_id)
-    return None if occurrence is None else occurrence.name
-
-
-@cache
-def shard_names(name: str, shards: int) -> tuple[str, ...]:
-    """The queue names of the shards of ``name``: shard ``i`` is ``name#i`` or ``name#i.k``
-    for the smallest k whose hash-tag slot lies in the i-th of ``shards`` equal slot ranges."""
-    names = []
-    for i in range(shards):
-        low, high = i * SLOTS // shards, (i + 1) * SLOTS // shards
-        chosen = f"{name}#{i}"
-        for k in range(MAX_TAG_TRIES):
-            tag = f"{name}#{i}" if k == 0 else f"{name}#{i}.{k}"
-            if low <= redis.crc.key_slot(f"{{{tag}}}".encode()) < high:
-                chosen = tag
-                break
-        names.append(chosen)
-    return tuple(names)
-
-
-def _not_yet(what: str) -> ConfigurationError:
-    return ConfigurationError(f"{what} is not available on a sharded queue yet")
-
-
-@dataclass(frozen=True)
-class Each:
-    """Steps for several shards at once (``_together``); the front end's ``_send`` answers
-    one ``(ok, value or error)`` per step (``send_each``, ``send_each_async``)."""
-
-    steps: tuple[protocol.Step, ...]
-
-
-def _together(flows: Sequence[Flow[Any]]) -> Flow[list[Any]]:
-    """Run flows side by side: each round sends every pending step in one ``Each``; an
-    error of a step is thrown into its own flow. Returns the flows' results in order."""
-    results: list[Any] = [None] * len(flows)
-    pending: dict[int, protocol.Step] = {}
-    for i, flow in enumerate(flows):
-        try:
-            pending[i] = next(flow)
-        except StopIteration as stop:
-            results[i] = stop.value
-    while pending:
-        order = list(pending)
-        replies: list[tuple[bool, Any]] = yield Each(tuple(pending[i] for i in order))  # type: ignore[misc]
-        for i, (ok, value) in zip(order, replies, strict=True):
-            try:
-                pending[i] = flows[i].send(value) if ok else flows[i].throw(value)
-            except StopIteration as stop:
-                results[i] = stop.value
-                del pending[i]
-    return results
+__all__ = ["Sharded", "ShardedCronFlows", "ShardedDeadFlows", "rate_shares", "sharded_layout"]
 
 
 def _join_cursor(index: int, inner: str | None) -> str:
@@ -359,42 +191,10 @@ def _logical_settings(parts: Sequence[QueueSettings]) -> QueueSettings:
     return replace(parts[0], rate=Rate(sum(r.n for r in rates if r is not None), first.per))
 
 
-class Sharded:
-    """The layout of a sharded queue: its shards, and the flows of the logical queue over
-    them (``QueueCore``'s flows hand a sharded queue's calls to these; see the module
-    docstring). Made once per queue object by ``sharded_layout``."""
-
-    def __init__(self, name: str, count: int, make_shard: Callable[[str], QueueCore]) -> None:
-        """Check the name and make the shards, ``make_shard(shard_name)`` each: queues of the
-        front end that asks, on its client, with its settings."""
-        if "#" in name:
-            raise ConfigurationError(
-                f"a sharded queue's name cannot contain '#' (it separates the name from the "
-                f"shard in the shards' names, {name}#0 ...), got {name!r}"
-            )
-        self.name = name
-        self.count = count
-        self.names = shard_names(name, count)
-        with warnings.catch_warnings():  # the deprecated remember_done= warns once, for the queue
-            warnings.simplefilter("ignore", DeprecationWarning)
-            #: the shards' queues (of the front end that made this layout), in shard order
-            self.queues = [make_shard(n) for n in self.names]
-        self._by_name = {s.name: s for s in self.queues}
-        self._checked = False
-        self._start = random.randrange(count)  # where the next claim begins
-        self._start_lock = threading.Lock()
-
-    def no_keys(self) -> ConfigurationError:
-        """What ``q.keys`` raises: no key set names the logical queue, so a flow not written
-        for shards must not run on ``{name}`` keys, where it would silently miss every task."""
-        return _not_yet(f"a single key set for {self.name!r} (each shard has its own)")
-
-    def wake_channels(self) -> list[str]:
-        return [s.keys.wake for s in self.queues]
-
-    def shard(self, task_id: str) -> QueueCore:
-        """The shard's queue (a plain ``Queue`` or ``AsyncQueue``) that holds ``task_id``."""
-        return self.queues[task_shard(task_id, self.count)]
+class Sharded(ShardLayout):
+    """The flows of a sharded queue's logical queue over its shards (``QueueCore``'s flows hand
+    a sharded queue's calls to these; see the module docstring). Made once per queue object by
+    ``sharded_layout``."""
 
     def dead_flows(self, queue: QueueCore) -> DeadLettersCore:
         """The dead-letter flows of the logical ``queue`` (for its ``q.dead``)."""
@@ -403,47 +203,6 @@ class Sharded:
     def cron_flows(self, queue: QueueCore) -> CronsCore:
         """The cron flows of the logical ``queue`` (for its ``q.cron``)."""
         return ShardedCronFlows(queue, self)
-
-    def _owner(self, delivery: DeliveryBase) -> QueueCore:
-        """The shard a delivery settles on (by name: any queue object of that shard will do)."""
-        name = delivery.queue_name
-        owner = self._by_name.get(name)
-        if owner is None:
-            raise ConfigurationError(
-                f"delivery of task {delivery.id!r} came from queue {name!r}, not from a shard "
-                f"of {self.name!r}"
-            )
-        return owner
-
-    def check_flow(self) -> Flow[None]:
-        """Once per queue object: refuse a different N, or a plain queue of this name with
-        tasks; record N when the queue is new."""
-        if self._checked:
-            return
-        plain = QueueKeys.for_queue(self.name)
-        held: int = yield protocol.command("EXISTS", plain.tasks, plain.dead, plain.cron)
-        if held:
-            raise ConfigurationError(
-                f"queue {self.name!r} holds tasks as a plain (unsharded) queue; a sharded queue "
-                f"of that name would not see them. Drain it first, or keep shards=1"
-            )
-        key = layout_key(self.name)
-        _, recorded = yield protocol.Batch(
-            (
-                protocol.command("SETNX", key, str(self.count)),
-                protocol.command("GET", key),
-            )
-        )
-        found = None if recorded is None else text(recorded)
-        if found != str(self.count):
-            raise ConfigurationError(
-                f"queue {self.name!r} has {found} shards in Redis ({key}); it was opened with "
-                f"shards={self.count}. Changing N on a live queue would hide every task "
-                f"whose id hashes to another shard: open it with shards={found}"
-            )
-        self._checked = True
-
-    # -- scheduling --------------------------------------------------------------------------
 
     def schedule_records_flow(
         self, ids: list[str], records: list[bytes], replace: bool
@@ -463,7 +222,7 @@ class Sharded:
             )
             for i, positions in groups.items()
         ]
-        results: list[ScheduleResult] = yield from _together(flows)
+        results: list[ScheduleResult] = yield from together(flows)
         out = list(ids)
         for positions, result in zip(groups.values(), results, strict=True):
             for p, task_id in zip(positions, result.ids, strict=True):
@@ -474,10 +233,6 @@ class Sharded:
             replaced=sum(r.replaced for r in results),
             ids=out,
         )
-
-    def _fresh_ids(self, shard: int) -> Iterator[str]:
-        """Generated ids that hash to ``shard``."""
-        return (i for i in generated_ids() if task_shard(i, self.count) == shard)
 
     def cancel_flow(self, task_id: str) -> Flow[bool]:
         yield from self.check_flow()
@@ -536,9 +291,9 @@ class Sharded:
     def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
         groups: dict[str, list[DeliveryBase]] = defaultdict(list)
         for d in deliveries:
-            groups[self._owner(d).name].append(d)
+            groups[self.owner(d).name].append(d)
         flows = [_refusals(self._by_name[k].ack_flow(group)) for k, group in groups.items()]
-        results = yield from _together(flows)
+        results = yield from together(flows)
         _raise_combined("acked", deliveries, results)
         return sum(
             len(group) - len(refused) if acked is None else acked
@@ -550,26 +305,26 @@ class Sharded:
     ) -> Flow[datetime]:
         groups: dict[str, list[DeliveryBase]] = defaultdict(list)
         for d in deliveries:
-            groups[self._owner(d).name].append(d)
+            groups[self.owner(d).name].append(d)
         flows = [
             _refusals(self._by_name[k].extend_many_flow(group, seconds))
             for k, group in groups.items()
         ]
-        results = yield from _together(flows)
+        results = yield from together(flows)
         _raise_combined("extended", deliveries, results)
         deadlines: list[datetime] = [r[0] for r in results]
         return min(deadlines)  # every lease was held, or _raise_combined raised
 
     def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
-        return (yield from self._owner(delivery).extend_flow(delivery, seconds))
+        return (yield from self.owner(delivery).extend_flow(delivery, seconds))
 
     def fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:
-        return (yield from self._owner(delivery).fail_flow(delivery, error, retry_in))
+        return (yield from self.owner(delivery).fail_flow(delivery, error, retry_in))
 
     def release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
-        return (yield from self._owner(delivery).release_flow(delivery, delay))
+        return (yield from self.owner(delivery).release_flow(delivery, delay))
 
     # -- inspection --------------------------------------------------------------------------
 
@@ -579,18 +334,18 @@ class Sharded:
         for task_id in ids:
             groups[task_shard(task_id, self.count)].append(task_id)
         flows = [self.queues[i].inspect_ids_flow(group) for i, group in groups.items()]
-        found = {info.id: info for part in (yield from _together(flows)) for info in part}
+        found = {info.id: info for part in (yield from together(flows)) for info in part}
         return [found[i] for i in dict.fromkeys(ids) if i in found]
 
     def stats_flow(self) -> Flow[QueueStats]:
         yield from self.check_flow()
-        parts: list[QueueStats] = yield from _together([s.stats_flow() for s in self.queues])
+        parts: list[QueueStats] = yield from together([s.stats_flow() for s in self.queues])
         return _sum_stats(parts)
 
     def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Each shard checked on its own keys (findings name their shard), side by side."""
         yield from self.check_flow()
-        parts: list[DoctorReport] = yield from _together(
+        parts: list[DoctorReport] = yield from together(
             [s.doctor_flow(fix, batch) for s in self.queues]
         )
         return DoctorReport(
@@ -619,7 +374,7 @@ class Sharded:
     def history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
         """Each minute's counts summed over the shards (minutes matched by their start)."""
         yield from self.check_flow()
-        parts: list[list[HistoryPoint]] = yield from _together(
+        parts: list[list[HistoryPoint]] = yield from together(
             [s.history_flow(minutes) for s in self.queues]
         )
         summed: dict[datetime, list[int]] = {}
@@ -634,7 +389,7 @@ class Sharded:
     def due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
         """Bucket counts summed over the shards (each counts from its own clock's now)."""
         yield from self.check_flow()
-        parts: list[DueHistogram] = yield from _together(
+        parts: list[DueHistogram] = yield from together(
             [s.due_histogram_flow(bucket, buckets) for s in self.queues]
         )
         return replace(
@@ -647,12 +402,19 @@ class Sharded:
     # -- settings ----------------------------------------------------------------------------
 
     def configure_flow(
-        self, *, paused: Any, remember_done: Any, rate: Any, key_rate: Any, key_concurrency: Any
+        self,
+        *,
+        paused: Any,
+        remember_done: Any,
+        rate: Any,
+        key_rate: Any,
+        key_concurrency: Any,
+        keep_results: Any = None,
     ) -> Flow[QueueSettings]:
         """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
         them (``rate_shares``); everything is validated before any shard is written. Per-key
         limits are refused: a key's tasks lie on every shard (the id picks the shard), so no
-        one claim script could count a key's leases (see README, "Sharded queues")."""
+        one claim script could count a key's leases (see docs/sharding.md)."""
         if key_rate not in (None, False) or key_concurrency not in (None, False):
             raise ConfigurationError(
                 "key_rate and key_concurrency are not available on a sharded queue: a key's "
@@ -670,18 +432,19 @@ class Sharded:
             s.configure_flow(
                 paused=paused,
                 remember_done=remember_done,
+                keep_results=keep_results,
                 rate=share,
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,
             )
             for s, share in zip(self.queues, shares, strict=True)
         ]
-        settings: list[QueueSettings] = yield from _together(flows)
+        settings: list[QueueSettings] = yield from together(flows)
         return _logical_settings(settings)
 
     def settings_flow(self) -> Flow[QueueSettings]:
         yield from self.check_flow()
-        settings: list[QueueSettings] = yield from _together(
+        settings: list[QueueSettings] = yield from together(
             [s.settings_flow() for s in self.queues]
         )
         return _logical_settings(settings)
@@ -692,16 +455,14 @@ class Sharded:
         """Every shard's registry merged: a worker beats into each shard, so one entry per
         worker id, from its latest beat."""
         yield from self.check_flow()
-        parts: list[list[WorkerInfo]] = yield from _together(
-            [s.workers_flow() for s in self.queues]
-        )
+        parts: list[list[WorkerInfo]] = yield from together([s.workers_flow() for s in self.queues])
         return merge_workers(parts)
 
     def heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
         """The beat (or the leave) on every shard, so each shard's own view shows the worker
         too; returns the most live workers any shard counts."""
         yield from self.check_flow()
-        live: list[int] = yield from _together(
+        live: list[int] = yield from together(
             [s.heartbeat_flow(entry_json, ttl_ms, leave) for s in self.queues]
         )
         return max(live)
@@ -752,7 +513,7 @@ class ShardedDeadFlows(DeadLettersCore):
             return []
         yield from self._layout.check_flow()
         flows = [d.list_flow(min(offset + limit, MAX_OFFSET), 0) for d in self._shard_dead]
-        parts: list[list[TaskInfo]] = yield from _together(flows)
+        parts: list[list[TaskInfo]] = yield from together(flows)
         merged = sorted(
             (info for part in parts for info in part),
             key=lambda info: info.died_at.timestamp() if info.died_at else 0.0,
@@ -762,7 +523,7 @@ class ShardedDeadFlows(DeadLettersCore):
 
     def count_flow(self) -> Flow[int]:
         yield from self._layout.check_flow()
-        counts: list[int] = yield from _together([d.count_flow() for d in self._shard_dead])
+        counts: list[int] = yield from together([d.count_flow() for d in self._shard_dead])
         return sum(counts)
 
     def move_flow(
@@ -776,14 +537,12 @@ class ShardedDeadFlows(DeadLettersCore):
             if ids is not None:
                 raise InvalidTaskError("give ids or error_type, not both")
             flows = [d.move_flow(action, None, error_type) for d in shard_dead]
-            return sum((yield from _together(flows)))
+            return sum((yield from together(flows)))
         groups: dict[int, list[str]] = defaultdict(list)
         for task_id in _distinct_ids(ids):
             groups[task_shard(task_id, self._layout.count)].append(task_id)
-        yield from _together([shard_dead[i].check_dead_flow(g) for i, g in groups.items()])
-        moved = yield from _together(
-            [shard_dead[i].move_flow(action, g) for i, g in groups.items()]
-        )
+        yield from together([shard_dead[i].check_dead_flow(g) for i, g in groups.items()])
+        moved = yield from together([shard_dead[i].move_flow(action, g) for i, g in groups.items()])
         return sum(moved)
 
 
@@ -820,57 +579,5 @@ class ShardedCronFlows(CronsCore):
     def list_flow(self) -> Flow[list[CronDefinition]]:
         yield from self._layout.check_flow()
         flows = [c.list_flow() for c in self._shard_crons]
-        parts: list[list[CronDefinition]] = yield from _together(flows)
+        parts: list[list[CronDefinition]] = yield from together(flows)
         return sorted((d for part in parts for d in part), key=lambda d: d.name)
-
-
-# -- sending an Each (the front ends' ``_send``) ------------------------------------------------
-
-
-def _settled_reply(send: Callable[[protocol.Step], Any], step: protocol.Step) -> tuple[bool, Any]:
-    try:
-        return True, send(step)
-    except Exception as exc:  # thrown into the flow of that shard, which decides
-        return False, exc
-
-
-#: Threads that send the steps of an ``Each`` to shards other than the first (per process).
-SEND_THREADS = 16
-_send_pool: tuple[int, ThreadPoolExecutor] | None = None
-_send_pool_lock = threading.Lock()
-
-
-def _senders() -> ThreadPoolExecutor:
-    """The process's pool of sending threads (a forked child makes its own: the parent's
-    threads are not in it)."""
-    global _send_pool
-    with _send_pool_lock:
-        if _send_pool is None or _send_pool[0] != os.getpid():
-            pool = ThreadPoolExecutor(SEND_THREADS, thread_name_prefix="dueq-shard-send")
-            _send_pool = (os.getpid(), pool)
-        return _send_pool[1]
-
-
-def send_each(
-    send: Callable[[protocol.Step], Any], each: Each, *, in_turn: bool
-) -> list[tuple[bool, Any]]:
-    """The replies to an ``Each`` for a blocking ``send``: the first step from this thread,
-    the others from the sending threads at the same time (in turn with ``in_turn``: a client
-    of one connection, which threads must not share)."""
-    first, *others = each.steps
-    if not others or in_turn:
-        return [_settled_reply(send, s) for s in each.steps]
-    pool = _senders()
-    futures = [pool.submit(_settled_reply, send, s) for s in others]
-    return [_settled_reply(send, first), *(f.result() for f in futures)]
-
-
-async def send_each_async(
-    send: Callable[[protocol.Step], Awaitable[Any]], each: Each
-) -> list[tuple[bool, Any]]:
-    """The replies to an ``Each`` for an awaitable ``send``: every step awaited at once."""
-    replies = await asyncio.gather(*(send(s) for s in each.steps), return_exceptions=True)
-    for reply in replies:
-        if isinstance(reply, BaseException) and not isinstance(reply, Exception):
-            raise reply  # cancelled: not a reply of the shard
-    return [(not isinstance(r, Exception), r) for r in replies]

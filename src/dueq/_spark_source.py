@@ -8,14 +8,11 @@ accumulator: counts travel in commit messages, and each part opens its own Redis
 
 **Rows.** A writer gets the DataFrame's rows as Arrow record batches
 (``DataSourceArrowWriter``), not the (id, due, raw due, payload JSON) tuples that
-``schedule_dataframe`` makes with Spark's SQL functions. ``_Rows`` makes those tuples in
-Python, as Spark would: ids cast to text, due times as epoch microseconds read in the session
-time zone (a task's ``spark.sql.session.timeZone`` local property, else the zone of a
-timestamp column, else the worker's local zone), and the payload JSON written as Spark's
-``to_json`` writes it (``_encoder``: Java's number formats, ISO timestamps with the offset,
-base64 binary, nulls kept), so generated row-hash ids are the ones ``schedule_dataframe``
-makes. The tuples then go through the batch path's own partition code (``packed_batches``):
-the same validation, the same bad-row reasons and samples, the same packed records.
+``schedule_dataframe`` makes with Spark's SQL functions. ``dueq._spark_rows.Rows`` makes those
+tuples in Python, as Spark would, with the payload JSON written as Spark's ``to_json`` writes it
+(``dueq._spark_json``), so generated row-hash ids are the ones ``schedule_dataframe`` makes. The
+tuples then go through the batch path's own partition code (``packed_batches``): the same
+validation, the same bad-row reasons and samples, the same packed records.
 
 **Batch writes** schedule each task's rows directly, one schedule-script call per batch, as
 ``schedule_dataframe`` does: idempotent by id, so task retries and re-runs add nothing twice.
@@ -63,28 +60,21 @@ change state during the read may be left out, or (moving to another score) read 
 
 from __future__ import annotations
 
-import base64
 import itertools
 import logging
 import math
-import re
-import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone, tzinfo
-from decimal import Decimal
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from . import _protocol as protocol
 from . import discovery
-from ._shards import task_shard
+from ._shard_layout import task_shard
 from ._spark_batch import (
     _STATES,
     _TASK_SCHEMA,
     DEFAULT_BATCH_SIZE,
     READ_PAGE,
-    ColumnPlan,
     PartitionCounts,
     PartitionPlan,
     _stored_snapshots,
@@ -95,6 +85,7 @@ from ._spark_batch import (
     partition_plan,
     schedule_rows,
 )
+from ._spark_rows import Rows
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .exceptions import ConfigurationError, DueqError
 from .keys import QueueKeys, SparkBatchKeys
@@ -133,7 +124,6 @@ MAX_READ_PARTITIONS = 256
 
 _QUERY_ID = "sql.streaming.queryId"
 _BATCH_ID = "streaming.sql.batchId"
-_SESSION_ZONE = "spark.sql.session.timeZone"
 
 
 # -- options -----------------------------------------------------------------------------------
@@ -163,7 +153,7 @@ def _target(options: Any) -> tuple[str, str]:
 @dataclass(frozen=True)
 class _WriteSetup:
     plan: PartitionPlan
-    rows: _Rows
+    rows: Rows
     staging_ttl_ms: int
     batch_memory_ms: int
 
@@ -194,276 +184,7 @@ def _write_setup(options: Any, schema: T.StructType) -> _WriteSetup:
     memory_s = _int_option(
         options, "batch_memory_s", DEFAULT_BATCH_MEMORY_S, low=day_s, high=3650 * day_s
     )
-    return _WriteSetup(plan, _Rows(schema, columns), ttl_s * 1000, memory_s * 1000)
-
-
-# -- rows: Arrow record batches to schedule_rows' tuples -----------------------------------------
-
-Encoder = Callable[[Any], str]
-
-
-class _NonFinite(Exception):
-    """A float in the payload is NaN or infinite (JSON has neither)."""
-
-
-_ESCAPES = {i: f"\\u{i:04X}" for i in range(32)}
-_ESCAPES.update({0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r"})
-_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
-_ESCAPE_TABLE = str.maketrans(_ESCAPES)
-
-
-def _json_string(value: str) -> str:
-    """A JSON string as Jackson (Spark's to_json) writes it: control characters escaped with
-    upper-case hex, everything else as is."""
-    return '"' + value.translate(_ESCAPE_TABLE) + '"'
-
-
-def _java_number(shortest: str) -> str:
-    """A float's shortest repr in Java's Double.toString layout (Spark's to_json): plain
-    between 1e-3 and 1e7 (``100.0``, ``0.001``), else ``d.dddE<n>`` (``1.0E7``)."""
-    sign = "-" if shortest.startswith("-") else ""
-    number = Decimal(shortest.lstrip("-"))
-    if not number:
-        return sign + "0.0"
-    _, digit_tuple, exponent = number.normalize().as_tuple()
-    digits = "".join(map(str, digit_tuple))
-    point = len(digits) + int(exponent) - 1  # the power of ten of the first digit
-    if -3 <= point < 7:
-        if point >= 0:
-            whole, frac = digits[: point + 1].ljust(point + 1, "0"), digits[point + 1 :]
-        else:
-            whole, frac = "0", "0" * (-point - 1) + digits
-        return f"{sign}{whole}.{frac or '0'}"
-    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{point}"
-
-
-def _double(value: float) -> str:
-    if not math.isfinite(value):
-        raise _NonFinite
-    return _java_number(repr(float(value)))
-
-
-def _float32(value: float) -> str:
-    if not math.isfinite(value):
-        raise _NonFinite
-    for precision in range(1, 10):  # the shortest text that reads back as the same float32
-        text = f"{value:.{precision}g}"
-        if struct.unpack("f", struct.pack("f", float(text)))[0] == value:
-            return _java_number(repr(float(text)))
-    return _java_number(repr(value))  # pragma: no cover - 9 digits always suffice
-
-
-def _offset(moment: datetime) -> str:
-    """Java's XXX offset pattern: Z, or +HH:MM (+HH:MM:SS when seconds)."""
-    delta = moment.utcoffset() or timedelta(0)
-    if not delta:
-        return "Z"
-    seconds = int(delta.total_seconds())
-    sign = "+" if seconds >= 0 else "-"
-    hours, rest = divmod(abs(seconds), 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{sign}{hours:02d}:{minutes:02d}" + (f":{secs:02d}" if secs else "")
-
-
-def _wall(moment: datetime) -> str:
-    return f"{moment.year:04d}-{moment.strftime('%m-%dT%H:%M:%S')}.{moment.microsecond:06d}"
-
-
-def _encoder(dtype: T.DataType, zone: tzinfo) -> Encoder:
-    """How Spark's to_json writes a value of ``dtype`` (as Arrow hands it to Python)."""
-    inner: Encoder
-    if isinstance(dtype, T.NullType):
-        inner = lambda v: "null"  # noqa: E731
-    elif isinstance(dtype, T.StringType):
-        inner = _json_string
-    elif isinstance(dtype, T.BooleanType):
-        inner = lambda v: "true" if v else "false"  # noqa: E731
-    elif isinstance(dtype, T.IntegralType):
-        inner = str
-    elif isinstance(dtype, T.FloatType):
-        inner = _float32
-    elif isinstance(dtype, T.DoubleType):
-        inner = _double
-    elif isinstance(dtype, T.DecimalType):
-        inner = str
-    elif isinstance(dtype, T.DateType):
-        inner = lambda v: '"' + v.isoformat() + '"'  # noqa: E731
-    elif isinstance(dtype, T.TimestampType):
-
-        def inner(v: datetime) -> str:
-            local = v.astimezone(zone)
-            return '"' + _wall(local) + _offset(local) + '"'
-
-    elif isinstance(dtype, T.TimestampNTZType):
-        inner = lambda v: '"' + _wall(v) + '"'  # noqa: E731
-    elif isinstance(dtype, T.BinaryType):
-        inner = lambda v: '"' + base64.b64encode(bytes(v)).decode("ascii") + '"'  # noqa: E731
-    elif isinstance(dtype, T.ArrayType):
-        item = _encoder(dtype.elementType, zone)
-        inner = lambda v: "[" + ",".join(map(item, v)) + "]"  # noqa: E731
-    elif isinstance(dtype, T.StructType):
-        fields = [(_json_string(f.name) + ":", f.name, _encoder(f.dataType, zone)) for f in dtype]
-        inner = lambda v: "{" + ",".join(k + e(v[n]) for k, n, e in fields) + "}"  # noqa: E731
-    elif isinstance(dtype, T.MapType):
-        key_text = _map_key(dtype.keyType)
-        value = _encoder(dtype.valueType, zone)
-        inner = lambda v: (  # noqa: E731
-            "{" + ",".join(_json_string(key_text(k)) + ":" + value(x) for k, x in v) + "}"
-        )
-    else:
-        raise ConfigurationError(
-            f"the dueq data source cannot write {dtype.simpleString()} values into a payload"
-        )
-
-    def encode(value: Any) -> str:
-        return "null" if value is None else inner(value)
-
-    return encode
-
-
-def _map_key(dtype: T.DataType) -> Callable[[Any], str]:
-    if isinstance(dtype, T.StringType):
-        return str
-    if isinstance(dtype, (T.IntegralType, T.BooleanType)):
-        return lambda k: str(k).lower() if isinstance(k, bool) else str(k)
-    raise ConfigurationError(
-        f"the dueq data source writes map keys of strings or integers, not {dtype.simpleString()}"
-    )
-
-
-_STRING_TIME = re.compile(
-    r"\s*(\d{4})-(\d{1,2})-(\d{1,2})"
-    r"(?:[T ](\d{1,2}):(\d{1,2})(?::(\d{1,2})(?:\.(\d{1,9}))?)?)?"
-    r"\s*(Z|UTC|GMT|[+-]\d{1,2}(?::?\d{2})?)?\s*",
-    re.IGNORECASE,
-)
-
-
-def _string_micros(text: str, zone: tzinfo) -> int | None:
-    """Epoch microseconds of a date-time string as Spark's try_to_timestamp reads the common
-    ISO forms (date, date time, fraction, Z or an offset; else the session zone), or None."""
-    match = _STRING_TIME.fullmatch(text)
-    if match is None:
-        return None
-    year, month, day, hour, minute, second, fraction, offset = match.groups()
-    try:
-        tz: tzinfo = zone
-        if offset is not None and offset.upper() not in ("Z", "UTC", "GMT"):
-            sign = -1 if offset[0] == "-" else 1
-            body = offset[1:].replace(":", "")
-            hours, minutes = (body, "0") if len(body) <= 2 else (body[:-2], body[-2:])
-            tz = timezone(sign * timedelta(hours=int(hours), minutes=int(minutes)))
-        elif offset is not None:
-            tz = timezone.utc
-        moment = datetime(
-            int(year),
-            int(month),
-            int(day),
-            int(hour or 0),
-            int(minute or 0),
-            int(second or 0),
-            int((fraction or "0")[:6].ljust(6, "0")),
-            tzinfo=tz,
-        )
-    except ValueError:  # a month 13, a day 32, an hour 25: Spark reads null too
-        return None
-    return _micros(moment)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def _micros(moment: datetime) -> int:
-    return (moment - _EPOCH) // timedelta(microseconds=1)
-
-
-def _session_zone(schema: pa.Schema) -> tzinfo:
-    context = TaskContext.get()
-    name = context.getLocalProperty(_SESSION_ZONE) if context else None
-    if not name:
-        name = next(
-            (f.type.tz for f in schema if pa.types.is_timestamp(f.type) and f.type.tz), None
-        )
-    if not name:
-        local = datetime.now().astimezone().tzinfo
-        return local if local is not None else timezone.utc
-    return timezone.utc if name.upper() in ("UTC", "Z", "GMT") else ZoneInfo(name)
-
-
-class _Rows:
-    """Turns Arrow record batches into ``schedule_rows``' (id, due, raw, payload JSON) tuples."""
-
-    def __init__(self, schema: T.StructType, columns: ColumnPlan) -> None:
-        self.schema = schema
-        self.columns = columns
-        for name in columns.payload_cols:  # refuse unsupported types before any task runs
-            _encoder(schema[name].dataType, timezone.utc)
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[Any, ...]]:
-        encoders: list[Encoder] | None = None
-        zone: tzinfo = timezone.utc
-        for batch in batches:
-            if encoders is None:
-                zone = _session_zone(batch.schema)
-                encoders = [
-                    _encoder(self.schema[c].dataType, zone) for c in self.columns.payload_cols
-                ]
-                heads = [_json_string(c) + ":" for c in self.columns.payload_cols]
-            ids = self._ids(batch)
-            dues, raws = self._dues(batch, zone)
-            payloads = self._payloads(batch, encoders, heads)
-            yield from zip(ids, dues, raws, payloads, strict=True)
-
-    def _ids(self, batch: pa.RecordBatch) -> Sequence[Any]:
-        if self.columns.id_col is None:
-            return [None] * batch.num_rows
-        values: list[Any] = batch.column(self.columns.id_col).to_pylist()
-        if isinstance(self.schema[self.columns.id_col].dataType, T.StringType):
-            return values
-        return [None if v is None else str(v) for v in values]
-
-    def _dues(self, batch: pa.RecordBatch, zone: tzinfo) -> tuple[Sequence[Any], Sequence[Any]]:
-        plan = self.columns
-        nothing = [None] * batch.num_rows
-        if plan.due_col is None:
-            return nothing, nothing
-        dtype = self.schema[plan.due_col].dataType
-        column = batch.column(plan.due_col)
-        if isinstance(dtype, T.TimestampType):  # UTC microseconds in Arrow
-            return column.cast(pa.int64()).to_pylist(), nothing
-        if isinstance(dtype, T.TimestampNTZType):  # wall time in the session zone
-            walls = column.to_pylist()
-            return [None if w is None else _micros(w.replace(tzinfo=zone)) for w in walls], nothing
-        if isinstance(dtype, T.DateType):
-            days = column.to_pylist()
-            midnight = datetime.min.time()
-            return [
-                None if d is None else _micros(datetime.combine(d, midnight, tzinfo=zone))
-                for d in days
-            ], nothing
-        if isinstance(dtype, T.StringType):
-            texts = column.to_pylist()
-            return [None if t is None else _string_micros(t, zone) for t in texts], texts
-        if isinstance(dtype, T.NumericType):
-            return [None if v is None else float(v) for v in column.to_pylist()], nothing
-        return column.to_pylist(), nothing  # a day-time interval: timedelta
-
-    def _payloads(
-        self, batch: pa.RecordBatch, encoders: list[Encoder], heads: list[str]
-    ) -> list[str | None]:
-        columns = [batch.column(c).to_pylist() for c in self.columns.payload_cols]
-        if not columns:
-            return ["{}"] * batch.num_rows
-        out: list[str | None] = []
-        parts = list(zip(heads, encoders, strict=True))
-        for values in zip(*columns, strict=True):
-            try:
-                out.append(
-                    "{" + ",".join(h + e(v) for (h, e), v in zip(parts, values, strict=True)) + "}"
-                )
-            except _NonFinite:
-                out.append(None)  # schedule_rows counts it: "payload is not JSON-encodable"
-        return out
+    return _WriteSetup(plan, Rows(schema, columns), ttl_s * 1000, memory_s * 1000)
 
 
 # -- writers -----------------------------------------------------------------------------------

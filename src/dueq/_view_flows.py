@@ -16,8 +16,19 @@ from .clock import Duration, datetime_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
 from .doctor import DoctorFinding, DoctorReport
 from .envelope import validate_id
-from .exceptions import ConfigurationError, InvalidTaskError
-from .task import DueHistogram, HistoryPoint, QueueStats, TaskInfo, TaskPage, TaskState
+from .exceptions import ConfigurationError, InvalidTaskError, TaskNotFound
+from .snapshot import settings_from_hash
+from .task import (
+    FINAL_STATES,
+    DueHistogram,
+    HistoryPoint,
+    QueueSettings,
+    QueueStats,
+    TaskInfo,
+    TaskPage,
+    TaskState,
+)
+from .wake import WakeSubscription, sharded_pubsub
 
 logger = logging.getLogger("dueq.queue")
 
@@ -67,6 +78,40 @@ class ViewFlows(QueueBase):
         for start in range(0, len(ids), MAX_PAGE):  # one snapshot per page of MAX_PAGE ids
             found += yield from self.inspect_ids_flow(ids[start : start + MAX_PAGE])
         return found
+
+    def ended_subscription_flow(self, task_id: str) -> Flow[WakeSubscription]:
+        """What ``wait`` subscribes to: the ended channel of the queue (or shard) that holds
+        ``task_id``, by SSUBSCRIBE where the scripts SPUBLISH (as ``dueq.wake``)."""
+        if not self._server_checked:
+            yield from self.check_server_flow()
+        keys = self.keys if self._sharded is None else self._sharded.shard(task_id).keys
+        return WakeSubscription((keys.ended,), sharded=sharded_pubsub(self._server_version))
+
+    def wait_check_flow(self, task_id: str) -> Flow[TaskInfo | None]:
+        """One look for ``wait``: the task when it has ended (done, dead, cancelled), None
+        while it has not. TaskNotFound when there is no such task (never scheduled, or gone:
+        acked or cancelled without keep_results, or kept past the retention, or purged);
+        ConfigurationError when it is live but the queue keeps no results (its end would
+        leave nothing to read)."""
+        info = yield from self.get_flow(task_id)
+        if info is None:
+            raise TaskNotFound(
+                f"no task {task_id!r} to wait for: never scheduled, or it ended and the queue "
+                "keeps no result for it (keep_results off, or its retention ended)",
+                [task_id],
+            )
+        if info.state in FINAL_STATES:
+            return info
+        keys = self.keys if self._sharded is None else self._sharded.shard(task_id).keys
+        settings: QueueSettings = yield protocol.command(
+            "HGETALL", keys.config, parse=settings_from_hash
+        )
+        if settings.keep_results is None:
+            raise ConfigurationError(
+                f"cannot wait for task {task_id!r}: queue {self.name!r} keeps no results, so "
+                "an acked task leaves nothing to read; q.configure(keep_results=...) first"
+            )
+        return None
 
     def inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
         if self._sharded is not None:

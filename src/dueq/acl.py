@@ -12,7 +12,7 @@ starts calling a new command changes the rule with it. The commands sent from Py
 listed by hand below, per role; ``tests/test_acl.py`` runs each role's operations as a user
 with exactly this rule against a real server, so a missing command fails a test.
 
-What this does and does not separate (the README says it for users):
+What this does and does not separate (docs/deployment.md says it for users):
 
 * Queue from queue, and the server from the queue: a user with the rule for ``emails``
   cannot read or write another queue's keys (also not from inside a script: Redis checks key
@@ -113,7 +113,9 @@ COMMON_COMMANDS = (
     "type",  # only after a script's WRONGTYPE: which key is of the wrong type (scripts.py)
 )
 PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
-    "producer": (),
+    # q.wait: SSUBSCRIBE (Redis >= 7.0) or SUBSCRIBE (6.2) on the ended channel, HGETALL of
+    # the queue's settings (keep_results), INFO for the server version check
+    "producer": ("ssubscribe", "sunsubscribe", "subscribe", "unsubscribe", "hgetall", "info"),
     # HMGET: cron definitions of claimed occurrences; SSUBSCRIBE (Redis >= 7.0) or SUBSCRIBE
     # (6.2): the wake channel;
     # INFO: the server version check at the first claim (INFO server; without it the
@@ -224,13 +226,14 @@ def acl_rule(role: str, queue_pattern: str = "*") -> AclRule:
     keys: tuple[str, ...]
     channels: tuple[str, ...]
     if pattern == "*":  # every tag: plain queues, shards and layout keys alike
-        keys, channels = (f"~{base}*",), (f"&{base}wake",)
+        keys, channels = (f"~{base}*",), (f"&{base}wake", f"&{base}ended")
     else:
         # a sharded queue of that name: its shards' tags are ``<name>#<i>[.<k>]`` (a sharded
         # queue's name holds no '#'), its layout key ``dueq:{<name>#}:shards`` (which the first
         # producer writes): ``{<pattern>#*}`` matches both and nothing of another queue
         shards = f"{PREFIX}:{{{pattern}#*}}:"
-        keys, channels = (f"~{base}*", f"~{shards}*"), (f"&{base}wake", f"&{shards}wake")
+        keys = (f"~{base}*", f"~{shards}*")
+        channels = (f"&{base}wake", f"&{shards}wake", f"&{base}ended", f"&{shards}ended")
     return AclRule(
         role=checked,
         queue_pattern=pattern,

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from ._async import AsyncQueue
-from ._shards import MAX_SHARDS, shard_names
+from ._shard_layout import MAX_SHARDS, shard_names
 from .checks import whole_number
 from .exceptions import ConfigurationError, DueqError
 from .keys import PREFIX, QueueKeys, layout_key, validate_queue_name
@@ -32,6 +32,7 @@ from .registry import WorkerInfo, merge_workers
 __all__ = [
     "CLUSTER_SCHEMES",
     "KEY_SUFFIXES",
+    "async_queue_exists",
     "async_queue_names",
     "async_shard_count",
     "client_for_url",
@@ -39,6 +40,7 @@ __all__ = [
     "discover_workers",
     "open_async_queue",
     "open_queue",
+    "queue_exists",
     "queue_names",
     "queue_of_key",
     "shard_count",
@@ -209,6 +211,34 @@ async def async_queue_names(client: Any) -> list[str]:
     """As ``queue_names``, on a ``redis.asyncio`` client (the dashboard's)."""
     keys = [key async for key in client.scan_iter(match=f"{PREFIX}:{{*}}:*", count=SCAN_COUNT)]
     return _logical_names(keys)
+
+
+def _exist_keys(name: str) -> tuple[list[str], str | None]:
+    """The keys whose existence makes queue ``name`` exist: each of its own (every suffix of
+    ``KEY_SUFFIXES``, so ``queue_names`` and ``queue_exists`` agree), and the layout key of a
+    sharded queue (another slot: a call of its own), None for a name with ``#``."""
+    own = QueueKeys.for_queue(name).names()
+    return own, (None if "#" in name else layout_key(name))
+
+
+def queue_exists(client: Any, name: str) -> bool:
+    """Whether queue ``name`` exists: any of its keys is in Redis (tasks, dead tasks, counters,
+    settings, cron definitions, live workers; for a sharded queue, its recorded layout). The
+    one rule for "is there such a queue" that ``queue_names`` lists by: a command that would
+    otherwise create a queue by naming it (a typo, ``pause shpo``) asks this first. At most
+    two EXISTS calls; ConfigurationError for a name no queue can have."""
+    own, layout = _exist_keys(name)
+    if client.exists(*own):
+        return True
+    return layout is not None and bool(client.exists(layout))
+
+
+async def async_queue_exists(client: Any, name: str) -> bool:
+    """As ``queue_exists``, on a ``redis.asyncio`` client."""
+    own, layout = _exist_keys(name)
+    if await client.exists(*own):
+        return True
+    return layout is not None and bool(await client.exists(layout))
 
 
 def discover_workers(client: Any, names: Iterable[str] = ()) -> list[WorkerInfo]:

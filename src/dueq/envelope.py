@@ -356,3 +356,25 @@ def decode_delivery(raw: bytes | str) -> tuple[Any, TaskOptions, TraceContext | 
         return json.loads(body.decode("utf-8")), options, trace  # str: no detect_encoding
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise PayloadError(f"stored payload is not valid JSON: {str(exc)[:200]}") from None
+
+
+#: Largest result kept (JSON bytes, ``keep_results``): a bigger value is reported, not kept.
+MAX_RESULT_BYTES = 65_000
+
+
+def result_entry(value: Any) -> tuple[bytes, str | None]:
+    """A handler's return value as ack.lua's entry: b"" for None, b"=" + its JSON, or, for a
+    value that cannot be kept (not JSON, bigger than MAX_RESULT_BYTES), b"!" + why; the why
+    is also returned (None when the value can be kept)."""
+    if value is None:
+        return b"", None
+    try:
+        data = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        raw = data.encode("utf-8")  # a lone surrogate is no text Redis can store
+    except (TypeError, ValueError, RecursionError) as exc:
+        why = f"not JSON: {type(exc).__name__}: {exc}"[:200]
+        return b"!" + why.encode("utf-8", "replace"), why
+    if len(raw) > MAX_RESULT_BYTES:
+        why = f"too big: {len(raw)} bytes of JSON (at most {MAX_RESULT_BYTES})"
+        return b"!" + why.encode(), why
+    return b"=" + raw, None

@@ -15,6 +15,7 @@
     ├── ReplicationTimeout                       written, but fewer replicas confirmed it than asked
     ├── CorruptQueue   (also redis ResponseError) a queue key holds the wrong type of value
     ├── TaskTimeout                              an attempt ran past process(timeout=...): retried
+    ├── WaitTimeout      (also TimeoutError)     q.wait: the task did not end in time
     └── Unrecoverable                            raised by a handler: skip retries, go to dead
 
 Redis's own errors (``redis.exceptions.ConnectionError``, ``TimeoutError``, ...) pass through
@@ -43,6 +44,7 @@ __all__ = [
     "TaskNotFound",
     "TaskTimeout",
     "Unrecoverable",
+    "WaitTimeout",
 ]
 
 
@@ -133,6 +135,15 @@ class TaskTimeout(DueqError):
     """An attempt ran past its timeout (``process(handler, timeout=...)``): recorded as the
     attempt's failure, so the task follows its retry policy. An ``async def`` handler was
     cancelled; a plain function's thread was abandoned and its late result is refused."""
+
+
+class WaitTimeout(DueqError, TimeoutError):
+    """``q.wait(id, timeout=...)``: the task did not end (done, dead or cancelled) in time.
+    ``task_id`` names it; the task itself is untouched (it may still end later)."""
+
+    def __init__(self, message: str, task_id: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
 
 
 class Unrecoverable(DueqError):

@@ -27,7 +27,7 @@ def layout_key(name: str) -> str:
 
 
 #: The Redis type dueq keeps at each key of a queue, by the part after the queue's tag
-#: ("dueq:{<queue>}:<part>"); the wake channel is no key.
+#: ("dueq:{<queue>}:<part>"); the wake and ended channels are no keys.
 KEY_TYPES = {
     "due": "zset",
     "leased": "zset",
@@ -41,6 +41,8 @@ KEY_TYPES = {
     "cron:last": "hash",
     "stats": "hash",
     "done": "zset",
+    "results": "hash",
+    "finished": "zset",
     "config": "hash",
     "rate": "zset",
     "cancelled": "zset",
@@ -81,6 +83,11 @@ class QueueKeys:
     ``cron_last`` HASH name -> JSON: the outcome of each definition's last firing (see the Lua
                 prelude's cron_note)
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
+    ``results`` HASH id -> finished record (``<JSON header>\n<envelope>``, see the Lua prelude's
+                results notes): acked and cancelled tasks, only while ``keep_results`` keeps them
+    ``finished`` ZSET id -> finished ms: the records of ``results``, oldest first, for trimming
+    ``ended``   Pub/Sub channel: the ids of tasks that ended (acked with ``keep_results``, dead,
+                cancelled), for ``wait``
     ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
     ``cancelled`` ZSET "id|token" -> lease deadline ms: leases revoked by ``cancel``
@@ -120,6 +127,9 @@ class QueueKeys:
     cron_last: str
     workers: str
     workers_info: str
+    results: str
+    finished: str
+    ended: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -165,6 +175,9 @@ class QueueKeys:
             cron_last=base + "cron:last",
             workers=base + "workers",
             workers_info=base + "workers:info",
+            results=base + "results",
+            finished=base + "finished",
+            ended=base + "ended",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

@@ -11,19 +11,32 @@ them too, for people reading text logs).
 (others as their ``repr``), then ``exception`` (the formatted traceback) when there is one.
 Output is ASCII (``ensure_ascii``): task ids and error messages can hold terminal escape
 sequences and bidirectional overrides, which JSON then shows as ``\\u001b``, never raw.
+
+``stderr_fallback`` is what makes a worker talk in a script that configured no logging (see
+docs/worker-output.md). The rule: while a worker runs, a record of a ``dueq`` logger that no
+handler would receive (none on its logger, on ``dueq``, or on the loggers above them as far
+as ``propagate`` reaches, root included) is written to stderr, INFO and up; a record some
+other handler receives is left to it, so nothing is printed twice. It is one handler on the
+``dueq`` logger, there only while at least one worker runs (two workers share it); it sets
+that logger's level to INFO only if the application left it unset, and puts it back after.
+Turn it off with any handler of your own on ``dueq``:
+``logging.getLogger("dueq").addHandler(logging.NullHandler())`` silences dueq.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
 from ._identity import worker_id
 
-__all__ = ["JsonFormatter", "WorkerFilter", "task_fields"]
+__all__ = ["FALLBACK_FORMAT", "JsonFormatter", "WorkerFilter", "stderr_fallback", "task_fields"]
 
 #: Attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
@@ -90,3 +103,80 @@ class JsonFormatter(logging.Formatter):
             entry["stack"] = self.formatStack(record.stack_info)
         entry = {k: self._redact(v) if isinstance(v, str) else v for k, v in entry.items()}
         return json.dumps(entry, ensure_ascii=True, separators=(",", ":"))
+
+
+#: The fallback's line: ``2026-01-05 09:00:00,123 INFO dueq.worker: worker started on ...``.
+FALLBACK_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: The logger the fallback sits on (every dueq logger is below it).
+FALLBACK_LOGGER = "dueq"
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters and bidirectional overrides escaped (task ids and
+    handler errors reach a terminal), line breaks and tabs kept."""
+    return "".join(c if c.isprintable() or c in "\n\t" else ascii(c)[1:-1] for c in text)
+
+
+def _has_handler(logger: logging.Logger | None, level: int, besides: object = None) -> bool:
+    """True when a record of ``level`` logged on ``logger`` reaches a handler other than
+    ``besides`` (the walk ``Logger.callHandlers`` makes)."""
+    while logger is not None:
+        if any(h is not besides and level >= h.level for h in logger.handlers):
+            return True
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return False
+
+
+class _Fallback(logging.Handler):
+    """Writes to the current ``sys.stderr`` the records no other handler receives."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter(FALLBACK_FORMAT))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # looked at per record: a handler the application adds while the worker runs wins
+        if _has_handler(logging.getLogger(record.name), record.levelno, besides=self):
+            return
+        try:
+            sys.stderr.write(_printable(self.format(record)) + "\n")
+            sys.stderr.flush()
+        except Exception:  # logging must not fail the worker: reported as logging does
+            self.handleError(record)
+
+
+_fallback_lock = threading.Lock()
+_fallback_users = 0
+_fallback_installed: tuple[_Fallback, bool] | None = None  # the handler; whether we set the level
+
+
+@contextlib.contextmanager
+def stderr_fallback() -> Iterator[None]:
+    """While in this block, dueq's records that no handler would receive go to stderr (the
+    module doc's rule). ``Worker.run``, ``AsyncWorker.run`` and ``dueq worker`` use it;
+    nesting and concurrent blocks share one handler."""
+    global _fallback_users, _fallback_installed
+    with _fallback_lock:
+        _fallback_users += 1
+        logger = logging.getLogger(FALLBACK_LOGGER)
+        if _fallback_installed is None and not _has_handler(logger, logging.CRITICAL + 1):
+            handler = _Fallback()
+            set_level = logger.level == logging.NOTSET
+            if set_level:
+                logger.setLevel(logging.INFO)
+            logger.addHandler(handler)
+            _fallback_installed = (handler, set_level)
+    try:
+        yield
+    finally:
+        with _fallback_lock:
+            _fallback_users -= 1
+            if _fallback_users == 0 and _fallback_installed is not None:
+                handler, set_level = _fallback_installed
+                _fallback_installed = None
+                logger = logging.getLogger(FALLBACK_LOGGER)
+                logger.removeHandler(handler)
+                if set_level and logger.level == logging.INFO:
+                    logger.setLevel(logging.NOTSET)

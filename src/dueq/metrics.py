@@ -68,7 +68,18 @@ Worker metrics:
                                                    dead, released, cancelled, lost
 ==========================================  =====  ===============================================
 
-Every worker metric also carries ``worker`` (``dueq._identity.worker_id()``).
+Every worker metric also carries ``worker``: the name given (``WorkerMetrics(worker=...)``,
+``dueq worker --name``), else the host name (``default_worker_name``), so a restarted worker
+continues its series instead of starting new ones (not the per-process ``dueq.worker_id()`` of
+log lines and the worker registry). Prometheus's own ``instance`` label tells apart two
+workers of one host.
+
+Which series exist from the start: every counter of a queue the exporter reads
+(``STATS_COUNTERS``, at 0 until its first event) and, for each queue a ``WorkerMetrics``
+measures (``wrap``, ``follow``, ``watch``), every outcome kind (``OUTCOME_KINDS``) and both
+handler results, at 0: an alert on ``increase()`` then sees the first event. The queue-wide
+series come from ``dueq metrics`` (or the dashboard's ``/metrics``), once per Redis; ``dueq
+worker`` adds them only with ``--queue-metrics``. See docs/metrics-series.md.
 
 The hook a consumer calls is ``WorkerMetrics``: ``observe_delivery(queue, delivery)`` when a
 handler starts, ``observe_handler(queue, duration_s, ok)`` when it ends, and
@@ -81,6 +92,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import socket
 import threading
 import time
 from collections import Counter
@@ -101,19 +113,21 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 import redis
 
 from . import discovery
-from ._identity import worker_id
 from .cron import CronDefinition, LastOutcome
 from .exceptions import DueqError
 from .keys import validate_queue_name
 from .operators._process import is_async_handler
 from .queue import Queue
-from .task import HISTORY_COUNTERS, Outcome, QueueStats
+from .task import HISTORY_COUNTERS, Outcome, OutcomeKind, QueueStats
 
 __all__ = [
     "DELIVERY_LAG_BUCKETS_S",
     "HANDLER_BUCKETS_S",
+    "OUTCOME_KINDS",
+    "STATS_COUNTERS",
     "QueueCollector",
     "WorkerMetrics",
+    "default_worker_name",
     "new_registry",
     "serve",
 ]
@@ -126,6 +140,25 @@ HANDLER_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 DELIVERY_LAG_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 #: Counters of the stats hash that are about cron definitions, not tasks.
 CRON_PREFIX = "cron_"
+#: Every counter the queue's scripts keep in its stats hash (a test checks this against the
+#: Lua sources): exported from the start, at 0 until its first event.
+STATS_COUNTERS = (
+    "scheduled",
+    "claimed",
+    "acked",
+    "retried",
+    "dead",
+    "expired",
+    "released",
+    "cancelled",
+    "replayed",
+    "purged",
+    "dropped",
+    "cron_skipped",
+    "cron_state_rebuilt",
+)
+#: What can become of a delivery (``Outcome.kind``): each has a series from the start.
+OUTCOME_KINDS: tuple[str, ...] = get_args(OutcomeKind)
 
 
 def _metric_word(name: str) -> str:
@@ -241,7 +274,9 @@ class QueueCollector(Collector):
                 rates.add_metric([name, event], getattr(last_minute, event) / 60)
             cron_last.add(name, definitions)
             workers.add_metric([name], alive)
-            for counter, value in sorted(s.counters.items()):
+            # every known counter, at 0 before its first event: an alert on increase() then
+            # sees the first one (a series that appears at 1 has no increase)
+            for counter in sorted({*STATS_COUNTERS, *s.counters}):
                 family = counter_metric_name(counter)
                 if family not in counters:
                     counters[family] = CounterMetricFamily(
@@ -249,10 +284,10 @@ class QueueCollector(Collector):
                         f"Tasks counted as {counter} since the queue was created",
                         labels=["queue"],
                     )
-                counters[family].add_metric([name], value)
+                counters[family].add_metric([name], s.counters.get(counter, 0))
         yield from (up, tasks, lag, next_due, paused, missing, crons, rates, workers)
         yield from cron_last.families
-        yield from counters.values()
+        yield from (counters[family] for family in sorted(counters))
 
     @staticmethod
     def _add_stats(
@@ -330,7 +365,11 @@ class _Outcomes(Collector):
 
     def collect(self) -> Iterator[Metric]:
         family = self._family()
-        for (queue, kind), count in sorted(self._owner.outcome_counts().items()):
+        counts = self._owner.outcome_counts()
+        for queue in self._owner.queues():
+            for kind in OUTCOME_KINDS:
+                counts.setdefault((queue, kind), 0)  # from the start, at 0
+        for (queue, kind), count in sorted(counts.items()):
             family.add_metric([queue, self._owner.worker, kind], count)
         yield family
 
@@ -339,7 +378,7 @@ class WorkerMetrics:
     """Worker-side metrics in ``registry``: the hook a consumer calls (see the module doc)."""
 
     def __init__(self, registry: CollectorRegistry, *, worker: str | None = None) -> None:
-        self.worker = worker or worker_id()
+        self.worker = worker or default_worker_name()
         self.handler_seconds = Histogram(
             "dueq_handler_duration_seconds",
             "Time in the handler per delivery",
@@ -357,22 +396,44 @@ class WorkerMetrics:
         self._lock = threading.Lock()
         self._observed: Counter[tuple[str, str]] = Counter()
         self._followed: list[tuple[str, Mapping[str, int]]] = []
+        self._queues: dict[str, None] = {}  # the queues measured, in the order first seen
         registry.register(_Outcomes(self))
+
+    def watch(self, queue: str) -> None:
+        """Export ``queue``'s series now, at 0 (``wrap`` and ``follow`` call it): a counter
+        that appears only at its first event hides that event from ``increase()``."""
+        if queue in self._queues:  # the common case, on every delivery: no lock
+            return
+        with self._lock:
+            if queue in self._queues:
+                return
+            self._queues[queue] = None
+        for result in ("ok", "error"):
+            self.handler_seconds.labels(queue, self.worker, result)
+        self.delivery_lag_seconds.labels(queue, self.worker)
+
+    def queues(self) -> list[str]:
+        """The queues this worker's series are exported for."""
+        with self._lock:
+            return list(self._queues)
 
     # -- the hook ----------------------------------------------------------------------------
 
     def observe_delivery(self, queue: str, delivery: Any) -> None:
         """A handler starts on ``delivery`` (anything with ``claimed_ms`` and ``due_ms``)."""
+        self.watch(queue)
         lag_s = max(0, delivery.claimed_ms - delivery.due_ms) / 1000
         self.delivery_lag_seconds.labels(queue, self.worker).observe(lag_s)
 
     def observe_handler(self, queue: str, duration_s: float, ok: bool) -> None:
         """A handler returned (``ok``) or raised after ``duration_s``."""
+        self.watch(queue)
         result = "ok" if ok else "error"
         self.handler_seconds.labels(queue, self.worker, result).observe(duration_s)
 
     def observe_outcome(self, queue: str, outcome: Outcome) -> None:
         """A delivery of ``queue`` was settled as ``outcome.kind``."""
+        self.watch(queue)
         with self._lock:
             self._observed[queue, outcome.kind] += 1
 
@@ -381,6 +442,7 @@ class WorkerMetrics:
     def follow(self, queue: str, outcomes: Mapping[str, int]) -> None:
         """Report ``outcomes`` (a ``Worker.outcomes`` counter, read at each scrape) as the
         outcomes of ``queue``. Use it or ``observe_outcome`` for a queue, not both."""
+        self.watch(queue)
         with self._lock:
             self._followed.append((queue, outcomes))
 
@@ -396,6 +458,7 @@ class WorkerMetrics:
 
     def wrap(self, queue: str, handler: Callable[..., Any]) -> Callable[..., Any]:
         """``handler`` (sync or ``async def``) with its deliveries and time measured."""
+        self.watch(queue)
         if is_async_handler(handler):
 
             @functools.wraps(handler)
@@ -425,6 +488,12 @@ class WorkerMetrics:
                 self.observe_handler(queue, time.perf_counter() - start, ok)
 
         return measured
+
+
+def default_worker_name() -> str:
+    """The ``worker`` label when none is given: the host name, the same after a restart (a
+    container's or pod's name), unlike the per-process ``dueq.worker_id()``."""
+    return socket.gethostname() or "localhost"
 
 
 def _snapshot(outcomes: Mapping[str, int]) -> dict[str, int]:

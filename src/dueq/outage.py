@@ -6,7 +6,8 @@ exponential backoff and tries again. "For a while" covers more than a lost conne
 answers with an error reply when it is up but refuses to serve right now, and each of these
 ends on its own or by an operator's fix, never by changing the request:
 
-- ``NOREPLICAS``: ``min-replicas-to-write`` (which the README recommends) and too few replicas;
+- ``NOREPLICAS``: ``min-replicas-to-write`` (docs/deployment.md recommends it) and too few
+  replicas;
 - ``MASTERDOWN``: a replica with ``replica-serve-stale-data no`` lost its primary;
 - ``LOADING``: Redis is loading its AOF or RDB after a restart;
 - ``READONLY``: the client reached a replica, e.g. a demoted primary after a failover;

@@ -8,6 +8,7 @@ Every state change is one Lua script call (see ``dueq/lua``), built by the proto
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -23,13 +24,15 @@ from ._drive import Flow, drive
 from ._lease_flows import MAX_CLAIM_BATCH, ClaimBatch
 from ._schedule_flows import SCHEDULE_BATCH
 from ._server_check import MIN_REDIS_VERSION, wrong_client
-from ._shards import Each, send_each, sharded_layout
+from ._shard_fanout import Each, send_each
+from ._shards import sharded_layout
 from .checks import client_from_url
-from .clock import Clock, Duration
+from .clock import Clock, Duration, duration_ms
 from .cron import Crons
 from .dead import DeadLetters
 from .doctor import DoctorReport
-from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
+from .exceptions import WaitTimeout
 from .observe import observe_queue
 from .registry import WorkerInfo
 from .retry import RetryPolicy
@@ -48,7 +51,7 @@ from .task import (
     TaskPage,
     TaskState,
 )
-from .wake import WakeSubscription
+from .wake import WakeSubscription, ended_ids, is_subscribed, is_wake, subscribe_args
 
 logger = logging.getLogger(__name__)
 
@@ -340,6 +343,7 @@ class Queue(QueueCore):
         *,
         paused: bool | None = None,
         remember_done: Duration | None = None,
+        keep_results: Duration | None = None,
         rate: Rate | Literal[False] | None = None,
         key_rate: Rate | Literal[False] | None = None,
         key_concurrency: int | Literal[False] | None = None,
@@ -349,17 +353,20 @@ class Queue(QueueCore):
 
         ``paused``: claims lease nothing while True (see ``pause``). ``remember_done``: how long
         acked ids are remembered, so that scheduling one again counts it as existing (0 turns
-        it off). ``rate``: a ``dueq.Rate``, at most that many claims per window across every
-        consumer (False removes it). ``key_rate`` and ``key_concurrency`` apply to each limit
-        key (``schedule(..., key=)``) separately: claims of one key spaced ``per / n`` apart,
-        and at most that many of its tasks leased at once (False removes them); a key at its
-        limit steps aside, so other keys' tasks go first. Consumers are woken, so a change
-        applies at once.
+        it off). ``keep_results``: how long finished tasks stay readable as ``done``,
+        ``dead`` or ``cancelled`` with their handler's return value (``get``, ``wait``; 0
+        turns it off, see docs/results.md). ``rate``: a ``dueq.Rate``, at most that many
+        claims per window across every consumer (False removes it). ``key_rate`` and
+        ``key_concurrency`` apply to each limit key (``schedule(..., key=)``) separately:
+        claims of one key spaced ``per / n`` apart, and at most that many of its tasks leased
+        at once (False removes them); a key at its limit steps aside, so other keys' tasks go
+        first. Consumers are woken, so a change applies at once.
         """
         return self.drive(
             self.configure_flow(
                 paused=paused,
                 remember_done=remember_done,
+                keep_results=keep_results,
                 rate=rate,
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,
@@ -390,6 +397,38 @@ class Queue(QueueCore):
         once, a missing one left out): one round trip per 1,000 ids, each page one consistent
         snapshot. ``InvalidTaskError`` for an id that is not valid, before anything is read."""
         return self.drive(self.get_many_flow(task_ids))
+
+    def wait(self, task_id: str, timeout: Duration = 10.0) -> TaskInfo:
+        """Block until the task has ended (``done``, ``dead`` or ``cancelled``) and return it;
+        ``WaitTimeout`` if it has not within ``timeout`` seconds. Needs ``keep_results`` on
+        the queue for a task that is still live (ConfigurationError otherwise); TaskNotFound
+        when there is no such task (or it ended and nothing was kept). Woken by the queue's
+        ended channel (Pub/Sub), with no polling: any process's ack, fail or cancel ends it.
+        """
+        task_id = validate_id(task_id)
+        deadline = time.monotonic() + duration_ms(timeout, "timeout") / 1000
+        subscription = self.drive(self.ended_subscription_flow(task_id))
+        method, channels = subscribe_args(subscription)
+        pubsub = self.redis.pubsub()  # type: ignore[no-untyped-call]
+        try:
+            getattr(pubsub, method)(*channels)
+            # read the confirmation first, so every end after the look below is heard
+            while not is_subscribed(pubsub.get_message(timeout=_left_s(deadline))):
+                if _left_s(deadline) <= 0:
+                    raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
+            while True:
+                info = self.drive(self.wait_check_flow(task_id))
+                if info is not None:
+                    return info
+                while True:
+                    left_s = _left_s(deadline)
+                    if left_s <= 0:
+                        raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
+                    message = pubsub.get_message(timeout=left_s)
+                    if is_wake(message) and task_id in ended_ids(message["data"]):
+                        break
+        finally:
+            pubsub.close()
 
     def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
@@ -425,12 +464,13 @@ class Queue(QueueCore):
 
         Scheduled tasks come by priority (9 first), then due time, then the parked ones (due,
         waiting for their key's limits); leased by lease deadline (``holder`` says who holds
-        each); dead by died-at, oldest first. Filters: ``id_prefix``, ``grep`` (text the
-        payload's JSON contains), ``error_type`` (the type of the last error record) and
-        ``after``/``before`` (inclusive bounds on the time the state is ordered by: due time,
-        lease deadline or died-at). Each call looks at most at 1,000 tasks (at least
-        ``limit``, at most 1,000), so its cost is bounded whatever the queue's size: a page
-        may hold fewer than ``limit`` tasks, even none, before the listing is done.
+        each); dead by died-at, newest first (as ``q.dead.list``). Filters: ``id_prefix``,
+        ``grep`` (text the payload's JSON contains), ``error_type`` (the type of the last
+        error record) and ``after``/``before`` (inclusive bounds on the time the state is
+        ordered by: due time, lease deadline or died-at). Each call looks at most at 1,000
+        tasks (at least ``limit``, at most 1,000), so its cost is bounded whatever the
+        queue's size: a page may hold fewer than ``limit`` tasks, even none, before the
+        listing is done.
         """
         return self.drive(
             self.list_flow(
@@ -487,3 +527,8 @@ class Queue(QueueCore):
 
     def leave_registry(self) -> None:
         self.drive(self.heartbeat_flow("{}", 0, leave=True))
+
+
+def _left_s(deadline: float) -> float:
+    """Seconds left until a ``time.monotonic()`` deadline (0 once passed)."""
+    return max(deadline - time.monotonic(), 0.0)

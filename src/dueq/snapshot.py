@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from .envelope import NO_OPTIONS, decode_task
 from .exceptions import PayloadError
 from .failures import parse_error_records, token_holder
 from .task import (
+    MAX_KEEP_RESULTS_MS,
     MAX_KEY_CONCURRENCY,
     MAX_RATE_N,
     MAX_RATE_PER_MS,
@@ -25,7 +27,13 @@ from .task import (
 #: Largest count read back from Redis (beyond it a stored number is corrupted).
 MAX_COUNT = 2**53
 
-_STATES: dict[str, TaskState] = {"scheduled": "scheduled", "leased": "leased", "dead": "dead"}
+_STATES: dict[str, TaskState] = {
+    "scheduled": "scheduled",
+    "leased": "leased",
+    "dead": "dead",
+    "done": "done",
+    "cancelled": "cancelled",
+}
 
 
 def text(value: bytes | str) -> str:
@@ -80,6 +88,16 @@ def task_infos(reply: list[Any]) -> list[TaskInfo]:
     return infos
 
 
+def finished_header(raw: bytes | str) -> dict[str, Any]:
+    """The header of a finished record (see the Lua prelude's results notes): state,
+    finished_ms, attempt, result and maybe unstored; {} when it cannot be read."""
+    try:
+        head = json.loads(raw)
+    except ValueError:  # corrupted (hand-edited): shown without its result
+        return {}
+    return head if isinstance(head, dict) else {}
+
+
 def _task_info(
     task_id: str,
     state: TaskState,
@@ -88,7 +106,13 @@ def _task_info(
     meta_raw: bytes | str,
     errors_raw: bytes | str,
 ) -> TaskInfo:
+    head: dict[str, Any] = {}
+    if state in ("done", "cancelled"):  # a kept record: its header is in the meta slot
+        head, meta_raw = finished_header(meta_raw), b""
     attempt, leased_due, first_ms = parse_meta(meta_raw)
+    if head:
+        attempt = _count(head.get("attempt", 0))
+    unstored = head.get("unstored")
     options = NO_OPTIONS
     try:
         payload, options = decode_task(raw)
@@ -110,6 +134,9 @@ def _task_info(
         timeout=None if options.timeout_ms is None else timedelta(milliseconds=options.timeout_ms),
         max_attempts=options.max_attempts,
         holder=meta_holder(meta_raw) if state == "leased" else None,
+        result=head.get("result"),
+        finished_at=_datetime(score) if state in ("dead", "done", "cancelled") else None,
+        result_unstored=unstored if isinstance(unstored, str) else None,
     )
 
 
@@ -150,6 +177,8 @@ def setting_value(field: str, raw: str) -> Any:
         value = _whole(raw, 1, MAX_KEY_CONCURRENCY)
     elif field == "remember_done_ms":
         value = _whole(raw, 0, MAX_REMEMBER_DONE_MS)
+    elif field == "keep_results_ms":
+        value = _whole(raw, 0, MAX_KEEP_RESULTS_MS)
     else:
         return raw
     return REJECTED if value is None else value
@@ -162,7 +191,14 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
     raw = {text(reply[i]): _setting_text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
     values: dict[str, Any] = {}
     rejected: dict[str, str] = {}
-    for name in ("paused", "rate", "key_rate", "key_concurrency", "remember_done_ms"):
+    for name in (
+        "paused",
+        "rate",
+        "key_rate",
+        "key_concurrency",
+        "remember_done_ms",
+        "keep_results_ms",
+    ):
         if name in raw:
             value = setting_value(name, raw[name])
             if value is REJECTED:
@@ -170,9 +206,11 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
             else:
                 values[name] = value
     done_ms = values.get("remember_done_ms", 0)
+    keep_ms = values.get("keep_results_ms", 0)
     return QueueSettings(
         paused=values.get("paused", False),
         remember_done=timedelta(milliseconds=done_ms) if done_ms > 0 else None,
+        keep_results=timedelta(milliseconds=keep_ms) if keep_ms > 0 else None,
         rate=_rate(values.get("rate")),
         key_rate=_rate(values.get("key_rate")),
         key_concurrency=values.get("key_concurrency"),

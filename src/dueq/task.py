@@ -25,7 +25,10 @@ if TYPE_CHECKING:
     from ._core import QueueCore
     from .queue import Queue
 
-TaskState = Literal["scheduled", "leased", "dead"]
+#: A task's state; "done" and "cancelled" only while the queue keeps results (keep_results).
+TaskState = Literal["scheduled", "leased", "dead", "done", "cancelled"]
+#: The states a task ends in (``q.wait`` returns in one of them).
+FINAL_STATES = frozenset({"dead", "done", "cancelled"})
 
 
 def iso_ms(at: datetime | None) -> str | None:
@@ -112,6 +115,11 @@ class TaskInfo:
     deliveries so far; ``first_claimed_at`` is when the first of them began (None before).
     ``holder`` names who holds a leased task's lease (the worker id its claim gave, see
     ``Queue(holder=...)``), None when not leased or not named.
+
+    With ``keep_results`` (``q.configure(keep_results=...)``), finished tasks stay readable as
+    ``done`` or ``cancelled`` until their retention ends: ``result`` is the handler's stored
+    return value (a JSON value, or None), ``result_unstored`` says why a value could not be
+    kept (too big, not JSON), and ``finished_at`` is when the task ended (dead tasks too).
     """
 
     id: str
@@ -128,6 +136,9 @@ class TaskInfo:
     timeout: timedelta | None = None
     max_attempts: int | None = None
     holder: str | None = None
+    result: Any = None
+    finished_at: datetime | None = None
+    result_unstored: str | None = None
 
     def to_json(self, queue: str) -> dict[str, Any]:
         """The one JSON form of a task (docs/json.md), as used by the CLI's ``--json``, the
@@ -246,6 +257,8 @@ MAX_RATE_PER_MS = 366 * 86_400_000
 MAX_KEY_CONCURRENCY = 1_000_000
 #: Longest remember_done window, ms (366 days).
 MAX_REMEMBER_DONE_MS = 366 * 86_400_000
+#: Longest keep_results retention, ms (366 days).
+MAX_KEEP_RESULTS_MS = 366 * 86_400_000
 
 
 @dataclass(frozen=True)
@@ -257,6 +270,8 @@ class QueueSettings:
     paused: bool = False
     #: how long acked ids are remembered, so scheduling one again is refused as existing
     remember_done: timedelta | None = None
+    #: how long finished tasks stay readable with their handler's return value (``q.wait``)
+    keep_results: timedelta | None = None
     #: most claims per window across every consumer, or None for no limit
     rate: Rate | None = None
     #: per limit key (``schedule(..., key=)``): claims of one key are spaced ``per / n`` apart
@@ -325,6 +340,7 @@ class DeliveryBase:
         "on_settled",
         "options",
         "payload",
+        "result",
         "token",
         "trace_context",
     )
@@ -362,6 +378,10 @@ class DeliveryBase:
         self._outcome: Outcome | None = None
         self._settled_flag = False
         self._cancelled = False
+        #: the value to keep as the task's result when it is acked (the handler's return
+        #: value, set by dueq's consumers; ``ack(result=...)``): stored only while the queue
+        #: keeps results (``keep_results``)
+        self.result: Any = None
 
     @property
     def due_at(self) -> datetime:
@@ -453,8 +473,11 @@ class Delivery(DeliveryBase):
     def queue(self) -> Queue:
         return self._queue
 
-    def ack(self) -> None:
-        """Finish the task: it is removed. Raises LeaseLost if the lease is no longer held."""
+    def ack(self, result: Any = None) -> None:
+        """Finish the task: it is removed (kept as ``done`` with ``result``, a JSON value,
+        while the queue keeps results). Raises LeaseLost if the lease is no longer held."""
+        if result is not None:
+            self.result = result
         self._queue.ack_many([self])
 
     def fail(self, error: BaseException | str, *, retry_in: Duration | None = None) -> Outcome:
@@ -481,8 +504,11 @@ class AsyncDelivery(DeliveryBase):
     def queue(self) -> AsyncQueue:
         return self._queue
 
-    async def ack(self) -> None:
-        """Finish the task: it is removed. Raises LeaseLost if the lease is no longer held."""
+    async def ack(self, result: Any = None) -> None:
+        """Finish the task: it is removed (kept as ``done`` with ``result``, a JSON value,
+        while the queue keeps results). Raises LeaseLost if the lease is no longer held."""
+        if result is not None:
+            self.result = result
         await self._queue.ack_many([self])
 
     async def fail(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import struct
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -222,3 +223,21 @@ def _close(pubsub: Any) -> None:
             pubsub.close()
         except Exception:  # closing a broken connection may raise; nothing to do about it
             close_failed()
+
+
+def ended_ids(data: bytes | str) -> list[str]:
+    """The task ids of a message on a queue's ended channel (packed as struct '>Hc0' each by
+    ``publish_ended`` in _prelude.lua); what cannot be read is left out."""
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    ids: list[str] = []
+    pos = 0
+    while pos + 2 <= len(raw):
+        (size,) = struct.unpack_from(">H", raw, pos)
+        ids.append(raw[pos + 2 : pos + 2 + size].decode("utf-8", "replace"))
+        pos += 2 + size
+    return ids
+
+
+def is_subscribed(message: Any) -> bool:
+    """Whether a read message confirms a (sharded) subscription."""
+    return message is not None and message.get("type") in ("subscribe", "ssubscribe")

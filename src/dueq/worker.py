@@ -28,6 +28,7 @@ from ._prefetch import Prefetch
 from .checks import whole_number
 from .clock import Duration, duration_ms, positive_duration_ms
 from .exceptions import ConfigurationError
+from .logs import stderr_fallback
 from .observe import consume_queue
 from .operators import MAX_CONCURRENCY
 from .operators._async_process import AsyncProcessor
@@ -169,7 +170,13 @@ class Worker(_WorkerSettings):
         """Process tasks until ``stop()``, SIGINT or SIGTERM; then shut down cleanly.
 
         Raises the error that ended a delivery stream, if one did (Redis outages do not).
+        Its start, each failed attempt and its stop are logged; if the application set up no
+        logging that receives them, they go to stderr (``dueq.logs.stderr_fallback``).
         """
+        with stderr_fallback():
+            self._run()
+
+    def _run(self) -> None:
         processor = Processor(self.handler, self.concurrency, timeout_s=self.timeout_s)
         previous = self._install_signal_handlers()
         names = ", ".join(q.name for q in self.queues)
@@ -294,7 +301,12 @@ class AsyncWorker(_WorkerSettings):
         """Process tasks until ``stop()``, SIGINT or SIGTERM; then shut down cleanly.
 
         Raises the error that ended a delivery stream, if one did (Redis outages do not).
+        Logs as ``Worker.run`` does, to stderr when nothing else receives its lines.
         """
+        with stderr_fallback():
+            await self._run()
+
+    async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop, self._hurry = asyncio.Event(), asyncio.Event()
         for _ in range(self._stop_requests):

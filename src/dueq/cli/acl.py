@@ -25,7 +25,7 @@ def acl(roles: tuple[str, ...], pattern: str) -> None:
     The last line goes after ACL SETUSER <name> reset on >password, e.g.
       redis-cli ACL SETUSER mailer reset on '>s3cret' $(dueq acl consumer --queue emails | tail -1)
     Several roles give one rule that holds them all. Redis separates queues (key patterns
-    hold inside Lua scripts too) but not roles within one queue: see the README.
+    hold inside Lua scripts too) but not roles within one queue: see docs/deployment.md.
     """
     try:
         rules = [acl_rule(role, pattern) for role in dict.fromkeys(roles)]

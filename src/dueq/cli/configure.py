@@ -1,20 +1,24 @@
 """``dueq pause``, ``dueq resume`` and ``dueq configure``: a queue's settings in Redis.
 
 Thin commands over ``Queue.pause``, ``resume`` and ``configure``: the library validates and
-writes; these parse the command line and print the settings that result. A queue may be
-configured (or paused) before anything was scheduled on it.
+writes; these parse the command line and print the settings that result. A queue that does
+not exist (``dueq.discovery.queue_exists``) is refused, so a typo (``dueq pause shpo``) creates
+no phantom queue; ``--create`` configures (or pauses) a queue before anything was scheduled on
+it, on purpose.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import click
 
 from ..discovery import open_queue
 from ..exceptions import ConfigurationError
+from ..queue import Queue
 from ..task import QueueSettings, Rate
-from .connection import RedisTarget, redis_options
+from .connection import RedisTarget, redis_options, require_queue
 from .output import console, safe, seconds
 
 
@@ -62,21 +66,40 @@ def _concurrency(text: str | None) -> int | Literal[False] | None:
     return int(text)
 
 
+def create_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--create``: configure QUEUE even if it does not exist yet."""
+    return click.option(
+        "--create",
+        is_flag=True,
+        help="Configure QUEUE even if it does not exist yet (nothing scheduled, no worker).",
+    )(command)
+
+
+def _existing(target: RedisTarget, queue: str, create: bool) -> Queue:
+    """Queue ``queue``; CliError if it does not exist, unless ``create``."""
+    conn = target.open()
+    if not create:
+        require_queue(conn, queue, "; --create configures it anyway")
+    return open_queue(conn.client, queue)
+
+
 @click.command()
 @click.argument("queue")
+@create_option
 @redis_options
-def pause(queue: str, target: RedisTarget) -> None:
+def pause(queue: str, create: bool, target: RedisTarget) -> None:
     """Stop every worker of QUEUE from taking tasks (scheduling goes on; leases that run out
     are still taken back). Tasks already taken are not affected."""
-    _show(queue, open_queue(target.open().client, queue).pause())
+    _show(queue, _existing(target, queue, create).pause())
 
 
 @click.command()
 @click.argument("queue")
+@create_option
 @redis_options
-def resume(queue: str, target: RedisTarget) -> None:
+def resume(queue: str, create: bool, target: RedisTarget) -> None:
     """Let the workers of QUEUE take tasks again (they are woken at once)."""
-    _show(queue, open_queue(target.open().client, queue).resume())
+    _show(queue, _existing(target, queue, create).resume())
 
 
 @click.command()
@@ -107,6 +130,7 @@ def resume(queue: str, target: RedisTarget) -> None:
     "off removes the limit.",
 )
 @click.option("--paused/--running", default=None, help="Pause or resume QUEUE.")
+@create_option
 @redis_options
 def configure(
     queue: str,
@@ -115,13 +139,14 @@ def configure(
     key_rate: str | None,
     key_concurrency: str | None,
     paused: bool | None,
+    create: bool,
     target: RedisTarget,
 ) -> None:
     """Show or change the settings of QUEUE, kept in Redis for every producer and worker."""
     limit = _rate(rate)  # usage errors before connecting
     key_limit = _rate(key_rate, "--key-rate")
     per_key = _concurrency(key_concurrency)
-    q = open_queue(target.open().client, queue)
+    q = _existing(target, queue, create)
     changes = (remember_done, paused, limit, key_limit, per_key)
     if all(change is None for change in changes):
         _show(queue, q.settings())

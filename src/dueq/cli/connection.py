@@ -35,7 +35,6 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .. import discovery
-from ..keys import QueueKeys, layout_key
 from ..queue import Queue
 from ..server import RedisServer
 from .errors import CliError, Settings
@@ -213,11 +212,30 @@ def _sentinel_client(url: str, *, tls: bool) -> redis.Redis:
     return client
 
 
+#: ``--embedded`` is offered only where an empty Redis is of use (``embedded_redis_options``):
+#: ``dashboard`` prints its URL, for ``schedule`` and ``worker`` to use (``demo`` fills its own).
+EMBEDDED_HELP = "Start a throwaway local redis-server for this command (stopped at exit)."
+
+
 def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``--redis-url`` and ``--embedded`` to a command; it receives ``target=RedisTarget``."""
+    """Add ``--redis-url`` to a command; it receives ``target=RedisTarget``.
+
+    ``dueq --redis-url URL COMMAND`` works as ``COMMAND --redis-url URL``; ``dueq --embedded
+    COMMAND`` is a usage error (only ``embedded_redis_options`` commands offer it)."""
+    return _redis_options(command, embedded=False)
+
+
+def embedded_redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``redis_options`` and ``--embedded``: for a command an empty Redis is of use to."""
+    return _redis_options(command, embedded=True)
+
+
+def _redis_options(command: Callable[..., Any], *, embedded: bool) -> Callable[..., Any]:
+    offered = embedded
 
     @functools.wraps(command)
-    def wrapper(*args: Any, redis_url: str, embedded: bool, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, redis_url: str, **kwargs: Any) -> Any:
+        wanted = bool(kwargs.pop("embedded", False))
         ctx = click.get_current_context()
         given = ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE
         settings = ctx.find_object(Settings)
@@ -226,18 +244,20 @@ def redis_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 if given and redis_url != settings.redis_url:
                     raise click.UsageError("--redis-url given twice, with different URLs")
                 redis_url, given = settings.redis_url, True
-            embedded = embedded or settings.embedded
-        if embedded and given:
+            if settings.embedded and not offered:
+                raise click.UsageError(
+                    f"'{ctx.command_path}' has no --embedded: a throwaway Redis holds no queue "
+                    f"(give --redis-url)"
+                )
+            wanted = wanted or settings.embedded
+        if wanted and given:
             raise click.UsageError("--redis-url and --embedded exclude each other")
         if settings is not None:
             settings.secrets |= url_secrets(redis_url)
-        return command(*args, target=RedisTarget(redis_url, embedded), **kwargs)
+        return command(*args, target=RedisTarget(redis_url, wanted), **kwargs)
 
-    wrapper = click.option(
-        "--embedded",
-        is_flag=True,
-        help="Start a throwaway local redis-server for this command (stopped at exit).",
-    )(wrapper)
+    if offered:
+        wrapper = click.option("--embedded", is_flag=True, help=EMBEDDED_HELP)(wrapper)
     return click.option(
         "--redis-url",
         envvar=ENV_URL,
@@ -267,13 +287,8 @@ def open_queue(target: RedisTarget, name: str) -> Queue:
     return discovery.open_queue(conn.client, name)
 
 
-def require_queue(conn: Connection, name: str) -> None:
-    """CliError unless queue ``name`` has any key (tasks, dead tasks, counters, or live
-    workers: a queue exists for an operator as soon as a worker serves it) in Redis."""
-    k = QueueKeys.for_queue(name)
-    held = conn.client.exists(
-        k.leased, k.tasks, k.dead, k.stats, k.cron, k.done, k.config, k.workers, *k.due_levels
-    )
-    # a sharded queue: its layout key (another slot than {name}, so a call of its own)
-    if not held and ("#" in name or not conn.client.exists(layout_key(name))):
-        raise CliError(f"no queue named {name!r} at {conn.shown}")
+def require_queue(conn: Connection, name: str, hint: str = "") -> None:
+    """CliError unless queue ``name`` exists (``dueq.discovery.queue_exists``: any of its keys,
+    live workers included, is in Redis); ``hint`` ends the message."""
+    if not discovery.queue_exists(conn.client, name):
+        raise CliError(f"no queue named {safe(repr(name))} at {conn.shown}{hint}")

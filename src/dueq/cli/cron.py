@@ -92,7 +92,11 @@ def add_cron(
     """Define NAME in QUEUE to run at EXPR, and schedule its next occurrence.
 
     EXPR is 5-field cron, 6 fields with seconds first, or @hourly, @daily, @weekly, @monthly,
-    @yearly; quote it: dueq cron add reports nightly "30 2 * * *" --tz Europe/Berlin.
+    @yearly; quote it:
+
+    \b
+        dueq cron add reports nightly "30 2 * * *" --tz Europe/Berlin
+
     Adding the same definition again changes nothing; a different one needs --replace.
     """
     q = discovery.open_queue(target.open().client, queue)

@@ -9,6 +9,8 @@ Needs the dashboard extra: ``pip install 'dueq[dashboard]'``.
 
 from __future__ import annotations
 
+import errno
+import socket
 import threading
 import time
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import click
 
 from ..exceptions import ConfigurationError
-from .connection import RedisTarget, redis_options, require_queue
+from .connection import RedisTarget, embedded_redis_options, require_queue
 from .errors import CliError
 
 DEFAULT_HOST = "127.0.0.1"
@@ -24,6 +26,10 @@ DEFAULT_HOST = "127.0.0.1"
 #: as a Host (the address a request arrives on is, see ``dueq.dashboard._guard.HostRules``).
 WILDCARDS = ("0.0.0.0", "::", "")
 ENV_TOKEN = "DUEQ_DASHBOARD_TOKEN"
+#: A health threshold: a positive number of seconds. The dead-letter window is at most the
+#: 24 h of per-minute history Redis keeps (``dueq.dashboard.HealthRules``).
+SECONDS = click.FloatRange(min=0, min_open=True)
+DEAD_WINDOW_MAX_S = 86_400
 
 
 def dashboard_module() -> Any:
@@ -35,13 +41,40 @@ def dashboard_module() -> Any:
     return dashboard
 
 
-def serve(app: Any, host: str, port: int) -> None:
-    """Run ``app`` with uvicorn until Ctrl-C or SIGTERM (uvicorn handles both)."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port``, as uvicorn would bind it (SO_REUSEADDR); CliError
+    in one line when it cannot be (the port is taken, the address is not this machine's), so
+    that happens before the URL is printed and uvicorn is started."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:  # socket.gaierror too: the host name does not resolve
+        raise CliError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        reason = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        raise CliError(
+            f"cannot serve the dashboard on {host}:{port}: {reason} (choose another --port)"
+        ) from None
+    return sock
+
+
+def serve(app: Any, sock: socket.socket) -> None:
+    """Run ``app`` with uvicorn on the bound ``sock`` until Ctrl-C or SIGTERM (uvicorn
+    handles both)."""
     try:
         import uvicorn
     except ImportError:
         raise CliError("the dashboard needs uvicorn: pip install 'dueq[dashboard]'") from None
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    with sock:
+        server.run(sockets=[sock])
+    if not server.started:
+        raise CliError("the dashboard could not start (see uvicorn's message above)")
 
 
 @click.command()
@@ -84,7 +117,27 @@ def serve(app: Any, host: str, port: int) -> None:
     metavar="QUEUE",
     help="Show this queue (repeatable); default: every queue found.",
 )
-@redis_options
+@click.option(
+    "--health-no-worker-bad-s",
+    type=SECONDS,
+    metavar="SECONDS",
+    help="A queue is bad when its oldest due task has waited this long with no live worker "
+    "(default 60).",
+)
+@click.option(
+    "--health-lag-bad-s",
+    type=SECONDS,
+    metavar="SECONDS",
+    help="A queue is bad when its oldest due task has waited this long at all (default 300).",
+)
+@click.option(
+    "--health-dead-window-s",
+    type=click.FloatRange(min=0, max=DEAD_WINDOW_MAX_S, min_open=True),
+    metavar="SECONDS",
+    help="A queue warns when a task died in this window (default 3600, at most 86400: the "
+    "history Redis keeps).",
+)
+@embedded_redis_options
 def dashboard(
     host: str,
     port: int,
@@ -95,21 +148,41 @@ def dashboard(
     behind_tls: bool,
     session_hours: float,
     queues: tuple[str, ...],
+    health_no_worker_bad_s: float | None,
+    health_lag_bad_s: float | None,
+    health_dead_window_s: float | None,
     target: RedisTarget,
 ) -> None:
     """Serve a web UI of the queues at http://HOST:PORT/ (and /metrics) until Ctrl-C.
 
     Overview, queue pages (due histogram, leased, scheduled with search, dead by error type),
-    task pages, workers and cron. Every change is a confirmed POST with a CSRF token.
+    task pages, workers and cron. Every change is a confirmed POST with a CSRF token. The
+    --health-* options set when a queue's row turns warn or bad (docs/dashboard-health.md).
     """
     d = dashboard_module()
     try:
         d.check_bind(host, token=token, insecure=insecure)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from None
+    thresholds = {
+        "no_worker_bad_s": health_no_worker_bad_s,
+        "lag_bad_s": health_lag_bad_s,
+        "dead_window_s": health_dead_window_s,
+    }
+    try:
+        health = d.HealthRules(**{k: v for k, v in thresholds.items() if v is not None})
+    except ConfigurationError as exc:  # nan passes click's range check
+        given = next(
+            (f"--health-{k[:-2].replace('_', '-')}-s" for k in thresholds if k in str(exc)), None
+        )
+        raise click.BadParameter(str(exc), param_hint=given) from None
     conn = target.open()
     for name in queues:
         require_queue(conn, name)
+    sock = listen(host, port)
+    ctx = click.get_current_context()
+    ctx.call_on_close(sock.close)  # closed at once if anything below fails; else uvicorn's
+    port = sock.getsockname()[1]  # --port 0: the port the system chose
     shown = host if ":" not in host else f"[{host}]"
     if host not in WILDCARDS:  # the name it is bound to, at its port (an address: harmless)
         allowed_hosts = (f"{shown}:{port}", *allowed_hosts)
@@ -120,13 +193,14 @@ def dashboard(
         allowed_hosts=allowed_hosts,
         behind_tls=behind_tls,
         session_s=session_hours * 3600,
+        health=health,
     )
     try:
         app = d.create_app(conn.url, settings)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"dueq dashboard on http://{shown}:{port}/ (Redis {conn.shown})", err=True)
-    serve(app, host, port)
+    serve(app, sock)
 
 
 class Background:

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
 from typing import Any
 
 import click
 
 from ..exceptions import TaskNotFound
 from ..queue import Queue
-from ..task import ErrorRecord, TaskInfo
+from ..task import TaskInfo
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
 from .jsonout import emit, json_option
-from .output import console, safe, safe_lines, steps, titled_table, when
-from .tasks import cursor_option, page_of, tasks_document
+from .output import console, steps
+from .tasks import cursor_option, page_of, print_tasks, task_table, tasks_document
 
 #: Dead tasks moved per script call by ``replay --all`` / ``purge --all``.
 BATCH = 1000
@@ -33,14 +31,6 @@ def _dead_tasks(q: Queue, ids: Iterable[str]) -> list[TaskInfo]:
     if missing:
         raise CliError(f"not in the dead-letter queue of {q.name!r}: {', '.join(missing)}")
     return dead
-
-
-def _last_error(info: TaskInfo) -> str:
-    if not info.errors:
-        return "-"
-    e = info.errors[-1]
-    line = safe((f"{e.type}: {e.message}".splitlines() or [""])[0])
-    return line if len(line) <= ERROR_WIDTH else line[: ERROR_WIDTH - 1] + "…"
 
 
 @click.group()
@@ -59,7 +49,7 @@ def dead() -> None:
 def list_dead(
     queue: str, limit: int, cursor: str | None, as_json: bool, target: RedisTarget
 ) -> None:
-    """List the dead tasks of QUEUE, oldest first (as ``dueq list --state dead``).
+    """List the dead tasks of QUEUE, newest first, as dueq list --state dead does.
 
     --json prints {"queue", "total", "tasks": [...], "next_cursor"}, each task in its one
     JSON form (docs/json.md), e.g. for jq to pick ids by error type; pass next_cursor as
@@ -75,12 +65,7 @@ def list_dead(
     if not infos:
         out.print(f"no dead tasks in {queue!r}")
         return
-    now = datetime.now(timezone.utc)
-    columns = ("id", "attempts", "died", "last error")
-    table = titled_table(f"dead tasks of {queue!r}: {total}", columns, right={"attempts"})
-    for info in infos:
-        table.add_row(safe(info.id), str(info.attempt), when(info.died_at, now), _last_error(info))
-    out.print(table)
+    out.print(task_table(f"dead tasks of {queue!r}: {total}", "dead", infos))
     if next_cursor is not None:
         out.print(f"showing {len(infos)} of {total}; --limit shows more")
 
@@ -99,23 +84,14 @@ def ids_arguments(command: Callable[..., Any]) -> Callable[..., Any]:
     return click.argument("ids", metavar="[ID]...", nargs=-1)(wrapper)
 
 
-def _error_lines(e: ErrorRecord) -> list[str]:
-    at = f" at {e.at:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z" if e.at else ""
-    at += f" on {safe(e.worker)}" if e.worker else ""
-    message, *more = safe_lines(f"{e.type}: {e.message}") or [""]
-    lines = [f"  attempt {e.attempt}{at}: {message}", *("    " + line for line in more)]
-    if e.traceback:
-        lines += ["    " + line for line in safe_lines(e.traceback.rstrip())]
-    return lines
-
-
 @dead.command("show")
 @click.argument("queue")
 @ids_arguments
 @json_option
 @redis_options
 def show_dead(queue: str, ids: tuple[str, ...], as_json: bool, target: RedisTarget) -> None:
-    """Show dead tasks of QUEUE: payload and every attempt's error with its traceback.
+    """Show dead tasks of QUEUE: payload and every attempt's error with its traceback (as
+    dueq show, which shows a task in any state).
 
     Ids come as arguments or --id (or both). --json prints {"queue", "tasks": [...]}
     (docs/json.md).
@@ -127,18 +103,7 @@ def show_dead(queue: str, ids: tuple[str, ...], as_json: bool, target: RedisTarg
     if as_json:
         emit(tasks_document(queue, infos))
         return
-    out = console()
-    now = datetime.now(timezone.utc)
-    for info in infos:
-        out.print(f"id: {safe(info.id)}")
-        out.print(f"attempts: {info.attempt}    died: {when(info.died_at, now)}")
-        out.print("payload:")
-        payload = json.dumps(info.payload, indent=2, ensure_ascii=False)
-        out.print("\n".join(safe_lines(payload)), soft_wrap=True)
-        out.print(f"errors ({len(info.errors)}):")
-        for e in info.errors:
-            out.print("\n".join(_error_lines(e)), soft_wrap=True)
-        out.print()
+    print_tasks(infos)
 
 
 def _move_all(q: Queue, move: Callable[[list[str]], int], total: int, label: str) -> int:

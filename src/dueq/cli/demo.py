@@ -32,6 +32,7 @@ from .dashboard import Background, dashboard_module
 from .demo_board import Board
 from .demo_sources import Source, demo_sources, handle
 from .demo_view import LiveView, PlainView, delays_line
+from .errors import Settings
 from .options import seconds_option
 from .output import console
 
@@ -206,6 +207,12 @@ def demo(
     attempts (retried after 0.5 s, 1 s, 2 s, 4 s) and crashes on poison tasks (dead after 5
     attempts). Exit code 0 when every task ended acked or dead.
     """
+    settings = click.get_current_context().find_object(Settings)
+    if settings is not None and settings.redis_url is not None:  # dueq --redis-url URL demo
+        if redis_url is not None and redis_url != settings.redis_url:
+            raise click.UsageError("--redis-url given twice, with different URLs")
+        redis_url = settings.redis_url
+    embedded = embedded or (settings is not None and settings.embedded)
     if redis_url is not None and embedded:
         raise click.UsageError("--redis-url and --embedded exclude each other")
     conn = RedisTarget(redis_url or "", embedded=redis_url is None).open()

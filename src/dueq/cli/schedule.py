@@ -128,11 +128,6 @@ def schedule(
     their own. A bad line rejects the whole file before anything is written. An id that
     already exists is left alone unless --replace.
     """
-    if target.embedded:
-        raise click.UsageError(
-            "--embedded starts a throwaway Redis that is deleted when the command ends, and "
-            "the task with it; give --redis-url (or $DUEQ_REDIS_URL) of a Redis workers use"
-        )
     if (payload is None) == (path is None):
         raise click.UsageError("give a JSON payload or --file, not both and not neither")
     if at is not None and delay is not None:

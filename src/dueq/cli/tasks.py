@@ -15,9 +15,10 @@ from datetime import datetime, timezone
 from typing import Any, cast
 
 import click
+from rich.table import Table
 
 from ..queue import Queue
-from ..task import TaskInfo, TaskState, iso_ms
+from ..task import ErrorRecord, TaskInfo, TaskState, iso_ms
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
 from .jsonout import emit, json_option
@@ -72,6 +73,30 @@ def _last_error(info: TaskInfo) -> str:
     return _short(f"{e.type}: {e.message}", ERROR_WIDTH)
 
 
+def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
+    """The table of tasks in one ``state`` (``list --state STATE``; ``dead list`` too)."""
+    now = datetime.now(timezone.utc)
+    if state == "scheduled":
+        columns: tuple[str, ...] = ("id", "due", "priority", "attempts", "payload")
+    elif state == "leased":
+        columns = ("id", "holder", "lease ends", "attempt", "payload")
+    else:
+        columns = ("id", "died", "attempts", "last error")
+    table = titled_table(title, columns, right={"attempts", "attempt"})
+    for info in infos:
+        payload = _short(json.dumps(info.payload, ensure_ascii=False), PAYLOAD_WIDTH)
+        row: tuple[str, ...]
+        if state == "scheduled":
+            row = (when(info.due_at, now), str(info.priority), str(info.attempt), payload)
+        elif state == "leased":
+            row = (safe(info.holder or "-"), when(info.lease_deadline, now), str(info.attempt))
+            row += (payload,)
+        else:
+            row = (when(info.died_at, now), str(info.attempt), _last_error(info))
+        table.add_row(safe(info.id), *row)
+    return table
+
+
 @click.command("list")
 @click.argument("queue")
 @click.option(
@@ -112,7 +137,7 @@ def list_tasks(
 ) -> None:
     """List tasks of QUEUE in one state, page by page: scheduled ones by priority then due
     time (then parked ones), leased ones by lease deadline with their holder, dead ones by
-    when they died (oldest first).
+    when they died, newest first (as dueq dead list).
 
     --json prints {"queue", "tasks": [...], "next_cursor"} (docs/json.md); pass next_cursor
     as --cursor for the next page.
@@ -137,26 +162,7 @@ def list_tasks(
     if not infos:
         out.print(f"no {state} tasks in {queue!r}")
         return
-    now = datetime.now(timezone.utc)
-    if state == "scheduled":
-        columns: tuple[str, ...] = ("id", "due", "priority", "attempts", "payload")
-    elif state == "leased":
-        columns = ("id", "holder", "lease ends", "attempt", "payload")
-    else:
-        columns = ("id", "died", "attempts", "last error")
-    table = titled_table(f"{state} tasks of {queue!r}", columns, right={"attempts", "attempt"})
-    for info in infos:
-        payload = _short(json.dumps(info.payload, ensure_ascii=False), PAYLOAD_WIDTH)
-        row: tuple[str, ...]
-        if state == "scheduled":
-            row = (when(info.due_at, now), str(info.priority), str(info.attempt), payload)
-        elif state == "leased":
-            row = (safe(info.holder or "-"), when(info.lease_deadline, now), str(info.attempt))
-            row += (payload,)
-        else:
-            row = (when(info.died_at, now), str(info.attempt), _last_error(info))
-        table.add_row(safe(info.id), *row)
-    out.print(table)
+    out.print(task_table(f"{state} tasks of {queue!r}", cast(TaskState, state), infos))
     if more:
         out.print(f"showing the first {limit}; --limit shows more")
 
@@ -167,7 +173,8 @@ def list_tasks(
 @json_option
 @redis_options
 def show(queue: str, ids: tuple[str, ...], as_json: bool, target: RedisTarget) -> None:
-    """Show tasks of QUEUE in any state: payload, times, options, holder and every error.
+    """Show tasks of QUEUE in any state: payload, times, options, holder and every error
+    with its time, worker and traceback (all that dueq dead show shows).
 
     --json prints {"queue", "tasks": [...]} (docs/json.md).
     """
@@ -178,12 +185,25 @@ def show(queue: str, ids: tuple[str, ...], as_json: bool, target: RedisTarget) -
     if as_json:
         emit(tasks_document(queue, infos))
     else:
-        _print_tasks(infos)
+        print_tasks(infos)
     if missing:
         raise CliError(f"no task in {queue!r} with id {', '.join(safe(i) for i in missing)}")
 
 
-def _print_tasks(infos: list[TaskInfo]) -> None:
+def error_lines(e: ErrorRecord) -> list[str]:
+    """One failed attempt for people: when, on which worker, the error, its traceback."""
+    at = f" at {e.at:%Y-%m-%d %H:%M:%S.%f}"[:-3] + "Z" if e.at else ""
+    at += f" on {safe(e.worker)}" if e.worker else ""
+    message, *more = safe_lines(f"{e.type}: {e.message}") or [""]
+    lines = [f"  attempt {e.attempt}{at}: {message}", *("    " + line for line in more)]
+    if e.traceback:
+        lines += ["    " + line for line in safe_lines(e.traceback.rstrip())]
+    return lines
+
+
+def print_tasks(infos: list[TaskInfo]) -> None:
+    """Every field of each task for people (``show`` and ``dead show``): state and attempts,
+    its times, options, payload, and every error with its time, worker and traceback."""
     out = console()
     now = datetime.now(timezone.utc)
     for info in infos:
@@ -195,6 +215,8 @@ def _print_tasks(infos: list[TaskInfo]) -> None:
             out.print(f"lease ends: {when(info.lease_deadline, now)}")
         else:
             out.print(f"died: {when(info.died_at, now)}")
+        if info.first_claimed_at is not None:
+            out.print(f"first claimed: {when(info.first_claimed_at, now)}")
         options = [f"priority {info.priority}"]
         if info.key is not None:
             options.append(f"key {safe(info.key)}")
@@ -208,7 +230,7 @@ def _print_tasks(infos: list[TaskInfo]) -> None:
         out.print("\n".join(safe_lines(payload)), soft_wrap=True)
         out.print(f"errors ({len(info.errors)}):")
         for e in info.errors:
-            out.print(f"  attempt {e.attempt}: " + _short(f"{e.type}: {e.message}", 200))
+            out.print("\n".join(error_lines(e)), soft_wrap=True)
         out.print()
 
 

@@ -12,6 +12,7 @@ frame and exits (for scripts, tests and a quick look); otherwise the frame is re
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from datetime import datetime, timedelta
 
 import click
 import redis
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -170,19 +171,58 @@ def render_view(v: QueueView) -> RenderableType:
     )
 
 
-def frame(conn: Connection, names: list[str], minutes: int) -> RenderableType:
-    """The whole screen: a title, then one panel per queue (a queue that cannot be read says
-    why instead)."""
-    parts: list[RenderableType] = [Text(f"dueq top at {safe(conn.shown)}", style="bold")]
-    shown = names or queue_names(conn.client)
-    if not shown:
-        parts.append(Text(f"no dueq queues at {safe(conn.shown)}"))
-    for name in shown:
+def _busiest(conn: Connection, names: list[str]) -> list[str]:
+    """``names``, busiest first: tasks running or due now, then tasks held in any state (a
+    queue that cannot be read goes last; its panel says why)."""
+
+    def load(name: str) -> tuple[int, int]:
         try:
-            parts.append(render_view(read_view(open_queue(conn.client, name), minutes)))
-        except (redis.exceptions.NoPermissionError, redis.ResponseError, DueqError) as exc:
-            # one unreadable queue (permissions, corrupted data) never hides the others
-            parts.append(Text(f"queue {safe(name)}: cannot read it: {safe(exc)}", style="red"))
+            s = open_queue(conn.client, name).stats()
+        except (redis.exceptions.NoPermissionError, redis.ResponseError, DueqError):
+            return (-1, -1)  # unreadable: shown last, its panel says why
+        return (s.leased + s.due_now, s.scheduled + s.leased + s.dead)
+
+    busy = {name: load(name) for name in names}
+    return sorted(names, key=lambda name: (-busy[name][0], -busy[name][1], name))
+
+
+def _panel(conn: Connection, name: str, minutes: int) -> RenderableType:
+    try:
+        return render_view(read_view(open_queue(conn.client, name), minutes))
+    except (redis.exceptions.NoPermissionError, redis.ResponseError, DueqError) as exc:
+        # one unreadable queue (permissions, corrupted data) never hides the others
+        return Text(f"queue {safe(name)}: cannot read it: {safe(exc)}", style="red")
+
+
+def frame(conn: Connection, names: list[str], minutes: int, out: Console) -> RenderableType:
+    """The whole screen: a title, then one panel per queue (a queue that cannot be read says
+    why instead). With no ``names``: the busiest queues found whose panels fit the terminal's
+    height (``shutil.get_terminal_size``; at least one), and a line saying how many are not
+    shown."""
+    title = Text(f"dueq top at {safe(conn.shown)}", style="bold")
+    parts: list[RenderableType] = [title]
+    if names:
+        return Group(title, *(_panel(conn, name, minutes) for name in names))
+    found = _busiest(conn, queue_names(conn.client))
+    if not found:
+        return Group(title, Text(f"no dueq queues at {safe(conn.shown)}"))
+    room = shutil.get_terminal_size().lines - 2  # the title and the "not shown" line
+    for name in found:
+        panel = _panel(conn, name, minutes)
+        height = len(out.render_lines(panel, out.options, pad=False))
+        if len(parts) > 1 and height > room:
+            break
+        parts.append(panel)
+        room -= height
+    left = len(found) - (len(parts) - 1)
+    if left:
+        parts.append(
+            Text(
+                f"{left} more queues not shown (busiest first): name them, or make the "
+                f"terminal taller",
+                style="dim",
+            )
+        )
     return Group(*parts)
 
 
@@ -201,7 +241,8 @@ def frame(conn: Connection, names: list[str], minutes: int) -> RenderableType:
 def top(
     queues: tuple[str, ...], once: bool, interval: float, minutes: int, target: RedisTarget
 ) -> None:
-    """A live view of QUEUEs (default: every queue found), refreshed until Ctrl-C.
+    """A live view of QUEUEs (default: the busiest queues that fit the terminal), refreshed
+    until Ctrl-C.
 
     Per queue: tasks by state, paused or running, per-minute rates of the last --minutes
     (scheduled, claimed, acked, retried, dead, expired), when scheduled tasks fall due, the
@@ -213,13 +254,13 @@ def top(
     out = console()
     names = list(queues)
     if once:
-        out.print(frame(conn, names, minutes))
+        out.print(frame(conn, names, minutes, out))
         return
     live = Live(console=out, auto_refresh=False) if out.is_terminal else None
     try:
         with live or contextlib.nullcontext():
             while True:
-                shown = frame(conn, names, minutes)
+                shown = frame(conn, names, minutes, out)
                 if live is not None:
                     live.update(shown, refresh=True)
                 else:

@@ -2,9 +2,12 @@
 
 ``--log-format json`` writes one JSON object per log line (``dueq.logs.JsonFormatter``); text
 lines name the worker too. ``--metrics-port`` serves Prometheus metrics from this process: the
-queue's gauges and counters (``dueq.metrics.QueueCollector``) and the worker's own handler
-time, delivery lag and outcomes (``dueq.metrics.WorkerMetrics``, measured around the handler
-and read from ``Worker.outcomes``).
+worker's own handler time, delivery lag and outcomes (``dueq.metrics.WorkerMetrics``, measured
+around the handler and read from ``Worker.outcomes``), labelled ``worker=--name`` (default:
+the host name, so a restarted worker continues its series). The queue's gauges and counters
+(``dueq.metrics.QueueCollector``) are queue-wide, the same from every process: ``dueq metrics``
+exports them once per Redis; a worker adds them only with ``--queue-metrics``
+(docs/metrics-series.md).
 """
 
 from __future__ import annotations
@@ -140,6 +143,18 @@ def _whole(text: str) -> int:
     show_default=True,
     help="With --metrics-port: the address to bind.",
 )
+@click.option(
+    "--name",
+    metavar="NAME",
+    help="With --metrics-port: the worker label of this worker's series; default: the host "
+    "name (keep it the same across restarts).",
+)
+@click.option(
+    "--queue-metrics",
+    is_flag=True,
+    help="With --metrics-port: also export the queue's gauges and counters (queue-wide, the "
+    "same from every process; dueq metrics exports them once).",
+)
 @shards_option
 @replication_options
 @redis_options
@@ -158,6 +173,8 @@ def worker(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
+    name: str | None,
+    queue_metrics: bool,
     shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
@@ -168,7 +185,7 @@ def worker(
     HANDLER takes a dueq.Delivery (d.payload, d.id, d.attempt); returning acks the task,
     raising fails it (retried with jittered exponential backoff, then dead). On SIGINT or
     SIGTERM the worker stops claiming, lets running handlers finish within --grace, gives
-    the rest back and prints what became of its tasks; a second signal cuts the grace short.
+    the rest back and logs what became of its tasks; a second signal cuts the grace short.
     """
     function = load_handler(handler)
     conn = target.open()
@@ -193,8 +210,9 @@ def worker(
     if metrics_port is not None:
         m = metrics_module()
         registry = m.new_registry()
-        registry.register(m.QueueCollector(conn.client, [queue]))
-        measured = m.WorkerMetrics(registry)
+        if queue_metrics:
+            registry.register(m.QueueCollector(conn.client, [queue]))
+        measured = m.WorkerMetrics(registry, worker=name)
         function = measured.wrap(queue, function)
         server = start_exporter(registry, metrics_port, metrics_host)
         click.get_current_context().call_on_close(server.shutdown)
@@ -217,6 +235,4 @@ def worker(
         logging.getLogger(__name__).info("%s", banner, extra={"queue": queue})
     else:
         click.echo(banner, err=True)
-    w.run()
-    summary = ", ".join(f"{kind}={count}" for kind, count in sorted(w.outcomes.items()))
-    click.echo(f"worker stopped: {summary or 'no tasks'}")
+    w.run()  # it logs what became of its tasks ("worker stopped: {...}"), once, on stderr

@@ -24,7 +24,7 @@ from .. import discovery
 from .._async import AsyncQueue
 from ..clock import Clock
 from ..exceptions import ConfigurationError, DueqError
-from ..keys import validate_queue_name
+from ..keys import layout_key, validate_queue_name
 from ._guard import SESSION_COOKIE, HostRules, HttpProblem, Sessions
 from ._html import e, layout, link
 
@@ -115,9 +115,21 @@ class Context:
             validate_queue_name(name)
         except ConfigurationError as exc:
             raise HttpProblem(400, str(exc)) from None
-        if name not in await self.names():
+        if not await self.exists(name):
             raise HttpProblem(404, f"no queue named {name!r}")
         return await self.queue(name)
+
+    async def exists(self, name: str) -> bool:
+        """Whether ``name`` is one of ``names()``, without walking the keyspace: a configured
+        queue, or (none configured) one ``discovery.async_queue_exists`` finds, but not a
+        shard of a sharded queue (listed once, under its logical name). Two or three EXISTS."""
+        if self.settings.queues:
+            return name in self.settings.queues
+        assert self.client is not None, "the app's lifespan opens the client"
+        if not await discovery.async_queue_exists(self.client, name):
+            return False
+        logical, shard, _ = name.partition("#")
+        return not (shard and logical and await self.client.exists(layout_key(logical)))
 
     def sync(self) -> redis.Redis:
         """A blocking client to the same Redis (opened on first use, closed by the app's

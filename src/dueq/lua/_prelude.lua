@@ -245,6 +245,7 @@ end
 --   rate, key_rate    "<n>/<per_ms>": n in 1..SETTING_MAX_RATE_N, per_ms in 1..SETTING_MAX_PER_MS
 --   key_concurrency   1..SETTING_MAX_KEY_CONCURRENCY
 --   remember_done_ms  0..SETTING_MAX_WINDOW_MS
+--   keep_results_ms   0..SETTING_MAX_WINDOW_MS
 -- Numbers are ASCII digits only, at most 15 of them (exact as Lua numbers). Any other value
 -- is refused: the script runs as if the setting were unset, and Redis logs the refused value
 -- once (the stats field "rejected:<field>" remembers the last one logged; configure.lua drops
@@ -274,7 +275,7 @@ local function setting_parse(field, raw)
     if n and per then v = {n, per} end
   elseif field == 'key_concurrency' then
     v = setting_whole(raw, 1, SETTING_MAX_KEY_CONCURRENCY)
-  elseif field == 'remember_done_ms' then
+  elseif field == 'remember_done_ms' or field == 'keep_results_ms' then
     v = setting_whole(raw, 0, SETTING_MAX_WINDOW_MS)
   else
     return raw, true
@@ -499,6 +500,49 @@ local function wake_if_earlier(k_wake, previous_head, due_ms)
   if previous_head == nil or due_ms < previous_head then
     publish_wake(k_wake, ms(due_ms))
   end
+end
+
+-- Results (keep_results). With the setting keep_results_ms > 0, a task that ends by ack or
+-- cancel leaves a record in the results HASH (id -> '<header JSON>\n<envelope>', the header
+-- {"state":"done"|"cancelled","finished_ms":..,"attempt":..,"result":<JSON or null>, and
+-- "unstored":"<why>" when the handler's value could not be kept}) and its finished time in
+-- the finished ZSET. Each script that writes a record drops the records older than the
+-- retention, at most RESULTS_TRIM + written per call (and, once the setting is off, the
+-- leftovers as if the retention were 0): no sweeper. Dead tasks stay in the dead set as ever.
+-- The ids of tasks that ended (acked while results are kept, dead, cancelled) are published
+-- on the ended channel, packed as struct '>Hc0' each, for q.wait.
+local RESULTS_TRIM = 1000
+
+local function results_keep_ms(k_config, k_stats)
+  return settings_read(k_config, k_stats, 'keep_results_ms').keep_results_ms or 0
+end
+
+local function results_record(state, now, attempt, result, unstored)
+  local head = '{"state":"' .. state .. '","finished_ms":' .. ms(now) .. ',"attempt":' ..
+    attempt .. ',"result":' .. (result or 'null')
+  if unstored then head = head .. ',"unstored":' .. cjson.encode(unstored) end
+  return head .. '}'
+end
+
+local function results_trim(k_results, k_finished, now, keep_ms, written)
+  local upto = keep_ms > 0 and '(' .. ms(now - keep_ms) or '+inf'  -- off: drop every one
+  local old = redis.call('ZRANGEBYSCORE', k_finished, '-inf', upto, 'LIMIT', 0,
+    RESULTS_TRIM + written)
+  if #old > 0 then
+    for i = 1, #old, 1000 do
+      local chunk = {unpack(old, i, math.min(i + 999, #old))}
+      redis.call('HDEL', k_results, unpack(chunk))
+      redis.call('ZREM', k_finished, unpack(chunk))
+    end
+  end
+end
+
+-- Publish the ids of tasks that ended (SPUBLISH where there is, as publish_wake does).
+local function publish_ended(k_ended, ids)
+  if #ids == 0 then return end
+  local parts = {}
+  for i, id in ipairs(ids) do parts[i] = struct.pack('>Hc0', #id, id) end
+  publish_wake(k_ended, table.concat(parts))
 end
 
 -- Drop dead tasks older than max_age_ms and beyond max_count (bounded work per call).

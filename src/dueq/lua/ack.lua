@@ -14,23 +14,64 @@
 -- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
 -- KEYS[13] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
 -- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
+-- KEYS[15] results  HASH id -> finished record (written only when keep_results_ms > 0; see
+--                   the prelude's results notes)
+-- KEYS[16] finished ZSET id -> finished ms (the records of results, for trimming)
+-- KEYS[17] ended    Pub/Sub channel: the acked ids, when results are kept (for q.wait)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
 --         TRIM_DONE + acked per call); 0 leaves done alone
 -- ARGV[3] the (id, lease token) pairs, packed back to back as struct '>Hc0Hc0' (one
 --         argument keeps a batch cheap to send; a repeated pair counts once)
--- Returns {acked, verdicts}: verdicts has one character per pair as given, 'h' (held: acked),
+-- ARGV[4] the handlers' values, one per pair as given, packed as struct '>Hc0' each: "" none,
+--         "=" .. JSON the value to keep, "!" .. why the value could not be kept; or "" for
+--         no values at all. Read only when keep_results_ms > 0 (the last of a repeated pair's
+--         values counts)
+-- Returns {acked, verdicts, kept_ms}: verdicts has one character per pair as given, 'h' (held: acked),
 --         'c' (its task was cancelled while leased: not acked) or 'l' (lease lost, expired or
---         taken over: not acked)
+--         taken over: not acked), and keep_results_ms (0: nothing was kept)
 
 local TRIM_DONE = 1000
 local now = dueq_now(ARGV[1])
 history_use(KEYS[12], ARGV[1])
 local window = done_window(KEYS[7], KEYS[5], ARGV[2])
 local ids, tokens, positions = leases_unpack(ARGV[3])
-if #ids == 0 then return {0, ''} end
+local keep_ms = results_keep_ms(KEYS[7], KEYS[5])
+if #ids == 0 then return {0, '', keep_ms} end
 local done, verdicts, keys = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
+if #done > 0 and keep_ms > 0 then
+  local values = {}  -- by distinct pair
+  if ARGV[4] ~= '' then
+    local pos, k = 1, 0
+    while pos <= #ARGV[4] do
+      local value
+      value, pos = struct.unpack('>Hc0', ARGV[4], pos)
+      k = k + 1
+      values[positions[k]] = value
+    end
+  end
+  local records, envelopes, metas = {}, redis.call('HMGET', KEYS[2], unpack(done)),
+    redis.call('HMGET', KEYS[3], unpack(done))
+  local unstored = 0
+  local d = 0
+  for i = 1, #ids do
+    if verdicts[i] == 'h' then
+      d = d + 1
+      local value, result, why = values[i] or '', nil, nil
+      local mark = string.sub(value, 1, 1)
+      if mark == '=' then result = string.sub(value, 2)
+      elseif mark == '!' then why = string.sub(value, 2); unstored = unstored + 1 end
+      local attempt = meta_parse(metas[d])
+      records[#records + 1] = ids[i]
+      records[#records + 1] = results_record('done', now, attempt, result, why) .. '\n' ..
+        (envelopes[d] or '')
+    end
+  end
+  call_chunked('HSET', KEYS[15], records)
+  zadd_all(KEYS[16], now, done)
+  if unstored > 0 then stat_incr(KEYS[5], 'results_unstored', unstored) end
+end
 if #done > 0 then
   if #keys > 0 and keys_release(KEYS[9], KEYS[10], keys, now) then
     publish_wake(KEYS[11], ms(now))
@@ -51,4 +92,6 @@ if window > 0 then
     redis.call('ZREMRANGEBYRANK', KEYS[6], 0, math.min(expired, TRIM_DONE + #done) - 1)
   end
 end
-return {#done, verdict_string(verdicts, positions)}
+results_trim(KEYS[15], KEYS[16], now, keep_ms, #done)
+if keep_ms > 0 then publish_ended(KEYS[17], done) end
+return {#done, verdict_string(verdicts, positions), keep_ms}

@@ -15,7 +15,12 @@
 -- KEYS[10] parked  ZSET due tasks whose key was at a limit (see the prelude)
 -- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[12] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot
--- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[13] config   HASH setting -> value (keep_results_ms: see the prelude's settings)
+-- KEYS[14] results  HASH id -> finished record (with keep_results_ms > 0: the prelude's
+--                   results notes)
+-- KEYS[15] finished ZSET id -> finished ms (the records of results, for trimming)
+-- KEYS[16] ended    Pub/Sub channel: the cancelled id (for q.wait)
+-- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -26,9 +31,16 @@ local envelope = redis.call('HGET', KEYS[4], id)
 if not envelope then return 0 end
 local priority, _, key = task_options(envelope)
 local deadline = redis.call('ZSCORE', KEYS[2], id)
+local now = dueq_now(ARGV[1])
+local keep_ms = results_keep_ms(KEYS[13], KEYS[7])
+if keep_ms > 0 then
+  local attempt = meta_parse(redis.call('HGET', KEYS[5], id))
+  redis.call('HSET', KEYS[14], id, results_record('cancelled', now, attempt) .. '\n' .. envelope)
+  redis.call('ZADD', KEYS[15], now, id)
+end
+results_trim(KEYS[14], KEYS[15], now, keep_ms, 1)
 if key and not deadline then unpark_one(KEYS[10], KEYS[9], KEYS[5], key, priority, id) end
 if deadline then
-  local now = dueq_now(ARGV[1])
   if key and key_unlease(KEYS[9], KEYS[11], key, now) then
     publish_wake(KEYS[12], ms(now))
   end
@@ -46,4 +58,5 @@ redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', KEYS[3], id)
 forget(KEYS[4], KEYS[5], KEYS[6], id)
 stat_incr(KEYS[7], 'cancelled', 1)
+publish_ended(KEYS[16], {id})
 return 1

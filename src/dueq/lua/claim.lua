@@ -20,7 +20,8 @@
 -- KEYS[13] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
 -- KEYS[14] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
 -- KEYS[15] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
--- KEYS[16..24] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[16] ended    Pub/Sub channel: the ids of tasks sent to dead here (for q.wait)
+-- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -65,12 +66,14 @@ end
 
 -- Send a task to dead with one error record (it is not leased when this is called).
 local died = 0
+local buried = {}  -- the ids sent to dead, published on the ended channel
 local function bury(id, attempt, kind, message)
   redis.call('HSET', KEYS[4], id, attempt .. '|||')
   error_append(KEYS[5], id, cjson.encode({at = now, attempt = attempt, type = kind,
     message = message}))
   redis.call('ZADD', KEYS[6], now, id)
   died = died + 1
+  buried[died] = id
   if string.byte(id, 1) == 99 then cron_note(KEYS[14], KEYS[15], id, 'dead', now, kind) end
 end
 
@@ -105,6 +108,7 @@ for _, id in ipairs(expired) do
       if final then
         redis.call('ZADD', KEYS[6], now, id)
         died = died + 1
+        buried[died] = id
       else
         local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
         redis.call('ZADD', levels[priority], now + wait, id)
@@ -416,6 +420,7 @@ out[7] = #orphans
 if died > 0 then
   stat_incr(KEYS[7], 'dead', died)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
+  publish_ended(KEYS[16], buried)
 end
 out[8] = buried_here
 

@@ -14,7 +14,8 @@
 -- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
 -- KEYS[13] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
 -- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
--- KEYS[15..23] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[15] ended    Pub/Sub channel: the id, when the task dies (for q.wait)
+-- KEYS[16..24] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -55,6 +56,7 @@ if ARGV[5] == 'dead' then
   redis.call('ZADD', KEYS[6], now, id)
   stat_incr(KEYS[7], 'dead', 1)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[7]), tonumber(ARGV[8]))
+  publish_ended(KEYS[15], {id})
   return {2, now}
 end
 local due = now + tonumber(ARGV[6])

@@ -7,11 +7,14 @@
 -- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[6] errors   HASH id -> JSON list of error records
 -- KEYS[7] parked  ZSET due tasks whose key was at a limit (see the prelude)
--- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[8] results  HASH id -> finished record (see the prelude's results notes)
+-- KEYS[9..17] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] "ids" (ARGV[3..] are ids) or "dead" (ARGV[3] offset, ARGV[4] count; newest first)
--- Returns a flat list of 6-tuples: id, state ("scheduled"|"leased"|"dead"|""), score or "",
---   envelope or "", meta or "", errors or ""; a missing task has state ""
+-- Returns a flat list of 6-tuples: id, state ("scheduled"|"leased"|"dead"|"done"|"cancelled"
+--   |""), score or "", envelope or "", meta or "", errors or ""; a missing task has state "".
+--   A finished task kept by keep_results ("done", "cancelled") has its record's header JSON
+--   in place of meta, and its finished ms as score
 
 local ids = {}
 if ARGV[2] == 'ids' then
@@ -45,11 +48,22 @@ for _, id in ipairs(ids) do
       if score then state = 'dead' end
     end
   end
+  local meta = nil
+  if state == '' and not envelope then
+    local record = redis.call('HGET', KEYS[8], id)
+    local head, rest = nil, nil
+    if record then head, rest = string.match(record, '^([^\n]*)\n(.*)$') end
+    if head then
+      state = string.match(head, '^{"state":"(%a+)"') or ''
+      score = string.match(head, '"finished_ms":(%d+)')
+      envelope, meta = rest, head
+    end
+  end
   out[#out + 1] = id
   out[#out + 1] = state
   out[#out + 1] = score or ''
   out[#out + 1] = envelope or ''
-  out[#out + 1] = redis.call('HGET', KEYS[5], id) or ''
+  out[#out + 1] = meta or redis.call('HGET', KEYS[5], id) or ''
   out[#out + 1] = redis.call('HGET', KEYS[6], id) or ''
 end
 return out

@@ -26,9 +26,10 @@
 -- Returns {cursor ("" when done), looked at, then 6-tuples as inspect.lua: id, state, score,
 --          envelope, meta, errors}
 -- Order: scheduled tasks by priority (9 first), then due time, then the parked ones (by key);
--- leased by lease deadline; dead by died-at (oldest first). A cursor names the source and the
--- last entry looked at ("<source>|<score>|<member>"), so tasks that come and go between calls
--- never make a page repeat or skip the tasks that stayed.
+-- leased by lease deadline; dead by died-at, newest first (ties by id, descending: the order
+-- of inspect.lua's dead pages, so q.dead.list and every listing agree). A cursor names the
+-- source and the last entry looked at ("<source>|<score>|<member>"), so tasks that come and
+-- go between calls never make a page repeat or skip the tasks that stayed.
 
 local state, cursor = ARGV[2], ARGV[3]
 local limit, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -57,11 +58,30 @@ end
 
 -- The entries of a scored source after (score, member), in order, at most `count`:
 -- {member, score, ...}. Resumes by rank when the cursor's entry is still there (O(log N)),
--- else by score, skipping the entries of the same score up to the cursor's member.
-local function scored_after(key, score, member, count)
+-- else by score, skipping the entries of the same score up to the cursor's member. `desc`:
+-- the source lists from the highest score down (the dead set, newest first).
+local function scored_after(key, score, member, count, desc)
   local lo = low and ms(low) or '-inf'
   local hi = high and ms(high) or '+inf'
   local rows
+  if desc then
+    if member then
+      local rank = redis.call('ZREVRANK', key, member)
+      if rank and redis.call('ZSCORE', key, member) == score then
+        return redis.call('ZREVRANGE', key, rank + 1, rank + count, 'WITHSCORES')
+      end
+      local got = redis.call('ZREVRANGEBYSCORE', key, score, lo, 'WITHSCORES', 'LIMIT', 0, count)
+      rows = {}
+      for i = 1, #got, 2 do
+        if not (got[i + 1] == score and got[i] >= member) then
+          rows[#rows + 1] = got[i]
+          rows[#rows + 1] = got[i + 1]
+        end
+      end
+      return rows
+    end
+    return redis.call('ZREVRANGEBYSCORE', key, hi, lo, 'WITHSCORES', 'LIMIT', 0, count)
+  end
   if member then
     local rank = redis.call('ZRANK', key, member)
     if rank and redis.call('ZSCORE', key, member) == score then
@@ -154,10 +174,15 @@ for i = start, #sources do
         if found >= limit or looked >= budget then break end
       end
     else
-      local rows = scored_after(key, last_member and last_score, last_member, want)
+      local desc = name == 'd'
+      local rows = scored_after(key, last_member and last_score, last_member, want, desc)
       if #rows == 0 then exhausted = true break end
       for j = 1, #rows, 2 do
-        if high and tonumber(rows[j + 1]) > high then exhausted = true break end
+        local at = tonumber(rows[j + 1])
+        if (desc and low and at < low) or (not desc and high and at > high) then
+          exhausted = true
+          break
+        end
         last_member, last_score = rows[j], rows[j + 1]
         consider(rows[j], rows[j + 1])
         if found >= limit or looked >= budget then break end

@@ -261,18 +261,20 @@ class AsyncProcessor(Settling):
                     if self._is_async:
                         timeout_s = timeout_for(d, self._timeout_s)
                         if timeout_s is None:  # (one coroutine less per task)
-                            await self._handler(d)
+                            value = await self._handler(d)
                         else:
-                            await within(self._handler(d), timeout_s, d)
+                            value = await within(self._handler(d), timeout_s, d)
                     else:  # past its timeout, the thread is abandoned (another takes its place)
                         timeout_s = timeout_for(d, self._timeout_s)
                         if attempt is None:
                             call = self._handler
                         else:  # the handler's thread runs in this task's context (the span)
                             call = partial(contextvars.copy_context().run, self._handler)
-                        result = await self._in_handler_thread(call, d, timeout_s)
-                        if inspect.isawaitable(result):  # e.g. a partial of an async function
-                            await within(result, timeout_s, d)
+                        value = await self._in_handler_thread(call, d, timeout_s)
+                        if inspect.isawaitable(value):  # e.g. a partial of an async function
+                            value = await within(value, timeout_s, d)
+                    if value is not None:  # kept by the ack while the queue keeps results
+                        d.result = value
                 except asyncio.CancelledError as exc:
                     if d not in self._cancelling:
                         error = exc  # (for the span)

@@ -714,7 +714,9 @@ class _ThreadRunner(_Runner):
         try:
             result = self._handler(d)
             if result is not None and inspect.isawaitable(result):  # a partial of an async def
-                asyncio.run(_awaited(result))
+                result = asyncio.run(_awaited(result))
+            if result is not None:  # kept by the ack while the queue keeps results
+                d.result = result
         except BaseException as exc:  # a handler's SystemExit is its task's failure too
             error = exc
         return error, self._finished(d, error)
@@ -810,7 +812,9 @@ class _AsyncRunner(_Runner):
                 return
             error: BaseException | None = None
             try:
-                await within(self._handler(d), timeout_for(d, self._timeout_s), d)
+                value = await within(self._handler(d), timeout_for(d, self._timeout_s), d)
+                if value is not None:  # kept by the ack while the queue keeps results
+                    d.result = value
             except BaseException as exc:  # a handler's SystemExit is its task's failure too
                 error = exc
             if self._finished(d, error):
