@@ -295,7 +295,7 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             id=info.id,
             status=status,
             enqueued_at=_iso_datetime(payload.get("enqueued_at")),
-            started_at=info.first_claimed_at,
+            started_at=info.first_claimed_at or _ms_datetime(stored.get("first_started_ms")),
             finished_at=finished_at,
             last_attempted_at=last_started if info.attempt else None,
             args=payload.get("args", []),
@@ -339,7 +339,12 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             value = task.call(TaskContext(task_result=running), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
-        return {"value": normalize_json(value), "worker": me, "started_ms": delivery.claimed_ms}
+        return {
+            "value": normalize_json(value),
+            "worker": me,
+            "started_ms": delivery.claimed_ms,  # this attempt's start
+            "first_started_ms": delivery.first_claimed_ms,  # the first attempt's
+        }
 
 
 def _import_task(path: object) -> Any:
