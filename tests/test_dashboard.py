@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import warnings
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import redis
@@ -479,3 +479,12 @@ def test_cron_page_and_api_show_each_definitions_policies_and_counts(
     assert api["fragile"]["paused"] and api["fragile"]["paused_reason"]
     assert (api["once"]["finished"], api["once"]["fired"], api["once"]["limit"]) == ("limit", 1, 1)
     assert api["plain"]["overlap"] == "allow_all" and api["plain"]["limit"] is None
+
+
+def test_cron_page_and_api_show_an_expiry(r: redis.Redis, dashboard: Client) -> None:
+    Queue("fresh", r).cron.add("hourly", "0 * * * *", expires=timedelta(minutes=10))
+    html = dashboard().get("/cron").text
+    row = html[html.index("hourly") : html.index("</tr>", html.index("hourly"))]
+    assert "expires 600s" in row
+    [api] = dashboard().get("/api/cron").json()["fresh"]
+    assert api["expires"] == 600.0

@@ -589,6 +589,7 @@ class CronAdvance(enum.IntEnum):
     BUFFERED = 5  # overlap buffer_one: it waits in due until the previous one ends
     FINISHED = 6  # limit reached or window ended: dropped
     FAILED_PAUSE = 7  # pause_after_failures reached: paused now, this one dropped
+    EXPIRED = 8  # past its expiry (expires=): back in due, the next claim ends it "expired"
 
     @property
     def runs(self) -> bool:

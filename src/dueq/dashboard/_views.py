@@ -79,7 +79,8 @@ def _schedule(d: CronDefinition) -> str:
 
 def _policies(d: CronDefinition) -> str:
     """Its policies and their counts (escaped HTML; ``-`` for none): overlap, window, fired of
-    limit, consecutive failures of pause_after_failures, skipped slots, jitter, catch-up."""
+    limit, consecutive failures of pause_after_failures, skipped slots, jitter, catch-up,
+    expires."""
     parts = []
     if d.overlap != "allow_all":
         parts.append(f"overlap {d.overlap}")
@@ -99,6 +100,8 @@ def _policies(d: CronDefinition) -> str:
         parts.append(f"jitter {_span(d.jitter)}")
     if d.catchup_window is not None:
         parts.append(f"catch-up {_span(d.catchup_window)}")
+    if d.expires is not None:
+        parts.append(f"expires {_span(d.expires)}")
     return e(", ".join(parts) or "-")
 
 
