@@ -369,6 +369,7 @@ class AsyncQueue(QueueCore):
         key_concurrency: int | Literal[False] | None = None,
         concurrency: int | Literal[False] | None = None,
         key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
+        events: Duration | Literal[False] | None = None,
     ) -> QueueSettings:
         """As ``Queue.configure``."""
         return await self.drive(
@@ -381,6 +382,7 @@ class AsyncQueue(QueueCore):
                 key_concurrency=key_concurrency,
                 concurrency=concurrency,
                 key_limits=key_limits,
+                events=events,
             )
         )
 

@@ -411,6 +411,7 @@ class Queue(QueueCore):
         key_concurrency: int | Literal[False] | None = None,
         concurrency: int | Literal[False] | None = None,
         key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
+        events: Duration | Literal[False] | None = None,
     ) -> QueueSettings:
         """Change the queue's settings, kept in Redis so that every producer and consumer
         obeys the same ones; returns them after the change. ``None`` leaves a setting alone.
@@ -429,7 +430,8 @@ class Queue(QueueCore):
         a lease ends; False or 0 removes it). ``key_limits``: limits of named keys over the
         key_rate / key_concurrency defaults, ``{key: dueq.KeyLimit(concurrency=, rate=)}``
         (None for a key removes its override; keys not named are left alone; at most 1,000).
-        Consumers are woken, so a change applies at once.
+        ``events``: how long outcome events are kept (``events()``, docs/events.md; False or 0
+        stops writing them). Consumers are woken, so a change applies at once.
         """
         return self.drive(
             self.configure_flow(
@@ -441,6 +443,7 @@ class Queue(QueueCore):
                 key_concurrency=key_concurrency,
                 concurrency=concurrency,
                 key_limits=key_limits,
+                events=events,
             )
         )
 

@@ -15,12 +15,14 @@
 -- KEYS[10] parked  ZSET due tasks whose key was at a limit (see the prelude)
 -- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[12] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot
--- KEYS[13] config   HASH setting -> value (keep_results_ms: see the prelude's settings)
+-- KEYS[13] config   HASH setting -> value (keep_results_ms, events_ms: see the prelude's
+--                  settings)
 -- KEYS[14] results  HASH id -> finished record (with keep_results_ms > 0: the prelude's
 --                   results notes)
 -- KEYS[15] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[16] ended    Pub/Sub channel: the cancelled id (for q.wait)
--- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[17] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
+-- KEYS[18..26] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -32,7 +34,8 @@ if not envelope then return 0 end
 local priority, _, key = task_options(envelope)
 local deadline = redis.call('ZSCORE', KEYS[2], id)
 local now = dueq_now(ARGV[1])
-local keep_ms = results_keep_ms(KEYS[13], KEYS[7])
+local settings = settings_read(KEYS[13], KEYS[7], 'keep_results_ms', 'events_ms')
+local keep_ms = settings.keep_results_ms or 0
 if keep_ms > 0 then
   local attempt = meta_parse(redis.call('HGET', KEYS[5], id))
   local record = results_record('cancelled', now, attempt, nil, nil,
@@ -58,7 +61,11 @@ local k_level = level_key(due_levels(KEYS[1]), envelope)
 redis.call('ZREM', k_level, id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', KEYS[3], id)
+if settings.events_ms then
+  event_note('cancelled', id, (meta_parse(redis.call('HGET', KEYS[5], id))), envelope)
+end
 forget(KEYS[4], KEYS[5], KEYS[6], id)
 stat_incr(KEYS[7], 'cancelled', 1)
 publish_ended(KEYS[16], {id})
+events_flush(KEYS[17], settings.events_ms, now, ARGV[1])
 return 1
