@@ -22,6 +22,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from . import _protocol as protocol
 from ._async_consume import deliveries, observe
+from ._async_events import async_events
 from ._core import QueueCore
 from ._drive import Flow, drive_async
 from ._lease_flows import ClaimBatch
@@ -34,6 +35,7 @@ from .cron import AsyncCrons
 from .dead import AsyncDeadLetters
 from .doctor import DoctorReport
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
+from .events import AsyncEvent
 from .exceptions import WaitTimeout
 from .named import AsyncTaskFunction
 from .registry import WorkerInfo
@@ -355,6 +357,22 @@ class AsyncQueue(QueueCore):
         ``async def`` handlers there; disposing stops claiming and releases what was claimed
         and not yet emitted."""
         return observe(self, max_in_flight=max_in_flight, wake=wake, heartbeat=heartbeat)
+
+    def events(
+        self,
+        group: str | None = None,
+        *,
+        consumer: str | None = None,
+        redeliver_after: Duration = 30.0,
+        since: datetime | None = None,
+    ) -> AsyncGenerator[AsyncEvent, None]:
+        """An ``async for`` iterator of the queue's outcome events (``configure(events=...)``),
+        as ``Queue.events``, on the running loop with no threads of its own; ``await
+        ev.ack()`` settles an event in its group. A tail without ``since`` starts at its first
+        read. See docs/events.md."""
+        return async_events(
+            self, group=group, consumer=consumer, redeliver_after=redeliver_after, since=since
+        )
 
     # -- settings ----------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from .cron import Crons
 from .dead import DeadLetters
 from .doctor import DoctorReport
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
+from .events import Event, observe_events
 from .exceptions import WaitTimeout
 from .named import TaskFunction
 from .observe import observe_queue
@@ -396,6 +397,28 @@ class Queue(QueueCore):
             scheduler=scheduler,
             wake=wake,
             heartbeat=heartbeat,
+        )
+
+    def events(
+        self,
+        group: str | None = None,
+        *,
+        consumer: str | None = None,
+        redeliver_after: Duration = 30.0,
+        since: datetime | None = None,
+    ) -> Observable[Event]:
+        """An observable of the queue's outcome events (``configure(events=...)``): acked,
+        retried, dead, cancelled, expired, one per outcome, each on a reader thread of its
+        own (a blocking read on a connection of its own).
+
+        With ``group``, a consumer group: each event goes to one of its members (``consumer``
+        names this one; default: the queue's holder or this process's worker id), ``ev.ack()``
+        settles it, and an event not acked within ``redeliver_after`` goes to another member.
+        A new group starts at ``since`` (an aware datetime) or now; a member started again
+        under the same name resumes its unacked events first. Without a group, every event
+        from now (or ``since``) on. See docs/events.md."""
+        return observe_events(
+            self, group=group, consumer=consumer, redeliver_after=redeliver_after, since=since
         )
 
     # -- settings ----------------------------------------------------------------------------
