@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -218,9 +219,13 @@ def test_a_restarted_member_resumes_its_unacked_events_first(q, clock, follow, r
 
 def test_a_tail_without_since_starts_now(q, clock, follow, admin):
     outcomes(q, 4, prefix="before")
+    earlier = {c["id"] for c in admin.client_list()}
     tail = follow()
-    # an async tail starts at its first read: wait until its reader blocks in XREAD
-    wait_for(lambda: any(c["cmd"] == "xread" for c in admin.client_list()), "the tail reads")
+
+    def reading() -> bool:  # an async tail starts at its first read: its reader in XREAD
+        return any(c["cmd"] == "xread" and c["id"] not in earlier for c in admin.client_list())
+
+    wait_for(reading, "the tail reads")
     later = outcomes(q, 4, prefix="after")
     wait_for(lambda: len(tail.events) >= 4, "4 events")
     assert sorted(seen(tail)) == sorted(later)
@@ -291,3 +296,23 @@ def test_a_sharded_queue_refuses_events_reading(r):
     sharded = dueq.Queue("s", r, shards=2)
     with pytest.raises(dueq.ConfigurationError):
         sharded.events()
+
+
+def test_dueq_events_prints_the_latest_events_and_configure_turns_them_on(invoke, r, clock):
+    assert invoke("configure", "q", "--create", "--events", "3600").exit_code == 0
+    q = dueq.Queue("q", r, clock=clock)
+    assert q.settings().events == timedelta(hours=1)
+    outcomes(q, 4)
+    shown = invoke("events", "q", "--json")
+    assert shown.exit_code == 0, shown.output
+    docs = [json.loads(line) for line in shown.output.splitlines()]
+    assert [(d["task_id"], d["kind"]) for d in docs] == [
+        ("t0", "acked"),
+        ("t1", "retried"),
+        ("t2", "dead"),
+        ("t3", "cancelled"),
+    ]
+    assert docs[2]["error"]["type"] == "Unrecoverable" and docs[0]["payload"] == {"n": "t0"}
+    text = invoke("events", "q", "--count", "1")
+    assert "cancelled" in text.output and "t3" in text.output and "t0" not in text.output
+    assert invoke("events", "q", "--group", "g").exit_code != 0  # a group needs --follow

@@ -100,5 +100,6 @@ async def _read(queue: AsyncQueue, spec: ReaderSpec) -> AsyncGenerator[AsyncEven
                 continue
             backoff.succeeded()
             step = flow.send(reply)
-    finally:
+    finally:  # a client over a pool of its own leaves the pool open: disconnect it too
         await client.aclose()
+        await client.connection_pool.disconnect()

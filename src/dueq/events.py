@@ -42,7 +42,7 @@ from .exceptions import ConfigurationError, PayloadError
 from .failures import parse_error_records
 from .keys import validate_queue_name
 from .outage import Backoff, describe, is_outage
-from .task import ErrorRecord, Task
+from .task import ErrorRecord, Task, iso_ms
 
 if TYPE_CHECKING:
     from .queue import Queue
@@ -79,6 +79,22 @@ class EventBase:
     task: Task | None = None
     group: str | None = None
     _acker: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """This event as JSON types (the CLI's ``--json``, the dashboard)."""
+        task = self.task
+        return {
+            "id": self.id,
+            "task_id": self.task_id,
+            "kind": self.kind,
+            "attempt": self.attempt,
+            "at": iso_ms(self.at),
+            "result": self.result,
+            "error": None if self.error is None else self.error.to_json(),
+            "payload": None if task is None else task.payload,
+            "task": None if task is None else task.task,
+            "group": self.group,
+        }
 
 
 class Event(EventBase):
@@ -307,6 +323,17 @@ def create_group(client: Any, spec: ReaderSpec) -> None:
             raise
 
 
+def latest_events(client: Any, queue: Any, count: int) -> list[Event]:
+    """The newest ``count`` events of a plain queue, newest first (XREVRANGE on ``client``,
+    the blocking one): what the CLI and the dashboard show."""
+    entries = _entry_list(client.xrevrange(check_plain(queue), count=count))
+    return [
+        parse_event(Event, entry_id, fields, None, None)  # type: ignore[misc]
+        for entry_id, fields in entries
+        if fields is not None
+    ]
+
+
 def check_plain(queue: Any) -> str:
     """The events stream of a plain queue; a sharded queue's events are refused (each shard
     has a stream of its own, and no reader merges them yet)."""
@@ -429,5 +456,6 @@ class _Reader:
                     continue
                 backoff.succeeded()
                 step = self._flow.send(reply)
-        finally:
+        finally:  # a client over a pool of its own leaves the pool open: disconnect it too
             self._client.close()
+            self._client.connection_pool.disconnect()
