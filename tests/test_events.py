@@ -188,6 +188,31 @@ def test_an_expired_lease_is_a_retried_then_dead_event(q, clock, follow):
     ]
 
 
+def test_an_expired_task_is_one_expired_event_for_a_group(make_queue, clock, follow):
+    """Expiry (issue 29) ends a task at fail (its retry would start after its expiry) or at
+    claim (due after its expiry): each is exactly one "expired" event, never a retried one.
+    Produced and followed on the front end under test."""
+    q = make_queue()  # retries wait 10 s
+    q.configure(events=timedelta(hours=24))
+    group = follow(group="audit", consumer="a1", since=since(clock), redeliver_after=60)
+    q.schedule({"n": 1}, id="short", expires=timedelta(seconds=3))
+    (d,) = q.claim(1)
+    assert d.fail(RuntimeError("boom")).kind == "expired"  # its retry would come in 10 s
+    q.schedule({"n": 2}, id="late", delay=20, expires=timedelta(seconds=10))
+    clock.advance(21)
+    assert q.claim(5) == []  # "late" is past its expiry: ended, never leased
+    q.schedule({}, id="marker")
+    (m,) = q.claim(1)
+    m.ack()  # written after every event above: once it is seen, nothing else is coming
+    wait_for(lambda: ("marker", "acked") in seen(group), "the marker's event")
+    assert sorted(seen(group)) == [("late", "expired"), ("marker", "acked"), ("short", "expired")]
+    by_id = {ev.task_id: ev for ev in group.events}
+    short, late = by_id["short"], by_id["late"]
+    assert (short.attempt, short.error.type, short.task.payload) == (1, "RuntimeError", {"n": 1})
+    assert (late.attempt, late.error, late.task.payload) == (0, None, {"n": 2})
+    assert late.at == datetime.fromtimestamp(clock.now, tz=timezone.utc)
+
+
 def test_an_unacked_event_of_a_member_that_went_away_reaches_another_member(q, clock, follow):
     start = since(clock)
     gone = follow(ack=False, group="billing", consumer="gone", since=start, redeliver_after=0.3)

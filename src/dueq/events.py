@@ -1,10 +1,10 @@
 """Outcome events: follow what happens to a queue's tasks from other services.
 
 With ``q.configure(events=timedelta(hours=24))`` every script that settles a task (ack, fail,
-cancel, and claim for expired leases and buried tasks) appends one entry to the queue's events
-stream (``dueq:{<queue>}:events``, a Redis Stream) in the same call: an event is written if and
-only if the outcome happened. Entries older than the retention are trimmed by the writing
-scripts (see the Lua prelude's events notes).
+cancel, and claim for expired leases, buried tasks and tasks past their expiry) appends one
+entry to the queue's events stream (``dueq:{<queue>}:events``, a Redis Stream) in the same
+call: an event is written if and only if the outcome happened. Entries older than the
+retention are trimmed by the writing scripts (see the Lua prelude's events notes).
 
 Reading (``q.events(...)`` / ``aq.events(...)``), written once as ``events_flow`` and driven by a
 thread (``observe_events``, a reactivex Observable) or on the caller's event loop

@@ -1091,6 +1091,8 @@ end
 
 -- End tasks that are not leased (out of their due sets already) as expired: a kept record
 -- with keep_results, the counter, the ended channel, their data dropped, follow-ups started.
+-- Callers note each id's "expired" outcome event (event_note, with the envelope and attempt
+-- they already hold) and flush them with their other events.
 -- k: {tasks, meta, errors, stats, results, finished, ended, debounce, wake (or nil)}.
 local function tasks_expire(k, levels, ids, now, keep_ms)
   if #ids == 0 then return end

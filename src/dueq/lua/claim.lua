@@ -25,8 +25,8 @@
 -- KEYS[17] results  HASH id -> finished record (expired tasks, with keep_results_ms > 0)
 -- KEYS[18] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
--- KEYS[20] events   STREAM outcome events: expired leases retried or dead, tasks buried here
---                  (written only when events_ms > 0; see the prelude)
+-- KEYS[20] events   STREAM outcome events: expired leases retried or dead, tasks buried or
+--                  expired here (written only when events_ms > 0; see the prelude)
 -- KEYS[21..29] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
@@ -372,6 +372,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
       orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
     elseif string.byte(envelopes[i], 1) == 51 and task_expired(envelopes[i], now) then
       too_late[#too_late + 1] = id  -- past its expiry: never started (tasks_expire below)
+      if config.events_ms then event_note('expired', id, attempt, envelopes[i]) end
     elseif not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable: ' ..
         string.sub(tostring(metas[i]), 1, 100))

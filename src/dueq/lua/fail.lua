@@ -56,7 +56,10 @@ local cap = settings.concurrency
 if cap and at_cap(KEYS[2], cap, now) then publish_wake(KEYS[8], ms(now)) end
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))
-event_note(ARGV[5] == 'dead' and 'dead' or 'retried', id,
+-- a retry that would start at or after the task's expiry ends it expired instead
+local due = ARGV[5] ~= 'dead' and now + tonumber(ARGV[6])
+local expires = due and task_expired(envelope, due)
+event_note(ARGV[5] == 'dead' and 'dead' or (expires and 'expired' or 'retried'), id,
   settings.events_ms and meta_parse(redis.call('HGET', KEYS[4], id)), envelope, nil,
   settings.events_ms and stamp(ARGV[4], now))
 events_flush(KEYS[20], settings.events_ms, now, ARGV[1])
@@ -75,8 +78,7 @@ if ARGV[5] == 'dead' then
     stats = KEYS[7], wake = KEYS[8], dead = KEYS[6]}, due_levels(KEYS[1]), {id}, now)
   return {2, now}
 end
-local due = now + tonumber(ARGV[6])
-if task_expired(envelope, due) then
+if expires then
   tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
     results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19],
     wake = KEYS[8]}, due_levels(KEYS[1]), {id}, now, settings.keep_results_ms or 0)
