@@ -13,6 +13,7 @@ from ._version import __version__
 from .cron import CronDefinition, Occurrence
 from .doctor import DoctorFinding, DoctorReport
 from .envelope import TaskOptions, TraceContext
+from .events import AsyncEvent, Event
 from .exceptions import (
     ConfigurationError,
     CorruptQueue,
@@ -56,6 +57,7 @@ from .worker import AsyncWorker, Worker
 
 __all__ = [
     "AsyncDelivery",
+    "AsyncEvent",
     "AsyncQueue",
     "AsyncTaskFunction",
     "AsyncWorker",
@@ -72,6 +74,7 @@ __all__ = [
     "DueHistogram",
     "DueqError",
     "ErrorRecord",
+    "Event",
     "HistoryPoint",
     "InvalidTaskError",
     "KeyCooldown",

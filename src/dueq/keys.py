@@ -55,6 +55,7 @@ KEY_TYPES = {
     "history": "hash",
     "workers": "zset",
     "workers:info": "hash",
+    "events": "stream",
     "spark:batches": "hash",
     "spark:queries": "zset",
     **{f"due:p{p}": "zset" for p in range(1, 10)},
@@ -109,6 +110,9 @@ class QueueKeys:
                 (field ``last``: the latest minute written; see the Lua prelude)
     ``workers`` ZSET worker id -> ms its registry entry expires (see ``dueq.registry``)
     ``workers_info`` HASH worker id -> JSON heartbeat entry (host, pid, queues, counts, ...)
+    ``events``  STREAM of outcome events (acked, retried, dead, cancelled, expired), written by
+                the settling scripts only while ``configure(events=...)`` is on (see the Lua
+                prelude's events notes and ``dueq.events``)
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -142,6 +146,7 @@ class QueueKeys:
     finished: str
     ended: str
     debounce: str
+    events: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -193,6 +198,7 @@ class QueueKeys:
             finished=base + "finished",
             ended=base + "ended",
             debounce=base + "debounce",
+            events=base + "events",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

@@ -25,6 +25,7 @@ from .dead import dead
 from .demo import demo
 from .doctor import doctor
 from .errors import DueqGroup, Settings
+from .events import events
 from .metrics import metrics
 from .schedule import schedule
 from .stats import stats
@@ -42,7 +43,7 @@ DEBUG_HELP = "Show the traceback of an error."
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Produce", ("schedule", "cron")),
     ("Work", ("worker", "workers")),
-    ("Inspect", ("stats", "top", "list", "show", "dead", "doctor")),
+    ("Inspect", ("stats", "top", "list", "show", "dead", "events", "doctor")),
     ("Operate", ("pause", "resume", "configure", "cancel", "reschedule", "run-now", "acl")),
     ("Serve", ("dashboard", "metrics", "demo")),
 )
@@ -66,6 +67,7 @@ SUMMARIES = {
     "show": "Show tasks in any state: payload, options, every error.",
     "dead": "List, show, replay and purge tasks out of attempts.",
     "dead list": "List the dead tasks of QUEUE, newest first.",
+    "events": "Show or follow the outcome events of QUEUE.",
     "dead show": "Show dead tasks: payload, every error with traceback.",
     "dead replay": "Put dead tasks back in the queue, due now.",
     "dead purge": "Delete dead tasks for good.",
@@ -162,6 +164,7 @@ for command in (
     dashboard,
     metrics,
     demo,
+    events,
 ):
     cli.add_command(command)
 for name, command in cli.commands.items():

@@ -41,6 +41,7 @@ from ._reads import (
     last_error,
     overview_data,
     queue_health,
+    recent_events,
     search,
     stats_json,
 )
@@ -178,6 +179,7 @@ class Views:
         scheduled = await search(q, "scheduled", request)
         dead_page = await search(q, "dead", request)
         groups, grouped = await dead_groups(q)
+        events = await recent_events(self.ctx, q, stats)
         n = q.name
         state = "paused" if s["paused"] else "running"
         toggle = self.ctx.buttons(
@@ -238,6 +240,22 @@ class Views:
             + "</td></tr>"
             for t in dead_page.tasks
         ]
+        events_section = (
+            ""
+            if events is None
+            else "<h2>Latest events</h2>"
+            + table(
+                ["kind", "task", "attempt", "at", "error type"],
+                [
+                    f"<tr><td>{e(ev.kind)}</td>"
+                    f"<td>{link(ev.task_id, '/task', queue=n, id=ev.task_id)}</td>"
+                    f"<td class='n'>{ev.attempt}</td><td>{e(when(ev.at))}</td>"
+                    f"<td>{e(ev.error.type if ev.error else '')}</td></tr>"
+                    for ev in events
+                ],
+                empty="no events yet",
+            )
+        )
         p = request.query_params
         search_form = (
             '<form method="get" action="/queue" class="search">'
@@ -280,6 +298,7 @@ class Views:
             + "</div></div>"
             + f"<h2>Leased ({len(leased.tasks)} shown)</h2>"
             + table(["id", "holder", "lease deadline", "attempt"], leased_rows)
+            + events_section
             + f"<h2>Scheduled</h2>{search_form}"
             + table(["id", "due", "attempt", "priority", "payload"], sched_rows, empty="no match")
             + looked

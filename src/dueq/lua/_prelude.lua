@@ -253,6 +253,7 @@ end
 --   key_concurrency   1..SETTING_MAX_KEY_CONCURRENCY
 --   remember_done_ms  0..SETTING_MAX_WINDOW_MS
 --   keep_results_ms   0..SETTING_MAX_WINDOW_MS
+--   events_ms         0..SETTING_MAX_WINDOW_MS: how long outcome events are kept (0: none written)
 --   concurrency       1..SETTING_MAX_CONCURRENCY: most live leases of the queue (claim.lua)
 --   key_limit:<key>   "<concurrency>|<n>/<per_ms>", either part empty (not both): the limits
 --                     of one named key, over key_concurrency / key_rate (claim.lua)
@@ -289,7 +290,7 @@ local function setting_parse(field, raw)
     if n and per then v = {n, per} end
   elseif field == 'key_concurrency' then
     v = setting_whole(raw, 1, SETTING_MAX_KEY_CONCURRENCY)
-  elseif field == 'remember_done_ms' or field == 'keep_results_ms' then
+  elseif field == 'remember_done_ms' or field == 'keep_results_ms' or field == 'events_ms' then
     v = setting_whole(raw, 0, SETTING_MAX_WINDOW_MS)
   elseif field == 'concurrency' then
     v = setting_whole(raw, 1, SETTING_MAX_CONCURRENCY)
@@ -1090,6 +1091,8 @@ end
 
 -- End tasks that are not leased (out of their due sets already) as expired: a kept record
 -- with keep_results, the counter, the ended channel, their data dropped, follow-ups started.
+-- Callers note each id's "expired" outcome event (event_note, with the envelope and attempt
+-- they already hold) and flush them with their other events.
 -- k: {tasks, meta, errors, stats, results, finished, ended, debounce, wake (or nil)}.
 local function tasks_expire(k, levels, ids, now, keep_ms)
   if #ids == 0 then return end
@@ -1153,4 +1156,58 @@ local function cron_pending(envelope)
   local _, e, expiry_at = string.find(envelope, '^3:%d|%d*|%d*|()%d+|')
   if not e then return envelope end
   return '2:' .. string.sub(envelope, 3, expiry_at - 1) .. string.sub(envelope, e + 1)
+end
+
+-- Outcome events (issue 30). With the setting events_ms > 0, each script that settles a task
+-- appends one entry per outcome to the queue's events STREAM (keys.py `events`): fields "id"
+-- (the task id), "kind" (acked, retried, dead, cancelled, expired), "attempt", "at" (ms), and
+-- when there is one "task" (the stored envelope), "result" (the kept JSON value, acked with
+-- keep_results) and "error" (the error record, retried and dead). Entry ids follow the queue
+-- clock ("<now>-*"; "*" for server TIME, and when an injected clock went back behind the
+-- stream's last id). Each write trims entries older than events_ms (XADD MINID ~) and keeps
+-- the stream near EVENTS_MAX_LEN entries (XTRIM MAXLEN ~ when XLEN passes it). Scripts note
+-- outcomes as they go (event_note: a Lua table, nothing in Redis) and write them at the end
+-- with events_flush, which writes nothing when events are off (events_ms unset or 0).
+local EVENTS_MAX_LEN = 1000000
+local events_noted = {}
+
+local function event_note(kind, id, attempt, envelope, result, err)
+  events_noted[#events_noted + 1] = {kind, id, attempt, envelope, result, err}
+end
+
+-- event_note for each acked id (in `done`), with its envelope and attempt from the task's hash
+-- and meta (read only when events are on: callers ask), and its kept result when `results`
+-- (id -> JSON) has one.
+local function events_note_acked(k_tasks, k_meta, done, results)
+  if #done == 0 then return end
+  local envelopes = hmget_chunked(k_tasks, done)
+  local metas = hmget_chunked(k_meta, done)
+  for i, id in ipairs(done) do
+    event_note('acked', id, (meta_parse(metas[i] or nil)), envelopes[i] or nil, results and results[id] or nil)
+  end
+end
+
+local function events_flush(k_events, events_ms, now, clock_arg)
+  if not events_ms or events_ms <= 0 or #events_noted == 0 then
+    events_noted = {}
+    return
+  end
+  local minid = ms(math.max(now - events_ms, 0))
+  for _, e in ipairs(events_noted) do
+    local fields = {'id', e[2], 'kind', e[1], 'attempt', e[3] or 0, 'at', ms(now)}
+    if e[4] then fields[#fields + 1] = 'task'; fields[#fields + 1] = e[4] end
+    if e[5] then fields[#fields + 1] = 'result'; fields[#fields + 1] = e[5] end
+    if e[6] then fields[#fields + 1] = 'error'; fields[#fields + 1] = e[6] end
+    local done = false
+    if clock_arg ~= '' then
+      local r = redis.pcall('XADD', k_events, 'MINID', '~', minid, ms(now) .. '-*',
+        unpack(fields))
+      done = not (type(r) == 'table' and r.err)
+    end
+    if not done then redis.call('XADD', k_events, 'MINID', '~', minid, '*', unpack(fields)) end
+  end
+  events_noted = {}
+  if redis.call('XLEN', k_events) > EVENTS_MAX_LEN then
+    redis.call('XTRIM', k_events, 'MAXLEN', '~', EVENTS_MAX_LEN)
+  end
 end

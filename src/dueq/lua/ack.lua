@@ -22,7 +22,8 @@
 -- KEYS[17] ended    Pub/Sub channel: the acked ids, when results are kept (for q.wait)
 -- KEYS[18] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
 -- KEYS[19] due      ZSET id -> due ms (a follow-up of an acked task is scheduled there)
--- KEYS[20..28] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[20] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
+-- KEYS[21..29] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
@@ -43,12 +44,13 @@ history_use(KEYS[12], ARGV[1])
 -- done_window's rule (the queue's remember_done_ms, else ARGV[2]), in the same HMGET as the cap
 -- and keep_results_ms
 local settings = settings_read(KEYS[7], KEYS[5], 'remember_done_ms', 'concurrency',
-  'keep_results_ms')
+  'keep_results_ms', 'events_ms')
 local window = settings.remember_done_ms or tonumber(ARGV[2])
 local keep_ms = settings.keep_results_ms or 0
 local ids, tokens, positions = leases_unpack(ARGV[3])
 if #ids == 0 then return {0, '', keep_ms} end
 local done, verdicts, keys = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
+local kept = {}  -- id -> the result kept (JSON), for the acked events
 if #done > 0 and keep_ms > 0 then
   local values = {}  -- by distinct pair
   if ARGV[4] ~= '' then
@@ -70,7 +72,7 @@ if #done > 0 and keep_ms > 0 then
       d = d + 1
       local value, result, why = values[i] or '', nil, nil
       local mark = string.sub(value, 1, 1)
-      if mark == '=' then result = string.sub(value, 2)
+      if mark == '=' then result = string.sub(value, 2); kept[ids[i]] = result
       elseif mark == '!' then why = string.sub(value, 2); unstored = unstored + 1 end
       local attempt = meta_parse(metas[d])
       records[#records + 1] = ids[i]
@@ -82,6 +84,7 @@ if #done > 0 and keep_ms > 0 then
   zadd_all(KEYS[16], now, done)
   if unstored > 0 then stat_incr(KEYS[5], 'results_unstored', unstored) end
 end
+if settings.events_ms then events_note_acked(KEYS[2], KEYS[3], done, kept) end
 if #done > 0 then
   if #keys > 0 and keys_release(KEYS[9], KEYS[10], keys, now) then
     publish_wake(KEYS[11], ms(now))
@@ -110,4 +113,5 @@ if window > 0 then
 end
 results_trim(KEYS[15], KEYS[16], now, keep_ms, #done)
 if keep_ms > 0 then publish_ended(KEYS[17], done) end
+events_flush(KEYS[20], settings.events_ms, now, ARGV[1])
 return {#done, verdict_string(verdicts, positions), keep_ms}

@@ -16,13 +16,15 @@
 -- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[12] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot, or
 --                  a lease ends while the queue is at its concurrency cap
--- KEYS[13] config   HASH setting -> value (keep_results_ms, concurrency: the prelude's settings)
+-- KEYS[13] config   HASH setting -> value (keep_results_ms, concurrency, events_ms: see the
+--                  prelude's settings)
 -- KEYS[14] results  HASH id -> finished record (with keep_results_ms > 0: the prelude's
 --                   results notes)
 -- KEYS[15] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[16] ended    Pub/Sub channel: the cancelled id (for q.wait)
 -- KEYS[17] debounce HASH id -> debounce cap and follow-up (dropped with the task)
--- KEYS[18..26] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[18] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
+-- KEYS[19..27] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -34,7 +36,7 @@ if not envelope then return 0 end
 local priority, _, key = task_options(envelope)
 local deadline = redis.call('ZSCORE', KEYS[2], id)
 local now = dueq_now(ARGV[1])
-local settings = settings_read(KEYS[13], KEYS[7], 'keep_results_ms', 'concurrency')
+local settings = settings_read(KEYS[13], KEYS[7], 'keep_results_ms', 'concurrency', 'events_ms')
 local keep_ms = settings.keep_results_ms or 0
 if keep_ms > 0 then
   local attempt = meta_parse(redis.call('HGET', KEYS[5], id))
@@ -65,8 +67,12 @@ local k_level = level_key(due_levels(KEYS[1]), envelope)
 redis.call('ZREM', k_level, id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', KEYS[3], id)
+if settings.events_ms then
+  event_note('cancelled', id, (meta_parse(redis.call('HGET', KEYS[5], id))), envelope)
+end
 forget(KEYS[4], KEYS[5], KEYS[6], id)
 redis.call('HDEL', KEYS[17], id)
 stat_incr(KEYS[7], 'cancelled', 1)
 publish_ended(KEYS[16], {id})
+events_flush(KEYS[18], settings.events_ms, now, ARGV[1])
 return 1

@@ -9,7 +9,7 @@
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
 -- KEYS[8] config   HASH setting -> value (paused, rate, key_rate, key_concurrency,
---                  concurrency, key_limit:<key>; values the prelude's setting_parse refuses
+--                  concurrency, key_limit:<key>, events_ms; values the prelude's setting_parse refuses
 --                  count as unset, and are logged once)
 -- KEYS[9] rate     ZSET "<n>*<token>" -> claimed-at ms: the claims of the last rate window,
 --                  one entry per claim that leased n tasks (an entry without "<n>*" counts 1);
@@ -25,7 +25,9 @@
 -- KEYS[17] results  HASH id -> finished record (expired tasks, with keep_results_ms > 0)
 -- KEYS[18] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
--- KEYS[20..28] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[20] events   STREAM outcome events: expired leases retried or dead, tasks buried or
+--                  expired here (written only when events_ms > 0; see the prelude)
+-- KEYS[21..29] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -78,8 +80,9 @@ local died = 0
 local buried = {}  -- the ids sent to dead, published on the ended channel
 local function bury(id, attempt, kind, message)
   redis.call('HSET', KEYS[4], id, attempt .. '|||')
-  error_append(KEYS[5], id, cjson.encode({at = now, attempt = attempt, type = kind,
-    message = message}))
+  local record = cjson.encode({at = now, attempt = attempt, type = kind, message = message})
+  error_append(KEYS[5], id, record)
+  event_note('dead', id, attempt, redis.call('HGET', KEYS[3], id) or nil, nil, record)
   redis.call('ZADD', KEYS[6], now, id)
   died = died + 1
   buried[died] = id
@@ -106,11 +109,13 @@ for _, id in ipairs(expired) do
       redis.call('HSET', KEYS[4], id, attempt .. '|||' .. first)
       -- the record names the holder whose lease ran out (the token's "@<holder>", if any)
       local gone = string.match(token, '@(.+)$')
-      error_append(KEYS[5], id, '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
+      local record = '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
         ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
         'the worker died, hung or outlived its lease","traceback":null' ..
-        (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}')
+        (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}'
+      error_append(KEYS[5], id, record)
       local final = attempt >= (own_attempts or max_attempts)
+      event_note(final and 'dead' or 'retried', id, attempt, envelope, nil, record)
       if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
         cron_note(KEYS[14], KEYS[15], id, final and 'dead' or 'retrying', now, 'LeaseExpired')
       end
@@ -139,7 +144,7 @@ if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
 -- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
 local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency',
-  'concurrency', 'key_limits', 'keep_results_ms')
+  'concurrency', 'key_limits', 'keep_results_ms', 'events_ms')
 local paused = config.paused == true
 local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
 
@@ -367,6 +372,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
       orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
     elseif string.byte(envelopes[i], 1) == 51 and task_expired(envelopes[i], now) then
       too_late[#too_late + 1] = id  -- past its expiry: never started (tasks_expire below)
+      if config.events_ms then event_note('expired', id, attempt, envelopes[i]) end
     elseif not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable: ' ..
         string.sub(tostring(metas[i]), 1, 100))
@@ -491,4 +497,5 @@ end
 if next_deadline then out[3] = clamp_ms(next_deadline) end
 -- At the concurrency cap: no claim can lease until a lease ends (a wake) or expires (out[3]).
 if cap and cap_live + #leased / 2 >= cap then out[2] = -1 end
+events_flush(KEYS[20], config.events_ms, now, ARGV[1])
 return out

@@ -19,7 +19,8 @@
 -- KEYS[17] results  HASH id -> finished record (an expired task, with keep_results_ms > 0)
 -- KEYS[18] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
--- KEYS[20..28] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[20] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
+-- KEYS[21..29] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -50,11 +51,18 @@ if key and key_unlease(KEYS[10], KEYS[11], key, now) then
   publish_wake(KEYS[8], ms(now))
 end
 -- the concurrency cap: a consumer may be sleeping capped; tell it a lease ends
-local settings = settings_read(KEYS[15], KEYS[7], 'concurrency', 'keep_results_ms')
+local settings = settings_read(KEYS[15], KEYS[7], 'concurrency', 'keep_results_ms', 'events_ms')
 local cap = settings.concurrency
 if cap and at_cap(KEYS[2], cap, now) then publish_wake(KEYS[8], ms(now)) end
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))
+-- a retry that would start at or after the task's expiry ends it expired instead
+local due = ARGV[5] ~= 'dead' and now + tonumber(ARGV[6])
+local expires = due and task_expired(envelope, due)
+event_note(ARGV[5] == 'dead' and 'dead' or (expires and 'expired' or 'retried'), id,
+  settings.events_ms and meta_parse(redis.call('HGET', KEYS[4], id)), envelope, nil,
+  settings.events_ms and stamp(ARGV[4], now))
+events_flush(KEYS[20], settings.events_ms, now, ARGV[1])
 redis.call('ZREM', KEYS[2], id)
 if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
   local ok, record = pcall(cjson.decode, ARGV[4])
@@ -70,8 +78,7 @@ if ARGV[5] == 'dead' then
     stats = KEYS[7], wake = KEYS[8], dead = KEYS[6]}, due_levels(KEYS[1]), {id}, now)
   return {2, now}
 end
-local due = now + tonumber(ARGV[6])
-if task_expired(envelope, due) then
+if expires then
   tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
     results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19],
     wake = KEYS[8]}, due_levels(KEYS[1]), {id}, now, settings.keep_results_ms or 0)
