@@ -19,6 +19,8 @@ PUBLIC = {
     "AsyncQueue",
     "AsyncTaskFunction",
     "AsyncWorker",
+    "BatchCompleted",
+    "BatchInfo",
     "ClaimBatch",
     "ConfigurationError",
     "CorruptQueue",

@@ -14,6 +14,7 @@ from .cron import CronDefinition, Occurrence
 from .doctor import DoctorFinding, DoctorReport
 from .envelope import TaskOptions, TraceContext
 from .exceptions import (
+    BatchCompleted,
     ConfigurationError,
     CorruptQueue,
     CronConflict,
@@ -38,6 +39,7 @@ from .registry import WorkerInfo
 from .retry import RetryPolicy
 from .task import (
     AsyncDelivery,
+    BatchInfo,
     Delivery,
     DueHistogram,
     ErrorRecord,
@@ -59,6 +61,8 @@ __all__ = [
     "AsyncQueue",
     "AsyncTaskFunction",
     "AsyncWorker",
+    "BatchCompleted",
+    "BatchInfo",
     "ClaimBatch",
     "ConfigurationError",
     "CorruptQueue",

@@ -41,6 +41,7 @@ from .retry import RetryPolicy
 from .scripts import AsyncScripts
 from .task import (
     AsyncDelivery,
+    BatchInfo,
     DueHistogram,
     HistoryPoint,
     KeyLimit,
@@ -253,20 +254,33 @@ class AsyncQueue(QueueCore):
         timeout: Duration | None = None,
         max_attempts: int | None = None,
         task: str | None = None,
+        batch: str | None = None,
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
         ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``).
         ``task`` names the registered function that runs it (``@q.task``): ``payload`` is
         then a dict of its arguments."""
-        tasks = [Task(payload, id, at, delay, priority, key, timeout, max_attempts, task)]
+        tasks = [Task(payload, id, at, delay, priority, key, timeout, max_attempts, task, batch)]
         result = await self.drive(self.schedule_many_flow(tasks, replace))
         return result.ids[0]
 
     async def schedule_many(
-        self, tasks: Iterable[Task], *, replace: bool = False
+        self, tasks: Iterable[Task], *, replace: bool = False, batch: str | None = None
     ) -> ScheduleResult:
         """As ``Queue.schedule_many``: validated first, then one round trip per batch."""
-        return await self.drive(self.schedule_many_flow(tasks, replace))
+        return await self.drive(self.schedule_many_flow(tasks, replace, batch))
+
+    async def close_batch(self, batch: str, *, on_complete: Task | None = None) -> BatchInfo:
+        """As ``Queue.close_batch``."""
+        return await self.drive(self.close_batch_flow(batch, on_complete))
+
+    async def batch(self, batch: str) -> BatchInfo | None:
+        """As ``Queue.batch``."""
+        return await self.drive(self.batch_flow(batch))
+
+    async def batches(self, limit: int = 100) -> list[BatchInfo]:
+        """As ``Queue.batches``."""
+        return await self.drive(self.batches_flow(limit))
 
     async def cancel(self, task_id: str) -> bool:
         """Remove a task in any state; True if it existed. A live lease on it is revoked."""

@@ -54,7 +54,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from .exceptions import InvalidTaskError, PayloadError
@@ -96,6 +96,12 @@ _ID_BATCH = 1024
 #: Flags of a packed task record (see schedule.lua).
 FLAG_ABSOLUTE = 1
 FLAG_GENERATED_ID = 2
+#: The record names a batch: '>Hc0' after the envelope (see docs/batches.md).
+FLAG_BATCH = 4
+#: The record names parents it waits for: '>I' count, then '>Hc0' per parent id, after the
+#: envelope (and the batch); bit FLAG_AFTER_RUN too: it runs whatever its parents' outcome.
+FLAG_AFTER = 8
+FLAG_AFTER_RUN = 16
 _RECORD_HEAD = struct.Struct(">BdH")
 _PAYLOAD_LENGTH = struct.Struct(">I")
 
@@ -347,18 +353,38 @@ def _record_struct(id_length: int) -> struct.Struct:
     return struct.Struct(f">BdH{id_length}sI")
 
 
-def pack_task(flags: int, due_ms: int, task_id: str, envelope: bytes) -> bytes:
-    """One task record of a schedule batch: flags, due (absolute ms or delay ms), id, envelope."""
+def _short_text(text: str) -> bytes:
+    data = text.encode("utf-8")
+    return struct.pack(">H", len(data)) + data
+
+
+def record_extras(batch: str | None, after: Sequence[str], after_run: bool) -> tuple[int, bytes]:
+    """The flags and the bytes after the envelope that name a task's batch and parents."""
+    flags, extra = 0, b""
+    if batch is not None:
+        flags, extra = FLAG_BATCH, _short_text(batch)
+    if after:
+        flags |= FLAG_AFTER | (FLAG_AFTER_RUN if after_run else 0)
+        extra += struct.pack(">I", len(after)) + b"".join(_short_text(p) for p in after)
+    return flags, extra
+
+
+def pack_task(flags: int, due_ms: int, task_id: str, envelope: bytes, extra: bytes = b"") -> bytes:
+    """One task record of a schedule batch: flags, due (absolute ms or delay ms), id, envelope,
+    then ``extra`` (``record_extras``: its flags belong in ``flags``)."""
     id_bytes = task_id.encode("utf-8")
     n = len(id_bytes)
-    return _record_struct(n).pack(flags, due_ms, n, id_bytes, len(envelope)) + envelope
+    return _record_struct(n).pack(flags, due_ms, n, id_bytes, len(envelope)) + envelope + extra
 
 
 def repack_with_id(record: bytes, task_id: str) -> bytes:
     """The same task record under another id (used when a generated id was taken)."""
     flags, due_ms, id_length = _RECORD_HEAD.unpack_from(record)
-    envelope = record[_RECORD_HEAD.size + id_length + _PAYLOAD_LENGTH.size :]
-    return pack_task(flags, int(due_ms), task_id, envelope)
+    start = _RECORD_HEAD.size + id_length
+    (length,) = _PAYLOAD_LENGTH.unpack_from(record, start)
+    start += _PAYLOAD_LENGTH.size
+    envelope = record[start : start + length]
+    return pack_task(flags, int(due_ms), task_id, envelope, record[start + length :])
 
 
 def decode_envelope(raw: bytes | str) -> Any:

@@ -55,6 +55,10 @@ KEY_TYPES = {
     "workers": "zset",
     "workers:info": "hash",
     "spark:batches": "hash",
+    "batches": "hash",
+    "batch:of": "hash",
+    "batch:on": "hash",
+    "batch:ended": "zset",
     "spark:queries": "zset",
     **{f"due:p{p}": "zset" for p in range(1, 10)},
 }
@@ -105,6 +109,11 @@ class QueueKeys:
                 (field ``last``: the latest minute written; see the Lua prelude)
     ``workers`` ZSET worker id -> ms its registry entry expires (see ``dueq.registry``)
     ``workers_info`` HASH worker id -> JSON heartbeat entry (host, pid, queues, counts, ...)
+    ``batches`` HASH batch id -> "total|acked|dead|cancelled|expired|created_ms|closed_ms|
+                completed_ms" (the Lua prelude's batch notes; docs/batches.md)
+    ``batch_of`` HASH id -> batch id: the members that have not ended yet (only tasks with one)
+    ``batch_on`` HASH batch id -> the completion task's packed record, until it is scheduled
+    ``batch_ended`` ZSET batch id -> completed ms: completed batches, oldest first, for trimming
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -137,6 +146,10 @@ class QueueKeys:
     results: str
     finished: str
     ended: str
+    batches: str
+    batch_of: str
+    batch_on: str
+    batch_ended: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -187,6 +200,10 @@ class QueueKeys:
             results=base + "results",
             finished=base + "finished",
             ended=base + "ended",
+            batches=base + "batches",
+            batch_of=base + "batch:of",
+            batch_on=base + "batch:on",
+            batch_ended=base + "batch:ended",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

@@ -19,6 +19,7 @@ from .task import (
     MAX_RATE_N,
     MAX_RATE_PER_MS,
     MAX_REMEMBER_DONE_MS,
+    BatchInfo,
     KeyLimit,
     QueueSettings,
     QueueStats,
@@ -298,4 +299,28 @@ def queue_stats(reply: list[Any]) -> QueueStats:
         counters=counters,
         missing=max(scheduled + leased + dead - stored, 0),
         settings=settings,
+    )
+
+
+def batch_info(batch_id: bytes | str, raw: bytes | str | None) -> BatchInfo | None:
+    """A batch record of the batches hash (the Lua prelude's batch notes), or None for none:
+    "total|acked|dead|cancelled|expired|created_ms|closed_ms|completed_ms"."""
+    if raw is None:
+        return None
+    parts = (text(raw).split("|") + [""] * 8)[:8]
+    counts = [_count(p) for p in parts[:5]]
+    times = [_datetime(int(p)) if p.isdigit() else None for p in parts[5:]]
+    total, acked, dead, cancelled, expired = counts
+    return BatchInfo(
+        id=text(batch_id),
+        total=total,
+        acked=acked,
+        dead=dead,
+        cancelled=cancelled,
+        expired=expired,
+        pending=max(0, total - acked - dead - cancelled - expired),
+        complete=times[2] is not None,
+        created_at=times[0],
+        closed_at=times[1],
+        completed_at=times[2],
     )

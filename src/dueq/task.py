@@ -65,6 +65,9 @@ class Task:
     timeout: Duration | None = None
     max_attempts: int | None = None
     task: str | None = None
+    #: the batch it joins when it is added (``close_batch``); ``schedule_many(batch=)`` gives
+    #: one to every task without its own
+    batch: str | None = None
 
     def options(self) -> TaskOptions:
         """The options kept with the task, validated (InvalidTaskError names what is wrong)."""
@@ -229,6 +232,47 @@ class ScheduleResult:
     existing: int
     replaced: int
     ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """A batch's counts (``q.batch(id)``): members added, and how many ended acked, dead,
+    cancelled or expired; ``pending`` have not ended. ``complete`` once it was closed
+    (``close_batch``) with nothing pending: its completion task was scheduled then."""
+
+    id: str
+    total: int
+    acked: int
+    dead: int
+    cancelled: int
+    expired: int
+    pending: int
+    complete: bool
+    created_at: datetime | None = None
+    closed_at: datetime | None = None
+    completed_at: datetime | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close_batch`` was called for it."""
+        return self.closed_at is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """This batch as JSON types (times as ISO 8601 UTC with milliseconds)."""
+        return {
+            "id": self.id,
+            "total": self.total,
+            "acked": self.acked,
+            "dead": self.dead,
+            "cancelled": self.cancelled,
+            "expired": self.expired,
+            "pending": self.pending,
+            "complete": self.complete,
+            "closed": self.closed,
+            "created_at": iso_ms(self.created_at),
+            "closed_at": iso_ms(self.closed_at),
+            "completed_at": iso_ms(self.completed_at),
+        }
 
 
 @dataclass(frozen=True)

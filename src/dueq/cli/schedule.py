@@ -47,7 +47,12 @@ def _chunks(tasks: Iterable[Task]) -> Iterator[list[Task]]:
 
 
 def _schedule_file(
-    q: Queue, path: str, default: Timing, options: dict[str, Any], replace: bool
+    q: Queue,
+    path: str,
+    default: Timing,
+    options: dict[str, Any],
+    replace: bool,
+    batch: str | None = None,
 ) -> ScheduleResult:
     name = "stdin" if path == "-" else path
     lines = _line_source(path)
@@ -61,7 +66,7 @@ def _schedule_file(
     with steps(console(), total, f"scheduling into {q.name}") as progress:
         for chunk in _chunks(tasks_from_lines(lines(), default, options)):
             try:
-                result = q.schedule_many(chunk, replace=replace)
+                result = q.schedule_many(chunk, replace=replace, batch=batch)
             except ReplicationTimeout as exc:
                 raise CliError(
                     f"{exc}; the first {added + existing + len(chunk)} of {total} task(s) are "
@@ -103,6 +108,11 @@ def _schedule_file(
     metavar="NAME",
     help="Run it by a named task (@q.task): the JSON is an object of the function's arguments.",
 )
+@click.option(
+    "--batch",
+    metavar="BATCH",
+    help="Make the task(s) members of this batch (see dueq batches, docs/batches.md).",
+)
 @shards_option
 @replication_options
 @redis_options
@@ -119,6 +129,7 @@ def schedule(
     timeout: float | None,
     max_attempts: int | None,
     task_name: str | None,
+    batch: str | None,
     shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
@@ -163,13 +174,13 @@ def schedule(
         client, queue, shards=shards, wait_replicas=wait_replicas, wait_timeout=wait_timeout
     )
     if path is not None:
-        result = _schedule_file(q, path, timing, options, replace)
+        result = _schedule_file(q, path, timing, options, replace, batch)
         click.echo(
             f"scheduled into {queue!r}: {result.added} added, {result.existing} already "
             f"existed, {result.replaced} replaced"
         )
         return
-    result = q.schedule_many([task], replace=replace)
+    result = q.schedule_many([task], replace=replace, batch=batch)
     if result.existing:
         click.echo(f"task {result.ids[0]!r} already exists in {queue!r}; left unchanged", err=True)
     click.echo(safe(result.ids[0]))

@@ -20,6 +20,12 @@
 --                   the prelude's results notes)
 -- KEYS[16] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[17] ended    Pub/Sub channel: the acked ids, when results are kept (for q.wait)
+-- KEYS[18] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[19] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[20] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[21] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[22] due      ZSET id -> due ms (a batch's completion task is scheduled here)
+-- KEYS[23..31] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
@@ -92,6 +98,8 @@ if #done > 0 then
   call_chunked('HDEL', KEYS[3], done)
   call_chunked('HDEL', KEYS[4], done)
   stat_incr(KEYS[5], 'acked', #done)
+  batch_settle(batch_keys(KEYS[18], KEYS[19], KEYS[20], KEYS[21], due_levels(KEYS[22]), KEYS[2],
+    KEYS[5], KEYS[11]), done, 'acked', now)
   for _, id in ipairs(done) do  -- cron occurrences: their definition's last outcome
     if string.byte(id, 1) == 99 then cron_note(KEYS[13], KEYS[14], id, 'acked', now) end
   end

@@ -20,7 +20,12 @@
 --                   results notes)
 -- KEYS[15] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[16] ended    Pub/Sub channel: the cancelled id (for q.wait)
--- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[17] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[18] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[19] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[20] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[21] history  HASH "<minute>|<counter>" -> count (a batch's completion task scheduled)
+-- KEYS[22..30] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -32,6 +37,7 @@ if not envelope then return 0 end
 local priority, _, key = task_options(envelope)
 local deadline = redis.call('ZSCORE', KEYS[2], id)
 local now = dueq_now(ARGV[1])
+history_use(KEYS[21], ARGV[1])
 local keep_ms = results_keep_ms(KEYS[13], KEYS[7])
 if keep_ms > 0 then
   local attempt = meta_parse(redis.call('HGET', KEYS[5], id))
@@ -61,4 +67,6 @@ redis.call('ZREM', KEYS[3], id)
 forget(KEYS[4], KEYS[5], KEYS[6], id)
 stat_incr(KEYS[7], 'cancelled', 1)
 publish_ended(KEYS[16], {id})
+batch_settle(batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], due_levels(KEYS[1]), KEYS[4],
+  KEYS[7], KEYS[12]), {id}, 'cancelled', now)
 return 1

@@ -22,7 +22,12 @@
 -- KEYS[14] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
 -- KEYS[15] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
 -- KEYS[16] ended    Pub/Sub channel: the ids of tasks sent to dead here (for q.wait)
--- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[17] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[18] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[19] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[20] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[21] wake     Pub/Sub channel: told when a batch's completion task is scheduled here
+-- KEYS[22..30] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -462,6 +467,8 @@ if died > 0 then
   stat_incr(KEYS[7], 'dead', died)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
   publish_ended(KEYS[16], buried)
+  batch_settle(batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], levels, KEYS[3], KEYS[7],
+    KEYS[21]), buried, 'dead', now)
 end
 out[8] = buried_here
 

@@ -16,7 +16,11 @@
 -- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
 -- KEYS[15] config   HASH setting -> value (concurrency: see the prelude's settings)
 -- KEYS[16] ended    Pub/Sub channel: the id, when the task dies (for q.wait)
--- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[17] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[18] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[19] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[20] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[21..29] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -61,6 +65,8 @@ if ARGV[5] == 'dead' then
   stat_incr(KEYS[7], 'dead', 1)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[7]), tonumber(ARGV[8]))
   publish_ended(KEYS[16], {id})
+  batch_settle(batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], due_levels(KEYS[1]), KEYS[3],
+    KEYS[7], KEYS[8]), {id}, 'dead', now)
   return {2, now}
 end
 local due = now + tonumber(ARGV[6])

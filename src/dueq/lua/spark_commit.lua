@@ -18,12 +18,14 @@
 -- KEYS[11] key_state |
 -- KEYS[12] parked   |
 -- KEYS[13] key_wait  |
--- KEYS[14] history  /
--- KEYS[15] rows    LIST staged records of this (query, batch) (see spark_stage.lua)
--- KEYS[16] ids     SET ids staged for this (query, batch)
--- KEYS[17] batches HASH streaming query id -> "batch|state" (state "s" sealed, "c" committed)
--- KEYS[18] queries ZSET streaming query id -> last commit ms (forgets queries idle too long)
--- KEYS[19..27] upper_due: schedule.lua's due ZSETs of priorities 1 to 9 (the last nine KEYS)
+-- KEYS[14] history  |
+-- KEYS[15] batches  |
+-- KEYS[16] batch_of /
+-- KEYS[17] rows    LIST staged records of this (query, batch) (see spark_stage.lua)
+-- KEYS[18] ids     SET ids staged for this (query, batch)
+-- KEYS[19] batches HASH streaming query id -> "batch|state" (state "s" sealed, "c" committed)
+-- KEYS[20] queries ZSET streaming query id -> last commit ms (forgets queries idle too long)
+-- KEYS[21..29] upper_due: schedule.lua's due ZSETs of priorities 1 to 9 (the last nine KEYS)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] ("0": never replace) and ARGV[3] (set here) and ARGV[4] (remember-done window ms):
 --         schedule.lua's
@@ -36,13 +38,13 @@
 --         batch of this query was sealed and never finished
 
 local query, batch = ARGV[5], tonumber(ARGV[6])
-local record = redis.call('HGET', KEYS[17], query)
+local record = redis.call('HGET', KEYS[19], query)
 local sealed = false
 if record then
   local last, state = string.match(record, '^(%d+)|(%a)$')
   last = tonumber(last)
   if last and (last > batch or (last == batch and state == 'c')) then
-    redis.call('DEL', KEYS[15], KEYS[16])
+    redis.call('DEL', KEYS[17], KEYS[18])
     return {-2}
   end
   if last and last < batch and state == 's' then return {-3, last} end
@@ -51,21 +53,21 @@ end
 if not sealed then
   -- From here on no task may stage for this batch (spark_stage.lua refuses), so what is
   -- staged is final, and a commit that stops half way is finished by the replay's commit.
-  redis.call('HSET', KEYS[17], query, batch .. '|s')
-  redis.call('PERSIST', KEYS[15])
+  redis.call('HSET', KEYS[19], query, batch .. '|s')
+  redis.call('PERSIST', KEYS[17])
 end
 
-local staged = redis.call('LPOP', KEYS[15])
+local staged = redis.call('LPOP', KEYS[17])
 if not staged then
   local now = dueq_now(ARGV[1])
-  redis.call('HSET', KEYS[17], query, batch .. '|c')
-  redis.call('DEL', KEYS[16])
-  redis.call('ZADD', KEYS[18], now, query)
-  local idle = redis.call('ZRANGEBYSCORE', KEYS[18], '-inf', '(' .. ms(now - tonumber(ARGV[7])),
+  redis.call('HSET', KEYS[19], query, batch .. '|c')
+  redis.call('DEL', KEYS[18])
+  redis.call('ZADD', KEYS[20], now, query)
+  local idle = redis.call('ZRANGEBYSCORE', KEYS[20], '-inf', '(' .. ms(now - tonumber(ARGV[7])),
     'LIMIT', 0, 100)
   for _, old in ipairs(idle) do
-    redis.call('HDEL', KEYS[17], old)
-    redis.call('ZREM', KEYS[18], old)
+    redis.call('HDEL', KEYS[19], old)
+    redis.call('ZREM', KEYS[20], old)
   end
   return {-1}
 end
