@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import warnings
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 
 import pytest
 import redis
@@ -19,9 +20,10 @@ with warnings.catch_warnings():
 
 from html import escape as e
 
+from conftest import ManualClock
 from dashboard_support import XSS, csrf_of, running_worker, seed
 
-from dueq import ConfigurationError, Queue
+from dueq import ConfigurationError, Queue, RetryPolicy
 from dueq.cli import cli
 from dueq.dashboard import DashboardSettings, check_bind, create_app, redis_label
 from dueq.server import RedisServer
@@ -424,3 +426,56 @@ def test_a_queue_is_known_by_its_keys_without_a_scan_per_request(
     only = dashboard(queues=("reports",))  # --queue: only those are known
     assert only.get("/api/queue", params={"queue": "emails"}).status_code == 404
     assert only.get("/api/queue", params={"queue": "reports"}).status_code == 200
+
+
+def test_cron_page_and_api_show_each_definitions_policies_and_counts(
+    r: redis.Redis, dashboard: Client, clock: ManualClock
+) -> None:
+    q = Queue("policed", r, clock=clock, lease=600, retry=RetryPolicy(max_attempts=1))
+    start, end = clock.now, clock.now + 86_400
+    window = {"start": datetime.fromtimestamp(start, timezone.utc)}
+    window["end"] = datetime.fromtimestamp(end, timezone.utc)
+    q.cron.add("skipper", every=60, overlap="skip", limit=10, **window)
+    q.cron.add("fragile", every=60, pause_after_failures=1)
+    q.cron.add("once", every=60, limit=1)
+    q.cron.add("plain", "0 3 * * *")
+    clock.advance(60)
+    for d in q.claim(limit=10):
+        if d.id.startswith("cron:skipper:"):
+            continue  # still running when the next slot comes: that slot is skipped
+        if d.id.startswith("cron:fragile:"):
+            d.fail(RuntimeError("down"))  # dead: pause_after_failures=1 pauses it
+        else:
+            d.ack()
+    clock.advance(60)
+    q.claim(limit=10)
+
+    html = dashboard().get("/cron").text
+    skipper = html[html.index("skipper") : html.index("</tr>", html.index("skipper"))]
+    assert "overlap skip" in skipper
+    assert "window 2027-01-15 08:00:00 UTC to 2027-01-16 08:00:00 UTC" in skipper
+    assert "limit 1/10" in skipper and "skipped 1" in skipper
+    fragile = html[html.index("fragile") : html.index("</tr>", html.index("fragile"))]
+    assert "failures 1/1" in fragile and "paused (" in fragile
+    once = html[html.index(">once<") : html.index("</tr>", html.index(">once<"))]
+    assert "finished (limit)" in once and "limit 1/1" in once
+
+    api = {d["name"]: d for d in dashboard().get("/api/cron").json()["policed"]}
+    assert api["skipper"] | {"start": None, "end": None} == api["skipper"] | {
+        "overlap": "skip",
+        "limit": 10,
+        "fired": 1,
+        "skipped": 1,
+        "finished": None,
+        "failures": 0,
+        "pause_after_failures": None,
+        "paused_reason": None,
+        "start": None,
+        "end": None,
+    }
+    assert api["skipper"]["start"].startswith("2027-01-15T08:00:00")
+    assert api["skipper"]["end"].startswith("2027-01-16T08:00:00")
+    assert (api["fragile"]["failures"], api["fragile"]["pause_after_failures"]) == (1, 1)
+    assert api["fragile"]["paused"] and api["fragile"]["paused_reason"]
+    assert (api["once"]["finished"], api["once"]["fired"], api["once"]["limit"]) == ("limit", 1, 1)
+    assert api["plain"]["overlap"] == "allow_all" and api["plain"]["limit"] is None

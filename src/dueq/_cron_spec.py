@@ -106,11 +106,11 @@ class Spec:
 
     def to_json(self) -> str:
         """Canonical JSON: equal definitions give equal strings."""
-        data = {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name in SPEC_FIELDS or getattr(self, f.name) != f.default
-        }
+        values = self.__dict__
+        data = {name: values[name] for name in SPEC_FIELDS}
+        for name, default in _POLICY_DEFAULTS:
+            if values[name] != default:
+                data[name] = values[name]
         return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     @classmethod
@@ -127,12 +127,15 @@ class Spec:
             raise CronError(f"missed is {shown(missed)}, not 'skip', 'latest' or 'all'")
         if not _int_ok(max_missed, 1, MAX_MISSED_LIMIT):
             raise CronError(f"max_missed is {shown(max_missed)}, not 1 to {MAX_MISSED_LIMIT}")
-        unknown = set(data) - {f.name for f in fields(cls)}
+        policies = {k: v for k, v in data.items() if k not in SPEC_FIELDS}
+        unknown = policies.keys() - _POLICY_NAMES
         if unknown:
             raise CronError(f"it has unknown fields {shown(sorted(unknown))}")
-        policies = {k: v for k, v in data.items() if k not in SPEC_FIELDS}
         spec = cls(expr, tz, missed, max_missed, data["payload"], **policies)
-        spec.check()
+        if policies:
+            spec.check()
+        else:  # every policy has its default, which is valid: only the schedule is checked
+            spec.check_slots()
         try:
             spec.to_json()
         except (ValueError, RecursionError) as exc:
@@ -161,6 +164,10 @@ class Spec:
                 validate_task_name(self.task)
         except InvalidTaskError as exc:
             raise CronError(str(exc)) from exc
+        self.check_slots()
+
+    def check_slots(self) -> None:
+        """CronError if its expression, zone or interval cannot give slots."""
         try:
             self.base_slots()
         except CronError:
@@ -198,6 +205,11 @@ class Spec:
             return slot_ms
         digest = hashlib.sha256(task_id.encode("utf-8")).digest()
         return slot_ms + int.from_bytes(digest[:8], "big") % self.jitter_ms
+
+
+#: The policy fields (all but SPEC_FIELDS) with their defaults, as ``to_json`` compares them.
+_POLICY_DEFAULTS = tuple((f.name, f.default) for f in fields(Spec) if f.name not in SPEC_FIELDS)
+_POLICY_NAMES = frozenset(name for name, _ in _POLICY_DEFAULTS)
 
 
 def _int_ok(value: object, low: int, high: int) -> bool:

@@ -681,14 +681,26 @@ def cron_advance(k: QueueKeys, now: str, entries: Sequence[CronEntry]) -> Call[C
     args: list[Any] = [now]
     for e in entries:
         args += (e.name, e.slot_ms, e.occurrence_id, e.token, "1" if e.drop else "0")
-        args += (e.envelope, _ms_or_empty(e.next_ms), _ms_or_empty(e.next_due_ms), e.next_id)
-        args += (e.overlap, _ms_or_empty(e.limit), _ms_or_empty(e.pause_after), len(e.missed_now))
+        args += (e.envelope, _ms_or_empty(e.next_ms), e.next_id, _policies(e), len(e.missed_now))
         for due_ms, task_id in e.missed_now:
             args += (due_ms, task_id)
     keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.leased, k.stats, k.wake]
     keys += [k.cron_paused, k.history, k.cron_runs, k.cron_last, k.cancelled, k.key_state]
     keys += [k.key_wait, *k.upper_due]
     return Call("cron_advance", keys, args, _parse_cron_advance)
+
+
+def _policies(e: CronEntry) -> str:
+    """An entry's policies as cron_advance.lua takes them: "" for a definition without any."""
+    if (
+        e.overlap == "allow_all"
+        and e.limit is None
+        and e.pause_after is None
+        and e.next_due_ms == e.next_ms
+    ):
+        return ""
+    limits = (e.next_due_ms, e.overlap, e.limit, e.pause_after)
+    return "|".join("" if v is None else str(v) for v in limits)
 
 
 def cron_backfill(

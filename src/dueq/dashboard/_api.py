@@ -7,11 +7,13 @@ figures a page refreshes (keyed as its ``data-live`` cells).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..cron import CronDefinition
 from ._context import Context, Unreadable
 from ._guard import HttpProblem
 from ._html import when
@@ -27,6 +29,35 @@ from ._reads import (
     search,
     stats_json,
 )
+
+
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at else None
+
+
+def _seconds(span: timedelta | None) -> float | None:
+    return None if span is None else span.total_seconds()
+
+
+def _policies(d: CronDefinition) -> dict[str, Any]:
+    """A definition's policies and their counts, as ``/api/cron`` shows them (the field names
+    of ``CronDefinition``; times ISO 8601, durations in seconds, None for a policy not set)."""
+    return {
+        "every": _seconds(d.every),
+        "offset": _seconds(d.offset),
+        "overlap": d.overlap,
+        "start": _iso(d.start),
+        "end": _iso(d.end),
+        "limit": d.limit,
+        "fired": d.fired,
+        "jitter": _seconds(d.jitter),
+        "catchup_window": _seconds(d.catchup_window),
+        "pause_after_failures": d.pause_after_failures,
+        "failures": d.failures,
+        "skipped": d.skipped,
+        "paused_reason": d.paused_reason,
+        "finished": d.finished,
+    }
 
 
 @dataclass(frozen=True)
@@ -109,6 +140,7 @@ class Api:
                         if d.last_outcome_at
                         else None,
                         "last_error_type": d.last_error_type,
+                        **_policies(d),
                     }
                     for d in defs
                 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from datetime import timedelta
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -62,6 +63,54 @@ def _outcome(d: CronDefinition) -> str:
         return "-"
     error = f" ({d.last_error_type})" if d.last_error_type else ""
     return e(f"{d.last_outcome}{error} at {when(d.last_outcome_at)}")
+
+
+def _span(span: timedelta | None) -> str:
+    return "-" if span is None else f"{span.total_seconds():g}s"
+
+
+def _schedule(d: CronDefinition) -> str:
+    """Its expression (or interval) and zone (escaped HTML)."""
+    if d.every is None:
+        return f"<code>{e(d.expr)}</code> {e(d.tz)}"
+    offset = f" +{_span(d.offset)}" if d.offset else ""
+    return f"every {e(_span(d.every))}{e(offset)}"
+
+
+def _policies(d: CronDefinition) -> str:
+    """Its policies and their counts (escaped HTML; ``-`` for none): overlap, window, fired of
+    limit, consecutive failures of pause_after_failures, skipped slots, jitter, catch-up."""
+    parts = []
+    if d.overlap != "allow_all":
+        parts.append(f"overlap {d.overlap}")
+    if d.start or d.end:
+        parts.append(
+            f"window {when(d.start) if d.start else '…'} to {when(d.end) if d.end else '…'}"
+        )
+    if d.limit is not None:
+        parts.append(f"limit {d.fired}/{d.limit}")
+    if d.pause_after_failures is not None:
+        parts.append(f"failures {d.failures}/{d.pause_after_failures}")
+    elif d.failures:
+        parts.append(f"failures {d.failures}")
+    if d.skipped:
+        parts.append(f"skipped {d.skipped}")
+    if d.jitter is not None:
+        parts.append(f"jitter {_span(d.jitter)}")
+    if d.catchup_window is not None:
+        parts.append(f"catch-up {_span(d.catchup_window)}")
+    return e(", ".join(parts) or "-")
+
+
+def _state(d: CronDefinition) -> str:
+    """active, paused (with why, when pause_after_failures paused it) or finished (limit or
+    end), as escaped HTML."""
+    if d.paused:
+        reason = d.paused_reason
+        return e("paused" if reason in (None, "paused") else f"paused ({reason})")
+    if d.finished:
+        return e(f"finished ({d.finished})")
+    return "active"
 
 
 @dataclass(frozen=True)
@@ -366,7 +415,7 @@ class Views:
             if isinstance(defs, Unreadable):
                 rows.append(
                     f"<tr><td>{link(n, '/queue', queue=n)}</td>"
-                    f'<td colspan="8" class="problem">unreadable: {e(defs.why)}</td></tr>'
+                    f'<td colspan="9" class="problem">unreadable: {e(defs.why)}</td></tr>'
                 )
                 continue
             for d in defs:
@@ -378,10 +427,9 @@ class Views:
                 )
                 rows.append(
                     f"<tr><td>{link(n, '/queue', queue=n)}</td><td>{e(d.name)}</td>"
-                    f"<td><code>{e(d.expr)}</code> {e(d.tz)}</td>"
+                    f"<td>{_schedule(d)}</td>"
                     f"<td>{e(when(d.next_at))}</td><td>{e(when(d.last_fired_at))}</td>"
-                    f"<td>{_outcome(d)}</td>"
-                    f"<td>{'paused' if d.paused else 'active'}</td>"
+                    f"<td>{_outcome(d)}</td><td>{_policies(d)}</td><td>{_state(d)}</td>"
                     f"<td>{e(d.problem or '')}</td><td>"
                     + self.ctx.buttons(toggle, button("Run now", "cron-run-now", fields))
                     + "</td></tr>"
@@ -393,6 +441,7 @@ class Views:
             "next firing",
             "last firing",
             "last outcome",
+            "policies",
             "state",
             "problem",
             "",

@@ -28,10 +28,12 @@
 --         name, slot ms (advance only if it is the pending one), occurrence id, lease token,
 --         "1" to drop the occurrence (a missed slot that must not run) or "0" to run it,
 --         envelope for the occurrences it adds, next pending slot ms (after now; "" when the
---         definition's window has no more), next pending due ms (slot + jitter), next pending
---         id, overlap ("allow_all", "skip", "buffer_one" or "cancel_other"), limit ("" none),
---         pause after failures ("" none), count of missed occurrences to run now, then that
---         many pairs: due ms, id
+--         definition's window has no more), next pending id, policies, count of missed
+--         occurrences to run now, then that many pairs: due ms, id. Policies is "" for a
+--         definition without any (its next occurrence is due at its slot), else
+--         "<next pending due ms (slot + jitter)>|<overlap>|<limit>|<pause after failures>",
+--         overlap "allow_all", "skip", "buffer_one" or "cancel_other", limit and pause after
+--         failures "" for none
 -- Returns {earliest due ms of the occurrences added or -1, then one status per entry}:
 --          1 the schedule advanced;
 --          0 the slot was not the pending one (only the last fired slot is updated, nothing is
@@ -50,7 +52,7 @@
 --         An error (before any write) if the entries are not laid out as above.
 
 -- Pass 1: lay out and check every entry, writing nothing.
-local FIXED = 13
+local FIXED = 10
 local entries = {}
 local i = 2
 while i <= #ARGV do
@@ -62,12 +64,17 @@ while i <= #ARGV do
   local e = {
     name = ARGV[i], slot = ARGV[i + 1], id = ARGV[i + 2], token = ARGV[i + 3],
     drop = ARGV[i + 4] == '1', envelope = ARGV[i + 5], next_ms = ARGV[i + 6],
-    next_due = ARGV[i + 7], next_id = ARGV[i + 8], overlap = ARGV[i + 9],
-    limit = tonumber(ARGV[i + 10]), pause_after = tonumber(ARGV[i + 11]),
+    next_due = ARGV[i + 6], next_id = ARGV[i + 7], overlap = 'allow_all',
     first_missed = i + FIXED, last_missed = i + FIXED - 1 + 2 * missed,
   }
   e.ok = ms_text_ok(e.slot, false) and ms_text_ok(e.next_ms, true)
-    and ms_text_ok(e.next_due, e.next_ms == '')
+  if ARGV[i + 8] ~= '' then
+    local due, overlap, limit, pause_after =
+      string.match(ARGV[i + 8], '^(%d*)|([%a_]+)|(%d*)|(%d*)$')
+    e.ok = e.ok and due ~= nil and ms_text_ok(due, e.next_ms == '')
+    e.next_due, e.overlap = due, overlap
+    e.limit, e.pause_after = tonumber(limit), tonumber(pause_after)
+  end
   for j = e.first_missed, e.last_missed, 2 do
     e.ok = e.ok and ms_text_ok(ARGV[j], false)
   end
