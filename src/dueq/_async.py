@@ -255,12 +255,29 @@ class AsyncQueue(QueueCore):
         max_attempts: int | None = None,
         task: str | None = None,
         batch: str | None = None,
+        after: Sequence[str] | None = None,
+        after_policy: Literal["fail", "run"] = "fail",
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
         ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``).
         ``task`` names the registered function that runs it (``@q.task``): ``payload`` is
         then a dict of its arguments."""
-        tasks = [Task(payload, id, at, delay, priority, key, timeout, max_attempts, task, batch)]
+        tasks = [
+            Task(
+                payload,
+                id,
+                at,
+                delay,
+                priority,
+                key,
+                timeout,
+                max_attempts,
+                task,
+                batch,
+                () if after is None else after,
+                after_policy,
+            )
+        ]
         result = await self.drive(self.schedule_many_flow(tasks, replace))
         return result.ids[0]
 

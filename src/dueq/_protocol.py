@@ -129,9 +129,15 @@ def schedule(
 ) -> Call[ScheduleReply]:
     """Add a batch of packed task records (see ``envelope.pack_task``)."""
     keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done, k.config]
-    keys += [k.key_state, k.parked, k.key_wait, k.history, k.batches, k.batch_of, *k.upper_due]
+    keys += [k.key_state, k.parked, k.key_wait, k.history, *_batch_keys(k), *_after_keys(k)]
+    keys += [k.results, *k.upper_due]
     args = [now, "1" if replace else "0", blob, window_ms]
     return Call("schedule", keys, args, _parse_schedule)
+
+
+def _after_keys(k: QueueKeys) -> list[str]:
+    """The dependency keys every script that ends a task takes (the prelude's after_settle)."""
+    return [k.waiting, k.after, k.children]
 
 
 def _batch_keys(k: QueueKeys) -> list[str]:
@@ -253,7 +259,7 @@ def claim(
     id kept in the lease token, "<seq>@<holder>"; "" for none)."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, k.ended]
-    keys += [*_batch_keys(k), k.wake, *k.upper_due]
+    keys += [*_batch_keys(k), k.wake, *_after_keys(k), *k.upper_due]
     args = [
         now,
         limit,
@@ -325,7 +331,8 @@ def ack(
     args: list[Any] = [now, window_ms, pack_pairs(held), pack_values(values)]
     keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config, k.cancelled]
     keys += [k.key_state, k.key_wait, k.wake, k.history, k.cron, k.cron_last]
-    keys += [k.results, k.finished, k.ended, *_batch_keys(k), k.due, *k.upper_due]
+    keys += [k.results, k.finished, k.ended, *_batch_keys(k), *_after_keys(k), k.dead, k.due]
+    keys += k.upper_due
     return Call("ack", keys, args, _parse_ack)
 
 
@@ -359,7 +366,7 @@ def fail(
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
     keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.config, k.ended]
-    keys += [*_batch_keys(k), *k.upper_due]
+    keys += [*_batch_keys(k), *_after_keys(k), *k.upper_due]
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -437,7 +444,7 @@ def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     """Remove a task in any state; the reply says whether it existed."""
     keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
     keys += [k.key_state, k.parked, k.key_wait, k.wake, k.config, k.results, k.finished]
-    keys += [k.ended, *_batch_keys(k), k.history, *k.upper_due]
+    keys += [k.ended, *_batch_keys(k), k.history, *_after_keys(k), *k.upper_due]
     return Call("cancel", keys, [now, task_id], bool)
 
 
@@ -448,14 +455,14 @@ _INSPECT_KEYS = ("due", "leased", "dead", "tasks", "meta", "errors")
 
 def inspect_ids(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[list[TaskInfo]]:
     """Snapshots of the given tasks (missing ones are left out)."""
-    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, *k.upper_due]
-    return Call("inspect", keys, [now, "ids", *ids], task_infos)
+    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.waiting]
+    return Call("inspect", [*keys, *k.upper_due], [now, "ids", *ids], task_infos)
 
 
 def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[TaskInfo]]:
     """Snapshots of dead tasks, most recently died first."""
-    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, *k.upper_due]
-    return Call("inspect", keys, [now, "dead", offset, count], task_infos)
+    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.waiting]
+    return Call("inspect", [*keys, *k.upper_due], [now, "dead", offset, count], task_infos)
 
 
 @dataclass(frozen=True)
@@ -485,7 +492,7 @@ def list_tasks(
 ) -> Call[ListReply]:
     """One page of the tasks in ``state``, looking at most at ``budget`` entries."""
     keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.finished]
-    keys += k.upper_due
+    keys += [k.waiting, *k.upper_due]
     low = "" if keep.low_ms is None else keep.low_ms
     high = "" if keep.high_ms is None else keep.high_ms
     args = [now, state, cursor, limit, budget, keep.id_prefix, keep.grep, keep.error_type]

@@ -38,6 +38,8 @@ logger = logging.getLogger("dueq.queue")
 #: proto-max-bulk-len, 512 MB by default, and a long script blocks it).
 SCHEDULE_BATCH = 1000
 SCHEDULE_BATCH_BYTES = 8 * 1024 * 1024
+#: Most parents one task may wait for (``Task.after``).
+MAX_PARENTS = 1000
 #: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
 ID_RETRIES = 5
 
@@ -102,6 +104,11 @@ class ScheduleFlows(QueueBase):
             if not isinstance(task, Task):
                 raise InvalidTaskError(f"task {position} is a {type(task).__name__}, not dueq.Task")
             task_id = next(fresh_ids) if task.id is None else validate_id(task.id)
+            if task.after and task.id is None and self._sharded is not None:
+                raise InvalidTaskError(
+                    f"task {position}: on a sharded queue a task with after= needs an id "
+                    "(its parents must be in its shard)"
+                )
             records.append(self._encode_task(position, task, task_id, trace, batch))
             ids.append(task_id)
         return (yield from self.schedule_records_flow(ids, records, replace, fresh_ids))
@@ -124,18 +131,41 @@ class ScheduleFlows(QueueBase):
                 envelope = encode_envelope(
                     task.payload, max_bytes, options, trace, self._named(task)
                 )
-            extra_flags, extra = self._task_extras(task, batch)
+            extra_flags, extra = self._task_extras(task, task_id, batch)
         except (InvalidTaskError, PayloadError) as exc:
             raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
         return pack_task(flags | time_flag | extra_flags, due_ms, task_id, envelope, extra)
 
-    def _task_extras(self, task: Task, batch: str | None) -> tuple[int, bytes]:
-        """The flags and bytes that name a task's batch (see ``record_extras``)."""
+    def _task_extras(self, task: Task, task_id: str, batch: str | None) -> tuple[int, bytes]:
+        """The flags and bytes that name a task's batch and parents (``record_extras``)."""
         if task.batch is not None:
             batch = self._batch_id(task.batch)
-        if batch is None:
+        if batch is None and not task.after:
             return 0, b""
-        return record_extras(batch, (), False)
+        return record_extras(batch, self._parents(task, task_id), task.after_policy == "run")
+
+    def _parents(self, task: Task, task_id: str) -> list[str]:
+        """A task's checked parents: ids, at most MAX_PARENTS, in its own shard."""
+        after = task.after
+        if isinstance(after, str) or not isinstance(after, (list, tuple)):
+            raise InvalidTaskError(f"after must be a list of task ids, got {after!r}")
+        if task.after_policy not in ("fail", "run"):
+            raise InvalidTaskError(
+                f"after_policy must be 'fail' or 'run', got {task.after_policy!r}"
+            )
+        if len(after) > MAX_PARENTS:
+            raise InvalidTaskError(f"a task waits for at most {MAX_PARENTS} parents")
+        parents = list(dict.fromkeys(validate_id(p) for p in after))
+        sharded = self._sharded
+        if sharded is not None:
+            home = sharded.shard(task_id)
+            strangers = [p for p in parents if sharded.shard(p) is not home]
+            if strangers:
+                raise InvalidTaskError(
+                    f"parents {strangers[:3]!r} are on another shard than {task_id!r}: on a "
+                    "sharded queue a task's parents must share its shard"
+                )
+        return parents
 
     def _batch_id(self, batch: object) -> str:
         """A usable batch id (the rules of task ids); batches need an unsharded queue."""

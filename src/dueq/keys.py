@@ -59,6 +59,9 @@ KEY_TYPES = {
     "batch:of": "hash",
     "batch:on": "hash",
     "batch:ended": "zset",
+    "waiting": "zset",
+    "after": "hash",
+    "after:children": "zset",
     "spark:queries": "zset",
     **{f"due:p{p}": "zset" for p in range(1, 10)},
 }
@@ -114,6 +117,9 @@ class QueueKeys:
     ``batch_of`` HASH id -> batch id: the members that have not ended yet (only tasks with one)
     ``batch_on`` HASH batch id -> the completion task's packed record, until it is scheduled
     ``batch_ended`` ZSET batch id -> completed ms: completed batches, oldest first, for trimming
+    ``waiting`` ZSET id -> due ms: tasks waiting for their parents (``after=``)
+    ``after``   HASH id -> "<parents not finished>|<policy f or r>" of each waiting task
+    ``children`` ZSET (scores 0) "<parent>\\0<child>": one member per edge still waited on
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -150,6 +156,9 @@ class QueueKeys:
     batch_of: str
     batch_on: str
     batch_ended: str
+    waiting: str
+    after: str
+    children: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -204,6 +213,9 @@ class QueueKeys:
             batch_of=base + "batch:of",
             batch_on=base + "batch:on",
             batch_ended=base + "batch:ended",
+            waiting=base + "waiting",
+            after=base + "after",
+            children=base + "after:children",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

@@ -286,13 +286,34 @@ class Queue(QueueCore):
         max_attempts: int | None = None,
         task: str | None = None,
         batch: str | None = None,
+        after: Sequence[str] | None = None,
+        after_policy: Literal["fail", "run"] = "fail",
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
         ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``).
         ``task`` names the registered function that runs it (``@q.task``): ``payload`` is
-        then a dict of its arguments. ``batch``: the batch it joins (see ``close_batch``)."""
+        then a dict of its arguments. ``batch``: the batch it joins (see ``close_batch``).
+        ``after``: ids of tasks it waits for (state ``waiting``) until every one is acked; a
+        parent that ends dead, cancelled or expired ends it dead (``ParentFailed``) unless
+        ``after_policy="run"``. A parent that is not in the queue counts as done (an acked
+        task leaves nothing behind; with ``keep_results`` its record tells how it ended)."""
         result = self.schedule_many(
-            [Task(payload, id, at, delay, priority, key, timeout, max_attempts, task, batch)],
+            [
+                Task(
+                    payload,
+                    id,
+                    at,
+                    delay,
+                    priority,
+                    key,
+                    timeout,
+                    max_attempts,
+                    task,
+                    batch,
+                    () if after is None else after,
+                    after_policy,
+                )
+            ],
             replace=replace,
         )
         return result.ids[0]

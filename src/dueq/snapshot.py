@@ -34,6 +34,7 @@ MAX_COUNT = 2**53
 _STATES: dict[str, TaskState] = {
     "scheduled": "scheduled",
     "leased": "leased",
+    "waiting": "waiting",
     "dead": "dead",
     "done": "done",
     "cancelled": "cancelled",
@@ -125,7 +126,7 @@ def _task_info(
         payload, options, _, task_name = decode_named(raw)
     except PayloadError:  # shown as raw text, so operators can see what is stored
         payload = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw) or None
-    due_ms = {"scheduled": score, "leased": leased_due}.get(state)
+    due_ms = {"scheduled": score, "leased": leased_due, "waiting": score}.get(state)
     return TaskInfo(
         id=task_id,
         state=state,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from ._core import QueueCore
     from .queue import Queue
 
-#: A task's state; "done" and "cancelled" only while the queue keeps results (keep_results).
-TaskState = Literal["scheduled", "leased", "dead", "done", "cancelled"]
+#: A task's state; "done" and "cancelled" only while the queue keeps results (keep_results);
+#: "waiting": scheduled with parents (``after=``) that have not all been acked.
+TaskState = Literal["scheduled", "leased", "dead", "done", "cancelled", "waiting"]
 #: The states a task ends in (``q.wait`` returns in one of them).
 FINAL_STATES = frozenset({"dead", "done", "cancelled"})
 
@@ -68,6 +69,11 @@ class Task:
     #: the batch it joins when it is added (``close_batch``); ``schedule_many(batch=)`` gives
     #: one to every task without its own
     batch: str | None = None
+    #: ids of the tasks it waits for: it runs once every one has been acked (state "waiting"
+    #: until then); a parent that ends dead, cancelled or expired ends it dead, unless
+    #: ``after_policy="run"`` (it runs once they have all ended, however)
+    after: Sequence[str] = ()
+    after_policy: Literal["fail", "run"] = "fail"
 
     def options(self) -> TaskOptions:
         """The options kept with the task, validated (InvalidTaskError names what is wrong)."""

@@ -30,9 +30,7 @@ def batches_table(title: str, found: list[BatchInfo]) -> object:
 @click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
 @json_option
 @redis_options
-def batches(
-    queue: str, batch: str | None, limit: int, as_json: bool, target: RedisTarget
-) -> None:
+def batches(queue: str, batch: str | None, limit: int, as_json: bool, target: RedisTarget) -> None:
     """Show the batches of QUEUE (or only BATCH) with their counts.
 
     \b

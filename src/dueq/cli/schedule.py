@@ -113,6 +113,18 @@ def _schedule_file(
     metavar="BATCH",
     help="Make the task(s) members of this batch (see dueq batches, docs/batches.md).",
 )
+@click.option(
+    "--after",
+    multiple=True,
+    metavar="ID",
+    help="Wait until the task ID is acked (repeat for several parents).",
+)
+@click.option(
+    "--after-policy",
+    type=click.Choice(["fail", "run"]),
+    help="A parent that ends dead, cancelled or expired: end this task dead (fail, the "
+    "default) or run it anyway (run).",
+)
 @shards_option
 @replication_options
 @redis_options
@@ -130,6 +142,8 @@ def schedule(
     max_attempts: int | None,
     task_name: str | None,
     batch: str | None,
+    after: tuple[str, ...],
+    after_policy: str | None,
     shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
@@ -162,6 +176,8 @@ def schedule(
         "timeout": timeout,
         "max_attempts": max_attempts,
         "task": task_name,
+        "after": after or None,
+        "after_policy": after_policy,
     }
     options = {name: value for name, value in given.items() if value is not None}
     if payload is not None:

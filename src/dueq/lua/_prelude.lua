@@ -1085,3 +1085,142 @@ local function batch_join(k_batches, k_of, cache, joined)
     redis.call('HSET', k_batches, batch, batch_text(b))
   end
 end
+
+-- Dependencies (docs/dependencies.md). A task scheduled with parents (schedule.lua's records
+-- with bit 4) that are not all finished waits in the waiting ZSET (id -> its due ms), out of
+-- every due set, with after: id -> "<parents not finished>|<policy>" (policy "f": a parent
+-- that ends dead, cancelled or expired ends it dead; "r": it runs anyway), and one member
+-- "<parent>\0<child>" per edge in the children ZSET (all scores 0, so one ZRANGEBYLEX finds a
+-- parent's children). The scripts that end a task call after_settle: an acked parent counts
+-- down its children and releases those with none left into their due set; a parent that
+-- ended otherwise sends its "f" children to dead (and their children, in turn). No polling.
+-- A record's parents ('>I4' count, then '>Hc0' each) from pos: the list and the next pos.
+local function after_unpack(blob, pos)
+  local n
+  n, pos = struct.unpack('>I4', blob, pos)
+  local parents = {}
+  for i = 1, n do parents[i], pos = struct.unpack('>Hc0', blob, pos) end
+  return parents, pos
+end
+
+local function after_keys(k_waiting, k_after, k_children, k_dead, k_errors, k_ended, bk)
+  return {waiting = k_waiting, after = k_after, children = k_children, dead = k_dead,
+    errors = k_errors, ended = k_ended, bk = bk}
+end
+
+-- How a parent stands when its child is scheduled: 'open' (in the queue, not dead: the child
+-- waits), 'ok' (acked: kept as done by keep_results, or gone: nothing of it is left, which is
+-- all an acked task leaves without keep_results) or 'failed' with how it ended.
+local function after_parent(ak, k_results, parent)
+  local bk = ak.bk
+  local k_tasks, k_dead = bk.tasks, ak.dead
+  if redis.call('HEXISTS', k_tasks, parent) == 1 then
+    if redis.call('ZSCORE', k_dead, parent) then return 'failed', 'dead' end
+    return 'open'
+  end
+  local record = redis.call('HGET', k_results, parent)
+  local state = record and string.match(record, '^{"state":"(%a+)"')
+  if state and state ~= 'done' then return 'failed', state end
+  return 'ok'
+end
+
+-- Send a waiting child to dead because a parent ended `how`; returns nothing (the caller
+-- collects the id).
+local function after_bury(ak, child, parent, how, now)
+  local k_waiting, k_after, k_dead = ak.waiting, ak.after, ak.dead
+  redis.call('ZREM', k_waiting, child)
+  redis.call('HDEL', k_after, child)
+  redis.call('ZADD', k_dead, now, child)
+  error_append(ak.errors, child, cjson.encode({at = now, attempt = 0, type = 'ParentFailed',
+    message = 'parent ' .. parent .. ' ended ' .. how}))
+  stat_incr(ak.bk.stats, 'dead', 1)
+end
+
+-- schedule.lua: a task just added (id) with parents; returns 'run' (put it in its due set as
+-- usual), 'wait' (it waits: written here) or 'dead' (a parent had failed, policy "f":
+-- buried here).
+local function after_join(ak, k_results, id, parents, policy, due, now)
+  local k_children, k_after, k_waiting = ak.children, ak.after, ak.waiting
+  local open = 0
+  for _, parent in ipairs(parents) do
+    local stands, how = after_parent(ak, k_results, parent)
+    if stands == 'open' and parent ~= id then
+      redis.call('ZADD', k_children, 0, parent .. '\0' .. id)
+      open = open + 1
+    elseif stands == 'failed' and policy == 'f' then
+      after_bury(ak, id, parent, how, now)
+      return 'dead'
+    end
+  end
+  if open == 0 then return 'run' end
+  redis.call('HSET', k_after, id, open .. '|' .. policy)
+  redis.call('ZADD', k_waiting, due, id)
+  return 'wait'
+end
+
+-- The scripts that end tasks: `ids` ended, acked when `ok`, else `how` (dead, cancelled,
+-- expired). Releases or buries their waiting children (and the children of those buried, in
+-- turn); returns the ids buried here (the caller counts them in their batches).
+local function after_settle(ak, ids, ok, how, now)
+  local k_children, k_after, k_waiting = ak.children, ak.after, ak.waiting
+  local bk = ak.bk
+  local buried, released = {}, 0
+  local previous_head = nil
+  local todo, i = {}, 1
+  for _, id in ipairs(ids) do todo[#todo + 1] = {id, ok, how} end
+  while todo[i] do
+    local parent, parent_ok, parent_how = todo[i][1], todo[i][2], todo[i][3]
+    i = i + 1
+    local edges = redis.call('ZRANGEBYLEX', k_children, '[' .. parent .. '\0',
+      '[' .. parent .. '\1')
+    if #edges > 0 then call_chunked('ZREM', k_children, edges) end
+    for _, edge in ipairs(edges) do
+      local child = string.sub(edge, #parent + 2)
+      local v = redis.call('HGET', k_after, child)
+      local n, policy = string.match(v or '', '^(%d+)|(%a)$')
+      n = tonumber(n)
+      if n and (parent_ok or policy == 'r') then
+        if n > 1 then
+          redis.call('HSET', k_after, child, (n - 1) .. '|' .. policy)
+        else
+          local due = tonumber(redis.call('ZSCORE', k_waiting, child)) or now
+          if due < now then due = now end
+          redis.call('ZREM', k_waiting, child)
+          redis.call('HDEL', k_after, child)
+          local k_tasks = bk.tasks
+          local envelope = redis.call('HGET', k_tasks, child)
+          if envelope then
+            if released == 0 then previous_head = levels_head(bk.levels) end
+            local k_level = level_key(bk.levels, envelope)
+            redis.call('ZADD', k_level, due, child)
+            released = released + 1
+            wake_if_earlier(bk.wake, previous_head, due)
+          end
+        end
+      elseif n then
+        after_bury(ak, child, parent, parent_how, now)
+        buried[#buried + 1] = child
+        todo[#todo + 1] = {child, false, 'dead'}
+      end
+    end
+  end
+  if ak.ended then publish_ended(ak.ended, buried) end
+  return buried
+end
+
+-- cancel.lua: a cancelled task that was waiting leaves the waiting set (its edges under its
+-- parents are dropped when they end).
+local function after_forget(ak, id)
+  local k_waiting, k_after = ak.waiting, ak.after
+  redis.call('ZREM', k_waiting, id)
+  redis.call('HDEL', k_after, id)
+end
+
+-- What every script that ends tasks calls once: `ids` ended with `outcome` (acked, dead,
+-- cancelled, expired). Their waiting children are released or buried (after_settle), and
+-- they and any children buried are counted in their batches (batch_settle).
+local function tasks_ended(bk, ak, ids, outcome, now)
+  local buried = after_settle(ak, ids, outcome == 'acked', outcome, now)
+  batch_settle(bk, ids, outcome, now)
+  batch_settle(bk, buried, 'dead', now)
+end

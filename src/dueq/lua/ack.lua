@@ -24,8 +24,12 @@
 -- KEYS[19] batch_of HASH id -> batch id: the members of batches that have not ended
 -- KEYS[20] batch_on HASH batch id -> completion task record, scheduled when its batch completes
 -- KEYS[21] batch_ended ZSET batch id -> completed ms (for trimming)
--- KEYS[22] due      ZSET id -> due ms (a batch's completion task is scheduled here)
--- KEYS[23..31] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[22] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[23] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[24] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[25] dead     ZSET id -> died-at ms (children of a failed parent: not from here)
+-- KEYS[26] due      ZSET id -> due ms (released children, a batch's completion task)
+-- KEYS[27..35] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
@@ -98,8 +102,10 @@ if #done > 0 then
   call_chunked('HDEL', KEYS[3], done)
   call_chunked('HDEL', KEYS[4], done)
   stat_incr(KEYS[5], 'acked', #done)
-  batch_settle(batch_keys(KEYS[18], KEYS[19], KEYS[20], KEYS[21], due_levels(KEYS[22]), KEYS[2],
-    KEYS[5], KEYS[11]), done, 'acked', now)
+  local bk = batch_keys(KEYS[18], KEYS[19], KEYS[20], KEYS[21], due_levels(KEYS[26]), KEYS[2],
+    KEYS[5], KEYS[11])
+  tasks_ended(bk, after_keys(KEYS[22], KEYS[23], KEYS[24], KEYS[25], KEYS[4], KEYS[17], bk), done,
+    'acked', now)
   for _, id in ipairs(done) do  -- cron occurrences: their definition's last outcome
     if string.byte(id, 1) == 99 then cron_note(KEYS[13], KEYS[14], id, 'acked', now) end
   end

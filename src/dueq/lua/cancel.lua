@@ -25,7 +25,10 @@
 -- KEYS[19] batch_on HASH batch id -> completion task record, scheduled when its batch completes
 -- KEYS[20] batch_ended ZSET batch id -> completed ms (for trimming)
 -- KEYS[21] history  HASH "<minute>|<counter>" -> count (a batch's completion task scheduled)
--- KEYS[22..30] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[22] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[23] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[24] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[25..33] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -67,6 +70,9 @@ redis.call('ZREM', KEYS[3], id)
 forget(KEYS[4], KEYS[5], KEYS[6], id)
 stat_incr(KEYS[7], 'cancelled', 1)
 publish_ended(KEYS[16], {id})
-batch_settle(batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], due_levels(KEYS[1]), KEYS[4],
-  KEYS[7], KEYS[12]), {id}, 'cancelled', now)
+local bk = batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], due_levels(KEYS[1]), KEYS[4],
+  KEYS[7], KEYS[12])
+local ak = after_keys(KEYS[22], KEYS[23], KEYS[24], KEYS[3], KEYS[6], KEYS[16], bk)
+after_forget(ak, id)
+tasks_ended(bk, ak, {id}, 'cancelled', now)
 return 1

@@ -27,7 +27,10 @@
 -- KEYS[19] batch_on HASH batch id -> completion task record, scheduled when its batch completes
 -- KEYS[20] batch_ended ZSET batch id -> completed ms (for trimming)
 -- KEYS[21] wake     Pub/Sub channel: told when a batch's completion task is scheduled here
--- KEYS[22..30] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[22] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[23] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[24] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[25..33] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -467,8 +470,9 @@ if died > 0 then
   stat_incr(KEYS[7], 'dead', died)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
   publish_ended(KEYS[16], buried)
-  batch_settle(batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], levels, KEYS[3], KEYS[7],
-    KEYS[21]), buried, 'dead', now)
+  local bk = batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], levels, KEYS[3], KEYS[7], KEYS[21])
+  tasks_ended(bk, after_keys(KEYS[22], KEYS[23], KEYS[24], KEYS[6], KEYS[5], KEYS[16], bk), buried,
+    'dead', now)
 end
 out[8] = buried_here
 

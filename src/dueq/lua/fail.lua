@@ -20,7 +20,10 @@
 -- KEYS[18] batch_of HASH id -> batch id: the members of batches that have not ended
 -- KEYS[19] batch_on HASH batch id -> completion task record, scheduled when its batch completes
 -- KEYS[20] batch_ended ZSET batch id -> completed ms (for trimming)
--- KEYS[21..29] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[21] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[22] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[23] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[24..32] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -65,8 +68,10 @@ if ARGV[5] == 'dead' then
   stat_incr(KEYS[7], 'dead', 1)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[7]), tonumber(ARGV[8]))
   publish_ended(KEYS[16], {id})
-  batch_settle(batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], due_levels(KEYS[1]), KEYS[3],
-    KEYS[7], KEYS[8]), {id}, 'dead', now)
+  local bk = batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], due_levels(KEYS[1]), KEYS[3],
+    KEYS[7], KEYS[8])
+  tasks_ended(bk, after_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[6], KEYS[5], KEYS[16], bk), {id},
+    'dead', now)
   return {2, now}
 end
 local due = now + tonumber(ARGV[6])

@@ -20,12 +20,18 @@
 -- KEYS[13] key_wait  |
 -- KEYS[14] history  |
 -- KEYS[15] batches  |
--- KEYS[16] batch_of /
--- KEYS[17] rows    LIST staged records of this (query, batch) (see spark_stage.lua)
--- KEYS[18] ids     SET ids staged for this (query, batch)
--- KEYS[19] batches HASH streaming query id -> "batch|state" (state "s" sealed, "c" committed)
--- KEYS[20] queries ZSET streaming query id -> last commit ms (forgets queries idle too long)
--- KEYS[21..29] upper_due: schedule.lua's due ZSETs of priorities 1 to 9 (the last nine KEYS)
+-- KEYS[16] batch_of |
+-- KEYS[17] batch_on |
+-- KEYS[18] batch_ended |
+-- KEYS[19] waiting  |
+-- KEYS[20] after    |
+-- KEYS[21] children |
+-- KEYS[22] results  /
+-- KEYS[23] rows    LIST staged records of this (query, batch) (see spark_stage.lua)
+-- KEYS[24] ids     SET ids staged for this (query, batch)
+-- KEYS[25] batches HASH streaming query id -> "batch|state" (state "s" sealed, "c" committed)
+-- KEYS[26] queries ZSET streaming query id -> last commit ms (forgets queries idle too long)
+-- KEYS[27..35] upper_due: schedule.lua's due ZSETs of priorities 1 to 9 (the last nine KEYS)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] ("0": never replace) and ARGV[3] (set here) and ARGV[4] (remember-done window ms):
 --         schedule.lua's
@@ -38,13 +44,13 @@
 --         batch of this query was sealed and never finished
 
 local query, batch = ARGV[5], tonumber(ARGV[6])
-local record = redis.call('HGET', KEYS[19], query)
+local record = redis.call('HGET', KEYS[25], query)
 local sealed = false
 if record then
   local last, state = string.match(record, '^(%d+)|(%a)$')
   last = tonumber(last)
   if last and (last > batch or (last == batch and state == 'c')) then
-    redis.call('DEL', KEYS[17], KEYS[18])
+    redis.call('DEL', KEYS[23], KEYS[24])
     return {-2}
   end
   if last and last < batch and state == 's' then return {-3, last} end
@@ -53,21 +59,21 @@ end
 if not sealed then
   -- From here on no task may stage for this batch (spark_stage.lua refuses), so what is
   -- staged is final, and a commit that stops half way is finished by the replay's commit.
-  redis.call('HSET', KEYS[19], query, batch .. '|s')
-  redis.call('PERSIST', KEYS[17])
+  redis.call('HSET', KEYS[25], query, batch .. '|s')
+  redis.call('PERSIST', KEYS[23])
 end
 
-local staged = redis.call('LPOP', KEYS[17])
+local staged = redis.call('LPOP', KEYS[23])
 if not staged then
   local now = dueq_now(ARGV[1])
-  redis.call('HSET', KEYS[19], query, batch .. '|c')
-  redis.call('DEL', KEYS[18])
-  redis.call('ZADD', KEYS[20], now, query)
-  local idle = redis.call('ZRANGEBYSCORE', KEYS[20], '-inf', '(' .. ms(now - tonumber(ARGV[7])),
+  redis.call('HSET', KEYS[25], query, batch .. '|c')
+  redis.call('DEL', KEYS[24])
+  redis.call('ZADD', KEYS[26], now, query)
+  local idle = redis.call('ZRANGEBYSCORE', KEYS[26], '-inf', '(' .. ms(now - tonumber(ARGV[7])),
     'LIMIT', 0, 100)
   for _, old in ipairs(idle) do
-    redis.call('HDEL', KEYS[19], old)
-    redis.call('ZREM', KEYS[20], old)
+    redis.call('HDEL', KEYS[25], old)
+    redis.call('ZREM', KEYS[26], old)
   end
   return {-1}
 end
