@@ -135,3 +135,14 @@ def test_batch_ids_follow_the_rules_of_task_ids(make_queue):
         q.schedule("x", batch="")
     with pytest.raises(dueq.InvalidTaskError):
         q.close_batch("b", on_complete=dueq.Task("x", batch="other"))
+
+
+def test_a_member_that_expires_counts_expired(make_queue, clock):
+    q = make_queue()
+    q.schedule("late", id="late", batch="b", delay=10, expires=5)
+    q.schedule("ok", id="ok", batch="b")
+    q.close_batch("b", on_complete=dueq.Task("end", id="end"))
+    clock.advance(11)
+    assert sorted(drain(q)) == ["end", "ok"]  # the claim ended "late" expired
+    info = q.batch("b")
+    assert (info.acked, info.expired, info.complete) == (1, 1, True)

@@ -176,3 +176,12 @@ def test_a_sharded_queue_refuses_parents_on_another_shard(r, clock):
         q.schedule("c2", id=child, after=[other])
     with pytest.raises(dueq.InvalidTaskError, match="needs an id"):
         q.schedule("c3", after=[same])
+
+
+def test_a_parent_that_expires_ends_its_child_dead(make_queue, clock):
+    q = make_queue()
+    q.schedule("p", id="p", delay=10, expires=5)
+    q.schedule("c", id="c", after=["p"])
+    clock.advance(11)
+    assert run_all(q) == []
+    assert q.get("c").errors[-1].message == "parent p ended expired"

@@ -310,9 +310,11 @@ def test_each_cron_definitions_last_outcome_is_scraped_over_http(r, clock):
         ("ok", "acked"): 1.0,
         ("ok", "retrying"): 0.0,
         ("ok", "dead"): 0.0,
+        ("ok", "cancelled"): 0.0,
         ("bad", "acked"): 0.0,
         ("bad", "retrying"): 0.0,
         ("bad", "dead"): 1.0,
+        ("bad", "cancelled"): 0.0,
     }
     assert found["dueq_cron_last_success_timestamp_seconds", labels("ok")] == acked_at
     assert ("dueq_cron_last_success_timestamp_seconds", labels("bad")) not in found

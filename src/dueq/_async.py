@@ -254,12 +254,16 @@ class AsyncQueue(QueueCore):
         timeout: Duration | None = None,
         max_attempts: int | None = None,
         task: str | None = None,
+        expires: Duration | datetime | None = None,
+        debounce: Duration | None = None,
+        max_wait: Duration | None = None,
         batch: str | None = None,
         after: Sequence[str] | None = None,
         after_policy: Literal["fail", "run"] = "fail",
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
-        ``priority``, ``key``, ``timeout`` and ``max_attempts`` are kept with it (see ``Task``).
+        ``priority``, ``key``, ``timeout``, ``max_attempts`` and ``expires`` are kept with it,
+        ``debounce``/``max_wait`` debounce repeated schedules of one id (see ``Task``).
         ``task`` names the registered function that runs it (``@q.task``): ``payload`` is
         then a dict of its arguments."""
         tasks = [
@@ -273,6 +277,9 @@ class AsyncQueue(QueueCore):
                 timeout,
                 max_attempts,
                 task,
+                expires,
+                debounce,
+                max_wait,
                 batch,
                 () if after is None else after,
                 after_policy,

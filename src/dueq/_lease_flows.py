@@ -50,6 +50,13 @@ def raise_not_held(done: str, refused: list[str], cancelled: list[str]) -> None:
         )
 
 
+#: The outcome of a failure, by fail.lua's status (any other: retried).
+_FAIL_KINDS: dict[protocol.Status, OutcomeKind] = {
+    protocol.Status.DEAD: "dead",
+    protocol.Status.EXPIRED: "expired",
+}
+
+
 class ClaimBatch:
     """One claim call's result: the deliveries and when the next work is due.
 
@@ -268,7 +275,7 @@ class LeaseFlows(QueueBase):
                 f"lease on task {delivery.id!r} was lost; failure not recorded",
                 [delivery.id],
             )
-        kind: OutcomeKind = "dead" if reply.status is protocol.Status.DEAD else "retried"
+        kind: OutcomeKind = _FAIL_KINDS.get(reply.status, "retried")
         outcome = Outcome(delivery.id, kind, delivery.attempt, ms_datetime(reply.at_ms), message)
         delivery.mark_settled(outcome)
         return outcome

@@ -37,6 +37,7 @@ class Status(enum.Enum):
     OK = "ok"
     RETRIED = "retried"  # fail.lua: back in due
     DEAD = "dead"  # fail.lua: buried
+    EXPIRED = "expired"  # fail.lua: its next attempt would come after its expiry: ended
     LEASE_LOST = "lease lost"  # ack/fail/extend/release: the caller's lease is gone
     CANCELLED = "cancelled"  # ack/fail/extend/release: its task was cancelled while leased
     NOT_SCHEDULED = "not scheduled"  # reschedule.lua: the task is not waiting in due
@@ -129,8 +130,8 @@ def schedule(
 ) -> Call[ScheduleReply]:
     """Add a batch of packed task records (see ``envelope.pack_task``)."""
     keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done, k.config]
-    keys += [k.key_state, k.parked, k.key_wait, k.history, *_batch_keys(k), *_after_keys(k)]
-    keys += [k.results, *k.upper_due]
+    keys += [k.key_state, k.parked, k.key_wait, k.history, k.debounce, *_batch_keys(k)]
+    keys += [*_after_keys(k), k.results, *k.upper_due]
     args = [now, "1" if replace else "0", blob, window_ms]
     return Call("schedule", keys, args, _parse_schedule)
 
@@ -259,7 +260,8 @@ def claim(
     id kept in the lease token, "<seq>@<holder>"; "" for none)."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, k.ended]
-    keys += [*_batch_keys(k), k.wake, *_after_keys(k), *k.upper_due]
+    keys += [k.results, k.finished, k.debounce, *_batch_keys(k), k.wake, *_after_keys(k)]
+    keys += k.upper_due
     args = [
         now,
         limit,
@@ -331,20 +333,26 @@ def ack(
     args: list[Any] = [now, window_ms, pack_pairs(held), pack_values(values)]
     keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config, k.cancelled]
     keys += [k.key_state, k.key_wait, k.wake, k.history, k.cron, k.cron_last]
-    keys += [k.results, k.finished, k.ended, *_batch_keys(k), *_after_keys(k), k.dead, k.due]
-    keys += k.upper_due
+    keys += [k.results, k.finished, k.ended, k.debounce, k.due, *_batch_keys(k)]
+    keys += [*_after_keys(k), k.dead, *k.upper_due]
     return Call("ack", keys, args, _parse_ack)
 
 
 # -- fail.lua ----------------------------------------------------------------------------------
 
-_FAIL_STATUS = {0: Status.LEASE_LOST, 1: Status.RETRIED, 2: Status.DEAD, 3: Status.CANCELLED}
+_FAIL_STATUS = {
+    0: Status.LEASE_LOST,
+    1: Status.RETRIED,
+    2: Status.DEAD,
+    3: Status.CANCELLED,
+    4: Status.EXPIRED,
+}
 
 
 @dataclass(frozen=True)
 class FailReply:
-    status: Status  # RETRIED, DEAD, LEASE_LOST or CANCELLED
-    at_ms: int  # next attempt (RETRIED) or time of death (DEAD)
+    status: Status  # RETRIED, DEAD, EXPIRED, LEASE_LOST or CANCELLED
+    at_ms: int  # next attempt (RETRIED) or time of death (DEAD) or of expiry (EXPIRED)
 
 
 def _parse_fail(reply: Any) -> FailReply:
@@ -366,7 +374,7 @@ def fail(
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
     keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.config, k.ended]
-    keys += [*_batch_keys(k), *_after_keys(k), *k.upper_due]
+    keys += [k.results, k.finished, k.debounce, *_batch_keys(k), *_after_keys(k), *k.upper_due]
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -444,7 +452,7 @@ def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     """Remove a task in any state; the reply says whether it existed."""
     keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
     keys += [k.key_state, k.parked, k.key_wait, k.wake, k.config, k.results, k.finished]
-    keys += [k.ended, *_batch_keys(k), k.history, *_after_keys(k), *k.upper_due]
+    keys += [k.ended, k.debounce, *_batch_keys(k), k.history, *_after_keys(k), *k.upper_due]
     return Call("cancel", keys, [now, task_id], bool)
 
 

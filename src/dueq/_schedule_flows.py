@@ -14,6 +14,8 @@ from ._queue_base import QueueBase
 from .clock import Duration, datetime_ms, duration_ms
 from .envelope import (
     FLAG_ABSOLUTE,
+    FLAG_DEBOUNCE,
+    FLAG_EXPIRES_RELATIVE,
     FLAG_GENERATED_ID,
     encode_envelope,
     generated_ids,
@@ -119,11 +121,23 @@ class ScheduleFlows(QueueBase):
         """One task as a packed schedule record (``task_id``: its id, or a generated one)."""
         flags = FLAG_GENERATED_ID if task.id is None else 0
         try:
+            max_wait_ms = None
             if task.at is None and task.delay is None:
                 time_flag, due_ms = 0, 0  # due now
             else:
                 time_flag, due_ms = self._due(task.at, task.delay)
-            options = task.options()
+            if task.debounce is not None or task.max_wait is not None:
+                debounced = task.debounce_ms()
+                if debounced is not None:
+                    due_ms, max_wait_ms = debounced
+                    time_flag |= FLAG_DEBOUNCE
+            if task.expires is None:
+                options = task.options()
+            else:
+                expires_ms, relative = task.expiry()
+                options = task.options(expires_ms)
+                if relative:
+                    time_flag |= FLAG_EXPIRES_RELATIVE
             max_bytes = self.max_payload_bytes
             if task.task is None:
                 envelope = encode_envelope(task.payload, max_bytes, options, trace)
@@ -134,7 +148,8 @@ class ScheduleFlows(QueueBase):
             extra_flags, extra = self._task_extras(task, task_id, batch)
         except (InvalidTaskError, PayloadError) as exc:
             raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
-        return pack_task(flags | time_flag | extra_flags, due_ms, task_id, envelope, extra)
+        flags |= time_flag | extra_flags
+        return pack_task(flags, due_ms, task_id, envelope, max_wait_ms, extra)
 
     def _task_extras(self, task: Task, task_id: str, batch: str | None) -> tuple[int, bytes]:
         """The flags and bytes that name a task's batch and parents (``record_extras``)."""

@@ -242,7 +242,7 @@ def packed_batches(
             _count_bad(counts, plan, number, given, bad)
             continue
         ids.append(task_id)
-        records.append(pack_task(flags | extra_flags, due_ms, task_id, head + data, extra))
+        records.append(pack_task(flags | extra_flags, due_ms, task_id, head + data, extra=extra))
         if len(records) >= plan.batch_size:
             yield ids, records
             ids, records = [], []

@@ -43,7 +43,7 @@ MAX_DOCTOR_BATCH = 10_000
 #: Most leases (and rate entries) one doctor.lua call counts: about 10 ms of Redis time.
 DOCTOR_LEASE_CAP = 20_000
 MAX_BUCKETS = 1000
-_STATES = ("scheduled", "leased", "dead", "done", "cancelled", "waiting")
+_STATES = ("scheduled", "leased", "dead", "done", "cancelled", "expired", "waiting")
 
 
 def _encode_cursor(raw: str) -> str | None:

@@ -12,6 +12,17 @@ version-2 head before the payload, one line the scripts read with one pattern ma
 (empty fields are unset; compact JSON never holds a raw newline, and keys may not). Tasks
 without options keep the version-1 form, so options cost nothing unless they are used.
 
+A task with an expiry (``expires=``: never started after it) carries a version-3 head, the
+version-2 fields with the expiry (epoch ms) before the key::
+
+    3:<priority>|<timeout ms>|<max attempts>|<expires ms>|<key>\n{"to":"a@example.com"}
+
+A new version rather than a fifth version-2 field: a key may hold ``|``, and a reader from
+before expiries refuses a ``3:`` envelope (PayloadError) instead of running a task whose
+expiry it cannot see. Tasks without an expiry are stored exactly as before. (The schedule
+record may carry the expiry as ms from now, FLAG_EXPIRES_RELATIVE: schedule.lua makes it epoch
+ms on the queue's clock.)
+
 A task scheduled inside a trace (OpenTelemetry, see ``_tracing``) carries the W3C trace
 context it was created in as one more head line, after either version's head::
 
@@ -68,6 +79,10 @@ MAX_KEY_BYTES = 200
 MAX_TIMEOUT_MS = 366 * 86_400_000
 MAX_TASK_ATTEMPTS = 1_000_000
 _OPTIONS_HEAD = re.compile(rb"2:([0-9])\|([0-9]{0,12})\|([0-9]{0,7})\|([^\n]{0,800})\n")
+_EXPIRY_HEAD = re.compile(
+    rb"3:([0-9])\|([0-9]{0,12})\|([0-9]{0,7})\|([0-9]{1,15})\|([^\n]{0,800})\n"
+)
+EXPIRY_PREFIX = b"3:"
 #: The first byte of a trace line (see the module docstring): no JSON text starts with it.
 TRACE_MARK = b"~"
 #: The longest a version-2 head may be, with its newline (its key is at most 800 bytes).
@@ -96,12 +111,17 @@ _ID_BATCH = 1024
 #: Flags of a packed task record (see schedule.lua).
 FLAG_ABSOLUTE = 1
 FLAG_GENERATED_ID = 2
-#: The record names a batch: '>Hc0' after the envelope (see docs/batches.md).
-FLAG_BATCH = 4
+#: Debounced: the due field is the debounce delay, and a max-wait ms follows the envelope.
+FLAG_DEBOUNCE = 4
+#: The envelope's expiry is ms from now (schedule.lua makes it epoch ms).
+FLAG_EXPIRES_RELATIVE = 8
+_MAX_WAIT = struct.Struct(">d")
+#: The record names a batch: '>Hc0' after the envelope (and the max wait; see docs/batches.md).
+FLAG_BATCH = 16
 #: The record names parents it waits for: '>I' count, then '>Hc0' per parent id, after the
-#: envelope (and the batch); bit FLAG_AFTER_RUN too: it runs whatever its parents' outcome.
-FLAG_AFTER = 8
-FLAG_AFTER_RUN = 16
+#: batch; bit FLAG_AFTER_RUN too: it runs whatever its parents end as (docs/dependencies.md).
+FLAG_AFTER = 32
+FLAG_AFTER_RUN = 64
 _RECORD_HEAD = struct.Struct(">BdH")
 _PAYLOAD_LENGTH = struct.Struct(">I")
 
@@ -197,6 +217,9 @@ class TaskOptions(NamedTuple):
     key: str | None = None
     timeout_ms: int | None = None
     max_attempts: int | None = None
+    #: epoch ms after which the task never starts (as stored; ms from now while scheduling
+    #: with FLAG_EXPIRES_RELATIVE)
+    expires_ms: int | None = None
 
     def head(self) -> bytes:
         """The envelope prefix that stores these options."""
@@ -205,6 +228,8 @@ class TaskOptions(NamedTuple):
         key = b"" if self.key is None else self.key.encode("utf-8")
         timeout = b"" if self.timeout_ms is None else b"%d" % self.timeout_ms
         attempts = b"" if self.max_attempts is None else b"%d" % self.max_attempts
+        if self.expires_ms is not None:
+            return b"3:%d|%s|%s|%d|%s\n" % (self.priority, timeout, attempts, self.expires_ms, key)
         return b"2:%d|%s|%s|%s\n" % (self.priority, timeout, attempts, key)
 
 
@@ -301,10 +326,16 @@ _HEADS_KEPT = 16384
 
 def _options_of(head_bytes: bytes) -> TaskOptions:
     """The options of one version-2 head, given with its newline (kept in _HEADS)."""
+    expires_ms = None
     head = _OPTIONS_HEAD.fullmatch(head_bytes)
-    if head is None:
-        raise PayloadError("stored task options are unreadable")
-    priority, timeout, attempts, key = head.groups()
+    if head is not None:
+        priority, timeout, attempts, key = head.groups()
+    else:
+        head = _EXPIRY_HEAD.fullmatch(head_bytes)
+        if head is None:
+            raise PayloadError("stored task options are unreadable")
+        priority, timeout, attempts, expires, key = head.groups()
+        expires_ms = int(expires)
     try:
         key_text = key.decode("utf-8") if key else None
     except UnicodeDecodeError as exc:
@@ -313,7 +344,7 @@ def _options_of(head_bytes: bytes) -> TaskOptions:
     max_attempts = int(attempts) if attempts else None
     if timeout_ms == 0 or max_attempts == 0:
         raise PayloadError("stored task options hold a zero timeout or max_attempts")
-    options = TaskOptions(int(priority), key_text, timeout_ms, max_attempts)
+    options = TaskOptions(int(priority), key_text, timeout_ms, max_attempts, expires_ms)
     if len(_HEADS) >= _HEADS_KEPT:
         _HEADS.clear()
     _HEADS[head_bytes[:-1]] = options
@@ -359,7 +390,8 @@ def _short_text(text: str) -> bytes:
 
 
 def record_extras(batch: str | None, after: Sequence[str], after_run: bool) -> tuple[int, bytes]:
-    """The flags and the bytes after the envelope that name a task's batch and parents."""
+    """The flags and the bytes after the envelope (and max wait) that name a task's batch and
+    parents."""
     flags, extra = 0, b""
     if batch is not None:
         flags, extra = FLAG_BATCH, _short_text(batch)
@@ -369,22 +401,32 @@ def record_extras(batch: str | None, after: Sequence[str], after_run: bool) -> t
     return flags, extra
 
 
-def pack_task(flags: int, due_ms: int, task_id: str, envelope: bytes, extra: bytes = b"") -> bytes:
+def pack_task(
+    flags: int,
+    due_ms: int,
+    task_id: str,
+    envelope: bytes,
+    max_wait_ms: int | None = None,
+    extra: bytes = b"",
+) -> bytes:
     """One task record of a schedule batch: flags, due (absolute ms or delay ms), id, envelope,
-    then ``extra`` (``record_extras``: its flags belong in ``flags``)."""
+    for a debounced task (FLAG_DEBOUNCE) its max wait ms (None: no bound), then ``extra``
+    (``record_extras``: its flags belong in ``flags``)."""
     id_bytes = task_id.encode("utf-8")
     n = len(id_bytes)
-    return _record_struct(n).pack(flags, due_ms, n, id_bytes, len(envelope)) + envelope + extra
+    record = _record_struct(n).pack(flags, due_ms, n, id_bytes, len(envelope)) + envelope
+    if flags & FLAG_DEBOUNCE:
+        record += _MAX_WAIT.pack(-1 if max_wait_ms is None else max_wait_ms)
+    return record + extra
 
 
 def repack_with_id(record: bytes, task_id: str) -> bytes:
-    """The same task record under another id (used when a generated id was taken)."""
+    """The same task record under another id (used when a generated id was taken): the rest
+    of the record (envelope, max wait, batch, parents) is kept as it is."""
     flags, due_ms, id_length = _RECORD_HEAD.unpack_from(record)
-    start = _RECORD_HEAD.size + id_length
-    (length,) = _PAYLOAD_LENGTH.unpack_from(record, start)
-    start += _PAYLOAD_LENGTH.size
-    envelope = record[start : start + length]
-    return pack_task(flags, int(due_ms), task_id, envelope, record[start + length :])
+    id_bytes = task_id.encode("utf-8")
+    head = _RECORD_HEAD.pack(flags, due_ms, len(id_bytes)) + id_bytes
+    return head + record[_RECORD_HEAD.size + id_length :]
 
 
 def decode_envelope(raw: bytes | str) -> Any:
@@ -418,13 +460,13 @@ def decode_named(
     prefix = data[:2]
     if prefix == ENVELOPE_PREFIX:
         body = data[2:]
-    elif prefix == OPTIONS_PREFIX:
+    elif prefix in (OPTIONS_PREFIX, EXPIRY_PREFIX):
         head, newline, body = data.partition(b"\n")
         if not newline or len(head) >= _HEAD_MAX_BYTES:
             raise PayloadError("stored task options have no end (no newline in 900 bytes)")
         options = _HEADS.get(head) or _options_of(head + newline)
     else:
-        raise PayloadError("stored value is not a dueq envelope (no 1: or 2: prefix)")
+        raise PayloadError("stored value is not a dueq envelope (no 1:, 2: or 3: prefix)")
     trace = None
     task_name = None
     if body.startswith(TRACE_MARK):

@@ -45,6 +45,7 @@ KEY_TYPES = {
     "done": "zset",
     "results": "hash",
     "finished": "zset",
+    "debounce": "hash",
     "config": "hash",
     "rate": "zset",
     "cancelled": "zset",
@@ -99,7 +100,10 @@ class QueueKeys:
                 results notes): acked and cancelled tasks, only while ``keep_results`` keeps them
     ``finished`` ZSET id -> finished ms: the records of ``results``, oldest first, for trimming
     ``ended``   Pub/Sub channel: the ids of tasks that ended (acked with ``keep_results``, dead,
-                cancelled), for ``wait``
+                cancelled, expired), for ``wait``
+    ``debounce`` HASH id -> "<cap ms>" for a debounced task, "<cap ms>|<due ms>|<envelope>"
+                while it also has a follow-up waiting for its running lease to end (the Lua
+                prelude's debounce notes)
     ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
     ``cancelled`` ZSET "id|token" -> lease deadline ms: leases revoked by ``cancel``
@@ -152,6 +156,7 @@ class QueueKeys:
     results: str
     finished: str
     ended: str
+    debounce: str
     batches: str
     batch_of: str
     batch_on: str
@@ -209,6 +214,7 @@ class QueueKeys:
             results=base + "results",
             finished=base + "finished",
             ended=base + "ended",
+            debounce=base + "debounce",
             batches=base + "batches",
             batch_of=base + "batch:of",
             batch_on=base + "batch:on",

@@ -39,8 +39,9 @@ Queue metrics (one series per queue; a queue whose stats cannot be read has ``du
                                                    ``claimed``, ``acked``, ``retried``, ``dead``,
                                                    ``expired``): that minute's count / 60
 ``dueq_cron_last_outcome{cron,outcome}``    gauge  1 for the outcome of the definition's last
-                                                   firing (``acked``, ``retrying``, ``dead``), 0
-                                                   for the others; no series before a firing
+                                                   firing (``acked``, ``retrying``, ``dead``,
+                                                   ``cancelled``), 0 for the others; no series
+                                                   before a firing
 ``dueq_cron_last_outcome_timestamp_seconds`` gauge  when that outcome came (Unix time); ``cron``
 ``dueq_cron_last_success_timestamp_seconds`` gauge  its latest ack (absent if none yet); ``cron``
 ``dueq_workers``                            gauge  live worker processes serving the queue (the

@@ -38,6 +38,7 @@ _STATES: dict[str, TaskState] = {
     "dead": "dead",
     "done": "done",
     "cancelled": "cancelled",
+    "expired": "expired",
 }
 
 
@@ -112,7 +113,7 @@ def _task_info(
     errors_raw: bytes | str,
 ) -> TaskInfo:
     head: dict[str, Any] = {}
-    if state in ("done", "cancelled"):  # a kept record: its header is in the meta slot
+    if state in ("done", "cancelled", "expired"):  # a kept record: its header is in the meta slot
         head, meta_raw = finished_header(meta_raw), b""
     attempt, leased_due, first_ms = parse_meta(meta_raw)
     if head:
@@ -141,9 +142,10 @@ def _task_info(
         key=options.key,
         timeout=None if options.timeout_ms is None else timedelta(milliseconds=options.timeout_ms),
         max_attempts=options.max_attempts,
+        expires_at=None if options.expires_ms is None else ms_datetime(options.expires_ms),
         holder=meta_holder(meta_raw) if state == "leased" else None,
         result=head.get("result"),
-        finished_at=_datetime(score) if state in ("dead", "done", "cancelled") else None,
+        finished_at=_datetime(score) if state in ("dead", "done", "cancelled", "expired") else None,
         result_unstored=unstored if isinstance(unstored, str) else None,
         task_name=task_name,
     )

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 from .checks import whole_number
-from .clock import Duration, duration_ms, ms_datetime
+from .clock import Duration, datetime_ms, duration_ms, ms_datetime
 from .envelope import (
     MAX_TIMEOUT_MS,
     NO_OPTIONS,
@@ -25,11 +25,11 @@ if TYPE_CHECKING:
     from ._core import QueueCore
     from .queue import Queue
 
-#: A task's state; "done" and "cancelled" only while the queue keeps results (keep_results);
-#: "waiting": scheduled with parents (``after=``) that have not all been acked.
-TaskState = Literal["scheduled", "leased", "dead", "done", "cancelled", "waiting"]
+#: A task's state; "done", "cancelled" and "expired" only while the queue keeps results
+#: (keep_results); "waiting": scheduled with parents (``after=``) not all acked yet.
+TaskState = Literal["scheduled", "leased", "dead", "done", "cancelled", "expired", "waiting"]
 #: The states a task ends in (``q.wait`` returns in one of them).
-FINAL_STATES = frozenset({"dead", "done", "cancelled"})
+FINAL_STATES = frozenset({"dead", "done", "cancelled", "expired"})
 
 
 def iso_ms(at: datetime | None) -> str | None:
@@ -40,7 +40,7 @@ def iso_ms(at: datetime | None) -> str | None:
     return at.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-OutcomeKind = Literal["acked", "retried", "dead", "released", "lost", "cancelled"]
+OutcomeKind = Literal["acked", "retried", "dead", "released", "lost", "cancelled", "expired"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,13 @@ class Task:
     ``task`` names the function that runs it (``@q.task``; ``payload`` is then a dict of its
     arguments, checked against its signature when the queue has it registered); None for a
     plain payload task, which goes to the worker's handler.
+
+    ``expires`` (a duration from now, or an aware datetime): the task never starts after it;
+    a claim that finds it past its expiry ends it ``expired``, and so does a failure whose
+    next attempt would come at or after it. ``debounce`` (needs ``id``): scheduling the id
+    again within the delay moves it to the last call + ``debounce`` with the latest payload,
+    never later than the first call + ``max_wait``; while it runs, the latest call waits as
+    its one follow-up, due once the run ends (at/delay cannot be given with it).
     """
 
     payload: Any
@@ -66,6 +73,9 @@ class Task:
     timeout: Duration | None = None
     max_attempts: int | None = None
     task: str | None = None
+    expires: Duration | datetime | None = None
+    debounce: Duration | None = None
+    max_wait: Duration | None = None
     #: the batch it joins when it is added (``close_batch``); ``schedule_many(batch=)`` gives
     #: one to every task without its own
     batch: str | None = None
@@ -75,9 +85,46 @@ class Task:
     after: Sequence[str] = ()
     after_policy: Literal["fail", "run"] = "fail"
 
-    def options(self) -> TaskOptions:
-        """The options kept with the task, validated (InvalidTaskError names what is wrong)."""
-        if (self.priority, self.key, self.timeout, self.max_attempts) == (0, None, None, None):
+    def expiry(self) -> tuple[int | None, bool]:
+        """The expiry as stored in the head (ms), and whether it is ms from now (a duration)
+        rather than epoch ms (a datetime); (None, False) without one."""
+        if self.expires is None:
+            return None, False
+        if isinstance(self.expires, datetime):
+            return datetime_ms(self.expires), False
+        expires_ms = duration_ms(self.expires, "expires")
+        if not 0 < expires_ms <= MAX_TIMEOUT_MS:
+            raise InvalidTaskError(
+                f"expires must be more than 0 s and at most a year, got {self.expires!r}"
+            )
+        return expires_ms, True
+
+    def debounce_ms(self) -> tuple[int, int | None] | None:
+        """(debounce ms, max wait ms or None), or None when the task is not debounced."""
+        if self.debounce is None:
+            if self.max_wait is not None:
+                raise InvalidTaskError("max_wait= needs debounce=")
+            return None
+        if self.id is None:
+            raise InvalidTaskError("debounce= needs an id= (repeated schedules of one id)")
+        if self.at is not None or self.delay is not None:
+            raise InvalidTaskError("debounce= sets the due time: give no at= or delay=")
+        delay_ms = duration_ms(self.debounce, "debounce")
+        wait_ms = None if self.max_wait is None else duration_ms(self.max_wait, "max_wait")
+        if wait_ms is not None and wait_ms < delay_ms:
+            raise InvalidTaskError(f"max_wait ({self.max_wait!r}) is shorter than debounce")
+        return delay_ms, wait_ms
+
+    def options(self, expires_ms: int | None = None) -> TaskOptions:
+        """The options kept with the task, validated (InvalidTaskError names what is wrong);
+        ``expires_ms`` as ``expiry()`` gives it."""
+        if (self.priority, self.key, self.timeout, self.max_attempts, expires_ms) == (
+            0,
+            None,
+            None,
+            None,
+            None,
+        ):
             return NO_OPTIONS
         timeout_ms = None
         if self.timeout is not None:
@@ -91,6 +138,7 @@ class Task:
             None if self.key is None else validate_key(self.key),
             timeout_ms,
             None if self.max_attempts is None else validate_task_attempts(self.max_attempts),
+            expires_ms,
         )
 
 
@@ -155,6 +203,8 @@ class TaskInfo:
     finished_at: datetime | None = None
     result_unstored: str | None = None
     task_name: str | None = None
+    #: when the task stops being startable (``expires=``), None without an expiry
+    expires_at: datetime | None = None
 
     def to_json(self, queue: str) -> dict[str, Any]:
         """The one JSON form of a task (docs/json.md), as used by the CLI's ``--json``, the

@@ -109,6 +109,18 @@ def _schedule_file(
     help="Run it by a named task (@q.task): the JSON is an object of the function's arguments.",
 )
 @click.option(
+    "--expires", type=float, metavar="SECONDS", help="Never started later than this from now."
+)
+@click.option(
+    "--debounce",
+    type=float,
+    metavar="SECONDS",
+    help="With --id: a repeat within this moves the task to the repeat + SECONDS.",
+)
+@click.option(
+    "--max-wait", type=float, metavar="SECONDS", help="With --debounce: due at most this late."
+)
+@click.option(
     "--batch",
     metavar="BATCH",
     help="Make the task(s) members of this batch (see dueq batches, docs/batches.md).",
@@ -141,6 +153,9 @@ def schedule(
     timeout: float | None,
     max_attempts: int | None,
     task_name: str | None,
+    expires: float | None,
+    debounce: float | None,
+    max_wait: float | None,
     batch: str | None,
     after: tuple[str, ...],
     after_policy: str | None,
@@ -176,6 +191,9 @@ def schedule(
         "timeout": timeout,
         "max_attempts": max_attempts,
         "task": task_name,
+        "expires": expires,
+        "debounce": debounce,
+        "max_wait": max_wait,
         "after": after or None,
         "after_policy": after_policy,
     }

@@ -101,6 +101,8 @@ def checked_task(
             raise InvalidTaskError(
                 f"the payload of named task {name!r} must be a JSON object of its arguments"
             )
+    task.expiry()
+    task.debounce_ms()
     encode_envelope(payload, DEFAULT_MAX_PAYLOAD_BYTES, task.options(), task_name=name)
     return task
 

@@ -89,7 +89,7 @@ def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
         columns: tuple[str, ...] = ("id", "due", "priority", "attempts", "payload")
     elif state == "leased":
         columns = ("id", "holder", "lease ends", "attempt", "payload")
-    elif state in ("done", "cancelled"):
+    elif state in ("done", "cancelled", "expired"):
         columns = ("id", "finished", "attempts", "result")
     else:
         columns = ("id", "died", "attempts", "last error")
@@ -102,7 +102,7 @@ def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
         elif state == "leased":
             row = (safe(info.holder or "-"), when(info.lease_deadline, now), str(info.attempt))
             row += (payload,)
-        elif state in ("done", "cancelled"):
+        elif state in ("done", "cancelled", "expired"):
             row = (when(info.finished_at, now), str(info.attempt), _result_text(info))
         else:
             row = (when(info.died_at, now), str(info.attempt), _last_error(info))
@@ -114,7 +114,7 @@ def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
 @click.argument("queue")
 @click.option(
     "--state",
-    type=click.Choice(["scheduled", "leased", "dead", "done", "cancelled", "waiting"]),
+    type=click.Choice(["scheduled", "leased", "dead", "done", "cancelled", "expired", "waiting"]),
     default="scheduled",
     show_default=True,
     help="Which tasks (done and cancelled: kept while the queue keeps results, "
@@ -228,12 +228,14 @@ def print_tasks(infos: list[TaskInfo]) -> None:
         elif info.state == "leased":
             out.print(f"held by: {safe(info.holder or '-')}")
             out.print(f"lease ends: {when(info.lease_deadline, now)}")
-        elif info.state in ("done", "cancelled"):
+        elif info.state in ("done", "cancelled", "expired"):
             out.print(f"finished: {when(info.finished_at, now)}")
         else:
             out.print(f"died: {when(info.died_at, now)}")
         if info.first_claimed_at is not None:
             out.print(f"first claimed: {when(info.first_claimed_at, now)}")
+        if info.expires_at is not None:
+            out.print(f"expires: {when(info.expires_at, now)}")
         options = [f"priority {info.priority}"]
         if info.key is not None:
             options.append(f"key {safe(info.key)}")

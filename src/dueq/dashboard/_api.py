@@ -94,8 +94,10 @@ class Api:
     async def api_tasks(self, request: Request) -> Response:
         q = await self.ctx.known_queue(request.query_params.get("queue"))
         state = request.query_params.get("state", "scheduled")
-        if state not in ("scheduled", "leased", "dead", "done", "cancelled"):
-            raise HttpProblem(400, "state must be scheduled, leased, dead, done or cancelled")
+        if state not in ("scheduled", "leased", "dead", "done", "cancelled", "expired"):
+            raise HttpProblem(
+                400, "state must be scheduled, leased, dead, done, cancelled or expired"
+            )
         page = await search(q, state, request)  # type: ignore[arg-type]
         return JSONResponse(
             {

@@ -473,10 +473,19 @@ local function due_levels(k_due0)
 end
 
 -- Priority, max attempts (or nil) and limit key (or nil) of a stored envelope; a missing or
--- unreadable head counts as none (priority 0), so corrupted options never stop a claim.
+-- unreadable head counts as none (priority 0), so corrupted options never stop a claim. A
+-- version-3 head ("3:<priority>|<timeout ms>|<max attempts>|<expires ms>|<key>\n", a task
+-- with an expiry: see the expiry notes) holds the same options.
 local function task_options(envelope)
   if envelope and string.sub(envelope, 1, 2) == '2:' then
     local p, _, m, key = string.match(envelope, '^2:(%d)|(%d*)|(%d*)|([^\n]*)\n')
+    if p then
+      local attempts = tonumber(m)
+      if attempts and attempts < 1 then attempts = nil end
+      return tonumber(p), attempts, key ~= '' and key or nil
+    end
+  elseif envelope and string.sub(envelope, 1, 2) == '3:' then
+    local p, _, m, key = string.match(envelope, '^3:(%d)|(%d*)|(%d*)|%d*|([^\n]*)\n')
     if p then
       local attempts = tonumber(m)
       if attempts and attempts < 1 then attempts = nil end
@@ -488,8 +497,12 @@ end
 
 -- The limit key of a stored envelope, or nil (task_options' third value, found faster).
 local function task_key(envelope)
-  if envelope and string.byte(envelope, 1) == 50 then
+  local b = envelope and string.byte(envelope, 1)
+  if b == 50 then
     local key = string.match(envelope, '^2:%d|%d*|%d*|([^\n]*)\n')
+    if key and key ~= '' then return key end
+  elseif b == 51 then
+    local key = string.match(envelope, '^3:%d|%d*|%d*|%d*|([^\n]*)\n')
     if key and key ~= '' then return key end
   end
   return nil
@@ -970,13 +983,14 @@ end
 -- batch:on, exactly once (the field is deleted as it is scheduled; completed_ms is set). A
 -- completed batch's record is kept BATCH_KEEP_MS, then dropped by the next script that
 -- completes a batch (at most BATCH_TRIM per call); a batch never closed is kept until it is.
-local BATCH_KEEP_MS = 7 * 86400000
-local BATCH_TRIM = 100
-local BATCH_OUTCOMES = {acked = 2, dead = 3, cancelled = 4, expired = 5}
+local links = {}  -- the batch and dependency helpers (one local: a chunk has at most 200)
+links.BATCH_KEEP_MS = 7 * 86400000
+links.BATCH_TRIM = 100
+links.BATCH_OUTCOMES = {acked = 2, dead = 3, cancelled = 4, expired = 5}
 
 -- A batch record as a list {total, acked, dead, cancelled, expired, created, closed|false,
 -- completed|false}, or nil when there is none (unreadable counts read as 0).
-local function batch_parse(v)
+function links.batch_parse(v)
   if not v then return nil end
   local b, i = {}, 0
   for part in string.gmatch(v .. '|', '([^|]*)|') do
@@ -987,13 +1001,13 @@ local function batch_parse(v)
   return b
 end
 
-local function batch_text(b)
+function links.batch_text(b)
   return table.concat({ms(b[1]), ms(b[2]), ms(b[3]), ms(b[4]), ms(b[5]), ms(b[6]),
     b[7] and ms(b[7]) or '', b[8] and ms(b[8]) or ''}, '|')
 end
 
 -- The keys batch_settle and batch_finish use (levels: due_levels of the script's KEYS).
-local function batch_keys(k_batches, k_of, k_on, k_ended, levels, k_tasks, k_stats, k_wake)
+function links.batch_keys(k_batches, k_of, k_on, k_ended, levels, k_tasks, k_stats, k_wake)
   return {batches = k_batches, of = k_of, on = k_on, ended = k_ended, levels = levels,
     tasks = k_tasks, stats = k_stats, wake = k_wake}
 end
@@ -1001,7 +1015,7 @@ end
 -- When batch record b is closed and has no member pending, schedule its completion task (a
 -- schedule.lua record, '>BdHc0I4c0') unless its id exists, and mark b completed (b changes;
 -- the caller writes it). Completed batches older than BATCH_KEEP_MS are dropped here.
-local function batch_finish(bk, batch, b, now)
+function links.batch_finish(bk, batch, b, now)
   if not b[7] or b[8] or b[1] - b[2] - b[3] - b[4] - b[5] > 0 then return end
   local k_on, k_tasks, k_ended, k_batches = bk.on, bk.tasks, bk.ended, bk.batches
   b[8] = now
@@ -1018,8 +1032,8 @@ local function batch_finish(bk, batch, b, now)
       wake_if_earlier(bk.wake, previous, due)
     end
   end
-  local old = redis.call('ZRANGEBYSCORE', k_ended, '-inf', '(' .. ms(now - BATCH_KEEP_MS),
-    'LIMIT', 0, BATCH_TRIM)
+  local old = redis.call('ZRANGEBYSCORE', k_ended, '-inf', '(' .. ms(now - links.BATCH_KEEP_MS),
+    'LIMIT', 0, links.BATCH_TRIM)
   if #old > 0 then
     redis.call('HDEL', k_batches, unpack(old))
     redis.call('ZREM', k_ended, unpack(old))
@@ -1030,19 +1044,19 @@ end
 -- Count the end of tasks `ids` (outcome: acked, dead, cancelled or expired) in their batches,
 -- and complete the batches that this leaves closed with nothing pending. One HMGET of
 -- batch:of when none of the ids is a member.
-local function batch_settle(bk, ids, outcome, now)
+function links.batch_settle(bk, ids, outcome, now)
   if #ids == 0 then return end
   local k_of, k_batches = bk.of, bk.batches
   local of = hmget_chunked(k_of, ids)
   local members, touched, order = {}, {}, {}
-  local slot = BATCH_OUTCOMES[outcome]
+  local slot = links.BATCH_OUTCOMES[outcome]
   for i, id in ipairs(ids) do
     local batch = of[i]
     if batch then
       members[#members + 1] = id
       local b = touched[batch]
       if b == nil then
-        b = batch_parse(redis.call('HGET', k_batches, batch)) or false
+        b = links.batch_parse(redis.call('HGET', k_batches, batch)) or false
         touched[batch] = b
         if b then order[#order + 1] = batch end
       end
@@ -1053,17 +1067,17 @@ local function batch_settle(bk, ids, outcome, now)
   call_chunked('HDEL', k_of, members)
   for _, batch in ipairs(order) do
     local b = touched[batch]
-    batch_finish(bk, batch, b, now)
-    redis.call('HSET', k_batches, batch, batch_text(b))
+    links.batch_finish(bk, batch, b, now)
+    redis.call('HSET', k_batches, batch, links.batch_text(b))
   end
 end
 
 -- schedule.lua's side: whether `batch` still takes members (it has not completed), with the
 -- batch records read once per call in `cache`.
-local function batch_takes(k_batches, cache, batch, now)
+function links.batch_takes(k_batches, cache, batch, now)
   local b = cache[batch]
   if b == nil then
-    b = batch_parse(redis.call('HGET', k_batches, batch)) or {0, 0, 0, 0, 0, now, false, false}
+    b = links.batch_parse(redis.call('HGET', k_batches, batch)) or {0, 0, 0, 0, 0, now, false, false}
     cache[batch] = b
   end
   return not b[8]
@@ -1071,7 +1085,7 @@ end
 
 -- Write the members schedule.lua added (`joined`: id, batch, id, batch, ...) and their
 -- batches' new totals.
-local function batch_join(k_batches, k_of, cache, joined)
+function links.batch_join(k_batches, k_of, cache, joined)
   if #joined == 0 then return end
   local counted = {}
   for i = 2, #joined, 2 do
@@ -1082,7 +1096,7 @@ local function batch_join(k_batches, k_of, cache, joined)
   for batch, n in pairs(counted) do
     local b = cache[batch]
     b[1] = b[1] + n
-    redis.call('HSET', k_batches, batch, batch_text(b))
+    redis.call('HSET', k_batches, batch, links.batch_text(b))
   end
 end
 
@@ -1095,7 +1109,7 @@ end
 -- down its children and releases those with none left into their due set; a parent that
 -- ended otherwise sends its "f" children to dead (and their children, in turn). No polling.
 -- A record's parents ('>I4' count, then '>Hc0' each) from pos: the list and the next pos.
-local function after_unpack(blob, pos)
+function links.after_unpack(blob, pos)
   local n
   n, pos = struct.unpack('>I4', blob, pos)
   local parents = {}
@@ -1103,7 +1117,7 @@ local function after_unpack(blob, pos)
   return parents, pos
 end
 
-local function after_keys(k_waiting, k_after, k_children, k_dead, k_errors, k_ended, bk)
+function links.after_keys(k_waiting, k_after, k_children, k_dead, k_errors, k_ended, bk)
   return {waiting = k_waiting, after = k_after, children = k_children, dead = k_dead,
     errors = k_errors, ended = k_ended, bk = bk}
 end
@@ -1111,7 +1125,7 @@ end
 -- How a parent stands when its child is scheduled: 'open' (in the queue, not dead: the child
 -- waits), 'ok' (acked: kept as done by keep_results, or gone: nothing of it is left, which is
 -- all an acked task leaves without keep_results) or 'failed' with how it ended.
-local function after_parent(ak, k_results, parent)
+function links.after_parent(ak, k_results, parent)
   local bk = ak.bk
   local k_tasks, k_dead = bk.tasks, ak.dead
   if redis.call('HEXISTS', k_tasks, parent) == 1 then
@@ -1126,7 +1140,7 @@ end
 
 -- Send a waiting child to dead because a parent ended `how`; returns nothing (the caller
 -- collects the id).
-local function after_bury(ak, child, parent, how, now)
+function links.after_bury(ak, child, parent, how, now)
   local k_waiting, k_after, k_dead = ak.waiting, ak.after, ak.dead
   redis.call('ZREM', k_waiting, child)
   redis.call('HDEL', k_after, child)
@@ -1139,16 +1153,16 @@ end
 -- schedule.lua: a task just added (id) with parents; returns 'run' (put it in its due set as
 -- usual), 'wait' (it waits: written here) or 'dead' (a parent had failed, policy "f":
 -- buried here).
-local function after_join(ak, k_results, id, parents, policy, due, now)
+function links.after_join(ak, k_results, id, parents, policy, due, now)
   local k_children, k_after, k_waiting = ak.children, ak.after, ak.waiting
   local open = 0
   for _, parent in ipairs(parents) do
-    local stands, how = after_parent(ak, k_results, parent)
+    local stands, how = links.after_parent(ak, k_results, parent)
     if stands == 'open' and parent ~= id then
       redis.call('ZADD', k_children, 0, parent .. '\0' .. id)
       open = open + 1
     elseif stands == 'failed' and policy == 'f' then
-      after_bury(ak, id, parent, how, now)
+      links.after_bury(ak, id, parent, how, now)
       return 'dead'
     end
   end
@@ -1161,7 +1175,7 @@ end
 -- The scripts that end tasks: `ids` ended, acked when `ok`, else `how` (dead, cancelled,
 -- expired). Releases or buries their waiting children (and the children of those buried, in
 -- turn); returns the ids buried here (the caller counts them in their batches).
-local function after_settle(ak, ids, ok, how, now)
+function links.after_settle(ak, ids, ok, how, now)
   local k_children, k_after, k_waiting = ak.children, ak.after, ak.waiting
   local bk = ak.bk
   local buried, released = {}, 0
@@ -1198,7 +1212,7 @@ local function after_settle(ak, ids, ok, how, now)
           end
         end
       elseif n then
-        after_bury(ak, child, parent, parent_how, now)
+        links.after_bury(ak, child, parent, parent_how, now)
         buried[#buried + 1] = child
         todo[#todo + 1] = {child, false, 'dead'}
       end
@@ -1210,7 +1224,7 @@ end
 
 -- cancel.lua: a cancelled task that was waiting leaves the waiting set (its edges under its
 -- parents are dropped when they end).
-local function after_forget(ak, id)
+function links.after_forget(ak, id)
   local k_waiting, k_after = ak.waiting, ak.after
   redis.call('ZREM', k_waiting, id)
   redis.call('HDEL', k_after, id)
@@ -1219,8 +1233,153 @@ end
 -- What every script that ends tasks calls once: `ids` ended with `outcome` (acked, dead,
 -- cancelled, expired). Their waiting children are released or buried (after_settle), and
 -- they and any children buried are counted in their batches (batch_settle).
-local function tasks_ended(bk, ak, ids, outcome, now)
-  local buried = after_settle(ak, ids, outcome == 'acked', outcome, now)
-  batch_settle(bk, ids, outcome, now)
-  batch_settle(bk, buried, 'dead', now)
+function links.tasks_ended(bk, ak, ids, outcome, now)
+  local buried = links.after_settle(ak, ids, outcome == 'acked', outcome, now)
+  links.batch_settle(bk, ids, outcome, now)
+  links.batch_settle(bk, buried, 'dead', now)
+end
+
+-- Expiry (issue 29). A task scheduled with expires= carries its expiry, epoch ms, in a
+-- version-3 envelope head (task_options); tasks without one keep their version-1 or 2 form.
+-- schedule.lua turns a relative expiry (record flag 8: ms from now) into epoch ms on the queue
+-- clock. claim.lua never leases a task past its expiry: it ends it "expired" (tasks_expire);
+-- fail.lua ends a task whose next attempt would come at or after its expiry the same way.
+-- The counter is expired_tasks ("expired" counts leases that ran out).
+
+-- The expiry of a stored envelope, epoch ms, or nil.
+local function task_expires(envelope)
+  if envelope and string.byte(envelope, 1) == 51 then
+    return tonumber(string.match(envelope, '^3:%d|%d*|%d*|(%d+)|'))
+  end
+  return nil
+end
+
+-- Whether a stored envelope's expiry is at or before `at` ms (false: none, or unreadable).
+local function task_expired(envelope, at)
+  local expires = task_expires(envelope)
+  return expires ~= nil and expires <= at
+end
+
+-- The envelope with its relative expiry (ms from now) made absolute.
+local function expiry_absolute(envelope, now)
+  local _, e, rel = string.find(envelope, '^3:%d|%d*|%d*|(%d+)|')
+  if not e then return envelope end
+  return string.sub(envelope, 1, e - #rel - 1) .. ms(now + tonumber(rel)) ..
+    string.sub(envelope, e)
+end
+
+-- Debounce (issue 29). The debounce HASH (keys.py) holds, per debounced id, "<cap ms>" (the
+-- latest due time repeated schedules may move it to: the first schedule + max_wait; empty
+-- for no bound), and while the task runs (leased, or waiting for a retry of a run) the one
+-- follow-up that schedules made meanwhile: "<cap ms>|<due ms>|<envelope>". The follow-up
+-- replaces the task when its run ends (ack, dead, expired: followups_start), due at its
+-- due time or then, whichever is later. A lease is never revoked by a debounced schedule.
+
+-- A debounced task that was just added: remember its cap; its due time (capped).
+local function debounce_start(k_debounce, id, now, due, max_wait)
+  if max_wait < 0 then
+    redis.call('HDEL', k_debounce, id)
+    return due
+  end
+  local cap = now + max_wait
+  redis.call('HSET', k_debounce, id, ms(cap))
+  return math.min(due, cap)
+end
+
+-- A debounced schedule of a task that runs: keep (or update) its one follow-up; true if so
+-- (false: the task does not run and has no follow-up, so the caller replaces it in place).
+local function debounce_follow(k_debounce, k_leased, id, envelope, now, due, max_wait)
+  local entry = redis.call('HGET', k_debounce, id)
+  local cap, pending = nil, false
+  if entry then
+    local c, fdue = string.match(entry, '^(%d*)|(%d+)|')
+    pending = fdue ~= nil
+    if pending then cap = tonumber(c) end
+  end
+  if not pending then
+    if not redis.call('ZSCORE', k_leased, id) then return false end
+    if max_wait >= 0 then cap = now + max_wait end
+  end
+  if cap and due > cap then due = math.max(cap, now) end
+  redis.call('HSET', k_debounce, id, (cap and ms(cap) or '') .. '|' .. ms(due) .. '|' .. envelope)
+  return true
+end
+
+-- A debounced schedule replacing a task in place (not running): its due time, capped by the
+-- cap of its first debounced schedule (or a new cap from now).
+local function debounce_due(k_debounce, id, now, due, max_wait)
+  local cap = tonumber(string.match(redis.call('HGET', k_debounce, id) or '', '^(%d+)$'))
+  if not cap then
+    if max_wait < 0 then return due end
+    cap = now + max_wait
+    redis.call('HSET', k_debounce, id, ms(cap))
+  end
+  return math.max(math.min(due, cap), now)
+end
+
+-- The runs of `ids` ended (acked, expired, or dead): each one's follow-up, if it has one,
+-- becomes the task (attempts from 0; a dead run leaves the dead set, as replace=True would
+-- take it out), due at its due time or now; other entries are dropped. Counts them as
+-- scheduled and tells the wake channel (k.wake may be nil) of an earlier head.
+-- k: {debounce, tasks, meta, errors, stats, wake (or nil), dead (or nil)}.
+local function followups_start(k, levels, ids, now)
+  local k_debounce, k_tasks, k_meta, k_errors, k_dead = k.debounce, k.tasks, k.meta, k.errors,
+    k.dead
+  if #ids == 0 or redis.call('EXISTS', k_debounce) == 0 then return end
+  local entries = hmget_chunked(k_debounce, ids)
+  local previous_head = k.wake and levels_head(levels)
+  local earliest, started = nil, 0
+  for i, id in ipairs(ids) do
+    local entry = entries[i]
+    if entry then
+      local cap, due, from = string.match(entry, '^(%d*)|(%d+)|()')
+      if cap then
+        local envelope = string.sub(entry, from)
+        due = math.max(tonumber(due), now)
+        if k_dead then redis.call('ZREM', k_dead, id) end
+        redis.call('HDEL', k_meta, id)
+        redis.call('HDEL', k_errors, id)
+        redis.call('HSET', k_tasks, id, envelope)
+        local k_level = level_key(levels, envelope)
+        redis.call('ZADD', k_level, due, id)
+        if cap ~= '' then redis.call('HSET', k_debounce, id, cap) end
+        if cap == '' then redis.call('HDEL', k_debounce, id) end
+        if not earliest or due < earliest then earliest = due end
+        started = started + 1
+      else
+        redis.call('HDEL', k_debounce, id)
+      end
+    end
+  end
+  if started > 0 then stat_incr(k.stats, 'scheduled', started) end
+  if earliest and k.wake then wake_if_earlier(k.wake, previous_head, earliest) end
+end
+
+-- End tasks that are not leased (out of their due sets already) as expired: a kept record
+-- with keep_results, the counter, the ended channel, their data dropped, follow-ups started.
+-- k: {tasks, meta, errors, stats, results, finished, ended, debounce, wake (or nil)}.
+local function tasks_expire(k, levels, ids, now, keep_ms)
+  if #ids == 0 then return end
+  local k_tasks, k_meta, k_errors, k_results, k_finished = k.tasks, k.meta, k.errors, k.results,
+    k.finished
+  if keep_ms > 0 then
+    local envelopes = hmget_chunked(k_tasks, ids)
+    local metas = hmget_chunked(k_meta, ids)
+    local errors = hmget_chunked(k_errors, ids)
+    local records = {}
+    for i, id in ipairs(ids) do
+      records[#records + 1] = id
+      records[#records + 1] = results_record('expired', now, meta_parse(metas[i]), nil, nil,
+        errors[i] or nil) .. '\n' .. (envelopes[i] or '')
+    end
+    call_chunked('HSET', k_results, records)
+    zadd_all(k_finished, now, ids)
+  end
+  results_trim(k_results, k_finished, now, keep_ms, #ids)
+  call_chunked('HDEL', k_tasks, ids)
+  call_chunked('HDEL', k_meta, ids)
+  call_chunked('HDEL', k_errors, ids)
+  stat_incr(k.stats, 'expired_tasks', #ids)
+  publish_ended(k.ended, ids)
+  followups_start(k, levels, ids, now)
 end

@@ -14,21 +14,23 @@
 -- KEYS[9] key_state HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[10] parked  ZSET due tasks whose key was at a limit (see the prelude)
 -- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[12] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot
--- KEYS[13] config   HASH setting -> value (keep_results_ms: see the prelude's settings)
+-- KEYS[12] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot, or
+--                  a lease ends while the queue is at its concurrency cap
+-- KEYS[13] config   HASH setting -> value (keep_results_ms, concurrency: the prelude's settings)
 -- KEYS[14] results  HASH id -> finished record (with keep_results_ms > 0: the prelude's
 --                   results notes)
 -- KEYS[15] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[16] ended    Pub/Sub channel: the cancelled id (for q.wait)
--- KEYS[17] batches  HASH batch id -> record (see the prelude's batch notes)
--- KEYS[18] batch_of HASH id -> batch id: the members of batches that have not ended
--- KEYS[19] batch_on HASH batch id -> completion task record, scheduled when its batch completes
--- KEYS[20] batch_ended ZSET batch id -> completed ms (for trimming)
--- KEYS[21] history  HASH "<minute>|<counter>" -> count (a batch's completion task scheduled)
--- KEYS[22] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
--- KEYS[23] after    HASH id -> "<parents not finished>|<policy>"
--- KEYS[24] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
--- KEYS[25..33] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[17] debounce HASH id -> debounce cap and follow-up (dropped with the task)
+-- KEYS[18] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[19] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[20] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[21] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[22] history  HASH "<minute>|<counter>" -> count (a batch's completion task scheduled)
+-- KEYS[23] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[24] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[25] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[26..34] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -40,8 +42,9 @@ if not envelope then return 0 end
 local priority, _, key = task_options(envelope)
 local deadline = redis.call('ZSCORE', KEYS[2], id)
 local now = dueq_now(ARGV[1])
-history_use(KEYS[21], ARGV[1])
-local keep_ms = results_keep_ms(KEYS[13], KEYS[7])
+history_use(KEYS[22], ARGV[1])
+local settings = settings_read(KEYS[13], KEYS[7], 'keep_results_ms', 'concurrency')
+local keep_ms = settings.keep_results_ms or 0
 if keep_ms > 0 then
   local attempt = meta_parse(redis.call('HGET', KEYS[5], id))
   local record = results_record('cancelled', now, attempt, nil, nil,
@@ -53,6 +56,10 @@ results_trim(KEYS[14], KEYS[15], now, keep_ms, 1)
 if key and not deadline then unpark_one(KEYS[10], KEYS[9], KEYS[5], key, priority, id) end
 if deadline then
   if key and key_unlease(KEYS[9], KEYS[11], key, now) then
+    publish_wake(KEYS[12], ms(now))
+  end
+  -- the concurrency cap: a consumer may be sleeping capped; tell it a lease ends
+  if settings.concurrency and at_cap(KEYS[2], settings.concurrency, now) then
     publish_wake(KEYS[12], ms(now))
   end
   -- A lease that ran out but was not reclaimed yet still has no other holder: its holder
@@ -68,11 +75,12 @@ redis.call('ZREM', k_level, id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', KEYS[3], id)
 forget(KEYS[4], KEYS[5], KEYS[6], id)
+redis.call('HDEL', KEYS[17], id)
 stat_incr(KEYS[7], 'cancelled', 1)
 publish_ended(KEYS[16], {id})
-local bk = batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], due_levels(KEYS[1]), KEYS[4],
+local bk = links.batch_keys(KEYS[18], KEYS[19], KEYS[20], KEYS[21], due_levels(KEYS[1]), KEYS[4],
   KEYS[7], KEYS[12])
-local ak = after_keys(KEYS[22], KEYS[23], KEYS[24], KEYS[3], KEYS[6], KEYS[16], bk)
-after_forget(ak, id)
-tasks_ended(bk, ak, {id}, 'cancelled', now)
+local ak = links.after_keys(KEYS[23], KEYS[24], KEYS[25], KEYS[3], KEYS[6], KEYS[16], bk)
+links.after_forget(ak, id)
+links.tasks_ended(bk, ak, {id}, 'cancelled', now)
 return 1

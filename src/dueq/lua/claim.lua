@@ -21,16 +21,19 @@
 -- KEYS[13] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
 -- KEYS[14] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
 -- KEYS[15] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
--- KEYS[16] ended    Pub/Sub channel: the ids of tasks sent to dead here (for q.wait)
--- KEYS[17] batches  HASH batch id -> record (see the prelude's batch notes)
--- KEYS[18] batch_of HASH id -> batch id: the members of batches that have not ended
--- KEYS[19] batch_on HASH batch id -> completion task record, scheduled when its batch completes
--- KEYS[20] batch_ended ZSET batch id -> completed ms (for trimming)
--- KEYS[21] wake     Pub/Sub channel: told when a batch's completion task is scheduled here
--- KEYS[22] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
--- KEYS[23] after    HASH id -> "<parents not finished>|<policy>"
--- KEYS[24] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
--- KEYS[25..33] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[16] ended    Pub/Sub channel: the ids of tasks sent to dead or expired here (for q.wait)
+-- KEYS[17] results  HASH id -> finished record (expired tasks, with keep_results_ms > 0)
+-- KEYS[18] finished ZSET id -> finished ms (the records of results, for trimming)
+-- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
+-- KEYS[20] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[21] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[22] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[23] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[24] wake     Pub/Sub channel: told when a batch's completion task is scheduled here
+-- KEYS[25] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[26] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[27] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[28..36] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -49,7 +52,8 @@
 --          paused (1 when the queue is paused: nothing is leased and next_due is -1, so
 --          consumers sleep until resume wakes them; expired leases are still reclaimed),
 --          id1, envelope1, attempt1, due1, first_claimed1, id2, envelope2, ...}
--- Due tasks are leased by priority (9 first), then earliest due within a priority.
+-- Due tasks are leased by priority (9 first), then earliest due within a priority. A due task
+-- past its expiry is not leased: it ends "expired" (the prelude's expiry notes).
 -- With a rate "n/per_ms" set, at most n tasks are leased in any window of per_ms (counted by
 -- the claims kept in KEYS[9], one entry per claim with its count: O(1) work per claim, not
 -- per task); when the rate holds tasks back, next_due is when the oldest claim of the window
@@ -143,7 +147,7 @@ if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
 -- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
 local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency',
-  'concurrency', 'key_limits')
+  'concurrency', 'key_limits', 'keep_results_ms')
 local paused = config.paused == true
 local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
 
@@ -307,13 +311,13 @@ local PARK_BUDGET = 1000
 local buried_here = 0
 local token = nil
 local deadline = now + lease_ms
-local leased, meta, orphans = {}, {}, {}
+local leased, meta, orphans, too_late = {}, {}, {}, {}
 local n_leased, n_out = 0, #out
 -- Text of the first-claim time and of each distinct due ms in this claim, formatted once (tasks
 -- scheduled in bulk share their due ms).
 local now_text, due_texts = ms(now), {}
 local upper_used = upper_levels_used(levels)
-while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
+while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDGET do
   local ids, scores, priorities = {}, {}, {}
   for p = upper_used and 9 or 0, 0, -1 do
     local room = limit - #leased / 2 - #ids
@@ -330,7 +334,7 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
     end
   end
   if #ids == 0 then break end
-  local parked_before = parked_here
+  local parked_before = parked_here + #too_late
   local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
   local metas = redis.call('HMGET', KEYS[4], unpack(ids))
   -- the slot of each task's limit key (false: none)
@@ -369,6 +373,8 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
     end
     if not envelopes[i] then
       orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
+    elseif string.byte(envelopes[i], 1) == 51 and task_expired(envelopes[i], now) then
+      too_late[#too_late + 1] = id  -- past its expiry: never started (tasks_expire below)
     elseif not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable: ' ..
         string.sub(tostring(metas[i]), 1, 100))
@@ -410,7 +416,7 @@ while not paused and #leased / 2 < limit and parked_here < PARK_BUDGET do
       n_out = n_out + 5
     end
   end
-  if parked_here == parked_before then break end  -- nothing stepped aside: no more to take
+  if parked_here + #too_late == parked_before then break end  -- none stepped aside: no more
 end
 -- Write back the keys this claim changed (one HSET, one HDEL).
 -- Keys leased once here share their new state (1, the same mark, 0 parked): the last state
@@ -466,15 +472,21 @@ if #orphans > 0 then
     ' had no stored task (evicted or deleted by hand) and were dropped')
 end
 out[7] = #orphans
+local bk = links.batch_keys(KEYS[20], KEYS[21], KEYS[22], KEYS[23], levels, KEYS[3], KEYS[7], KEYS[24])
+local ak = links.after_keys(KEYS[25], KEYS[26], KEYS[27], KEYS[6], KEYS[5], KEYS[16], bk)
 if died > 0 then
   stat_incr(KEYS[7], 'dead', died)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
   publish_ended(KEYS[16], buried)
-  local bk = batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], levels, KEYS[3], KEYS[7], KEYS[21])
-  tasks_ended(bk, after_keys(KEYS[22], KEYS[23], KEYS[24], KEYS[6], KEYS[5], KEYS[16], bk), buried,
-    'dead', now)
+  followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
+    stats = KEYS[7], dead = KEYS[6]}, levels, buried, now)
+  links.tasks_ended(bk, ak, buried, 'dead', now)
 end
 out[8] = buried_here
+tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
+  results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19]}, levels,
+  too_late, now, config.keep_results_ms or 0)
+links.tasks_ended(bk, ak, too_late, 'expired', now)
 
 local next_due = levels_head(levels, not upper_used)
 local key_wait = (wait_head or parked_here > 0) and head_score(KEYS[12])

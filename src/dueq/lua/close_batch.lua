@@ -20,13 +20,13 @@
 local now = dueq_now(ARGV[1])
 history_use(KEYS[5], ARGV[1])
 local batch = ARGV[2]
-local b = batch_parse(redis.call('HGET', KEYS[6], batch)) or {0, 0, 0, 0, 0, now, false, false}
-if b[7] then return {0, batch_text(b)} end
+local b = links.batch_parse(redis.call('HGET', KEYS[6], batch)) or {0, 0, 0, 0, 0, now, false, false}
+if b[7] then return {0, links.batch_text(b)} end
 b[7] = now
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[7], batch, ARGV[3]) end
-local bk = batch_keys(KEYS[6], nil, KEYS[7], KEYS[8], due_levels(KEYS[1]), KEYS[2], KEYS[3],
+local bk = links.batch_keys(KEYS[6], nil, KEYS[7], KEYS[8], due_levels(KEYS[1]), KEYS[2], KEYS[3],
   KEYS[4])
-batch_finish(bk, batch, b, now)
-local record = batch_text(b)
+links.batch_finish(bk, batch, b, now)
+local record = links.batch_text(b)
 redis.call('HSET', KEYS[6], batch, record)
 return {1, record}

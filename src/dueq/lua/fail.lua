@@ -15,15 +15,18 @@
 -- KEYS[13] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
 -- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
 -- KEYS[15] config   HASH setting -> value (concurrency: see the prelude's settings)
--- KEYS[16] ended    Pub/Sub channel: the id, when the task dies (for q.wait)
--- KEYS[17] batches  HASH batch id -> record (see the prelude's batch notes)
--- KEYS[18] batch_of HASH id -> batch id: the members of batches that have not ended
--- KEYS[19] batch_on HASH batch id -> completion task record, scheduled when its batch completes
--- KEYS[20] batch_ended ZSET batch id -> completed ms (for trimming)
--- KEYS[21] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
--- KEYS[22] after    HASH id -> "<parents not finished>|<policy>"
--- KEYS[23] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
--- KEYS[24..32] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[16] ended    Pub/Sub channel: the id, when the task dies or expires (for q.wait)
+-- KEYS[17] results  HASH id -> finished record (an expired task, with keep_results_ms > 0)
+-- KEYS[18] finished ZSET id -> finished ms (the records of results, for trimming)
+-- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
+-- KEYS[20] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[21] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[22] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[23] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[24] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[25] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[26] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[27..35] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -33,7 +36,8 @@
 -- ARGV[7] dead-letter cap: most entries kept
 -- ARGV[8] dead-letter cap: oldest age kept, ms
 -- Returns {status, at ms}: 1 = back in due at that time, 2 = dead since then, 0 = lease lost,
---         3 = the task was cancelled while leased (nothing recorded)
+--         3 = the task was cancelled while leased (nothing recorded), 4 = expired since then
+--         (its next attempt would come at or after its expiry: the prelude's expiry notes)
 
 local now = dueq_now(ARGV[1])
 history_use(KEYS[12], ARGV[1])
@@ -53,8 +57,12 @@ if key and key_unlease(KEYS[10], KEYS[11], key, now) then
   publish_wake(KEYS[8], ms(now))
 end
 -- the concurrency cap: a consumer may be sleeping capped; tell it a lease ends
-local cap = settings_read(KEYS[15], KEYS[7], 'concurrency').concurrency
+local settings = settings_read(KEYS[15], KEYS[7], 'concurrency', 'keep_results_ms')
+local cap = settings.concurrency
 if cap and at_cap(KEYS[2], cap, now) then publish_wake(KEYS[8], ms(now)) end
+local bk = links.batch_keys(KEYS[20], KEYS[21], KEYS[22], KEYS[23], due_levels(KEYS[1]), KEYS[3],
+  KEYS[7], KEYS[8])
+local ak = links.after_keys(KEYS[24], KEYS[25], KEYS[26], KEYS[6], KEYS[5], KEYS[16], bk)
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))
 redis.call('ZREM', KEYS[2], id)
@@ -68,13 +76,19 @@ if ARGV[5] == 'dead' then
   stat_incr(KEYS[7], 'dead', 1)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[7]), tonumber(ARGV[8]))
   publish_ended(KEYS[16], {id})
-  local bk = batch_keys(KEYS[17], KEYS[18], KEYS[19], KEYS[20], due_levels(KEYS[1]), KEYS[3],
-    KEYS[7], KEYS[8])
-  tasks_ended(bk, after_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[6], KEYS[5], KEYS[16], bk), {id},
-    'dead', now)
+  followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
+    stats = KEYS[7], wake = KEYS[8], dead = KEYS[6]}, due_levels(KEYS[1]), {id}, now)
+  links.tasks_ended(bk, ak, {id}, 'dead', now)
   return {2, now}
 end
 local due = now + tonumber(ARGV[6])
+if task_expired(envelope, due) then
+  tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
+    results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19],
+    wake = KEYS[8]}, due_levels(KEYS[1]), {id}, now, settings.keep_results_ms or 0)
+  links.tasks_ended(bk, ak, {id}, 'expired', now)
+  return {4, now}
+end
 local k_level = level_key(due_levels(KEYS[1]), envelope)
 local previous_head = head_score(k_level)
 redis.call('ZADD', k_level, due, id)

@@ -13,8 +13,9 @@
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] "ids" (ARGV[3..] are ids) or "dead" (ARGV[3] offset, ARGV[4] count; newest first)
 -- Returns a flat list of 6-tuples: id, state ("scheduled"|"leased"|"dead"|"done"|"cancelled"
---   |"waiting"|""), score or "", envelope or "", meta or "", errors or ""; a missing task has state "".
---   A finished task kept by keep_results ("done", "cancelled") has its record's header JSON
+--   |"expired"|"waiting"|""), score or "", envelope or "", meta or "", errors or ""; a missing
+--   task has state "". A finished task kept by keep_results ("done", "cancelled", "expired")
+--   has its record's header JSON
 --   in place of meta, and its finished ms as score
 
 local ids = {}

@@ -16,8 +16,8 @@
 -- KEYS[10] waiting ZSET id -> due ms: tasks waiting for parents (after=)
 -- KEYS[11..19] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
--- ARGV[2] state: "scheduled", "leased", "dead", "done", "cancelled" (these two: the records
---         kept by keep_results) or "waiting" (ordered by due time)
+-- ARGV[2] state: "scheduled", "leased", "dead", "done", "cancelled", "expired" (these three:
+--         the records kept by keep_results) or "waiting" (ordered by due time)
 -- ARGV[3] cursor: "" to start, else the cursor a previous call returned
 -- ARGV[4] limit: most tasks returned (1..1000)
 -- ARGV[5] budget: most entries looked at (>= limit, <= 10000)
@@ -49,7 +49,7 @@ if state == 'scheduled' then
   sources[#sources + 1] = {'p', KEYS[7]}
 elseif state == 'leased' then
   sources[1] = {'l', KEYS[2]}
-elseif state == 'done' or state == 'cancelled' then
+elseif state == 'done' or state == 'cancelled' or state == 'expired' then
   sources[1] = {'f', KEYS[9]}
 elseif state == 'waiting' then
   sources[1] = {'w', KEYS[10]}
@@ -143,7 +143,7 @@ local function consider(id, score_text)
   looked = looked + 1
   if prefix ~= '' and string.sub(id, 1, #prefix) ~= prefix then return false end
   local envelope, head, errors = nil, nil, nil
-  if state == 'done' or state == 'cancelled' then
+  if state == 'done' or state == 'cancelled' or state == 'expired' then
     local record = redis.call('HGET', KEYS[8], id)
     if record then head, envelope = string.match(record, '^([^\n]*)\n(.*)$') end
     if not head or string.match(head, '^{"state":"(%a+)"') ~= state then return false end

@@ -1,0 +1,360 @@
+"""``DueqBackend``: Django's task framework (``django.tasks``) on dueq queues.
+
+Each Django queue name is one dueq queue (``OPTIONS["prefix"]`` + the name). A task travels as
+a plain dueq payload naming the Django task by its module path, with its arguments as JSON, so
+any process with the project's code (``python -m django dueq_worker``) can run it; the task's
+result id is its dueq task id, ``<queue name>:<32 hex digits>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import redis
+from django.utils import timezone as django_timezone
+from django.utils.module_loading import import_string
+
+from .._identity import worker_id
+from ..exceptions import ConfigurationError
+from ..queue import Queue
+from ..retry import RetryPolicy
+from ..task import Delivery, ErrorRecord, TaskInfo
+from ._compat import (
+    BaseTaskBackend,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+    task_started,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Django's priority range, and dueq's levels it maps onto (``dueq_priority``)
+DJANGO_MIN_PRIORITY, DJANGO_MAX_PRIORITY = -100, 100
+DUEQ_LEVELS = 10
+
+#: the payload field that marks a dueq task as one of this backend's
+PAYLOAD_MARK = "django_task"
+
+#: dueq states, as Django statuses (a task kept after it ended, ``keep_results``, is done,
+#: dead, cancelled or expired; Django has no word for the last two, which never ran to the end)
+STATUS_OF_STATE = {
+    "waiting": "READY",
+    "scheduled": "READY",
+    "leased": "RUNNING",
+    "done": "SUCCESSFUL",
+    "dead": "FAILED",
+    "cancelled": "FAILED",
+    "expired": "FAILED",
+}
+
+
+def dueq_priority(priority: int) -> int:
+    """Django's priority (-100..100, higher runs first) as one of dueq's ten levels (0..9,
+    higher runs first), in bands of 20: -100..-80 is 0, -79..-60 is 1, ..., -19..0 (with the
+    default, 0) is 4, 1..20 is 5, ..., 81..100 is 9. Order is kept: a higher Django priority
+    never maps lower, and any priority above the default runs before default ones."""
+    if not DJANGO_MIN_PRIORITY <= priority <= DJANGO_MAX_PRIORITY:
+        raise ConfigurationError(f"priority must be in -100..100, got {priority!r}")
+    span = DJANGO_MAX_PRIORITY - DJANGO_MIN_PRIORITY + 1
+    return (priority - DJANGO_MIN_PRIORITY) * DUEQ_LEVELS // span
+
+
+def _seconds(value: object, name: str, *, allow_zero: bool) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(f"OPTIONS[{name!r}] must be seconds or a timedelta")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigurationError(f"OPTIONS[{name!r}] must be positive, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """The backend's ``OPTIONS``, checked once (an unknown key is a mistake, not ignored).
+
+    ``redis_url``: where the queues live. ``prefix``: put before each Django queue name to
+    name its dueq queue. ``keep_results``: seconds (or a timedelta) finished tasks stay
+    readable with ``get_result``, set on each queue when the backend first uses it (0 or
+    None: the queue's own setting stays, ``dueq configure Q --keep-results``; without one a
+    finished task is gone and ``get_result`` raises ``TaskResultDoesNotExist``).
+    ``max_attempts``: deliveries per task (1, the default: no retries, as Django's own
+    backends; more: a failing task is retried with dueq's backoff, READY between attempts).
+    ``lease``: seconds a worker holds a task before another may take it over.
+    """
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "django."
+    keep_results_s: float = 86_400.0
+    max_attempts: int = 1
+    lease_s: float = 30.0
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> BackendOptions:
+        known = {"redis_url", "prefix", "keep_results", "max_attempts", "lease"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown dueq backend OPTIONS {unknown}; known: {sorted(known)}"
+            )
+        url = options.get("redis_url", cls.redis_url)
+        prefix = options.get("prefix", cls.prefix)
+        if not isinstance(url, str) or not isinstance(prefix, str):
+            raise ConfigurationError("OPTIONS 'redis_url' and 'prefix' must be strings")
+        keep = options.get("keep_results", cls.keep_results_s)
+        attempts = options.get("max_attempts", cls.max_attempts)
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ConfigurationError(f"OPTIONS['max_attempts'] must be >= 1, got {attempts!r}")
+        return cls(
+            redis_url=url,
+            prefix=prefix,
+            keep_results_s=0.0 if keep is None else _seconds(keep, "keep_results", allow_zero=True),
+            max_attempts=attempts,
+            lease_s=_seconds(options.get("lease", cls.lease_s), "lease", allow_zero=False),
+        )
+
+
+def _ms_datetime(ms: object) -> datetime | None:
+    if isinstance(ms, bool) or not isinstance(ms, int):
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+def _iso_datetime(text: object) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:  # a payload written by hand: the time is unknown, not an error
+        return None
+
+
+def task_error(record: ErrorRecord) -> Any:
+    """A dueq error record as Django's ``TaskError``. dueq keeps the exception's qualified name;
+    the traceback's last line (``module.Name: message``) gives the module, and a name without
+    one there is a builtin (``builtins.ValueError``)."""
+    trace = record.traceback or f"{record.type}: {record.message}"
+    last = trace.rstrip().rsplit("\n", 1)[-1].split(":", 1)[0].strip()
+    if last.endswith("." + record.type):
+        path = last
+    elif "." not in record.type:
+        path = f"builtins.{record.type}"
+    else:
+        path = record.type
+    return TaskError(exception_class_path=path, traceback=trace)
+
+
+class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no type hints)
+    """A ``django.tasks`` backend on dueq: ``run_after``, priorities (mapped onto dueq's
+    levels, ``dueq_priority``), one dueq queue per Django queue name, results with
+    ``get_result``/``refresh()``, and async task functions. Run tasks with
+    ``python -m django dueq_worker``."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.dueq_options = BackendOptions.parse(self.options)
+        self._redis: redis.Redis | None = None
+        self._queues: dict[str, Queue] = {}
+
+    # -- queues -------------------------------------------------------------------------------
+
+    def queue_names(self) -> list[str]:
+        """The Django queue names this backend accepts (``QUEUES``), sorted."""
+        return sorted(self.queues)
+
+    def queue(self, queue_name: str) -> Queue:
+        """The dueq queue of Django queue ``queue_name`` (made, and its ``keep_results`` set,
+        once per backend instance)."""
+        q = self._queues.get(queue_name)
+        if q is not None:
+            return q
+        if self.queues and queue_name not in self.queues:
+            raise ConfigurationError(f"queue {queue_name!r} is not in this backend's QUEUES")
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.dueq_options.redis_url)
+        opts = self.dueq_options
+        q = Queue(
+            opts.prefix + queue_name,
+            self._redis,
+            retry=RetryPolicy(max_attempts=opts.max_attempts),
+            lease=opts.lease_s,
+        )
+        if opts.keep_results_s:  # 0/None: leave the queue's own setting (dueq configure)
+            q.configure(keep_results=opts.keep_results_s)
+        self._queues[queue_name] = q
+        return q
+
+    # -- producing ----------------------------------------------------------------------------
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        self.validate_task(task)
+        now = django_timezone.now()
+        result_id = f"{task.queue_name}:{uuid.uuid4().hex}"
+        result = TaskResult(
+            task=task,
+            id=result_id,
+            status=TaskResultStatus.READY,
+            enqueued_at=now,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )  # normalizes args and kwargs to JSON (TypeError for anything else)
+        run_after = task.run_after
+        if run_after is not None and django_timezone.is_naive(run_after):
+            run_after = django_timezone.make_aware(run_after)
+        payload = {
+            PAYLOAD_MARK: task.module_path,
+            "args": result.args,
+            "kwargs": result.kwargs,
+            "priority": task.priority,
+            "run_after": None if run_after is None else run_after.isoformat(),
+            "enqueued_at": now.isoformat(),
+            "backend": self.alias,
+        }
+        self.queue(task.queue_name).schedule(
+            payload,
+            id=result_id,
+            at=run_after,
+            priority=dueq_priority(task.priority),
+            max_attempts=self.dueq_options.max_attempts,
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # -- results ------------------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> Any:
+        queue_name, sep, _ = str(result_id).rpartition(":")
+        if not sep or (self.queues and queue_name not in self.queues):
+            raise TaskResultDoesNotExist(result_id)
+        info = self.queue(queue_name).get(result_id)
+        if info is None or not isinstance(info.payload, dict) or PAYLOAD_MARK not in info.payload:
+            raise TaskResultDoesNotExist(result_id)
+        return self.result_of(info, queue_name)
+
+    def wait(self, result_id: str, timeout: float = 10.0) -> Any:
+        """The ``TaskResult`` of ``result_id`` once the task has ended (SUCCESSFUL or FAILED),
+        woken by the queue when it does (``Queue.wait``, no polling); raises
+        ``dueq.WaitTimeout`` if it has not ended within ``timeout`` seconds. Needs
+        ``keep_results``."""
+        queue_name, sep, _ = str(result_id).rpartition(":")
+        if not sep or (self.queues and queue_name not in self.queues):
+            raise TaskResultDoesNotExist(result_id)
+        self.queue(queue_name).wait(result_id, timeout=timeout)
+        return self.get_result(result_id)
+
+    def result_of(self, info: TaskInfo, queue_name: str) -> Any:
+        """The ``TaskResult`` a stored dueq task reads as."""
+        payload = info.payload
+        task = _import_task(payload[PAYLOAD_MARK])
+        run_after = _iso_datetime(payload.get("run_after"))
+        task = task.using(
+            queue_name=queue_name,
+            priority=payload.get("priority", task.priority),
+            backend=self.alias,
+            **({"run_after": run_after} if run_after is not None else {}),
+        )
+        status = TaskResultStatus(STATUS_OF_STATE.get(info.state, "READY"))
+        stored = getattr(info, "result", None)  # the worker's record of the last attempt
+        stored = stored if isinstance(stored, dict) else {}
+        errors = [task_error(e) for e in info.errors]
+        # one worker id per attempt: the failed ones name theirs, the last its own record
+        worker_ids = [e.worker or "" for e in info.errors if e.attempt > 0]
+        last_started = _ms_datetime(stored.get("started_ms"))
+        if info.state == "leased" and info.holder:
+            worker_ids.append(info.holder)
+        elif status == TaskResultStatus.SUCCESSFUL:
+            worker_ids.append(str(stored.get("worker", "")))
+        if last_started is None:
+            last_started = info.errors[-1].at if info.errors else info.first_claimed_at
+        finished_at = getattr(info, "finished_at", None)
+        if finished_at is None and status == TaskResultStatus.FAILED:
+            finished_at = info.died_at
+        result = TaskResult(
+            task=task,
+            id=info.id,
+            status=status,
+            enqueued_at=_iso_datetime(payload.get("enqueued_at")),
+            started_at=info.first_claimed_at or _ms_datetime(stored.get("first_started_ms")),
+            finished_at=finished_at,
+            last_attempted_at=last_started if info.attempt else None,
+            args=payload.get("args", []),
+            kwargs=payload.get("kwargs", {}),
+            backend=self.alias,
+            errors=errors,
+            worker_ids=worker_ids,
+        )
+        if status == TaskResultStatus.SUCCESSFUL:
+            object.__setattr__(result, "_return_value", stored.get("value"))
+        return result
+
+    # -- consuming ----------------------------------------------------------------------------
+
+    def run_delivery(self, delivery: Delivery) -> dict[str, Any]:
+        """Run the Django task a delivery carries (the ``dueq_worker`` handler). Returns what
+        the queue keeps as the result: the return value (as JSON types), who ran it and when;
+        an exception fails the attempt (retried up to ``max_attempts``, then FAILED)."""
+        payload = delivery.payload
+        if not isinstance(payload, dict) or PAYLOAD_MARK not in payload:
+            raise ConfigurationError(f"task {delivery.id!r} is not a Django task of dueq's")
+        task = _import_task(payload[PAYLOAD_MARK])
+        args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+        me = worker_id()
+        running = TaskResult(
+            task=task,
+            id=delivery.id,
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=_iso_datetime(payload.get("enqueued_at")),
+            started_at=_ms_datetime(delivery.first_claimed_ms),
+            finished_at=None,
+            last_attempted_at=_ms_datetime(delivery.claimed_ms),
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[me] * delivery.attempt,
+        )
+        task_started.send(type(self), task_result=running)
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=running), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        return {
+            "value": normalize_json(value),
+            "worker": me,
+            "started_ms": delivery.claimed_ms,  # this attempt's start
+            "first_started_ms": delivery.first_claimed_ms,  # the first attempt's
+        }
+
+
+def _import_task(path: object) -> Any:
+    """The Django ``Task`` at a module path (what ``@task`` left there)."""
+    if not isinstance(path, str):
+        raise ConfigurationError(f"not a task path: {path!r}")
+    found = import_string(path)
+    if not hasattr(found, "call") or not hasattr(found, "func"):
+        raise ConfigurationError(f"{path} is not a Django task (decorate it with @task)")
+    return found
+
+
+__all__ = ["BackendOptions", "DueqBackend", "dueq_priority", "task_error"]

@@ -1,0 +1,56 @@
+"""``python -m django dueq_worker``: run the project's Django tasks from dueq queues."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ....worker import Worker
+from ..._compat import task_backends
+from ...backend import DueqBackend
+
+
+class Command(BaseCommand):  # type: ignore[misc]  # django's class (no type hints)
+    help = (
+        "Run Django tasks enqueued on a dueq backend until SIGINT or SIGTERM "
+        "(then in-flight tasks finish)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--backend", default="default", help="the TASKS alias to serve (default: default)"
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="NAME",
+            help="a Django queue name to serve; repeat for more (default: all of QUEUES)",
+        )
+        parser.add_argument(
+            "--concurrency", type=int, default=8, help="tasks run at a time (default: 8)"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        alias = options["backend"]
+        try:
+            backend = task_backends[alias]
+        except Exception as exc:  # Django's handler raises its own error type per version
+            raise CommandError(f"no task backend {alias!r} in TASKS: {exc}") from exc
+        if not isinstance(backend, DueqBackend):
+            raise CommandError(f"TASKS[{alias!r}] is {type(backend).__name__}, not DueqBackend")
+        names = options["queues"] or backend.queue_names()
+        unknown = [n for n in names if backend.queues and n not in backend.queues]
+        if unknown:
+            raise CommandError(f"not in TASKS[{alias!r}]['QUEUES']: {', '.join(unknown)}")
+        if options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        queues = [backend.queue(n) for n in names]
+        self.stdout.write(
+            f"dueq_worker: serving {', '.join(q.name for q in queues)} "
+            f"(backend {alias!r}, concurrency {options['concurrency']})"
+        )
+        self.stdout.flush()
+        Worker(queues, backend.run_delivery, concurrency=options["concurrency"]).run()
+        self.stdout.write("dueq_worker: stopped")

@@ -1,0 +1,232 @@
+"""dueq.django: Django's task framework on dueq. The backend's pure parts are tested here; the
+rest through the test project (tests/django_project): its scenario enqueues with
+``django.tasks``, runs the real ``dueq_worker`` management command in a subprocess against the
+suite's Redis, and reports; on Django 4.2-5.x (the django-tasks backport, this interpreter)
+and on Django 6 (Python 3.12, in .venv-django6) when that interpreter is here."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DJANGO6_VENV = ROOT / ".venv-django6"
+
+
+def _has_django_tasks() -> bool:
+    if importlib.util.find_spec("django") is None:
+        return False
+    if importlib.util.find_spec("django_tasks") is not None:
+        return True
+    return importlib.util.find_spec("django.tasks") is not None
+
+
+needs_django = pytest.mark.skipif(
+    not _has_django_tasks(),
+    reason="Django with django.tasks (or the django-tasks backport) is not installed: "
+    "pip install 'dueq[django]' (scripts/install does)",
+)
+
+
+@needs_django
+def test_django_priorities_map_onto_dueq_levels_in_order_in_bands_of_twenty():
+    from dueq.django import dueq_priority
+
+    levels = [dueq_priority(p) for p in range(-100, 101)]
+    assert levels == sorted(levels)  # order kept
+    assert set(levels) == set(range(10))  # every dueq level used
+    assert (dueq_priority(-100), dueq_priority(-80), dueq_priority(-79)) == (0, 0, 1)
+    assert (dueq_priority(-19), dueq_priority(0), dueq_priority(1)) == (4, 4, 5)
+    assert (dueq_priority(80), dueq_priority(81), dueq_priority(100)) == (8, 9, 9)
+
+
+@needs_django
+def test_django_backend_options_refuse_unknown_keys_and_bad_values():
+    import dueq
+    from dueq.django import BackendOptions
+
+    opts = BackendOptions.parse({"redis_url": "redis://h:1/2", "keep_results": 60})
+    assert (opts.redis_url, opts.keep_results_s, opts.max_attempts) == ("redis://h:1/2", 60, 1)
+    assert BackendOptions.parse({"keep_results": None}).keep_results_s == 0
+    for bad in ({"redis": "x"}, {"max_attempts": 0}, {"lease": 0}, {"keep_results": "1h"}):
+        with pytest.raises(dueq.ConfigurationError):
+            BackendOptions.parse(bad)
+
+
+@needs_django
+def test_django_task_errors_name_the_exception_class_by_module_path():
+    from dueq import ErrorRecord
+    from dueq.django.backend import task_error
+
+    builtin = ErrorRecord(1, "ValueError", "boom", 'File "x.py"\nValueError: boom\n', None)
+    assert task_error(builtin).exception_class_path == "builtins.ValueError"
+    own = ErrorRecord(1, "Oops", "no", 'File "x.py"\nmyapp.errors.Oops: no\n', None)
+    assert task_error(own).exception_class_path == "myapp.errors.Oops"
+    assert "myapp.errors.Oops: no" in task_error(own).traceback
+
+
+def run_scenario(python: str, redis_url: str, prefix: str) -> dict[str, Any]:
+    """Run tests/django_project/scenario.py with ``python``; the JSON it reports."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
+        "DJANGO_SETTINGS_MODULE": "django_project.settings",
+        "DUEQ_REDIS_URL": redis_url,
+        "DUEQ_DJANGO_PREFIX": prefix,
+    }
+    done = subprocess.run(
+        [python, str(ROOT / "tests" / "django_project" / "scenario.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def check_scenario(out: dict[str, Any], prefix: str) -> None:
+    """What the scenario must show, on any Django version."""
+    assert out["worker_exit"] == 0, out["worker_output"]
+    assert "serving" in out["worker_output"]
+    assert out["enqueued_status"] == "READY"
+    # one dueq queue per Django queue name, and a task of queue "emails" lands in the second
+    assert out["queues"] == {"default": f"{prefix}default", "emails": f"{prefix}emails"}
+    assert out["email_in_emails_queue"] is True
+    assert out["emails_sent"] == ["a@example.com"]
+    # one worker (concurrency 1) ran the three record tasks by priority: 100, 0, -100
+    assert out["ran"] == ["high", "mid", "low"]
+    # run_after an hour ahead: never started, still scheduled once everything else finished
+    assert (out["later_status"], out["later_state"]) == ("READY", "scheduled")
+    res = out["results"]
+    assert res["ok"]["status"] == "SUCCESSFUL"
+    assert res["ok"]["return_value"] == 5
+    assert res["ok"]["times_set"] == [True, True, True, True]
+    assert res["ok"]["ordered"] is True  # enqueued <= started <= finished
+    assert res["ok"]["attempts"] == 1
+    assert (res["aok"]["status"], res["aok"]["return_value"]) == ("SUCCESSFUL", {"sum": 9})
+    assert res["ctx"]["return_value"] == 1  # takes_context: the task saw its attempt number
+    assert res["email"]["return_value"] == "sent to a@example.com"
+    assert res["bad"]["status"] == "FAILED"
+    assert [e["path"] for e in res["bad"]["errors"]] == ["builtins.ValueError"]
+    assert "ValueError: boom" in res["bad"]["errors"][0]["traceback"]
+    assert res["bad"]["times_set"][3] is True  # finished_at
+    assert out["fetched_again"] == "SUCCESSFUL"  # Task.get_result by id, in a fresh read
+
+
+@pytest.mark.slow
+@needs_django
+def test_django_tasks_run_through_the_dueq_worker_command(redis_server, r):
+    out = run_scenario(sys.executable, redis_server.url, "dj.")
+    check_scenario(out, "dj.")
+    assert out["tasks_module"] in ("django.tasks", "django_tasks")
+
+
+def find_python312() -> str | None:
+    """A Python 3.12 interpreter for the Django 6 run: DUEQ_PYTHON312, python3.12 on PATH, or
+    pyenv's 3.12 build."""
+    given = os.environ.get("DUEQ_PYTHON312")
+    if given:
+        return given
+    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python")))
+    on_path = shutil.which("python3.12")
+    for python in [*candidates, *([on_path] if on_path else [])]:
+        ok = subprocess.run([python, "--version"], capture_output=True, text=True)
+        if ok.returncode == 0 and ok.stdout.startswith("Python 3.12"):
+            return python
+    return None
+
+
+def django6_python() -> str:
+    """.venv-django6's interpreter, with Django 6 and dueq's dependencies (made as
+    scripts/install makes it when missing); skips with the reason when that cannot be."""
+    venv_python = DJANGO6_VENV / "bin" / "python"
+    if not venv_python.exists():
+        base = find_python312()
+        if base is None:
+            pytest.skip("no Python 3.12 here (Django 6 needs >= 3.12): set DUEQ_PYTHON312")
+        made = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "install-django6"), base],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if made.returncode != 0:
+            pytest.skip(f"could not make .venv-django6: {made.stderr.strip()[-500:]}")
+    return str(venv_python)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_django6_runs_the_same_scenario_with_its_built_in_django_tasks(redis_server, r):
+    out = run_scenario(django6_python(), redis_server.url, "dj6.")
+    assert out["django"].startswith("6.")
+    assert out["tasks_module"] == "django.tasks"
+    check_scenario(out, "dj6.")
+
+
+EXAMPLE = ROOT / "examples" / "django_project"
+
+
+def test_django_doc_blocks_are_the_example_projects_tested_code():
+    """docs/django.md's Python blocks need a Django project, so they are marked not run; each
+    is, verbatim, code of examples/django_project, which the next test runs."""
+    page = (ROOT / "docs" / "django.md").read_text()
+    blocks = re.findall(r"(<!--[^\n]*-->)?\n```python\n(.*?)```", page, flags=re.S)
+    sources = "\n".join(p.read_text() for p in EXAMPLE.rglob("*.py"))
+    assert len(blocks) == 3
+    for mark, code in blocks:
+        assert "not run: needs a Django project" in mark
+        body = textwrap.dedent(code)
+        assert all(line.strip() in sources for line in body.splitlines()), body
+
+
+def example_env(redis_url: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "REDIS_URL": redis_url}
+
+
+@pytest.mark.slow
+@needs_django
+def test_django_example_project_runs_its_tasks_through_dueq_worker(redis_server, r):
+    env = example_env(redis_server.url)
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "dueq_worker"],
+        cwd=EXAMPLE,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        demo = subprocess.run(
+            [sys.executable, "manage.py", "shop_demo"],
+            cwd=EXAMPLE,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker_output, _ = worker.communicate(timeout=60)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert demo.stdout.splitlines() == [
+        "SUCCESSFUL welcome mail sent to user 42",
+        "SUCCESSFUL {'day': '2026-01-01', 'rows': 3}",
+        "FAILED builtins.ValueError",
+        "READY True",
+    ]
+    assert worker.returncode == 0, worker_output
+    assert "serving shop.default, shop.reports" in worker_output
