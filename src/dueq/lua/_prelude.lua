@@ -1117,6 +1117,16 @@ function links.after_unpack(blob, pos)
   return parents, pos
 end
 
+-- The position after a schedule record's trailers (max wait, batch, parents), given its flags
+-- and the position after its envelope (spark_stage.lua stages whole records).
+function links.record_end(blob, pos, flags)
+  local _
+  if flags % 8 >= 4 then pos = pos + 8 end
+  if flags % 32 >= 16 then _, pos = struct.unpack('>Hc0', blob, pos) end
+  if flags % 64 >= 32 then _, pos = links.after_unpack(blob, pos) end
+  return pos
+end
+
 function links.after_keys(k_waiting, k_after, k_children, k_dead, k_errors, k_ended, bk)
   return {waiting = k_waiting, after = k_after, children = k_children, dead = k_dead,
     errors = k_errors, ended = k_ended, bk = bk}
