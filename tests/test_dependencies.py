@@ -29,6 +29,7 @@ def test_a_child_with_two_parents_runs_only_after_both_are_acked(make_queue):
     q.schedule("b", id="b")
     q.schedule("c", id="c", after=["a", "b"])
     assert q.get("c").state == "waiting"
+    assert (q.stats().waiting, q.stats().scheduled, q.stats().missing) == (1, 2, 0)
     (da, db) = sorted(q.claim(limit=10), key=lambda d: d.id)  # c is not due
     da.ack()
     assert q.get("c").state == "waiting"

@@ -534,8 +534,8 @@ def history(
 
 def stats(k: QueueKeys, now: str) -> Call[QueueStats]:
     """Counts per state, timing and counters, as one snapshot."""
-    keys = [k.due, k.leased, k.dead, k.stats, k.tasks, k.config, k.parked, *k.upper_due]
-    return Call("stats", keys, [now], queue_stats)
+    keys = [k.due, k.leased, k.dead, k.stats, k.tasks, k.config, k.parked, k.waiting]
+    return Call("stats", [*keys, *k.upper_due], [now], queue_stats)
 
 
 # -- configure.lua -----------------------------------------------------------------------------

@@ -286,7 +286,8 @@ def queue_stats(reply: list[Any]) -> QueueStats:
     """QueueStats from stats.lua's reply (a corrupted counter reads as 0)."""
     now_ms, scheduled, due_now, leased, dead, head, stored = (int(x) for x in reply[:7])
     settings = settings_from_reply(reply[7])
-    counters = {text(reply[i]): _count(reply[i + 1]) for i in range(8, len(reply), 2)}
+    waiting = int(reply[8])
+    counters = {text(reply[i]): _count(reply[i + 1]) for i in range(9, len(reply), 2)}
     counters.pop("lease_seq", None)
     counters.pop("rate_in_window", None)  # claim.lua's running sum of the rate window
     for name in [name for name in counters if name.startswith("rejected:")]:
@@ -300,8 +301,9 @@ def queue_stats(reply: list[Any]) -> QueueStats:
         oldest_due_lag_s=max(now_ms - head, 0) / 1000 if head >= 0 and due_now else 0.0,
         now=ms_datetime(now_ms),
         counters=counters,
-        missing=max(scheduled + leased + dead - stored, 0),
+        missing=max(scheduled + leased + dead + waiting - stored, 0),
         settings=settings,
+        waiting=waiting,
     )
 
 

@@ -446,6 +446,8 @@ class QueueStats:
     missing: int = 0
     #: the queue's settings in the same snapshot
     settings: QueueSettings = field(default_factory=QueueSettings)
+    #: tasks waiting for their parents (``after=``)
+    waiting: int = 0
 
     @property
     def paused(self) -> bool:
