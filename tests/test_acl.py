@@ -24,6 +24,7 @@ from waiting import wait_for
 import dueq
 from dueq.acl import ROLES, acl_rule, acl_rules, combined_rule, script_commands
 from dueq.cli import cli
+from dueq.events import latest_events
 from dueq.operators import process
 from dueq.server import RedisServer, server_build
 from dueq.wake import sharded_pubsub
@@ -288,6 +289,8 @@ def test_the_operator_reads_stats_manages_dead_letters_and_cron(server, admin, l
     admin.script_flush()
     op = dueq.Queue(QUEUE, login("operator"))
     assert op.stats().dead == 3
+    # the latest outcome events (the dashboard's queue page, dueq events): XREVRANGE
+    assert latest_events(op.redis, op, 5) == []
     assert {i.id for i in op.dead.list()} == {"d0", "d1", "d2"}
     assert op.dead.replay(["d0"]) == 1
     assert op.dead.purge(["d1"]) == 1

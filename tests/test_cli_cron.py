@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from cli_support import one_error_line
 
@@ -234,3 +234,14 @@ def test_backfill_prints_how_many_and_adds_nothing_the_second_time(invoke, r):
     assert first.stdout.strip() == "backfilled 5 occurrence(s) of cron 'h' in 'q'"
     again = invoke(*args, "--end", "2026-01-01T05:00:00Z")
     assert again.stdout.strip() == "backfilled 0 occurrence(s) of cron 'h' in 'q'"
+
+
+def test_add_expires_and_list_shows_it(invoke, r):
+    result = invoke("cron", "add", "q", "fresh", "0 * * * *", "--expires", "600")
+    assert result.exit_code == 0, result.output
+    assert dueq.Queue("q", r).cron.get("fresh").expires == timedelta(minutes=10)
+    [d] = json.loads(invoke("cron", "list", "q", "--json").stdout)["definitions"]
+    assert d["expires"] == 600.0
+    assert "expires" in invoke("cron", "list", "q").stdout
+    bad = invoke("cron", "add", "q", "j", "--every", "60", "--jitter", "60", "--expires", "30")
+    assert bad.exit_code == 1 and "jitter must be shorter than expires" in one_error_line(bad)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import warnings
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import redis
@@ -479,6 +479,59 @@ def test_cron_page_and_api_show_each_definitions_policies_and_counts(
     assert api["fragile"]["paused"] and api["fragile"]["paused_reason"]
     assert (api["once"]["finished"], api["once"]["fired"], api["once"]["limit"]) == ("limit", 1, 1)
     assert api["plain"]["overlap"] == "allow_all" and api["plain"]["limit"] is None
+
+
+def test_cron_page_and_api_show_an_expiry(r: redis.Redis, dashboard: Client) -> None:
+    Queue("fresh", r).cron.add("hourly", "0 * * * *", expires=timedelta(minutes=10))
+    html = dashboard().get("/cron").text
+    row = html[html.index("hourly") : html.index("</tr>", html.index("hourly"))]
+    assert "expires 600s" in row
+    [api] = dashboard().get("/api/cron").json()["fresh"]
+    assert api["expires"] == 600.0
+
+
+def test_queue_page_shows_the_latest_events_when_events_are_on(
+    r: redis.Redis, dashboard: Client, clock: ManualClock
+) -> None:
+    q = Queue("evq", r, clock=clock, retry=RetryPolicy(max_attempts=3, wait=lambda s: 60))
+    q.configure(events=3600)
+    for tid in ("ok-1", "bad-1", "gone-1", "tag<b>"):
+        q.schedule({}, id=tid)
+    by_id = {d.id: d for d in q.claim(limit=4)}
+    by_id["ok-1"].ack()
+    clock.advance(2)
+    by_id["bad-1"].fail(ValueError("nope"))
+    q.cancel("gone-1")
+    by_id["tag<b>"].fail(KeyError("k"))
+    at = datetime.fromtimestamp(clock.now, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    html = dashboard().get("/queue", params={"queue": "evq"}).text
+    assert "<h2>Latest events</h2>" in html
+    section = html.split("<h2>Latest events</h2>", 1)[1]
+    rows = section.split("</table>", 1)[0].split("<tr>")[2:]  # after the header row
+    assert len(rows) == 4
+    newest, cancelled, retried, acked = rows  # newest first
+    assert "<td>retried</td>" in newest and "tag&lt;b&gt;" in newest and "<b>" not in newest
+    assert "<td>KeyError</td>" in newest and f"<td>{at}</td>" in newest
+    assert "<td>cancelled</td>" in cancelled and 'href="/task?queue=evq&amp;id=gone-1"' in cancelled
+    assert "<td>ValueError</td>" in retried and "<td class='n'>1</td>" in retried
+    assert "<td>acked</td>" in acked and "ok-1" in acked
+
+
+def test_queue_page_shows_no_events_when_events_are_off(
+    r: redis.Redis, dashboard: Client, clock: ManualClock
+) -> None:
+    never = Queue("never", r, clock=clock)
+    never.schedule({}, id="a")
+    was_on = Queue("was-on", r, clock=clock)
+    was_on.configure(events=3600)
+    was_on.schedule({}, id="b")
+    (d,) = was_on.claim()
+    d.ack()
+    was_on.configure(events=False)
+    client = dashboard()
+    for name in ("never", "was-on"):
+        html = client.get("/queue", params={"queue": name}).text
+        assert "Queue " + name in html and "events" not in html.lower(), name
 
 
 def test_batches_page_and_api_show_each_batch_with_its_counts(

@@ -186,3 +186,18 @@ def test_a_parent_that_expires_ends_its_child_dead(make_queue, clock):
     clock.advance(11)
     assert run_all(q) == []
     assert q.get("c").errors[-1].message == "parent p ended expired"
+
+
+def test_with_events_on_a_child_buried_by_its_parent_is_a_dead_event(make_queue, r):
+    from dueq.events import latest_events
+
+    q = make_queue()
+    q.configure(events=3600)
+    q.schedule("p", id="p")
+    q.schedule("c", id="c", after=["p"])
+    run_all(q, fail={"p"})
+    events = latest_events(r, dueq.Queue("q", r), 10)
+    kinds = {(e.task_id, e.kind) for e in events}
+    assert {("p", "dead"), ("c", "dead")} <= kinds
+    (child,) = [e for e in events if e.task_id == "c"]
+    assert child.error.type == "ParentFailed"

@@ -13,6 +13,7 @@ from ._version import __version__
 from .cron import CronDefinition, Occurrence
 from .doctor import DoctorFinding, DoctorReport
 from .envelope import TaskOptions, TraceContext
+from .events import AsyncEvent, Event
 from .exceptions import (
     BatchCompleted,
     ConfigurationError,
@@ -58,6 +59,7 @@ from .worker import AsyncWorker, Worker
 
 __all__ = [
     "AsyncDelivery",
+    "AsyncEvent",
     "AsyncQueue",
     "AsyncTaskFunction",
     "AsyncWorker",
@@ -76,6 +78,7 @@ __all__ = [
     "DueHistogram",
     "DueqError",
     "ErrorRecord",
+    "Event",
     "HistoryPoint",
     "InvalidTaskError",
     "KeyCooldown",

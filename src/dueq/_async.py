@@ -22,6 +22,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from . import _protocol as protocol
 from ._async_consume import deliveries, observe
+from ._async_events import async_events
 from ._core import QueueCore
 from ._drive import Flow, drive_async
 from ._lease_flows import ClaimBatch
@@ -34,6 +35,7 @@ from .cron import AsyncCrons
 from .dead import AsyncDeadLetters
 from .doctor import DoctorReport
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
+from .events import AsyncEvent
 from .exceptions import WaitTimeout
 from .named import AsyncTaskFunction
 from .registry import WorkerInfo
@@ -394,6 +396,22 @@ class AsyncQueue(QueueCore):
         and not yet emitted."""
         return observe(self, max_in_flight=max_in_flight, wake=wake, heartbeat=heartbeat)
 
+    def events(
+        self,
+        group: str | None = None,
+        *,
+        consumer: str | None = None,
+        redeliver_after: Duration = 30.0,
+        since: datetime | None = None,
+    ) -> AsyncGenerator[AsyncEvent, None]:
+        """An ``async for`` iterator of the queue's outcome events (``configure(events=...)``),
+        as ``Queue.events``, on the running loop with no threads of its own; ``await
+        ev.ack()`` settles an event in its group. A tail without ``since`` starts at its first
+        read. See docs/events.md."""
+        return async_events(
+            self, group=group, consumer=consumer, redeliver_after=redeliver_after, since=since
+        )
+
     # -- settings ----------------------------------------------------------------------------
 
     async def configure(
@@ -407,6 +425,7 @@ class AsyncQueue(QueueCore):
         key_concurrency: int | Literal[False] | None = None,
         concurrency: int | Literal[False] | None = None,
         key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
+        events: Duration | Literal[False] | None = None,
     ) -> QueueSettings:
         """As ``Queue.configure``."""
         return await self.drive(
@@ -419,6 +438,7 @@ class AsyncQueue(QueueCore):
                 key_concurrency=key_concurrency,
                 concurrency=concurrency,
                 key_limits=key_limits,
+                events=events,
             )
         )
 

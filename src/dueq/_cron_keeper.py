@@ -63,9 +63,14 @@ def plan_claim(slots: Window, spec: Spec, slot_ms: int, now_ms: int) -> Plan:
     A slot is missed when the slot after it has come too, or (with a ``catchup_window``) when
     it is older than the window; then ``skip`` drops it, ``latest`` drops it and runs the
     latest slot instead, and ``all`` runs it and the missed slots after it, ``max_missed`` in
-    all. Slots older than the catch-up window never run.
+    all. Slots older than the catch-up window never run, and (with ``expires``) missed slots
+    already past their expiry are not added: ``max_missed`` counts only slots that can still
+    run. (The claimed slot itself past its expiry ends "expired": cron_advance decides that.)
     """
     cutoff = None if spec.catchup_ms is None else now_ms - spec.catchup_ms
+    # the oldest slot that has not expired yet (slot + expires > now)
+    fresh = None if spec.expires_ms is None else now_ms - spec.expires_ms + 1
+    added_cutoff = cutoff if fresh is None else fresh if cutoff is None else max(cutoff, fresh)
     late = cutoff is not None and slot_ms < cutoff
     following = slots.next_after(slot_ms)
     if (following is None or following > now_ms) and not late:
@@ -75,19 +80,24 @@ def plan_claim(slots: Window, spec: Spec, slot_ms: int, now_ms: int) -> Plan:
         return Plan(False, [], next_ms)
     if spec.missed == "latest":
         latest = slots.latest_at_or_before(now_ms)
-        keep = latest is not None and latest > slot_ms and (cutoff is None or latest >= cutoff)
+        keep = (
+            latest is not None
+            and latest > slot_ms
+            and (added_cutoff is None or latest >= added_cutoff)
+        )
         return Plan(False, [latest] if keep and latest is not None else [], next_ms)
     run = not late
-    after = slot_ms if cutoff is None else max(slot_ms, cutoff - 1)
+    after = slot_ms if added_cutoff is None else max(slot_ms, added_cutoff - 1)
     return Plan(run, slots.between(after, now_ms, spec.max_missed - (1 if run else 0)), next_ms)
 
 
-_REFUSED, _ADVANCED, _REBUILT, _PAUSED, _FAILED_PAUSE = (
+_REFUSED, _ADVANCED, _REBUILT, _PAUSED, _FAILED_PAUSE, _EXPIRED = (
     protocol.CronAdvance.REFUSED,
     protocol.CronAdvance.ADVANCED,
     protocol.CronAdvance.REBUILT,
     protocol.CronAdvance.PAUSED,
     protocol.CronAdvance.FAILED_PAUSE,
+    protocol.CronAdvance.EXPIRED,
 )
 
 
@@ -143,6 +153,13 @@ def on_claim_flow(
             logger.info(
                 "queue %r: %r runs, but its cron definition is paused: nothing is "
                 "scheduled after it",
+                queue.name,
+                delivery.id,
+            )
+        elif status == _EXPIRED:
+            logger.info(
+                "queue %r: %r does not run: it is past its expiry (its slot + expires=); "
+                "it ends expired",
                 queue.name,
                 delivery.id,
             )

@@ -28,6 +28,7 @@ from ._cron_ids import MAX_SLOT_MS, is_slot_id_of
 from .checks import checked_name
 from .cronexpr import CronSchedule, EverySchedule, Window, load_zone, schedule_for
 from .envelope import (
+    MAX_TIMEOUT_MS,
     TaskOptions,
     encode_envelope,
     validate_key,
@@ -64,6 +65,7 @@ _INT_FIELDS = (
     ("catchup_ms", 1000, MAX_SLOT_MS),
     ("pause_after", 1, MAX_PAUSE_AFTER),
     ("timeout_ms", 1, MAX_SLOT_MS),
+    ("expires_ms", 1, MAX_TIMEOUT_MS),
 )
 #: A readable cron_state value, "head_ms|last_ms|head_id" (cron_state_read in the scripts).
 _STATE = re.compile(r"([0-9]{1,15})\|([0-9]{0,15})\|(.*)", re.DOTALL)
@@ -103,6 +105,9 @@ class Spec:
     timeout_ms: int | None = None
     max_attempts: int | None = None
     task: str | None = None
+    #: each occurrence expires this long after its nominal slot (before jitter): never started
+    #: after it, it ends "expired" (None: occurrences never expire)
+    expires_ms: int | None = None
 
     def to_json(self) -> str:
         """Canonical JSON: equal definitions give equal strings."""
@@ -154,6 +159,11 @@ class Spec:
             )
         if self.start_ms is not None and self.end_ms is not None and self.end_ms < self.start_ms:
             raise CronError("end is before start")
+        if self.expires_ms is not None and self.jitter_ms >= self.expires_ms:
+            raise CronError(
+                "jitter must be shorter than expires (an occurrence expires that long after "
+                "its slot, so one due later than that could never run)"
+            )
         try:
             validate_priority(self.priority)
             if self.max_attempts is not None:
@@ -192,10 +202,15 @@ class Spec:
 
     def options(self) -> TaskOptions:
         """The task options its occurrences carry."""
-        return TaskOptions(self.priority, self.key, self.timeout_ms, self.max_attempts)
+        return TaskOptions(
+            self.priority, self.key, self.timeout_ms, self.max_attempts, self.expires_ms
+        )
 
     def envelope(self, max_bytes: int) -> bytes:
-        """The stored form of its occurrences (payload, options, task name)."""
+        """The stored form of its occurrences (payload, options, task name). With
+        ``expires_ms`` it has a version-3 head holding the expiry as ms after the slot: the
+        scripts store each occurrence with it made absolute (``cron_expiring`` in the Lua
+        prelude), and the pending occurrence without it (``cron_pending``)."""
         return encode_envelope(self.payload, max_bytes, self.options(), task_name=self.task)
 
     def due_ms(self, slot_ms: int, task_id: str) -> int:

@@ -260,8 +260,8 @@ def claim(
     id kept in the lease token, "<seq>@<holder>"; "" for none)."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, k.ended]
-    keys += [k.results, k.finished, k.debounce, *_batch_keys(k), k.wake, *_after_keys(k)]
-    keys += k.upper_due
+    keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), k.wake]
+    keys += [*_after_keys(k), *k.upper_due]
     args = [
         now,
         limit,
@@ -333,7 +333,7 @@ def ack(
     args: list[Any] = [now, window_ms, pack_pairs(held), pack_values(values)]
     keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config, k.cancelled]
     keys += [k.key_state, k.key_wait, k.wake, k.history, k.cron, k.cron_last]
-    keys += [k.results, k.finished, k.ended, k.debounce, k.due, *_batch_keys(k)]
+    keys += [k.results, k.finished, k.ended, k.debounce, k.due, k.events, *_batch_keys(k)]
     keys += [*_after_keys(k), k.dead, *k.upper_due]
     return Call("ack", keys, args, _parse_ack)
 
@@ -374,7 +374,8 @@ def fail(
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
     keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.config, k.ended]
-    keys += [k.results, k.finished, k.debounce, *_batch_keys(k), *_after_keys(k), *k.upper_due]
+    keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), *_after_keys(k)]
+    keys += k.upper_due
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -452,7 +453,8 @@ def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     """Remove a task in any state; the reply says whether it existed."""
     keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
     keys += [k.key_state, k.parked, k.key_wait, k.wake, k.config, k.results, k.finished]
-    keys += [k.ended, k.debounce, *_batch_keys(k), k.history, *_after_keys(k), *k.upper_due]
+    keys += [k.ended, k.debounce, k.events, *_batch_keys(k), k.history, *_after_keys(k)]
+    keys += k.upper_due
     return Call("cancel", keys, [now, task_id], bool)
 
 
@@ -648,6 +650,7 @@ class CronAdvance(enum.IntEnum):
     BUFFERED = 5  # overlap buffer_one: it waits in due until the previous one ends
     FINISHED = 6  # limit reached or window ended: dropped
     FAILED_PAUSE = 7  # pause_after_failures reached: paused now, this one dropped
+    EXPIRED = 8  # past its expiry (expires=): back in due, the next claim ends it "expired"
 
     @property
     def runs(self) -> bool:

@@ -16,6 +16,7 @@ from .exceptions import ConfigurationError, InvalidTaskError
 from .snapshot import KEY_LIMIT_PREFIX, key_limit_text, settings_from_hash
 from .task import (
     MAX_CONCURRENCY,
+    MAX_EVENTS_MS,
     MAX_KEEP_RESULTS_MS,
     MAX_KEY_CONCURRENCY,
     MAX_KEY_LIMITS,
@@ -42,6 +43,7 @@ class SettingsFlows(QueueBase):
         key_concurrency: int | Literal[False] | None = None,
         concurrency: int | Literal[False] | None = None,
         key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
+        events: Duration | Literal[False] | None = None,
     ) -> Flow[QueueSettings]:
         """Validate every change before writing any; None leaves a setting as it is."""
         if self._sharded is not None:
@@ -55,6 +57,7 @@ class SettingsFlows(QueueBase):
                     key_concurrency=key_concurrency,
                     concurrency=concurrency,
                     key_limits=key_limits,
+                    events=events,
                 )
             )
         changes: list[tuple[str, str]] = []
@@ -94,6 +97,7 @@ class SettingsFlows(QueueBase):
                     f"keep_results must be at most 366 days, got {keep_results!r}"
                 )
             changes.append(("keep_results_ms", str(ms) if ms > 0 else ""))
+        changes += events_changes(events)
         settings: QueueSettings = yield protocol.configure(self.keys, changes)
         return settings
 
@@ -104,6 +108,19 @@ class SettingsFlows(QueueBase):
             "HGETALL", self.keys.config, parse=settings_from_hash
         )
         return settings
+
+
+def events_changes(events: Duration | Literal[False] | None) -> list[tuple[str, str]]:
+    """The config change of ``configure(events=...)``: the retention of outcome events in ms
+    (False or 0: no events are written from now on)."""
+    if events is None:
+        return []
+    if events is False:
+        return [("events_ms", "")]
+    ms = duration_ms(events, "events", error=ConfigurationError)
+    if ms > MAX_EVENTS_MS:
+        raise ConfigurationError(f"events must be at most 366 days, got {events!r}")
+    return [("events_ms", str(ms) if ms > 0 else "")]
 
 
 def key_limit_changes(

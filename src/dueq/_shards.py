@@ -433,6 +433,7 @@ class Sharded(ShardLayout):
         concurrency: Any,
         key_limits: Any,
         keep_results: Any = None,
+        events: Any = None,
     ) -> Flow[QueueSettings]:
         """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
         them (``rate_shares``); everything is validated before any shard is written. Per-key
@@ -464,6 +465,7 @@ class Sharded(ShardLayout):
                 paused=paused,
                 remember_done=remember_done,
                 keep_results=keep_results,
+                events=events,
                 rate=share,
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,

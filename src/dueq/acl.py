@@ -131,22 +131,20 @@ PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     # (6.2): the wake channel;
     # INFO: the server version check at the first claim (INFO server; without it the
     # library falls back to HELLO, and ACL LOG records the refused INFO of every start).
-    "consumer": ("hmget", "ssubscribe", "sunsubscribe", "subscribe", "unsubscribe", "info"),
+    # XREVRANGE, XREAD, XGROUP CREATE, XREADGROUP, XAUTOCLAIM, XACK: outcome events (q.events)
+    "consumer": (
+        *("hmget", "ssubscribe", "sunsubscribe", "subscribe", "unsubscribe", "info"),
+        *("xrevrange", "xread", "xgroup|create", "xreadgroup", "xautoclaim", "xack"),
+    ),
     # SCAN + EXISTS: queue discovery and `dueq ... QUEUE` checks; ZCARD: dead.count();
     # HGET/HGETALL/HMGET: cron list/get; TIME: cron add reads the server clock;
     # ZSCAN: Spark's read of a queue; ZCARD + ZRANGE: the Spark data source's partitioned read;
     # TIME + ZRANGE + HGETALL: the worker registry (Queue.workers, dueq workers);
+    # XREVRANGE: the latest outcome events (the dashboard's queue page, dueq events);
     # HSCAN: q.batches / dueq batches.
     "operator": (
-        "scan",
-        "exists",
-        "zcard",
-        "hget",
-        "hgetall",
-        "hmget",
-        "time",
-        "zscan",
-        "zrange",
+        *("scan", "exists", "zcard", "hget", "hgetall", "hmget", "time", "zscan", "zrange"),
+        "xrevrange",
         "hscan",
     ),
 }

@@ -149,6 +149,7 @@ class Policies:
     key: str | None = None
     timeout: Duration | None = None
     max_attempts: int | None = None
+    expires: Duration | None = None
 
     def spec(
         self, expr: str | None, tz: str, missed: MissedPolicy, max_missed: int, payload: Any
@@ -195,6 +196,7 @@ class Policies:
             timeout_ms=ms(self.timeout, "timeout"),
             max_attempts=self.max_attempts,
             task=self.task,
+            expires_ms=ms(self.expires, "expires"),
         )
         spec.check()
         return spec
@@ -274,6 +276,7 @@ class CronDefinition:
     failures: int = 0
     finished: str | None = None
     paused_reason: str | None = None
+    expires: timedelta | None = None
 
 
 def _policy_fields(spec: Spec) -> dict[str, Any]:
@@ -297,6 +300,7 @@ def _policy_fields(spec: Spec) -> dict[str, Any]:
         "key": spec.key,
         "timeout": span(spec.timeout_ms),
         "max_attempts": spec.max_attempts,
+        "expires": span(spec.expires_ms),
     }
 
 
@@ -746,6 +750,7 @@ class Crons:
         key: str | None = None,
         timeout: Duration | None = None,
         max_attempts: int | None = None,
+        expires: Duration | None = None,
     ) -> AddResult:
         """Define a recurring task and schedule its next occurrence.
 
@@ -768,10 +773,12 @@ class Crons:
         ``catchup_window`` (missed slots older than it never run), ``pause_after_failures``
         (paused after that many consecutive dead occurrences). ``task``, ``priority``,
         ``key``, ``timeout`` and ``max_attempts`` are the occurrences' task options.
+        ``expires`` (longer than ``jitter``, else CronError) makes each occurrence expire that
+        long after its slot (before jitter): one not started by then ends ``"expired"``.
         """
         policies = Policies(
             every, offset, overlap, start, end, limit, jitter, catchup_window,
-            pause_after_failures, task, priority, key, timeout, max_attempts,
+            pause_after_failures, task, priority, key, timeout, max_attempts, expires,
         )  # fmt: skip
         flow = self._flows.add_flow(name, expr, payload, tz, missed, max_missed, replace, policies)
         return self._queue.drive(flow)
@@ -867,11 +874,12 @@ class AsyncCrons:
         key: str | None = None,
         timeout: Duration | None = None,
         max_attempts: int | None = None,
+        expires: Duration | None = None,
     ) -> AddResult:
         """As ``Crons.add``."""
         policies = Policies(
             every, offset, overlap, start, end, limit, jitter, catchup_window,
-            pause_after_failures, task, priority, key, timeout, max_attempts,
+            pause_after_failures, task, priority, key, timeout, max_attempts, expires,
         )  # fmt: skip
         flow = self._flows.add_flow(name, expr, payload, tz, missed, max_missed, replace, policies)
         return await self._queue.drive(flow)

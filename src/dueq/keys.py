@@ -55,6 +55,7 @@ KEY_TYPES = {
     "history": "hash",
     "workers": "zset",
     "workers:info": "hash",
+    "events": "stream",
     "spark:batches": "hash",
     "batches": "hash",
     "batch:of": "hash",
@@ -116,6 +117,9 @@ class QueueKeys:
                 (field ``last``: the latest minute written; see the Lua prelude)
     ``workers`` ZSET worker id -> ms its registry entry expires (see ``dueq.registry``)
     ``workers_info`` HASH worker id -> JSON heartbeat entry (host, pid, queues, counts, ...)
+    ``events``  STREAM of outcome events (acked, retried, dead, cancelled, expired), written by
+                the settling scripts only while ``configure(events=...)`` is on (see the Lua
+                prelude's events notes and ``dueq.events``)
     ``batches`` HASH batch id -> "total|acked|dead|cancelled|expired|created_ms|closed_ms|
                 completed_ms" (the Lua prelude's batch notes; docs/batches.md)
     ``batch_of`` HASH id -> batch id: the members that have not ended yet (only tasks with one)
@@ -157,6 +161,7 @@ class QueueKeys:
     finished: str
     ended: str
     debounce: str
+    events: str
     batches: str
     batch_of: str
     batch_on: str
@@ -215,6 +220,7 @@ class QueueKeys:
             finished=base + "finished",
             ended=base + "ended",
             debounce=base + "debounce",
+            events=base + "events",
             batches=base + "batches",
             batch_of=base + "batch:of",
             batch_on=base + "batch:on",

@@ -156,6 +156,7 @@ STATS_COUNTERS = (
     "purged",
     "dropped",
     "results_unstored",
+    "expired_tasks",
     "cron_skipped",
     "cron_state_rebuilt",
 )

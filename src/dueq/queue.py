@@ -32,6 +32,7 @@ from .cron import Crons
 from .dead import DeadLetters
 from .doctor import DoctorReport
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
+from .events import Event, observe_events
 from .exceptions import WaitTimeout
 from .named import TaskFunction
 from .observe import observe_queue
@@ -451,6 +452,28 @@ class Queue(QueueCore):
             heartbeat=heartbeat,
         )
 
+    def events(
+        self,
+        group: str | None = None,
+        *,
+        consumer: str | None = None,
+        redeliver_after: Duration = 30.0,
+        since: datetime | None = None,
+    ) -> Observable[Event]:
+        """An observable of the queue's outcome events (``configure(events=...)``): acked,
+        retried, dead, cancelled, expired, one per outcome, each on a reader thread of its
+        own (a blocking read on a connection of its own).
+
+        With ``group``, a consumer group: each event goes to one of its members (``consumer``
+        names this one; default: the queue's holder or this process's worker id), ``ev.ack()``
+        settles it, and an event not acked within ``redeliver_after`` goes to another member.
+        A new group starts at ``since`` (an aware datetime) or now; a member started again
+        under the same name resumes its unacked events first. Without a group, every event
+        from now (or ``since``) on. See docs/events.md."""
+        return observe_events(
+            self, group=group, consumer=consumer, redeliver_after=redeliver_after, since=since
+        )
+
     # -- settings ----------------------------------------------------------------------------
 
     def configure(
@@ -464,6 +487,7 @@ class Queue(QueueCore):
         key_concurrency: int | Literal[False] | None = None,
         concurrency: int | Literal[False] | None = None,
         key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
+        events: Duration | Literal[False] | None = None,
     ) -> QueueSettings:
         """Change the queue's settings, kept in Redis so that every producer and consumer
         obeys the same ones; returns them after the change. ``None`` leaves a setting alone.
@@ -482,7 +506,8 @@ class Queue(QueueCore):
         a lease ends; False or 0 removes it). ``key_limits``: limits of named keys over the
         key_rate / key_concurrency defaults, ``{key: dueq.KeyLimit(concurrency=, rate=)}``
         (None for a key removes its override; keys not named are left alone; at most 1,000).
-        Consumers are woken, so a change applies at once.
+        ``events``: how long outcome events are kept (``events()``, docs/events.md; False or 0
+        stops writing them). Consumers are woken, so a change applies at once.
         """
         return self.drive(
             self.configure_flow(
@@ -494,6 +519,7 @@ class Queue(QueueCore):
                 key_concurrency=key_concurrency,
                 concurrency=concurrency,
                 key_limits=key_limits,
+                events=events,
             )
         )
 

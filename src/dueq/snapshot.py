@@ -13,6 +13,7 @@ from .exceptions import PayloadError
 from .failures import parse_error_records, token_holder
 from .task import (
     MAX_CONCURRENCY,
+    MAX_EVENTS_MS,
     MAX_KEEP_RESULTS_MS,
     MAX_KEY_CONCURRENCY,
     MAX_KEY_LIMITS,
@@ -190,6 +191,8 @@ def setting_value(field: str, raw: str) -> Any:
         value = _whole(raw, 0, MAX_REMEMBER_DONE_MS)
     elif field == "keep_results_ms":
         value = _whole(raw, 0, MAX_KEEP_RESULTS_MS)
+    elif field == "events_ms":
+        value = _whole(raw, 0, MAX_EVENTS_MS)
     elif field == "concurrency":
         value = _whole(raw, 1, MAX_CONCURRENCY)
     elif field == "key_limits":  # configure.lua's count of key_limit:<key> fields
@@ -237,7 +240,7 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
     values: dict[str, Any] = {}
     rejected: dict[str, str] = {}
     names = ["paused", "rate", "key_rate", "key_concurrency", "remember_done_ms", "concurrency"]
-    names += ["keep_results_ms"]
+    names += ["keep_results_ms", "events_ms"]
     names += sorted(name for name in raw if name.startswith(KEY_LIMIT_PREFIX))
     for name in names:
         if name in raw:
@@ -253,10 +256,12 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
     }
     done_ms = values.get("remember_done_ms", 0)
     keep_ms = values.get("keep_results_ms", 0)
+    events_ms = values.get("events_ms", 0)
     return QueueSettings(
         paused=values.get("paused", False),
         remember_done=timedelta(milliseconds=done_ms) if done_ms > 0 else None,
         keep_results=timedelta(milliseconds=keep_ms) if keep_ms > 0 else None,
+        events=timedelta(milliseconds=events_ms) if events_ms > 0 else None,
         rate=_rate(values.get("rate")),
         key_rate=_rate(values.get("key_rate")),
         key_concurrency=values.get("key_concurrency"),

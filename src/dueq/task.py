@@ -369,6 +369,8 @@ MAX_KEY_CONCURRENCY = 1_000_000
 MAX_REMEMBER_DONE_MS = 366 * 86_400_000
 #: Longest keep_results retention, ms (366 days).
 MAX_KEEP_RESULTS_MS = 366 * 86_400_000
+#: Longest retention of outcome events, ms (366 days).
+MAX_EVENTS_MS = 366 * 86_400_000
 #: The largest concurrency setting (live leases of the whole queue).
 MAX_CONCURRENCY = 1_000_000
 #: Most per-key limit overrides a queue keeps (``configure(key_limits=...)``).
@@ -414,6 +416,9 @@ class QueueSettings:
     remember_done: timedelta | None = None
     #: how long finished tasks stay readable with their handler's return value (``q.wait``)
     keep_results: timedelta | None = None
+    #: how long outcome events are kept in the queue's events stream (``q.events``), or None
+    #: when no events are written
+    events: timedelta | None = None
     #: most claims per window across every consumer, or None for no limit
     rate: Rate | None = None
     #: per limit key (``schedule(..., key=)``): claims of one key are spaced ``per / n`` apart

@@ -26,6 +26,7 @@ from .dead import dead
 from .demo import demo
 from .doctor import doctor
 from .errors import DueqGroup, Settings
+from .events import events
 from .metrics import metrics
 from .schedule import schedule
 from .stats import stats
@@ -43,7 +44,7 @@ DEBUG_HELP = "Show the traceback of an error."
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Produce", ("schedule", "cron")),
     ("Work", ("worker", "workers")),
-    ("Inspect", ("stats", "top", "list", "show", "dead", "doctor", "batches")),
+    ("Inspect", ("stats", "top", "list", "show", "dead", "events", "doctor", "batches")),
     ("Operate", ("pause", "resume", "configure", "cancel", "reschedule", "run-now", "acl")),
     ("Serve", ("dashboard", "metrics", "demo")),
 )
@@ -67,6 +68,7 @@ SUMMARIES = {
     "show": "Show tasks in any state: payload, options, every error.",
     "dead": "List, show, replay and purge tasks out of attempts.",
     "dead list": "List the dead tasks of QUEUE, newest first.",
+    "events": "Show or follow the outcome events of QUEUE.",
     "dead show": "Show dead tasks: payload, every error with traceback.",
     "dead replay": "Put dead tasks back in the queue, due now.",
     "dead purge": "Delete dead tasks for good.",
@@ -164,6 +166,7 @@ for command in (
     dashboard,
     metrics,
     demo,
+    events,
     batches,
 ):
     cli.add_command(command)

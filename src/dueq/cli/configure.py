@@ -32,6 +32,7 @@ def _show(queue: str, settings: QueueSettings) -> None:
         f"key_concurrency {settings.key_concurrency or 'off'}; "
         f"remember_done {seconds(done.total_seconds()) if done else 'off'}; "
         f"keep_results {seconds(kept.total_seconds()) if kept else 'off'}; "
+        f"events {seconds(settings.events.total_seconds()) if settings.events else 'off'}; "
         f"concurrency {settings.concurrency or 'off'}"
     )
     for key, limit in settings.key_limits.items():
@@ -158,6 +159,13 @@ def resume(queue: str, create: bool, target: RedisTarget) -> None:
     "this long: dueq show, dueq list --state done, q.wait (0: off). See docs/results.md.",
 )
 @click.option(
+    "--events",
+    type=click.FloatRange(min=0),
+    metavar="SECONDS",
+    help="Write one outcome event per settled task, kept this long: dueq events, q.events "
+    "(0: off). See docs/events.md.",
+)
+@click.option(
     "--rate",
     metavar="N/SECONDS|off",
     help="At most N tasks taken per SECONDS by all workers of QUEUE together (20/1: 20 per "
@@ -196,6 +204,7 @@ def configure(
     queue: str,
     remember_done: float | None,
     keep_results: float | None,
+    events: float | None,
     rate: str | None,
     key_rate: str | None,
     key_concurrency: str | None,
@@ -213,13 +222,14 @@ def configure(
     key_limits = _key_limits(key_limit_texts)
     q = _existing(target, queue, create)
     changes = (remember_done, keep_results, paused, limit, key_limit, per_key, cap, key_limits)
-    if all(change is None for change in changes):
+    if all(change is None for change in changes) and events is None:
         _show(queue, q.settings())
         return
     settings = q.configure(
         paused=paused,
         remember_done=remember_done,
         keep_results=keep_results,
+        events=False if events == 0 else events,
         rate=limit,
         key_rate=key_limit,
         key_concurrency=per_key,

@@ -80,6 +80,8 @@ def _policies(d: CronDefinition) -> str:
         parts.append(f"jitter {_span(d.jitter)}")
     if d.catchup_window is not None:
         parts.append(f"catch-up {_span(d.catchup_window)}")
+    if d.expires is not None:
+        parts.append(f"expires {_span(d.expires)}")
     if d.pause_after_failures is not None:
         parts.append(f"failures {d.failures}/{d.pause_after_failures}")
     if d.skipped:
@@ -148,6 +150,12 @@ def _next(d: CronDefinition, now: datetime) -> str:
     "--timeout", type=click.FloatRange(min=0.001), metavar="SECONDS", help="Each attempt's timeout."
 )
 @click.option("--max-attempts", type=click.IntRange(min=1), help="Attempts per occurrence.")
+@click.option(
+    "--expires",
+    type=click.FloatRange(min=0.001),
+    metavar="SECONDS",
+    help="Each occurrence not started SECONDS after its slot ends expired.",
+)
 @click.option(
     "--payload",
     default="null",
@@ -237,7 +245,8 @@ def list_cron(queue: str, as_json: bool, target: RedisTarget) -> None:
     --pause-after-failures paused it), a finished one "finished (limit)" or "finished (end)".
     "last outcome" is what became of its last firing: acked, retrying, dead (with the error
     type) or cancelled, and how long ago. "policies" shows overlap, window, limit (fired/limit),
-    jitter, catch-up window, failures (consecutive dead/pause after) and skipped slots.
+    jitter, catch-up window, expiry of each occurrence after its slot, failures (consecutive
+    dead/pause after) and skipped slots.
 
     Definitions whose data in Redis cannot be read are listed too, each problem below.
     --json prints {"queue", "definitions": [...]}, each with every field ("problem" null

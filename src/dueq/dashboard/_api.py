@@ -52,6 +52,7 @@ def _policies(d: CronDefinition) -> dict[str, Any]:
         "fired": d.fired,
         "jitter": _seconds(d.jitter),
         "catchup_window": _seconds(d.catchup_window),
+        "expires": _seconds(d.expires),
         "pause_after_failures": d.pause_after_failures,
         "failures": d.failures,
         "skipped": d.skipped,

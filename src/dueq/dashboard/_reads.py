@@ -17,6 +17,8 @@ from starlette.requests import Request
 
 from .. import discovery
 from .._async import AsyncQueue
+from ..events import Event, latest_events
+from ..exceptions import ConfigurationError
 from ..registry import WorkerInfo
 from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
 from ._context import Context, Unreadable
@@ -29,6 +31,8 @@ SEARCH_CALLS = 10
 DEAD_GROUP_SCAN = 5_000
 HISTOGRAM_BUCKETS = 48
 HISTOGRAM_BUCKET = timedelta(minutes=30)
+#: Outcome events the queue page shows, newest first (one XREVRANGE).
+EVENTS_SHOWN = 20
 
 
 def stats_json(s: QueueStats) -> dict[str, Any]:
@@ -159,6 +163,19 @@ def live_rows(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 else value
             )
     return out
+
+
+async def recent_events(ctx: Context, q: AsyncQueue, stats: QueueStats) -> list[Event] | None:
+    """The newest ``EVENTS_SHOWN`` outcome events of ``q``, newest first; None when the queue
+    writes no events (``configure(events=...)`` off: nothing to show, even if old entries are
+    left) or is sharded (each shard has a stream of its own). ``events.latest_events``, the
+    rule ``dueq events`` uses, is a blocking read: in a thread."""
+    if stats.settings.events is None:
+        return None
+    try:
+        return await run_in_threadpool(latest_events, ctx.sync(), q, EVENTS_SHOWN)
+    except ConfigurationError:  # a sharded queue: no one stream to read
+        return None
 
 
 async def search(

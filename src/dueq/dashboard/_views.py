@@ -41,6 +41,7 @@ from ._reads import (
     last_error,
     overview_data,
     queue_health,
+    recent_events,
     search,
     stats_json,
 )
@@ -79,7 +80,8 @@ def _schedule(d: CronDefinition) -> str:
 
 def _policies(d: CronDefinition) -> str:
     """Its policies and their counts (escaped HTML; ``-`` for none): overlap, window, fired of
-    limit, consecutive failures of pause_after_failures, skipped slots, jitter, catch-up."""
+    limit, consecutive failures of pause_after_failures, skipped slots, jitter, catch-up,
+    expires."""
     parts = []
     if d.overlap != "allow_all":
         parts.append(f"overlap {d.overlap}")
@@ -99,6 +101,8 @@ def _policies(d: CronDefinition) -> str:
         parts.append(f"jitter {_span(d.jitter)}")
     if d.catchup_window is not None:
         parts.append(f"catch-up {_span(d.catchup_window)}")
+    if d.expires is not None:
+        parts.append(f"expires {_span(d.expires)}")
     return e(", ".join(parts) or "-")
 
 
@@ -175,6 +179,7 @@ class Views:
         scheduled = await search(q, "scheduled", request)
         dead_page = await search(q, "dead", request)
         groups, grouped = await dead_groups(q)
+        events = await recent_events(self.ctx, q, stats)
         n = q.name
         state = "paused" if s["paused"] else "running"
         toggle = self.ctx.buttons(
@@ -235,6 +240,22 @@ class Views:
             + "</td></tr>"
             for t in dead_page.tasks
         ]
+        events_section = (
+            ""
+            if events is None
+            else "<h2>Latest events</h2>"
+            + table(
+                ["kind", "task", "attempt", "at", "error type"],
+                [
+                    f"<tr><td>{e(ev.kind)}</td>"
+                    f"<td>{link(ev.task_id, '/task', queue=n, id=ev.task_id)}</td>"
+                    f"<td class='n'>{ev.attempt}</td><td>{e(when(ev.at))}</td>"
+                    f"<td>{e(ev.error.type if ev.error else '')}</td></tr>"
+                    for ev in events
+                ],
+                empty="no events yet",
+            )
+        )
         p = request.query_params
         search_form = (
             '<form method="get" action="/queue" class="search">'
@@ -277,6 +298,7 @@ class Views:
             + "</div></div>"
             + f"<h2>Leased ({len(leased.tasks)} shown)</h2>"
             + table(["id", "holder", "lease deadline", "attempt"], leased_rows)
+            + events_section
             + f"<h2>Scheduled</h2>{search_form}"
             + table(["id", "due", "attempt", "priority", "payload"], sched_rows, empty="no match")
             + looked

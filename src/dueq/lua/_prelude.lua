@@ -253,6 +253,7 @@ end
 --   key_concurrency   1..SETTING_MAX_KEY_CONCURRENCY
 --   remember_done_ms  0..SETTING_MAX_WINDOW_MS
 --   keep_results_ms   0..SETTING_MAX_WINDOW_MS
+--   events_ms         0..SETTING_MAX_WINDOW_MS: how long outcome events are kept (0: none written)
 --   concurrency       1..SETTING_MAX_CONCURRENCY: most live leases of the queue (claim.lua)
 --   key_limit:<key>   "<concurrency>|<n>/<per_ms>", either part empty (not both): the limits
 --                     of one named key, over key_concurrency / key_rate (claim.lua)
@@ -289,7 +290,7 @@ local function setting_parse(field, raw)
     if n and per then v = {n, per} end
   elseif field == 'key_concurrency' then
     v = setting_whole(raw, 1, SETTING_MAX_KEY_CONCURRENCY)
-  elseif field == 'remember_done_ms' or field == 'keep_results_ms' then
+  elseif field == 'remember_done_ms' or field == 'keep_results_ms' or field == 'events_ms' then
     v = setting_whole(raw, 0, SETTING_MAX_WINDOW_MS)
   elseif field == 'concurrency' then
     v = setting_whole(raw, 1, SETTING_MAX_CONCURRENCY)
@@ -972,6 +973,245 @@ local function unpark_one(k_parked, k_state, k_meta, key, priority, id)
   return false
 end
 
+-- Expiry (issue 29). A task scheduled with expires= carries its expiry, epoch ms, in a
+-- version-3 envelope head (task_options); tasks without one keep their version-1 or 2 form.
+-- schedule.lua turns a relative expiry (record flag 8: ms from now) into epoch ms on the queue
+-- clock. claim.lua never leases a task past its expiry: it ends it "expired" (tasks_expire);
+-- fail.lua ends a task whose next attempt would come at or after its expiry the same way.
+-- The counter is expired_tasks ("expired" counts leases that ran out).
+
+-- The expiry of a stored envelope, epoch ms, or nil.
+local function task_expires(envelope)
+  if envelope and string.byte(envelope, 1) == 51 then
+    return tonumber(string.match(envelope, '^3:%d|%d*|%d*|(%d+)|'))
+  end
+  return nil
+end
+
+-- Whether a stored envelope's expiry is at or before `at` ms (false: none, or unreadable).
+local function task_expired(envelope, at)
+  local expires = task_expires(envelope)
+  return expires ~= nil and expires <= at
+end
+
+-- The envelope with its relative expiry (ms from now) made absolute.
+local function expiry_absolute(envelope, now)
+  local _, e, rel = string.find(envelope, '^3:%d|%d*|%d*|(%d+)|')
+  if not e then return envelope end
+  return string.sub(envelope, 1, e - #rel - 1) .. ms(now + tonumber(rel)) ..
+    string.sub(envelope, e)
+end
+
+-- Debounce (issue 29). The debounce HASH (keys.py) holds, per debounced id, "<cap ms>" (the
+-- latest due time repeated schedules may move it to: the first schedule + max_wait; empty
+-- for no bound), and while the task runs (leased, or waiting for a retry of a run) the one
+-- follow-up that schedules made meanwhile: "<cap ms>|<due ms>|<envelope>". The follow-up
+-- replaces the task when its run ends (ack, dead, expired: followups_start), due at its
+-- due time or then, whichever is later. A lease is never revoked by a debounced schedule.
+
+-- A debounced task that was just added: remember its cap; its due time (capped).
+local function debounce_start(k_debounce, id, now, due, max_wait)
+  if max_wait < 0 then
+    redis.call('HDEL', k_debounce, id)
+    return due
+  end
+  local cap = now + max_wait
+  redis.call('HSET', k_debounce, id, ms(cap))
+  return math.min(due, cap)
+end
+
+-- A debounced schedule of a task that runs: keep (or update) its one follow-up; true if so
+-- (false: the task does not run and has no follow-up, so the caller replaces it in place).
+local function debounce_follow(k_debounce, k_leased, id, envelope, now, due, max_wait)
+  local entry = redis.call('HGET', k_debounce, id)
+  local cap, pending = nil, false
+  if entry then
+    local c, fdue = string.match(entry, '^(%d*)|(%d+)|')
+    pending = fdue ~= nil
+    if pending then cap = tonumber(c) end
+  end
+  if not pending then
+    if not redis.call('ZSCORE', k_leased, id) then return false end
+    if max_wait >= 0 then cap = now + max_wait end
+  end
+  if cap and due > cap then due = math.max(cap, now) end
+  redis.call('HSET', k_debounce, id, (cap and ms(cap) or '') .. '|' .. ms(due) .. '|' .. envelope)
+  return true
+end
+
+-- A debounced schedule replacing a task in place (not running): its due time, capped by the
+-- cap of its first debounced schedule (or a new cap from now).
+local function debounce_due(k_debounce, id, now, due, max_wait)
+  local cap = tonumber(string.match(redis.call('HGET', k_debounce, id) or '', '^(%d+)$'))
+  if not cap then
+    if max_wait < 0 then return due end
+    cap = now + max_wait
+    redis.call('HSET', k_debounce, id, ms(cap))
+  end
+  return math.max(math.min(due, cap), now)
+end
+
+-- The runs of `ids` ended (acked, expired, or dead): each one's follow-up, if it has one,
+-- becomes the task (attempts from 0; a dead run leaves the dead set, as replace=True would
+-- take it out), due at its due time or now; other entries are dropped. Counts them as
+-- scheduled and tells the wake channel (k.wake may be nil) of an earlier head.
+-- k: {debounce, tasks, meta, errors, stats, wake (or nil), dead (or nil)}.
+local function followups_start(k, levels, ids, now)
+  local k_debounce, k_tasks, k_meta, k_errors, k_dead = k.debounce, k.tasks, k.meta, k.errors,
+    k.dead
+  if #ids == 0 or redis.call('EXISTS', k_debounce) == 0 then return end
+  local entries = hmget_chunked(k_debounce, ids)
+  local previous_head = k.wake and levels_head(levels)
+  local earliest, started = nil, 0
+  for i, id in ipairs(ids) do
+    local entry = entries[i]
+    if entry then
+      local cap, due, from = string.match(entry, '^(%d*)|(%d+)|()')
+      if cap then
+        local envelope = string.sub(entry, from)
+        due = math.max(tonumber(due), now)
+        if k_dead then redis.call('ZREM', k_dead, id) end
+        redis.call('HDEL', k_meta, id)
+        redis.call('HDEL', k_errors, id)
+        redis.call('HSET', k_tasks, id, envelope)
+        local k_level = level_key(levels, envelope)
+        redis.call('ZADD', k_level, due, id)
+        if cap ~= '' then redis.call('HSET', k_debounce, id, cap) end
+        if cap == '' then redis.call('HDEL', k_debounce, id) end
+        if not earliest or due < earliest then earliest = due end
+        started = started + 1
+      else
+        redis.call('HDEL', k_debounce, id)
+      end
+    end
+  end
+  if started > 0 then stat_incr(k.stats, 'scheduled', started) end
+  if earliest and k.wake then wake_if_earlier(k.wake, previous_head, earliest) end
+end
+
+-- End tasks that are not leased (out of their due sets already) as expired: a kept record
+-- with keep_results, the counter, the ended channel, their data dropped, follow-ups started.
+-- Callers note each id's "expired" outcome event (event_note, with the envelope and attempt
+-- they already hold) and flush them with their other events.
+-- k: {tasks, meta, errors, stats, results, finished, ended, debounce, wake (or nil)}.
+local function tasks_expire(k, levels, ids, now, keep_ms)
+  if #ids == 0 then return end
+  local k_tasks, k_meta, k_errors, k_results, k_finished = k.tasks, k.meta, k.errors, k.results,
+    k.finished
+  if keep_ms > 0 then
+    local envelopes = hmget_chunked(k_tasks, ids)
+    local metas = hmget_chunked(k_meta, ids)
+    local errors = hmget_chunked(k_errors, ids)
+    local records = {}
+    for i, id in ipairs(ids) do
+      records[#records + 1] = id
+      records[#records + 1] = results_record('expired', now, meta_parse(metas[i]), nil, nil,
+        errors[i] or nil) .. '\n' .. (envelopes[i] or '')
+    end
+    call_chunked('HSET', k_results, records)
+    zadd_all(k_finished, now, ids)
+  end
+  results_trim(k_results, k_finished, now, keep_ms, #ids)
+  call_chunked('HDEL', k_tasks, ids)
+  call_chunked('HDEL', k_meta, ids)
+  call_chunked('HDEL', k_errors, ids)
+  stat_incr(k.stats, 'expired_tasks', #ids)
+  publish_ended(k.ended, ids)
+  followups_start(k, levels, ids, now)
+end
+
+-- Cron occurrences with an expiry (issue 29: cron.add(..., expires=)). The definition's
+-- envelope carries the expiry as ms after the slot, in a version-3 head; each occurrence is
+-- stored with it made absolute from its own nominal slot (before jitter; cron_expiring). The
+-- pending occurrence is stored without it (version 2, cron_pending), so claim.lua always hands
+-- it to the keeper and the schedule moves on: cron_advance writes its expiry into it when it
+-- is claimed (and ends it expired then if it is late). Envelopes of other heads pass unchanged.
+
+-- Epoch ms of the slot an occurrence id names ("cron:<name>:<label>", run_now's asked second).
+local function cron_slot_ms(id)
+  local _, label = cron_occurrence(id)
+  local y, mo, d, h, mi, s = string.match(label or '',
+    '^(%d%d%d%d)(%d%d)(%d%d)T(%d%d)(%d%d)(%d%d)Z$')
+  if not y then return nil end
+  y, mo = tonumber(y), tonumber(mo)
+  if mo <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * ((mo + 9) % 12) + 2) / 5) + tonumber(d) - 1
+  local days = era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+    - 719468
+  return (((days * 24 + tonumber(h)) * 60 + tonumber(mi)) * 60 + tonumber(s)) * 1000
+end
+
+-- A definition's envelope as one occurrence stores it: its relative expiry counted from
+-- `base` ms (nil: the slot its id names; an id naming none counts from 0, so expired).
+local function cron_expiring(envelope, id, base)
+  if string.byte(envelope, 1) ~= 51 then return envelope end
+  return expiry_absolute(envelope, base or cron_slot_ms(id) or 0)
+end
+
+-- A definition's envelope as its pending occurrence stores it: without the expiry.
+local function cron_pending(envelope)
+  if string.byte(envelope, 1) ~= 51 then return envelope end
+  local _, e, expiry_at = string.find(envelope, '^3:%d|%d*|%d*|()%d+|')
+  if not e then return envelope end
+  return '2:' .. string.sub(envelope, 3, expiry_at - 1) .. string.sub(envelope, e + 1)
+end
+
+-- Outcome events (issue 30). With the setting events_ms > 0, each script that settles a task
+-- appends one entry per outcome to the queue's events STREAM (keys.py `events`): fields "id"
+-- (the task id), "kind" (acked, retried, dead, cancelled, expired), "attempt", "at" (ms), and
+-- when there is one "task" (the stored envelope), "result" (the kept JSON value, acked with
+-- keep_results) and "error" (the error record, retried and dead). Entry ids follow the queue
+-- clock ("<now>-*"; "*" for server TIME, and when an injected clock went back behind the
+-- stream's last id). Each write trims entries older than events_ms (XADD MINID ~) and keeps
+-- the stream near EVENTS_MAX_LEN entries (XTRIM MAXLEN ~ when XLEN passes it). Scripts note
+-- outcomes as they go (event_note: a Lua table, nothing in Redis) and write them at the end
+-- with events_flush, which writes nothing when events are off (events_ms unset or 0).
+local EVENTS_MAX_LEN = 1000000
+local events_noted = {}
+
+local function event_note(kind, id, attempt, envelope, result, err)
+  events_noted[#events_noted + 1] = {kind, id, attempt, envelope, result, err}
+end
+
+-- event_note for each acked id (in `done`), with its envelope and attempt from the task's hash
+-- and meta (read only when events are on: callers ask), and its kept result when `results`
+-- (id -> JSON) has one.
+local function events_note_acked(k_tasks, k_meta, done, results)
+  if #done == 0 then return end
+  local envelopes = hmget_chunked(k_tasks, done)
+  local metas = hmget_chunked(k_meta, done)
+  for i, id in ipairs(done) do
+    event_note('acked', id, (meta_parse(metas[i] or nil)), envelopes[i] or nil, results and results[id] or nil)
+  end
+end
+
+local function events_flush(k_events, events_ms, now, clock_arg)
+  if not events_ms or events_ms <= 0 or #events_noted == 0 then
+    events_noted = {}
+    return
+  end
+  local minid = ms(math.max(now - events_ms, 0))
+  for _, e in ipairs(events_noted) do
+    local fields = {'id', e[2], 'kind', e[1], 'attempt', e[3] or 0, 'at', ms(now)}
+    if e[4] then fields[#fields + 1] = 'task'; fields[#fields + 1] = e[4] end
+    if e[5] then fields[#fields + 1] = 'result'; fields[#fields + 1] = e[5] end
+    if e[6] then fields[#fields + 1] = 'error'; fields[#fields + 1] = e[6] end
+    local done = false
+    if clock_arg ~= '' then
+      local r = redis.pcall('XADD', k_events, 'MINID', '~', minid, ms(now) .. '-*',
+        unpack(fields))
+      done = not (type(r) == 'table' and r.err)
+    end
+    if not done then redis.call('XADD', k_events, 'MINID', '~', minid, '*', unpack(fields)) end
+  end
+  events_noted = {}
+  if redis.call('XLEN', k_events) > EVENTS_MAX_LEN then
+    redis.call('XTRIM', k_events, 'MAXLEN', '~', EVENTS_MAX_LEN)
+  end
+end
+
 -- Batches (docs/batches.md). The batches HASH keeps one record per batch:
 -- "total|acked|dead|cancelled|expired|created_ms|closed_ms|completed_ms" (closed_ms and
 -- completed_ms empty until then). schedule.lua makes a task a member when it adds it (an id
@@ -1155,9 +1395,12 @@ function links.after_bury(ak, child, parent, how, now)
   redis.call('ZREM', k_waiting, child)
   redis.call('HDEL', k_after, child)
   redis.call('ZADD', k_dead, now, child)
-  error_append(ak.errors, child, cjson.encode({at = now, attempt = 0, type = 'ParentFailed',
-    message = 'parent ' .. parent .. ' ended ' .. how}))
+  local record = cjson.encode({at = now, attempt = 0, type = 'ParentFailed',
+    message = 'parent ' .. parent .. ' ended ' .. how})
+  error_append(ak.errors, child, record)
   stat_incr(ak.bk.stats, 'dead', 1)
+  local k_tasks = ak.bk.tasks  -- an outcome event, written by the script's events_flush
+  event_note('dead', child, 0, redis.call('HGET', k_tasks, child) or nil, nil, record)
 end
 
 -- schedule.lua: a task just added (id) with parents; returns 'run' (put it in its due set as
@@ -1247,149 +1490,4 @@ function links.tasks_ended(bk, ak, ids, outcome, now)
   local buried = links.after_settle(ak, ids, outcome == 'acked', outcome, now)
   links.batch_settle(bk, ids, outcome, now)
   links.batch_settle(bk, buried, 'dead', now)
-end
-
--- Expiry (issue 29). A task scheduled with expires= carries its expiry, epoch ms, in a
--- version-3 envelope head (task_options); tasks without one keep their version-1 or 2 form.
--- schedule.lua turns a relative expiry (record flag 8: ms from now) into epoch ms on the queue
--- clock. claim.lua never leases a task past its expiry: it ends it "expired" (tasks_expire);
--- fail.lua ends a task whose next attempt would come at or after its expiry the same way.
--- The counter is expired_tasks ("expired" counts leases that ran out).
-
--- The expiry of a stored envelope, epoch ms, or nil.
-local function task_expires(envelope)
-  if envelope and string.byte(envelope, 1) == 51 then
-    return tonumber(string.match(envelope, '^3:%d|%d*|%d*|(%d+)|'))
-  end
-  return nil
-end
-
--- Whether a stored envelope's expiry is at or before `at` ms (false: none, or unreadable).
-local function task_expired(envelope, at)
-  local expires = task_expires(envelope)
-  return expires ~= nil and expires <= at
-end
-
--- The envelope with its relative expiry (ms from now) made absolute.
-local function expiry_absolute(envelope, now)
-  local _, e, rel = string.find(envelope, '^3:%d|%d*|%d*|(%d+)|')
-  if not e then return envelope end
-  return string.sub(envelope, 1, e - #rel - 1) .. ms(now + tonumber(rel)) ..
-    string.sub(envelope, e)
-end
-
--- Debounce (issue 29). The debounce HASH (keys.py) holds, per debounced id, "<cap ms>" (the
--- latest due time repeated schedules may move it to: the first schedule + max_wait; empty
--- for no bound), and while the task runs (leased, or waiting for a retry of a run) the one
--- follow-up that schedules made meanwhile: "<cap ms>|<due ms>|<envelope>". The follow-up
--- replaces the task when its run ends (ack, dead, expired: followups_start), due at its
--- due time or then, whichever is later. A lease is never revoked by a debounced schedule.
-
--- A debounced task that was just added: remember its cap; its due time (capped).
-local function debounce_start(k_debounce, id, now, due, max_wait)
-  if max_wait < 0 then
-    redis.call('HDEL', k_debounce, id)
-    return due
-  end
-  local cap = now + max_wait
-  redis.call('HSET', k_debounce, id, ms(cap))
-  return math.min(due, cap)
-end
-
--- A debounced schedule of a task that runs: keep (or update) its one follow-up; true if so
--- (false: the task does not run and has no follow-up, so the caller replaces it in place).
-local function debounce_follow(k_debounce, k_leased, id, envelope, now, due, max_wait)
-  local entry = redis.call('HGET', k_debounce, id)
-  local cap, pending = nil, false
-  if entry then
-    local c, fdue = string.match(entry, '^(%d*)|(%d+)|')
-    pending = fdue ~= nil
-    if pending then cap = tonumber(c) end
-  end
-  if not pending then
-    if not redis.call('ZSCORE', k_leased, id) then return false end
-    if max_wait >= 0 then cap = now + max_wait end
-  end
-  if cap and due > cap then due = math.max(cap, now) end
-  redis.call('HSET', k_debounce, id, (cap and ms(cap) or '') .. '|' .. ms(due) .. '|' .. envelope)
-  return true
-end
-
--- A debounced schedule replacing a task in place (not running): its due time, capped by the
--- cap of its first debounced schedule (or a new cap from now).
-local function debounce_due(k_debounce, id, now, due, max_wait)
-  local cap = tonumber(string.match(redis.call('HGET', k_debounce, id) or '', '^(%d+)$'))
-  if not cap then
-    if max_wait < 0 then return due end
-    cap = now + max_wait
-    redis.call('HSET', k_debounce, id, ms(cap))
-  end
-  return math.max(math.min(due, cap), now)
-end
-
--- The runs of `ids` ended (acked, expired, or dead): each one's follow-up, if it has one,
--- becomes the task (attempts from 0; a dead run leaves the dead set, as replace=True would
--- take it out), due at its due time or now; other entries are dropped. Counts them as
--- scheduled and tells the wake channel (k.wake may be nil) of an earlier head.
--- k: {debounce, tasks, meta, errors, stats, wake (or nil), dead (or nil)}.
-local function followups_start(k, levels, ids, now)
-  local k_debounce, k_tasks, k_meta, k_errors, k_dead = k.debounce, k.tasks, k.meta, k.errors,
-    k.dead
-  if #ids == 0 or redis.call('EXISTS', k_debounce) == 0 then return end
-  local entries = hmget_chunked(k_debounce, ids)
-  local previous_head = k.wake and levels_head(levels)
-  local earliest, started = nil, 0
-  for i, id in ipairs(ids) do
-    local entry = entries[i]
-    if entry then
-      local cap, due, from = string.match(entry, '^(%d*)|(%d+)|()')
-      if cap then
-        local envelope = string.sub(entry, from)
-        due = math.max(tonumber(due), now)
-        if k_dead then redis.call('ZREM', k_dead, id) end
-        redis.call('HDEL', k_meta, id)
-        redis.call('HDEL', k_errors, id)
-        redis.call('HSET', k_tasks, id, envelope)
-        local k_level = level_key(levels, envelope)
-        redis.call('ZADD', k_level, due, id)
-        if cap ~= '' then redis.call('HSET', k_debounce, id, cap) end
-        if cap == '' then redis.call('HDEL', k_debounce, id) end
-        if not earliest or due < earliest then earliest = due end
-        started = started + 1
-      else
-        redis.call('HDEL', k_debounce, id)
-      end
-    end
-  end
-  if started > 0 then stat_incr(k.stats, 'scheduled', started) end
-  if earliest and k.wake then wake_if_earlier(k.wake, previous_head, earliest) end
-end
-
--- End tasks that are not leased (out of their due sets already) as expired: a kept record
--- with keep_results, the counter, the ended channel, their data dropped, follow-ups started.
--- k: {tasks, meta, errors, stats, results, finished, ended, debounce, wake (or nil)}.
-local function tasks_expire(k, levels, ids, now, keep_ms)
-  if #ids == 0 then return end
-  local k_tasks, k_meta, k_errors, k_results, k_finished = k.tasks, k.meta, k.errors, k.results,
-    k.finished
-  if keep_ms > 0 then
-    local envelopes = hmget_chunked(k_tasks, ids)
-    local metas = hmget_chunked(k_meta, ids)
-    local errors = hmget_chunked(k_errors, ids)
-    local records = {}
-    for i, id in ipairs(ids) do
-      records[#records + 1] = id
-      records[#records + 1] = results_record('expired', now, meta_parse(metas[i]), nil, nil,
-        errors[i] or nil) .. '\n' .. (envelopes[i] or '')
-    end
-    call_chunked('HSET', k_results, records)
-    zadd_all(k_finished, now, ids)
-  end
-  results_trim(k_results, k_finished, now, keep_ms, #ids)
-  call_chunked('HDEL', k_tasks, ids)
-  call_chunked('HDEL', k_meta, ids)
-  call_chunked('HDEL', k_errors, ids)
-  stat_incr(k.stats, 'expired_tasks', #ids)
-  publish_ended(k.ended, ids)
-  followups_start(k, levels, ids, now)
 end

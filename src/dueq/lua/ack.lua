@@ -23,15 +23,16 @@
 -- KEYS[18] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
 -- KEYS[19] due      ZSET id -> due ms (follow-ups of acked tasks, released children, a batch's
 --                  completion task are scheduled there)
--- KEYS[20] batches  HASH batch id -> record (see the prelude's batch notes)
--- KEYS[21] batch_of HASH id -> batch id: the members of batches that have not ended
--- KEYS[22] batch_on HASH batch id -> completion task record, scheduled when its batch completes
--- KEYS[23] batch_ended ZSET batch id -> completed ms (for trimming)
--- KEYS[24] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
--- KEYS[25] after    HASH id -> "<parents not finished>|<policy>"
--- KEYS[26] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
--- KEYS[27] dead     ZSET id -> died-at ms (children of a failed parent: not from here)
--- KEYS[28..36] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[20] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
+-- KEYS[21] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[22] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[23] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[24] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[25] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[26] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[27] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[28] dead     ZSET id -> died-at ms (children of a failed parent: not from here)
+-- KEYS[29..37] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
@@ -52,12 +53,13 @@ history_use(KEYS[12], ARGV[1])
 -- done_window's rule (the queue's remember_done_ms, else ARGV[2]), in the same HMGET as the cap
 -- and keep_results_ms
 local settings = settings_read(KEYS[7], KEYS[5], 'remember_done_ms', 'concurrency',
-  'keep_results_ms')
+  'keep_results_ms', 'events_ms')
 local window = settings.remember_done_ms or tonumber(ARGV[2])
 local keep_ms = settings.keep_results_ms or 0
 local ids, tokens, positions = leases_unpack(ARGV[3])
 if #ids == 0 then return {0, '', keep_ms} end
 local done, verdicts, keys = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
+local kept = {}  -- id -> the result kept (JSON), for the acked events
 if #done > 0 and keep_ms > 0 then
   local values = {}  -- by distinct pair
   if ARGV[4] ~= '' then
@@ -79,7 +81,7 @@ if #done > 0 and keep_ms > 0 then
       d = d + 1
       local value, result, why = values[i] or '', nil, nil
       local mark = string.sub(value, 1, 1)
-      if mark == '=' then result = string.sub(value, 2)
+      if mark == '=' then result = string.sub(value, 2); kept[ids[i]] = result
       elseif mark == '!' then why = string.sub(value, 2); unstored = unstored + 1 end
       local attempt = meta_parse(metas[d])
       records[#records + 1] = ids[i]
@@ -91,6 +93,7 @@ if #done > 0 and keep_ms > 0 then
   zadd_all(KEYS[16], now, done)
   if unstored > 0 then stat_incr(KEYS[5], 'results_unstored', unstored) end
 end
+if settings.events_ms then events_note_acked(KEYS[2], KEYS[3], done, kept) end
 if #done > 0 then
   if #keys > 0 and keys_release(KEYS[9], KEYS[10], keys, now) then
     publish_wake(KEYS[11], ms(now))
@@ -106,10 +109,10 @@ if #done > 0 then
   stat_incr(KEYS[5], 'acked', #done)
   followups_start({debounce = KEYS[18], tasks = KEYS[2], meta = KEYS[3], errors = KEYS[4],
     stats = KEYS[5], wake = KEYS[11]}, due_levels(KEYS[19]), done, now)
-  local bk = links.batch_keys(KEYS[20], KEYS[21], KEYS[22], KEYS[23], due_levels(KEYS[19]), KEYS[2],
-    KEYS[5], KEYS[11])
-  links.tasks_ended(bk, links.after_keys(KEYS[24], KEYS[25], KEYS[26], KEYS[27], KEYS[4], KEYS[17], bk), done,
-    'acked', now)
+  local bk = links.batch_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[24], due_levels(KEYS[19]),
+    KEYS[2], KEYS[5], KEYS[11])
+  local ak = links.after_keys(KEYS[25], KEYS[26], KEYS[27], KEYS[28], KEYS[4], KEYS[17], bk)
+  links.tasks_ended(bk, ak, done, 'acked', now)
   for _, id in ipairs(done) do  -- cron occurrences: their definition's last outcome
     if string.byte(id, 1) == 99 then cron_note(KEYS[13], KEYS[14], id, 'acked', now) end
   end
@@ -123,4 +126,5 @@ if window > 0 then
 end
 results_trim(KEYS[15], KEYS[16], now, keep_ms, #done)
 if keep_ms > 0 then publish_ended(KEYS[17], done) end
+events_flush(KEYS[20], settings.events_ms, now, ARGV[1])
 return {#done, verdict_string(verdicts, positions), keep_ms}

@@ -9,7 +9,7 @@
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
 -- KEYS[8] config   HASH setting -> value (paused, rate, key_rate, key_concurrency,
---                  concurrency, key_limit:<key>; values the prelude's setting_parse refuses
+--                  concurrency, key_limit:<key>, events_ms; values the prelude's setting_parse refuses
 --                  count as unset, and are logged once)
 -- KEYS[9] rate     ZSET "<n>*<token>" -> claimed-at ms: the claims of the last rate window,
 --                  one entry per claim that leased n tasks (an entry without "<n>*" counts 1);
@@ -25,15 +25,17 @@
 -- KEYS[17] results  HASH id -> finished record (expired tasks, with keep_results_ms > 0)
 -- KEYS[18] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
--- KEYS[20] batches  HASH batch id -> record (see the prelude's batch notes)
--- KEYS[21] batch_of HASH id -> batch id: the members of batches that have not ended
--- KEYS[22] batch_on HASH batch id -> completion task record, scheduled when its batch completes
--- KEYS[23] batch_ended ZSET batch id -> completed ms (for trimming)
--- KEYS[24] wake     Pub/Sub channel: told when a batch's completion task is scheduled here
--- KEYS[25] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
--- KEYS[26] after    HASH id -> "<parents not finished>|<policy>"
--- KEYS[27] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
--- KEYS[28..36] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[20] events   STREAM outcome events: expired leases retried or dead, tasks buried or
+--                  expired here (written only when events_ms > 0; see the prelude)
+-- KEYS[21] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[22] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[23] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[24] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[25] wake     Pub/Sub channel: told when a batch's completion task is scheduled here
+-- KEYS[26] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[27] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[28] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[29..37] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -86,8 +88,9 @@ local died = 0
 local buried = {}  -- the ids sent to dead, published on the ended channel
 local function bury(id, attempt, kind, message)
   redis.call('HSET', KEYS[4], id, attempt .. '|||')
-  error_append(KEYS[5], id, cjson.encode({at = now, attempt = attempt, type = kind,
-    message = message}))
+  local record = cjson.encode({at = now, attempt = attempt, type = kind, message = message})
+  error_append(KEYS[5], id, record)
+  event_note('dead', id, attempt, redis.call('HGET', KEYS[3], id) or nil, nil, record)
   redis.call('ZADD', KEYS[6], now, id)
   died = died + 1
   buried[died] = id
@@ -114,11 +117,13 @@ for _, id in ipairs(expired) do
       redis.call('HSET', KEYS[4], id, attempt .. '|||' .. first)
       -- the record names the holder whose lease ran out (the token's "@<holder>", if any)
       local gone = string.match(token, '@(.+)$')
-      error_append(KEYS[5], id, '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
+      local record = '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
         ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
         'the worker died, hung or outlived its lease","traceback":null' ..
-        (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}')
+        (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}'
+      error_append(KEYS[5], id, record)
       local final = attempt >= (own_attempts or max_attempts)
+      event_note(final and 'dead' or 'retried', id, attempt, envelope, nil, record)
       if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
         cron_note(KEYS[14], KEYS[15], id, final and 'dead' or 'retrying', now, 'LeaseExpired')
       end
@@ -147,7 +152,7 @@ if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
 -- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
 local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency',
-  'concurrency', 'key_limits', 'keep_results_ms')
+  'concurrency', 'key_limits', 'keep_results_ms', 'events_ms')
 local paused = config.paused == true
 local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
 
@@ -375,6 +380,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
       orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
     elseif string.byte(envelopes[i], 1) == 51 and task_expired(envelopes[i], now) then
       too_late[#too_late + 1] = id  -- past its expiry: never started (tasks_expire below)
+      if config.events_ms then event_note('expired', id, attempt, envelopes[i]) end
     elseif not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable: ' ..
         string.sub(tostring(metas[i]), 1, 100))
@@ -472,8 +478,9 @@ if #orphans > 0 then
     ' had no stored task (evicted or deleted by hand) and were dropped')
 end
 out[7] = #orphans
-local bk = links.batch_keys(KEYS[20], KEYS[21], KEYS[22], KEYS[23], levels, KEYS[3], KEYS[7], KEYS[24])
-local ak = links.after_keys(KEYS[25], KEYS[26], KEYS[27], KEYS[6], KEYS[5], KEYS[16], bk)
+local bk = links.batch_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[24], levels, KEYS[3], KEYS[7],
+  KEYS[25])
+local ak = links.after_keys(KEYS[26], KEYS[27], KEYS[28], KEYS[6], KEYS[5], KEYS[16], bk)
 if died > 0 then
   stat_incr(KEYS[7], 'dead', died)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
@@ -503,4 +510,5 @@ end
 if next_deadline then out[3] = clamp_ms(next_deadline) end
 -- At the concurrency cap: no claim can lease until a lease ends (a wake) or expires (out[3]).
 if cap and cap_live + #leased / 2 >= cap then out[2] = -1 end
+events_flush(KEYS[20], config.events_ms, now, ARGV[1])
 return out

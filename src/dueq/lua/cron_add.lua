@@ -19,7 +19,8 @@
 -- ARGV[5] next occurrence: slot ms, or "" when its window has no slot after now (then it is
 --         stored finished, with nothing scheduled)
 -- ARGV[6] next occurrence: task id
--- ARGV[7] next occurrence: envelope
+-- ARGV[7] next occurrence: envelope (a version-3 head's expiry is ms after the slot: the
+--         pending occurrence is stored without it, see cron_pending in the prelude)
 -- ARGV[8] next occurrence: due ms (the slot plus its jitter)
 -- Returns 0 unchanged (same definition, its pending occurrence exists, it is paused or it is
 --         finished), 1
@@ -62,7 +63,8 @@ if ARGV[5] == '' then
 end
 local due_ms = tonumber(ARGV[8])
 local previous_head = levels_head(levels)
-if add_task(KEYS[5], level_key(levels, ARGV[7]), KEYS[8], ARGV[6], ARGV[7], due_ms) then
+local envelope = cron_pending(ARGV[7])
+if add_task(KEYS[5], level_key(levels, envelope), KEYS[8], ARGV[6], envelope, due_ms) then
   wake_if_earlier(KEYS[9], previous_head, due_ms)
 end
 redis.call('HSET', KEYS[2], name, ARGV[5] .. '|' .. (last or '') .. '|' .. ARGV[6])

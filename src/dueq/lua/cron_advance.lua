@@ -27,7 +27,10 @@
 -- ARGV[2..] one entry per claimed occurrence, each:
 --         name, slot ms (advance only if it is the pending one), occurrence id, lease token,
 --         "1" to drop the occurrence (a missed slot that must not run) or "0" to run it,
---         envelope for the occurrences it adds, next pending slot ms (after now; "" when the
+--         envelope for the occurrences it adds (a version-3 head's expiry is ms after the
+--         slot: missed occurrences store it from their slots, the next pending one without
+--         it, and a claimed pending one gets it now; see cron_expiring in the prelude), next
+--         pending slot ms (after now; "" when the
 --         definition's window has no more), next pending id, policies, count of missed
 --         occurrences to run now, then that many pairs: due ms, id. Policies is "" for a
 --         definition without any (its next occurrence is due at its slot), else
@@ -48,7 +51,10 @@
 --            dropped (counted in the runs record's "skipped"); a pending one still advanced;
 --          5 overlap buffer_one: it waits in due until the previous occurrence ends;
 --          6 the definition is finished (limit reached, or its window ended): dropped;
---          7 pause after failures: the definition was paused now, the occurrence dropped.
+--          7 pause after failures: the definition was paused now, the occurrence dropped;
+--          8 the occurrence is past its expiry (slot + the definition's expires=): it does not
+--            run and goes back to due with its expiry, so the next claim ends it "expired"
+--            (claim.lua); the schedule moved on as for 1 (or stayed, as for 0, 2 and 3).
 --         An error (before any write) if the entries are not laid out as above.
 
 -- Pass 1: lay out and check every entry, writing nothing.
@@ -125,6 +131,16 @@ local function live(id)
   return nil
 end
 
+-- A claimed occurrence past its expiry: back to due, now, with its expiry (already stored), so
+-- that the next claim ends it "expired" as it ends any task past its expiry.
+local function expire_later(e)
+  if not unlease(e) then return end
+  redis.call('HDEL', KEYS[5], e.id)
+  local k_level = level_key(levels, redis.call('HGET', KEYS[4], e.id))
+  redis.call('ZADD', k_level, now, e.id)
+  if earliest == nil or now < earliest then earliest = now end
+end
+
 -- Cancel a running occurrence as cancel.lua does: its holder is told "cancelled".
 local function cancel_running(id, where)
   local envelope = redis.call('HGET', KEYS[4], id)
@@ -193,7 +209,16 @@ for _, e in ipairs(entries) do
   end
   local paused = e.ok and redis.call('HEXISTS', KEYS[10], e.name) == 1
   local runs, stopped = nil, nil
-  if e.ok and e.policed and not e.drop and redis.call('HEXISTS', KEYS[1], e.name) == 1 then
+  if e.ok and string.byte(e.envelope, 1) == 51 then  -- the definition has expires=
+    local stored = redis.call('HGET', KEYS[4], e.id)
+    if stored and stored == cron_pending(e.envelope) then  -- its pending form: add the expiry
+      stored = cron_expiring(e.envelope, e.id, tonumber(e.slot))
+      redis.call('HSET', KEYS[4], e.id, stored)
+      e.expired = task_expired(stored, now)
+    end
+  end
+  if e.ok and e.policed and not e.drop and not e.expired
+      and redis.call('HEXISTS', KEYS[1], e.name) == 1 then
     runs = cron_runs_read(KEYS[12], e.name)
     local attempt = meta_parse(redis.call('HGET', KEYS[5], e.id))
     if attempt <= 1 and runs.run ~= e.id then stopped = police(e, runs) end
@@ -207,7 +232,9 @@ for _, e in ipairs(entries) do
     if redis.call('HEXISTS', KEYS[1], e.name) == 0 then
       out[#out + 1] = 0
     else
-      if not paused and e.next_ms ~= '' then add(e.next_id, e.envelope, e.next_due) end
+      if not paused and e.next_ms ~= '' then
+        add(e.next_id, cron_pending(e.envelope), e.next_due)
+      end
       redis.call('HSET', KEYS[2], e.name, (e.next_ms ~= '' and e.next_ms or e.slot) .. '|' ..
         e.slot .. '|' .. (e.next_ms ~= '' and e.next_id or e.id))
       stat_incr(KEYS[8], 'cron_state_rebuilt', 1)
@@ -216,20 +243,22 @@ for _, e in ipairs(entries) do
   elseif paused or not pending or (runs and runs.finished and not stopped) then
     -- Not the pending slot (a redelivery), paused, or its last firing: it runs, the schedule
     -- stays.
-    if not stopped then fired(e.slot) end
+    if not stopped and not e.expired then fired(e.slot) end
     redis.call('HSET', KEYS[2], e.name, head .. '|' .. last .. '|' .. head_id)
     out[#out + 1] = paused and 3 or 0
   else
-    if stopped then
-      -- skipped or buffered by overlap: the schedule still moves on
+    if stopped or e.expired then
+      -- skipped or buffered by overlap, or past its expiry: the schedule still moves on
     elseif not e.drop then
       fired(e.slot)
     else
       drop(e)
     end
-    for j = e.first_missed, e.last_missed, 2 do add(ARGV[j + 1], e.envelope, ARGV[j]) end
+    for j = e.first_missed, e.last_missed, 2 do
+      add(ARGV[j + 1], cron_expiring(e.envelope, ARGV[j + 1]), ARGV[j])
+    end
     if e.next_ms ~= '' then
-      add(e.next_id, e.envelope, e.next_due)
+      add(e.next_id, cron_pending(e.envelope), e.next_due)
       redis.call('HSET', KEYS[2], e.name, e.next_ms .. '|' .. last .. '|' .. e.next_id)
     else
       if not runs then runs = cron_runs_read(KEYS[12], e.name) end
@@ -239,6 +268,10 @@ for _, e in ipairs(entries) do
     out[#out + 1] = stopped or 1
   end
   if runs then cron_runs_write(KEYS[12], e.name, runs) end
+  if e.expired then
+    expire_later(e)
+    out[#out] = 8
+  end
 end
 if earliest then wake_if_earlier(KEYS[9], previous_head, earliest) end
 table.insert(out, 1, earliest or -1)

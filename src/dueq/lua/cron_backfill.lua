@@ -12,7 +12,9 @@
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] name
 -- ARGV[3] the definition JSON the caller planned from (compare-and-set)
--- ARGV[4] the envelope of the occurrences
+-- ARGV[4] the envelope of the occurrences (a version-3 head's expiry is ms after the slot:
+--         each occurrence counts it from when it is due, its slot or now if that is later, so
+--         a backfilled past slot gets the whole of it; see cron_expiring in the prelude)
 -- ARGV[5..] triples: slot ms, due ms (a past one is stored as now), occurrence id
 -- Returns the count of occurrences added; -1 no definition of that name; -2 the definition is
 --         no longer ARGV[3] (nothing changed, read it again).
@@ -36,7 +38,8 @@ local added, earliest = 0, nil
 for j = 5, #ARGV, 3 do
   if redis.call('ZADD', KEYS[2], 'NX', 0, name .. '\0' .. ARGV[j]) == 1 then
     local due = math.max(tonumber(ARGV[j + 1]), now)
-    if add_task(KEYS[4], level, KEYS[5], ARGV[j + 2], ARGV[4], due) then
+    local envelope = cron_expiring(ARGV[4], nil, math.max(tonumber(ARGV[j]), now))
+    if add_task(KEYS[4], level, KEYS[5], ARGV[j + 2], envelope, due) then
       added = added + 1
       if not earliest or due < earliest then earliest = due end
     end

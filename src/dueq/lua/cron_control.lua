@@ -19,7 +19,9 @@
 -- ARGV[4] resume, run_now: the definition JSON the caller planned from (compare-and-set)
 -- ARGV[5] resume: the next slot ms (after now; "" when the window has none); run_now: unused
 -- ARGV[6] resume: the next occurrence's id; run_now: the extra occurrence's id
--- ARGV[7] resume, run_now: the envelope of the occurrence it adds
+-- ARGV[7] resume, run_now: the envelope of the occurrence it adds (a version-3 head's expiry
+--         is ms after the slot: resume's pending occurrence is stored without it, run_now's
+--         counts it from now; see cron_expiring in the prelude)
 -- ARGV[8] resume: the next occurrence's due ms (slot plus jitter)
 -- ARGV[9] resume: the definition's pause_after_failures ("" none): a definition whose count of
 --         consecutive dead occurrences reached it counts as paused, and resume clears the count
@@ -77,12 +79,14 @@ if action == 'resume' then
   end
   due = tonumber(ARGV[8])
   redis.call('HSET', KEYS[2], name, ARGV[5] .. '|' .. (last or '') .. '|' .. ARGV[6])
-  if not add_task(KEYS[5], level_key(levels, ARGV[7]), KEYS[8], ARGV[6], ARGV[7], due) then
+  local envelope = cron_pending(ARGV[7])
+  if not add_task(KEYS[5], level_key(levels, envelope), KEYS[8], ARGV[6], envelope, due) then
     return 1
   end
 else
   due = dueq_now(ARGV[1])
-  if not add_task(KEYS[5], level_key(levels, ARGV[7]), KEYS[8], ARGV[6], ARGV[7], due) then
+  local envelope = cron_expiring(ARGV[7], ARGV[6], due)
+  if not add_task(KEYS[5], level_key(levels, envelope), KEYS[8], ARGV[6], envelope, due) then
     return 0
   end
 end
