@@ -1432,6 +1432,7 @@ function links.after_settle(ak, ids, ok, how, now)
   local k_children, k_after, k_waiting = ak.children, ak.after, ak.waiting
   local bk = ak.bk
   local buried, released = {}, 0
+  if #ids == 0 or redis.call('EXISTS', k_children) == 0 then return buried end  -- no waiting
   local previous_head = nil
   local todo, i = {}, 1
   for _, id in ipairs(ids) do todo[#todo + 1] = {id, ok, how} end

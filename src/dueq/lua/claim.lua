@@ -478,22 +478,24 @@ if #orphans > 0 then
     ' had no stored task (evicted or deleted by hand) and were dropped')
 end
 out[7] = #orphans
-local bk = links.batch_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[24], levels, KEYS[3], KEYS[7],
-  KEYS[25])
-local ak = links.after_keys(KEYS[26], KEYS[27], KEYS[28], KEYS[6], KEYS[5], KEYS[16], bk)
 if died > 0 then
   stat_incr(KEYS[7], 'dead', died)
   trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
   publish_ended(KEYS[16], buried)
   followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
     stats = KEYS[7], dead = KEYS[6]}, levels, buried, now)
-  links.tasks_ended(bk, ak, buried, 'dead', now)
 end
 out[8] = buried_here
 tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
   results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19]}, levels,
   too_late, now, config.keep_results_ms or 0)
-links.tasks_ended(bk, ak, too_late, 'expired', now)
+do  -- their batches and waiting children (a block: this chunk is near Lua's 200 locals)
+  local bk = links.batch_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[24], levels, KEYS[3], KEYS[7],
+    KEYS[25])
+  local ak = links.after_keys(KEYS[26], KEYS[27], KEYS[28], KEYS[6], KEYS[5], KEYS[16], bk)
+  links.tasks_ended(bk, ak, buried, 'dead', now)
+  links.tasks_ended(bk, ak, too_late, 'expired', now)
+end
 
 local next_due = levels_head(levels, not upper_used)
 local key_wait = (wait_head or parked_here > 0) and head_score(KEYS[12])
