@@ -201,3 +201,45 @@ def test_with_events_on_a_child_buried_by_its_parent_is_a_dead_event(make_queue,
     assert {("p", "dead"), ("c", "dead")} <= kinds
     (child,) = [e for e in events if e.task_id == "c"]
     assert child.error.type == "ParentFailed"
+
+
+def test_replacing_a_waiting_task_applies_the_new_records_parents(make_queue):
+    q = make_queue()
+    q.schedule("p", id="p", delay=60)
+    q.schedule("c", id="c", after=["p"])
+    q.schedule("c2", id="c", replace=True)  # no parents now: scheduled, no longer waiting
+    assert q.get("c").state == "scheduled"
+    assert q.list_tasks("waiting").tasks == []
+    q.schedule("c3", id="c", replace=True, after=["p"])
+    assert q.get("c").state == "waiting" and q.get("c").payload == "c3"
+    assert q.stats().scheduled == 1  # p only: c is in no due set
+    q.cancel("p")
+    assert q.get("c").state == "dead" and q.stats().scheduled == 0
+
+
+def test_one_call_that_schedules_an_id_twice_leaves_it_in_one_state(make_queue):
+    q = make_queue()
+    q.schedule("p", id="p", delay=60)
+    q.schedule_many(
+        [dueq.Task("first", id="c"), dueq.Task("second", id="c", after=["p"])], replace=True
+    )
+    assert q.get("c").state == "waiting"
+    assert q.stats().scheduled == 1
+
+
+def test_a_replaced_child_no_longer_counts_a_parent_it_stopped_waiting_for(make_queue):
+    q = make_queue()
+    q.schedule("p1", id="p1")
+    q.schedule("p2", id="p2", delay=60)
+    q.schedule("c", id="c", after=["p1"])
+    q.schedule("c", id="c", replace=True, after=["p2"])
+    assert run_all(q) == ["p1"]  # p1's ack must not release c: it now waits for p2 only
+    assert q.get("c").state == "waiting"
+
+
+def test_cancelling_a_waiting_child_drops_its_edges(make_queue, r):
+    q = make_queue()
+    q.schedule("p", id="p", delay=60)
+    q.schedule("c", id="c", after=["p"])
+    q.cancel("c")
+    assert not r.exists(QueueKeys.for_queue("q").children)

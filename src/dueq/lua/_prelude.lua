@@ -1340,14 +1340,16 @@ function links.batch_join(k_batches, k_of, cache, joined)
   end
 end
 
--- Dependencies (docs/dependencies.md). A task scheduled with parents (schedule.lua's records
--- with bit 4) that are not all finished waits in the waiting ZSET (id -> its due ms), out of
--- every due set, with after: id -> "<parents not finished>|<policy>" (policy "f": a parent
--- that ends dead, cancelled or expired ends it dead; "r": it runs anyway), and one member
--- "<parent>\0<child>" per edge in the children ZSET (all scores 0, so one ZRANGEBYLEX finds a
--- parent's children). The scripts that end a task call after_settle: an acked parent counts
--- down its children and releases those with none left into their due set; a parent that
--- ended otherwise sends its "f" children to dead (and their children, in turn). No polling.
+-- Dependencies (docs/dependencies.md). A task scheduled with parents (a schedule.lua record
+-- with flag 32) that are not all finished waits in the waiting ZSET (id -> its due ms), out of
+-- every due set, with after: id -> "<parents not finished>|<policy>|<parents waited for,
+-- joined by "\0">" (policy "f": a parent that ends dead, cancelled or expired ends it dead;
+-- "r": it runs anyway), and one member "<parent>\0<child>" per edge in the children ZSET (all
+-- scores 0, so one ZRANGEBYLEX finds a parent's children). The scripts that end a task call
+-- after_settle: an acked parent counts down its children and releases those with none left
+-- into their due set; a parent that ended otherwise sends its "f" children to dead (and their
+-- children, in turn). No polling.
+
 -- A record's parents ('>I4' count, then '>Hc0' each) from pos: the list and the next pos.
 function links.after_unpack(blob, pos)
   local n
@@ -1388,12 +1390,26 @@ function links.after_parent(ak, k_results, parent)
   return 'ok'
 end
 
+-- A task stops waiting: out of the waiting set, its after entry and its edges under the
+-- parents it still waits for (listed in the entry) dropped.
+function links.after_drop(ak, id)
+  local k_waiting, k_after, k_children = ak.waiting, ak.after, ak.children
+  local v = redis.call('HGET', k_after, id)
+  if not v then return end
+  local edges = {}
+  for parent in string.gmatch(string.match(v, '^%d+|%a|(.*)$') or '', '([^%z]+)') do
+    edges[#edges + 1] = parent .. '\0' .. id
+  end
+  if #edges > 0 then call_chunked('ZREM', k_children, edges) end
+  redis.call('HDEL', k_after, id)
+  redis.call('ZREM', k_waiting, id)
+end
+
 -- Send a waiting child to dead because a parent ended `how`; returns nothing (the caller
 -- collects the id).
 function links.after_bury(ak, child, parent, how, now)
-  local k_waiting, k_after, k_dead = ak.waiting, ak.after, ak.dead
-  redis.call('ZREM', k_waiting, child)
-  redis.call('HDEL', k_after, child)
+  local k_dead = ak.dead
+  links.after_drop(ak, child)
   redis.call('ZADD', k_dead, now, child)
   local record = cjson.encode({at = now, attempt = 0, type = 'ParentFailed',
     message = 'parent ' .. parent .. ' ended ' .. how})
@@ -1408,19 +1424,19 @@ end
 -- buried here).
 function links.after_join(ak, k_results, id, parents, policy, due, now)
   local k_children, k_after, k_waiting = ak.children, ak.after, ak.waiting
-  local open = 0
+  local open = {}
   for _, parent in ipairs(parents) do
     local stands, how = links.after_parent(ak, k_results, parent)
     if stands == 'open' and parent ~= id then
-      redis.call('ZADD', k_children, 0, parent .. '\0' .. id)
-      open = open + 1
+      open[#open + 1] = parent
     elseif stands == 'failed' and policy == 'f' then
       links.after_bury(ak, id, parent, how, now)
       return 'dead'
     end
   end
-  if open == 0 then return 'run' end
-  redis.call('HSET', k_after, id, open .. '|' .. policy)
+  if #open == 0 then return 'run' end
+  for _, parent in ipairs(open) do redis.call('ZADD', k_children, 0, parent .. '\0' .. id) end
+  redis.call('HSET', k_after, id, #open .. '|' .. policy .. '|' .. table.concat(open, '\0'))
   redis.call('ZADD', k_waiting, due, id)
   return 'wait'
 end
@@ -1445,11 +1461,11 @@ function links.after_settle(ak, ids, ok, how, now)
     for _, edge in ipairs(edges) do
       local child = string.sub(edge, #parent + 2)
       local v = redis.call('HGET', k_after, child)
-      local n, policy = string.match(v or '', '^(%d+)|(%a)$')
+      local n, policy, rest = string.match(v or '', '^(%d+)|(%a)(.*)$')
       n = tonumber(n)
       if n and (parent_ok or policy == 'r') then
         if n > 1 then
-          redis.call('HSET', k_after, child, (n - 1) .. '|' .. policy)
+          redis.call('HSET', k_after, child, (n - 1) .. '|' .. policy .. rest)
         else
           local due = tonumber(redis.call('ZSCORE', k_waiting, child)) or now
           if due < now then due = now end
@@ -1476,12 +1492,9 @@ function links.after_settle(ak, ids, ok, how, now)
   return buried
 end
 
--- cancel.lua: a cancelled task that was waiting leaves the waiting set (its edges under its
--- parents are dropped when they end).
+-- cancel.lua, and schedule.lua when it replaces a task: a waiting task stops waiting.
 function links.after_forget(ak, id)
-  local k_waiting, k_after = ak.waiting, ak.after
-  redis.call('ZREM', k_waiting, id)
-  redis.call('HDEL', k_after, id)
+  links.after_drop(ak, id)
 end
 
 -- What every script that ends tasks calls once: `ids` ended with `outcome` (acked, dead,

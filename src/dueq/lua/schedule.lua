@@ -94,12 +94,6 @@ while pos <= #blob do
     write = true
     if max_wait then due = debounce_start(KEYS[15], id, now, due, max_wait) end
     if batch then joined[#joined + 1] = id; joined[#joined + 1] = batch end
-    if parents then
-      local stands = links.after_join(ak, KEYS[23], id, parents, flags % 128 >= 64 and 'r' or 'f',
-        due, now)
-      if stands ~= 'run' then write = false end
-      if stands == 'dead' then born_dead[#born_dead + 1] = id end
-    end
   elseif generated then
     collided[#collided + 1] = position
   elseif max_wait and debounce_follow(KEYS[15], KEYS[5], id, envelope, now, due, max_wait) then
@@ -125,12 +119,24 @@ while pos <= #blob do
     redis.call('HSET', KEYS[2], id, envelope)
     replaced = replaced + 1
     write = true
+    links.after_forget(ak, id)  -- a waiting task replaced waits for the new record's parents
     if max_wait then due = debounce_due(KEYS[15], id, now, due, max_wait) end
   else
     existing = existing + 1
   end
+  if write and parents then
+    local stands = links.after_join(ak, KEYS[23], id, parents, flags % 128 >= 64 and 'r' or 'f',
+      due, now)
+    if stands ~= 'run' then  -- out of its due set (a replaced task was there)
+      local k_level = level_key(levels, envelope)
+      redis.call('ZREM', k_level, id)
+      write = false
+      placed[id] = false
+    end
+    if stands == 'dead' then born_dead[#born_dead + 1] = id end
+  end
   if write then
-    if not placed[id] then written[#written + 1] = id end
+    if placed[id] == nil then written[#written + 1] = id end
     placed[id] = {task_options(envelope), due}
     if earliest == nil or due < earliest then earliest = due end
   end
@@ -139,11 +145,14 @@ end
 if earliest ~= nil then
   local zadd = {}  -- priority -> {score, id, ...}
   for _, id in ipairs(written) do
-    local p, due = placed[id][1], placed[id][2]
-    local batch = zadd[p]
-    if not batch then batch = {}; zadd[p] = batch end
-    batch[#batch + 1] = due
-    batch[#batch + 1] = id
+    local at = placed[id]  -- false: a later record of the id waits for parents
+    if at then
+      local p, due = at[1], at[2]
+      local batch = zadd[p]
+      if not batch then batch = {}; zadd[p] = batch end
+      batch[#batch + 1] = due
+      batch[#batch + 1] = id
+    end
   end
   for p, batch in pairs(zadd) do call_chunked('ZADD', levels[p], batch) end
   stat_incr(KEYS[7], 'scheduled', added + replaced)
