@@ -23,7 +23,7 @@ from html import escape as e
 from conftest import ManualClock
 from dashboard_support import XSS, csrf_of, running_worker, seed
 
-from dueq import ConfigurationError, Queue, RetryPolicy
+from dueq import ConfigurationError, Queue, RetryPolicy, Task
 from dueq.cli import cli
 from dueq.dashboard import DashboardSettings, check_bind, create_app, redis_label
 from dueq.server import RedisServer
@@ -532,3 +532,25 @@ def test_queue_page_shows_no_events_when_events_are_off(
     for name in ("never", "was-on"):
         html = client.get("/queue", params={"queue": name}).text
         assert "Queue " + name in html and "events" not in html.lower(), name
+
+
+def test_batches_page_and_api_show_each_batch_with_its_counts(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    q = Queue("imports", r)
+    q.schedule_many([Task(n, id=f"row-{n}") for n in range(3)], batch="nov-26")
+    (d, *_) = q.claim(limit=1)
+    d.ack()
+    q.close_batch("nov-26")
+    html = dashboard().get("/batches").text
+    assert "nov-26" in html and "closed" in html
+    assert "Batches</a>" in dashboard().get("/").text
+    (b,) = dashboard().get("/api/batches").json()["imports"]
+    assert (b["id"], b["total"], b["acked"], b["pending"], b["complete"]) == (
+        "nov-26",
+        3,
+        1,
+        2,
+        False,
+    )
+    assert "nov-26" in dashboard().get("/batches", params={"queue": "imports"}).text

@@ -20,6 +20,8 @@ PUBLIC = {
     "AsyncQueue",
     "AsyncTaskFunction",
     "AsyncWorker",
+    "BatchCompleted",
+    "BatchInfo",
     "ClaimBatch",
     "ConfigurationError",
     "CorruptQueue",

@@ -15,6 +15,7 @@ from .doctor import DoctorFinding, DoctorReport
 from .envelope import TaskOptions, TraceContext
 from .events import AsyncEvent, Event
 from .exceptions import (
+    BatchCompleted,
     ConfigurationError,
     CorruptQueue,
     CronConflict,
@@ -39,6 +40,7 @@ from .registry import WorkerInfo
 from .retry import RetryPolicy
 from .task import (
     AsyncDelivery,
+    BatchInfo,
     Delivery,
     DueHistogram,
     ErrorRecord,
@@ -61,6 +63,8 @@ __all__ = [
     "AsyncQueue",
     "AsyncTaskFunction",
     "AsyncWorker",
+    "BatchCompleted",
+    "BatchInfo",
     "ClaimBatch",
     "ConfigurationError",
     "CorruptQueue",

@@ -43,6 +43,7 @@ from .retry import RetryPolicy
 from .scripts import AsyncScripts
 from .task import (
     AsyncDelivery,
+    BatchInfo,
     DueHistogram,
     HistoryPoint,
     KeyLimit,
@@ -258,6 +259,9 @@ class AsyncQueue(QueueCore):
         expires: Duration | datetime | None = None,
         debounce: Duration | None = None,
         max_wait: Duration | None = None,
+        batch: str | None = None,
+        after: Sequence[str] | None = None,
+        after_policy: Literal["fail", "run"] = "fail",
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
         ``priority``, ``key``, ``timeout``, ``max_attempts`` and ``expires`` are kept with it,
@@ -278,16 +282,31 @@ class AsyncQueue(QueueCore):
                 expires,
                 debounce,
                 max_wait,
+                batch,
+                () if after is None else after,
+                after_policy,
             )
         ]
         result = await self.drive(self.schedule_many_flow(tasks, replace))
         return result.ids[0]
 
     async def schedule_many(
-        self, tasks: Iterable[Task], *, replace: bool = False
+        self, tasks: Iterable[Task], *, replace: bool = False, batch: str | None = None
     ) -> ScheduleResult:
         """As ``Queue.schedule_many``: validated first, then one round trip per batch."""
-        return await self.drive(self.schedule_many_flow(tasks, replace))
+        return await self.drive(self.schedule_many_flow(tasks, replace, batch))
+
+    async def close_batch(self, batch: str, *, on_complete: Task | None = None) -> BatchInfo:
+        """As ``Queue.close_batch``."""
+        return await self.drive(self.close_batch_flow(batch, on_complete))
+
+    async def batch(self, batch: str) -> BatchInfo | None:
+        """As ``Queue.batch``."""
+        return await self.drive(self.batch_flow(batch))
+
+    async def batches(self, limit: int = 100) -> list[BatchInfo]:
+        """As ``Queue.batches``."""
+        return await self.drive(self.batches_flow(limit))
 
     async def cancel(self, task_id: str) -> bool:
         """Remove a task in any state; True if it existed. A live lease on it is revoked."""

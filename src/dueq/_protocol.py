@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from .doctor import DoctorFinding
 from .exceptions import ConfigurationError, DueqError, LeaseLost, TaskCancelled, TaskNotFound
 from .keys import QueueKeys, SparkBatchKeys
-from .snapshot import queue_stats, settings_from_reply, task_infos, text
-from .task import MAX_KEY_LIMITS, QueueSettings, QueueStats, TaskInfo
+from .snapshot import batch_info, queue_stats, settings_from_reply, task_infos, text
+from .task import MAX_KEY_LIMITS, BatchInfo, QueueSettings, QueueStats, TaskInfo
 
 T = TypeVar("T")
 
@@ -111,11 +111,17 @@ class ScheduleReply:
     replaced: int
     #: 0-based positions (within the batch) of generated ids that already existed
     collided: list[int]
+    #: 0-based positions of tasks not written because their batch had completed
+    refused: list[int] = field(default_factory=list)
 
 
 def _parse_schedule(reply: Any) -> ScheduleReply:
     return ScheduleReply(
-        int(reply[0]), int(reply[1]), int(reply[2]), [int(p) - 1 for p in reply[3:]]
+        int(reply[0]),
+        int(reply[1]),
+        int(reply[2]),
+        [int(p) - 1 for p in reply[3:] if int(p) > 0],
+        [-int(p) - 1 for p in reply[3:] if int(p) < 0],
     )
 
 
@@ -124,9 +130,60 @@ def schedule(
 ) -> Call[ScheduleReply]:
     """Add a batch of packed task records (see ``envelope.pack_task``)."""
     keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done, k.config]
-    keys += [k.key_state, k.parked, k.key_wait, k.history, k.debounce, *k.upper_due]
+    keys += [k.key_state, k.parked, k.key_wait, k.history, k.debounce, *_batch_keys(k)]
+    keys += [*_after_keys(k), k.results, *k.upper_due]
     args = [now, "1" if replace else "0", blob, window_ms]
     return Call("schedule", keys, args, _parse_schedule)
+
+
+def _after_keys(k: QueueKeys) -> list[str]:
+    """The dependency keys every script that ends a task takes (the prelude's after_settle)."""
+    return [k.waiting, k.after, k.children]
+
+
+def _batch_keys(k: QueueKeys) -> list[str]:
+    """The batch keys every script that ends a task takes (the Lua prelude's batch_settle)."""
+    return [k.batches, k.batch_of, k.batch_on, k.batch_ended]
+
+
+# -- close_batch.lua ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CloseBatchReply:
+    #: whether this call closed the batch (False: it was closed before, nothing changed)
+    closed: bool
+    info: BatchInfo
+
+
+def close_batch(k: QueueKeys, now: str, batch: str, record: bytes) -> Call[CloseBatchReply]:
+    """Close ``batch``; ``record`` is its completion task packed as for schedule (or empty)."""
+    keys = [k.due, k.tasks, k.stats, k.wake, k.history, k.batches, k.batch_on, k.batch_ended]
+    keys += k.upper_due
+
+    def parse(reply: Any) -> CloseBatchReply:
+        info = batch_info(batch, reply[1])
+        assert info is not None  # the script always returns the record it wrote
+        return CloseBatchReply(bool(int(reply[0])), info)
+
+    return Call("close_batch", keys, [now, batch, record], parse)
+
+
+def batch_read(k: QueueKeys, batch: str) -> Command[BatchInfo | None]:
+    """One batch's record (None when there is none)."""
+    return command("HGET", k.batches, batch, parse=lambda raw: batch_info(batch, raw))
+
+
+def batches_scan(k: QueueKeys, cursor: int, count: int) -> Command[tuple[int, list[BatchInfo]]]:
+    """One HSCAN step over the batch records: the next cursor (0: done) and the batches."""
+
+    def parse(reply: Any) -> tuple[int, list[BatchInfo]]:
+        cursor, found = reply
+        items = found.items()  # redis-py parses HSCAN into (cursor, dict)
+        infos = [batch_info(name, raw) for name, raw in items]
+        return int(cursor), [i for i in infos if i is not None]
+
+    return command("HSCAN", k.batches, cursor, "COUNT", count, parse=parse)
 
 
 # -- claim.lua ---------------------------------------------------------------------------------
@@ -203,7 +260,8 @@ def claim(
     id kept in the lease token, "<seq>@<holder>"; "" for none)."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, k.ended]
-    keys += [k.results, k.finished, k.debounce, k.events, *k.upper_due]
+    keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), k.wake]
+    keys += [*_after_keys(k), *k.upper_due]
     args = [
         now,
         limit,
@@ -275,7 +333,8 @@ def ack(
     args: list[Any] = [now, window_ms, pack_pairs(held), pack_values(values)]
     keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config, k.cancelled]
     keys += [k.key_state, k.key_wait, k.wake, k.history, k.cron, k.cron_last]
-    keys += [k.results, k.finished, k.ended, k.debounce, k.due, k.events, *k.upper_due]
+    keys += [k.results, k.finished, k.ended, k.debounce, k.due, k.events, *_batch_keys(k)]
+    keys += [*_after_keys(k), k.dead, *k.upper_due]
     return Call("ack", keys, args, _parse_ack)
 
 
@@ -315,7 +374,8 @@ def fail(
     """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
     keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.config, k.ended]
-    keys += [k.results, k.finished, k.debounce, k.events, *k.upper_due]
+    keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), *_after_keys(k)]
+    keys += k.upper_due
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -393,7 +453,8 @@ def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     """Remove a task in any state; the reply says whether it existed."""
     keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
     keys += [k.key_state, k.parked, k.key_wait, k.wake, k.config, k.results, k.finished]
-    keys += [k.ended, k.debounce, k.events, *k.upper_due]
+    keys += [k.ended, k.debounce, k.events, *_batch_keys(k), k.history, *_after_keys(k)]
+    keys += k.upper_due
     return Call("cancel", keys, [now, task_id], bool)
 
 
@@ -404,14 +465,14 @@ _INSPECT_KEYS = ("due", "leased", "dead", "tasks", "meta", "errors")
 
 def inspect_ids(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[list[TaskInfo]]:
     """Snapshots of the given tasks (missing ones are left out)."""
-    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, *k.upper_due]
-    return Call("inspect", keys, [now, "ids", *ids], task_infos)
+    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.waiting]
+    return Call("inspect", [*keys, *k.upper_due], [now, "ids", *ids], task_infos)
 
 
 def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[TaskInfo]]:
     """Snapshots of dead tasks, most recently died first."""
-    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, *k.upper_due]
-    return Call("inspect", keys, [now, "dead", offset, count], task_infos)
+    keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.waiting]
+    return Call("inspect", [*keys, *k.upper_due], [now, "dead", offset, count], task_infos)
 
 
 @dataclass(frozen=True)
@@ -441,7 +502,7 @@ def list_tasks(
 ) -> Call[ListReply]:
     """One page of the tasks in ``state``, looking at most at ``budget`` entries."""
     keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.finished]
-    keys += k.upper_due
+    keys += [k.waiting, *k.upper_due]
     low = "" if keep.low_ms is None else keep.low_ms
     high = "" if keep.high_ms is None else keep.high_ms
     args = [now, state, cursor, limit, budget, keep.id_prefix, keep.grep, keep.error_type]
@@ -475,8 +536,8 @@ def history(
 
 def stats(k: QueueKeys, now: str) -> Call[QueueStats]:
     """Counts per state, timing and counters, as one snapshot."""
-    keys = [k.due, k.leased, k.dead, k.stats, k.tasks, k.config, k.parked, *k.upper_due]
-    return Call("stats", keys, [now], queue_stats)
+    keys = [k.due, k.leased, k.dead, k.stats, k.tasks, k.config, k.parked, k.waiting]
+    return Call("stats", [*keys, *k.upper_due], [now], queue_stats)
 
 
 # -- configure.lua -----------------------------------------------------------------------------
@@ -845,6 +906,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "cron_control": lambda k: cron_control(k, "", "pause", "n"),
     "configure": lambda k: configure(k, [("paused", "1")]),
     "heartbeat": lambda k: heartbeat(k, "", "w", "{}", ttl_ms=1),
+    "close_batch": lambda k: close_batch(k, "", "b", b""),
     "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1),
 }
 

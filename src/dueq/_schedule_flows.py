@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Iterator
 from datetime import datetime
@@ -19,12 +20,19 @@ from .envelope import (
     encode_envelope,
     generated_ids,
     pack_task,
+    record_extras,
     repack_with_id,
     validate_id,
     validate_task_name,
 )
-from .exceptions import DueqError, InvalidTaskError, PayloadError
-from .task import ScheduleResult, Task
+from .exceptions import (
+    BatchCompleted,
+    ConfigurationError,
+    DueqError,
+    InvalidTaskError,
+    PayloadError,
+)
+from .task import BatchInfo, ScheduleResult, Task
 
 logger = logging.getLogger("dueq.queue")
 
@@ -32,6 +40,8 @@ logger = logging.getLogger("dueq.queue")
 #: proto-max-bulk-len, 512 MB by default, and a long script blocks it).
 SCHEDULE_BATCH = 1000
 SCHEDULE_BATCH_BYTES = 8 * 1024 * 1024
+#: Most parents one task may wait for (``Task.after``).
+MAX_PARENTS = 1000
 #: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
 ID_RETRIES = 5
 
@@ -62,13 +72,16 @@ class ScheduleFlows(QueueBase):
             return FLAG_ABSOLUTE, datetime_ms(at)
         return 0, 0 if delay is None else duration_ms(delay, "delay")
 
-    def schedule_many_flow(self, tasks: Iterable[Task], replace: bool) -> Flow[ScheduleResult]:
-        """Schedule ``tasks``, inside a ``send`` span when tracing (see ``_tracing``)."""
+    def schedule_many_flow(
+        self, tasks: Iterable[Task], replace: bool, batch: str | None = None
+    ) -> Flow[ScheduleResult]:
+        """Schedule ``tasks``, inside a ``send`` span when tracing (see ``_tracing``); ``batch``
+        is the batch of every task that names none."""
         send = _tracing.producer(self.name)
         if send is None:
-            return (yield from self.encode_and_schedule_flow(tasks, replace, b""))
+            return (yield from self.encode_and_schedule_flow(tasks, replace, b"", batch))
         try:
-            result = yield from self.encode_and_schedule_flow(tasks, replace, send.line)
+            result = yield from self.encode_and_schedule_flow(tasks, replace, send.line, batch)
         except BaseException as exc:  # the span records any failure; the caller gets it
             send.failed(exc)
             raise
@@ -76,13 +89,13 @@ class ScheduleFlows(QueueBase):
         return result
 
     def encode_and_schedule_flow(
-        self, tasks: Iterable[Task], replace: bool, trace: bytes
+        self, tasks: Iterable[Task], replace: bool, trace: bytes, batch: str | None = None
     ) -> Flow[ScheduleResult]:
         ids: list[str] = []
         records: list[bytes] = []
         fresh_ids = generated_ids()
-        max_bytes = self.max_payload_bytes
-        due = self._due
+        if batch is not None:
+            batch = self._batch_id(batch)
         try:
             iterator = iter(tasks)
         except TypeError:
@@ -92,39 +105,94 @@ class ScheduleFlows(QueueBase):
         for position, task in enumerate(iterator):
             if not isinstance(task, Task):
                 raise InvalidTaskError(f"task {position} is a {type(task).__name__}, not dueq.Task")
-            if task.id is None:
-                task_id, flags = next(fresh_ids), FLAG_GENERATED_ID
-            else:
-                task_id, flags = validate_id(task.id), 0
-            try:
-                max_wait_ms = None
-                if task.at is None and task.delay is None:
-                    time_flag, due_ms = 0, 0  # due now
-                else:
-                    time_flag, due_ms = due(task.at, task.delay)
-                if task.debounce is not None or task.max_wait is not None:
-                    debounced = task.debounce_ms()
-                    if debounced is not None:
-                        due_ms, max_wait_ms = debounced
-                        time_flag |= FLAG_DEBOUNCE
-                if task.expires is None:
-                    options = task.options()
-                else:
-                    expires_ms, relative = task.expiry()
-                    options = task.options(expires_ms)
-                    if relative:
-                        time_flag |= FLAG_EXPIRES_RELATIVE
-                if task.task is None:
-                    envelope = encode_envelope(task.payload, max_bytes, options, trace)
-                else:
-                    envelope = encode_envelope(
-                        task.payload, max_bytes, options, trace, self._named(task)
-                    )
-            except (InvalidTaskError, PayloadError) as exc:
-                raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
-            records.append(pack_task(flags | time_flag, due_ms, task_id, envelope, max_wait_ms))
+            task_id = next(fresh_ids) if task.id is None else validate_id(task.id)
+            if task.after and task.id is None and self._sharded is not None:
+                raise InvalidTaskError(
+                    f"task {position}: on a sharded queue a task with after= needs an id "
+                    "(its parents must be in its shard)"
+                )
+            records.append(self._encode_task(position, task, task_id, trace, batch))
             ids.append(task_id)
         return (yield from self.schedule_records_flow(ids, records, replace, fresh_ids))
+
+    def _encode_task(
+        self, position: int, task: Task, task_id: str, trace: bytes, batch: str | None
+    ) -> bytes:
+        """One task as a packed schedule record (``task_id``: its id, or a generated one)."""
+        flags = FLAG_GENERATED_ID if task.id is None else 0
+        try:
+            max_wait_ms = None
+            if task.at is None and task.delay is None:
+                time_flag, due_ms = 0, 0  # due now
+            else:
+                time_flag, due_ms = self._due(task.at, task.delay)
+            if task.debounce is not None or task.max_wait is not None:
+                debounced = task.debounce_ms()
+                if debounced is not None:
+                    due_ms, max_wait_ms = debounced
+                    time_flag |= FLAG_DEBOUNCE
+            if task.expires is None:
+                options = task.options()
+            else:
+                expires_ms, relative = task.expiry()
+                options = task.options(expires_ms)
+                if relative:
+                    time_flag |= FLAG_EXPIRES_RELATIVE
+            max_bytes = self.max_payload_bytes
+            if task.task is None:
+                envelope = encode_envelope(task.payload, max_bytes, options, trace)
+            else:
+                envelope = encode_envelope(
+                    task.payload, max_bytes, options, trace, self._named(task)
+                )
+            extra_flags, extra = self._task_extras(task, task_id, batch)
+        except (InvalidTaskError, PayloadError) as exc:
+            raise type(exc)(f"task {position} ({task_id!r}): {exc}") from exc
+        flags |= time_flag | extra_flags
+        return pack_task(flags, due_ms, task_id, envelope, max_wait_ms, extra)
+
+    def _task_extras(self, task: Task, task_id: str, batch: str | None) -> tuple[int, bytes]:
+        """The flags and bytes that name a task's batch and parents (``record_extras``)."""
+        if task.batch is not None:
+            batch = self._batch_id(task.batch)
+        if batch is None and not task.after:
+            return 0, b""
+        return record_extras(batch, self._parents(task, task_id), task.after_policy == "run")
+
+    def _parents(self, task: Task, task_id: str) -> list[str]:
+        """A task's checked parents: ids, at most MAX_PARENTS, in its own shard."""
+        after = task.after
+        if isinstance(after, str) or not isinstance(after, (list, tuple)):
+            raise InvalidTaskError(f"after must be a list of task ids, got {after!r}")
+        if task.after_policy not in ("fail", "run"):
+            raise InvalidTaskError(
+                f"after_policy must be 'fail' or 'run', got {task.after_policy!r}"
+            )
+        if len(after) > MAX_PARENTS:
+            raise InvalidTaskError(f"a task waits for at most {MAX_PARENTS} parents")
+        parents = list(dict.fromkeys(validate_id(p) for p in after))
+        sharded = self._sharded
+        if sharded is not None:
+            home = sharded.shard(task_id)
+            strangers = [p for p in parents if sharded.shard(p) is not home]
+            if strangers:
+                raise InvalidTaskError(
+                    f"parents {strangers[:3]!r} are on another shard than {task_id!r}: on a "
+                    "sharded queue a task's parents must share its shard"
+                )
+        return parents
+
+    def _batch_id(self, batch: object) -> str:
+        """A usable batch id (the rules of task ids); batches need an unsharded queue."""
+        if self._sharded is not None:
+            raise ConfigurationError(
+                "batches need an unsharded queue: a sharded queue's members would be counted "
+                "on several shards"
+            )
+        try:
+            return validate_id(batch)
+        except InvalidTaskError as exc:
+            raise InvalidTaskError(str(exc).replace("task id", "batch id")) from None
 
     def _named(self, task: Task) -> str:
         """The name of a named task, its payload checked: a dict of arguments, and, when the
@@ -148,6 +216,7 @@ class ScheduleFlows(QueueBase):
             return (yield from self._sharded.schedule_records_flow(ids, records, replace))
         yield from self.plain_check_flow()
         added = existing = replaced = 0
+        refused: list[str] = []
         for batch in _batches(records):
             pending = batch
             for _ in range(ID_RETRIES):
@@ -161,6 +230,7 @@ class ScheduleFlows(QueueBase):
                 )
                 added, existing = added + reply.added, existing + reply.existing
                 replaced += reply.replaced
+                refused += [ids[pending[p]] for p in reply.refused]
                 pending = [pending[p] for p in reply.collided]
                 if not pending:
                     break
@@ -169,6 +239,12 @@ class ScheduleFlows(QueueBase):
                     records[i] = repack_with_id(records[i], ids[i])
             else:
                 raise DueqError(f"no unused id found for {len(pending)} task(s)")
+        if refused:
+            raise BatchCompleted(
+                f"{len(refused)} task(s) not scheduled: their batch has completed "
+                f"(the other {added + existing + replaced} of the call were)",
+                refused,
+            )
         return ScheduleResult(added=added, existing=existing, replaced=replaced, ids=ids)
 
     def cancel_flow(self, task_id: str) -> Flow[bool]:
@@ -193,3 +269,24 @@ class ScheduleFlows(QueueBase):
             due_ms=due_ms,
         )
         return reply.status is protocol.Status.OK
+
+    def close_batch_flow(self, batch: str, on_complete: Task | None) -> Flow[BatchInfo]:
+        """Close ``batch``; its completion task ``on_complete`` is scheduled once every member
+        has ended (now, when they all have). A batch closed before keeps its first one."""
+        batch = self._batch_id(batch)
+        record = b""
+        if on_complete is not None:
+            if not isinstance(on_complete, Task):
+                raise InvalidTaskError(
+                    f"on_complete must be a dueq.Task, got {type(on_complete).__name__}"
+                )
+            if on_complete.batch is not None:
+                raise InvalidTaskError("a completion task cannot join a batch")
+            task_id = validate_id(f"batch:{batch}" if on_complete.id is None else on_complete.id)
+            done = dataclasses.replace(on_complete, id=task_id)
+            record = self._encode_task(0, done, task_id, b"", None)
+        yield from self.plain_check_flow()
+        reply: protocol.CloseBatchReply = yield protocol.close_batch(
+            self.keys, self.now_arg(), batch, record
+        )
+        return reply.info

@@ -164,6 +164,7 @@ def _sum_stats(parts: Sequence[QueueStats]) -> QueueStats:
         now=max(p.now for p in parts),
         counters=dict(counters),
         missing=sum(p.missing for p in parts),
+        waiting=sum(p.waiting for p in parts),
     )
 
 

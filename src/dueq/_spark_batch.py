@@ -29,6 +29,7 @@ from .envelope import (
     FLAG_ABSOLUTE,
     name_line,
     pack_task,
+    record_extras,
     validate_task_name,
 )
 from .envelope import validate_id as _validate_id
@@ -37,7 +38,7 @@ from .keys import QueueKeys, validate_queue_name
 from .named import TaskFunction
 from .queue import SCHEDULE_BATCH, Queue
 from .snapshot import text
-from .task import TaskInfo, TaskState
+from .task import BatchInfo, Task, TaskInfo, TaskState
 
 try:
     from pyspark.accumulators import AccumulatorParam
@@ -119,6 +120,8 @@ class SparkScheduleResult:
     bad_rows: int
     bad_by_reason: dict[str, int]
     bad_samples: list[str]
+    #: with ``batch=``: the batch's counts right after the job closed it
+    batch: BatchInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,8 @@ class PartitionPlan:
     remember_done: Duration | None = None
     #: the named task each row runs (``@q.task``: the row's columns are its arguments)
     task: str | None = None
+    #: the batch every row's task joins (closed by the driver once the job has written all)
+    batch: str | None = None
 
 
 class _BadRow(Exception):
@@ -227,6 +232,7 @@ def packed_batches(
     ids: list[str] = []
     records: list[bytes] = []
     head = ENVELOPE_PREFIX if plan.task is None else ENVELOPE_PREFIX + name_line(plan.task)
+    extra_flags, extra = record_extras(plan.batch, (), False) if plan.batch else (0, b"")
     for number, (given, due, raw, payload) in enumerate(rows):
         try:
             flags, due_ms = _due(plan.due_kind, due, raw)
@@ -236,7 +242,7 @@ def packed_batches(
             _count_bad(counts, plan, number, given, bad)
             continue
         ids.append(task_id)
-        records.append(pack_task(flags, due_ms, task_id, head + data))
+        records.append(pack_task(flags | extra_flags, due_ms, task_id, head + data, extra=extra))
         if len(records) >= plan.batch_size:
             yield ids, records
             ids, records = [], []
@@ -449,6 +455,7 @@ def partition_plan(
     max_payload_bytes: int,
     remember_done: Duration | None,
     task: str | None = None,
+    batch: str | None = None,
 ) -> PartitionPlan:
     """A checked PartitionPlan (ConfigurationError for a bad setting; InvalidTaskError for a
     bad task name)."""
@@ -470,6 +477,7 @@ def partition_plan(
         max_payload_bytes,
         remember_done,
         None if task is None else validate_task_name(task),
+        None if batch is None else _validate_id(batch),
     )
 
 
@@ -498,6 +506,8 @@ def schedule_dataframe(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     remember_done: Duration | None = None,
     task: str | TaskFunction[..., Any] | None = None,
+    batch: str | None = None,
+    on_complete: Task | None = None,
 ) -> SparkScheduleResult:
     """Schedule one task per row of ``df``; an id that is already in the queue is left alone.
 
@@ -516,6 +526,10 @@ def schedule_dataframe(
     ``task`` makes each row a call of a named task (``@q.task``; a name, or the function,
     whose signature is then checked against the payload columns first): the payload columns
     are its arguments.
+    ``batch`` makes every row's task a member of that batch; once every partition has been
+    written the driver closes it (``Queue.close_batch``), with ``on_complete`` as its
+    completion task, so it runs once after the last row's task has ended. A job that fails
+    leaves the batch open: running it again adds only what is missing, then closes it.
     """
     check_target(queue, redis_url)
     try:
@@ -538,6 +552,7 @@ def schedule_dataframe(
         max_payload_bytes=max_payload_bytes,
         remember_done=remember_done,
         task=task_name_of(task, columns.payload_cols),
+        batch=batch,
     )
     counts = context.accumulator(PartitionCounts(), _CountsParam())
     try:
@@ -557,6 +572,7 @@ def schedule_dataframe(
         bad_rows=sum(total.bad.values()),
         bad_by_reason=dict(total.bad),
         bad_samples=list(total.samples),
+        batch=None if plan.batch is None else close_batch(plan, on_complete),
     )
     logger.info(
         "scheduled into %r: %d added, %d existing, %d bad",
@@ -568,6 +584,17 @@ def schedule_dataframe(
     if result.bad_rows:
         logger.warning("%d bad row(s) not scheduled: %s", result.bad_rows, result.bad_samples)
     return result
+
+
+def close_batch(plan: PartitionPlan, on_complete: Task | None) -> BatchInfo:
+    """Close the plan's batch (on the driver, once every partition has been written)."""
+    assert plan.batch is not None
+    client = discovery.client_for_url(plan.redis_url)
+    try:
+        q = discovery.open_queue(client, plan.queue, max_payload_bytes=plan.max_payload_bytes)
+        return q.close_batch(plan.batch, on_complete=on_complete)
+    finally:
+        client.close()
 
 
 def _run_partition(plan: PartitionPlan, counts: Any, rows: Iterable[Sequence[Any]]) -> None:

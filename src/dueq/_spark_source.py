@@ -60,7 +60,9 @@ change state during the read may be left out, or (moving to another score) read 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -80,6 +82,7 @@ from ._spark_batch import (
     _stored_snapshots,
     _task_row,
     check_target,
+    close_batch,
     columns_of,
     packed_batches,
     partition_plan,
@@ -92,6 +95,7 @@ from .keys import QueueKeys, SparkBatchKeys
 from .queue import SCHEDULE_BATCH, Queue
 from .scripts import Scripts
 from .snapshot import text
+from .task import Task
 
 try:
     import pyarrow as pa
@@ -156,6 +160,29 @@ class _WriteSetup:
     rows: Rows
     staging_ttl_ms: int
     batch_memory_ms: int
+    #: with the option batch: the completion task (options on_complete_payload, _task, _id)
+    on_complete: Task | None = None
+
+
+def _on_complete(options: Any) -> Task | None:
+    """The completion task the options on_complete_payload (JSON, default {}),
+    on_complete_task (a task name) and on_complete_id describe, or None when none is given."""
+    names = ("on_complete_payload", "on_complete_task", "on_complete_id")
+    payload, task, task_id = (options.get(n) for n in names)
+    if payload is None and task is None and task_id is None:
+        return None
+    try:
+        value = json.loads(payload) if payload is not None else {}
+    except ValueError as exc:
+        raise ConfigurationError(f"option on_complete_payload is not JSON: {exc}") from None
+    return Task(value, id=task_id, task=task)
+
+
+def _stream_batch(plan: PartitionPlan, batch_id: int) -> PartitionPlan:
+    """A micro-batch's plan: with the option batch, its own batch "<batch>:<micro-batch id>"."""
+    if plan.batch is None:
+        return plan
+    return dataclasses.replace(plan, batch=f"{plan.batch}:{batch_id}")
 
 
 def _write_setup(options: Any, schema: T.StructType) -> _WriteSetup:
@@ -179,13 +206,17 @@ def _write_setup(options: Any, schema: T.StructType) -> _WriteSetup:
         ),
         remember_done=None,
         task=options.get("task"),
+        batch=options.get("batch"),
     )
     day_s = 86_400
     ttl_s = _int_option(options, "staging_ttl_s", DEFAULT_STAGING_TTL_S, low=60, high=365 * day_s)
     memory_s = _int_option(
         options, "batch_memory_s", DEFAULT_BATCH_MEMORY_S, low=day_s, high=3650 * day_s
     )
-    return _WriteSetup(plan, Rows(schema, columns), ttl_s * 1000, memory_s * 1000)
+    on_complete = _on_complete(options)
+    if on_complete is not None and plan.batch is None:
+        raise ConfigurationError("the on_complete_* options need the option batch")
+    return _WriteSetup(plan, Rows(schema, columns), ttl_s * 1000, memory_s * 1000, on_complete)
 
 
 # -- writers -----------------------------------------------------------------------------------
@@ -237,6 +268,9 @@ class _BatchWriter(DataSourceArrowWriter):
             sum(total.bad.values()),
         )
         _log_bad(total)
+        if self.setup.plan.batch is not None:  # every task has written: close the batch
+            info = close_batch(self.setup.plan, self.setup.on_complete)
+            logger.info("closed batch %r of %r: %s", info.id, self.setup.plan.queue, info)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         total = _total(messages)
@@ -256,6 +290,8 @@ class _StreamWriter(DataSourceStreamArrowWriter):
     finished by the replay (the committed shards answer "committed before")."""
 
     def __init__(self, setup: _WriteSetup, names: list[str]) -> None:
+        if setup.plan.batch is not None and len(names) > 1:
+            raise ConfigurationError("the option batch needs an unsharded queue")
         self.setup = setup
         self.names = names
 
@@ -281,9 +317,8 @@ class _StreamWriter(DataSourceStreamArrowWriter):
         message = DueqCommitMessage(query=query)
         with discovery.client_for_url(self.setup.plan.redis_url) as client:
             scripts = Scripts(client)
-            for ids, records in packed_batches(
-                self.setup.rows(iterator), self.setup.plan, message.counts
-            ):
+            plan = _stream_batch(self.setup.plan, batch)
+            for ids, records in packed_batches(self.setup.rows(iterator), plan, message.counts):
                 for name, part in self._by_shard(ids, records):
                     call = protocol.spark_stage(
                         self._keys(name, query, batch),
@@ -350,6 +385,9 @@ class _StreamWriter(DataSourceStreamArrowWriter):
                 sum(total.bad.values()),
             )
         _log_bad(total)
+        if plan.batch is not None:  # committed (now or before): close its batch, idempotently
+            info = close_batch(_stream_batch(plan, batchId), self.setup.on_complete)
+            logger.info("closed batch %r of %r: %s", info.id, plan.queue, info)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         query = next((m.query for m in _ours(messages) if m.query), None)

@@ -20,6 +20,7 @@ from .exceptions import ConfigurationError, InvalidTaskError, TaskNotFound
 from .snapshot import settings_from_hash
 from .task import (
     FINAL_STATES,
+    BatchInfo,
     DueHistogram,
     HistoryPoint,
     QueueSettings,
@@ -42,7 +43,7 @@ MAX_DOCTOR_BATCH = 10_000
 #: Most leases (and rate entries) one doctor.lua call counts: about 10 ms of Redis time.
 DOCTOR_LEASE_CAP = 20_000
 MAX_BUCKETS = 1000
-_STATES = ("scheduled", "leased", "dead", "done", "cancelled", "expired")
+_STATES = ("scheduled", "leased", "dead", "done", "cancelled", "expired", "waiting")
 
 
 def _encode_cursor(raw: str) -> str | None:
@@ -253,3 +254,26 @@ class ViewFlows(QueueBase):
             if finding.fixed:  # a change to Redis: say what was changed
                 logger.info("doctor repaired %r: %s", self.name, finding.line())
         return DoctorReport(self.name, fix, list(findings.values()), notes)
+
+    def batch_flow(self, batch: str) -> Flow[BatchInfo | None]:
+        """A batch's counts, or None when there is no such batch (never used, or trimmed)."""
+        if self._sharded is not None:
+            return None  # batches need an unsharded queue (schedule refuses them)
+        info: BatchInfo | None = yield protocol.batch_read(self.keys, validate_id(batch))
+        return info
+
+    def batches_flow(self, limit: int) -> Flow[list[BatchInfo]]:
+        """Up to ``limit`` batches (open ones first, then by creation, newest first)."""
+        if self._sharded is not None:
+            return []
+        found: list[BatchInfo] = []
+        cursor = 0
+        while True:
+            cursor, infos = yield protocol.batches_scan(self.keys, cursor, 500)
+            found += infos
+            if cursor == 0:
+                break
+        found.sort(
+            key=lambda b: (b.complete, -b.created_at.timestamp() if b.created_at else 0, b.id)
+        )
+        return found[:limit]

@@ -61,6 +61,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "spark_stage",
         "spark_commit",
         "spark_abort",
+        "close_batch",  # q.close_batch, and the Spark writers' batch= at commit
     ),
     # claim (with cron occurrences), ack, fail, extend, release, get
     "consumer": (
@@ -89,6 +90,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "list_tasks",
         "history",
         "doctor",  # q.doctor / dueq doctor: checks and repairs derived state
+        "close_batch",
     ),
 }
 
@@ -115,7 +117,16 @@ COMMON_COMMANDS = (
 PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     # q.wait: SSUBSCRIBE (Redis >= 7.0) or SUBSCRIBE (6.2) on the ended channel, HGETALL of
     # the queue's settings (keep_results), INFO for the server version check
-    "producer": ("ssubscribe", "sunsubscribe", "subscribe", "unsubscribe", "hgetall", "info"),
+    # HGET: q.batch(id)
+    "producer": (
+        "ssubscribe",
+        "sunsubscribe",
+        "subscribe",
+        "unsubscribe",
+        "hgetall",
+        "info",
+        "hget",
+    ),
     # HMGET: cron definitions of claimed occurrences; SSUBSCRIBE (Redis >= 7.0) or SUBSCRIBE
     # (6.2): the wake channel;
     # INFO: the server version check at the first claim (INFO server; without it the
@@ -129,10 +140,12 @@ PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     # HGET/HGETALL/HMGET: cron list/get; TIME: cron add reads the server clock;
     # ZSCAN: Spark's read of a queue; ZCARD + ZRANGE: the Spark data source's partitioned read;
     # TIME + ZRANGE + HGETALL: the worker registry (Queue.workers, dueq workers);
-    # XREVRANGE: the latest outcome events (the dashboard's queue page, dueq events).
+    # XREVRANGE: the latest outcome events (the dashboard's queue page, dueq events);
+    # HSCAN: q.batches / dueq batches.
     "operator": (
         *("scan", "exists", "zcard", "hget", "hgetall", "hmget", "time", "zscan", "zrange"),
         "xrevrange",
+        "hscan",
     ),
 }
 

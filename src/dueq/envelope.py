@@ -65,7 +65,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from .exceptions import InvalidTaskError, PayloadError
@@ -116,6 +116,12 @@ FLAG_DEBOUNCE = 4
 #: The envelope's expiry is ms from now (schedule.lua makes it epoch ms).
 FLAG_EXPIRES_RELATIVE = 8
 _MAX_WAIT = struct.Struct(">d")
+#: The record names a batch: '>Hc0' after the envelope (and the max wait; see docs/batches.md).
+FLAG_BATCH = 16
+#: The record names parents it waits for: '>I' count, then '>Hc0' per parent id, after the
+#: batch; bit FLAG_AFTER_RUN too: it runs whatever its parents end as (docs/dependencies.md).
+FLAG_AFTER = 32
+FLAG_AFTER_RUN = 64
 _RECORD_HEAD = struct.Struct(">BdH")
 _PAYLOAD_LENGTH = struct.Struct(">I")
 
@@ -378,24 +384,49 @@ def _record_struct(id_length: int) -> struct.Struct:
     return struct.Struct(f">BdH{id_length}sI")
 
 
+def _short_text(text: str) -> bytes:
+    data = text.encode("utf-8")
+    return struct.pack(">H", len(data)) + data
+
+
+def record_extras(batch: str | None, after: Sequence[str], after_run: bool) -> tuple[int, bytes]:
+    """The flags and the bytes after the envelope (and max wait) that name a task's batch and
+    parents."""
+    flags, extra = 0, b""
+    if batch is not None:
+        flags, extra = FLAG_BATCH, _short_text(batch)
+    if after:
+        flags |= FLAG_AFTER | (FLAG_AFTER_RUN if after_run else 0)
+        extra += struct.pack(">I", len(after)) + b"".join(_short_text(p) for p in after)
+    return flags, extra
+
+
 def pack_task(
-    flags: int, due_ms: int, task_id: str, envelope: bytes, max_wait_ms: int | None = None
+    flags: int,
+    due_ms: int,
+    task_id: str,
+    envelope: bytes,
+    max_wait_ms: int | None = None,
+    extra: bytes = b"",
 ) -> bytes:
     """One task record of a schedule batch: flags, due (absolute ms or delay ms), id, envelope,
-    and for a debounced task (FLAG_DEBOUNCE) its max wait ms (None: no bound)."""
+    for a debounced task (FLAG_DEBOUNCE) its max wait ms (None: no bound), then ``extra``
+    (``record_extras``: its flags belong in ``flags``)."""
     id_bytes = task_id.encode("utf-8")
     n = len(id_bytes)
     record = _record_struct(n).pack(flags, due_ms, n, id_bytes, len(envelope)) + envelope
     if flags & FLAG_DEBOUNCE:
         record += _MAX_WAIT.pack(-1 if max_wait_ms is None else max_wait_ms)
-    return record
+    return record + extra
 
 
 def repack_with_id(record: bytes, task_id: str) -> bytes:
-    """The same task record under another id (used when a generated id was taken)."""
+    """The same task record under another id (used when a generated id was taken): the rest
+    of the record (envelope, max wait, batch, parents) is kept as it is."""
     flags, due_ms, id_length = _RECORD_HEAD.unpack_from(record)
-    envelope = record[_RECORD_HEAD.size + id_length + _PAYLOAD_LENGTH.size :]
-    return pack_task(flags, int(due_ms), task_id, envelope)
+    id_bytes = task_id.encode("utf-8")
+    head = _RECORD_HEAD.pack(flags, due_ms, len(id_bytes)) + id_bytes
+    return head + record[_RECORD_HEAD.size + id_length :]
 
 
 def decode_envelope(raw: bytes | str) -> Any:

@@ -5,6 +5,7 @@
     DueqError
     ├── ConfigurationError   (also ValueError)   bad queue name, lease, retry policy, limits
     ├── InvalidTaskError     (also ValueError)   bad id, naive datetime, negative/NaN delay
+    │   └── BatchCompleted                       scheduled into a batch that has completed
     ├── PayloadError         (also ValueError)   payload not JSON, too large, or undecodable
     ├── CronError          (also ValueError)   bad cron expression, zone, name or missed policy
     │   ├── CronConflict                         a cron name already defined differently
@@ -34,6 +35,7 @@ from datetime import timedelta
 from redis.exceptions import ResponseError
 
 __all__ = [
+    "BatchCompleted",
     "ConfigurationError",
     "CorruptQueue",
     "CronConflict",
@@ -64,6 +66,15 @@ class ConfigurationError(DueqError, ValueError):
 
 class InvalidTaskError(DueqError, ValueError):
     """A task's id or timing is invalid; nothing was written."""
+
+
+class BatchCompleted(InvalidTaskError):
+    """Tasks were scheduled into a batch whose completion task has already been scheduled: they
+    were not written (the other tasks of the call were). ``ids`` names them."""
+
+    def __init__(self, message: str, ids: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.ids = list(ids)
 
 
 class PayloadError(DueqError, ValueError):

@@ -57,6 +57,13 @@ KEY_TYPES = {
     "workers:info": "hash",
     "events": "stream",
     "spark:batches": "hash",
+    "batches": "hash",
+    "batch:of": "hash",
+    "batch:on": "hash",
+    "batch:ended": "zset",
+    "waiting": "zset",
+    "after": "hash",
+    "after:children": "zset",
     "spark:queries": "zset",
     **{f"due:p{p}": "zset" for p in range(1, 10)},
 }
@@ -113,6 +120,14 @@ class QueueKeys:
     ``events``  STREAM of outcome events (acked, retried, dead, cancelled, expired), written by
                 the settling scripts only while ``configure(events=...)`` is on (see the Lua
                 prelude's events notes and ``dueq.events``)
+    ``batches`` HASH batch id -> "total|acked|dead|cancelled|expired|created_ms|closed_ms|
+                completed_ms" (the Lua prelude's batch notes; docs/batches.md)
+    ``batch_of`` HASH id -> batch id: the members that have not ended yet (only tasks with one)
+    ``batch_on`` HASH batch id -> the completion task's packed record, until it is scheduled
+    ``batch_ended`` ZSET batch id -> completed ms: completed batches, oldest first, for trimming
+    ``waiting`` ZSET id -> due ms: tasks waiting for their parents (``after=``)
+    ``after``   HASH id -> "<parents not finished>|<policy f or r>" of each waiting task
+    ``children`` ZSET (scores 0) "<parent>\\0<child>": one member per edge still waited on
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -147,6 +162,13 @@ class QueueKeys:
     ended: str
     debounce: str
     events: str
+    batches: str
+    batch_of: str
+    batch_on: str
+    batch_ended: str
+    waiting: str
+    after: str
+    children: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -199,6 +221,13 @@ class QueueKeys:
             ended=base + "ended",
             debounce=base + "debounce",
             events=base + "events",
+            batches=base + "batches",
+            batch_of=base + "batch:of",
+            batch_on=base + "batch:on",
+            batch_ended=base + "batch:ended",
+            waiting=base + "waiting",
+            after=base + "after",
+            children=base + "after:children",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

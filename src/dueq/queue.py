@@ -40,6 +40,7 @@ from .registry import WorkerInfo
 from .retry import RetryPolicy
 from .scripts import Scripts
 from .task import (
+    BatchInfo,
     Delivery,
     DueHistogram,
     HistoryPoint,
@@ -288,12 +289,19 @@ class Queue(QueueCore):
         expires: Duration | datetime | None = None,
         debounce: Duration | None = None,
         max_wait: Duration | None = None,
+        batch: str | None = None,
+        after: Sequence[str] | None = None,
+        after_policy: Literal["fail", "run"] = "fail",
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
         ``priority``, ``key``, ``timeout``, ``max_attempts`` and ``expires`` are kept with it,
         ``debounce``/``max_wait`` debounce repeated schedules of one id (see ``Task``).
         ``task`` names the registered function that runs it (``@q.task``): ``payload`` is
-        then a dict of its arguments."""
+        then a dict of its arguments. ``batch``: the batch it joins (see ``close_batch``).
+        ``after``: ids of tasks it waits for (state ``waiting``) until every one is acked; a
+        parent that ends dead, cancelled or expired ends it dead (``ParentFailed``) unless
+        ``after_policy="run"``. A parent that is not in the queue counts as done (an acked
+        task leaves nothing behind; with ``keep_results`` its record tells how it ended)."""
         result = self.schedule_many(
             [
                 Task(
@@ -309,21 +317,47 @@ class Queue(QueueCore):
                     expires,
                     debounce,
                     max_wait,
+                    batch,
+                    () if after is None else after,
+                    after_policy,
                 )
             ],
             replace=replace,
         )
         return result.ids[0]
 
-    def schedule_many(self, tasks: Iterable[Task], *, replace: bool = False) -> ScheduleResult:
+    def schedule_many(
+        self, tasks: Iterable[Task], *, replace: bool = False, batch: str | None = None
+    ) -> ScheduleResult:
         """Schedule many tasks, one round trip per batch of up to 1,000.
 
         Every task is validated and encoded before anything is written, so a bad one raises
         (InvalidTaskError or PayloadError) and leaves the queue unchanged. Each batch is atomic;
         if Redis fails between batches the earlier ones stay, and re-running with the same
         explicit ids adds only what is missing.
+
+        ``batch`` makes every task without its own ``Task.batch`` a member of that batch when
+        it is added (an id that existed is not counted twice; see ``close_batch``). Tasks of a
+        batch that has completed are not written: ``BatchCompleted`` names them.
         """
-        return self.drive(self.schedule_many_flow(tasks, replace))
+        return self.drive(self.schedule_many_flow(tasks, replace, batch))
+
+    def close_batch(self, batch: str, *, on_complete: Task | None = None) -> BatchInfo:
+        """Close ``batch``: once every member has ended (acked, dead, cancelled or expired),
+        ``on_complete`` is scheduled, exactly once (right away when all have ended already;
+        its id defaults to ``"batch:<batch>"``). Members scheduled after this still count
+        until the batch completes. Closing a closed batch changes nothing (the first
+        completion task stays). Returns the batch's counts."""
+        return self.drive(self.close_batch_flow(batch, on_complete))
+
+    def batch(self, batch: str) -> BatchInfo | None:
+        """A batch's counts (``BatchInfo``), or None when there is none (never used, or its
+        record trimmed a week after it completed)."""
+        return self.drive(self.batch_flow(batch))
+
+    def batches(self, limit: int = 100) -> list[BatchInfo]:
+        """Up to ``limit`` batches: open ones first, then newest first."""
+        return self.drive(self.batches_flow(limit))
 
     def schedule_records(
         self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]

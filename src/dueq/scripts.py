@@ -64,6 +64,7 @@ SCRIPT_NAMES = (
     "history",
     "heartbeat",
     "doctor",
+    "close_batch",
 )
 
 #: Scripts made of their own file followed by another script's body (after its header):
@@ -84,6 +85,7 @@ PRODUCER_SCRIPTS = frozenset(
         "spark_commit",
         "cron_control",
         "cron_backfill",
+        "close_batch",
     }
 )
 #: Scripts that settle a delivery: a replication shortfall is logged, not raised.

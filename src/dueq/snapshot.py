@@ -20,6 +20,7 @@ from .task import (
     MAX_RATE_N,
     MAX_RATE_PER_MS,
     MAX_REMEMBER_DONE_MS,
+    BatchInfo,
     KeyLimit,
     QueueSettings,
     QueueStats,
@@ -34,6 +35,7 @@ MAX_COUNT = 2**53
 _STATES: dict[str, TaskState] = {
     "scheduled": "scheduled",
     "leased": "leased",
+    "waiting": "waiting",
     "dead": "dead",
     "done": "done",
     "cancelled": "cancelled",
@@ -126,7 +128,7 @@ def _task_info(
         payload, options, _, task_name = decode_named(raw)
     except PayloadError:  # shown as raw text, so operators can see what is stored
         payload = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw) or None
-    due_ms = {"scheduled": score, "leased": leased_due}.get(state)
+    due_ms = {"scheduled": score, "leased": leased_due, "waiting": score}.get(state)
     return TaskInfo(
         id=task_id,
         state=state,
@@ -289,7 +291,8 @@ def queue_stats(reply: list[Any]) -> QueueStats:
     """QueueStats from stats.lua's reply (a corrupted counter reads as 0)."""
     now_ms, scheduled, due_now, leased, dead, head, stored = (int(x) for x in reply[:7])
     settings = settings_from_reply(reply[7])
-    counters = {text(reply[i]): _count(reply[i + 1]) for i in range(8, len(reply), 2)}
+    waiting = int(reply[8])
+    counters = {text(reply[i]): _count(reply[i + 1]) for i in range(9, len(reply), 2)}
     counters.pop("lease_seq", None)
     counters.pop("rate_in_window", None)  # claim.lua's running sum of the rate window
     for name in [name for name in counters if name.startswith("rejected:")]:
@@ -303,6 +306,31 @@ def queue_stats(reply: list[Any]) -> QueueStats:
         oldest_due_lag_s=max(now_ms - head, 0) / 1000 if head >= 0 and due_now else 0.0,
         now=ms_datetime(now_ms),
         counters=counters,
-        missing=max(scheduled + leased + dead - stored, 0),
+        missing=max(scheduled + leased + dead + waiting - stored, 0),
         settings=settings,
+        waiting=waiting,
+    )
+
+
+def batch_info(batch_id: bytes | str, raw: bytes | str | None) -> BatchInfo | None:
+    """A batch record of the batches hash (the Lua prelude's batch notes), or None for none:
+    "total|acked|dead|cancelled|expired|created_ms|closed_ms|completed_ms"."""
+    if raw is None:
+        return None
+    parts = (text(raw).split("|") + [""] * 8)[:8]
+    counts = [_count(p) for p in parts[:5]]
+    times = [_datetime(int(p)) if p.isdigit() else None for p in parts[5:]]
+    total, acked, dead, cancelled, expired = counts
+    return BatchInfo(
+        id=text(batch_id),
+        total=total,
+        acked=acked,
+        dead=dead,
+        cancelled=cancelled,
+        expired=expired,
+        pending=max(0, total - acked - dead - cancelled - expired),
+        complete=times[2] is not None,
+        created_at=times[0],
+        closed_at=times[1],
+        completed_at=times[2],
     )

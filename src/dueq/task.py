@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Literal
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from .queue import Queue
 
 #: A task's state; "done", "cancelled" and "expired" only while the queue keeps results
-#: (keep_results).
-TaskState = Literal["scheduled", "leased", "dead", "done", "cancelled", "expired"]
+#: (keep_results); "waiting": scheduled with parents (``after=``) not all acked yet.
+TaskState = Literal["scheduled", "leased", "dead", "done", "cancelled", "expired", "waiting"]
 #: The states a task ends in (``q.wait`` returns in one of them).
 FINAL_STATES = frozenset({"dead", "done", "cancelled", "expired"})
 
@@ -76,6 +76,14 @@ class Task:
     expires: Duration | datetime | None = None
     debounce: Duration | None = None
     max_wait: Duration | None = None
+    #: the batch it joins when it is added (``close_batch``); ``schedule_many(batch=)`` gives
+    #: one to every task without its own
+    batch: str | None = None
+    #: ids of the tasks it waits for: it runs once every one has been acked (state "waiting"
+    #: until then); a parent that ends dead, cancelled or expired ends it dead, unless
+    #: ``after_policy="run"`` (it runs once they have all ended, however)
+    after: Sequence[str] = ()
+    after_policy: Literal["fail", "run"] = "fail"
 
     def expiry(self) -> tuple[int | None, bool]:
         """The expiry as stored in the head (ms), and whether it is ms from now (a duration)
@@ -283,6 +291,47 @@ class ScheduleResult:
 
 
 @dataclass(frozen=True)
+class BatchInfo:
+    """A batch's counts (``q.batch(id)``): members added, and how many ended acked, dead,
+    cancelled or expired; ``pending`` have not ended. ``complete`` once it was closed
+    (``close_batch``) with nothing pending: its completion task was scheduled then."""
+
+    id: str
+    total: int
+    acked: int
+    dead: int
+    cancelled: int
+    expired: int
+    pending: int
+    complete: bool
+    created_at: datetime | None = None
+    closed_at: datetime | None = None
+    completed_at: datetime | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close_batch`` was called for it."""
+        return self.closed_at is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """This batch as JSON types (times as ISO 8601 UTC with milliseconds)."""
+        return {
+            "id": self.id,
+            "total": self.total,
+            "acked": self.acked,
+            "dead": self.dead,
+            "cancelled": self.cancelled,
+            "expired": self.expired,
+            "pending": self.pending,
+            "complete": self.complete,
+            "closed": self.closed,
+            "created_at": iso_ms(self.created_at),
+            "closed_at": iso_ms(self.closed_at),
+            "completed_at": iso_ms(self.completed_at),
+        }
+
+
+@dataclass(frozen=True)
 class Rate:
     """At most ``n`` claims per ``per`` seconds, across every consumer of a queue
     (``q.configure(rate=dueq.Rate(100, per=1.0))``). Exact in every window of that length: the
@@ -402,6 +451,8 @@ class QueueStats:
     missing: int = 0
     #: the queue's settings in the same snapshot
     settings: QueueSettings = field(default_factory=QueueSettings)
+    #: tasks waiting for their parents (``after=``)
+    waiting: int = 0
 
     @property
     def paused(self) -> bool:

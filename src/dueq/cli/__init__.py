@@ -17,6 +17,7 @@ import click
 
 from .._version import __version__
 from .acl import acl
+from .batches import batches
 from .configure import configure, pause, resume
 from .connection import ENV_URL, url_secrets
 from .cron import cron
@@ -43,7 +44,7 @@ DEBUG_HELP = "Show the traceback of an error."
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Produce", ("schedule", "cron")),
     ("Work", ("worker", "workers")),
-    ("Inspect", ("stats", "top", "list", "show", "dead", "events", "doctor")),
+    ("Inspect", ("stats", "top", "list", "show", "dead", "events", "doctor", "batches")),
     ("Operate", ("pause", "resume", "configure", "cancel", "reschedule", "run-now", "acl")),
     ("Serve", ("dashboard", "metrics", "demo")),
 )
@@ -72,6 +73,7 @@ SUMMARIES = {
     "dead replay": "Put dead tasks back in the queue, due now.",
     "dead purge": "Delete dead tasks for good.",
     "doctor": "Check (and with --fix repair) QUEUE's derived state.",
+    "batches": "Show the batches of QUEUE with their counts.",
     "pause": "Stop every worker of QUEUE from taking tasks.",
     "resume": "Let the workers of QUEUE take tasks again.",
     "configure": "Show or change QUEUE's settings: pause, rates, limits.",
@@ -165,6 +167,7 @@ for command in (
     metrics,
     demo,
     events,
+    batches,
 ):
     cli.add_command(command)
 for name, command in cli.commands.items():

@@ -47,7 +47,12 @@ def _chunks(tasks: Iterable[Task]) -> Iterator[list[Task]]:
 
 
 def _schedule_file(
-    q: Queue, path: str, default: Timing, options: dict[str, Any], replace: bool
+    q: Queue,
+    path: str,
+    default: Timing,
+    options: dict[str, Any],
+    replace: bool,
+    batch: str | None = None,
 ) -> ScheduleResult:
     name = "stdin" if path == "-" else path
     lines = _line_source(path)
@@ -61,7 +66,7 @@ def _schedule_file(
     with steps(console(), total, f"scheduling into {q.name}") as progress:
         for chunk in _chunks(tasks_from_lines(lines(), default, options)):
             try:
-                result = q.schedule_many(chunk, replace=replace)
+                result = q.schedule_many(chunk, replace=replace, batch=batch)
             except ReplicationTimeout as exc:
                 raise CliError(
                     f"{exc}; the first {added + existing + len(chunk)} of {total} task(s) are "
@@ -115,6 +120,23 @@ def _schedule_file(
 @click.option(
     "--max-wait", type=float, metavar="SECONDS", help="With --debounce: due at most this late."
 )
+@click.option(
+    "--batch",
+    metavar="BATCH",
+    help="Make the task(s) members of this batch (see dueq batches, docs/batches.md).",
+)
+@click.option(
+    "--after",
+    multiple=True,
+    metavar="ID",
+    help="Wait until the task ID is acked (repeat for several parents).",
+)
+@click.option(
+    "--after-policy",
+    type=click.Choice(["fail", "run"]),
+    help="A parent that ends dead, cancelled or expired: end this task dead (fail, the "
+    "default) or run it anyway (run).",
+)
 @shards_option
 @replication_options
 @redis_options
@@ -134,6 +156,9 @@ def schedule(
     expires: float | None,
     debounce: float | None,
     max_wait: float | None,
+    batch: str | None,
+    after: tuple[str, ...],
+    after_policy: str | None,
     shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
@@ -169,6 +194,8 @@ def schedule(
         "expires": expires,
         "debounce": debounce,
         "max_wait": max_wait,
+        "after": after or None,
+        "after_policy": after_policy,
     }
     options = {name: value for name, value in given.items() if value is not None}
     if payload is not None:
@@ -181,13 +208,13 @@ def schedule(
         client, queue, shards=shards, wait_replicas=wait_replicas, wait_timeout=wait_timeout
     )
     if path is not None:
-        result = _schedule_file(q, path, timing, options, replace)
+        result = _schedule_file(q, path, timing, options, replace, batch)
         click.echo(
             f"scheduled into {queue!r}: {result.added} added, {result.existing} already "
             f"existed, {result.replaced} replaced"
         )
         return
-    result = q.schedule_many([task], replace=replace)
+    result = q.schedule_many([task], replace=replace, batch=batch)
     if result.existing:
         click.echo(f"task {result.ids[0]!r} already exists in {queue!r}; left unchanged", err=True)
     click.echo(safe(result.ids[0]))

@@ -114,7 +114,7 @@ def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
 @click.argument("queue")
 @click.option(
     "--state",
-    type=click.Choice(["scheduled", "leased", "dead", "done", "cancelled", "expired"]),
+    type=click.Choice(["scheduled", "leased", "dead", "done", "cancelled", "expired", "waiting"]),
     default="scheduled",
     show_default=True,
     help="Which tasks (done and cancelled: kept while the queue keeps results, "

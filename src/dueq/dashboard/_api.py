@@ -124,6 +124,18 @@ class Api:
         groups, looked = await dead_groups(q)
         return JSONResponse({"groups": dict(groups.most_common()), "looked_at": looked})
 
+    async def api_batches(self, request: Request) -> Response:
+        """Every queue's batches (``BatchInfo.to_json``), open ones first."""
+        names = await self.ctx.names()
+        lists = await self.ctx.each_queue(names, lambda q: q.batches())
+        return JSONResponse(
+            {
+                n: [b.to_json() for b in found]
+                for n, found in lists.items()
+                if found and not isinstance(found, Unreadable)
+            }
+        )
+
     async def api_cron(self, request: Request) -> Response:
         names = await self.ctx.names()
         lists = await self.ctx.each_queue(names, lambda q: q.cron.list())

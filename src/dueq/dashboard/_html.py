@@ -185,7 +185,7 @@ def layout(
         '<script src="/static/dashboard.js" defer></script></head>'
         f"<body{poll_attr}><header>"
         f"{link('dueq', '/')}{link('Overview', '/')}{link('Workers', '/workers')}"
-        f"{link('Cron', '/cron')}{link('Dead letters', '/dead')}"
+        f"{link('Cron', '/cron')}{link('Batches', '/batches')}{link('Dead letters', '/dead')}"
         f'<span class="where">{e(f"Redis {where}" if where else "")}{e(mode)} · '
         '<span id="updated"></span></span>'
         f"{logout}</header><main>{body}</main></body></html>"

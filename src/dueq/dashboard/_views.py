@@ -428,6 +428,32 @@ class Views:
         )
         return self.ctx.page(request, "Workers", body, poll="/api/workers")
 
+    async def batches_page(self, request: Request) -> Response:
+        """Every batch of the queues (or of ?queue=), open ones first, with their counts."""
+        only = request.query_params.get("queue")
+        names = [(await self.ctx.known_queue(only)).name] if only else await self.ctx.names()
+        lists = await self.ctx.each_queue(names, lambda q: q.batches())
+        counts = ("total", "acked", "dead", "cancelled", "expired", "pending")
+        rows = []
+        for n, found in lists.items():
+            if isinstance(found, Unreadable):
+                rows.append(
+                    f"<tr><td>{link(n, '/queue', queue=n)}</td>"
+                    f'<td colspan="10" class="problem">unreadable: {e(found.why)}</td></tr>'
+                )
+                continue
+            for b in found:
+                state = "complete" if b.complete else "closed" if b.closed else "open"
+                rows.append(
+                    f"<tr><td>{link(n, '/queue', queue=n)}</td><td>{e(b.id)}</td>"
+                    f"<td>{state}</td>"
+                    + "".join(f"<td class='n'>{getattr(b, c)}</td>" for c in counts)
+                    + f"<td>{e(when(b.created_at))}</td><td>{e(when(b.completed_at))}</td></tr>"
+                )
+        head = ["queue", "batch", "state", *counts, "created", "completed"]
+        body = "<h1>Batches</h1>" + table(head, rows, empty="no batches")
+        return self.ctx.page(request, "Batches", body)
+
     async def cron_page(self, request: Request) -> Response:
         only = request.query_params.get("queue")
         names = [(await self.ctx.known_queue(only)).name] if only else await self.ctx.names()

@@ -1211,3 +1211,297 @@ local function events_flush(k_events, events_ms, now, clock_arg)
     redis.call('XTRIM', k_events, 'MAXLEN', '~', EVENTS_MAX_LEN)
   end
 end
+
+-- Batches (docs/batches.md). The batches HASH keeps one record per batch:
+-- "total|acked|dead|cancelled|expired|created_ms|closed_ms|completed_ms" (closed_ms and
+-- completed_ms empty until then). schedule.lua makes a task a member when it adds it (an id
+-- that already existed is never counted twice) and keeps id -> batch in batch:of, so a task
+-- without a batch costs nothing. The scripts that end a task (ack, fail and claim to dead,
+-- cancel, expiry) call batch_settle: it removes the id from batch:of and counts the outcome.
+-- Once the batch is closed (close_batch.lua) and nothing is pending, the script that sees it
+-- (the one settling the last member, or close_batch.lua) schedules the completion task kept in
+-- batch:on, exactly once (the field is deleted as it is scheduled; completed_ms is set). A
+-- completed batch's record is kept BATCH_KEEP_MS, then dropped by the next script that
+-- completes a batch (at most BATCH_TRIM per call); a batch never closed is kept until it is.
+local links = {}  -- the batch and dependency helpers (one local: a chunk has at most 200)
+links.BATCH_KEEP_MS = 7 * 86400000
+links.BATCH_TRIM = 100
+links.BATCH_OUTCOMES = {acked = 2, dead = 3, cancelled = 4, expired = 5}
+
+-- A batch record as a list {total, acked, dead, cancelled, expired, created, closed|false,
+-- completed|false}, or nil when there is none (unreadable counts read as 0).
+function links.batch_parse(v)
+  if not v then return nil end
+  local b, i = {}, 0
+  for part in string.gmatch(v .. '|', '([^|]*)|') do
+    i = i + 1
+    b[i] = tonumber(part) or (i <= 6 and 0 or false)
+  end
+  for j = i + 1, 8 do b[j] = j <= 6 and 0 or false end
+  return b
+end
+
+function links.batch_text(b)
+  return table.concat({ms(b[1]), ms(b[2]), ms(b[3]), ms(b[4]), ms(b[5]), ms(b[6]),
+    b[7] and ms(b[7]) or '', b[8] and ms(b[8]) or ''}, '|')
+end
+
+-- The keys batch_settle and batch_finish use (levels: due_levels of the script's KEYS).
+function links.batch_keys(k_batches, k_of, k_on, k_ended, levels, k_tasks, k_stats, k_wake)
+  return {batches = k_batches, of = k_of, on = k_on, ended = k_ended, levels = levels,
+    tasks = k_tasks, stats = k_stats, wake = k_wake}
+end
+
+-- When batch record b is closed and has no member pending, schedule its completion task (a
+-- schedule.lua record, '>BdHc0I4c0') unless its id exists, and mark b completed (b changes;
+-- the caller writes it). Completed batches older than BATCH_KEEP_MS are dropped here.
+function links.batch_finish(bk, batch, b, now)
+  if not b[7] or b[8] or b[1] - b[2] - b[3] - b[4] - b[5] > 0 then return end
+  local k_on, k_tasks, k_ended, k_batches = bk.on, bk.tasks, bk.ended, bk.batches
+  b[8] = now
+  local record = redis.call('HGET', k_on, batch)
+  if record then
+    redis.call('HDEL', k_on, batch)
+    local flags, due, id, envelope = struct.unpack('>BdHc0I4c0', record)
+    if flags % 2 == 0 then due = now + due elseif due < now then due = now end
+    if redis.call('HSETNX', k_tasks, id, envelope) == 1 then
+      local previous = levels_head(bk.levels)
+      local k_level = level_key(bk.levels, envelope)
+      redis.call('ZADD', k_level, due, id)
+      stat_incr(bk.stats, 'scheduled', 1)
+      wake_if_earlier(bk.wake, previous, due)
+    end
+  end
+  local old = redis.call('ZRANGEBYSCORE', k_ended, '-inf', '(' .. ms(now - links.BATCH_KEEP_MS),
+    'LIMIT', 0, links.BATCH_TRIM)
+  if #old > 0 then
+    redis.call('HDEL', k_batches, unpack(old))
+    redis.call('ZREM', k_ended, unpack(old))
+  end
+  redis.call('ZADD', k_ended, now, batch)
+end
+
+-- Count the end of tasks `ids` (outcome: acked, dead, cancelled or expired) in their batches,
+-- and complete the batches that this leaves closed with nothing pending. One HMGET of
+-- batch:of when none of the ids is a member.
+function links.batch_settle(bk, ids, outcome, now)
+  if #ids == 0 then return end
+  local k_of, k_batches = bk.of, bk.batches
+  local of = hmget_chunked(k_of, ids)
+  local members, touched, order = {}, {}, {}
+  local slot = links.BATCH_OUTCOMES[outcome]
+  for i, id in ipairs(ids) do
+    local batch = of[i]
+    if batch then
+      members[#members + 1] = id
+      local b = touched[batch]
+      if b == nil then
+        b = links.batch_parse(redis.call('HGET', k_batches, batch)) or false
+        touched[batch] = b
+        if b then order[#order + 1] = batch end
+      end
+      if b then b[slot] = b[slot] + 1 end
+    end
+  end
+  if #members == 0 then return end
+  call_chunked('HDEL', k_of, members)
+  for _, batch in ipairs(order) do
+    local b = touched[batch]
+    links.batch_finish(bk, batch, b, now)
+    redis.call('HSET', k_batches, batch, links.batch_text(b))
+  end
+end
+
+-- schedule.lua's side: whether `batch` still takes members (it has not completed), with the
+-- batch records read once per call in `cache`.
+function links.batch_takes(k_batches, cache, batch, now)
+  local b = cache[batch]
+  if b == nil then
+    b = links.batch_parse(redis.call('HGET', k_batches, batch)) or {0, 0, 0, 0, 0, now, false, false}
+    cache[batch] = b
+  end
+  return not b[8]
+end
+
+-- Write the members schedule.lua added (`joined`: id, batch, id, batch, ...) and their
+-- batches' new totals.
+function links.batch_join(k_batches, k_of, cache, joined)
+  if #joined == 0 then return end
+  local counted = {}
+  for i = 2, #joined, 2 do
+    local batch = joined[i]
+    counted[batch] = (counted[batch] or 0) + 1
+  end
+  call_chunked('HSET', k_of, joined)
+  for batch, n in pairs(counted) do
+    local b = cache[batch]
+    b[1] = b[1] + n
+    redis.call('HSET', k_batches, batch, links.batch_text(b))
+  end
+end
+
+-- Dependencies (docs/dependencies.md). A task scheduled with parents (a schedule.lua record
+-- with flag 32) that are not all finished waits in the waiting ZSET (id -> its due ms), out of
+-- every due set, with after: id -> "<parents not finished>|<policy>|<parents waited for,
+-- joined by "\0">" (policy "f": a parent that ends dead, cancelled or expired ends it dead;
+-- "r": it runs anyway), and one member "<parent>\0<child>" per edge in the children ZSET (all
+-- scores 0, so one ZRANGEBYLEX finds a parent's children). The scripts that end a task call
+-- after_settle: an acked parent counts down its children and releases those with none left
+-- into their due set; a parent that ended otherwise sends its "f" children to dead (and their
+-- children, in turn). No polling.
+
+-- A record's parents ('>I4' count, then '>Hc0' each) from pos: the list and the next pos.
+function links.after_unpack(blob, pos)
+  local n
+  n, pos = struct.unpack('>I4', blob, pos)
+  local parents = {}
+  for i = 1, n do parents[i], pos = struct.unpack('>Hc0', blob, pos) end
+  return parents, pos
+end
+
+-- The position after a schedule record's trailers (max wait, batch, parents), given its flags
+-- and the position after its envelope (spark_stage.lua stages whole records).
+function links.record_end(blob, pos, flags)
+  local _
+  if flags % 8 >= 4 then pos = pos + 8 end
+  if flags % 32 >= 16 then _, pos = struct.unpack('>Hc0', blob, pos) end
+  if flags % 64 >= 32 then _, pos = links.after_unpack(blob, pos) end
+  return pos
+end
+
+function links.after_keys(k_waiting, k_after, k_children, k_dead, k_errors, k_ended, bk)
+  return {waiting = k_waiting, after = k_after, children = k_children, dead = k_dead,
+    errors = k_errors, ended = k_ended, bk = bk}
+end
+
+-- How a parent stands when its child is scheduled: 'open' (in the queue, not dead: the child
+-- waits), 'ok' (acked: kept as done by keep_results, or gone: nothing of it is left, which is
+-- all an acked task leaves without keep_results) or 'failed' with how it ended.
+function links.after_parent(ak, k_results, parent)
+  local bk = ak.bk
+  local k_tasks, k_dead = bk.tasks, ak.dead
+  if redis.call('HEXISTS', k_tasks, parent) == 1 then
+    if redis.call('ZSCORE', k_dead, parent) then return 'failed', 'dead' end
+    return 'open'
+  end
+  local record = redis.call('HGET', k_results, parent)
+  local state = record and string.match(record, '^{"state":"(%a+)"')
+  if state and state ~= 'done' then return 'failed', state end
+  return 'ok'
+end
+
+-- A task stops waiting: out of the waiting set, its after entry and its edges under the
+-- parents it still waits for (listed in the entry) dropped.
+function links.after_drop(ak, id)
+  local k_waiting, k_after, k_children = ak.waiting, ak.after, ak.children
+  local v = redis.call('HGET', k_after, id)
+  if not v then return end
+  local edges = {}
+  for parent in string.gmatch(string.match(v, '^%d+|%a|(.*)$') or '', '([^%z]+)') do
+    edges[#edges + 1] = parent .. '\0' .. id
+  end
+  if #edges > 0 then call_chunked('ZREM', k_children, edges) end
+  redis.call('HDEL', k_after, id)
+  redis.call('ZREM', k_waiting, id)
+end
+
+-- Send a waiting child to dead because a parent ended `how`; returns nothing (the caller
+-- collects the id).
+function links.after_bury(ak, child, parent, how, now)
+  local k_dead = ak.dead
+  links.after_drop(ak, child)
+  redis.call('ZADD', k_dead, now, child)
+  local record = cjson.encode({at = now, attempt = 0, type = 'ParentFailed',
+    message = 'parent ' .. parent .. ' ended ' .. how})
+  error_append(ak.errors, child, record)
+  stat_incr(ak.bk.stats, 'dead', 1)
+  local k_tasks = ak.bk.tasks  -- an outcome event, written by the script's events_flush
+  event_note('dead', child, 0, redis.call('HGET', k_tasks, child) or nil, nil, record)
+end
+
+-- schedule.lua: a task just added (id) with parents; returns 'run' (put it in its due set as
+-- usual), 'wait' (it waits: written here) or 'dead' (a parent had failed, policy "f":
+-- buried here).
+function links.after_join(ak, k_results, id, parents, policy, due, now)
+  local k_children, k_after, k_waiting = ak.children, ak.after, ak.waiting
+  local open = {}
+  for _, parent in ipairs(parents) do
+    local stands, how = links.after_parent(ak, k_results, parent)
+    if stands == 'open' and parent ~= id then
+      open[#open + 1] = parent
+    elseif stands == 'failed' and policy == 'f' then
+      links.after_bury(ak, id, parent, how, now)
+      return 'dead'
+    end
+  end
+  if #open == 0 then return 'run' end
+  for _, parent in ipairs(open) do redis.call('ZADD', k_children, 0, parent .. '\0' .. id) end
+  redis.call('HSET', k_after, id, #open .. '|' .. policy .. '|' .. table.concat(open, '\0'))
+  redis.call('ZADD', k_waiting, due, id)
+  return 'wait'
+end
+
+-- The scripts that end tasks: `ids` ended, acked when `ok`, else `how` (dead, cancelled,
+-- expired). Releases or buries their waiting children (and the children of those buried, in
+-- turn); returns the ids buried here (the caller counts them in their batches).
+function links.after_settle(ak, ids, ok, how, now)
+  local k_children, k_after, k_waiting = ak.children, ak.after, ak.waiting
+  local bk = ak.bk
+  local buried, released = {}, 0
+  if #ids == 0 or redis.call('EXISTS', k_children) == 0 then return buried end  -- no waiting
+  local previous_head = nil
+  local todo, i = {}, 1
+  for _, id in ipairs(ids) do todo[#todo + 1] = {id, ok, how} end
+  while todo[i] do
+    local parent, parent_ok, parent_how = todo[i][1], todo[i][2], todo[i][3]
+    i = i + 1
+    local edges = redis.call('ZRANGEBYLEX', k_children, '[' .. parent .. '\0',
+      '[' .. parent .. '\1')
+    if #edges > 0 then call_chunked('ZREM', k_children, edges) end
+    for _, edge in ipairs(edges) do
+      local child = string.sub(edge, #parent + 2)
+      local v = redis.call('HGET', k_after, child)
+      local n, policy, rest = string.match(v or '', '^(%d+)|(%a)(.*)$')
+      n = tonumber(n)
+      if n and (parent_ok or policy == 'r') then
+        if n > 1 then
+          redis.call('HSET', k_after, child, (n - 1) .. '|' .. policy .. rest)
+        else
+          local due = tonumber(redis.call('ZSCORE', k_waiting, child)) or now
+          if due < now then due = now end
+          redis.call('ZREM', k_waiting, child)
+          redis.call('HDEL', k_after, child)
+          local k_tasks = bk.tasks
+          local envelope = redis.call('HGET', k_tasks, child)
+          if envelope then
+            if released == 0 then previous_head = levels_head(bk.levels) end
+            local k_level = level_key(bk.levels, envelope)
+            redis.call('ZADD', k_level, due, child)
+            released = released + 1
+            wake_if_earlier(bk.wake, previous_head, due)
+          end
+        end
+      elseif n then
+        links.after_bury(ak, child, parent, parent_how, now)
+        buried[#buried + 1] = child
+        todo[#todo + 1] = {child, false, 'dead'}
+      end
+    end
+  end
+  if ak.ended then publish_ended(ak.ended, buried) end
+  return buried
+end
+
+-- cancel.lua, and schedule.lua when it replaces a task: a waiting task stops waiting.
+function links.after_forget(ak, id)
+  links.after_drop(ak, id)
+end
+
+-- What every script that ends tasks calls once: `ids` ended with `outcome` (acked, dead,
+-- cancelled, expired). Their waiting children are released or buried (after_settle), and
+-- they and any children buried are counted in their batches (batch_settle).
+function links.tasks_ended(bk, ak, ids, outcome, now)
+  local buried = links.after_settle(ak, ids, outcome == 'acked', outcome, now)
+  links.batch_settle(bk, ids, outcome, now)
+  links.batch_settle(bk, buried, 'dead', now)
+end

@@ -21,9 +21,18 @@
 -- KEYS[16] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[17] ended    Pub/Sub channel: the acked ids, when results are kept (for q.wait)
 -- KEYS[18] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
--- KEYS[19] due      ZSET id -> due ms (a follow-up of an acked task is scheduled there)
+-- KEYS[19] due      ZSET id -> due ms (follow-ups of acked tasks, released children, a batch's
+--                  completion task are scheduled there)
 -- KEYS[20] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
--- KEYS[21..29] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[21] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[22] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[23] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[24] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[25] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[26] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[27] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[28] dead     ZSET id -> died-at ms (children of a failed parent: not from here)
+-- KEYS[29..37] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
@@ -100,6 +109,10 @@ if #done > 0 then
   stat_incr(KEYS[5], 'acked', #done)
   followups_start({debounce = KEYS[18], tasks = KEYS[2], meta = KEYS[3], errors = KEYS[4],
     stats = KEYS[5], wake = KEYS[11]}, due_levels(KEYS[19]), done, now)
+  local bk = links.batch_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[24], due_levels(KEYS[19]),
+    KEYS[2], KEYS[5], KEYS[11])
+  local ak = links.after_keys(KEYS[25], KEYS[26], KEYS[27], KEYS[28], KEYS[4], KEYS[17], bk)
+  links.tasks_ended(bk, ak, done, 'acked', now)
   for _, id in ipairs(done) do  -- cron occurrences: their definition's last outcome
     if string.byte(id, 1) == 99 then cron_note(KEYS[13], KEYS[14], id, 'acked', now) end
   end

@@ -24,7 +24,15 @@
 -- KEYS[16] ended    Pub/Sub channel: the cancelled id (for q.wait)
 -- KEYS[17] debounce HASH id -> debounce cap and follow-up (dropped with the task)
 -- KEYS[18] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
--- KEYS[19..27] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[19] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[20] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[21] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[22] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[23] history  HASH "<minute>|<counter>" -> count (a batch's completion task scheduled)
+-- KEYS[24] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[25] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[26] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[27..35] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -36,6 +44,7 @@ if not envelope then return 0 end
 local priority, _, key = task_options(envelope)
 local deadline = redis.call('ZSCORE', KEYS[2], id)
 local now = dueq_now(ARGV[1])
+history_use(KEYS[23], ARGV[1])
 local settings = settings_read(KEYS[13], KEYS[7], 'keep_results_ms', 'concurrency', 'events_ms')
 local keep_ms = settings.keep_results_ms or 0
 if keep_ms > 0 then
@@ -74,5 +83,10 @@ forget(KEYS[4], KEYS[5], KEYS[6], id)
 redis.call('HDEL', KEYS[17], id)
 stat_incr(KEYS[7], 'cancelled', 1)
 publish_ended(KEYS[16], {id})
+local bk = links.batch_keys(KEYS[19], KEYS[20], KEYS[21], KEYS[22], due_levels(KEYS[1]), KEYS[4],
+  KEYS[7], KEYS[12])
+local ak = links.after_keys(KEYS[24], KEYS[25], KEYS[26], KEYS[3], KEYS[6], KEYS[16], bk)
+links.after_forget(ak, id)
+links.tasks_ended(bk, ak, {id}, 'cancelled', now)
 events_flush(KEYS[18], settings.events_ms, now, ARGV[1])
 return 1

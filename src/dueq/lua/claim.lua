@@ -27,7 +27,15 @@
 -- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
 -- KEYS[20] events   STREAM outcome events: expired leases retried or dead, tasks buried or
 --                  expired here (written only when events_ms > 0; see the prelude)
--- KEYS[21..29] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[21] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[22] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[23] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[24] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[25] wake     Pub/Sub channel: told when a batch's completion task is scheduled here
+-- KEYS[26] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[27] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[28] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[29..37] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -481,6 +489,13 @@ out[8] = buried_here
 tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
   results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19]}, levels,
   too_late, now, config.keep_results_ms or 0)
+do  -- their batches and waiting children (a block: this chunk is near Lua's 200 locals)
+  local bk = links.batch_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[24], levels, KEYS[3], KEYS[7],
+    KEYS[25])
+  local ak = links.after_keys(KEYS[26], KEYS[27], KEYS[28], KEYS[6], KEYS[5], KEYS[16], bk)
+  links.tasks_ended(bk, ak, buried, 'dead', now)
+  links.tasks_ended(bk, ak, too_late, 'expired', now)
+end
 
 local next_due = levels_head(levels, not upper_used)
 local key_wait = (wait_head or parked_here > 0) and head_score(KEYS[12])

@@ -20,7 +20,14 @@
 -- KEYS[18] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
 -- KEYS[20] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
--- KEYS[21..29] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[21] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[22] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[23] batch_on HASH batch id -> completion task record, scheduled when its batch completes
+-- KEYS[24] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[25] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[26] after    HASH id -> "<parents not finished>|<policy>"
+-- KEYS[27] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[28..36] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -54,6 +61,9 @@ end
 local settings = settings_read(KEYS[15], KEYS[7], 'concurrency', 'keep_results_ms', 'events_ms')
 local cap = settings.concurrency
 if cap and at_cap(KEYS[2], cap, now) then publish_wake(KEYS[8], ms(now)) end
+local bk = links.batch_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[24], due_levels(KEYS[1]), KEYS[3],
+  KEYS[7], KEYS[8])
+local ak = links.after_keys(KEYS[25], KEYS[26], KEYS[27], KEYS[6], KEYS[5], KEYS[16], bk)
 meta_unlease(KEYS[4], id, 0)
 error_append(KEYS[5], id, stamp(ARGV[4], now))
 -- a retry that would start at or after the task's expiry ends it expired instead
@@ -76,12 +86,16 @@ if ARGV[5] == 'dead' then
   publish_ended(KEYS[16], {id})
   followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
     stats = KEYS[7], wake = KEYS[8], dead = KEYS[6]}, due_levels(KEYS[1]), {id}, now)
+  links.tasks_ended(bk, ak, {id}, 'dead', now)
+  events_flush(KEYS[20], settings.events_ms, now, ARGV[1])  -- children buried here
   return {2, now}
 end
 if expires then
   tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
     results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19],
     wake = KEYS[8]}, due_levels(KEYS[1]), {id}, now, settings.keep_results_ms or 0)
+  links.tasks_ended(bk, ak, {id}, 'expired', now)
+  events_flush(KEYS[20], settings.events_ms, now, ARGV[1])  -- children buried here
   return {4, now}
 end
 local k_level = level_key(due_levels(KEYS[1]), envelope)

@@ -8,12 +8,14 @@
 -- KEYS[6] errors   HASH id -> JSON list of error records
 -- KEYS[7] parked  ZSET due tasks whose key was at a limit (see the prelude)
 -- KEYS[8] results  HASH id -> finished record (see the prelude's results notes)
--- KEYS[9..17] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[9] waiting  ZSET id -> due ms: tasks waiting for parents (after=)
+-- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] "ids" (ARGV[3..] are ids) or "dead" (ARGV[3] offset, ARGV[4] count; newest first)
 -- Returns a flat list of 6-tuples: id, state ("scheduled"|"leased"|"dead"|"done"|"cancelled"
---   |"expired"|""), score or "", envelope or "", meta or "", errors or ""; a missing task has state "".
---   A finished task kept by keep_results ("done", "cancelled", "expired") has its record's header JSON
+--   |"expired"|"waiting"|""), score or "", envelope or "", meta or "", errors or ""; a missing
+--   task has state "". A finished task kept by keep_results ("done", "cancelled", "expired")
+--   has its record's header JSON
 --   in place of meta, and its finished ms as score
 
 local ids = {}
@@ -46,6 +48,10 @@ for _, id in ipairs(ids) do
     else
       score = redis.call('ZSCORE', KEYS[3], id)
       if score then state = 'dead' end
+      if not score then
+        score = redis.call('ZSCORE', KEYS[9], id)
+        if score then state = 'waiting' end
+      end
     end
   end
   local meta = nil

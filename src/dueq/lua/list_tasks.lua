@@ -13,10 +13,11 @@
 -- KEYS[7] parked   ZSET due tasks whose key was at a limit (see the prelude)
 -- KEYS[8] results  HASH id -> finished record (keep_results; see the prelude's results notes)
 -- KEYS[9] finished ZSET id -> finished ms (the records of results)
--- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[10] waiting ZSET id -> due ms: tasks waiting for parents (after=)
+-- KEYS[11..19] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
--- ARGV[2] state: "scheduled", "leased", "dead", "done", "cancelled" or "expired" (the last
---         three: the records kept by keep_results)
+-- ARGV[2] state: "scheduled", "leased", "dead", "done", "cancelled", "expired" (these three:
+--         the records kept by keep_results) or "waiting" (ordered by due time)
 -- ARGV[3] cursor: "" to start, else the cursor a previous call returned
 -- ARGV[4] limit: most tasks returned (1..1000)
 -- ARGV[5] budget: most entries looked at (>= limit, <= 10000)
@@ -50,6 +51,8 @@ elseif state == 'leased' then
   sources[1] = {'l', KEYS[2]}
 elseif state == 'done' or state == 'cancelled' or state == 'expired' then
   sources[1] = {'f', KEYS[9]}
+elseif state == 'waiting' then
+  sources[1] = {'w', KEYS[10]}
 else
   sources[1] = {'d', KEYS[3]}
 end

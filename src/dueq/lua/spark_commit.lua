@@ -18,13 +18,21 @@
 -- KEYS[11] key_state |
 -- KEYS[12] parked   |
 -- KEYS[13] key_wait  |
--- KEYS[14] history   |
--- KEYS[15] debounce /
--- KEYS[16] rows    LIST staged records of this (query, batch) (see spark_stage.lua)
--- KEYS[17] ids     SET ids staged for this (query, batch)
--- KEYS[18] batches HASH streaming query id -> "batch|state" (state "s" sealed, "c" committed)
--- KEYS[19] queries ZSET streaming query id -> last commit ms (forgets queries idle too long)
--- KEYS[20..28] upper_due: schedule.lua's due ZSETs of priorities 1 to 9 (the last nine KEYS)
+-- KEYS[14] history  |
+-- KEYS[15] debounce |
+-- KEYS[16] batches  |
+-- KEYS[17] batch_of |
+-- KEYS[18] batch_on |
+-- KEYS[19] batch_ended |
+-- KEYS[20] waiting  |
+-- KEYS[21] after    |
+-- KEYS[22] children |
+-- KEYS[23] results  /
+-- KEYS[24] rows    LIST staged records of this (query, batch) (see spark_stage.lua)
+-- KEYS[25] ids     SET ids staged for this (query, batch)
+-- KEYS[26] batches HASH streaming query id -> "batch|state" (state "s" sealed, "c" committed)
+-- KEYS[27] queries ZSET streaming query id -> last commit ms (forgets queries idle too long)
+-- KEYS[28..36] upper_due: schedule.lua's due ZSETs of priorities 1 to 9 (the last nine KEYS)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] ("0": never replace) and ARGV[3] (set here) and ARGV[4] (remember-done window ms):
 --         schedule.lua's
@@ -37,13 +45,13 @@
 --         batch of this query was sealed and never finished
 
 local query, batch = ARGV[5], tonumber(ARGV[6])
-local record = redis.call('HGET', KEYS[18], query)
+local record = redis.call('HGET', KEYS[26], query)
 local sealed = false
 if record then
   local last, state = string.match(record, '^(%d+)|(%a)$')
   last = tonumber(last)
   if last and (last > batch or (last == batch and state == 'c')) then
-    redis.call('DEL', KEYS[16], KEYS[17])
+    redis.call('DEL', KEYS[24], KEYS[25])
     return {-2}
   end
   if last and last < batch and state == 's' then return {-3, last} end
@@ -52,21 +60,21 @@ end
 if not sealed then
   -- From here on no task may stage for this batch (spark_stage.lua refuses), so what is
   -- staged is final, and a commit that stops half way is finished by the replay's commit.
-  redis.call('HSET', KEYS[18], query, batch .. '|s')
-  redis.call('PERSIST', KEYS[16])
+  redis.call('HSET', KEYS[26], query, batch .. '|s')
+  redis.call('PERSIST', KEYS[24])
 end
 
-local staged = redis.call('LPOP', KEYS[16])
+local staged = redis.call('LPOP', KEYS[24])
 if not staged then
   local now = dueq_now(ARGV[1])
-  redis.call('HSET', KEYS[18], query, batch .. '|c')
-  redis.call('DEL', KEYS[17])
-  redis.call('ZADD', KEYS[19], now, query)
-  local idle = redis.call('ZRANGEBYSCORE', KEYS[19], '-inf', '(' .. ms(now - tonumber(ARGV[7])),
+  redis.call('HSET', KEYS[26], query, batch .. '|c')
+  redis.call('DEL', KEYS[25])
+  redis.call('ZADD', KEYS[27], now, query)
+  local idle = redis.call('ZRANGEBYSCORE', KEYS[27], '-inf', '(' .. ms(now - tonumber(ARGV[7])),
     'LIMIT', 0, 100)
   for _, old in ipairs(idle) do
-    redis.call('HDEL', KEYS[18], old)
-    redis.call('ZREM', KEYS[19], old)
+    redis.call('HDEL', KEYS[26], old)
+    redis.call('ZREM', KEYS[27], old)
   end
   return {-1}
 end

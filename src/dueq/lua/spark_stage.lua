@@ -2,7 +2,8 @@
 -- commit (spark_commit.lua) schedules them later, once, or its abort drops them.
 --
 -- KEYS[1] rows     LIST packed task records staged for this (query, batch), one element
---                  per call (struct '>BdHc0I4c0' records back to back, as schedule.lua reads)
+--                  per call (struct '>BdHc0I4c0' records and their trailers back to back, as
+--                  schedule.lua reads them)
 -- KEYS[2] ids      SET ids staged for this (query, batch): a retried task adds nothing twice
 -- KEYS[3] batches  HASH streaming query id -> "batch|state": the last batch that query began
 --                  to commit ("s", sealed) or committed ("c")
@@ -27,8 +28,9 @@ local staged, duplicates = 0, 0
 local pos = 1
 while pos <= #blob do
   local start = pos
-  local _, _, id
-  _, _, id, _, pos = struct.unpack('>BdHc0I4c0', blob, pos)
+  local flags, _, id
+  flags, _, id, _, pos = struct.unpack('>BdHc0I4c0', blob, pos)
+  pos = links.record_end(blob, pos, flags)
   if redis.call('SADD', KEYS[2], id) == 1 then
     fresh[#fresh + 1] = string.sub(blob, start, pos - 1)
     staged = staged + 1

@@ -7,10 +7,11 @@
 -- KEYS[5] tasks    HASH id -> envelope (only counted)
 -- KEYS[6] config   HASH setting -> value
 -- KEYS[7] parked  ZSET due tasks whose key was at a limit (counted as scheduled and due)
--- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9 (counted with KEYS[1])
+-- KEYS[8] waiting  ZSET id -> due ms: tasks waiting for parents (after=; only counted)
+-- KEYS[9..17] upper_due: the due ZSETs of priorities 1 to 9 (counted with KEYS[1])
 -- ARGV[1] now ms, or "" for server TIME
 -- Returns {now, scheduled, due_now, leased, dead, next_due ms or -1, stored (tasks with data),
---          {setting1, value1, ...}, counter1, value1, ...}
+--          {setting1, value1, ...}, waiting, counter1, value1, ...}
 
 local now = dueq_now(ARGV[1])
 local levels = due_levels(KEYS[1])
@@ -30,6 +31,7 @@ local out = {
   -1,
   redis.call('HLEN', KEYS[5]),
   redis.call('HGETALL', KEYS[6]),
+  redis.call('ZCARD', KEYS[8]),
 }
 local head = levels_head(levels)
 if head then out[6] = clamp_ms(head) end

@@ -1,0 +1,168 @@
+"""Batches (issue 30): members recorded by the schedule script, outcomes counted by the scripts
+that end tasks, and the completion task scheduled exactly once when a closed batch has nothing
+pending. Contract tests run on both front ends (``make_queue``) against real Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+import dueq
+from dueq.keys import QueueKeys
+
+
+def drain(q, limit=100):
+    """Claim and ack every due task; returns the payloads acked."""
+    seen = []
+    while True:
+        batch = q.claim(limit=limit)
+        if not batch:
+            return seen
+        for d in batch:
+            seen.append(d.payload)
+            d.ack()
+
+
+def test_a_batch_added_in_two_calls_runs_its_completion_once_after_every_member_ended(
+    make_queue,
+):
+    q = make_queue()
+    first = q.schedule_many([dueq.Task(i, id=f"m{i}") for i in range(3)], batch="imp")
+    second = q.schedule_many([dueq.Task(i, id=f"m{i}") for i in range(2, 6)], batch="imp")
+    assert (first.added, second.added, second.existing) == (3, 3, 1)  # m2 counted once
+    info = q.close_batch("imp", on_complete=dueq.Task({"done": "imp"}, id="imp-done"))
+    assert (info.total, info.pending, info.complete, info.closed) == (6, 6, False, True)
+
+    deliveries = {d.id: d for d in q.claim(limit=10)}
+    assert "imp-done" not in deliveries and len(deliveries) == 6
+    deliveries.pop("m0").fail(dueq.Unrecoverable("bad row"))  # dead
+    q.cancel("m1")  # cancelled while leased
+    for task_id in ["m2", "m3", "m4"]:
+        deliveries.pop(task_id).ack()
+    assert q.get("imp-done") is None  # m5 still pending
+    assert q.batch("imp").pending == 1
+    deliveries.pop("m5").ack()  # the last member: its ack schedules the completion task
+
+    info = q.batch("imp")
+    assert (info.total, info.acked, info.dead, info.cancelled, info.expired) == (6, 4, 1, 1, 0)
+    assert (info.pending, info.complete) == (0, True)
+    assert drain(q) == [{"done": "imp"}]
+    assert q.close_batch("imp", on_complete=dueq.Task("again")).complete
+    assert drain(q) == []  # never twice
+
+
+def test_closing_a_batch_whose_members_all_ended_schedules_its_completion_at_once(make_queue):
+    q = make_queue()
+    q.schedule("a", id="a", batch="b1")
+    q.schedule("b", id="b", batch="b1")
+    assert sorted(drain(q)) == ["a", "b"]
+    assert q.batch("b1").pending == 0 and not q.batch("b1").complete
+    info = q.close_batch("b1", on_complete=dueq.Task("finished", task=None))
+    assert (info.acked, info.complete) == (2, True)
+    assert q.get("batch:b1").payload == "finished"  # the default id of a completion task
+    assert drain(q) == ["finished"]
+
+
+def test_a_closed_empty_batch_completes_at_once(make_queue):
+    q = make_queue()
+    info = q.close_batch("nothing", on_complete=dueq.Task("done", id="d"))
+    assert (info.total, info.complete) == (0, True)
+    assert drain(q) == ["done"]
+
+
+def test_a_lease_that_expires_on_the_last_attempt_counts_dead(make_queue, clock):
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=1))
+    q.schedule("x", id="x", batch="b")
+    q.close_batch("b", on_complete=dueq.Task("after", id="after"))
+    assert [d.id for d in q.claim(lease=5)] == ["x"]
+    clock.advance(6)
+    assert q.claim() == []  # this claim buried x, and scheduled "after" as it ended
+    assert [d.id for d in q.claim()] == ["after"]
+    assert (q.batch("b").dead, q.batch("b").complete) == (1, True)
+
+
+def test_scheduling_into_a_completed_batch_raises_and_writes_nothing(make_queue):
+    q = make_queue()
+    q.close_batch("b")
+    with pytest.raises(dueq.BatchCompleted) as caught:
+        q.schedule_many([dueq.Task("late", id="late")], batch="b")
+    assert caught.value.ids == ["late"]
+    assert q.get("late") is None
+    assert q.batch("b").total == 0
+
+
+def test_members_added_after_close_still_count_until_the_batch_completes(make_queue):
+    q = make_queue()
+    q.schedule("a", id="a", batch="b")
+    q.close_batch("b", on_complete=dueq.Task("end", id="end"))
+    q.schedule("c", id="c", batch="b")
+    assert drain(q, limit=1) == ["a", "c", "end"]
+    assert q.batch("b").acked == 2
+
+
+def test_tasks_without_a_batch_store_nothing_more(make_queue, r):
+    q = make_queue()
+    q.schedule({"n": 1}, id="plain")
+    keys = QueueKeys.for_queue("q")
+    assert r.hget(keys.tasks, "plain") == b'1:{"n":1}'
+    drain(q)
+    assert not r.exists(keys.batches, keys.batch_of, keys.batch_on, keys.batch_ended)
+
+
+def test_batches_lists_open_batches_first_with_their_counts(make_queue, clock):
+    q = make_queue()
+    q.schedule("x", id="x", batch="old")
+    clock.advance(1)
+    q.schedule("y", id="y", batch="new")
+    q.close_batch("old")
+    drain(q)
+    listed = q.batches()
+    assert [(b.id, b.complete) for b in listed] == [("new", False), ("old", True)]
+    assert listed[0].to_json()["pending"] == 0 and listed[1].to_json()["acked"] == 1
+    assert q.batch("missing") is None
+
+
+def test_completed_batch_records_are_trimmed_a_week_later_by_the_next_completion(make_queue, clock):
+    q = make_queue()
+    q.close_batch("old")
+    clock.advance(8 * 86400)
+    q.close_batch("new")
+    assert q.batch("old") is None and q.batch("new").complete
+
+
+def test_batch_ids_follow_the_rules_of_task_ids(make_queue):
+    q = make_queue()
+    with pytest.raises(dueq.InvalidTaskError, match="batch id"):
+        q.schedule("x", batch="")
+    with pytest.raises(dueq.InvalidTaskError):
+        q.close_batch("b", on_complete=dueq.Task("x", batch="other"))
+
+
+def test_a_member_that_expires_counts_expired(make_queue, clock):
+    q = make_queue()
+    q.schedule("late", id="late", batch="b", delay=10, expires=5)
+    q.schedule("ok", id="ok", batch="b")
+    q.close_batch("b", on_complete=dueq.Task("end", id="end"))
+    clock.advance(11)
+    assert sorted(drain(q)) == ["end", "ok"]  # the claim ended "late" expired
+    info = q.batch("b")
+    assert (info.acked, info.expired, info.complete) == (1, 1, True)
+
+
+def test_a_generated_id_drawn_again_keeps_the_batch_and_parents_of_its_record():
+    from dueq.envelope import FLAG_DEBOUNCE, pack_task, record_extras, repack_with_id
+
+    flags, extra = record_extras("b1", ["p1", "p2"], True)
+    record = pack_task(FLAG_DEBOUNCE | flags, 5, "old-id", b"1:{}", 900, extra)
+    again = repack_with_id(record, "a-new-longer-id")
+    assert again == pack_task(FLAG_DEBOUNCE | flags, 5, "a-new-longer-id", b"1:{}", 900, extra)
+
+
+def test_a_member_whose_generated_id_was_taken_joins_under_its_new_id(make_queue, r, monkeypatch):
+    q = make_queue()
+    q.schedule("first", id="dup")
+    ids = iter(["dup", "fresh"])  # the first id drawn is taken: the script asks for another
+    monkeypatch.setattr("dueq._schedule_flows.generated_ids", lambda: ids)
+    result = q.schedule_many([dueq.Task("x")], batch="b")
+    assert result.ids == ["fresh"]
+    assert r.hget(QueueKeys.for_queue("q").batch_of, "fresh") == b"b"
+    assert q.batch("b").total == 1

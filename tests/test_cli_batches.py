@@ -1,0 +1,36 @@
+"""``dueq schedule --batch`` and ``dueq batches`` (issue 30)."""
+
+from __future__ import annotations
+
+import json
+
+import dueq
+
+
+def test_schedule_batch_then_batches_lists_the_counts(invoke, r):
+    assert invoke("schedule", "imports", '{"row": 1}', "--id", "r1", "--batch", "b1").exit_code == 0
+    assert invoke("schedule", "imports", '{"row": 2}', "--id", "r2", "--batch", "b1").exit_code == 0
+    q = dueq.Queue("imports", r)
+    (d,) = q.claim(limit=1)
+    d.ack()
+    q.close_batch("b1")
+    shown = invoke("batches", "imports")
+    assert shown.exit_code == 0, shown.output
+    assert "b1" in shown.output and "closed" in shown.output
+    data = json.loads(invoke("batches", "imports", "b1", "--json").output)
+    (b1,) = data["batches"]
+    assert (b1["total"], b1["acked"], b1["pending"], b1["closed"]) == (2, 1, 1, True)
+    assert json.loads(invoke("batches", "imports", "nope", "--json").output)["batches"] == []
+
+
+def test_schedule_after_waits_for_the_parent(invoke, r):
+    assert invoke("schedule", "deps", '"p"', "--id", "p").exit_code == 0
+    made = invoke("schedule", "deps", '"c"', "--id", "c", "--after", "p", "--after-policy", "run")
+    assert made.exit_code == 0, made.output
+    q = dueq.Queue("deps", r)
+    assert q.get("c").state == "waiting"
+    shown = invoke("list", "deps", "--state", "waiting")
+    assert shown.exit_code == 0 and "c" in shown.output
+    (d,) = q.claim()
+    d.ack()
+    assert q.get("c").state == "scheduled"
