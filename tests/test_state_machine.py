@@ -207,11 +207,14 @@ def build_machine(
             next one if it admits none."""
             if self.key_concurrency is not None:
                 most = min(most, self.key_concurrency - self.flight.get(key, 0))
-            if self.key_gap is not None and most > 0:
+            if most > 0:
+                # a mark in the future holds the key even after key_rate is removed: the same
+                # mark holds a key in a cooldown (docs/settings.md)
                 mark = self.marks.get(key, 0)
                 if mark > self.now:
                     return 0, mark
-                most = min(most, 1)
+                if self.key_gap is not None:
+                    most = min(most, 1)
             return max(most, 0), None
 
         def unlease(self, key: str) -> None:
