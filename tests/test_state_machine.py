@@ -909,5 +909,10 @@ def build_machine(
     return QueueMachine
 
 
+# 130 examples of 50 steps, each step a round trip plus full checks: about 30 s on an idle core,
+# several times that on a loaded one (the suite runs 4 workers on 2 cores in CI), so this test
+# gets more than the suite's 120 s per test (a timeout mid-run makes Hypothesis report a flaky
+# failure).
+@pytest.mark.timeout(600)
 def test_queue_matches_model(redis_server: RedisServer, make_queue: Callable[..., Any]) -> None:
     run_state_machine_as_test(build_machine(redis_server, make_queue), settings=SETTINGS)
