@@ -242,6 +242,16 @@ def test_a_restarted_member_resumes_its_unacked_events_first(q, clock, follow, r
     assert len(got) == 6
 
 
+def test_a_member_follows_on_when_the_stream_is_deleted_under_it(q, clock, follow, r):
+    member = follow(group="billing", consumer="m1", since=since(clock), redeliver_after=600)
+    outcomes(q, 4, prefix="a")
+    wait_for(lambda: len(member.events) >= 4, "4 events")
+    r.delete(q.keys.events)  # an operator drops the stream while the member blocks on it
+    later = outcomes(q, 4, prefix="b")
+    wait_for(lambda: len(member.events) >= 8, "the 4 events after the stream came back")
+    assert sorted(seen(member)[4:]) == sorted(later)
+
+
 def test_a_tail_without_since_starts_now(q, clock, follow, admin):
     outcomes(q, 4, prefix="before")
     earlier = {c["id"] for c in admin.client_list()}

@@ -16,6 +16,7 @@ from .events import (
     Step,
     check_plain,
     events_flow,
+    group_lost,
     parse_event,
     reader_client,
     reader_spec,
@@ -68,6 +69,17 @@ async def _call(client: Any, step: Step) -> Any:
     return await getattr(client, method)(*args, **kwargs)
 
 
+async def _recreate_group(client: Any, spec: ReaderSpec) -> None:
+    """``events.recreate_group`` on the asyncio client."""
+    import redis
+
+    try:
+        await client.xgroup_create(spec.stream, spec.group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
 async def _read(queue: AsyncQueue, spec: ReaderSpec) -> AsyncGenerator[AsyncEvent, None]:
     client = reader_client(queue.redis)
     flow = events_flow(spec)
@@ -93,6 +105,10 @@ async def _read(queue: AsyncQueue, spec: ReaderSpec) -> AsyncGenerator[AsyncEven
             try:
                 reply = await _call(client, step)
             except Exception as exc:  # an outage waits and retries; anything else ends
+                if group_lost(exc, spec):
+                    logger.warning("events of %s: %s; making the group again", queue.name, exc)
+                    await _recreate_group(client, spec)
+                    continue
                 if not is_outage(exc):
                     raise
                 logger.warning("events of %s: %s; retrying", queue.name, describe(exc))

@@ -323,6 +323,32 @@ def create_group(client: Any, spec: ReaderSpec) -> None:
             raise
 
 
+def group_lost(exc: BaseException, spec: ReaderSpec) -> bool:
+    """Whether a group read failed because the stream or the group went away under it (the
+    stream deleted while a member blocked: "UNBLOCKED the stream key no longer exists"; the
+    group destroyed or never re-made: "NOGROUP"). The reader makes the group again, from the
+    new stream's start (``recreate_group``), and reads on: a deleted stream is not an error of
+    the follower's."""
+    import redis
+
+    if spec.group is None or not isinstance(exc, redis.ResponseError):
+        return False
+    text = str(exc)
+    return text.startswith("UNBLOCKED") or text.startswith("NOGROUP")
+
+
+def recreate_group(client: Any, spec: ReaderSpec) -> None:
+    """XGROUP CREATE ... MKSTREAM at 0 after the stream or the group went away (group_lost):
+    every entry the new stream gets is delivered."""
+    import redis
+
+    try:
+        client.xgroup_create(spec.stream, spec.group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
 def latest_events(client: Any, queue: Any, count: int) -> list[Event]:
     """The newest ``count`` events of a plain queue, newest first (XREVRANGE on ``client``,
     the blocking one): what the CLI and the dashboard show."""
@@ -447,6 +473,12 @@ class _Reader:
                 try:
                     reply = self._call(step)
                 except Exception as exc:  # an outage waits and retries; anything else ends
+                    if group_lost(exc, self._spec):
+                        logger.warning(
+                            "events of %s: %s; making the group again", self._queue.name, exc
+                        )
+                        recreate_group(self._client, self._spec)
+                        continue
                     if not is_outage(exc):
                         self._stopped.set()
                         self._observer.on_error(exc)
