@@ -424,8 +424,11 @@ def test_the_core_consumer_and_cron_tests_pass_as_the_acl_user(server):
 
 
 def _listeners(admin: redis.Redis, name: str, shards: int = 1) -> list[int]:
-    """How many clients listen (SSUBSCRIBE) on each wake channel of queue ``name``."""
+    """How many clients listen on each wake channel of queue ``name`` (SSUBSCRIBE where the
+    server has sharded Pub/Sub, SUBSCRIBE on Redis 6.2, as dueq.wake does)."""
     channels = [
         dueq.Queue(n, admin).keys.wake for n in dueq.Queue(name, admin, shards=shards).shard_names
     ]
-    return [int(count) for _, count in admin.pubsub_shardnumsub(*channels)]
+    if sharded_pubsub(server_build(admin)[1]):
+        return [int(count) for _, count in admin.pubsub_shardnumsub(*channels)]
+    return [int(count) for _, count in admin.pubsub_numsub(*channels)]
