@@ -138,3 +138,20 @@ def test_any_expression_and_zone_text_is_a_schedule_or_a_cron_error(expr, tz):
     except dueq.CronError:
         return
     assert s.next_after(ms(2026, 1, 1)) > ms(2026, 1, 1)
+
+
+def test_one_schedule_searched_from_many_threads_gives_each_thread_the_answers_of_one():
+    # A schedule keeps a croniter per thread and moves it to each search's start; threads
+    # sharing one schedule (schedule_for caches it per process) must not move each other's.
+    from concurrent.futures import ThreadPoolExecutor
+
+    sched = CronSchedule("*/7 3-5 * * *", "America/New_York")
+    starts = [1_773_000_000_000 + i * 3_600_000 for i in range(60)]
+    expected = [(sched.next_after(ms), sched.latest_at_or_before(ms)) for ms in starts]
+
+    def search_all(_: int) -> list[tuple[int, int]]:
+        return [(sched.next_after(ms), sched.latest_at_or_before(ms)) for ms in starts]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for answers in pool.map(search_all, range(16)):
+            assert answers == expected

@@ -16,6 +16,7 @@ The mapping never goes backwards as wall time goes forwards, which the searches 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
@@ -95,6 +96,10 @@ class CronSchedule:
         self.expr = normalize_expression(expr)
         self.zone = load_zone(tz)
         self._fields = ALIASES.get(self.expr, self.expr)
+        # One croniter per thread, moved to each search's start: building one parses the
+        # expression again, about 40% of a search. Thread-local because a walker is stateful
+        # and a schedule is shared (schedule_for) by every thread of the process.
+        self._walkers = threading.local()
         self.next_after(0)  # refuse expressions that never fire (e.g. 31 February)
 
     def _wall(self, ms: int) -> datetime:
@@ -136,7 +141,11 @@ class CronSchedule:
 
     def _search(self, start: datetime, *, forwards: bool, accept: Callable[[int], bool]) -> int:
         """The first wall-clock slot from ``start`` whose instant ``accept`` takes."""
-        walker = _walker(self._fields, start)
+        walker: croniter | None = getattr(self._walkers, "walker", None)
+        if walker is None:
+            walker = self._walkers.walker = _walker(self._fields, start)
+        else:
+            walker.set_current(start, force=True)
         step = walker.get_next if forwards else walker.get_prev
         try:
             for _ in range(MAX_STEPS):
