@@ -166,3 +166,27 @@ def test_a_member_whose_generated_id_was_taken_joins_under_its_new_id(make_queue
     assert result.ids == ["fresh"]
     assert r.hget(QueueKeys.for_queue("q").batch_of, "fresh") == b"b"
     assert q.batch("b").total == 1
+
+
+def test_a_replayed_dead_member_does_not_rejoin_its_batch(make_queue):
+    """A member is counted once, when it ends: a dead member that is replayed runs again as a
+    plain task, and neither its replay nor its later ack changes its batch (docs/batches.md),
+    so a completed batch never completes twice and an open one does not wait for it."""
+    q = make_queue()
+    q.schedule("x", id="x", batch="done-b")
+    q.schedule("y", id="y", batch="open-b")
+    q.schedule("z", id="z", batch="open-b")
+    q.close_batch("done-b", on_complete=dueq.Task("completed", id="done-b:end"))
+    for d in q.claim(limit=10):
+        if d.id in ("x", "y"):
+            d.fail(dueq.Unrecoverable("bad"))
+    assert drain(q) == ["completed"]  # x ended dead: done-b completed; z is still leased
+    before = {b: q.batch(b) for b in ("done-b", "open-b")}
+    assert (before["done-b"].dead, before["done-b"].complete) == (1, True)
+    assert (before["open-b"].dead, before["open-b"].pending) == (1, 1)
+
+    assert q.dead.replay(["x", "y"]) == 2
+    assert {b: q.batch(b) for b in ("done-b", "open-b")} == before  # no member again
+    assert sorted(drain(q)) == ["x", "y"]  # they run again, acked
+    assert {b: q.batch(b) for b in ("done-b", "open-b")} == before  # still counted dead
+    assert q.get("done-b:end") is None and drain(q) == []  # never a second completion

@@ -166,10 +166,30 @@ def test_stats_of_one_queue_shows_each_state(invoke, make_queue):
     assert result.exit_code == 0, result.output
     row = next(line for line in result.stdout.splitlines() if line.startswith("│ orders"))
     cells = [c.strip() for c in row.split("│")[1:-1]]
-    # scheduled, due now, leased, dead, acked, retried, expired, next due, oldest due lag
-    assert cells[:8] == ["orders", "2", "1", "2", "1", "0", "0", "0"]
-    assert cells[8].endswith("ago)")  # the due one
-    assert cells[9].endswith(" ms") or cells[9].endswith(" s")
+    # scheduled, due now, waiting, leased, dead, acked, retried, expired, next due, lag
+    assert cells[:9] == ["orders", "2", "1", "0", "2", "1", "0", "0", "0"]
+    assert cells[9].endswith("ago)")  # the due one
+    assert cells[10].endswith(" ms") or cells[10].endswith(" s")
+
+
+def test_stats_shows_tasks_waiting_for_their_parents(invoke, make_queue):
+    q = make_queue("flow", clock=None)
+    q.schedule({}, id="parent")
+    q.schedule({}, id="child", after=["parent"])
+    q.schedule({}, id="grandchild", after=["child"])
+    result = invoke("stats", "flow")
+    assert result.exit_code == 0, result.output
+    header = next(line for line in result.stdout.splitlines() if line.startswith("┃"))
+    assert [c.strip() for c in header.split("┃")[1:5]] == [
+        "queue",
+        "scheduled",
+        "due now",
+        "waiting",
+    ]
+    row = next(line for line in result.stdout.splitlines() if line.startswith("│ flow"))
+    assert [c.strip() for c in row.split("│")[1:5]] == ["flow", "1", "1", "2"]
+    [doc] = json.loads(invoke("stats", "flow", "--json").stdout)["queues"]
+    assert (doc["scheduled"], doc["waiting"]) == (1, 2)
 
 
 def test_stats_without_a_queue_lists_every_queue(invoke, make_queue):

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 import redis
+from servers_support import subscribe_wake
+from waiting import wait_for
 
 import dueq
 from dueq.cron import occurrence_id, parse_occurrence_id
@@ -257,6 +259,44 @@ def test_overlap_cancel_other_cancels_the_running_one_honestly(make_queue, clock
     assert q.get(running.id) is None
     definition = q.cron.get("c")
     assert definition.last_outcome == "cancelled" and definition.last_occurrence == running.id
+    new.ack()
+
+
+def test_overlap_cancel_other_ends_the_running_one_as_cancel_does(make_queue, clock, r):
+    """The cancelled occurrence gets what ``q.cancel`` gives a task: a ``cancelled`` record
+    (keep_results) that ``q.wait`` returns, a message on the ended channel, a ``cancelled``
+    event, its batch's count, and its waiting children buried."""
+    q = make_queue("p", lease=600)
+    q.configure(keep_results=3600, events=3600)
+    first_slot_ms = (int(clock.now) // 60 + 1) * 60_000
+    occurrence = occurrence_id("c", first_slot_ms)
+    q.schedule({"first": True}, id=occurrence, batch="nightly")  # the occurrence, in a batch
+    q.close_batch("nightly")
+    q.cron.add("c", every=60, overlap="cancel_other")
+    clock.advance(60)
+    [running] = q.claim(limit=10)
+    assert running.id == occurrence
+    q.schedule({"upload": 1}, id="upload", after=[running.id])
+    ended = subscribe_wake(r, q.keys.ended)
+    try:
+        wait_for(lambda: ended.get_message(timeout=0.1) is not None, "the subscription")
+        clock.advance(60)
+        [new] = q.claim(limit=10)
+        message = wait_for(lambda: ended.get_message(timeout=0.1), "the ended message")
+    finally:
+        ended.close()
+    assert running.id.encode() in message["data"]
+    info = q.wait(running.id, timeout=0)
+    assert (info.state, info.payload) == ("cancelled", {"first": True})
+    kinds = [(f[b"id"].decode(), f[b"kind"].decode()) for _, f in r.xrange(q.keys.events)]
+    assert (running.id, "cancelled") in kinds and ("upload", "dead") in kinds
+    child = q.get("upload")
+    assert child.state == "dead"
+    assert child.errors[-1].message == f"parent {running.id} ended cancelled"
+    batch = q.batch("nightly")
+    assert (batch.total, batch.cancelled, batch.pending, batch.complete) == (1, 1, 0, True)
+    with pytest.raises(dueq.TaskCancelled):
+        running.ack()
     new.ack()
 
 

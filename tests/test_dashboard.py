@@ -513,8 +513,43 @@ def test_queue_page_shows_the_latest_events_when_events_are_on(
     assert "<td>retried</td>" in newest and "tag&lt;b&gt;" in newest and "<b>" not in newest
     assert "<td>KeyError</td>" in newest and f"<td>{at}</td>" in newest
     assert "<td>cancelled</td>" in cancelled and 'href="/task?queue=evq&amp;id=gone-1"' in cancelled
-    assert "<td>ValueError</td>" in retried and "<td class='n'>1</td>" in retried
+    assert "<td>ValueError</td>" in retried and '<td class="n">1</td>' in retried
     assert "<td>acked</td>" in acked and "ok-1" in acked
+
+
+def test_queue_api_gives_the_events_table_rows_the_page_refreshes(
+    r: redis.Redis, dashboard: Client, clock: ManualClock
+) -> None:
+    """The events table is refreshed by the page's poller like the figures: the page marks its
+    rows (``data-rows="events"``, there even while empty) and ``/api/queue`` gives them."""
+    q = Queue("evq", r, clock=clock)
+    q.configure(events=3600)
+    client = dashboard()
+    html = client.get("/queue", params={"queue": "evq"}).text
+    section = html.split("<h2>Latest events</h2>", 1)[1].split("</table>", 1)[0]
+    assert 'data-rows="events"' in section and "no events yet" in section
+    assert client.get("/api/queue", params={"queue": "evq"}).json()["rows"] == {"events": []}
+    q.schedule({}, id="a<b")
+    (d,) = q.claim()
+    d.ack()
+    at = datetime.fromtimestamp(clock.now, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    api = client.get("/api/queue", params={"queue": "evq"}).json()
+    assert api["rows"]["events"] == [
+        [
+            {"text": "acked"},
+            {"text": "a<b", "href": "/task?queue=evq&id=a%3Cb"},
+            {"text": "1", "css": "n"},
+            {"text": at},
+            {"text": ""},
+        ]
+    ]
+    assert [ev["task_id"] for ev in api["events"]] == ["a<b"]  # the events' JSON form too
+    html = client.get("/queue", params={"queue": "evq"}).text  # the same cells, as HTML
+    section = html.split("<h2>Latest events</h2>", 1)[1].split("</table>", 1)[0]
+    assert '<td><a href="/task?queue=evq&amp;id=a%3Cb">a&lt;b</a></td>' in section
+    assert Queue("quiet", r).stats().settings.events is None
+    Queue("quiet", r).schedule({})
+    assert "rows" not in client.get("/api/queue", params={"queue": "quiet"}).json()
 
 
 def test_queue_page_shows_no_events_when_events_are_off(

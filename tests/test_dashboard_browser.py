@@ -159,6 +159,32 @@ def test_open_a_queue_and_replay_an_error_group(
     assert r.zcard("dueq:{emails}:dead") == 1
 
 
+def test_the_queue_pages_events_table_shows_new_events_without_a_reload(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    q = Queue("evq", r)
+    q.configure(events=3600)
+    for tid in ("first", "second"):
+        q.schedule({}, id=tid)
+    first, second = sorted(q.claim(limit=2), key=lambda d: d.id)
+    first.ack()
+    site = serve()
+    browser.get(site.url("/queue?queue=evq"))
+    newest = "(//h2[text()='Latest events']/following-sibling::table[1]//tr)[2]"
+    assert browser.find_element(By.XPATH, newest).text.startswith("acked first 1")
+    browser.execute_script("window.notReloaded = true")
+    second.fail(ValueError("nope"))
+    WebDriverWait(browser, WAIT_S, ignored_exceptions=IN_FLUX).until(
+        lambda b: b.find_element(By.XPATH, newest).text.startswith("retried second 1")
+    )
+    assert browser.execute_script("return window.notReloaded") is True  # polled, not reloaded
+    row = browser.find_element(By.XPATH, newest)
+    assert row.text.endswith("ValueError")
+    link = row.find_element(By.TAG_NAME, "a")
+    assert link.get_attribute("href") == site.url("/task?queue=evq&id=second")
+    shot(browser, "queue-events")
+
+
 def test_pause_and_resume_a_queue(r: redis.Redis, serve: Serve, browser: WebDriver) -> None:
     queues = seed(r)
     site = serve()

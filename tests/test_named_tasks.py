@@ -360,3 +360,72 @@ def test_a_sharded_queue_dispatches_named_tasks_from_every_shard(
     run_worker(q, lambda: len(seen) == 8)
     assert sorted(seen) == list(range(8))
     assert dueq.Queue("sq", r, clock=clock, shards=2).stats().dead == 0
+
+
+def test_a_named_task_schedules_with_every_option_queue_schedule_takes(
+    make_queue: Any, clock: Any
+) -> None:
+    q = make_queue("q")
+    q.configure(keep_results=3600)
+
+    @q.task(name="mail")
+    def mail(to: str) -> None: ...
+
+    @q.task(name="store")
+    def store(key: str) -> None: ...
+
+    parent = q.schedule({"p": 1}, id="parent")
+    child = mail.schedule(
+        to="a",
+        id="child",
+        expires=timedelta(minutes=10),
+        batch="b1",
+        after=[parent],
+        after_policy="run",
+    )
+    info = q.get(child)
+    assert info.state == "waiting" and info.task_name == "mail"
+    assert info.expires_at is not None
+    assert info.expires_at.timestamp() == pytest.approx(clock() + 600)
+    assert q.batch("b1").total == 1
+    for n in range(3):  # each call moves the debounced task to that call + 5 s
+        store.schedule_args(
+            {"key": f"k{n}"}, id="deb", debounce=timedelta(seconds=5), max_wait=60, batch="b2"
+        )
+        clock.advance(2)
+    assert q.get("deb").due_at.timestamp() == pytest.approx(clock() - 2 + 5)
+    assert q.get("deb").payload == {"key": "k2"} and q.batch("b2").total == 1
+    with pytest.raises(dueq.InvalidTaskError, match="max_wait"):
+        mail.schedule(to="x", max_wait=5)  # checked where Queue.schedule checks it
+    # the many-variant row carries them too
+    row = mail.task({"to": "r"}, id="row", batch="b1", after=["child"], expires=30)
+    assert q.schedule_many([row]).added == 1
+    assert q.get("row").state == "waiting" and q.batch("b1").total == 2
+
+
+def test_named_task_options_are_exactly_queue_schedule_options() -> None:
+    """Every option ``Queue.schedule`` takes (but the payload and the name) is an option of
+    ``fn.schedule``/``schedule_args`` on both front ends, and of ``fn.task`` (bar ``replace``,
+    which belongs to the call): a new option cannot be left out again."""
+    import inspect
+
+    from dueq.named import OPTION_NAMES, AsyncTaskFunction, TaskFunction
+
+    def keywords(fn: Any) -> set[str]:
+        return {
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+
+    queue_options = keywords(dueq.Queue.schedule) - {"task"}
+    assert keywords(dueq.AsyncQueue.schedule) - {"task"} == queue_options
+    assert set(OPTION_NAMES) == queue_options
+    for fn in (
+        TaskFunction.schedule,
+        TaskFunction.schedule_args,
+        AsyncTaskFunction.schedule,
+        AsyncTaskFunction.schedule_args,
+    ):
+        assert keywords(fn) == queue_options, fn.__qualname__
+    assert keywords(TaskFunction.task) == queue_options - {"replace"}

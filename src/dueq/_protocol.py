@@ -704,7 +704,8 @@ def cron_advance(k: QueueKeys, now: str, entries: Sequence[CronEntry]) -> Call[C
             args += (due_ms, task_id)
     keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.leased, k.stats, k.wake]
     keys += [k.cron_paused, k.history, k.cron_runs, k.cron_last, k.cancelled, k.key_state]
-    keys += [k.key_wait, *k.upper_due]
+    keys += [k.key_wait, k.config, k.results, k.finished, k.ended, k.events, *_batch_keys(k)]
+    keys += [*_after_keys(k), k.dead, *k.upper_due]
     return Call("cron_advance", keys, args, _parse_cron_advance)
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
 from .clock import Duration
 from .envelope import validate_task_name
@@ -27,8 +27,24 @@ R = TypeVar("R")
 
 #: The keywords ``TaskFunction.schedule`` takes as options, not as the function's arguments.
 #: A function with a parameter of one of these names is scheduled with ``schedule_args``.
+#: They are ``Queue.schedule``'s options (a test pins the two sets equal).
 OPTION_NAMES = frozenset(
-    {"delay", "at", "id", "replace", "priority", "key", "timeout", "max_attempts"}
+    {
+        "delay",
+        "at",
+        "id",
+        "replace",
+        "priority",
+        "key",
+        "timeout",
+        "max_attempts",
+        "expires",
+        "debounce",
+        "max_wait",
+        "batch",
+        "after",
+        "after_policy",
+    }
 )
 
 
@@ -49,7 +65,9 @@ class TaskFunction(Generic[P, R]):
     the payload (a JSON object of the function's arguments), checked against its signature
     before anything is written (``InvalidTaskError``). The options are ``Queue.schedule``'s:
     ``delay``, ``at``, ``id``, ``replace``, ``priority``, ``key``, ``timeout``,
-    ``max_attempts``; those given to ``@q.task`` are the defaults. A function with a parameter
+    ``max_attempts``, ``expires``, ``debounce``, ``max_wait``, ``batch``, ``after``,
+    ``after_policy``, checked where ``Queue.schedule`` checks them (``Task`` and the
+    scheduling flow); those given to ``@q.task`` are the defaults. A function with a parameter
     named like an option must be scheduled with ``schedule_args({...}, **options)``.
     """
 
@@ -121,8 +139,16 @@ class TaskFunction(Generic[P, R]):
         key: str | None = None,
         timeout: Duration | None = None,
         max_attempts: int | None = None,
+        expires: Duration | datetime | None = None,
+        debounce: Duration | None = None,
+        max_wait: Duration | None = None,
+        batch: str | None = None,
+        after: Sequence[str] | None = None,
+        after_policy: Literal["fail", "run"] = "fail",
     ) -> Task:
-        """A ``dueq.Task`` of this function with these arguments, for ``schedule_many``."""
+        """A ``dueq.Task`` of this function with these arguments, for ``schedule_many``: the
+        one place its options meet the decorator's defaults (``schedule`` and
+        ``schedule_args`` build their task here; ``Task`` and the scheduling flow check it)."""
         d = self._defaults
         return Task(
             dict(arguments),
@@ -134,6 +160,12 @@ class TaskFunction(Generic[P, R]):
             d.timeout if timeout is None else timeout,
             d.max_attempts if max_attempts is None else max_attempts,
             self.name,
+            expires,
+            debounce,
+            max_wait,
+            batch,
+            () if after is None else after,
+            after_policy,
         )
 
     def _arguments(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -155,6 +187,12 @@ class TaskFunction(Generic[P, R]):
         key: str | None = None,
         timeout: Duration | None = None,
         max_attempts: int | None = None,
+        expires: Duration | datetime | None = None,
+        debounce: Duration | None = None,
+        max_wait: Duration | None = None,
+        batch: str | None = None,
+        after: Sequence[str] | None = None,
+        after_policy: Literal["fail", "run"] = "fail",
         **arguments: Any,
     ) -> str:
         """Schedule a call of this function with ``arguments``; returns the task id."""
@@ -167,6 +205,12 @@ class TaskFunction(Generic[P, R]):
             key=key,
             timeout=timeout,
             max_attempts=max_attempts,
+            expires=expires,
+            debounce=debounce,
+            max_wait=max_wait,
+            batch=batch,
+            after=after,
+            after_policy=after_policy,
         )
         result = self.queue.schedule_many([task], replace=replace)
         return str(result.ids[0])
@@ -184,6 +228,12 @@ class TaskFunction(Generic[P, R]):
         key: str | None = None,
         timeout: Duration | None = None,
         max_attempts: int | None = None,
+        expires: Duration | datetime | None = None,
+        debounce: Duration | None = None,
+        max_wait: Duration | None = None,
+        batch: str | None = None,
+        after: Sequence[str] | None = None,
+        after_policy: Literal["fail", "run"] = "fail",
     ) -> str:
         """``schedule`` with the arguments as one mapping: for functions with a parameter
         named like an option (``key``, ``id``, ``timeout``, ...)."""
@@ -196,6 +246,12 @@ class TaskFunction(Generic[P, R]):
             key=key,
             timeout=timeout,
             max_attempts=max_attempts,
+            expires=expires,
+            debounce=debounce,
+            max_wait=max_wait,
+            batch=batch,
+            after=after,
+            after_policy=after_policy,
         )
         result = self.queue.schedule_many([task], replace=replace)
         return str(result.ids[0])
@@ -216,6 +272,12 @@ class AsyncTaskFunction(TaskFunction[P, R]):
         key: str | None = None,
         timeout: Duration | None = None,
         max_attempts: int | None = None,
+        expires: Duration | datetime | None = None,
+        debounce: Duration | None = None,
+        max_wait: Duration | None = None,
+        batch: str | None = None,
+        after: Sequence[str] | None = None,
+        after_policy: Literal["fail", "run"] = "fail",
         **arguments: Any,
     ) -> str:
         """Schedule a call of this function with ``arguments``; returns the task id."""
@@ -228,6 +290,12 @@ class AsyncTaskFunction(TaskFunction[P, R]):
             key=key,
             timeout=timeout,
             max_attempts=max_attempts,
+            expires=expires,
+            debounce=debounce,
+            max_wait=max_wait,
+            batch=batch,
+            after=after,
+            after_policy=after_policy,
         )
         result = await self.queue.schedule_many([task], replace=replace)
         return str(result.ids[0])
@@ -245,6 +313,12 @@ class AsyncTaskFunction(TaskFunction[P, R]):
         key: str | None = None,
         timeout: Duration | None = None,
         max_attempts: int | None = None,
+        expires: Duration | datetime | None = None,
+        debounce: Duration | None = None,
+        max_wait: Duration | None = None,
+        batch: str | None = None,
+        after: Sequence[str] | None = None,
+        after_policy: Literal["fail", "run"] = "fail",
     ) -> str:
         """``schedule`` with the arguments as one mapping (see ``TaskFunction``)."""
         task = self.task(
@@ -256,6 +330,12 @@ class AsyncTaskFunction(TaskFunction[P, R]):
             key=key,
             timeout=timeout,
             max_attempts=max_attempts,
+            expires=expires,
+            debounce=debounce,
+            max_wait=max_wait,
+            batch=batch,
+            after=after,
+            after_policy=after_policy,
         )
         result = await self.queue.schedule_many([task], replace=replace)
         return str(result.ids[0])

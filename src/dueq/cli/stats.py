@@ -48,7 +48,7 @@ def read_stats(conn: Connection, names: list[str]) -> tuple[list[QueueStatsRow],
 def stats_table(conn: Connection, names: list[str]) -> Group:
     """One row per queue: counts per state, next due time, lag of the oldest due task; the
     queues that could not be read in a note under the table."""
-    counts = ("scheduled", "due now", "leased", "dead", *COUNTERS)
+    counts = ("scheduled", "due now", "waiting", "leased", "dead", *COUNTERS)
     columns = ("queue", *counts, "next due", "oldest due lag")
     table = titled_table(f"dueq queues at {conn.shown}", columns, right={*counts, "oldest due lag"})
     rows, skipped = read_stats(conn, names)
@@ -57,6 +57,7 @@ def stats_table(conn: Connection, names: list[str]) -> Group:
             safe(name) + (" (paused)" if s.paused else ""),
             str(s.scheduled),
             str(s.due_now),
+            str(s.waiting),
             # against the concurrency cap, when the queue has one
             str(s.leased)
             if s.settings.concurrency is None
@@ -105,7 +106,10 @@ def stats(
     as_json: bool,
     target: RedisTarget,
 ) -> None:
-    """Show scheduled, due, leased and dead tasks of QUEUE (default: every queue found).
+    """Show scheduled, due, waiting, leased and dead tasks of QUEUE (default: every queue
+    found).
+
+    "waiting" counts tasks waiting for their parents (scheduled with after=) to be acked.
 
     "oldest due lag" is how long the oldest due task has waited past its due time: it
     grows when workers are missing or too few. acked/retried/expired count since the queue

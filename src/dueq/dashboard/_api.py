@@ -22,10 +22,12 @@ from ._reads import (
     HISTOGRAM_BUCKETS,
     alive,
     dead_groups,
+    event_cells,
     health_json,
     live_rows,
     overview_data,
     queue_health,
+    recent_events,
     search,
     stats_json,
 )
@@ -77,8 +79,19 @@ class Api:
         row = {**stats_json(stats), **health_json(await queue_health(self.ctx, q, stats))}
         live_row = live_rows({q.name: row})
         live_row[f"{q.name}.next_due_at"] = when(stats.next_due_at)
+        events = await recent_events(self.ctx, q, stats)
+        # the tables the queue page refreshes (its live_table rows), and their data as JSON
+        tables: dict[str, Any] = (
+            {}
+            if events is None
+            else {
+                "events": [ev.to_json() for ev in events],
+                "rows": {"events": [event_cells(ev, q.name) for ev in events]},
+            }
+        )
         return JSONResponse(
             {
+                **tables,
                 "queue": q.name,
                 "stats": row,
                 "counters": stats.counters,

@@ -54,7 +54,7 @@ p#health[data-health=bad],p.health[data-health=bad]{border-color:#c62828;backgro
 JS = """
 (function () {
   var body = document.body, url = body.getAttribute('data-poll');
-  var every = Number(body.getAttribute('data-every')) || 2000, ticks = 0;
+  var every = Number(body.getAttribute('data-every')) || 2000, ticks = 0, shown = {};
   if (!url) { return; }
   function tick() {
     ticks += 1;
@@ -70,6 +70,39 @@ JS = """
         document.querySelectorAll('[data-health-of]').forEach(function (el) {
           var v = live[el.getAttribute('data-health-of')];
           if (v !== undefined) { el.setAttribute('data-health', String(v)); }
+        });
+        var rows = data.rows || {};
+        document.querySelectorAll('tbody[data-rows]').forEach(function (tbody) {
+          var key = tbody.getAttribute('data-rows'), got = rows[key];
+          if (!Array.isArray(got)) { return; }
+          var text = JSON.stringify(got);
+          if (shown[key] === text) { return; }
+          shown[key] = text;
+          var fresh = document.createDocumentFragment();
+          if (got.length === 0) {
+            var tr = document.createElement('tr'), td = document.createElement('td');
+            td.colSpan = Number(tbody.getAttribute('data-columns')) || 1;
+            td.className = 'muted';
+            td.textContent = tbody.getAttribute('data-empty') || '';
+            tr.appendChild(td);
+            fresh.appendChild(tr);
+          }
+          got.forEach(function (cells) {
+            var tr = document.createElement('tr');
+            cells.forEach(function (c) {
+              var td = document.createElement('td');
+              if (c.css) { td.className = c.css; }
+              if (c.href) {
+                var a = document.createElement('a');
+                a.setAttribute('href', c.href);
+                a.textContent = c.text;
+                td.appendChild(a);
+              } else { td.textContent = c.text; }
+              tr.appendChild(td);
+            });
+            fresh.appendChild(tr);
+          });
+          tbody.replaceChildren(fresh);
         });
         if (ticks % 5 === 0) {
           document.querySelectorAll('img[data-chart]').forEach(function (img) {
@@ -126,6 +159,44 @@ def health_row(queue: str, level: str) -> str:
 def chart(alt: str, src: str) -> str:
     """An SVG chart the page's poller reloads now and then."""
     return f'<img class="chart" alt="{e(alt)}" src="{e(src)}" data-chart="{e(src)}">'
+
+
+#: One cell of a table row the poller refreshes (``live_table``): its ``text``, and a link
+#: (``href``, a path of this site) or a CSS class (``css``) when it has one. The page renders
+#: these cells as HTML and the JSON endpoint gives the same cells, so both show one thing.
+Cell = dict[str, str]
+
+
+def cell(text: object, *, href: str | None = None, css: str = "") -> Cell:
+    got = {"text": "" if text is None else str(text)}
+    if href is not None:
+        got["href"] = href
+    if css:
+        got["css"] = css
+    return got
+
+
+def _cell_html(c: Cell) -> str:
+    cls = f' class="{e(c["css"])}"' if c.get("css") else ""
+    text = e(c["text"])
+    return (
+        f"<td{cls}>" + (f'<a href="{e(c["href"])}">{text}</a>' if "href" in c else text) + "</td>"
+    )
+
+
+def live_table(key: str, head: Sequence[str], rows: Sequence[Sequence[Cell]], *, empty: str) -> str:
+    """A table whose rows the page's poller replaces with the JSON endpoint's ``rows[key]``
+    (a list of rows of ``cell``s) when they change; shown even when empty (with ``empty`` in
+    one row), so that rows can arrive."""
+    cells = "".join(f"<th>{e(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(_cell_html(c) for c in row) + "</tr>" for row in rows)
+    if not body:
+        body = f'<tr><td colspan="{len(head)}" class="muted">{e(empty)}</td></tr>'
+    return (
+        f"<table><tr>{cells}</tr>"
+        f'<tbody data-rows="{e(key)}" data-columns="{len(head)}" data-empty="{e(empty)}">'
+        f"{body}</tbody></table>"
+    )
 
 
 def table(head: Sequence[str], rows: Iterable[str], *, empty: str = "none") -> str:

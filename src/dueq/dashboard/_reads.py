@@ -23,6 +23,7 @@ from ..registry import WorkerInfo
 from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
 from ._context import Context, Unreadable
 from ._health import Health, human_duration, judge_health, worst
+from ._html import Cell, cell, url, when
 
 PAGE_SIZE = 50
 #: list_tasks calls one search may make (each looks at up to 1,000 tasks).
@@ -163,6 +164,22 @@ def live_rows(rows: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 else value
             )
     return out
+
+
+#: The columns of the queue page's events table (``event_cells`` gives a row).
+EVENT_COLUMNS = ("kind", "task", "attempt", "at", "error type")
+
+
+def event_cells(ev: Event, queue: str) -> list[Cell]:
+    """One row of the queue page's events table: the page renders it, ``/api/queue`` gives it
+    to the page's poller (``live_table``)."""
+    return [
+        cell(ev.kind),
+        cell(ev.task_id, href=url("/task", queue=queue, id=ev.task_id)),
+        cell(ev.attempt, css="n"),
+        cell(when(ev.at)),
+        cell(ev.error.type if ev.error else ""),
+    ]
 
 
 async def recent_events(ctx: Context, q: AsyncQueue, stats: QueueStats) -> list[Event] | None:

@@ -29,14 +29,17 @@ from ._html import (
     health_row,
     link,
     live,
+    live_table,
     pretty_json,
     table,
     url,
     when,
 )
 from ._reads import (
+    EVENT_COLUMNS,
     alive,
     dead_groups,
+    event_cells,
     lag,
     last_error,
     overview_data,
@@ -244,15 +247,10 @@ class Views:
             ""
             if events is None
             else "<h2>Latest events</h2>"
-            + table(
-                ["kind", "task", "attempt", "at", "error type"],
-                [
-                    f"<tr><td>{e(ev.kind)}</td>"
-                    f"<td>{link(ev.task_id, '/task', queue=n, id=ev.task_id)}</td>"
-                    f"<td class='n'>{ev.attempt}</td><td>{e(when(ev.at))}</td>"
-                    f"<td>{e(ev.error.type if ev.error else '')}</td></tr>"
-                    for ev in events
-                ],
+            + live_table(
+                "events",
+                EVENT_COLUMNS,
+                [event_cells(ev, n) for ev in events],
                 empty="no events yet",
             )
         )

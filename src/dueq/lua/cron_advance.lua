@@ -22,7 +22,21 @@
 -- KEYS[14] cancelled  ZSET "id|token" -> lease deadline ms: leases revoked (as cancel.lua)
 -- KEYS[15] key_state  HASH per-key counts (see the prelude's per-key notes)
 -- KEYS[16] key_wait   ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[17] config     HASH setting -> value (keep_results_ms, concurrency, events_ms: read only
+--                     when overlap cancel_other cancels a running occurrence)
+-- KEYS[18] results    HASH id -> finished record (keep_results: the prelude's results notes)
+-- KEYS[19] finished   ZSET id -> finished ms (the records of results, for trimming)
+-- KEYS[20] ended      Pub/Sub channel: the ids of occurrences cancelled here (for q.wait)
+-- KEYS[21] events     STREAM outcome events (written only when events_ms > 0)
+-- KEYS[22] batches    HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[23] batch_of   HASH id -> batch id: the members of batches that have not ended
+-- KEYS[24] batch_on   HASH batch id -> completion task record
+-- KEYS[25] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[26] waiting    ZSET id -> due ms: tasks waiting for parents (dependency notes)
+-- KEYS[27] after      HASH id -> "<parents not finished>|<policy>"
+-- KEYS[28] children   ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[29] dead       ZSET id -> died-at ms (children of a cancelled occurrence end dead)
+-- KEYS[30..38] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2..] one entry per claimed occurrence, each:
 --         name, slot ms (advance only if it is the pending one), occurrence id, lease token,
@@ -49,6 +63,9 @@
 --            for 2, without adding the occurrence); resuming schedules from then on;
 --          4 overlap skip/buffer_one: the previous occurrence still runs, this one was
 --            dropped (counted in the runs record's "skipped"); a pending one still advanced;
+--            (overlap cancel_other: the running one ends "cancelled" as cancel.lua ends a task,
+--            with its results record, ended message, event, batch count and children, and
+--            this one runs: 1 or 0 as usual)
 --          5 overlap buffer_one: it waits in due until the previous occurrence ends;
 --          6 the definition is finished (limit reached, or its window ended): dropped;
 --          7 pause after failures: the definition was paused now, the occurrence dropped;
@@ -141,13 +158,33 @@ local function expire_later(e)
   if earliest == nil or now < earliest then earliest = now end
 end
 
--- Cancel a running occurrence as cancel.lua does: its holder is told "cancelled".
+-- The settings cancel_running needs, read by its first call (nil until then: a call with no
+-- running occurrence to cancel reads no settings and writes no events).
+local cancel_settings = nil
+
+-- Cancel a running occurrence as cancel.lua does: its holder is told "cancelled", a
+-- "cancelled" results record is kept (keep_results), its id is published on the ended channel
+-- (q.wait), a "cancelled" event is noted (events), and it is counted in its batch and ends its
+-- waiting children (links.tasks_ended).
 local function cancel_running(id, where)
   local envelope = redis.call('HGET', KEYS[4], id)
+  local attempt = meta_parse(redis.call('HGET', KEYS[5], id))
+  cancel_settings = cancel_settings or settings_read(KEYS[17], KEYS[8], 'keep_results_ms',
+    'concurrency', 'events_ms')
+  local keep_ms = cancel_settings.keep_results_ms or 0
+  if keep_ms > 0 and envelope then
+    local record = results_record('cancelled', now, attempt, nil, nil,
+      redis.call('HGET', KEYS[6], id) or nil)
+    redis.call('HSET', KEYS[18], id, record .. '\n' .. envelope)
+    redis.call('ZADD', KEYS[19], now, id)
+  end
+  results_trim(KEYS[18], KEYS[19], now, keep_ms, 1)
   if where == 'leased' then
     local deadline = tonumber(redis.call('ZSCORE', KEYS[7], id))
     local _, _, key = task_options(envelope)
     if key and key_unlease(KEYS[15], KEYS[16], key, now) then publish_wake(KEYS[9], ms(now)) end
+    local cap = cancel_settings.concurrency
+    if cap and at_cap(KEYS[7], cap, now) then publish_wake(KEYS[9], ms(now)) end
     local _, token = meta_parse(redis.call('HGET', KEYS[5], id))
     if token ~= '' then redis.call('ZADD', KEYS[14], math.max(deadline, now), id .. '|' .. token) end
     redis.call('ZREMRANGEBYSCORE', KEYS[14], '-inf', '(' .. ms(now - 3600000))
@@ -156,9 +193,15 @@ local function cancel_running(id, where)
     local k_level = level_key(levels, envelope)
     redis.call('ZREM', k_level, id)
   end
+  if cancel_settings.events_ms then event_note('cancelled', id, attempt, envelope) end
   forget(KEYS[4], KEYS[5], KEYS[6], id)
   stat_incr(KEYS[8], 'cancelled', 1)
   cron_note(KEYS[1], KEYS[13], id, 'cancelled', now, nil)
+  publish_ended(KEYS[20], {id})
+  local bk = links.batch_keys(KEYS[22], KEYS[23], KEYS[24], KEYS[25], levels, KEYS[4], KEYS[8],
+    KEYS[9])
+  local ak = links.after_keys(KEYS[26], KEYS[27], KEYS[28], KEYS[29], KEYS[6], KEYS[20], bk)
+  links.tasks_ended(bk, ak, {id}, 'cancelled', now)
 end
 
 -- The policies for an occurrence that starts now (first delivery): returns a status if it must
@@ -274,5 +317,6 @@ for _, e in ipairs(entries) do
   end
 end
 if earliest then wake_if_earlier(KEYS[9], previous_head, earliest) end
+if cancel_settings then events_flush(KEYS[21], cancel_settings.events_ms, now, ARGV[1]) end
 table.insert(out, 1, earliest or -1)
 return out
