@@ -93,7 +93,7 @@ if #done > 0 and keep_ms > 0 then
   zadd_all(KEYS[16], now, done)
   if unstored > 0 then stat_incr(KEYS[5], 'results_unstored', unstored) end
 end
-if settings.events_ms then events_note_acked(KEYS[2], KEYS[3], done, kept) end
+if settings.events_ms then outcome_events.note_acked(KEYS[2], KEYS[3], done, kept) end
 if #done > 0 then
   if #keys > 0 and keys_release(KEYS[9], KEYS[10], keys, now) then
     publish_wake(KEYS[11], ms(now))
@@ -126,5 +126,5 @@ if window > 0 then
 end
 results_trim(KEYS[15], KEYS[16], now, keep_ms, #done)
 if keep_ms > 0 then publish_ended(KEYS[17], done) end
-events_flush(KEYS[20], settings.events_ms, now, ARGV[1])
+outcome_events.flush(KEYS[20], settings.events_ms, now, ARGV[1])
 return {#done, verdict_string(verdicts, positions), keep_ms}
