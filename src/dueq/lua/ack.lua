@@ -105,7 +105,8 @@ if #done > 0 then
   call_chunked('ZREM', KEYS[1], done)
   call_chunked('HDEL', KEYS[2], done)
   call_chunked('HDEL', KEYS[3], done)
-  call_chunked('HDEL', KEYS[4], done)
+  -- error records: only tasks that failed or expired before have one (none: no HDEL)
+  if redis.call('EXISTS', KEYS[4]) == 1 then call_chunked('HDEL', KEYS[4], done) end
   stat_incr(KEYS[5], 'acked', #done)
   followups_start({debounce = KEYS[18], tasks = KEYS[2], meta = KEYS[3], errors = KEYS[4],
     stats = KEYS[5], wake = KEYS[11]}, due_levels(KEYS[19]), done, now)
