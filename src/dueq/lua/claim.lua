@@ -329,12 +329,13 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
   for p = upper_used and 9 or 0, 0, -1 do
     local room = limit - #leased / 2 - #ids
     if room <= 0 then break end
-    local due = redis.call('ZRANGEBYSCORE', levels[p], '-inf', now, 'WITHSCORES', 'LIMIT', 0, room)
-    local got = #due / 2
+    local due = redis.call('ZRANGEBYSCORE', levels[p], '-inf', now, 'LIMIT', 0, room)
+    local got = #due
     if got > 0 then
+      local due_scores = run_scores(levels[p], due)
       for i = 1, got do
-        ids[#ids + 1] = due[2 * i - 1]
-        scores[#scores + 1] = due[2 * i]
+        ids[#ids + 1] = due[i]
+        scores[#scores + 1] = due_scores[i]
         priorities[#priorities + 1] = p
       end
       redis.call('ZREMRANGEBYRANK', levels[p], 0, got - 1)
