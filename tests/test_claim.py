@@ -46,6 +46,22 @@ def test_claims_in_due_order_and_bounded_batches(make_queue, clock):
     assert [d.payload for d in rest] == [5, 4, 3, 2, 1, 0]
 
 
+def test_each_delivery_reports_its_own_due_time_when_tasks_share_due_times(make_queue, clock):
+    """The claim reads tasks that share a due time as one run of scores (a few runs, then the
+    rest one by one): every delivery still carries its own task's due ms, in due order."""
+    q = make_queue()
+    start_ms = round(clock.now * 1000)
+    runs = [3, 1, 2, 1, 4, 1, 2, 5]  # tasks per distinct due time: more runs than read as runs
+    expected = []
+    for r_index, size in enumerate(runs):
+        for k in range(size):
+            q.schedule(f"{r_index}-{k}", id=f"r{r_index}-{k}", delay=(r_index + 1) / 1000)
+            expected.append((f"r{r_index}-{k}", start_ms + r_index + 1))
+    clock.advance(1)
+    batch = q.claim(limit=100)
+    assert [(d.id, d.due_ms) for d in batch] == expected
+
+
 def test_claim_batch_reports_next_due_and_next_lease_deadline(make_queue, clock):
     q = make_queue(lease=30)
     q.schedule("now")

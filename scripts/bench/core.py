@@ -22,6 +22,10 @@ never touches any other server. Every figure is measured in this run. Sections:
               bytes: the holder's share of each leased task's meta value (MEMORY USAGE of the
               meta hash, with and without), and MEMORY USAGE of the history hash after the
               run and after a full day (1,440 simulated minutes, all six counters in each)
+7. redis cost  server time and server CPU per task (INFO commandstats, used_cpu) of claim +
+              ack and schedule, plain, keyed and with each feature on (events, results, batch,
+              priorities, key limits), next to the raw pipelines' in the same run
+              (scripts/bench/redis_cost.py; its --redis-url runs the same under callgrind)
 A1-A5         the same for the asyncio front end: ``AsyncQueue`` on a ``redis.asyncio`` client,
               every call awaited on one event loop, each ratio against the same raw pipelines
               on ``redis.asyncio`` in this run (server-side claim time and the memory sweep
@@ -60,6 +64,8 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
+from redis_cost import measure as measure_redis_cost
+from redis_cost import print_table as print_redis_cost
 from report import percentile, print_table
 from views import meta_bytes_per_leased_task, one_round, without_views
 
@@ -886,6 +892,10 @@ class Turns:
         self.loop.close()
 
 
+#: Section 7's cases: plain, keyed, and each feature on (redis_cost.py's CASES).
+REDIS_COST_CASES = ("plain", "keyed", "priorities", "events", "results", "batch", "key_limits")
+
+
 def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) -> dict[str, Any]:
     """Run every section against a throwaway redis-server; returns the summary."""
     with RedisServer() as server:
@@ -962,6 +972,10 @@ def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) 
             turns.aio["memory"] = turns.wait(run_async_memory(c, sizes.memory))
             log("6. history and lease holder ...")
             views = run_views(r, sizes.drain, max(repeat, VIEWS_MIN_ROUNDS))
+            log("7. Redis cost per task, each feature on and off (redis_cost.py) ...")
+            redis_cost = measure_redis_cost(
+                server.url, list(REDIS_COST_CASES), sizes.drain, repeat, None, None
+            )
             if with_profile:
                 run_profiles(r, sizes)
             r.flushdb()
@@ -974,6 +988,7 @@ def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) 
         **summary(turns.sync, sizes),
         "views": views_summary(views),
         "async": summary(turns.aio, sizes),
+        "redis_cost": redis_cost,
     }
 
 
@@ -1268,6 +1283,13 @@ def print_report(res: dict[str, Any]) -> None:
         "(AsyncQueue on redis.asyncio, one loop), their ratios against the same raw pipelines "
         "on redis.asyncio"
     )
+    if "redis_cost" in res:
+        print(
+            "\n7. Redis cost per task (server time from INFO commandstats, server CPU from INFO "
+            "used_cpu; claim(1000) + ack_many drain and schedule_many; raw: the pipelines of "
+            "sections 1 and 3, same run; callgrind: scripts/bench/redis_cost.py --redis-url)"
+        )
+        print_redis_cost(res["redis_cost"])
 
 
 def print_views_report(res: dict[str, Any]) -> None:

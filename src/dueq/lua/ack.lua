@@ -93,7 +93,7 @@ if #done > 0 and keep_ms > 0 then
   zadd_all(KEYS[16], now, done)
   if unstored > 0 then stat_incr(KEYS[5], 'results_unstored', unstored) end
 end
-if settings.events_ms then events_note_acked(KEYS[2], KEYS[3], done, kept) end
+if settings.events_ms then outcome_events.note_acked(KEYS[2], KEYS[3], done, kept) end
 if #done > 0 then
   if #keys > 0 and keys_release(KEYS[9], KEYS[10], keys, now) then
     publish_wake(KEYS[11], ms(now))
@@ -105,7 +105,8 @@ if #done > 0 then
   call_chunked('ZREM', KEYS[1], done)
   call_chunked('HDEL', KEYS[2], done)
   call_chunked('HDEL', KEYS[3], done)
-  call_chunked('HDEL', KEYS[4], done)
+  -- error records: only tasks that failed or expired before have one (none: no HDEL)
+  if redis.call('EXISTS', KEYS[4]) == 1 then call_chunked('HDEL', KEYS[4], done) end
   stat_incr(KEYS[5], 'acked', #done)
   followups_start({debounce = KEYS[18], tasks = KEYS[2], meta = KEYS[3], errors = KEYS[4],
     stats = KEYS[5], wake = KEYS[11]}, due_levels(KEYS[19]), done, now)
@@ -126,5 +127,5 @@ if window > 0 then
 end
 results_trim(KEYS[15], KEYS[16], now, keep_ms, #done)
 if keep_ms > 0 then publish_ended(KEYS[17], done) end
-events_flush(KEYS[20], settings.events_ms, now, ARGV[1])
+outcome_events.flush(KEYS[20], settings.events_ms, now, ARGV[1])
 return {#done, verdict_string(verdicts, positions), keep_ms}

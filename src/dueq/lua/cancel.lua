@@ -77,7 +77,7 @@ redis.call('ZREM', k_level, id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', KEYS[3], id)
 if settings.events_ms then
-  event_note('cancelled', id, (meta_parse(redis.call('HGET', KEYS[5], id))), envelope)
+  outcome_events.note('cancelled', id, (meta_parse(redis.call('HGET', KEYS[5], id))), envelope)
 end
 forget(KEYS[4], KEYS[5], KEYS[6], id)
 redis.call('HDEL', KEYS[17], id)
@@ -88,5 +88,5 @@ local bk = links.batch_keys(KEYS[19], KEYS[20], KEYS[21], KEYS[22], due_levels(K
 local ak = links.after_keys(KEYS[24], KEYS[25], KEYS[26], KEYS[3], KEYS[6], KEYS[16], bk)
 links.after_forget(ak, id)
 links.tasks_ended(bk, ak, {id}, 'cancelled', now)
-events_flush(KEYS[18], settings.events_ms, now, ARGV[1])
+outcome_events.flush(KEYS[18], settings.events_ms, now, ARGV[1])
 return 1

@@ -90,7 +90,7 @@ local function bury(id, attempt, kind, message)
   redis.call('HSET', KEYS[4], id, attempt .. '|||')
   local record = cjson.encode({at = now, attempt = attempt, type = kind, message = message})
   error_append(KEYS[5], id, record)
-  event_note('dead', id, attempt, redis.call('HGET', KEYS[3], id) or nil, nil, record)
+  outcome_events.note('dead', id, attempt, redis.call('HGET', KEYS[3], id) or nil, nil, record)
   redis.call('ZADD', KEYS[6], now, id)
   died = died + 1
   buried[died] = id
@@ -123,7 +123,7 @@ for _, id in ipairs(expired) do
         (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}'
       error_append(KEYS[5], id, record)
       local final = attempt >= (own_attempts or max_attempts)
-      event_note(final and 'dead' or 'retried', id, attempt, envelope, nil, record)
+      outcome_events.note(final and 'dead' or 'retried', id, attempt, envelope, nil, record)
       if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
         cron_note(KEYS[14], KEYS[15], id, final and 'dead' or 'retrying', now, 'LeaseExpired')
       end
@@ -321,18 +321,21 @@ local n_leased, n_out = 0, #out
 -- Text of the first-claim time and of each distinct due ms in this claim, formatted once (tasks
 -- scheduled in bulk share their due ms).
 local now_text, due_texts = ms(now), {}
+local due_ms_of, attempt_texts = {}, {}  -- score text -> due ms; attempt -> its text
+local deadline_text, token_mid = ms(deadline), nil
 local upper_used = upper_levels_used(levels)
 while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDGET do
   local ids, scores, priorities = {}, {}, {}
   for p = upper_used and 9 or 0, 0, -1 do
     local room = limit - #leased / 2 - #ids
     if room <= 0 then break end
-    local due = redis.call('ZRANGEBYSCORE', levels[p], '-inf', now, 'WITHSCORES', 'LIMIT', 0, room)
-    local got = #due / 2
+    local due = redis.call('ZRANGEBYSCORE', levels[p], '-inf', now, 'LIMIT', 0, room)
+    local got = #due
     if got > 0 then
+      local due_scores = run_scores(levels[p], due)
       for i = 1, got do
-        ids[#ids + 1] = due[2 * i - 1]
-        scores[#scores + 1] = due[2 * i]
+        ids[#ids + 1] = due[i]
+        scores[#scores + 1] = due_scores[i]
         priorities[#priorities + 1] = p
       end
       redis.call('ZREMRANGEBYRANK', levels[p], 0, got - 1)
@@ -358,7 +361,14 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
   end
   if n_slots > n_fetched then key_fetch() end
   for i = 1, #ids do
-    local id, due_ms = ids[i], clamp_ms(scores[i])
+    -- the due ms and its text, once per distinct score (tasks scheduled in bulk share one)
+    local score = scores[i]
+    local due_ms = due_ms_of[score]
+    if not due_ms then
+      due_ms = clamp_ms(score)
+      due_ms_of[score] = due_ms
+    end
+    local id = ids[i]
     local attempt, _, _, first, readable = meta_parse(metas[i])
     local priority, j = priorities[i], task_slots[i]
     local key = j and slot_key[j]
@@ -380,7 +390,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
       orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
     elseif string.byte(envelopes[i], 1) == 51 and task_expired(envelopes[i], now) then
       too_late[#too_late + 1] = id  -- past its expiry: never started (tasks_expire below)
-      if config.events_ms then event_note('expired', id, attempt, envelopes[i]) end
+      if config.events_ms then outcome_events.note('expired', id, attempt, envelopes[i]) end
     elseif not readable then
       bury(id, 0, 'CorruptTask', 'its attempt record was unreadable: ' ..
         string.sub(tostring(metas[i]), 1, 100))
@@ -401,7 +411,10 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
         end
         changed[j] = true
       end
-      token = token or next_token()
+      if not token then
+        token = next_token()
+        token_mid = '|' .. token .. '|'
+      end
       attempt = attempt + 1
       if first == '' then first = now_text end
       local due_text = due_texts[due_ms]
@@ -409,12 +422,19 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
         due_text = ms(due_ms)
         due_texts[due_ms] = due_text
       end
-      leased[n_leased + 1], leased[n_leased + 2] = deadline, id
+      -- texts made once per claim: a number in a concatenation or a command's arguments is
+      -- formatted with sprintf each time
+      local attempt_text = attempt_texts[attempt]
+      if not attempt_text then
+        attempt_text = ms(attempt)
+        attempt_texts[attempt] = attempt_text
+      end
+      leased[n_leased + 1], leased[n_leased + 2] = deadline_text, id
       meta[n_leased + 1] = id
       if key then  -- one concatenation either way (each makes a new string)
-        meta[n_leased + 2] = attempt .. '|' .. token .. '|' .. due_text .. '|' .. first .. '|' .. key
+        meta[n_leased + 2] = attempt_text .. token_mid .. due_text .. '|' .. first .. '|' .. key
       else
-        meta[n_leased + 2] = attempt .. '|' .. token .. '|' .. due_text .. '|' .. first
+        meta[n_leased + 2] = attempt_text .. token_mid .. due_text .. '|' .. first
       end
       n_leased = n_leased + 2
       out[n_out + 1], out[n_out + 2], out[n_out + 3] = id, envelopes[i], attempt
@@ -512,5 +532,5 @@ end
 if next_deadline then out[3] = clamp_ms(next_deadline) end
 -- At the concurrency cap: no claim can lease until a lease ends (a wake) or expires (out[3]).
 if cap and cap_live + #leased / 2 >= cap then out[2] = -1 end
-events_flush(KEYS[20], config.events_ms, now, ARGV[1])
+outcome_events.flush(KEYS[20], config.events_ms, now, ARGV[1])
 return out

@@ -69,10 +69,10 @@ error_append(KEYS[5], id, stamp(ARGV[4], now))
 -- a retry that would start at or after the task's expiry ends it expired instead
 local due = ARGV[5] ~= 'dead' and now + tonumber(ARGV[6])
 local expires = due and task_expired(envelope, due)
-event_note(ARGV[5] == 'dead' and 'dead' or (expires and 'expired' or 'retried'), id,
+outcome_events.note(ARGV[5] == 'dead' and 'dead' or (expires and 'expired' or 'retried'), id,
   settings.events_ms and meta_parse(redis.call('HGET', KEYS[4], id)), envelope, nil,
   settings.events_ms and stamp(ARGV[4], now))
-events_flush(KEYS[20], settings.events_ms, now, ARGV[1])
+outcome_events.flush(KEYS[20], settings.events_ms, now, ARGV[1])
 redis.call('ZREM', KEYS[2], id)
 if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
   local ok, record = pcall(cjson.decode, ARGV[4])
@@ -87,7 +87,7 @@ if ARGV[5] == 'dead' then
   followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
     stats = KEYS[7], wake = KEYS[8], dead = KEYS[6]}, due_levels(KEYS[1]), {id}, now)
   links.tasks_ended(bk, ak, {id}, 'dead', now)
-  events_flush(KEYS[20], settings.events_ms, now, ARGV[1])  -- children buried here
+  outcome_events.flush(KEYS[20], settings.events_ms, now, ARGV[1])  -- children buried here
   return {2, now}
 end
 if expires then
@@ -95,7 +95,7 @@ if expires then
     results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19],
     wake = KEYS[8]}, due_levels(KEYS[1]), {id}, now, settings.keep_results_ms or 0)
   links.tasks_ended(bk, ak, {id}, 'expired', now)
-  events_flush(KEYS[20], settings.events_ms, now, ARGV[1])  -- children buried here
+  outcome_events.flush(KEYS[20], settings.events_ms, now, ARGV[1])  -- children buried here
   return {4, now}
 end
 local k_level = level_key(due_levels(KEYS[1]), envelope)
