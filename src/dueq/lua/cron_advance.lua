@@ -193,7 +193,7 @@ local function cancel_running(id, where)
     local k_level = level_key(levels, envelope)
     redis.call('ZREM', k_level, id)
   end
-  if cancel_settings.events_ms then event_note('cancelled', id, attempt, envelope) end
+  if cancel_settings.events_ms then outcome_events.note('cancelled', id, attempt, envelope) end
   forget(KEYS[4], KEYS[5], KEYS[6], id)
   stat_incr(KEYS[8], 'cancelled', 1)
   cron_note(KEYS[1], KEYS[13], id, 'cancelled', now, nil)
@@ -317,6 +317,6 @@ for _, e in ipairs(entries) do
   end
 end
 if earliest then wake_if_earlier(KEYS[9], previous_head, earliest) end
-if cancel_settings then events_flush(KEYS[21], cancel_settings.events_ms, now, ARGV[1]) end
+if cancel_settings then outcome_events.flush(KEYS[21], cancel_settings.events_ms, now, ARGV[1]) end
 table.insert(out, 1, earliest or -1)
 return out
