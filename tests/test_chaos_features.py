@@ -4,7 +4,8 @@ Events on, every task in a batch closed with a completion task, chains and fan-i
 ``after=`` (some parents poison, cancelled or expired), two event groups (``audit``: one
 member, ``billing``: two) following in processes of their own. Workers and followers are
 SIGKILLed at random and restarted (a follower under the same name), and one billing member is
-killed for good while it holds unacked events. Each group must see every event and every
+killed for good while it holds unacked events, and the worker running a completion task is
+killed once. Each group must see every event and every
 task's final outcome, each batch's completion must be scheduled once and run after its
 members ended, with the right counts, and no child may run before its parents were acked, nor
 at all when a parent failed.
@@ -59,6 +60,10 @@ def test_events_batches_and_dependencies_keep_their_guarantees_under_worker_and_
     assert rows["schedule_many calls per batch (fewest)"] >= 2, output
     assert rows["first batch closed after all its members ended"] == 1, output
     assert rows["completion runs that returned"] >= 5, output
+    # the worker running a completion was killed: re-run as attempt 2, never scheduled again
+    firsts = rows["completion runs as attempt 1 (one per batch at most)"]
+    assert rows["completion runs"] > firsts, output
+    assert firsts <= 5, output
     assert rows.get("completion scheduled more or less than once", 0) == 0, output
     assert rows.get("completion acked events per group not 1", 0) == 0, output
     assert rows.get("completion before a member ended", 0) == 0, output
@@ -70,4 +75,5 @@ def test_events_batches_and_dependencies_keep_their_guarantees_under_worker_and_
     assert rows.get("failed parent's child ran", 0) == 0, output
     kills = re.search(r"kills: worker SIGKILL (\d+), follower SIGKILL .*? (\d+), member", output)
     assert kills is not None and kills.groups() == ("6", "4"), output
+    assert "worker SIGKILL mid-completion 1" in output, output
     assert run.returncode == 0, output

@@ -25,7 +25,9 @@ SIGKILL). Two event groups follow in processes of their own: ``audit`` (one memb
 log, then acks the event. Workers and followers are SIGKILLed at random and restarted at once
 (a follower under the same consumer name, so it resumes its unacked events); one billing member
 is SIGKILLed for good while it holds unacked events, which ``redeliver_after`` moves to the
-other member. Redis kills (SIGKILL + restart from the AOF) are optional (``--redis-kills``).
+other member. Once the batches are closed, the worker running a completion task (which works
+1.5 s) is SIGKILLed once, so completions are re-run as attempt 2. Redis kills (SIGKILL +
+restart from the AOF) are optional (``--redis-kills``).
 
 When every task has ended and both groups have caught up (bounded waits), it judges:
 
@@ -43,8 +45,8 @@ When every task has ended and both groups have caught up (bounded waits), it jud
 
 It prints one Markdown table; the exit code is 1 on any violation.
 
-    .venv/bin/python scripts/chaos/features.py --quick     # ~1.5 min
-    .venv/bin/python scripts/chaos/features.py             # ~6 min, more tasks and kills
+    .venv/bin/python scripts/chaos/features.py --quick     # ~40 s: 645 tasks, 11 kills
+    .venv/bin/python scripts/chaos/features.py             # ~3.5 min: 4,052 tasks, 51 kills
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ FLAKY_FRACTION = 0.05
 GROUPS = {"audit": ["audit-1"], "billing": ["billing-1", "billing-2"]}
 #: The member killed for good (not restarted): its unacked events must reach the other one.
 GONE_MEMBER = "billing-2"
+#: How long a completion task's handler works (the other tasks: ``--work-ms``).
+COMPLETION_WORK_S = 1.5
 
 log = logging.getLogger("features")
 
@@ -115,7 +119,8 @@ def worker_main(args: argparse.Namespace) -> None:
         if kind == "poison" or (kind == "flaky" and d.attempt == 1):
             write(f"E {d.id} {d.attempt} fail\n")
             raise RuntimeError(f"{kind} task fails on purpose")
-        time.sleep(args.work_ms / 1000)
+        # a completion works longer, so that a planned kill can land in the middle of it
+        time.sleep(COMPLETION_WORK_S if "completes" in d.payload else args.work_ms / 1000)
         write(f"E {d.id} {d.attempt} ok\n")
         return {"ran": d.id}
 
@@ -163,7 +168,7 @@ class Settings:
     redis_kills: int
     drain_s: float
     seed: int
-    work_ms: float = 10.0
+    work_ms: float = 100.0
     follower_work_ms: float = 3.0
     chunk: int = 25
 
@@ -271,6 +276,7 @@ class Processes:
         self.gone: set[str] = set()
         self.generation = 0
         self.crashes = 0
+        self.lock = threading.Lock()  # the completion killer thread kills, the main one restarts
 
     def spawn(self, name: str) -> None:
         self.generation += 1
@@ -299,6 +305,10 @@ class Processes:
                 self.spawn(name)
 
     def kill(self, name: str, restart: bool = True) -> None:
+        with self.lock:
+            self._kill(name, restart)
+
+    def _kill(self, name: str, restart: bool) -> None:
         proc = self.procs[name]
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -315,7 +325,24 @@ class Processes:
     def followers(self) -> list[str]:
         return [n for n in self.procs if not n.startswith("w")]
 
+    def running_completion(self) -> str | None:
+        """The worker whose current log has a completion run started and not ended."""
+        for name in self.workers():
+            path = self.logs[name]
+            if not path.exists():
+                continue
+            lines = path.read_text(encoding="utf-8").splitlines()
+            started = {tuple(x.split()[1:3]) for x in lines if x.startswith("S done:")}
+            ended = {tuple(x.split()[1:3]) for x in lines if x.startswith("E done:")}
+            if started - ended:
+                return name
+        return None
+
     def restart_crashed(self) -> None:
+        with self.lock:
+            self._restart_crashed()
+
+    def _restart_crashed(self) -> None:
         for name, proc in list(self.procs.items()):
             if proc.poll() is not None:
                 log.error("%s exited by itself with %s; restarting", name, proc.returncode)
@@ -431,6 +458,27 @@ def kill_gone_member(client: redis.Redis, procs: Processes, stream: str) -> list
     return [entry["message_id"].decode() for entry in held]
 
 
+class CompletionKiller(threading.Thread):
+    """SIGKILLs, once, the worker running a batch's completion task (restarted at once), so
+    that the completion's lease expires mid-run and it is delivered again."""
+
+    def __init__(self, procs: Processes, deadline: float) -> None:
+        super().__init__(name="completion-killer", daemon=True)
+        self.procs = procs
+        self.deadline = deadline
+        self.stop = threading.Event()
+        self.killed = False
+
+    def run(self) -> None:
+        while not self.stop.is_set() and time.monotonic() < self.deadline:
+            name = self.procs.running_completion()
+            if name is not None:
+                self.procs.kill(name)
+                self.killed = True
+                return
+            self.stop.wait(0.1)
+
+
 def wait_settled(
     q: dueq.Queue, client: redis.Redis, procs: Processes, batches: list[str], deadline: float
 ) -> bool:
@@ -492,8 +540,14 @@ def run(settings: Settings, out: Callable[[str], None]) -> dict[str, int]:
             kills[kind] += 1
         producer.done.wait(settings.spread_s + 120)
         deadline = time.monotonic() + settings.drain_s
+        killer = CompletionKiller(procs, deadline)
+        killer.start()
         closed_first = close_batches(q, batches, producer, deadline)
         settled = wait_settled(q, client, procs, batches, deadline)
+        killer.stop.set()
+        killer.join()
+        if killer.killed:
+            kills["mid-completion"] += 1
         procs.stop()
         elapsed_s = time.monotonic() - started
         counts, notes = judge(q, client, units, producer, procs, batches, gone_held)
@@ -548,9 +602,12 @@ class Seen:
     log: Path
 
 
-def read_logs(procs: Processes) -> tuple[dict[str, list[Start]], Counter[str], dict[str, list]]:
-    """Worker starts per task, ok ends per task, and event sightings per group."""
+def read_logs(
+    procs: Processes,
+) -> tuple[dict[str, list[Start]], Counter[str], Counter[str], dict[str, list[Seen]]]:
+    """Worker starts per task, ends and ok ends per task, and event sightings per group."""
     starts: dict[str, list[Start]] = defaultdict(list)
+    ends: Counter[str] = Counter()
     oks: Counter[str] = Counter()
     seen: dict[str, list[Seen]] = defaultdict(list)
     for path, name in procs.all_logs.items():
@@ -561,13 +618,14 @@ def read_logs(procs: Processes) -> tuple[dict[str, list[Start]], Counter[str], d
             parts = line.split()
             if len(parts) == 4 and parts[0] == "S":
                 starts[parts[1]].append(Start(parts[1], int(parts[2]), int(parts[3]), path))
-            elif len(parts) == 4 and parts[0] == "E" and parts[3] == "ok":
-                oks[parts[1]] += 1
+            elif len(parts) == 4 and parts[0] == "E":
+                ends[parts[1]] += 1
+                oks[parts[1]] += parts[3] == "ok"
             elif len(parts) == 6 and parts[0] == "V" and group is not None:
                 _, event_id, task_id, kind, attempt, at_ms = parts
                 seen[group].append(Seen(event_id, task_id, kind, int(attempt), int(at_ms), path))
             # anything else is a line cut by a SIGKILL
-    return starts, oks, seen
+    return starts, ends, oks, seen
 
 
 OUTCOME = {"done": "acked", "dead": "dead", "cancelled": "cancelled", "expired": "expired"}
@@ -587,7 +645,7 @@ def judge(
     planned = {p.id: p for unit in units for p in unit}
     completions = [f"done:{b}" for b in batches]
     infos = {i.id: i for i in q.get_many([*planned, *completions])}
-    starts, oks, seen = read_logs(procs)
+    starts, ends, oks, seen = read_logs(procs)
     stream = [(eid.decode(), fields) for eid, fields in client.xrange(q.keys.events)]
     stream_ids = {eid for eid, _ in stream}
     counts["tasks"] = len(planned)
@@ -657,6 +715,7 @@ def judge(
         firsts = sum(1 for s in runs if s.attempt == 1)
         counts["completion runs"] += len(runs)
         counts["completion runs that returned"] += oks[done_id]
+        counts["completion runs as attempt 1 (one per batch at most)"] += firsts
         if firsts > 1 or stream_acked[done_id] != 1:
             counts["completion scheduled more or less than once"] += 1
             notes.append(f"{done_id}: {firsts} first runs, {stream_acked[done_id]} acked events")
@@ -730,6 +789,10 @@ def judge(
             if runs:
                 counts["failed parent's child ran"] += 1
     counts["cancelled by the producer"] = len(producer.cancelled)
+    counts["handler runs"] = sum(len(r) for r in starts.values())
+    counts["  runs cut by a worker kill (no end line)"] = sum(
+        len(r) for r in starts.values()
+    ) - sum(ends.values())
     return dict(counts), notes
 
 
@@ -781,7 +844,8 @@ def print_table(
     out(
         f"kills: worker SIGKILL {kills['worker']}, follower SIGKILL (restarted under the same "
         f"name) {kills['follower']}, member killed for good {kills['gone']}, Redis SIGKILL + AOF "
-        f"restart {kills['redis']}; exits not caused by a kill: {procs.crashes}"
+        f"restart {kills['redis']}, worker SIGKILL mid-completion {kills['mid-completion']}; "
+        f"exits not caused by a kill: {procs.crashes}"
     )
     lines = procs.stderr_lines()
     out(f"process stderr lines other than the planned failures: {len(lines)}")
@@ -803,7 +867,7 @@ def main() -> int:
         child.add_argument("--group")
         child.add_argument("--consumer")
         child.add_argument("--since-ms", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="about 1.5 minutes")
+    parser.add_argument("--quick", action="store_true", help="about 40 seconds")
     parser.add_argument("--units", type=int, help="units planned (a unit: 1 to 4 tasks)")
     parser.add_argument("--spread-s", type=float, help="seconds over which tasks are scheduled")
     parser.add_argument("--workers", type=int)
