@@ -25,6 +25,7 @@ pytest.importorskip(
 
 from internals import spark_events
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from dueq.snapshot import text
 
@@ -227,3 +228,55 @@ def test_the_spark_events_page_runs(spark, r, redis_server, tmp_path, monkeypatc
     monkeypatch.setenv("REDIS_URL", redis_server.url)
     for block in blocks:
         exec(compile(block, "docs/spark-events.md", "exec"), scope)
+
+
+def read_batch(reader: Any, start: dict[str, Any], end: dict[str, Any]) -> list[str]:
+    """The task ids one micro-batch of ``reader`` (driver and executor parts, no Spark) reads."""
+    return [row[2] for part in reader.partitions(start, end) for row in reader.read(part)]
+
+
+def test_the_offsets_count_entries_trimmed_mid_stream_exactly(r, redis_server, events_queue):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    events_queue.schedule_many(dueq.Task({"n": i}, id=f"t-{i}") for i in range(6))
+    for d in events_queue.claim(limit=6):
+        d.ack()
+    reader = spark_events().events_stream_reader(
+        {"queue": "sparkev", "redis_url": redis_server.url, "events": "earliest"}
+    )
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(2))
+    assert read_batch(reader, start, end) == ["t-0", "t-1"]
+    assert end["seen"] == {"sparkev": 2}
+    r.xtrim("dueq:{sparkev}:events", maxlen=1, approximate=False)  # t-2 .. t-4 unread, gone
+    following = reader.latestOffset(end, ReadMaxRows(2))
+    with pytest.raises(spark_events().EventsTrimmed, match=r"^3 event\(s\) of queue 'sparkev'"):
+        reader.partitions(end, following)
+    careless = spark_events().events_stream_reader(
+        {"queue": "sparkev", "redis_url": redis_server.url, "events": "earliest",
+         "failOnDataLoss": "false"}
+    )  # fmt: skip
+    assert read_batch(careless, end, following) == ["t-5"]
+    assert following["seen"] == {"sparkev": 6}
+
+
+def test_a_time_start_among_kept_entries_fails_only_when_its_entry_may_be_gone(
+    r, redis_server, events_queue
+):
+    events_queue.schedule_many(dueq.Task({"n": i}, id=f"u-{i}") for i in range(3))
+    for d in events_queue.claim(limit=3):
+        d.ack()
+    last_ms = int(stream_ids(r, "sparkev")[-1].split("-")[0])
+    r.xadd(
+        "dueq:{sparkev}:events", {"id": "later", "kind": "acked", "at": "0"}, id=f"{last_ms + 5}-0"
+    )
+    options = {"queue": "sparkev", "redis_url": redis_server.url, "events": str(last_ms + 1)}
+    reader = spark_events().events_stream_reader(options)
+    start = reader.initialOffset()
+    assert start["seen"] == {}  # kept entries before the start: not counted, not read
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert read_batch(reader, start, end) == ["later"]
+    assert end["seen"] == {"sparkev": 4}  # caught up: counted from here on
+    r.xtrim("dueq:{sparkev}:events", maxlen=0, approximate=False)
+    with pytest.raises(spark_events().EventsTrimmed, match=r"some events .* may have been"):
+        reader.partitions(start, end)
