@@ -250,7 +250,7 @@ def test_the_offsets_count_entries_trimmed_mid_stream_exactly(r, redis_server, e
     assert end["seen"] == {"sparkev": 2}
     r.xtrim("dueq:{sparkev}:events", maxlen=1, approximate=False)  # t-2 .. t-4 unread, gone
     following = reader.latestOffset(end, ReadMaxRows(2))
-    with pytest.raises(spark_events().EventsTrimmed, match=r"^3 event\(s\) of queue 'sparkev'"):
+    with pytest.raises(dueq.EventsTrimmed, match=r"^3 event\(s\) of queue 'sparkev'"):
         reader.partitions(end, following)
     careless = spark_events().events_stream_reader(
         {"queue": "sparkev", "redis_url": redis_server.url, "events": "earliest",
@@ -278,5 +278,5 @@ def test_a_time_start_among_kept_entries_fails_only_when_its_entry_may_be_gone(
     assert read_batch(reader, start, end) == ["later"]
     assert end["seen"] == {"sparkev": 4}  # caught up: counted from here on
     r.xtrim("dueq:{sparkev}:events", maxlen=0, approximate=False)
-    with pytest.raises(spark_events().EventsTrimmed, match=r"some events .* may have been"):
+    with pytest.raises(dueq.EventsTrimmed, match=r"some events .* may have been"):
         reader.partitions(start, end)

@@ -46,7 +46,7 @@ from typing import Any
 from . import discovery
 from ._spark_batch import check_target
 from .events import range_events
-from .exceptions import ConfigurationError, DueqError
+from .exceptions import ConfigurationError, DueqError, EventsTrimmed
 from .keys import QueueKeys
 from .snapshot import REJECTED, setting_value, text
 
@@ -66,7 +66,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 __all__ = [
     "EVENTS_SCHEMA",
-    "EventsTrimmed",
     "RefusedStreamReader",
     "events_batch_reader",
     "events_stream_reader",
@@ -96,11 +95,6 @@ MAX_EVENTS_PAGE = 10_000
 MAX_SLICES = 256
 _MAX_SEQ = 2**64 - 1
 _NONE = "0-0"  # before every entry: XADD never writes the id 0-0
-
-
-class EventsTrimmed(DueqError):
-    """Entries a streaming query had not read yet were trimmed from the events stream (the
-    query was stopped for longer than the queue's events retention)."""
 
 
 # -- stream ids --------------------------------------------------------------------------------
