@@ -280,3 +280,19 @@ def test_a_time_start_among_kept_entries_fails_only_when_its_entry_may_be_gone(
     r.xtrim("dueq:{sparkev}:events", maxlen=0, approximate=False)
     with pytest.raises(dueq.EventsTrimmed, match=r"some events .* may have been"):
         reader.partitions(start, end)
+
+
+def test_an_available_now_run_counts_what_it_read_up_to_its_target(r, redis_server, events_queue):
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    outcomes(events_queue, "v", 4)  # 5 events
+    reader = spark_events().events_stream_reader(
+        {"queue": "sparkev", "redis_url": redis_server.url, "events": "earliest"}
+    )
+    start = reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    outcomes(events_queue, "w", 4)  # 5 more, after the run's target
+    end = reader.latestOffset(start, ReadMaxRows(100))
+    assert sorted(read_batch(reader, start, end)) == ["v-0", "v-1", "v-2", "v-2", "v-3"]
+    assert end["seen"] == {"sparkev": 5}
+    assert reader.latestOffset(end, ReadMaxRows(100)) == end  # the target: nothing more

@@ -396,20 +396,19 @@ class _EventsStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 stream, after = streams[name], starts.get(name, _NONE)
                 newest = (self.target or {}).get(name, stream.last)
                 upto = _later(newest, after)
-                read = 0
+                read: int | None = 0 if upto == after else None  # entries in (after, upto]
                 if budget is not None and upto != after:
                     key = QueueKeys.for_queue(name).events
                     page = client.xrange(key, "(" + after, upto, count=budget)
-                    if len(page) == budget:  # more than the budget: stop at its last entry
-                        upto, read = text(page[-1][0]), budget
+                    read = len(page)
+                    if read == budget:  # more than the budget: stop at its last entry
+                        upto = text(page[-1][0])
                 ends[name] = upto
                 lost = stream.lost_after(after, seen.get(name))
                 if upto == stream.last and stream.added is not None:
                     end_seen[name] = stream.added
-                elif read and lost is not None and name in seen:
+                elif read is not None and lost is not None and name in seen:
                     end_seen[name] = seen[name] + lost + read
-                elif upto == after and name in seen:
-                    end_seen[name] = seen[name]
         return {"after": ends, "seen": end_seen}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[EventRange]:
