@@ -253,7 +253,13 @@ def cluster(cluster_nodes: list[RedisServer]) -> Iterator[RedisCluster]:
 #: exist in the JVM"), so they and every other test of the ``spark`` fixture stay together on
 #: one xdist worker (``--dist loadgroup``).
 SPARK_FILES = frozenset(
-    {"test_spark.py", "test_spark_source.py", "test_spark_connect.py", "test_shards_spark.py"}
+    {
+        "test_spark.py",
+        "test_spark_source.py",
+        "test_spark_connect.py",
+        "test_shards_spark.py",
+        "test_spark_events.py",
+    }
 )
 
 

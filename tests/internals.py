@@ -13,7 +13,8 @@ short and visible (issue 26: tests use the public API or a named test-support mo
   handler-thread algorithms, unit tested on their own;
 - ``shards``: the shard placement rule (``dueq._shard_layout.shard_names``) and its bound
   (``MAX_SHARDS``);
-- ``spark_source()``: the Spark data source's module (pyspark >= 4.0; imported on demand).
+- ``spark_source()``: the Spark data source's module (pyspark >= 4.0; imported on demand);
+  ``spark_events()``: its events source (pyspark >= 4.2; imported on demand).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "schedule_flows",
     "script_runner",
     "shards",
+    "spark_events",
     "spark_source",
     "tracing",
 ]
@@ -48,6 +50,13 @@ def spark_source() -> ModuleType:
     from dueq import _spark_source
 
     return _spark_source
+
+
+def spark_events() -> ModuleType:
+    """``dueq._spark_events`` (needs pyspark >= 4.2)."""
+    from dueq import _spark_events
+
+    return _spark_events
 
 
 def script_runner(queue: Any) -> Any:

@@ -320,6 +320,23 @@ def test_the_operator_reads_stats_manages_dead_letters_and_cron(server, admin, l
     assert denied and all(f"{{{OTHER}" in item for item in denied), denied
 
 
+def test_the_operator_reads_outcome_events_with_the_spark_events_source(server, admin, login):
+    pytest.importorskip("pyspark.sql.streaming.datasource", reason="needs pyspark >= 4.2")
+    from internals import spark_events
+
+    dueq.Queue(QUEUE, admin).configure(events=3600)
+    dueq.Queue(QUEUE, login("producer")).schedule_many([dueq.Task(n, id=f"e{n}") for n in range(3)])
+    for d in dueq.Queue(QUEUE, login("consumer")).claim(10):
+        d.ack()
+    options = {"queue": QUEUE, "redis_url": url(server, "operator"), "events": "earliest"}
+    reader = spark_events().events_stream_reader(options)  # XINFO STREAM, HGET, EXISTS, GET
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    rows = [row for part in reader.partitions(start, end) for row in reader.read(part)]  # XRANGE
+    assert sorted(row[2] for row in rows) == ["e0", "e1", "e2"]
+    assert refused(admin, "operator") == set()
+
+
 def test_the_operator_lists_shows_steers_tasks_and_reads_history(server, admin, login):
     producer = dueq.Queue(QUEUE, login("producer"))
     consumer = dueq.Queue(QUEUE, login("consumer"), holder="acl-worker")

@@ -53,6 +53,7 @@ PAGE_SETUP = {
 RUN_BY = {
     "docs/lag.md": "tests/test_lag.py",
     "docs/metrics-series.md": "tests/test_metrics_series.py",
+    "docs/spark-events.md": "tests/test_spark_events.py",
     "docs/worker-output.md": "tests/test_worker_output.py",
 }
 

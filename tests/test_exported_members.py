@@ -35,6 +35,7 @@ PUBLIC = {
     "DueqError",
     "ErrorRecord",
     "Event",
+    "EventsTrimmed",
     "InvalidTaskError",
     "KeyCooldown",
     "KeyLimit",

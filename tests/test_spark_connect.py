@@ -227,3 +227,32 @@ def test_foreach_batch_from_connect_fails_the_stream_with_the_configuration_erro
     with pytest.raises(StreamingQueryException, match="ConfigurationError: schedule_dataframe"):
         query.start().awaitTermination()
     assert r.zcard("dueq:{fb}:due") == 0
+
+
+def test_an_events_stream_from_connect_reads_each_outcome_once_and_resumes(
+    connect, r, redis_server, tmp_path
+):
+    q = dueq.Queue("cxev", r)
+    q.configure(events=3600)
+
+    def outcomes(prefix: str) -> None:
+        q.schedule_many(dueq.Task({"n": i}, id=f"{prefix}-{i}") for i in range(5))
+        for d in q.claim(limit=5):
+            d.ack()
+
+    def run() -> None:
+        events = connect.readStream.format("dueq").options(
+            queue="cxev", redis_url=redis_server.url, events="earliest", maxEventsPerTrigger="3"
+        )
+        writer = events.load().writeStream.format("parquet").option("path", str(tmp_path / "out"))
+        writer.option("checkpointLocation", str(tmp_path / "checkpoint"))
+        writer.trigger(availableNow=True).start().awaitTermination()
+
+    outcomes("a")
+    run()
+    outcomes("b")
+    run()
+    rows = connect.read.parquet(str(tmp_path / "out")).collect()
+    stream = [entry_id.decode() for entry_id, _ in r.xrange("dueq:{cxev}:events")]
+    assert sorted(row.event_id for row in rows) == stream
+    assert len(stream) == 10

@@ -106,6 +106,7 @@ try:
         DataSourceArrowWriter,
         DataSourceReader,
         DataSourceStreamArrowWriter,
+        DataSourceStreamReader,
         InputPartition,
         WriterCommitMessage,
     )
@@ -512,7 +513,9 @@ class DueqDataSource(DataSource):
     ``delay_col``, ``payload_cols`` (comma-separated), ``batch_size``, ``on_bad_row``,
     ``max_payload_bytes``, ``task`` (each row calls that named task, its columns the
     arguments), and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads
-    ``state`` (scheduled, leased or dead), ``page_size`` and ``partitions``.
+    ``state`` (scheduled, leased or dead), ``page_size`` and ``partitions``; for reads and
+    streams of outcome events ``events`` (where a new query starts), ``maxEventsPerTrigger``,
+    ``partitions``, ``page_size`` and ``failOnDataLoss`` (``dueq._spark_events``).
     """
 
     @classmethod
@@ -520,6 +523,10 @@ class DueqDataSource(DataSource):
         return "dueq"
 
     def schema(self) -> T.StructType:
+        if "events" in self.options:  # the events source needs pyspark >= 4.2: loaded on use
+            from ._spark_events import EVENTS_SCHEMA
+
+            return EVENTS_SCHEMA
         return _TASK_SCHEMA
 
     def writer(self, schema: T.StructType, overwrite: bool) -> _BatchWriter:
@@ -529,8 +536,25 @@ class DueqDataSource(DataSource):
         setup = _write_setup(self.options, schema)
         return _StreamWriter(setup, _queue_names(setup.plan.redis_url, setup.plan.queue))
 
-    def reader(self, schema: T.StructType) -> _Reader:
+    def reader(self, schema: T.StructType) -> DataSourceReader:
+        if "events" in self.options:
+            from ._spark_events import events_batch_reader
+
+            return events_batch_reader(self.options)
         return _Reader(self.options)
+
+    def streamReader(self, schema: T.StructType) -> DataSourceStreamReader:
+        """``spark.readStream``: the queue's outcome events (``dueq._spark_events``)."""
+        from ._spark_events import RefusedStreamReader, events_stream_reader
+
+        if "events" not in self.options:  # refused at the first call (see RefusedStreamReader)
+            return RefusedStreamReader(
+                ConfigurationError(
+                    "a dueq stream reads outcome events: give the option events (earliest, "
+                    "latest, or a time to start from)"
+                )
+            )
+        return events_stream_reader(self.options)
 
 
 def _queue_names(url: str, queue: str) -> list[str]:

@@ -141,11 +141,13 @@ PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     # ZSCAN: Spark's read of a queue; ZCARD + ZRANGE: the Spark data source's partitioned read;
     # TIME + ZRANGE + HGETALL: the worker registry (Queue.workers, dueq workers);
     # XREVRANGE: the latest outcome events (the dashboard's queue page, dueq events);
-    # HSCAN: q.batches / dueq batches.
+    # HSCAN: q.batches / dueq batches;
+    # XINFO STREAM + XRANGE (+ HGET, EXISTS): the Spark data source's read of outcome events.
     "operator": (
         *("scan", "exists", "zcard", "hget", "hgetall", "hmget", "time", "zscan", "zrange"),
         "xrevrange",
         "hscan",
+        *("xinfo|stream", "xrange"),
     ),
 }
 

@@ -352,10 +352,16 @@ def recreate_group(client: Any, spec: ReaderSpec) -> None:
 def latest_events(client: Any, queue: Any, count: int) -> list[Event]:
     """The newest ``count`` events of a plain queue, newest first (XREVRANGE on ``client``,
     the blocking one): what the CLI and the dashboard show."""
-    entries = _entry_list(client.xrevrange(check_plain(queue), count=count))
+    return range_events(client.xrevrange(check_plain(queue), count=count))
+
+
+def range_events(reply: Any) -> list[Event]:
+    """The events of an XRANGE / XREVRANGE reply, in its order (entries without fields, which
+    a range never returns, are left out): for readers that track stream ids themselves (the
+    CLI, the dashboard, Spark's events source)."""
     return [
         parse_event(Event, entry_id, fields, None, None)  # type: ignore[misc]
-        for entry_id, fields in entries
+        for entry_id, fields in _entry_list(reply)
         if fields is not None
     ]
 

@@ -122,6 +122,12 @@ class TaskCancelled(LeaseLost):
         super().__init__(message, ids, ids)
 
 
+class EventsTrimmed(DueqError):
+    """Outcome events a reader had not read yet were trimmed from the queue's events stream
+    (older than the queue's events retention): Spark's events source fails the micro-batch
+    with this unless its option ``failOnDataLoss`` is false (docs/spark-events.md)."""
+
+
 class ReplicationTimeout(DueqError):
     """A change was applied on the primary, but fewer replicas than ``Queue(wait_replicas=N)``
     confirmed it within ``wait_timeout``: a failover now could undo it. Scheduling again with
