@@ -1,0 +1,99 @@
+"""What a process pays before its first task: ``import dueq`` and ``dueq worker`` import only
+what a worker needs (docs/benchmarks.md, Start-up). Each check runs in a fresh interpreter and
+reads its ``sys.modules``; redis-py's own imports (it imports the OpenTelemetry SDK when that
+is installed) are taken first, so only what dueq adds is judged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+#: Modules of optional extras and of other tools: never imported by ``import dueq``.
+NOT_FOR_A_LIBRARY = (
+    "pyspark",
+    "starlette",
+    "uvicorn",
+    "prometheus_client",
+    "opentelemetry",
+    "reactivex.operators",
+    "croniter",
+    "rich",
+    "django",
+    "dueq.cli",
+    "dueq.dashboard",
+    "dueq.metrics",
+    "dueq.spark",
+    "dueq.django",
+)
+
+#: What ``dueq worker`` does not need besides: other commands' modules and their libraries.
+NOT_FOR_A_WORKER = (
+    *(m for m in NOT_FOR_A_LIBRARY if not m.startswith("dueq.cli")),
+    "dueq.cli.demo",
+    "dueq.cli.top",
+    "dueq.cli.cron",
+    "dueq.cli.schedule",
+    "dueq.cli.task_input",
+    "dueq.cli.dashboard",
+    "dueq.cli.stats",
+    "dueq.cli.bars",
+)
+
+
+def added_modules(code: str) -> list[str]:
+    """The modules ``code`` imports in a fresh interpreter beyond those of ``import redis``."""
+    probe = (
+        "import json, sys, redis, redis.asyncio\n"
+        "before = set(sys.modules)\n"
+        f"{code}\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    added: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return added
+
+
+def offenders(added: list[str], banned: tuple[str, ...]) -> list[str]:
+    return [m for m in added if any(m == b or m.startswith(b + ".") for b in banned)]
+
+
+def test_import_dueq_imports_no_extra_tool_or_cron_parser():
+    added = added_modules("import dueq")
+    assert "dueq.queue" in added  # the probe saw dueq's own imports
+    assert offenders(added, NOT_FOR_A_LIBRARY) == []
+
+
+def test_dueq_worker_command_imports_only_the_worker_command():
+    added = added_modules(
+        "from dueq.cli import cli\nimport click\ncli.get_command(click.Context(cli), 'worker')"
+    )
+    assert "dueq.cli.worker" in added
+    assert offenders(added, NOT_FOR_A_WORKER) == []
+
+
+@pytest.mark.parametrize("name", ["cron", "demo", "top"])
+def test_other_commands_still_load_when_named(name: str):
+    added = added_modules(
+        f"from dueq.cli import cli\nimport click\ncli.get_command(click.Context(cli), {name!r})"
+    )
+    assert f"dueq.cli.{name}" in added
+
+
+def test_a_cron_expression_is_still_parsed_after_the_lazy_import():
+    added = added_modules(
+        "from dueq.cronexpr import CronSchedule\n"
+        "assert CronSchedule('*/5 * * * *', 'Europe/Berlin').next_after(0) == 300_000"
+    )
+    assert "croniter" in added
