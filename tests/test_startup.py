@@ -1,7 +1,8 @@
-"""What a process pays before its first task: ``import dueq`` and ``dueq worker`` import only
-what a worker needs (docs/benchmarks.md, Start-up). Each check runs in a fresh interpreter and
-reads its ``sys.modules``; redis-py's own imports (it imports the OpenTelemetry SDK when that
-is installed) are taken first, so only what dueq adds is judged.
+"""What a process pays before its first task (docs/benchmarks.md, Start-up): ``import dueq``
+and ``dueq worker`` import only what a worker needs, and a queue reads and hashes only the Lua
+scripts it runs. The import checks run in a fresh interpreter and read its ``sys.modules``;
+redis-py's own imports (it imports the OpenTelemetry SDK when that is installed) are taken
+first, so only what dueq adds is judged.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from dueq.scripts import script_source
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -97,3 +100,15 @@ def test_a_cron_expression_is_still_parsed_after_the_lazy_import():
         "assert CronSchedule('*/5 * * * *', 'Europe/Berlin').next_after(0) == 300_000"
     )
     assert "croniter" in added
+
+
+def test_a_queue_reads_only_the_scripts_it_runs(make_queue, front_end):
+    script_source.cache_clear()
+    q = make_queue("lazy-scripts", clock=None)
+    assert script_source.cache_info().currsize == 0  # making a queue reads no Lua file
+    q.schedule({"n": 1}, id="t1")
+    claimed = q.claim(limit=10)
+    assert [d.id for d in claimed] == ["t1"]
+    assert q.ack_many(claimed) == 1
+    assert script_source.cache_info().currsize == 3  # schedule, claim, ack
+    assert q.get("t1") is None
