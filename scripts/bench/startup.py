@@ -5,8 +5,10 @@ Starts its own throwaway redis-server (``dueq.server.RedisServer``, free loopbac
 each run the server is emptied and one task due now is scheduled; then a process is spawned
 and its handler, at the first task, writes ``time.time()`` to a file. The figure is that time
 minus ``time.time()`` just before ``Popen`` (spawn, interpreter start, imports, connecting,
-the worker's checks and its first claim). Cases, run in rounds (one run of each per round, so
-a noisy moment hits every case alike):
+the worker's checks and its first claim). Beside it, the CPU seconds the process had used by
+then (``time.process_time()`` in the handler, every thread): on a shared, busy machine the
+wall figure swings with the load, the CPU figure much less. Cases, run in rounds (one run of
+each per round, so a noisy moment hits every case alike):
 
 1. pass       ``python -c`` writing the time at once: the interpreter's own start, the floor
 2. redis      ``python -c "import redis"`` then the time: the floor of anything on redis-py
@@ -63,9 +65,9 @@ import time
 
 
 def handle(d):
-    stamp = time.time()
+    stamp, cpu = time.time(), time.process_time()
     with open(os.environ["BENCH_OUT"], "a") as out:
-        out.write(f"{stamp!r}\\n")
+        out.write(f"{stamp!r} {cpu!r}\\n")
 
 
 async def ahandle(d):
@@ -76,7 +78,7 @@ FLOOR = """
 import os, time
 {imports}
 with open(os.environ["BENCH_OUT"], "a") as out:
-    out.write(f"{{time.time()!r}}\\n")
+    out.write(f"{{time.time()!r}} {{time.process_time()!r}}\\n")
 """
 
 SCRIPT = """
@@ -117,13 +119,17 @@ def commands(tmp: Path) -> dict[str, list[str]]:
     }
 
 
-def first_stamp(out: Path) -> float | None:
+def first_stamp(out: Path) -> tuple[float, float] | None:
+    """(wall time, the process's CPU seconds) the first handled task wrote, if it did."""
     try:
         text = out.read_text()
     except FileNotFoundError:
         return None
     line = text.split("\n", 1)[0]
-    return float(line) if text.endswith("\n") and line else None
+    if not text.endswith("\n") or not line:
+        return None
+    wall, cpu = line.split()
+    return float(wall), float(cpu)
 
 
 def stop(child: subprocess.Popen[bytes]) -> str:
@@ -140,9 +146,10 @@ def stop(child: subprocess.Popen[bytes]) -> str:
 
 def run_once(
     command: list[str], env: dict[str, str], out: Path, q: dueq.Queue, timeout_s: float
-) -> float:
+) -> tuple[float, float]:
     """Seconds from just before spawning ``command`` to the time its handler (or floor
-    script) wrote; one task due now is waiting in the queue."""
+    script) wrote, and the CPU seconds the process had used by then (all its threads: the
+    figure a busy machine disturbs least); one task due now is waiting in the queue."""
     q.redis.flushall()
     q.schedule({"n": 1})
     out.unlink(missing_ok=True)
@@ -157,7 +164,7 @@ def run_once(
             time.sleep(POLL_S)
     finally:
         stop(child)
-    return stamp - began
+    return stamp[0] - began, stamp[1]
 
 
 def import_profile(
@@ -208,6 +215,7 @@ def main() -> None:
     chosen = [c.strip() for c in args.cases.split(",") if c.strip()]
     figures: dict[str, Any] = {"runs": args.runs, "python": platform.python_version()}
     times: dict[str, list[float]] = {c: [] for c in chosen}
+    cpus: dict[str, list[float]] = {c: [] for c in chosen}
     with tempfile.TemporaryDirectory(prefix="dueq-startup-") as tmp, RedisServer() as server:
         folder = Path(tmp)
         (folder / "startup_handler.py").write_text(textwrap.dedent(HANDLER))
@@ -236,7 +244,9 @@ def main() -> None:
         for round_ in range(args.runs):
             log(f"round {round_ + 1} of {args.runs} ...")
             for case in chosen:
-                times[case].append(run_once(everything[case], env, out, q, args.timeout))
+                wall, cpu = run_once(everything[case], env, out, q, args.timeout)
+                times[case].append(wall)
+                cpus[case].append(cpu)
         if args.importtime:
             log("cli under -X importtime ...")
             figures["importtime"] = import_profile(everything["cli"], env, out, q, args.importtime)
@@ -244,10 +254,20 @@ def main() -> None:
     rows: list[tuple[str, str, str, str]] = []
     for case in chosen:
         best, median = min(times[case]), statistics.median(times[case])
-        figures[case] = {"best_s": best, "median_s": median, "all_s": times[case]}
+        cpu_best, cpu_median = min(cpus[case]), statistics.median(cpus[case])
+        figures[case] = {
+            "best_s": best,
+            "median_s": median,
+            "all_s": times[case],
+            "cpu_best_s": cpu_best,
+            "cpu_median_s": cpu_median,
+        }
         target = f"<= {TARGET_S}" if case == "cli" else ""
         detail = " ".join(f"{t:.3f}" for t in times[case])
         rows.append((case, f"best {best:.3f} s, median {median:.3f} s", detail, target))
+        rows.append(
+            ("  CPU", f"best {cpu_best:.3f} s, median {cpu_median:.3f} s", "process CPU", "")
+        )
     if "importtime" in figures:
         profile = figures["importtime"]
         rows.append(("imports", f"{profile['total_ms']:.0f} ms", "cli, all modules", ""))
