@@ -7,6 +7,7 @@ first, so only what dueq adds is judged.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,7 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis.utils
 
+import dueq
 from dueq.scripts import script_source
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -112,3 +115,49 @@ def test_a_queue_reads_only_the_scripts_it_runs(make_queue, front_end):
     assert q.ack_many(claimed) == 1
     assert script_source.cache_info().currsize == 3  # schedule, claim, ack
     assert q.get("t1") is None
+
+
+def test_a_client_made_from_a_url_reads_the_redis_py_version_once(
+    redis_server, front_end, monkeypatch
+):
+    """redis-py 7+ resolves the CLIENT SETINFO name and version per connection of a pool made
+    by ``from_url`` (reading the package metadata each time, milliseconds of CPU); a worker
+    opens several before its first task. The clients dueq makes resolve it once."""
+    if not hasattr(redis.utils, "get_lib_version"):
+        pytest.skip("this redis-py has no driver info to resolve")
+    calls: list[int] = []
+    real = redis.utils.get_lib_version
+    monkeypatch.setattr(redis.utils, "get_lib_version", lambda: calls.append(1) or real())
+    name = f"version-once-{front_end}"
+    if front_end == "sync":
+        q = dueq.Queue.from_url(redis_server.url, name)
+        held = [q.redis.connection_pool.get_connection() for _ in range(3)]
+        for conn in held:
+            conn.send_command("PING")
+            assert conn.read_response() in (b"PONG", "PONG", True)
+        listed = q.redis.client_list()
+        for conn in held:
+            q.redis.connection_pool.release(conn)
+        q.close()
+    else:
+
+        async def use() -> list[dict[str, str]]:
+            aq = dueq.AsyncQueue.from_url(redis_server.url, name)
+            pool = aq.redis.connection_pool
+            conns = [await pool.get_connection() for _ in range(3)]
+            for conn in conns:
+                await conn.send_command("PING")
+                assert await conn.read_response() in (b"PONG", "PONG", True)
+            found: list[dict[str, str]] = await aq.redis.client_list()
+            for conn in conns:
+                await pool.release(conn)
+            await aq.aclose()
+            return found
+
+        listed = asyncio.run(use())
+    assert len(calls) <= 1
+    assert len(listed) >= 3
+    if any("lib-name" in c for c in listed):  # Redis 7.2+ keeps what CLIENT SETINFO sent
+        ours = [c for c in listed if c["lib-name"] == "redis-py"]
+        assert len(ours) >= 3
+        assert {c["lib-ver"] for c in ours} == {redis.__version__}
