@@ -23,7 +23,7 @@ def test_scripts_recover_after_script_flush(make_queue, r, admin):
     q = make_queue()
     q.schedule("before")
     admin.script_flush()
-    assert r.script_exists(script_runner(q)._scripts["claim"].sha) == [False]
+    assert r.script_exists(script_runner(q).script("claim").sha) == [False]
     [d] = q.claim()
     d.ack()
     admin.script_flush()

@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 try:
     from opentelemetry import context as otel_context
     from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the otel extra is not installed: tracing is off
     trace = None  # type: ignore[assignment]
 
@@ -170,6 +169,9 @@ def _link(stored: TraceContext | None) -> list[Any]:
     """The link to a stored creation context ([] when there is none, or it is not valid)."""
     if stored is None:
         return []
+    # imported here, once a tracer is set: a worker that traces nothing never needs it
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
     span_context = trace.get_current_span(
         TraceContextTextMapPropagator().extract(stored.headers())
     ).get_span_context()

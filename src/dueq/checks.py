@@ -67,6 +67,23 @@ def validate_holder(holder: object) -> str:
     return holder
 
 
+def with_driver_info(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` for redis-py's ``from_url`` with its ``driver_info`` (the name and version
+    CLIENT SETINFO sends) resolved once, unless the caller gave it or ``lib_name``/
+    ``lib_version``. Without it redis-py 7+ resolves it for every connection its pool opens,
+    reading the installed package's metadata each time: milliseconds of CPU per connection,
+    and a worker opens three or four before its first task. The values sent are the same."""
+    found = dict(options)
+    if {"driver_info", "lib_name", "lib_version"} & found.keys():
+        return found
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:  # redis-py before 7 takes no driver_info (and resolves nothing)
+        return found
+    found["driver_info"] = DriverInfo()
+    return found
+
+
 def client_from_url(
     from_url: Callable[..., T], url: object, client_options: Mapping[str, Any] | None
 ) -> T:
@@ -76,6 +93,6 @@ def client_from_url(
     if not isinstance(url, str):
         raise ConfigurationError(f"the Redis URL must be a str, got {type(url).__name__}")
     try:
-        return from_url(url, **dict(client_options or {}))
+        return from_url(url, **with_driver_info(client_options or {}))
     except ValueError as exc:  # redis-py's word for a URL it cannot read
         raise ConfigurationError(f"cannot use the Redis URL: {exc}") from exc

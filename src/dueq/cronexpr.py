@@ -19,12 +19,15 @@ import functools
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Protocol
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from croniter import CroniterError, croniter
+from typing import TYPE_CHECKING, Protocol
 
 from .exceptions import CronError
+
+if TYPE_CHECKING:  # croniter and zoneinfo are imported on first use: a worker of a queue
+    # without cron never needs them (docs/benchmarks.md, Start-up)
+    from zoneinfo import ZoneInfo
+
+    from croniter import croniter
 
 #: Aliases accepted besides 5-field expressions.
 ALIASES = {
@@ -57,6 +60,8 @@ def normalize_expression(expr: object) -> str:
             f"cron expression {expr!r} must have 5 fields (minute hour day month weekday), "
             "or 6 with seconds first"
         )
+    from croniter import CroniterError
+
     try:
         _walker(text, datetime(2000, 1, 1))
     except (CroniterError, ValueError, TypeError, KeyError) as exc:
@@ -66,6 +71,8 @@ def normalize_expression(expr: object) -> str:
 
 def _walker(fields: str, start: datetime) -> croniter:
     """croniter over naive wall times; a 6th field is seconds, first (as BullMQ and Quartz)."""
+    from croniter import croniter
+
     return croniter(fields, start, second_at_beginning=len(fields.split(" ")) == 6)
 
 
@@ -73,6 +80,8 @@ def load_zone(tz: object) -> ZoneInfo:
     """The IANA zone named ``tz``; CronError if there is no such zone."""
     if not isinstance(tz, str) or not tz:
         raise CronError(f"tz must be an IANA zone name such as 'Europe/Berlin', got {tz!r}")
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
@@ -141,6 +150,8 @@ class CronSchedule:
 
     def _search(self, start: datetime, *, forwards: bool, accept: Callable[[int], bool]) -> int:
         """The first wall-clock slot from ``start`` whose instant ``accept`` takes."""
+        from croniter import CroniterError
+
         walker: croniter | None = getattr(self._walkers, "walker", None)
         if walker is None:
             walker = self._walkers.walker = _walker(self._fields, start)

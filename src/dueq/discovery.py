@@ -23,7 +23,7 @@ import redis
 
 from ._async import AsyncQueue
 from ._shard_layout import MAX_SHARDS, shard_names
-from .checks import whole_number
+from .checks import whole_number, with_driver_info
 from .exceptions import ConfigurationError, DueqError
 from .keys import PREFIX, QueueKeys, layout_key, validate_queue_name
 from .queue import Queue
@@ -79,7 +79,7 @@ def client_for_url(url: str, **options: Any) -> Any:
     node_url = cluster_node_url(url)
     if node_url is not None:
         return RedisCluster.from_url(node_url, **options)
-    return redis.Redis.from_url(url, **options)
+    return redis.Redis.from_url(url, **with_driver_info(options))
 
 
 def queue_of_key(key: bytes | str) -> str | None:

@@ -16,10 +16,9 @@ jittered backoff (for ``wait``) or ``max_attempts`` alone (for ``stop``) decides
 
 from __future__ import annotations
 
-import decimal
 import logging
 import math
-import numbers
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -160,10 +159,22 @@ class RetryPolicy:
 _FALLBACK_WAIT = default_wait()
 
 
+def _is_number(value: object) -> bool:
+    """A real number: int, float, or (without importing ``numbers`` and ``decimal`` for every
+    worker) a ``numbers.Real`` or ``Decimal``, which can exist only once their module is
+    imported."""
+    if isinstance(value, (int, float)):
+        return True
+    numbers, decimal = sys.modules.get("numbers"), sys.modules.get("decimal")
+    return (numbers is not None and isinstance(value, numbers.Real)) or (
+        decimal is not None and isinstance(value, decimal.Decimal)
+    )
+
+
 def _seconds(value: object) -> float:
     """A wait strategy's answer as seconds from 0 to MAX_DELAY_S; ValueError if it is not a
     number (NaN, str, None, bool, complex)."""
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
+    if isinstance(value, bool) or not _is_number(value):
         raise ValueError(f"the wait is {value!r:.60}, not a number of seconds")
     number: Any = value
     try:

@@ -13,27 +13,14 @@ The top-level help lists the commands in groups (``SECTIONS``), each with a one-
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, MutableMapping
+
 import click
 
 from .._version import __version__
-from .acl import acl
-from .batches import batches
-from .configure import configure, pause, resume
 from .connection import ENV_URL, url_secrets
-from .cron import cron
-from .dashboard import dashboard
-from .dead import dead
-from .demo import demo
-from .doctor import doctor
 from .errors import DueqGroup, Settings
-from .events import events
-from .metrics import metrics
-from .schedule import schedule
-from .stats import stats
-from .tasks import cancel, list_tasks, reschedule, run_now, show
-from .top import top
-from .worker import worker
-from .workers import workers
 
 __all__ = ["SECTIONS", "SUMMARIES", "cli", "main"]
 
@@ -85,6 +72,72 @@ SUMMARIES = {
     "metrics": "Serve Prometheus metrics of the queues until Ctrl-C.",
     "demo": "Watch dueq run a few hundred tasks (start here).",
 }
+
+
+#: Where each command is defined: (module under ``dueq.cli``, attribute). A command's module is
+#: imported when the command is first looked up, so ``dueq worker`` starts without importing
+#: the dashboard, the demo, rich tables or croniter's parser (docs/benchmarks.md, Start-up).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "schedule": ("schedule", "schedule"),
+    "cron": ("cron", "cron"),
+    "worker": ("worker", "worker"),
+    "workers": ("workers", "workers"),
+    "stats": ("stats", "stats"),
+    "top": ("top", "top"),
+    "list": ("tasks", "list_tasks"),
+    "show": ("tasks", "show"),
+    "dead": ("dead", "dead"),
+    "doctor": ("doctor", "doctor"),
+    "pause": ("configure", "pause"),
+    "resume": ("configure", "resume"),
+    "configure": ("configure", "configure"),
+    "cancel": ("tasks", "cancel"),
+    "reschedule": ("tasks", "reschedule"),
+    "run-now": ("tasks", "run_now"),
+    "acl": ("acl", "acl"),
+    "dashboard": ("dashboard", "dashboard"),
+    "metrics": ("metrics", "metrics"),
+    "demo": ("demo", "demo"),
+    "events": ("events", "events"),
+    "batches": ("batches", "batches"),
+}
+
+
+class LazyCommands(MutableMapping[str, click.Command]):
+    """The ``dueq`` group's commands by name: each is imported from ``COMMANDS`` (and given
+    its summary and ``--debug``, ``_finish``) the first time it is looked up. Listing the
+    names imports nothing."""
+
+    def __init__(self, where: dict[str, tuple[str, str]]) -> None:
+        self._where = dict(where)
+        self._loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        loaded = self._loaded.get(name)
+        if loaded is not None:
+            return loaded
+        module, attribute = self._where[name]  # KeyError: no such command
+        command = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"dueq.cli.{module}.{attribute} is not a click command")
+        _finish(command, name)
+        self._loaded[name] = command
+        return command
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        found = self._where.pop(name, None) is not None
+        if self._loaded.pop(name, None) is None and not found:
+            raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._where
+        yield from (name for name in self._loaded if name not in self._where)
+
+    def __len__(self) -> int:
+        return len(self._where.keys() | self._loaded.keys())
 
 
 class DueqCli(DueqGroup):
@@ -145,33 +198,7 @@ def _finish(command: click.Command, path: str) -> None:
         )
 
 
-for command in (
-    schedule,
-    cron,
-    worker,
-    workers,
-    stats,
-    top,
-    list_tasks,
-    show,
-    dead,
-    doctor,
-    pause,
-    resume,
-    configure,
-    cancel,
-    reschedule,
-    run_now,
-    acl,
-    dashboard,
-    metrics,
-    demo,
-    events,
-    batches,
-):
-    cli.add_command(command)
-for name, command in cli.commands.items():
-    _finish(command, name)
+cli.commands = LazyCommands(COMMANDS)
 
 
 def main() -> None:

@@ -15,10 +15,12 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from functools import cache
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
+if TYPE_CHECKING:  # rich is imported where a table or a bar is drawn: dueq worker needs none
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
 
 #: Width of tables when stdout is not a terminal (rich would otherwise assume 80 columns).
 PIPE_WIDTH = 160
@@ -51,6 +53,8 @@ def console() -> Console:
 
     Markup and emoji codes are off: queue names, ids and errors are shown as they are.
     """
+    from rich.console import Console
+
     out = Console(highlight=False, markup=False, emoji=False)
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out = Console(highlight=False, markup=False, emoji=False, width=PIPE_WIDTH)
@@ -59,6 +63,8 @@ def console() -> Console:
 
 def titled_table(title: str, columns: Sequence[str], right: Collection[str] = ()) -> Table:
     """A table with a left-aligned title; the columns named in ``right`` align right."""
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left")
     for column in columns:
         table.add_column(column, justify="right" if column in right else "left")
@@ -105,6 +111,14 @@ def steps(out: Console, total: int, description: str) -> Iterator[Steps]:
     if not out.is_terminal:
         yield Steps(None, total, description)
         return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

@@ -1,0 +1,163 @@
+"""What a process pays before its first task (docs/benchmarks.md, Start-up): ``import dueq``
+and ``dueq worker`` import only what a worker needs, and a queue reads and hashes only the Lua
+scripts it runs. The import checks run in a fresh interpreter and read its ``sys.modules``;
+redis-py's own imports (it imports the OpenTelemetry SDK when that is installed) are taken
+first, so only what dueq adds is judged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis.utils
+
+import dueq
+from dueq.scripts import script_source
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+#: Modules of optional extras and of other tools: never imported by ``import dueq``.
+NOT_FOR_A_LIBRARY = (
+    "pyspark",
+    "starlette",
+    "uvicorn",
+    "prometheus_client",
+    "opentelemetry",
+    "reactivex.operators",
+    "croniter",
+    "rich",
+    "django",
+    "dueq.cli",
+    "dueq.dashboard",
+    "dueq.metrics",
+    "dueq.spark",
+    "dueq.django",
+)
+
+#: What ``dueq worker`` does not need besides: other commands' modules and their libraries.
+NOT_FOR_A_WORKER = (
+    *(m for m in NOT_FOR_A_LIBRARY if not m.startswith("dueq.cli")),
+    "dueq.cli.demo",
+    "dueq.cli.top",
+    "dueq.cli.cron",
+    "dueq.cli.schedule",
+    "dueq.cli.task_input",
+    "dueq.cli.dashboard",
+    "dueq.cli.stats",
+    "dueq.cli.bars",
+)
+
+
+def added_modules(code: str) -> list[str]:
+    """The modules ``code`` imports in a fresh interpreter beyond those of ``import redis``."""
+    probe = (
+        "import json, sys, redis, redis.asyncio\n"
+        "before = set(sys.modules)\n"
+        f"{code}\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    added: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return added
+
+
+def offenders(added: list[str], banned: tuple[str, ...]) -> list[str]:
+    return [m for m in added if any(m == b or m.startswith(b + ".") for b in banned)]
+
+
+def test_import_dueq_imports_no_extra_tool_or_cron_parser():
+    added = added_modules("import dueq")
+    assert "dueq.queue" in added  # the probe saw dueq's own imports
+    assert offenders(added, NOT_FOR_A_LIBRARY) == []
+
+
+def test_dueq_worker_command_imports_only_the_worker_command():
+    added = added_modules(
+        "from dueq.cli import cli\nimport click\ncli.get_command(click.Context(cli), 'worker')"
+    )
+    assert "dueq.cli.worker" in added
+    assert offenders(added, NOT_FOR_A_WORKER) == []
+
+
+@pytest.mark.parametrize("name", ["cron", "demo", "top"])
+def test_other_commands_still_load_when_named(name: str):
+    added = added_modules(
+        f"from dueq.cli import cli\nimport click\ncli.get_command(click.Context(cli), {name!r})"
+    )
+    assert f"dueq.cli.{name}" in added
+
+
+def test_a_cron_expression_is_still_parsed_after_the_lazy_import():
+    added = added_modules(
+        "from dueq.cronexpr import CronSchedule\n"
+        "assert CronSchedule('*/5 * * * *', 'Europe/Berlin').next_after(0) == 300_000"
+    )
+    assert "croniter" in added
+
+
+def test_a_queue_reads_only_the_scripts_it_runs(make_queue, front_end):
+    script_source.cache_clear()
+    q = make_queue("lazy-scripts", clock=None)
+    assert script_source.cache_info().currsize == 0  # making a queue reads no Lua file
+    q.schedule({"n": 1}, id="t1")
+    claimed = q.claim(limit=10)
+    assert [d.id for d in claimed] == ["t1"]
+    assert q.ack_many(claimed) == 1
+    assert script_source.cache_info().currsize == 3  # schedule, claim, ack
+    assert q.get("t1") is None
+
+
+def test_a_client_made_from_a_url_reads_the_redis_py_version_once(
+    redis_server, front_end, monkeypatch
+):
+    """redis-py 7+ resolves the CLIENT SETINFO name and version per connection of a pool made
+    by ``from_url`` (reading the package metadata each time, milliseconds of CPU); a worker
+    opens several before its first task. The clients dueq makes resolve it once."""
+    if not hasattr(redis.utils, "get_lib_version"):
+        pytest.skip("this redis-py has no driver info to resolve")
+    calls: list[int] = []
+    real = redis.utils.get_lib_version
+    monkeypatch.setattr(redis.utils, "get_lib_version", lambda: calls.append(1) or real())
+    name = f"version-once-{front_end}"
+    if front_end == "sync":
+        q = dueq.Queue.from_url(redis_server.url, name)
+        held = [q.redis.connection_pool.get_connection() for _ in range(3)]
+        for conn in held:
+            conn.send_command("PING")
+            assert conn.read_response() in (b"PONG", "PONG", True)
+        listed = q.redis.client_list()
+        for conn in held:
+            q.redis.connection_pool.release(conn)
+        q.close()
+    else:
+
+        async def use() -> list[dict[str, str]]:
+            aq = dueq.AsyncQueue.from_url(redis_server.url, name)
+            pool = aq.redis.connection_pool
+            conns = [await pool.get_connection() for _ in range(3)]
+            for conn in conns:
+                await conn.send_command("PING")
+                assert await conn.read_response() in (b"PONG", "PONG", True)
+            found: list[dict[str, str]] = await aq.redis.client_list()
+            for conn in conns:
+                await pool.release(conn)
+            await aq.aclose()
+            return found
+
+        listed = asyncio.run(use())
+    assert len(calls) <= 1
+    assert len(listed) >= 3
+    if any("lib-name" in c for c in listed):  # Redis 7.2+ keeps what CLIENT SETINFO sent
+        ours = [c for c in listed if c["lib-name"] == "redis-py"]
+        assert len(ours) >= 3
+        assert {c["lib-ver"] for c in ours} == {redis.__version__}
