@@ -162,6 +162,40 @@ def test_an_expired_lease_cannot_ack_even_before_anyone_reclaims_it(make_queue, 
     assert caught.value.ids == ["a"]
 
 
+def test_ack_many_judges_each_lease_when_one_of_them_ran_out(make_queue, clock):
+    # ack.lua reads no deadline while every lease in the queue is live (the earliest one is
+    # after now); once one ran out it reads each: the run-out one is lost, the rest acked
+    q = make_queue(lease=10)
+    q.schedule("x", id="old")
+    [old] = q.claim()
+    clock.advance(6)
+    q.schedule("y", id="new")
+    [new] = q.claim()
+    clock.advance(5)  # old ran out 1 s ago, not reclaimed; new has 5 s left
+    with pytest.raises(dueq.LeaseLost) as caught:
+        q.ack_many([old, new])
+    assert caught.value.ids == ["old"]
+    assert q.get("new") is None
+    assert q.get("old").state == "leased"
+
+
+def test_an_ack_with_a_token_that_no_longer_leases_is_lost_while_other_leases_are_live(
+    make_queue, clock
+):
+    q = make_queue(lease=10, retry=dueq.RetryPolicy(max_attempts=5, wait=lambda s: 0))
+    q.schedule_many(dueq.Task(i, id=f"t{i}") for i in range(3))
+    first = {d.id: d for d in q.claim(limit=3)}
+    first["t0"].fail(ValueError("again"))  # back to due: its meta keeps no token
+    first["t1"].release()
+    [again] = q.claim(limit=1)  # t0 or t1 leased again, under a new token
+    for stale in ("t0", "t1"):
+        with pytest.raises(dueq.LeaseLost):
+            first[stale].ack()
+    first["t2"].ack()
+    again.ack()
+    assert q.get(again.id) is None and q.get("t2") is None
+
+
 def test_extend_keeps_the_lease_past_its_first_deadline(make_queue, clock):
     q = make_queue(lease=10)
     q.schedule("x", id="a")

@@ -46,6 +46,22 @@ local function meta_parse(v)
   return attempt, t, d, f, true, key
 end
 
+-- The token and key of a meta value, as meta_parse reads them ('' and nil when it is
+-- unreadable), without making strings of the parts a lease check does not need.
+local function meta_token(v)
+  if not v then return '', nil end
+  local a, t, d, d_end, f, rest = string.match(v, '^(%d+)|([^|]*)|()%d*()|()%d*()')
+  local attempt = tonumber(a)
+  if not attempt or attempt > MAX_ATTEMPT or d_end - d > 16 or rest - f > 16 then
+    return '', nil
+  end
+  if rest <= #v then  -- "|<key>", the key not empty
+    if rest == #v or string.byte(v, rest) ~= 124 then return '', nil end
+    return t, string.sub(v, rest + 1)
+  end
+  return t, nil
+end
+
 -- Statistics (the stats hash's counters other than lease_seq, the per-minute history) are
 -- never worth stopping a script for: a statistics key that holds another type than a hash
 -- (written by something other than dueq) is left alone, logged once per script call, and its
@@ -371,8 +387,10 @@ end
 -- Pairs are told apart by id, and by "id|token" only for an id sent under two tokens.
 local function leases_unpack(blob)
   local ids, tokens, by_id, by_pair, positions = {}, {}, {}, nil, {}
-  local n, k = 0, 0
-  for id, token in pairs_unpack(blob) do
+  local n, k, pos, size, unpack_pair = 0, 0, 1, #blob, struct.unpack
+  while pos <= size do  -- pairs_unpack, inlined: an iterator call per pair costs more
+    local id, token
+    id, token, pos = unpack_pair('>Hc0Hc0', blob, pos)
     local at = by_id[id]
     if at == nil then
       n = n + 1
@@ -399,14 +417,22 @@ end
 local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   local held, verdicts, keys = {}, {}, {}
   if #ids == 0 then return held, verdicts, keys end
-  local deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
+  -- When the earliest deadline in leased is after now, every lease is live, and a meta value
+  -- whose token matches is a lease (only claim.lua writes a token into meta; whatever ends a
+  -- lease clears the token or deletes the value): no deadline needs reading. Otherwise each
+  -- one is read (ZMSCORE, whose reply formats a score per id: most of a lease check's cost).
+  local deadlines = nil
+  local earliest = redis.call('ZRANGE', k_leased, 0, 0, 'WITHSCORES')[2]
+  if not earliest or tonumber(earliest) <= now then
+    deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
+  end
   local metas = redis.call('HMGET', k_meta, unpack(ids))
   -- whether a deadline (its text) is after now, read once per distinct text: the leases of
   -- one claim share their deadline, and tonumber's strtod costs more than the rest of a check
   local live = {}
   for i, id in ipairs(ids) do
-    local _, token, _, _, _, key = meta_parse(metas[i])
-    local deadline, after = deadlines[i], false
+    local token, key = meta_token(metas[i])
+    local deadline, after = deadlines and deadlines[i], deadlines == nil
     if deadline then
       after = live[deadline]
       if after == nil then
@@ -434,8 +460,10 @@ local function lease_verdict(k_leased, k_meta, k_cancelled, id, token, now)
   return 'l'
 end
 
--- One character per pair as given: its lease's verdict ('h', 'c' or 'l').
-local function verdict_string(verdicts, positions)
+-- One character per pair as given: its lease's verdict ('h', 'c' or 'l'). `n_held` is the
+-- number of distinct leases held: when all are, every pair's verdict is 'h'.
+local function verdict_string(verdicts, positions, n_held)
+  if n_held and n_held == #verdicts then return string.rep('h', #positions) end
   local out = {}
   for k, at in ipairs(positions) do out[k] = verdicts[at] end
   return table.concat(out)
@@ -1326,6 +1354,7 @@ end
 function links.batch_settle(bk, ids, outcome, now)
   if #ids == 0 then return end
   local k_of, k_batches = bk.of, bk.batches
+  if redis.call('EXISTS', k_of) == 0 then return end  -- no open batch has a member
   local of = hmget_chunked(k_of, ids)
   local members, touched, order = {}, {}, {}
   local slot = links.BATCH_OUTCOMES[outcome]

@@ -128,4 +128,4 @@ end
 results_trim(KEYS[15], KEYS[16], now, keep_ms, #done)
 if keep_ms > 0 then publish_ended(KEYS[17], done) end
 outcome_events.flush(KEYS[20], settings.events_ms, now, ARGV[1])
-return {#done, verdict_string(verdicts, positions), keep_ms}
+return {#done, verdict_string(verdicts, positions, #done), keep_ms}
