@@ -138,19 +138,21 @@ async def _claims(
     try:
         while not stopping():
             poke.clear()
+            sent_s = loop.time()
             try:
-                batch = await queue.claim_batch(rules.to_claim(loop.time()))
+                batch = await queue.claim_batch(rules.to_claim(sent_s))
             except Exception as exc:  # the rules decide: an outage's backoff, or the end
                 backoff_ms = rules.failed(exc)
                 if backoff_ms is None:
                     raise
                 await asyncio.sleep(backoff_ms / 1000)
                 continue
-            wait_ms = rules.claimed(batch, settled)
+            next_s = rules.next_claim_s(sent_s, loop.time(), rules.claimed(batch, settled))
             if batch.deliveries:
-                yield batch.deliveries
-            if wait_ms > 0 and not poke.is_set():
-                await wait_event(poke, wait_ms / 1000)
+                yield batch.deliveries  # (the caller's time with them counts in the wait)
+            wait_s = next_s - loop.time()
+            if wait_s > 0 and not poke.is_set():
+                await wait_event(poke, wait_s)
     finally:
         if listener is not None:  # bounded: releases must come before the leases run out
             listener.cancel()

@@ -30,6 +30,9 @@ logger = logging.getLogger("dueq.observe")
 
 #: Most deliveries one claim call asks for (the claim script leases at most 1,000).
 MAX_CLAIM = 1000
+#: Share of a claim's round trip added to the wait counted from when it was sent (see
+#: ``ClaimRules.next_claim_s``).
+ARRIVAL_SHARE = 0.25
 
 
 class ClaimRules(Generic[D]):
@@ -72,6 +75,24 @@ class ClaimRules(Generic[D]):
         if self._starved:
             return self.heartbeat_ms
         return batch.sleep_ms(self.heartbeat_ms)
+
+    @staticmethod
+    def next_claim_s(sent_s: float, replied_s: float, wait_ms: float) -> float:
+        """When to claim next, on the driver's clock: ``wait_ms`` (from ``claimed``) counted
+        from when the claim was sent (``sent_s``), plus ``ARRIVAL_SHARE`` of its round trip.
+
+        The wait is until the next due time as of the moment Redis read its clock, somewhere
+        in the round trip; counted from the reply, the next claim reached Redis that much
+        after the due time (a median 0.5 ms of lag per delivery, measured: the reply's way
+        back and its parsing). Counted from the send, the next claim arrives about when the
+        task is due (it takes as long to reach Redis as this one did); the share of the round
+        trip keeps it from arriving just before, which would lease nothing and cost another
+        claim. In virtual time (a claim that takes none) this is exactly the wait; a wait of
+        0 (more is due now) is now."""
+        if wait_ms <= 0:
+            return sent_s
+        round_trip_s = max(0.0, replied_s - sent_s)
+        return sent_s + wait_ms / 1000 + ARRIVAL_SHARE * round_trip_s
 
     def failed(self, exc: Exception) -> float | None:
         """A claim raised ``exc``: the ms to back off for an outage (logged, retried), or None
