@@ -9,10 +9,11 @@ the I/O and the waiting themselves:
    yielded and not yet acked, failed or released, or whose lease has run out);
 2. yield them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
-   (capped by ``heartbeat``), until a wake message says an earlier task was scheduled
-   (``redis.asyncio`` Pub/Sub), or, when less than a quarter of the hold was free, until
-   settled deliveries have freed a quarter of it (``Held.refill``: a claim worth its round
-   trip).
+   (counted from when the claim was sent, so the next claim reaches Redis at that time:
+   ``ClaimRules.next_claim_s``; capped by ``heartbeat``), until a wake message says an
+   earlier task was scheduled (``redis.asyncio`` Pub/Sub), or, when less than a quarter of
+   the hold was free, until settled deliveries have freed a quarter of it (``Held.refill``:
+   a claim worth its round trip).
 
 Redis outages are logged and retried with backoff; the iterator never raises for them. Other
 errors (authentication, a Redis older than 6.2) end it with that error. Leaving the loop

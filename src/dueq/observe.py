@@ -8,10 +8,12 @@ wake listener flow ``dueq.wake.wake_flow``):
    emitted and not yet acked, failed or released);
 2. emit them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
-   (capped by ``heartbeat``), until a wake message says an earlier task was scheduled, or,
-   when less than a quarter of the hold was free, until settled deliveries have freed a
-   quarter of it (``Held.refill``: a claim worth its round trip, not one per settled
-   delivery, nor a claim of the last few slots right after a big one).
+   (counted from when the claim was sent, so the next claim reaches Redis at that time:
+   ``ClaimRules.next_claim_s``; capped by ``heartbeat``), until a wake message says an
+   earlier task was scheduled, or, when less than a quarter of the hold was free, until
+   settled deliveries have freed a quarter of it (``Held.refill``: a claim worth its round
+   trip, not one per settled delivery, nor a claim of the last few slots right after a big
+   one).
 
 ``Worker`` runs the same loop without reactivex between it and its handlers
 (``consume_queue``): each claim goes to the processor whole, in one call, instead of one
