@@ -148,7 +148,9 @@ async def _claims(
                     raise
                 await asyncio.sleep(backoff_ms / 1000)
                 continue
-            next_s = rules.next_claim_s(sent_s, loop.time(), rules.claimed(batch, settled))
+            replied_s, wait_ms = loop.time(), rules.claimed(batch, settled)
+            clock_ms = batch.now_ms + batch.now_fraction_ms
+            next_s = rules.next_claim_s(sent_s, replied_s, wait_ms, clock_ms)
             if batch.deliveries:
                 yield batch.deliveries  # (the caller's time with them counts in the wait)
             wait_s = next_s - loop.time()

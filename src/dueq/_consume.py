@@ -13,6 +13,7 @@ calls them under its lock.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -30,9 +31,8 @@ logger = logging.getLogger("dueq.observe")
 
 #: Most deliveries one claim call asks for (the claim script leases at most 1,000).
 MAX_CLAIM = 1000
-#: Share of a claim's round trip added to the wait counted from when it was sent (see
-#: ``ClaimRules.next_claim_s``).
-ARRIVAL_SHARE = 0.25
+#: Claims over which a consumer remembers the quickest way to Redis (``next_claim_s``).
+ARRIVAL_WINDOW = 64
 
 
 class ClaimRules(Generic[D]):
@@ -48,6 +48,8 @@ class ClaimRules(Generic[D]):
         self._backoff = Backoff()
         self._paused = False  # the last claim found the queue paused
         self._starved = False  # the last claim left no room worth a claim
+        # queue clock at each recent claim's read minus the driver's clock at its send (ms)
+        self._ways_ms: deque[float] = deque(maxlen=ARRIVAL_WINDOW)
 
     def to_claim(self, now_s: float) -> int:
         """How many to claim now: the free slots (0 still reads the time and reclaims lapsed
@@ -76,23 +78,31 @@ class ClaimRules(Generic[D]):
             return self.heartbeat_ms
         return batch.sleep_ms(self.heartbeat_ms)
 
-    @staticmethod
-    def next_claim_s(sent_s: float, replied_s: float, wait_ms: float) -> float:
+    def next_claim_s(
+        self, sent_s: float, replied_s: float, wait_ms: float, clock_ms: float
+    ) -> float:
         """When to claim next, on the driver's clock: ``wait_ms`` (from ``claimed``) counted
-        from when the claim was sent (``sent_s``), plus ``ARRIVAL_SHARE`` of its round trip.
+        from when the claim was sent (``sent_s``), plus how much longer than the quickest of
+        the last ``ARRIVAL_WINDOW`` claims this one took to reach Redis (``clock_ms``: the
+        queue clock Redis read, ``now_ms`` and ``now_fraction_ms`` of the reply).
 
         The wait is until the next due time as of the moment Redis read its clock, somewhere
-        in the round trip; counted from the reply, the next claim reached Redis that much
-        after the due time (a median 0.5 ms of lag per delivery, measured: the reply's way
-        back and its parsing). Counted from the send, the next claim arrives about when the
-        task is due (it takes as long to reach Redis as this one did); the share of the round
-        trip keeps it from arriving just before, which would lease nothing and cost another
-        claim. In virtual time (a claim that takes none) this is exactly the wait; a wait of
-        0 (more is due now) is now."""
+        in the round trip. Counted from the reply, the next claim reached Redis that much after
+        the due time (a median 0.5 ms of lag per delivery, measured: the reply's way back and
+        its parsing). Counted from the send, the next claim arrives when the task is due if it
+        takes as long to reach Redis as this one did; a claim that arrived early would lease
+        nothing and cost another claim, so the next one is assumed to be as quick as the
+        quickest recent one. The two clocks need not agree (their offset cancels out); the
+        correction is at most the round trip (``replied_s - sent_s``). In virtual time (a
+        claim that takes no time) this is exactly the wait; a wait of 0 (more is due now) is
+        now."""
+        way_ms = clock_ms - sent_s * 1000
+        self._ways_ms.append(way_ms)
         if wait_ms <= 0:
             return sent_s
-        round_trip_s = max(0.0, replied_s - sent_s)
-        return sent_s + wait_ms / 1000 + ARRIVAL_SHARE * round_trip_s
+        round_trip_ms = max(0.0, (replied_s - sent_s) * 1000)
+        slower_ms = min(max(way_ms - min(self._ways_ms), 0.0), round_trip_ms)
+        return sent_s + (wait_ms + slower_ms) / 1000
 
     def failed(self, exc: Exception) -> float | None:
         """A claim raised ``exc``: the ms to back off for an outage (logged, retried), or None

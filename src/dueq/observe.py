@@ -229,7 +229,10 @@ class _Consumer:
                 self._on_claimed(deliveries)
         else:
             self._emit(deliveries)
-        return self._rules.next_claim_s(sent_s, replied_s, wait_ms)
+        with self._lock:
+            return self._rules.next_claim_s(
+                sent_s, replied_s, wait_ms, batch.now_ms + batch.now_fraction_ms
+            )
 
     def _emit(self, deliveries: list[Delivery]) -> None:
         for i, d in enumerate(deliveries):
