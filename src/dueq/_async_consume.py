@@ -9,10 +9,11 @@ the I/O and the waiting themselves:
    yielded and not yet acked, failed or released, or whose lease has run out);
 2. yield them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
-   (capped by ``heartbeat``), until a wake message says an earlier task was scheduled
-   (``redis.asyncio`` Pub/Sub), or, when less than a quarter of the hold was free, until
-   settled deliveries have freed a quarter of it (``Held.refill``: a claim worth its round
-   trip).
+   (counted from when the claim was sent, so the next claim reaches Redis at that time:
+   ``ClaimRules.next_claim_s``; capped by ``heartbeat``), until a wake message says an
+   earlier task was scheduled (``redis.asyncio`` Pub/Sub), or, when less than a quarter of
+   the hold was free, until settled deliveries have freed a quarter of it (``Held.refill``:
+   a claim worth its round trip).
 
 Redis outages are logged and retried with backoff; the iterator never raises for them. Other
 errors (authentication, a Redis older than 6.2) end it with that error. Leaving the loop
@@ -138,19 +139,23 @@ async def _claims(
     try:
         while not stopping():
             poke.clear()
+            sent_s = loop.time()
             try:
-                batch = await queue.claim_batch(rules.to_claim(loop.time()))
+                batch = await queue.claim_batch(rules.to_claim(sent_s))
             except Exception as exc:  # the rules decide: an outage's backoff, or the end
                 backoff_ms = rules.failed(exc)
                 if backoff_ms is None:
                     raise
                 await asyncio.sleep(backoff_ms / 1000)
                 continue
-            wait_ms = rules.claimed(batch, settled)
+            replied_s, wait_ms = loop.time(), rules.claimed(batch, settled)
+            clock_ms = batch.now_ms + batch.now_fraction_ms
+            next_s = rules.next_claim_s(sent_s, replied_s, wait_ms, clock_ms)
             if batch.deliveries:
-                yield batch.deliveries
-            if wait_ms > 0 and not poke.is_set():
-                await wait_event(poke, wait_ms / 1000)
+                yield batch.deliveries  # (the caller's time with them counts in the wait)
+            wait_s = next_s - loop.time()
+            if wait_s > 0 and not poke.is_set():
+                await wait_event(poke, wait_s)
     finally:
         if listener is not None:  # bounded: releases must come before the leases run out
             listener.cancel()

@@ -8,10 +8,12 @@ wake listener flow ``dueq.wake.wake_flow``):
    emitted and not yet acked, failed or released);
 2. emit them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
-   (capped by ``heartbeat``), until a wake message says an earlier task was scheduled, or,
-   when less than a quarter of the hold was free, until settled deliveries have freed a
-   quarter of it (``Held.refill``: a claim worth its round trip, not one per settled
-   delivery, nor a claim of the last few slots right after a big one).
+   (counted from when the claim was sent, so the next claim reaches Redis at that time:
+   ``ClaimRules.next_claim_s``; capped by ``heartbeat``), until a wake message says an
+   earlier task was scheduled, or, when less than a quarter of the hold was free, until
+   settled deliveries have freed a quarter of it (``Held.refill``: a claim worth its round
+   trip, not one per settled delivery, nor a claim of the last few slots right after a big
+   one).
 
 ``Worker`` runs the same loop without reactivex between it and its handlers
 (``consume_queue``): each claim goes to the processor whole, in one call, instead of one
@@ -189,20 +191,22 @@ class _Consumer:
                 return
             self._timer = self._timer_at = None
             self._claiming, self._again = True, False
-            count = self._rules.to_claim(self._scheduler.now.timestamp())
-        next_ms: float | None = self._rules.heartbeat_ms
+            sent_s = self._scheduler.now.timestamp()
+            count = self._rules.to_claim(sent_s)
+        next_s: float | None = sent_s + self._rules.heartbeat_ms / 1000
         try:
-            next_ms = self._claim(count)
+            next_s = self._claim(count, sent_s)
         finally:
             with self._lock:
                 self._claiming = False
-                if self._again and next_ms is not None:
-                    next_ms = 0
-        if next_ms is not None:
-            self._request(next_ms)
+                if self._again and next_s is not None:
+                    next_s = sent_s
+        if next_s is not None:
+            self._request(max(0.0, (next_s - self._scheduler.now.timestamp()) * 1000))
 
-    def _claim(self, count: int) -> float | None:
-        """One claim; returns ms until the next step, or None when the stream has ended."""
+    def _claim(self, count: int, sent_s: float) -> float | None:
+        """One claim, sent at ``sent_s``; returns when to claim next (the scheduler's clock,
+        seconds), or None when the stream has ended."""
         try:
             batch = self._queue.claim_batch(count)
         except Exception as exc:  # the rules decide: an outage's backoff, or the end
@@ -210,7 +214,9 @@ class _Consumer:
             if backoff_ms is None:
                 self.stop()
                 self._observer.on_error(exc)
-            return backoff_ms
+                return None
+            return self._scheduler.now.timestamp() + backoff_ms / 1000
+        replied_s = self._scheduler.now.timestamp()
         deliveries = batch.deliveries
         with self._lock:
             wait_ms = self._rules.claimed(batch, self._settled)
@@ -223,7 +229,10 @@ class _Consumer:
                 self._on_claimed(deliveries)
         else:
             self._emit(deliveries)
-        return wait_ms
+        with self._lock:
+            return self._rules.next_claim_s(
+                sent_s, replied_s, wait_ms, batch.now_ms + batch.now_fraction_ms
+            )
 
     def _emit(self, deliveries: list[Delivery]) -> None:
         for i, d in enumerate(deliveries):
