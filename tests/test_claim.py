@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -246,6 +247,48 @@ def test_undecodable_envelope_goes_dead_without_blocking_others(make_queue, r, s
     info = q.get("t1")
     assert info.state == "dead"
     assert info.errors[0].type == "PayloadError"
+
+
+@pytest.mark.parametrize(
+    ("stored", "payload"),
+    [
+        (b'1: {"a": [1, 2]}\n', {"a": [1, 2]}),
+        (b"1:\t[1, 2.5, null] ", [1, 2.5, None]),
+        (b'1:"x"', "x"),
+        (b"1:NaN", "nan"),
+        (b"1:1e400", "inf"),
+        (b'1:{"a":1,"a":2}', {"a": 2}),
+    ],
+    ids=["spaces", "tab", "string", "nan", "huge", "repeated-key"],
+)
+def test_a_stored_payload_reads_as_json_loads_reads_it(make_queue, r, stored, payload):
+    """Payloads are read with the JSON scanner directly (no json.loads per task); white space
+    around the value, and what json.loads accepts, read the same."""
+    q = make_queue()
+    q.schedule("placeholder", id="t")
+    r.hset(q.keys.tasks, "t", stored)
+    [d] = q.claim()
+    got = d.payload
+    if payload in ("nan", "inf"):
+        assert math.isnan(got) if payload == "nan" else math.isinf(got)
+    else:
+        assert got == payload
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [b"1:{} x", b"1:[1]]", b"1:", b"1: ", b'1:{"a":}', b"1:\xef\xbb\xbf{}"],
+    ids=["trailing", "extra-bracket", "empty", "blank", "no-value", "bom"],
+)
+def test_a_stored_payload_json_loads_refuses_goes_dead(make_queue, r, stored):
+    q = make_queue()
+    q.schedule_many(dueq.Task(i, id=f"t{i}") for i in range(3))
+    r.hset(q.keys.tasks, "t1", stored)
+    assert [d.id for d in q.claim(limit=10)] == ["t0", "t2"]
+    info = q.get("t1")
+    assert info.state == "dead"
+    assert info.errors[0].type == "PayloadError"
+    assert "not valid JSON" in info.errors[0].message
 
 
 def test_a_worker_killed_with_sigkill_loses_nothing(redis_server, make_queue):

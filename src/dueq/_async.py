@@ -80,6 +80,8 @@ class AsyncQueue(QueueCore):
     ``AsyncQueue.from_url(url, name, **options)`` makes the client too; that queue owns it
     (``owns_client``) and ``await aclose()`` (or the end of an ``async with``) closes it."""
 
+    _delivery_type = AsyncDelivery
+
     def __init__(
         self,
         name: str,
@@ -182,9 +184,6 @@ class AsyncQueue(QueueCore):
 
     async def drive(self, flow: Flow[T]) -> T:
         return await drive_async(flow, self._send)
-
-    def _delivery(self, *fields: Any) -> AsyncDelivery:
-        return AsyncDelivery(self, *fields)
 
     async def wake_subscription(self) -> WakeSubscription:
         """What the async consumer's wake listener subscribes to (checks the server first)."""

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from . import _protocol as protocol
-from ._cron_ids import MAX_SLOT_MS, occurrence_id, parse_occurrence_id
+from ._cron_ids import MAX_SLOT_MS, OCCURRENCE_PREFIX, occurrence_id, parse_occurrence_id
 from ._cron_spec import Spec, wrong_type
 from .cronexpr import Window, slot_label
 from .exceptions import CronError, PayloadError
@@ -114,7 +114,11 @@ def on_claim_flow(
     their leases run out, and the next claim of them tries again, so no schedule stops.
     Corrupted data never raises here: see the module docstring.
     """
-    claimed = [(d, *parsed) for d in deliveries if (parsed := parse_occurrence_id(d.id))]
+    claimed = [
+        (d, *parsed)
+        for d in deliveries  # the prefix first: no call per plain task
+        if d.id.startswith(OCCURRENCE_PREFIX) and (parsed := parse_occurrence_id(d.id))
+    ]
     if not claimed:
         return deliveries, None
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -143,29 +143,33 @@ class LeaseFlows(QueueBase):
                 reply.buried,
             )
         deliveries: list[Any] = []
-        for row in reply.rows:
+        append = deliveries.append
+        make: Callable[..., DeliveryBase] = self._delivery_type  # called with this queue
+        token, deadline_ms = reply.token, reply.lease_deadline_ms
+        for task_id, envelope, attempt, due_ms, first_claimed_ms in reply.rows:
             try:
-                payload, options, trace_context, task_name = decode_named(row.envelope)
+                payload, options, trace_context, task_name = decode_named(envelope)
             except PayloadError as exc:
                 logger.error(
                     "queue %r: task %r attempt %d has an undecodable envelope; moved to dead: %s",
                     self.name,
-                    row.id,
-                    row.attempt,
+                    task_id,
+                    attempt,
                     exc,
-                    extra=task_fields(self.name, row.id, row.attempt),
+                    extra=task_fields(self.name, task_id, attempt),
                 )
-                yield self._fail_call(row.id, reply.token, error_record(exc, row.attempt), True, 0)
+                yield self._fail_call(task_id, token, error_record(exc, attempt), True, 0)
                 continue
-            deliveries.append(
-                self._delivery(
-                    row.id,
+            append(
+                make(
+                    self,
+                    task_id,
                     payload,
-                    row.attempt,
-                    row.due_ms,
-                    reply.lease_deadline_ms,
-                    reply.token,
-                    row.first_claimed_ms,
+                    attempt,
+                    due_ms,
+                    deadline_ms,
+                    token,
+                    first_claimed_ms,
                     now_ms,
                     options,
                     trace_context,
@@ -192,7 +196,9 @@ class LeaseFlows(QueueBase):
         acked, refused, cancelled = 0, [], []  # ids in the caller's order
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
             chunk = deliveries[start : start + protocol.LEASE_BATCH]
-            entries = [result_entry(d.result) for d in chunk]
+            # results are rare: without one, no entry per delivery is made
+            has_result = [d for d in chunk if d.result is not None]
+            entries = [result_entry(d.result) for d in chunk] if has_result else []
             reply: protocol.AckReply = yield protocol.ack(
                 self.keys,
                 self.now_arg(),
@@ -200,7 +206,13 @@ class LeaseFlows(QueueBase):
                 window_ms=self.remember_done_ms,
                 values=[entry for entry, _ in entries],
             )
-            for d, verdict, (_, why) in zip(chunk, reply.verdicts, entries, strict=True):
+            if not entries and reply.verdicts.count("h") == len(chunk):  # all acked: settle
+                for d in chunk:
+                    d.mark_settled()
+                acked += reply.acked
+                continue
+            whys = [why for _, why in entries] if entries else [None] * len(chunk)
+            for d, verdict, why in zip(chunk, reply.verdicts, whys, strict=True):
                 if why is not None and verdict == "h" and reply.kept_ms > 0:
                     logger.warning(
                         "task %r acked; its result was not kept (%s)",

@@ -20,7 +20,7 @@ from .clock import Clock, Duration, clock_ms
 from .clock import positive_duration_ms as _positive_ms
 from .cron import CronsCore
 from .dead import DeadLettersCore
-from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, TaskOptions, TraceContext
+from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .exceptions import ConfigurationError
 from .keys import QueueKeys, layout_key
 from .named import TaskFunction
@@ -48,6 +48,10 @@ class QueueBase:
     end), or None for a plain queue; the flows that reach the data hand a sharded queue's
     calls to it, and a plain queue runs them as they are.
     """
+
+    #: The delivery class of the front end (blocking or awaitable methods); a claim makes one
+    #: per leased task, called with this queue and ``DeliveryBase``'s fields.
+    _delivery_type: type[DeliveryBase]
 
     def __init__(
         self,
@@ -163,23 +167,6 @@ class QueueBase:
 
     def now_arg(self) -> str:
         return "" if self.clock is None else str(clock_ms(self.clock))
-
-    def _delivery(
-        self,
-        task_id: str,
-        payload: Any,
-        attempt: int,
-        due_ms: int,
-        lease_deadline_ms: int,
-        token: str,
-        first_claimed_ms: int,
-        claimed_ms: int,
-        options: TaskOptions,
-        trace_context: TraceContext | None,
-        task_name: str | None,
-    ) -> DeliveryBase:
-        """A delivery of the front end's kind (blocking or awaitable methods)."""
-        raise NotImplementedError
 
     def cron_on_claim_flow(
         self, deliveries: list[Any], now_ms: int

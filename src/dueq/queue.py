@@ -105,6 +105,8 @@ class Queue(QueueCore):
     (``owns_client``) and ``close()`` (or the end of a ``with`` block) closes it.
     """
 
+    _delivery_type = Delivery
+
     def __init__(
         self,
         name: str,
@@ -210,9 +212,6 @@ class Queue(QueueCore):
 
     def drive(self, flow: Flow[T]) -> T:
         return drive(flow, self._send)
-
-    def _delivery(self, *fields: Any) -> Delivery:
-        return Delivery(self, *fields)
 
     def wake_subscription(self) -> WakeSubscription:
         """What ``dueq.wake.WakeListener`` subscribes to (checks the server first)."""
