@@ -453,6 +453,24 @@ def decode_named(
 ) -> tuple[Any, TaskOptions, TraceContext | None, str | None]:
     """``decode_delivery``, and the task's name (None for a plain payload task); a name that
     is stored but unreadable is a PayloadError (the task could not be dispatched)."""
+    if type(raw) is bytes and raw.startswith(ENVELOPE_PREFIX) and not raw.startswith(TRACE_MARK, 2):
+        # A plain task (no options, trace or name), as a claim mostly reads: its JSON read in
+        # place, without copying the body out. Anything unusual (not UTF-8, deep nesting,
+        # white space around the value, not JSON) takes the general path below, which reports
+        # it.
+        try:
+            whole = raw.decode("utf-8")
+        except UnicodeDecodeError:  # reported below
+            whole = ""
+        if whole and (
+            len(raw) <= MAX_PAYLOAD_DEPTH or raw.count(b"[") + raw.count(b"{") <= MAX_PAYLOAD_DEPTH
+        ):
+            try:
+                payload, end = _scan_json(whole, 2)
+            except (StopIteration, ValueError, RecursionError):  # reported below
+                end = -1
+            if end == len(whole):
+                return payload, NO_OPTIONS, None, None
     try:
         data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
     except (UnicodeEncodeError, TypeError) as exc:
