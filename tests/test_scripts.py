@@ -129,3 +129,29 @@ def test_every_script_that_counts_a_history_counter_writes_the_history(name):
     if uses:
         header = dict(re.findall(r"^-- (KEYS\[\d+\])\s+(\w+)", text, flags=re.M))
         assert header[uses.group(1)] == "history", name
+
+
+def _struct_pairs(pairs: list[tuple[str, str]]) -> bytes:
+    """ack.lua's '>Hc0Hc0' per pair, packed the plain way."""
+    out = b""
+    for task_id, token in pairs:
+        for value in (task_id.encode("utf-8"), token.encode("utf-8")):
+            out += len(value).to_bytes(2, "big") + value
+    return out
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        [],
+        [("a", "1@w")],
+        [(f"t{i}", "42@host:1") for i in range(1000)],  # one claim: the joined fast path
+        [("x" * 512, "7"), ("y" * 300, "7"), ("z", "7")],  # lengths past one byte
+        [("a", "1@w"), ("b", "2@w")],  # two claims' tokens
+        [("é-id", "3@w"), ("b", "3@w")],  # a non-ASCII id
+        [("a", "3@wé"), ("b", "3@wé")],  # a non-ASCII token
+    ],
+    ids=["none", "one", "one-claim", "long-ids", "two-tokens", "non-ascii-id", "non-ascii-token"],
+)
+def test_lease_pairs_pack_as_ack_lua_reads_them(pairs):
+    assert protocol.pack_pairs(pairs) == _struct_pairs(pairs)
