@@ -276,11 +276,20 @@ def test_a_stored_payload_reads_as_json_loads_reads_it(make_queue, r, stored, pa
 
 
 @pytest.mark.parametrize(
-    "stored",
-    [b"1:{} x", b"1:[1]]", b"1:", b"1: ", b'1:{"a":}', b"1:\xef\xbb\xbf{}"],
-    ids=["trailing", "extra-bracket", "empty", "blank", "no-value", "bom"],
+    ("stored", "why"),
+    [
+        (b"1:{} x", "not valid JSON"),
+        (b"1:[1]]", "not valid JSON"),
+        (b"1:", "not valid JSON"),
+        (b"1: ", "not valid JSON"),
+        (b'1:{"a":}', "not valid JSON"),
+        (b"1:\xef\xbb\xbf{}", "not valid JSON"),
+        (b"1:" + b"[" * 129 + b"]" * 129, "nests deeper"),
+        (b"1:" + b"[" * 200, "nests deeper"),  # unbalanced, shorter than a balanced one
+    ],
+    ids=["trailing", "extra-bracket", "empty", "blank", "no-value", "bom", "deep", "unbalanced"],
 )
-def test_a_stored_payload_json_loads_refuses_goes_dead(make_queue, r, stored):
+def test_a_stored_payload_json_loads_refuses_goes_dead(make_queue, r, stored, why):
     q = make_queue()
     q.schedule_many(dueq.Task(i, id=f"t{i}") for i in range(3))
     r.hset(q.keys.tasks, "t1", stored)
@@ -288,7 +297,7 @@ def test_a_stored_payload_json_loads_refuses_goes_dead(make_queue, r, stored):
     info = q.get("t1")
     assert info.state == "dead"
     assert info.errors[0].type == "PayloadError"
-    assert "not valid JSON" in info.errors[0].message
+    assert why in info.errors[0].message
 
 
 def test_a_worker_killed_with_sigkill_loses_nothing(redis_server, make_queue):

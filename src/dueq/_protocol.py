@@ -21,7 +21,6 @@ import enum
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, repeat
 from typing import Any, Generic, TypeVar
 
 from .doctor import DoctorFinding
@@ -321,9 +320,10 @@ def pack_pairs(pairs: Sequence[tuple[str, str]]) -> bytes:
     if tokens.count(token) == len(tokens) and len(token) < len(_PREFIXES):
         joined = "".join(ids)
         if joined.isascii() and token.isascii() and max(map(len, ids)) < len(_PREFIXES):
-            tail = _PREFIXES[len(token)] + token
-            prefixes = map(_PREFIXES.__getitem__, map(len, ids))
-            return "".join(chain.from_iterable(zip(prefixes, ids, repeat(tail)))).encode("latin-1")
+            text = [_PREFIXES[len(token)] + token] * (3 * len(ids))  # every third: the token
+            text[0::3] = map(_PREFIXES.__getitem__, map(len, ids))
+            text[1::3] = ids
+            return "".join(text).encode("latin-1")
     parts: list[bytes] = []
     tails: dict[str, bytes] = {}  # token -> its packed form
     length = _LENGTH.pack

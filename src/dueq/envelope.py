@@ -448,6 +448,11 @@ def decode_delivery(raw: bytes | str) -> tuple[Any, TaskOptions, TraceContext | 
     return payload, options, trace
 
 
+#: Shorter envelopes cannot nest deeper than MAX_PAYLOAD_DEPTH: that takes more opening and as
+#: many closing brackets (an unbalanced text fails the scan, and the general path checks it).
+_SHALLOW_BYTES = len(ENVELOPE_PREFIX) + 2 * (MAX_PAYLOAD_DEPTH + 1)
+
+
 def decode_named(
     raw: bytes | str,
 ) -> tuple[Any, TaskOptions, TraceContext | None, str | None]:
@@ -463,7 +468,7 @@ def decode_named(
         except UnicodeDecodeError:  # reported below
             whole = ""
         if whole and (
-            len(raw) <= MAX_PAYLOAD_DEPTH or raw.count(b"[") + raw.count(b"{") <= MAX_PAYLOAD_DEPTH
+            len(raw) < _SHALLOW_BYTES or raw.count(b"[") + raw.count(b"{") <= MAX_PAYLOAD_DEPTH
         ):
             try:
                 payload, end = _scan_json(whole, 2)
