@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dueq import Queue
+from dueq.scripts import SCRIPT_NAMES
 
 __all__ = ["replace_scripts"]
 
@@ -24,6 +25,6 @@ def replace_scripts(queue: Queue, sources: Mapping[str, str]) -> None:
     """Make ``queue`` run ``sources[name]`` for each script named there (its own for others)."""
     runner = queue._scripts
     for name, source in sources.items():
-        if name not in runner._scripts:
+        if name not in SCRIPT_NAMES:  # the runner registers its scripts on first use
             raise KeyError(f"dueq has no script named {name!r}")
         runner._scripts[name] = queue.redis.register_script(source)
