@@ -193,8 +193,20 @@ def make_queue(
 
     yield make
     if loop is not None:
+        # as asyncio.run ends: a task still pending (a worker's wake listener whose close took
+        # longer than the worker's bounded wait, on a loaded machine) is cancelled and awaited,
+        # not destroyed pending with its connection open when the loop closes
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+
+        async def cancelled() -> None:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        loop.run_until_complete(cancelled())
         for aclient in clients:
             loop.run_until_complete(aclient.aclose())
+        loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
 
