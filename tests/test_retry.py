@@ -292,3 +292,22 @@ def test_a_stop_that_fails_at_failure_time_keeps_retrying_up_to_max_attempts(
 def test_a_task_age_that_is_not_finite_reads_as_zero():
     for age_s in (math.nan, math.inf, -math.inf, -5.0):
         assert retry_state(2, age_s=age_s).seconds_since_start == pytest.approx(0.0, abs=1)
+
+
+def test_claims_reuse_the_backoff_table_and_a_new_policy_is_asked_at_the_next_claim(r):
+    asked: list[int] = []
+
+    def wait(state: Any) -> float:
+        asked.append(state.attempt_number)
+        return 1.0
+
+    q = dueq.Queue("backoff", r, retry=dueq.RetryPolicy(max_attempts=4, wait=wait))
+    q.BACKOFF_TABLE_S = 3600.0  # no second passes between these claims, however slow
+    asked.clear()  # the policy asked once at construction, to validate it
+    for _ in range(5):
+        q.claim()
+    assert asked == [1, 2, 3]  # one table (attempts 1-3) for five claims
+    q.retry = dueq.RetryPolicy(max_attempts=3, wait=wait)
+    asked.clear()
+    q.claim()
+    assert asked == [1, 2]

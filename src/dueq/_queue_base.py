@@ -87,6 +87,8 @@ class QueueBase:
         whole_number(dead_max_count, "dead_max_count", low=1)
         whole_number(wait_replicas, "wait_replicas", low=0, high=100)
         self.retry = retry or RetryPolicy()
+        #: (monotonic s, the policy, its backoff table ms): see LeaseFlows.backoff_table_ms
+        self.backoff_cache: tuple[float, RetryPolicy, list[int]] | None = None
         self.lease_ms = _positive_ms(lease, "lease")
         self.clock = clock
         self.max_payload_bytes = max_payload_bytes
