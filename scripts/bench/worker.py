@@ -14,6 +14,9 @@ whose first statement appends one line to a file. Starts its own throwaway redis
               ``bench_task`` (``@q.task``), run by a worker without a handler that dispatches
               by name (``docs/named-tasks.md``); the function writes the same line
 4. asyncio    ``dueq.AsyncWorker(q, ahandle)`` as a subprocess, defaults only
+   engine     dueq's own loop in this process, one thread (``claim(1000)``, the same work per
+              task, ``ack_many``): what the engine gives; each worker's drain is also shown as
+              a ratio to it (a default worker should keep >= 0.7x of it)
 5. memory     bytes per scheduled task (INFO used_memory before/after scheduling, and
               MEMORY USAGE per key), where they go (id, envelope, dict entries, bucket
               tables, skiplist nodes), next to the raw ZSET + HASH layout of the same tasks
@@ -237,6 +240,28 @@ def raw_drain(r: redis.Redis, items: list[dict[str, Any]], out_path: str) -> tup
     return done / elapsed, cpu_s / max(done, 1) * 1e6
 
 
+def engine_drain(r: redis.Redis, items: list[dict[str, Any]], out_path: str) -> tuple[float, float]:
+    """Tasks per second of dueq's own engine loop in this process, one thread: ``claim(1000)``,
+    the same work per task as the raw consumer (the payload decoded, one line appended), then
+    ``ack_many``; and its CPU microseconds per task. The ceiling a worker can reach."""
+    schedule(r, items)
+    q = dueq.Queue(QUEUE, r)
+    n = len(items)
+    done = 0
+    with open(out_path, "a", buffering=1) as out:
+        start, cpu_start = perf(), time.process_time()
+        while done < n:
+            batch = q.claim(limit=1000)
+            if not batch:
+                break
+            for d in batch:
+                d.payload  # noqa: B018 (decoded, as the raw consumer's json.loads)
+                out.write(f"{d.id}\n")
+            done += q.ack_many(batch)
+        elapsed, cpu_s = perf() - start, time.process_time() - cpu_start
+    return done / elapsed, cpu_s / max(done, 1) * 1e6
+
+
 def process_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far (Linux ``/proc``; 0 elsewhere)."""
     try:
@@ -334,6 +359,19 @@ def main() -> None:
                 "",
             )
         )
+        log("engine loop ...")
+        engine, engine_cpu_us = max(engine_drain(r, items, out_path) for _ in range(repeat))
+        figures["engine_drain_per_s"] = engine
+        figures["engine_cpu_us_per_task"] = engine_cpu_us
+        rows.append(
+            (
+                "engine",
+                f"{engine:,.0f} tasks/s",
+                f"{engine / raw:.2f}x raw; claim(1000) + handler + ack_many in one thread, "
+                f"best; CPU/task {engine_cpu_us:.0f} us",
+                "",
+            )
+        )
         workers = {
             "threaded": [sys.executable, "-m", "dueq", "worker", QUEUE, "bench_handler:handle"],
             "named": [sys.executable, "-m", "dueq", "worker", "bench_handler:q"],
@@ -354,7 +392,8 @@ def main() -> None:
                     (
                         f"{name} #{i}",
                         f"{drain:,.0f} tasks/s",
-                        f"{drain / raw:.2f}x raw; start-up {run['startup_s']:.2f} s; CPU/task: "
+                        f"{drain / raw:.2f}x raw, {drain / engine:.2f}x engine; "
+                        f"start-up {run['startup_s']:.2f} s; CPU/task: "
                         f"worker {run['worker_cpu_us_per_task']:.0f} us, "
                         f"Redis {run['redis_cpu_us_per_task']:.0f} us",
                         f">= {TARGET_DRAIN:,}",
