@@ -12,7 +12,7 @@ import redis
 import dueq
 from dueq.named import dispatcher
 from dueq.operators._emit import SerialEmitter
-from dueq.task import Outcome, settled_outcome
+from dueq.task import Outcome, SettleHook, settled_outcome
 
 
 def calls(fn: Callable[[], Any]) -> int:
@@ -81,3 +81,25 @@ def test_the_outcome_an_ack_emits_is_the_dataclass_outcome() -> None:
     assert hash(fast) == hash(Outcome("t1", "acked", 3))
     assert repr(fast) == repr(Outcome("t1", "acked", 3))
     assert (fast.id, fast.kind, fast.attempt, fast.at, fast.error) == ("t1", "acked", 3, None, None)
+
+
+def test_deliveries_acked_together_reach_their_consumers_hook_in_one_call(
+    r: redis.Redis,
+) -> None:
+    q = dueq.Queue("cost", r)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(5))
+    claimed = q.claim(5)
+    alone: list[Any] = []
+    batches: list[list[Any]] = []
+    hook = SettleHook(alone.append, batches.append)
+    for d in claimed:
+        d.on_settled = hook
+    assert q.ack_many(claimed) == 5
+    assert batches == [claimed]
+    assert alone == []
+    assert all(d.settled and d.outcome is None and d.on_settled is None for d in claimed)
+    q.schedule({"i": 5})
+    [single] = q.claim(1)
+    single.on_settled = hook
+    single.fail(RuntimeError("no"))  # settled alone: the hook's one-delivery call
+    assert alone == [single]
