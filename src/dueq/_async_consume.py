@@ -36,7 +36,7 @@ from ._consume import ClaimRules, release_failed
 from ._prefetch import AUTO_LOW, Prefetch
 from .clock import Duration, positive_duration_ms
 from .exceptions import ConfigurationError
-from .task import AsyncDelivery
+from .task import AsyncDelivery, SettleHook
 from .wake import WakeOp, close_failed, wake_flow
 
 if TYPE_CHECKING:
@@ -135,6 +135,12 @@ async def _claims(
         if rules.settled(delivery):  # room the loop waits for
             poke.set()
 
+    def settled_many(deliveries: list[AsyncDelivery]) -> None:
+        if rules.settled_many(deliveries):
+            poke.set()
+
+    hook = SettleHook(settled, settled_many)  # (an ack of a batch calls it once)
+
     listener = asyncio.create_task(_listen(queue, poke.set)) if wake else None
     try:
         while not stopping():
@@ -148,7 +154,7 @@ async def _claims(
                     raise
                 await asyncio.sleep(backoff_ms / 1000)
                 continue
-            replied_s, wait_ms = loop.time(), rules.claimed(batch, settled)
+            replied_s, wait_ms = loop.time(), rules.claimed(batch, hook)
             clock_ms = batch.now_ms + batch.now_fraction_ms
             next_s = rules.next_claim_s(sent_s, replied_s, wait_ms, clock_ms)
             if batch.deliveries:

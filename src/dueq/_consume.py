@@ -129,6 +129,14 @@ class ClaimRules(Generic[D]):
             return True
         return False
 
+    def settled_many(self, deliveries: list[D]) -> bool:
+        """``settled`` for deliveries acked together (``task.SettleHook``)."""
+        self.held.settled_many(deliveries)
+        if self._starved and self.held.refill:
+            self._starved = False
+            return True
+        return False
+
 
 def release_failed(queue_name: str, d: DeliveryBase, exc: Exception) -> None:
     """Log a delivery given back (claimed, never handed over) whose release failed: its lease

@@ -19,7 +19,7 @@ from .envelope import decode_named, result_entry
 from .exceptions import KeyCooldown, LeaseLost, PayloadError, TaskCancelled, Unrecoverable
 from .failures import error_record, token_holder
 from .logs import task_fields
-from .task import DeliveryBase, Outcome, OutcomeKind
+from .task import DeliveryBase, Outcome, OutcomeKind, mark_all_acked
 
 logger = logging.getLogger("dueq.queue")
 
@@ -224,8 +224,7 @@ class LeaseFlows(QueueBase):
                 values=[entry for entry, _ in entries],
             )
             if not entries and reply.verdicts.count("h") == len(chunk):  # all acked: settle
-                for d in chunk:
-                    d.mark_settled()
+                mark_all_acked(chunk)  # (each consumer's hook once for the chunk)
                 acked += reply.acked
                 continue
             whys = [why for _, why in entries] if entries else [None] * len(chunk)

@@ -160,3 +160,10 @@ class Held(Generic[D]):
         if d in self.deliveries:
             self.deliveries.discard(d)
             self.prefetch.settled()
+
+    def settled_many(self, deliveries: list[D]) -> None:
+        """``settled`` for each of ``deliveries`` (set operations, no call per delivery)."""
+        held = self.deliveries.intersection(deliveries)
+        if held:
+            self.deliveries -= held
+            self.prefetch.settled(len(held))

@@ -451,6 +451,8 @@ def decode_delivery(raw: bytes | str) -> tuple[Any, TaskOptions, TraceContext | 
 #: Shorter envelopes cannot nest deeper than MAX_PAYLOAD_DEPTH: that takes more opening and as
 #: many closing brackets (an unbalanced text fails the scan, and the general path checks it).
 _SHALLOW_BYTES = len(ENVELOPE_PREFIX) + 2 * (MAX_PAYLOAD_DEPTH + 1)
+#: What follows ``1:`` in a named task's envelope (its head line: ``~@name``).
+_NAMED_MARK = TRACE_MARK + NAME_MARK
 
 
 def decode_named(
@@ -458,24 +460,33 @@ def decode_named(
 ) -> tuple[Any, TaskOptions, TraceContext | None, str | None]:
     """``decode_delivery``, and the task's name (None for a plain payload task); a name that
     is stored but unreadable is a PayloadError (the task could not be dispatched)."""
-    if type(raw) is bytes and raw.startswith(ENVELOPE_PREFIX) and not raw.startswith(TRACE_MARK, 2):
-        # A plain task (no options, trace or name), as a claim mostly reads: its JSON read in
-        # place, without copying the body out. Anything unusual (not UTF-8, deep nesting,
-        # white space around the value, not JSON) takes the general path below, which reports
-        # it.
-        try:
-            whole = raw.decode("utf-8")
-        except UnicodeDecodeError:  # reported below
-            whole = ""
-        if whole and (
-            len(raw) < _SHALLOW_BYTES or raw.count(b"[") + raw.count(b"{") <= MAX_PAYLOAD_DEPTH
-        ):
+    if type(raw) is bytes and raw.startswith(ENVELOPE_PREFIX):
+        # A plain task (no options, trace or name), as a claim mostly reads, or a named one
+        # without a trace whose name was read before (in _NAMES: checked, ASCII, so its bytes
+        # and characters line up): its JSON read in place, without copying the body out.
+        # Anything unusual (a new name, a trace, not UTF-8, deep nesting, white space around
+        # the value, not JSON) takes the general path below, which reports it.
+        start, task_name = 2, None
+        if raw.startswith(_NAMED_MARK, 2):
+            line_end = raw.find(b"\n", 4)
+            task_name = _NAMES.get(raw[4:line_end]) if line_end > 0 else None
+            start = -1 if task_name is None else line_end + 1
+        elif raw.startswith(TRACE_MARK, 2):
+            start = -1
+        if start > 0:
             try:
-                payload, end = _scan_json(whole, 2)
-            except (StopIteration, ValueError, RecursionError):  # reported below
-                end = -1
-            if end == len(whole):
-                return payload, NO_OPTIONS, None, None
+                whole = raw.decode("utf-8")
+            except UnicodeDecodeError:  # reported below
+                whole = ""
+            if whole and (
+                len(raw) < _SHALLOW_BYTES or raw.count(b"[") + raw.count(b"{") <= MAX_PAYLOAD_DEPTH
+            ):
+                try:
+                    payload, end = _scan_json(whole, start)
+                except (StopIteration, ValueError, RecursionError):  # reported below
+                    end = -1
+                if end == len(whole):
+                    return payload, NO_OPTIONS, None, task_name
     try:
         data = raw.encode("utf-8") if isinstance(raw, str) else bytes(raw)
     except (UnicodeEncodeError, TypeError) as exc:

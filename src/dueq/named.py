@@ -385,7 +385,8 @@ class Dispatcher:
     def __call__(self, d: Any) -> Any:
         name = d.task_name
         if name is None:
-            return self.plain(d)(d)
+            handler = self._handler  # (plain(), inline: a call less per task)
+            return (self.plain(d) if handler is None else handler)(d)
         fn = self._routes.get(d.queue_name, _NONE).get(name)
         payload = d.payload
         if fn is None or type(payload) is not dict:

@@ -41,7 +41,7 @@ from reactivex.scheduler import EventLoopScheduler
 from ._consume import ClaimRules, release_failed, subscriber_raised
 from ._prefetch import AUTO_LOW, Prefetch
 from .clock import Duration, positive_duration_ms
-from .task import Delivery
+from .task import Delivery, SettleHook
 from .wake import WakeListener
 
 if TYPE_CHECKING:
@@ -135,6 +135,8 @@ class _Consumer:
         self._again = False  # something asked for a claim while one was running
         self._stopped = False
         self._listener: WakeListener | None = None
+        # each held delivery's on_settled (one object: an ack of a batch calls it once)
+        self._hook = SettleHook(self._settled, self._settled_many)
 
     # -- control -----------------------------------------------------------------------------
 
@@ -161,6 +163,12 @@ class _Consumer:
     def _settled(self, delivery: Delivery) -> None:
         with self._lock:
             claim_now = self._rules.settled(delivery)
+        if claim_now:
+            self._request(0)
+
+    def _settled_many(self, deliveries: list[Delivery]) -> None:
+        with self._lock:
+            claim_now = self._rules.settled_many(deliveries)
         if claim_now:
             self._request(0)
 
@@ -219,7 +227,7 @@ class _Consumer:
         replied_s = self._scheduler.now.timestamp()
         deliveries = batch.deliveries
         with self._lock:
-            wait_ms = self._rules.claimed(batch, self._settled)
+            wait_ms = self._rules.claimed(batch, self._hook)
             stopped = self._stopped
         if stopped:
             self._give_back(deliveries)

@@ -33,6 +33,9 @@ class SerialEmitter(Generic[T]):
         self._emitting = False
         self._observer: abc.ObserverBase[T] | None = None
         self._stopped = False  # on_error or on_completed went out: nothing more does
+        # an on_error or on_completed waits in _calls (or went out): a batch taken from now
+        # on stops the stream (a flag, not a look at each call of each batch)
+        self._ends_queued = False
 
     def attach(self, observer: abc.ObserverBase[T]) -> None:
         self._observer = observer
@@ -41,14 +44,15 @@ class SerialEmitter(Generic[T]):
         self._push([("on_next", v) for v in values])
 
     def on_error(self, error: Exception) -> None:
-        self._push([("on_error", error)])
+        self._push([("on_error", error)], end=True)
 
     def on_completed(self) -> None:
-        self._push([("on_completed", None)])
+        self._push([("on_completed", None)], end=True)
 
-    def _push(self, calls: list[tuple[str, Any]]) -> None:
+    def _push(self, calls: list[tuple[str, Any]], *, end: bool = False) -> None:
         with self._lock:
             self._calls.extend(calls)
+            self._ends_queued = self._ends_queued or end
             if self._emitting:
                 return  # the thread emitting now (maybe this one, further up) delivers them
             self._emitting = True
@@ -60,7 +64,7 @@ class SerialEmitter(Generic[T]):
                 calls = list(self._calls)
                 self._calls.clear()
                 observer = None if self._stopped else self._observer
-                if any(name != "on_next" for name, _ in calls):
+                if self._ends_queued:
                     self._stopped = True  # (calls after it in this batch are dropped below)
             if observer is None:
                 continue

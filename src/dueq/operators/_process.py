@@ -123,7 +123,10 @@ class Processor(Settling):
         self._timeout_s = timeout_s
         self._own_scheduler = EventLoopScheduler() if scheduler is None else None
         self._scheduler: abc.SchedulerBase = scheduler or self._own_scheduler  # type: ignore[assignment]
-        self._lock = threading.Condition()
+        # ``_lock`` for waiting (wait_idle); the per-task paths take ``_mutex``, its lock,
+        # directly (a Condition's ``with`` is two Python calls more per round)
+        self._mutex = threading.RLock()
+        self._lock = threading.Condition(self._mutex)
         self._held: dict[Delivery, float] = {}  # -> when its lease was last extended (s)
         self._running: dict[Delivery, float] = {}  # -> when its handler started (s; 0.0
         # when no timeout applies to it)
@@ -281,10 +284,12 @@ class Processor(Settling):
         """A handler is about to start on ``delivery``; False if closing (then don't).
         Called where the handler runs (its thread, or the loop's task): the attempt's span,
         if tracing is on, is current there until ``_finished``."""
-        with self._lock:
+        with self._mutex:
             if self._closing or delivery not in self._held:
                 return False
-            timeout_s = timeout_for(delivery, self._timeout_s)
+            timeout_s = delivery.timeout_s  # (timeout_for, inline: a call less per task)
+            if timeout_s is None:
+                timeout_s = self._timeout_s
             # when it started matters only to a timeout (the scheduler's clock costs a
             # datetime per read: not per task when none applies)
             self._running[delivery] = 0.0 if timeout_s is None else self._scheduler.now.timestamp()
@@ -309,7 +314,7 @@ class Processor(Settling):
             if attempt is not None:
                 attempt.leave()
                 _tracing.end_attempt(attempt, error)
-        with self._lock:
+        with self._mutex:
             # failed by the keeper at its timeout, or released by close() past its grace: the
             # result comes too late (and must not emit that delivery's outcome again)
             late = delivery in self._timed_out or delivery not in self._held
@@ -381,11 +386,11 @@ class Processor(Settling):
         return batch, False
 
     def _holds(self, d: Delivery) -> bool:
-        with self._lock:
+        with self._mutex:
             return d in self._held
 
     def _still_held(self, deliveries: list[Delivery]) -> list[Delivery]:
-        with self._lock:
+        with self._mutex:
             return [d for d in deliveries if d in self._held]
 
     def _pause(self, delay_s: float) -> Op:

@@ -30,7 +30,7 @@ from .._drive import drive, drive_async
 from ..exceptions import DueqError, LeaseLost, TaskTimeout, Unrecoverable
 from ..logs import task_fields
 from ..outage import Backoff, describe, is_outage
-from ..task import DeliveryBase, Outcome
+from ..task import DeliveryBase, Outcome, settled_outcome
 
 logger = logging.getLogger("dueq.operators._process")
 
@@ -162,7 +162,7 @@ class Settling:
         settled: list[tuple[Any, Outcome]] = []
         for d, error in batch:
             if d.settled:  # the handler acked, failed or released it itself
-                settled.append((d, d.outcome or Outcome(d.id, "acked", d.attempt)))
+                settled.append((d, d.outcome or settled_outcome(d.id, "acked", d.attempt)))
             elif error is None:
                 pending.acks[d.queue].append(d)
             else:
@@ -226,7 +226,7 @@ class Settling:
                 "queue %r: could not ack %d task(s): %s", q.name, len(deliveries), describe(exc)
             )
             return [Outcome(d.id, "lost", d.attempt, error=describe(exc)) for d in deliveries]
-        return [d.outcome or Outcome(d.id, "acked", d.attempt) for d in deliveries]
+        return [d.outcome or settled_outcome(d.id, "acked", d.attempt) for d in deliveries]
 
     def fail_flow(
         self, d: Any, error: BaseException, final: bool, *, stand_in: bool = False
