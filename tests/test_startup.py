@@ -12,10 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.utils
+from waiting import wait_for
 
 import dueq
 from dueq.scripts import script_source
@@ -210,3 +213,49 @@ def test_import_dueq_makes_dataclasses_only_of_public_types_and_a_known_few():
         and f"{module}.{name}" not in INTERNAL_DATACLASSES
     ]
     assert unexpected == []
+
+
+def _info_calls(admin: redis.Redis) -> int:
+    stats: dict[str, Any] = admin.info("commandstats")
+    return int(stats.get("cmdstat_info", {}).get("calls", 0))
+
+
+def test_a_worker_checks_the_server_once_before_its_first_task(redis_server, front_end):
+    """A worker's wake listener and its claim loop both ask for the server check at start;
+    one check (INFO server, INFO memory) serves both, not one each."""
+    admin = redis.Redis.from_url(redis_server.url)
+    name = f"check-once-{front_end}"
+    dueq.Queue(name, admin).schedule({"n": 1}, id="first")
+    admin.config_resetstat()
+    before = _info_calls(admin) + 1  # this INFO counts once done
+    if front_end == "sync":
+        q = dueq.Queue.from_url(redis_server.url, name)
+        worker = dueq.Worker(q, lambda d: None)
+        stopper = threading.Thread(
+            target=lambda: (
+                wait_for(lambda: worker.outcomes["acked"] >= 1, "the first task"),
+                worker.stop(),
+            )
+        )
+        stopper.start()
+        worker.run()
+        stopper.join()
+        q.close()
+        acked = worker.outcomes["acked"]
+    else:
+
+        async def run() -> int:
+            aq = dueq.AsyncQueue.from_url(redis_server.url, name)
+            aworker = dueq.AsyncWorker(aq, lambda d: None, handle_signals=False)
+            running = asyncio.ensure_future(aworker.run())
+            while aworker.outcomes["acked"] < 1 and not running.done():
+                await asyncio.sleep(0.01)
+            aworker.stop()
+            await running
+            await aq.aclose()
+            return aworker.outcomes["acked"]
+
+        acked = asyncio.run(run())
+    assert acked == 1
+    assert _info_calls(admin) - before == 2  # INFO server and INFO memory, once
+    admin.close()
