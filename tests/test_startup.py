@@ -12,10 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.utils
+from waiting import wait_for
 
 import dueq
 from dueq.scripts import script_source
@@ -161,3 +164,97 @@ def test_a_client_made_from_a_url_reads_the_redis_py_version_once(
         ours = [c for c in listed if c["lib-name"] == "redis-py"]
         assert len(ours) >= 3
         assert {c["lib-ver"] for c in ours} == {redis.__version__}
+
+
+#: The dataclasses ``import dueq`` may make besides the public types (``dueq.__all__``). A
+#: frozen dataclass costs about 0.7 ms of CPU to create (six generated methods, each compiled);
+#: internal records that need no dataclass feature are NamedTuples (about 0.1 ms).
+INTERNAL_DATACLASSES = {
+    "dueq._cron_spec.Spec",  # dataclasses.fields() lists its policy defaults
+    "dueq._protocol.ScheduleReply",  # a default_factory field
+    "dueq._protocol.DeadReply",  # a field named ``count`` (a tuple method)
+    "dueq.acl.AclRule",  # what dueq.acl.acl_rule returns to users
+    "dueq.cron.Policies",  # dueq.cron's public types
+    "dueq.cron.Occurrence",
+    "dueq.cron.CronDefinition",
+    "dueq.events.EventBase",  # the base of the public Event and AsyncEvent
+    "dueq.keys.QueueKeys",  # QueueKeys.names() reads vars(self)
+    "dueq.keys.SparkBatchKeys",  # test_scripts reads both key records' dataclass fields
+    "dueq.operators._settle.KeeperRound",  # mutable, default_factory fields
+    "dueq.registry.WorkerInfo",  # what q.workers() returns to users
+    "dueq.wake.WakeStep",  # a default_factory field
+}
+
+
+def test_import_dueq_makes_dataclasses_only_of_public_types_and_a_known_few():
+    probe = (
+        "import dataclasses, json\n"
+        "made = []\n"
+        "real = dataclasses._process_class\n"
+        "def spy(cls, *args, **kwargs):\n"
+        "    made.append((cls.__module__, cls.__qualname__))\n"
+        "    return real(cls, *args, **kwargs)\n"
+        "dataclasses._process_class = spy\n"
+        "import dueq\n"
+        "print(json.dumps([m for m in made if m[0].startswith('dueq')]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    made = [tuple(m) for m in json.loads(done.stdout.splitlines()[-1])]
+    assert ("dueq.task", "Task") in made  # the probe saw dueq's own dataclasses
+    public = set(dueq.__all__)
+    unexpected = [
+        f"{module}.{name}"
+        for module, name in made
+        if name not in public and f"{module}.{name}" not in INTERNAL_DATACLASSES
+    ]
+    assert unexpected == []
+
+
+def _info_calls(admin: redis.Redis) -> int:
+    stats: dict[str, Any] = admin.info("commandstats")
+    return int(stats.get("cmdstat_info", {}).get("calls", 0))
+
+
+def test_a_worker_checks_the_server_once_before_its_first_task(redis_server, front_end):
+    """A worker's wake listener and its claim loop both ask for the server check at start;
+    one check (INFO server, INFO memory) serves both, not one each."""
+    admin = redis.Redis.from_url(redis_server.url)
+    name = f"check-once-{front_end}"
+    dueq.Queue(name, admin).schedule({"n": 1}, id="first")
+    admin.config_resetstat()
+    before = _info_calls(admin) + 1  # this INFO counts once done
+    if front_end == "sync":
+        q = dueq.Queue.from_url(redis_server.url, name)
+        worker = dueq.Worker(q, lambda d: None)
+        stopper = threading.Thread(
+            target=lambda: (
+                wait_for(lambda: worker.outcomes["acked"] >= 1, "the first task"),
+                worker.stop(),
+            )
+        )
+        stopper.start()
+        worker.run()
+        stopper.join()
+        q.close()
+        acked = worker.outcomes["acked"]
+    else:
+
+        async def run() -> int:
+            aq = dueq.AsyncQueue.from_url(redis_server.url, name)
+            aworker = dueq.AsyncWorker(aq, lambda d: None, handle_signals=False)
+            running = asyncio.ensure_future(aworker.run())
+            while aworker.outcomes["acked"] < 1 and not running.done():
+                await asyncio.sleep(0.01)
+            aworker.stop()
+            await running
+            await aq.aclose()
+            return aworker.outcomes["acked"]
+
+        acked = asyncio.run(run())
+    assert acked == 1
+    assert _info_calls(admin) - before == 2  # INFO server and INFO memory, once
+    admin.close()

@@ -131,6 +131,8 @@ class AsyncQueue(QueueCore):
         )
         self.dead = AsyncDeadLetters(self, self._dead_flows)
         self.cron = AsyncCrons(self, self._cron_flows)
+        # a worker's wake listener and claim loop both check the server at start: once
+        self._server_check_lock = asyncio.Lock()
 
     @classmethod
     def from_url(
@@ -187,7 +189,16 @@ class AsyncQueue(QueueCore):
 
     async def wake_subscription(self) -> WakeSubscription:
         """What the async consumer's wake listener subscribes to (checks the server first)."""
+        await self._check_server_once()
         return await self.drive(self.wake_subscription_flow())
+
+    async def _check_server_once(self) -> None:
+        """As ``Queue._check_server_once``: coroutines asking at once share one check."""
+        if self._server_checked:
+            return
+        async with self._server_check_lock:
+            if not self._server_checked:
+                await self.check_server()
 
     async def check_server(self) -> None:
         """As ``Queue.check_server``."""
@@ -331,8 +342,7 @@ class AsyncQueue(QueueCore):
         """Like ``claim``, also telling when the next task is due and the next lease ends.
         ``holder`` names who takes the leases (a worker id, shown by ``list_tasks`` and
         ``get``); by default the queue's ``holder``, else "<host>:<pid>"."""
-        if not self._server_checked:
-            await self.check_server()
+        await self._check_server_once()
         return await self.drive(self.claim_flow(limit, lease, holder))
 
     async def ack_many(self, deliveries: Sequence[AsyncDelivery]) -> int:

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 
@@ -47,8 +46,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("dueq.cron")
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """What claiming a pending occurrence does: run it or drop it, and what to schedule
     (``next_ms`` None: the definition's window has no slot after now)."""
 

@@ -21,7 +21,7 @@ import enum
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from .doctor import DoctorFinding
 from .envelope import MAX_ID_BYTES
@@ -63,8 +63,7 @@ def raise_for(status: Status, message: str, ids: Sequence[str] = ()) -> None:
         raise error(message)
 
 
-@dataclass(frozen=True)
-class Call(Generic[T]):
+class Call(NamedTuple, Generic[T]):
     """One script call: which script, its KEYS and ARGV, and how to read its reply."""
 
     script: str
@@ -73,8 +72,7 @@ class Call(Generic[T]):
     parse: Callable[[Any], T]
 
 
-@dataclass(frozen=True)
-class Command(Generic[T]):
+class Command(NamedTuple, Generic[T]):
     """One plain Redis command (reads such as ZCARD, HMGET, TIME) and how to read its reply
     (as redis-py's response callbacks leave it)."""
 
@@ -82,8 +80,7 @@ class Command(Generic[T]):
     parse: Callable[[Any], T]
 
 
-@dataclass(frozen=True)
-class Batch:
+class Batch(NamedTuple):
     """Plain commands sent in one round trip (a non-transactional pipeline); the reply is the
     list of their parsed replies."""
 
@@ -151,8 +148,7 @@ def _batch_keys(k: QueueKeys) -> list[str]:
 # -- close_batch.lua ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CloseBatchReply:
+class CloseBatchReply(NamedTuple):
     #: whether this call closed the batch (False: it was closed before, nothing changed)
     closed: bool
     info: BatchInfo
@@ -202,8 +198,7 @@ _CLAIM_ROW = 5
 ClaimedRow = tuple[str, bytes | str, int, int, int]
 
 
-@dataclass(frozen=True)
-class ClaimReply:
+class ClaimReply(NamedTuple):
     now_ms: int
     #: the part of a millisecond past ``now_ms`` (0 for an injected clock)
     now_fraction_ms: float
@@ -291,8 +286,7 @@ def claim(
 # -- ack.lua -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class AckReply:
+class AckReply(NamedTuple):
     acked: int
     #: one character per (id, token) pair as sent: "h" acked, "c" its task was cancelled
     #: while leased, "l" its lease was lost (both not acked)
@@ -387,8 +381,7 @@ _FAIL_STATUS = {
 }
 
 
-@dataclass(frozen=True)
-class FailReply:
+class FailReply(NamedTuple):
     status: Status  # RETRIED, DEAD, EXPIRED, LEASE_LOST or CANCELLED
     at_ms: int  # next attempt (RETRIED) or time of death (DEAD) or of expiry (EXPIRED)
 
@@ -422,8 +415,7 @@ def fail(
 # -- extend.lua, release.lua, reschedule.lua: a time in ms, or -1 ------------------------------
 
 
-@dataclass(frozen=True)
-class TimeReply:
+class TimeReply(NamedTuple):
     status: Status
     ms: int  # the new lease deadline / due time (only when status is OK)
 
@@ -436,8 +428,7 @@ def _time_reply(failed: Status) -> Callable[[Any], TimeReply]:
     return parse
 
 
-@dataclass(frozen=True)
-class ExtendReply:
+class ExtendReply(NamedTuple):
     deadline_ms: int  # the new deadline of every lease that was held
     #: one character per (id, token) pair as sent: "h" extended, "c" its task was cancelled
     #: while leased, "l" its lease was lost (both not extended)
@@ -513,8 +504,7 @@ def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[T
     return Call("inspect", [*keys, *k.upper_due], [now, "dead", offset, count], task_infos)
 
 
-@dataclass(frozen=True)
-class ListReply:
+class ListReply(NamedTuple):
     cursor: str  # "" when the listing is done
     looked_at: int
     tasks: list[TaskInfo]
@@ -524,8 +514,7 @@ def _parse_list(reply: Any) -> ListReply:
     return ListReply(text(reply[0]), int(reply[1]), task_infos(reply[2:]))
 
 
-@dataclass(frozen=True)
-class ListFilter:
+class ListFilter(NamedTuple):
     """What list_tasks.lua keeps: "" (or None) for any."""
 
     id_prefix: str = ""
@@ -547,8 +536,7 @@ def list_tasks(
     return Call("list_tasks", keys, [*args, low, high], _parse_list)
 
 
-@dataclass(frozen=True)
-class HistoryReply:
+class HistoryReply(NamedTuple):
     now_ms: int
     #: per minute (oldest first), the counts in HISTORY_COUNTERS order
     minutes: list[list[int]]
@@ -696,8 +684,7 @@ class CronAdvance(enum.IntEnum):
         return self < CronAdvance.SKIPPED
 
 
-@dataclass(frozen=True)
-class CronEntry:
+class CronEntry(NamedTuple):
     """One claimed occurrence for cron_advance.lua."""
 
     name: str
@@ -715,8 +702,7 @@ class CronEntry:
     pause_after: int | None = None
 
 
-@dataclass(frozen=True)
-class CronAdvanced:
+class CronAdvanced(NamedTuple):
     """cron_advance.lua's reply: the earliest due time it added (None: none), and a status
     per entry."""
 
@@ -865,8 +851,7 @@ def workers_read(k: QueueKeys) -> Batch:
 DOCTOR_PHASES = ("keys", "waits", "rate", "orphans")
 
 
-@dataclass(frozen=True)
-class DoctorReply:
+class DoctorReply(NamedTuple):
     cursor: str  # "" when the phase is done
     looked_at: int
     note: str  # "" or what this call did not check
@@ -953,8 +938,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
 # -- spark_stage.lua, spark_commit.lua, spark_abort.lua (dueq.spark's DueqDataSource) ----------
 
 
-@dataclass(frozen=True)
-class StageReply:
+class StageReply(NamedTuple):
     #: records staged now, and records whose id this batch had staged before (a task retry)
     staged: int
     duplicates: int
@@ -984,8 +968,7 @@ class CommitState(enum.IntEnum):
     EARLIER_UNFINISHED = -3  # batch ``batch`` of this query was sealed and never finished
 
 
-@dataclass(frozen=True)
-class CommitStep:
+class CommitStep(NamedTuple):
     state: CommitState
     #: the records this step scheduled (PROMOTED only)
     scheduled: ScheduleReply | None = None

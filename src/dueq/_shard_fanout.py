@@ -19,8 +19,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _protocol as protocol
 from ._drive import Flow
@@ -28,8 +27,7 @@ from ._drive import Flow
 __all__ = ["SEND_THREADS", "Each", "send_each", "send_each_async", "together"]
 
 
-@dataclass(frozen=True)
-class Each:
+class Each(NamedTuple):
     """Steps for several shards at once (``together``); the front end's ``_send`` answers
     one ``(ok, value or error)`` per step (``send_each``, ``send_each_async``)."""
 

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import reactivex
 from reactivex import Observable, abc
@@ -119,8 +119,7 @@ class AsyncEvent(EventBase):
 # -- reading: the steps, written once ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ReaderSpec:
+class ReaderSpec(NamedTuple):
     """What one reader reads: the stream, its group and member name (None: a tail), the
     redelivery idle time, and where a new group or a tail starts (a stream id, or "" for now)."""
 

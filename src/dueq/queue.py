@@ -8,6 +8,7 @@ Every state change is one Lua script call (see ``dueq/lua``), built by the proto
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -154,6 +155,8 @@ class Queue(QueueCore):
         )
         self.dead = DeadLetters(self, self._dead_flows)
         self.cron = Crons(self, self._cron_flows)
+        # a threaded worker's wake and claim threads both check the server at start: once
+        self._server_check_lock = threading.Lock()
 
     @classmethod
     def from_url(
@@ -215,7 +218,17 @@ class Queue(QueueCore):
 
     def wake_subscription(self) -> WakeSubscription:
         """What ``dueq.wake.WakeListener`` subscribes to (checks the server first)."""
+        self._check_server_once()
         return self.drive(self.wake_subscription_flow())
+
+    def _check_server_once(self) -> None:
+        """``check_server`` unless done: threads asking at once (a worker's wake and claim
+        threads at its start) wait for the first one's check instead of each sending theirs."""
+        if self._server_checked:
+            return
+        with self._server_check_lock:
+            if not self._server_checked:
+                self.check_server()
 
     def check_server(self) -> None:
         """Check the Redis server once: refuse versions before 6.2, and log what its
@@ -390,8 +403,7 @@ class Queue(QueueCore):
         """Like ``claim``, also telling when the next task is due and the next lease ends.
         ``holder`` names who takes the leases (a worker id, shown by ``list_tasks`` and
         ``get``); by default the queue's ``holder``, else "<host>:<pid>"."""
-        if not self._server_checked:
-            self.check_server()
+        self._check_server_once()
         return self.drive(self.claim_flow(limit, lease, holder))
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> int:

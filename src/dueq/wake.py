@@ -26,7 +26,7 @@ import struct
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 
@@ -47,8 +47,7 @@ SHARDED_PUBSUB_VERSION = (7, 0)
 WAKE_TYPES = frozenset({"message", "smessage"})
 
 
-@dataclass(frozen=True)
-class WakeSubscription:
+class WakeSubscription(NamedTuple):
     """What a consumer subscribes to: the queue's wake channels (one per shard), and whether
     by SSUBSCRIBE (``sharded``) or SUBSCRIBE."""
 
