@@ -17,7 +17,7 @@ import operator
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from . import _protocol as protocol
 from . import discovery
@@ -53,6 +53,26 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger("dueq.spark")  # the public module's name, as before the split
+
+_Default = TypeVar("_Default", int, None)
+
+
+def int_option(
+    options: Any, name: str, default: _Default, *, low: int, high: int
+) -> int | _Default:
+    """A whole-number option of a Spark reader or writer in ``low..high``, or ``default`` when
+    it is not given; ConfigurationError for anything else."""
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigurationError(f"option {name} must be a whole number, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ConfigurationError(f"option {name} must be in {low}..{high}, got {value}")
+    return value
+
 
 BadRowPolicy = Literal["count", "raise"]
 DueKind = Literal["now", "at", "at_seconds", "delay"]

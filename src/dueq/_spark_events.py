@@ -44,7 +44,7 @@ from datetime import datetime
 from typing import Any
 
 from . import discovery
-from ._spark_batch import check_target
+from ._spark_batch import check_target, int_option
 from .events import range_events
 from .exceptions import ConfigurationError, DueqError, EventsTrimmed
 from .keys import QueueKeys
@@ -136,19 +136,6 @@ def _start_id(raw: str) -> str | None:
 # -- options and the driver's look at the streams ------------------------------------------------
 
 
-def _int_option(options: Any, name: str, default: int | None, *, low: int, high: int) -> int | None:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise ConfigurationError(f"option {name} must be a whole number, got {raw!r}") from None
-    if not low <= value <= high:
-        raise ConfigurationError(f"option {name} must be in {low}..{high}, got {value}")
-    return value
-
-
 def _bool_option(options: Any, name: str, default: bool) -> bool:
     raw = options.get(name)
     if raw is None:
@@ -236,9 +223,9 @@ def events_options(options: Any) -> EventsOptions:
         url=str(url),
         queue=str(queue),
         start=_start_id(str(options.get("events"))),
-        max_per_trigger=_int_option(options, "maxEventsPerTrigger", None, low=1, high=10**9),
-        slices=_int_option(options, "partitions", 1, low=1, high=MAX_SLICES) or 1,
-        page_size=_int_option(options, "page_size", EVENTS_PAGE, low=1, high=MAX_EVENTS_PAGE)
+        max_per_trigger=int_option(options, "maxEventsPerTrigger", None, low=1, high=10**9),
+        slices=int_option(options, "partitions", 1, low=1, high=MAX_SLICES) or 1,
+        page_size=int_option(options, "page_size", EVENTS_PAGE, low=1, high=MAX_EVENTS_PAGE)
         or EVENTS_PAGE,
         fail_on_loss=_bool_option(options, "failOnDataLoss", True),
     )

@@ -84,6 +84,7 @@ from ._spark_batch import (
     check_target,
     close_batch,
     columns_of,
+    int_option,
     packed_batches,
     partition_plan,
     schedule_rows,
@@ -132,19 +133,6 @@ _BATCH_ID = "streaming.sql.batchId"
 
 
 # -- options -----------------------------------------------------------------------------------
-
-
-def _int_option(options: Any, name: str, default: int, *, low: int, high: int) -> int:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise ConfigurationError(f"option {name} must be a whole number, got {raw!r}") from None
-    if not low <= value <= high:
-        raise ConfigurationError(f"option {name} must be in {low}..{high}, got {value}")
-    return value
 
 
 def _target(options: Any) -> tuple[str, str]:
@@ -198,11 +186,11 @@ def _write_setup(options: Any, schema: T.StructType) -> _WriteSetup:
         url,
         columns.due_kind,
         has_id=columns.id_col is not None,
-        batch_size=_int_option(
+        batch_size=int_option(
             options, "batch_size", DEFAULT_BATCH_SIZE, low=1, high=SCHEDULE_BATCH
         ),
         on_bad_row=options.get("on_bad_row", "count"),
-        max_payload_bytes=_int_option(
+        max_payload_bytes=int_option(
             options, "max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES, low=1, high=2**31 - 1
         ),
         remember_done=None,
@@ -210,8 +198,8 @@ def _write_setup(options: Any, schema: T.StructType) -> _WriteSetup:
         batch=options.get("batch"),
     )
     day_s = 86_400
-    ttl_s = _int_option(options, "staging_ttl_s", DEFAULT_STAGING_TTL_S, low=60, high=365 * day_s)
-    memory_s = _int_option(
+    ttl_s = int_option(options, "staging_ttl_s", DEFAULT_STAGING_TTL_S, low=60, high=365 * day_s)
+    memory_s = int_option(
         options, "batch_memory_s", DEFAULT_BATCH_MEMORY_S, low=day_s, high=3650 * day_s
     )
     on_complete = _on_complete(options)
@@ -432,8 +420,8 @@ class _Reader(DataSourceReader):
         self.state = options.get("state", "dead")
         if self.state not in _STATES:
             raise ConfigurationError(f"state must be scheduled, leased or dead, got {self.state!r}")
-        self.page_size = _int_option(options, "page_size", READ_PAGE, low=1, high=SCHEDULE_BATCH)
-        self.wanted = _int_option(options, "partitions", 0, low=0, high=MAX_READ_PARTITIONS)
+        self.page_size = int_option(options, "page_size", READ_PAGE, low=1, high=SCHEDULE_BATCH)
+        self.wanted = int_option(options, "partitions", 0, low=0, high=MAX_READ_PARTITIONS)
         # a sharded queue is read shard by shard: each shard is a queue of its own keys
         names = _queue_names(self.url, self.queue)
         # a scheduled task waits in its priority's due set, or parked (see claim.lua)
