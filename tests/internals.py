@@ -9,8 +9,8 @@ short and visible (issue 26: tests use the public API or a named test-support mo
 - ``schedule_flows``: the scheduling flows' module (a test replaces its id generator to force
   an id collision);
 - ``tracing``: the tracer lookup and its cache (reset between tracing tests);
-- ``prefetch``, ``consume`` and ``process``: the consumers' prefetch, claim-loop rules and
-  handler-thread algorithms, unit tested on their own;
+- ``prefetch``, ``consume``, ``process`` and ``emit``: the consumers' prefetch, claim-loop
+  rules, handler-thread algorithms and serial emitter, unit tested on their own;
 - ``shards``: the shard placement rule (``dueq._shard_layout.shard_names``) and its bound
   (``MAX_SHARDS``);
 - ``spark_source()``: the Spark data source's module (pyspark >= 4.0; imported on demand);
@@ -28,10 +28,12 @@ from dueq import _protocol as protocol
 from dueq import _schedule_flows as schedule_flows
 from dueq import _shard_layout as shards
 from dueq import _tracing as tracing
+from dueq.operators import _emit as emit
 from dueq.operators import _process as process
 
 __all__ = [
     "consume",
+    "emit",
     "look_again_for_tracer",
     "prefetch",
     "process",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 from async_support import Blocking
+from counting import calls
 from waiting import wait_for
 
 import dueq
@@ -432,23 +432,6 @@ def test_named_task_options_are_exactly_queue_schedule_options() -> None:
     assert keywords(TaskFunction.task) == queue_options - {"replace"}
 
 
-def _calls(fn: Callable[[], Any]) -> int:
-    """Python and C function calls made by ``fn()`` (exact: a profile hook counts them)."""
-    count = 0
-
-    def hook(_frame: Any, event: str, _arg: Any) -> None:
-        nonlocal count
-        if event in ("call", "c_call"):
-            count += 1
-
-    sys.setprofile(hook)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return count
-
-
 def test_a_named_envelope_decodes_in_place_with_no_more_calls_than_a_plain_one() -> None:
     """Issue 31: a worker of named tasks decodes one per delivery; after its name has been read
     once, it takes the plain envelope's fast path (the JSON read in place after the name line),
@@ -457,7 +440,7 @@ def test_a_named_envelope_decodes_in_place_with_no_more_calls_than_a_plain_one()
     named = encode_envelope(payload, 1000, task_name="bench_task")
     plain = encode_envelope(payload, 1000)
     assert decode_named(named) == (payload, dueq.TaskOptions(), None, "bench_task")
-    assert _calls(lambda: decode_named(named)) <= _calls(lambda: decode_named(plain)) + 1
+    assert calls(lambda: decode_named(named)) <= calls(lambda: decode_named(plain)) + 1
     traced = encode_envelope(payload, 1000, trace=TRACE.line(), task_name="bench_task")
     assert decode_named(traced) == (payload, dueq.TaskOptions(), TRACE, "bench_task")
     with pytest.raises(dueq.PayloadError):

@@ -3,34 +3,15 @@ same under any load; the bench's CPU figures move with the machine's)."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
 from typing import Any
 
 import redis
+from counting import calls
+from internals import emit
 
 import dueq
 from dueq.named import dispatcher
-from dueq.operators._emit import SerialEmitter
 from dueq.task import Outcome, SettleHook, settled_outcome
-
-
-def calls(fn: Callable[[], Any]) -> int:
-    """Python and C function calls made inside ``fn()`` (exact: a profile hook counts them;
-    ``fn`` itself and the hook's removal are not counted)."""
-    count = -2
-
-    def hook(_frame: Any, event: str, _arg: Any) -> None:
-        nonlocal count
-        if event in ("call", "c_call"):
-            count += 1
-
-    sys.setprofile(hook)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return count
 
 
 class _Seen:
@@ -49,7 +30,7 @@ class _Seen:
 
 
 def test_emitting_a_round_of_outcomes_costs_the_observer_calls_and_a_few_more() -> None:
-    emitter: SerialEmitter[int] = SerialEmitter()
+    emitter: emit.SerialEmitter[int] = emit.SerialEmitter()
     seen = _Seen()
     emitter.attach(seen)  # type: ignore[arg-type]
     n = 200
