@@ -138,6 +138,8 @@ def follower_main(args: argparse.Namespace) -> None:
         at_ms = round(ev.at.timestamp() * 1000)
         out.write(f"V {ev.id} {ev.task_id} {ev.kind} {ev.attempt} {at_ms}\n")
         time.sleep(args.work_ms / 1000)  # the work: a kill lands between the log and the ack
+        while args.hold_file and os.path.exists(args.hold_file):
+            time.sleep(0.02)  # told to hold what it has (until it is killed for good)
         ev.ack()
 
     def on_error(exc: Exception) -> None:
@@ -278,6 +280,11 @@ class Processes:
         self.crashes = 0
         self.lock = threading.Lock()  # the completion killer thread kills, the main one restarts
 
+    @property
+    def hold_file(self) -> Path:
+        """While it exists, the member that goes for good logs its events but acks none."""
+        return self.folder / f"{GONE_MEMBER}.hold"
+
     def spawn(self, name: str) -> None:
         self.generation += 1
         path = self.folder / f"{name}-{self.generation}.log"
@@ -290,6 +297,8 @@ class Processes:
             command = ["follow", *common, "--group", group, "--consumer", name]
             command += ["--since-ms", str(self.since_ms)]
             command += ["--work-ms", str(self.settings.follower_work_ms)]
+            if name == GONE_MEMBER:
+                command += ["--hold-file", str(self.hold_file)]
         with open(path.with_suffix(".err"), "wb") as errors:  # the child keeps its own copy
             self.procs[name] = subprocess.Popen(
                 [sys.executable, __file__, *command], stdin=subprocess.DEVNULL, stderr=errors
@@ -442,18 +451,17 @@ def kill_plan(settings: Settings, rng: random.Random) -> list[tuple[float, str]]
 
 
 def kill_gone_member(client: redis.Redis, procs: Processes, stream: str) -> list[str]:
-    """SIGKILL the member that stays gone once it holds unacked events (waits up to 5 s);
-    returns the ids of the events it held."""
-    deadline = time.monotonic() + 5
-    held = 0
+    """SIGKILL the member that stays gone while it holds unacked events: it is told to hold
+    what it reads (its hold file), and killed once it holds one (waits up to 60 s); returns the
+    ids of the events it held."""
+    procs.hold_file.touch()
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        held = len(
-            client.xpending_range(stream, "billing", "-", "+", 1000, consumername=GONE_MEMBER)
-        )
-        if held:
+        if client.xpending_range(stream, "billing", "-", "+", 1, consumername=GONE_MEMBER):
             break
         time.sleep(0.02)
     procs.kill(GONE_MEMBER, restart=False)
+    procs.hold_file.unlink()
     held = client.xpending_range(stream, "billing", "-", "+", 1000, consumername=GONE_MEMBER)
     return [entry["message_id"].decode() for entry in held]
 
@@ -867,6 +875,7 @@ def main() -> int:
         child.add_argument("--group")
         child.add_argument("--consumer")
         child.add_argument("--since-ms", type=int, default=0)
+        child.add_argument("--hold-file", help="follow: while it exists, log events, never ack")
     parser.add_argument("--quick", action="store_true", help="about 40 seconds")
     parser.add_argument("--units", type=int, help="units planned (a unit: 1 to 4 tasks)")
     parser.add_argument("--spread-s", type=float, help="seconds over which tasks are scheduled")
