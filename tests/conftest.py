@@ -147,9 +147,10 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-def async_mirror(client: redis.Redis) -> redis.asyncio.Redis:
+def async_mirror(client: redis.Redis, **options: Any) -> redis.asyncio.Redis:
     """A ``redis.asyncio`` client to the same server as ``client``, as the same user, with the
-    same TLS settings (so async tests run in the ACL and TLS modes too)."""
+    same TLS settings (so async tests run in the ACL and TLS modes too); ``options`` are more
+    keywords of ``redis.asyncio.Redis``."""
     kw = client.connection_pool.connection_kwargs
     tls = {k: kw[k] for k in ("ssl_ca_certs", "ssl_cert_reqs", "ssl_check_hostname") if k in kw}
     return redis.asyncio.Redis(
@@ -159,6 +160,7 @@ def async_mirror(client: redis.Redis) -> redis.asyncio.Redis:
         password=kw.get("password"),
         decode_responses=kw.get("decode_responses", False),
         **({"ssl": True, **tls} if kw.get("ssl_ca_certs") else {}),
+        **options,
     )
 
 

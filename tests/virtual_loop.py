@@ -1,0 +1,78 @@
+"""An asyncio event loop on a virtual clock, for tests of an asyncio consumer's timing.
+
+Timers (``asyncio.sleep``, ``asyncio.wait`` timeouts, ``call_at``) fire at their exact virtual
+time and take no real time: when the loop would block until its next timer, its clock jumps to
+that timer instead. Real I/O (the test's Redis) still runs for real: the loop polls its sockets
+first and only jumps when none is ready. While nothing but I/O is pending (no timer), it blocks
+on the sockets as any loop does.
+
+The clock jumps only when the loop has nothing ready to run, so the order of a coroutine's steps
+is kept; what a test must not do is keep a timer pending while it waits for Redis (a timeout
+around the whole run, a socket timeout on the client): the clock would jump to it as soon as a
+reply is a moment late. The threaded consumer's tests use reactivex's ``TestScheduler`` the
+same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class _Clock:
+    def __init__(self, start_s: float) -> None:
+        self.now_s = start_s
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """A selector whose wait for a timer is a jump of the virtual clock."""
+
+    def __init__(self, clock: _Clock) -> None:
+        super().__init__()
+        self._clock = clock
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None or timeout <= 0:  # no timer (block on I/O alone), or no wait at all
+            return super().select(timeout)
+        ready = super().select(0)
+        if not ready:  # nothing to read or write: the next timer is due
+            self._clock.now_s += timeout
+        return ready
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """A selector event loop whose ``time()`` is a virtual clock starting at ``start_s``."""
+
+    def __init__(self, start_s: float) -> None:
+        self._virtual = _Clock(start_s)
+        super().__init__(_JumpingSelector(self._virtual))
+        # a timer is run once the clock is within this of it: above the float spacing of
+        # epoch seconds (2.4e-7), so a jump by the remaining timeout always reaches it
+        self._clock_resolution = 1e-6
+
+    def time(self) -> float:
+        return self._virtual.now_s
+
+
+def run_virtual(coro: Coroutine[Any, Any, T], start_s: float) -> T:
+    """Run ``coro`` to its end on a new ``VirtualTimeLoop`` (as ``asyncio.run`` does on a
+    real one: tasks left over are cancelled, async generators closed, the loop closed)."""
+    loop = VirtualTimeLoop(start_s)
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
