@@ -185,26 +185,23 @@ def test_fastapi_example_health_answers_while_a_signup_waits_for_a_paused_redis(
 ):
     mail = mail_service([], [])
 
-    async def main() -> tuple[float, float, bool, int]:
+    async def main() -> tuple[float, bool, int]:
         async with serve_example(redis_server.url, mail, queue="fastapi-paused") as client:
             await client.post("/signup", json={"email": "warm@example.com"})  # connected
             admin.execute_command("CLIENT", "PAUSE", 1000, "WRITE")  # as a failover does
             paused = time.monotonic()
             signup = asyncio.create_task(client.post("/signup", json={"email": "b@example.com"}))
             await asyncio.sleep(0.05)  # the schedule is in flight, held by Redis
-            started = time.monotonic()
             health = await client.get("/health")
-            health_s = time.monotonic() - started
-            in_flight = not signup.done()
+            in_flight = not signup.done()  # /health answered while the schedule waited
             assert health.json() == {"status": "ok"}
             reply = await signup
             signup_s = time.monotonic() - paused
-        return health_s, signup_s, in_flight, reply.status_code
+        return signup_s, in_flight, reply.status_code
 
-    health_s, signup_s, in_flight, status = asyncio.run(main())
-    assert in_flight and status == 202
+    signup_s, in_flight, status = asyncio.run(main())
     assert signup_s >= 0.5  # the schedule really waited for Redis...
-    assert health_s < 0.5  # ...and /health did not wait behind it (a bound, not a speed test)
+    assert in_flight and status == 202  # ...and /health did not wait behind it
 
 
 def test_fastapi_example_self_test_runs_without_a_web_server():
