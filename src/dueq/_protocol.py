@@ -21,6 +21,7 @@ import enum
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from .doctor import DoctorFinding
@@ -203,9 +204,10 @@ def batches_scan(k: QueueKeys, cursor: int, count: int) -> Command[tuple[int, li
 
 # -- claim.lua ---------------------------------------------------------------------------------
 
-#: Fields before the first delivery in claim.lua's reply, and fields per delivery.
-_CLAIM_HEAD = 9
-_CLAIM_ROW = 5
+#: Fields before the first delivery in claim.lua's reply (the head, then the column of each
+#: task's due ms, attempt and first claim), and fields per delivery (id, envelope).
+CLAIM_HEAD = 10
+_CLAIM_ROW = 2
 
 
 #: One leased task as claim.lua returned it, the payload still encoded: (id, envelope,
@@ -231,30 +233,41 @@ class ClaimReply(NamedTuple):
     rows: list[ClaimedRow]
 
 
-def _claimed_rows(reply: Any) -> list[ClaimedRow]:
-    """The rows after the head: columns sliced out of the flat reply and zipped (no Python
-    call per row)."""
-    ids = reply[_CLAIM_HEAD::_CLAIM_ROW]
-    if not ids:
+def _claimed_rows(reply: Any, now_ms: int) -> list[ClaimedRow]:
+    """The rows after the head: ids and envelopes sliced out of the flat reply, zipped with the
+    column (reply[9]) of each task's "<due>" (a first delivery first claimed now) or
+    "<due>,<attempt>,<first>". A claim of first deliveries takes no Python call per row."""
+    ids = reply[CLAIM_HEAD::_CLAIM_ROW]
+    n = len(ids)
+    if not n:
         return []
     if isinstance(ids[0], bytes):  # every id then (a client decodes all replies or none)
         ids = [raw.decode("utf-8") for raw in ids]
-    return list(
-        zip(
-            ids,
-            reply[_CLAIM_HEAD + 1 :: _CLAIM_ROW],
-            map(int, reply[_CLAIM_HEAD + 2 :: _CLAIM_ROW]),
-            map(int, reply[_CLAIM_HEAD + 3 :: _CLAIM_ROW]),
-            map(int, reply[_CLAIM_HEAD + 4 :: _CLAIM_ROW]),
-            strict=True,
-        )
-    )
+    column = text(reply[CLAIM_HEAD - 1])
+    envelopes = reply[CLAIM_HEAD + 1 :: _CLAIM_ROW]
+    if "," not in column:
+        dues = map(int, column.split("|"))
+        return list(zip(ids, envelopes, repeat(1, n), dues, repeat(now_ms, n), strict=True))
+    attempts: list[int] = []
+    due_list: list[int] = []
+    firsts: list[int] = []
+    for entry in column.split("|"):
+        due, _, rest = entry.partition(",")
+        due_list.append(int(due))
+        if rest:
+            attempt, _, first = rest.partition(",")
+            attempts.append(int(attempt))
+            firsts.append(int(first))
+        else:
+            attempts.append(1)
+            firsts.append(now_ms)
+    return list(zip(ids, envelopes, attempts, due_list, firsts, strict=True))
 
 
 def _parse_claim(reply: Any) -> ClaimReply:
-    next_due, next_deadline = int(reply[1]), int(reply[2])
+    now_ms, next_due, next_deadline = int(reply[0]), int(reply[1]), int(reply[2])
     return ClaimReply(
-        now_ms=int(reply[0]),
+        now_ms=now_ms,
         now_fraction_ms=int(reply[5]) / 1000,
         next_due_ms=None if next_due < 0 else next_due,
         next_lease_deadline_ms=None if next_deadline < 0 else next_deadline,
@@ -263,7 +276,7 @@ def _parse_claim(reply: Any) -> ClaimReply:
         dropped=int(reply[6]),
         buried=int(reply[7]),
         paused=int(reply[8]) == 1,
-        rows=_claimed_rows(reply),
+        rows=_claimed_rows(reply, now_ms),
     )
 
 

@@ -53,7 +53,11 @@
 --          unreadable meta, or as many attempts as max_attempts already made),
 --          paused (1 when the queue is paused: nothing is leased and next_due is -1, so
 --          consumers sleep until resume wakes them; expired leases are still reclaimed),
---          id1, envelope1, attempt1, due1, first_claimed1, id2, envelope2, ...}
+--          column (one entry per leased task, in order, joined by "|": "<due ms>" for a first
+--          delivery first claimed now, else "<due ms>,<attempt>,<first_claimed ms>"),
+--          id1, envelope1, id2, envelope2, ...}
+-- (Two elements per task, not five: every element of a reply is converted from Lua and
+-- written as RESP one by one, and the attempt and first-claim of most tasks are the defaults.)
 -- Due tasks are leased by priority (9 first), then earliest due within a priority. A due task
 -- past its expiry is not leased: it ends "expired" (the prelude's expiry notes).
 -- With a rate "n/per_ms" set, at most n tasks are leased in any window of per_ms (counted by
@@ -154,7 +158,7 @@ if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency',
   'concurrency', 'key_limits', 'keep_results_ms', 'events_ms')
 local paused = config.paused == true
-local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
+local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0, ''}
 
 -- The rate: how many more claims the window allows (nil: no rate).
 local rate_n, rate_per = nil, nil
@@ -317,7 +321,9 @@ local buried_here = 0
 local token = nil
 local deadline = now + lease_ms
 local leased, meta, orphans, too_late = {}, {}, {}, {}
-local n_leased, n_out = 0, #out
+-- out's rows start after its 10 head fields, two per lease: a lease's id is at n_leased + 9
+-- once n_leased counts it; column holds out[10]'s entries, one per leased task
+local n_leased, column = 0, {}
 -- Text of the first-claim time and of each distinct due ms in this claim, formatted once (tasks
 -- scheduled in bulk share their due ms).
 local now_text, due_texts = ms(now), {}
@@ -437,9 +443,12 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
         meta[n_leased + 2] = attempt_text .. token_mid .. due_text .. '|' .. first
       end
       n_leased = n_leased + 2
-      out[n_out + 1], out[n_out + 2], out[n_out + 3] = id, envelopes[i], attempt
-      out[n_out + 4], out[n_out + 5] = due_text, first
-      n_out = n_out + 5
+      if attempt == 1 and first == now_text then
+        column[n_leased / 2] = due_text
+      else
+        column[n_leased / 2] = due_text .. ',' .. attempt_text .. ',' .. first
+      end
+      out[n_leased + 9], out[n_leased + 10] = id, envelopes[i]
     end
   end
   if parked_here + #too_late == parked_before then break end  -- none stepped aside: no more
@@ -480,6 +489,7 @@ if #park_members > 0 then
 end
 if #leased > 0 then
   out[4] = token
+  out[10] = table.concat(column, '|')
   call_chunked('ZADD', KEYS[2], leased)
   hset_many(KEYS[4], meta)
   stat_incr(KEYS[7], 'claimed', #leased / 2)

@@ -1,0 +1,68 @@
+"""claim.lua's reply and ack.lua's request: what crosses between Lua and the client per task
+(issue 31: fewer Redis instructions per claim + ack)."""
+
+from __future__ import annotations
+
+from internals import protocol, script_runner
+
+import dueq
+
+
+def _raw_claim(q: dueq.Queue, limit: int) -> list:
+    call = protocol.claim(
+        q.keys,
+        q.now_arg(),
+        limit=limit,
+        lease_ms=30_000,
+        max_attempts=3,
+        reclaim_limit=100,
+        dead_max_count=1000,
+        dead_max_age_ms=86_400_000,
+        backoff_ms=[0],
+    )
+    return script_runner(q).run(call.script, call.keys, call.args)
+
+
+def test_a_claim_reply_carries_two_elements_per_task_and_one_column_for_the_rest(r, clock):
+    q = dueq.Queue("reply", r, clock=clock)
+    q.schedule_many([dueq.Task(i) for i in range(3)])
+    raw = _raw_claim(q, 10)
+    # the head, then one column (due, attempt and first-claimed of every task, as text), then
+    # (id, envelope) per task
+    assert len(raw) == 10 + 2 * 3  # 9 head fields and the column
+    rows = protocol.claim(
+        q.keys,
+        "",
+        limit=0,
+        lease_ms=1,
+        max_attempts=1,
+        reclaim_limit=1,
+        dead_max_count=1,
+        dead_max_age_ms=1,
+        backoff_ms=[0],
+    ).parse(raw)
+    now_ms = int(raw[0])
+    assert [row[2:] for row in rows.rows] == [(1, now_ms, now_ms)] * 3
+
+
+def test_claimed_rows_keep_each_due_attempt_and_first_claim(make_queue, clock):
+    q = make_queue(lease=30, retry=dueq.RetryPolicy(max_attempts=5, wait=lambda s: 0))
+    early = q.schedule("early")
+    clock.advance(1)
+    later = q.schedule("later")
+    got = {d.id: d for d in q.claim(10)}
+    t1 = got[early].first_claimed_ms
+    t0 = t1 - 1000
+    assert {tid: (d.attempt, d.due_ms, d.first_claimed_ms) for tid, d in got.items()} == {
+        early: (1, t0, t1),
+        later: (1, t1, t1),
+    }
+    clock.advance(30)  # both leases expire: back due at once (no backoff), attempt 2 next
+    new = q.schedule("new")
+    t2 = t1 + 30_000
+    got = {d.id: d for d in q.claim(10)}
+    assert {tid: (d.attempt, d.due_ms, d.first_claimed_ms) for tid, d in got.items()} == {
+        early: (2, t2, t1),
+        later: (2, t2, t1),
+        new: (1, t2, t2),
+    }
