@@ -66,3 +66,35 @@ def test_claimed_rows_keep_each_due_attempt_and_first_claim(make_queue, clock):
         later: (2, t2, t1),
         new: (1, t2, t2),
     }
+
+
+def test_an_ack_of_one_claims_leases_sends_its_token_once(r, clock):
+    pairs = [(f"task-{i}", "123456@worker-host:4242") for i in range(1000)]
+    packed = protocol.pack_pairs(pairs)
+    # each id with its 2-byte length, then the token once (2-byte length, 4-byte count)
+    ids_bytes = sum(2 + len(task_id) for task_id, _ in pairs)
+    assert len(packed) == ids_bytes + 2 + len("123456@worker-host:4242") + 4
+
+
+def test_an_ack_judges_each_pair_by_its_own_token_when_claims_interleave(r, clock):
+    q = dueq.Queue("interleaved", r, clock=clock)
+    q.schedule_many([dueq.Task(i) for i in range(4)])
+    a, b = q.claim(2)
+    c, d = q.claim(2)
+    # pairs as given: the two claims' tokens interleaved, a repeated pair, an id under a token
+    # that is not its lease's
+    pairs = [(a.id, a.token), (c.id, c.token), (c.id, a.token), (b.id, b.token), (a.id, a.token)]
+    call = protocol.ack(q.keys, q.now_arg(), pairs, window_ms=0)
+    reply = call.parse(script_runner(q).run(call.script, call.keys, call.args))
+    assert (reply.acked, reply.verdicts) == (3, "hhlhh")
+    assert q.get(d.id).state == "leased"
+
+
+def test_ack_many_of_two_claims_interleaved_acks_each(make_queue, clock):
+    q = make_queue(lease=30)
+    q.schedule_many([dueq.Task(i) for i in range(6)])
+    first = q.claim(3)
+    second = q.claim(3)
+    mixed = [first[0], second[0], first[1], second[1], first[2], second[2]]
+    assert q.ack_many(mixed) == 6
+    assert q.stats().leased == 0

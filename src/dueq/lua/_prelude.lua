@@ -370,44 +370,56 @@ local function done_window(k_config, k_stats, caller_ms)
   return tonumber(caller_ms)
 end
 
--- Iterate the (id, lease token) pairs packed back to back as struct '>Hc0Hc0' (ack, extend).
-local function pairs_unpack(blob)
-  local pos = 1
-  return function()
-    if pos > #blob then return nil end
-    local id, token
-    id, token, pos = struct.unpack('>Hc0Hc0', blob, pos)
-    return id, token
-  end
-end
-
--- The leases given as (id, token) pairs, packed as struct '>Hc0Hc0' (ack, extend): a repeated
--- pair counts once. Returns the distinct ids and tokens, and for each pair as given the index
--- of its distinct pair (so a reply can say something about every pair, in the caller's order).
--- Pairs are told apart by id, and by "id|token" only for an id sent under two tokens.
-local function leases_unpack(blob)
-  local ids, tokens, by_id, by_pair, positions = {}, {}, {}, nil, {}
-  local n, k, pos, size, unpack_pair = 0, 0, 1, #blob, struct.unpack
-  while pos <= size do  -- pairs_unpack, inlined: an iterator call per pair costs more
-    local id, token
-    id, token, pos = unpack_pair('>Hc0Hc0', blob, pos)
-    local at = by_id[id]
-    if at == nil then
-      n = n + 1
-      ids[n], tokens[n], by_id[id], at = id, token, n, n
-    elseif tokens[at] ~= token then
-      by_pair = by_pair or {}
-      local pair = id .. '|' .. token
-      at = by_pair[pair]
-      if not at then
-        n = n + 1
-        ids[n], tokens[n], by_pair[pair], at = id, token, n, n
+-- The leases given as (id, lease token) pairs (ack, extend), packed as runs of consecutive
+-- pairs under one token: the token ('>Hc0') and the run's count ('>I4'), then its ids ('>Hc0'
+-- each). A repeated pair counts once. Returns the distinct ids and tokens, and for each pair as
+-- given the index of its distinct pair (so a reply can say something about every pair, in the
+-- caller's order). Pairs are told apart by id, and by "id|token" only for an id sent under two
+-- tokens. A run's ids are read LEASE_IDS_STEP at a time with one struct.unpack (a call per id
+-- costs more than the rest of the loop).
+local leases_unpack
+do  -- a block: its locals do not count against a script chunk's 200
+  local LEASE_IDS_STEP = 200
+  local lease_ids_formats = {}  -- count -> '>' .. count times 'Hc0'
+  function leases_unpack(blob)
+    local ids, tokens, by_id, by_pair, positions = {}, {}, {}, nil, {}
+    local n, k, pos, size, unpack_struct = 0, 0, 1, #blob, struct.unpack
+    local got = {}
+    while pos <= size do
+      local token, count
+      token, count, pos = unpack_struct('>Hc0I4', blob, pos)
+      while count > 0 do
+        local step = math.min(count, LEASE_IDS_STEP)
+        local format = lease_ids_formats[step]
+        if not format then
+          format = '>' .. string.rep('Hc0', step)
+          lease_ids_formats[step] = format
+        end
+        got = {unpack_struct(format, blob, pos)}
+        pos = got[step + 1]
+        count = count - step
+        for g = 1, step do
+          local id = got[g]
+          local at = by_id[id]
+          if at == nil then
+            n = n + 1
+            ids[n], tokens[n], by_id[id], at = id, token, n, n
+          elseif tokens[at] ~= token then
+            by_pair = by_pair or {}
+            local pair = id .. '|' .. token
+            at = by_pair[pair]
+            if not at then
+              n = n + 1
+              ids[n], tokens[n], by_pair[pair], at = id, token, n, n
+            end
+          end
+          k = k + 1
+          positions[k] = at
+        end
       end
     end
-    k = k + 1
-    positions[k] = at
+    return ids, tokens, positions
   end
-  return ids, tokens, positions
 end
 
 -- Judge each distinct lease: 'h' held under its token at now, 'c' revoked by cancel.lua

@@ -37,8 +37,9 @@
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
 --         TRIM_DONE + acked per call); 0 leaves done alone
--- ARGV[3] the (id, lease token) pairs, packed back to back as struct '>Hc0Hc0' (one
---         argument keeps a batch cheap to send; a repeated pair counts once)
+-- ARGV[3] the (id, lease token) pairs: each run of consecutive pairs under one token packed as
+--         struct '>Hc0I4' (the token, the run's count), then '>Hc0' per id (one argument keeps
+--         a batch cheap to send, and a claim's token is sent once; a repeated pair counts once)
 -- ARGV[4] the handlers' values, one per pair as given, packed as struct '>Hc0' each: "" none,
 --         "=" .. JSON the value to keep, "!" .. why the value could not be kept; or "" for
 --         no values at all. Read only when keep_results_ms > 0 (the last of a repeated pair's
