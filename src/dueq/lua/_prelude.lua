@@ -47,14 +47,14 @@ local function meta_parse(v)
 end
 
 -- The token and key of a meta value, as meta_parse reads them ('' and nil when it is
--- unreadable), without making strings of the parts a lease check does not need.
+-- unreadable), without making strings of the parts a lease check does not need. The attempt
+-- is read as a number (strtod: about 800 instructions, most of a check) only when it has ten
+-- digits or more: nine always fit MAX_ATTEMPT.
 local function meta_token(v)
   if not v then return '', nil end
-  local a, t, d, d_end, f, rest = string.match(v, '^(%d+)|([^|]*)|()%d*()|()%d*()')
-  local attempt = tonumber(a)
-  if not attempt or attempt > MAX_ATTEMPT or d_end - d > 16 or rest - f > 16 then
-    return '', nil
-  end
+  local a_end, t, d, d_end, f, rest = string.match(v, '^%d+()|([^|]*)|()%d*()|()%d*()')
+  if not a_end or d_end - d > 16 or rest - f > 16 then return '', nil end
+  if a_end > 10 and tonumber(string.sub(v, 1, a_end - 1)) > MAX_ATTEMPT then return '', nil end
   if rest <= #v then  -- "|<key>", the key not empty
     if rest == #v or string.byte(v, rest) ~= 124 then return '', nil end
     return t, string.sub(v, rest + 1)
