@@ -442,7 +442,8 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   -- whether a deadline (its text) is after now, read once per distinct text: the leases of
   -- one claim share their deadline, and tonumber's strtod costs more than the rest of a check
   local live = {}
-  for i, id in ipairs(ids) do
+  for i = 1, #ids do  -- not ipairs: its iterator is a C call per id
+    local id = ids[i]
     local token, key = meta_token(metas[i])
     local deadline, after = deadlines and deadlines[i], deadlines == nil
     if deadline then

@@ -115,8 +115,13 @@ if #done > 0 then
     KEYS[2], KEYS[5], KEYS[11])
   local ak = links.after_keys(KEYS[25], KEYS[26], KEYS[27], KEYS[28], KEYS[4], KEYS[17], bk)
   links.tasks_ended(bk, ak, done, 'acked', now)
-  for _, id in ipairs(done) do  -- cron occurrences: their definition's last outcome
-    if string.byte(id, 1) == 99 then cron_note(KEYS[13], KEYS[14], id, 'acked', now) end
+  -- cron occurrences: their definition's last outcome (none without a definition: two calls
+  -- per id saved when the queue has no cron schedules)
+  if redis.call('EXISTS', KEYS[13]) == 1 then
+    for i = 1, #done do
+      local id = done[i]
+      if string.byte(id, 1) == 99 then cron_note(KEYS[13], KEYS[14], id, 'acked', now) end
+    end
   end
   if window > 0 then zadd_all(KEYS[6], now, done) end
 end
