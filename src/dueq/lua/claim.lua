@@ -105,53 +105,55 @@ end
 -- Their keys' leases end together (one keys_release after the loop). A lease whose task data
 -- is gone (evicted, deleted by hand) still ends its key's lease: the meta value names the key
 -- ("|<key>"), so the key's other tasks are not held back by a lease nobody can end.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
-local expired_keys = {}
-for _, id in ipairs(expired) do
-  redis.call('ZREM', KEYS[2], id)
-  local envelope = redis.call('HGET', KEYS[3], id)
-  local meta_value = redis.call('HGET', KEYS[4], id)
-  if envelope then
-    local priority, own_attempts, key = task_options(envelope)
-    if key then expired_keys[#expired_keys + 1] = key end
-    local attempt, token, _, first, readable = meta_parse(meta_value)
-    if not readable then
-      bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
-    else
-      redis.call('HSET', KEYS[4], id, attempt .. '|||' .. first)
-      -- the record names the holder whose lease ran out (the token's "@<holder>", if any)
-      local gone = string.match(token, '@(.+)$')
-      local record = '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
-        ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
-        'the worker died, hung or outlived its lease","traceback":null' ..
-        (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}'
-      error_append(KEYS[5], id, record)
-      local final = attempt >= (own_attempts or max_attempts)
-      outcome_events.note(final and 'dead' or 'retried', id, attempt, envelope, nil, record)
-      if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
-        cron_note(KEYS[14], KEYS[15], id, final and 'dead' or 'retrying', now, 'LeaseExpired')
-      end
-      if final then
-        redis.call('ZADD', KEYS[6], now, id)
-        died = died + 1
-        buried[died] = id
+do  -- a block: its locals do not count against the chunk's 200 (claim.lua is near them)
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
+  local expired_keys = {}
+  for _, id in ipairs(expired) do
+    redis.call('ZREM', KEYS[2], id)
+    local envelope = redis.call('HGET', KEYS[3], id)
+    local meta_value = redis.call('HGET', KEYS[4], id)
+    if envelope then
+      local priority, own_attempts, key = task_options(envelope)
+      if key then expired_keys[#expired_keys + 1] = key end
+      local attempt, token, _, first, readable = meta_parse(meta_value)
+      if not readable then
+        bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
       else
-        local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
-        redis.call('ZADD', levels[priority], now + wait, id)
+        redis.call('HSET', KEYS[4], id, attempt .. '|||' .. first)
+        -- the record names the holder whose lease ran out (the token's "@<holder>", if any)
+        local gone = string.match(token, '@(.+)$')
+        local record = '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
+          ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
+          'the worker died, hung or outlived its lease","traceback":null' ..
+          (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}'
+        error_append(KEYS[5], id, record)
+        local final = attempt >= (own_attempts or max_attempts)
+        outcome_events.note(final and 'dead' or 'retried', id, attempt, envelope, nil, record)
+        if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
+          cron_note(KEYS[14], KEYS[15], id, final and 'dead' or 'retrying', now, 'LeaseExpired')
+        end
+        if final then
+          redis.call('ZADD', KEYS[6], now, id)
+          died = died + 1
+          buried[died] = id
+        else
+          local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
+          redis.call('ZADD', levels[priority], now + wait, id)
+        end
       end
+    else
+      local _, _, _, _, _, key = meta_parse(meta_value)
+      if key then expired_keys[#expired_keys + 1] = key end
+      redis.log(redis.LOG_WARNING, '[dueq] expired lease of ' .. id .. ' in ' .. KEYS[2] ..
+        ' had no stored task (evicted or deleted by hand): dropped' ..
+        (key and ', its key ' .. key .. ' released' or ''))
+      redis.call('HDEL', KEYS[4], id)
+      redis.call('HDEL', KEYS[5], id)
     end
-  else
-    local _, _, _, _, _, key = meta_parse(meta_value)
-    if key then expired_keys[#expired_keys + 1] = key end
-    redis.log(redis.LOG_WARNING, '[dueq] expired lease of ' .. id .. ' in ' .. KEYS[2] ..
-      ' had no stored task (evicted or deleted by hand): dropped' ..
-      (key and ', its key ' .. key .. ' released' or ''))
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[5], id)
   end
+  if #expired_keys > 0 then keys_release(KEYS[10], KEYS[12], expired_keys, now) end
+  if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 end
-if #expired_keys > 0 then keys_release(KEYS[10], KEYS[12], expired_keys, now) end
-if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
 -- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
@@ -331,30 +333,40 @@ local due_ms_of, attempt_texts = {}, {}  -- score text -> due ms; attempt -> its
 local deadline_text, token_mid = ms(deadline), nil
 local upper_used = upper_levels_used(levels)
 while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDGET do
-  local ids, scores, priorities = {}, {}, {}
+  -- the due ids of this round, their scores, and (only when a level above 0 holds tasks)
+  -- their priorities; the first level's reply is used as it is (no copy per task)
+  local ids, scores, priorities, n_ids = {}, {}, {}, 0
   for p = upper_used and 9 or 0, 0, -1 do
-    local room = limit - #leased / 2 - #ids
+    local room = limit - #leased / 2 - n_ids
     if room <= 0 then break end
     local due = redis.call('ZRANGEBYSCORE', levels[p], '-inf', now, 'LIMIT', 0, room)
     local got = #due
     if got > 0 then
       local due_scores = run_scores(levels[p], due)
-      for i = 1, got do
-        ids[#ids + 1] = due[i]
-        scores[#scores + 1] = due_scores[i]
-        priorities[#priorities + 1] = p
+      if n_ids == 0 then
+        ids, scores = due, due_scores
+        if upper_used then for i = 1, got do priorities[i] = p end end
+      else
+        for i = 1, got do
+          ids[n_ids + i], scores[n_ids + i], priorities[n_ids + i] = due[i], due_scores[i], p
+        end
       end
+      n_ids = n_ids + got
       redis.call('ZREMRANGEBYRANK', levels[p], 0, got - 1)
     end
   end
-  if #ids == 0 then break end
+  if n_ids == 0 then break end
   local parked_before = parked_here + #too_late
   local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
   local metas = redis.call('HMGET', KEYS[4], unpack(ids))
-  -- the slot of each task's limit key (false: none)
-  local task_slots = {}
-  for i = 1, #ids do
-    local key, j = task_key(envelopes[i]), false
+  -- the slot of each task's limit key (false: none), and the first byte of each envelope
+  -- (which says whether it has an options head: read once per task, one C call)
+  local task_slots, heads = {}, {}
+  for i = 1, n_ids do
+    local envelope = envelopes[i]
+    local b = envelope and string.byte(envelope, 1)
+    heads[i] = b
+    local key, j = (b == 50 or b == 51) and task_key(envelope), false
     if key then
       j = slot_of[key]
       if not j then  -- key_slot(key), inlined: a call per new key costs 1% of a keyed claim
@@ -366,7 +378,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
     task_slots[i] = j
   end
   if n_slots > n_fetched then key_fetch() end
-  for i = 1, #ids do
+  for i = 1, n_ids do
     -- the due ms and its text, once per distinct score (tasks scheduled in bulk share one)
     local score = scores[i]
     local due_ms = due_ms_of[score]
@@ -374,12 +386,13 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
       due_ms = clamp_ms(score)
       due_ms_of[score] = due_ms
     end
-    local id = ids[i]
-    local attempt, _, _, first, readable = meta_parse(metas[i])
-    local priority, j = priorities[i], task_slots[i]
+    local id, meta_value, head = ids[i], metas[i], heads[i]
+    local attempt, first, readable, _ = 0, '', true, nil  -- never claimed (no meta value)
+    if meta_value then attempt, _, _, first, readable = meta_parse(meta_value) end
+    local priority, j = upper_used and priorities[i] or 0, task_slots[i]
     local key = j and slot_key[j]
     local most = max_attempts
-    if attempt > 0 and string.byte(envelopes[i] or '', 1) == 50 then  -- its own max_attempts?
+    if attempt > 0 and head == 50 then  -- its own max_attempts?
       local _, own = task_options(envelopes[i])
       most = own or max_attempts
     end
@@ -394,7 +407,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
     end
     if not envelopes[i] then
       orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
-    elseif string.byte(envelopes[i], 1) == 51 and task_expired(envelopes[i], now) then
+    elseif head == 51 and task_expired(envelopes[i], now) then
       too_late[#too_late + 1] = id  -- past its expiry: never started (tasks_expire below)
       if config.events_ms then outcome_events.note('expired', id, attempt, envelopes[i]) end
     elseif not readable then
