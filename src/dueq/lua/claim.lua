@@ -183,14 +183,14 @@ if cap then
 end
 
 -- Per-key limits: most leased tasks per key, and the spacing of one key's claims in ms.
-local key_concurrency = config.key_concurrency
-local key_gap = config.key_rate and config.key_rate[2] / config.key_rate[1] or nil
 -- Named keys' overrides (config key_limit:<key>, issue 29) are read with the keys' states, only
 -- when configure.lua counted some (key_limits > 0). Each slot's limits: conc[j], gaps[j] (false:
--- none), the queue's key_concurrency / key_gap unless the key has its own.
+-- none), the queue's key_concurrency / key_gap (default_conc, default_gap) unless the key has
+-- its own.
 local overrides = (config.key_limits or 0) > 0
 local conc, gaps = {}, {}
-local default_conc, default_gap = key_concurrency or false, key_gap or false
+local default_conc = config.key_concurrency or false
+local default_gap = config.key_rate and config.key_rate[2] / config.key_rate[1] or false
 
 -- The leased count, rate mark and parked count of every key this claim looks at, read once
 -- and written back once at the end. Each key gets a slot number the first time it is seen
@@ -247,22 +247,23 @@ local function key_fetch()
   n_fetched = n_slots
 end
 
--- How many tasks of the key in slot j the limits admit now (at most `most`), and when the
--- key's rate admits the next one if it admits none now.
-local function key_room(j, most)
-  if conc[j] then most = math.min(most, conc[j] - flight[j]) end
-  if most > 0 then
-    if marks[j] > now then return 0, marks[j] end  -- its rate's next slot, or a cooldown
-    if gaps[j] then most = math.min(most, 1) end
-  end
-  return math.max(most, 0), nil
-end
-
 -- 2a. Keys whose wait is over: move as many of their parked tasks back to due as their limits
 -- admit (at most UNPARK_KEYS keys per claim; the rest stay ready for the next claim).
-local UNPARK_KEYS = 100
+-- (key_room and UNPARK_KEYS are locals of the if block: off the chunk's 200.)
 local wait_head = head_score(KEYS[12])
 if wait_head and wait_head <= now and not paused and limit > 0 then
+  -- How many tasks of the key in slot j the limits admit now (at most `most`), and when the
+  -- key's rate admits the next one if it admits none now.
+  local function key_room(j, most)
+    if conc[j] then most = math.min(most, conc[j] - flight[j]) end
+    if most > 0 then
+      if marks[j] > now then return 0, marks[j] end  -- its rate's next slot, or a cooldown
+      if gaps[j] then most = math.min(most, 1) end
+    end
+    return math.max(most, 0), nil
+  end
+
+  local UNPARK_KEYS = 100
   local ready = redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', now, 'LIMIT', 0, UNPARK_KEYS)
   for _, key in ipairs(ready) do key_slot(key) end
   key_fetch()
@@ -330,6 +331,9 @@ local n_leased, column = 0, {}
 -- scheduled in bulk share their due ms).
 local now_text, due_texts = ms(now), {}
 local due_ms_of, attempt_texts = {}, {}  -- score text -> due ms; attempt -> its text
+-- due ms -> the meta value of a first delivery first claimed now, without a key (tasks
+-- scheduled in bulk share it: one concatenation per claim, not one per task)
+local first_metas = {}
 local deadline_text, token_mid = ms(deadline), nil
 local upper_used = upper_levels_used(levels)
 while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDGET do
@@ -450,13 +454,21 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
       end
       leased[n_leased + 1], leased[n_leased + 2] = deadline_text, id
       meta[n_leased + 1] = id
+      local first_now = attempt == 1 and first == now_text
       if key then  -- one concatenation either way (each makes a new string)
         meta[n_leased + 2] = attempt_text .. token_mid .. due_text .. '|' .. first .. '|' .. key
+      elseif first_now then
+        local value = first_metas[due_ms]
+        if not value then
+          value = attempt_text .. token_mid .. due_text .. '|' .. first
+          first_metas[due_ms] = value
+        end
+        meta[n_leased + 2] = value
       else
         meta[n_leased + 2] = attempt_text .. token_mid .. due_text .. '|' .. first
       end
       n_leased = n_leased + 2
-      if attempt == 1 and first == now_text then
+      if first_now then
         column[n_leased / 2] = due_text
       else
         column[n_leased / 2] = due_text .. ',' .. attempt_text .. ',' .. first
