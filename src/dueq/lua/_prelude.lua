@@ -46,21 +46,6 @@ local function meta_parse(v)
   return attempt, t, d, f, true, key
 end
 
--- The token and key of a meta value, as meta_parse reads them ('' and nil when it is
--- unreadable), without making strings of the parts a lease check does not need. The attempt
--- is read as a number (strtod: about 800 instructions, most of a check) only when it has ten
--- digits or more: nine always fit MAX_ATTEMPT.
-local function meta_token(v)
-  if not v then return '', nil end
-  local a_end, t, d, d_end, f, rest = string.match(v, '^%d+()|([^|]*)|()%d*()|()%d*()')
-  if not a_end or d_end - d > 16 or rest - f > 16 then return '', nil end
-  if a_end > 10 and tonumber(string.sub(v, 1, a_end - 1)) > MAX_ATTEMPT then return '', nil end
-  if rest <= #v then  -- "|<key>", the key not empty
-    if rest == #v or string.byte(v, rest) ~= 124 then return '', nil end
-    return t, string.sub(v, rest + 1)
-  end
-  return t, nil
-end
 
 -- Statistics (the stats hash's counters other than lease_seq, the per-minute history) are
 -- never worth stopping a script for: a statistics key that holds another type than a hash
@@ -442,9 +427,26 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   -- whether a deadline (its text) is after now, read once per distinct text: the leases of
   -- one claim share their deadline, and tonumber's strtod costs more than the rest of a check
   local live = {}
+  local n_held, match = 0, string.match
   for i = 1, #ids do  -- not ipairs: its iterator is a C call per id
-    local id = ids[i]
-    local token, key = meta_token(metas[i])
+    local id, v = ids[i], metas[i]
+    -- the token and key of its meta value, as meta_parse reads them ('' and nil when it is
+    -- unreadable), inlined (a Lua call per id cost more than the rest of its check) and
+    -- without making strings of the parts a lease check does not need. The attempt is read
+    -- as a number (strtod: about 800 instructions) only when it has ten digits or more: nine
+    -- always fit MAX_ATTEMPT.
+    local token, key = '', nil
+    if v then
+      local a_end, t, d, d_end, f, rest = match(v, '^%d+()|([^|]*)|()%d*()|()%d*()')
+      if a_end and d_end - d <= 16 and rest - f <= 16
+          and (a_end <= 10 or tonumber(string.sub(v, 1, a_end - 1)) <= MAX_ATTEMPT) then
+        if rest > #v then
+          token = t
+        elseif rest < #v and string.byte(v, rest) == 124 then  -- "|<key>", the key not empty
+          token, key = t, string.sub(v, rest + 1)
+        end
+      end
+    end
     local deadline, after = deadlines and deadlines[i], deadlines == nil
     if deadline then
       after = live[deadline]
@@ -454,7 +456,8 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
       end
     end
     if after and token ~= '' and token == tokens[i] then
-      held[#held + 1] = id
+      n_held = n_held + 1
+      held[n_held] = id
       if key then keys[#keys + 1] = key end
       verdicts[i] = 'h'
     elseif redis.call('ZSCORE', k_cancelled, id .. '|' .. tokens[i]) then
