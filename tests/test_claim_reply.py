@@ -117,3 +117,15 @@ def test_a_lease_whose_attempt_record_is_past_the_most_attempts_cannot_be_acked(
     call = protocol.ack(q.keys, q.now_arg(), pairs, window_ms=0)
     reply = call.parse(script_runner(q).run(call.script, call.keys, call.args))
     assert reply.verdicts == "hlh"
+
+
+def test_an_ack_of_more_ids_than_one_unpack_step_reads_every_one(r, clock):
+    # leases_unpack reads a run's ids 200 at a time: 450 ids are two full steps and a part
+    q = dueq.Queue("steps", r, clock=clock)
+    q.schedule_many([dueq.Task(i) for i in range(450)])
+    held = q.claim(450)
+    pairs = [(d.id, d.token) for d in held] + [(held[0].id, held[0].token)]
+    call = protocol.ack(q.keys, q.now_arg(), pairs, window_ms=0)
+    reply = call.parse(script_runner(q).run(call.script, call.keys, call.args))
+    assert (reply.acked, reply.verdicts) == (450, "h" * 451)
+    assert q.stats().leased == 0
