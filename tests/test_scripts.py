@@ -132,11 +132,20 @@ def test_every_script_that_counts_a_history_counter_writes_the_history(name):
 
 
 def _struct_pairs(pairs: list[tuple[str, str]]) -> bytes:
-    """ack.lua's '>Hc0Hc0' per pair, packed the plain way."""
+    """ack.lua's runs of pairs under one token, packed the plain way: each run is its token
+    ('>Hc0') and count ('>I4'), then its ids ('>Hc0' each)."""
     out = b""
+    runs: list[tuple[str, list[str]]] = []
     for task_id, token in pairs:
-        for value in (task_id.encode("utf-8"), token.encode("utf-8")):
-            out += len(value).to_bytes(2, "big") + value
+        if not runs or runs[-1][0] != token:
+            runs.append((token, []))
+        runs[-1][1].append(task_id)
+    for token, ids in runs:
+        raw = token.encode("utf-8")
+        out += len(raw).to_bytes(2, "big") + raw + len(ids).to_bytes(4, "big")
+        for task_id in ids:
+            raw = task_id.encode("utf-8")
+            out += len(raw).to_bytes(2, "big") + raw
     return out
 
 
@@ -148,10 +157,20 @@ def _struct_pairs(pairs: list[tuple[str, str]]) -> bytes:
         [(f"t{i}", "42@host:1") for i in range(1000)],  # one claim: the joined fast path
         [("x" * 512, "7"), ("y" * 300, "7"), ("z", "7")],  # lengths past one byte
         [("a", "1@w"), ("b", "2@w")],  # two claims' tokens
+        [("a", "1@w"), ("b", "2@w"), ("c", "1@w"), ("d", "1@w")],  # interleaved runs
         [("é-id", "3@w"), ("b", "3@w")],  # a non-ASCII id
         [("a", "3@wé"), ("b", "3@wé")],  # a non-ASCII token
     ],
-    ids=["none", "one", "one-claim", "long-ids", "two-tokens", "non-ascii-id", "non-ascii-token"],
+    ids=[
+        "none",
+        "one",
+        "one-claim",
+        "long-ids",
+        "two-tokens",
+        "interleaved",
+        "non-ascii-id",
+        "non-ascii-token",
+    ],
 )
 def test_lease_pairs_pack_as_ack_lua_reads_them(pairs):
     assert protocol.pack_pairs(pairs) == _struct_pairs(pairs)

@@ -46,21 +46,6 @@ local function meta_parse(v)
   return attempt, t, d, f, true, key
 end
 
--- The token and key of a meta value, as meta_parse reads them ('' and nil when it is
--- unreadable), without making strings of the parts a lease check does not need.
-local function meta_token(v)
-  if not v then return '', nil end
-  local a, t, d, d_end, f, rest = string.match(v, '^(%d+)|([^|]*)|()%d*()|()%d*()')
-  local attempt = tonumber(a)
-  if not attempt or attempt > MAX_ATTEMPT or d_end - d > 16 or rest - f > 16 then
-    return '', nil
-  end
-  if rest <= #v then  -- "|<key>", the key not empty
-    if rest == #v or string.byte(v, rest) ~= 124 then return '', nil end
-    return t, string.sub(v, rest + 1)
-  end
-  return t, nil
-end
 
 -- Statistics (the stats hash's counters other than lease_seq, the per-minute history) are
 -- never worth stopping a script for: a statistics key that holds another type than a hash
@@ -370,44 +355,56 @@ local function done_window(k_config, k_stats, caller_ms)
   return tonumber(caller_ms)
 end
 
--- Iterate the (id, lease token) pairs packed back to back as struct '>Hc0Hc0' (ack, extend).
-local function pairs_unpack(blob)
-  local pos = 1
-  return function()
-    if pos > #blob then return nil end
-    local id, token
-    id, token, pos = struct.unpack('>Hc0Hc0', blob, pos)
-    return id, token
-  end
-end
-
--- The leases given as (id, token) pairs, packed as struct '>Hc0Hc0' (ack, extend): a repeated
--- pair counts once. Returns the distinct ids and tokens, and for each pair as given the index
--- of its distinct pair (so a reply can say something about every pair, in the caller's order).
--- Pairs are told apart by id, and by "id|token" only for an id sent under two tokens.
-local function leases_unpack(blob)
-  local ids, tokens, by_id, by_pair, positions = {}, {}, {}, nil, {}
-  local n, k, pos, size, unpack_pair = 0, 0, 1, #blob, struct.unpack
-  while pos <= size do  -- pairs_unpack, inlined: an iterator call per pair costs more
-    local id, token
-    id, token, pos = unpack_pair('>Hc0Hc0', blob, pos)
-    local at = by_id[id]
-    if at == nil then
-      n = n + 1
-      ids[n], tokens[n], by_id[id], at = id, token, n, n
-    elseif tokens[at] ~= token then
-      by_pair = by_pair or {}
-      local pair = id .. '|' .. token
-      at = by_pair[pair]
-      if not at then
-        n = n + 1
-        ids[n], tokens[n], by_pair[pair], at = id, token, n, n
+-- The leases given as (id, lease token) pairs (ack, extend), packed as runs of consecutive
+-- pairs under one token: the token ('>Hc0') and the run's count ('>I4'), then its ids ('>Hc0'
+-- each). A repeated pair counts once. Returns the distinct ids and tokens, and for each pair as
+-- given the index of its distinct pair (so a reply can say something about every pair, in the
+-- caller's order). Pairs are told apart by id, and by "id|token" only for an id sent under two
+-- tokens. A run's ids are read LEASE_IDS_STEP at a time with one struct.unpack (a call per id
+-- costs more than the rest of the loop).
+local leases_unpack
+do  -- a block: its locals do not count against a script chunk's 200
+  local LEASE_IDS_STEP = 200
+  local lease_ids_formats = {}  -- count -> '>' .. count times 'Hc0'
+  function leases_unpack(blob)
+    local ids, tokens, by_id, by_pair, positions = {}, {}, {}, nil, {}
+    local n, k, pos, size, unpack_struct = 0, 0, 1, #blob, struct.unpack
+    local got = {}
+    while pos <= size do
+      local token, count
+      token, count, pos = unpack_struct('>Hc0I4', blob, pos)
+      while count > 0 do
+        local step = math.min(count, LEASE_IDS_STEP)
+        local format = lease_ids_formats[step]
+        if not format then
+          format = '>' .. string.rep('Hc0', step)
+          lease_ids_formats[step] = format
+        end
+        got = {unpack_struct(format, blob, pos)}
+        pos = got[step + 1]
+        count = count - step
+        for g = 1, step do
+          local id = got[g]
+          local at = by_id[id]
+          if at == nil then
+            n = n + 1
+            ids[n], tokens[n], by_id[id], at = id, token, n, n
+          elseif tokens[at] ~= token then
+            by_pair = by_pair or {}
+            local pair = id .. '|' .. token
+            at = by_pair[pair]
+            if not at then
+              n = n + 1
+              ids[n], tokens[n], by_pair[pair], at = id, token, n, n
+            end
+          end
+          k = k + 1
+          positions[k] = at
+        end
       end
     end
-    k = k + 1
-    positions[k] = at
+    return ids, tokens, positions
   end
-  return ids, tokens, positions
 end
 
 -- Judge each distinct lease: 'h' held under its token at now, 'c' revoked by cancel.lua
@@ -430,8 +427,26 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   -- whether a deadline (its text) is after now, read once per distinct text: the leases of
   -- one claim share their deadline, and tonumber's strtod costs more than the rest of a check
   local live = {}
-  for i, id in ipairs(ids) do
-    local token, key = meta_token(metas[i])
+  local n_held, match = 0, string.match
+  for i = 1, #ids do  -- not ipairs: its iterator is a C call per id
+    local id, v = ids[i], metas[i]
+    -- the token and key of its meta value, as meta_parse reads them ('' and nil when it is
+    -- unreadable), inlined (a Lua call per id cost more than the rest of its check) and
+    -- without making strings of the parts a lease check does not need. The attempt is read
+    -- as a number (strtod: about 800 instructions) only when it has ten digits or more: nine
+    -- always fit MAX_ATTEMPT.
+    local token, key = '', nil
+    if v then
+      local a_end, t, d, d_end, f, rest = match(v, '^%d+()|([^|]*)|()%d*()|()%d*()')
+      if a_end and d_end - d <= 16 and rest - f <= 16
+          and (a_end <= 10 or tonumber(string.sub(v, 1, a_end - 1)) <= MAX_ATTEMPT) then
+        if rest > #v then
+          token = t
+        elseif rest < #v and string.byte(v, rest) == 124 then  -- "|<key>", the key not empty
+          token, key = t, string.sub(v, rest + 1)
+        end
+      end
+    end
     local deadline, after = deadlines and deadlines[i], deadlines == nil
     if deadline then
       after = live[deadline]
@@ -441,7 +456,8 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
       end
     end
     if after and token ~= '' and token == tokens[i] then
-      held[#held + 1] = id
+      n_held = n_held + 1
+      held[n_held] = id
       if key then keys[#keys + 1] = key end
       verdicts[i] = 'h'
     elseif redis.call('ZSCORE', k_cancelled, id .. '|' .. tokens[i]) then

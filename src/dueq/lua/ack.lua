@@ -37,8 +37,9 @@
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
 --         TRIM_DONE + acked per call); 0 leaves done alone
--- ARGV[3] the (id, lease token) pairs, packed back to back as struct '>Hc0Hc0' (one
---         argument keeps a batch cheap to send; a repeated pair counts once)
+-- ARGV[3] the (id, lease token) pairs: each run of consecutive pairs under one token packed as
+--         struct '>Hc0I4' (the token, the run's count), then '>Hc0' per id (one argument keeps
+--         a batch cheap to send, and a claim's token is sent once; a repeated pair counts once)
 -- ARGV[4] the handlers' values, one per pair as given, packed as struct '>Hc0' each: "" none,
 --         "=" .. JSON the value to keep, "!" .. why the value could not be kept; or "" for
 --         no values at all. Read only when keep_results_ms > 0 (the last of a repeated pair's
@@ -114,8 +115,13 @@ if #done > 0 then
     KEYS[2], KEYS[5], KEYS[11])
   local ak = links.after_keys(KEYS[25], KEYS[26], KEYS[27], KEYS[28], KEYS[4], KEYS[17], bk)
   links.tasks_ended(bk, ak, done, 'acked', now)
-  for _, id in ipairs(done) do  -- cron occurrences: their definition's last outcome
-    if string.byte(id, 1) == 99 then cron_note(KEYS[13], KEYS[14], id, 'acked', now) end
+  -- cron occurrences: their definition's last outcome (none without a definition: two calls
+  -- per id saved when the queue has no cron schedules)
+  if redis.call('EXISTS', KEYS[13]) == 1 then
+    for i = 1, #done do
+      local id = done[i]
+      if string.byte(id, 1) == 99 then cron_note(KEYS[13], KEYS[14], id, 'acked', now) end
+    end
   end
   if window > 0 then zadd_all(KEYS[6], now, done) end
 end

@@ -53,7 +53,11 @@
 --          unreadable meta, or as many attempts as max_attempts already made),
 --          paused (1 when the queue is paused: nothing is leased and next_due is -1, so
 --          consumers sleep until resume wakes them; expired leases are still reclaimed),
---          id1, envelope1, attempt1, due1, first_claimed1, id2, envelope2, ...}
+--          column (one entry per leased task, in order, joined by "|": "<due ms>" for a first
+--          delivery first claimed now, else "<due ms>,<attempt>,<first_claimed ms>"),
+--          id1, envelope1, id2, envelope2, ...}
+-- (Two elements per task, not five: every element of a reply is converted from Lua and
+-- written as RESP one by one, and the attempt and first-claim of most tasks are the defaults.)
 -- Due tasks are leased by priority (9 first), then earliest due within a priority. A due task
 -- past its expiry is not leased: it ends "expired" (the prelude's expiry notes).
 -- With a rate "n/per_ms" set, at most n tasks are leased in any window of per_ms (counted by
@@ -101,60 +105,62 @@ end
 -- Their keys' leases end together (one keys_release after the loop). A lease whose task data
 -- is gone (evicted, deleted by hand) still ends its key's lease: the meta value names the key
 -- ("|<key>"), so the key's other tasks are not held back by a lease nobody can end.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
-local expired_keys = {}
-for _, id in ipairs(expired) do
-  redis.call('ZREM', KEYS[2], id)
-  local envelope = redis.call('HGET', KEYS[3], id)
-  local meta_value = redis.call('HGET', KEYS[4], id)
-  if envelope then
-    local priority, own_attempts, key = task_options(envelope)
-    if key then expired_keys[#expired_keys + 1] = key end
-    local attempt, token, _, first, readable = meta_parse(meta_value)
-    if not readable then
-      bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
-    else
-      redis.call('HSET', KEYS[4], id, attempt .. '|||' .. first)
-      -- the record names the holder whose lease ran out (the token's "@<holder>", if any)
-      local gone = string.match(token, '@(.+)$')
-      local record = '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
-        ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
-        'the worker died, hung or outlived its lease","traceback":null' ..
-        (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}'
-      error_append(KEYS[5], id, record)
-      local final = attempt >= (own_attempts or max_attempts)
-      outcome_events.note(final and 'dead' or 'retried', id, attempt, envelope, nil, record)
-      if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
-        cron_note(KEYS[14], KEYS[15], id, final and 'dead' or 'retrying', now, 'LeaseExpired')
-      end
-      if final then
-        redis.call('ZADD', KEYS[6], now, id)
-        died = died + 1
-        buried[died] = id
+do  -- a block: its locals do not count against the chunk's 200 (claim.lua is near them)
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
+  local expired_keys = {}
+  for _, id in ipairs(expired) do
+    redis.call('ZREM', KEYS[2], id)
+    local envelope = redis.call('HGET', KEYS[3], id)
+    local meta_value = redis.call('HGET', KEYS[4], id)
+    if envelope then
+      local priority, own_attempts, key = task_options(envelope)
+      if key then expired_keys[#expired_keys + 1] = key end
+      local attempt, token, _, first, readable = meta_parse(meta_value)
+      if not readable then
+        bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
       else
-        local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
-        redis.call('ZADD', levels[priority], now + wait, id)
+        redis.call('HSET', KEYS[4], id, attempt .. '|||' .. first)
+        -- the record names the holder whose lease ran out (the token's "@<holder>", if any)
+        local gone = string.match(token, '@(.+)$')
+        local record = '{"at":' .. ms(now) .. ',"attempt":' .. attempt ..
+          ',"type":"LeaseExpired","message":"lease expired before ack or fail: ' ..
+          'the worker died, hung or outlived its lease","traceback":null' ..
+          (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}'
+        error_append(KEYS[5], id, record)
+        local final = attempt >= (own_attempts or max_attempts)
+        outcome_events.note(final and 'dead' or 'retried', id, attempt, envelope, nil, record)
+        if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
+          cron_note(KEYS[14], KEYS[15], id, final and 'dead' or 'retrying', now, 'LeaseExpired')
+        end
+        if final then
+          redis.call('ZADD', KEYS[6], now, id)
+          died = died + 1
+          buried[died] = id
+        else
+          local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
+          redis.call('ZADD', levels[priority], now + wait, id)
+        end
       end
+    else
+      local _, _, _, _, _, key = meta_parse(meta_value)
+      if key then expired_keys[#expired_keys + 1] = key end
+      redis.log(redis.LOG_WARNING, '[dueq] expired lease of ' .. id .. ' in ' .. KEYS[2] ..
+        ' had no stored task (evicted or deleted by hand): dropped' ..
+        (key and ', its key ' .. key .. ' released' or ''))
+      redis.call('HDEL', KEYS[4], id)
+      redis.call('HDEL', KEYS[5], id)
     end
-  else
-    local _, _, _, _, _, key = meta_parse(meta_value)
-    if key then expired_keys[#expired_keys + 1] = key end
-    redis.log(redis.LOG_WARNING, '[dueq] expired lease of ' .. id .. ' in ' .. KEYS[2] ..
-      ' had no stored task (evicted or deleted by hand): dropped' ..
-      (key and ', its key ' .. key .. ' released' or ''))
-    redis.call('HDEL', KEYS[4], id)
-    redis.call('HDEL', KEYS[5], id)
   end
+  if #expired_keys > 0 then keys_release(KEYS[10], KEYS[12], expired_keys, now) end
+  if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 end
-if #expired_keys > 0 then keys_release(KEYS[10], KEYS[12], expired_keys, now) end
-if #expired > 0 then stat_incr(KEYS[7], 'expired', #expired) end
 
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
 -- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
 local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency',
   'concurrency', 'key_limits', 'keep_results_ms', 'events_ms')
 local paused = config.paused == true
-local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0}
+local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0, ''}
 
 -- The rate: how many more claims the window allows (nil: no rate).
 local rate_n, rate_per = nil, nil
@@ -177,14 +183,14 @@ if cap then
 end
 
 -- Per-key limits: most leased tasks per key, and the spacing of one key's claims in ms.
-local key_concurrency = config.key_concurrency
-local key_gap = config.key_rate and config.key_rate[2] / config.key_rate[1] or nil
 -- Named keys' overrides (config key_limit:<key>, issue 29) are read with the keys' states, only
 -- when configure.lua counted some (key_limits > 0). Each slot's limits: conc[j], gaps[j] (false:
--- none), the queue's key_concurrency / key_gap unless the key has its own.
+-- none), the queue's key_concurrency / key_gap (default_conc, default_gap) unless the key has
+-- its own.
 local overrides = (config.key_limits or 0) > 0
 local conc, gaps = {}, {}
-local default_conc, default_gap = key_concurrency or false, key_gap or false
+local default_conc = config.key_concurrency or false
+local default_gap = config.key_rate and config.key_rate[2] / config.key_rate[1] or false
 
 -- The leased count, rate mark and parked count of every key this claim looks at, read once
 -- and written back once at the end. Each key gets a slot number the first time it is seen
@@ -241,22 +247,23 @@ local function key_fetch()
   n_fetched = n_slots
 end
 
--- How many tasks of the key in slot j the limits admit now (at most `most`), and when the
--- key's rate admits the next one if it admits none now.
-local function key_room(j, most)
-  if conc[j] then most = math.min(most, conc[j] - flight[j]) end
-  if most > 0 then
-    if marks[j] > now then return 0, marks[j] end  -- its rate's next slot, or a cooldown
-    if gaps[j] then most = math.min(most, 1) end
-  end
-  return math.max(most, 0), nil
-end
-
 -- 2a. Keys whose wait is over: move as many of their parked tasks back to due as their limits
 -- admit (at most UNPARK_KEYS keys per claim; the rest stay ready for the next claim).
-local UNPARK_KEYS = 100
+-- (key_room and UNPARK_KEYS are locals of the if block: off the chunk's 200.)
 local wait_head = head_score(KEYS[12])
 if wait_head and wait_head <= now and not paused and limit > 0 then
+  -- How many tasks of the key in slot j the limits admit now (at most `most`), and when the
+  -- key's rate admits the next one if it admits none now.
+  local function key_room(j, most)
+    if conc[j] then most = math.min(most, conc[j] - flight[j]) end
+    if most > 0 then
+      if marks[j] > now then return 0, marks[j] end  -- its rate's next slot, or a cooldown
+      if gaps[j] then most = math.min(most, 1) end
+    end
+    return math.max(most, 0), nil
+  end
+
+  local UNPARK_KEYS = 100
   local ready = redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', now, 'LIMIT', 0, UNPARK_KEYS)
   for _, key in ipairs(ready) do key_slot(key) end
   key_fetch()
@@ -317,38 +324,53 @@ local buried_here = 0
 local token = nil
 local deadline = now + lease_ms
 local leased, meta, orphans, too_late = {}, {}, {}, {}
-local n_leased, n_out = 0, #out
+-- out's rows start after its 10 head fields, two per lease: a lease's id is at n_leased + 9
+-- once n_leased counts it; column holds out[10]'s entries, one per leased task
+local n_leased, column = 0, {}
 -- Text of the first-claim time and of each distinct due ms in this claim, formatted once (tasks
 -- scheduled in bulk share their due ms).
 local now_text, due_texts = ms(now), {}
 local due_ms_of, attempt_texts = {}, {}  -- score text -> due ms; attempt -> its text
+-- due ms -> the meta value of a first delivery first claimed now, without a key (tasks
+-- scheduled in bulk share it: one concatenation per claim, not one per task)
+local first_metas = {}
 local deadline_text, token_mid = ms(deadline), nil
 local upper_used = upper_levels_used(levels)
 while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDGET do
-  local ids, scores, priorities = {}, {}, {}
+  -- the due ids of this round, their scores, and (only when a level above 0 holds tasks)
+  -- their priorities; the first level's reply is used as it is (no copy per task)
+  local ids, scores, priorities, n_ids = {}, {}, {}, 0
   for p = upper_used and 9 or 0, 0, -1 do
-    local room = limit - #leased / 2 - #ids
+    local room = limit - #leased / 2 - n_ids
     if room <= 0 then break end
     local due = redis.call('ZRANGEBYSCORE', levels[p], '-inf', now, 'LIMIT', 0, room)
     local got = #due
     if got > 0 then
       local due_scores = run_scores(levels[p], due)
-      for i = 1, got do
-        ids[#ids + 1] = due[i]
-        scores[#scores + 1] = due_scores[i]
-        priorities[#priorities + 1] = p
+      if n_ids == 0 then
+        ids, scores = due, due_scores
+        if upper_used then for i = 1, got do priorities[i] = p end end
+      else
+        for i = 1, got do
+          ids[n_ids + i], scores[n_ids + i], priorities[n_ids + i] = due[i], due_scores[i], p
+        end
       end
+      n_ids = n_ids + got
       redis.call('ZREMRANGEBYRANK', levels[p], 0, got - 1)
     end
   end
-  if #ids == 0 then break end
+  if n_ids == 0 then break end
   local parked_before = parked_here + #too_late
   local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
   local metas = redis.call('HMGET', KEYS[4], unpack(ids))
-  -- the slot of each task's limit key (false: none)
-  local task_slots = {}
-  for i = 1, #ids do
-    local key, j = task_key(envelopes[i]), false
+  -- the slot of each task's limit key (false: none), and the first byte of each envelope
+  -- (which says whether it has an options head: read once per task, one C call)
+  local task_slots, heads = {}, {}
+  for i = 1, n_ids do
+    local envelope = envelopes[i]
+    local b = envelope and string.byte(envelope, 1)
+    heads[i] = b
+    local key, j = (b == 50 or b == 51) and task_key(envelope), false
     if key then
       j = slot_of[key]
       if not j then  -- key_slot(key), inlined: a call per new key costs 1% of a keyed claim
@@ -360,7 +382,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
     task_slots[i] = j
   end
   if n_slots > n_fetched then key_fetch() end
-  for i = 1, #ids do
+  for i = 1, n_ids do
     -- the due ms and its text, once per distinct score (tasks scheduled in bulk share one)
     local score = scores[i]
     local due_ms = due_ms_of[score]
@@ -368,12 +390,13 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
       due_ms = clamp_ms(score)
       due_ms_of[score] = due_ms
     end
-    local id = ids[i]
-    local attempt, _, _, first, readable = meta_parse(metas[i])
-    local priority, j = priorities[i], task_slots[i]
+    local id, meta_value, head = ids[i], metas[i], heads[i]
+    local attempt, first, readable, _ = 0, '', true, nil  -- never claimed (no meta value)
+    if meta_value then attempt, _, _, first, readable = meta_parse(meta_value) end
+    local priority, j = upper_used and priorities[i] or 0, task_slots[i]
     local key = j and slot_key[j]
     local most = max_attempts
-    if attempt > 0 and string.byte(envelopes[i] or '', 1) == 50 then  -- its own max_attempts?
+    if attempt > 0 and head == 50 then  -- its own max_attempts?
       local _, own = task_options(envelopes[i])
       most = own or max_attempts
     end
@@ -388,7 +411,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
     end
     if not envelopes[i] then
       orphans[#orphans + 1] = id  -- a due entry without data (e.g. evicted): drop it
-    elseif string.byte(envelopes[i], 1) == 51 and task_expired(envelopes[i], now) then
+    elseif head == 51 and task_expired(envelopes[i], now) then
       too_late[#too_late + 1] = id  -- past its expiry: never started (tasks_expire below)
       if config.events_ms then outcome_events.note('expired', id, attempt, envelopes[i]) end
     elseif not readable then
@@ -431,15 +454,26 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
       end
       leased[n_leased + 1], leased[n_leased + 2] = deadline_text, id
       meta[n_leased + 1] = id
+      local first_now = attempt == 1 and first == now_text
       if key then  -- one concatenation either way (each makes a new string)
         meta[n_leased + 2] = attempt_text .. token_mid .. due_text .. '|' .. first .. '|' .. key
+      elseif first_now then
+        local value = first_metas[due_ms]
+        if not value then
+          value = attempt_text .. token_mid .. due_text .. '|' .. first
+          first_metas[due_ms] = value
+        end
+        meta[n_leased + 2] = value
       else
         meta[n_leased + 2] = attempt_text .. token_mid .. due_text .. '|' .. first
       end
       n_leased = n_leased + 2
-      out[n_out + 1], out[n_out + 2], out[n_out + 3] = id, envelopes[i], attempt
-      out[n_out + 4], out[n_out + 5] = due_text, first
-      n_out = n_out + 5
+      if first_now then
+        column[n_leased / 2] = due_text
+      else
+        column[n_leased / 2] = due_text .. ',' .. attempt_text .. ',' .. first
+      end
+      out[n_leased + 9], out[n_leased + 10] = id, envelopes[i]
     end
   end
   if parked_here + #too_late == parked_before then break end  -- none stepped aside: no more
@@ -480,6 +514,7 @@ if #park_members > 0 then
 end
 if #leased > 0 then
   out[4] = token
+  out[10] = table.concat(column, '|')
   call_chunked('ZADD', KEYS[2], leased)
   hset_many(KEYS[4], meta)
   stat_incr(KEYS[7], 'claimed', #leased / 2)

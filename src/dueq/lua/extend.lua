@@ -6,7 +6,8 @@
 -- KEYS[3] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] new lease length ms, counted from now
--- ARGV[3] the (id, lease token) pairs, packed back to back as struct '>Hc0Hc0'
+-- ARGV[3] the (id, lease token) pairs: each run of consecutive pairs under one token packed as
+--         struct '>Hc0I4' (the token, the run's count), then '>Hc0' per id
 -- Returns {new deadline ms, verdicts}: verdicts has one character per pair as given, 'h'
 -- (held: extended), 'c' (its task was cancelled while leased) or 'l' (lease lost: expired,
 -- taken over, or the task is gone); each pair is judged on its own token
