@@ -54,6 +54,7 @@ NOT_FOR_A_WORKER = (
     "dueq.cli.dashboard",
     "dueq.cli.stats",
     "dueq.cli.bars",
+    "dueq.server",  # only --embedded starts a redis-server
 )
 
 
@@ -102,6 +103,29 @@ def test_dueq_worker_command_imports_only_the_worker_command():
     )
     assert "dueq.cli.worker" in added
     assert offenders(added, NOT_FOR_A_WORKER) == []
+
+
+def test_dueq_worker_command_makes_no_dataclass_of_the_cli():
+    """A dataclass costs about 0.7 ms to create; the CLI's own records are not dataclasses."""
+    probe = (
+        "import dataclasses, json\n"
+        "made = []\n"
+        "real = dataclasses._process_class\n"
+        "def spy(cls, *args, **kwargs):\n"
+        "    made.append(cls.__module__)\n"
+        "    return real(cls, *args, **kwargs)\n"
+        "dataclasses._process_class = spy\n"
+        "from dueq.cli import cli\nimport click\ncli.get_command(click.Context(cli), 'worker')\n"
+        "print(json.dumps(made))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    made = json.loads(done.stdout.splitlines()[-1])
+    assert "dueq.task" in made  # the probe saw dueq's own dataclasses
+    assert [m for m in made if m.startswith("dueq.cli")] == []
 
 
 @pytest.mark.parametrize("name", ["cron", "demo", "top"])
