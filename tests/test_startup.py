@@ -55,6 +55,12 @@ NOT_FOR_A_WORKER = (
     "dueq.cli.stats",
     "dueq.cli.bars",
     "dueq.server",  # only --embedded starts a redis-server
+    # the asyncio front end and consumer: a queue object given as MODULE:QUEUE that is an
+    # AsyncQueue imports them itself
+    "dueq._async",
+    "dueq._async_consume",
+    "dueq._async_events",
+    "dueq.operators._async_process",
 )
 
 
