@@ -242,3 +242,28 @@ def test_the_ramp_probes_for_handlers_outside_the_gil_and_backs_off_when_there_a
     for i in range(20):
         outside_gil.step(outside_gil.active * 1.0, False, i * 0.01)
     assert outside_gil.active == 4
+
+
+def test_the_runner_starts_one_handler_thread_until_the_ramp_lets_more_work() -> None:
+    """A worker's first task waits for no thread start but its own: the other threads of
+    ``concurrency`` start when the ramp first lets them take work."""
+    h = Harness(lambda d: None, 8, busy_clock)
+    try:
+        h.submit(3)
+        h.wait_settled(3)
+        started = [t for t in h.runner._threads if t.ident is not None]
+    finally:
+        h.stop()
+    assert len(started) == 1
+
+
+def test_threads_the_ramp_admits_are_started_and_take_work() -> None:
+    h = Harness(lambda d: time.sleep(0.005), 3, idle_clock)
+    try:
+        h.submit(100)
+        h.wait_settled(100)
+        started = [t for t in h.runner._threads if t.ident is not None]
+    finally:
+        h.stop()
+    assert h.peak == 3
+    assert len(started) == 3

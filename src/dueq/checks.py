@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import redis
+
 from .exceptions import ConfigurationError, DueqError
 
 T = TypeVar("T")
@@ -80,7 +82,10 @@ def with_driver_info(options: Mapping[str, Any]) -> dict[str, Any]:
         from redis.driver_info import DriverInfo
     except ImportError:  # redis-py before 7 takes no driver_info (and resolves nothing)
         return found
-    found["driver_info"] = DriverInfo()
+    # redis.__version__ is the installed version redis-py reports (it is what
+    # importlib.metadata finds); DriverInfo() alone would search every sys.path entry's
+    # package metadata for it once more (5-14 ms of a worker's start, docs/benchmarks.md)
+    found["driver_info"] = DriverInfo(lib_version=redis.__version__)
     return found
 
 

@@ -17,17 +17,19 @@ collector and the dashboard address the logical queue and never a shard by accid
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ._async import AsyncQueue
 from ._shard_layout import MAX_SHARDS, shard_names
 from .checks import whole_number, with_driver_info
 from .exceptions import ConfigurationError, DueqError
 from .keys import PREFIX, QueueKeys, layout_key, validate_queue_name
 from .queue import Queue
 from .registry import WorkerInfo, merge_workers
+
+if TYPE_CHECKING:
+    from ._async import AsyncQueue
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -179,6 +181,8 @@ async def open_async_queue(
     client: Any, name: str, *, shards: int | None = None, **settings: Any
 ) -> AsyncQueue:
     """As ``open_queue``, an ``AsyncQueue`` on a ``redis.asyncio`` client."""
+    from ._async import AsyncQueue  # here: a threaded worker's start never loads it
+
     n = _expected(name, shards, await async_shard_count(client, name))
     return AsyncQueue(name, client, shards=n, **settings)
 

@@ -16,13 +16,11 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable
 
-from ._async import AsyncQueue
-from ._async_consume import CLOSE_S, call_on_loop, consume
 from ._core import QueueCore
 from ._prefetch import Prefetch
 from .checks import whole_number
@@ -32,11 +30,14 @@ from .logs import stderr_fallback
 from .named import dispatcher
 from .observe import consume_queue
 from .operators import MAX_CONCURRENCY
-from .operators._async_process import AsyncProcessor
 from .operators._process import Handler, Processor, is_async_handler
 from .queue import Queue
 from .registry import AsyncHeartbeat, Heartbeat
 from .task import Outcome
+
+if TYPE_CHECKING:
+    from ._async import AsyncQueue
+    from .operators._async_process import AsyncProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -276,6 +277,10 @@ class AsyncWorker(_WorkerSettings):
         timeout: Duration | None = None,
         handle_signals: bool = True,
     ) -> None:
+        # the asyncio front end and its consumer are imported by the async worker only: a
+        # threaded worker's start never loads them (docs/benchmarks.md, Start-up)
+        from ._async import AsyncQueue
+
         super().__init__(
             queues,
             AsyncQueue,
@@ -299,6 +304,8 @@ class AsyncWorker(_WorkerSettings):
         if loop is None:
             self._stop_requests += 1
             return
+        from ._async_consume import call_on_loop  # (loaded by run() already)
+
         call_on_loop(loop, self._request_stop)
 
     def _request_stop(self) -> None:
@@ -317,6 +324,9 @@ class AsyncWorker(_WorkerSettings):
             await self._run()
 
     async def _run(self) -> None:
+        from ._async_consume import CLOSE_S, consume
+        from .operators._async_process import AsyncProcessor
+
         self._loop = asyncio.get_running_loop()
         self._stop, self._hurry = asyncio.Event(), asyncio.Event()
         for _ in range(self._stop_requests):

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import click
@@ -36,7 +35,6 @@ from redis.retry import Retry
 
 from .. import discovery
 from ..queue import Queue
-from ..server import RedisServer
 from .errors import CliError, Settings
 from .output import safe
 
@@ -101,9 +99,11 @@ def _reason(exc: BaseException) -> str:
     return str(exc).strip() or type(exc).__name__
 
 
-@dataclass
-class Connection:
-    """An open, checked Redis client, its URL, and the URL to name it by (password hidden)."""
+class Connection(NamedTuple):
+    """An open, checked Redis client, its URL, and the URL to name it by (password hidden).
+
+    This record and ``RedisTarget`` are NamedTuples, not dataclasses: a dataclass costs about
+    0.7 ms to create at import, on every command's start (docs/benchmarks.md, Start-up)."""
 
     client: redis.Redis
     url: str
@@ -111,8 +111,7 @@ class Connection:
     embedded: bool
 
 
-@dataclass(frozen=True)
-class RedisTarget:
+class RedisTarget(NamedTuple):
     """Where the command's Redis is; ``open()`` connects when the command needs it."""
 
     url: str
@@ -126,6 +125,8 @@ class RedisTarget:
         ctx = click.get_current_context()
         url = self.url
         if self.embedded:
+            from ..server import RedisServer  # only here: a worker never imports it
+
             server = RedisServer().start()
             ctx.call_on_close(server.stop)
             url = server.url

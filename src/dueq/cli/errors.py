@@ -15,7 +15,6 @@ import json
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -32,17 +31,34 @@ class CliError(click.ClickException):
     """An error the command line reports as ``error: <message>`` (exit code 1)."""
 
 
-@dataclass
 class Settings:
-    """Options of the ``dueq`` group that every command sees (``ctx.obj``)."""
+    """Options of the ``dueq`` group that every command sees (``ctx.obj``).
 
-    debug: bool = False
-    #: ``dueq --redis-url URL COMMAND``: the URL a command uses unless it names its own
-    redis_url: str | None = None
-    #: ``dueq --embedded COMMAND``
-    embedded: bool = False
-    #: Passwords of the command's Redis URL: never printed.
-    secrets: set[str] = field(default_factory=set)
+    A plain class, not a dataclass: a dataclass costs about 0.7 ms to create at import, on
+    every command's start (docs/benchmarks.md, Start-up)."""
+
+    __slots__ = ("debug", "embedded", "redis_url", "secrets")
+
+    def __init__(
+        self,
+        debug: bool = False,
+        redis_url: str | None = None,
+        embedded: bool = False,
+        secrets: set[str] | None = None,
+    ) -> None:
+        self.debug = debug
+        #: ``dueq --redis-url URL COMMAND``: the URL a command uses unless it names its own
+        self.redis_url = redis_url
+        #: ``dueq --embedded COMMAND``
+        self.embedded = embedded
+        #: Passwords of the command's Redis URL: never printed.
+        self.secrets: set[str] = set() if secrets is None else secrets
+
+    def __repr__(self) -> str:  # the secrets stay out of it
+        return (
+            f"Settings(debug={self.debug!r}, redis_url=..., embedded={self.embedded!r}, "
+            f"secrets={len(self.secrets)})"
+        )
 
     def redact(self, text: str) -> str:
         """``text`` with every secret replaced by ``***``, longest first."""

@@ -19,11 +19,11 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .._async import AsyncQueue
+from .._core import QueueCore
 from ..discovery import open_queue
 from ..logs import JsonFormatter, WorkerFilter
 from ..named import Dispatcher
@@ -35,6 +35,9 @@ from .errors import CliError, Settings
 from .metrics import DEFAULT_HOST, metrics_module, start_exporter
 from .options import replication_options, seconds_option, shards_option
 from .output import safe, safe_lines
+
+if TYPE_CHECKING:
+    from .._async import AsyncQueue
 
 
 class SafeFormatter(logging.Formatter):
@@ -91,8 +94,10 @@ _QUEUE_OPTIONS = ("max_attempts", "lease", "shards", "wait_replicas", "wait_time
 def load_queue(spec: str) -> Queue | AsyncQueue:
     """The ``dueq.Queue`` or ``dueq.AsyncQueue`` object ``module:attribute`` names, whose
     registered tasks (``@q.task``) the worker runs; CliError otherwise."""
-    found = load_object(spec, "QUEUE", "module:queue (or give QUEUE MODULE:FUNCTION)")
-    if not isinstance(found, (Queue, AsyncQueue)):
+    found: Queue | AsyncQueue = load_object(
+        spec, "QUEUE", "module:queue (or give QUEUE MODULE:FUNCTION)"
+    )
+    if not isinstance(found, QueueCore):  # a Queue or an AsyncQueue
         raise HandlerImportError(
             f"{spec!r} is a {type(found).__name__}, not a dueq.Queue: name a queue object "
             "(dueq worker myapp.tasks:q), or give QUEUE MODULE:FUNCTION"
@@ -272,7 +277,7 @@ def worker(
         m = metrics_module()
         registry = m.new_registry()
         if queue_metrics:
-            if isinstance(q, AsyncQueue):
+            if not isinstance(q, Queue):
                 raise click.UsageError("--queue-metrics needs a dueq.Queue, not an AsyncQueue")
             registry.register(m.QueueCollector(q.redis, [queue]))
         measured = m.WorkerMetrics(registry, worker=name)
@@ -290,7 +295,7 @@ def worker(
         "heartbeat": heartbeat,
     }
     w: Worker | AsyncWorker
-    if isinstance(q, AsyncQueue):
+    if not isinstance(q, Queue):  # an AsyncQueue (the asyncio front end is imported by it)
         w = AsyncWorker(q, function, **settings_kw)
     else:
         w = Worker(q, function, **settings_kw)

@@ -18,7 +18,6 @@ from ..checks import whole_number
 from ..clock import Duration, positive_duration_ms
 from ..exceptions import ConfigurationError
 from ..task import Outcome
-from ._async_process import AsyncProcessor
 from ._process import Handler, Processor, is_async_handler
 
 __all__ = ["Handler", "process"]
@@ -74,6 +73,9 @@ def process(
             observer: abc.ObserverBase[Outcome], _scheduler: abc.SchedulerBase | None = None
         ) -> abc.DisposableBase:
             if scheduler is None and _running_loop() is not None:
+                # only on an event loop: a threaded consumer never imports the asyncio one
+                from ._async_process import AsyncProcessor
+
                 processor = AsyncProcessor(
                     handler, concurrency, is_async_handler(handler), timeout_s
                 )
