@@ -6,6 +6,7 @@ from __future__ import annotations
 from internals import protocol, script_runner
 
 import dueq
+from dueq.keys import QueueKeys
 
 
 def _raw_claim(q: dueq.Queue, limit: int) -> list:
@@ -129,3 +130,26 @@ def test_an_ack_of_more_ids_than_one_unpack_step_reads_every_one(r, clock):
     reply = call.parse(script_runner(q).run(call.script, call.keys, call.args))
     assert (reply.acked, reply.verdicts) == (450, "h" * 451)
     assert q.stats().leased == 0
+
+
+def test_bulk_schedules_and_claims_leave_exactly_their_tasks_in_the_sets(r, clock):
+    """Batches of more than 128 members go into a set behind a helper member that makes Redis
+    build a skiplist at once (the prelude's zadd_many: a listpack filled member by member until
+    it converts cost 1.6k Redis instructions per task); the helper is gone when the call ends,
+    also for a batch over more than one ZADD chunk (2,000 members each)."""
+    keys = QueueKeys.for_queue("bulk")
+    q = dueq.Queue("bulk", r, clock=clock)
+    ids = [f"t{i:04d}" for i in range(2500)]
+    q.schedule_many([dueq.Task(i, id=tid) for i, tid in enumerate(ids)])
+    assert r.object("encoding", keys.due) == b"skiplist"
+    assert sorted(r.zrange(keys.due, 0, -1)) == [tid.encode() for tid in ids]
+    leased = q.claim(1000)
+    assert len(leased) == 1000
+    assert sorted(r.zrange(keys.leased, 0, -1)) == sorted(d.id.encode() for d in leased)
+    assert r.zcard(keys.due) == 1500
+    assert q.ack_many(leased) == 1000
+    assert not r.exists(keys.leased)
+    # a small batch keeps Redis's own choice (a listpack for a new set of a few members)
+    small = dueq.Queue("small", r, clock=clock)
+    small.schedule_many([dueq.Task(i) for i in range(5)])
+    assert r.object("encoding", QueueKeys.for_queue("small").due) == b"listpack"

@@ -893,7 +893,16 @@ class Turns:
 
 
 #: Section 7's cases: plain, keyed, and each feature on (redis_cost.py's CASES).
-REDIS_COST_CASES = ("plain", "keyed", "priorities", "events", "results", "batch", "key_limits")
+REDIS_COST_CASES = (
+    "plain",
+    "spread",
+    "keyed",
+    "priorities",
+    "events",
+    "results",
+    "batch",
+    "key_limits",
+)
 
 
 def measure(sizes: Sizes, repeat: int, env: dict[str, Any], with_profile: bool) -> dict[str, Any]:

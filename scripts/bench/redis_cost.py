@@ -9,9 +9,10 @@ machine moves the figures far less than a throughput rate:
 - the same per task for the raw loops in the same run (pipelined ZADD + HSET to schedule,
   ZPOPMIN(1000) + HMGET + HDEL to drain), and the ratio of dueq's cost to theirs.
 
-Cases (``--cases``, comma-separated; default all): ``plain`` (no options), ``keyed`` (every task
-its own limit key, as over 10,000 keys), ``priorities`` (priority i % 10), ``events`` (events kept
-for an hour), ``results`` (keep_results for an hour), ``batch`` (every task in one batch),
+Cases (``--cases``, comma-separated; default all): ``plain`` (no options, due now), ``spread``
+(no options, each task due at its own ms), ``keyed`` (every task its own limit key, as over
+10,000 keys), ``priorities`` (priority i % 10), ``events`` (events kept for an hour),
+``results`` (keep_results for an hour), ``batch`` (every task in one batch),
 ``key_limits`` (keyed, with key_concurrency 5). Each case schedules ``--tasks`` tasks with
 ``schedule_many`` (the "schedule" figure) and drains them with ``claim(1000)`` + ``ack_many``
 (the "drain" figure).
@@ -59,6 +60,17 @@ def plain_task(i: int) -> Task:
     return Task(payload(i))
 
 
+#: The "spread" case's tasks are due one ms apart from SPREAD_AFTER_S after they are made (a
+#: due time in the past is stored as now); the drain waits until the last is due.
+SPREAD_AFTER_S = 1.0
+
+
+def spread_task(i: int) -> Task:
+    """A plain task due at its own ms (no two share a due ms, so no two first deliveries share
+    a lease record, which bulk-scheduled tasks due "now" do)."""
+    return Task(payload(i), delay=SPREAD_AFTER_S + i / 1000)
+
+
 def keyed_task(i: int) -> Task:
     return Task(payload(i), key=f"tenant:{i % KEYS}")
 
@@ -92,6 +104,7 @@ def key_limits_on(q: Queue) -> None:
 
 CASES: dict[str, tuple[Callable[[int], Task], Setup]] = {
     "plain": (plain_task, no_setup),
+    "spread": (spread_task, no_setup),
     "keyed": (keyed_task, no_setup),
     "priorities": (priority_task, no_setup),
     "events": (plain_task, events_on),
@@ -150,6 +163,8 @@ def measure_case(r: redis.Redis, meter: Meter, case: str, n: int) -> dict[str, d
     setup(q)
     tasks = [make(i) for i in range(n)]
     out = {"schedule": meter.run("schedule", n, lambda: q.schedule_many(tasks))}
+    if make is spread_task:  # until the last one is due (outside every measure)
+        time.sleep(SPREAD_AFTER_S + n / 1000 + 0.1)
     q.check_server()  # the one-off CONFIG GET of the first claim, outside the measure
     done: list[int] = []
     if meter.phase in ("claim", "ack"):  # the drain's two halves apart: claim all, ack all

@@ -428,6 +428,11 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   -- one claim share their deadline, and tonumber's strtod costs more than the rest of a check
   local live = {}
   local n_held, match = 0, string.match
+  -- the last meta value read and its token and key: the first deliveries of one claim that
+  -- share a due ms share one meta value (claim.lua makes it once), and an ack lists them next
+  -- to each other, so their value is parsed once (the pattern match is about 4k Redis
+  -- instructions; the comparison of two Lua strings, interned, is one of pointers)
+  local last_v, last_token, last_key = nil, '', nil
   for i = 1, #ids do  -- not ipairs: its iterator is a C call per id
     local id, v = ids[i], metas[i]
     -- the token and key of its meta value, as meta_parse reads them ('' and nil when it is
@@ -436,7 +441,9 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
     -- as a number (strtod: about 800 instructions) only when it has ten digits or more: nine
     -- always fit MAX_ATTEMPT.
     local token, key = '', nil
-    if v then
+    if v and v == last_v then
+      token, key = last_token, last_key
+    elseif v then
       local a_end, t, d, d_end, f, rest = match(v, '^%d+()|([^|]*)|()%d*()|()%d*()')
       if a_end and d_end - d <= 16 and rest - f <= 16
           and (a_end <= 10 or tonumber(string.sub(v, 1, a_end - 1)) <= MAX_ATTEMPT) then
@@ -446,6 +453,7 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
           token, key = t, string.sub(v, rest + 1)
         end
       end
+      last_v, last_token, last_key = v, token, key
     end
     local deadline, after = deadlines and deadlines[i], deadlines == nil
     if deadline then
@@ -685,26 +693,36 @@ local function call_chunked(cmd, key, args)
   end
 end
 
--- HSET of field, value pairs (a flat list), in chunks. Redis 7.0 keeps a hash that is new (or
--- small) as a listpack until it holds 128 fields, and each field added to a listpack scans it:
--- 1,000 new fields into an empty hash cost about 1 us each, against 0.2 us in a hashtable. The
--- hot hashes (meta, key_state) empty out whenever a drain catches up, so a claim would pay that
--- again and again. A batch of more than 128 fields therefore goes with one extra field, longer
--- than hash-max-listpack-value (64), which makes Redis convert the hash before it inserts, and
--- which is deleted right after. That field is 1,000 bytes: no task id (MAX_ID_BYTES 512) and no
--- limit key (MAX_KEY_BYTES 200) can be as long, so it never stands for real data.
+-- HSET of field, value pairs and ZADD of score, member pairs (flat lists), in chunks. Redis 7.0
+-- keeps a hash or a ZSET that is new (or small) as a listpack until it holds 128 entries, and
+-- each entry added to a listpack scans it: 1,000 new fields into an empty hash cost about 1 us
+-- each, against 0.2 us in a hashtable, and 1,000 leases into an empty leased set 4.4k Redis
+-- instructions per task (callgrind: zzlFind and lpFind; Redis 7.2 sizes a new ZSET from the
+-- batch by itself). The hot keys (meta, leased, key_state, due) empty out whenever a drain
+-- catches up, so each claim would pay that again. A batch of more than 128 entries therefore
+-- goes in behind one extra entry named HASHTABLE_FIELD, longer than the *-max-listpack-value
+-- settings (64), which makes Redis build or convert the big encoding first, and which is
+-- removed right after. That name is 1,000 bytes: no task id (MAX_ID_BYTES 512), limit key
+-- (MAX_KEY_BYTES 200) or parked member (a key, an id and 16 bytes) can be as long, so it never
+-- stands for real data.
 local HASHTABLE_FIELD = string.rep('\0', 1000)
-local function hset_many(k_hash, pairs_list)
+local function add_many(cmd, k, pairs_list, helper_a, helper_b, drop)
   local n = #pairs_list
   if n <= 256 then
-    if n > 0 then redis.call('HSET', k_hash, unpack(pairs_list)) end
+    if n > 0 then redis.call(cmd, k, unpack(pairs_list)) end
     return
   end
-  redis.call('HSET', k_hash, HASHTABLE_FIELD, '', unpack(pairs_list, 1, math.min(n, 4000)))
+  redis.call(cmd, k, helper_a, helper_b, unpack(pairs_list, 1, math.min(n, 4000)))
   for i = 4001, n, 4000 do
-    redis.call('HSET', k_hash, unpack(pairs_list, i, math.min(i + 3999, n)))
+    redis.call(cmd, k, unpack(pairs_list, i, math.min(i + 3999, n)))
   end
-  redis.call('HDEL', k_hash, HASHTABLE_FIELD)
+  redis.call(drop, k, HASHTABLE_FIELD)
+end
+local function hset_many(k_hash, pairs_list)
+  add_many('HSET', k_hash, pairs_list, HASHTABLE_FIELD, '', 'HDEL')
+end
+local function zadd_many(k_zset, pairs_list)
+  add_many('ZADD', k_zset, pairs_list, 0, HASHTABLE_FIELD, 'ZREM')
 end
 
 -- The scores (as Redis gives them) of `ids`, the first members of a ZSET in rank order. Members
@@ -739,7 +757,7 @@ local function zadd_all(k_zset, score, ids)
     args[#args + 1] = score
     args[#args + 1] = id
   end
-  call_chunked('ZADD', k_zset, args)
+  zadd_many(k_zset, args)
 end
 
 -- Add one task due at due_ms unless the id exists in any state; true if it was added.

@@ -503,7 +503,7 @@ end
 if n_set > 0 then hset_many(KEYS[10], state_set) end
 if n_drop > 0 then call_chunked('HDEL', KEYS[10], state_drop) end
 if #park_members > 0 then
-  call_chunked('ZADD', KEYS[11], park_members)
+  zadd_many(KEYS[11], park_members)
   hset_many(KEYS[4], park_meta)
   local waits = {}
   for key, at in pairs(park_wait) do
@@ -515,7 +515,7 @@ end
 if #leased > 0 then
   out[4] = token
   out[10] = table.concat(column, '|')
-  call_chunked('ZADD', KEYS[2], leased)
+  zadd_many(KEYS[2], leased)
   hset_many(KEYS[4], meta)
   stat_incr(KEYS[7], 'claimed', #leased / 2)
   if rate_n then  -- one entry for this claim (its token is unique), with its count

@@ -154,7 +154,7 @@ if earliest ~= nil then
       batch[#batch + 1] = id
     end
   end
-  for p, batch in pairs(zadd) do call_chunked('ZADD', levels[p], batch) end
+  for p, batch in pairs(zadd) do zadd_many(levels[p], batch) end
   stat_incr(KEYS[7], 'scheduled', added + replaced)
   wake_if_earlier(KEYS[8], previous_head, earliest)
 end
