@@ -10,10 +10,11 @@ the I/O and the waiting themselves:
 2. yield them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
    (counted from when the claim was sent, so the next claim reaches Redis at that time:
-   ``ClaimRules.next_claim_s``; capped by ``heartbeat``), until a wake message says an
-   earlier task was scheduled (``redis.asyncio`` Pub/Sub), or, when less than a quarter of
-   the hold was free, until settled deliveries have freed a quarter of it (``Held.refill``:
-   a claim worth its round trip).
+   ``ClaimRules.next_claim_s``, plus ``ClaimRules.margin_ms``; capped by ``heartbeat``; the
+   last ms spun, as the loop's timers wake whole ms late: ``wait_until``), until a wake
+   message says an earlier task was scheduled (``redis.asyncio`` Pub/Sub), or, when less
+   than a quarter of the hold was free, until settled deliveries have freed a quarter of it
+   (``Held.refill``: a claim worth its round trip).
 
 Redis outages are logged and retried with backoff; the iterator never raises for them. Other
 errors (authentication, a Redis older than 6.2) end it with that error. Leaving the loop
@@ -24,6 +25,7 @@ so their attempt does not count.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
@@ -78,6 +80,48 @@ async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
     finally:
         waiter.cancel()
     return bool(done)
+
+
+#: ms an event loop's timer may wake past a wait of whole ms, besides the time to be scheduled:
+#: the second of the two roundings up (see ``timer_part_s``).
+TIMER_SLACK_MS = 1
+
+
+def timer_part_s(wait_s: float) -> float:
+    """How much of a wait of ``wait_s`` seconds to spend on the event loop's timer
+    (``wait_until``): whole ms, ``TIMER_SLACK_MS`` under the whole ms in ``wait_s``, so that
+    rounding up cannot take the timer past the end of the wait; 0 when that leaves none (less
+    than 2 ms, or no wait at all). The rest of the wait is spun."""
+    whole_ms = math.floor(wait_s * 1000) - TIMER_SLACK_MS
+    return whole_ms / 1000 if whole_ms > 0 else 0.0
+
+
+async def wait_until(event: asyncio.Event, target_s: float) -> bool:
+    """Wait until ``event`` is set (True) or the loop's clock reaches ``target_s`` (False),
+    punctually: to a few µs past ``target_s``, not whole ms.
+
+    An asyncio timer wakes up to 2 ms late (measured: a claim loop sleeping until each due
+    time was 0-2 ms late, p99 3 ms of lag). The loop waits for its next timer in the
+    selector, and ``selectors.EpollSelector.select`` rounds the timeout up to a whole ms
+    (``math.ceil(timeout * 1e3) * 1e-3``); ``epoll.poll`` then turns that float into ms
+    again, rounding up once more, and for about one whole ms in nine the float is a hair
+    above it (``9 * 1e-3`` is ``0.009000000000000001``: 9,000,001 ns, so 10 ms): those
+    waits are rounded up twice, and a wait of 8.3 ms ends after 10 ms. So the timer is set
+    only for a whole number of ms at least ``TIMER_SLACK_MS`` under the target
+    (``timer_part_s``): rounded up once or twice it still ends by the target. The last 1 to
+    2 ms are spun: the loop is yielded to (``asyncio.sleep(0)``: other tasks, and I/O
+    polled with a zero timeout, run between two turns) until its clock reaches the target.
+    ``event`` set during either part ends the wait on the next turn (a wake message, a
+    settle), and a cancellation ends it at once."""
+    loop = asyncio.get_running_loop()
+    timer_s = timer_part_s(target_s - loop.time())
+    if timer_s > 0 and await wait_event(event, timer_s):
+        return True
+    while not event.is_set():
+        if loop.time() >= target_s:
+            return False
+        await asyncio.sleep(0)
+    return True
 
 
 async def deliveries(
@@ -157,11 +201,12 @@ async def _claims(
             replied_s, wait_ms = loop.time(), rules.claimed(batch, hook)
             clock_ms = batch.now_ms + batch.now_fraction_ms
             next_s = rules.next_claim_s(sent_s, replied_s, wait_ms, clock_ms)
+            if next_s > sent_s:  # a wait, timed to the µs: not a hair before the due time
+                next_s += rules.margin_ms() / 1000
             if batch.deliveries:
                 yield batch.deliveries  # (the caller's time with them counts in the wait)
-            wait_s = next_s - loop.time()
-            if wait_s > 0 and not poke.is_set():
-                await wait_event(poke, wait_s)
+            if next_s > loop.time() and not poke.is_set():
+                await wait_until(poke, next_s)
     finally:
         if listener is not None:  # bounded: releases must come before the leases run out
             listener.cancel()
