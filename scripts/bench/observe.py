@@ -6,10 +6,11 @@ never touches any other server. Every figure is measured in this run, for both f
 the threaded consumer of ``dueq.Queue`` and the asyncio one of ``dueq.AsyncQueue`` (on a
 ``redis.asyncio`` client, on the loop of ``asyncio.run``). Sections:
 
-1. lag       1,000 tasks due at 100 per second, consumed five ways: threaded ``observe`` +
+1. lag       1,000 tasks due at 100 per second, consumed six ways: threaded ``observe`` +
              ``process`` (no-op handler, concurrency 8); ``async for d in q.deliveries()``,
              acking each; async ``observe`` + ``process`` (no-op ``async def`` handler,
-             concurrency 8); ``dueq.Worker(q, handler)`` at its defaults; ``dueq worker`` from
+             concurrency 8); ``dueq.Worker(q, handler)`` at its defaults;
+             ``dueq.AsyncWorker(q, async_handler)`` at its defaults; ``dueq worker`` from
              the CLI at its defaults (a subprocess, started and idle before the tasks are
              scheduled). Two lags per delivery: by the queue's clock, ``claimed_ms -
              due_ms`` (both read from Redis TIME, whole milliseconds), and by this host's
@@ -350,6 +351,22 @@ async def run_async_observe_lag(server: RedisServer) -> dict[str, Any]:
         return lags.figures(await acked(q))
 
 
+async def run_async_worker_lag(server: RedisServer) -> dict[str, Any]:
+    """``dueq.AsyncWorker`` at its defaults (an ``async def`` handler); the lag is taken as
+    the handler starts."""
+    lags = Lags()
+    async with lag_queue(server) as q:
+
+        async def handle(d: dueq.AsyncDelivery) -> None:
+            lags.record(d)
+            if len(lags) == LAG_TASKS:
+                w.stop()
+
+        w = dueq.AsyncWorker(q, handle, handle_signals=False)
+        await w.run()
+        return lags.figures(w.outcomes.get("acked", 0))
+
+
 # -- 2. drain ------------------------------------------------------------------------------------
 
 
@@ -587,6 +604,7 @@ LAG_CASES = {
     "async": "async deliveries()",
     "async_observe": "async observe + process",
     "worker": "dueq.Worker, defaults",
+    "async_worker": "dueq.AsyncWorker, defaults",
     "cli": "dueq worker (CLI), defaults",
 }
 
@@ -600,6 +618,7 @@ def measure_lag(r: redis.Redis, server: RedisServer, rounds: int) -> dict[str, l
             run_async_observe_lag(server), "the async observe lag run"
         ),
         "worker": partial(run_worker_lag, r),
+        "async_worker": lambda: run_async(run_async_worker_lag(server), "the AsyncWorker lag run"),
         "cli": partial(run_cli_lag, r, server),
     }
     lag: dict[str, list[Any]] = {name: [] for name in runs}
