@@ -16,10 +16,11 @@ the threaded consumer of ``dueq.Queue`` and the asyncio one of ``dueq.AsyncQueue
              due_ms`` (both read from Redis TIME, whole milliseconds), and by this host's
              clock, the time the consumer handed the delivery out (for the workers: the
              handler started) minus ``due_ms`` (the host's clock is also the Redis server's).
-             Early = a negative lag. Target at defaults (issue 31): p99 <= 2 ms and max <=
-             10 ms by the host's clock, 0 early. The raw Redis round trip (PING) in the same
-             run is the floor any consumer pays. ``--lag-only`` runs this section alone
-             (``--repeat`` times, each case once per round).
+             Early = a negative lag. Also the CPU time of the benchmark's process over each
+             run, per task (not for the CLI, a process of its own). Target at defaults (issue
+             31): p99 <= 2 ms and max <= 10 ms by the host's clock, 0 early. The raw Redis
+             round trip (PING) in the same run is the floor any consumer pays. ``--lag-only``
+             runs this section alone (``--repeat`` times, each case once per round).
 2. drain     tasks due now, drained (a) threaded: ``observe(max_in_flight)`` + ``process`` with
              a no-op handler at concurrency 1 and 8; (b) async: ``async for d in
              q.deliveries(max_in_flight)`` with ``await d.ack()`` for each, and with ``await
@@ -192,11 +193,14 @@ def lag_tasks() -> list[Task]:
 
 class Lags:
     """Lag of each delivery: by the queue's clock (claimed - due, from Redis TIME) and by the
-    host's clock (handed out - due)."""
+    host's clock (handed out - due); and the CPU time of this process from the start of the
+    run (the tasks scheduled) to ``figures``, per task (None: the consumer ran in another
+    process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_process: bool = True) -> None:
         self.queue_ms: list[float] = []
         self.host_ms: list[float] = []
+        self.cpu_start_s = time.process_time() if in_process else None
 
     def record(self, d: dueq.Delivery | dueq.AsyncDelivery) -> None:
         self.host_ms.append(time.time() * 1000 - d.due_ms)
@@ -220,6 +224,9 @@ class Lags:
             "queue_clock": spread(self.queue_ms),
             "host_clock": spread(self.host_ms),
             "acked": acked,
+            "cpu_ms_per_task": None
+            if self.cpu_start_s is None
+            else (time.process_time() - self.cpu_start_s) * 1000 / LAG_TASKS,
         }
 
 
@@ -308,7 +315,7 @@ def run_cli_lag(r: redis.Redis, server: RedisServer) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-    lags = Lags()
+    lags = Lags(in_process=False)
     for line in lines:
         host_ms, queue_ms = line.split()
         lags.host_ms.append(float(host_ms))
@@ -331,8 +338,8 @@ async def acked(q: AsyncQueue) -> int:
 
 
 async def run_async_lag(server: RedisServer) -> dict[str, Any]:
-    lags = Lags()
     async with lag_queue(server) as q:
+        lags = Lags()
         async with contextlib.aclosing(q.deliveries(max_in_flight=64)) as deliveries:
             async for d in deliveries:
                 lags.record(d)
@@ -343,8 +350,8 @@ async def run_async_lag(server: RedisServer) -> dict[str, Any]:
 
 
 async def run_async_observe_lag(server: RedisServer) -> dict[str, Any]:
-    lags = Lags()
     async with lag_queue(server) as q:
+        lags = Lags()
         stream = q.observe(max_in_flight=64).pipe(ops.do_action(lags.record))
         await settle_through_process(stream, LAG_TASKS, 8)
         await dueq_tasks_ended()
@@ -354,8 +361,8 @@ async def run_async_observe_lag(server: RedisServer) -> dict[str, Any]:
 async def run_async_worker_lag(server: RedisServer) -> dict[str, Any]:
     """``dueq.AsyncWorker`` at its defaults (an ``async def`` handler); the lag is taken as
     the handler starts."""
-    lags = Lags()
     async with lag_queue(server) as q:
+        lags = Lags()
 
         async def handle(d: dueq.AsyncDelivery) -> None:
             lags.record(d)
@@ -671,6 +678,8 @@ def measure(drain_n: int, idle_s: float, repeat: int, lag_only: bool) -> dict[st
 def lag_row(label: str, lag: dict[str, Any]) -> tuple[str, str, str, str]:
     q, h = lag["queue_clock"], lag["host_clock"]
     early = q["early"] + h["early"]
+    cpu_ms = lag.get("cpu_ms_per_task")
+    cpu = "" if cpu_ms is None else f"; CPU {cpu_ms:.2f} ms/task (this process)"
     ok = (
         h["p99_ms"] <= TARGETS["lag_p99_ms_max"]
         and h["max_ms"] <= TARGETS["lag_max_ms_max"]
@@ -681,7 +690,7 @@ def lag_row(label: str, lag: dict[str, Any]) -> tuple[str, str, str, str]:
         f"p50 {h['p50_ms']:.2f} / p99 {h['p99_ms']:.2f} / max {h['max_ms']:.2f} ms, {early} early",
         f"handed out (workers: handler started) - due, host clock; claimed - due (queue "
         f"clock, whole ms): p50 {q['p50_ms']:.0f} / p99 {q['p99_ms']:.0f} / max "
-        f"{q['max_ms']:.0f} ms; {lag['acked']}/{lag['tasks']} acked",
+        f"{q['max_ms']:.0f} ms; {lag['acked']}/{lag['tasks']} acked{cpu}",
         f"p99 <= 2, max <= 10 ms, 0 early: {'ok' if ok else 'MISSED'}",
     )
 
