@@ -82,17 +82,28 @@ async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
     return bool(done)
 
 
-#: ms an event loop's timer may wake past a wait of whole ms, besides the time to be scheduled:
-#: the second of the two roundings up (see ``timer_part_s``).
-TIMER_SLACK_MS = 1
+#: ms a timer's wake may come after its time even when not rounded up: Linux's default timer
+#: slack (50 µs) and the loop's turn to run.
+WAKE_LATE_MS = 0.1
+
+
+def epoll_ms(whole_ms: int) -> int:
+    """The ms ``epoll.poll`` waits when given ``whole_ms * 1e-3`` seconds (as the selector
+    does): the float is taken to ns and then to ms, each rounded up, so a whole ms whose float
+    is a hair above it (``9 * 1e-3`` is ``0.009000000000000001``) becomes one ms more."""
+    return math.ceil(math.ceil(whole_ms * 1e-3 * 1e9) / 1e6)
 
 
 def timer_part_s(wait_s: float) -> float:
     """How much of a wait of ``wait_s`` seconds to spend on the event loop's timer
-    (``wait_until``): whole ms, ``TIMER_SLACK_MS`` under the whole ms in ``wait_s``, so that
-    rounding up cannot take the timer past the end of the wait; 0 when that leaves none (less
-    than 2 ms, or no wait at all). The rest of the wait is spun."""
-    whole_ms = math.floor(wait_s * 1000) - TIMER_SLACK_MS
+    (``wait_until``): whole ms, at least ``WAKE_LATE_MS`` under the wait, and one ms fewer
+    when that whole ms would be rounded up twice (``epoll_ms``), so that the selector's
+    rounding cannot take the timer past the end of the wait; 0 when that leaves none (a wait
+    under 1.1 ms, or none at all). The rest of the wait (0.1 to 2.1 ms, under 1.1 ms for
+    eight waits in nine) is spun."""
+    whole_ms = math.floor(wait_s * 1000 - WAKE_LATE_MS)
+    if whole_ms > 0 and epoll_ms(whole_ms) > whole_ms:
+        whole_ms -= 1
     return whole_ms / 1000 if whole_ms > 0 else 0.0
 
 
@@ -107,12 +118,12 @@ async def wait_until(event: asyncio.Event, target_s: float) -> bool:
     again, rounding up once more, and for about one whole ms in nine the float is a hair
     above it (``9 * 1e-3`` is ``0.009000000000000001``: 9,000,001 ns, so 10 ms): those
     waits are rounded up twice, and a wait of 8.3 ms ends after 10 ms. So the timer is set
-    only for a whole number of ms at least ``TIMER_SLACK_MS`` under the target
-    (``timer_part_s``): rounded up once or twice it still ends by the target. The last 1 to
-    2 ms are spun: the loop is yielded to (``asyncio.sleep(0)``: other tasks, and I/O
-    polled with a zero timeout, run between two turns) until its clock reaches the target.
-    ``event`` set during either part ends the wait on the next turn (a wake message, a
-    settle), and a cancellation ends it at once."""
+    only for a whole number of ms under the target, one that is rounded up once, to itself
+    (``timer_part_s``): it ends by the target. The last 0.1 to 2.1 ms are spun: the loop is
+    yielded to (``asyncio.sleep(0)``: other tasks, and I/O polled with a zero timeout, run
+    between two turns) until its clock reaches the target. ``event`` set during either part
+    ends the wait on the next turn (a wake message, a settle); a cancellation ends it at
+    once."""
     loop = asyncio.get_running_loop()
     timer_s = timer_part_s(target_s - loop.time())
     if timer_s > 0 and await wait_event(event, timer_s):
