@@ -116,10 +116,9 @@ class ClaimRules(Generic[D]):
         next may be), at least ``MIN_MARGIN_MS`` and at most ``MAX_MARGIN_MS``; the most with
         a single way seen (nothing known of the spread yet).
 
-        The asyncio driver adds it (its wait ends at the target to a few µs, and a claim on
-        loopback arrives within tens of µs of the quickest one). The threaded driver does not:
-        its timers wake late by more than that (threading's waits), which is margin enough,
-        and it meets its target without (docs/benchmarks.md, Punctuality)."""
+        The asyncio driver adds it (its wait ends within µs of its aim: ``wait_until``). The
+        threaded driver does not: it met its lag target without, before and after the asyncio
+        one took it (docs/benchmarks.md, Punctuality), and was left as it was."""
         if len(self._ways_ms) < 2:
             return MAX_MARGIN_MS
         quickest, second = heapq.nsmallest(2, self._ways_ms)
