@@ -194,13 +194,36 @@ def lag_tasks() -> list[Task]:
 class Lags:
     """Lag of each delivery: by the queue's clock (claimed - due, from Redis TIME) and by the
     host's clock (handed out - due); and the CPU time of this process from the start of the
-    run (the tasks scheduled) to ``figures``, per task (None: the consumer ran in another
-    process)."""
+    run (the tasks scheduled) to ``figures``, per task, and the claims made and how many of
+    them leased nothing (``count_claims``: the first, before anything is due, and any that
+    reached Redis before the task was due; None: the consumer ran in another process)."""
 
     def __init__(self, in_process: bool = True) -> None:
         self.queue_ms: list[float] = []
         self.host_ms: list[float] = []
         self.cpu_start_s = time.process_time() if in_process else None
+        self.claims: int | None = None
+        self.empty_claims = 0
+
+    def count_claims(self, q: Queue | AsyncQueue) -> None:
+        """Count the claims of ``q`` (its ``claim_batch``, wrapped) and the empty ones."""
+        self.claims = 0
+        original: Any = q.claim_batch
+
+        def seen(batch: dueq.ClaimBatch) -> dueq.ClaimBatch:
+            assert self.claims is not None
+            self.claims += 1
+            self.empty_claims += not batch.deliveries
+            return batch
+
+        if isinstance(q, AsyncQueue):
+
+            async def counted_async(*args: Any, **kwargs: Any) -> dueq.ClaimBatch:
+                return seen(await original(*args, **kwargs))
+
+            q.claim_batch = counted_async  # type: ignore[method-assign]
+        else:
+            q.claim_batch = lambda *a, **kw: seen(original(*a, **kw))  # type: ignore[method-assign]
 
     def record(self, d: dueq.Delivery | dueq.AsyncDelivery) -> None:
         self.host_ms.append(time.time() * 1000 - d.due_ms)
@@ -227,6 +250,8 @@ class Lags:
             "cpu_ms_per_task": None
             if self.cpu_start_s is None
             else (time.process_time() - self.cpu_start_s) * 1000 / LAG_TASKS,
+            "claims": self.claims,
+            "empty_claims": None if self.claims is None else self.empty_claims,
         }
 
 
@@ -235,6 +260,7 @@ def run_lag(r: redis.Redis) -> dict[str, Any]:
     q = Queue("lag", r)
     q.schedule_many(lag_tasks())
     lags = Lags()
+    lags.count_claims(q)
     outcomes: list[str] = []
     done = threading.Event()
 
@@ -258,6 +284,7 @@ def run_worker_lag(r: redis.Redis) -> dict[str, Any]:
     q = Queue("lag", r)
     q.schedule_many(lag_tasks())
     lags = Lags()
+    lags.count_claims(q)
     done = threading.Event()
 
     def handle(d: dueq.Delivery) -> None:
@@ -340,6 +367,7 @@ async def acked(q: AsyncQueue) -> int:
 async def run_async_lag(server: RedisServer) -> dict[str, Any]:
     async with lag_queue(server) as q:
         lags = Lags()
+        lags.count_claims(q)
         async with contextlib.aclosing(q.deliveries(max_in_flight=64)) as deliveries:
             async for d in deliveries:
                 lags.record(d)
@@ -352,6 +380,7 @@ async def run_async_lag(server: RedisServer) -> dict[str, Any]:
 async def run_async_observe_lag(server: RedisServer) -> dict[str, Any]:
     async with lag_queue(server) as q:
         lags = Lags()
+        lags.count_claims(q)
         stream = q.observe(max_in_flight=64).pipe(ops.do_action(lags.record))
         await settle_through_process(stream, LAG_TASKS, 8)
         await dueq_tasks_ended()
@@ -363,6 +392,7 @@ async def run_async_worker_lag(server: RedisServer) -> dict[str, Any]:
     the handler starts."""
     async with lag_queue(server) as q:
         lags = Lags()
+        lags.count_claims(q)
 
         async def handle(d: dueq.AsyncDelivery) -> None:
             lags.record(d)
@@ -680,6 +710,8 @@ def lag_row(label: str, lag: dict[str, Any]) -> tuple[str, str, str, str]:
     early = q["early"] + h["early"]
     cpu_ms = lag.get("cpu_ms_per_task")
     cpu = "" if cpu_ms is None else f"; CPU {cpu_ms:.2f} ms/task (this process)"
+    if lag.get("claims") is not None:
+        cpu += f"; {lag['claims']} claims, {lag['empty_claims']} empty"
     ok = (
         h["p99_ms"] <= TARGETS["lag_p99_ms_max"]
         and h["max_ms"] <= TARGETS["lag_max_ms_max"]
