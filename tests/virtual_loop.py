@@ -4,7 +4,9 @@ Timers (``asyncio.sleep``, ``asyncio.wait`` timeouts, ``call_at``) fire at their
 time and take no real time: when the loop would block until its next timer, its clock jumps to
 that timer instead. Real I/O (the test's Redis) still runs for real: the loop polls its sockets
 first and only jumps when none is ready. While nothing but I/O is pending (no timer), it blocks
-on the sockets as any loop does.
+on the sockets as any loop does. A turn of the loop with callbacks ready and no I/O takes
+``TURN_S`` (10 µs) of virtual time, so a coroutine spinning until the clock reaches a time
+(``asyncio.sleep(0)`` in a loop) gets there.
 
 The clock jumps only when the loop has nothing ready to run, so the order of a coroutine's steps
 is kept; what a test must not do is keep a timer pending while it waits for Redis (a timeout
@@ -23,6 +25,12 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+#: Virtual seconds a turn of the loop takes when it has callbacks ready and no I/O: a loop that
+#: spins (``asyncio.sleep(0)`` until its clock reaches a time, ``dueq._async_consume``) would
+#: otherwise never see its clock move.
+TURN_S = 1e-5
+
+
 class _Clock:
     def __init__(self, start_s: float) -> None:
         self.now_s = start_s
@@ -36,11 +44,11 @@ class _JumpingSelector(selectors.DefaultSelector):
         self._clock = clock
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is None or timeout <= 0:  # no timer (block on I/O alone), or no wait at all
-            return super().select(timeout)
+        if timeout is None:  # no timer: block on I/O alone
+            return super().select(None)
         ready = super().select(0)
-        if not ready:  # nothing to read or write: the next timer is due
-            self._clock.now_s += timeout
+        if not ready:  # nothing to read or write: the next timer is due, or a turn is spent
+            self._clock.now_s += timeout if timeout > 0 else TURN_S
         return ready
 
 

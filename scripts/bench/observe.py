@@ -6,19 +6,21 @@ never touches any other server. Every figure is measured in this run, for both f
 the threaded consumer of ``dueq.Queue`` and the asyncio one of ``dueq.AsyncQueue`` (on a
 ``redis.asyncio`` client, on the loop of ``asyncio.run``). Sections:
 
-1. lag       1,000 tasks due at 100 per second, consumed five ways: threaded ``observe`` +
+1. lag       1,000 tasks due at 100 per second, consumed six ways: threaded ``observe`` +
              ``process`` (no-op handler, concurrency 8); ``async for d in q.deliveries()``,
              acking each; async ``observe`` + ``process`` (no-op ``async def`` handler,
-             concurrency 8); ``dueq.Worker(q, handler)`` at its defaults; ``dueq worker`` from
+             concurrency 8); ``dueq.Worker(q, handler)`` at its defaults;
+             ``dueq.AsyncWorker(q, async_handler)`` at its defaults; ``dueq worker`` from
              the CLI at its defaults (a subprocess, started and idle before the tasks are
              scheduled). Two lags per delivery: by the queue's clock, ``claimed_ms -
              due_ms`` (both read from Redis TIME, whole milliseconds), and by this host's
              clock, the time the consumer handed the delivery out (for the workers: the
              handler started) minus ``due_ms`` (the host's clock is also the Redis server's).
-             Early = a negative lag. Target at defaults (issue 31): p99 <= 2 ms and max <=
-             10 ms by the host's clock, 0 early. The raw Redis round trip (PING) in the same
-             run is the floor any consumer pays. ``--lag-only`` runs this section alone
-             (``--repeat`` times, each case once per round).
+             Early = a negative lag. Also the CPU time of the benchmark's process over each
+             run, per task (not for the CLI, a process of its own). Target at defaults (issue
+             31): p99 <= 2 ms and max <= 10 ms by the host's clock, 0 early. The raw Redis
+             round trip (PING) in the same run is the floor any consumer pays. ``--lag-only``
+             runs this section alone (``--repeat`` times, each case once per round).
 2. drain     tasks due now, drained (a) threaded: ``observe(max_in_flight)`` + ``process`` with
              a no-op handler at concurrency 1 and 8; (b) async: ``async for d in
              q.deliveries(max_in_flight)`` with ``await d.ack()`` for each, and with ``await
@@ -191,11 +193,37 @@ def lag_tasks() -> list[Task]:
 
 class Lags:
     """Lag of each delivery: by the queue's clock (claimed - due, from Redis TIME) and by the
-    host's clock (handed out - due)."""
+    host's clock (handed out - due); and the CPU time of this process from the start of the
+    run (the tasks scheduled) to ``figures``, per task, and the claims made and how many of
+    them leased nothing (``count_claims``: the first, before anything is due, and any that
+    reached Redis before the task was due; None: the consumer ran in another process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_process: bool = True) -> None:
         self.queue_ms: list[float] = []
         self.host_ms: list[float] = []
+        self.cpu_start_s = time.process_time() if in_process else None
+        self.claims: int | None = None
+        self.empty_claims = 0
+
+    def count_claims(self, q: Queue | AsyncQueue) -> None:
+        """Count the claims of ``q`` (its ``claim_batch``, wrapped) and the empty ones."""
+        self.claims = 0
+        original: Any = q.claim_batch
+
+        def seen(batch: dueq.ClaimBatch) -> dueq.ClaimBatch:
+            assert self.claims is not None
+            self.claims += 1
+            self.empty_claims += not batch.deliveries
+            return batch
+
+        if isinstance(q, AsyncQueue):
+
+            async def counted_async(*args: Any, **kwargs: Any) -> dueq.ClaimBatch:
+                return seen(await original(*args, **kwargs))
+
+            q.claim_batch = counted_async  # type: ignore[method-assign]
+        else:
+            q.claim_batch = lambda *a, **kw: seen(original(*a, **kw))  # type: ignore[method-assign]
 
     def record(self, d: dueq.Delivery | dueq.AsyncDelivery) -> None:
         self.host_ms.append(time.time() * 1000 - d.due_ms)
@@ -219,6 +247,11 @@ class Lags:
             "queue_clock": spread(self.queue_ms),
             "host_clock": spread(self.host_ms),
             "acked": acked,
+            "cpu_ms_per_task": None
+            if self.cpu_start_s is None
+            else (time.process_time() - self.cpu_start_s) * 1000 / LAG_TASKS,
+            "claims": self.claims,
+            "empty_claims": None if self.claims is None else self.empty_claims,
         }
 
 
@@ -227,6 +260,7 @@ def run_lag(r: redis.Redis) -> dict[str, Any]:
     q = Queue("lag", r)
     q.schedule_many(lag_tasks())
     lags = Lags()
+    lags.count_claims(q)
     outcomes: list[str] = []
     done = threading.Event()
 
@@ -250,6 +284,7 @@ def run_worker_lag(r: redis.Redis) -> dict[str, Any]:
     q = Queue("lag", r)
     q.schedule_many(lag_tasks())
     lags = Lags()
+    lags.count_claims(q)
     done = threading.Event()
 
     def handle(d: dueq.Delivery) -> None:
@@ -307,7 +342,7 @@ def run_cli_lag(r: redis.Redis, server: RedisServer) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-    lags = Lags()
+    lags = Lags(in_process=False)
     for line in lines:
         host_ms, queue_ms = line.split()
         lags.host_ms.append(float(host_ms))
@@ -330,8 +365,9 @@ async def acked(q: AsyncQueue) -> int:
 
 
 async def run_async_lag(server: RedisServer) -> dict[str, Any]:
-    lags = Lags()
     async with lag_queue(server) as q:
+        lags = Lags()
+        lags.count_claims(q)
         async with contextlib.aclosing(q.deliveries(max_in_flight=64)) as deliveries:
             async for d in deliveries:
                 lags.record(d)
@@ -342,12 +378,30 @@ async def run_async_lag(server: RedisServer) -> dict[str, Any]:
 
 
 async def run_async_observe_lag(server: RedisServer) -> dict[str, Any]:
-    lags = Lags()
     async with lag_queue(server) as q:
+        lags = Lags()
+        lags.count_claims(q)
         stream = q.observe(max_in_flight=64).pipe(ops.do_action(lags.record))
         await settle_through_process(stream, LAG_TASKS, 8)
         await dueq_tasks_ended()
         return lags.figures(await acked(q))
+
+
+async def run_async_worker_lag(server: RedisServer) -> dict[str, Any]:
+    """``dueq.AsyncWorker`` at its defaults (an ``async def`` handler); the lag is taken as
+    the handler starts."""
+    async with lag_queue(server) as q:
+        lags = Lags()
+        lags.count_claims(q)
+
+        async def handle(d: dueq.AsyncDelivery) -> None:
+            lags.record(d)
+            if len(lags) == LAG_TASKS:
+                w.stop()
+
+        w = dueq.AsyncWorker(q, handle, handle_signals=False)
+        await w.run()
+        return lags.figures(w.outcomes.get("acked", 0))
 
 
 # -- 2. drain ------------------------------------------------------------------------------------
@@ -587,6 +641,7 @@ LAG_CASES = {
     "async": "async deliveries()",
     "async_observe": "async observe + process",
     "worker": "dueq.Worker, defaults",
+    "async_worker": "dueq.AsyncWorker, defaults",
     "cli": "dueq worker (CLI), defaults",
 }
 
@@ -600,6 +655,7 @@ def measure_lag(r: redis.Redis, server: RedisServer, rounds: int) -> dict[str, l
             run_async_observe_lag(server), "the async observe lag run"
         ),
         "worker": partial(run_worker_lag, r),
+        "async_worker": lambda: run_async(run_async_worker_lag(server), "the AsyncWorker lag run"),
         "cli": partial(run_cli_lag, r, server),
     }
     lag: dict[str, list[Any]] = {name: [] for name in runs}
@@ -652,6 +708,10 @@ def measure(drain_n: int, idle_s: float, repeat: int, lag_only: bool) -> dict[st
 def lag_row(label: str, lag: dict[str, Any]) -> tuple[str, str, str, str]:
     q, h = lag["queue_clock"], lag["host_clock"]
     early = q["early"] + h["early"]
+    cpu_ms = lag.get("cpu_ms_per_task")
+    cpu = "" if cpu_ms is None else f"; CPU {cpu_ms:.2f} ms/task (this process)"
+    if lag.get("claims") is not None:
+        cpu += f"; {lag['claims']} claims, {lag['empty_claims']} empty"
     ok = (
         h["p99_ms"] <= TARGETS["lag_p99_ms_max"]
         and h["max_ms"] <= TARGETS["lag_max_ms_max"]
@@ -662,7 +722,7 @@ def lag_row(label: str, lag: dict[str, Any]) -> tuple[str, str, str, str]:
         f"p50 {h['p50_ms']:.2f} / p99 {h['p99_ms']:.2f} / max {h['max_ms']:.2f} ms, {early} early",
         f"handed out (workers: handler started) - due, host clock; claimed - due (queue "
         f"clock, whole ms): p50 {q['p50_ms']:.0f} / p99 {q['p99_ms']:.0f} / max "
-        f"{q['max_ms']:.0f} ms; {lag['acked']}/{lag['tasks']} acked",
+        f"{q['max_ms']:.0f} ms; {lag['acked']}/{lag['tasks']} acked{cpu}",
         f"p99 <= 2, max <= 10 ms, 0 early: {'ok' if ok else 'MISSED'}",
     )
 

@@ -10,10 +10,11 @@ the I/O and the waiting themselves:
 2. yield them;
 3. sleep exactly until the next due time or lease deadline the claim script returned
    (counted from when the claim was sent, so the next claim reaches Redis at that time:
-   ``ClaimRules.next_claim_s``; capped by ``heartbeat``), until a wake message says an
-   earlier task was scheduled (``redis.asyncio`` Pub/Sub), or, when less than a quarter of
-   the hold was free, until settled deliveries have freed a quarter of it (``Held.refill``:
-   a claim worth its round trip).
+   ``ClaimRules.next_claim_s``, plus ``ClaimRules.margin_ms``; capped by ``heartbeat``; the
+   last ms spun, as the loop's timers wake whole ms late: ``wait_until``), until a wake
+   message says an earlier task was scheduled (``redis.asyncio`` Pub/Sub), or, when less
+   than a quarter of the hold was free, until settled deliveries have freed a quarter of it
+   (``Held.refill``: a claim worth its round trip).
 
 Redis outages are logged and retried with backoff; the iterator never raises for them. Other
 errors (authentication, a Redis older than 6.2) end it with that error. Leaving the loop
@@ -24,6 +25,7 @@ so their attempt does not count.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
@@ -78,6 +80,59 @@ async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
     finally:
         waiter.cancel()
     return bool(done)
+
+
+#: ms a timer's wake may come after its time even when not rounded up: Linux's default timer
+#: slack (50 µs) and the loop's turn to run.
+WAKE_LATE_MS = 0.1
+
+
+def epoll_ms(whole_ms: int) -> int:
+    """The ms ``epoll.poll`` waits when given ``whole_ms * 1e-3`` seconds (as the selector
+    does): the float is taken to ns and then to ms, each rounded up, so a whole ms whose float
+    is a hair above it (``9 * 1e-3`` is ``0.009000000000000001``) becomes one ms more."""
+    return math.ceil(math.ceil(whole_ms * 1e-3 * 1e9) / 1e6)
+
+
+def timer_part_s(wait_s: float) -> float:
+    """How much of a wait of ``wait_s`` seconds to spend on the event loop's timer
+    (``wait_until``): whole ms, at least ``WAKE_LATE_MS`` under the wait, and one ms fewer
+    when that whole ms would be rounded up twice (``epoll_ms``), so that the selector's
+    rounding cannot take the timer past the end of the wait; 0 when that leaves none (a wait
+    under 1.1 ms, or none at all). The rest of the wait (0.1 to 2.1 ms, under 1.1 ms for
+    eight waits in nine) is spun."""
+    whole_ms = math.floor(wait_s * 1000 - WAKE_LATE_MS)
+    if whole_ms > 0 and epoll_ms(whole_ms) > whole_ms:
+        whole_ms -= 1
+    return whole_ms / 1000 if whole_ms > 0 else 0.0
+
+
+async def wait_until(event: asyncio.Event, target_s: float) -> bool:
+    """Wait until ``event`` is set (True) or the loop's clock reaches ``target_s`` (False),
+    punctually: to a few µs past ``target_s``, not whole ms.
+
+    An asyncio timer wakes up to 2 ms late (measured: a claim loop sleeping until each due
+    time was 0-2 ms late, p99 3 ms of lag). The loop waits for its next timer in the
+    selector, and ``selectors.EpollSelector.select`` rounds the timeout up to a whole ms
+    (``math.ceil(timeout * 1e3) * 1e-3``); ``epoll.poll`` then turns that float into ms
+    again, rounding up once more, and for about one whole ms in nine the float is a hair
+    above it (``9 * 1e-3`` is ``0.009000000000000001``: 9,000,001 ns, so 10 ms): those
+    waits are rounded up twice, and a wait of 8.3 ms ends after 10 ms. So the timer is set
+    only for a whole number of ms under the target, one that is rounded up once, to itself
+    (``timer_part_s``): it ends by the target. The last 0.1 to 2.1 ms are spun: the loop is
+    yielded to (``asyncio.sleep(0)``: other tasks, and I/O polled with a zero timeout, run
+    between two turns) until its clock reaches the target. ``event`` set during either part
+    ends the wait on the next turn (a wake message, a settle); a cancellation ends it at
+    once."""
+    loop = asyncio.get_running_loop()
+    timer_s = timer_part_s(target_s - loop.time())
+    if timer_s > 0 and await wait_event(event, timer_s):
+        return True
+    while not event.is_set():
+        if loop.time() >= target_s:
+            return False
+        await asyncio.sleep(0)
+    return True
 
 
 async def deliveries(
@@ -157,11 +212,12 @@ async def _claims(
             replied_s, wait_ms = loop.time(), rules.claimed(batch, hook)
             clock_ms = batch.now_ms + batch.now_fraction_ms
             next_s = rules.next_claim_s(sent_s, replied_s, wait_ms, clock_ms)
+            if next_s > sent_s:  # a wait, timed to the µs: not a hair before the due time
+                next_s += rules.margin_ms() / 1000
             if batch.deliveries:
                 yield batch.deliveries  # (the caller's time with them counts in the wait)
-            wait_s = next_s - loop.time()
-            if wait_s > 0 and not poke.is_set():
-                await wait_event(poke, wait_s)
+            if next_s > loop.time() and not poke.is_set():
+                await wait_until(poke, next_s)
     finally:
         if listener is not None:  # bounded: releases must come before the leases run out
             listener.cancel()

@@ -12,6 +12,7 @@ calls them under its lock.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +34,9 @@ logger = logging.getLogger("dueq.observe")
 MAX_CLAIM = 1000
 #: Claims over which a consumer remembers the quickest way to Redis (``next_claim_s``).
 ARRIVAL_WINDOW = 64
+#: Bounds of ``ClaimRules.margin_ms`` (ms).
+MIN_MARGIN_MS = 0.1
+MAX_MARGIN_MS = 1.0
 
 
 class ClaimRules(Generic[D]):
@@ -103,6 +107,22 @@ class ClaimRules(Generic[D]):
         round_trip_ms = max(0.0, (replied_s - sent_s) * 1000)
         slower_ms = min(max(way_ms - min(self._ways_ms), 0.0), round_trip_ms)
         return sent_s + (wait_ms + slower_ms) / 1000
+
+    def margin_ms(self) -> float:
+        """How much later than ``next_claim_s`` a driver whose timing is exact should claim,
+        so that its claim does not reach Redis before the task is due (one that does leases
+        nothing and costs another round trip): the spread between the two quickest ways to
+        Redis of the last ``ARRIVAL_WINDOW`` claims (how much quicker than the quickest one the
+        next may be), at least ``MIN_MARGIN_MS`` and at most ``MAX_MARGIN_MS``; the most with
+        a single way seen (nothing known of the spread yet).
+
+        The asyncio driver adds it (its wait ends within µs of its aim: ``wait_until``). The
+        threaded driver does not: it met its lag target without, before and after the asyncio
+        one took it (docs/benchmarks.md, Punctuality), and was left as it was."""
+        if len(self._ways_ms) < 2:
+            return MAX_MARGIN_MS
+        quickest, second = heapq.nsmallest(2, self._ways_ms)
+        return min(max(second - quickest, MIN_MARGIN_MS), MAX_MARGIN_MS)
 
     def failed(self, exc: Exception) -> float | None:
         """A claim raised ``exc``: the ms to back off for an outage (logged, retried), or None
