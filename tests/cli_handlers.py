@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import dueq
@@ -22,6 +23,11 @@ def record(d: dueq.Delivery) -> None:
 def hostile(d: dueq.Delivery) -> None:
     """Fail with terminal escape sequences in the message."""
     raise ValueError("title \x1b]0;pwned\x07 clear \x1b[2J csi \x9b2J")
+
+
+def freeze_count(d: dueq.Delivery) -> None:
+    """Push how many objects the garbage collector holds frozen to the list ``frozen``."""
+    _client.rpush("frozen", gc.get_freeze_count())
 
 
 def noop(d: dueq.Delivery) -> None:

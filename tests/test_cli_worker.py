@@ -73,6 +73,25 @@ def test_the_worker_runs_the_handler_and_exits_0_on_a_signal(r, redis_server, st
     assert q.get("bad").errors[0].message == "asked to fail"
 
 
+def test_the_worker_keeps_what_it_set_up_out_of_the_collectors_walks(r, redis_server):
+    """``dueq worker`` freezes the objects of its start-up (gc.freeze), so a full collection
+    while tasks run walks only what the handlers made since."""
+    q = dueq.Queue("w", r)
+    q.schedule({})
+    child = start_worker(redis_server, "w", "cli_handlers:freeze_count")
+    try:
+        wait_for(lambda: r.llen("frozen") == 1, "the handler")
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=WAIT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err
+    # redis-py, reactivex, click and dueq alone are more than 20,000 objects
+    assert int(r.lindex("frozen", 0)) > 20_000
+
+
 @pytest.fixture
 def invoke_here(monkeypatch, r, redis_server):
     """Run ``dueq worker`` in-process from the tests folder (imports come from there)."""

