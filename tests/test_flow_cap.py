@@ -20,7 +20,7 @@ import redis
 from conftest import async_mirror
 from internals import shards
 from servers_support import subscribe_wake
-from waiting import wait_for
+from waiting import wait_for, when_still
 
 import dueq
 from dueq.server import RedisServer
@@ -144,8 +144,7 @@ def test_a_capped_sync_consumer_gets_the_task_when_a_lease_ends(
     sub = q.observe(heartbeat=3600).subscribe(on_next=lambda d: (got.append(d), arrived.set()))
     try:
         wait_for(lambda: admin.pubsub_shardnumsub(q.keys.wake)[0][1] == 1, "the subscription")
-        wait_for(lambda: script_calls(admin) == script_calls(admin), "the consumer asleep")
-        before = script_calls(admin)
+        before = when_still(lambda: script_calls(admin), own=0)  # the consumer asleep
         time.sleep(1.0)  # capped and asleep: no claim calls while nothing changes
         assert script_calls(admin) == before
         assert not got
@@ -172,8 +171,14 @@ def test_a_capped_async_consumer_gets_the_task_when_a_lease_ends(
             if admin.pubsub_shardnumsub(q.keys.wake)[0][1] == 1:
                 break
             await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)
         before = script_calls(admin)
+        for _ in range(100):  # asleep: no script call for 0.3 s (waiting.when_still, awaited)
+            await asyncio.sleep(0.3)
+            before, last = script_calls(admin), before
+            if before == last:
+                break
+        else:
+            raise AssertionError("the consumer never went to sleep")
         await asyncio.sleep(1.0)  # capped and asleep: no claim calls while nothing changes
         assert script_calls(admin) == before
         assert not waiting.done()

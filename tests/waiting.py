@@ -19,3 +19,22 @@ def wait_for(condition: Callable[[], Any], what: str, wait_s: float = WAIT_S) ->
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def when_still(
+    read: Callable[[], int], own: int, window_s: float = 0.3, wait_s: float = WAIT_S
+) -> int:
+    """``read()`` once it has moved by no more than ``own`` (what reading it adds, e.g. 1 for
+    an INFO counted in total_commands_processed) over ``window_s``: a consumer that is done
+    starting up (its first claims, and the claim its wake listener asks for once subscribed,
+    which a fixed 0.5 s sleep once missed in a loaded full run). AssertionError after
+    ``wait_s`` seconds of movement."""
+    deadline = time.monotonic() + wait_s
+    last = read()
+    while time.monotonic() < deadline:
+        time.sleep(window_s)
+        now = read()
+        if now - last <= own:
+            return now
+        last = now
+    raise AssertionError(f"still moving after {wait_s} s")
