@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,25 +46,37 @@ def start_worker(redis_server: RedisServer | str, *args: str) -> subprocess.Pope
     )
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
-def test_the_worker_runs_the_handler_and_exits_0_on_a_signal(r, redis_server, stop):
-    q = dueq.Queue("w", r)
-    ids = q.schedule_many(dueq.Task({"n": n}) for n in range(20)).ids
-    q.schedule({"fail": True}, id="bad")
-    child = start_worker(
-        redis_server, "w", "cli_handlers:record", "--concurrency", "3", "--max-attempts", "1"
-    )
+@contextlib.contextmanager
+def running_worker(redis_server: RedisServer | str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``start_worker``, killed on the way out if the test did not stop it (``stop``)."""
+    child = start_worker(redis_server, *args)
     try:
-        wait_for(
-            lambda: q.stats().counters.get("acked", 0) == 20 and q.dead.count() == 1,
-            "20 acks and one dead task",
-        )
-        child.send_signal(stop)
-        out, err = child.communicate(timeout=WAIT_S)
+        yield child
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def stop(child: subprocess.Popen[str], sig: int = signal.SIGTERM) -> tuple[str, str]:
+    """Send ``sig`` and wait for the worker to exit: its stdout and stderr."""
+    child.send_signal(sig)
+    return child.communicate(timeout=WAIT_S)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_worker_runs_the_handler_and_exits_0_on_a_signal(r, redis_server, sig):
+    q = dueq.Queue("w", r)
+    ids = q.schedule_many(dueq.Task({"n": n}) for n in range(20)).ids
+    q.schedule({"fail": True}, id="bad")
+    with running_worker(
+        redis_server, "w", "cli_handlers:record", "--concurrency", "3", "--max-attempts", "1"
+    ) as child:
+        wait_for(
+            lambda: q.stats().counters.get("acked", 0) == 20 and q.dead.count() == 1,
+            "20 acks and one dead task",
+        )
+        out, err = stop(child, sig)
     assert child.returncode == 0, err
     assert out == ""  # the summary is said once: the library's log line on stderr
     [stopped] = [line for line in err.splitlines() if "worker stopped" in line]
@@ -78,15 +92,9 @@ def test_the_worker_keeps_what_it_set_up_out_of_the_collectors_walks(r, redis_se
     while tasks run walks only what the handlers made since."""
     q = dueq.Queue("w", r)
     q.schedule({})
-    child = start_worker(redis_server, "w", "cli_handlers:freeze_count")
-    try:
+    with running_worker(redis_server, "w", "cli_handlers:freeze_count") as child:
         wait_for(lambda: r.llen("frozen") == 1, "the handler")
-        child.send_signal(signal.SIGTERM)
-        _, err = child.communicate(timeout=WAIT_S)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        _, err = stop(child)
     assert child.returncode == 0, err
     # redis-py, reactivex, click and dueq alone are more than 20,000 objects
     assert int(r.lindex("frozen", 0)) > 20_000
@@ -148,15 +156,9 @@ def test_the_handler_is_checked_before_connecting(invoke_here):
 def test_worker_logs_show_escape_sequences_from_handler_errors_escaped(r, redis_server):
     q = dueq.Queue("w", r)
     q.schedule({}, id="evil\x1b[31m")
-    child = start_worker(redis_server, "w", "cli_handlers:hostile", "--max-attempts", "1")
-    try:
+    with running_worker(redis_server, "w", "cli_handlers:hostile", "--max-attempts", "1") as child:
         wait_for(lambda: q.dead.count() == 1, "the task to go dead")
-        child.send_signal(signal.SIGTERM)
-        _out, err = child.communicate(timeout=WAIT_S)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        _out, err = stop(child)
     assert child.returncode == 0, err
     assert "\x1b" not in err and "\x9b" not in err and "\x07" not in err
     assert "title \\x1b]0;pwned\\x07 clear \\x1b[2J" in err
@@ -179,19 +181,13 @@ def test_a_bad_max_in_flight_is_refused_before_anything_is_claimed(
 
 
 def test_a_worker_started_with_shards_before_any_producer_serves_every_shard(r, redis_server):
-    child = start_worker(redis_server, "fresh", "cli_handlers:record", "--shards", "3")
-    try:
+    with running_worker(redis_server, "fresh", "cli_handlers:record", "--shards", "3") as child:
         # the worker has claimed (and found nothing) before the queue exists in Redis
         wait_for(lambda: r.exists("dueq:{fresh#}:shards"), "the worker to record the layout")
         q = dueq.Queue("fresh", r, shards=3)
         ids = q.schedule_many(dueq.Task({"n": n}) for n in range(30)).ids
         wait_for(lambda: r.llen("handled") == 30, "30 handled")
-        child.send_signal(signal.SIGTERM)
-        out, err = child.communicate(timeout=WAIT_S)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        out, err = stop(child)
     assert child.returncode == 0, err
     assert out == ""
     [stopped] = [line for line in err.splitlines() if "worker stopped" in line]

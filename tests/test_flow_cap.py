@@ -20,7 +20,7 @@ import redis
 from conftest import async_mirror
 from internals import shards
 from servers_support import subscribe_wake
-from waiting import wait_for, when_still
+from waiting import wait_for, when_still, when_still_async
 
 import dueq
 from dueq.server import RedisServer
@@ -171,14 +171,7 @@ def test_a_capped_async_consumer_gets_the_task_when_a_lease_ends(
             if admin.pubsub_shardnumsub(q.keys.wake)[0][1] == 1:
                 break
             await asyncio.sleep(0.02)
-        before = script_calls(admin)
-        for _ in range(100):  # asleep: no script call for 0.3 s (waiting.when_still, awaited)
-            await asyncio.sleep(0.3)
-            before, last = script_calls(admin), before
-            if before == last:
-                break
-        else:
-            raise AssertionError("the consumer never went to sleep")
+        before = await when_still_async(lambda: script_calls(admin), own=0)  # asleep
         await asyncio.sleep(1.0)  # capped and asleep: no claim calls while nothing changes
         assert script_calls(admin) == before
         assert not waiting.done()

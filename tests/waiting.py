@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,22 @@ def when_still(
     last = read()
     while time.monotonic() < deadline:
         time.sleep(window_s)
+        now = read()
+        if now - last <= own:
+            return now
+        last = now
+    raise AssertionError(f"still moving after {wait_s} s")
+
+
+async def when_still_async(
+    read: Callable[[], int], own: int, window_s: float = 0.3, wait_s: float = WAIT_S
+) -> int:
+    """``when_still`` for a test on an event loop: the waits are awaited, so the loop's own
+    consumers run meanwhile."""
+    deadline = time.monotonic() + wait_s
+    last = read()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(window_s)
         now = read()
         if now - last <= own:
             return now
