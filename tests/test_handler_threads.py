@@ -194,7 +194,13 @@ def test_stop_lets_the_threads_finish_what_waits_and_hand_over_every_result() ->
     h.submit(50)
     h.stop()
     h.wait_settled(50)
-    for thread in h.runner._threads:
+    # the monitor starts a thread only when the ramp first lets that many work: once it has
+    # exited no more start, and the started ones are the ones to join
+    h.runner._monitor.join(WAIT_S)
+    assert not h.runner._monitor.is_alive()
+    started = [thread for thread in h.runner._threads if thread.ident is not None]
+    assert started
+    for thread in started:
         thread.join(WAIT_S)
         assert not thread.is_alive()
 
