@@ -301,3 +301,83 @@ def test_an_ack_reads_the_key_of_a_lease_from_its_meta_and_refuses_an_unreadable
     with pytest.raises(dueq.LeaseLost):
         q.ack_many([d])
     assert key_states(r) == {"k": "1||0"}  # nothing released on an unreadable record
+
+
+# -- a lease is counted against its key only while the key has a limit (the prelude's notes) --
+
+
+def meta_of(r: redis.Redis, task_id: str) -> str:
+    value = r.hget(QueueKeys.for_queue("q").meta, task_id)
+    assert value is not None
+    return value.decode()
+
+
+def test_keyed_tasks_of_a_queue_without_key_limits_leave_no_key_state(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    schedule_keyed(q, "k", 3)
+    q.schedule({}, id="j-000", key="j")
+    leased = q.claim(10)
+    assert sorted(keys_of(leased)) == ["j", "k", "k", "k"]  # no limit: all four at once
+    assert key_states(r) == {}
+    assert not meta_of(r, "k-000").endswith("|k")  # not counted, so no key in its lease record
+    assert q.ack_many(leased) == 4
+    assert key_states(r) == {} and q.stats().leased == 0
+
+
+def test_a_key_limit_set_while_leases_are_held_counts_them_at_once(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    schedule_keyed(q, "k", 2)
+    held = q.claim(10)
+    assert len(held) == 2 and key_states(r) == {}
+    schedule_keyed(q, "k", 1, prefix="later")
+    q.schedule({}, id="other", key="j")
+    q.configure(key_concurrency=2)
+    assert key_states(r) == {"k": "2||0"}
+    assert meta_of(r, "k-000").endswith("|k") and meta_of(r, "k-001").endswith("|k")
+    assert keys_of(q.claim(10)) == ["j"]  # k holds its two leases: its next task is parked
+    held[0].ack()
+    assert [d.id for d in q.claim(10)] == ["later-000"]
+    assert key_states(r) == {"k": "2||0", "j": "1||0"}
+
+
+def test_a_lease_claimed_without_a_limit_never_frees_the_slot_of_a_counted_one(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    q.schedule({}, id="a", key="k")
+    [a] = q.claim(10)
+    q.configure(key_concurrency=False)
+    q.schedule({}, id="b", key="k")
+    [b] = q.claim(10)  # the limit is gone: leased beside a, not counted
+    assert key_states(r) == {"k": "1||0"}
+    b.ack()
+    assert key_states(r) == {"k": "1||0"}  # a's lease still counts
+    q.configure(key_concurrency=1)  # b is gone and a was counted: nothing to add
+    assert key_states(r) == {"k": "1||0"}
+    q.schedule({}, id="c", key="k")
+    assert q.claim(10) == []  # a holds k's one slot
+    a.ack()
+    assert [d.id for d in q.claim(10)] == ["c"]
+
+
+def test_only_the_leases_of_keys_with_their_own_limit_are_counted(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    schedule_keyed(q, "big", 2)
+    schedule_keyed(q, "small", 2)
+    held = q.claim(10)
+    assert len(held) == 4
+    q.configure(key_limits={"big": dueq.KeyLimit(concurrency=2)})
+    assert key_states(r) == {"big": "2||0"}  # small has no limit: its leases are not counted
+    schedule_keyed(q, "big", 1, prefix="big-later")
+    schedule_keyed(q, "small", 1, prefix="small-later")
+    assert [d.id for d in q.claim(10)] == ["small-later-000"]
+    assert key_states(r) == {"big": "2||1"}
+    q.ack_many(held)
+    assert [d.id for d in q.claim(10)] == ["big-later-000"]

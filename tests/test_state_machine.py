@@ -115,6 +115,7 @@ class ModelTask:
     priority: int = 0
     key: str | None = None
     parked: bool = False  # scheduled, due, and set aside because its key was at a limit
+    counted: bool = False  # leased, and counted in its key's leased count (the key had a limit)
 
 
 def build_machine(
@@ -217,8 +218,13 @@ def build_machine(
                     most = min(most, 1)
             return max(most, 0), None
 
-        def unlease(self, key: str) -> None:
-            """A lease of ``key`` ended (acked, failed, released, expired, cancelled, replaced)."""
+        def unlease(self, t: ModelTask) -> None:
+            """The lease of ``t`` ended (acked, failed, released, expired, cancelled,
+            replaced): its key's count drops if the lease was counted (its key had a limit)."""
+            if not t.counted:
+                return
+            assert t.key is not None
+            key, t.counted = t.key, False
             left = self.flight.get(key, 0) - 1
             if left <= 0:
                 self.flight.pop(key, None)
@@ -245,7 +251,7 @@ def build_machine(
             if t.key is None:
                 return
             if t.state == "leased":
-                self.unlease(t.key)
+                self.unlease(t)
             elif t.state == "scheduled" and t.parked:
                 self.unpark(t)
 
@@ -357,6 +363,16 @@ def build_machine(
             assert settings.key_concurrency == key_concurrency
             assert settings.key_rate == (None if key_gap is None else dueq.Rate(1, per=1.0))
             self.key_concurrency, self.key_gap = key_concurrency, key_gap
+            if self.key_limited():  # the live leases nobody counted are counted now
+                for t in self.model.values():
+                    if t.state == "leased" and t.key is not None and not t.counted:
+                        event("keys: a lease counted when its key got a limit")
+                        t.counted = True
+                        self.flight[t.key] = self.flight.get(t.key, 0) + 1
+
+        def key_limited(self) -> bool:
+            """Whether keys have a limit (then a claim counts each lease against its key)."""
+            return self.key_concurrency is not None or self.key_gap is not None
 
         @rule(
             tid=st.sampled_from(IDS),
@@ -422,8 +438,7 @@ def build_machine(
             for t in self.model.values():
                 if t.state == "leased" and t.deadline is not None and t.deadline <= now:
                     event("claim: expired lease reclaimed")
-                    if t.key is not None:
-                        self.unlease(t.key)
+                    self.unlease(t)
                     t.errors += 1
                     t.token = t.deadline = None
                     self.counters["expired"] += 1
@@ -529,8 +544,9 @@ def build_machine(
                         if wait_until is not None:
                             self.wait[t.key] = min(self.wait.get(t.key, wait_until), wait_until)
                         continue
-                    if t.key is not None:
+                    if t.key is not None and self.key_limited():
                         changed.add(t.key)
+                        t.counted = True
                         self.flight[t.key] = self.flight.get(t.key, 0) + 1
                         if self.key_gap is not None:
                             self.marks[t.key] = max(self.marks.get(t.key, 0), now) + self.key_gap
@@ -571,8 +587,7 @@ def build_machine(
         def done_with(self, tid: str) -> None:
             """An acked task leaves the model (and its key's lease ends)."""
             t = self.model.pop(tid)
-            if t.key is not None:
-                self.unlease(t.key)
+            self.unlease(t)
 
         @precondition(has_deliveries)
         @rule(data=st.data())
@@ -621,8 +636,7 @@ def build_machine(
             t = self.model[d.id]
             assert d.attempt == t.attempt
             outcome = d.fail(error, **kwargs)
-            if t.key is not None:
-                self.unlease(t.key)
+            self.unlease(t)
             t.errors += 1
             t.token = t.deadline = None
             if kind == "unrecoverable" or t.attempt >= self.max_attempts:
@@ -666,8 +680,7 @@ def build_machine(
             event("release: live delivery")
             t = self.model[d.id]
             outcome = d.release(delay / 1000)
-            if t.key is not None:
-                self.unlease(t.key)
+            self.unlease(t)
             t.state, t.due, t.token, t.deadline = "scheduled", self.now + delay, None, None
             t.attempt = max(t.attempt - 1, 0)  # the released delivery does not count
             self.counters["released"] += 1

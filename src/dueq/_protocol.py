@@ -616,11 +616,13 @@ def stats(k: QueueKeys, now: str) -> Call[QueueStats]:
 
 def configure(k: QueueKeys, changes: Sequence[tuple[str, str]]) -> Call[QueueSettings]:
     """Set (or, with an empty value, remove) settings of the queue; the reply is the settings
-    after the change. Consumers are woken."""
+    after the change. Consumers are woken. A change of key limits counts the live leases of
+    the keys that have a limit after it (a lease of a key without one is not counted)."""
     args: list[Any] = []
     for setting, value in changes:
         args += (setting, value)
-    return Call("configure", [k.config, k.wake, k.stats], args, _parse_configure)
+    keys = [k.config, k.wake, k.stats, k.leased, k.meta, k.tasks, k.key_state]
+    return Call("configure", keys, args, _parse_configure)
 
 
 def _parse_configure(reply: Any) -> QueueSettings:

@@ -2,8 +2,9 @@
 -- ARGV[1] of every script is the queue clock: epoch ms, or "" for the server's TIME.
 -- meta values are "attempt|token|due_ms|first_ms": deliveries so far, the live lease token (""
 -- when not leased), the due time the current delivery was claimed at, and when the task was
--- first claimed (the start of its retry history, as tenacity counts it); a leased task with a
--- limit key has "|<key>" after them.
+-- first claimed (the start of its retry history, as tenacity counts it); a lease counted
+-- against its limit key's leased count has "|<key>" after them (see the per-key notes: only
+-- leases of a key with a limit are counted).
 
 -- The queue clock in epoch ms, and the microseconds past that ms (0 for an injected clock).
 local function dueq_now_us(arg)
@@ -44,6 +45,12 @@ local function meta_parse(v)
     key = string.sub(v, rest + 1)
   end
   return attempt, t, d, f, true, key
+end
+
+-- The key whose leased count the lease of `id` is counted in (its meta's "|<key>"), or nil:
+-- the key every lease end releases (a lease of a key without limits was never counted).
+local function lease_key(k_meta, id)
+  return select(6, meta_parse(redis.call('HGET', k_meta, id)))
 end
 
 
@@ -899,6 +906,12 @@ end
 -- key's parked tasks may be claimable again: when its rate admits the next claim, or now when
 -- one of its leases ends. A parked task keeps its due ms in its meta value (token empty), so
 -- it can be found by id.
+-- Only a key with a limit (key_concurrency or key_rate, or its own key_limit:<key>) has its
+-- leases counted: claim.lua appends "|<key>" to the meta of each lease it counts, and every
+-- lease end releases the key its meta names (lease_key), so a count is never taken back twice
+-- or for a lease it never held. Keyed tasks of a queue without key limits (and without key
+-- state: a KeyCooldown's mark) cost a claim and an ack nothing for their keys. A change that
+-- gives a key a limit counts that key's live leases then (configure.lua).
 
 -- A key-state value as leased, mark (0: none) and parked; an unreadable value reads as zeros.
 -- Parsed once per distinct value in a script call (key_state_seen): the keys one claim leased

@@ -57,7 +57,8 @@ end
 results_trim(KEYS[14], KEYS[15], now, keep_ms, 1)
 if key and not deadline then unpark_one(KEYS[10], KEYS[9], KEYS[5], key, priority, id) end
 if deadline then
-  if key and key_unlease(KEYS[9], KEYS[11], key, now) then
+  local counted_key = lease_key(KEYS[5], id)  -- the key it is counted in (per-key notes)
+  if counted_key and key_unlease(KEYS[9], KEYS[11], counted_key, now) then
     publish_wake(KEYS[12], ms(now))
   end
   -- the concurrency cap: a consumer may be sleeping capped; tell it a lease ends

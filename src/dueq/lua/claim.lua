@@ -74,7 +74,6 @@ history_use(KEYS[13], ARGV[1])
 local limit = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local max_attempts = tonumber(ARGV[4])
-local reclaim_limit = tonumber(ARGV[5])
 local backoff = {}
 local holder = ARGV[8]
 for i = 9, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
@@ -102,20 +101,22 @@ local function bury(id, attempt, kind, message)
 end
 
 -- 1. Expired leases: the holder died or hung. That delivery counts as a failed attempt.
--- Their keys' leases end together (one keys_release after the loop). A lease whose task data
--- is gone (evicted, deleted by hand) still ends its key's lease: the meta value names the key
--- ("|<key>"), so the key's other tasks are not held back by a lease nobody can end.
+-- Their keys' leases end together (one keys_release after the loop): the key a lease's meta
+-- names ("|<key>": a counted lease, the prelude's per-key notes), even when its task data is
+-- gone (evicted, deleted by hand), so the key's other tasks are not held back by a lease
+-- nobody can end.
 do  -- a block: its locals do not count against the chunk's 200 (claim.lua is near them)
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, reclaim_limit)
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0,
+    tonumber(ARGV[5]))
   local expired_keys = {}
   for _, id in ipairs(expired) do
     redis.call('ZREM', KEYS[2], id)
     local envelope = redis.call('HGET', KEYS[3], id)
     local meta_value = redis.call('HGET', KEYS[4], id)
     if envelope then
-      local priority, own_attempts, key = task_options(envelope)
+      local priority, own_attempts = task_options(envelope)
+      local attempt, token, _, first, readable, key = meta_parse(meta_value)
       if key then expired_keys[#expired_keys + 1] = key end
-      local attempt, token, _, first, readable = meta_parse(meta_value)
       if not readable then
         bury(id, 0, 'CorruptTask', 'its attempt record was unreadable when its lease expired')
       else
@@ -370,7 +371,14 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
     local envelope = envelopes[i]
     local b = envelope and string.byte(envelope, 1)
     heads[i] = b
-    local key, j = (b == 50 or b == 51) and task_key(envelope), false
+    -- a task's key matters to this claim only when a key limit is set or some key has a state
+    -- (a lease counted while it had a limit, a KeyCooldown's mark, parked tasks): else keyed
+    -- tasks are leased as plain ones, not counted (the prelude's per-key notes)
+    local key, j = nil, false
+    if b == 50 or b == 51 then
+      if any_state == nil then any_state = redis.call('EXISTS', KEYS[10]) == 1 end
+      key = (default_conc or default_gap or overrides or any_state) and task_key(envelope)
+    end
     if key then
       j = slot_of[key]
       if not j then  -- key_slot(key), inlined: a call per new key costs 1% of a keyed claim
@@ -425,6 +433,9 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
     elseif room < 1 then
       park(key, j, priority, due_ms, id, attempt, first, wait_until)
     else
+      -- counted against its key only while the key has a limit (the prelude's per-key notes);
+      -- from here j is the slot of the key it counts against, or false
+      if j and not (conc[j] or gaps[j]) then j = false end
       if j then
         flight[j] = flight[j] + 1
         local gap = gaps[j]
@@ -455,7 +466,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
       leased[n_leased + 1], leased[n_leased + 2] = deadline_text, id
       meta[n_leased + 1] = id
       local first_now = attempt == 1 and first == now_text
-      if key then  -- one concatenation either way (each makes a new string)
+      if j then  -- one concatenation either way (each makes a new string)
         meta[n_leased + 2] = attempt_text .. token_mid .. due_text .. '|' .. first .. '|' .. key
       elseif first_now then
         local value = first_metas[due_ms]
@@ -480,28 +491,31 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
 end
 -- Write back the keys this claim changed (one HSET, one HDEL).
 -- Keys leased once here share their new state (1, the same mark, 0 parked): the last state
--- made is reused while the next key's is the same.
-local state_set, state_drop, n_set, n_drop = {}, {}, 0, 0
-local last_f, last_m, last_p, last_v = nil, nil, nil, nil
-for j = 1, n_slots do
-  if changed[j] then
-    local f, m, p = flight[j], marks[j], parked_n[j]
-    local v = last_v
-    if f ~= last_f or m ~= last_m or p ~= last_p then
-      v = key_state_value(f, m, p, now)
-      last_f, last_m, last_p, last_v = f, m, p, v
-    end
-    if v then
-      state_set[n_set + 1], state_set[n_set + 2] = slot_key[j], v
-      n_set = n_set + 2
-    else
-      n_drop = n_drop + 1
-      state_drop[n_drop] = slot_key[j]
+-- made is reused while the next key's is the same. (A block: its locals do not count against
+-- the chunk's 200.)
+do
+  local state_set, state_drop, n_set, n_drop = {}, {}, 0, 0
+  local last_f, last_m, last_p, last_v = nil, nil, nil, nil
+  for j = 1, n_slots do
+    if changed[j] then
+      local f, m, p = flight[j], marks[j], parked_n[j]
+      local v = last_v
+      if f ~= last_f or m ~= last_m or p ~= last_p then
+        v = key_state_value(f, m, p, now)
+        last_f, last_m, last_p, last_v = f, m, p, v
+      end
+      if v then
+        state_set[n_set + 1], state_set[n_set + 2] = slot_key[j], v
+        n_set = n_set + 2
+      else
+        n_drop = n_drop + 1
+        state_drop[n_drop] = slot_key[j]
+      end
     end
   end
+  if n_set > 0 then hset_many(KEYS[10], state_set) end
+  if n_drop > 0 then call_chunked('HDEL', KEYS[10], state_drop) end
 end
-if n_set > 0 then hset_many(KEYS[10], state_set) end
-if n_drop > 0 then call_chunked('HDEL', KEYS[10], state_drop) end
 if #park_members > 0 then
   zadd_many(KEYS[11], park_members)
   hset_many(KEYS[4], park_meta)

@@ -5,6 +5,10 @@
 -- KEYS[2] wake     Pub/Sub channel: consumers claim at once after a change (resume, say)
 -- KEYS[3] stats    HASH: the field "rejected:<setting>" of a setting changed here is dropped
 --                  (the last refused value logged; see the prelude's settings)
+-- KEYS[4] leased   ZSET id -> lease deadline ms
+-- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms[|<key>]"
+-- KEYS[6] tasks    HASH id -> envelope (its limit key)
+-- KEYS[7] key_state HASH key -> "leased|mark|parked" (the prelude's per-key notes)
 -- ARGV[1], ARGV[2], ... pairs: setting, value; an empty value removes the setting (its
 --         default applies)
 -- Returns {refused, setting1, value1, ...}: the settings after the change; refused is 0, or
@@ -59,6 +63,65 @@ if touched then
   end
   if n > 0 then redis.call('HSET', KEYS[1], 'key_limits', n) else
     redis.call('HDEL', KEYS[1], 'key_limits')
+  end
+end
+-- Leases nobody counted: claim.lua counts a lease against its key only while the key has a
+-- limit (the prelude's per-key notes), so a change of key limits counts the live leases of
+-- every key that has a limit after it and whose leases were not counted: each such lease's meta
+-- gets "|<key>" and its key's leased count one more, so the limit holds from this change on.
+-- O(live leases), on a change of key_concurrency, key_rate or a key_limit:<key> only.
+local limits_touched = false
+for i = 1, #ARGV, 2 do
+  local f = ARGV[i]
+  if f == 'key_concurrency' or f == 'key_rate' or string.sub(f, 1, 10) == 'key_limit:' then
+    limits_touched = true
+  end
+end
+if limits_touched then
+  local defaults = settings_read(KEYS[1], KEYS[3], 'key_concurrency', 'key_rate')
+  local any_default = defaults.key_concurrency or defaults.key_rate
+  local named = {}  -- key -> whether its own key_limit:<key> gives it a limit
+  local function limited(key)
+    if any_default then return true end
+    local has = named[key]
+    if has == nil then
+      local field = 'key_limit:' .. key
+      local raw = redis.call('HGET', KEYS[1], field)
+      local v = raw and setting_parse(field, raw)
+      has = v and (v[1] or v[2]) and true or false
+      named[key] = has
+    end
+    return has
+  end
+  local ids = redis.call('ZRANGE', KEYS[4], 0, -1)
+  local counts, order, metas_set = {}, {}, {}
+  for from = 1, #ids, 1000 do
+    local part = {unpack(ids, from, math.min(from + 999, #ids))}
+    local metas = redis.call('HMGET', KEYS[5], unpack(part))
+    local envelopes = redis.call('HMGET', KEYS[6], unpack(part))
+    for i = 1, #part do
+      local _, token, _, _, readable, counted = meta_parse(metas[i] or nil)
+      local key = readable and token ~= '' and not counted and task_key(envelopes[i] or nil)
+      if key and limited(key) then
+        metas_set[#metas_set + 1] = part[i]
+        metas_set[#metas_set + 1] = metas[i] .. '|' .. key
+        if not counts[key] then order[#order + 1] = key end
+        counts[key] = (counts[key] or 0) + 1
+      end
+    end
+  end
+  if #order > 0 then
+    hset_many(KEYS[5], metas_set)
+    local states = hmget_chunked(KEYS[7], order)
+    local values = {}
+    for i, key in ipairs(order) do
+      -- the stored mark is kept as it is (this script has no queue clock to judge it by)
+      local leased, mark, parked = string.match(states[i] or '', '^(%d+)|([%d.]*)|(%d+)$')
+      values[#values + 1] = key
+      values[#values + 1] = (tonumber(leased) or 0) + counts[key] .. '|' .. (mark or '') ..
+        '|' .. (parked or '0')
+    end
+    hset_many(KEYS[7], values)
   end
 end
 if #ARGV > 0 then publish_wake(KEYS[2], 'configure') end

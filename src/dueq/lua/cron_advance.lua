@@ -126,7 +126,7 @@ end
 local function unlease(e)
   if not lease_held(KEYS[7], KEYS[5], e.id, e.token, now) then return false end
   redis.call('ZREM', KEYS[7], e.id)
-  local _, _, key = task_options(redis.call('HGET', KEYS[4], e.id))
+  local key = lease_key(KEYS[5], e.id)  -- the key it is counted in (the per-key notes)
   if key and key_unlease(KEYS[15], KEYS[16], key, now) then publish_wake(KEYS[9], ms(now)) end
   return true
 end
@@ -181,7 +181,7 @@ local function cancel_running(id, where)
   results_trim(KEYS[18], KEYS[19], now, keep_ms, 1)
   if where == 'leased' then
     local deadline = tonumber(redis.call('ZSCORE', KEYS[7], id))
-    local _, _, key = task_options(envelope)
+    local key = lease_key(KEYS[5], id)  -- the key it is counted in (the per-key notes)
     if key and key_unlease(KEYS[15], KEYS[16], key, now) then publish_wake(KEYS[9], ms(now)) end
     local cap = cancel_settings.concurrency
     if cap and at_cap(KEYS[7], cap, now) then publish_wake(KEYS[9], ms(now)) end

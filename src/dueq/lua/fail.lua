@@ -48,9 +48,10 @@ if verdict == 'c' then return {3, now} end
 if verdict == 'l' then return {0, now} end
 
 local envelope = redis.call('HGET', KEYS[3], id)
-local _, _, key = task_options(envelope)
-if not envelope then  -- its data is gone (evicted, deleted by hand): the meta names the key
-  key = select(6, meta_parse(redis.call('HGET', KEYS[4], id)))
+-- the key this lease is counted in (its meta names it: the prelude's per-key notes), also
+-- when its data is gone
+local key = lease_key(KEYS[4], id)
+if not envelope then  -- its data is gone (evicted, deleted by hand)
   redis.log(redis.LOG_WARNING, '[dueq] failed lease of ' .. id .. ' had no stored task ' ..
     '(evicted or deleted by hand)' .. (key and '; its key ' .. key .. ' released' or ''))
 end

@@ -27,13 +27,16 @@ if verdict == 'l' then return -1 end
 local due = now + tonumber(ARGV[4])
 local envelope = redis.call('HGET', KEYS[7], id)
 local k_level = level_key(due_levels(KEYS[1]), envelope)
+-- the key this lease is counted in (its meta names it: the prelude's per-key notes), also
+-- when its data is gone; the task's own key (the envelope's) is the one a cooldown holds
+local counted_key = lease_key(KEYS[3], id)
 local _, _, key = task_options(envelope)
-if not envelope then  -- its data is gone (evicted, deleted by hand): the meta names the key
-  key = select(6, meta_parse(redis.call('HGET', KEYS[3], id)))
+if not envelope then  -- its data is gone (evicted, deleted by hand)
+  key = counted_key
   redis.log(redis.LOG_WARNING, '[dueq] released lease of ' .. id .. ' had no stored task ' ..
     '(evicted or deleted by hand)' .. (key and '; its key ' .. key .. ' released' or ''))
 end
-if key and key_unlease(KEYS[8], KEYS[9], key, now) then
+if counted_key and key_unlease(KEYS[8], KEYS[9], counted_key, now) then
   publish_wake(KEYS[5], ms(now))
 end
 -- KeyCooldown (issue 29): hold the task's key until now + ARGV[5]

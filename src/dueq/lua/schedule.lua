@@ -103,14 +103,13 @@ while pos <= #blob do
     local k_old = level_key(levels, old)
     if k_old ~= level_key(levels, envelope) then redis.call('ZREM', k_old, id) end
     local old_priority, _, old_key = task_options(old)
-    if old_key then  -- its lease ends here, or it leaves the parked set
-      if redis.call('ZSCORE', KEYS[5], id) then
-        if key_unlease(KEYS[11], KEYS[13], old_key, now) then
-          publish_wake(KEYS[8], ms(now))
-        end
-      else
-        unpark_one(KEYS[12], KEYS[11], KEYS[3], old_key, old_priority, id)
+    if redis.call('ZSCORE', KEYS[5], id) then  -- its lease ends here
+      local counted_key = lease_key(KEYS[3], id)  -- the key it is counted in (per-key notes)
+      if counted_key and key_unlease(KEYS[11], KEYS[13], counted_key, now) then
+        publish_wake(KEYS[8], ms(now))
       end
+    elseif old_key then  -- it leaves the parked set, if it is parked
+      unpark_one(KEYS[12], KEYS[11], KEYS[3], old_key, old_priority, id)
     end
     redis.call('ZREM', KEYS[5], id)
     redis.call('ZREM', KEYS[6], id)
