@@ -435,15 +435,18 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
     else
       -- counted against its key only while the key has a limit (the prelude's per-key notes);
       -- from here j is the slot of the key it counts against, or false
-      if j and not (conc[j] or gaps[j]) then j = false end
       if j then
-        flight[j] = flight[j] + 1
-        local gap = gaps[j]
-        if gap then
-          local mark = marks[j]
-          marks[j] = (mark > now and mark or now) + gap
+        if conc[j] or gaps[j] then
+          flight[j] = flight[j] + 1
+          local gap = gaps[j]
+          if gap then
+            local mark = marks[j]
+            marks[j] = (mark > now and mark or now) + gap
+          end
+          changed[j] = true
+        else
+          j = false
         end
-        changed[j] = true
       end
       if not token then
         token = next_token()
