@@ -18,11 +18,20 @@ same way.
 from __future__ import annotations
 
 import asyncio
+import math
 import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+def epoll_rounded_s(timeout_s: float) -> float:
+    """How long a real loop's wait for a timer ``timeout_s`` away lasts on Linux (CPython
+    3.11): ``selectors.EpollSelector.select`` rounds the timeout up to whole ms, and
+    ``epoll.poll`` rounds that float up to ns and then to ms once more."""
+    selector_s = math.ceil(timeout_s * 1e3) * 1e-3
+    return math.ceil(math.ceil(selector_s * 1e9) / 1e6) / 1e3
 
 
 #: Virtual seconds a turn of the loop takes when it has callbacks ready and no I/O: a loop that
@@ -39,25 +48,30 @@ class _Clock:
 class _JumpingSelector(selectors.DefaultSelector):
     """A selector whose wait for a timer is a jump of the virtual clock."""
 
-    def __init__(self, clock: _Clock) -> None:
+    def __init__(self, clock: _Clock, epoll_rounding: bool) -> None:
         super().__init__()
         self._clock = clock
+        self._epoll_rounding = epoll_rounding
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout is None:  # no timer: block on I/O alone
             return super().select(None)
         ready = super().select(0)
         if not ready:  # nothing to read or write: the next timer is due, or a turn is spent
+            if timeout > 0 and self._epoll_rounding:
+                timeout = epoll_rounded_s(timeout)
             self._clock.now_s += timeout if timeout > 0 else TURN_S
         return ready
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """A selector event loop whose ``time()`` is a virtual clock starting at ``start_s``."""
+    """A selector event loop whose ``time()`` is a virtual clock starting at ``start_s``; with
+    ``epoll_rounding``, a wait for a timer lasts as long as a real loop's on Linux
+    (``epoll_rounded_s``: up to 2 ms past the timer), else exactly until it."""
 
-    def __init__(self, start_s: float) -> None:
+    def __init__(self, start_s: float, epoll_rounding: bool = False) -> None:
         self._virtual = _Clock(start_s)
-        super().__init__(_JumpingSelector(self._virtual))
+        super().__init__(_JumpingSelector(self._virtual, epoll_rounding))
         # a timer is run once the clock is within this of it: above the float spacing of
         # epoch seconds (2.4e-7), so a jump by the remaining timeout always reaches it
         self._clock_resolution = 1e-6
@@ -65,11 +79,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._virtual.now_s
 
+    def spend(self, seconds: float) -> None:
+        """Take ``seconds`` of the loop's time, as a callback that runs that long does."""
+        self._virtual.now_s += seconds
 
-def run_virtual(coro: Coroutine[Any, Any, T], start_s: float) -> T:
+
+def run_virtual(
+    coro: Coroutine[Any, Any, T], start_s: float, *, epoll_rounding: bool = False
+) -> T:
     """Run ``coro`` to its end on a new ``VirtualTimeLoop`` (as ``asyncio.run`` does on a
     real one: tasks left over are cancelled, async generators closed, the loop closed)."""
-    loop = VirtualTimeLoop(start_s)
+    loop = VirtualTimeLoop(start_s, epoll_rounding)
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(coro)
