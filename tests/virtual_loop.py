@@ -84,9 +84,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._virtual.now_s += seconds
 
 
-def run_virtual(
-    coro: Coroutine[Any, Any, T], start_s: float, *, epoll_rounding: bool = False
-) -> T:
+def run_virtual(coro: Coroutine[Any, Any, T], start_s: float, *, epoll_rounding: bool = False) -> T:
     """Run ``coro`` to its end on a new ``VirtualTimeLoop`` (as ``asyncio.run`` does on a
     real one: tasks left over are cancelled, async generators closed, the loop closed)."""
     loop = VirtualTimeLoop(start_s, epoll_rounding)
