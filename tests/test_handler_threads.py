@@ -40,7 +40,11 @@ class Harness:
     """A runner with recording callbacks; ``peak`` is the most handlers that ran at once."""
 
     def __init__(
-        self, handler: Callable[[Any], Any], concurrency: int, cpu_clock: Callable[[], float]
+        self,
+        handler: Callable[[Any], Any],
+        concurrency: int,
+        cpu_clock: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.lock = threading.Lock()
         self.running = 0
@@ -72,6 +76,7 @@ class Harness:
             lambda d: None,  # unstarted
             None,
             cpu_clock=cpu_clock,
+            clock=clock,
         )
         self.runner.start()
 
@@ -102,14 +107,22 @@ def idle_clock() -> float:
     return 0.0
 
 
+def slow_clock() -> float:
+    """A clock at a tenth of real speed, for the runner (windows, handlers' ages) and as a CPU
+    clock that says the process used a whole CPU all along: on a loaded machine the OS may
+    leave a thread waiting 20 ms or more, which on a real clock makes a 2 ms handler a long
+    one (``LONG_HANDLER_S``), and every running handler long adds a thread."""
+    return time.monotonic() / 10
+
+
 def test_handlers_that_never_wait_run_on_one_thread_although_concurrency_allows_eight() -> None:
-    # a few ms per task (longer than a monitor window of deliveries waiting, shorter than a
-    # long handler): with the process busy, extra threads would only queue for the GIL (one
-    # probe for handlers outside the GIL may add a second thread for a window)
-    h = Harness(lambda d: time.sleep(0.002), 8, busy_clock)
+    # short handlers, with deliveries waiting for a dozen monitor windows: with the process
+    # busy, extra threads would only queue for the GIL (one probe for handlers outside the
+    # GIL may add a second thread for a window)
+    h = Harness(lambda d: time.sleep(0.002), 8, slow_clock, slow_clock)
     try:
-        h.submit(60)
-        h.wait_settled(60)
+        h.submit(600)
+        h.wait_settled(600)
     finally:
         h.stop()
     assert h.peak <= 2

@@ -593,9 +593,15 @@ class _ThreadRunner(_Runner):
     Handlers never run under the lock.
     """
 
-    def __init__(self, *args: Any, cpu_clock: Callable[[], float] = time.process_time) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        cpu_clock: Callable[[], float] = time.process_time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__(*args)
         self._cpu_clock = cpu_clock
+        self._clock = clock  # when handlers started, results waited, ramp windows (s)
         self._lock = threading.Lock()
         self._work_ready = threading.Condition(self._lock)  # handler threads wait here
         self._monitor_wake = threading.Condition(self._lock)  # the monitor waits here
@@ -701,7 +707,7 @@ class _ThreadRunner(_Runner):
                 self._working += 1
                 while True:
                     d = self._inbox.popleft()
-                    self._current[ident] = (d, time.monotonic())
+                    self._current[ident] = (d, self._clock())
                     self._lock.release()
                     try:
                         error, settle = self._run(d)
@@ -713,7 +719,7 @@ class _ThreadRunner(_Runner):
                     del self._current[ident]
                     if settle:
                         if not self._results:
-                            self._results_since_s = time.monotonic()
+                            self._results_since_s = self._clock()
                             if self._monitor_idle:  # it hands them over if no thread does
                                 self._monitor_idle = False
                                 self._monitor_wake.notify()
@@ -755,7 +761,7 @@ class _ThreadRunner(_Runner):
                     self._monitor_wake.wait()
                     continue
                 self._monitor_wake.wait(MONITOR_TICK_S)
-                now_s = time.monotonic()
+                now_s = self._clock()
                 if self._results and now_s - self._results_since_s >= FLUSH_S:
                     self._flush()
                 if not (self._inbox and self._working >= self._active):
