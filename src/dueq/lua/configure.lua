@@ -95,15 +95,13 @@ if limits_touched then
   end
   local ids = redis.call('ZRANGE', KEYS[4], 0, -1)
   local counts, order, metas_set = {}, {}, {}
-  for from = 1, #ids, 1000 do
-    local part = {unpack(ids, from, math.min(from + 999, #ids))}
-    local metas = redis.call('HMGET', KEYS[5], unpack(part))
-    local envelopes = redis.call('HMGET', KEYS[6], unpack(part))
-    for i = 1, #part do
+  if #ids > 0 then
+    local metas, envelopes = hmget_chunked(KEYS[5], ids), hmget_chunked(KEYS[6], ids)
+    for i = 1, #ids do
       local _, token, _, _, readable, counted = meta_parse(metas[i] or nil)
       local key = readable and token ~= '' and not counted and task_key(envelopes[i] or nil)
       if key and limited(key) then
-        metas_set[#metas_set + 1] = part[i]
+        metas_set[#metas_set + 1] = ids[i]
         metas_set[#metas_set + 1] = metas[i] .. '|' .. key
         if not counts[key] then order[#order + 1] = key end
         counts[key] = (counts[key] or 0) + 1
