@@ -229,7 +229,7 @@ class AsyncProcessor(Settling):
             for d in deliveries:
                 self._spawn(self._release(d))
             return
-        if self.cooldowns:  # claimed before their key's cooldown was recorded: not to start
+        if self.cooldowns.keys:  # claimed before their key's cooldown was recorded: not to start
             cooled = [(d, s) for d in deliveries if (s := self.cooldowns.holds(d)) is not None]
             if cooled:
                 given = {d for d, _ in cooled}
@@ -264,7 +264,7 @@ class AsyncProcessor(Settling):
                     # out), or its queue paused (the claim loop found out): given back, not run
                     self._spawn(self._release(d))
                     continue
-                if self.cooldowns and (cooling_s := self.cooldowns.holds(d)) is not None:
+                if self.cooldowns.keys and (cooling_s := self.cooldowns.holds(d)) is not None:
                     self._hold_back([d], cooling_s)  # its key cools down: given back unstarted
                     continue
                 self._running[d] = task

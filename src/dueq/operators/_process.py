@@ -268,7 +268,7 @@ class Processor(Settling):
         closing, give them back."""
         cooled: list[Delivery] = []
         seconds = 0.0
-        if self.cooldowns:  # claimed before their key's cooldown was recorded: not to start
+        if self.cooldowns.keys:  # claimed before their key's cooldown was recorded: not to start
             for d in deliveries:
                 s = self.cooldowns.holds(d)
                 if s is not None:
@@ -301,7 +301,7 @@ class Processor(Settling):
         if (
             delivery.cancelled
             or delivery.queue_paused
-            or (self.cooldowns and self.cooldowns.holds(delivery))
+            or (self.cooldowns.keys and self.cooldowns.holds(delivery))
         ):  # cancelled while held, its queue paused or its key cooling: given back unstarted
             return False
         with self._mutex:

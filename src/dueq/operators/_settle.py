@@ -149,12 +149,10 @@ class Cooldowns:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # (queue name, key) -> (end of the cooldown on the queue clock, ms: inf until its
-        # release is recorded; the cooldown, s)
-        self._keys: dict[tuple[str, str], tuple[float, float]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._keys)
+        #: (queue name, key) -> (end of the cooldown on the queue clock, ms: inf until its
+        #: release is recorded; the cooldown, s). Empty (the usual case): nothing cools, and
+        #: the consumers' per-task paths look no further (an attribute read, no call).
+        self.keys: dict[tuple[str, str], tuple[float, float]] = {}
 
     def note(self, d: Any, error: BaseException | None) -> float | None:
         """``d``'s handler raised ``error``: when it is a KeyCooldown of a keyed task, its key
@@ -162,7 +160,7 @@ class Cooldowns:
         if not isinstance(error, KeyCooldown) or d.key is None:
             return None
         with self._lock:
-            self._keys[(d.queue_name, d.key)] = (math.inf, error.seconds)
+            self.keys[(d.queue_name, d.key)] = (math.inf, error.seconds)
         return error.seconds
 
     def confirmed(self, d: Any, outcome: Outcome) -> None:
@@ -170,26 +168,26 @@ class Cooldowns:
         ``outcome.at``) or not (its lease was lost: nothing is held, nothing waits)."""
         entry = (d.queue_name, d.key)
         with self._lock:
-            if entry not in self._keys:
+            if entry not in self.keys:
                 return
             if outcome.kind == "released" and outcome.at is not None:
-                self._keys[entry] = (outcome.at.timestamp() * 1000, self._keys[entry][1])
+                self.keys[entry] = (outcome.at.timestamp() * 1000, self.keys[entry][1])
             else:
-                del self._keys[entry]
+                del self.keys[entry]
 
     def holds(self, d: Any) -> float | None:
         """The cooldown's seconds when ``d`` must not start (its key cools and it was claimed
         before the hold's end), else None."""
-        if not self._keys or d.key is None:
+        if not self.keys or d.key is None:
             return None
         entry = (d.queue_name, d.key)
         with self._lock:
-            found = self._keys.get(entry)
+            found = self.keys.get(entry)
             if found is None:
                 return None
             until_ms, seconds = found
             if d.claimed_ms >= until_ms:  # claimed once the key could run again: it may
-                del self._keys[entry]
+                del self.keys[entry]
                 return None
             return seconds
 
