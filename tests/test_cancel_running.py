@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 from conftest import async_mirror
+from waiting import WAIT_S, Blocker, wait_for
 
 import dueq
 
@@ -145,3 +146,72 @@ def test_an_async_handler_is_cancelled_when_its_task_is_cancelled(r: redis.Redis
     items, seen = asyncio.run(main())
     assert [(o.id, o.kind) for o in items] == [("long", "cancelled")]
     assert seen == ["cancelled, d.cancelled=True"]
+
+
+# -- a cancelled task held unstarted is dropped, never run (issue 37) --------------------------
+
+
+def test_a_cancelled_task_waiting_for_a_thread_handler_is_dropped_not_run(
+    r: redis.Redis,
+) -> None:
+    q = dueq.Queue("cw", r, lease=0.6)  # the keeper looks every 0.2 s
+    q.schedule({}, id="blocker")
+    q.schedule({}, id="held", delay=0.001)
+    outcomes: list[dueq.Outcome] = []
+    blocker = Blocker()
+    sub = (
+        q.observe(max_in_flight=2)
+        .pipe(dueq.operators.process(blocker.sync, concurrency=1))
+        .subscribe(on_next=outcomes.append)
+    )
+    try:
+        assert blocker.running.wait(WAIT_S)
+        wait_for(lambda: q.stats().leased == 2, "both held")
+        assert q.cancel("held")
+        # dropped while the only handler is still busy: its outcome comes before the blocker's
+        wait_for(lambda: [(o.id, o.kind) for o in outcomes] == [("held", "cancelled")], "drop")
+        blocker.go_on.set()
+        wait_for(lambda: len(outcomes) == 2, "the blocker's outcome")
+    finally:
+        blocker.go_on.set()
+        sub.dispose()
+    assert blocker.seen == ["blocker"]
+    assert [(o.id, o.kind) for o in outcomes] == [("held", "cancelled"), ("blocker", "acked")]
+
+
+@pytest.mark.parametrize("handler_kind", ["async", "sync"])
+def test_a_cancelled_task_waiting_for_an_async_runner_is_dropped_not_run(
+    r: redis.Redis, handler_kind: str
+) -> None:
+    outcomes: list[dueq.Outcome] = []
+    blocker = Blocker()
+
+    async def main() -> None:
+        client = async_mirror(r)
+        q = dueq.AsyncQueue("cwa", client, lease=0.6)  # the keeper looks every 0.2 s
+        await q.schedule({}, id="blocker")
+        await q.schedule({}, id="held", delay=0.001)
+        sub = (
+            q.observe(max_in_flight=2)
+            .pipe(dueq.operators.process(blocker.handler(handler_kind), concurrency=1))
+            .subscribe(on_next=outcomes.append)
+        )
+        try:
+            async with asyncio.timeout(WAIT_S):
+                while not (blocker.running.is_set() and (await q.stats()).leased == 2):
+                    await asyncio.sleep(0.01)
+                assert await q.cancel("held")
+                while [(o.id, o.kind) for o in outcomes] != [("held", "cancelled")]:
+                    await asyncio.sleep(0.01)  # dropped while the only runner is still busy
+                blocker.go_on.set()
+                while len(outcomes) < 2:
+                    await asyncio.sleep(0.01)
+        finally:
+            blocker.go_on.set()
+            sub.dispose()
+            await asyncio.sleep(0.05)  # the processor's close, on this loop
+            await client.aclose()
+
+    asyncio.run(main())
+    assert blocker.seen == ["blocker"]
+    assert [(o.id, o.kind) for o in outcomes] == [("held", "cancelled"), ("blocker", "acked")]

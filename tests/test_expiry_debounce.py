@@ -17,6 +17,7 @@ from servers_support import subscribe_wake
 from waiting import wait_for
 
 import dueq
+from dueq.keys import QueueKeys
 from dueq.wake import WAKE_TYPES
 
 WAIT_S = 10.0
@@ -76,6 +77,81 @@ def test_a_retrying_task_waiting_past_its_expiry_ends_expired_when_claimed(
     clock.advance(31)
     assert q.claim(1) == [] and q.dead.count() == 0
     assert q.stats().counters.get("expired_tasks") == 1
+
+
+# A lease that runs out (the worker died or hung) is judged as a failed attempt is: when the
+# retry would start at or after the task's expiry, the task ends "expired" (the same record,
+# counters, ended channel, event and batch count as an expiry at claim time), not retried.
+
+
+def _expired_kinds(r: redis.Redis, queue: str) -> list[tuple[str, str]]:
+    """(id, kind) of each outcome event in the queue's events stream, in order."""
+    stream = r.xrange(QueueKeys.for_queue(queue).events)
+    return [(fields[b"id"].decode(), fields[b"kind"].decode()) for _, fields in stream]
+
+
+def test_a_lease_that_runs_out_past_the_expiry_ends_expired_not_retried(
+    make_queue: Callable[..., Any], clock: Any, r: redis.Redis
+) -> None:
+    q = make_queue(lease=30)  # retries wait 10 s
+    q.configure(keep_results=3600, events=timedelta(hours=1))
+    q.schedule({"n": 1}, id="t", expires=timedelta(seconds=60), batch="b")
+    q.close_batch("b")
+    assert len(q.claim(1)) == 1
+    clock.advance(61)  # the lease ran out at 30 s; reclaimed after the expiry
+    assert q.claim(10) == []
+    info = q.get("t")
+    assert info is not None and info.state == "expired" and info.attempt == 1
+    assert [e.type for e in info.errors] == ["LeaseExpired"]
+    assert q.wait("t", timeout=0).state == "expired"
+    counters = q.stats().counters
+    assert counters.get("expired_tasks") == 1 and counters.get("expired") == 1
+    assert counters.get("retried", 0) == 0 and q.stats().scheduled == 0
+    assert [t.id for t in q.list_tasks("expired").tasks] == ["t"]
+    assert _expired_kinds(r, "q") == [("t", "expired")]
+    batch = q.batch("b")
+    assert batch is not None and (batch.expired, batch.complete) == (1, True)
+    (point,) = [p for p in q.history(minutes=5) if p.expired or p.retried]
+    assert (point.expired, point.retried) == (1, 0)
+
+
+def test_a_lease_whose_retry_would_start_past_the_expiry_ends_expired(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue(lease=30)  # retries wait 10 s: at 41 s, past the expiry at 35 s
+    q.schedule({}, id="t", expires=timedelta(seconds=35))
+    q.claim(1)
+    clock.advance(31)
+    assert q.claim(10) == []
+    assert q.get("t") is None and q.dead.count() == 0
+    assert q.stats().counters.get("expired_tasks") == 1
+
+
+def test_a_lease_that_runs_out_before_the_expiry_is_still_retried(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue(lease=30)
+    q.schedule({}, id="t", expires=timedelta(seconds=120))
+    q.claim(1)
+    clock.advance(31)
+    assert q.claim(10) == []  # back to due in 10 s, before its expiry
+    info = q.get("t")
+    assert info is not None and info.state == "scheduled"
+    clock.advance(10)
+    (d,) = q.claim(1)
+    assert d.attempt == 2
+    assert q.stats().counters.get("expired_tasks", 0) == 0
+
+
+def test_a_last_attempts_lease_that_runs_out_past_the_expiry_ends_dead_as_a_fail_would(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue(lease=30)
+    q.schedule({}, id="t", expires=timedelta(seconds=60), max_attempts=1)
+    q.claim(1)
+    clock.advance(61)
+    assert q.claim(10) == []
+    assert q.dead.count() == 1 and q.stats().counters.get("expired_tasks", 0) == 0
 
 
 def test_schedule_many_carries_expiry_and_other_options(

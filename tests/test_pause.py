@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 from conftest import async_mirror
+from waiting import Blocker, wait_for
 
 import dueq
 from dueq.server import RedisServer
@@ -103,3 +104,75 @@ def test_a_bad_paused_value_is_refused(make_queue: Callable[..., Any], r: redis.
         with pytest.raises(dueq.ConfigurationError, match="paused"):
             q.configure(paused=bad)
     assert not r.exists(q.keys.config)
+
+
+# -- tasks a worker holds unstarted wait for the resume (issue 37) -----------------------------
+
+
+def test_the_sync_workers_held_tasks_are_given_back_on_pause_not_run(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="dueq.observe")
+    q = dueq.Queue("ph", r)
+    q.schedule({}, id="blocker")
+    q.schedule_many(dueq.Task({}, id=f"held-{i}", delay=0.001) for i in range(3))
+    blocker = Blocker()
+    worker = dueq.Worker(q, blocker.sync, concurrency=1, max_in_flight=8)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert blocker.running.wait(BOUND_S)
+        wait_for(lambda: q.stats().leased == 4, "all four held")
+        q.pause()  # its wake makes the worker claim: it finds the queue paused
+        wait_for(lambda: "paused; waiting" in caplog.text, "the worker to see the pause")
+        blocker.go_on.set()
+        wait_for(lambda: worker.outcomes == {"acked": 1, "released": 3}, "the held given back")
+        assert blocker.seen == ["blocker"]
+        stats = q.stats()
+        assert stats.scheduled == 3 and stats.leased == 0
+        assert all(q.get(f"held-{i}").attempt == 0 for i in range(3))  # no attempt counted
+        q.resume()
+        wait_for(lambda: worker.outcomes["acked"] == 4, "the three run after the resume")
+    finally:
+        blocker.go_on.set()
+        worker.stop()
+        thread.join(BOUND_S)
+    assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("handler_kind", ["async", "sync"])
+def test_the_async_workers_held_tasks_are_given_back_on_pause_not_run(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture, handler_kind: str
+) -> None:
+    caplog.set_level("INFO", logger="dueq.observe")
+    blocker = Blocker()
+
+    async def main() -> None:
+        client = async_mirror(r)
+        q = dueq.AsyncQueue("pha", client)
+        await q.schedule({}, id="blocker")
+        await q.schedule_many(dueq.Task({}, id=f"held-{i}", delay=0.001) for i in range(3))
+        worker = dueq.AsyncWorker(q, blocker.handler(handler_kind), concurrency=1, max_in_flight=8)
+        running = asyncio.ensure_future(worker.run())
+        try:
+            async with asyncio.timeout(BOUND_S):
+                while not (blocker.running.is_set() and (await q.stats()).leased == 4):
+                    await asyncio.sleep(0.01)
+                await q.pause()
+                while "paused; waiting" not in caplog.text:
+                    await asyncio.sleep(0.01)
+                blocker.go_on.set()
+                while dict(worker.outcomes) != {"acked": 1, "released": 3}:
+                    await asyncio.sleep(0.01)
+                assert blocker.seen == ["blocker"]
+                assert (await q.stats()).scheduled == 3
+                await q.resume()
+                while worker.outcomes["acked"] < 4:
+                    await asyncio.sleep(0.01)
+        finally:
+            blocker.go_on.set()
+            worker.stop()
+            await running
+            await client.aclose()
+
+    asyncio.run(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -55,3 +56,31 @@ async def when_still_async(
             return now
         last = now
     raise AssertionError(f"still moving after {wait_s} s")
+
+
+class Blocker:
+    """Handlers for consumer tests that record each task's id (``seen``) and hold the task
+    ``blocker`` until ``go_on`` is set (``running`` tells that it started): what waits behind
+    it is held by the consumer, unstarted. ``handler("sync")`` blocks its thread;
+    ``handler("async")`` awaits (the loop goes on)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.running = threading.Event()
+        self.go_on = threading.Event()
+
+    def sync(self, d: Any) -> None:
+        self.seen.append(d.id)
+        if d.id == "blocker":
+            self.running.set()
+            self.go_on.wait(WAIT_S)
+
+    async def run_async(self, d: Any) -> None:
+        self.seen.append(d.id)
+        if d.id == "blocker":
+            self.running.set()
+            while not self.go_on.is_set():
+                await asyncio.sleep(0.01)
+
+    def handler(self, kind: str) -> Callable[[Any], Any]:
+        return self.run_async if kind == "async" else self.sync

@@ -373,6 +373,12 @@ class AsyncQueue(QueueCore):
         """Give a leased task back, due after ``delay``; the delivery does not count."""
         return await self.drive(self.release_flow(delivery, delay))
 
+    async def release_many(
+        self, deliveries: Sequence[AsyncDelivery], *, delay: Duration = 0, hold: bool = False
+    ) -> list[Outcome]:
+        """As ``Queue.release_many``."""
+        return await self.drive(self.release_many_flow(deliveries, delay, hold=hold))
+
     def deliveries(
         self,
         max_in_flight: int | Literal["auto"] = 64,
@@ -453,7 +459,8 @@ class AsyncQueue(QueueCore):
 
     async def pause(self) -> QueueSettings:
         """Stop every consumer of this queue from leasing tasks (expired leases are still
-        reclaimed; scheduling goes on). Deliveries already held are not affected."""
+        reclaimed; scheduling goes on). Running handlers finish; deliveries a consumer
+        holds and has not started are given back unstarted, not run (docs/settings.md)."""
         return await self.configure(paused=True)
 
     async def resume(self) -> QueueSettings:

@@ -73,6 +73,10 @@ class ClaimRules(Generic[D]):
             logger.info(
                 "queue %r: %s", self.queue_name, "paused; waiting" if batch.paused else "resumed"
             )
+            # what this consumer holds and has not started waits for the resume as the tasks
+            # in Redis do: process gives it back instead of starting it
+            for d in self.held.deliveries:
+                d.mark_queue_paused(batch.paused)
         for d in batch.deliveries:
             d.on_settled = on_settled
         for d in self.held.add(batch.deliveries, batch.now_ms):

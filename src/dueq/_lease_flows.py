@@ -349,6 +349,35 @@ class LeaseFlows(QueueBase):
         raise_not_held("extended", refused, cancelled)
         return ms_datetime(deadline_ms if deadline_ms is not None else 0)
 
+    def release_many_flow(
+        self, deliveries: Sequence[DeliveryBase], delay: Duration, *, hold: bool = False
+    ) -> Flow[list[Outcome]]:
+        """Give ``deliveries`` back, due after ``delay``, one script call per LEASE_BATCH;
+        with ``hold`` each one's limit key is held as long. Never raises for a lease not held:
+        each delivery's outcome says what became of it (released, cancelled or lost)."""
+        if self._sharded is not None:
+            return (yield from self._sharded.release_many_flow(deliveries, delay, hold))
+        delay_ms = duration_ms(delay, "delay")
+        outcomes: list[Outcome] = []
+        for start in range(0, len(deliveries), protocol.LEASE_BATCH):
+            chunk = deliveries[start : start + protocol.LEASE_BATCH]
+            reply: protocol.ExtendReply = yield protocol.release_many(
+                self.keys,
+                self.now_arg(),
+                [(d.id, d.token) for d in chunk],
+                delay_ms,
+                hold_ms=delay_ms if hold else 0,
+            )
+            due = ms_datetime(reply.deadline_ms)
+            for d, verdict in zip(chunk, reply.verdicts, strict=True):
+                if verdict == "h":
+                    outcome = Outcome(d.id, "released", d.attempt, due)
+                else:
+                    outcome = Outcome(d.id, "cancelled" if verdict == "c" else "lost", d.attempt)
+                d.mark_settled(outcome)
+                outcomes.append(outcome)
+        return outcomes
+
     def release_flow(
         self, delivery: DeliveryBase, delay: Duration, *, hold: bool = False
     ) -> Flow[Outcome]:

@@ -493,22 +493,33 @@ def extend(
     return Call("extend", keys, [now, lease_ms, pack_pairs(held)], _parse_extend)
 
 
+def release_many(
+    k: QueueKeys, now: str, held: Sequence[tuple[str, str]], delay_ms: int, hold_ms: int = 0
+) -> Call[ExtendReply]:
+    """Give leased tasks back, given as (id, lease token) pairs, due after ``delay_ms``,
+    without counting their deliveries; with ``hold_ms`` (a KeyCooldown) each one's limit key is
+    held that long too. At most LEASE_BATCH pairs. The reply is extend.lua's form: the due ms
+    and a verdict per pair ("h" released, "c" cancelled while leased, "l" lease lost)."""
+    keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks]
+    keys += [k.key_state, k.key_wait, k.config, *k.upper_due]
+    return Call("release", keys, [now, delay_ms, hold_ms, pack_pairs(held)], _parse_extend)
+
+
 def release(
     k: QueueKeys, now: str, task_id: str, token: str, delay_ms: int, hold_ms: int = 0
 ) -> Call[TimeReply]:
-    """Give a leased task back, due after ``delay_ms``, without counting the delivery; with
-    ``hold_ms`` (a KeyCooldown) its limit key is held that long too."""
-    keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks]
-    keys += [k.key_state, k.key_wait, k.config, *k.upper_due]
-    return Call("release", keys, [now, task_id, token, delay_ms, hold_ms], _parse_release)
+    """Give one leased task back (``release_many`` of one pair): its new due ms, or the status
+    of a lease that is not held."""
+    call = release_many(k, now, [(task_id, token)], delay_ms, hold_ms)
+    return Call(call.script, call.keys, call.args, _parse_release)
 
 
 def _parse_release(reply: Any) -> TimeReply:
-    """release.lua: the new due ms, -1 lease lost, -2 cancelled while leased."""
-    value = int(reply)
-    if value >= 0:
-        return TimeReply(Status.OK, value)
-    return TimeReply(Status.CANCELLED if value == -2 else Status.LEASE_LOST, value)
+    """release.lua's reply for one pair: the new due ms, or lease lost / cancelled."""
+    due_ms, verdict = _parse_extend(reply)
+    if verdict == "h":
+        return TimeReply(Status.OK, due_ms)
+    return TimeReply(Status.CANCELLED if verdict == "c" else Status.LEASE_LOST, -1)
 
 
 def reschedule(

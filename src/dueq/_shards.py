@@ -339,6 +339,26 @@ class Sharded(ShardLayout):
     def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
         return (yield from self.owner(delivery).extend_flow(delivery, seconds))
 
+    def release_many_flow(
+        self, deliveries: Sequence[DeliveryBase], delay: Duration, hold: bool
+    ) -> Flow[list[Outcome]]:
+        """Each shard's deliveries released in one call per shard, side by side; the
+        outcomes in the order given."""
+        groups: dict[str, list[DeliveryBase]] = defaultdict(list)
+        for d in deliveries:
+            groups[self.owner(d).name].append(d)
+        flows = [
+            self._by_name[k].release_many_flow(group, delay, hold=hold)
+            for k, group in groups.items()
+        ]
+        results: list[list[Outcome]] = yield from together(flows)
+        by_delivery = {
+            id(d): outcome
+            for group, outcomes in zip(groups.values(), results, strict=True)
+            for d, outcome in zip(group, outcomes, strict=True)
+        }
+        return [by_delivery[id(d)] for d in deliveries]
+
     def fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:

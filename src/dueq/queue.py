@@ -436,6 +436,16 @@ class Queue(QueueCore):
         """Give a leased task back, due after ``delay``; the delivery does not count."""
         return self.drive(self.release_flow(delivery, delay))
 
+    def release_many(
+        self, deliveries: Sequence[Delivery], *, delay: Duration = 0, hold: bool = False
+    ) -> list[Outcome]:
+        """Give many leased tasks back in one round trip per 1,000, due after ``delay``;
+        no delivery counts. With ``hold`` each one's limit key is held as long (as a
+        KeyCooldown holds it). Each outcome says what became of its delivery: ``released``,
+        ``cancelled`` (its task was cancelled while leased) or ``lost``; nothing is raised
+        for a lease not held."""
+        return self.drive(self.release_many_flow(deliveries, delay, hold=hold))
+
     def observe(
         self,
         max_in_flight: int | Literal["auto"] = 64,
@@ -536,7 +546,8 @@ class Queue(QueueCore):
 
     def pause(self) -> QueueSettings:
         """Stop every consumer of this queue from leasing tasks (expired leases are still
-        reclaimed; scheduling goes on). Deliveries already held are not affected."""
+        reclaimed; scheduling goes on). Running handlers finish; deliveries a consumer
+        holds and has not started are given back unstarted, not run (docs/settings.md)."""
         return self.configure(paused=True)
 
     def resume(self) -> QueueSettings:

@@ -525,6 +525,7 @@ class DeliveryBase:
         "_cancelled",
         "_outcome",
         "_queue",
+        "_queue_paused",
         "_settled_flag",
         "attempt",
         "claimed_ms",
@@ -578,6 +579,7 @@ class DeliveryBase:
         self._outcome: Outcome | None = None
         self._settled_flag = False
         self._cancelled = False
+        self._queue_paused = False
         #: the value to keep as the task's result when it is acked (the handler's return
         #: value, set by dueq's consumers; ``ack(result=...)``): stored only while the queue
         #: keeps results (``keep_results``)
@@ -634,6 +636,18 @@ class DeliveryBase:
         """What became of this delivery once settled here other than by an ack (retried, dead,
         released, cancelled, lost); None before that and after an ack."""
         return self._outcome
+
+    @property
+    def queue_paused(self) -> bool:
+        """True while the consumer that holds this delivery last found its queue paused
+        (``q.pause()``): ``process`` does not start it then, but gives it back unstarted (no
+        attempt counted), to be claimed once the queue is resumed."""
+        return self._queue_paused
+
+    def mark_queue_paused(self, paused: bool) -> None:
+        """Set ``queue_paused``: called by the consumer's claim loop when a claim finds the
+        queue paused, or resumed, for every delivery it holds."""
+        self._queue_paused = paused
 
     def mark_cancelled(self) -> None:
         """Record that dueq found this task cancelled while leased here (``cancelled``): called

@@ -1088,7 +1088,8 @@ end
 -- version-3 envelope head (task_options); tasks without one keep their version-1 or 2 form.
 -- schedule.lua turns a relative expiry (record flag 8: ms from now) into epoch ms on the queue
 -- clock. claim.lua never leases a task past its expiry: it ends it "expired" (tasks_expire);
--- fail.lua ends a task whose next attempt would come at or after its expiry the same way.
+-- fail.lua ends a task whose next attempt would come at or after its expiry the same way, and
+-- so does claim.lua for a lease that ran out (its retry judged as a failure's).
 -- The counter is expired_tasks ("expired" counts leases that ran out).
 
 -- The expiry of a stored envelope, epoch ms, or nil.

@@ -100,11 +100,17 @@ local function bury(id, attempt, kind, message)
   if string.byte(id, 1) == 99 then cron_note(KEYS[14], KEYS[15], id, 'dead', now, kind) end
 end
 
--- 1. Expired leases: the holder died or hung. That delivery counts as a failed attempt.
+-- 1. Expired leases: the holder died or hung. That delivery counts as a failed attempt: dead
+-- on the last attempt, else retried after the backoff, or ended expired when that retry would
+-- start at or after the task's expiry (as fail.lua judges a failure).
 -- Their keys' leases end together (one keys_release after the loop): the key a lease's meta
 -- names ("|<key>": a counted lease, the prelude's per-key notes), even when its task data is
 -- gone (evicted, deleted by hand), so the key's other tasks are not held back by a lease
 -- nobody can end.
+-- The tasks that end expired in this claim, never leased (tasks_expire after the lease loop):
+-- expired leases whose retry would start at or after their expiry (here), and due tasks past
+-- their expiry (the lease loop).
+local too_late = {}
 do  -- a block: its locals do not count against the chunk's 200 (claim.lua is near them)
   local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0,
     tonumber(ARGV[5]))
@@ -129,17 +135,25 @@ do  -- a block: its locals do not count against the chunk's 200 (claim.lua is ne
           (gone and ',"worker":' .. cjson.encode(gone) or '') .. '}'
         error_append(KEYS[5], id, record)
         local final = attempt >= (own_attempts or max_attempts)
-        outcome_events.note(final and 'dead' or 'retried', id, attempt, envelope, nil, record)
-        if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
+        -- as fail.lua judges a failure: a retry that would start at or after the task's
+        -- expiry ends it expired instead (tasks_expire below, with the claim's own expiries)
+        local retry_at = not final and
+          now + (backoff[math.min(math.max(attempt, 1), #backoff)] or 0)
+        local ends = final and 'dead' or
+          (task_expired(envelope, retry_at) and 'expired' or 'retried')
+        outcome_events.note(ends, id, attempt, envelope, nil, record)
+        if string.byte(id, 1) == 99 and ends ~= 'expired' then  -- a cron occurrence: its
+          -- definition's last outcome (an expiry is not one, as at claim time)
           cron_note(KEYS[14], KEYS[15], id, final and 'dead' or 'retrying', now, 'LeaseExpired')
         end
         if final then
           redis.call('ZADD', KEYS[6], now, id)
           died = died + 1
           buried[died] = id
+        elseif ends == 'expired' then
+          too_late[#too_late + 1] = id
         else
-          local wait = backoff[math.min(math.max(attempt, 1), #backoff)] or 0
-          redis.call('ZADD', levels[priority], now + wait, id)
+          redis.call('ZADD', levels[priority], retry_at, id)
         end
       end
     else
@@ -320,11 +334,11 @@ end
 -- 2b. Take due ids, highest priority first (each level earliest first), until `limit` are
 -- leased. Parked tasks make room, so the loop takes more, parking at most PARK_BUDGET per claim
 -- (each parked task is looked at again only when its key may proceed: amortised O(1)).
-local PARK_BUDGET = 1000
+local PARK_BUDGET = 1000 + #too_late  -- the expired leases ended above are not its work
 local buried_here = 0
 local token = nil
 local deadline = now + lease_ms
-local leased, meta, orphans, too_late = {}, {}, {}, {}
+local leased, meta, orphans = {}, {}, {}
 -- out's rows start after its 10 head fields, two per lease: a lease's id is at n_leased + 9
 -- once n_leased counts it; column holds out[10]'s entries, one per leased task
 local n_leased, column = 0, {}

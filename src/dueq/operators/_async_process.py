@@ -53,6 +53,7 @@ from ._emit import SerialEmitter
 from ._settle import (
     KEEPER_TICK_MAX_S,
     SETTLE_BATCH,
+    Cooldowns,
     Op,
     Pending,
     Settling,
@@ -97,6 +98,7 @@ class AsyncProcessor(Settling):
         self._running: dict[Any, asyncio.Task[None]] = {}
         self._lease_lost: set[Any] = set()
         self._cancelling: set[Any] = set()  # handlers cancelled because q.cancel() hit their task
+        self.cooldowns = Cooldowns()  # keys whose held unstarted deliveries are given back
         self._closing = False
         self._source_ended = False
         self._give_up = asyncio.Event()
@@ -227,6 +229,12 @@ class AsyncProcessor(Settling):
             for d in deliveries:
                 self._spawn(self._release(d))
             return
+        if self.cooldowns.keys:  # claimed before their key's cooldown was recorded: not to start
+            cooled = [(d, s) for d in deliveries if (s := self.cooldowns.holds(d)) is not None]
+            if cooled:
+                given = {d for d, _ in cooled}
+                deliveries = [d for d in deliveries if d not in given]
+                self._hold_back([d for d, _ in cooled], max(s for _, s in cooled))
         assert self._loop is not None
         now_s = self._loop.time()
         held = self._held
@@ -252,6 +260,13 @@ class AsyncProcessor(Settling):
                 d = self._waiting.popleft()
                 if d not in self._held:
                     continue  # close() released it
+                if d.cancelled or d.queue_paused:  # cancelled while held (the keeper found
+                    # out), or its queue paused (the claim loop found out): given back, not run
+                    self._spawn(self._release(d))
+                    continue
+                if self.cooldowns.keys and (cooling_s := self.cooldowns.holds(d)) is not None:
+                    self._hold_back([d], cooling_s)  # its key cools down: given back unstarted
+                    continue
                 self._running[d] = task
                 error: BaseException | None = None
                 attempt = _tracing.start_attempt(d)  # the attempt's span, current in here
@@ -292,6 +307,13 @@ class AsyncProcessor(Settling):
                     if attempt is not None:
                         attempt.leave()
                         _tracing.end_attempt(attempt, error)
+                if error is not None and (cooling_s := self.cooldowns.note(d, error)):
+                    # its key cools down: what waits for a runner of that key goes back now
+                    cooled = [w for w in self._waiting if self.cooldowns.holds(w) is not None]
+                    if cooled:
+                        given = set(cooled)
+                        self._waiting = deque(w for w in self._waiting if w not in given)
+                        self._hold_back(cooled, cooling_s)
                 self._done.append((d, error))
                 self._done_event.set()
                 if self._loop.time() - since_s >= RUNNER_YIELD_S:
@@ -342,6 +364,16 @@ class AsyncProcessor(Settling):
         self._out.on_next(outcome)
         self._forget([d])
 
+    def _hold_back(self, deliveries: list[Any], seconds: float) -> None:
+        """Give back, in one call per queue, held unstarted deliveries of cooling keys: due
+        at the end of the cooldown (``seconds`` from now)."""
+        self._spawn(self._give_back_cooled(deliveries, seconds))
+
+    async def _give_back_cooled(self, deliveries: list[Any], seconds: float) -> None:
+        outcomes = await self.drive(self.release_cooled_flow(deliveries, seconds))
+        self._out.on_next(*outcomes)
+        self._forget(deliveries)
+
     def _forget(self, deliveries: list[Any]) -> None:
         for d in deliveries:
             self._held.pop(d, None)
@@ -368,6 +400,14 @@ class AsyncProcessor(Settling):
                 if d in self._held:
                     self._held[d] = now_s
             self._lease_lost.update(d for d in done.lost if d in self._held)
+            if done.cancelled:  # cancelled while waiting for a runner: dropped, never run
+                cancelled = set(done.cancelled)
+                waiting = [w for w in self._waiting if w in cancelled and w in self._held]
+                if waiting:
+                    dropped = set(waiting)
+                    self._waiting = deque(w for w in self._waiting if w not in dropped)
+                    for d in waiting:
+                        self._spawn(self._release(d))
             for d in done.cancelled:  # cancel its handler (a plain function sees d.cancelled)
                 runner = self._running.get(d)
                 if runner is not None and self._is_async and d not in self._cancelling:

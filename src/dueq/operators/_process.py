@@ -55,6 +55,7 @@ from ._settle import (
     KEEPER_TICK_MAX_S,
     KEEPER_TICK_MIN_S,
     SETTLE_BATCH,
+    Cooldowns,
     Op,
     Pending,
     Settling,
@@ -133,6 +134,7 @@ class Processor(Settling):
         self._timed_out: set[Delivery] = set()  # failed by the keeper; late results refused
         self._spans: dict[Delivery, _tracing.AttemptSpan] = {}  # tracing on: running attempts
         self._lease_lost: set[Delivery] = set()  # held, but the keeper found its lease lost
+        self.cooldowns = Cooldowns()  # keys whose held unstarted deliveries are given back
         self._closing = False
         self._give_up = threading.Event()  # stop retrying acks and fails through an outage
         self._done: stdlib_queue.SimpleQueue[list[_Finished] | None] = stdlib_queue.SimpleQueue()
@@ -149,7 +151,7 @@ class Processor(Settling):
             self._begin,
             self._finished,
             self._done.put,
-            self._release,
+            self._give_back,
             timeout_s,
         )
         self._settler = threading.Thread(target=self._settle_loop, name="dueq-settler")
@@ -264,6 +266,16 @@ class Processor(Settling):
     def accept_many(self, deliveries: list[Delivery]) -> None:
         """Hold ``deliveries`` (keep their leases) and queue them for the handlers; once
         closing, give them back."""
+        cooled: list[Delivery] = []
+        seconds = 0.0
+        if self.cooldowns.keys:  # claimed before their key's cooldown was recorded: not to start
+            for d in deliveries:
+                s = self.cooldowns.holds(d)
+                if s is not None:
+                    cooled.append(d)
+                    seconds = max(seconds, s)
+            if cooled:
+                deliveries = [d for d in deliveries if d not in cooled]
         with self._lock:
             closing = self._closing
             if not closing:
@@ -275,15 +287,23 @@ class Processor(Settling):
                 if shortest_s < self._keeper_due_s and self._keeper is not None:
                     self._schedule_keeper(shortest_s)  # a shorter lease than the round allows
         if closing:
-            for d in deliveries:
+            for d in cooled + deliveries:
                 self._release(d)
-        else:
-            self._runner.submit_many(deliveries)
+            return
+        if cooled:
+            self._give_back_cooled(cooled, seconds)
+        self._runner.submit_many(deliveries)
 
     def _begin(self, delivery: Delivery) -> bool:
         """A handler is about to start on ``delivery``; False if closing (then don't).
         Called where the handler runs (its thread, or the loop's task): the attempt's span,
         if tracing is on, is current there until ``_finished``."""
+        if (
+            delivery.cancelled
+            or delivery.queue_paused
+            or (self.cooldowns.keys and self.cooldowns.holds(delivery))
+        ):  # cancelled while held, its queue paused or its key cooling: given back unstarted
+            return False
         with self._mutex:
             if self._closing or delivery not in self._held:
                 return False
@@ -320,6 +340,10 @@ class Processor(Settling):
             late = delivery in self._timed_out or delivery not in self._held
             if not late:
                 self._running.pop(delivery, None)  # done: no timeout applies any more
+        if not late and error is not None:
+            seconds = self.cooldowns.note(delivery, error)
+            if seconds is not None:  # its key cools down: what waits of that key goes back
+                self._give_back_cooled(self._runner.take(self._cooling), seconds)
         if late:
             logger.warning(
                 "queue %r: task %r attempt %d: handler returned after its timeout; its result "
@@ -403,6 +427,26 @@ class Processor(Settling):
         self._emit([run_flow(self.release_flow(d))])
         self._forget([d])
 
+    def _cooling(self, d: Delivery) -> bool:
+        return self.cooldowns.holds(d) is not None
+
+    def _give_back(self, d: Delivery) -> None:
+        """A held delivery that is not to start (closing, cancelled, or its key cools down)."""
+        seconds = None if d.cancelled else self.cooldowns.holds(d)
+        if seconds is not None:
+            self._give_back_cooled([d], seconds)
+        else:
+            self._release(d)  # a cancelled one: Redis says so, and its outcome is "cancelled"
+
+    def _give_back_cooled(self, deliveries: list[Delivery], seconds: float) -> None:
+        """Give back, in one call per queue, held unstarted deliveries of cooling keys: due
+        at the end of the cooldown (``seconds`` from now)."""
+        if not deliveries:
+            return
+        outcomes = run_flow(self.release_cooled_flow(deliveries, seconds))
+        self._emit(outcomes)
+        self._forget(deliveries)
+
     def _emit(self, outcomes: list[Outcome]) -> None:
         self._out.on_next(*outcomes)
 
@@ -439,6 +483,10 @@ class Processor(Settling):
             self._lease_lost.update(d for d in done.lost if d in self._held)
             if self._keeper is not None and round_ == self._keeper_round:
                 self._schedule_keeper(done.tick_s)
+        if done.cancelled:  # cancelled while waiting for a handler: dropped, never run
+            cancelled = set(done.cancelled)
+            for d in self._runner.take(cancelled.__contains__):
+                self._release(d)
 
     def _fail_timed_out(self, now_s: float) -> float | None:
         """Fail every running delivery past its timeout (threads cannot be stopped: the
@@ -535,6 +583,11 @@ class _Runner:
 
     def drain(self) -> list[Delivery]:
         """Take back the deliveries not yet picked up by a handler."""
+        raise NotImplementedError
+
+    def take(self, which: Callable[[Delivery], bool]) -> list[Delivery]:
+        """Take back those of the deliveries not yet picked up by a handler that ``which``
+        chooses."""
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -680,6 +733,14 @@ class _ThreadRunner(_Runner):
             self._inbox.clear()
         return taken
 
+    def take(self, which: Callable[[Delivery], bool]) -> list[Delivery]:
+        with self._lock:
+            taken = [d for d in self._inbox if which(d)]
+            if taken:
+                chosen = set(taken)
+                self._inbox = deque(d for d in self._inbox if d not in chosen)
+        return taken
+
     def stop(self) -> None:
         """Threads finish what they run (and what still waits: ``begin`` refuses it once the
         processor closes, so it is released), then exit."""
@@ -813,6 +874,12 @@ class _AsyncRunner(_Runner):
     def drain(self) -> list[Delivery]:
         with self._waiting_lock:
             taken, self._waiting = list(self._waiting), set()
+        return taken
+
+    def take(self, which: Callable[[Delivery], bool]) -> list[Delivery]:
+        with self._waiting_lock:
+            taken = [d for d in self._waiting if which(d)]
+            self._waiting.difference_update(taken)
         return taken
 
     def stop(self) -> None:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Generator
@@ -27,7 +29,7 @@ from typing import Any, TypeVar
 import redis
 
 from .._drive import drive, drive_async
-from ..exceptions import DueqError, LeaseLost, TaskTimeout, Unrecoverable
+from ..exceptions import DueqError, KeyCooldown, LeaseLost, TaskTimeout, Unrecoverable
 from ..logs import task_fields
 from ..outage import Backoff, describe, is_outage
 from ..task import DeliveryBase, Outcome, settled_outcome
@@ -128,12 +130,76 @@ class KeeperRound:
     cancelled: list[Any] = field(default_factory=list)  # their task was cancelled
 
 
+class Cooldowns:
+    """The limit keys a handler of this consumer cooled down (``raise KeyCooldown``), so that
+    the deliveries it holds and has not started for such a key wait as the key's tasks in Redis
+    do: they are given back (no attempt counted, due at the cooldown's end), never run early.
+
+    Released, not kept: a held delivery's lease would have to be kept alive for the whole
+    cooldown (a 429's minute, say) while it fills a slot of the hold that other keys' tasks
+    could use; given back, it is parked in Redis with the key's other tasks and claimed by
+    whichever consumer is free when the key may run again.
+
+    A key is cooling from the handler's raise (``note``) on. Once the cooled task's release is
+    recorded (``confirmed``: Redis holds the key until ``until_ms`` on the queue clock) a claim
+    can lease the key's tasks only at or after that time, so a delivery of the key claimed
+    before it (``claimed_ms``) was leased before the hold, and is given back too; one claimed
+    after it may run (and the entry is dropped). Judged on the queue clock only: no timers.
+    Thread-safe (the threaded consumer's handler threads and settler both use it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: (queue name, key) -> (end of the cooldown on the queue clock, ms: inf until its
+        #: release is recorded; the cooldown, s). Empty (the usual case): nothing cools, and
+        #: the consumers' per-task paths look no further (an attribute read, no call).
+        self.keys: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def note(self, d: Any, error: BaseException | None) -> float | None:
+        """``d``'s handler raised ``error``: when it is a KeyCooldown of a keyed task, its key
+        cools from now; returns the cooldown's seconds (None: nothing cools)."""
+        if not isinstance(error, KeyCooldown) or d.key is None:
+            return None
+        with self._lock:
+            self.keys[(d.queue_name, d.key)] = (math.inf, error.seconds)
+        return error.seconds
+
+    def confirmed(self, d: Any, outcome: Outcome) -> None:
+        """The cooled task's release was recorded (``released``: the key is held until
+        ``outcome.at``) or not (its lease was lost: nothing is held, nothing waits)."""
+        entry = (d.queue_name, d.key)
+        with self._lock:
+            if entry not in self.keys:
+                return
+            if outcome.kind == "released" and outcome.at is not None:
+                self.keys[entry] = (outcome.at.timestamp() * 1000, self.keys[entry][1])
+            else:
+                del self.keys[entry]
+
+    def holds(self, d: Any) -> float | None:
+        """The cooldown's seconds when ``d`` must not start (its key cools and it was claimed
+        before the hold's end), else None."""
+        if not self.keys or d.key is None:
+            return None
+        entry = (d.queue_name, d.key)
+        with self._lock:
+            found = self.keys.get(entry)
+            if found is None:
+                return None
+            until_ms, seconds = found
+            if d.claimed_ms >= until_ms:  # claimed once the key could run again: it may
+                del self.keys[entry]
+                return None
+            return seconds
+
+
 class Settling:
     """The rules of settling, releasing and keeping leases, as flows (see the module doc).
 
     Subclasses say whether a delivery is still held (``_holds``) and how to pause between
-    tries during an outage (``_pause``), and drive the flows.
+    tries during an outage (``_pause``), and drive the flows; they make ``cooldowns``.
     """
+
+    cooldowns: Cooldowns
 
     def _holds(self, d: Any) -> bool:
         raise NotImplementedError
@@ -251,10 +317,15 @@ class Settling:
                     d.attempt,
                     extra=task_fields(d.queue.name, d.id, d.attempt),
                 )
-            return d.outcome or Outcome(d.id, "lost", d.attempt)
+            outcome = d.outcome or Outcome(d.id, "lost", d.attempt)
+            if isinstance(error, KeyCooldown):
+                self.cooldowns.confirmed(d, outcome)  # nothing is held: nothing waits
+            return outcome
         except Exception as exc:
             if is_outage(exc) and not final:
                 raise
+            if isinstance(error, KeyCooldown):  # not recorded: nothing is held, nothing waits
+                self.cooldowns.confirmed(d, Outcome(d.id, "lost", d.attempt))
             if not stand_in and not isinstance(exc, (redis.RedisError, DueqError)):
                 # the handler's exception could not be recorded as it is (its __str__ raised,
                 # say): record a stand-in, so the task follows its retry policy all the same
@@ -268,6 +339,8 @@ class Settling:
                 extra=task_fields(d.queue.name, d.id, d.attempt),
             )
             return Outcome(d.id, "lost", d.attempt, error=describe(exc))
+        if isinstance(error, KeyCooldown):  # the key's held deliveries wait as long
+            self.cooldowns.confirmed(d, outcome)
         if outcome.kind == "released":  # a KeyCooldown: no attempt counted
             logger.info(
                 "queue %r: task %r attempt %d: %s; back at %s, its key held as long",
@@ -323,6 +396,38 @@ class Settling:
             if backoff.succeeded():
                 logger.info("Redis is back; releasing a task succeeded")
             return outcome
+
+    def release_cooled_flow(
+        self, deliveries: list[Any], seconds: float
+    ) -> Generator[Op, Any, list[Outcome]]:
+        """Give back held deliveries that have not started, of keys a KeyCooldown holds
+        (``Cooldowns``): due in ``seconds`` (the cooldown), no attempt counted, their keys held
+        as long; one ``release_many`` call per queue. A call Redis refuses leaves their leases
+        to run out (they are delivered again): logged, their outcome ``lost``."""
+        by_queue: dict[Any, list[Any]] = defaultdict(list)
+        for d in deliveries:
+            by_queue[d.queue].append(d)
+        outcomes: list[Outcome] = []
+        for q, group in by_queue.items():
+            try:
+                outcomes += yield partial(q.release_many, group, delay=seconds, hold=True)
+            except Exception as exc:  # their leases run out by themselves: delivered again
+                logger.warning(
+                    "queue %r: could not give back %d task(s) held for a cooled-down key: %s",
+                    q.name,
+                    len(group),
+                    describe(exc),
+                )
+                outcomes += [Outcome(d.id, "lost", d.attempt, error=describe(exc)) for d in group]
+                continue
+            logger.info(
+                "queue %r: %d task(s) held for a key that cools down for %g s given back "
+                "unstarted (no attempt counted)",
+                q.name,
+                len(group),
+                seconds,
+            )
+        return outcomes
 
     @staticmethod
     def keep_flow(held: list[tuple[Any, float]], now_s: float) -> Generator[Op, Any, KeeperRound]:
