@@ -98,6 +98,7 @@ def test_worker_info_has_exactly_the_fields_the_dashboard_reads() -> None:
         "in_flight": "int",
         "processed": "int",
         "failed": "int",
+        "tasks": "Mapping[str, Mapping[str, tuple[str, ...]]]",
     }
     assert dueq.WorkerInfo.__dataclass_params__.frozen  # type: ignore[attr-defined]
 

@@ -82,6 +82,63 @@ def _arguments_signature(
     return signature.replace(parameters=parameters[1:])
 
 
+_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def parameter_spec(signature: inspect.Signature) -> tuple[str, ...]:
+    """The parameters a task's arguments may name, as short strings (``"x"`` required,
+    ``"y="`` with a default, ``"**"`` for ``**kwargs``): what a worker's heartbeat lists so
+    that ``dueq schedule --task`` can check arguments without the function (``spec_signature``).
+    Positional-only and ``*args`` parameters take no argument by name and are left out."""
+    spec = []
+    for p in signature.parameters.values():
+        if p.kind in _KEYWORD:
+            spec.append(p.name if p.default is p.empty else p.name + "=")
+        elif p.kind is inspect.Parameter.VAR_KEYWORD:
+            spec.append("**")
+    return tuple(spec)
+
+
+def spec_signature(spec: Sequence[str]) -> inspect.Signature:
+    """A signature that binds what the function ``parameter_spec`` described binds
+    (ValueError for a spec that describes no signature)."""
+    parameters = []
+    for item in spec:
+        if item == "**":
+            parameters.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+        elif item.endswith("="):
+            parameters.append(
+                inspect.Parameter(item[:-1], inspect.Parameter.KEYWORD_ONLY, default=None)
+            )
+        else:
+            parameters.append(inspect.Parameter(item, inspect.Parameter.KEYWORD_ONLY))
+    return inspect.Signature(parameters)
+
+
+def bind_problem(signature: inspect.Signature, arguments: dict[str, Any]) -> str | None:
+    """Why ``arguments`` do not bind to ``signature`` as keywords, or None when they do: each
+    unexpected keyword with the nearest parameter (``did you mean 'to'?``), then what
+    ``Signature.bind`` said if it was about more."""
+    try:
+        signature.bind(**arguments)
+    except TypeError as exc:
+        said = str(exc)
+    else:
+        return None
+    parameters = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return said
+    names = [p.name for p in parameters if p.kind in _KEYWORD]
+    reasons = []
+    for given in (k for k in arguments if k not in names):
+        near = difflib.get_close_matches(given, [n for n in names if n not in arguments], 1)
+        hint = f" (did you mean {near[0]!r}?)" if near else f" (it takes {names})"
+        reasons.append(f"unexpected keyword argument {given!r}{hint}")
+    if not reasons or "unexpected keyword" not in said:
+        reasons.append(said)
+    return "; ".join(reasons)
+
+
 def default_name(fn: Callable[..., Any]) -> str:
     """``module.qualname`` of a function (the name ``@q.task`` gives it by default)."""
     module = getattr(fn, "__module__", None) or "__main__"
@@ -205,6 +262,8 @@ class TaskFunction(Generic[P, R]):
                 f"task {self.name!r}: positional-only parameters {positional} cannot be given "
                 "by name, and a task's arguments travel as a JSON object"
             )
+        #: the parameters its arguments may name (``parameter_spec``: a worker's beat lists them)
+        self.parameters = parameter_spec(self.signature)
         #: parameters named like a ``schedule`` option (see ``schedule_args``)
         self.shadowed = sorted(OPTION_NAMES.intersection(self.signature.parameters))
         # the defaults, validated now (a bad one is an error at decoration, not at schedule)
@@ -231,30 +290,9 @@ class TaskFunction(Generic[P, R]):
             )
         if not all(isinstance(k, str) for k in arguments):
             raise InvalidArguments(f"task {self.name!r}: argument names must be str")
-        try:
-            self.signature.bind(**arguments)
-        except TypeError as exc:
-            raise InvalidArguments(f"task {self.name!r}: {self._why(arguments, exc)}") from None
-
-    def _why(self, arguments: dict[str, Any], exc: TypeError) -> str:
-        """Why ``arguments`` do not bind: each unexpected keyword with the nearest parameter
-        (``did you mean 'to'?``), then what ``Signature.bind`` said if it was about more."""
-        parameters = self.signature.parameters.values()
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-            return str(exc)
-        names = [
-            p.name
-            for p in parameters
-            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        ]
-        reasons = []
-        for given in (k for k in arguments if k not in names):
-            near = difflib.get_close_matches(given, [n for n in names if n not in arguments], 1)
-            hint = f" (did you mean {near[0]!r}?)" if near else f" (it takes {names})"
-            reasons.append(f"unexpected keyword argument {given!r}{hint}")
-        if not reasons or "unexpected keyword" not in str(exc):
-            reasons.append(str(exc))
-        return "; ".join(reasons)
+        problem = bind_problem(self.signature, arguments)
+        if problem is not None:
+            raise InvalidArguments(f"task {self.name!r}: {problem}")
 
     def task(
         self,
