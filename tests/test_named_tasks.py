@@ -583,3 +583,41 @@ def test_a_named_envelope_decodes_in_place_with_no_more_calls_than_a_plain_one()
     with pytest.raises(dueq.PayloadError):
         decode_named(b"1:~@bench_task")  # no payload after the name
     assert decode_named(b'1:~@bench_task\n {"a": 1} ')[0] == {"a": 1}  # white space: json.loads
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = {"k": [value]}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "is_json"),
+    [
+        (float("nan"), False),
+        (float("inf"), False),
+        ({"a": [1, {"b": object()}]}, False),
+        ((1, 2), True),  # JSON encodes a tuple as a list
+        ({1: "a"}, True),  # and an int key as a string
+        (_nested(12), True),  # deeper than the quick walk looks: the encoder judges
+        ({"x": 1.5, "y": [True, None, "s"]}, True),
+    ],
+)
+def test_the_dispatcher_refuses_exactly_the_return_values_json_cannot_encode(
+    make_queue: Any, value: Any, is_json: bool
+) -> None:
+    q = make_queue("q")
+
+    @q.task(name="returns")
+    def returns() -> Any:
+        return value
+
+    returns.schedule()
+    [d] = q.claim()
+    run = dispatcher([_target(q)], None, on_loop=False)
+    if is_json:
+        assert run(_target(d)) is value
+    else:
+        with pytest.raises(dueq.Unrecoverable, match="returned a value that is not JSON"):
+            run(_target(d))

@@ -515,18 +515,36 @@ def _routes(queues: Iterable[Any]) -> dict[str, Mapping[str, TaskFunction[Any, A
     return {shard: q.tasks for q in queues for shard in q.shard_names}
 
 
+#: How deep ``_plainly_json`` looks before it leaves the judgement to ``result_entry``.
+_PLAIN_DEPTH = 8
+
+
+def _plainly_json(value: Any, depth: int = 0) -> bool:
+    """True when ``value`` is JSON by its types alone (dicts with str keys, lists, str, int,
+    bool, None, finite floats): a walk a few times cheaper than encoding it, which the ack
+    does anyway. False means "not sure": ``result_entry`` judges (tuples, deep values)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return bool(value - value == 0.0)  # (NaN and the infinities give NaN)
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if kind is dict:
+        return all(type(k) is str and _plainly_json(v, depth + 1) for k, v in value.items())
+    if kind is list:
+        return all(_plainly_json(v, depth + 1) for v in value)
+    return False
+
+
 def _bad_result(fn: TaskFunction[Any, Any], value: Any) -> Unrecoverable | None:
-    """The error of a return value that is not JSON (no retry changes it), else None (a JSON
-    value too big to keep is acked with ``result_unstored``, as for any handler)."""
+    """The error of a return value ``_plainly_json`` is not sure of that is not JSON (no retry
+    changes it), else None (a JSON value too big to keep is acked with ``result_unstored``, as
+    for any handler; so is a str with a lone surrogate, which the walk passes)."""
     _, why = result_entry(value)
     if why is None or not why.startswith("not JSON"):
         return None
     return Unrecoverable(f"task {fn.name!r} returned a value that is {why}")
-
-
-#: Return values that need no check: every value of these types is JSON (str: unless it holds
-#: a lone surrogate, which result_entry judges).
-_PLAIN = frozenset({int, float, bool})
 
 
 class Dispatcher:
@@ -583,7 +601,7 @@ class Dispatcher:
         except TypeError:
             fn.check_arguments(payload)  # InvalidArguments when it was the binding
             raise  # (raised inside the function: an ordinary failure)
-        if value is None or type(value) in _PLAIN:
+        if value is None or _plainly_json(value):
             return value
         if inspect.isawaitable(value):  # an async def function's: checked once awaited
             return _checked(fn, value)
@@ -595,7 +613,7 @@ class Dispatcher:
 
 async def _checked(fn: TaskFunction[Any, Any], awaitable: Any) -> Any:
     value = await awaitable
-    if value is not None and type(value) not in _PLAIN:
+    if value is not None and not _plainly_json(value):
         bad = _bad_result(fn, value)
         if bad is not None:
             raise bad
