@@ -157,8 +157,9 @@ class TaskContext:
     ``task_name``, ``due_at`` and ``lease_deadline`` (aware datetimes), ``cancelled`` (True
     once dueq found the task cancelled while it runs: a long function may stop early) and
     ``extend(seconds)``, which extends the lease like ``Delivery.extend`` (on an
-    ``AsyncQueue``: ``await ctx.extend(s)`` from an ``async def`` function). ``delivery`` is
-    the ``Delivery`` (or ``AsyncDelivery``) itself, for anything else.
+    ``AsyncQueue``: ``await ctx.extend(s)`` from an ``async def`` function; a plain function
+    an ``AsyncWorker`` runs on a thread cannot await it, so make one that extends
+    ``async def``). ``delivery`` is the ``Delivery`` (or ``AsyncDelivery``) itself.
     """
 
     __slots__ = ("delivery",)
@@ -628,18 +629,10 @@ class AsyncDispatcher(Dispatcher):
     async def __call__(self, d: Any) -> Any:
         if d.task_name is None:
             call: functools.partial[Any] = functools.partial(self.plain(d), d)
-            if is_async(call.func):
-                return await call()
-            result = await asyncio.get_running_loop().run_in_executor(None, call)
-            if inspect.isawaitable(result):
-                return await result
-            return result
+            return await call() if is_async(call.func) else await _in_thread(call)
         fn = self.task_function(d)
         if not is_async(fn.fn):  # the thread runs Dispatcher.__call__: binding, value checked
-            result = await asyncio.get_running_loop().run_in_executor(None, super().__call__, d)
-            if inspect.isawaitable(result):
-                return await result
-            return result
+            return await _in_thread(functools.partial(super().__call__, d))
         payload = d.payload
         try:
             awaitable = fn.fn(TaskContext(d), **payload) if fn.context else fn.fn(**payload)
@@ -647,6 +640,14 @@ class AsyncDispatcher(Dispatcher):
             fn.check_arguments(payload)
             raise
         return await _checked(fn, awaitable)
+
+
+async def _in_thread(call: Callable[[], Any]) -> Any:
+    """``call()`` on the loop's default thread pool; an awaitable it returns is awaited."""
+    result = await asyncio.get_running_loop().run_in_executor(None, call)
+    if inspect.isawaitable(result):
+        return await result
+    return result
 
 
 def is_async(fn: Any) -> bool:
