@@ -33,7 +33,7 @@ def test_list_shows_each_dead_task_with_attempts_and_last_error(invoke, q):
     for n in range(3):
         row = next(line for line in result.stdout.splitlines() if line.startswith(f"│ d{n} "))
         cells = [c.strip() for c in row.split("│")[1:-1]]
-        assert cells[2] == "2"  # id, died, attempts, last error: as list --state dead
+        assert cells[2] == "2"  # id, died, attempt, last error: as list --state dead
         assert cells[3] == f"ValueError: second try of d{n}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -18,7 +19,8 @@ def test_a_worker_for_a_queue_object_runs_its_named_tasks_by_name(r, redis_serve
     q = dueq.Queue("named", r)
     scheduled = invoke("schedule", "named", "--task", "greet", '{"who": "ada"}')
     assert scheduled.exit_code == 0, scheduled.output
-    tid = scheduled.output.strip()
+    assert "no live worker on 'named' runs task 'greet'" in scheduled.stderr  # (none runs yet)
+    tid = scheduled.stdout.strip()
     assert q.get(tid).task_name == "greet" and q.get(tid).payload == {"who": "ada"}
     unknown = q.schedule({}, task="nobody_knows_me")
     child = start_worker(redis_server, "cli_handlers:named_queue")
@@ -89,3 +91,65 @@ def test_a_task_file_line_may_name_its_task(invoke, r, tmp_path):
     assert result.exit_code == 0, result.output
     names = sorted(t.task_name for t in dueq.Queue("named", r).iter_tasks("scheduled"))
     assert names == ["greet", "other"]
+
+
+@pytest.fixture
+def add_worker(r):
+    """A live worker on queue "named" running task "add"(x, y=0), seen in the registry."""
+    q = dueq.Queue("named", r)
+
+    @q.task(name="add")
+    def add(x: int, y: int = 0) -> int:
+        return x + y
+
+    worker = dueq.Worker(q, heartbeat=0.05)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: any("add" in w.tasks.get("named", {}) for w in q.workers()), "a beat")
+        yield q
+    finally:
+        worker.stop()
+        thread.join(WAIT_S)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ('{"y": 1}', "missing a required argument: 'x'"),
+        ('{"x": 1, "yy": 2}', "unexpected keyword argument 'yy' (did you mean 'y'?)"),
+        ('{"xx": 1}', "unexpected keyword argument 'xx' (did you mean 'x'?)"),
+    ],
+)
+def test_schedule_by_name_refuses_arguments_a_live_workers_function_does_not_take(
+    invoke, r, add_worker, payload, message
+):
+    result = invoke("schedule", "named", "--task", "add", payload)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "nothing was scheduled" in result.stderr
+    assert add_worker.stats().scheduled == 0 and add_worker.stats().leased == 0
+    assert r.exists(add_worker.keys.tasks) == 0
+
+
+def test_schedule_by_name_with_arguments_that_bind_is_scheduled(invoke, add_worker):
+    result = invoke("schedule", "named", "--task", "add", '{"x": 1, "y": 2}')
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+
+
+def test_a_task_file_line_whose_arguments_do_not_bind_rejects_the_file(
+    invoke, r, add_worker, tmp_path
+):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"payload": {"x": 1}}\n{"payload": {"z": 1}, "task": "add"}\n')
+    result = invoke("schedule", "named", "--file", str(path), "--task", "add")
+    assert result.exit_code == 1, result.output
+    assert "line 2: task 'add'" in result.stderr and "'z'" in result.stderr
+    assert r.exists(add_worker.keys.tasks) == 0
+
+
+def test_schedule_by_a_name_no_live_worker_runs_warns_that_the_arguments_are_unchecked(invoke, r):
+    result = invoke("schedule", "named", "--task", "add", '{"anything": 1}')
+    assert result.exit_code == 0, result.output
+    assert "no live worker on 'named' runs task 'add'" in result.stderr
+    assert dueq.Queue("named", r).stats().scheduled == 1

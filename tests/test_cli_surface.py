@@ -89,7 +89,7 @@ def test_list_state_dead_and_dead_list_show_the_same_columns_in_the_same_order(i
 
     listed = rows(invoke("list", "jobs", "--state", "dead"))
     assert listed == rows(invoke("dead", "list", "jobs"))
-    assert listed[0] == ["id", "died", "attempts", "last error"]
+    assert listed[0] == ["id", "died", "attempt", "last error"]
     assert [row[0] for row in listed[1:]] == ["d2", "d1", "d0"]  # newest first, as q.dead.list
 
 

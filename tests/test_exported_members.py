@@ -36,6 +36,7 @@ PUBLIC = {
     "ErrorRecord",
     "Event",
     "EventsTrimmed",
+    "InvalidArguments",
     "InvalidTaskError",
     "KeyCooldown",
     "KeyLimit",
@@ -52,6 +53,7 @@ PUBLIC = {
     "ScheduleResult",
     "Task",
     "TaskCancelled",
+    "TaskContext",
     "TaskFunction",
     "UnknownTask",
     "TaskInfo",
@@ -96,6 +98,7 @@ def test_worker_info_has_exactly_the_fields_the_dashboard_reads() -> None:
         "in_flight": "int",
         "processed": "int",
         "failed": "int",
+        "tasks": "Mapping[str, Mapping[str, tuple[str, ...]]]",
     }
     assert dueq.WorkerInfo.__dataclass_params__.frozen  # type: ignore[attr-defined]
 
@@ -103,3 +106,18 @@ def test_worker_info_has_exactly_the_fields_the_dashboard_reads() -> None:
 def test_the_operators_module_exports_process_and_the_handler_type() -> None:
     assert set(dueq.operators.__all__) == {"Handler", "process"}
     assert callable(dueq.operators.process)
+
+
+def test_docs_errors_page_lists_every_exception_class_dueq_exports() -> None:
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "errors.md").read_text(encoding="utf-8")
+    exported = {
+        name
+        for name in dueq.__all__
+        if inspect.isclass(getattr(dueq, name)) and issubclass(getattr(dueq, name), Exception)
+    }
+    assert exported  # DueqError at least: the test reads the real exports
+    missing = sorted(name for name in exported if not re.search(rf"\b{name}\b", page))
+    assert missing == [], f"docs/errors.md does not list {missing}"

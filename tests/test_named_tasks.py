@@ -18,6 +18,7 @@ from counting import calls
 from waiting import wait_for
 
 import dueq
+from dueq.clock import ms_datetime
 from dueq.envelope import (
     MAX_TASK_NAME_CHARS,
     TraceContext,
@@ -121,16 +122,145 @@ def test_the_dispatcher_returns_the_functions_value(make_queue: Any) -> None:
     assert dispatcher([_target(q)], None, on_loop=False)(_target(d)) == 5
 
 
-def test_a_name_no_worker_knows_is_retried_then_dead_with_unknown_task_naming_it(
-    make_queue: Any, observer: Any, clock: Any
+def _first_failure(observer: Any, tid: str) -> Callable[[], bool]:
+    """True once the task's first attempt has failed (retried or dead)."""
+    return lambda: bool((info := observer().get(tid)) and info.errors)
+
+
+def test_a_name_no_worker_knows_goes_dead_at_once_with_unknown_task_naming_it(
+    make_queue: Any, observer: Any
 ) -> None:
     q = make_queue("q", retry=dueq.RetryPolicy(max_attempts=5, wait=lambda state: 0.0))
-    tid = q.schedule({"to": "a"}, task="no_such_task", max_attempts=2)
-    run_worker(q, lambda: observer().stats().dead == 1)
+    tid = q.schedule({"to": "a"}, task="no_such_task")
+    run_worker(q, _first_failure(observer, tid))
     info = observer().get(tid)
-    assert info.state == "dead" and info.task_name == "no_such_task" and info.attempt == 2
-    assert [e.type for e in info.errors] == ["UnknownTask", "UnknownTask"]
+    assert info.state == "dead" and info.task_name == "no_such_task" and info.attempt == 1
+    assert [e.type for e in info.errors] == ["UnknownTask"]
     assert "'no_such_task'" in info.errors[-1].message
+
+
+def test_arguments_that_do_not_bind_at_run_time_go_dead_at_once_naming_the_nearest_parameter(
+    make_queue: Any, observer: Any
+) -> None:
+    q = make_queue("q")
+    ran: list[Any] = []
+
+    @q.task(name="add")
+    def add(x: int, y: int = 0) -> int:
+        ran.append((x, y))
+        return x + y
+
+    # a producer that does not have the function schedules by name, unchecked
+    tid = observer().schedule({"x": 1, "yy": 2}, task="add")
+    run_worker(q, _first_failure(observer, tid))
+    info = observer().get(tid)
+    assert (info.state, info.attempt) == ("dead", 1) and ran == []
+    [error] = info.errors
+    assert error.type == "InvalidArguments"
+    assert "'yy'" in error.message and "did you mean 'y'?" in error.message
+
+
+def test_a_type_error_raised_inside_the_function_is_an_ordinary_failure_and_retried(
+    make_queue: Any, observer: Any
+) -> None:
+    q = make_queue("q")
+
+    @q.task(name="broken")
+    def broken(x: int) -> int:
+        return x + "1"  # type: ignore[operator]  # the bug under test
+
+    tid = broken.schedule(x=1)
+    run_worker(q, _first_failure(observer, tid))
+    info = observer().get(tid)
+    assert info.state == "scheduled" and [e.type for e in info.errors] == ["TypeError"]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_return_value_that_is_not_json_sends_a_named_task_dead_at_once(
+    make_queue: Any, observer: Any, kind: str
+) -> None:
+    q = make_queue("q")
+    if kind == "sync":
+
+        @q.task(name="returns")
+        def returns() -> Any:
+            return {1, 2}
+
+    else:
+
+        @q.task(name="returns")
+        async def returns() -> Any:  # (the async front end awaits it on its loop)
+            return {1, 2}
+
+    tid = returns.schedule()
+    run_worker(q, _first_failure(observer, tid))
+    info = observer().get(tid)
+    assert (info.state, info.attempt) == ("dead", 1)
+    [error] = info.errors
+    assert error.type == "Unrecoverable"
+    assert "'returns'" in error.message and "not JSON" in error.message
+
+
+def test_a_context_task_sees_its_own_delivery_and_is_scheduled_with_its_arguments_only(
+    make_queue: Any, observer: Any, clock: Any, front_end: str
+) -> None:
+    q = make_queue("q")
+    seen: dict[str, Any] = {}
+
+    @q.task(name="ctx_sync", context=True, max_attempts=4)
+    def ctx_sync(ctx: dueq.TaskContext, n: int) -> int:
+        seen["sync"] = (ctx.id, ctx.attempt, ctx.max_attempts, ctx.queue, ctx.due_at, n)
+        seen["sync_more"] = (ctx.task_name, ctx.cancelled, ctx.lease_deadline > ctx.due_at)
+        if front_end == "sync":
+            seen["extended"] = ctx.extend(60)
+        return n
+
+    @q.task(name="ctx_async", context=True)
+    async def ctx_async(ctx: dueq.TaskContext, /, n: int) -> int:
+        seen["async"] = (ctx.id, ctx.attempt, ctx.max_attempts, ctx.queue, n)
+        if front_end == "async":
+            seen["extended"] = await ctx.extend(60)
+        return n
+
+    with pytest.raises(dueq.InvalidTaskError, match="missing a required argument: 'n'"):
+        ctx_sync.schedule()
+    with pytest.raises(dueq.InvalidTaskError, match="unexpected keyword argument 'ctx'"):
+        ctx_sync.schedule(ctx=1, n=1)
+    first = ctx_sync.schedule(n=1, id="first")
+    second = ctx_async.schedule(n=2, id="second")
+    assert observer().get(first).payload == {"n": 1}
+    due = observer().get(first).due_at
+    run_worker(q, lambda: observer().stats().scheduled == 0 and len(seen) == 4)
+    assert seen["sync"] == (first, 1, 4, "q", due, 1)
+    assert seen["sync_more"] == ("ctx_sync", False, True)
+    assert seen["async"] == (second, 1, 3, "q", 2)  # the queue's retry policy: 3
+    assert seen["extended"] == ms_datetime(round((clock.now + 60) * 1000))
+    assert observer().stats().dead == 0
+
+
+def test_a_context_task_needs_a_first_parameter_to_receive_it(make_queue: Any) -> None:
+    q = make_queue("q")
+    with pytest.raises(dueq.ConfigurationError, match="context=True"):
+
+        @q.task(name="no_room", context=True)
+        def no_room(*, n: int) -> None: ...
+
+
+def test_the_dispatcher_hands_a_context_task_its_context_first(make_queue: Any) -> None:
+    q = make_queue("q")
+
+    @q.task(name="who")
+    def plain(n: int) -> int:
+        return n
+
+    @q.task(name="who_ctx", context=True)
+    def with_ctx(ctx: dueq.TaskContext, n: int) -> tuple[str, int]:
+        return (ctx.id, n)
+
+    q.schedule({"n": 5}, task="who_ctx", id="c1")
+    [d] = q.claim()
+    assert dispatcher([_target(q)], None, on_loop=False)(_target(d)) == ("c1", 5)
+    assert with_ctx(dueq.TaskContext(_target(d)), 3) == ("c1", 3)  # a call is the function's
 
 
 def test_a_plain_task_on_a_worker_without_a_handler_fails_with_unknown_task(
@@ -180,6 +310,11 @@ def test_arguments_the_signature_refuses_are_refused_before_anything_is_written(
         send_welcome.schedule(name="Ada")
     with pytest.raises(dueq.InvalidTaskError, match="unexpected keyword argument 'cc'"):
         send_welcome.schedule(to="a", cc="b")
+    with pytest.raises(dueq.InvalidTaskError, match=r"'nmae'.*did you mean 'name'\?"):
+        send_welcome.schedule(to="a", nmae="Ada")
+    with pytest.raises(dueq.InvalidTaskError, match=r"'too'.*did you mean 'to'\?") as typo:
+        send_welcome.schedule(too="a")  # (named before the missing 'to' it explains)
+    assert isinstance(typo.value, dueq.InvalidArguments)
     with pytest.raises(dueq.InvalidTaskError, match=r"send_welcome.*missing"):
         q.schedule({}, task="send_welcome")
     with pytest.raises(dueq.InvalidTaskError, match="dict of its arguments"):
@@ -448,3 +583,41 @@ def test_a_named_envelope_decodes_in_place_with_no_more_calls_than_a_plain_one()
     with pytest.raises(dueq.PayloadError):
         decode_named(b"1:~@bench_task")  # no payload after the name
     assert decode_named(b'1:~@bench_task\n {"a": 1} ')[0] == {"a": 1}  # white space: json.loads
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = {"k": [value]}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "is_json"),
+    [
+        (float("nan"), False),
+        (float("inf"), False),
+        ({"a": [1, {"b": object()}]}, False),
+        ((1, 2), True),  # JSON encodes a tuple as a list
+        ({1: "a"}, True),  # and an int key as a string
+        (_nested(12), True),  # deeper than the quick walk looks: the encoder judges
+        ({"x": 1.5, "y": [True, None, "s"]}, True),
+    ],
+)
+def test_the_dispatcher_refuses_exactly_the_return_values_json_cannot_encode(
+    make_queue: Any, value: Any, is_json: bool
+) -> None:
+    q = make_queue("q")
+
+    @q.task(name="returns")
+    def returns() -> Any:
+        return value
+
+    returns.schedule()
+    [d] = q.claim()
+    run = dispatcher([_target(q)], None, on_loop=False)
+    if is_json:
+        assert run(_target(d)) is value
+    else:
+        with pytest.raises(dueq.Unrecoverable, match="returned a value that is not JSON"):
+            run(_target(d))

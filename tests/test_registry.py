@@ -74,6 +74,32 @@ def test_a_beat_shows_the_worker_with_its_fields(make_queue, clock):
     assert w.started_at.timestamp() == 1_700_000_000
 
 
+def test_a_beat_lists_the_named_tasks_the_worker_runs_per_queue_with_their_parameters(
+    make_queue,
+):
+    q = make_queue()
+    _beat(q)
+    assert q.workers()[0].tasks == {}  # a beat without tasks
+    tasks = {"q": {"add": ["x", "y=", "**"]}, "other": {}}
+    q.send_heartbeat(entry_json(("q", "other"), 1, 0, 0, 0, tasks=tasks), 3000)
+    [w] = q.workers()
+    assert w.tasks == {"q": {"add": ("x", "y=", "**")}, "other": {}}
+
+
+def test_a_real_workers_beat_names_its_tasks_and_a_context_parameter_is_left_out(r, clock):
+    from dueq.registry import task_parameters
+
+    q = dueq.Queue("q", r, clock=clock)
+
+    @q.task(name="add", context=True)
+    def add(ctx, x: int, y: int = 0, *rest: int, z: int, w: int = 1, **more: int) -> None: ...
+
+    @q.task(name="plain")
+    def plain() -> None: ...
+
+    assert task_parameters([q]) == {"q": {"add": ("x", "y=", "z", "w=", "**"), "plain": ()}}
+
+
 def test_an_entry_past_its_ttl_is_never_shown_and_the_next_beat_prunes_it(make_queue, r, clock):
     q = make_queue()
     _beat(q, ttl_ms=3000)
@@ -117,6 +143,10 @@ def test_the_registry_keys_expire_with_the_longest_entry(make_queue, r):
         b'{"host": "h", "pid": -1, "queues": ["q"], "started_ms": 1, "last_seen_ms": 1,'
         b' "in_flight": 0, "processed": 0, "failed": 0}',
         b"\xff\xfe",
+        b'{"host": "h", "pid": 1, "queues": ["q"], "started_ms": 1, "last_seen_ms": 1,'
+        b' "in_flight": 0, "processed": 0, "failed": 0, "tasks": {"q": {"add": [1]}}}',
+        b'{"host": "h", "pid": 1, "queues": ["q"], "started_ms": 1, "last_seen_ms": 1,'
+        b' "in_flight": 0, "processed": 0, "failed": 0, "tasks": ["add"]}',
     ],
 )
 def test_a_corrupt_entry_is_skipped_by_readers_and_the_heartbeat_goes_on(

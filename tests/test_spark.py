@@ -270,7 +270,8 @@ def test_read_tasks_returns_the_dead_letter_queue(spark, r, redis_server, clock)
     rows = {row.id: row for row in dead.collect()}
     assert set(rows) == {f"t{i}" for i in range(5)}
     t3 = rows["t3"]
-    assert (t3.state, t3.attempts, json.loads(t3.payload)) == ("dead", 1, {"i": 3})
+    assert (t3.state, t3.attempt, json.loads(t3.payload)) == ("dead", 1, {"i": 3})
+    assert t3.attempts == t3.attempt  # the deprecated alias column
     assert json.loads(t3.errors)[0]["message"] == "broken 3"
     # the errors column holds the records of the task's one JSON form (docs/json.md)
     assert json.loads(t3.errors) == q.get("t3").to_json("dlq")["errors"]

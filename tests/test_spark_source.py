@@ -273,7 +273,8 @@ def test_dead_letters_read_as_a_dataframe_in_several_partitions(spark, redis_ser
     rows = dead.collect()
     assert sorted(row.id for row in rows) == sorted(f"t{i}" for i in range(3000))
     t3 = next(row for row in rows if row.id == "t3")
-    assert (t3.state, t3.attempts, json.loads(t3.payload)) == ("dead", 1, {"i": 3})
+    assert (t3.state, t3.attempt, json.loads(t3.payload)) == ("dead", 1, {"i": 3})
+    assert t3.attempts == t3.attempt  # the deprecated alias column
     assert json.loads(t3.errors)[0]["message"] == "broken 3"
     scheduled = (
         spark.read.format("dueq")

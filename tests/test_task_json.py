@@ -149,3 +149,39 @@ def test_times_are_utc_milliseconds_and_due_ms_matches(make_queue: Any) -> None:
     document = q.get("t").to_json("jobs")
     assert document["due_at"] == "2031-05-06T07:08:09.123Z"
     assert document["due_ms"] == int(due.timestamp() * 1000)
+
+
+def test_attempt_is_one_name_in_task_info_json_cli_tables_and_spark_columns(
+    r: Any, invoke: Any
+) -> None:
+    import dataclasses
+
+    q = dueq.Queue("jobs", r, retry=dueq.RetryPolicy(max_attempts=1))
+    q.configure(keep_results=60)
+    q.schedule({"n": 1}, id="s", delay=3600)
+    for tid in ("l", "x", "d"):
+        q.schedule({"n": 1}, id=tid)
+    held = {d.id: d for d in q.claim(limit=10)}
+    held["x"].fail("boom")
+    held["d"].ack()
+    assert "attempt" in {f.name for f in dataclasses.fields(TaskInfo)}
+    assert "attempt" in q.get("l").to_json("jobs") and "attempts" not in q.get("l").to_json("jobs")
+    headers = {}
+    for state in ("scheduled", "leased", "done", "dead"):
+        shown = invoke("list", "jobs", "--state", state)
+        assert shown.exit_code == 0, shown.output
+        [header] = [line for line in shown.stdout.splitlines() if line.startswith("┃")]
+        headers[state] = [c.strip() for c in header.split("┃")[1:-1]]
+    assert all("attempt" in cells and "attempts" not in cells for cells in headers.values())
+    assert "attempt: 1" in invoke("show", "jobs", "x").stdout
+
+
+def test_spark_task_rows_name_the_count_attempt_and_keep_attempts_as_a_deprecated_alias() -> None:
+    pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
+    from dueq._spark_batch import _TASK_SCHEMA, _task_row
+
+    names = _TASK_SCHEMA.fieldNames()
+    assert names[4] == "attempt" and names[-1] == "attempts"  # the alias last, to be dropped
+    info = TaskInfo("t", "dead", {"n": 1}, 3, None, None)
+    row = dict(zip(names, _task_row(info), strict=True))
+    assert row["attempt"] == row["attempts"] == 3

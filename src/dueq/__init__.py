@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         CronNotFound,
         DueqError,
         EventsTrimmed,
+        InvalidArguments,
         InvalidTaskError,
         KeyCooldown,
         LeaseLost,
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
         Unrecoverable,
         WaitTimeout,
     )
-    from .named import AsyncTaskFunction, TaskFunction
+    from .named import AsyncTaskFunction, TaskContext, TaskFunction
     from .queue import ClaimBatch, Queue
     from .registry import WorkerInfo
     from .retry import RetryPolicy
@@ -90,6 +91,7 @@ _LAZY: dict[str, str] = {
     "CronNotFound": "exceptions",
     "DueqError": "exceptions",
     "EventsTrimmed": "exceptions",
+    "InvalidArguments": "exceptions",
     "InvalidTaskError": "exceptions",
     "KeyCooldown": "exceptions",
     "LeaseLost": "exceptions",
@@ -102,6 +104,7 @@ _LAZY: dict[str, str] = {
     "Unrecoverable": "exceptions",
     "WaitTimeout": "exceptions",
     "AsyncTaskFunction": "named",
+    "TaskContext": "named",
     "TaskFunction": "named",
     "ClaimBatch": "queue",
     "Queue": "queue",
@@ -165,6 +168,7 @@ __all__ = [
     "Event",
     "EventsTrimmed",
     "HistoryPoint",
+    "InvalidArguments",
     "InvalidTaskError",
     "KeyCooldown",
     "KeyLimit",
@@ -181,6 +185,7 @@ __all__ = [
     "ScheduleResult",
     "Task",
     "TaskCancelled",
+    "TaskContext",
     "TaskFunction",
     "TaskInfo",
     "TaskNotFound",

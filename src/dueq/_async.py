@@ -220,6 +220,7 @@ class AsyncQueue(QueueCore):
         timeout: Duration | None = None,
         priority: int | None = None,
         key: str | None = None,
+        context: bool = False,
     ) -> Callable[[Callable[P, R]], AsyncTaskFunction[P, R]]: ...
 
     def task(
@@ -232,11 +233,13 @@ class AsyncQueue(QueueCore):
         timeout: Duration | None = None,
         priority: int | None = None,
         key: str | None = None,
+        context: bool = False,
     ) -> AsyncTaskFunction[P, R] | Callable[[Callable[P, R]], AsyncTaskFunction[P, R]]:
         """Register a function as a named task of this queue (``@q.task`` or
         ``@q.task(name=...)``): see ``dueq.TaskFunction``. ``name`` defaults to
         ``module.qualname``; ``max_attempts``, ``timeout``, ``priority`` and ``key`` are the
-        defaults of its tasks. A ``Worker`` without a handler runs it by name."""
+        defaults of its tasks. A ``Worker`` without a handler runs it by name. ``context=True``:
+        the function's first parameter receives a ``dueq.TaskContext`` (id, attempt, ...)."""
 
         def register(function: Callable[P, R]) -> AsyncTaskFunction[P, R]:
             defined = AsyncTaskFunction(
@@ -247,6 +250,7 @@ class AsyncQueue(QueueCore):
                 timeout=timeout,
                 priority=priority,
                 key=key,
+                context=context,
             )
             self.register_task(defined)
             return defined

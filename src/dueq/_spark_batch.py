@@ -642,9 +642,12 @@ _TASK_SCHEMA = T.StructType(
         T.StructField("state", T.StringType(), False),
         T.StructField("due_at", T.TimestampType(), True),
         T.StructField("died_at", T.TimestampType(), True),
-        T.StructField("attempts", T.IntegerType(), False),
+        T.StructField("attempt", T.IntegerType(), False),
         T.StructField("errors", T.StringType(), False),
         T.StructField("payload", T.StringType(), True),
+        # deprecated alias of "attempt" (its name before the one name of TaskInfo and the
+        # task JSON): the same value, kept for readers that select it; to be removed
+        T.StructField("attempts", T.IntegerType(), False),
     ]
 )
 
@@ -661,6 +664,7 @@ def _task_row(info: TaskInfo) -> tuple[Any, ...]:
         info.attempt,
         json.dumps(errors, ensure_ascii=False),
         json.dumps(info.payload, ensure_ascii=False),
+        info.attempt,  # the deprecated "attempts" column
     )
 
 
@@ -674,7 +678,8 @@ def read_tasks(
 ) -> DataFrame:
     """A DataFrame of the tasks in one state (``"scheduled"``, ``"leased"`` or ``"dead"``).
 
-    Columns: id, state, due_at, died_at, attempts, errors (JSON list), payload (JSON text).
+    Columns: id, state, due_at, died_at, attempt, errors (JSON list), payload (JSON text), and
+    attempts, a deprecated alias of attempt (to be removed).
     The driver walks the state's sorted set with ZSCAN, ``page_size`` ids at a time, and reads
     each page in one script call, so no reply is larger than a page. Tasks that change state
     during the walk are left out; the rows are collected on the driver, so this suits the

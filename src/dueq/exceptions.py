@@ -5,7 +5,8 @@
     DueqError
     ├── ConfigurationError   (also ValueError)   bad queue name, lease, retry policy, limits
     ├── InvalidTaskError     (also ValueError)   bad id, naive datetime, negative/NaN delay
-    │   └── BatchCompleted                       scheduled into a batch that has completed
+    │   ├── BatchCompleted                       scheduled into a batch that has completed
+    │   └── InvalidArguments  (also Unrecoverable) a named task's arguments do not bind
     ├── PayloadError         (also ValueError)   payload not JSON, too large, or undecodable
     ├── CronError          (also ValueError)   bad cron expression, zone, name or missed policy
     │   ├── CronConflict                         a cron name already defined differently
@@ -17,8 +18,8 @@
     ├── CorruptQueue   (also redis ResponseError) a queue key holds the wrong type of value
     ├── TaskTimeout                              an attempt ran past process(timeout=...): retried
     ├── WaitTimeout      (also TimeoutError)     q.wait: the task did not end in time
-    ├── UnknownTask      (also LookupError)     a named task no function is registered for: retried
     ├── Unrecoverable                            raised by a handler: skip retries, go to dead
+    │   └── UnknownTask  (also LookupError)      a named task no function is registered for
     └── KeyCooldown                              raised by a handler: back later, its key held
 
 Redis's own errors (``redis.exceptions.ConnectionError``, ``TimeoutError``, ...) pass through
@@ -42,6 +43,7 @@ __all__ = [
     "CronError",
     "CronNotFound",
     "DueqError",
+    "InvalidArguments",
     "InvalidTaskError",
     "KeyCooldown",
     "LeaseLost",
@@ -169,19 +171,28 @@ class WaitTimeout(DueqError, TimeoutError):
         self.task_id = task_id
 
 
-class UnknownTask(DueqError, LookupError):
+class Unrecoverable(DueqError):
+    """Raise (or pass to ``Delivery.fail``) to send a task straight to the dead-letter queue."""
+
+
+class UnknownTask(Unrecoverable, LookupError):
     """A worker got a task whose name (``@q.task(name=...)``) has no function registered on
-    its queue, or a plain payload task and no handler for them: that attempt fails, so the
-    task is retried (a worker that knows it may come) and ends dead with this reason.
-    ``.name`` is the task's name (None for a plain payload task)."""
+    its queue, or a plain payload task and no handler for them: no retry can fix that, so the
+    task goes dead at once (an ``Unrecoverable``) with this reason; replay it
+    (``q.dead.replay``) once a worker that knows it runs. ``.name`` is the task's name (None
+    for a plain payload task)."""
 
     def __init__(self, message: str, name: str | None = None) -> None:
         super().__init__(message)
         self.name = name
 
 
-class Unrecoverable(DueqError):
-    """Raise (or pass to ``Delivery.fail``) to send a task straight to the dead-letter queue."""
+class InvalidArguments(InvalidTaskError, Unrecoverable):
+    """A named task's arguments do not bind to its function's signature (a missing argument,
+    an unexpected keyword: the message names the nearest parameter), or its payload is not a
+    dict of them. Raised by ``schedule`` before anything is written (an ``InvalidTaskError``),
+    and by the worker for a task scheduled by name without the check: no retry can fix it, so
+    the task goes dead at once (an ``Unrecoverable``)."""
 
 
 #: Longest cooldown, seconds (366 days, as the scripts bound rate windows).

@@ -6,11 +6,23 @@ calling it calls the function; ``schedule(**arguments, delay=...)`` schedules it
 travels in the task's envelope (``dueq.envelope``); the arguments are checked against the
 function's signature by the scheduling flow, before anything is written. ``dispatcher`` makes
 the handler a ``Worker`` without a handler of its own runs: the name picks the function.
+
+A function registered with ``context=True`` receives a ``TaskContext`` (its delivery's id,
+attempt, max_attempts, queue, due time, lease; ``extend`` and ``cancelled``) as its first
+argument; its other parameters are the task's arguments (what ``check_arguments`` binds).
+
+Failures no retry can fix end the task dead at once (they are ``Unrecoverable``): a name no
+function is registered for (``UnknownTask``: deploying the function and replaying the dead task
+is the fix), arguments that do not bind (``InvalidArguments``, for a task scheduled by name
+where the function was not at hand to check them) and a return value that is not JSON. The
+binding is judged only when the call raised ``TypeError`` (a ``TypeError`` from inside the
+function is an ordinary failure, retried), so a task that binds pays nothing for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -18,8 +30,14 @@ from datetime import datetime
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
 from .clock import Duration
-from .envelope import validate_task_name
-from .exceptions import ConfigurationError, InvalidTaskError, UnknownTask
+from .envelope import result_entry, validate_task_name
+from .exceptions import (
+    ConfigurationError,
+    InvalidArguments,
+    InvalidTaskError,
+    UnknownTask,
+    Unrecoverable,
+)
 from .task import Task
 
 P = ParamSpec("P")
@@ -48,6 +66,79 @@ OPTION_NAMES = frozenset(
 )
 
 
+def _arguments_signature(
+    name: str, signature: inspect.Signature, context: bool
+) -> inspect.Signature:
+    """``signature`` without its first parameter when that one receives the context."""
+    if not context:
+        return signature
+    parameters = list(signature.parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not parameters or parameters[0].kind not in positional:
+        raise ConfigurationError(
+            f"task {name!r}: with context=True the function's first parameter receives the "
+            "dueq.TaskContext: give it one that takes a positional argument (def f(ctx, ...))"
+        )
+    return signature.replace(parameters=parameters[1:])
+
+
+_KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def parameter_spec(signature: inspect.Signature) -> tuple[str, ...]:
+    """The parameters a task's arguments may name, as short strings (``"x"`` required,
+    ``"y="`` with a default, ``"**"`` for ``**kwargs``): what a worker's heartbeat lists so
+    that ``dueq schedule --task`` can check arguments without the function (``spec_signature``).
+    Positional-only and ``*args`` parameters take no argument by name and are left out."""
+    spec = []
+    for p in signature.parameters.values():
+        if p.kind in _KEYWORD:
+            spec.append(p.name if p.default is p.empty else p.name + "=")
+        elif p.kind is inspect.Parameter.VAR_KEYWORD:
+            spec.append("**")
+    return tuple(spec)
+
+
+def spec_signature(spec: Sequence[str]) -> inspect.Signature:
+    """A signature that binds what the function ``parameter_spec`` described binds
+    (ValueError for a spec that describes no signature)."""
+    parameters = []
+    for item in spec:
+        if item == "**":
+            parameters.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+        elif item.endswith("="):
+            parameters.append(
+                inspect.Parameter(item[:-1], inspect.Parameter.KEYWORD_ONLY, default=None)
+            )
+        else:
+            parameters.append(inspect.Parameter(item, inspect.Parameter.KEYWORD_ONLY))
+    return inspect.Signature(parameters)
+
+
+def bind_problem(signature: inspect.Signature, arguments: dict[str, Any]) -> str | None:
+    """Why ``arguments`` do not bind to ``signature`` as keywords, or None when they do: each
+    unexpected keyword with the nearest parameter (``did you mean 'to'?``), then what
+    ``Signature.bind`` said if it was about more."""
+    try:
+        signature.bind(**arguments)
+    except TypeError as exc:
+        said = str(exc)
+    else:
+        return None
+    parameters = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return said
+    names = [p.name for p in parameters if p.kind in _KEYWORD]
+    reasons = []
+    for given in (k for k in arguments if k not in names):
+        near = difflib.get_close_matches(given, [n for n in names if n not in arguments], 1)
+        hint = f" (did you mean {near[0]!r}?)" if near else f" (it takes {names})"
+        reasons.append(f"unexpected keyword argument {given!r}{hint}")
+    if not reasons or "unexpected keyword" not in said:
+        reasons.append(said)
+    return "; ".join(reasons)
+
+
 def default_name(fn: Callable[..., Any]) -> str:
     """``module.qualname`` of a function (the name ``@q.task`` gives it by default)."""
     module = getattr(fn, "__module__", None) or "__main__"
@@ -55,6 +146,73 @@ def default_name(fn: Callable[..., Any]) -> str:
     if not qualname:
         raise ConfigurationError(f"{fn!r} has no __qualname__: pass @q.task(name=...)")
     return f"{module}.{qualname}"
+
+
+class TaskContext:
+    """What a named task registered with ``@q.task(context=True)`` sees of its own delivery;
+    the function receives it as its first argument (Celery's ``bind=True``, arq's ``ctx``).
+
+    ``id``, ``attempt`` (1 on the first delivery), ``max_attempts`` (the task's own or the
+    queue's retry policy's), ``queue`` (the queue's name; a shard's on a sharded queue),
+    ``task_name``, ``due_at`` and ``lease_deadline`` (aware datetimes), ``cancelled`` (True
+    once dueq found the task cancelled while it runs: a long function may stop early) and
+    ``extend(seconds)``, which extends the lease like ``Delivery.extend`` (on an
+    ``AsyncQueue``: ``await ctx.extend(s)`` from an ``async def`` function; a plain function
+    an ``AsyncWorker`` runs on a thread cannot await it, so make one that extends
+    ``async def``). ``delivery`` is the ``Delivery`` (or ``AsyncDelivery``) itself.
+    """
+
+    __slots__ = ("delivery",)
+
+    def __init__(self, delivery: Any) -> None:
+        self.delivery = delivery
+
+    @property
+    def id(self) -> str:
+        return str(self.delivery.id)
+
+    @property
+    def attempt(self) -> int:
+        return int(self.delivery.attempt)
+
+    @property
+    def max_attempts(self) -> int:
+        own: int | None = self.delivery.max_attempts
+        return int(self.delivery.queue.retry.max_attempts) if own is None else own
+
+    @property
+    def queue(self) -> str:
+        return str(self.delivery.queue_name)
+
+    @property
+    def task_name(self) -> str | None:
+        name: str | None = self.delivery.task_name
+        return name
+
+    @property
+    def due_at(self) -> datetime:
+        due: datetime = self.delivery.due_at
+        return due
+
+    @property
+    def lease_deadline(self) -> datetime:
+        deadline: datetime = self.delivery.lease_deadline
+        return deadline
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self.delivery.cancelled)
+
+    def extend(self, seconds: Duration) -> Any:
+        """Extend the lease to ``seconds`` from now: the new deadline (``Queue``), or an
+        awaitable of it (``AsyncQueue``)."""
+        return self.delivery.extend(seconds)
+
+    def __repr__(self) -> str:
+        return (
+            f"TaskContext(id={self.id!r}, attempt={self.attempt}, "
+            f"max_attempts={self.max_attempts}, queue={self.queue!r})"
+        )
 
 
 class TaskFunction(Generic[P, R]):
@@ -69,6 +227,9 @@ class TaskFunction(Generic[P, R]):
     ``after_policy``, checked where ``Queue.schedule`` checks them (``Task`` and the
     scheduling flow); those given to ``@q.task`` are the defaults. A function with a parameter
     named like an option must be scheduled with ``schedule_args({...}, **options)``.
+
+    With ``context=True`` the function's first parameter receives a ``TaskContext`` when a
+    worker runs it; the task's arguments are the other parameters.
     """
 
     def __init__(
@@ -81,13 +242,17 @@ class TaskFunction(Generic[P, R]):
         timeout: Duration | None = None,
         priority: int | None = None,
         key: str | None = None,
+        context: bool = False,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(f"a task must be a function, got {fn!r}")
         self.fn = fn
         self.queue = queue
         self.name = validate_task_name(default_name(fn) if name is None else name)
-        self.signature = inspect.signature(fn)
+        #: the function's first parameter receives a ``TaskContext`` (``@q.task(context=True)``)
+        self.context = bool(context)
+        #: the signature the task's arguments bind to (without the context parameter)
+        self.signature = _arguments_signature(self.name, inspect.signature(fn), self.context)
         positional = [
             p.name
             for p in self.signature.parameters.values()
@@ -98,6 +263,8 @@ class TaskFunction(Generic[P, R]):
                 f"task {self.name!r}: positional-only parameters {positional} cannot be given "
                 "by name, and a task's arguments travel as a JSON object"
             )
+        #: the parameters its arguments may name (``parameter_spec``: a worker's beat lists them)
+        self.parameters = parameter_spec(self.signature)
         #: parameters named like a ``schedule`` option (see ``schedule_args``)
         self.shadowed = sorted(OPTION_NAMES.intersection(self.signature.parameters))
         # the defaults, validated now (a bad one is an error at decoration, not at schedule)
@@ -114,19 +281,19 @@ class TaskFunction(Generic[P, R]):
         return f"<{type(self).__name__} {self.name!r} on {self.queue.name!r}>"
 
     def check_arguments(self, arguments: Any) -> None:
-        """InvalidTaskError unless ``arguments`` (a task's payload) is a dict that binds to the
-        function's signature (nothing missing, nothing unexpected)."""
+        """InvalidArguments (an InvalidTaskError) unless ``arguments`` (a task's payload) is a
+        dict that binds to the function's signature (nothing missing, nothing unexpected; an
+        unexpected keyword is named with the nearest parameter)."""
         if not isinstance(arguments, dict):
-            raise InvalidTaskError(
+            raise InvalidArguments(
                 f"task {self.name!r}: the payload of a named task is a dict of its arguments, "
                 f"got {type(arguments).__name__}"
             )
         if not all(isinstance(k, str) for k in arguments):
-            raise InvalidTaskError(f"task {self.name!r}: argument names must be str")
-        try:
-            self.signature.bind(**arguments)
-        except TypeError as exc:
-            raise InvalidTaskError(f"task {self.name!r}: {exc}") from None
+            raise InvalidArguments(f"task {self.name!r}: argument names must be str")
+        problem = bind_problem(self.signature, arguments)
+        if problem is not None:
+            raise InvalidArguments(f"task {self.name!r}: {problem}")
 
     def task(
         self,
@@ -349,19 +516,54 @@ def _routes(queues: Iterable[Any]) -> dict[str, Mapping[str, TaskFunction[Any, A
     return {shard: q.tasks for q in queues for shard in q.shard_names}
 
 
+#: How deep ``_plainly_json`` looks before it leaves the judgement to ``result_entry``.
+_PLAIN_DEPTH = 8
+
+
+def _plainly_json(value: Any, depth: int = 0) -> bool:
+    """True when ``value`` is JSON by its types alone (dicts with str keys, lists, str, int,
+    bool, None, finite floats): a walk a few times cheaper than encoding it, which the ack
+    does anyway. False means "not sure": ``result_entry`` judges (tuples, deep values)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return bool(value - value == 0.0)  # (NaN and the infinities give NaN)
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if kind is dict:
+        return all(type(k) is str and _plainly_json(v, depth + 1) for k, v in value.items())
+    if kind is list:
+        return all(_plainly_json(v, depth + 1) for v in value)
+    return False
+
+
+def _bad_result(fn: TaskFunction[Any, Any], value: Any) -> Unrecoverable | None:
+    """The error of a return value ``_plainly_json`` is not sure of that is not JSON (no retry
+    changes it), else None (a JSON value too big to keep is acked with ``result_unstored``, as
+    for any handler; so is a str with a lone surrogate, which the walk passes)."""
+    _, why = result_entry(value)
+    if why is None or not why.startswith("not JSON"):
+        return None
+    return Unrecoverable(f"task {fn.name!r} returned a value that is {why}")
+
+
 class Dispatcher:
     """The handler of a worker for named tasks: a named task runs its registered function
-    with the payload as keyword arguments and returns its value (an ``async def`` function's
-    coroutine is awaited by the consumer); a plain payload task goes to ``handler``. A name
-    not registered on the delivery's queue, or a plain task without a handler, fails the
-    attempt with ``UnknownTask`` (retried, then dead)."""
+    with the payload as keyword arguments (and its ``TaskContext`` first, ``context=True``)
+    and returns its value (an ``async def`` function's coroutine is awaited by the consumer);
+    a plain payload task goes to ``handler``. A name not registered on the delivery's queue,
+    or a plain task without a handler, fails with ``UnknownTask``; arguments that do not bind
+    with ``InvalidArguments``, a value that is not JSON with ``Unrecoverable``: all three end
+    the task dead at once (see the module docstring)."""
 
     def __init__(self, queues: Iterable[Any], handler: Callable[[Any], Any] | None) -> None:
         self._routes = _routes(queues)
         self._handler = handler
 
-    def function(self, d: Any) -> Callable[..., Any]:
-        """The function of named delivery ``d``, or UnknownTask."""
+    def task_function(self, d: Any) -> TaskFunction[Any, Any]:
+        """The registered function of named delivery ``d``; UnknownTask or InvalidArguments
+        (a payload that is no dict)."""
         fn = self._routes.get(d.queue_name, {}).get(d.task_name)
         if fn is None:
             raise UnknownTask(
@@ -369,11 +571,15 @@ class Dispatcher:
                 d.task_name,
             )
         if not isinstance(d.payload, dict):
-            raise InvalidTaskError(
+            raise InvalidArguments(
                 f"task {d.task_name!r}: payload is a {type(d.payload).__name__}, not a dict of "
                 "arguments"
             )
-        return fn.fn
+        return fn
+
+    def function(self, d: Any) -> Callable[..., Any]:
+        """The function of named delivery ``d``, or UnknownTask."""
+        return self.task_function(d).fn
 
     def plain(self, d: Any) -> Callable[[Any], Any]:
         if self._handler is None:
@@ -390,8 +596,29 @@ class Dispatcher:
         fn = self._routes.get(d.queue_name, _NONE).get(name)
         payload = d.payload
         if fn is None or type(payload) is not dict:
-            return self.function(d)(**payload)  # (raises the error that says why)
-        return fn.fn(**payload)
+            fn = self.task_function(d)  # (raises the error that says why)
+        try:
+            value = fn.fn(TaskContext(d), **payload) if fn.context else fn.fn(**payload)
+        except TypeError:
+            fn.check_arguments(payload)  # InvalidArguments when it was the binding
+            raise  # (raised inside the function: an ordinary failure)
+        if value is None or _plainly_json(value):
+            return value
+        if inspect.isawaitable(value):  # an async def function's: checked once awaited
+            return _checked(fn, value)
+        bad = _bad_result(fn, value)
+        if bad is not None:
+            raise bad
+        return value
+
+
+async def _checked(fn: TaskFunction[Any, Any], awaitable: Any) -> Any:
+    value = await awaitable
+    if value is not None and not _plainly_json(value):
+        bad = _bad_result(fn, value)
+        if bad is not None:
+            raise bad
+    return value
 
 
 class AsyncDispatcher(Dispatcher):
@@ -402,14 +629,25 @@ class AsyncDispatcher(Dispatcher):
     async def __call__(self, d: Any) -> Any:
         if d.task_name is None:
             call: functools.partial[Any] = functools.partial(self.plain(d), d)
-        else:
-            call = functools.partial(self.function(d), **d.payload)
-        if is_async(call.func):
-            return await call()
-        result = await asyncio.get_running_loop().run_in_executor(None, call)
-        if inspect.isawaitable(result):
-            return await result
-        return result
+            return await call() if is_async(call.func) else await _in_thread(call)
+        fn = self.task_function(d)
+        if not is_async(fn.fn):  # the thread runs Dispatcher.__call__: binding, value checked
+            return await _in_thread(functools.partial(super().__call__, d))
+        payload = d.payload
+        try:
+            awaitable = fn.fn(TaskContext(d), **payload) if fn.context else fn.fn(**payload)
+        except TypeError:  # (an async def function raises only when its arguments do not bind)
+            fn.check_arguments(payload)
+            raise
+        return await _checked(fn, awaitable)
+
+
+async def _in_thread(call: Callable[[], Any]) -> Any:
+    """``call()`` on the loop's default thread pool; an awaitable it returns is awaited."""
+    result = await asyncio.get_running_loop().run_in_executor(None, call)
+    if inspect.isawaitable(result):
+        return await result
+    return result
 
 
 def is_async(fn: Any) -> bool:

@@ -3,9 +3,10 @@
 A ``Worker`` or ``AsyncWorker`` (hence ``dueq worker``) beats every ``heartbeat`` seconds from
 the background: one ``heartbeat.lua`` call per queue (each queue has its own hash tag, so one
 call cannot cover two queues in a cluster). The call writes the process's entry (worker id,
-host, pid, queues, when it started, deliveries in flight, processed and failed counts) into the
-queue's ``workers_info`` hash, stamps it with the queue clock (``last_seen_ms``) and sets its
-expiry, ``TTL_BEATS`` beats ahead, in the ``workers`` sorted set. So:
+host, pid, queues, when it started, deliveries in flight, processed and failed counts, and the
+named tasks it runs with their parameters) into the queue's ``workers_info`` hash, stamps it
+with the queue clock (``last_seen_ms``) and sets its expiry, ``TTL_BEATS`` beats ahead, in the
+``workers`` sorted set. So:
 
 - a process that dies stops beating and its entry expires: readers filter by the expiry, so a
   stale entry is never shown, and the next beat of any worker prunes it (the key stays as big
@@ -15,6 +16,12 @@ expiry, ``TTL_BEATS`` beats ahead, in the ``workers`` sorted set. So:
 - a beat never blocks a handler (a thread of its own, or a task on the worker's event loop)
   and a failed beat (a Redis outage) is logged and tried again at the next one.
 
+The named tasks (``@q.task``) are listed per queue, each with its parameters as short strings
+(``"x"`` required, ``"y="`` with a default, ``"**"`` for ``**kwargs``; a context parameter
+left out): what ``dueq schedule --task`` checks a task's arguments against before it writes
+anything (``TaskFunction.parameters``, ``dueq.named.spec_signature``). They are computed once,
+when the beat starts.
+
 Readers (``Queue.workers``, ``AsyncQueue.workers``, ``discover_workers``) read both keys and
 the clock in one round trip; an entry that cannot be read (corrupted by hand) is skipped with a
 debug line, never an error. The counts are the process's, across all the queues it serves.
@@ -23,13 +30,14 @@ debug line, never an error. The counts are the process's, across all the queues 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -42,7 +50,7 @@ if TYPE_CHECKING:
     from ._async import AsyncQueue
     from .queue import Queue
 
-__all__ = ["TTL_BEATS", "WorkerInfo", "merge_workers"]
+__all__ = ["TTL_BEATS", "WorkerInfo", "merge_workers", "task_parameters"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +71,9 @@ class WorkerInfo:
     lines, metrics and lease holders use); ``queues`` every queue it serves; ``started_at``
     when its worker started; ``last_seen_at`` its last beat (queue clock); ``in_flight`` the
     deliveries it held then (running and waiting); ``processed`` the attempts it finished
-    (acked, retried or dead) and ``failed`` those that failed (retried or dead).
+    (acked, retried or dead) and ``failed`` those that failed (retried or dead). ``tasks``
+    names the named tasks it runs, per queue: task name -> its parameters (``"x"`` required,
+    ``"y="`` optional, ``"**"`` any keyword; see ``dueq.registry``).
     """
 
     worker_id: str
@@ -75,6 +85,16 @@ class WorkerInfo:
     in_flight: int
     processed: int
     failed: int
+    tasks: Mapping[str, Mapping[str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)
+
+
+#: queue name -> task name -> parameters (``WorkerInfo.tasks``)
+TaskParameters = Mapping[str, Mapping[str, tuple[str, ...]]]
+
+
+def task_parameters(queues: Iterable[Any]) -> dict[str, dict[str, tuple[str, ...]]]:
+    """The named tasks registered on ``queues``, as a beat lists them (``WorkerInfo.tasks``)."""
+    return {q.name: {name: tuple(fn.parameters) for name, fn in q.tasks.items()} for q in queues}
 
 
 def ttl_ms(interval_s: float) -> int:
@@ -83,23 +103,47 @@ def ttl_ms(interval_s: float) -> int:
 
 
 def entry_json(
-    queues: Iterable[str], started_ms: int, in_flight: int, processed: int, failed: int
+    queues: Iterable[str],
+    started_ms: int,
+    in_flight: int,
+    processed: int,
+    failed: int,
+    *,
+    tasks: TaskParameters | None = None,
 ) -> str:
-    """This process's entry (without ``last_seen_ms``, which heartbeat.lua adds)."""
-    return json.dumps(
-        {
-            "worker_id": worker_id(),
-            "host": socket.gethostname() or "localhost",
-            "pid": os.getpid(),
-            "queues": list(queues),
-            "started_ms": started_ms,
-            "in_flight": in_flight,
-            "processed": processed,
-            "failed": failed,
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+    """This process's entry (without ``last_seen_ms``, which heartbeat.lua adds); ``tasks``
+    (``task_parameters``) only when a queue has named tasks."""
+    entry: dict[str, Any] = {
+        "worker_id": worker_id(),
+        "host": socket.gethostname() or "localhost",
+        "pid": os.getpid(),
+        "queues": list(queues),
+        "started_ms": started_ms,
+        "in_flight": in_flight,
+        "processed": processed,
+        "failed": failed,
+    }
+    if tasks and any(tasks.values()):
+        entry["tasks"] = {q: {n: list(p) for n, p in named.items()} for q, named in tasks.items()}
+    return json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
+
+
+def _tasks(value: object) -> dict[str, dict[str, tuple[str, ...]]]:
+    """An entry's ``tasks`` (missing: none); ValueError unless queue -> name -> [str]."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"tasks is not an object: {value!r}")
+    found: dict[str, dict[str, tuple[str, ...]]] = {}
+    for queue, named in value.items():
+        if not isinstance(named, dict):
+            raise ValueError(f"tasks of {queue!r} is not an object")
+        found[queue] = {}
+        for name, parameters in named.items():
+            if not isinstance(parameters, list) or not all(isinstance(p, str) for p in parameters):
+                raise ValueError(f"parameters of task {name!r} are not a list of names")
+            found[queue][name] = tuple(parameters)
+    return found
 
 
 def _count(value: object) -> int:
@@ -128,6 +172,7 @@ def _entry(wid: str, raw: bytes | str) -> WorkerInfo:
         in_flight=_count(item["in_flight"]),
         processed=_count(item["processed"]),
         failed=_count(item["failed"]),
+        tasks=_tasks(item.get("tasks")),
     )
 
 
@@ -170,8 +215,15 @@ Counts = Callable[[], tuple[int, int, int]]
 class _Beat:
     """What both heartbeats share: the entry to send and how a failed beat is logged."""
 
-    def __init__(self, queue_names: list[str], interval_s: float, counts: Counts) -> None:
+    def __init__(
+        self,
+        queue_names: list[str],
+        interval_s: float,
+        counts: Counts,
+        tasks: TaskParameters | None = None,
+    ) -> None:
         self.queue_names = queue_names
+        self.tasks = tasks
         self.interval_s = interval_s
         self.ttl_ms = ttl_ms(interval_s)
         self.counts = counts
@@ -179,7 +231,7 @@ class _Beat:
         self._failing = False
 
     def entry(self) -> str:
-        return entry_json(self.queue_names, self.started_ms, *self.counts())
+        return entry_json(self.queue_names, self.started_ms, *self.counts(), tasks=self.tasks)
 
     def failed(self, name: str, exc: Exception) -> None:
         """A beat failed: a warning the first time, debug lines while it goes on failing."""
@@ -197,7 +249,7 @@ class Heartbeat(_Beat):
     """The blocking worker's beat: a daemon thread, one call per queue per beat."""
 
     def __init__(self, queues: list[Queue], interval_s: float, counts: Counts) -> None:
-        super().__init__([q.name for q in queues], interval_s, counts)
+        super().__init__([q.name for q in queues], interval_s, counts, task_parameters(queues))
         self._queues = queues
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dueq-heartbeat", daemon=True)
@@ -241,7 +293,7 @@ class AsyncHeartbeat(_Beat):
     """The asyncio worker's beat: a task on the worker's loop, one call per queue per beat."""
 
     def __init__(self, queues: list[AsyncQueue], interval_s: float, counts: Counts) -> None:
-        super().__init__([q.name for q in queues], interval_s, counts)
+        super().__init__([q.name for q in queues], interval_s, counts, task_parameters(queues))
         self._queues = queues
         self._task: asyncio.Task[None] | None = None
 

@@ -125,8 +125,8 @@ class Worker(_WorkerSettings):
 
     Named tasks (``@q.task``) run their function, registered on their queue, whatever the
     handler; ``handler`` gets the plain payload tasks and may be left out when there are none.
-    A task whose name is not registered fails its attempt with ``dueq.UnknownTask`` (retried,
-    then dead), as does a plain task when there is no handler (see ``dueq.named``).
+    A task whose name is not registered ends dead at once with ``dueq.UnknownTask`` (no retry
+    can fix it), as does a plain task when there is no handler (see ``dueq.named``).
 
     ``max_in_flight`` bounds the deliveries held per queue (running plus waiting, their leases
     kept alive). The default adapts: it holds what the handlers settle in about 0.1 s, at

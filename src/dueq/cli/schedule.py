@@ -1,7 +1,16 @@
-"""``dueq schedule``: one task from the command line, or many from a JSON Lines file."""
+"""``dueq schedule``: one task from the command line, or many from a JSON Lines file.
+
+The CLI does not have the functions of named tasks (``--task``, a line's ``"task"``), but the
+live workers of the queue list theirs with their parameters in their heartbeats
+(``dueq.registry``): a task's arguments are bound to those before anything is written, so a
+missing argument or a typo'd keyword (named with the nearest parameter) is refused, as
+``fn.schedule`` refuses it. Arguments that bind to any live worker's version pass (a rolling
+deploy may run two). A name no live worker runs is scheduled unchecked, with a warning.
+"""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -9,9 +18,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 import click
+import redis
 
 from ..discovery import open_queue
-from ..exceptions import ReplicationTimeout
+from ..exceptions import InvalidArguments, ReplicationTimeout
+from ..named import bind_problem, spec_signature
 from ..queue import SCHEDULE_BATCH, Queue
 from ..task import ScheduleResult, Task
 from .connection import RedisTarget, redis_options
@@ -40,6 +51,55 @@ def _line_source(path: str) -> Callable[[], Iterator[str]]:
     return read
 
 
+class ArgumentCheck:
+    """Binds named tasks' arguments to the functions the queue's live workers run (read once,
+    at the first named task); ``unchecked`` collects the names no live worker runs."""
+
+    def __init__(self, q: Queue) -> None:
+        self._q = q
+        self._signatures: dict[str, list[inspect.Signature]] | None = None
+        self.unchecked: set[str] = set()
+
+    def _known(self) -> dict[str, list[inspect.Signature]]:
+        if self._signatures is None:
+            found: dict[str, list[inspect.Signature]] = {}
+            try:
+                workers = self._q.workers()
+            except redis.exceptions.NoPermissionError:  # a user who may not read the registry
+                workers = []
+            for w in workers:
+                for name, spec in w.tasks.get(self._q.name, {}).items():
+                    try:
+                        found.setdefault(name, []).append(spec_signature(spec))
+                    except ValueError:  # a list no signature fits (written by hand): unused
+                        continue
+            self._signatures = found
+        return self._signatures
+
+    def __call__(self, task: Task) -> None:
+        """InvalidArguments unless ``task`` is plain or binds to a live worker's function."""
+        if task.task is None:
+            return
+        signatures = self._known().get(task.task)
+        if not signatures:
+            self.unchecked.add(task.task)
+            return
+        problems = [bind_problem(signature, task.payload) for signature in signatures]
+        if None not in problems:
+            raise InvalidArguments(
+                f"task {task.task!r}: {problems[0]} (as the live workers on "
+                f"{self._q.name!r} run it)"
+            )
+
+    def warn(self) -> None:
+        for name in sorted(self.unchecked):
+            click.echo(
+                f"warning: no live worker on {self._q.name!r} runs task {name!r}; its "
+                "arguments were not checked",
+                err=True,
+            )
+
+
 def _chunks(tasks: Iterable[Task]) -> Iterator[list[Task]]:
     it = iter(tasks)
     while chunk := list(itertools.islice(it, SCHEDULE_BATCH)):
@@ -56,12 +116,14 @@ def _schedule_file(
 ) -> ScheduleResult:
     name = "stdin" if path == "-" else path
     lines = _line_source(path)
+    check = ArgumentCheck(q)
     try:
-        total = sum(1 for _ in tasks_from_lines(lines(), default, options))
+        total = sum(1 for _ in tasks_from_lines(lines(), default, options, check))
     except BadLine as exc:
         raise CliError(f"{name} {exc}; nothing was scheduled") from None
     except UnicodeDecodeError as exc:
         raise CliError(f"{name} is not UTF-8 text ({exc}); nothing was scheduled") from None
+    check.warn()
     added = existing = replaced = 0
     with steps(console(), total, f"scheduling into {q.name}") as progress:
         for chunk in _chunks(tasks_from_lines(lines(), default, options)):
@@ -214,6 +276,12 @@ def schedule(
             f"existed, {result.replaced} replaced"
         )
         return
+    check = ArgumentCheck(q)
+    try:
+        check(task)
+    except InvalidArguments as exc:
+        raise click.UsageError(f"{exc}; nothing was scheduled") from None
+    check.warn()
     result = q.schedule_many([task], replace=replace, batch=batch)
     if result.existing:
         click.echo(f"task {result.ids[0]!r} already exists in {queue!r}; left unchanged", err=True)

@@ -14,7 +14,7 @@ become the line's error, never "unexpected".
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -107,9 +107,18 @@ def checked_task(
     return task
 
 
-def task_from_line(line: str, default: Timing, options: Mapping[str, Any] | None = None) -> Task:
+#: A further check of a task (a ValueError names the problem): the named tasks' arguments
+Check = Callable[[Task], None]
+
+
+def task_from_line(
+    line: str,
+    default: Timing,
+    options: Mapping[str, Any] | None = None,
+    check: Check | None = None,
+) -> Task:
     """The task on one line of a task file; ``default`` timing when it gives none, and the
-    ``options`` it does not give itself."""
+    ``options`` it does not give itself; ``check`` judges it too."""
     item = parse_json(line)
     if not isinstance(item, dict):
         raise ValueError('a line must be a JSON object like {"payload": {...}}')
@@ -135,7 +144,10 @@ def task_from_line(line: str, default: Timing, options: Mapping[str, Any] | None
     else:
         timing = default
     given = {name: item[name] for name in OPTION_KEYS if name in item}
-    return checked_task(item["payload"], task_id, timing, {**(options or {}), **given})
+    task = checked_task(item["payload"], task_id, timing, {**(options or {}), **given})
+    if check is not None:
+        check(task)
+    return task
 
 
 class BadLine(ValueError):
@@ -147,13 +159,17 @@ class BadLine(ValueError):
 
 
 def tasks_from_lines(
-    lines: Iterable[str], default: Timing, options: Mapping[str, Any] | None = None
+    lines: Iterable[str],
+    default: Timing,
+    options: Mapping[str, Any] | None = None,
+    check: Check | None = None,
 ) -> Iterator[Task]:
-    """The tasks of a task file's lines; BadLine at the first line that is not one."""
+    """The tasks of a task file's lines; BadLine at the first line that is not one (or that
+    ``check`` refuses)."""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            yield task_from_line(line, default, options)
+            yield task_from_line(line, default, options, check)
         except (ValueError, RecursionError, OverflowError) as exc:  # any bad value on a line
             raise BadLine(number, str(exc) or type(exc).__name__) from None

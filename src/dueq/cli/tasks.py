@@ -86,14 +86,14 @@ def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
     """The table of tasks in one ``state`` (``list --state STATE``; ``dead list`` too)."""
     now = datetime.now(timezone.utc)
     if state == "scheduled":
-        columns: tuple[str, ...] = ("id", "due", "priority", "attempts", "payload")
+        columns: tuple[str, ...] = ("id", "due", "priority", "attempt", "payload")
     elif state == "leased":
         columns = ("id", "holder", "lease ends", "attempt", "payload")
     elif state in ("done", "cancelled", "expired"):
-        columns = ("id", "finished", "attempts", "result")
+        columns = ("id", "finished", "attempt", "result")
     else:
-        columns = ("id", "died", "attempts", "last error")
-    table = titled_table(title, columns, right={"attempts", "attempt"})
+        columns = ("id", "died", "attempt", "last error")
+    table = titled_table(title, columns, right={"attempt"})
     for info in infos:
         payload = _short(json.dumps(info.payload, ensure_ascii=False), PAYLOAD_WIDTH)
         row: tuple[str, ...]
@@ -217,12 +217,12 @@ def error_lines(e: ErrorRecord) -> list[str]:
 
 
 def print_tasks(infos: list[TaskInfo]) -> None:
-    """Every field of each task for people (``show`` and ``dead show``): state and attempts,
+    """Every field of each task for people (``show`` and ``dead show``): state and attempt,
     its times, options, payload, and every error with its time, worker and traceback."""
     out = console()
     now = datetime.now(timezone.utc)
     for info in infos:
-        out.print(f"id: {safe(info.id)}    state: {info.state}    attempts: {info.attempt}")
+        out.print(f"id: {safe(info.id)}    state: {info.state}    attempt: {info.attempt}")
         if info.state == "scheduled":
             out.print(f"due: {when(info.due_at, now)}")
         elif info.state == "leased":

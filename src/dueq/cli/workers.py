@@ -54,7 +54,8 @@ def workers(queues: tuple[str, ...], as_json: bool, target: RedisTarget) -> None
     A worker announces itself every few seconds (dueq worker, dueq.Worker, dueq.AsyncWorker)
     and is gone a few heartbeats after its process dies; a clean stop removes it at once.
     --json prints {"redis", "workers": [{"worker_id", "host", "pid", "queues", "started_at",
-    "last_seen_at", "in_flight", "processed", "failed"}]}.
+    "last_seen_at", "in_flight", "processed", "failed", "tasks"}]} ("tasks": queue -> named
+    task -> its parameters).
     """
     conn = target.open()
     found = read_workers(conn, list(queues))
