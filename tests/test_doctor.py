@@ -293,3 +293,82 @@ def test_the_docs_page_python_block_runs(make_queue: Callable[..., Any], r: redi
     for block in blocks:
         exec(block, {"q": q})
     assert q.doctor().healthy and [d.id for d in q.claim(10)] == ["k-000"]
+
+
+# -- issue 37: dependency cycles ---------------------------------------------------------------
+
+
+def close_cycle_by_hand(r: redis.Redis, queue: str, first: str, last: str) -> None:
+    """Make ``first`` (scheduled) wait for ``last``: the state an older dueq left when a replace
+    closed a cycle (schedule.lua refuses that now)."""
+    k = QueueKeys.for_queue(queue)
+    r.zrem(k.due, first)
+    r.zadd(k.waiting, {first: 0})
+    r.hset(k.after, first, f"1|f|{last}")
+    r.zadd(k.children, {f"{last}\0{first}": 0})
+
+
+def three_in_a_cycle(q: Any, r: redis.Redis, queue: str, ids: tuple[str, str, str]) -> None:
+    a, b, c = ids
+    q.schedule(a, id=a)
+    q.schedule(b, id=b, after=[a])
+    q.schedule(c, id=c, after=[b])
+    close_cycle_by_hand(r, queue, a, c)
+
+
+def test_doctor_reports_a_dependency_cycle_and_leaves_its_tasks_alone(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    three_in_a_cycle(q, r, "q", ("b", "c", "a"))  # b waits for a, which waits for c, for b
+    q.schedule("d", id="d", after=["c"])  # waits for the cycle, is not in it
+    assert q.claim(10) == []  # nothing ever runs
+    before = dump_all(r)
+    report = q.doctor(fix=True)
+    [finding] = report.findings
+    assert (finding.what, finding.subject) == ("dependency_cycle", "a")
+    assert finding.found == "a -> c -> b -> a"
+    assert not finding.fixed and report.problems == [finding] and not report.healthy
+    assert dump_all(r) == before  # report only, even with fix
+    q.cancel("c")  # what the finding says: cancelling one ends the others dead
+    assert [q.get(i).state for i in ("a", "b", "d")] == ["dead", "dead", "dead"]
+    assert q.doctor().healthy
+
+
+def test_doctor_finds_a_cycle_in_small_batches_and_notes_a_walk_past_its_bound(
+    make_queue: Callable[..., Any], r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = make_queue()
+    q.schedule("t0", id="t0", delay=60)
+    q.schedule_many(dueq.Task(i, id=f"t{i}", after=[f"t{i - 1}"]) for i in range(1, 30))
+    assert q.doctor(batch=4).healthy  # a long chain is no cycle
+    close_cycle_by_hand(r, "q", "t0", "t29")
+    [finding] = q.doctor(batch=4).findings
+    assert finding.subject == "t0"
+    assert finding.found == " -> ".join(["t0", "t29", *(f"t{i}" for i in range(28, 20, -1)), "..."])
+    monkeypatch.setattr("dueq._view_flows.DOCTOR_LEASE_CAP", 10)  # most edges a call follows
+    report = q.doctor(batch=4)
+    assert report.findings == []
+    assert any("dependency cycles not looked for past 10 edges" in n for n in report.notes)
+
+
+def test_doctor_on_a_sharded_queue_finds_a_cycle_on_its_shard(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue("sq", shards=2)
+    ids = [f"s{i}" for i in range(30)]
+    home = q.shard(ids[0]).name
+    a, b, c = [i for i in ids if q.shard(i).name == home][:3]
+    three_in_a_cycle(q, r, home, (a, b, c))
+    [finding] = q.doctor().findings
+    assert (finding.what, finding.queue) == ("dependency_cycle", home)
+
+
+def test_cli_doctor_exits_1_on_a_dependency_cycle(
+    invoke: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = dueq.Queue("cq", r)
+    three_in_a_cycle(q, r, "cq", ("a", "b", "c"))
+    result = invoke("doctor", "cq", "--fix")
+    assert result.exit_code == 1, result.output
+    assert "dependency_cycle 'a': found 'a -> c -> b -> a'" in result.output

@@ -26,6 +26,10 @@ FINDINGS: dict[str, str] = {
     "due_without_data": "a due id whose task data is gone (report only: the claim drops it)",
     "parked_without_data": "a parked id whose task data is gone (report only)",
     "parked_unreadable": "a parked-set member that names no key (report only)",
+    "dependency_cycle": (
+        "waiting tasks that wait for each other (found: each waits for the next), so none ever "
+        "runs (report only: cancel one of them to end the others dead)"
+    ),
 }
 
 

@@ -12,14 +12,18 @@
 -- KEYS[7] key_state HASH key -> "leased|next rate slot ms|parked" (see the prelude)
 -- KEYS[8] parked   ZSET (scores 0) "<key>\0<9 - priority><due ms, 15 digits><id>"
 -- KEYS[9] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[10] waiting ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[11] after   HASH id -> "<parents not finished>|<policy>|<parents>"
+-- KEYS[12] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
--- ARGV[2] phase: "keys", "waits", "rate" or "orphans" (the caller runs each until its cursor
---         comes back "")
+-- ARGV[2] phase: "keys", "waits", "rate", "orphans" or "cycles" (the caller runs each until its
+--         cursor comes back "")
 -- ARGV[3] cursor: "" to start a phase, else what the previous call of the phase returned
 -- ARGV[4] batch: most keys, wait entries or task ids looked at in this call
 -- ARGV[5] "1" to repair what is found, "" to report only (then nothing is written)
--- ARGV[6] lease cap: most leases counted in one call (more: leased counts are not checked)
+-- ARGV[6] lease cap: most leases counted in one call (more: leased counts are not checked), and
+--         most dependency edges one "cycles" call follows
 -- Returns {cursor ("" when the phase is done), looked_at, note ("" or what was not checked),
 --          what1, subject1, found1, expected1, fixed1 (1 or 0), what2, ...}; found and
 --          expected are integers, strings, or nil for "none".
@@ -32,6 +36,9 @@
 --   rate_in_window (the field): the stats sum differs from the sum of the rate window's entries
 --   leased_without_data, due_without_data, parked_without_data (task id): report only
 --   parked_unreadable (the member): a parked member that names no key (report only)
+--   dependency_cycle (the least id of the cycle): waiting tasks that wait for each other, found
+--     "a -> c -> b -> a" (each waits for the next; report only: ending it ends a task, which
+--     doctor never does; cancelling one of them does)
 -- A key whose counts are repaired and that has parked tasks is made ready for the next claim
 -- (as keys_release does when a lease ends), so its parked tasks are looked at again.
 --
@@ -46,7 +53,10 @@
 -- lease. "waits" and "orphans" walk their sets by rank, `batch` entries a call; "rate" is one
 -- call, refused (with a note) above the lease cap. So one call costs O(batch log N + lease
 -- cap). Each call is atomic for what it looks at; between calls the queue runs on, so a key
--- may be looked at twice (the caller keeps one finding per what and subject).
+-- may be looked at twice (the caller keeps one finding per what and subject). "cycles" walks
+-- the waiting set by rank, `batch` tasks a call, and from each a depth-first walk up its
+-- parents' after entries (each task once a call), at most lease cap edges a call: a call that
+-- runs out goes on from the task it was at (a note says so when one task's walk alone does).
 
 local now = dueq_now(ARGV[1])
 local phase, cursor, batch = ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -54,6 +64,7 @@ local fix = ARGV[5] == '1'
 local lease_cap = tonumber(ARGV[6])
 local k_due, k_leased, k_tasks, k_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local k_stats, k_rate, k_state, k_parked, k_wait = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local ak = links.after_keys(KEYS[10], KEYS[11], KEYS[12])
 local out = {'', 0, ''}
 
 local function found(what, subject, was, wanted, fixed)
@@ -228,5 +239,60 @@ elseif phase == 'orphans' then  -- "<source>|<rank>": 1 leased, 2..11 due levels
   end
   out[2] = batch - left
   if source <= 12 then out[1] = source .. '|' .. offset end
+elseif phase == 'cycles' then  -- "<rank>" in the waiting set
+  local offset = tonumber(cursor) or 0
+  local starts = redis.call('ZRANGE', KEYS[10], offset, offset + batch - 1)
+  local walked, mark = 0, {}  -- id -> 1 while on the walk's path, 2 once its walk is done
+  local looked = 0
+  for n, start in ipairs(starts) do
+    if walked >= lease_cap then  -- out of edges: the next call goes on from this task
+      out[1] = ms(offset + n - 1)
+      break
+    end
+    looked = n
+    if not mark[start] then
+      mark[start] = 1
+      local path = {{start, links.after_parents_of(ak, start), 0}}  -- id, parents, next
+      while #path > 0 do
+        local top = path[#path]
+        top[3] = top[3] + 1
+        local parent = top[2][top[3]]
+        if parent == nil then
+          mark[top[1]] = 2
+          path[#path] = nil
+        elseif walked >= lease_cap then
+          if n == 1 then
+            out[3] = 'dependency cycles not looked for past ' .. lease_cap .. ' edges above ' ..
+              'waiting task ' .. start
+          else
+            out[1] = ms(offset + n - 1)
+          end
+          break
+        else
+          walked = walked + 1
+          if mark[parent] == 1 then  -- back on the path: a cycle, from parent to top
+            local cycle, least = {}, 1
+            for i = #path, 1, -1 do
+              table.insert(cycle, 1, path[i][1])
+              if path[i][1] == parent then break end
+            end
+            for i = 2, #cycle do if cycle[i] < cycle[least] then least = i end end
+            local shown = {}
+            for i = 0, math.min(#cycle, 10) - 1 do
+              shown[#shown + 1] = cycle[(least - 1 + i) % #cycle + 1]
+            end
+            shown[#shown + 1] = #cycle > 10 and '...' or cycle[least]
+            found('dependency_cycle', cycle[least], table.concat(shown, ' -> '), false, false)
+          elseif not mark[parent] then
+            mark[parent] = 1
+            path[#path + 1] = {parent, links.after_parents_of(ak, parent), 0}
+          end
+        end
+      end
+      if out[1] ~= '' or out[3] ~= '' then break end
+    end
+  end
+  out[2] = looked
+  if out[1] == '' and out[3] == '' and #starts == batch then out[1] = ms(offset + batch) end
 end
 return out
