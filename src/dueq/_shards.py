@@ -361,11 +361,11 @@ class Sharded(ShardLayout):
         parts: list[QueueStats] = yield from together([s.stats_flow() for s in self.queues])
         return _sum_stats(parts)
 
-    def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
+    def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Each shard checked on its own keys (findings name their shard), side by side."""
         yield from self.check_flow()
         parts: list[DoctorReport] = yield from together(
-            [s.doctor_flow(fix, batch) for s in self.queues]
+            [s.derived_state_flow(fix, batch) for s in self.queues]
         )
         return DoctorReport(
             self.name,

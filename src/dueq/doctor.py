@@ -6,12 +6,22 @@ claimable, and the sum of the queue-wide rate window. A hand edit, an eviction o
 make it disagree with the tasks it is derived from; a key whose leased count is too high then
 holds its tasks back forever. ``q.doctor()`` (and ``dueq doctor QUEUE``) compares it with the
 tasks, and ``q.doctor(fix=True)`` rewrites it from them, never touching a task. Tasks whose data
-is gone are reported only: the claim drops them.
+is gone, and dependency cycles, are reported only.
+
+Consistent derived state is not a healthy queue: 400 overdue tasks and no worker is perfectly
+consistent. So the report also carries the queue's health as the dashboard judges it
+(``dueq.health.judge_health``, the one rule: due tasks waiting with no live worker, the oldest
+due task's wait, recent dead letters), and ``healthy`` asks for both; ``consistent`` is the
+derived state alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .health import Health
 
 __all__ = ["FINDINGS", "DoctorFinding", "DoctorReport"]
 
@@ -73,11 +83,20 @@ class DoctorReport:
     findings: list[DoctorFinding] = field(default_factory=list)
     #: checks left out, with why (a bound was reached)
     notes: list[str] = field(default_factory=list)
+    #: the queue's health as the dashboard judges it (``dueq.health.judge_health``), read
+    #: after the checks; None when not judged
+    health: Health | None = None
+
+    @property
+    def consistent(self) -> bool:
+        """Nothing was found in the derived state (and no dependency cycle)."""
+        return not self.findings
 
     @property
     def healthy(self) -> bool:
-        """Nothing was found."""
-        return not self.findings
+        """Consistent, and the health verdict is ``ok`` (the dashboard's ``warn`` or ``bad``
+        is not healthy)."""
+        return self.consistent and (self.health is None or self.health.level == "ok")
 
     @property
     def problems(self) -> list[DoctorFinding]:
