@@ -317,23 +317,61 @@ def three_in_a_cycle(q: Any, r: redis.Redis, queue: str, ids: tuple[str, str, st
     close_cycle_by_hand(r, queue, a, c)
 
 
-def test_doctor_reports_a_dependency_cycle_and_leaves_its_tasks_alone(
+def test_doctor_reports_a_dependency_cycle_and_fix_ends_its_tasks_dead(
     make_queue: Callable[..., Any], r: redis.Redis
 ) -> None:
     q = make_queue()
     three_in_a_cycle(q, r, "q", ("b", "c", "a"))  # b waits for a, which waits for c, for b
     q.schedule("d", id="d", after=["c"])  # waits for the cycle, is not in it
+    q.schedule("e", id="e", after=["a"], after_policy="run")
     assert q.claim(10) == []  # nothing ever runs
     before = dump_all(r)
-    report = q.doctor(fix=True)
+    report = q.doctor()
     [finding] = report.findings
     assert (finding.what, finding.subject) == ("dependency_cycle", "a")
     assert finding.found == "a -> c -> b -> a"
     assert not finding.fixed and report.problems == [finding] and not report.consistent
-    assert dump_all(r) == before  # report only, even with fix
-    q.cancel("c")  # what the finding says: cancelling one ends the others dead
-    assert [q.get(i).state for i in ("a", "b", "d")] == ["dead", "dead", "dead"]
-    assert q.doctor().consistent
+    assert dump_all(r) == before  # report only
+    fixed = q.doctor(fix=True)
+    assert [(f.what, f.fixed) for f in fixed.findings] == [("dependency_cycle", True)]
+    assert fixed.problems == []
+    for i in ("a", "b", "c"):
+        task = q.get(i)
+        assert task.state == "dead"
+        assert (task.errors[-1].type, task.errors[-1].message) == (
+            "DependencyCycle",
+            "waits for itself: a -> c -> b -> a",
+        )
+    assert q.get("d").errors[-1].message == "parent c ended dead"  # as for any dead parent
+    assert q.get("e").state == "scheduled"  # after_policy="run": released
+    assert q.stats().dead == 4 and q.doctor().consistent
+    assert q.dead.replay(["a"]) == 1
+    assert sorted(run_claims(q)) == ["a", "e"]
+
+
+def test_doctor_fix_of_a_cycle_writes_the_dead_outcome_events(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    from dueq.events import latest_events
+
+    q = make_queue()
+    q.configure(events=3600)
+    three_in_a_cycle(q, r, "q", ("a", "b", "c"))
+    q.doctor(fix=True)
+    events = latest_events(r, dueq.Queue("q", r), 10)
+    dead = sorted(e.task_id for e in events if e.kind == "dead")
+    assert dead == ["a", "b", "c"]
+    assert {e.error.type for e in events if e.kind == "dead"} == {"DependencyCycle"}
+
+
+def run_claims(q: Any) -> list[str]:
+    """Claim and ack every due task; the ids run, in claim order."""
+    ran = []
+    while deliveries := q.claim(limit=10):
+        for d in deliveries:
+            ran.append(d.id)
+            d.ack()
+    return ran
 
 
 def test_doctor_finds_a_cycle_in_small_batches_and_notes_a_walk_past_its_bound(
@@ -365,14 +403,17 @@ def test_doctor_on_a_sharded_queue_finds_a_cycle_on_its_shard(
     assert (finding.what, finding.queue) == ("dependency_cycle", home)
 
 
-def test_cli_doctor_exits_1_on_a_dependency_cycle(
+def test_cli_doctor_exits_1_on_a_dependency_cycle_and_fix_ends_it(
     invoke: Callable[..., Any], r: redis.Redis
 ) -> None:
     q = dueq.Queue("cq", r)
     three_in_a_cycle(q, r, "cq", ("a", "b", "c"))
-    result = invoke("doctor", "cq", "--fix")
+    result = invoke("doctor", "cq")
     assert result.exit_code == 1, result.output
     assert "dependency_cycle 'a': found 'a -> c -> b -> a'" in result.output
+    fixed = invoke("doctor", "cq", "--fix")
+    assert fixed.exit_code == 0, fixed.output
+    assert "(fixed; waiting tasks that wait for each other" in fixed.output
 
 
 # -- issue 37: doctor and the dashboard agree on health ----------------------------------------

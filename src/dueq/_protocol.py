@@ -945,7 +945,8 @@ def doctor(
 ) -> Call[DoctorReply]:
     """One bounded batch of a doctor run's ``phase`` (see doctor.lua), from ``cursor``."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.stats, k.rate, k.key_state, k.parked]
-    keys += [k.key_wait, *_after_keys(k), *k.upper_due]
+    keys += [k.key_wait, *_after_keys(k), k.dead, k.errors, k.config, k.events, k.ended]
+    keys += [k.history, k.wake, *_batch_keys(k), *k.upper_due]
     args = [now, phase, cursor, batch, "1" if fix else "", lease_cap]
     return Call("doctor", keys, args, _parse_doctor(k.queue))
 

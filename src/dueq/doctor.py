@@ -6,7 +6,9 @@ claimable, and the sum of the queue-wide rate window. A hand edit, an eviction o
 make it disagree with the tasks it is derived from; a key whose leased count is too high then
 holds its tasks back forever. ``q.doctor()`` (and ``dueq doctor QUEUE``) compares it with the
 tasks, and ``q.doctor(fix=True)`` rewrites it from them, never touching a task. Tasks whose data
-is gone, and dependency cycles, are reported only.
+is gone are reported only. The one repair that ends tasks is of a dependency cycle: its tasks
+wait for each other and can never run, so ``fix=True`` ends them dead (error type
+``DependencyCycle``; replayable from the dead-letter queue, without their parents).
 
 Consistent derived state is not a healthy queue: 400 overdue tasks and no worker is perfectly
 consistent. So the report also carries the queue's health as the dashboard judges it
@@ -38,7 +40,7 @@ FINDINGS: dict[str, str] = {
     "parked_unreadable": "a parked-set member that names no key (report only)",
     "dependency_cycle": (
         "waiting tasks that wait for each other (found: each waits for the next), so none ever "
-        "runs (report only: cancel one of them to end the others dead)"
+        "runs (fixed: each ended dead, error DependencyCycle)"
     ),
 }
 

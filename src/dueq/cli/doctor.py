@@ -23,7 +23,11 @@ EXIT_PROBLEMS = 1
 
 @click.command()
 @click.argument("queue")
-@click.option("--fix", is_flag=True, help="Repair what is found (never touches a task).")
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="Repair what is found (touches no task but a dependency cycle's: they end dead).",
+)
 @click.option(
     "--batch",
     type=click.IntRange(1, 10_000),
@@ -37,10 +41,10 @@ EXIT_PROBLEMS = 1
 def doctor(queue: str, fix: bool, batch: int, as_json: bool, target: RedisTarget) -> None:
     """Check QUEUE's derived state (each limit key's leased and parked counts, key-wait
     entries, the rate window's sum, dependency cycles) against its tasks; with --fix, repair
-    it. Tasks are never changed; tasks whose data is gone and cycles are reported only. Then
-    judge its health as the dashboard does (due tasks with no live worker, the oldest due
-    task's wait, recent dead letters). Prints one line per finding and the verdict (--json:
-    one JSON object).
+    it. No task is changed but a dependency cycle's (they end dead, as they can never run);
+    tasks whose data is gone are reported only. Then judge its health as the dashboard does
+    (due tasks with no live worker, the oldest due task's wait, recent dead letters). Prints
+    one line per finding and the verdict (--json: one JSON object).
 
     Exit code: 0 when the derived state is consistent (or everything found was fixed) and the
     health is ok or warn; 1 when problems were found and not fixed, when the health is bad
