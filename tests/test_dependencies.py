@@ -318,12 +318,12 @@ def test_a_replace_whose_parents_do_not_wait_for_it_still_waits_for_them(make_qu
 
 def test_a_cycle_check_past_its_bound_refuses_the_record_as_unchecked(make_queue):
     q = make_queue()
-    chain(q, 10_001)  # t0 ... t10001: the walk from t10001 up to t0 follows 10,001 edges
+    chain(q, 2_001)  # t0 ... t2001: the walk from t2001 up to t0 follows 2,001 edges
     with pytest.raises(dueq.DependencyCycle, match="too many to check") as caught:
-        q.schedule("t0", id="t0", replace=True, after=["t10001"])
+        q.schedule("t0", id="t0", replace=True, after=["t2001"])
     assert (caught.value.ids, caught.value.unchecked) == ([], ["t0"])
     with pytest.raises(dueq.DependencyCycle, match="a dependency cycle"):  # within the bound
-        q.schedule("t0", id="t0", replace=True, after=["t9999"])
+        q.schedule("t0", id="t0", replace=True, after=["t1999"])
     assert q.get("t0").state == "scheduled"
 
 

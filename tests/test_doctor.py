@@ -385,7 +385,7 @@ def test_doctor_finds_a_cycle_in_small_batches_and_notes_a_walk_past_its_bound(
     [finding] = q.doctor(batch=4).findings
     assert finding.subject == "t0"
     assert finding.found == " -> ".join(["t0", "t29", *(f"t{i}" for i in range(28, 20, -1)), "..."])
-    monkeypatch.setattr("dueq._view_flows.DOCTOR_LEASE_CAP", 10)  # most edges a call follows
+    monkeypatch.setattr("dueq._view_flows.DOCTOR_EDGE_CAP", 10)  # most edges a call follows
     report = q.doctor(batch=4)
     assert report.findings == []
     assert any("dependency cycles not looked for past 10 edges" in n for n in report.notes)

@@ -941,13 +941,21 @@ def _parse_doctor(queue: str) -> Callable[[Any], DoctorReply]:
 
 
 def doctor(
-    k: QueueKeys, now: str, phase: str, cursor: str, *, batch: int, fix: bool, lease_cap: int
+    k: QueueKeys,
+    now: str,
+    phase: str,
+    cursor: str,
+    *,
+    batch: int,
+    fix: bool,
+    lease_cap: int,
+    edge_cap: int,
 ) -> Call[DoctorReply]:
     """One bounded batch of a doctor run's ``phase`` (see doctor.lua), from ``cursor``."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.stats, k.rate, k.key_state, k.parked]
     keys += [k.key_wait, *_after_keys(k), k.dead, k.errors, k.config, k.events, k.ended]
     keys += [k.history, k.wake, *_batch_keys(k), *k.upper_due]
-    args = [now, phase, cursor, batch, "1" if fix else "", lease_cap]
+    args = [now, phase, cursor, batch, "1" if fix else "", lease_cap, edge_cap]
     return Call("doctor", keys, args, _parse_doctor(k.queue))
 
 
@@ -989,7 +997,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "configure": lambda k: configure(k, [("paused", "1")]),
     "heartbeat": lambda k: heartbeat(k, "", "w", "{}", ttl_ms=1),
     "close_batch": lambda k: close_batch(k, "", "b", b""),
-    "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1),
+    "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1, edge_cap=1),
 }
 
 

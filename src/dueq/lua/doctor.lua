@@ -36,8 +36,8 @@
 -- ARGV[3] cursor: "" to start a phase, else what the previous call of the phase returned
 -- ARGV[4] batch: most keys, wait entries or task ids looked at in this call
 -- ARGV[5] "1" to repair what is found, "" to report only (then nothing is written)
--- ARGV[6] lease cap: most leases counted in one call (more: leased counts are not checked), and
---         most dependency edges one "cycles" call follows
+-- ARGV[6] lease cap: most leases counted in one call (more: leased counts are not checked)
+-- ARGV[7] edge cap: most dependency edges one "cycles" call follows
 -- Returns {cursor ("" when the phase is done), looked_at, note ("" or what was not checked),
 --          what1, subject1, found1, expected1, fixed1 (1 or 0), what2, ...}; found and
 --          expected are integers, strings, or nil for "none".
@@ -69,13 +69,13 @@
 -- cap). Each call is atomic for what it looks at; between calls the queue runs on, so a key
 -- may be looked at twice (the caller keeps one finding per what and subject). "cycles" walks
 -- the waiting set by rank, `batch` tasks a call, and from each a depth-first walk up its
--- parents' after entries (each task once a call), at most lease cap edges a call: a call that
+-- parents' after entries (each task once a call), at most edge cap edges a call: a call that
 -- runs out goes on from the task it was at (a note says so when one task's walk alone does).
 
 local now = dueq_now(ARGV[1])
 local phase, cursor, batch = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local fix = ARGV[5] == '1'
-local lease_cap = tonumber(ARGV[6])
+local lease_cap, edge_cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 local k_due, k_leased, k_tasks, k_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local k_stats, k_rate, k_state, k_parked, k_wait = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local bk = links.batch_keys(KEYS[20], KEYS[21], KEYS[22], KEYS[23], due_levels(k_due), k_tasks,
@@ -278,7 +278,7 @@ elseif phase == 'cycles' then  -- "<rank>" in the waiting set
   local walked, mark = 0, {}  -- id -> 1 while on the walk's path, 2 once its walk is done
   local looked = 0
   for n, start in ipairs(starts) do
-    if walked >= lease_cap then  -- out of edges: the next call goes on from this task
+    if walked >= edge_cap then  -- out of edges: the next call goes on from this task
       out[1] = ms(offset + n - 1)
       break
     end
@@ -293,9 +293,9 @@ elseif phase == 'cycles' then  -- "<rank>" in the waiting set
         if parent == nil then
           mark[top[1]] = 2
           path[#path] = nil
-        elseif walked >= lease_cap then
+        elseif walked >= edge_cap then
           if n == 1 then
-            out[3] = 'dependency cycles not looked for past ' .. lease_cap .. ' edges above ' ..
+            out[3] = 'dependency cycles not looked for past ' .. edge_cap .. ' edges above ' ..
               'waiting task ' .. start
           else
             out[1] = ms(offset + n - 1)
