@@ -342,3 +342,12 @@ def test_a_sharded_queue_refuses_a_cycle_and_writes_the_other_shards_records(mak
     assert caught.value.ids == [a]
     assert q.get(elsewhere).state == "scheduled" and q.get(a).payload == "a"
     assert sorted(run_all(q)) == sorted([a, b, elsewhere])
+
+
+def test_cli_schedule_of_a_replace_that_closes_a_cycle_fails_in_one_line(invoke, r):
+    q = dueq.Queue("cq", r)
+    chain(q, 2, prefix="c")
+    result = invoke("schedule", "cq", '"loop"', "--id", "c0", "--replace", "--after", "c2")
+    assert result.exit_code == 1, result.output
+    assert "a dependency cycle" in result.output and "Traceback" not in result.output
+    assert q.get("c0").payload == "c0"
