@@ -399,8 +399,13 @@ def test_doctor_on_a_sharded_queue_finds_a_cycle_on_its_shard(
     home = q.shard(ids[0]).name
     a, b, c = [i for i in ids if q.shard(i).name == home][:3]
     three_in_a_cycle(q, r, home, (a, b, c))
-    [finding] = q.doctor().findings
+    report = q.doctor()
+    [finding] = report.findings
     assert (finding.what, finding.queue) == ("dependency_cycle", home)
+    assert report.health is not None and report.health.level == "ok"  # of the whole queue
+    q.schedule("due", id="due-now")  # on some shard: the logical queue's verdict sees it
+    health = q.doctor().health
+    assert health is not None and health.reasons[0].startswith("1 due, no live worker")
 
 
 def test_cli_doctor_exits_1_on_a_dependency_cycle_and_fix_ends_it(
