@@ -387,3 +387,28 @@ def test_cli_health_flags_refuse_values_that_are_not_sensible_durations(
     assert result.exit_code == 2, result.output
     assert flag in result.output and "No such option" not in result.output
     assert "Traceback" not in result.output
+
+
+# ---- issue 37: doctor gives the dashboard's verdict -----------------------------------------
+
+
+def test_doctor_and_the_overview_agree_on_health_with_and_without_a_live_worker(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    stalled = Queue("stalled", r)
+    overdue(stalled, count=402, minutes=11)
+    served = Queue("served", r)
+    served.pause()  # its worker announces itself but claims nothing: the due task stays due
+    served.schedule({"n": 1}, id="now")
+    client = dashboard()
+
+    def both(q: Queue) -> tuple[str, str]:
+        report = q.doctor()
+        assert report.health is not None
+        return report.health.level, client.get("/api/overview").json()["queues"][q.name]["health"]
+
+    assert both(stalled) == ("bad", "bad")
+    assert both(served) == ("warn", "warn")
+    with running_worker(served):
+        assert both(served) == ("ok", "ok")
+        assert served.doctor().healthy

@@ -243,3 +243,111 @@ def test_cancelling_a_waiting_child_drops_its_edges(make_queue, r):
     q.schedule("c", id="c", after=["p"])
     q.cancel("c")
     assert not r.exists(QueueKeys.for_queue("q").children)
+
+
+# -- issue 37: a replace never closes a dependency cycle ---------------------------------------
+
+
+def chain(q, n, *, prefix="t"):
+    """``t0`` scheduled, then ``t1`` after ``t0``, ... ``t<n>`` after ``t<n-1>``: all waiting."""
+    q.schedule(f"{prefix}0", id=f"{prefix}0", delay=60)
+    q.schedule_many(
+        dueq.Task(f"{prefix}{i}", id=f"{prefix}{i}", after=[f"{prefix}{i - 1}"])
+        for i in range(1, n + 1)
+    )
+
+
+def test_replacing_a_task_to_wait_for_its_own_descendant_is_refused_and_changes_nothing(
+    make_queue,
+):
+    q = make_queue()
+    chain(q, 2, prefix="c")  # c0; c1 after c0; c2 after c1
+    with pytest.raises(dueq.DependencyCycle, match="cycle") as caught:
+        q.schedule("new", id="c0", replace=True, after=["c2"])
+    assert isinstance(caught.value, dueq.InvalidTaskError)
+    assert (caught.value.ids, caught.value.unchecked) == (["c0"], [])
+    old = q.get("c0")
+    assert (old.state, old.payload) == ("scheduled", "c0")  # the record was not written
+    assert [q.get(i).state for i in ("c1", "c2")] == ["waiting", "waiting"]
+    q.reschedule("c0", delay=0)
+    assert run_all(q) == ["c0", "c1", "c2"]
+
+
+def test_a_cycle_refused_in_schedule_many_leaves_the_calls_other_records_written(make_queue):
+    q = make_queue()
+    chain(q, 2, prefix="c")
+    with pytest.raises(dueq.DependencyCycle) as caught:
+        q.schedule_many(
+            [
+                dueq.Task("x", id="x"),
+                dueq.Task("loop", id="c1", after=["c2"]),  # c2 waits for c1
+                dueq.Task("y", id="y", after=["c0"]),
+            ],
+            replace=True,
+        )
+    assert caught.value.ids == ["c1"]
+    assert "the other 2 of the call were" in str(caught.value)
+    assert q.get("x").state == "scheduled" and q.get("y").state == "waiting"
+    assert q.get("c1").payload == "c1"
+
+
+def test_one_schedule_many_cannot_build_a_cycle_record_by_record(make_queue):
+    q = make_queue()
+    with pytest.raises(dueq.DependencyCycle) as caught:
+        q.schedule_many(
+            [
+                dueq.Task("a", id="a"),
+                dueq.Task("b", id="b", after=["a"]),
+                dueq.Task("c", id="c", after=["b"]),
+                dueq.Task("a2", id="a", after=["c"]),  # the replace that would close it
+            ],
+            replace=True,
+        )
+    assert caught.value.ids == ["a"]
+    assert run_all(q) == ["a", "b", "c"]
+
+
+def test_a_replace_whose_parents_do_not_wait_for_it_still_waits_for_them(make_queue):
+    q = make_queue()
+    chain(q, 2, prefix="c")
+    q.schedule("p", id="p")
+    q.schedule("c0 again", id="c0", replace=True, after=["p", "c0"])  # itself: ignored
+    assert q.get("c0").state == "waiting"
+    assert run_all(q) == ["p", "c0", "c1", "c2"]
+
+
+def test_a_cycle_check_past_its_bound_refuses_the_record_as_unchecked(make_queue):
+    q = make_queue()
+    chain(q, 2_001)  # t0 ... t2001: the walk from t2001 up to t0 follows 2,001 edges
+    with pytest.raises(dueq.DependencyCycle, match="too many to check") as caught:
+        q.schedule("t0", id="t0", replace=True, after=["t2001"])
+    assert (caught.value.ids, caught.value.unchecked) == ([], ["t0"])
+    with pytest.raises(dueq.DependencyCycle, match="a dependency cycle"):  # within the bound
+        q.schedule("t0", id="t0", replace=True, after=["t1999"])
+    assert q.get("t0").state == "scheduled"
+
+
+def test_a_sharded_queue_refuses_a_cycle_and_writes_the_other_shards_records(make_queue):
+    q = make_queue("sh", shards=4)
+    ids = [f"s{i}" for i in range(40)]
+    shard_of = {i: q.shard(i).name for i in ids}
+    a, b = [i for i in ids if shard_of[i] == shard_of[ids[0]]][:2]
+    elsewhere = next(i for i in ids if shard_of[i] != shard_of[a])
+    q.schedule("a", id=a)
+    q.schedule("b", id=b, after=[a])
+    with pytest.raises(dueq.DependencyCycle) as caught:
+        q.schedule_many(
+            [dueq.Task("a2", id=a, after=[b]), dueq.Task("e", id=elsewhere)], replace=True
+        )
+    assert caught.value.ids == [a]
+    assert q.get(elsewhere).state == "scheduled" and q.get(a).payload == "a"
+    assert sorted(run_all(q)) == sorted([a, b, elsewhere])
+
+
+def test_cli_schedule_of_a_replace_that_closes_a_cycle_fails_in_one_line(invoke, r):
+    q = dueq.Queue("cq", r)
+    chain(q, 2, prefix="c")
+    result = invoke("schedule", "cq", '"loop"', "--id", "c0", "--replace", "--after", "c2")
+    assert result.exit_code == 1, result.output
+    assert "a dependency cycle" in result.output and "Traceback" not in result.output
+    assert q.get("c0").payload == "c0"

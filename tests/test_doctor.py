@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ def test_doctor_reports_a_hand_edited_key_state_and_fix_makes_its_parked_tasks_c
 
     report = q.doctor()
     assert isinstance(report, dueq.DoctorReport)
-    assert not report.healthy and report.problems == report.findings
+    assert not report.consistent and report.problems == report.findings
     found = {(f.what, f.subject): f for f in report.findings}
     leased = found[("key_leased", "k")]
     assert (leased.found, leased.expected, leased.fixed) == (999, 0, False)
@@ -97,7 +98,7 @@ def test_doctor_reports_a_hand_edited_key_state_and_fix_makes_its_parked_tasks_c
     d.ack()
     [e] = q.claim(10)
     assert e.id == "k-001"
-    assert q.doctor().healthy
+    assert q.doctor().consistent
 
 
 def test_doctor_fix_repairs_counts_of_an_orphaned_lease_and_a_lost_parked_count(
@@ -179,7 +180,7 @@ def test_doctor_on_a_healthy_busy_queue_reports_nothing_and_changes_nothing(
     assert r.exists(QueueKeys.for_queue("q").dead)
     before = dump_all(r)
     report = q.doctor()
-    assert report.findings == [] and report.healthy
+    assert report.findings == [] and report.consistent
     assert q.doctor(fix=True).findings == []
     assert dump_all(r) == before
 
@@ -200,7 +201,7 @@ def test_doctor_checks_in_batches_with_the_same_result(
     assert set(whole.findings) == set(small.findings)
     assert {f.subject for f in whole.findings} == {f"key{i:02d}" for i in range(0, 30, 3)}
     q.doctor(fix=True, batch=2)
-    assert q.doctor().healthy
+    assert q.doctor().consistent
 
 
 def test_doctor_reports_a_rate_window_sum_that_disagrees_with_its_entries(
@@ -279,7 +280,7 @@ def test_doctor_on_a_sharded_queue_checks_each_shard_and_names_it(
         shard.name,
     )
     q.doctor(fix=True)
-    assert q.doctor().healthy
+    assert q.doctor().consistent
 
 
 def test_the_docs_page_python_block_runs(make_queue: Callable[..., Any], r: redis.Redis) -> None:
@@ -292,4 +293,177 @@ def test_the_docs_page_python_block_runs(make_queue: Callable[..., Any], r: redi
     r.hset(QueueKeys.for_queue("q").key_state, "k", "999|0|0")
     for block in blocks:
         exec(block, {"q": q})
-    assert q.doctor().healthy and [d.id for d in q.claim(10)] == ["k-000"]
+    assert q.doctor().consistent and [d.id for d in q.claim(10)] == ["k-000"]
+
+
+# -- issue 37: dependency cycles ---------------------------------------------------------------
+
+
+def close_cycle_by_hand(r: redis.Redis, queue: str, first: str, last: str) -> None:
+    """Make ``first`` (scheduled) wait for ``last``: the state an older dueq left when a replace
+    closed a cycle (schedule.lua refuses that now)."""
+    k = QueueKeys.for_queue(queue)
+    r.zrem(k.due, first)
+    r.zadd(k.waiting, {first: 0})
+    r.hset(k.after, first, f"1|f|{last}")
+    r.zadd(k.children, {f"{last}\0{first}": 0})
+
+
+def three_in_a_cycle(q: Any, r: redis.Redis, queue: str, ids: tuple[str, str, str]) -> None:
+    a, b, c = ids
+    q.schedule(a, id=a)
+    q.schedule(b, id=b, after=[a])
+    q.schedule(c, id=c, after=[b])
+    close_cycle_by_hand(r, queue, a, c)
+
+
+def test_doctor_reports_a_dependency_cycle_and_fix_ends_its_tasks_dead(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    three_in_a_cycle(q, r, "q", ("b", "c", "a"))  # b waits for a, which waits for c, for b
+    q.schedule("d", id="d", after=["c"])  # waits for the cycle, is not in it
+    q.schedule("e", id="e", after=["a"], after_policy="run")
+    assert q.claim(10) == []  # nothing ever runs
+    before = dump_all(r)
+    report = q.doctor()
+    [finding] = report.findings
+    assert (finding.what, finding.subject) == ("dependency_cycle", "a")
+    assert finding.found == "a -> c -> b -> a"
+    assert not finding.fixed and report.problems == [finding] and not report.consistent
+    assert dump_all(r) == before  # report only
+    fixed = q.doctor(fix=True)
+    assert [(f.what, f.fixed) for f in fixed.findings] == [("dependency_cycle", True)]
+    assert fixed.problems == []
+    for i in ("a", "b", "c"):
+        task = q.get(i)
+        assert task.state == "dead"
+        assert (task.errors[-1].type, task.errors[-1].message) == (
+            "DependencyCycle",
+            "waits for itself: a -> c -> b -> a",
+        )
+    assert q.get("d").errors[-1].message == "parent c ended dead"  # as for any dead parent
+    assert q.get("e").state == "scheduled"  # after_policy="run": released
+    assert q.stats().dead == 4 and q.doctor().consistent
+    assert q.dead.replay(["a"]) == 1
+    assert sorted(run_claims(q)) == ["a", "e"]
+
+
+def test_doctor_fix_of_a_cycle_writes_the_dead_outcome_events(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    from dueq.events import latest_events
+
+    q = make_queue()
+    q.configure(events=3600)
+    three_in_a_cycle(q, r, "q", ("a", "b", "c"))
+    q.doctor(fix=True)
+    events = latest_events(r, dueq.Queue("q", r), 10)
+    dead = sorted(e.task_id for e in events if e.kind == "dead")
+    assert dead == ["a", "b", "c"]
+    assert {e.error.type for e in events if e.kind == "dead"} == {"DependencyCycle"}
+
+
+def run_claims(q: Any) -> list[str]:
+    """Claim and ack every due task; the ids run, in claim order."""
+    ran = []
+    while deliveries := q.claim(limit=10):
+        for d in deliveries:
+            ran.append(d.id)
+            d.ack()
+    return ran
+
+
+def test_doctor_finds_a_cycle_in_small_batches_and_notes_a_walk_past_its_bound(
+    make_queue: Callable[..., Any], r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = make_queue()
+    q.schedule("t0", id="t0", delay=60)
+    q.schedule_many(dueq.Task(i, id=f"t{i}", after=[f"t{i - 1}"]) for i in range(1, 30))
+    assert q.doctor(batch=4).consistent  # a long chain is no cycle
+    close_cycle_by_hand(r, "q", "t0", "t29")
+    [finding] = q.doctor(batch=4).findings
+    assert finding.subject == "t0"
+    assert finding.found == " -> ".join(["t0", "t29", *(f"t{i}" for i in range(28, 20, -1)), "..."])
+    monkeypatch.setattr("dueq._view_flows.DOCTOR_EDGE_CAP", 10)  # most edges a call follows
+    report = q.doctor(batch=4)
+    assert report.findings == []
+    assert any("dependency cycles not looked for past 10 edges" in n for n in report.notes)
+
+
+def test_doctor_on_a_sharded_queue_finds_a_cycle_on_its_shard(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue("sq", shards=2)
+    ids = [f"s{i}" for i in range(30)]
+    home = q.shard(ids[0]).name
+    a, b, c = [i for i in ids if q.shard(i).name == home][:3]
+    three_in_a_cycle(q, r, home, (a, b, c))
+    report = q.doctor()
+    [finding] = report.findings
+    assert (finding.what, finding.queue) == ("dependency_cycle", home)
+    assert report.health is not None and report.health.level == "ok"  # of the whole queue
+    q.schedule("due", id="due-now")  # on some shard: the logical queue's verdict sees it
+    health = q.doctor().health
+    assert health is not None and health.reasons[0].startswith("1 due, no live worker")
+
+
+def test_cli_doctor_exits_1_on_a_dependency_cycle_and_fix_ends_it(
+    invoke: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = dueq.Queue("cq", r)
+    three_in_a_cycle(q, r, "cq", ("a", "b", "c"))
+    result = invoke("doctor", "cq")
+    assert result.exit_code == 1, result.output
+    assert "dependency_cycle 'a': found 'a -> c -> b -> a'" in result.output
+    fixed = invoke("doctor", "cq", "--fix")
+    assert fixed.exit_code == 0, fixed.output
+    assert "(fixed; waiting tasks that wait for each other" in fixed.output
+
+
+# -- issue 37: doctor and the dashboard agree on health ----------------------------------------
+
+
+def test_doctor_gives_the_dashboards_health_verdict_and_consistent_is_not_healthy(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    from dueq.health import HealthRules, judge_health
+
+    q = make_queue(retry=dueq.RetryPolicy(max_attempts=1))
+    q.schedule_many(dueq.Task(i, id=f"dead-{i}") for i in range(58))
+    for d in q.claim(limit=100):
+        d.fail(dueq.Unrecoverable("no"))
+    q.schedule_many(dueq.Task(i, id=f"late-{i}") for i in range(402))
+    clock.advance(11 * 60)  # 402 overdue for 11 min, no worker, 58 dead in the last hour
+    report = q.doctor()
+    assert report.consistent and report.findings == []
+    assert report.health is not None and report.health.level == "bad"
+    assert report.health.reasons == (
+        "402 due, no live worker (oldest waiting 11 min)",
+        "58 dead letters in the last 1 h",
+    )
+    rules = HealthRules()  # the one verdict, as the dashboard computes it
+    history = q.history(rules.history_minutes)
+    assert report.health == judge_health(q.stats(), live_workers=0, history=history, rules=rules)
+    assert not report.healthy
+
+
+def test_cli_doctor_says_the_health_verdict_and_exits_1_when_it_is_bad(
+    invoke: Callable[..., Any], r: redis.Redis
+) -> None:
+    then_s = time.time() - 11 * 60  # a producer whose clock reads 11 minutes ago
+    dueq.Queue("cq", r, clock=lambda: then_s).schedule_many(
+        dueq.Task(i, id=f"late-{i}") for i in range(402)
+    )
+    result = invoke("doctor", "cq")
+    assert result.exit_code == 1, result.output
+    assert "healthy" not in result.output
+    assert "derived state consistent; health bad: 402 due, no live worker" in result.output
+    document = json.loads(invoke("doctor", "cq", "--json").output)
+    assert (document["consistent"], document["healthy"]) == (True, False)
+    assert document["health"]["level"] == "bad"
+    assert document["health"]["reasons"][0].startswith("402 due, no live worker")
+    dueq.Queue("wq", r).schedule({}, id="fresh")  # a queue that only warns exits 0
+    warned = invoke("doctor", "wq")
+    assert warned.exit_code == 0, warned.output
+    assert "health warn: 1 due, no live worker" in warned.output

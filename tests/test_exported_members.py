@@ -30,6 +30,7 @@ PUBLIC = {
     "CronError",
     "CronNotFound",
     "Delivery",
+    "DependencyCycle",
     "DoctorFinding",
     "DoctorReport",
     "DueqError",

@@ -130,15 +130,25 @@ class ScheduleReply:
     collided: list[int]
     #: 0-based positions of tasks not written because their batch had completed
     refused: list[int] = field(default_factory=list)
+    #: 0-based positions of tasks not written because their parents wait for them (a cycle)
+    cyclic: list[int] = field(default_factory=list)
+    #: 0-based positions of tasks not written because the cycle check reached its bound
+    unchecked: list[int] = field(default_factory=list)
 
 
 def _parse_schedule(reply: Any) -> ScheduleReply:
+    numbers = [int(p) for p in reply[3:] if isinstance(p, int)]
+    marked = [
+        p.decode() if isinstance(p, bytes) else p for p in reply[3:] if not isinstance(p, int)
+    ]
     return ScheduleReply(
         int(reply[0]),
         int(reply[1]),
         int(reply[2]),
-        [int(p) - 1 for p in reply[3:] if int(p) > 0],
-        [-int(p) - 1 for p in reply[3:] if int(p) < 0],
+        [p - 1 for p in numbers if p > 0],
+        [-p - 1 for p in numbers if p < 0],
+        [int(p[1:]) - 1 for p in marked if p[0] == "c"],
+        [int(p[1:]) - 1 for p in marked if p[0] == "u"],
     )
 
 
@@ -906,7 +916,7 @@ def workers_read(k: QueueKeys) -> Batch:
 # -- doctor.lua (Queue.doctor) -----------------------------------------------------------------
 
 #: The phases of a doctor run, in order; each runs until its cursor comes back "".
-DOCTOR_PHASES = ("keys", "waits", "rate", "orphans")
+DOCTOR_PHASES = ("keys", "waits", "rate", "orphans", "cycles")
 
 
 class DoctorReply(NamedTuple):
@@ -942,12 +952,21 @@ def _parse_doctor(queue: str) -> Callable[[Any], DoctorReply]:
 
 
 def doctor(
-    k: QueueKeys, now: str, phase: str, cursor: str, *, batch: int, fix: bool, lease_cap: int
+    k: QueueKeys,
+    now: str,
+    phase: str,
+    cursor: str,
+    *,
+    batch: int,
+    fix: bool,
+    lease_cap: int,
+    edge_cap: int,
 ) -> Call[DoctorReply]:
     """One bounded batch of a doctor run's ``phase`` (see doctor.lua), from ``cursor``."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.stats, k.rate, k.key_state, k.parked]
-    keys += [k.key_wait, *k.upper_due]
-    args = [now, phase, cursor, batch, "1" if fix else "", lease_cap]
+    keys += [k.key_wait, *_after_keys(k), k.dead, k.errors, k.config, k.events, k.ended]
+    keys += [k.history, k.wake, *_batch_keys(k), *k.upper_due]
+    args = [now, phase, cursor, batch, "1" if fix else "", lease_cap, edge_cap]
     return Call("doctor", keys, args, _parse_doctor(k.queue))
 
 
@@ -989,7 +1008,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "configure": lambda k: configure(k, [("paused", "1")]),
     "heartbeat": lambda k: heartbeat(k, "", "w", "{}", ttl_ms=1),
     "close_batch": lambda k: close_batch(k, "", "b", b""),
-    "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1),
+    "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1, edge_cap=1),
 }
 
 

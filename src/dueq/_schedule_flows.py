@@ -28,6 +28,7 @@ from .envelope import (
 from .exceptions import (
     BatchCompleted,
     ConfigurationError,
+    DependencyCycle,
     DueqError,
     InvalidTaskError,
     PayloadError,
@@ -42,6 +43,8 @@ SCHEDULE_BATCH = 1000
 SCHEDULE_BATCH_BYTES = 8 * 1024 * 1024
 #: Most parents one task may wait for (``Task.after``).
 MAX_PARENTS = 1000
+#: Most dependency edges schedule.lua follows to refuse a cycle (the prelude's CYCLE_WALK).
+CYCLE_WALK_EDGES = 2_000
 #: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
 ID_RETRIES = 5
 
@@ -58,6 +61,75 @@ def _batches(records: list[bytes]) -> Iterator[list[int]]:
         size += len(record)
     if batch:
         yield batch
+
+
+class SentRecords:
+    """What the schedule calls of one ``schedule_many`` did, and the ids they refused (a plain
+    class: an internal record made on import costs no dataclass)."""
+
+    def __init__(self, counts: ScheduleResult) -> None:
+        self.counts = counts
+        #: ids not written because their batch had completed
+        self.refused: list[str] = []
+        #: ids not written because their parents wait for them (a dependency cycle)
+        self.cyclic: list[str] = []
+        #: ids not written because the cycle check reached its bound
+        self.unchecked: list[str] = []
+
+    def add(self, reply: protocol.ScheduleReply, sent_ids: list[str]) -> None:
+        """Count one call's reply (``sent_ids``: the ids of its records, in order)."""
+        c = self.counts
+        self.counts = dataclasses.replace(
+            c,
+            added=c.added + reply.added,
+            existing=c.existing + reply.existing,
+            replaced=c.replaced + reply.replaced,
+        )
+        self.refused += [sent_ids[p] for p in reply.refused]
+        self.cyclic += [sent_ids[p] for p in reply.cyclic]
+        self.unchecked += [sent_ids[p] for p in reply.unchecked]
+
+    def merge(self, other: SentRecords) -> None:
+        """Add another shard's calls (its ids are placed by the caller)."""
+        c, o = self.counts, other.counts
+        self.counts = dataclasses.replace(
+            c,
+            added=c.added + o.added,
+            existing=c.existing + o.existing,
+            replaced=c.replaced + o.replaced,
+        )
+        self.refused += other.refused
+        self.cyclic += other.cyclic
+        self.unchecked += other.unchecked
+
+    def result(self) -> ScheduleResult:
+        """The counts, or the error for the records refused (the others were written)."""
+        c = self.counts
+        others = f"the other {c.added + c.existing + c.replaced} of the call were"
+        if self.refused:
+            raise BatchCompleted(
+                f"{len(self.refused)} task(s) not scheduled: their batch has completed ({others})",
+                self.refused,
+            )
+        if self.cyclic or self.unchecked:
+            why = []
+            if self.cyclic:
+                why.append(
+                    f"{self.cyclic[:10]!r} would each wait for itself through its parents "
+                    "(a dependency cycle)"
+                )
+            if self.unchecked:
+                why.append(
+                    f"{self.unchecked[:10]!r} have more than {CYCLE_WALK_EDGES:,} dependency "
+                    "edges above them, too many to check for a cycle"
+                )
+            raise DependencyCycle(
+                f"{len(self.cyclic) + len(self.unchecked)} task(s) not scheduled: "
+                f"{'; '.join(why)} ({others})",
+                self.cyclic,
+                self.unchecked,
+            )
+        return c
 
 
 class ScheduleFlows(QueueBase):
@@ -211,12 +283,21 @@ class ScheduleFlows(QueueBase):
     def schedule_records_flow(
         self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
     ) -> Flow[ScheduleResult]:
-        """Send packed records in batches; generated ids that were taken are drawn again."""
+        """Send packed records in batches; generated ids that were taken are drawn again.
+        Raises BatchCompleted or DependencyCycle, after every batch was sent, for the records
+        the script refused."""
         if self._sharded is not None:
             return (yield from self._sharded.schedule_records_flow(ids, records, replace))
+        sent = yield from self.send_records_flow(ids, records, replace, fresh_ids)
+        return sent.result()
+
+    def send_records_flow(
+        self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
+    ) -> Flow[SentRecords]:
+        """``schedule_records_flow`` on this (plain) queue, refusals returned, not raised: a
+        sharded queue sends every shard's records before it raises."""
         yield from self.plain_check_flow()
-        added = existing = replaced = 0
-        refused: list[str] = []
+        sent = SentRecords(ScheduleResult(added=0, existing=0, replaced=0, ids=ids))
         for batch in _batches(records):
             pending = batch
             for _ in range(ID_RETRIES):
@@ -228,9 +309,7 @@ class ScheduleFlows(QueueBase):
                     replace=replace,
                     window_ms=self.remember_done_ms,
                 )
-                added, existing = added + reply.added, existing + reply.existing
-                replaced += reply.replaced
-                refused += [ids[pending[p]] for p in reply.refused]
+                sent.add(reply, [ids[p] for p in pending])
                 pending = [pending[p] for p in reply.collided]
                 if not pending:
                     break
@@ -239,13 +318,7 @@ class ScheduleFlows(QueueBase):
                     records[i] = repack_with_id(records[i], ids[i])
             else:
                 raise DueqError(f"no unused id found for {len(pending)} task(s)")
-        if refused:
-            raise BatchCompleted(
-                f"{len(refused)} task(s) not scheduled: their batch has completed "
-                f"(the other {added + existing + replaced} of the call were)",
-                refused,
-            )
-        return ScheduleResult(added=added, existing=existing, replaced=replaced, ids=ids)
+        return sent
 
     def cancel_flow(self, task_id: str) -> Flow[bool]:
         if self._sharded is not None:

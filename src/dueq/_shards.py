@@ -95,6 +95,7 @@ from typing import Any, TypeVar
 from ._core import QueueCore
 from ._drive import Flow
 from ._lease_flows import MAX_CLAIM_BATCH, ClaimBatch, raise_not_held
+from ._schedule_flows import SentRecords
 from ._shard_fanout import together
 from ._shard_layout import MAX_SHARDS, ShardLayout, shard_of, task_shard
 from .checks import whole_number
@@ -235,7 +236,7 @@ class Sharded(ShardLayout):
         for position, task_id in enumerate(ids):
             groups[task_shard(task_id, self.count)].append(position)
         flows = [
-            self.queues[i].schedule_records_flow(
+            self.queues[i].send_records_flow(
                 [ids[p] for p in positions],
                 [records[p] for p in positions],
                 replace,
@@ -243,17 +244,14 @@ class Sharded(ShardLayout):
             )
             for i, positions in groups.items()
         ]
-        results: list[ScheduleResult] = yield from together(flows)
+        shards: list[SentRecords] = yield from together(flows)
         out = list(ids)
-        for positions, result in zip(groups.values(), results, strict=True):
-            for p, task_id in zip(positions, result.ids, strict=True):
+        sent = SentRecords(ScheduleResult(added=0, existing=0, replaced=0, ids=out))
+        for positions, shard in zip(groups.values(), shards, strict=True):
+            for p, task_id in zip(positions, shard.counts.ids, strict=True):
                 out[p] = task_id  # a generated id that was taken got a fresh one
-        return ScheduleResult(
-            added=sum(r.added for r in results),
-            existing=sum(r.existing for r in results),
-            replaced=sum(r.replaced for r in results),
-            ids=out,
-        )
+            sent.merge(shard)
+        return sent.result()
 
     def cancel_flow(self, task_id: str) -> Flow[bool]:
         yield from self.check_flow()
@@ -383,11 +381,11 @@ class Sharded(ShardLayout):
         parts: list[QueueStats] = yield from together([s.stats_flow() for s in self.queues])
         return _sum_stats(parts)
 
-    def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
+    def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Each shard checked on its own keys (findings name their shard), side by side."""
         yield from self.check_flow()
         parts: list[DoctorReport] = yield from together(
-            [s.doctor_flow(fix, batch) for s in self.queues]
+            [s.derived_state_flow(fix, batch) for s in self.queues]
         )
         return DoctorReport(
             self.name,

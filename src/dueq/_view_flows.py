@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from . import _protocol as protocol
 from ._drive import Flow
-from ._queue_base import QueueBase
+from ._registry_flows import RegistryFlows
 from .checks import whole_number
 from .clock import Duration, datetime_ms, ms_datetime
 from .clock import positive_duration_ms as _positive_ms
@@ -31,6 +33,9 @@ from .task import (
 )
 from .wake import WakeSubscription, sharded_pubsub
 
+if TYPE_CHECKING:
+    from .health import Health
+
 logger = logging.getLogger("dueq.queue")
 
 #: Most tasks one listing page returns, and entries one page looks at (list_tasks.lua's cost).
@@ -42,6 +47,8 @@ HISTORY_MINUTES = 1440
 MAX_DOCTOR_BATCH = 10_000
 #: Most leases (and rate entries) one doctor.lua call counts: about 10 ms of Redis time.
 DOCTOR_LEASE_CAP = 20_000
+#: Most dependency edges one doctor.lua "cycles" call follows (7 to 25 µs of Redis time each).
+DOCTOR_EDGE_CAP = 2_000
 MAX_BUCKETS = 1000
 _STATES = ("scheduled", "leased", "dead", "done", "cancelled", "expired", "waiting")
 
@@ -64,8 +71,9 @@ def _decode_cursor(cursor: object, state: str) -> str:
     return raw
 
 
-class ViewFlows(QueueBase):
-    """The flows that read a queue: get, list, history, stats, doctor (and run_now)."""
+class ViewFlows(RegistryFlows):
+    """The flows that read a queue: get, list, history, stats, doctor (and run_now); over the
+    registry's flows, whose live workers doctor's health verdict counts."""
 
     def get_flow(self, task_id: str) -> Flow[TaskInfo | None]:
         found = yield from self.inspect_ids_flow([validate_id(task_id)])
@@ -222,10 +230,29 @@ class ViewFlows(QueueBase):
         return stats
 
     def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
+        """The derived-state checks, then the queue's health verdict (``health_flow``)."""
+        report = yield from self.derived_state_flow(fix, batch)
+        health = yield from self.health_flow()
+        return dataclasses.replace(report, health=health)
+
+    def health_flow(self) -> Flow[Health]:
+        """The queue's health as the dashboard judges it, with the default rules: its stats,
+        the live workers that serve it, the history of the dead-letter window, judged by
+        ``dueq.health.judge_health`` (the one verdict)."""
+        from .health import HealthRules, judge_health  # (its dataclasses: made when used)
+
+        rules = HealthRules()
+        stats = yield from self.stats_flow()
+        workers = yield from self.workers_flow()
+        history = yield from self.history_flow(rules.history_minutes)
+        serving = sum(self.name in w.queues for w in workers)  # the dashboard's count
+        return judge_health(stats, live_workers=serving, history=history, rules=rules)
+
+    def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Every doctor.lua phase, batch by batch (each call atomic for its batch); one finding
         per what and subject (a key can be looked at twice while the queue runs on)."""
         if self._sharded is not None:
-            return (yield from self._sharded.doctor_flow(fix, batch))
+            return (yield from self._sharded.derived_state_flow(fix, batch))
         if not isinstance(fix, bool):
             raise ConfigurationError(f"fix must be True or False, got {fix!r}")
         whole_number(batch, "batch", low=1, high=MAX_DOCTOR_BATCH)
@@ -242,6 +269,7 @@ class ViewFlows(QueueBase):
                     batch=batch,
                     fix=fix,
                     lease_cap=DOCTOR_LEASE_CAP,
+                    edge_cap=DOCTOR_EDGE_CAP,
                 )
                 for finding in reply.findings:
                     findings.setdefault((finding.what, finding.subject), finding)

@@ -6,12 +6,24 @@ claimable, and the sum of the queue-wide rate window. A hand edit, an eviction o
 make it disagree with the tasks it is derived from; a key whose leased count is too high then
 holds its tasks back forever. ``q.doctor()`` (and ``dueq doctor QUEUE``) compares it with the
 tasks, and ``q.doctor(fix=True)`` rewrites it from them, never touching a task. Tasks whose data
-is gone are reported only: the claim drops them.
+is gone are reported only. The one repair that ends tasks is of a dependency cycle: its tasks
+wait for each other and can never run, so ``fix=True`` ends them dead (error type
+``DependencyCycle``; replayable from the dead-letter queue, without their parents).
+
+Consistent derived state is not a healthy queue: 400 overdue tasks and no worker is perfectly
+consistent. So the report also carries the queue's health as the dashboard judges it
+(``dueq.health.judge_health``, the one rule: due tasks waiting with no live worker, the oldest
+due task's wait, recent dead letters), and ``healthy`` asks for both; ``consistent`` is the
+derived state alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .health import Health
 
 __all__ = ["FINDINGS", "DoctorFinding", "DoctorReport"]
 
@@ -26,6 +38,10 @@ FINDINGS: dict[str, str] = {
     "due_without_data": "a due id whose task data is gone (report only: the claim drops it)",
     "parked_without_data": "a parked id whose task data is gone (report only)",
     "parked_unreadable": "a parked-set member that names no key (report only)",
+    "dependency_cycle": (
+        "waiting tasks that wait for each other (found: each waits for the next), so none ever "
+        "runs (fixed: each ended dead, error DependencyCycle)"
+    ),
 }
 
 
@@ -69,11 +85,20 @@ class DoctorReport:
     findings: list[DoctorFinding] = field(default_factory=list)
     #: checks left out, with why (a bound was reached)
     notes: list[str] = field(default_factory=list)
+    #: the queue's health as the dashboard judges it (``dueq.health.judge_health``), read
+    #: after the checks; None when not judged
+    health: Health | None = None
+
+    @property
+    def consistent(self) -> bool:
+        """Nothing was found in the derived state (and no dependency cycle)."""
+        return not self.findings
 
     @property
     def healthy(self) -> bool:
-        """Nothing was found."""
-        return not self.findings
+        """Consistent, and the health verdict is ``ok`` (the dashboard's ``warn`` or ``bad``
+        is not healthy)."""
+        return self.consistent and (self.health is None or self.health.level == "ok")
 
     @property
     def problems(self) -> list[DoctorFinding]:

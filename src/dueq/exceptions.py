@@ -6,6 +6,7 @@
     ├── ConfigurationError   (also ValueError)   bad queue name, lease, retry policy, limits
     ├── InvalidTaskError     (also ValueError)   bad id, naive datetime, negative/NaN delay
     │   ├── BatchCompleted                       scheduled into a batch that has completed
+    │   ├── DependencyCycle                      after= would make a task wait for itself
     │   └── InvalidArguments  (also Unrecoverable) a named task's arguments do not bind
     ├── PayloadError         (also ValueError)   payload not JSON, too large, or undecodable
     ├── CronError          (also ValueError)   bad cron expression, zone, name or missed policy
@@ -42,6 +43,7 @@ __all__ = [
     "CronConflict",
     "CronError",
     "CronNotFound",
+    "DependencyCycle",
     "DueqError",
     "InvalidArguments",
     "InvalidTaskError",
@@ -77,6 +79,18 @@ class BatchCompleted(InvalidTaskError):
     def __init__(self, message: str, ids: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.ids = list(ids)
+
+
+class DependencyCycle(InvalidTaskError):
+    """Tasks were scheduled (replaced) with parents that wait, through waiting tasks, for them:
+    a dependency cycle, whose tasks would wait for ever. They were not written (the other tasks
+    of the call were). ``ids`` names them; ``unchecked`` those refused because more dependency
+    edges than the walk's bound lay on the way to tell (docs/dependencies.md)."""
+
+    def __init__(self, message: str, ids: Iterable[str] = (), unchecked: Iterable[str] = ()):
+        super().__init__(message)
+        self.ids = list(ids)
+        self.unchecked = list(unchecked)
 
 
 class PayloadError(DueqError, ValueError):

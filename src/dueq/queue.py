@@ -621,10 +621,12 @@ class Queue(QueueCore):
         leased and parked counts, the key-wait entries, the rate window's sum. A hand edit, an
         eviction or a bug can make it disagree with the tasks, and a key whose leased count is
         too high holds its tasks back forever. No task is touched (due, leased, tasks, meta,
-        errors and dead stay as they are); tasks whose data is gone are reported only, since
-        the claim drops them. Runs in calls of at most ``batch`` keys or entries (1 to 10,000),
+        errors and dead stay as they are) but those of a dependency cycle, which never run:
+        ``fix=True`` ends them dead; tasks whose data is gone are reported only, since the
+        claim drops them. Runs in calls of at most ``batch`` keys or entries (1 to 10,000),
         each atomic for its batch, so a large queue is never blocked for long. Returns a
-        ``DoctorReport`` with one ``DoctorFinding`` per problem (``docs/doctor.md``)."""
+        ``DoctorReport`` with one ``DoctorFinding`` per problem and ``health``, the queue's
+        health as the dashboard judges it (``docs/doctor.md``)."""
         return self.drive(self.doctor_flow(fix, batch))
 
     def list_tasks(

@@ -16,9 +16,9 @@ from starlette.responses import Response
 
 from .._async import AsyncQueue
 from ..exceptions import ConfigurationError
+from ..health import human_duration
 from ._context import Context
 from ._guard import HttpProblem, form_fields
-from ._health import human_duration
 from ._html import e, link
 from ._reads import dead_groups
 

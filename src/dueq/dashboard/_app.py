@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from .. import discovery
 from ..clock import Clock
+from ..health import HealthRules
 from ..keys import validate_queue_name
 from ._actions import ACTIONS, Actions
 from ._api import Api
@@ -33,7 +34,6 @@ from ._auth import Auth
 from ._charts import Charts
 from ._context import Context, Endpoint, Kind
 from ._guard import SESSION_S, Guard, check_bind
-from ._health import HealthRules
 from ._views import Views
 
 

@@ -19,10 +19,10 @@ from .. import discovery
 from .._async import AsyncQueue
 from ..events import Event, latest_events
 from ..exceptions import ConfigurationError
+from ..health import Health, human_duration, judge_health, worst
 from ..registry import WorkerInfo
 from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
 from ._context import Context, Unreadable
-from ._health import Health, human_duration, judge_health, worst
 from ._html import Cell, cell, url, when
 
 PAGE_SIZE = 50

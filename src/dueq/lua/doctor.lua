@@ -1,7 +1,10 @@
 -- doctor.lua: check (and with fix, repair) a queue's derived state, one bounded batch a call.
--- Never touches a task: due, leased, tasks, meta, errors and dead stay as they are. What it
--- repairs is state derived from them: the per-key counts (key_state), the key-wait entries and
--- the stats field rate_in_window. Tasks without data are only reported (claim.lua drops them).
+-- Touches no task but the tasks of a dependency cycle: due, leased, tasks, meta, errors and dead
+-- stay as they are. What it repairs is state derived from them: the per-key counts
+-- (key_state), the key-wait entries and the stats field rate_in_window. Tasks without data are
+-- only reported (claim.lua drops them). The one repair that ends tasks is of a dependency
+-- cycle, whose tasks can never run: with fix they end dead (error DependencyCycle), as if a
+-- parent had failed, and their children outside the cycle are settled as for any dead parent.
 --
 -- KEYS[1] due      ZSET id -> due ms
 -- KEYS[2] leased   ZSET id -> lease deadline ms
@@ -12,14 +15,29 @@
 -- KEYS[7] key_state HASH key -> "leased|next rate slot ms|parked" (see the prelude)
 -- KEYS[8] parked   ZSET (scores 0) "<key>\0<9 - priority><due ms, 15 digits><id>"
 -- KEYS[9] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[10] waiting ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[11] after   HASH id -> "<parents not finished>|<policy>|<parents>"
+-- KEYS[12] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
+-- KEYS[13] dead    ZSET id -> died-at ms (the "cycles" repair ends a cycle's tasks dead)
+-- KEYS[14] errors  HASH id -> JSON list of error records
+-- KEYS[15] config  HASH setting -> value (events_ms: see the prelude's settings)
+-- KEYS[16] events  STREAM outcome events (written only when events_ms > 0)
+-- KEYS[17] ended   Pub/Sub channel: the ids of tasks that ended (for q.wait)
+-- KEYS[18] history HASH "<minute>|<counter>" -> count (a batch's completion task scheduled)
+-- KEYS[19] wake    Pub/Sub channel: told when a child released by the repair is due earlier
+-- KEYS[20] batches HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[21] batch_of HASH id -> batch id: the members of batches that have not ended
+-- KEYS[22] batch_on HASH batch id -> completion task record (a member ended may complete it)
+-- KEYS[23] batch_ended ZSET batch id -> completed ms (for trimming)
+-- KEYS[24..32] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
--- ARGV[2] phase: "keys", "waits", "rate" or "orphans" (the caller runs each until its cursor
---         comes back "")
+-- ARGV[2] phase: "keys", "waits", "rate", "orphans" or "cycles" (the caller runs each until its
+--         cursor comes back "")
 -- ARGV[3] cursor: "" to start a phase, else what the previous call of the phase returned
 -- ARGV[4] batch: most keys, wait entries or task ids looked at in this call
 -- ARGV[5] "1" to repair what is found, "" to report only (then nothing is written)
 -- ARGV[6] lease cap: most leases counted in one call (more: leased counts are not checked)
+-- ARGV[7] edge cap: most dependency edges one "cycles" call follows
 -- Returns {cursor ("" when the phase is done), looked_at, note ("" or what was not checked),
 --          what1, subject1, found1, expected1, fixed1 (1 or 0), what2, ...}; found and
 --          expected are integers, strings, or nil for "none".
@@ -32,6 +50,9 @@
 --   rate_in_window (the field): the stats sum differs from the sum of the rate window's entries
 --   leased_without_data, due_without_data, parked_without_data (task id): report only
 --   parked_unreadable (the member): a parked member that names no key (report only)
+--   dependency_cycle (the least id of the cycle): waiting tasks that wait for each other, found
+--     "a -> c -> b -> a" (each waits for the next, at most 10 shown); with fix each ends dead
+--     with an error record {type = "DependencyCycle", message = "waits for itself: <found>"}
 -- A key whose counts are repaired and that has parked tasks is made ready for the next claim
 -- (as keys_release does when a lease ends), so its parked tasks are looked at again.
 --
@@ -46,20 +67,43 @@
 -- lease. "waits" and "orphans" walk their sets by rank, `batch` entries a call; "rate" is one
 -- call, refused (with a note) above the lease cap. So one call costs O(batch log N + lease
 -- cap). Each call is atomic for what it looks at; between calls the queue runs on, so a key
--- may be looked at twice (the caller keeps one finding per what and subject).
+-- may be looked at twice (the caller keeps one finding per what and subject). "cycles" walks
+-- the waiting set by rank, `batch` tasks a call, and from each a depth-first walk up its
+-- parents' after entries (each task once a call), at most edge cap edges a call: a call that
+-- runs out goes on from the task it was at (a note says so when one task's walk alone does).
 
 local now = dueq_now(ARGV[1])
 local phase, cursor, batch = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local fix = ARGV[5] == '1'
-local lease_cap = tonumber(ARGV[6])
+local lease_cap, edge_cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 local k_due, k_leased, k_tasks, k_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local k_stats, k_rate, k_state, k_parked, k_wait = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local bk = links.batch_keys(KEYS[20], KEYS[21], KEYS[22], KEYS[23], due_levels(k_due), k_tasks,
+  k_stats, KEYS[19])
+local ak = links.after_keys(KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[17], bk)
 local out = {'', 0, ''}
 
 local function found(what, subject, was, wanted, fixed)
   local n = #out
   out[n + 1], out[n + 2], out[n + 3] = what, subject, was
   out[n + 4], out[n + 5] = wanted, fixed and 1 or 0
+end
+
+-- End a dependency cycle's tasks dead (their edges to each other go first, so the settle that
+-- follows sees only their children outside the cycle: buried, or released with policy "r").
+local function cycle_end(cycle, shown)
+  local k_dead, k_errors = KEYS[13], KEYS[14]
+  local record = cjson.encode({at = now, attempt = 0, type = 'DependencyCycle',
+    message = 'waits for itself: ' .. shown})
+  for _, id in ipairs(cycle) do links.after_drop(ak, id) end
+  for _, id in ipairs(cycle) do
+    redis.call('ZADD', k_dead, now, id)
+    error_append(k_errors, id, record)
+    outcome_events.note('dead', id, 0, redis.call('HGET', k_tasks, id) or nil, nil, record)
+  end
+  stat_incr(k_stats, 'dead', #cycle)
+  links.tasks_ended(bk, ak, cycle, 'dead', now)
+  publish_ended(KEYS[17], cycle)
 end
 
 -- How many parked members `key` has.
@@ -228,5 +272,70 @@ elseif phase == 'orphans' then  -- "<source>|<rank>": 1 leased, 2..11 due levels
   end
   out[2] = batch - left
   if source <= 12 then out[1] = source .. '|' .. offset end
+elseif phase == 'cycles' then  -- "<rank>" in the waiting set
+  local offset = tonumber(cursor) or 0
+  local starts = redis.call('ZRANGE', KEYS[10], offset, offset + batch - 1)
+  local walked, mark = 0, {}  -- id -> 1 while on the walk's path, 2 once its walk is done
+  local looked = 0
+  for n, start in ipairs(starts) do
+    if walked >= edge_cap then  -- out of edges: the next call goes on from this task
+      out[1] = ms(offset + n - 1)
+      break
+    end
+    looked = n
+    if not mark[start] then
+      mark[start] = 1
+      local path = {{start, links.after_parents_of(ak, start), 0}}  -- id, parents, next
+      while #path > 0 do
+        local top = path[#path]
+        top[3] = top[3] + 1
+        local parent = top[2][top[3]]
+        if parent == nil then
+          mark[top[1]] = 2
+          path[#path] = nil
+        elseif walked >= edge_cap then
+          if n == 1 then
+            out[3] = 'dependency cycles not looked for past ' .. edge_cap .. ' edges above ' ..
+              'waiting task ' .. start
+          else
+            out[1] = ms(offset + n - 1)
+          end
+          break
+        else
+          walked = walked + 1
+          if mark[parent] == 1 then  -- back on the path: a cycle, from parent to top
+            local cycle, least = {}, 1
+            for i = #path, 1, -1 do
+              table.insert(cycle, 1, path[i][1])
+              if path[i][1] == parent then break end
+            end
+            for i = 2, #cycle do if cycle[i] < cycle[least] then least = i end end
+            local shown = {}
+            for i = 0, math.min(#cycle, 10) - 1 do
+              shown[#shown + 1] = cycle[(least - 1 + i) % #cycle + 1]
+            end
+            shown[#shown + 1] = #cycle > 10 and '...' or cycle[least]
+            shown = table.concat(shown, ' -> ')
+            found('dependency_cycle', cycle[least], shown, false, fix)
+            if fix then
+              cycle_end(cycle, shown)
+              for _, id in ipairs(cycle) do mark[id] = 2 end  -- dead now: no longer on a path
+            end
+          elseif not mark[parent] then
+            mark[parent] = 1
+            path[#path + 1] = {parent, links.after_parents_of(ak, parent), 0}
+          end
+        end
+      end
+      if out[1] ~= '' or out[3] ~= '' then break end
+    end
+  end
+  out[2] = looked
+  if out[1] == '' and out[3] == '' and #starts == batch then out[1] = ms(offset + batch) end
+  if fix then  -- the events of the tasks ended here
+    history_use(KEYS[18], ARGV[1])
+    local events_ms = settings_read(KEYS[15], k_stats, 'events_ms').events_ms
+    outcome_events.flush(KEYS[16], events_ms, now, ARGV[1])
+  end
 end
 return out

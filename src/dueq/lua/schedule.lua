@@ -45,8 +45,10 @@
 -- ARGV[4] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): an id acked within the window counts as existing (unless replace); 0: off
 -- Returns {added, existing, replaced, position1, position2, ...}: the 1-based positions of
---         generated ids that already existed (the client retries those with new ids), and the
---         negated positions of tasks refused because their batch had completed
+--         generated ids that already existed (the client retries those with new ids), the
+--         negated positions of tasks refused because their batch had completed, and as
+--         "c<position>" ("u<position>") tasks refused because their parents wait for them, a
+--         dependency cycle (could not be checked within links.CYCLE_WALK edges): not written
 
 local now = dueq_now(ARGV[1])
 history_use(KEYS[14], ARGV[1])
@@ -85,10 +87,17 @@ while pos <= #blob do
     local at = redis.call('ZSCORE', KEYS[9], id)
     acked = at and tonumber(at) >= acked_since
   end
+  local cyclic = false  -- 'cycle' or 'unchecked': written, it would wait for itself
+  if parents and not refused and not acked and
+    (replace or max_wait or redis.call('HEXISTS', KEYS[2], id) == 0) then
+    cyclic = links.after_cycle(ak, id, parents)
+  end
   if refused then
     collided[#collided + 1] = -position
   elseif acked then
     if generated then collided[#collided + 1] = position else existing = existing + 1 end
+  elseif cyclic then
+    collided[#collided + 1] = (cyclic == 'cycle' and 'c' or 'u') .. position
   elseif redis.call('HSETNX', KEYS[2], id, envelope) == 1 then
     added = added + 1
     write = true

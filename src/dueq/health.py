@@ -1,8 +1,10 @@
 """Whether a queue needs a look: the health rule, and the one way a duration is written.
 
-Pure functions of what a page already read (a queue's stats, its live workers, its per-minute
-history), so the rule is tested with an explicit ``now`` and the pages, the JSON API and a
-script all judge a queue the same way. See docs/dashboard-health.md.
+Pure functions of what a caller already read (a queue's stats, its live workers, its
+per-minute history), so the rule is tested with an explicit ``now`` and the dashboard's pages,
+its JSON API, ``q.doctor()`` (``dueq doctor``) and a script all judge a queue the same way:
+``judge_health`` is the one verdict. It lives outside ``dueq.dashboard`` (which re-exports it)
+because it needs no web framework. See docs/dashboard-health.md.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from ..exceptions import ConfigurationError
-from ..task import HistoryPoint, QueueStats
+from .exceptions import ConfigurationError
+from .task import HistoryPoint, QueueStats
 
 Level = Literal["ok", "warn", "bad"]
 LEVELS: tuple[Level, ...] = ("ok", "warn", "bad")
