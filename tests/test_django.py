@@ -77,17 +77,25 @@ def test_django_task_errors_name_the_exception_class_by_module_path():
     assert "myapp.errors.Oops: no" in task_error(own).traceback
 
 
-def run_scenario(python: str, redis_url: str, prefix: str) -> dict[str, Any]:
-    """Run tests/django_project/scenario.py with ``python``; the JSON it reports."""
+def run_scenario(
+    python: str,
+    redis_url: str,
+    prefix: str,
+    script: str = "scenario.py",
+    env_extra: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``script`` of tests/django_project (scenario.py) with ``python``, ``env_extra`` in
+    its environment; the JSON it reports."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
         "DJANGO_SETTINGS_MODULE": "django_project.settings",
         "DUEQ_REDIS_URL": redis_url,
         "DUEQ_DJANGO_PREFIX": prefix,
+        **(env_extra or {}),
     }
     done = subprocess.run(
-        [python, str(ROOT / "tests" / "django_project" / "scenario.py")],
+        [python, str(ROOT / "tests" / "django_project" / script)],
         env=env,
         capture_output=True,
         text=True,

@@ -4,11 +4,20 @@ Each Django queue name is one dueq queue (``OPTIONS["prefix"]`` + the name). A t
 a plain dueq payload naming the Django task by its module path, with its arguments as JSON, so
 any process with the project's code (``python -m django dueq_worker``) can run it; the task's
 result id is its dueq task id, ``<queue name>:<32 hex digits>``.
+
+A payload's module path is data anyone who can write to the queue controls, so it is never
+imported: the backend imports the project's task modules itself (each installed app's
+``tasks`` module and ``OPTIONS["task_modules"]``), once, and a path resolves only to a Django
+``Task`` that an already imported module holds under that name (``resolve_task``). Any other
+path fails the attempt with ``ConfigurationError`` before any code it names could run.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
+import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +26,6 @@ from typing import Any
 
 import redis
 from django.utils import timezone as django_timezone
-from django.utils.module_loading import import_string
 
 from .._identity import worker_id
 from ..exceptions import ConfigurationError
@@ -91,6 +99,8 @@ class BackendOptions:
     ``max_attempts``: deliveries per task (1, the default: no retries, as Django's own
     backends; more: a failing task is retried with dueq's backoff, READY between attempts).
     ``lease``: seconds a worker holds a task before another may take it over.
+    ``task_modules``: modules holding tasks beyond the installed apps' ``tasks`` modules
+    (imported by the backend; a payload's path is never imported, see the module doc).
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -98,10 +108,11 @@ class BackendOptions:
     keep_results_s: float = 86_400.0
     max_attempts: int = 1
     lease_s: float = 30.0
+    task_modules: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> BackendOptions:
-        known = {"redis_url", "prefix", "keep_results", "max_attempts", "lease"}
+        known = {"redis_url", "prefix", "keep_results", "max_attempts", "lease", "task_modules"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise ConfigurationError(
@@ -115,12 +126,16 @@ class BackendOptions:
         attempts = options.get("max_attempts", cls.max_attempts)
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ConfigurationError(f"OPTIONS['max_attempts'] must be >= 1, got {attempts!r}")
+        modules = options.get("task_modules", ())
+        if isinstance(modules, str) or not all(isinstance(m, str) and m for m in modules):
+            raise ConfigurationError("OPTIONS['task_modules'] must be a list of module names")
         return cls(
             redis_url=url,
             prefix=prefix,
             keep_results_s=0.0 if keep is None else _seconds(keep, "keep_results", allow_zero=True),
             max_attempts=attempts,
             lease_s=_seconds(options.get("lease", cls.lease_s), "lease", allow_zero=False),
+            task_modules=tuple(modules),
         )
 
 
@@ -170,6 +185,7 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
         self.dueq_options = BackendOptions.parse(self.options)
         self._redis: redis.Redis | None = None
         self._queues: dict[str, Queue] = {}
+        self._task_modules_loaded = False
 
     # -- queues -------------------------------------------------------------------------------
 
@@ -198,6 +214,41 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             q.configure(keep_results=opts.keep_results_s)
         self._queues[queue_name] = q
         return q
+
+    # -- tasks --------------------------------------------------------------------------------
+
+    def load_task_modules(self) -> None:
+        """Import the project's task modules, once: each installed app's ``tasks`` module (when
+        it has one) and ``OPTIONS["task_modules"]`` (an ImportError of those is the project's
+        and propagates)."""
+        if self._task_modules_loaded:
+            return
+        from django.apps import apps
+
+        names = [f"{config.name}.tasks" for config in apps.get_app_configs()]
+        for name in names:
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+        for name in self.dueq_options.task_modules:
+            importlib.import_module(name)
+        self._task_modules_loaded = True
+
+    def resolve_task(self, path: object) -> Any:
+        """The Django ``Task`` a payload names by module path, without importing anything the
+        path names: only a ``Task`` held under that name by a module already imported (the
+        project's task modules, ``load_task_modules``) resolves; else ConfigurationError."""
+        self.load_task_modules()
+        if not isinstance(path, str):
+            raise ConfigurationError(f"not a task path: {path!r}")
+        module_name, _, name = path.rpartition(".")
+        module = sys.modules.get(module_name)
+        found = getattr(module, name, None) if module is not None and name else None
+        if not isinstance(found, self.task_class) or found.module_path != path:
+            raise ConfigurationError(
+                f"{path!r} is not a registered Django task (not a @task in the installed "
+                "apps' tasks modules or OPTIONS['task_modules'])"
+            )
+        return found
 
     # -- producing ----------------------------------------------------------------------------
 
@@ -266,7 +317,7 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
     def result_of(self, info: TaskInfo, queue_name: str) -> Any:
         """The ``TaskResult`` a stored dueq task reads as."""
         payload = info.payload
-        task = _import_task(payload[PAYLOAD_MARK])
+        task = self.resolve_task(payload[PAYLOAD_MARK])
         run_after = _iso_datetime(payload.get("run_after"))
         task = task.using(
             queue_name=queue_name,
@@ -317,7 +368,7 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
         payload = delivery.payload
         if not isinstance(payload, dict) or PAYLOAD_MARK not in payload:
             raise ConfigurationError(f"task {delivery.id!r} is not a Django task of dueq's")
-        task = _import_task(payload[PAYLOAD_MARK])
+        task = self.resolve_task(payload[PAYLOAD_MARK])
         args, kwargs = payload.get("args", []), payload.get("kwargs", {})
         me = worker_id()
         running = TaskResult(
@@ -345,16 +396,6 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             "started_ms": delivery.claimed_ms,  # this attempt's start
             "first_started_ms": delivery.first_claimed_ms,  # the first attempt's
         }
-
-
-def _import_task(path: object) -> Any:
-    """The Django ``Task`` at a module path (what ``@task`` left there)."""
-    if not isinstance(path, str):
-        raise ConfigurationError(f"not a task path: {path!r}")
-    found = import_string(path)
-    if not hasattr(found, "call") or not hasattr(found, "func"):
-        raise ConfigurationError(f"{path} is not a Django task (decorate it with @task)")
-    return found
 
 
 __all__ = ["BackendOptions", "DueqBackend", "dueq_priority", "task_error"]

@@ -46,6 +46,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # django's class (no type hin
             raise CommandError(f"not in TASKS[{alias!r}]['QUEUES']: {', '.join(unknown)}")
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
+        backend.load_task_modules()  # the tasks a payload may name (see DueqBackend.resolve_task)
         queues = [backend.queue(n) for n in names]
         self.stdout.write(
             f"dueq_worker: serving {', '.join(q.name for q in queues)} "

@@ -1,0 +1,47 @@
+"""The task framework's documented backend semantics, held by dueq's Django backend: one
+scenario (tests/django_project/contract.py) enqueues through Django's API, runs the real
+``dueq_worker`` command against the suite's Redis and reports; each test here checks one
+rule. It runs on the django-tasks backport (this interpreter) and on Django 6 (Python 3.12 in
+.venv-django6), the way tests/test_django.py runs both (one scenario run per version, shared
+by the module's tests)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+from test_django import _has_django_tasks, django6_python, run_scenario
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module", params=["backport", "django6"])
+def contract(request: pytest.FixtureRequest, redis_server: Any) -> dict[str, Any]:
+    """The contract scenario's report, once per Django version (the module's tests share it)."""
+    if request.param == "backport":
+        if not _has_django_tasks():
+            pytest.skip("the django-tasks backport is not installed: pip install 'dueq[django]'")
+        python = sys.executable
+    else:
+        python = django6_python()
+    client = getattr(redis_server, "admin", redis_server.client)()  # all keys, ACL or not
+    client.flushall()
+    out = run_scenario(
+        python, redis_server.url, "contract.", "contract.py", {"DUEQ_DJANGO_MAX_ATTEMPTS": "2"}
+    )
+    client.close()
+    if request.param == "django6":
+        assert out["django"].startswith("6.") and out["tasks_module"] == "django.tasks"
+    assert out["worker_exit"] == 0, out["worker_output"]
+    return out
+
+
+def signals_of(out: dict[str, Any], task_id: str) -> list[tuple[str, str]]:
+    return [(s["signal"], s["status"]) for s in out["signals"] if s["id"] == task_id]
+
+
+def test_a_worker_never_imports_a_module_a_payload_names_that_holds_no_registered_task(contract):
+    assert contract["imported"] == []  # django_project.sideeffect was never imported
+    assert contract["evil"]["state"] == "dead"
+    assert "not a registered Django task" in contract["evil"]["errors"][-1]
