@@ -45,3 +45,11 @@ def test_a_worker_never_imports_a_module_a_payload_names_that_holds_no_registere
     assert contract["imported"] == []  # django_project.sideeffect was never imported
     assert contract["evil"]["state"] == "dead"
     assert "not a registered Django task" in contract["evil"]["errors"][-1]
+
+
+def test_a_non_json_return_value_fails_the_task_once_and_the_body_never_runs_again(contract):
+    assert contract["set_runs"] == 1  # with max_attempts 2: not run a second time
+    res = contract["results"]["not_json"]
+    assert res["status"] == "FAILED"
+    assert [e["path"] for e in res["errors"]] == ["builtins.TypeError"]
+    assert "set" in res["errors"][0]["traceback"]

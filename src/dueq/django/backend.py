@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from traceback import format_exception
 from typing import Any
 
 import redis
@@ -167,6 +168,16 @@ def task_error(record: ErrorRecord) -> Any:
     else:
         path = record.type
     return TaskError(exception_class_path=path, traceback=trace)
+
+
+def class_path(error: BaseException) -> str:
+    """The import path of ``error``'s class (what ``TaskError.exception_class`` imports)."""
+    return f"{type(error).__module__}.{type(error).__qualname__}"
+
+
+def unstored_error(error: BaseException) -> dict[str, str]:
+    """What the worker keeps of the error that made a return value unstorable."""
+    return {"class": class_path(error), "traceback": "".join(format_exception(error))}
 
 
 class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no type hints)
@@ -329,12 +340,21 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
         stored = getattr(info, "result", None)  # the worker's record of the last attempt
         stored = stored if isinstance(stored, dict) else {}
         errors = [task_error(e) for e in info.errors]
+        unstored = stored.get("unstored")
+        if status == TaskResultStatus.SUCCESSFUL and isinstance(unstored, dict):
+            status = TaskResultStatus.FAILED  # it ran, but its return value is not JSON
+            errors.append(
+                TaskError(
+                    exception_class_path=str(unstored.get("class", "builtins.TypeError")),
+                    traceback=str(unstored.get("traceback", "")),
+                )
+            )
         # one worker id per attempt: the failed ones name theirs, the last its own record
         worker_ids = [e.worker or "" for e in info.errors if e.attempt > 0]
         last_started = _ms_datetime(stored.get("started_ms"))
         if info.state == "leased" and info.holder:
             worker_ids.append(info.holder)
-        elif status == TaskResultStatus.SUCCESSFUL:
+        elif info.state == "done":  # its last attempt ran to the end (SUCCESSFUL, or not JSON)
             worker_ids.append(str(stored.get("worker", "")))
         if last_started is None:
             last_started = info.errors[-1].at if info.errors else info.first_claimed_at
@@ -390,12 +410,19 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             value = task.call(TaskContext(task_result=running), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
-        return {
-            "value": normalize_json(value),
+        record: dict[str, Any] = {
+            "value": None,
             "worker": me,
             "started_ms": delivery.claimed_ms,  # this attempt's start
             "first_started_ms": delivery.first_claimed_ms,  # the first attempt's
         }
+        try:
+            record["value"] = normalize_json(value)
+        except (TypeError, ValueError, RecursionError) as exc:  # not JSON: the body ran, so
+            # the task is acked (never run again) and reads FAILED with this error, as the core
+            # queue acks a handler's unstorable value and marks it unstored
+            record["unstored"] = unstored_error(exc)
+        return record
 
 
 __all__ = ["BackendOptions", "DueqBackend", "dueq_priority", "task_error"]
