@@ -53,3 +53,36 @@ def test_a_non_json_return_value_fails_the_task_once_and_the_body_never_runs_aga
     assert res["status"] == "FAILED"
     assert [e["path"] for e in res["errors"]] == ["builtins.TypeError"]
     assert "set" in res["errors"][0]["traceback"]
+
+
+def test_signals_enqueued_started_and_finished_are_sent_with_each_status(contract):
+    ok = contract["results"]["ok"]
+    assert signals_of(contract, ok["id"]) == [
+        ("enqueued", "READY"),
+        ("started", "RUNNING"),
+        ("finished", "SUCCESSFUL"),
+    ]
+    # two attempts (max_attempts 2): started twice, finished once, FAILED, with the error
+    noted = contract["results"]["noted"]
+    assert signals_of(contract, noted["id"]) == [
+        ("enqueued", "READY"),
+        ("started", "RUNNING"),
+        ("started", "RUNNING"),
+        ("finished", "FAILED"),
+    ]
+    finished = [s for s in contract["signals"] if s["id"] == noted["id"]][-1]
+    assert finished["errors"][-1].endswith("Oops")
+    not_json = contract["results"]["not_json"]
+    assert signals_of(contract, not_json["id"])[-1] == ("finished", "FAILED")
+
+
+def test_djangos_own_task_log_lines_come_from_the_worker(contract):
+    ok = contract["results"]["ok"]
+    assert (
+        f"Task id={ok['id']} path=django_project.tasksapp.tasks.add state=RUNNING"
+        in (contract["worker_output"])
+    )
+    assert (
+        f"Task id={ok['id']} path=django_project.tasksapp.tasks.add state=SUCCESSFUL"
+        in (contract["worker_output"])
+    )

@@ -38,5 +38,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "loggers": {"django.tasks": {"handlers": ["stderr"], "level": "INFO"}},
+    "loggers": {
+        name: {"handlers": ["stderr"], "level": "INFO"} for name in ("django.tasks", "django_tasks")
+    },
 }

@@ -42,6 +42,7 @@ from ._compat import (
     TaskResultStatus,
     normalize_json,
     task_enqueued,
+    task_finished,
     task_started,
 )
 
@@ -406,10 +407,15 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             worker_ids=[me] * delivery.attempt,
         )
         task_started.send(type(self), task_result=running)
-        if task.takes_context:
-            value = task.call(TaskContext(task_result=running), *args, **kwargs)
-        else:
-            value = task.call(*args, **kwargs)
+        try:
+            if task.takes_context:
+                value = task.call(TaskContext(task_result=running), *args, **kwargs)
+            else:
+                value = task.call(*args, **kwargs)
+        except Exception as exc:  # re-raised (the attempt fails); the last one is FAILED
+            if delivery.attempt >= (delivery.max_attempts or self.dueq_options.max_attempts):
+                self._finished(running, exc)
+            raise
         record: dict[str, Any] = {
             "value": None,
             "worker": me,
@@ -422,7 +428,34 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             # the task is acked (never run again) and reads FAILED with this error, as the core
             # queue acks a handler's unstorable value and marks it unstored
             record["unstored"] = unstored_error(exc)
+            self._finished(running, exc)
+        else:
+            object.__setattr__(running, "_return_value", record["value"])
+            self._finished(running, None)
         return record
+
+    def _finished(self, result: Any, error: BaseException | None) -> None:
+        """Send ``task_finished`` for ``result`` (made SUCCESSFUL, or FAILED with ``error``),
+        inside the handler of ``error`` as Django's backends do, so that its log line has the
+        exception. Receivers' errors are logged: the body has run, an error now must not fail
+        the attempt (and run it again)."""
+        now = django_timezone.now()
+        object.__setattr__(result, "finished_at", now)
+        if error is None:
+            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+        else:
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+            result.errors.append(
+                TaskError(
+                    exception_class_path=class_path(error),
+                    traceback="".join(format_exception(error)),
+                )
+            )
+        for receiver, failure in task_finished.send_robust(type(self), task_result=result):
+            if isinstance(failure, Exception):
+                logger.error(
+                    "task_finished receiver %r failed for %s", receiver, result.id, exc_info=failure
+                )
 
 
 __all__ = ["BackendOptions", "DueqBackend", "dueq_priority", "task_error"]
