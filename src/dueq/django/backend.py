@@ -29,11 +29,14 @@ import redis
 from django.utils import timezone as django_timezone
 
 from .._identity import worker_id
-from ..exceptions import ConfigurationError
+from ..envelope import validate_id
+from ..exceptions import ConfigurationError, InvalidTaskError
+from ..keys import validate_queue_name
 from ..queue import Queue
 from ..retry import RetryPolicy
 from ..task import Delivery, ErrorRecord, TaskInfo
 from ._compat import (
+    DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     TaskContext,
     TaskError,
@@ -124,6 +127,10 @@ class BackendOptions:
         prefix = options.get("prefix", cls.prefix)
         if not isinstance(url, str) or not isinstance(prefix, str):
             raise ConfigurationError("OPTIONS 'redis_url' and 'prefix' must be strings")
+        try:
+            redis.connection.parse_url(url)  # type: ignore[no-untyped-call]  # redis-py untyped
+        except ValueError as exc:  # redis-py's words for a URL it cannot read
+            raise ConfigurationError(f"OPTIONS['redis_url'] cannot be read: {exc}") from exc
         keep = options.get("keep_results", cls.keep_results_s)
         attempts = options.get("max_attempts", cls.max_attempts)
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
@@ -195,6 +202,13 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.dueq_options = BackendOptions.parse(self.options)
+        for name in sorted(self.queues) or [DEFAULT_TASK_QUEUE_NAME]:  # at settings load
+            try:
+                validate_queue_name(self.dueq_options.prefix + name)
+            except ConfigurationError as exc:
+                raise ConfigurationError(
+                    f"OPTIONS['prefix'] {self.dueq_options.prefix!r} with queue {name!r}: {exc}"
+                ) from exc
         self._redis: redis.Redis | None = None
         self._queues: dict[str, Queue] = {}
         self._task_modules_loaded = False
@@ -213,12 +227,10 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             return q
         if self.queues and queue_name not in self.queues:
             raise ConfigurationError(f"queue {queue_name!r} is not in this backend's QUEUES")
-        if self._redis is None:
-            self._redis = redis.Redis.from_url(self.dueq_options.redis_url)
         opts = self.dueq_options
         q = Queue(
             opts.prefix + queue_name,
-            self._redis,
+            self._client(),
             retry=RetryPolicy(max_attempts=opts.max_attempts),
             lease=opts.lease_s,
         )
@@ -226,6 +238,15 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             q.configure(keep_results=opts.keep_results_s)
         self._queues[queue_name] = q
         return q
+
+    def ping(self) -> None:
+        """PING the backend's Redis (redis-py's ConnectionError when it cannot be reached)."""
+        self._client().ping()
+
+    def _client(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.dueq_options.redis_url)
+        return self._redis
 
     # -- tasks --------------------------------------------------------------------------------
 
@@ -306,10 +327,20 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
 
     # -- results ------------------------------------------------------------------------------
 
-    def get_result(self, result_id: str) -> Any:
+    def _queue_of_result(self, result_id: object) -> str:
+        """The Django queue name of a result id, TaskResultDoesNotExist for an id no task of
+        this backend can have (no queue name, another backend's queue, not a dueq id)."""
         queue_name, sep, _ = str(result_id).rpartition(":")
         if not sep or (self.queues and queue_name not in self.queues):
             raise TaskResultDoesNotExist(result_id)
+        try:
+            validate_id(result_id)
+        except InvalidTaskError as exc:  # too long, not UTF-8, ...: no such task
+            raise TaskResultDoesNotExist(result_id) from exc
+        return queue_name
+
+    def get_result(self, result_id: str) -> Any:
+        queue_name = self._queue_of_result(result_id)
         info = self.queue(queue_name).get(result_id)
         if info is None or not isinstance(info.payload, dict) or PAYLOAD_MARK not in info.payload:
             raise TaskResultDoesNotExist(result_id)
@@ -320,9 +351,7 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
         woken by the queue when it does (``Queue.wait``, no polling); raises
         ``dueq.WaitTimeout`` if it has not ended within ``timeout`` seconds. Needs
         ``keep_results``."""
-        queue_name, sep, _ = str(result_id).rpartition(":")
-        if not sep or (self.queues and queue_name not in self.queues):
-            raise TaskResultDoesNotExist(result_id)
+        queue_name = self._queue_of_result(result_id)
         self.queue(queue_name).wait(result_id, timeout=timeout)
         return self.get_result(result_id)
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from ....cli.connection import shown_url
+from ....exceptions import ConfigurationError
 from ....worker import Worker
 from ..._compat import task_backends
 from ...backend import DueqBackend
@@ -36,6 +39,8 @@ class Command(BaseCommand):  # type: ignore[misc]  # django's class (no type hin
         alias = options["backend"]
         try:
             backend = task_backends[alias]
+        except ConfigurationError as exc:  # dueq's OPTIONS check (a bad redis_url, prefix, ...)
+            raise CommandError(f"TASKS[{alias!r}]: {exc}") from exc
         except Exception as exc:  # Django's handler raises its own error type per version
             raise CommandError(f"no task backend {alias!r} in TASKS: {exc}") from exc
         if not isinstance(backend, DueqBackend):
@@ -47,7 +52,12 @@ class Command(BaseCommand):  # type: ignore[misc]  # django's class (no type hin
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         backend.load_task_modules()  # the tasks a payload may name (see DueqBackend.resolve_task)
-        queues = [backend.queue(n) for n in names]
+        try:
+            backend.ping()
+            queues = [backend.queue(n) for n in names]
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # one line, as `dueq worker`
+            shown = shown_url(backend.dueq_options.redis_url)
+            raise CommandError(f"cannot reach Redis at {shown}: {_reason(exc)}") from exc
         self.stdout.write(
             f"dueq_worker: serving {', '.join(q.name for q in queues)} "
             f"(backend {alias!r}, concurrency {options['concurrency']})"
@@ -55,3 +65,10 @@ class Command(BaseCommand):  # type: ignore[misc]  # django's class (no type hin
         self.stdout.flush()
         Worker(queues, backend.run_delivery, concurrency=options["concurrency"]).run()
         self.stdout.write("dueq_worker: stopped")
+
+
+def _reason(exc: BaseException) -> str:
+    """The operating system's words for a failed connection ("Connection refused"), else
+    redis-py's."""
+    cause = exc.__context__ or exc.__cause__
+    return cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)
