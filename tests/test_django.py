@@ -282,3 +282,14 @@ def test_dueq_worker_command_with_redis_down_says_so_in_one_line():
     assert done.stderr.strip().splitlines() == [
         "CommandError: cannot reach Redis at redis://127.0.0.1:1/0: Connection refused"
     ], done.stderr
+
+
+@needs_django
+def test_django_task_errors_use_the_module_dueq_keeps_even_with_a_multi_line_message():
+    from dueq import ErrorRecord
+    from dueq.django.backend import task_error
+
+    trace = "Traceback (most recent call last):\nmyapp.errors.Oops: two\nlines\na note\n"
+    own = ErrorRecord(1, "Oops", "two\nlines", trace, None, module="myapp.errors")
+    assert task_error(own).exception_class_path == "myapp.errors.Oops"
+    assert task_error(own).traceback == trace

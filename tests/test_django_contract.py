@@ -86,3 +86,21 @@ def test_djangos_own_task_log_lines_come_from_the_worker(contract):
         f"Task id={ok['id']} path=django_project.tasksapp.tasks.add state=SUCCESSFUL"
         in (contract["worker_output"])
     )
+
+
+def test_errors_name_a_users_exception_class_exactly_with_its_whole_traceback(contract):
+    # Oops("boom\nsecond line") with a note, raised from KeyError: two attempts, two errors
+    noted = contract["results"]["noted"]
+    assert noted["status"] == "FAILED"
+    paths = [e["path"] for e in noted["errors"]]
+    assert paths == ["django_project.tasksapp.tasks.Oops"] * 2
+    assert [e["class_ok"] for e in noted["errors"]] == ["Oops", "Oops"]  # exception_class
+    trace = noted["errors"][-1]["traceback"]
+    for part in (
+        "Traceback (most recent call last):",
+        "KeyError: 'the cause'",
+        "The above exception was the direct cause of the following exception:",
+        "django_project.tasksapp.tasks.Oops: boom\nsecond line",
+        "a note",
+    ):
+        assert part in trace, (part, trace)

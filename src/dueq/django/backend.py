@@ -164,12 +164,15 @@ def _iso_datetime(text: object) -> datetime | None:
 
 
 def task_error(record: ErrorRecord) -> Any:
-    """A dueq error record as Django's ``TaskError``. dueq keeps the exception's qualified name;
-    the traceback's last line (``module.Name: message``) gives the module, and a name without
-    one there is a builtin (``builtins.ValueError``)."""
+    """A dueq error record as Django's ``TaskError``: the exception class's module and
+    qualified name, as dueq keeps them. A record written before dueq kept the module: the
+    traceback's last line (``module.Name: message``) gives it, and a name without one there
+    is a builtin (``builtins.ValueError``)."""
     trace = record.traceback or f"{record.type}: {record.message}"
     last = trace.rstrip().rsplit("\n", 1)[-1].split(":", 1)[0].strip()
-    if last.endswith("." + record.type):
+    if record.module:
+        path = f"{record.module}.{record.type}"
+    elif last.endswith("." + record.type):
         path = last
     elif "." not in record.type:
         path = f"builtins.{record.type}"
