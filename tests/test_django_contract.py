@@ -104,3 +104,8 @@ def test_errors_name_a_users_exception_class_exactly_with_its_whole_traceback(co
         "a note",
     ):
         assert part in trace, (part, trace)
+
+
+def test_inside_a_task_its_context_keeps_the_callers_using_queue_priority_and_backend(contract):
+    assert contract["where"] == ["emails", 7, "default"]  # .using(queue_name=, priority=)
+    assert contract["results"]["where"]["status"] == "SUCCESSFUL"

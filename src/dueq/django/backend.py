@@ -358,17 +358,22 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
         self.queue(queue_name).wait(result_id, timeout=timeout)
         return self.get_result(result_id)
 
-    def result_of(self, info: TaskInfo, queue_name: str) -> Any:
-        """The ``TaskResult`` a stored dueq task reads as."""
-        payload = info.payload
+    def task_as_enqueued(self, payload: dict[str, Any], queue_name: str) -> Any:
+        """The Django ``Task`` a payload names, as the caller enqueued it: its ``.using()``
+        queue name, priority and ``run_after``, on this backend."""
         task = self.resolve_task(payload[PAYLOAD_MARK])
         run_after = _iso_datetime(payload.get("run_after"))
-        task = task.using(
+        return task.using(
             queue_name=queue_name,
             priority=payload.get("priority", task.priority),
             backend=self.alias,
             **({"run_after": run_after} if run_after is not None else {}),
         )
+
+    def result_of(self, info: TaskInfo, queue_name: str) -> Any:
+        """The ``TaskResult`` a stored dueq task reads as."""
+        payload = info.payload
+        task = self.task_as_enqueued(payload, queue_name)
         status = TaskResultStatus(STATUS_OF_STATE.get(info.state, "READY"))
         stored = getattr(info, "result", None)  # the worker's record of the last attempt
         stored = stored if isinstance(stored, dict) else {}
@@ -421,7 +426,8 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
         payload = delivery.payload
         if not isinstance(payload, dict) or PAYLOAD_MARK not in payload:
             raise ConfigurationError(f"task {delivery.id!r} is not a Django task of dueq's")
-        task = self.resolve_task(payload[PAYLOAD_MARK])
+        prefix, dueq_queue = self.dueq_options.prefix, delivery.queue_name
+        task = self.task_as_enqueued(payload, dueq_queue.removeprefix(prefix))
         args, kwargs = payload.get("args", []), payload.get("kwargs", {})
         me = worker_id()
         running = TaskResult(
