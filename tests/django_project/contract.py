@@ -20,6 +20,7 @@ django.setup()
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
+from waiting import wait_for, when_still  # noqa: E402
 
 from django_project.tasksapp import tasks  # noqa: E402
 from django_project.tasksapp.apps import SIGNALS_KEY  # noqa: E402
@@ -46,27 +47,64 @@ noted = tasks.fail_with_notes.enqueue("boom")
 long_queue = tasks.add.using(queue_name=settings.LONG_QUEUE).enqueue(1, 1)
 soon = tasks.add.using(run_after=timezone.now() + timedelta(milliseconds=200)).enqueue(0, 0)
 
-worker = subprocess.Popen(
-    [sys.executable, "-m", "django", "dueq_worker", "--concurrency", "1"],
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-)
+# run_after with a sub-millisecond part below half a millisecond (rounding would make it early)
+later_at = (timezone.now() + timedelta(hours=1)).replace(microsecond=123_400)
+later = tasks.add.using(run_after=later_at).enqueue(0, 1)
+later_due = backend.queue("default").get(later.id).due_at
+out["later_due_not_before_run_after"] = later_due >= later_at
+
+# on the long queue: a gate holding the one handler, then two low tasks behind it
+long = settings.LONG_QUEUE
+gate = tasks.gate.using(queue_name=long, priority=100).enqueue()
+lows = [tasks.mark.using(queue_name=long, priority=-100).enqueue(f"low{i}") for i in (1, 2)]
+
+
+def start_worker(*queues: str) -> subprocess.Popen[str]:
+    """The real ``dueq_worker`` command, one handler, on ``queues``."""
+    return subprocess.Popen(
+        [
+            *(sys.executable, "-m", "django", "dueq_worker", "--concurrency", "1"),
+            *(arg for name in queues for arg in ("--queue", name)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+worker = start_worker("default", "emails")
+long_worker = start_worker(long)  # the long queue alone: what it holds is its queue's
 try:
+    wait_for(lambda: r.llen("django-test:gate-started"), "the gate to run")  # handler busy
+    # and the workers are still (whatever they claim ahead, they have claimed by then)
+    when_still(lambda: int(r.info("stats")["total_commands_processed"]), own=1)
+    high = tasks.mark.using(queue_name=long, priority=100).enqueue("high")
+    waiting = [long_queue, *lows]  # behind the gate on its queue
+    for result in waiting:
+        result.refresh()
+    out["waiting_while_busy"] = [[str(x.status), x.started_at is not None] for x in waiting]
+    r.rpush("django-test:gate", "open")
+    for result in (gate, *waiting, high):
+        backend.wait(result.id, timeout=60)
     for result in (*by_priority, not_json, where, ok, noted, long_queue, soon):
         backend.wait(result.id, timeout=60)
         result.refresh()
     evil = backend.queue("default").wait(evil_id, timeout=60)
 finally:
     worker.send_signal(signal.SIGTERM)
+    long_worker.send_signal(signal.SIGTERM)
     worker_output, _ = worker.communicate(timeout=60)
-out["worker_output"] = worker_output
-out["worker_exit"] = worker.returncode
+    long_output, _ = long_worker.communicate(timeout=60)
+    print(worker_output + long_output, file=sys.stderr)  # for a failure's report
+out["worker_output"] = worker_output + long_output
+out["worker_exit"] = worker.returncode or long_worker.returncode
 out["ran"] = [x.decode() for x in r.lrange("django-test:ran", 0, -1)]
 out["evil"] = {"state": evil.state, "errors": [e.message for e in evil.errors]}
 out["imported"] = [x.decode() for x in r.lrange("django-test:imported", 0, -1)]
 out["set_runs"] = int(r.get("django-test:set-runs") or 0)
 out["where"] = json.loads(r.get("django-test:where") or "null")
+out["marks"] = [x.decode() for x in r.lrange("django-test:marks", 0, -1)]
+out["fetched_long"] = str(tasks.add.get_result(long_queue.id).status)
 out["signals"] = [json.loads(x) for x in r.lrange(SIGNALS_KEY, 0, -1)]
 
 

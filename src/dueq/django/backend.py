@@ -3,7 +3,8 @@
 Each Django queue name is one dueq queue (``OPTIONS["prefix"]`` + the name). A task travels as
 a plain dueq payload naming the Django task by its module path, with its arguments as JSON, so
 any process with the project's code (``python -m django dueq_worker``) can run it; the task's
-result id is its dueq task id, ``<queue name>:<32 hex digits>``.
+result id is its dueq task id, ``<queue name>:<32 hex digits>`` (the queue name cut to its first
+31 characters, so that the id fits in Django's 64).
 
 A payload's module path is data anyone who can write to the queue controls, so it is never
 imported: the backend imports the project's task modules itself (each installed app's
@@ -55,6 +56,10 @@ logger = logging.getLogger(__name__)
 DJANGO_MIN_PRIORITY, DJANGO_MAX_PRIORITY = -100, 100
 DUEQ_LEVELS = 10
 
+#: characters of the queue name a result id starts with: ``<queue name>:<32 hex digits>`` fits
+#: in the 64 characters Django allows a result id (a longer name is cut, see ``_find``)
+ID_QUEUE_CHARS = 64 - 1 - 32
+
 #: the payload field that marks a dueq task as one of this backend's
 PAYLOAD_MARK = "django_task"
 
@@ -80,6 +85,13 @@ def dueq_priority(priority: int) -> int:
         raise ConfigurationError(f"priority must be in -100..100, got {priority!r}")
     span = DJANGO_MAX_PRIORITY - DJANGO_MIN_PRIORITY + 1
     return (priority - DJANGO_MIN_PRIORITY) * DUEQ_LEVELS // span
+
+
+def ceil_ms(when: datetime) -> datetime:
+    """``when`` rounded up to a whole millisecond, dueq's resolution: a task scheduled then is
+    never started (its ``started_at``, in milliseconds) before ``when``."""
+    extra_us = when.microsecond % 1000
+    return when + timedelta(microseconds=1000 - extra_us) if extra_us else when
 
 
 def _seconds(value: object, name: str, *, allow_zero: bool) -> float:
@@ -291,7 +303,7 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)
         now = django_timezone.now()
-        result_id = f"{task.queue_name}:{uuid.uuid4().hex}"
+        result_id = f"{task.queue_name[:ID_QUEUE_CHARS]}:{uuid.uuid4().hex}"
         result = TaskResult(
             task=task,
             id=result_id,
@@ -321,7 +333,7 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
         self.queue(task.queue_name).schedule(
             payload,
             id=result_id,
-            at=run_after,
+            at=None if run_after is None else ceil_ms(run_after),
             priority=dueq_priority(task.priority),
             max_attempts=self.dueq_options.max_attempts,
         )
@@ -330,23 +342,31 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
 
     # -- results ------------------------------------------------------------------------------
 
-    def _queue_of_result(self, result_id: object) -> str:
-        """The Django queue name of a result id, TaskResultDoesNotExist for an id no task of
-        this backend can have (no queue name, another backend's queue, not a dueq id)."""
-        queue_name, sep, _ = str(result_id).rpartition(":")
-        if not sep or (self.queues and queue_name not in self.queues):
-            raise TaskResultDoesNotExist(result_id)
+    def _find(self, result_id: object) -> tuple[str, TaskInfo]:
+        """The Django queue name and dueq task of a result id; TaskResultDoesNotExist when
+        there is none, or the id is one no task of this backend can have (no queue part,
+        another backend's queue, not a dueq id). The id's queue part is the queue name, or
+        its first ``ID_QUEUE_CHARS`` characters (``result_id``): then each queue of ``QUEUES``
+        that starts so is looked in."""
+        tag, sep, _ = str(result_id).rpartition(":")
         try:
             validate_id(result_id)
         except InvalidTaskError as exc:  # too long, not UTF-8, ...: no such task
             raise TaskResultDoesNotExist(result_id) from exc
-        return queue_name
+        if not self.queues:  # any queue name: only whole ones can be found
+            names = [tag]
+        elif len(tag) < ID_QUEUE_CHARS:
+            names = [tag] if tag in self.queues else []
+        else:
+            names = sorted(q for q in self.queues if q.startswith(tag))
+        for name in names if sep else []:
+            info = self.queue(name).get(str(result_id))
+            if info is not None and isinstance(info.payload, dict) and PAYLOAD_MARK in info.payload:
+                return name, info
+        raise TaskResultDoesNotExist(result_id)
 
     def get_result(self, result_id: str) -> Any:
-        queue_name = self._queue_of_result(result_id)
-        info = self.queue(queue_name).get(result_id)
-        if info is None or not isinstance(info.payload, dict) or PAYLOAD_MARK not in info.payload:
-            raise TaskResultDoesNotExist(result_id)
+        queue_name, info = self._find(result_id)
         return self.result_of(info, queue_name)
 
     def wait(self, result_id: str, timeout: float = 10.0) -> Any:
@@ -354,7 +374,7 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
         woken by the queue when it does (``Queue.wait``, no polling); raises
         ``dueq.WaitTimeout`` if it has not ended within ``timeout`` seconds. Needs
         ``keep_results``."""
-        queue_name = self._queue_of_result(result_id)
+        queue_name, _ = self._find(result_id)
         self.queue(queue_name).wait(result_id, timeout=timeout)
         return self.get_result(result_id)
 

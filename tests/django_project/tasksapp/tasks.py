@@ -77,3 +77,17 @@ def fail_with_notes(message: str) -> None:
 
 class Oops(Exception):
     """A user's own exception class."""
+
+
+@task
+def gate() -> None:
+    """Holds the worker's one handler until the scenario opens the gate."""
+    with _redis() as r:
+        r.rpush("django-test:gate-started", "1")
+        r.blpop(["django-test:gate"], timeout=60)  # blocked, not polling: Redis stays still
+
+
+@task
+def mark(label: str) -> None:
+    with _redis() as r:
+        r.rpush("django-test:marks", label)

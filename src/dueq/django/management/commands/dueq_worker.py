@@ -1,7 +1,16 @@
-"""``python -m django dueq_worker``: run the project's Django tasks from dueq queues."""
+"""``python -m django dueq_worker``: run the project's Django tasks from dueq queues.
+
+By default the worker holds per queue only as many tasks as it has handlers (``Worker``'s
+``max_in_flight`` set to the concurrency): a task it took ahead of a free handler would read
+RUNNING, with a ``started_at``, before it ran, and a higher-priority task enqueued meanwhile
+would wait behind it. ``--max-in-flight auto`` (or a number) turns dueq's prefetch back on, for
+throughput when tasks are short. A worker serving several queues still holds up to one set per
+queue.
+"""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import redis
@@ -34,6 +43,14 @@ class Command(BaseCommand):  # type: ignore[misc]  # django's class (no type hin
         parser.add_argument(
             "--concurrency", type=int, default=8, help="tasks run at a time (default: 8)"
         )
+        parser.add_argument(
+            "--max-in-flight",
+            type=_in_flight,
+            default=None,
+            metavar="N",
+            help="tasks held per queue, running or about to (default: the concurrency, so "
+            "none is taken ahead of a free handler; 'auto' or more: dueq's prefetch)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = options["backend"]
@@ -63,8 +80,28 @@ class Command(BaseCommand):  # type: ignore[misc]  # django's class (no type hin
             f"(backend {alias!r}, concurrency {options['concurrency']})"
         )
         self.stdout.flush()
-        Worker(queues, backend.run_delivery, concurrency=options["concurrency"]).run()
+        held = options["max_in_flight"]
+        try:
+            worker = Worker(
+                queues,
+                backend.run_delivery,
+                concurrency=options["concurrency"],
+                max_in_flight=options["concurrency"] if held is None else held,
+            )
+        except ConfigurationError as exc:  # out of range
+            raise CommandError(str(exc)) from exc
+        worker.run()
         self.stdout.write("dueq_worker: stopped")
+
+
+def _in_flight(text: str) -> int | str:
+    """``--max-in-flight``: "auto" or a whole number."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or 'auto': {text!r}") from None
 
 
 def _reason(exc: BaseException) -> str:
