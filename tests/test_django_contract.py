@@ -157,3 +157,18 @@ def test_priorities_across_the_whole_range_never_run_a_lower_band_first(contract
 def test_every_django_priority_orders_exactly(contract):
     ran = ran_priorities(contract)
     assert ran == sorted(ran, reverse=True)
+
+
+def test_results_read_djangos_statuses_attempts_and_errors(contract):
+    assert contract["valid_statuses"] == ["FAILED", "READY", "RUNNING", "SUCCESSFUL"]
+    res = contract["results"]
+    assert all(r["status"] in contract["valid_statuses"] for r in res.values())
+    ok, noted = res["ok"], res["noted"]
+    assert (ok["status"], ok["return_value"], ok["attempts"], ok["errors"]) == (
+        "SUCCESSFUL",
+        5,
+        1,
+        [],
+    )
+    # FAILED after max_attempts (2): one error per failed attempt, oldest first
+    assert (noted["status"], noted["attempts"], len(noted["errors"])) == ("FAILED", 2, 2)

@@ -273,8 +273,8 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             return
         from django.apps import apps
 
-        names = [f"{config.name}.tasks" for config in apps.get_app_configs()]
-        for name in names:
+        packages = [c for c in apps.get_app_configs() if hasattr(c.module, "__path__")]
+        for name in [f"{config.name}.tasks" for config in packages]:
             if importlib.util.find_spec(name) is not None:
                 importlib.import_module(name)
         for name in self.dueq_options.task_modules:
