@@ -247,8 +247,12 @@ def test_django_backend_options_refuse_a_malformed_redis_url_and_a_prefix_no_que
 
     with pytest.raises(dueq.ConfigurationError, match="redis_url"):
         BackendOptions.parse({"redis_url": "nope://h:1/0"})
-    with pytest.raises(dueq.ConfigurationError, match="prefix"):  # when the settings load
-        DueqBackend("default", {"OPTIONS": {"prefix": "my {queue} "}})
+    # the settings check reports it (manage.py check, every command's checks); a use raises it
+    backend = DueqBackend("default", {"OPTIONS": {"prefix": "my {queue} "}})
+    [error] = backend.check()
+    assert (error.id, "OPTIONS['prefix']" in error.msg) == ("dueq.E001", True)
+    with pytest.raises(dueq.ConfigurationError, match="prefix"):
+        backend.queue("default")
 
 
 @needs_django

@@ -216,17 +216,38 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        self.dueq_options = BackendOptions.parse(self.options)
-        for name in sorted(self.queues) or [DEFAULT_TASK_QUEUE_NAME]:  # at settings load
-            try:
-                validate_queue_name(self.dueq_options.prefix + name)
-            except ConfigurationError as exc:
-                raise ConfigurationError(
-                    f"OPTIONS['prefix'] {self.dueq_options.prefix!r} with queue {name!r}: {exc}"
-                ) from exc
+        #: what is wrong with OPTIONS, reported by ``check`` (``manage.py check`` and every
+        #: command's system checks) and raised by every use of Redis; None when they are right
+        self.options_error: ConfigurationError | None = None
+        try:
+            self.dueq_options = BackendOptions.parse(self.options)
+            for name in sorted(self.queues) or [DEFAULT_TASK_QUEUE_NAME]:
+                self._check_prefix(name)
+        except ConfigurationError as exc:
+            self.options_error = exc
+            self.dueq_options = BackendOptions()  # never reaches Redis: _client raises exc
         self._redis: redis.Redis | None = None
         self._queues: dict[str, Queue] = {}
         self._task_modules_loaded = False
+
+    def _check_prefix(self, name: str) -> None:
+        try:
+            validate_queue_name(self.dueq_options.prefix + name)
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"OPTIONS['prefix'] {self.dueq_options.prefix!r} with queue {name!r}: {exc}"
+            ) from exc
+
+    def check(self, **kwargs: Any) -> list[Any]:
+        """Django's system check of this backend: an error for bad OPTIONS (dueq.E001)."""
+        from django.core import checks
+
+        found = list(super().check(**kwargs))
+        if self.options_error is not None:
+            found.append(
+                checks.Error(f"TASKS[{self.alias!r}]: {self.options_error}", id="dueq.E001")
+            )
+        return found
 
     # -- queues -------------------------------------------------------------------------------
 
@@ -259,6 +280,8 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
         self._client().ping()
 
     def _client(self) -> redis.Redis:
+        if self.options_error is not None:
+            raise self.options_error
         if self._redis is None:
             self._redis = redis.Redis.from_url(self.dueq_options.redis_url)
         return self._redis

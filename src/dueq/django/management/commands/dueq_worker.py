@@ -75,6 +75,8 @@ class Command(BaseCommand):  # type: ignore[misc]  # django's class (no type hin
         except (redis.ConnectionError, redis.TimeoutError) as exc:  # one line, as `dueq worker`
             shown = shown_url(backend.dueq_options.redis_url)
             raise CommandError(f"cannot reach Redis at {shown}: {_reason(exc)}") from exc
+        except ConfigurationError as exc:  # bad OPTIONS (reported by the checks, --skip-checks)
+            raise CommandError(f"TASKS[{alias!r}]: {exc}") from exc
         self.stdout.write(
             f"dueq_worker: serving {', '.join(q.name for q in queues)} "
             f"(backend {alias!r}, concurrency {options['concurrency']})"
