@@ -369,8 +369,8 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
         """The Django queue name and dueq task of a result id; TaskResultDoesNotExist when
         there is none, or the id is one no task of this backend can have (no queue part,
         another backend's queue, not a dueq id). The id's queue part is the queue name, or
-        its first ``ID_QUEUE_CHARS`` characters (``result_id``): then each queue of ``QUEUES``
-        that starts so is looked in."""
+        its first ``ID_QUEUE_CHARS`` characters (``enqueue``): then each queue of ``QUEUES``
+        that starts so is looked in (with ``QUEUES`` empty, only a whole name is)."""
         tag, sep, _ = str(result_id).rpartition(":")
         try:
             validate_id(result_id)
