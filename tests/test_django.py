@@ -77,17 +77,25 @@ def test_django_task_errors_name_the_exception_class_by_module_path():
     assert "myapp.errors.Oops: no" in task_error(own).traceback
 
 
-def run_scenario(python: str, redis_url: str, prefix: str) -> dict[str, Any]:
-    """Run tests/django_project/scenario.py with ``python``; the JSON it reports."""
+def run_scenario(
+    python: str,
+    redis_url: str,
+    prefix: str,
+    script: str = "scenario.py",
+    env_extra: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``script`` of tests/django_project (scenario.py) with ``python``, ``env_extra`` in
+    its environment; the JSON it reports."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
         "DJANGO_SETTINGS_MODULE": "django_project.settings",
         "DUEQ_REDIS_URL": redis_url,
         "DUEQ_DJANGO_PREFIX": prefix,
+        **(env_extra or {}),
     }
     done = subprocess.run(
-        [python, str(ROOT / "tests" / "django_project" / "scenario.py")],
+        [python, str(ROOT / "tests" / "django_project" / script)],
         env=env,
         capture_output=True,
         text=True,
@@ -230,3 +238,62 @@ def test_django_example_project_runs_its_tasks_through_dueq_worker(redis_server,
     ]
     assert worker.returncode == 0, worker_output
     assert "serving shop.default, shop.reports" in worker_output
+
+
+@needs_django
+def test_django_backend_options_refuse_a_malformed_redis_url_and_a_prefix_no_queue_can_have():
+    import dueq
+    from dueq.django import BackendOptions, DueqBackend
+
+    with pytest.raises(dueq.ConfigurationError, match="redis_url"):
+        BackendOptions.parse({"redis_url": "nope://h:1/0"})
+    # the settings check reports it (manage.py check, every command's checks); a use raises it
+    backend = DueqBackend("default", {"OPTIONS": {"prefix": "my {queue} "}})
+    [error] = backend.check()
+    assert (error.id, "OPTIONS['prefix']" in error.msg) == ("dueq.E001", True)
+    with pytest.raises(dueq.ConfigurationError, match="prefix"):
+        backend.queue("default")
+
+
+@needs_django
+def test_django_get_result_of_an_id_no_task_can_have_is_task_result_does_not_exist(redis_server, r):
+    from dueq.django import DueqBackend
+    from dueq.django._compat import TaskResultDoesNotExist
+
+    backend = DueqBackend("default", {"OPTIONS": {"redis_url": redis_server.url}})
+    for bad in ("default:" + "x" * 600, "default:\ud800", "default:", "no-colon"):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(bad)
+
+
+@pytest.mark.slow
+@needs_django
+def test_dueq_worker_command_with_redis_down_says_so_in_one_line():
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
+        "DJANGO_SETTINGS_MODULE": "django_project.settings",
+        "DUEQ_REDIS_URL": "redis://127.0.0.1:1/0",  # nothing listens on port 1
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "dueq_worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "CommandError: cannot reach Redis at redis://127.0.0.1:1/0: Connection refused"
+    ], done.stderr
+
+
+@needs_django
+def test_django_task_errors_use_the_module_dueq_keeps_even_with_a_multi_line_message():
+    from dueq import ErrorRecord
+    from dueq.django.backend import task_error
+
+    trace = "Traceback (most recent call last):\nmyapp.errors.Oops: two\nlines\na note\n"
+    own = ErrorRecord(1, "Oops", "two\nlines", trace, None, module="myapp.errors")
+    assert task_error(own).exception_class_path == "myapp.errors.Oops"
+    assert task_error(own).traceback == trace

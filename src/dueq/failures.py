@@ -1,10 +1,14 @@
 """Error records: what a failed attempt leaves in the task's error history.
 
-A record is a JSON object ``{"at", "attempt", "type", "message", "traceback", "worker"}``; the
-scripts add ``at`` from the queue clock. ``worker`` is the lease holder of the failed attempt
-(the holder part of its lease token, ``<seq>@<holder>``), absent when the lease named none and
-in records older than the worker registry. Messages and tracebacks are shortened so that one
-huge error cannot bloat Redis.
+A record is a JSON object ``{"at", "attempt", "type", "message", "traceback", "worker",
+"module"}``; the scripts add ``at`` from the queue clock. ``type`` is the exception class's
+qualified name and ``module`` its module (together its import path, which Django's
+``TaskError.exception_class_path`` needs); ``traceback`` is Python's whole report of it
+(header, frames, notes, and the ``__cause__``/``__context__`` chain). ``worker`` is the lease
+holder of the failed attempt (the holder part of its lease token, ``<seq>@<holder>``), absent
+when the lease named none and in records older than the worker registry. Messages and
+tracebacks are shortened (a traceback keeps its head and tail) so that one huge error cannot
+bloat Redis.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from .task import ErrorRecord
 
 MAX_MESSAGE_CHARS = 2000
 MAX_TRACEBACK_CHARS = 4000
-TRACEBACK_FRAMES = 8
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -39,14 +42,13 @@ def token_holder(token: str) -> str | None:
 
 def error_record(error: BaseException | str, attempt: int, worker: str | None = None) -> str:
     """The JSON record (without "at") of a failed attempt run by ``worker``."""
+    module: str | None = None
     if isinstance(error, BaseException):
-        kind = type(error).__qualname__
+        kind, module = type(error).__qualname__, type(error).__module__
         message = str(error)
         trace: str | None = None
-        if error.__traceback__ is not None:  # the last frames, then the "Type: message" line
-            tail = traceback.extract_tb(error.__traceback__)[-TRACEBACK_FRAMES:]
-            last_line = traceback.format_exception_only(type(error), error)[-1]
-            trace = "".join(traceback.format_list(tail)) + last_line
+        if error.__traceback__ is not None:  # the whole report; _shorten keeps head and tail
+            trace = "".join(traceback.format_exception(error))
     else:
         kind, message, trace = "Error", str(error), None
     record = {
@@ -57,6 +59,8 @@ def error_record(error: BaseException | str, attempt: int, worker: str | None = 
     }
     if worker is not None:
         record["worker"] = worker
+    if module is not None:
+        record["module"] = _shorten(module, MAX_MESSAGE_CHARS)
     return json.dumps(record, ensure_ascii=False)
 
 
@@ -85,6 +89,7 @@ def _record(item: dict[str, Any]) -> ErrorRecord:
     attempt = item.get("attempt")
     trace = item.get("traceback")
     worker = item.get("worker")
+    module = item.get("module")
     return ErrorRecord(
         attempt=attempt if isinstance(attempt, int) and 0 <= attempt <= 2**53 else 0,
         type=_text(item.get("type")),
@@ -92,6 +97,7 @@ def _record(item: dict[str, Any]) -> ErrorRecord:
         traceback=trace if isinstance(trace, str) else None,
         at=stored_datetime(item["at"]) if isinstance(item.get("at"), (int, float)) else None,
         worker=worker if isinstance(worker, str) and worker else None,
+        module=module if isinstance(module, str) and module else None,
     )
 
 

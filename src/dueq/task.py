@@ -147,7 +147,8 @@ class ErrorRecord:
     """One failed attempt: when, which attempt, the exception's type, message and traceback,
     and ``worker``, who ran it (the lease holder, see ``Queue(holder=...)``; for a
     ``LeaseExpired`` record the holder whose lease ran out): None when not named, and in
-    records written before dueq named workers."""
+    records written before dueq named workers. ``module``: the exception class's module
+    (``type`` is its qualified name), None for records written before dueq kept it."""
 
     attempt: int
     type: str
@@ -155,6 +156,7 @@ class ErrorRecord:
     traceback: str | None
     at: datetime | None
     worker: str | None = None
+    module: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """This record as JSON types: at, attempt, type, message, traceback, worker."""

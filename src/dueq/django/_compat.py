@@ -16,7 +16,7 @@ try:  # Django >= 6.0 (Python >= 3.12): the framework's own module
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TaskError
     from django.tasks.exceptions import TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued, task_started
+    from django.tasks.signals import task_enqueued, task_finished, task_started
 
     SOURCE = "django.tasks"
 except ImportError:  # Django 4.2-5.x: the backport, or neither (then say which extra to install)
@@ -31,7 +31,7 @@ except ImportError:  # Django 4.2-5.x: the backport, or neither (then say which 
         from django_tasks.backends.base import BaseTaskBackend
         from django_tasks.base import TaskError
         from django_tasks.exceptions import TaskResultDoesNotExist
-        from django_tasks.signals import task_enqueued, task_started
+        from django_tasks.signals import task_enqueued, task_finished, task_started
     except ImportError as exc:
         raise ImportError(
             "dueq.django needs Django 6 (django.tasks) or, on Django 4.2-5.x, the django-tasks "
@@ -67,5 +67,6 @@ __all__ = [
     "normalize_json",
     "task_backends",
     "task_enqueued",
+    "task_finished",
     "task_started",
 ]
