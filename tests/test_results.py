@@ -453,3 +453,104 @@ def test_wait_with_no_time_left_still_returns_a_task_that_has_ended(make_queue):
     q.schedule("y", id="t2")
     with pytest.raises(dueq.WaitTimeout):
         q.wait("t2", timeout=0)
+
+
+#: Concurrent waiters against a pool of redis-py's default size (100 connections).
+MANY_WAITERS = 120
+POOL_SIZE = 100
+
+
+def _ended_subscribers(r, channel: str) -> int:
+    """Clients listening on an ended channel (SSUBSCRIBE from Redis 7.0, else SUBSCRIBE)."""
+    from dueq.server import server_build
+    from dueq.wake import sharded_pubsub
+
+    if sharded_pubsub(server_build(r)[1]):
+        return int(r.pubsub_shardnumsub(channel)[0][1])
+    return int(r.pubsub_numsub(channel)[0][1])
+
+
+def _waiting(client) -> int:
+    """How many ``wait`` calls of this process are blocked on ``client``'s shared ended
+    subscription (dueq._ended)."""
+    from dueq import _ended
+
+    return _ended.waiting(client)
+
+
+def test_many_threads_waiting_share_one_subscription_and_leave_the_client_working(r, redis_server):
+    """Issue 37: each wait held a pooled connection of the queue's own client, so 120 waiters
+    on a pool of 100 raised MaxConnectionsError and starved every other call on the client.
+    Waiters share one subscription per client; the client's other calls keep working."""
+    client = redis_server.client(max_connections=POOL_SIZE)  # as redis-py's default pool
+    q = dueq.Queue("many-waiters", client)
+    q.configure(keep_results=600)
+    ids = [q.schedule(i, id=f"t{i}") for i in range(MANY_WAITERS)]
+    results: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    def wait(tid: str) -> None:
+        try:
+            results[tid] = q.wait(tid, timeout=60).result
+        except BaseException as exc:  # recorded: the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wait, args=(tid,)) for tid in ids]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: errors or _waiting(client) == MANY_WAITERS, "every waiter to wait")
+        assert errors == []
+        assert _ended_subscribers(r, q.keys.ended) == 1  # one subscription for all of them
+        for _ in range(20):  # the queue's client keeps working meanwhile
+            assert q.stats().scheduled == MANY_WAITERS
+        assert client.ping()
+        worker = dueq.Queue("many-waiters", r)  # another client ends the tasks
+        for d in worker.claim(limit=MANY_WAITERS):
+            d.ack(result=d.payload * 2)
+    finally:
+        for thread in threads:
+            thread.join(60)
+    assert errors == []
+    assert results == {f"t{i}": i * 2 for i in range(MANY_WAITERS)}
+    wait_for(lambda: _ended_subscribers(r, q.keys.ended) == 0, "the subscription to end")
+    client.close()
+
+
+def test_many_coroutines_waiting_share_one_subscription_and_leave_the_client_working(
+    r, redis_server
+):
+    """As the threaded test, for ``await q.wait`` on one event loop."""
+
+    async def main() -> None:
+        client = async_mirror(r, max_connections=POOL_SIZE)  # as redis-py's default pool
+        q = dueq.AsyncQueue("many-async-waiters", client)
+        await q.configure(keep_results=600)
+        ids = [await q.schedule(i, id=f"t{i}") for i in range(MANY_WAITERS)]
+        waits = [asyncio.ensure_future(q.wait(tid, timeout=60)) for tid in ids]
+        try:
+            async with asyncio.timeout(60):
+                while _waiting(client) < MANY_WAITERS:
+                    failed = [w for w in waits if w.done()]
+                    if failed:
+                        await failed[0]  # raises what it raised
+                    await asyncio.sleep(0.01)
+            assert _ended_subscribers(r, q.keys.ended) == 1
+            for _ in range(20):  # the queue's client keeps working meanwhile
+                assert (await q.stats()).scheduled == MANY_WAITERS
+            worker = dueq.Queue("many-async-waiters", r)  # another client ends the tasks
+            for d in worker.claim(limit=MANY_WAITERS):
+                d.ack(result=d.payload * 2)
+            async with asyncio.timeout(60):
+                infos = await asyncio.gather(*waits)
+            assert [info.result for info in infos] == [i * 2 for i in range(MANY_WAITERS)]
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        async with asyncio.timeout(30):
+            while _ended_subscribers(r, q.keys.ended):
+                await asyncio.sleep(0.01)
+        await client.aclose()
+
+    asyncio.run(main())
