@@ -13,6 +13,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -554,3 +555,50 @@ def test_many_coroutines_waiting_share_one_subscription_and_leave_the_client_wor
         await client.aclose()
 
     asyncio.run(main())
+
+
+def _end_before_subscribing(q, other) -> None:
+    """Make ``q``'s next wait end its task (from ``other``, another client) right after the
+    wait's first look, before it subscribes: the window a waiter must not miss."""
+    inner = getattr(q, "_target", q)  # (the AsyncQueue inside the Blocking wrapper)
+    flow = type(inner).ended_subscription_flow
+
+    def racing(task_id):
+        for d in other.claim():
+            d.ack(result="raced")
+        return (yield from flow(inner, task_id))
+
+    inner.ended_subscription_flow = racing
+
+
+def test_a_wait_hears_an_end_between_its_look_and_its_subscription(make_queue, r, clock):
+    """The task ends after the wait looked and before its subscription is confirmed: the
+    confirmation wakes the wait to look again (not its timeout's last look)."""
+    q = keeping(make_queue)
+    q.schedule(5, id="t1")
+    _end_before_subscribing(q, dueq.Queue(q.name, r, clock=clock))
+    started_s = time.monotonic()
+    assert q.wait("t1", timeout=60).result == "raced"
+    assert time.monotonic() - started_s < 30  # a bound: woken by the confirmation, not at 60 s
+
+
+def test_a_wait_joining_a_shared_subscription_hears_an_end_before_it_joined(r, clock):
+    """Another wait holds the shared subscription already (confirmed): a new wait on that
+    channel looks at once after joining, so an end just before it joined is seen."""
+    q = dueq.Queue("joined", r, clock=clock)
+    q.configure(keep_results=600)
+    q.schedule(1, id="first", delay=3600)
+    q.schedule(2, id="second")
+    first: list[object] = []
+    holder = threading.Thread(target=lambda: first.append(q.wait("first", timeout=60)))
+    holder.start()
+    try:
+        wait_for(lambda: _waiting(r) == 1, "the first wait to hold the subscription")
+        _end_before_subscribing(q, dueq.Queue("joined", r, clock=clock))
+        started_s = time.monotonic()
+        assert q.wait("second", timeout=60).result == "raced"
+        assert time.monotonic() - started_s < 30  # a bound: it looked at once after joining
+    finally:
+        q.cancel("first")
+        holder.join(60)
+    assert [info.state for info in first] == ["cancelled"]
