@@ -602,3 +602,30 @@ def test_a_wait_joining_a_shared_subscription_hears_an_end_before_it_joined(r, c
         q.cancel("first")
         holder.join(60)
     assert [info.state for info in first] == ["cancelled"]
+
+
+def test_a_wait_outlives_its_shared_subscriptions_connection_being_killed(
+    make_queue, r, admin, clock
+):
+    """The server drops the shared subscription's connection while a wait waits, and the task
+    ends meanwhile: the listener subscribes again and its confirmation makes the wait look."""
+    q = keeping(make_queue)
+    q.schedule(5, id="t1")
+    client = getattr(q, "_target", q).redis
+    other = dueq.Queue(q.name, r, clock=clock)
+
+    def kill_then_end() -> None:
+        wait_for(lambda: _waiting(client) == 1, "the wait to subscribe")
+        wait_for(lambda: _ended_subscribers(r, q.keys.ended) == 1, "the subscription")
+        assert admin.client_kill_filter(_type="pubsub") >= 1
+        for d in other.claim():
+            d.ack(result="after the kill")
+
+    killer = threading.Thread(target=kill_then_end)
+    killer.start()
+    try:
+        started_s = time.monotonic()
+        assert q.wait("t1", timeout=60).result == "after the kill"
+        assert time.monotonic() - started_s < 30  # a bound: not the timeout's last look
+    finally:
+        killer.join(60)

@@ -49,6 +49,9 @@ LOOKS = 4
 
 _CONFIRMS = frozenset({"subscribe", "ssubscribe"})
 
+#: A pubsub method and its arguments.
+Call = tuple[str, tuple[str, ...]]
+
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
@@ -112,6 +115,28 @@ class Waiters:
             return [w for tid in ended_ids(message["data"]) for w in ids.get(tid, ())]
         return []
 
+    def opened(self, pubsub: Any, subscription: WakeSubscription) -> str:
+        """A listener opened ``pubsub`` for its first waiter: the method that reads it."""
+        self.sharded = subscription.sharded
+        return read_method(pubsub, subscription)
+
+    def join(self, waiter: Waiter, subscription: WakeSubscription) -> Call | None:
+        """Register ``waiter``: the subscribe call to send when its channel is new."""
+        return subscribe_args(subscription) if self.add(waiter) else None
+
+    def leave(self, waiter: Waiter) -> Call | None:
+        """Unregister ``waiter``: the unsubscribe call to send when its channel has no waiter
+        left and others have (with none left the listener closes its subscription)."""
+        if self.remove(waiter) and len(self):
+            return ("sunsubscribe" if self.sharded else "unsubscribe"), (waiter.channel,)
+        return None
+
+    def resubscribe(self) -> Call | None:
+        """After a new connection: the call that subscribes every channel with waiters."""
+        self.confirmed.clear()
+        channels = tuple(self.by_channel)
+        return (("ssubscribe" if self.sharded else "subscribe"), channels) if channels else None
+
     def everyone(self) -> list[Waiter]:
         return [w for ids in self.by_channel.values() for ws in ids.values() for w in ws]
 
@@ -151,12 +176,11 @@ class EndedListener:
             start = self._pubsub is None
             if start:
                 self._pubsub = self._client.pubsub()
-                self._read = read_method(self._pubsub, subscription)
-                self.waiters.sharded = subscription.sharded
-            if self.waiters.add(waiter):
-                method, channels = subscribe_args(subscription)
+                self._read = self.waiters.opened(self._pubsub, subscription)
+            call = self.waiters.join(waiter, subscription)
+            if call is not None:
                 try:
-                    getattr(self._pubsub, method)(*channels)
+                    getattr(self._pubsub, call[0])(*call[1])
                 except Exception:  # (a waiter left behind would never hear its channel)
                     self.waiters.remove(waiter)
                     raise
@@ -166,10 +190,10 @@ class EndedListener:
 
     def remove(self, waiter: Waiter) -> None:
         with self._lock:
-            if self.waiters.remove(waiter) and self._pubsub is not None and len(self.waiters):
+            call = self.waiters.leave(waiter)
+            if call is not None and self._pubsub is not None:
                 try:
-                    method = "sunsubscribe" if self.waiters.sharded else "unsubscribe"
-                    getattr(self._pubsub, method)(waiter.channel)
+                    getattr(self._pubsub, call[0])(*call[1])
                 except Exception:  # a broken connection: the listener subscribes again anyway
                     logger.debug("error unsubscribing an ended channel", exc_info=True)
 
@@ -207,12 +231,10 @@ class EndedListener:
         with self._lock:
             _close(self._pubsub)
             self._pubsub = self._client.pubsub()
-            self.waiters.confirmed.clear()
-            channels = tuple(self.waiters.by_channel)
-            if channels:
-                method = "ssubscribe" if self.waiters.sharded else "subscribe"
+            call = self.waiters.resubscribe()
+            if call is not None:
                 try:
-                    getattr(self._pubsub, method)(*channels)
+                    getattr(self._pubsub, call[0])(*call[1])
                 except Exception:  # still down: the next read fails and backs off again
                     logger.debug("error subscribing the ended channels again", exc_info=True)
 
@@ -243,12 +265,11 @@ class AsyncEndedListener:
             start = self._pubsub is None
             if start:
                 self._pubsub = self._client.pubsub()
-                self._read = read_method(self._pubsub, subscription)
-                self.waiters.sharded = subscription.sharded
-            if self.waiters.add(waiter):
-                method, channels = subscribe_args(subscription)
+                self._read = self.waiters.opened(self._pubsub, subscription)
+            call = self.waiters.join(waiter, subscription)
+            if call is not None:
                 try:
-                    await asyncio.shield(getattr(self._pubsub, method)(*channels))
+                    await asyncio.shield(getattr(self._pubsub, call[0])(*call[1]))
                 except BaseException:  # (a waiter left behind would never hear its channel)
                     self.waiters.remove(waiter)
                     raise
@@ -257,10 +278,10 @@ class AsyncEndedListener:
         return waiter
 
     async def remove(self, waiter: Waiter) -> None:
-        if self.waiters.remove(waiter) and self._pubsub is not None and len(self.waiters):
+        call = self.waiters.leave(waiter)
+        if call is not None and self._pubsub is not None:
             try:
-                method = "sunsubscribe" if self.waiters.sharded else "unsubscribe"
-                await asyncio.shield(getattr(self._pubsub, method)(waiter.channel))
+                await asyncio.shield(getattr(self._pubsub, call[0])(*call[1]))
             except (Exception, asyncio.CancelledError):  # the listener subscribes again anyway
                 logger.debug("error unsubscribing an ended channel", exc_info=True)
 
@@ -291,12 +312,10 @@ class AsyncEndedListener:
         async with self._lock:
             await _aclose(self._pubsub)
             self._pubsub = self._client.pubsub()
-            self.waiters.confirmed.clear()
-            channels = tuple(self.waiters.by_channel)
-            if channels:
-                method = "ssubscribe" if self.waiters.sharded else "subscribe"
+            call = self.waiters.resubscribe()
+            if call is not None:
                 try:
-                    await getattr(self._pubsub, method)(*channels)
+                    await getattr(self._pubsub, call[0])(*call[1])
                 except Exception:  # still down: the next read fails and backs off again
                     logger.debug("error subscribing the ended channels again", exc_info=True)
 
