@@ -18,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import redis
 from conftest import async_mirror
 from waiting import wait_for
 
@@ -71,7 +72,7 @@ def test_wait_wakes_when_another_client_acks(make_queue, r):
     other = dueq.Queue("q", r, clock=lambda: 1_800_000_000.0)
 
     def ack_when_someone_listens() -> None:
-        wait_for(lambda: r.pubsub_shardnumsub(q.keys.ended)[0][1], "the waiter to subscribe")
+        wait_for(lambda: _ended_subscribers(r, q.keys.ended), "the waiter to subscribe")
         (d,) = other.claim()
         d.ack(result=[1, 2, 3])
 
@@ -629,3 +630,34 @@ def test_a_wait_outlives_its_shared_subscriptions_connection_being_killed(
         assert time.monotonic() - started_s < 30  # a bound: not the timeout's last look
     finally:
         killer.join(60)
+
+
+def test_a_wait_whose_user_may_not_subscribe_gets_the_servers_refusal(
+    make_queue, redis_server, admin
+):
+    """The shared listener's refused subscription ends each wait on it with the server's
+    NoPermissionError (not a hang until the timeout), and the next wait is refused as well."""
+    from dueq.server import server_build
+    from dueq.wake import sharded_pubsub
+
+    refused = ["-subscribe", "-ssubscribe"] if sharded_pubsub(server_build(admin)[1]) else []
+    admin.acl_setuser(
+        "no-subscribe",
+        enabled=True,
+        passwords=["+no-subscribe-pw"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", *(refused or ["-subscribe"])],  # (6.2 has no SSUBSCRIBE)
+    )
+    try:
+        client = redis_server.client(username="no-subscribe", password="no-subscribe-pw")
+        q = keeping(make_queue, client=client)
+        q.schedule(1, id="t1")
+        for _ in range(2):
+            started_s = time.monotonic()
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                q.wait("t1", timeout=60)
+            assert time.monotonic() - started_s < 30  # a bound: refused, not timed out
+        client.close()
+    finally:
+        admin.acl_deluser("no-subscribe")
