@@ -559,6 +559,8 @@ class Queue(QueueCore):
         the queue for a task that is still live (ConfigurationError otherwise); TaskNotFound
         when there is no such task (or it ended and nothing was kept). Woken by the queue's
         ended channel (Pub/Sub), with no polling: any process's ack, fail or cancel ends it.
+        Every wait of the process on this client shares one subscription (``dueq._ended``),
+        so many threads waiting hold one connection of the client's pool, not one each.
         """
         task_id = validate_id(task_id)
         deadline = time.monotonic() + duration_ms(timeout, "timeout") / 1000
