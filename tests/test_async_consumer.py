@@ -293,3 +293,36 @@ def test_the_wake_listener_ends_when_cancelled_even_if_the_client_swallows_the_c
         assert loop.run_until_complete(main()) == set()
     finally:
         loop.close()
+
+
+def test_an_async_worker_stops_even_if_the_client_swallows_every_cancel(r, redis_server):
+    """As the test above, for ``AsyncWorker`` (``consume``): stop() ends its claim loop and
+    wake listener though every cancel that reaches a pubsub read is swallowed."""
+
+    async def main() -> set[asyncio.Task[object]]:
+        client = _client(redis_server)
+        client.pubsub = lambda **kw: CancelSwallowingPubSub(client.connection_pool, **kw)  # type: ignore[method-assign]
+        q = dueq.AsyncQueue("swallow-worker", client)
+        worker = dueq.AsyncWorker(q, lambda d: None, heartbeat=3600)
+        before = asyncio.all_tasks()
+        running = asyncio.ensure_future(worker.run())
+        deadline = asyncio.get_running_loop().time() + BOUND_S
+        while _wake_subscribers(r, q.keys.wake) == 0:  # the listener is in get_message now
+            assert asyncio.get_running_loop().time() < deadline, "the listener never subscribed"
+            await asyncio.sleep(0.001)
+        ours = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
+        worker.stop()
+        _, pending = await asyncio.wait(ours, timeout=BOUND_S)  # (run() and the listener)
+        for task in pending:
+            task.cancel()
+        if pending:  # one more cancel, bounded: the test must not hang either
+            await asyncio.wait(pending, timeout=1.0)
+        await client.aclose()
+        assert running.done()
+        return pending
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(main()) == set()
+    finally:
+        loop.close()
