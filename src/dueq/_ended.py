@@ -35,6 +35,7 @@ from typing import Any
 from .outage import Backoff, describe, is_outage
 from .wake import (
     POLL_S,
+    SHARDED_POLL_S,
     WAKE_TYPES,
     WakeSubscription,
     ended_ids,
@@ -115,10 +116,13 @@ class Waiters:
             return [w for tid in ended_ids(message["data"]) for w in ids.get(tid, ())]
         return []
 
-    def opened(self, pubsub: Any, subscription: WakeSubscription) -> str:
-        """A listener opened ``pubsub`` for its first waiter: the method that reads it."""
+    def opened(self, pubsub: Any, subscription: WakeSubscription) -> tuple[str, float]:
+        """A listener opened ``pubsub`` for its first waiter: the method that reads it and
+        the seconds one read waits (a Cluster's sharded subscription is read node by node,
+        ``SHARDED_POLL_S`` each, as the wake listener reads it)."""
         self.sharded = subscription.sharded
-        return read_method(pubsub, subscription)
+        method = read_method(pubsub, subscription)
+        return method, SHARDED_POLL_S if method == "get_sharded_message" else POLL_S
 
     def join(self, waiter: Waiter, subscription: WakeSubscription) -> Call | None:
         """Register ``waiter``: the subscribe call to send when its channel is new."""
@@ -160,7 +164,7 @@ class EndedListener:
         self._looks = threading.BoundedSemaphore(LOOKS)
         self.waiters = Waiters()
         self._pubsub: Any = None
-        self._read = ""
+        self._read, self._read_s = "", POLL_S
 
     @contextmanager
     def looking(self) -> Iterator[None]:
@@ -176,7 +180,7 @@ class EndedListener:
             start = self._pubsub is None
             if start:
                 self._pubsub = self._client.pubsub()
-                self._read = self.waiters.opened(self._pubsub, subscription)
+                self._read, self._read_s = self.waiters.opened(self._pubsub, subscription)
             call = self.waiters.join(waiter, subscription)
             if call is not None:
                 try:
@@ -207,7 +211,7 @@ class EndedListener:
                     _close(pubsub)
                     return
             try:
-                message = getattr(pubsub, self._read)(timeout=POLL_S)
+                message = getattr(pubsub, self._read)(timeout=self._read_s)
             except Exception as exc:  # an outage is waited out; anything else ends the waits
                 if not is_outage(exc):
                     with self._lock:
@@ -249,7 +253,7 @@ class AsyncEndedListener:
         self._looks = asyncio.Semaphore(LOOKS)
         self.waiters = Waiters()
         self._pubsub: Any = None
-        self._read = ""
+        self._read, self._read_s = "", POLL_S
         self._task: asyncio.Task[None] | None = None
 
     @asynccontextmanager
@@ -265,7 +269,7 @@ class AsyncEndedListener:
             start = self._pubsub is None
             if start:
                 self._pubsub = self._client.pubsub()
-                self._read = self.waiters.opened(self._pubsub, subscription)
+                self._read, self._read_s = self.waiters.opened(self._pubsub, subscription)
             call = self.waiters.join(waiter, subscription)
             if call is not None:
                 try:
@@ -290,7 +294,7 @@ class AsyncEndedListener:
         try:
             while len(self.waiters) and self.waiters.error is None:
                 try:
-                    message = await getattr(self._pubsub, self._read)(timeout=POLL_S)
+                    message = await getattr(self._pubsub, self._read)(timeout=self._read_s)
                 except Exception as exc:  # an outage is waited out; anything else ends waits
                     if not is_outage(exc):
                         for w in self.waiters.failed(exc):
