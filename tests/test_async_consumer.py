@@ -193,3 +193,136 @@ def test_bad_iterator_settings_are_configuration_errors(r, redis_server):
         await client.aclose()
 
     asyncio.run(main())
+
+
+def _wake_subscribers(r: redis.Redis, channel: str) -> int:
+    """How many clients listen on a wake channel (SSUBSCRIBE from Redis 7.0, else SUBSCRIBE)."""
+    _, version = dueq.server.server_build(r)
+    if dueq.wake.sharded_pubsub(version):
+        return int(r.pubsub_shardnumsub(channel)[0][1])
+    return int(r.pubsub_numsub(channel)[0][1])
+
+
+#: Runs of the dispose sweep, each disposing ``run % 11`` ms after the listener subscribed.
+SWEEP_RUNS = 40
+
+
+@pytest.mark.parametrize("poll_s", [dueq.wake.POLL_S, 0.001], ids=["poll-500ms", "poll-1ms"])
+def test_disposing_observe_while_its_wake_listener_reads_always_ends_the_listener(
+    r, redis_server, monkeypatch, poll_s
+):
+    """Issue 37: a cancel that reaches the listener inside redis-py's ``get_message`` could be
+    swallowed (the read's own timeout turns it into "no message"), leaving the task
+    "cancelling" for ever and ``asyncio.run`` hung. A sweep of disposals 0-10 ms after the
+    subscription (and with a 1 ms read, so that the cancel meets the read's timeout often);
+    each run is bounded, so a listener that does not end fails the test instead of hanging."""
+    monkeypatch.setattr(dueq.wake, "POLL_S", poll_s)
+
+    async def one_run(delay_s: float) -> set[asyncio.Task[object]]:
+        client = _client(redis_server)
+        q = dueq.AsyncQueue("sweep", client)
+        before = asyncio.all_tasks()
+        sub = q.observe(heartbeat=3600).subscribe()
+        ours = asyncio.all_tasks() - before
+        deadline = asyncio.get_running_loop().time() + BOUND_S
+        while _wake_subscribers(r, q.keys.wake) == 0:  # the listener is in get_message now
+            assert asyncio.get_running_loop().time() < deadline, "the listener never subscribed"
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(delay_s)
+        sub.dispose()
+        ours |= {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
+        _, pending = await asyncio.wait(ours, timeout=BOUND_S)  # (the listener is among them)
+        await client.aclose()
+        return pending
+
+    hung: list[int] = []
+    for run in range(SWEEP_RUNS):
+        loop = asyncio.new_event_loop()
+        try:
+            pending = loop.run_until_complete(one_run((run % 11) / 1000))
+            if pending:
+                hung.append(run)
+                for task in pending:  # one more cancel, bounded: the run must not hang either
+                    task.cancel()
+                loop.run_until_complete(asyncio.wait(pending, timeout=1.0))
+        finally:
+            loop.close()
+    assert hung == []
+
+
+class CancelSwallowingPubSub(redis.asyncio.client.PubSub):
+    """A redis-py PubSub whose read turns a cancellation into "no message", as redis-py's own
+    read does when its timeout and a cancel meet (the task is left "cancelling", with nothing
+    to raise): the client's behaviour the listener must survive, not Redis's."""
+
+    async def get_message(self, *args: object, **kwargs: object) -> object:
+        try:
+            return await super().get_message(*args, **kwargs)  # type: ignore[arg-type]
+        except asyncio.CancelledError:
+            return None
+
+
+def test_the_wake_listener_ends_when_cancelled_even_if_the_client_swallows_the_cancel(
+    r, redis_server
+):
+    """Deterministic form of the sweep above: every cancel that reaches the listener's read is
+    swallowed by the client; disposing must still end the listener (and the loop)."""
+
+    async def main() -> set[asyncio.Task[object]]:
+        client = _client(redis_server)
+        client.pubsub = lambda **kw: CancelSwallowingPubSub(client.connection_pool, **kw)  # type: ignore[method-assign]
+        q = dueq.AsyncQueue("swallow", client)
+        before = asyncio.all_tasks()
+        sub = q.observe(heartbeat=3600).subscribe()
+        deadline = asyncio.get_running_loop().time() + BOUND_S
+        while _wake_subscribers(r, q.keys.wake) == 0:  # the listener is in get_message now
+            assert asyncio.get_running_loop().time() < deadline, "the listener never subscribed"
+            await asyncio.sleep(0.001)
+        ours = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
+        sub.dispose()
+        _, pending = await asyncio.wait(ours, timeout=BOUND_S)
+        for task in pending:
+            task.cancel()
+        if pending:  # one more cancel, bounded: the test must not hang either
+            await asyncio.wait(pending, timeout=1.0)
+        await client.aclose()
+        return pending
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(main()) == set()
+    finally:
+        loop.close()
+
+
+def test_an_async_worker_stops_even_if_the_client_swallows_every_cancel(r, redis_server):
+    """As the test above, for ``AsyncWorker`` (``consume``): stop() ends its claim loop and
+    wake listener though every cancel that reaches a pubsub read is swallowed."""
+
+    async def main() -> set[asyncio.Task[object]]:
+        client = _client(redis_server)
+        client.pubsub = lambda **kw: CancelSwallowingPubSub(client.connection_pool, **kw)  # type: ignore[method-assign]
+        q = dueq.AsyncQueue("swallow-worker", client)
+        worker = dueq.AsyncWorker(q, lambda d: None, heartbeat=3600)
+        before = asyncio.all_tasks()
+        running = asyncio.ensure_future(worker.run())
+        deadline = asyncio.get_running_loop().time() + BOUND_S
+        while _wake_subscribers(r, q.keys.wake) == 0:  # the listener is in get_message now
+            assert asyncio.get_running_loop().time() < deadline, "the listener never subscribed"
+            await asyncio.sleep(0.001)
+        ours = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
+        worker.stop()
+        _, pending = await asyncio.wait(ours, timeout=BOUND_S)  # (run() and the listener)
+        for task in pending:
+            task.cancel()
+        if pending:  # one more cancel, bounded: the test must not hang either
+            await asyncio.wait(pending, timeout=1.0)
+        await client.aclose()
+        assert running.done()
+        return pending
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(main()) == set()
+    finally:
+        loop.close()

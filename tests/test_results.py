@@ -13,10 +13,12 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import redis
 from conftest import async_mirror
 from waiting import wait_for
 
@@ -70,7 +72,7 @@ def test_wait_wakes_when_another_client_acks(make_queue, r):
     other = dueq.Queue("q", r, clock=lambda: 1_800_000_000.0)
 
     def ack_when_someone_listens() -> None:
-        wait_for(lambda: r.pubsub_shardnumsub(q.keys.ended)[0][1], "the waiter to subscribe")
+        wait_for(lambda: _ended_subscribers(r, q.keys.ended), "the waiter to subscribe")
         (d,) = other.claim()
         d.ack(result=[1, 2, 3])
 
@@ -453,3 +455,209 @@ def test_wait_with_no_time_left_still_returns_a_task_that_has_ended(make_queue):
     q.schedule("y", id="t2")
     with pytest.raises(dueq.WaitTimeout):
         q.wait("t2", timeout=0)
+
+
+#: Concurrent waiters against a pool of redis-py's default size (100 connections).
+MANY_WAITERS = 120
+POOL_SIZE = 100
+
+
+def _ended_subscribers(r, channel: str) -> int:
+    """Clients listening on an ended channel (SSUBSCRIBE from Redis 7.0, else SUBSCRIBE)."""
+    from dueq.server import server_build
+    from dueq.wake import sharded_pubsub
+
+    if sharded_pubsub(server_build(r)[1]):
+        return int(r.pubsub_shardnumsub(channel)[0][1])
+    return int(r.pubsub_numsub(channel)[0][1])
+
+
+def _waiting(client) -> int:
+    """How many ``wait`` calls of this process are blocked on ``client``'s shared ended
+    subscription (dueq._ended)."""
+    from dueq import _ended
+
+    return _ended.waiting(client)
+
+
+def test_many_threads_waiting_share_one_subscription_and_leave_the_client_working(r, redis_server):
+    """Issue 37: each wait held a pooled connection of the queue's own client, so 120 waiters
+    on a pool of 100 raised MaxConnectionsError and starved every other call on the client.
+    Waiters share one subscription per client; the client's other calls keep working."""
+    client = redis_server.client(max_connections=POOL_SIZE)  # as redis-py's default pool
+    q = dueq.Queue("many-waiters", client)
+    q.configure(keep_results=600)
+    ids = [q.schedule(i, id=f"t{i}") for i in range(MANY_WAITERS)]
+    results: dict[str, object] = {}
+    errors: list[BaseException] = []
+
+    def wait(tid: str) -> None:
+        try:
+            results[tid] = q.wait(tid, timeout=60).result
+        except BaseException as exc:  # recorded: the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wait, args=(tid,)) for tid in ids]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: errors or _waiting(client) == MANY_WAITERS, "every waiter to wait")
+        assert errors == []
+        assert _ended_subscribers(r, q.keys.ended) == 1  # one subscription for all of them
+        for _ in range(20):  # the queue's client keeps working meanwhile
+            assert q.stats().scheduled == MANY_WAITERS
+        assert client.ping()
+        worker = dueq.Queue("many-waiters", r)  # another client ends the tasks
+        for d in worker.claim(limit=MANY_WAITERS):
+            d.ack(result=d.payload * 2)
+    finally:
+        for thread in threads:
+            thread.join(60)
+    assert errors == []
+    assert results == {f"t{i}": i * 2 for i in range(MANY_WAITERS)}
+    wait_for(lambda: _ended_subscribers(r, q.keys.ended) == 0, "the subscription to end")
+    client.close()
+
+
+def test_many_coroutines_waiting_share_one_subscription_and_leave_the_client_working(
+    r, redis_server
+):
+    """As the threaded test, for ``await q.wait`` on one event loop."""
+
+    async def main() -> None:
+        client = async_mirror(r, max_connections=POOL_SIZE)  # as redis-py's default pool
+        q = dueq.AsyncQueue("many-async-waiters", client)
+        await q.configure(keep_results=600)
+        ids = [await q.schedule(i, id=f"t{i}") for i in range(MANY_WAITERS)]
+        waits = [asyncio.ensure_future(q.wait(tid, timeout=60)) for tid in ids]
+        try:
+            async with asyncio.timeout(60):
+                while _waiting(client) < MANY_WAITERS:
+                    failed = [w for w in waits if w.done()]
+                    if failed:
+                        await failed[0]  # raises what it raised
+                    await asyncio.sleep(0.01)
+            assert _ended_subscribers(r, q.keys.ended) == 1
+            for _ in range(20):  # the queue's client keeps working meanwhile
+                assert (await q.stats()).scheduled == MANY_WAITERS
+            worker = dueq.Queue("many-async-waiters", r)  # another client ends the tasks
+            for d in worker.claim(limit=MANY_WAITERS):
+                d.ack(result=d.payload * 2)
+            async with asyncio.timeout(60):
+                infos = await asyncio.gather(*waits)
+            assert [info.result for info in infos] == [i * 2 for i in range(MANY_WAITERS)]
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        async with asyncio.timeout(30):
+            while _ended_subscribers(r, q.keys.ended):
+                await asyncio.sleep(0.01)
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def _end_before_subscribing(q, other) -> None:
+    """Make ``q``'s next wait end its task (from ``other``, another client) right after the
+    wait's first look, before it subscribes: the window a waiter must not miss."""
+    inner = getattr(q, "_target", q)  # (the AsyncQueue inside the Blocking wrapper)
+    flow = type(inner).ended_subscription_flow
+
+    def racing(task_id):
+        for d in other.claim():
+            d.ack(result="raced")
+        return (yield from flow(inner, task_id))
+
+    inner.ended_subscription_flow = racing
+
+
+def test_a_wait_hears_an_end_between_its_look_and_its_subscription(make_queue, r, clock):
+    """The task ends after the wait looked and before its subscription is confirmed: the
+    confirmation wakes the wait to look again (not its timeout's last look)."""
+    q = keeping(make_queue)
+    q.schedule(5, id="t1")
+    _end_before_subscribing(q, dueq.Queue(q.name, r, clock=clock))
+    started_s = time.monotonic()
+    assert q.wait("t1", timeout=60).result == "raced"
+    assert time.monotonic() - started_s < 30  # a bound: woken by the confirmation, not at 60 s
+
+
+def test_a_wait_joining_a_shared_subscription_hears_an_end_before_it_joined(r, clock):
+    """Another wait holds the shared subscription already (confirmed): a new wait on that
+    channel looks at once after joining, so an end just before it joined is seen."""
+    q = dueq.Queue("joined", r, clock=clock)
+    q.configure(keep_results=600)
+    q.schedule(1, id="first", delay=3600)
+    q.schedule(2, id="second")
+    first: list[object] = []
+    holder = threading.Thread(target=lambda: first.append(q.wait("first", timeout=60)))
+    holder.start()
+    try:
+        wait_for(lambda: _waiting(r) == 1, "the first wait to hold the subscription")
+        _end_before_subscribing(q, dueq.Queue("joined", r, clock=clock))
+        started_s = time.monotonic()
+        assert q.wait("second", timeout=60).result == "raced"
+        assert time.monotonic() - started_s < 30  # a bound: it looked at once after joining
+    finally:
+        q.cancel("first")
+        holder.join(60)
+    assert [info.state for info in first] == ["cancelled"]
+
+
+def test_a_wait_outlives_its_shared_subscriptions_connection_being_killed(
+    make_queue, r, admin, clock
+):
+    """The server drops the shared subscription's connection while a wait waits, and the task
+    ends meanwhile: the listener subscribes again and its confirmation makes the wait look."""
+    q = keeping(make_queue)
+    q.schedule(5, id="t1")
+    client = getattr(q, "_target", q).redis
+    other = dueq.Queue(q.name, r, clock=clock)
+
+    def kill_then_end() -> None:
+        wait_for(lambda: _waiting(client) == 1, "the wait to subscribe")
+        wait_for(lambda: _ended_subscribers(r, q.keys.ended) == 1, "the subscription")
+        assert admin.client_kill_filter(_type="pubsub") >= 1
+        for d in other.claim():
+            d.ack(result="after the kill")
+
+    killer = threading.Thread(target=kill_then_end)
+    killer.start()
+    try:
+        started_s = time.monotonic()
+        assert q.wait("t1", timeout=60).result == "after the kill"
+        assert time.monotonic() - started_s < 30  # a bound: not the timeout's last look
+    finally:
+        killer.join(60)
+
+
+def test_a_wait_whose_user_may_not_subscribe_gets_the_servers_refusal(
+    make_queue, redis_server, admin
+):
+    """The shared listener's refused subscription ends each wait on it with the server's
+    NoPermissionError (not a hang until the timeout), and the next wait is refused as well."""
+    from dueq.server import server_build
+    from dueq.wake import sharded_pubsub
+
+    refused = ["-subscribe", "-ssubscribe"] if sharded_pubsub(server_build(admin)[1]) else []
+    admin.acl_setuser(
+        "no-subscribe",
+        enabled=True,
+        passwords=["+no-subscribe-pw"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", *(refused or ["-subscribe"])],  # (6.2 has no SSUBSCRIBE)
+    )
+    try:
+        client = redis_server.client(username="no-subscribe", password="no-subscribe-pw")
+        q = keeping(make_queue, client=client)
+        q.schedule(1, id="t1")
+        for _ in range(2):
+            started_s = time.monotonic()
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                q.wait("t1", timeout=60)
+            assert time.monotonic() - started_s < 30  # a bound: refused, not timed out
+        client.close()
+    finally:
+        admin.acl_deluser("no-subscribe")

@@ -21,10 +21,11 @@ from reactivex import Observable
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from . import _protocol as protocol
-from ._async_consume import deliveries, observe
+from ._async_consume import deliveries, observe, wait_event
 from ._async_events import async_events
 from ._core import QueueCore
 from ._drive import Flow, drive_async
+from ._ended import async_listener as async_ended_listener
 from ._lease_flows import ClaimBatch
 from ._server_check import wrong_client
 from ._shard_fanout import Each, send_each_async
@@ -57,14 +58,7 @@ from .task import (
     TaskPage,
     TaskState,
 )
-from .wake import (
-    WakeSubscription,
-    ended_ids,
-    is_subscribed,
-    is_wake,
-    read_method,
-    subscribe_args,
-)
+from .wake import WakeSubscription
 
 logger = logging.getLogger("dueq.queue")
 
@@ -491,32 +485,26 @@ class AsyncQueue(QueueCore):
         """As ``Queue.wait``: the task once it has ended; ``WaitTimeout`` if not in time."""
         task_id = validate_id(task_id)
         deadline = time.monotonic() + duration_ms(timeout, "timeout") / 1000
-        ended = await self.drive(self.wait_check_flow(task_id))  # (ended already: no subscription)
+        shared = async_ended_listener(self.redis)  # one subscription per client and loop
+        async with shared.looking():
+            ended = await self.drive(self.wait_check_flow(task_id))  # (ended: no waiting)
         if ended is not None:
             return ended
         subscription = await self.drive(self.ended_subscription_flow(task_id))
-        method, channels = subscribe_args(subscription)
-        pubsub = self.redis.pubsub()
+        waiter = await shared.add(subscription, task_id)
         try:
-            await getattr(pubsub, method)(*channels)
-            read = getattr(pubsub, read_method(pubsub, subscription))
-            # read the confirmation first, so every end after the look below is heard
-            while not is_subscribed(await read(timeout=_left_s(deadline))):
-                if _left_s(deadline) <= 0:
-                    break  # one more look below, then WaitTimeout
-            while True:
-                info = await self.drive(self.wait_check_flow(task_id))
+            while True:  # woken by its task's end or a (re)confirmed subscription: look again
+                await wait_event(waiter.woken, _left_s(deadline))
+                waiter.woken.clear()
+                shared.waiters.raise_error()
+                async with shared.looking():
+                    info = await self.drive(self.wait_check_flow(task_id))
                 if info is not None:
                     return info
-                while True:
-                    left_s = _left_s(deadline)
-                    if left_s <= 0:
-                        raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
-                    message = await read(timeout=left_s)
-                    if is_wake(message) and task_id in ended_ids(message["data"]):
-                        break
+                if _left_s(deadline) <= 0:
+                    raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
         finally:
-            await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
+            await shared.remove(waiter)
 
     async def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""

@@ -168,9 +168,11 @@ async def deliveries(
     heartbeat: Duration = 5.0,
     prefetch_low: int = AUTO_LOW,
     stopping: Callable[[], bool] = lambda: False,
+    poke: asyncio.Event | None = None,
 ) -> AsyncGenerator[AsyncDelivery, None]:
     """The iterator behind ``AsyncQueue.deliveries``; see the module docstring. It ends when
-    ``stopping()`` says so (``observe``'s disposal; checked before each claim)."""
+    ``stopping()`` says so (``observe``'s disposal; checked before each claim, and whenever
+    ``poke`` is set: see ``_claims``)."""
     claims = _claims(
         queue,
         max_in_flight=max_in_flight,
@@ -178,6 +180,7 @@ async def deliveries(
         heartbeat=heartbeat,
         prefetch_low=prefetch_low,
         stopping=stopping,
+        poke=poke,
     )
     unyielded: deque[AsyncDelivery] = deque()
     try:
@@ -199,16 +202,20 @@ async def _claims(
     heartbeat: Duration,
     prefetch_low: int,
     stopping: Callable[[], bool] = lambda: False,
+    poke: asyncio.Event | None = None,
 ) -> AsyncGenerator[list[AsyncDelivery], None]:
     """The claim loop: each claim as a list (maybe empty while the queue is idle: the caller
     never sees an empty one from ``deliveries``), resumed once the caller took it; it ends
-    when ``stopping()`` says so (checked before each claim)."""
+    when ``stopping()`` says so (checked before each claim). ``poke`` (the event its waits
+    end on; a new one if not given) lets a disposer end a wait as well as cancel it: a cancel
+    lost in the client would leave the loop asleep until its next claim time (a heartbeat,
+    an hour in a test: issue 37)."""
     rules: ClaimRules[AsyncDelivery] = ClaimRules(
         queue.name,
         Prefetch.parse(max_in_flight, low=prefetch_low),
         positive_duration_ms(heartbeat, "heartbeat"),
     )
-    poke = asyncio.Event()
+    poke = asyncio.Event() if poke is None else poke
     loop = asyncio.get_running_loop()
 
     def settled(delivery: AsyncDelivery) -> None:
@@ -221,7 +228,8 @@ async def _claims(
 
     hook = SettleHook(settled, settled_many)  # (an ack of a batch calls it once)
 
-    listener = asyncio.create_task(_listen(queue, poke.set)) if wake else None
+    listening = True  # (cleared before the listener is cancelled: see ``_listen``)
+    listener = asyncio.create_task(_listen(queue, poke.set, lambda: listening)) if wake else None
     try:
         while not stopping():
             poke.clear()
@@ -245,6 +253,7 @@ async def _claims(
                 await wait_until(poke, next_s)
     finally:
         if listener is not None:  # bounded: releases must come before the leases run out
+            listening = False
             listener.cancel()
             await asyncio.wait({listener}, timeout=CLOSE_S)
 
@@ -264,6 +273,7 @@ def consume(
     error that ends it goes to ``on_error``. Disposing stops it: a flag checked before each
     claim, and a cancel of the task."""
     stopped = False
+    poke = asyncio.Event()
     claims = _claims(
         queue,
         max_in_flight=max_in_flight,
@@ -271,6 +281,7 @@ def consume(
         heartbeat=heartbeat,
         prefetch_low=prefetch_low,
         stopping=lambda: stopped,
+        poke=poke,
     )
 
     async def pump() -> None:
@@ -290,6 +301,7 @@ def consume(
         # most likely swallowed inside the client as a reply arrived)
         nonlocal stopped
         stopped = True
+        poke.set()  # (a sleeping loop wakes to see the flag)
         task.cancel()
 
     loop = asyncio.get_running_loop()
@@ -343,6 +355,7 @@ def observe(
             ) from None
 
         stopped = False
+        poke = asyncio.Event()
 
         async def pump() -> None:
             it = deliveries(
@@ -352,6 +365,7 @@ def observe(
                 heartbeat=heartbeat,
                 prefetch_low=prefetch_low,
                 stopping=lambda: stopped,  # should a cancel be swallowed in the client
+                poke=poke,  # (set on disposal: a sleeping loop wakes to see the flag)
             )
             try:
                 async for d in it:
@@ -370,27 +384,46 @@ def observe(
         _PUMPS.add(task)  # the loop holds tasks weakly; a dropped subscription must still end
         task.add_done_callback(_PUMPS.discard)
 
+        def stop() -> None:
+            poke.set()
+            task.cancel()
+
         def dispose() -> None:
             nonlocal stopped
             stopped = True
-            call_on_loop(loop, task.cancel)
+            call_on_loop(loop, stop)
 
         return Disposable(dispose)
 
     return reactivex.create(subscribe)
 
 
-async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:
+async def _listen(
+    queue: AsyncQueue, on_wake: Callable[[], None], listening: Callable[[], bool] = lambda: True
+) -> None:
     """Call ``on_wake()`` for each message on the queue's wake channel until cancelled.
 
     After every (re)subscription it wakes the consumer once, in case something was scheduled
     while it was not listening; a lost message costs at most one heartbeat.
+
+    It ends when cancelled whatever redis-py does with the cancellation. A cancel can be lost
+    inside redis-py's read: ``Connection.read_response`` returns "no message" for the
+    TimeoutError of its own ``timeout=`` (made by ``asyncio.timeout`` from a cancel), and a
+    cancel lost there leaves the task "cancelling" with nothing raised, so a loop that only
+    waited for the CancelledError read on for ever and ``asyncio.run`` never returned (issue
+    37: about one async test run in 5 on Redis 6.2; aioredis #1424 is the same family). So
+    before each
+    step it looks at the task's pending cancellation (``Task.cancelling``, Python 3.11+) and
+    at its owner's ``listening()`` (cleared before the cancel, for Python 3.10), and ends.
     """
     flow = wake_flow(queue.name)
     opened: Any = None  # the subscription open now: closed when the listener ends
+    this = asyncio.current_task()
     try:
         step = next(flow)
         while True:
+            if not listening() or _cancel_pending(this):
+                raise asyncio.CancelledError  # swallowed in the client: end as cancelled
             reply: Any = None
             try:
                 if step.op is WakeOp.SUBSCRIPTION:
@@ -415,6 +448,13 @@ async def _listen(queue: AsyncQueue, on_wake: Callable[[], None]) -> None:
     finally:
         flow.close()
         await _close(opened)
+
+
+def _cancel_pending(task: asyncio.Task[Any] | None) -> bool:
+    """Whether ``task`` has a cancellation requested and not yet uncancelled (Python 3.11+;
+    always False on 3.10, where ``_listen`` relies on its owner's flag)."""
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is not None and cancelling() > 0
 
 
 async def _close(pubsub: Any) -> None:

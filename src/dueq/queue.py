@@ -22,6 +22,7 @@ from redis.cluster import RedisCluster
 from . import _protocol as protocol
 from ._core import QueueCore
 from ._drive import Flow, drive
+from ._ended import listener as ended_listener
 from ._lease_flows import MAX_CLAIM_BATCH, ClaimBatch
 from ._schedule_flows import SCHEDULE_BATCH
 from ._server_check import MIN_REDIS_VERSION, wrong_client
@@ -56,14 +57,7 @@ from .task import (
     TaskPage,
     TaskState,
 )
-from .wake import (
-    WakeSubscription,
-    ended_ids,
-    is_subscribed,
-    is_wake,
-    read_method,
-    subscribe_args,
-)
+from .wake import WakeSubscription
 
 logger = logging.getLogger(__name__)
 
@@ -580,35 +574,30 @@ class Queue(QueueCore):
         the queue for a task that is still live (ConfigurationError otherwise); TaskNotFound
         when there is no such task (or it ended and nothing was kept). Woken by the queue's
         ended channel (Pub/Sub), with no polling: any process's ack, fail or cancel ends it.
+        Every wait of the process on this client shares one subscription (``dueq._ended``),
+        so many threads waiting hold one connection of the client's pool, not one each.
         """
         task_id = validate_id(task_id)
         deadline = time.monotonic() + duration_ms(timeout, "timeout") / 1000
-        ended = self.drive(self.wait_check_flow(task_id))  # (ended already: no subscription)
+        shared = ended_listener(self.redis)  # one subscription for every wait on the client
+        with shared.looking():
+            ended = self.drive(self.wait_check_flow(task_id))  # (ended already: no waiting)
         if ended is not None:
             return ended
-        subscription = self.drive(self.ended_subscription_flow(task_id))
-        method, channels = subscribe_args(subscription)
-        pubsub = self.redis.pubsub()  # type: ignore[no-untyped-call]
+        waiter = shared.add(self.drive(self.ended_subscription_flow(task_id)), task_id)
         try:
-            getattr(pubsub, method)(*channels)
-            read = getattr(pubsub, read_method(pubsub, subscription))
-            # read the confirmation first, so every end after the look below is heard
-            while not is_subscribed(read(timeout=_left_s(deadline))):
-                if _left_s(deadline) <= 0:
-                    break  # one more look below, then WaitTimeout
-            while True:
-                info = self.drive(self.wait_check_flow(task_id))
+            while True:  # woken by its task's end or a (re)confirmed subscription: look again
+                waiter.woken.wait(_left_s(deadline))
+                waiter.woken.clear()
+                shared.waiters.raise_error()
+                with shared.looking():
+                    info = self.drive(self.wait_check_flow(task_id))
                 if info is not None:
                     return info
-                while True:
-                    left_s = _left_s(deadline)
-                    if left_s <= 0:
-                        raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
-                    message = read(timeout=left_s)
-                    if is_wake(message) and task_id in ended_ids(message["data"]):
-                        break
+                if _left_s(deadline) <= 0:
+                    raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
         finally:
-            pubsub.close()
+            shared.remove(waiter)
 
     def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
