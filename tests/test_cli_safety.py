@@ -6,8 +6,8 @@ import pytest
 from cli_support import one_error_line
 
 import dueq
-from dueq.cli.connection import shown_url
 from dueq.cli.output import safe
+from dueq.logs import shown_url
 
 #: Characters a terminal acts on: ESC (CSI, OSC title/links), BEL, a C1 CSI, a bidi override.
 HOSTILE = ("\x1b", "\x07", "\x9b", "\u202e", "\r")

@@ -33,6 +33,7 @@ import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ._identity import worker_id
 
@@ -180,3 +181,52 @@ def stderr_fallback() -> Iterator[None]:
                 logger.removeHandler(handler)
                 if set_level and logger.level == logging.INFO:
                     logger.setLevel(logging.NOTSET)
+
+
+# Redis URLs in messages: passwords never appear (the CLI, the Django worker command).
+MASK = "***"
+
+
+def _is_secret_parameter(name: str) -> bool:
+    return "password" in name.lower() or "secret" in name.lower() or "token" in name.lower()
+
+
+def split_netloc(netloc: str) -> tuple[str | None, str | None, str]:
+    """(user, password, hosts) of a URL's netloc; the hosts part may list several."""
+    userinfo, at, hosts = netloc.rpartition("@")
+    if not at:
+        return None, None, netloc
+    user, colon, password = userinfo.partition(":")
+    return user, (password if colon else None), hosts
+
+
+def shown_url(url: str) -> str:
+    """``url`` with every password replaced by ``***``, for messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not even a URL: show nothing of it that could be a secret
+        return "<unparsable URL>"
+    user, password, hosts = split_netloc(parts.netloc)
+    netloc = parts.netloc if password is None else f"{user}:{MASK}@{hosts}"
+    query = "&".join(
+        f"{name}={MASK}" if value and _is_secret_parameter(unquote(name)) else item
+        for item in parts.query.split("&")
+        for name, _, value in [item.partition("=")]
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def url_secrets(url: str) -> set[str]:
+    """Every password in ``url`` as written and percent-decoded, for the error reporter."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return {url}
+    _, password, _ = split_netloc(parts.netloc)
+    found = {password} if password else set()
+    found |= {
+        value
+        for name, _, value in (item.partition("=") for item in parts.query.split("&"))
+        if value and _is_secret_parameter(unquote(name))
+    }
+    return {form for secret in found for form in (secret, unquote(secret)) if form}

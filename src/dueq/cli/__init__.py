@@ -19,7 +19,8 @@ from collections.abc import Iterator, MutableMapping
 import click
 
 from .._version import __version__
-from .connection import ENV_URL, url_secrets
+from ..logs import url_secrets
+from .connection import ENV_URL
 from .errors import DueqGroup, Settings
 
 __all__ = ["SECTIONS", "SUMMARIES", "cli", "main"]

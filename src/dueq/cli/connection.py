@@ -2,10 +2,10 @@
 
 Every command takes ``--redis-url`` (default ``$DUEQ_REDIS_URL``, else
 ``redis://127.0.0.1:6379/0`` as redis-cli assumes) or ``--embedded`` (a throwaway local
-redis-server, stopped when the command ends). Passwords never appear in messages: ``shown_url``
-masks the user-info password and every query parameter named ``*password*``, ``*secret*`` or
-``*token*``, and the error
-reporter masks the URL's secrets wherever else they might appear (``url_secrets``).
+redis-server, stopped when the command ends). Passwords never appear in messages:
+``dueq.logs.shown_url`` masks the user-info password and every query parameter named
+``*password*``, ``*secret*`` or ``*token*``, and the error reporter masks the URL's secrets
+wherever else they might appear (``url_secrets``).
 
 Redis Sentinel: ``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]``
 (``rediss+sentinel://`` for TLS) asks the Sentinels for the primary of ``service`` and asks
@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import click
 import redis
@@ -34,6 +34,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .. import discovery
+from ..logs import shown_url, split_netloc, url_secrets
 from ..queue import Queue
 from .errors import CliError, Settings
 from .output import safe
@@ -43,52 +44,6 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 CONNECT_TIMEOUT_S = 5.0
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
-MASK = "***"
-
-
-def _is_secret_parameter(name: str) -> bool:
-    return "password" in name.lower() or "secret" in name.lower() or "token" in name.lower()
-
-
-def _split_netloc(netloc: str) -> tuple[str | None, str | None, str]:
-    """(user, password, hosts) of a URL's netloc; the hosts part may list several."""
-    userinfo, at, hosts = netloc.rpartition("@")
-    if not at:
-        return None, None, netloc
-    user, colon, password = userinfo.partition(":")
-    return user, (password if colon else None), hosts
-
-
-def shown_url(url: str) -> str:
-    """``url`` with every password replaced by ``***``, for messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # not even a URL: show nothing of it that could be a secret
-        return "<unparsable URL>"
-    user, password, hosts = _split_netloc(parts.netloc)
-    netloc = parts.netloc if password is None else f"{user}:{MASK}@{hosts}"
-    query = "&".join(
-        f"{name}={MASK}" if value and _is_secret_parameter(unquote(name)) else item
-        for item in parts.query.split("&")
-        for name, _, value in [item.partition("=")]
-    )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def url_secrets(url: str) -> set[str]:
-    """Every password in ``url`` as written and percent-decoded, for the error reporter."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return {url}
-    _, password, _ = _split_netloc(parts.netloc)
-    found = {password} if password else set()
-    found |= {
-        value
-        for name, _, value in (item.partition("=") for item in parts.query.split("&"))
-        if value and _is_secret_parameter(unquote(name))
-    }
-    return {form for secret in found for form in (secret, unquote(secret)) if form}
 
 
 def _reason(exc: BaseException) -> str:
@@ -181,7 +136,7 @@ def _sentinel_client(url: str, *, tls: bool) -> redis.Redis:
     """The primary of the URL's service, found (and found again after a failover) through
     the Sentinels the URL lists."""
     parts = urlsplit(url)
-    user, password, hosts = _split_netloc(parts.netloc)
+    user, password, hosts = split_netloc(parts.netloc)
     nodes = [_host_port(item) for item in hosts.split(",") if item]
     if not nodes:
         raise ValueError("a Sentinel URL lists host:port[,host:port...]")

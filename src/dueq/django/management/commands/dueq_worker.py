@@ -16,8 +16,8 @@ from typing import Any
 import redis
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ....cli.connection import shown_url
 from ....exceptions import ConfigurationError
+from ....logs import shown_url
 from ....worker import Worker
 from ..._compat import task_backends
 from ...backend import DueqBackend
