@@ -812,7 +812,8 @@ local function cron_withdraw(levels, k_tasks, k_meta, k_errors, k_stats, id)
   end
 end
 
--- Cron runs records: the cron_runs HASH (keys.py) holds, per definition with policies, JSON
+-- Cron runs records: the cron_runs HASH (keys.py) holds, per definition that fired (with or
+-- without policies) or is finished, JSON
 -- {"fired": occurrences started, "skipped": slots skipped by overlap, "finished": "limit" or
 -- "end" once it fires no more, "run": id of the latest started occurrence, "buffered": id of
 -- the occurrence waiting for it (overlap "buffer_one")}. Written by the cron scripts only; an
