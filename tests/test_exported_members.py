@@ -21,6 +21,7 @@ PUBLIC = {
     "AsyncTaskFunction",
     "AsyncWorker",
     "BatchCompleted",
+    "BatchCompletionTaken",
     "BatchInfo",
     "ClaimBatch",
     "ConfigurationError",

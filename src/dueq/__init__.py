@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .events import AsyncEvent, Event
     from .exceptions import (
         BatchCompleted,
+        BatchCompletionTaken,
         ConfigurationError,
         CorruptQueue,
         CronConflict,
@@ -83,6 +84,7 @@ _LAZY: dict[str, str] = {
     "AsyncEvent": "events",
     "Event": "events",
     "BatchCompleted": "exceptions",
+    "BatchCompletionTaken": "exceptions",
     "ConfigurationError": "exceptions",
     "CorruptQueue": "exceptions",
     "CronConflict": "exceptions",
@@ -148,6 +150,7 @@ __all__ = [
     "AsyncTaskFunction",
     "AsyncWorker",
     "BatchCompleted",
+    "BatchCompletionTaken",
     "BatchInfo",
     "ClaimBatch",
     "ConfigurationError",

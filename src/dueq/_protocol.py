@@ -167,9 +167,11 @@ def _batch_keys(k: QueueKeys) -> list[str]:
 
 
 class CloseBatchReply(NamedTuple):
-    #: whether this call closed the batch (False: it was closed before, nothing changed)
+    #: whether this call closed the batch (False: it was closed before, or refused)
     closed: bool
     info: BatchInfo
+    #: refused: the completion task's id is taken by a task of the queue; nothing was written
+    taken: bool = False
 
 
 def close_batch(k: QueueKeys, now: str, batch: str, record: bytes) -> Call[CloseBatchReply]:
@@ -180,7 +182,8 @@ def close_batch(k: QueueKeys, now: str, batch: str, record: bytes) -> Call[Close
     def parse(reply: Any) -> CloseBatchReply:
         info = batch_info(batch, reply[1])
         assert info is not None  # the script always returns the record it wrote
-        return CloseBatchReply(bool(int(reply[0])), info)
+        status = int(reply[0])
+        return CloseBatchReply(status == 1, info, taken=status == -1)
 
     return Call("close_batch", keys, [now, batch, record], parse)
 
