@@ -36,6 +36,7 @@ PUBLIC = {
     "DueqError",
     "ErrorRecord",
     "Event",
+    "EventGroup",
     "EventsTrimmed",
     "InvalidTaskError",
     "KeyCooldown",

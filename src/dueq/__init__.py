@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .cron import CronDefinition, Occurrence
     from .doctor import DoctorFinding, DoctorReport
     from .envelope import TaskOptions, TraceContext
-    from .events import AsyncEvent, Event
+    from .events import AsyncEvent, Event, EventGroup
     from .exceptions import (
         BatchCompleted,
         BatchCompletionTaken,
@@ -83,6 +83,7 @@ _LAZY: dict[str, str] = {
     "TraceContext": "envelope",
     "AsyncEvent": "events",
     "Event": "events",
+    "EventGroup": "events",
     "BatchCompleted": "exceptions",
     "BatchCompletionTaken": "exceptions",
     "ConfigurationError": "exceptions",
@@ -166,6 +167,7 @@ __all__ = [
     "DueqError",
     "ErrorRecord",
     "Event",
+    "EventGroup",
     "EventsTrimmed",
     "HistoryPoint",
     "InvalidTaskError",

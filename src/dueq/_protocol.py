@@ -943,6 +943,30 @@ def doctor(
     return Call("doctor", keys, args, _parse_doctor(k.queue))
 
 
+# -- events_read.lua (dueq.events: a consumer group member's read) ------------------------------
+
+
+class EventsRead(NamedTuple):
+    #: events trimmed before the group read them, counted now (None: the server cannot tell)
+    lost: int | None
+    #: the XREADGROUP reply (None: nothing new)
+    reply: Any
+
+
+def events_read(
+    k: QueueKeys, group: str, consumer: str, count: int, trimmed_pending: int
+) -> Call[EventsRead]:
+    """Count what ``group`` lost to the events retention (with ``trimmed_pending``, entries a
+    member found trimmed while pending), then read up to ``count`` new events, in one step."""
+
+    def parse(reply: Any) -> EventsRead:
+        lost = int(reply[0])
+        return EventsRead(None if lost < 0 else lost, reply[1] if len(reply) > 1 else None)
+
+    args = [group, consumer, count, trimmed_pending]
+    return Call("events_read", [k.events, k.stats], args, parse)
+
+
 #: The counterpart of every script that a front end can call, by script name (for the
 #: key-order test: each builds its call for a sample queue).
 SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
@@ -981,6 +1005,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "configure": lambda k: configure(k, [("paused", "1")]),
     "heartbeat": lambda k: heartbeat(k, "", "w", "{}", ttl_ms=1),
     "close_batch": lambda k: close_batch(k, "", "b", b""),
+    "events_read": lambda k: events_read(k, "g", "c", 1, 0),
     "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1),
 }
 

@@ -43,6 +43,7 @@ Queue metrics (one series per queue; a queue whose stats cannot be read has ``du
 ``dueq_tasks_<event>_total``                count  ``scheduled``, ``claimed``, ``replayed``,
                                                    ``purged``, ``dropped``
 ``dueq_results_unstored_total``             count  return values ``keep_results`` could not keep
+``dueq_events_lost_total``                  count  events trimmed before a group read them
 ``dueq_cron_<event>_total``                 count  ``skipped``, ``state_rebuilt``
 ``dueq_stats_counter_total{counter}``       count  a stats counter this version does not know
 ``dueq_task_rate_per_second{event}``        gauge  events per second in the last complete minute
@@ -217,6 +218,11 @@ QUEUE_COUNTERS: dict[str, CounterSeries] = {
     "results_unstored": CounterSeries(
         "dueq_results_unstored",
         "Return values of acked tasks that keep_results could not keep",
+    ),
+    "events_lost": CounterSeries(
+        "dueq_events_lost",
+        "Outcome events trimmed (older than the events retention) before a consumer group "
+        "read or acked them",
     ),
     "cron_skipped": CounterSeries(
         "dueq_cron_skipped",
