@@ -633,6 +633,8 @@ class _Reader:
                 try:
                     reply = self._call(step)
                 except Exception as exc:  # an outage waits and retries; anything else ends
+                    if self._stopped.is_set():  # disposed while the call ran: nothing to mend
+                        return
                     if group_lost(exc, self._spec):
                         logger.warning(
                             "events of %s: %s; making the group again", self._queue.name, exc
