@@ -320,6 +320,32 @@ def test_the_operator_reads_stats_manages_dead_letters_and_cron(server, admin, l
     assert denied and all(f"{{{OTHER}" in item for item in denied), denied
 
 
+def test_a_consumer_follows_a_group_and_the_operator_reads_the_groups_lag(server, admin, login):
+    dueq.Queue(QUEUE, admin).configure(events=3600)
+    admin.script_flush()  # events_read.lua is loaded by the consumer itself
+    consumer = dueq.Queue(QUEUE, login("consumer"))
+    got: list[dueq.Event] = []
+    errors: list[BaseException] = []
+
+    def on_next(ev: dueq.Event) -> None:
+        got.append(ev)
+        ev.ack()
+
+    subscription = consumer.events(group="audit").subscribe(on_next, errors.append)
+    try:
+        dueq.Queue(QUEUE, login("producer")).schedule("x", id="e1")
+        for d in consumer.claim(1):
+            d.ack()
+        wait_for(lambda: len(got) == 1 or bool(errors), "the event, or the reader's error")
+    finally:
+        subscription.dispose()
+    assert errors == [] and [ev.task_id for ev in got] == ["e1"]
+    [group] = dueq.Queue(QUEUE, login("operator")).event_groups()  # XINFO STREAM and GROUPS
+    counted = int(str(admin.info("server")["redis_version"]).split(".")[0]) >= 7
+    expected = (0, 0) if counted else (None, None)  # Redis 6.2 keeps no entries-added
+    assert (group.name, group.pending, (group.lag, group.lost)) == ("audit", 0, expected)
+
+
 def test_the_operator_reads_outcome_events_with_the_spark_events_source(server, admin, login):
     pytest.importorskip("pyspark.sql.streaming.datasource", reason="needs pyspark >= 4.2")
     from internals import spark_events

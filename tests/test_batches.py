@@ -190,3 +190,57 @@ def test_a_replayed_dead_member_does_not_rejoin_its_batch(make_queue):
     assert sorted(drain(q)) == ["x", "y"]  # they run again, acked
     assert {b: q.batch(b) for b in ("done-b", "open-b")} == before  # still counted dead
     assert q.get("done-b:end") is None and drain(q) == []  # never a second completion
+
+
+# -- a completion id taken by another task (issue 37) --------------------------------------------
+
+
+def batch_state(r, name="q"):
+    """Everything close_batch may write, to compare before and after a refused call."""
+    keys = QueueKeys.for_queue(name)
+    return (r.hgetall(keys.batches), r.hgetall(keys.batch_on), r.hgetall(keys.tasks))
+
+
+@pytest.mark.parametrize("taken_as", ["scheduled", "leased", "dead"])
+def test_close_batch_refuses_a_completion_id_that_a_task_has_and_writes_nothing(
+    make_queue, r, taken_as
+):
+    q = make_queue()
+    q.schedule("member", id="m", batch="imp")
+    q.schedule("someone else's", id="imp-done", delay=3600 if taken_as == "scheduled" else 0)
+    if taken_as != "scheduled":
+        [holder] = [d for d in q.claim(limit=10) if d.id == "imp-done"]
+        if taken_as == "dead":
+            holder.fail(dueq.Unrecoverable("gone"))
+    before = batch_state(r)
+    with pytest.raises(dueq.BatchCompletionTaken) as caught:
+        q.close_batch("imp", on_complete=dueq.Task({"done": 1}, id="imp-done"))
+    assert caught.value.id == "imp-done" and "imp-done" in str(caught.value)
+    assert isinstance(caught.value, dueq.InvalidTaskError)
+    assert batch_state(r) == before
+    info = q.batch("imp")
+    assert (info.closed, info.complete) == (False, False)
+    info = q.close_batch("imp", on_complete=dueq.Task({"done": 1}, id="imp-done-2"))
+    assert info.closed and not info.completion_taken
+
+
+def test_a_completion_id_taken_after_close_is_reported_on_the_batch(make_queue):
+    q = make_queue()
+    q.schedule("member", id="m", batch="imp")
+    q.close_batch("imp", on_complete=dueq.Task({"done": 1}, id="imp-done"))
+    q.schedule("someone else's", id="imp-done", delay=3600)  # taken between close and the end
+    [member] = [d for d in q.claim(limit=10) if d.id == "m"]
+    member.ack()
+    info = q.batch("imp")
+    assert (info.complete, info.completion_taken) == (True, True)
+    assert info.to_json()["completion_taken"] is True
+    assert q.get("imp-done").payload == "someone else's"  # untouched, and not the completion
+
+
+def test_a_completion_scheduled_as_usual_is_not_reported_taken(make_queue):
+    q = make_queue()
+    q.schedule("member", id="m", batch="imp")
+    q.close_batch("imp", on_complete=dueq.Task({"done": 1}, id="imp-done"))
+    drain(q)
+    info = q.batch("imp")
+    assert (info.complete, info.completion_taken) == (True, False)

@@ -442,3 +442,45 @@ def test_wrong_type_cron_runs_key_is_a_cron_error(make_queue, r):
     r.set("dueq:{p}:cron:runs", "x")
     with pytest.raises((dueq.CronError, redis.ResponseError, dueq.DueqError)):
         q.cron.add("x", every=60, limit=1)
+
+
+# -- fired counts every kind of definition (issue 37) --------------------------------------------
+
+FIRED_KINDS = {
+    "plain cron": (("* * * * *",), {}),
+    "every=": ((), {"every": 60}),
+    "every= with jitter": ((), {"every": 60, "jitter": timedelta(seconds=20)}),
+    "every= with an end": ((), {"every": 60, "end": at(1_900_000_000)}),
+    "every= with limit": ((), {"every": 60, "limit": 100}),
+    "every= with overlap skip": ((), {"every": 60, "overlap": "skip"}),
+    "every= with overlap buffer_one": ((), {"every": 60, "overlap": "buffer_one"}),
+    "every= with pause_after_failures": ((), {"every": 60, "pause_after_failures": 3}),
+}
+
+
+@pytest.mark.parametrize("kind", FIRED_KINDS)
+def test_fired_counts_every_started_occurrence_whatever_the_policies(make_queue, clock, kind):
+    args, options = FIRED_KINDS[kind]
+    clock.now = 1_800_000_000.0
+    q = make_queue("p")
+    q.cron.add("k", *args, **options)
+    fired = run_every(q, clock, 300, 20)
+    assert len(fired) >= 4  # five slots; a jittered fifth may be due after the window
+    definition = q.cron.get("k")
+    assert (definition.fired, definition.skipped) == (len(fired), 0)
+
+
+def test_fired_counts_an_occurrence_once_across_its_retries_without_policies(make_queue, clock):
+    q = make_queue("p", retry=dueq.RetryPolicy(max_attempts=3, wait=lambda s: 1.0))
+    q.cron.add("k", every=60)
+    clock.advance(60)
+    [first] = q.claim(limit=10)
+    first.fail("boom")
+    clock.advance(2)
+    [retry] = q.claim(limit=10)
+    assert (retry.id, retry.attempt) == (first.id, 2)
+    retry.ack()
+    assert q.cron.get("k").fired == 1
+    assert q.cron.run_now("k")
+    claim_ids(q)  # a run-now occurrence is not a slot: it does not count
+    assert q.cron.get("k").fired == 1

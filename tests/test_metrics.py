@@ -15,7 +15,14 @@ from prometheus_client import parser
 from test_cli_worker import WAIT_S, start_worker, wait_for
 
 import dueq
-from dueq.metrics import QueueCollector, WorkerMetrics, counter_metric_name, new_registry, serve
+from dueq.metrics import (
+    RATE_EVENTS,
+    QueueCollector,
+    WorkerMetrics,
+    counter_series,
+    new_registry,
+    serve,
+)
 from dueq.task import HISTORY_COUNTERS as HISTORY
 
 
@@ -86,8 +93,8 @@ def test_a_running_worker_serves_acked_and_dead_counts_equal_to_what_happened(r,
         _, err = stop(child)
     assert child.returncode == 0, err
     qw = (("queue", "w"),)
-    assert samples["dueq_tasks_acked_total", qw] == 12
-    assert samples["dueq_tasks_dead_total", qw] == 1
+    assert samples["dueq_task_outcomes_total", (("outcome", "acked"), ("queue", "w"))] == 12
+    assert samples["dueq_task_outcomes_total", (("outcome", "dead"), ("queue", "w"))] == 1
     assert samples["dueq_tasks_scheduled_total", qw] == 14
     assert samples["dueq_tasks", (("queue", "w"), ("state", "dead"))] == 1
     assert samples["dueq_tasks", (("queue", "w"), ("state", "delayed"))] == 1
@@ -228,15 +235,18 @@ def test_the_worker_hook_measures_sync_and_async_handlers_and_counts_outcomes():
 
 
 @pytest.mark.parametrize(
-    ("counter", "family"),
+    ("counter", "family", "labels"),
     [
-        ("acked", "dueq_tasks_acked"),
-        ("cron_skipped", "dueq_cron_skipped"),
-        ("odd-name é", "dueq_tasks_odd_name__"),
+        ("claimed", "dueq_tasks_claimed", {}),
+        ("acked", "dueq_task_outcomes", {"outcome": "acked"}),
+        ("expired", "dueq_task_outcomes", {"outcome": "lease_expired"}),
+        ("expired_tasks", "dueq_task_outcomes", {"outcome": "expired"}),
+        ("cron_skipped", "dueq_cron_skipped", {}),
+        ("odd-name é", "dueq_stats_counter", {"counter": "odd_name__"}),
     ],
 )
-def test_stats_counters_become_prometheus_names(counter, family):
-    assert counter_metric_name(counter) == family
+def test_stats_counters_become_prometheus_series(counter, family, labels):
+    assert counter_series(counter)[:2] == (family, labels)
 
 
 def serve_collector(r: Any, queues: list[str], clock: Any) -> tuple[Any, int]:
@@ -267,14 +277,15 @@ def test_rates_are_the_last_complete_minutes_counts_per_second_scraped_over_http
         server.shutdown()
         server.server_close()
     event = lambda e: ("dueq_task_rate_per_second", (("event", e), ("queue", "rates")))  # noqa: E731
-    assert {e: filling[event(e)] for e in HISTORY} == dict.fromkeys(HISTORY, 0.0)
-    assert {e: done[event(e)] for e in HISTORY} == {
+    events = [RATE_EVENTS[e] for e in HISTORY]
+    assert {e: filling[event(e)] for e in events} == dict.fromkeys(events, 0.0)
+    assert {e: done[event(e)] for e in events} == {
         "scheduled": 9 / 60,
         "claimed": 9 / 60,
         "acked": 6 / 60,
         "retried": 2 / 60,
         "dead": 1 / 60,
-        "expired": 0.0,
+        "lease_expired": 0.0,
     }
 
 

@@ -21,7 +21,7 @@ from dueq.metrics import (
     STATS_COUNTERS,
     QueueCollector,
     WorkerMetrics,
-    counter_metric_name,
+    counter_series,
     new_registry,
 )
 
@@ -38,12 +38,14 @@ def test_every_queue_counter_is_exported_at_0_before_its_first_event(r):
     registry = new_registry(process=False)
     registry.register(QueueCollector(r, ["fresh"]))
     text = text_of(registry)
-    assert 'dueq_tasks_dead_total{queue="fresh"} 0.0' in text
-    assert 'dueq_tasks_acked_total{queue="fresh"} 0.0' in text
+    assert 'dueq_task_outcomes_total{outcome="dead",queue="fresh"} 0.0' in text
+    assert 'dueq_task_outcomes_total{outcome="acked",queue="fresh"} 0.0' in text
     assert 'dueq_cron_skipped_total{queue="fresh"} 0.0' in text
     assert 'dueq_tasks_scheduled_total{queue="fresh"} 1.0' in text
     for counter in STATS_COUNTERS:
-        assert f'{counter_metric_name(counter)}_total{{queue="fresh"}}' in text
+        family, labels, _ = counter_series(counter)
+        shown = "".join(f'{k}="{v}",' for k, v in labels.items())
+        assert f'{family}_total{{{shown}queue="fresh"}}' in text
 
 
 def test_the_known_counters_are_every_counter_a_script_increments():
@@ -125,7 +127,7 @@ def test_a_worker_exports_its_own_series_and_the_queue_gauges_only_when_asked(r,
     assert both.returncode == 0, both_err
     names_plain = {name for name, _ in from_plain}
     assert "dueq_worker_outcomes_total" in names_plain
-    assert not {"dueq_tasks", "dueq_queue_up", "dueq_tasks_acked_total"} & names_plain
+    assert not {"dueq_tasks", "dueq_queue_up", "dueq_task_outcomes_total"} & names_plain
     assert {
         dict(labels).get("worker") for name, labels in from_plain if name.startswith("dueq_")
     } == {"w-a"}
@@ -150,3 +152,85 @@ def test_the_metrics_series_pages_block_prints_the_series_it_shows(r, redis_serv
     printed = result.stdout.splitlines()
     for line in shown.splitlines():
         assert line in printed
+
+
+# -- one naming scheme, documented (issue 37) ----------------------------------------------------
+
+METRICS_DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+#: The labels whose values the docs list, each value in backticks in its metric's row.
+LISTED_LABELS = ("state", "event", "outcome", "result")
+
+
+def documented_rows() -> dict[str, str]:
+    """docs/metrics.md's table: metric name (with ``_total`` for counters) -> its row."""
+    rows = {}
+    for line in METRICS_DOC.read_text().splitlines():
+        m = re.match(
+            r"\| `(dueq_[a-z_]+)(?:\{[a-z_,]*\})?` \| (?:gauge|counter|histogram) \|", line
+        )
+        if m:
+            rows[m.group(1)] = line
+    return rows
+
+
+def every_family(r, clock) -> list:
+    """Every dueq family a `dueq metrics` and a worker export, with every label value they
+    can have: a queue with a cron definition that ran, an unknown stats counter, a worker."""
+    from prometheus_client import parser
+
+    q = dueq.Queue("all", r, clock=clock)
+    q.cron.add("tick", "* * * * *")
+    clock.advance(60)
+    for d in q.claim(10):
+        d.ack()
+    q.schedule({"x": 1}, delay=60)
+    r.hincrby("dueq:{all}:stats", "from_a_newer_dueq", 1)
+    registry = new_registry(process=False)
+    registry.register(QueueCollector(r, ["all"], clock=clock))
+    WorkerMetrics(registry, worker="w").watch("all")
+    families = parser.text_string_to_metric_families(text_of(registry))
+    # (prometheus_client adds a histogram's creation time as a family "<name>_created")
+    return [f for f in families if f.name.startswith("dueq_") and not f.name.endswith("_created")]
+
+
+def test_every_exported_series_and_label_value_is_in_the_metrics_docs(r, clock):
+    rows = documented_rows()
+    for family in every_family(r, clock):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert name in rows, f"{name} is exported but not in docs/metrics.md"
+        for sample in family.samples:
+            for label in LISTED_LABELS:
+                value = sample.labels.get(label)
+                if value is not None:
+                    assert f"`{value}`" in rows[name], f'{name}{{{label}="{value}"}} undocumented'
+
+
+def test_every_documented_metric_is_exported(r, clock):
+    exported = {f.name + ("_total" if f.type == "counter" else "") for f in every_family(r, clock)}
+    assert set(documented_rows()) == exported
+
+
+def test_outcomes_are_one_labelled_counter_with_lease_expired_apart_from_expired(r, clock):
+    q = dueq.Queue("oc", r, clock=clock, lease=10, retry=dueq.RetryPolicy(max_attempts=3))
+    q.schedule({"n": 1}, id="held")
+    q.schedule({"n": 2}, id="late", expires=5)
+    [held] = q.claim(1)
+    assert held.id == "held"
+    clock.advance(11)  # held's lease runs out; late is past its expires=
+    q.claim(10)
+    registry = new_registry(process=False)
+    registry.register(QueueCollector(r, ["oc"], clock=clock))
+    value = registry.get_sample_value
+    outcome = lambda o: value("dueq_task_outcomes_total", {"queue": "oc", "outcome": o})  # noqa: E731
+    assert (outcome("lease_expired"), outcome("expired")) == (1, 1)
+    assert outcome("acked") == 0 and outcome("dead") == 0
+    for old in ("dueq_tasks_expired_total", "dueq_tasks_expired_tasks_total"):
+        assert value(old, {"queue": "oc"}) is None
+    rate = value("dueq_task_rate_per_second", {"queue": "oc", "event": "lease_expired"})
+    assert rate is not None
+
+
+def test_every_dueq_family_has_its_own_written_help_text(r, clock):
+    helps = {f.name: f.documentation for f in every_family(r, clock)}
+    assert len(set(helps.values())) == len(helps)  # no two families share one sentence
+    assert not [h for h in helps.values() if "counted as" in h]  # not generated from the name

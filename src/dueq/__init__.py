@@ -20,9 +20,10 @@ if TYPE_CHECKING:
     from .cron import CronDefinition, Occurrence
     from .doctor import DoctorFinding, DoctorReport
     from .envelope import TaskOptions, TraceContext
-    from .events import AsyncEvent, Event
+    from .events import AsyncEvent, Event, EventGroup
     from .exceptions import (
         BatchCompleted,
+        BatchCompletionTaken,
         ConfigurationError,
         CorruptQueue,
         CronConflict,
@@ -84,7 +85,9 @@ _LAZY: dict[str, str] = {
     "TraceContext": "envelope",
     "AsyncEvent": "events",
     "Event": "events",
+    "EventGroup": "events",
     "BatchCompleted": "exceptions",
+    "BatchCompletionTaken": "exceptions",
     "ConfigurationError": "exceptions",
     "CorruptQueue": "exceptions",
     "CronConflict": "exceptions",
@@ -153,6 +156,7 @@ __all__ = [
     "AsyncTaskFunction",
     "AsyncWorker",
     "BatchCompleted",
+    "BatchCompletionTaken",
     "BatchInfo",
     "ClaimBatch",
     "ConfigurationError",
@@ -169,6 +173,7 @@ __all__ = [
     "DueqError",
     "ErrorRecord",
     "Event",
+    "EventGroup",
     "EventsTrimmed",
     "HistoryPoint",
     "InvalidArguments",

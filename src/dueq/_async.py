@@ -36,7 +36,7 @@ from .cron import AsyncCrons
 from .dead import AsyncDeadLetters
 from .doctor import DoctorReport
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
-from .events import AsyncEvent
+from .events import AsyncEvent, EventGroup, event_groups_flow
 from .exceptions import WaitTimeout
 from .named import AsyncTaskFunction
 from .registry import WorkerInfo
@@ -424,6 +424,10 @@ class AsyncQueue(QueueCore):
         return async_events(
             self, group=group, consumer=consumer, redeliver_after=redeliver_after, since=since
         )
+
+    async def event_groups(self) -> list[EventGroup]:
+        """As ``Queue.event_groups``."""
+        return await self.drive(event_groups_flow(self))
 
     # -- settings ----------------------------------------------------------------------------
 

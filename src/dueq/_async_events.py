@@ -16,6 +16,7 @@ from .events import (
     Step,
     check_plain,
     events_flow,
+    events_read_flow,
     group_lost,
     parse_event,
     reader_client,
@@ -52,8 +53,10 @@ def async_events(
     return _read(queue, spec)
 
 
-async def _call(client: Any, step: Step) -> Any:
+async def _call(queue: AsyncQueue, client: Any, step: Step) -> Any:
     _, method, args, kwargs = step
+    if method == "events_read":
+        return await queue.drive(events_read_flow(queue, *args))
     if method == "create_group":
         spec: ReaderSpec = args[0]
         import redis
@@ -94,16 +97,13 @@ async def _read(queue: AsyncQueue, spec: ReaderSpec) -> AsyncGenerator[AsyncEven
         while True:
             if step[0] == "emit":
                 for entry_id, fields in step[1]:
-                    if fields is None:  # trimmed before it was acked: nothing to tell
-                        if acker is not None:
-                            await acker(entry_id)
-                        continue
+                    assert fields is not None  # events_flow acks trimmed ones itself
                     event = parse_event(AsyncEvent, entry_id, fields, spec.group, acker)
                     yield event  # type: ignore[misc]
                 step = next(flow)
                 continue
             try:
-                reply = await _call(client, step)
+                reply = await _call(queue, client, step)
             except Exception as exc:  # an outage waits and retries; anything else ends
                 if group_lost(exc, spec):
                     logger.warning("events of %s: %s; making the group again", queue.name, exc)

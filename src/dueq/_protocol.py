@@ -177,9 +177,11 @@ def _batch_keys(k: QueueKeys) -> list[str]:
 
 
 class CloseBatchReply(NamedTuple):
-    #: whether this call closed the batch (False: it was closed before, nothing changed)
+    #: whether this call closed the batch (False: it was closed before, or refused)
     closed: bool
     info: BatchInfo
+    #: refused: the completion task's id is taken by a task of the queue; nothing was written
+    taken: bool = False
 
 
 def close_batch(k: QueueKeys, now: str, batch: str, record: bytes) -> Call[CloseBatchReply]:
@@ -190,7 +192,8 @@ def close_batch(k: QueueKeys, now: str, batch: str, record: bytes) -> Call[Close
     def parse(reply: Any) -> CloseBatchReply:
         info = batch_info(batch, reply[1])
         assert info is not None  # the script always returns the record it wrote
-        return CloseBatchReply(bool(int(reply[0])), info)
+        status = int(reply[0])
+        return CloseBatchReply(status == 1, info, taken=status == -1)
 
     return Call("close_batch", keys, [now, batch, record], parse)
 
@@ -970,6 +973,30 @@ def doctor(
     return Call("doctor", keys, args, _parse_doctor(k.queue))
 
 
+# -- events_read.lua (dueq.events: a consumer group member's read) ------------------------------
+
+
+class EventsRead(NamedTuple):
+    #: events trimmed before the group read them, counted now (None: the server cannot tell)
+    lost: int | None
+    #: the XREADGROUP reply (None: nothing new)
+    reply: Any
+
+
+def events_read(
+    k: QueueKeys, group: str, consumer: str, count: int, trimmed_pending: int
+) -> Call[EventsRead]:
+    """Count what ``group`` lost to the events retention (with ``trimmed_pending``, entries a
+    member found trimmed while pending), then read up to ``count`` new events, in one step."""
+
+    def parse(reply: Any) -> EventsRead:
+        lost = int(reply[0])
+        return EventsRead(None if lost < 0 else lost, reply[1] if len(reply) > 1 else None)
+
+    args = [group, consumer, count, trimmed_pending]
+    return Call("events_read", [k.events, k.stats], args, parse)
+
+
 #: The counterpart of every script that a front end can call, by script name (for the
 #: key-order test: each builds its call for a sample queue).
 SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
@@ -1008,6 +1035,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "configure": lambda k: configure(k, [("paused", "1")]),
     "heartbeat": lambda k: heartbeat(k, "", "w", "{}", ttl_ms=1),
     "close_batch": lambda k: close_batch(k, "", "b", b""),
+    "events_read": lambda k: events_read(k, "g", "c", 1, 0),
     "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1, edge_cap=1),
 }
 

@@ -27,6 +27,7 @@ from .envelope import (
 )
 from .exceptions import (
     BatchCompleted,
+    BatchCompletionTaken,
     ConfigurationError,
     DependencyCycle,
     DueqError,
@@ -362,4 +363,12 @@ class ScheduleFlows(QueueBase):
         reply: protocol.CloseBatchReply = yield protocol.close_batch(
             self.keys, self.now_arg(), batch, record
         )
+        if reply.taken:
+            assert on_complete is not None  # only a completion task's id can be taken
+            raise BatchCompletionTaken(
+                f"batch {batch!r} was not closed: its completion task's id {task_id!r} is "
+                "already a task of the queue (scheduled, leased, waiting or dead), so it could "
+                "never be scheduled; give the completion task another id",
+                task_id,
+            )
         return reply.info

@@ -73,6 +73,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "release",
         "inspect",
         "heartbeat",  # the worker registry (dueq.registry)
+        "events_read",  # q.events(group=...): a member's read, and what its group lost
     ),
     # stats, get, list_tasks, history, dead list/count/replay/purge,
     # cron add/list/remove/pause/resume/run_now, schedule (CLI), configure / pause / resume
@@ -142,12 +143,13 @@ PYTHON_COMMANDS: dict[Role, tuple[str, ...]] = {
     # TIME + ZRANGE + HGETALL: the worker registry (Queue.workers, dueq workers);
     # XREVRANGE: the latest outcome events (the dashboard's queue page, dueq events);
     # HSCAN: q.batches / dueq batches;
-    # XINFO STREAM + XRANGE (+ HGET, EXISTS): the Spark data source's read of outcome events.
+    # XINFO STREAM + XRANGE (+ HGET, EXISTS): the Spark data source's read of outcome events;
+    # XINFO STREAM + XINFO GROUPS: q.event_groups / dueq events --groups.
     "operator": (
         *("scan", "exists", "zcard", "hget", "hgetall", "hmget", "time", "zscan", "zrange"),
         "xrevrange",
         "hscan",
-        *("xinfo|stream", "xrange"),
+        *("xinfo|stream", "xinfo|groups", "xrange"),
     ),
 }
 

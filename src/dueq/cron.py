@@ -240,6 +240,10 @@ class CronDefinition:
     ``last_outcome_at``, with ``last_error_type`` for a failure (``"LeaseExpired"`` when its
     worker died or hung); ``last_success_at`` is its latest ack. All None until an occurrence
     is settled (see the module doc).
+
+    ``fired`` counts the slot occurrences that started (first deliveries: retries, run-now
+    occurrences and slots dropped by a policy do not count), for every definition, with
+    policies or without; ``skipped`` the slots that overlap dropped.
     """
 
     name: str

@@ -36,6 +36,7 @@ import reactivex
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
+from . import _protocol as protocol
 from .clock import Duration, positive_duration_ms
 from .envelope import decode_named
 from .exceptions import ConfigurationError, PayloadError
@@ -178,6 +179,9 @@ def events_flow(spec: ReaderSpec) -> Generator[Step, Any, None]:
                 last = entries[-1][0]
                 yield ("emit", entries)
     yield ("call", "create_group", (spec,), {})
+    # entries of this member's trimmed while pending (delivered, never acked): lost, counted by
+    # the next events_read
+    trimmed = 0
     pending_from = "0"  # this member's pending entries first (a restart resumes them)
     while pending_from:
         reply = yield (
@@ -188,8 +192,10 @@ def events_flow(spec: ReaderSpec) -> Generator[Step, Any, None]:
         )
         entries = stream_entries(reply)
         pending_from = entries[-1][0] if entries else ""
-        if entries:
-            yield ("emit", entries)
+        kept, gone = yield from _settle_trimmed(spec, entries)
+        trimmed += gone
+        if kept:
+            yield ("emit", kept)
     block_ms = min(BLOCK_MS, spec.redeliver_ms)
     while True:
         reply = yield (
@@ -198,9 +204,22 @@ def events_flow(spec: ReaderSpec) -> Generator[Step, Any, None]:
             (spec.stream, spec.group, spec.consumer, spec.redeliver_ms),
             {"start_id": "0-0", "count": READ_COUNT},
         )
-        claimed = _entry_list(reply[1] if len(reply) > 1 else [])
+        claimed, gone = yield from _settle_trimmed(
+            spec, _entry_list(reply[1] if len(reply) > 1 else [])
+        )
+        # (Redis 7 takes entries trimmed while pending out of the PEL itself, and names them)
+        trimmed += gone + (len(reply[2]) if len(reply) > 2 and reply[2] else 0)
         if claimed:
             yield ("emit", claimed)
+        # what the group lost to the retention is counted atomically with a read of new
+        # entries (no trim can fall between them); only when none are new does it block
+        read = yield ("call", "events_read", (spec, trimmed), {})
+        _warn_lost(spec, read.lost, trimmed)
+        trimmed = 0
+        entries = stream_entries(read.reply)
+        if entries:
+            yield ("emit", entries)
+            continue
         reply = yield (
             "call",
             "xreadgroup",
@@ -210,6 +229,50 @@ def events_flow(spec: ReaderSpec) -> Generator[Step, Any, None]:
         entries = stream_entries(reply)
         if entries:
             yield ("emit", entries)
+
+
+def events_read_flow(
+    queue: Any, spec: ReaderSpec, trimmed_pending: int
+) -> Generator[Any, Any, protocol.EventsRead]:
+    """The ``events_read`` step of ``events_flow``, on the queue's own client (a script: no
+    blocking read)."""
+    read: protocol.EventsRead = yield protocol.events_read(
+        queue.keys, str(spec.group), spec.consumer, READ_COUNT, trimmed_pending
+    )
+    return read
+
+
+def _settle_trimmed(
+    spec: ReaderSpec, entries: list[tuple[str, dict[str, str] | None]]
+) -> Generator[Step, Any, tuple[list[tuple[str, dict[str, str]]], int]]:
+    """Ack the entries trimmed while pending (nothing is left to tell of them, and unacked
+    they would come back forever); returns the others and how many were trimmed."""
+    gone = [entry_id for entry_id, fields in entries if fields is None]
+    if gone:
+        yield ("call", "xack", (spec.stream, spec.group, *gone), {})
+    return [(entry_id, fields) for entry_id, fields in entries if fields is not None], len(gone)
+
+
+def _warn_lost(spec: ReaderSpec, lost: int | None, trimmed_pending: int) -> None:
+    """Say what a group lost to the events retention (both counted in ``events_lost``)."""
+    if lost:
+        logger.warning(
+            "events of %s: group %r fell behind the events retention: %d event(s) were "
+            "trimmed before it read them and are lost (the dueq_events_lost_total metric "
+            "counts them; keep events longer, q.configure(events=...), or add members)",
+            spec.stream,
+            spec.group,
+            lost,
+        )
+    if trimmed_pending:
+        logger.warning(
+            "events of %s: group %r: %d event(s) delivered to member %r were trimmed before "
+            "they were acked and are lost (counted in dueq_events_lost_total)",
+            spec.stream,
+            spec.group,
+            trimmed_pending,
+            spec.consumer,
+        )
 
 
 def text(value: bytes | str) -> str:
@@ -240,7 +303,7 @@ def _entry_list(entries: Any) -> list[tuple[str, dict[str, str] | None]]:
         entry_id, fields = entry[0], entry[1]
         if entry_id is None:  # deleted while pending (redis-py drops its id): nothing to tell
             continue
-        if fields is None:  # trimmed while pending: the id alone
+        if not fields:  # trimmed while pending: the id alone (redis-py may give {} for nil)
             out.append((text(entry_id), None))
             continue
         if isinstance(fields, list):
@@ -376,6 +439,99 @@ def check_plain(queue: Any) -> str:
     return str(queue.keys.events)
 
 
+# -- the groups' info: Queue.event_groups --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventGroup:
+    """One consumer group of a queue's events stream (``Queue.event_groups``).
+
+    ``lag``: events in the stream not delivered to the group yet (None when the server cannot
+    tell: Redis 6.2, or entries deleted by hand). ``lost``: events trimmed (older than the
+    events retention) before the group read them, that no member has reported yet (the
+    member's next read logs a warning and counts them in ``dueq_events_lost_total``; None on
+    Redis 6.2). ``pending``: delivered to a member and not acked yet.
+    """
+
+    name: str
+    consumers: int
+    pending: int
+    last_delivered_id: str
+    lag: int | None
+    lost: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        """This group as JSON types."""
+        return {
+            "name": self.name,
+            "consumers": self.consumers,
+            "pending": self.pending,
+            "last_delivered_id": self.last_delivered_id,
+            "lag": self.lag,
+            "lost": self.lost,
+        }
+
+
+def _stream_id(value: str) -> tuple[int, int]:
+    ms_text, _, seq = value.partition("-")
+    return int(ms_text), int(seq or 0)
+
+
+def _number(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def event_group(stream_info: dict[str, Any], group: dict[str, Any]) -> EventGroup:
+    """An ``EventGroup`` from ``XINFO STREAM`` and one group of ``XINFO GROUPS`` (as redis-py
+    parses them): the same reckoning as events_read.lua, without its writes."""
+    delivered = text(group.get("last-delivered-id") or "0-0")
+    added = _number(stream_info.get("entries-added"))
+    read = _number(group.get("entries-read"))
+    if read is None and delivered == "0-0":  # a group that never read (events_read.lua)
+        read = 0
+    length = int(stream_info.get("length") or 0)
+    first = stream_info.get("first-entry")
+    newest = text(stream_info.get("last-generated-id") or "0-0")
+    oldest_kept = text(first[0]) if first else None
+    behind = (
+        _stream_id(delivered) < _stream_id(oldest_kept)
+        if oldest_kept is not None
+        else _stream_id(delivered) < _stream_id(newest)
+    )
+    if added is None:  # Redis 6.2: no counts to reckon with
+        lag, lost = (length if behind else None), None
+    elif behind:  # every entry kept is after the group's last one
+        lag, lost = length, None if read is None else max(added - length - read, 0)
+    else:
+        lag, lost = _number(group.get("lag")), 0 if read is not None else None
+    return EventGroup(
+        name=text(group.get("name") or ""),
+        consumers=int(group.get("consumers") or 0),
+        pending=int(group.get("pending") or 0),
+        last_delivered_id=delivered,
+        lag=lag,
+        lost=lost,
+    )
+
+
+def event_groups_flow(queue: Any) -> Generator[Any, Any, list[EventGroup]]:
+    """The consumer groups of a plain queue's events stream, by name ([] without a stream)."""
+    stream = check_plain(queue)
+    exists = yield protocol.command("EXISTS", stream)
+    if not exists:
+        return []
+    info, groups = yield protocol.Batch(
+        (protocol.command("XINFO STREAM", stream), protocol.command("XINFO GROUPS", stream))
+    )
+    found = [event_group(_str_keys(info), _str_keys(g)) for g in groups]
+    return sorted(found, key=lambda g: g.name)
+
+
+def _str_keys(reply: Any) -> dict[str, Any]:
+    """A redis-py XINFO dict with text keys (its keys are bytes with some settings)."""
+    return {text(k): v for k, v in dict(reply).items()}
+
+
 # -- the threaded driver: Queue.events ------------------------------------------------------
 
 
@@ -450,6 +606,8 @@ class _Reader:
         _, method, args, kwargs = step
         if method == "create_group":
             return create_group(self._client, *args)
+        if method == "events_read":
+            return self._queue.drive(events_read_flow(self._queue, *args))
         return getattr(self._client, method)(*args, **kwargs)
 
     def _run(self) -> None:
@@ -462,10 +620,7 @@ class _Reader:
                     for entry_id, fields in step[1]:
                         if self._stopped.is_set():
                             return
-                        if fields is None:  # trimmed before it was acked: nothing to tell
-                            if acker is not None:
-                                acker(entry_id)
-                            continue
+                        assert fields is not None  # events_flow acks trimmed ones itself
                         event = parse_event(Event, entry_id, fields, self._spec.group, acker)
                         try:
                             self._observer.on_next(event)  # type: ignore[arg-type]
@@ -478,6 +633,8 @@ class _Reader:
                 try:
                     reply = self._call(step)
                 except Exception as exc:  # an outage waits and retries; anything else ends
+                    if self._stopped.is_set():  # disposed while the call ran: nothing to mend
+                        return
                     if group_lost(exc, self._spec):
                         logger.warning(
                             "events of %s: %s; making the group again", self._queue.name, exc

@@ -6,6 +6,7 @@
     ├── ConfigurationError   (also ValueError)   bad queue name, lease, retry policy, limits
     ├── InvalidTaskError     (also ValueError)   bad id, naive datetime, negative/NaN delay
     │   ├── BatchCompleted                       scheduled into a batch that has completed
+    │   ├── BatchCompletionTaken                 close_batch: the completion id is a task's
     │   ├── DependencyCycle                      after= would make a task wait for itself
     │   └── InvalidArguments  (also Unrecoverable) a named task's arguments do not bind
     ├── PayloadError         (also ValueError)   payload not JSON, too large, or undecodable
@@ -38,6 +39,7 @@ from redis.exceptions import ResponseError
 
 __all__ = [
     "BatchCompleted",
+    "BatchCompletionTaken",
     "ConfigurationError",
     "CorruptQueue",
     "CronConflict",
@@ -79,6 +81,17 @@ class BatchCompleted(InvalidTaskError):
     def __init__(self, message: str, ids: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.ids = list(ids)
+
+
+class BatchCompletionTaken(InvalidTaskError):
+    """``close_batch`` was given a completion task whose id a task of the queue already has
+    (scheduled, leased, waiting for parents, or dead): it could never be scheduled, so the
+    batch was not closed and nothing was written. ``id`` names it; give the completion task
+    another id (or none: ``batch:<batch id>``)."""
+
+    def __init__(self, message: str, task_id: str) -> None:
+        super().__init__(message)
+        self.id = task_id
 
 
 class DependencyCycle(InvalidTaskError):

@@ -93,7 +93,7 @@ class QueueKeys:
     ``cron_paused`` HASH name -> paused-at ms: the paused cron definitions (any value: paused)
     ``cron_last`` HASH name -> JSON: the outcome of each definition's last firing (see the Lua
                 prelude's cron_note)
-    ``cron_runs`` HASH name -> JSON: a definition's policy record (fired, skipped, finished, the
+    ``cron_runs`` HASH name -> JSON: a definition's runs record (fired, skipped, finished, the
                 running occurrence; see the Lua prelude's cron_runs_read)
     ``cron_filled`` ZSET (scores 0) "<name>\\0<slot ms>": the slots ``cron.backfill`` scheduled
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``

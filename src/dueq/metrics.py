@@ -14,7 +14,13 @@ Two sources, because they answer different questions:
   worker --metrics-port``) and is summed across workers.
 
 Names follow the Prometheus conventions: a ``dueq_`` prefix, base units (``_seconds``),
-counters end in ``_total``, and every series carries a ``queue`` label.
+counters end in ``_total``, and every series carries a ``queue`` label. What became of a task
+is a label (``outcome``), never part of a name, with the same words on both sides: the
+queue's ``dueq_task_outcomes_total`` and a worker's ``dueq_worker_outcomes_total`` say
+``expired`` for a task past its ``expires=`` (``Outcome.kind``); a lease that ran out is
+``lease_expired`` (the stats hash keeps those as ``expired_tasks`` and ``expired``). Every
+family has a written help text, and docs/metrics.md lists every family and label value (a
+test checks both ways).
 
 Queue metrics (one series per queue; a queue whose stats cannot be read has ``dueq_queue_up``
 0 and no other series in that scrape):
@@ -29,15 +35,21 @@ Queue metrics (one series per queue; a queue whose stats cannot be read has ``du
 ``dueq_paused``                             gauge  1 while ``pause()`` holds claims
 ``dueq_missing_tasks``                      gauge  tasks counted whose data is gone (data loss)
 ``dueq_cron_definitions{state}``            gauge  ``active``, ``paused``, ``broken``
-``dueq_tasks_<event>_total``                count  the queue's lifetime counters (``scheduled``,
-                                                   ``claimed``, ``acked``, ``retried``, ``dead``,
-                                                   ``expired``, ``released``, ``cancelled``,
-                                                   ``replayed``, ``purged``, ``dropped``)
-``dueq_cron_<event>_total``                 count  its cron counters (``cron_skipped``, ...)
+``dueq_task_outcomes_total{outcome}``       count  what became of the queue's deliveries and
+                                                   tasks: ``acked``, ``retried``, ``dead``,
+                                                   ``released``, ``cancelled``, ``expired``
+                                                   (past ``expires=``), ``lease_expired`` (the
+                                                   holder's lease ran out)
+``dueq_tasks_<event>_total``                count  ``scheduled``, ``claimed``, ``replayed``,
+                                                   ``purged``, ``dropped``
+``dueq_results_unstored_total``             count  return values ``keep_results`` could not keep
+``dueq_events_lost_total``                  count  events trimmed before a group read them
+``dueq_cron_<event>_total``                 count  ``skipped``, ``state_rebuilt``
+``dueq_stats_counter_total{counter}``       count  a stats counter this version does not know
 ``dueq_task_rate_per_second{event}``        gauge  events per second in the last complete minute
                                                    of the per-minute history (``scheduled``,
                                                    ``claimed``, ``acked``, ``retried``, ``dead``,
-                                                   ``expired``): that minute's count / 60
+                                                   ``lease_expired``): that minute's count / 60
 ``dueq_cron_last_outcome{cron,outcome}``    gauge  1 for the outcome of the definition's last
                                                    firing (``acked``, ``retrying``, ``dead``,
                                                    ``cancelled``), 0 for the others; no series
@@ -50,14 +62,15 @@ Queue metrics (one series per queue; a queue whose stats cannot be read has ``du
 ==========================================  =====  ===============================================
 
 Why a gauge of the last complete minute for rates, in events per second: the counters above
-already give any rate over any window (``rate(dueq_tasks_acked_total[5m])``), but only from
-scrapes Prometheus has taken; the rate gauges come from the history the queue's own scripts
-keep in Redis, so a new exporter, a restarted Prometheus or a gap in scraping still shows the
-throughput of the last minute at once. The current minute is still filling, so it is left
-out (its count would dip at every minute's start). Per second, not per minute, because the
-conventions ask for base units: ``dueq_task_rate_per_second{event="acked"}`` lines up with
-``rate(dueq_tasks_acked_total[1m])`` on one graph. The minute is the queue's clock's
-(``Queue(clock=...)``, Redis ``TIME`` by default), which is also how tests make it exact.
+already give any rate over any window (``rate(dueq_task_outcomes_total{outcome="acked"}[5m])``),
+but only from scrapes Prometheus has taken; the rate gauges come from the history the queue's
+own scripts keep in Redis, so a new exporter, a restarted Prometheus or a gap in scraping
+still shows the throughput of the last minute at once. The current minute is still filling,
+so it is left out (its count would dip at every minute's start). Per second, not per minute,
+because the conventions ask for base units: ``dueq_task_rate_per_second{event="acked"}`` lines
+up with ``rate(dueq_task_outcomes_total{outcome="acked"}[1m])`` on one graph. The minute is
+the queue's clock's (``Queue(clock=...)``, Redis ``TIME`` by default), which is also how tests
+make it exact.
 
 Worker metrics:
 
@@ -65,8 +78,10 @@ Worker metrics:
 ``dueq_handler_duration_seconds{result}``   hist.  time in the handler; ``result`` ``ok`` (it
                                                    returned) or ``error`` (it raised)
 ``dueq_delivery_lag_seconds``               hist.  claim time minus due time of each delivery
-``dueq_worker_outcomes_total{outcome}``     count  what became of deliveries: acked, retried,
-                                                   dead, released, cancelled, lost
+``dueq_worker_outcomes_total{outcome}``     count  what became of deliveries: ``Outcome.kind``
+                                                   (``acked``, ``retried``, ``dead``,
+                                                   ``released``, ``cancelled``, ``expired``,
+                                                   ``lost``)
 ==========================================  =====  ===============================================
 
 Every worker metric also carries ``worker``: the name given (``WorkerMetrics(worker=...)``,
@@ -76,11 +91,12 @@ log lines and the worker registry). Prometheus's own ``instance`` label tells ap
 workers of one host.
 
 Which series exist from the start: every counter of a queue the exporter reads
-(``STATS_COUNTERS``, at 0 until its first event) and, for each queue a ``WorkerMetrics``
-measures (``wrap``, ``follow``, ``watch``), every outcome kind (``OUTCOME_KINDS``) and both
-handler results, at 0: an alert on ``increase()`` then sees the first event. The queue-wide
-series come from ``dueq metrics`` (or the dashboard's ``/metrics``), once per Redis; ``dueq
-worker`` adds them only with ``--queue-metrics``. See docs/metrics-series.md.
+(``STATS_COUNTERS``, exported as ``QUEUE_COUNTERS`` says, at 0 until its first event) and,
+for each queue a ``WorkerMetrics`` measures (``wrap``, ``follow``, ``watch``), every outcome
+kind (``OUTCOME_KINDS``) and both handler results, at 0: an alert on ``increase()`` then
+sees the first event. The queue-wide series come from ``dueq metrics`` (or the dashboard's
+``/metrics``), once per Redis; ``dueq worker`` adds them only with ``--queue-metrics``.
+See docs/metrics-series.md.
 
 The hook a consumer calls is ``WorkerMetrics``: ``observe_delivery(queue, delivery)`` when a
 handler starts, ``observe_handler(queue, duration_s, ok)`` when it ends, and
@@ -98,7 +114,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 from wsgiref.simple_server import WSGIServer
 
 try:
@@ -125,9 +141,13 @@ __all__ = [
     "DELIVERY_LAG_BUCKETS_S",
     "HANDLER_BUCKETS_S",
     "OUTCOME_KINDS",
+    "QUEUE_COUNTERS",
+    "RATE_EVENTS",
     "STATS_COUNTERS",
+    "CounterSeries",
     "QueueCollector",
     "WorkerMetrics",
+    "counter_series",
     "default_worker_name",
     "new_registry",
     "serve",
@@ -139,43 +159,108 @@ logger = logging.getLogger(__name__)
 HANDLER_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 #: Delivery lag buckets: a claim right at the due time to an hour behind.
 DELIVERY_LAG_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-#: Counters of the stats hash that are about cron definitions, not tasks.
-CRON_PREFIX = "cron_"
-#: Every counter the queue's scripts keep in its stats hash (a test checks this against the
-#: Lua sources): exported from the start, at 0 until its first event.
-STATS_COUNTERS = (
-    "scheduled",
-    "claimed",
-    "acked",
-    "retried",
-    "dead",
-    "expired",
-    "released",
-    "cancelled",
-    "replayed",
-    "purged",
-    "dropped",
-    "results_unstored",
-    "expired_tasks",
-    "cron_skipped",
-    "cron_state_rebuilt",
+
+
+class CounterSeries(NamedTuple):
+    """The series one stats-hash counter is exported as: a counter family (without
+    ``_total``), the family's help text, and the label that tells it apart in a labelled
+    family (``("outcome", "acked")``) or None."""
+
+    family: str
+    help: str
+    label: tuple[str, str] | None = None
+
+
+#: What became of a queue's deliveries and tasks: one family, the outcome a label.
+TASK_OUTCOMES = "dueq_task_outcomes"
+_OUTCOMES_HELP = (
+    "What became of the queue's deliveries and tasks since it was created, by outcome: acked, "
+    "retried, dead, released, cancelled, expired (past its expires= before it started) or "
+    "lease_expired (the holder's lease ran out)"
 )
+
+
+def _outcome(outcome: str) -> CounterSeries:
+    return CounterSeries(TASK_OUTCOMES, _OUTCOMES_HELP, ("outcome", outcome))
+
+
+#: Every counter the queue's scripts keep in its stats hash (a test checks this against the
+#: Lua sources), with the series it is exported as: from the start, at 0 until its first
+#: event. The stats hash's ``expired`` counts leases that ran out (``lease_expired``) and its
+#: ``expired_tasks`` the tasks past their ``expires=`` (``expired``, the word workers and
+#: ``Outcome.kind`` use).
+QUEUE_COUNTERS: dict[str, CounterSeries] = {
+    "scheduled": CounterSeries(
+        "dueq_tasks_scheduled",
+        "Tasks added to the queue since it was created (scheduled, cron occurrences, batch "
+        "completions, replaced tasks)",
+    ),
+    "claimed": CounterSeries(
+        "dueq_tasks_claimed", "Deliveries leased to consumers since the queue was created"
+    ),
+    "acked": _outcome("acked"),
+    "retried": _outcome("retried"),
+    "dead": _outcome("dead"),
+    "expired": _outcome("lease_expired"),
+    "expired_tasks": _outcome("expired"),
+    "released": _outcome("released"),
+    "cancelled": _outcome("cancelled"),
+    "replayed": CounterSeries(
+        "dueq_tasks_replayed", "Dead tasks put back to run since the queue was created"
+    ),
+    "purged": CounterSeries(
+        "dueq_tasks_purged", "Dead tasks deleted for good since the queue was created"
+    ),
+    "dropped": CounterSeries(
+        "dueq_tasks_dropped",
+        "Due ids dropped because their task data was gone (evicted or deleted by hand): data loss",
+    ),
+    "results_unstored": CounterSeries(
+        "dueq_results_unstored",
+        "Return values of acked tasks that keep_results could not keep",
+    ),
+    "events_lost": CounterSeries(
+        "dueq_events_lost",
+        "Outcome events trimmed (older than the events retention) before a consumer group "
+        "read or acked them",
+    ),
+    "cron_skipped": CounterSeries(
+        "dueq_cron_skipped",
+        "Cron occurrences dropped without running (missed slots, overlap, limit, pause after "
+        "failures)",
+    ),
+    "cron_state_rebuilt": CounterSeries(
+        "dueq_cron_state_rebuilt",
+        "Cron schedule states rebuilt because they were missing or could not be read",
+    ),
+}
+#: The family of a stats-hash counter this version does not know (written by a newer dueq or
+#: another tool): kept, with the counter's name as a label, not dropped.
+OTHER_COUNTERS = CounterSeries(
+    "dueq_stats_counter",
+    "Counters of the queue's stats hash that this dueq version does not know, by name",
+)
+STATS_COUNTERS = tuple(QUEUE_COUNTERS)
+#: The ``event`` label of ``dueq_task_rate_per_second`` for each per-minute history counter:
+#: the history's ``expired`` counts leases that ran out, as the outcome label says.
+RATE_EVENTS = {name: "lease_expired" if name == "expired" else name for name in HISTORY_COUNTERS}
 #: What can become of a delivery (``Outcome.kind``): each has a series from the start.
 OUTCOME_KINDS: tuple[str, ...] = get_args(OutcomeKind)
 
 
 def _metric_word(name: str) -> str:
-    """A stats-hash counter name as a metric name part: ``[a-z0-9_]`` only."""
+    """A stats-hash counter name as a label value: ``[a-z0-9_]`` only."""
     return "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name.lower())
 
 
-def counter_metric_name(counter: str) -> str:
-    """The metric family (without ``_total``) of a stats-hash counter: ``acked`` ->
-    ``dueq_tasks_acked``, ``cron_skipped`` -> ``dueq_cron_skipped``."""
-    word = _metric_word(counter)
-    if word.startswith(CRON_PREFIX):
-        return f"dueq_{word}"
-    return f"dueq_tasks_{word}"
+def counter_series(counter: str) -> tuple[str, dict[str, str], str]:
+    """(family without ``_total``, its labels besides ``queue``, help text) of a stats-hash
+    counter: ``claimed`` -> ``dueq_tasks_claimed``; ``acked`` -> ``dueq_task_outcomes``
+    ``{outcome="acked"}``; an unknown one -> ``dueq_stats_counter{counter=...}``."""
+    series = QUEUE_COUNTERS.get(counter)
+    if series is None:
+        return OTHER_COUNTERS.family, {"counter": _metric_word(counter)}, OTHER_COUNTERS.help
+    return series.family, dict([series.label] if series.label else []), series.help
 
 
 class QueueCollector(Collector):
@@ -223,7 +308,11 @@ class QueueCollector(Collector):
         up = GaugeMetricFamily(
             "dueq_queue_up", "1 when the queue's stats could be read", labels=["queue"]
         )
-        tasks = GaugeMetricFamily("dueq_tasks", "Tasks by state", labels=["queue", "state"])
+        tasks = GaugeMetricFamily(
+            "dueq_tasks",
+            "Tasks by state: delayed (not yet due), due (waiting for a worker), leased, dead",
+            labels=["queue", "state"],
+        )
         lag = GaugeMetricFamily(
             "dueq_oldest_due_lag_seconds",
             "How long the oldest due task has waited past its due time",
@@ -241,11 +330,14 @@ class QueueCollector(Collector):
             labels=["queue"],
         )
         crons = GaugeMetricFamily(
-            "dueq_cron_definitions", "Cron definitions by state", labels=["queue", "state"]
+            "dueq_cron_definitions",
+            "Cron definitions by state: active, paused, broken (cannot be kept going as stored)",
+            labels=["queue", "state"],
         )
         rates = GaugeMetricFamily(
             "dueq_task_rate_per_second",
-            "Events per second in the last complete minute of the queue's history",
+            "Events per second in the last complete minute of the queue's per-minute history: "
+            "scheduled, claimed, acked, retried, dead, lease_expired",
             labels=["queue", "event"],
         )
         workers = GaugeMetricFamily(
@@ -274,20 +366,18 @@ class QueueCollector(Collector):
             for state in ("active", "paused", "broken"):
                 crons.add_metric([name, state], cron_states[state])
             for event in HISTORY_COUNTERS:
-                rates.add_metric([name, event], getattr(last_minute, event) / 60)
+                rates.add_metric([name, RATE_EVENTS[event]], getattr(last_minute, event) / 60)
             cron_last.add(name, definitions)
             workers.add_metric([name], alive)
             # every known counter, at 0 before its first event: an alert on increase() then
             # sees the first one (a series that appears at 1 has no increase)
             for counter in sorted({*STATS_COUNTERS, *s.counters}):
-                family = counter_metric_name(counter)
+                family, labels, help_text = counter_series(counter)
                 if family not in counters:
                     counters[family] = CounterMetricFamily(
-                        family,
-                        f"Tasks counted as {counter} since the queue was created",
-                        labels=["queue"],
+                        family, help_text, labels=["queue", *labels]
                     )
-                counters[family].add_metric([name], s.counters.get(counter, 0))
+                counters[family].add_metric([name, *labels.values()], s.counters.get(counter, 0))
         yield from (up, tasks, lag, next_due, paused, missing, crons, rates, workers)
         yield from cron_last.families
         yield from (counters[family] for family in sorted(counters))
@@ -362,7 +452,9 @@ class _Outcomes(Collector):
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(
             "dueq_worker_outcomes",
-            "What became of this worker's deliveries",
+            "What became of this worker's deliveries, by outcome: acked, retried, dead, "
+            "released, cancelled, expired (past its expires=) or lost (its lease was taken "
+            "over, or the settle could not reach Redis)",
             labels=["queue", "worker", "outcome"],
         )
 

@@ -34,7 +34,7 @@ from .cron import Crons
 from .dead import DeadLetters
 from .doctor import DoctorReport
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
-from .events import Event, observe_events
+from .events import Event, EventGroup, event_groups_flow, observe_events
 from .exceptions import WaitTimeout
 from .named import TaskFunction
 from .observe import observe_queue
@@ -492,6 +492,11 @@ class Queue(QueueCore):
         return observe_events(
             self, group=group, consumer=consumer, redeliver_after=redeliver_after, since=since
         )
+
+    def event_groups(self) -> list[EventGroup]:
+        """The consumer groups of the queue's outcome events, by name, each with its ``lag``
+        and the events it ``lost`` to the events retention (see ``dueq.events.EventGroup``)."""
+        return self.drive(event_groups_flow(self))
 
     # -- settings ----------------------------------------------------------------------------
 

@@ -65,6 +65,7 @@ SCRIPT_NAMES = (
     "heartbeat",
     "doctor",
     "close_batch",
+    "events_read",
 )
 
 #: Scripts made of their own file followed by another script's body (after its header):

@@ -314,12 +314,13 @@ def queue_stats(reply: list[Any]) -> QueueStats:
 
 def batch_info(batch_id: bytes | str, raw: bytes | str | None) -> BatchInfo | None:
     """A batch record of the batches hash (the Lua prelude's batch notes), or None for none:
-    "total|acked|dead|cancelled|expired|created_ms|closed_ms|completed_ms"."""
+    "total|acked|dead|cancelled|expired|created_ms|closed_ms|completed_ms", then "|1" when its
+    completion task's id was taken when it completed."""
     if raw is None:
         return None
-    parts = (text(raw).split("|") + [""] * 8)[:8]
+    parts = (text(raw).split("|") + [""] * 9)[:9]
     counts = [_count(p) for p in parts[:5]]
-    times = [_datetime(int(p)) if p.isdigit() else None for p in parts[5:]]
+    times = [_datetime(int(p)) if p.isdigit() else None for p in parts[5:8]]
     total, acked, dead, cancelled, expired = counts
     return BatchInfo(
         id=text(batch_id),
@@ -333,4 +334,5 @@ def batch_info(batch_id: bytes | str, raw: bytes | str | None) -> BatchInfo | No
         created_at=times[0],
         closed_at=times[1],
         completed_at=times[2],
+        completion_taken=parts[8] == "1",
     )

@@ -296,7 +296,9 @@ class ScheduleResult:
 class BatchInfo:
     """A batch's counts (``q.batch(id)``): members added, and how many ended acked, dead,
     cancelled or expired; ``pending`` have not ended. ``complete`` once it was closed
-    (``close_batch``) with nothing pending: its completion task was scheduled then."""
+    (``close_batch``) with nothing pending: its completion task was scheduled then, unless
+    ``completion_taken``: a task with the completion task's id was scheduled after the close,
+    so the completion task was not (``close_batch`` refuses an id taken when it closes)."""
 
     id: str
     total: int
@@ -309,11 +311,20 @@ class BatchInfo:
     created_at: datetime | None = None
     closed_at: datetime | None = None
     completed_at: datetime | None = None
+    completion_taken: bool = False
 
     @property
     def closed(self) -> bool:
         """Whether ``close_batch`` was called for it."""
         return self.closed_at is not None
+
+    @property
+    def state(self) -> str:
+        """``open``, ``closed``, ``complete``, or ``complete, completion id taken`` (what
+        ``dueq batches`` and the dashboard show)."""
+        if self.complete:
+            return "complete, completion id taken" if self.completion_taken else "complete"
+        return "closed" if self.closed else "open"
 
     def to_json(self) -> dict[str, Any]:
         """This batch as JSON types (times as ISO 8601 UTC with milliseconds)."""
@@ -330,6 +341,7 @@ class BatchInfo:
             "created_at": iso_ms(self.created_at),
             "closed_at": iso_ms(self.closed_at),
             "completed_at": iso_ms(self.completed_at),
+            "completion_taken": self.completion_taken,
         }
 
 

@@ -15,10 +15,9 @@ def batches_table(title: str, found: list[BatchInfo]) -> object:
     counts = ("total", "acked", "dead", "cancelled", "expired", "pending")
     table = titled_table(title, ("batch", "state", *counts), right=set(counts))
     for b in found:
-        state = "complete" if b.complete else "closed" if b.closed else "open"
         table.add_row(
             safe(b.id),
-            state,
+            b.state,
             *(str(n) for n in (b.total, b.acked, b.dead, b.cancelled, b.expired, b.pending)),
         )
     return table
@@ -37,9 +36,11 @@ def batches(queue: str, batch: str | None, limit: int, as_json: bool, target: Re
     dueq batches imports
     dueq batches imports import-2026-11-26 --json
     A batch is open until close_batch, closed until every member has ended, then complete
-    (its completion task was scheduled); complete ones are kept a week. --json prints
+    (its completion task was scheduled; "completion id taken" when a task with its id was
+    scheduled after the close, so it was not); complete ones are kept a week. --json prints
     {"queue", "batches": [{"id", "total", "acked", "dead", "cancelled", "expired",
-    "pending", "complete", "closed", "created_at", "closed_at", "completed_at"}]}.
+    "pending", "complete", "closed", "created_at", "closed_at", "completed_at",
+    "completion_taken"}]}.
     """
     q = open_queue(target, queue)
     if batch is None:

@@ -10,7 +10,7 @@ from ..events import Event, latest_events
 from .connection import RedisTarget, open_queue, redis_options
 from .errors import CliError
 from .jsonout import emit, json_option
-from .output import console, safe
+from .output import console, safe, titled_table
 
 
 def _line(ev: Event) -> str:
@@ -35,6 +35,9 @@ def _show(ev: Event, as_json: bool) -> None:
 @click.option("--consumer", help="The member's name in --group (default: this process).")
 @click.option("--follow", is_flag=True, help="Print events as they come, until Ctrl-C.")
 @click.option(
+    "--groups", "show_groups", is_flag=True, help="Show the consumer groups: lag, lost, pending."
+)
+@click.option(
     "--count", type=click.IntRange(1), default=20, show_default=True, help="Latest events shown."
 )
 @json_option
@@ -44,16 +47,32 @@ def events(
     group: str | None,
     consumer: str | None,
     follow: bool,
+    show_groups: bool,
     count: int,
     as_json: bool,
     target: RedisTarget,
 ) -> None:
     """Outcome events of QUEUE (configure --events): the latest ones, oldest first, or with
     --follow every new one (with --group: as a member of that group, each acked once printed).
-    --json prints one JSON object per event. See docs/events.md."""
+    --json prints one JSON object per event. --groups shows the consumer groups instead: each
+    one's lag (events not delivered yet) and lost (events trimmed before it read them, not yet
+    reported by a member); --json prints {"queue", "groups": [{"name", "consumers",
+    "pending", "last_delivered_id", "lag", "lost"}]}. See docs/events.md."""
     if group is not None and not follow:
         raise CliError("--group reads as a member of a group: add --follow")
     q = open_queue(target, queue)
+    if show_groups:
+        found = q.event_groups()
+        if as_json:
+            emit({"queue": queue, "groups": [g.to_json() for g in found]})
+            return
+        columns = ("consumers", "pending", "lag", "lost")
+        table = titled_table(f"event groups of {queue}", ("group", *columns), right=set(columns))
+        for g in found:
+            shown = ("?" if n is None else str(n) for n in (g.consumers, g.pending, g.lag, g.lost))
+            table.add_row(safe(g.name), *shown)
+        console().print(table)
+        return
     if not follow:
         for ev in reversed(latest_events(q.redis, q, count)):
             _show(ev, as_json)

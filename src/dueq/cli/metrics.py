@@ -58,8 +58,9 @@ def metrics(port: int, host: str, queues: tuple[str, ...], target: RedisTarget) 
     """Serve Prometheus metrics of the queues at http://HOST:PORT/metrics until Ctrl-C.
 
     Gauges by state (dueq_tasks{state="delayed|due|leased|dead"}), oldest due lag, paused,
-    cron definitions, and the queues' lifetime counters (dueq_tasks_acked_total, ...), read
-    from Redis at each scrape. Needs the metrics extra: pip install 'dueq[metrics]'.
+    cron definitions, and the queues' lifetime counters (dueq_task_outcomes_total{outcome=...},
+    dueq_tasks_scheduled_total, ...; docs/metrics.md), read from Redis at each scrape. Needs the
+    metrics extra: pip install 'dueq[metrics]'.
     """
     m = metrics_module()
     conn = target.open()

@@ -441,10 +441,9 @@ class Views:
                 )
                 continue
             for b in found:
-                state = "complete" if b.complete else "closed" if b.closed else "open"
                 rows.append(
                     f"<tr><td>{link(n, '/queue', queue=n)}</td><td>{e(b.id)}</td>"
-                    f"<td>{state}</td>"
+                    f"<td>{e(b.state)}</td>"
                     + "".join(f"<td class='n'>{getattr(b, c)}</td>" for c in counts)
                     + f"<td>{e(when(b.created_at))}</td><td>{e(when(b.completed_at))}</td></tr>"
                 )

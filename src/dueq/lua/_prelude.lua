@@ -812,7 +812,8 @@ local function cron_withdraw(levels, k_tasks, k_meta, k_errors, k_stats, id)
   end
 end
 
--- Cron runs records: the cron_runs HASH (keys.py) holds, per definition with policies, JSON
+-- Cron runs records: the cron_runs HASH (keys.py) holds, per definition that fired (with or
+-- without policies) or is finished, JSON
 -- {"fired": occurrences started, "skipped": slots skipped by overlap, "finished": "limit" or
 -- "end" once it fires no more, "run": id of the latest started occurrence, "buffered": id of
 -- the occurrence waiting for it (overlap "buffer_one")}. Written by the cron scripts only; an
@@ -1329,7 +1330,9 @@ end
 
 -- Batches (docs/batches.md). The batches HASH keeps one record per batch:
 -- "total|acked|dead|cancelled|expired|created_ms|closed_ms|completed_ms" (closed_ms and
--- completed_ms empty until then). schedule.lua makes a task a member when it adds it (an id
+-- completed_ms empty until then), then "|1" when its completion task was not scheduled
+-- because a task with its id existed when the batch completed (close_batch.lua refuses an id
+-- taken when it closes; one scheduled after the close is found here). schedule.lua makes a task a member when it adds it (an id
 -- that already existed is never counted twice) and keeps id -> batch in batch:of, so a task
 -- without a batch costs nothing. The scripts that end a task (ack, fail and claim to dead,
 -- cancel, expiry) call batch_settle: it removes the id from batch:of and counts the outcome.
@@ -1344,7 +1347,8 @@ links.BATCH_TRIM = 100
 links.BATCH_OUTCOMES = {acked = 2, dead = 3, cancelled = 4, expired = 5}
 
 -- A batch record as a list {total, acked, dead, cancelled, expired, created, closed|false,
--- completed|false}, or nil when there is none (unreadable counts read as 0).
+-- completed|false, completion taken (1)|nil}, or nil when there is none (unreadable counts
+-- read as 0).
 function links.batch_parse(v)
   if not v then return nil end
   local b, i = {}, 0
@@ -1358,7 +1362,7 @@ end
 
 function links.batch_text(b)
   return table.concat({ms(b[1]), ms(b[2]), ms(b[3]), ms(b[4]), ms(b[5]), ms(b[6]),
-    b[7] and ms(b[7]) or '', b[8] and ms(b[8]) or ''}, '|')
+    b[7] and ms(b[7]) or '', b[8] and ms(b[8]) or ''}, '|') .. (b[9] == 1 and '|1' or '')
 end
 
 -- The keys batch_settle and batch_finish use (levels: due_levels of the script's KEYS).
@@ -1368,8 +1372,8 @@ function links.batch_keys(k_batches, k_of, k_on, k_ended, levels, k_tasks, k_sta
 end
 
 -- When batch record b is closed and has no member pending, schedule its completion task (a
--- schedule.lua record, '>BdHc0I4c0') unless its id exists, and mark b completed (b changes;
--- the caller writes it). Completed batches older than BATCH_KEEP_MS are dropped here.
+-- schedule.lua record, '>BdHc0I4c0') unless its id exists (then b notes it, and Redis's log
+-- says so), and mark b completed (b changes; the caller writes it). Completed batches older than BATCH_KEEP_MS are dropped here.
 function links.batch_finish(bk, batch, b, now)
   if not b[7] or b[8] or b[1] - b[2] - b[3] - b[4] - b[5] > 0 then return end
   local k_on, k_tasks, k_ended, k_batches = bk.on, bk.tasks, bk.ended, bk.batches
@@ -1385,6 +1389,11 @@ function links.batch_finish(bk, batch, b, now)
       redis.call('ZADD', k_level, due, id)
       stat_incr(bk.stats, 'scheduled', 1)
       wake_if_earlier(bk.wake, previous, due)
+    else
+      b[9] = 1
+      redis.log(redis.LOG_WARNING, '[dueq] batch ' .. batch .. ' of ' .. k_batches ..
+        ' completed, but its completion task ' .. id .. ' was not scheduled: a task with ' ..
+        'that id exists')
     end
   end
   local old = redis.call('ZRANGEBYSCORE', k_ended, '-inf', '(' .. ms(now - links.BATCH_KEEP_MS),

@@ -101,8 +101,6 @@ while i <= #ARGV do
   for j = e.first_missed, e.last_missed, 2 do
     e.ok = e.ok and ms_text_ok(ARGV[j], false)
   end
-  e.policed = e.overlap ~= 'allow_all' or e.limit ~= nil or e.pause_after ~= nil
-    or e.next_ms == ''
   entries[#entries + 1] = e
   i = e.last_missed + 1
 end
@@ -205,7 +203,8 @@ local function cancel_running(id, where)
 end
 
 -- The policies for an occurrence that starts now (first delivery): returns a status if it must
--- not run (4, 5, 6, 7), else nil (it runs, and is counted).
+-- not run (4, 5, 6, 7), else nil (it runs, and is counted in fired: a definition without
+-- policies passes every check and is counted too).
 local function police(e, runs)
   if runs.finished then
     drop(e)
@@ -260,7 +259,8 @@ for _, e in ipairs(entries) do
       e.expired = task_expired(stored, now)
     end
   end
-  if e.ok and e.policed and not e.drop and not e.expired
+  -- Every definition counts its started occurrences (fired), with policies or without.
+  if e.ok and not e.drop and not e.expired
       and redis.call('HEXISTS', KEYS[1], e.name) == 1 then
     runs = cron_runs_read(KEYS[12], e.name)
     local attempt = meta_parse(redis.call('HGET', KEYS[5], e.id))
