@@ -247,8 +247,10 @@ def uvicorn_example(redis_url: str, **env: str) -> Any:
         stderr=subprocess.PIPE,
         text=True,
     )
+    base = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://127.0.0.1:{port}", child
+        serving(base, child)
+        yield base, child
     finally:
         if child.poll() is None:
             child.terminate()
@@ -258,6 +260,30 @@ def uvicorn_example(redis_url: str, **env: str) -> Any:
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+#: How long uvicorn may take to answer /health: importing FastAPI, uvicorn and dueq took over
+#: 20 s in a full run on a loaded 2-core machine. An upper bound, never a measurement.
+SERVER_START_S = 120
+
+
+def serving(base: str, child: subprocess.Popen[str]) -> None:
+    """Return once ``base``/health answers 200; fail at once, with uvicorn's output, if the
+    process ended, or after ``SERVER_START_S`` of a start that never finished."""
+    import httpx
+
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            out, err = child.communicate()
+            pytest.fail(f"uvicorn exited with {child.returncode} before serving:\n{out}{err}")
+        try:
+            if httpx.get(f"{base}/health").status_code == 200:
+                return
+        except httpx.TransportError:  # not listening yet
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"uvicorn did not answer {base}/health within {SERVER_START_S} s")
 
 
 def wait_until(condition: Any, what: str, timeout_s: float = 20) -> None:
@@ -272,11 +298,11 @@ def wait_until(condition: Any, what: str, timeout_s: float = 20) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.timeout(SERVER_START_S + 60)
 def test_fastapi_example_under_uvicorn_on_another_port_sends_its_reminders(r, redis_server):
     import httpx
 
     with uvicorn_example(redis_server.url) as (base, _child):
-        wait_until(lambda: httpx.get(f"{base}/health").status_code == 200, "uvicorn")
         reply = httpx.post(f"{base}/signup", json={"email": "ada@example.com"})
         assert reply.status_code == 202, reply.text
         q = dueq.Queue("signup-reminders", r)
@@ -285,12 +311,12 @@ def test_fastapi_example_under_uvicorn_on_another_port_sends_its_reminders(r, re
     assert "retried" not in stats.counters and stats.dead == 0
 
 
+@pytest.mark.timeout(SERVER_START_S + 60)
 def test_fastapi_example_under_uvicorn_prints_a_failing_webhook(r, redis_server):
     import httpx
 
     closed = "http://127.0.0.1:9/nothing-listens-here"  # the discard port: refused
     with uvicorn_example(redis_server.url, REMINDER_WEBHOOK_URL=closed) as (base, child):
-        wait_until(lambda: httpx.get(f"{base}/health").status_code == 200, "uvicorn")
         httpx.post(f"{base}/signup", json={"email": "bo@example.com"})
         q = dueq.Queue("signup-reminders", r)
         wait_until(lambda: q.stats().counters.get("retried") == 1, "a failed attempt")
