@@ -24,14 +24,22 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def run_example(name: str, *args: str, timeout: float = 60) -> str:
-    """Run an example to completion; its stdout."""
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=True,
-    )
+    """Run an example to completion; its stdout. An example still running after ``timeout``
+    seconds fails the test with what it printed so far."""
+    try:
+        result = subprocess.run(
+            [sys.executable, str(EXAMPLES / name), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        )
+    except subprocess.TimeoutExpired as exc:
+        printed = [
+            x.decode(errors="replace") if isinstance(x, bytes) else x or ""
+            for x in (exc.stdout, exc.stderr)
+        ]
+        pytest.fail(f"{name} still ran after {timeout:g} s; it printed:\n{printed[0]}{printed[1]}")
     return result.stdout
 
 
@@ -44,6 +52,7 @@ def test_quickstart_retries_buries_and_replays(redis_server):
     assert "acked    email:poison attempt 1" in out  # replayed with attempts reset
 
 
+@pytest.mark.timeout(150)  # above run_example's 120 s, so a slow run fails with its output
 def test_service_processes_retries_and_buries_through_the_observable(redis_server):
     out = run_example(
         "service.py", "--redis-url", redis_server.url, timeout=120
@@ -63,10 +72,18 @@ def test_cron_example_fires_each_slot_once_through_the_clock_change(redis_server
     assert len(set(re.findall(r"worker (\d):", out))) > 1  # the three workers shared the work
 
 
+#: The Spark example's bound: its own local session (a JVM) and two small jobs took 78 s alone
+#: on a loaded 2-core machine, over 120 s in a test run there.
+SPARK_EXAMPLE_S = 240
+
+
+@pytest.mark.timeout(SPARK_EXAMPLE_S + 30)
 def test_spark_reminders_are_due_at_nine_local_time_once(r, redis_server):
     pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
     out = run_example(
-        "spark_reminders.py", "--redis-url", redis_server.url, "--date", "2030-01-15", timeout=120
+        "spark_reminders.py",
+        *("--redis-url", redis_server.url, "--date", "2030-01-15"),
+        timeout=SPARK_EXAMPLE_S,
     )
     assert "first run: added=5 existing=0 bad=1 {'due': 1}" in out
     assert "second run: added=0 existing=5 bad=1" in out
