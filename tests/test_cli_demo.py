@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 from click.testing import CliRunner
-from waiting import wait_for
+from waiting import WAIT_S, wait_for
 
 import dueq
 from dueq.cli import cli
@@ -24,10 +25,10 @@ def summary_numbers(out: str) -> dict[str, int]:
     return {k: int(v) for k, v in re.findall(r"^  (\w+) +(\d+)", summary, flags=re.MULTILINE)}
 
 
-# The demo's own bounds: Spark's start (--start-timeout, 120 s), then a drain of at most
-# --timeout (55 s) after its last source finished; on a loaded 2-core machine Spark's JVM start
-# alone took over 55 s.
-DEMO_BOUND_S = 120 + 55 + 60
+# The demo's own bound: Spark's start (--start-timeout, 120 s) and twice --timeout (55 s): a
+# drain of at most --timeout after its last source finished. On a loaded 2-core machine
+# Spark's JVM start alone took over 55 s.
+DEMO_BOUND_S = 120 + 2 * 55 + 30
 
 
 @pytest.mark.timeout(DEMO_BOUND_S + 30)
@@ -129,6 +130,41 @@ def test_a_source_that_does_not_start_in_time_is_left_out_and_the_demo_ends_with
     n = summary_numbers(result.stdout)
     assert n["scheduled"] == 20 + 4 + n["withdrawn"]
     assert n["unsettled"] == 0
+
+
+class NeverEnds:
+    """A demo source that never reports that it finished (until the test lets it go)."""
+
+    name = "endless"
+
+    def __init__(self) -> None:
+        self.let_go = threading.Event()
+
+    def run(self, queue: dueq.Queue, board: Board) -> None:
+        board.source(self.name, "adding forever")
+        self.let_go.wait(WAIT_S)
+
+
+def test_a_source_that_never_finishes_stops_the_demo_at_its_overall_bound(
+    r, redis_server, monkeypatch
+):
+    endless = NeverEnds()
+    monkeypatch.setattr(demo_module, "demo_sources", lambda *args: [endless])
+    try:
+        result = CliRunner().invoke(
+            cli,
+            [
+                *("demo", "--redis-url", redis_server.url, "--no-spark"),
+                *("--start-timeout", "1", "--timeout", "1"),
+            ],
+        )
+    finally:
+        endless.let_go.set()
+    assert result.exit_code == 1, result.output
+    elapsed_s = float(
+        re.findall(r"stopped before the queue drained in ([\d.]+) s", result.stdout)[0]
+    )
+    assert 3 <= elapsed_s < WAIT_S  # --start-timeout plus twice --timeout
 
 
 def test_demo_redis_url_and_embedded_exclude_each_other():

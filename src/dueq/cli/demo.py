@@ -98,16 +98,20 @@ def _run(
 ) -> bool:
     """Start workers and sources, update the view until the queue drains; True if it did,
     False if it had not drained ``timeout`` seconds after the last source finished (or
-    failed, or was left out for a start past ``board.start_timeout_s``)."""
+    failed, or was left out for a start past ``board.start_timeout_s``), and in any case
+    after ``board.start_timeout_s + 2 * timeout`` (a source that never finishes)."""
     for source in sources:
         board.source(source.name, "starting")
     subscriptions = _start_workers(q, board, workers, concurrency)
     for source in sources:
         threading.Thread(target=_run_source, args=(source, q, board), daemon=True).start()
     sources_done_at: float | None = None
+    limit_s = board.start_timeout_s + 2 * timeout
     try:
         with view as screen:
-            while sources_done_at is None or board.elapsed() - sources_done_at < timeout:
+            while board.elapsed() < limit_s and (
+                sources_done_at is None or board.elapsed() - sources_done_at < timeout
+            ):
                 board.leave_out_late()
                 stats = q.stats()
                 screen.update(stats)
