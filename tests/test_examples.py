@@ -24,14 +24,22 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def run_example(name: str, *args: str, timeout: float = 60) -> str:
-    """Run an example to completion; its stdout."""
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=True,
-    )
+    """Run an example to completion; its stdout. An example still running after ``timeout``
+    seconds fails the test with what it printed so far."""
+    try:
+        result = subprocess.run(
+            [sys.executable, str(EXAMPLES / name), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        )
+    except subprocess.TimeoutExpired as exc:
+        printed = [
+            x.decode(errors="replace") if isinstance(x, bytes) else x or ""
+            for x in (exc.stdout, exc.stderr)
+        ]
+        pytest.fail(f"{name} still ran after {timeout:g} s; it printed:\n{printed[0]}{printed[1]}")
     return result.stdout
 
 
@@ -44,6 +52,7 @@ def test_quickstart_retries_buries_and_replays(redis_server):
     assert "acked    email:poison attempt 1" in out  # replayed with attempts reset
 
 
+@pytest.mark.timeout(150)  # above run_example's 120 s, so a slow run fails with its output
 def test_service_processes_retries_and_buries_through_the_observable(redis_server):
     out = run_example(
         "service.py", "--redis-url", redis_server.url, timeout=120
@@ -63,10 +72,18 @@ def test_cron_example_fires_each_slot_once_through_the_clock_change(redis_server
     assert len(set(re.findall(r"worker (\d):", out))) > 1  # the three workers shared the work
 
 
+#: The Spark example's bound: its own local session (a JVM) and two small jobs took 78 s alone
+#: on a loaded 2-core machine, over 120 s in a test run there.
+SPARK_EXAMPLE_S = 240
+
+
+@pytest.mark.timeout(SPARK_EXAMPLE_S + 30)
 def test_spark_reminders_are_due_at_nine_local_time_once(r, redis_server):
     pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
     out = run_example(
-        "spark_reminders.py", "--redis-url", redis_server.url, "--date", "2030-01-15", timeout=120
+        "spark_reminders.py",
+        *("--redis-url", redis_server.url, "--date", "2030-01-15"),
+        timeout=SPARK_EXAMPLE_S,
     )
     assert "first run: added=5 existing=0 bad=1 {'due': 1}" in out
     assert "second run: added=0 existing=5 bad=1" in out
@@ -247,8 +264,10 @@ def uvicorn_example(redis_url: str, **env: str) -> Any:
         stderr=subprocess.PIPE,
         text=True,
     )
+    base = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://127.0.0.1:{port}", child
+        serving(base, child)
+        yield base, child
     finally:
         if child.poll() is None:
             child.terminate()
@@ -258,6 +277,30 @@ def uvicorn_example(redis_url: str, **env: str) -> Any:
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+#: How long uvicorn may take to answer /health: importing FastAPI, uvicorn and dueq took over
+#: 20 s in a full run on a loaded 2-core machine. An upper bound, never a measurement.
+SERVER_START_S = 120
+
+
+def serving(base: str, child: subprocess.Popen[str]) -> None:
+    """Return once ``base``/health answers 200; fail at once, with uvicorn's output, if the
+    process ended, or after ``SERVER_START_S`` of a start that never finished."""
+    import httpx
+
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            out, err = child.communicate()
+            pytest.fail(f"uvicorn exited with {child.returncode} before serving:\n{out}{err}")
+        try:
+            if httpx.get(f"{base}/health").status_code == 200:
+                return
+        except httpx.TransportError:  # not listening yet
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"uvicorn did not answer {base}/health within {SERVER_START_S} s")
 
 
 def wait_until(condition: Any, what: str, timeout_s: float = 20) -> None:
@@ -272,11 +315,11 @@ def wait_until(condition: Any, what: str, timeout_s: float = 20) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.timeout(SERVER_START_S + 60)
 def test_fastapi_example_under_uvicorn_on_another_port_sends_its_reminders(r, redis_server):
     import httpx
 
     with uvicorn_example(redis_server.url) as (base, _child):
-        wait_until(lambda: httpx.get(f"{base}/health").status_code == 200, "uvicorn")
         reply = httpx.post(f"{base}/signup", json={"email": "ada@example.com"})
         assert reply.status_code == 202, reply.text
         q = dueq.Queue("signup-reminders", r)
@@ -285,12 +328,12 @@ def test_fastapi_example_under_uvicorn_on_another_port_sends_its_reminders(r, re
     assert "retried" not in stats.counters and stats.dead == 0
 
 
+@pytest.mark.timeout(SERVER_START_S + 60)
 def test_fastapi_example_under_uvicorn_prints_a_failing_webhook(r, redis_server):
     import httpx
 
     closed = "http://127.0.0.1:9/nothing-listens-here"  # the discard port: refused
     with uvicorn_example(redis_server.url, REMINDER_WEBHOOK_URL=closed) as (base, child):
-        wait_until(lambda: httpx.get(f"{base}/health").status_code == 200, "uvicorn")
         httpx.post(f"{base}/signup", json={"email": "bo@example.com"})
         q = dueq.Queue("signup-reminders", r)
         wait_until(lambda: q.stats().counters.get("retried") == 1, "a failed attempt")

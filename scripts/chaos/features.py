@@ -89,6 +89,7 @@ GROUPS = {"audit": ["audit-1"], "billing": ["billing-1", "billing-2"]}
 GONE_MEMBER = "billing-2"
 #: How long a completion task's handler works (the other tasks: ``--work-ms``).
 COMPLETION_WORK_S = 1.5
+START_S = 120  # how long the first workers and followers may take to serve (an upper bound)
 
 log = logging.getLogger("features")
 
@@ -313,6 +314,28 @@ class Processes:
             for name in names:
                 self.spawn(name)
 
+    def wait_serving(self, q: dueq.Queue, client: redis.Redis) -> None:
+        """Until every worker is in the queue's registry and every follower has joined its
+        group (bounded by ``START_S``): on a loaded machine starting a process took seconds, and
+        a kill planned at 0.55 of the spread once asked for the pending events of a group no
+        follower had created yet (NOGROUP), which ended the run without its table."""
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            self.restart_crashed()
+            workers = len(q.workers())
+            try:
+                joined = {
+                    c["name"].decode()
+                    for g in GROUPS
+                    for c in client.xinfo_consumers(q.keys.events, g)
+                }
+            except redis.ResponseError:  # NOGROUP: no follower of a group has started yet
+                joined = set()
+            if workers >= self.settings.workers and joined >= set(self.followers()):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"the workers and followers were not all serving after {START_S} s")
+
     def kill(self, name: str, restart: bool = True) -> None:
         with self.lock:
             self._kill(name, restart)
@@ -529,12 +552,14 @@ def run(settings: Settings, out: Callable[[str], None]) -> dict[str, int]:
         since_ms = int(client.time()[0]) * 1000 - 1000
         procs = Processes(settings, deployment.single().port, folder, since_ms)
         procs.start()
+        procs.wait_serving(q, client)
+        planned_from = time.monotonic()  # the kill plan's times count from here
         producer = Producer(q, units, settings)
         producer.start()
         kills: Counter[str] = Counter()
         gone_held: list[str] = []
         for at_s, kind in kill_plan(settings, rng):
-            while time.monotonic() < started + at_s:
+            while time.monotonic() < planned_from + at_s:
                 time.sleep(0.2)
                 procs.restart_crashed()
             if kind == "worker":

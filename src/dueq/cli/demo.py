@@ -96,19 +96,29 @@ def _run(
     concurrency: int,
     timeout: float,
 ) -> bool:
-    """Start workers and sources, update the view until the queue drains; True if it did."""
+    """Start workers and sources, update the view until the queue drains; True if it did,
+    False if it had not drained ``timeout`` seconds after the last source finished (or
+    failed, or was left out for a start past ``board.start_timeout_s``), and in any case
+    after ``board.start_timeout_s + 2 * timeout`` (a source that never finishes)."""
     for source in sources:
         board.source(source.name, "starting")
     subscriptions = _start_workers(q, board, workers, concurrency)
     for source in sources:
         threading.Thread(target=_run_source, args=(source, q, board), daemon=True).start()
+    sources_done_at: float | None = None
+    limit_s = board.start_timeout_s + 2 * timeout
     try:
         with view as screen:
-            while board.elapsed() < timeout:
+            while board.elapsed() < limit_s and (
+                sources_done_at is None or board.elapsed() - sources_done_at < timeout
+            ):
+                board.leave_out_late()
                 stats = q.stats()
                 screen.update(stats)
                 if _drained(board, stats):
                     return True
+                if sources_done_at is None and board.sources_done():
+                    sources_done_at = board.elapsed()
                 time.sleep(TICK_S)
         return False
     finally:
@@ -177,7 +187,18 @@ def _summary(q: Queue, board: Board, conn: Connection, finished: bool) -> tuple[
     show_default=True,
     help="Handler threads per worker.",
 )
-@seconds_option("--timeout", 55.0, "Stop even if the queue has not drained by then.", low=1)
+@seconds_option(
+    "--timeout",
+    55.0,
+    "Stop if the queue has not drained this long after the last source finished.",
+    low=1,
+)
+@seconds_option(
+    "--start-timeout",
+    120.0,
+    "Leave out a source (Spark) that has not started by then, with a note.",
+    low=1,
+)
 @click.option("--seed", type=int, help="Seed for which tasks fail (default: random).")
 @click.option(
     "--dashboard",
@@ -198,6 +219,7 @@ def demo(
     workers: int,
     concurrency: int,
     timeout: float,
+    start_timeout: float,
     seed: int | None,
     dashboard_port: int | None,
 ) -> None:
@@ -217,7 +239,7 @@ def demo(
         raise click.UsageError("--redis-url and --embedded exclude each other")
     conn = RedisTarget(redis_url or "", embedded=redis_url is None).open()
     q = Queue(f"demo-{secrets.token_hex(3)}", conn.client, retry=DEMO_RETRY, lease=5.0)
-    board = Board()
+    board = Board(start_timeout_s=start_timeout)
     logs = Path(tempfile.mkdtemp(prefix="dueq-demo-"))
     sources = demo_sources(tasks, spread, seed, spark, conn.url, logs)
     out = console()

@@ -28,12 +28,17 @@ class SourceState:
     added: int = 0
     done: bool = False
     failed: bool = False
+    #: While it starts (``Board.starting``): the ``Board.elapsed()`` by which it must have
+    #: started (``Board.start_done``) or be left out (``Board.leave_out_late``).
+    start_by: float | None = None
 
 
 @dataclass
 class Board:
     """Counts and events of one demo run."""
 
+    #: How long a source may take to start (``starting`` to ``start_done``), e.g. Spark's JVM.
+    start_timeout_s: float = 120.0
     started: float = field(default_factory=time.monotonic)
     sources: dict[str, SourceState] = field(default_factory=dict)
     outcomes: Counter[str] = field(default_factory=Counter)
@@ -54,6 +59,35 @@ class Board:
             state.status, state.added, state.done = status, state.added + added, done
             if done:
                 self._event("source", f"{name}: {status}")
+
+    def starting(self, name: str, status: str) -> None:
+        """A source begins a start that may be slow (a JVM): unless it reports ``start_done``
+        within ``start_timeout_s``, the demo leaves it out and goes on with the rest."""
+        with self._lock:
+            state = self.sources.setdefault(name, SourceState())
+            state.status, state.start_by = status, self.elapsed() + self.start_timeout_s
+
+    def start_done(self, name: str) -> bool:
+        """A source has started and is about to add tasks: True if it still may (it was not
+        left out meanwhile); from then on the demo waits for it to finish."""
+        with self._lock:
+            state = self.sources.setdefault(name, SourceState())
+            if state.failed:
+                return False
+            state.start_by = None
+            return True
+
+    def leave_out_late(self) -> None:
+        """Mark each source still starting past its bound as failed (done): the demo stops
+        waiting for it, and its ``start_done`` answers False, so it adds nothing later."""
+        with self._lock:
+            now = self.elapsed()
+            for name, state in self.sources.items():
+                if state.start_by is not None and now > state.start_by and not state.done:
+                    why = f"did not start within {self.start_timeout_s:g} s, left out"
+                    state.status, state.done, state.failed = f"failed: {why}", True, True
+                    state.start_by = None
+                    self._event("source", f"{name} failed: {why}")
 
     def source_failed(self, name: str, error: BaseException) -> None:
         with self._lock:

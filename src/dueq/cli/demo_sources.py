@@ -146,7 +146,7 @@ class SparkDigests:
         self.rows, self.redis_url, self.log = rows, redis_url, log
 
     def run(self, queue: Queue, board: Board) -> None:
-        board.source(self.name, "starting a local Spark session")
+        board.starting(self.name, "starting a local Spark session")
         started = time.monotonic()
         try:
             from pyspark.sql import SparkSession
@@ -167,6 +167,8 @@ class SparkDigests:
                 .getOrCreate()
             )
         try:
+            if not board.start_done(self.name):  # too late: the demo went on without it
+                return
             spark.sparkContext.setLogLevel("ERROR")
             board.source(self.name, f"scheduling {self.rows} rows (Spark's log: {self.log})")
             df = spark.range(self.rows, numPartitions=2).select(
