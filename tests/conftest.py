@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+import slow_start
 from async_support import Blocking
 from click.testing import CliRunner, Result
 from redis.cluster import RedisCluster
@@ -223,26 +224,83 @@ def invoke(r: redis.Redis, redis_server: RedisServer) -> Callable[..., Result]:
     return run
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+#: How long the SparkSession of a test process may take to start (JVM, py4j gateway,
+#: SparkContext): its own bound, outside every test's 120 s (``slow_start``). On the 2-core
+#: machine, busy with other test runs, a start took over 120 s.
+SPARK_START_S = 600.0
+
+
+def _start_spark() -> Any:
     """One local SparkSession for the Spark tests: local[2,4] (two cores; a task may fail
     three times, so Spark's retries happen), session time zone UTC."""
-    pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
     from pyspark.sql import SparkSession
 
     # The Python workers must run this interpreter, where dueq is installed.
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("dueq-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
+    try:
+        session = (
+            SparkSession.builder.master("local[2,4]")
+            .appName("dueq-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate()
+        )
+    except Exception as exc:  # the JVM's own words went to stderr: say which Java it was
+        java = os.environ.get("JAVA_HOME")
+        raise type(exc)(f"{exc} (JAVA_HOME={java!r})") from exc
     session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    return session
+
+
+SPARK = slow_start.REGISTRY.setdefault(
+    "spark", slow_start.SlowStart("the SparkSession", _start_spark, SPARK_START_S)
+)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Begin the slow starts (``slow_start.REGISTRY``) a test's fixtures need before its
+    timeout's timer starts: this wrapper runs around pytest-timeout's."""
+    for name in getattr(item, "fixturenames", ()):
+        if name in slow_start.REGISTRY:
+            slow_start.REGISTRY[name].begin()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """A Spark test cut off by its timeout leaves the SparkSession unusable: the signal's
+    exception is no Exception py4j catches, so the cut-off call's answer stays on its
+    connection, and later calls read answers that are not theirs (``KeyError: 'c'``,
+    "org.apache.spark.sql.functions does not exist in the JVM"): one slow test failed the 48
+    after it. So the later Spark tests of the process skip, naming the test that was cut off
+    (``SlowStart.broken``), and the run shows one failure with its reason."""
+    outcome = yield
+    report = outcome.get_result()
+    cut_off = call.excinfo is not None and "from pytest-timeout" in str(call.excinfo.value)
+    if report.failed and cut_off and "spark" in item.fixturenames and SPARK.value is not None:
+        SPARK.broken(f"a py4j call was cut off by the timeout of {item.nodeid}")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    def stop(spark: Any) -> None:
+        try:
+            spark.stop()
+        # a JVM that died or hangs must not turn a finished run into pytest's own traceback
+        except Exception as exc:
+            print(f"\nthe SparkSession did not stop: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    SPARK.stop(stop)
+
+
+@pytest.fixture
+def spark(request: pytest.FixtureRequest) -> Any:
+    """The test process's one local SparkSession (``_start_spark``), started once before the
+    first test that asks for it, outside that test's timeout (``slow_start``). If it did not
+    start, that test fails with the reason and the later ones skip naming it."""
+    pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
+    return SPARK.get(request.node.nodeid)
 
 
 @pytest.fixture(scope="module")
@@ -269,6 +327,7 @@ def cluster(cluster_nodes: list[RedisServer]) -> Iterator[RedisCluster]:
 SPARK_FILES = frozenset(
     {
         "test_spark.py",
+        "test_spark_fixture.py",
         "test_spark_source.py",
         "test_spark_connect.py",
         "test_shards_spark.py",

@@ -47,8 +47,10 @@ def invoke_here(monkeypatch, redis_server):
     monkeypatch.chdir(HERE)
     monkeypatch.setattr(sys, "path", list(sys.path))
 
-    def run(*args: str):
-        return CliRunner().invoke(cli, ["worker", *args, "--redis-url", redis_server.url])
+    def run(*args: str, before: tuple[str, ...] = ()):
+        # the URL from the environment, as a deployment sets it: only --redis-url is refused
+        env = {"DUEQ_REDIS_URL": redis_server.url}
+        return CliRunner().invoke(cli, [*before, "worker", *args], env=env)
 
     return run
 
@@ -57,6 +59,23 @@ def test_queue_settings_options_are_refused_with_a_queue_object(invoke_here):
     result = invoke_here("cli_handlers:named_queue", "--max-attempts", "3", "--lease", "9")
     assert result.exit_code == 2
     assert "--max-attempts, --lease set up a queue by name" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["command", "group"])
+def test_a_redis_url_is_refused_with_a_queue_object_that_has_its_own_client(
+    invoke_here, redis_server, where
+):
+    # The queue object brings its own client: a URL given on the command line would be ignored
+    # silently (the worker serving another Redis than the one named), so it is refused.
+    url = ("--redis-url", redis_server.url)
+    if where == "command":
+        result = invoke_here("cli_handlers:named_queue", *url)
+    else:
+        result = invoke_here("cli_handlers:named_queue", before=url)
+    assert result.exit_code == 2, result.output
+    assert "--redis-url set up a queue by name" in result.stderr
+    assert "cli_handlers:named_queue is a queue object with its own" in result.stderr
+    assert "Redis client" in result.stderr
 
 
 def test_an_object_that_is_no_queue_is_one_line_and_exit_1(invoke_here):

@@ -189,6 +189,11 @@ def test_a_sharded_queue_is_read_shard_by_shard(spark, r, redis_server):
         ({"events": "earliest", "failOnDataLoss": "maybe"}, "failOnDataLoss must be true or"),
         ({"events": "earliest", "state": "dead"}, "not both"),
         ({"events": "earliest", "queue": "bad name"}, "queue name"),
+        (
+            {"events": "earliest", "maxeventspertriger": "5"},
+            r"unknown option 'maxeventspertriger' of a dueq events read.*'maxEventsPerTrigger'\?",
+        ),
+        ({"events": "earliest", "allow_missing": "true"}, "allow_missing is for task reads"),
     ],
 )
 def test_bad_event_options_raise_configuration_error(redis_server, options, message):
@@ -210,6 +215,13 @@ def test_events_off_is_refused_with_a_pointer_to_configure(spark, r, redis_serve
         spark_events().events_stream_reader(
             {"queue": "sparkev-off", "redis_url": redis_server.url, "events": "latest"}
         ).initialOffset()
+
+
+def test_the_events_of_a_queue_that_does_not_exist_are_refused_naming_it(r, redis_server):
+    # it used to say "events are off", as if the queue were there
+    options = {"queue": "sparkev-none", "redis_url": redis_server.url, "events": "latest"}
+    with pytest.raises(dueq.ConfigurationError, match=r"^no queue named 'sparkev-none' at "):
+        spark_events().events_stream_reader(options).initialOffset()
 
 
 def test_a_dueq_stream_without_the_events_option_says_what_it_reads(spark, redis_server):

@@ -149,6 +149,64 @@ def test_bad_options_are_refused_before_any_task_runs(spark, redis_server):
         ).load().collect()
 
 
+def test_a_misspelled_read_option_fails_naming_the_nearest_valid_one(spark, r, redis_server):
+    # stat="scheduled" used to be ignored: the dead tasks (the default state) came back
+    q = dueq.Queue("typo-read", r)
+    q.schedule({"n": 1}, id="alive", delay=3600)
+
+    def read() -> Any:  # a new reader each time: .option() changes the reader it is called on
+        return spark.read.format("dueq").options(queue="typo-read", redis_url=redis_server.url)
+
+    with pytest.raises(Exception, match=r"unknown option 'stat' of a dueq read.*'state'\?"):
+        read().option("stat", "scheduled").load().collect()
+    rows = read().option("STATE", "scheduled").load().collect()  # the case of a name is free
+    assert [row.id for row in rows] == ["alive"]
+
+
+def test_a_misspelled_write_option_fails_before_any_row_is_written(spark, r, redis_server):
+    df = reminders(spark, rows=20)
+    with pytest.raises(Exception, match=r"unknown option 'id_coll' of a dueq write.*'id_col'\?"):
+        write(df, "typo-write", redis_server.url, id_coll="user")
+    with pytest.raises(Exception, match="option staging_ttl_s is for streaming writes"):
+        write(df, "typo-write", redis_server.url, id_col="user", staging_ttl_s="3600")
+    assert r.zcard("dueq:{typo-write}:due") == 0
+    write(df, "typo-write", redis_server.url, ID_Col="user", Batch_Size="7")
+    assert ids_of(r, "typo-write") == {f"user-{n}" for n in range(20)}
+
+
+def test_the_option_check_takes_spark_lower_cased_names_and_plain_dicts(redis_server):
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    schema = T.StructType([T.StructField("id", T.StringType())])
+    given = {"Queue": "q", "REDIS_URL": redis_server.url, "id_col": "id", "batchSize": "9"}
+    for options in (given, CaseInsensitiveDict(given)):
+        with pytest.raises(
+            dueq.ConfigurationError, match=r"^unknown option 'batchsize' .*'batch_size'\?"
+        ):
+            spark_source()._write_setup(options, schema)
+    with pytest.raises(dueq.ConfigurationError, match=r"unknown options 'foo', 'pag_size' "):
+        spark_source()._Reader(
+            CaseInsensitiveDict(queue="q", redis_url=redis_server.url, foo="1", pag_size="3")
+        )
+
+
+def test_reading_a_queue_that_does_not_exist_fails_unless_allow_missing(spark, redis_server):
+    read = spark.read.format("dueq").options(queue="nowhere", redis_url=redis_server.url)
+    with pytest.raises(Exception, match=r"no queue named 'nowhere' at redis://.*allow_missing"):
+        read.load().collect()
+    assert read.option("allow_missing", "true").load().collect() == []
+    with pytest.raises(Exception, match="option allow_missing must be true or false"):
+        read.option("allow_missing", "yes").load().collect()
+    with pytest.raises(dueq.ConfigurationError, match="no queue named 'nowhere'"):
+        ds.read_tasks(spark, queue="nowhere", redis_url=redis_server.url)
+    assert (
+        ds.read_tasks(
+            spark, queue="nowhere", redis_url=redis_server.url, allow_missing=True
+        ).count()
+        == 0
+    )
+
+
 def stream_files(folder: Path, files: int = 2, rows: int = 150) -> None:
     folder.mkdir(exist_ok=True)
     for part in range(files):
@@ -249,6 +307,23 @@ def test_a_failed_micro_batch_is_aborted_and_leaves_nothing_behind(
         )
     assert r.zcard("dueq:{aborted}:due") == 0
     assert staging_keys(r, "aborted") == []
+
+
+def test_a_misspelled_stream_option_fails_the_query_and_stages_nothing(
+    spark, r, redis_server, tmp_path
+):
+    stream_files(tmp_path / "in")
+    with pytest.raises(Exception, match=r"unknown option 'staging_ttl' .*'staging_ttl_s'\?"):
+        run_stream(
+            spark,
+            tmp_path / "in",
+            tmp_path / "ck",
+            "typo-stream",
+            redis_server.url,
+            staging_ttl="3600",
+        )
+    assert r.zcard("dueq:{typo-stream}:due") == 0
+    assert staging_keys(r, "typo-stream") == []
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from . import _protocol as protocol
 from . import discovery
@@ -668,6 +669,25 @@ def _task_row(info: TaskInfo) -> tuple[Any, ...]:
     )
 
 
+def where(redis_url: str) -> str:
+    """``redis_url`` for a message: scheme, host, port and database, without the user-info
+    and query (where passwords and certificate paths go)."""
+    try:
+        parts = urlsplit(redis_url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # not a URL one can split: show nothing of it that could be a secret
+        return "<unparsable URL>"
+    return urlunsplit((parts.scheme, host + port, parts.path, "", ""))
+
+
+def require_queue(client: Any, queue: str, redis_url: str, hint: str) -> None:
+    """ConfigurationError unless queue ``queue`` exists (``discovery.queue_exists``): reading
+    a misspelt name would otherwise find nothing without a word. ``hint`` ends the message."""
+    if not discovery.queue_exists(client, queue):
+        raise ConfigurationError(f"no queue named {queue!r} at {where(redis_url)}: {hint}")
+
+
 def read_tasks(
     spark: SparkSession | ConnectSession,
     *,
@@ -675,6 +695,7 @@ def read_tasks(
     redis_url: str,
     state: TaskState = "dead",
     page_size: int = READ_PAGE,
+    allow_missing: bool = False,
 ) -> DataFrame:
     """A DataFrame of the tasks in one state (``"scheduled"``, ``"leased"`` or ``"dead"``).
 
@@ -685,6 +706,7 @@ def read_tasks(
     during the walk are left out; the rows are collected on the driver, so this suits the
     dead-letter queue (capped by ``dead_max_count``) and other queues of moderate size.
     Works with a Spark Connect session too (the rows are sent with the plan).
+    ConfigurationError when there is no such queue, unless ``allow_missing`` (then: no rows).
     """
     if state not in _STATES:
         raise ConfigurationError(f"state must be scheduled, leased or dead, got {state!r}")
@@ -692,6 +714,8 @@ def read_tasks(
     rows: list[tuple[Any, ...]] = []
     seen: set[str] = set()
     with discovery.client_for_url(redis_url) as client:
+        if not allow_missing:
+            require_queue(client, queue, redis_url, "pass allow_missing=True to read it as empty")
         # a sharded queue is read shard by shard (each a plain queue of its own keys)
         for name in discovery.stored_queue_names(client, queue):
             keys = QueueKeys.for_queue(name)

@@ -44,7 +44,8 @@ from datetime import datetime
 from typing import Any
 
 from . import discovery
-from ._spark_batch import check_target, int_option
+from ._spark_batch import check_target, int_option, require_queue
+from ._spark_options import bool_option, checked
 from .events import range_events
 from .exceptions import ConfigurationError, DueqError, EventsTrimmed
 from .keys import QueueKeys
@@ -136,16 +137,6 @@ def _start_id(raw: str) -> str | None:
 # -- options and the driver's look at the streams ------------------------------------------------
 
 
-def _bool_option(options: Any, name: str, default: bool) -> bool:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    value = str(raw).strip().lower()
-    if value not in ("true", "false"):
-        raise ConfigurationError(f"option {name} must be true or false, got {raw!r}")
-    return value == "true"
-
-
 @dataclass(frozen=True)
 class _Stream:
     """What ``XINFO STREAM`` tells of one events stream (an absent one: empty, nothing added)."""
@@ -213,12 +204,13 @@ class EventsOptions:
 
 
 def events_options(options: Any) -> EventsOptions:
+    if "state" in {name.lower() for name in options}:
+        raise ConfigurationError("option state reads tasks, option events reads events: not both")
+    options = checked(options, "events read")
     queue, url = options.get("queue"), options.get("redis_url")
     if queue is None or url is None:
         raise ConfigurationError("the dueq data source needs the options queue and redis_url")
     check_target(queue, url)
-    if options.get("state") is not None:
-        raise ConfigurationError("option state reads tasks, option events reads events: not both")
     return EventsOptions(
         url=str(url),
         queue=str(queue),
@@ -227,13 +219,14 @@ def events_options(options: Any) -> EventsOptions:
         slices=int_option(options, "partitions", 1, low=1, high=MAX_SLICES) or 1,
         page_size=int_option(options, "page_size", EVENTS_PAGE, low=1, high=MAX_EVENTS_PAGE)
         or EVENTS_PAGE,
-        fail_on_loss=_bool_option(options, "failOnDataLoss", True),
+        fail_on_loss=bool_option(options, "failOnDataLoss", True),
     )
 
 
 def _names(client: Any, opts: EventsOptions) -> list[str]:
     """The queue (or its shards), refused with ConfigurationError when events are off on
     every one of them and none has an events stream to read."""
+    require_queue(client, opts.queue, opts.url, "its events cannot be read")
     names = discovery.stored_queue_names(client, opts.queue)
     for name in names:
         keys = QueueKeys.for_queue(name)

@@ -87,8 +87,10 @@ from ._spark_batch import (
     int_option,
     packed_batches,
     partition_plan,
+    require_queue,
     schedule_rows,
 )
+from ._spark_options import bool_option, checked
 from ._spark_rows import Rows
 from .envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from .exceptions import ConfigurationError, DueqError
@@ -174,7 +176,8 @@ def _stream_batch(plan: PartitionPlan, batch_id: int) -> PartitionPlan:
     return dataclasses.replace(plan, batch=f"{plan.batch}:{batch_id}")
 
 
-def _write_setup(options: Any, schema: T.StructType) -> _WriteSetup:
+def _write_setup(options: Any, schema: T.StructType, *, streaming: bool = False) -> _WriteSetup:
+    options = checked(options, "streaming write" if streaming else "write")
     queue, url = _target(options)
     payload = options.get("payload_cols")
     payload_cols = None if payload is None else [c.strip() for c in payload.split(",") if c.strip()]
@@ -416,14 +419,16 @@ class ScoreRange(InputPartition):
 
 class _Reader(DataSourceReader):
     def __init__(self, options: Any) -> None:
+        options = checked(options, "read")
         self.queue, self.url = _target(options)
         self.state = options.get("state", "dead")
         if self.state not in _STATES:
             raise ConfigurationError(f"state must be scheduled, leased or dead, got {self.state!r}")
         self.page_size = int_option(options, "page_size", READ_PAGE, low=1, high=SCHEDULE_BATCH)
         self.wanted = int_option(options, "partitions", 0, low=0, high=MAX_READ_PARTITIONS)
+        allow_missing = bool_option(options, "allow_missing", False)
         # a sharded queue is read shard by shard: each shard is a queue of its own keys
-        names = _queue_names(self.url, self.queue)
+        names = _queue_names(self.url, self.queue, allow_missing=allow_missing)
         # a scheduled task waits in its priority's due set, or parked (see claim.lua)
         self.zsets = [
             (name, key)
@@ -501,9 +506,12 @@ class DueqDataSource(DataSource):
     ``delay_col``, ``payload_cols`` (comma-separated), ``batch_size``, ``on_bad_row``,
     ``max_payload_bytes``, ``task`` (each row calls that named task, its columns the
     arguments), and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads
-    ``state`` (scheduled, leased or dead), ``page_size`` and ``partitions``; for reads and
-    streams of outcome events ``events`` (where a new query starts), ``maxEventsPerTrigger``,
-    ``partitions``, ``page_size`` and ``failOnDataLoss`` (``dueq._spark_events``).
+    ``state`` (scheduled, leased or dead), ``page_size``, ``partitions`` and
+    ``allow_missing`` (a queue that does not exist reads as empty instead of failing); for
+    reads and streams of outcome events ``events`` (where a new query starts),
+    ``maxEventsPerTrigger``, ``partitions``, ``page_size`` and ``failOnDataLoss``
+    (``dueq._spark_events``). Any other option is refused with ConfigurationError naming the
+    nearest valid one (``dueq._spark_options``); names are case-insensitive.
     """
 
     @classmethod
@@ -521,7 +529,7 @@ class DueqDataSource(DataSource):
         return _BatchWriter(_write_setup(self.options, schema))
 
     def streamWriter(self, schema: T.StructType, overwrite: bool) -> _StreamWriter:
-        setup = _write_setup(self.options, schema)
+        setup = _write_setup(self.options, schema, streaming=True)
         return _StreamWriter(setup, _queue_names(setup.plan.redis_url, setup.plan.queue))
 
     def reader(self, schema: T.StructType) -> DataSourceReader:
@@ -545,8 +553,13 @@ class DueqDataSource(DataSource):
         return events_stream_reader(self.options)
 
 
-def _queue_names(url: str, queue: str) -> list[str]:
+def _queue_names(url: str, queue: str, *, allow_missing: bool = True) -> list[str]:
     """On the driver: the queues the data source works on for ``queue`` (itself, or its
-    shards: ``discovery.stored_queue_names``)."""
+    shards: ``discovery.stored_queue_names``). Unless ``allow_missing``, ConfigurationError
+    when no such queue exists (a read of a misspelt name would be empty without a word)."""
     with discovery.client_for_url(url) as client:
+        if not allow_missing:
+            require_queue(
+                client, queue, url, "give the option allow_missing=true to read it as empty"
+            )
         return discovery.stored_queue_names(client, queue)

@@ -110,10 +110,19 @@ def load_queue(spec: str) -> Queue | AsyncQueue:
         if ctx.get_parameter_source(name)
         in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
     ]
+    # The object's own client says which Redis it serves: a --redis-url (after the command or
+    # before it, ``dueq --redis-url URL worker``) would be ignored, so it is refused. The
+    # environment's $DUEQ_REDIS_URL is not: a deployment sets it for every command, and the
+    # module making the queue may well read it itself.
+    settings = ctx.find_object(Settings)
+    if ctx.get_parameter_source("redis_url") is click.core.ParameterSource.COMMANDLINE or (
+        settings is not None and settings.redis_url is not None
+    ):
+        given.append("--redis-url")
     if given:
         raise click.UsageError(
             f"{', '.join(given)} set up a queue by name; {spec} is a queue object with its own "
-            "settings (set them where it is made)"
+            "settings and Redis client (set them where it is made)"
         )
     if not found.tasks:
         logging.getLogger(__name__).warning(
@@ -241,7 +250,7 @@ def worker(
 
     With one argument, MODULE:QUEUE names a dueq.Queue (or AsyncQueue) object: the worker
     serves that queue, with its client and settings, and runs its named tasks (@q.task) by
-    name (docs/named-tasks.md).
+    name (docs/named-tasks.md); --redis-url and the queue's settings are refused there.
     """
     q: Queue | AsyncQueue
     if handler is None:
