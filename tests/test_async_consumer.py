@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -262,24 +263,25 @@ class CancelSwallowingPubSub(redis.asyncio.client.PubSub):
             return None
 
 
-def test_the_wake_listener_ends_when_cancelled_even_if_the_client_swallows_the_cancel(
-    r, redis_server
-):
-    """Deterministic form of the sweep above: every cancel that reaches the listener's read is
-    swallowed by the client; disposing must still end the listener (and the loop)."""
+def _left_running_though_cancels_are_swallowed(
+    r: redis.Redis, redis_server: RedisServer, name: str, start: Callable[[dueq.AsyncQueue], Any]
+) -> set[asyncio.Task[object]]:
+    """Start a consumer on a client whose pubsub reads swallow every cancel (``start(q)``
+    returns its stop function), wait until its wake listener reads, stop it, and return the
+    tasks it started that are still pending after BOUND_S (bounded: the test must not hang)."""
 
     async def main() -> set[asyncio.Task[object]]:
         client = _client(redis_server)
         client.pubsub = lambda **kw: CancelSwallowingPubSub(client.connection_pool, **kw)  # type: ignore[method-assign]
-        q = dueq.AsyncQueue("swallow", client)
+        q = dueq.AsyncQueue(name, client)
         before = asyncio.all_tasks()
-        sub = q.observe(heartbeat=3600).subscribe()
+        stop = start(q)
         deadline = asyncio.get_running_loop().time() + BOUND_S
         while _wake_subscribers(r, q.keys.wake) == 0:  # the listener is in get_message now
             assert asyncio.get_running_loop().time() < deadline, "the listener never subscribed"
             await asyncio.sleep(0.001)
         ours = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
-        sub.dispose()
+        stop()
         _, pending = await asyncio.wait(ours, timeout=BOUND_S)
         for task in pending:
             task.cancel()
@@ -290,39 +292,33 @@ def test_the_wake_listener_ends_when_cancelled_even_if_the_client_swallows_the_c
 
     loop = asyncio.new_event_loop()
     try:
-        assert loop.run_until_complete(main()) == set()
+        return loop.run_until_complete(main())
     finally:
         loop.close()
+
+
+def test_the_wake_listener_ends_when_cancelled_even_if_the_client_swallows_the_cancel(
+    r, redis_server
+):
+    """Deterministic form of the sweep above: every cancel that reaches the listener's read is
+    swallowed by the client; disposing must still end the listener (and the loop)."""
+
+    def start(q: dueq.AsyncQueue) -> Callable[[], None]:
+        return q.observe(heartbeat=3600).subscribe().dispose
+
+    assert _left_running_though_cancels_are_swallowed(r, redis_server, "swallow", start) == set()
 
 
 def test_an_async_worker_stops_even_if_the_client_swallows_every_cancel(r, redis_server):
-    """As the test above, for ``AsyncWorker`` (``consume``): stop() ends its claim loop and
-    wake listener though every cancel that reaches a pubsub read is swallowed."""
+    """As the test above, for ``AsyncWorker`` (``consume``): stop() ends its claim loop (run())
+    and wake listener though every cancel that reaches a pubsub read is swallowed."""
+    runs: list[asyncio.Future[None]] = []
 
-    async def main() -> set[asyncio.Task[object]]:
-        client = _client(redis_server)
-        client.pubsub = lambda **kw: CancelSwallowingPubSub(client.connection_pool, **kw)  # type: ignore[method-assign]
-        q = dueq.AsyncQueue("swallow-worker", client)
+    def start(q: dueq.AsyncQueue) -> Callable[[], None]:
         worker = dueq.AsyncWorker(q, lambda d: None, heartbeat=3600)
-        before = asyncio.all_tasks()
-        running = asyncio.ensure_future(worker.run())
-        deadline = asyncio.get_running_loop().time() + BOUND_S
-        while _wake_subscribers(r, q.keys.wake) == 0:  # the listener is in get_message now
-            assert asyncio.get_running_loop().time() < deadline, "the listener never subscribed"
-            await asyncio.sleep(0.001)
-        ours = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
-        worker.stop()
-        _, pending = await asyncio.wait(ours, timeout=BOUND_S)  # (run() and the listener)
-        for task in pending:
-            task.cancel()
-        if pending:  # one more cancel, bounded: the test must not hang either
-            await asyncio.wait(pending, timeout=1.0)
-        await client.aclose()
-        assert running.done()
-        return pending
+        runs.append(asyncio.ensure_future(worker.run()))
+        return worker.stop
 
-    loop = asyncio.new_event_loop()
-    try:
-        assert loop.run_until_complete(main()) == set()
-    finally:
-        loop.close()
+    pending = _left_running_though_cancels_are_swallowed(r, redis_server, "swallow-worker", start)
+    assert pending == set()
+    assert runs[0].done()
