@@ -132,6 +132,10 @@ def test_task_page_shows_payload_state_attempts_and_each_traceback(
     assert ", in boom" in html and "raise kind(message)" in html  # the traceback
     assert "&quot;n&quot;: 1" in html  # the payload, as escaped JSON
     assert 'data-action="replay"' in html and 'data-action="purge"' in html
+    # one name for the attempt count, as TaskInfo, the JSON, the CLI and Spark say it
+    assert "<th>attempt</th>" in html and "<th>attempts</th>" not in html
+    queue_page = dashboard().get("/queue", params={"queue": "emails"}).text
+    assert "<th>attempt</th>" in queue_page and "<th>attempts</th>" not in queue_page
 
 
 def test_a_script_payload_is_escaped_everywhere(r: redis.Redis, dashboard: Client) -> None:

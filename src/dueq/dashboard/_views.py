@@ -305,7 +305,7 @@ class Views:
             + table(["error type", "tasks", ""], group_rows)
             + grouped_note
             + "<h2>Dead tasks</h2>"
-            + table(["id", "last error", "died", "attempts", ""], dead_rows)
+            + table(["id", "last error", "died", "attempt", ""], dead_rows)
             + dead_more
         )
         return self.ctx.page(request, f"Queue {n}", body, poll=url("/api/queue", queue=n))
@@ -383,7 +383,7 @@ class Views:
         facts = [
             ("queue", link(n, "/queue", queue=n)),
             ("state", e(info.state)),
-            ("attempts", e(info.attempt)),
+            ("attempt", e(info.attempt)),
             ("due", e(when(info.due_at))),
             ("lease deadline", e(when(info.lease_deadline))),
             ("holder", e(info.holder or "-")),
