@@ -26,6 +26,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import slow_start
 
 import dueq
 from dueq.exceptions import ConfigurationError
@@ -54,6 +56,8 @@ from dueq.server import free_port
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT_S = 180
+#: The whole start (the server listening and a session on it): its own bound (``slow_start``).
+CONNECT_START_S = 600.0
 
 
 def wait_until_listening(server: subprocess.Popen[bytes], port: int, log: Path) -> None:
@@ -61,20 +65,21 @@ def wait_until_listening(server: subprocess.Popen[bytes], port: int, log: Path) 
     while time.monotonic() < deadline:
         if server.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:]
-            pytest.fail(f"the Spark Connect server exited ({server.returncode}):\n{tail}")
+            raise RuntimeError(f"the Spark Connect server exited ({server.returncode}):\n{tail}")
         with socket.socket() as sock:
             sock.settimeout(0.5)
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.25)
-    pytest.fail(f"the Spark Connect server did not listen within {START_TIMEOUT_S} s; see {log}")
+    raise RuntimeError(
+        f"the Spark Connect server did not listen within {START_TIMEOUT_S} s; see {log}"
+    )
 
 
-@pytest.fixture(scope="module")
-def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A Spark Connect session on a local Connect server of its own (its own JVM)."""
+def _start_connect() -> tuple[Any, subprocess.Popen[bytes]]:
+    """A local Spark Connect server (its own JVM) and a session on it."""
     port, token = free_port(), uuid.uuid4().hex
-    log = tmp_path_factory.mktemp("spark-connect") / "server.log"
+    log = Path(tempfile.mkdtemp(prefix="dueq-spark-connect-")) / "server.log"
     env = {
         k: v
         for k, v in os.environ.items()
@@ -97,15 +102,48 @@ def connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     try:
         wait_until_listening(server, port, log)
         session = ConnectSession.builder.remote(f"sc://localhost:{port}/;token={token}").create()
-        yield session
+    except BaseException:  # (the alarm of its bound too): no server left behind
+        _stop_server(server)
+        raise
+    return session, server
+
+
+def _stop_server(server: subprocess.Popen[bytes]) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+def _stop_connect(started: tuple[Any, subprocess.Popen[bytes]]) -> None:
+    session, server = started
+    try:
         session.stop()
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        _stop_server(server)
+
+
+#: The module's Connect server, started before the first test that asks for it, outside that
+#: test's 120 s timeout and within a bound of its own (``slow_start``, as the SparkSession):
+#: a slow start on a busy machine fails one test with its reason, the others skip naming it.
+CONNECT = slow_start.REGISTRY.setdefault(
+    "connect", slow_start.SlowStart("the Spark Connect server", _start_connect, CONNECT_START_S)
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _connect_server_stops_with_the_module() -> Iterator[None]:
+    yield
+    CONNECT.stop(_stop_connect)
+
+
+@pytest.fixture
+def connect(request: pytest.FixtureRequest) -> Any:
+    """A Spark Connect session on a local Connect server of its own (its own JVM), one per
+    module (``CONNECT``)."""
+    return CONNECT.get(request.node.nodeid)[0]
 
 
 def reminders(spark: Any, rows: int) -> Any:
@@ -225,8 +263,26 @@ def test_foreach_batch_from_connect_fails_the_stream_with_the_configuration_erro
     function = ds.foreach_batch(queue="fb", redis_url=redis_server.url, id_col="id", at_col="at")
     query = start_stream(connect, tmp_path / "in", tmp_path / "checkpoint").foreachBatch(function)
     with pytest.raises(StreamingQueryException, match="ConfigurationError: schedule_dataframe"):
-        query.start().awaitTermination()
+        started_with_a_worker(query).awaitTermination()
     assert r.zcard("dueq:{fb}:due") == 0
+
+
+#: Tries of a foreachBatch query's start: the server gives the Python worker that runs the
+#: function a fixed 10 s to connect back, which a busy 2-core machine can pass while that
+#: worker imports pyspark ("Python worker failed to connect back", before any batch ran).
+WORKER_START_TRIES = 3
+
+
+def started_with_a_worker(query: Any) -> Any:
+    """``query.start()``, tried again (up to WORKER_START_TRIES) only when the server's Python
+    worker for the function did not connect back in time; any other error is the test's."""
+    for tries_left in range(WORKER_START_TRIES - 1, -1, -1):
+        try:
+            return query.start()
+        except Exception as exc:  # pyspark's Connect errors share no narrower base with it
+            if tries_left == 0 or "Python worker failed to connect back" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
 
 
 def test_an_events_stream_from_connect_reads_each_outcome_once_and_resumes(
