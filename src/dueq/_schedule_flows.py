@@ -77,8 +77,9 @@ class SentRecords:
         #: ids not written because the cycle check reached its bound
         self.unchecked: list[str] = []
 
-    def add(self, reply: protocol.ScheduleReply, sent_ids: list[str]) -> None:
-        """Count one call's reply (``sent_ids``: the ids of its records, in order)."""
+    def add(self, reply: protocol.ScheduleReply, ids: list[str], sent: list[int]) -> None:
+        """Count one call's reply (``sent``: the positions in ``ids`` of its records, in
+        order; only the refused ones are looked up)."""
         c = self.counts
         self.counts = dataclasses.replace(
             c,
@@ -86,9 +87,9 @@ class SentRecords:
             existing=c.existing + reply.existing,
             replaced=c.replaced + reply.replaced,
         )
-        self.refused += [sent_ids[p] for p in reply.refused]
-        self.cyclic += [sent_ids[p] for p in reply.cyclic]
-        self.unchecked += [sent_ids[p] for p in reply.unchecked]
+        self.refused += [ids[sent[p]] for p in reply.refused]
+        self.cyclic += [ids[sent[p]] for p in reply.cyclic]
+        self.unchecked += [ids[sent[p]] for p in reply.unchecked]
 
     def merge(self, other: SentRecords) -> None:
         """Add another shard's calls (its ids are placed by the caller)."""
@@ -310,7 +311,7 @@ class ScheduleFlows(QueueBase):
                     replace=replace,
                     window_ms=self.remember_done_ms,
                 )
-                sent.add(reply, [ids[p] for p in pending])
+                sent.add(reply, ids, pending)
                 pending = [pending[p] for p in reply.collided]
                 if not pending:
                     break
