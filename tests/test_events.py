@@ -85,6 +85,8 @@ class AsyncFollower:
         if task is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(task.cancel)
         self._thread.join(10)
+        # a follower left reading would make its group again in a later test's flushed Redis
+        assert not self._thread.is_alive(), "the async events reader did not end when cancelled"
 
 
 @pytest.fixture

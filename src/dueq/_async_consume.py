@@ -422,7 +422,7 @@ async def _listen(
     try:
         step = next(flow)
         while True:
-            if not listening() or _cancel_pending(this):
+            if not listening() or cancel_pending(this):
                 raise asyncio.CancelledError  # swallowed in the client: end as cancelled
             reply: Any = None
             try:
@@ -450,7 +450,7 @@ async def _listen(
         await _close(opened)
 
 
-def _cancel_pending(task: asyncio.Task[Any] | None) -> bool:
+def cancel_pending(task: asyncio.Task[Any] | None) -> bool:
     """Whether ``task`` has a cancellation requested and not yet uncancelled (Python 3.11+;
     always False on 3.10, where ``_listen`` relies on its owner's flag)."""
     cancelling = getattr(task, "cancelling", None)

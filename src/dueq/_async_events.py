@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ._async_consume import cancel_pending
 from .clock import Duration
 from .events import (
     AsyncEvent,
@@ -95,6 +96,10 @@ async def _read(queue: AsyncQueue, spec: ReaderSpec) -> AsyncGenerator[AsyncEven
     try:
         step = next(flow)
         while True:
+            # a cancel redis-py lost in a read (as the wake listener's: _async_consume._listen)
+            # must still end the reader, or it reads on for ever after its owner stopped it
+            if cancel_pending(asyncio.current_task()):
+                raise asyncio.CancelledError
             if step[0] == "emit":
                 for entry_id, fields in step[1]:
                     assert fields is not None  # events_flow acks trimmed ones itself
