@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 import dueq
-from dueq.cron import AsyncCrons
+from dueq.cron.flows import AsyncCrons
 from dueq.dead import AsyncDeadLetters
 
 _WRAPPED = (

@@ -11,7 +11,7 @@ short and visible (issue 26: tests use the public API or a named test-support mo
 - ``tracing``: the tracer lookup and its cache (reset between tracing tests);
 - ``prefetch``, ``consume``, ``process`` and ``emit``: the consumers' prefetch, claim-loop
   rules, handler-thread algorithms and serial emitter, unit tested on their own;
-- ``shards``: the shard placement rule (``dueq._shard_layout.shard_names``) and its bound
+- ``shards``: the shard placement rule (``dueq.sharding.layout.shard_names``) and its bound
   (``MAX_SHARDS``);
 - ``spark_source()``: the Spark data source's module (pyspark >= 4.0; imported on demand);
   ``spark_events()``: its events source (pyspark >= 4.2; imported on demand).
@@ -22,14 +22,14 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from dueq import _consume as consume
-from dueq import _prefetch as prefetch
-from dueq import _protocol as protocol
-from dueq import _schedule_flows as schedule_flows
-from dueq import _shard_layout as shards
-from dueq import _tracing as tracing
+from dueq._consume import prefetch as prefetch
+from dueq._consume import rules as consume
+from dueq._flows import schedule as schedule_flows
+from dueq._util import tracing as tracing
+from dueq._wire import protocol as protocol
 from dueq.operators import _emit as emit
 from dueq.operators import _process as process
+from dueq.sharding import layout as shards
 
 __all__ = [
     "consume",
@@ -48,21 +48,21 @@ __all__ = [
 
 
 def spark_source() -> ModuleType:
-    """``dueq._spark_source`` (needs pyspark >= 4.0 and pyarrow)."""
-    from dueq import _spark_source
+    """``dueq.spark._source`` (needs pyspark >= 4.0 and pyarrow)."""
+    from dueq.spark import _source as _spark_source
 
     return _spark_source
 
 
 def spark_events() -> ModuleType:
-    """``dueq._spark_events`` (needs pyspark >= 4.2)."""
-    from dueq import _spark_events
+    """``dueq.spark._events`` (needs pyspark >= 4.2)."""
+    from dueq.spark import _events as _spark_events
 
     return _spark_events
 
 
 def script_runner(queue: Any) -> Any:
-    """The script runner (``dueq.scripts.Scripts``) a blocking queue sends its calls through."""
+    """The script runner (``_wire.scripts.Scripts``) a blocking queue sends its calls through."""
     return queue._scripts
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import redis
 
+from dueq._consume.wake import sharded_pubsub
 from dueq.server import server_build
-from dueq.wake import sharded_pubsub
 
 
 def subscribe_wake(client: redis.Redis, channel: str, **kwargs: Any) -> Any:

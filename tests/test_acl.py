@@ -22,12 +22,12 @@ from click.testing import CliRunner
 from waiting import wait_for
 
 import dueq
+from dueq._consume.wake import sharded_pubsub
 from dueq.acl import ROLES, acl_rule, acl_rules, combined_rule, script_commands
 from dueq.cli import cli
-from dueq.events import latest_events
+from dueq.events.stream import latest_events
 from dueq.operators import process
 from dueq.server import RedisServer, server_build
-from dueq.wake import sharded_pubsub
 
 PASSWORD = "acl-test-pw"
 QUEUE, OTHER = "emails", "billing"
@@ -468,7 +468,7 @@ def test_the_core_consumer_and_cron_tests_pass_as_the_acl_user(server):
 
 def _listeners(admin: redis.Redis, name: str, shards: int = 1) -> list[int]:
     """How many clients listen on each wake channel of queue ``name`` (SSUBSCRIBE where the
-    server has sharded Pub/Sub, SUBSCRIBE on Redis 6.2, as dueq.wake does)."""
+    server has sharded Pub/Sub, SUBSCRIBE on Redis 6.2, as dueq._consume.wake does)."""
     channels = [
         dueq.Queue(n, admin).keys.wake for n in dueq.Queue(name, admin, shards=shards).shard_names
     ]

@@ -199,7 +199,7 @@ def test_bad_iterator_settings_are_configuration_errors(r, redis_server):
 def _wake_subscribers(r: redis.Redis, channel: str) -> int:
     """How many clients listen on a wake channel (SSUBSCRIBE from Redis 7.0, else SUBSCRIBE)."""
     _, version = dueq.server.server_build(r)
-    if dueq.wake.sharded_pubsub(version):
+    if dueq._consume.wake.sharded_pubsub(version):
         return int(r.pubsub_shardnumsub(channel)[0][1])
     return int(r.pubsub_numsub(channel)[0][1])
 
@@ -208,7 +208,9 @@ def _wake_subscribers(r: redis.Redis, channel: str) -> int:
 SWEEP_RUNS = 40
 
 
-@pytest.mark.parametrize("poll_s", [dueq.wake.POLL_S, 0.001], ids=["poll-500ms", "poll-1ms"])
+@pytest.mark.parametrize(
+    "poll_s", [dueq._consume.wake.POLL_S, 0.001], ids=["poll-500ms", "poll-1ms"]
+)
 def test_disposing_observe_while_its_wake_listener_reads_always_ends_the_listener(
     r, redis_server, monkeypatch, poll_s
 ):
@@ -217,7 +219,7 @@ def test_disposing_observe_while_its_wake_listener_reads_always_ends_the_listene
     "cancelling" for ever and ``asyncio.run`` hung. A sweep of disposals 0-10 ms after the
     subscription (and with a 1 ms read, so that the cancel meets the read's timeout often);
     each run is bounded, so a listener that does not end fails the test instead of hanging."""
-    monkeypatch.setattr(dueq.wake, "POLL_S", poll_s)
+    monkeypatch.setattr(dueq._consume.wake, "POLL_S", poll_s)
 
     async def one_run(delay_s: float) -> set[asyncio.Task[object]]:
         client = _client(redis_server)

@@ -19,10 +19,10 @@ from conftest import async_mirror
 from virtual_loop import TURN_S, VirtualTimeLoop, run_virtual
 
 import dueq
-from dueq._async_consume import WAKE_LATE_MS, epoll_ms, timer_part_s, wait_until
-from dueq._consume import MAX_MARGIN_MS, MIN_MARGIN_MS, ClaimRules
-from dueq._prefetch import Prefetch
-from dueq.task import AsyncDelivery
+from dueq._consume.aio import WAKE_LATE_MS, epoll_ms, timer_part_s, wait_until
+from dueq._consume.prefetch import Prefetch
+from dueq._consume.rules import MAX_MARGIN_MS, MIN_MARGIN_MS, ClaimRules
+from dueq.delivery import AsyncDelivery
 
 START = 1_800_000_000.0
 #: "At once" on the virtual loop: the few turns of the loop (``TURN_S`` each) a set event or a

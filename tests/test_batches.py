@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import dueq
-from dueq.keys import QueueKeys
+from dueq._wire.keys import QueueKeys
 
 
 def drain(q, limit=100):
@@ -149,7 +149,7 @@ def test_a_member_that_expires_counts_expired(make_queue, clock):
 
 
 def test_a_generated_id_drawn_again_keeps_the_batch_and_parents_of_its_record():
-    from dueq.envelope import FLAG_DEBOUNCE, pack_task, record_extras, repack_with_id
+    from dueq._wire.envelope import FLAG_DEBOUNCE, pack_task, record_extras, repack_with_id
 
     flags, extra = record_extras("b1", ["p1", "p2"], True)
     record = pack_task(FLAG_DEBOUNCE | flags, 5, "old-id", b"1:{}", 900, extra)
@@ -161,7 +161,7 @@ def test_a_member_whose_generated_id_was_taken_joins_under_its_new_id(make_queue
     q = make_queue()
     q.schedule("first", id="dup")
     ids = iter(["dup", "fresh"])  # the first id drawn is taken: the script asks for another
-    monkeypatch.setattr("dueq._schedule_flows.generated_ids", lambda: ids)
+    monkeypatch.setattr("dueq._flows.schedule.generated_ids", lambda: ids)
     result = q.schedule_many([dueq.Task("x")], batch="b")
     assert result.ids == ["fresh"]
     assert r.hget(QueueKeys.for_queue("q").batch_of, "fresh") == b"b"

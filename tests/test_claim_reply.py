@@ -6,7 +6,7 @@ from __future__ import annotations
 from internals import protocol, script_runner
 
 import dueq
-from dueq.keys import QueueKeys
+from dueq._wire.keys import QueueKeys
 
 
 def _raw_claim(q: dueq.Queue, limit: int) -> list:

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 import dueq
-from dueq.snapshot import REJECTED, key_limit_text, setting_value
+from dueq._wire.snapshot import REJECTED, key_limit_text, setting_value
 
 #: Values the scripts cannot use, per setting (each must be refused as a whole).
 UNUSABLE = [
@@ -255,7 +255,7 @@ def _python_reading(field: str, raw: str) -> str:
 @pytest.mark.parametrize("field", FIELDS)
 @pytest.mark.parametrize("raw", PROBES)
 def test_lua_and_python_read_a_setting_the_same_way(admin, field, raw):
-    prelude = resources.files("dueq").joinpath("lua/_prelude.lua").read_text(encoding="utf-8")
+    prelude = resources.files("dueq._wire").joinpath("lua/_prelude.lua").read_text(encoding="utf-8")
     lua = admin.eval(prelude + _LUA_PROBE, 0, field, raw)
     assert (lua.decode() if isinstance(lua, bytes) else lua) == _python_reading(field, raw)
 

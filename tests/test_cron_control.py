@@ -20,7 +20,7 @@ from freezegun import freeze_time
 from freezegun.api import FrozenDateTimeFactory
 
 import dueq
-from dueq.cron import occurrence_id, parse_occurrence_id, run_now_id
+from dueq.cron.flows import occurrence_id, parse_occurrence_id, run_now_id
 from dueq.server import RedisServer
 
 

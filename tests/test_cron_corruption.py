@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dueq
-from dueq.cron import occurrence_id
+from dueq.cron.flows import occurrence_id
 
 EVERY_SECOND = "* * * * * *"
 GOOD_SPEC = {"expr": EVERY_SECOND, "tz": "UTC", "missed": "latest", "max_missed": 10}
@@ -192,8 +192,8 @@ def test_a_corrupted_definition_runs_its_occurrence_once_and_never_blocks_others
 
 
 def test_the_claim_time_keeper_logs_on_the_dueq_cron_logger(make_queue, r, clock, caplog):
-    """Users configure cron logging by the name ``dueq.cron``; the keeper is a private module
-    (``dueq._cron_keeper``) but keeps logging there."""
+    """Users configure cron logging by the name ``dueq.cron.flows``; the keeper is a private module
+    (``dueq.cron._keeper``) but keeps logging there."""
     q = two_every_second(make_queue)
     r.hset(q.keys.cron, "bad", "{not json")
     clock.advance(1)

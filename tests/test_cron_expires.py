@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import dueq
-from dueq.cron import occurrence_id, parse_occurrence_id
+from dueq.cron.flows import occurrence_id, parse_occurrence_id
 
 MINUTE = 60
 

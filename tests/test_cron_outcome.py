@@ -172,7 +172,7 @@ def test_ordinary_tasks_pay_only_a_byte_test_in_the_settling_scripts() -> None:
     from importlib.resources import files
 
     for name in ("ack", "fail", "claim"):
-        text = files("dueq").joinpath(f"lua/{name}.lua").read_text()
+        text = files("dueq._wire").joinpath(f"lua/{name}.lua").read_text()
         lines = [line for line in text.splitlines() if "cron_note(" in line]
         assert lines, name
         source = text.splitlines()

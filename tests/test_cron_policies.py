@@ -19,7 +19,7 @@ from servers_support import subscribe_wake
 from waiting import wait_for
 
 import dueq
-from dueq.cron import occurrence_id, parse_occurrence_id
+from dueq.cron.flows import occurrence_id, parse_occurrence_id
 
 
 def at(seconds: float) -> datetime:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dueq
-from dueq.cronexpr import CronSchedule, normalize_expression, parse_slot_label, slot_label
+from dueq.cron.expr import CronSchedule, normalize_expression, parse_slot_label, slot_label
 
 
 def ms(*args: int) -> int:

@@ -35,8 +35,8 @@ from dueq.dashboard import (
     human_duration,
     judge_health,
 )
+from dueq.model import HistoryPoint, QueueStats
 from dueq.server import RedisServer
-from dueq.task import HistoryPoint, QueueStats
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 DOC = Path(__file__).parent.parent / "docs" / "dashboard-health.md"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import dueq
-from dueq.keys import QueueKeys
+from dueq._wire.keys import QueueKeys
 
 
 def run_all(q, fail=()):
@@ -189,7 +189,7 @@ def test_a_parent_that_expires_ends_its_child_dead(make_queue, clock):
 
 
 def test_with_events_on_a_child_buried_by_its_parent_is_a_dead_event(make_queue, r):
-    from dueq.events import latest_events
+    from dueq.events.stream import latest_events
 
     q = make_queue()
     q.configure(events=3600)

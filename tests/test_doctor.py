@@ -20,7 +20,7 @@ import pytest
 import redis
 
 import dueq
-from dueq.keys import QueueKeys
+from dueq._wire.keys import QueueKeys
 
 
 def schedule_keyed(q: Any, key: str, n: int, *, prefix: str = "") -> None:
@@ -352,7 +352,7 @@ def test_doctor_reports_a_dependency_cycle_and_fix_ends_its_tasks_dead(
 def test_doctor_fix_of_a_cycle_writes_the_dead_outcome_events(
     make_queue: Callable[..., Any], r: redis.Redis
 ) -> None:
-    from dueq.events import latest_events
+    from dueq.events.stream import latest_events
 
     q = make_queue()
     q.configure(events=3600)
@@ -385,7 +385,7 @@ def test_doctor_finds_a_cycle_in_small_batches_and_notes_a_walk_past_its_bound(
     [finding] = q.doctor(batch=4).findings
     assert finding.subject == "t0"
     assert finding.found == " -> ".join(["t0", "t29", *(f"t{i}" for i in range(28, 20, -1)), "..."])
-    monkeypatch.setattr("dueq._view_flows.DOCTOR_EDGE_CAP", 10)  # most edges a call follows
+    monkeypatch.setattr("dueq._flows.view.DOCTOR_EDGE_CAP", 10)  # most edges a call follows
     report = q.doctor(batch=4)
     assert report.findings == []
     assert any("dependency cycles not looked for past 10 edges" in n for n in report.notes)

@@ -17,8 +17,8 @@ from servers_support import subscribe_wake
 from waiting import wait_for
 
 import dueq
-from dueq.keys import QueueKeys
-from dueq.wake import WAKE_TYPES
+from dueq._consume.wake import WAKE_TYPES
+from dueq._wire.keys import QueueKeys
 
 WAIT_S = 10.0
 

@@ -23,8 +23,8 @@ from servers_support import subscribe_wake
 from waiting import wait_for, when_still, when_still_async
 
 import dueq
+from dueq._consume.wake import WAKE_TYPES
 from dueq.server import RedisServer
-from dueq.wake import WAKE_TYPES
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 import dueq
-from dueq.envelope import MAX_PAYLOAD_DEPTH
+from dueq._wire.envelope import MAX_PAYLOAD_DEPTH
 
 K = "dueq:{q}:"
 

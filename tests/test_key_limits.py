@@ -15,8 +15,8 @@ import redis
 from servers_support import subscribe_wake
 
 import dueq
-from dueq.keys import QueueKeys
-from dueq.wake import WAKE_TYPES
+from dueq._consume.wake import WAKE_TYPES
+from dueq._wire.keys import QueueKeys
 
 BOUND_S = 10.0
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from internals import protocol, script_runner
 
 import dueq
-from dueq.clock import ms_datetime
-from dueq.envelope import ENVELOPE_PREFIX, FLAG_ABSOLUTE, pack_task
-from dueq.keys import SparkBatchKeys
+from dueq._util.clock import ms_datetime
+from dueq._wire.envelope import ENVELOPE_PREFIX, FLAG_ABSOLUTE, pack_task
+from dueq._wire.keys import SparkBatchKeys
 from dueq.metrics import QueueCollector, new_registry
 
 Y2020 = datetime(2020, 1, 1, tzinfo=timezone.utc)

@@ -23,7 +23,7 @@ from dueq.metrics import (
     new_registry,
     serve,
 )
-from dueq.task import HISTORY_COUNTERS as HISTORY
+from dueq.model import HISTORY_COUNTERS as HISTORY
 
 
 def free_port() -> int:

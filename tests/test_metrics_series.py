@@ -25,7 +25,7 @@ from dueq.metrics import (
     new_registry,
 )
 
-LUA = Path(dueq.__file__).parent / "lua"
+LUA = Path(dueq.__file__).parent / "_wire" / "lua"
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 

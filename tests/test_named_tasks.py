@@ -18,8 +18,8 @@ from counting import calls
 from waiting import wait_for
 
 import dueq
-from dueq.clock import ms_datetime
-from dueq.envelope import (
+from dueq._util.clock import ms_datetime
+from dueq._wire.envelope import (
     MAX_TASK_NAME_CHARS,
     TraceContext,
     decode_named,

@@ -18,7 +18,7 @@ from redis._parsers.base import BaseParser
 from waiting import wait_for
 
 import dueq
-from dueq.outage import is_outage, outage_reason
+from dueq._util.outage import is_outage, outage_reason
 from dueq.server import RedisServer
 
 WAIT_S = 30  # generous bound for things that happen in milliseconds when all is well
@@ -501,7 +501,7 @@ def test_both_consumers_log_the_same_line_for_the_same_outage(
 def test_the_claim_rules_back_off_on_an_outage_and_end_the_stream_on_anything_else(
     r: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # the decisions both consumers drive (dueq._consume): what a claim's error means
+    # the decisions both consumers drive (dueq._consume.rules): what a claim's error means
     q = dueq.Queue("rules", r)
     rules: consume.ClaimRules[dueq.Delivery] = consume.ClaimRules(
         q.name, prefetch.Prefetch.parse(8), 5000

@@ -265,7 +265,7 @@ def test_wait_across_processes(redis_server, r, front_end, child_front_end, make
 
 
 def test_ended_messages_carry_the_ids(r):
-    from dueq.wake import ended_ids
+    from dueq._consume.wake import ended_ids
 
     packed = b"".join(len(x).to_bytes(2, "big") + x for x in (b"a", b"b\nc", "é".encode()))
     assert ended_ids(packed) == ["a", "b\nc", "é"]
@@ -464,8 +464,8 @@ POOL_SIZE = 100
 
 def _ended_subscribers(r, channel: str) -> int:
     """Clients listening on an ended channel (SSUBSCRIBE from Redis 7.0, else SUBSCRIBE)."""
+    from dueq._consume.wake import sharded_pubsub
     from dueq.server import server_build
-    from dueq.wake import sharded_pubsub
 
     if sharded_pubsub(server_build(r)[1]):
         return int(r.pubsub_shardnumsub(channel)[0][1])
@@ -474,8 +474,8 @@ def _ended_subscribers(r, channel: str) -> int:
 
 def _waiting(client) -> int:
     """How many ``wait`` calls of this process are blocked on ``client``'s shared ended
-    subscription (dueq._ended)."""
-    from dueq import _ended
+    subscription (dueq._consume.ended)."""
+    from dueq._consume import ended as _ended
 
     return _ended.waiting(client)
 
@@ -637,8 +637,8 @@ def test_a_wait_whose_user_may_not_subscribe_gets_the_servers_refusal(
 ):
     """The shared listener's refused subscription ends each wait on it with the server's
     NoPermissionError (not a hang until the timeout), and the next wait is refused as well."""
+    from dueq._consume.wake import sharded_pubsub
     from dueq.server import server_build
-    from dueq.wake import sharded_pubsub
 
     refused = ["-subscribe", "-ssubscribe"] if sharded_pubsub(server_build(admin)[1]) else []
     admin.acl_setuser(

@@ -9,7 +9,7 @@ import pytest
 from servers_support import subscribe_wake
 
 import dueq
-from dueq.wake import WAKE_TYPES
+from dueq._consume.wake import WAKE_TYPES
 
 
 def test_schedule_stores_payload_and_due_time_from_delay(make_queue, clock):

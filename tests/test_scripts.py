@@ -9,10 +9,10 @@ import pytest
 from internals import protocol, script_runner
 
 import dueq
-from dueq.keys import QueueKeys, SparkBatchKeys
-from dueq.scripts import CONTINUES_WITH, SCRIPT_NAMES, script_source
+from dueq._wire.keys import QueueKeys, SparkBatchKeys
+from dueq._wire.scripts import CONTINUES_WITH, SCRIPT_NAMES, script_source
 
-LUA = resources.files("dueq").joinpath("lua")
+LUA = resources.files("dueq._wire").joinpath("lua")
 KEY_COMMANDS = (
     "ZADD|ZREM|ZSCORE|ZMSCORE|ZRANGE|ZREVRANGE|ZRANGEBYSCORE|ZREMRANGEBYRANK|ZCARD|ZCOUNT|"
     "HGET|HSET|HSETNX|HDEL|HMGET|HEXISTS|HINCRBY|HGETALL|PUBLISH|RPUSH|LPOP|SADD|DEL|PEXPIRE|PERSIST"

@@ -26,11 +26,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 import dueq
+from dueq._consume.wake import sharded_pubsub
+from dueq._util.outage import outage_reason
 from dueq.acl import ROLES
 from dueq.cli import cli
-from dueq.outage import outage_reason
 from dueq.server import RedisServer, find_redis_server, free_port, server_build
-from dueq.wake import sharded_pubsub
 
 PASSWORD = "servers-test-pw"
 

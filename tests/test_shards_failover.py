@@ -15,7 +15,7 @@ import redis
 from redis.cluster import RedisCluster
 
 import dueq
-from dueq.keys import QueueKeys
+from dueq._wire.keys import QueueKeys
 from dueq.server import RedisServer, local_cluster
 
 TASKS = 600

@@ -19,8 +19,8 @@ from test_cli_worker import start_worker, wait_for
 
 import dueq
 from dueq import discovery
+from dueq._wire.keys import layout_key
 from dueq.cli import cli
-from dueq.keys import layout_key
 from dueq.metrics import QueueCollector, new_registry
 from dueq.server import RedisServer
 

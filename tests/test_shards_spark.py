@@ -16,9 +16,9 @@ from internals import protocol, spark_source
 from redis.cluster import RedisCluster
 
 import dueq
-from dueq.envelope import pack_task
-from dueq.keys import QueueKeys, SparkBatchKeys
-from dueq.scripts import Scripts
+from dueq._wire.envelope import pack_task
+from dueq._wire.keys import QueueKeys, SparkBatchKeys
+from dueq._wire.scripts import Scripts
 from dueq.server import RedisServer
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")

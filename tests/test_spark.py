@@ -10,8 +10,8 @@ import pytest
 import redis
 
 import dueq
+from dueq._wire.snapshot import text
 from dueq.server import RedisServer
-from dueq.snapshot import text
 
 pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
 

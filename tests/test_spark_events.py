@@ -27,7 +27,7 @@ from internals import spark_events
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from dueq.snapshot import text
+from dueq._wire.snapshot import text
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -28,10 +28,10 @@ from pyspark.sql import types as T
 from test_spark import ROWS, bad_rows_frame, reminders
 
 from dueq import spark as ds
-from dueq.envelope import pack_task
-from dueq.keys import QueueKeys, SparkBatchKeys
-from dueq.scripts import Scripts
-from dueq.snapshot import text
+from dueq._wire.envelope import pack_task
+from dueq._wire.keys import QueueKeys, SparkBatchKeys
+from dueq._wire.scripts import Scripts
+from dueq._wire.snapshot import text
 
 
 def ids_of(r: redis.Redis, queue: str) -> set[str]:

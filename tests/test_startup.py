@@ -21,7 +21,7 @@ import redis.utils
 from waiting import wait_for
 
 import dueq
-from dueq.scripts import script_source
+from dueq._wire.scripts import script_source
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -57,9 +57,9 @@ NOT_FOR_A_WORKER = (
     "dueq.server",  # only --embedded starts a redis-server
     # the asyncio front end and consumer: a queue object given as MODULE:QUEUE that is an
     # AsyncQueue imports them itself
-    "dueq._async",
-    "dueq._async_consume",
-    "dueq._async_events",
+    "dueq.async_queue",
+    "dueq._consume.aio",
+    "dueq.events.aio",
     "dueq.operators._async_process",
 )
 
@@ -91,10 +91,16 @@ EVERY_NAME = "import dueq\nfor name in dueq.__all__:\n    getattr(dueq, name)"
 
 def test_import_dueq_alone_imports_no_module_of_its_own_until_a_name_is_read():
     added = added_modules("import dueq")
-    assert [m for m in added if m.startswith("dueq")] == ["dueq", "dueq._version"]
+    # dueq._util.lazy: the PEP 562 loader (importlib only), shared with dueq.cron and dueq.events
+    assert [m for m in added if m.startswith("dueq")] == [
+        "dueq",
+        "dueq._util",
+        "dueq._util.lazy",
+        "dueq._version",
+    ]
     later = added_modules("import dueq\ndueq.Queue")
     assert "dueq.queue" in later
-    assert "dueq._async" not in later  # the sync front end does not load the async one
+    assert "dueq.async_queue" not in later  # the sync front end does not load the async one
 
 
 def test_every_public_name_imports_no_extra_tool_or_cron_parser():
@@ -130,7 +136,7 @@ def test_dueq_worker_command_makes_no_dataclass_of_the_cli():
     )
     assert done.returncode == 0, done.stderr
     made = json.loads(done.stdout.splitlines()[-1])
-    assert "dueq.task" in made  # the probe saw dueq's own dataclasses
+    assert "dueq.model" in made  # the probe saw dueq's own dataclasses
     assert [m for m in made if m.startswith("dueq.cli")] == []
 
 
@@ -144,7 +150,7 @@ def test_other_commands_still_load_when_named(name: str):
 
 def test_a_cron_expression_is_still_parsed_after_the_lazy_import():
     added = added_modules(
-        "from dueq.cronexpr import CronSchedule\n"
+        "from dueq.cron.expr import CronSchedule\n"
         "assert CronSchedule('*/5 * * * *', 'Europe/Berlin').next_after(0) == 300_000"
     )
     assert "croniter" in added
@@ -213,19 +219,19 @@ def test_a_client_made_from_a_url_never_searches_the_package_metadata_for_redis_
 #: frozen dataclass costs about 0.7 ms of CPU to create (six generated methods, each compiled);
 #: internal records that need no dataclass feature are NamedTuples (about 0.1 ms).
 INTERNAL_DATACLASSES = {
-    "dueq._cron_spec.Spec",  # dataclasses.fields() lists its policy defaults
-    "dueq._protocol.ScheduleReply",  # a default_factory field
-    "dueq._protocol.DeadReply",  # a field named ``count`` (a tuple method)
+    "dueq.cron._spec.Spec",  # dataclasses.fields() lists its policy defaults
+    "dueq._wire.protocol.ScheduleReply",  # a default_factory field
+    "dueq._wire.protocol.DeadReply",  # a field named ``count`` (a tuple method)
     "dueq.acl.AclRule",  # what dueq.acl.acl_rule returns to users
-    "dueq.cron.Policies",  # dueq.cron's public types
-    "dueq.cron.Occurrence",
-    "dueq.cron.CronDefinition",
-    "dueq.events.EventBase",  # the base of the public Event and AsyncEvent
-    "dueq.keys.QueueKeys",  # QueueKeys.names() reads vars(self)
-    "dueq.keys.SparkBatchKeys",  # test_scripts reads both key records' dataclass fields
+    "dueq.cron.flows.Policies",  # dueq.cron.flows's public types
+    "dueq.cron.flows.Occurrence",
+    "dueq.cron.flows.CronDefinition",
+    "dueq.events.stream.EventBase",  # the base of the public Event and AsyncEvent
+    "dueq._wire.keys.QueueKeys",  # QueueKeys.names() reads vars(self)
+    "dueq._wire.keys.SparkBatchKeys",  # test_scripts reads both key records' dataclass fields
     "dueq.operators._settle.KeeperRound",  # mutable, default_factory fields
     "dueq.registry.WorkerInfo",  # what q.workers() returns to users
-    "dueq.wake.WakeStep",  # a default_factory field
+    "dueq._consume.wake.WakeStep",  # a default_factory field
 }
 
 
@@ -247,7 +253,7 @@ def test_import_dueq_makes_dataclasses_only_of_public_types_and_a_known_few():
     )
     assert done.returncode == 0, done.stderr
     made = [tuple(m) for m in json.loads(done.stdout.splitlines()[-1])]
-    assert ("dueq.task", "Task") in made  # the probe saw dueq's own dataclasses
+    assert ("dueq.model", "Task") in made  # the probe saw dueq's own dataclasses
     public = set(dueq.__all__)
     unexpected = [
         f"{module}.{name}"

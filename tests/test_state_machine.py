@@ -39,7 +39,7 @@ from hypothesis.stateful import (
 )
 
 import dueq
-from dueq.clock import ms_datetime
+from dueq._util.clock import ms_datetime
 from dueq.server import RedisServer
 
 QUEUE = "state-machine"

@@ -17,8 +17,8 @@ import pytest
 
 import dueq
 from dueq.dashboard import DashboardSettings, create_app
+from dueq.model import ErrorRecord, TaskInfo
 from dueq.server import RedisServer
-from dueq.task import ErrorRecord, TaskInfo
 
 with warnings.catch_warnings():
     # Starlette 1.x prefers the httpx2 fork and warns once on import when it finds httpx
@@ -178,7 +178,7 @@ def test_attempt_is_one_name_in_task_info_json_cli_tables_and_spark_columns(
 
 def test_spark_task_rows_name_the_count_attempt_and_keep_attempts_as_a_deprecated_alias() -> None:
     pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
-    from dueq._spark_batch import _TASK_SCHEMA, _task_row
+    from dueq.spark._batch import _TASK_SCHEMA, _task_row
 
     names = _TASK_SCHEMA.fieldNames()
     assert names[4] == "attempt" and names[-1] == "attempts"  # the alias last, to be dropped

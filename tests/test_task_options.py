@@ -15,7 +15,7 @@ import redis
 from conftest import async_mirror
 
 import dueq
-from dueq.keys import QueueKeys
+from dueq._wire.keys import QueueKeys
 
 WAIT_S = 30
 

@@ -29,8 +29,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util._once import Once
 
 import dueq
-from dueq.envelope import TaskOptions, decode_delivery, encode_envelope
-from dueq.keys import QueueKeys
+from dueq._wire.envelope import TaskOptions, decode_delivery, encode_envelope
+from dueq._wire.keys import QueueKeys
 from dueq.server import RedisServer
 
 WAIT_S = 30  # an upper bound for what takes milliseconds, never a measurement
@@ -322,7 +322,7 @@ return {p, attempts or -1, key or '', task_key(ARGV[1]) or ''}
 def test_the_lua_and_python_parsers_agree_on_traced_tasks(
     r: redis.Redis, options: TaskOptions, tracestate: str | None
 ) -> None:
-    prelude = resources.files("dueq").joinpath("lua/_prelude.lua").read_text("utf-8")
+    prelude = resources.files("dueq._wire").joinpath("lua/_prelude.lua").read_text("utf-8")
     line = dueq.TraceContext(TRACEPARENT, tracestate).line()
     envelope = encode_envelope({"x": "~00-\n"}, 1000, options, line)
     payload, read, context = decode_delivery(envelope)

@@ -14,8 +14,7 @@ from conftest import async_mirror
 from waiting import wait_for
 
 import dueq
-from dueq.server import RedisServer
-from dueq.wake import (
+from dueq._consume.wake import (
     POLL_S,
     SHARDED_POLL_S,
     WakeOp,
@@ -25,6 +24,7 @@ from dueq.wake import (
     sharded_pubsub,
     wake_flow,
 )
+from dueq.server import RedisServer
 
 
 def calls(admin: redis.Redis, command: str) -> int:

@@ -10,8 +10,9 @@ from counting import calls
 from internals import emit
 
 import dueq
+from dueq.delivery import SettleHook
+from dueq.model import Outcome, settled_outcome
 from dueq.named import dispatcher
-from dueq.task import Outcome, SettleHook, settled_outcome
 
 
 class _Seen:

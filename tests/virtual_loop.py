@@ -35,7 +35,7 @@ def epoll_rounded_s(timeout_s: float) -> float:
 
 
 #: Virtual seconds a turn of the loop takes when it has callbacks ready and no I/O: a loop that
-#: spins (``asyncio.sleep(0)`` until its clock reaches a time, ``dueq._async_consume``) would
+#: spins (``asyncio.sleep(0)`` until its clock reaches a time, ``dueq._consume.aio``) would
 #: otherwise never see its clock move.
 TURN_S = 1e-5
 

@@ -7,7 +7,7 @@ runs dueq's own scripts. So the one private reach is here, named and explained, 
 suite's reaches are in ``tests/internals.py``:
 
 - ``replace_scripts``: a blocking queue runs the given sources instead of dueq's, by script
-  name (the script runner, ``dueq.scripts.Scripts``, keeps them by name; each is registered on
+  name (the script runner, ``dueq._wire.scripts.Scripts``, keeps them by name; each is registered on
   the queue's client, so EVALSHA with the NOSCRIPT fallback works as for dueq's own).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from dueq import Queue
-from dueq.scripts import SCRIPT_NAMES
+from dueq._wire.scripts import SCRIPT_NAMES
 
 __all__ = ["replace_scripts"]
 

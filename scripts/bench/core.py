@@ -71,9 +71,9 @@ from views import meta_bytes_per_leased_task, one_round, without_views
 
 import dueq
 from dueq import AsyncQueue, Queue, Task
-from dueq.checks import MAX_HOLDER_LENGTH
-from dueq.envelope import generated_ids
-from dueq.scripts import script_source
+from dueq._util.checks import MAX_HOLDER_LENGTH
+from dueq._wire.envelope import generated_ids
+from dueq._wire.scripts import script_source
 from dueq.server import RedisServer
 
 perf = time.perf_counter

@@ -36,7 +36,7 @@ from typing import Any
 import redis
 
 import dueq
-from dueq.scripts import SCRIPT_NAMES, script_source
+from dueq._wire.scripts import SCRIPT_NAMES, script_source
 from dueq.server import RedisServer
 
 START = 1_800_000_000.0  # a whole minute

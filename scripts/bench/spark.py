@@ -41,9 +41,9 @@ from pyspark.sql import functions as F
 
 import dueq
 from dueq import Queue, Task
-from dueq._spark_batch import _prepare
 from dueq.server import RedisServer
 from dueq.spark import schedule_dataframe
+from dueq.spark._batch import _prepare
 
 perf = time.perf_counter
 

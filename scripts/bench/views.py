@@ -33,8 +33,8 @@ import redis
 from bench_internals import replace_scripts
 
 from dueq import Queue, Task
-from dueq.checks import MAX_HOLDER_LENGTH
-from dueq.scripts import SCRIPT_NAMES, script_source
+from dueq._util.checks import MAX_HOLDER_LENGTH
+from dueq._wire.scripts import SCRIPT_NAMES, script_source
 from dueq.server import RedisServer
 
 HISTORY_ON = "history = {key = k_history, arg = now_arg}"

@@ -73,7 +73,7 @@ import redis
 import tenacity
 
 import dueq
-from dueq.outage import is_outage
+from dueq._util.outage import is_outage
 
 sys.path.insert(0, str(Path(__file__).parent))
 from soak import Deployment, connect  # a sibling script (scripts/chaos is on sys.path)

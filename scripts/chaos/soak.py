@@ -80,8 +80,8 @@ import tenacity
 from redis.sentinel import Sentinel
 
 import dueq
-from dueq.keys import QueueKeys
-from dueq.outage import is_outage
+from dueq._util.outage import is_outage
+from dueq._wire.keys import QueueKeys
 from dueq.server import RedisServer, SentinelServer, current_primary
 
 QUEUE = "soak"

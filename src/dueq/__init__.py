@@ -7,21 +7,22 @@ in the dead-letter queue. See docs/guarantees.md for the guarantees.
 
 from __future__ import annotations
 
-import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
+from dueq._util.lazy import lazy_exports
+from dueq._version import __version__
 
 if TYPE_CHECKING:
-    from . import operators as operators
-    from ._async import AsyncQueue
-    from ._identity import worker_id
-    from ._shard_layout import shard_of
-    from .cron import CronDefinition, Occurrence
-    from .doctor import DoctorFinding, DoctorReport
-    from .envelope import TaskOptions, TraceContext
-    from .events import AsyncEvent, Event, EventGroup
-    from .exceptions import (
+    from dueq import operators as operators
+    from dueq._util.identity import worker_id
+    from dueq._wire.envelope import TaskOptions, TraceContext
+    from dueq.async_queue import AsyncQueue
+    from dueq.cron.flows import CronDefinition, Occurrence
+    from dueq.delivery import AsyncDelivery, Delivery
+    from dueq.doctor import DoctorFinding, DoctorReport
+    from dueq.events.stream import AsyncEvent, Event, EventGroup
+    from dueq.exceptions import (
         BatchCompleted,
         BatchCompletionTaken,
         ConfigurationError,
@@ -45,14 +46,8 @@ if TYPE_CHECKING:
         Unrecoverable,
         WaitTimeout,
     )
-    from .named import AsyncTaskFunction, TaskContext, TaskFunction
-    from .queue import ClaimBatch, Queue
-    from .registry import WorkerInfo
-    from .retry import RetryPolicy
-    from .task import (
-        AsyncDelivery,
+    from dueq.model import (
         BatchInfo,
-        Delivery,
         DueHistogram,
         ErrorRecord,
         HistoryPoint,
@@ -66,7 +61,12 @@ if TYPE_CHECKING:
         TaskInfo,
         TaskPage,
     )
-    from .worker import AsyncWorker, Worker
+    from dueq.named import AsyncTaskFunction, TaskContext, TaskFunction
+    from dueq.queue import ClaimBatch, Queue
+    from dueq.registry import WorkerInfo
+    from dueq.retry import RetryPolicy
+    from dueq.sharding.layout import shard_of
+    from dueq.worker import AsyncWorker, Worker
 
 #: Where each public name lives: ``import dueq`` imports none of these modules; a name is
 #: imported the first time it is read (PEP 562), so ``dueq worker`` and a sync worker never
@@ -74,18 +74,18 @@ if TYPE_CHECKING:
 #: (docs/benchmarks.md, Start-up). ``from dueq import X`` and ``dueq.X`` work as before.
 _LAZY: dict[str, str] = {
     "operators": "operators",
-    "AsyncQueue": "_async",
-    "worker_id": "_identity",
-    "shard_of": "_shard_layout",
-    "CronDefinition": "cron",
-    "Occurrence": "cron",
+    "AsyncQueue": "async_queue",
+    "worker_id": "_util.identity",
+    "shard_of": "sharding.layout",
+    "CronDefinition": "cron.flows",
+    "Occurrence": "cron.flows",
     "DoctorFinding": "doctor",
     "DoctorReport": "doctor",
-    "TaskOptions": "envelope",
-    "TraceContext": "envelope",
-    "AsyncEvent": "events",
-    "Event": "events",
-    "EventGroup": "events",
+    "TaskOptions": "_wire.envelope",
+    "TraceContext": "_wire.envelope",
+    "AsyncEvent": "events.stream",
+    "Event": "events.stream",
+    "EventGroup": "events.stream",
     "BatchCompleted": "exceptions",
     "BatchCompletionTaken": "exceptions",
     "ConfigurationError": "exceptions",
@@ -115,38 +115,41 @@ _LAZY: dict[str, str] = {
     "Queue": "queue",
     "WorkerInfo": "registry",
     "RetryPolicy": "retry",
-    "AsyncDelivery": "task",
-    "BatchInfo": "task",
-    "Delivery": "task",
-    "DueHistogram": "task",
-    "ErrorRecord": "task",
-    "HistoryPoint": "task",
-    "KeyLimit": "task",
-    "Outcome": "task",
-    "QueueSettings": "task",
-    "QueueStats": "task",
-    "Rate": "task",
-    "ScheduleResult": "task",
-    "Task": "task",
-    "TaskInfo": "task",
-    "TaskPage": "task",
+    "AsyncDelivery": "delivery",
+    "BatchInfo": "model",
+    "Delivery": "delivery",
+    "DueHistogram": "model",
+    "ErrorRecord": "model",
+    "HistoryPoint": "model",
+    "KeyLimit": "model",
+    "Outcome": "model",
+    "QueueSettings": "model",
+    "QueueStats": "model",
+    "Rate": "model",
+    "ScheduleResult": "model",
+    "Task": "model",
+    "TaskInfo": "model",
+    "TaskPage": "model",
     "AsyncWorker": "worker",
     "Worker": "worker",
 }
 
 
+def _public_home(name: str, value: Any) -> None:
+    """Show a public class or function as ``dueq.<name>`` (``repr``, docs, tracebacks), as httpx
+    does. Exceptions keep ``dueq.exceptions``: error records and Django results store the raised
+    type's ``module.qualname``, which must not depend on whether ``dueq.X`` was read first."""
+    if isinstance(value, type) and issubclass(value, BaseException):
+        return
+    if isinstance(value, type) or (callable(value) and hasattr(value, "__qualname__")):
+        value.__module__ = "dueq"
+
+
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dueq' has no attribute {name!r}")
-    found = importlib.import_module(f".{module}", __name__)
-    value = found if name == module else getattr(found, name)
-    globals()[name] = value  # once: later reads are plain attribute reads
+    value = _load(name)
+    if not isinstance(value, ModuleType):
+        _public_home(name, value)
     return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [
@@ -211,3 +214,5 @@ __all__ = [
     "shard_of",
     "worker_id",
 ]
+
+_load, __dir__ = lazy_exports(__name__, globals(), _LAZY, __all__)

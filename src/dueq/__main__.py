@@ -1,6 +1,6 @@
 """``python -m dueq``: the ``dueq`` command line."""
 
-from .cli import main
+from dueq.cli import main
 
 if __name__ == "__main__":
     main()

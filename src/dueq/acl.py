@@ -42,9 +42,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from .exceptions import ConfigurationError
-from .keys import PREFIX
-from .scripts import script_source
+from dueq._wire.keys import PREFIX
+from dueq._wire.scripts import script_source
+from dueq.exceptions import ConfigurationError
 
 Role = Literal["producer", "consumer", "operator"]
 ROLES: tuple[Role, ...] = get_args(Role)

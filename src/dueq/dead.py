@@ -8,7 +8,7 @@ the same ids) can still stop a later batch; the error then says how many were mo
 
 Both front ends share the flows of ``DeadLettersCore``; ``DeadLetters`` (``Queue.dead``)
 drives them with blocking calls and ``AsyncDeadLetters`` (``AsyncQueue.dead``) awaits them.
-A sharded queue's ``q.dead`` drives its layout's flows instead (``dueq._shards``).
+A sharded queue's ``q.dead`` drives its layout's flows instead (``dueq.sharding.flows``).
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _protocol as protocol
-from .checks import whole_number
-from .envelope import validate_id
-from .exceptions import InvalidTaskError
+from dueq._util.checks import whole_number
+from dueq._wire import protocol as protocol
+from dueq._wire.envelope import validate_id
+from dueq.exceptions import InvalidTaskError
 
 if TYPE_CHECKING:
-    from ._async import AsyncQueue
-    from ._core import QueueCore
-    from ._drive import Flow
-    from .queue import Queue
-    from .task import TaskInfo
+    from dueq._flows.core import QueueCore
+    from dueq._flows.drive import Flow
+    from dueq.async_queue import AsyncQueue
+    from dueq.model import TaskInfo
+    from dueq.queue import Queue
 
 #: Most dead tasks moved by one script call when replaying or purging everything.
 DEAD_BATCH = 1000
@@ -140,7 +140,7 @@ class DeadLetters:
 
     def __init__(self, queue: Queue, flows: DeadLettersCore | None = None) -> None:
         self._queue = queue
-        #: the flows it drives: the queue's own, or a sharded queue's (``dueq._shards``)
+        #: the flows it drives: the queue's own, or a sharded queue's (``dueq.sharding.flows``)
         self._flows = DeadLettersCore(queue) if flows is None else flows
 
     def list(self, limit: int = 50, offset: int = 0) -> list[TaskInfo]:
@@ -173,7 +173,7 @@ class AsyncDeadLetters:
 
     def __init__(self, queue: AsyncQueue, flows: DeadLettersCore | None = None) -> None:
         self._queue = queue
-        #: the flows it drives: the queue's own, or a sharded queue's (``dueq._shards``)
+        #: the flows it drives: the queue's own, or a sharded queue's (``dueq.sharding.flows``)
         self._flows = DeadLettersCore(queue) if flows is None else flows
 
     async def list(self, limit: int = 50, offset: int = 0) -> list[TaskInfo]:

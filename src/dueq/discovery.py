@@ -6,7 +6,7 @@ A queue has no registry entry of its own: it exists while any of its keys does. 
 queue name) is skipped. The CLI (``dueq stats``, ``dueq metrics``) and the Prometheus collector
 both use this, so they agree on what a queue is.
 
-Sharded queues (``dueq._shards``) are listed once, under their logical name: the same SCAN
+Sharded queues (``dueq.sharding.flows``) are listed once, under their logical name: the same SCAN
 finds each one's layout key ``dueq:{<name>#}:shards``, and a queue ``<name>#<i>[.<k>]`` whose
 ``<name>`` has one is a shard of it, not a queue of its own. ``open_queue`` (and
 ``open_async_queue``) open a queue by name the way it is stored: they read the recorded shard
@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ._shard_layout import MAX_SHARDS, shard_names
-from .checks import whole_number, with_driver_info
-from .exceptions import ConfigurationError, DueqError
-from .keys import PREFIX, QueueKeys, layout_key, validate_queue_name
-from .queue import Queue
-from .registry import WorkerInfo, merge_workers
+from dueq._util.checks import whole_number, with_driver_info
+from dueq._wire.keys import PREFIX, QueueKeys, layout_key, validate_queue_name
+from dueq.exceptions import ConfigurationError, DueqError
+from dueq.queue import Queue
+from dueq.registry import WorkerInfo, merge_workers
+from dueq.sharding.layout import MAX_SHARDS, shard_names
 
 if TYPE_CHECKING:
-    from ._async import AsyncQueue
+    from dueq.async_queue import AsyncQueue
 
 __all__ = [
     "CLUSTER_SCHEMES",
@@ -181,7 +181,7 @@ async def open_async_queue(
     client: Any, name: str, *, shards: int | None = None, **settings: Any
 ) -> AsyncQueue:
     """As ``open_queue``, an ``AsyncQueue`` on a ``redis.asyncio`` client."""
-    from ._async import AsyncQueue  # here: a threaded worker's start never loads it
+    from dueq.async_queue import AsyncQueue  # here: a threaded worker's start never loads it
 
     n = _expected(name, shards, await async_shard_count(client, name))
     return AsyncQueue(name, client, shards=n, **settings)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .health import Health
+    from dueq.health import Health
 
 __all__ = ["FINDINGS", "DoctorFinding", "DoctorReport"]
 

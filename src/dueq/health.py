@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from .exceptions import ConfigurationError
-from .task import HistoryPoint, QueueStats
+from dueq.exceptions import ConfigurationError
+from dueq.model import HistoryPoint, QueueStats
 
 Level = Literal["ok", "warn", "bad"]
 LEVELS: tuple[Level, ...] = ("ok", "warn", "bad")

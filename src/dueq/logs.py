@@ -1,6 +1,6 @@
 """Log records a machine can read: one JSON object per line, naming the worker.
 
-``WorkerFilter`` puts this process's worker id (``dueq._identity.worker_id()``) on every record
+``WorkerFilter`` puts this process's worker id (``dueq._util.identity.worker_id()``) on every record
 as ``record.worker``, so a text format can show ``%(worker)s`` and ``JsonFormatter`` always has
 it. Library log lines about a task pass ``extra=task_fields(queue, task_id, attempt)``; those
 become the ``queue``, ``task_id`` and ``attempt`` keys of the JSON object (the message names
@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from ._identity import worker_id
+from dueq._util.identity import worker_id
 
 __all__ = ["FALLBACK_FORMAT", "JsonFormatter", "WorkerFilter", "stderr_fallback", "task_fields"]
 

@@ -129,13 +129,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 import redis
 
-from . import discovery
-from .cron import CronDefinition, LastOutcome
-from .exceptions import DueqError
-from .keys import validate_queue_name
-from .operators._process import is_async_handler
-from .queue import Queue
-from .task import HISTORY_COUNTERS, Outcome, OutcomeKind, QueueStats
+from dueq import discovery
+from dueq._wire.keys import validate_queue_name
+from dueq.cron.flows import CronDefinition, LastOutcome
+from dueq.exceptions import DueqError
+from dueq.model import HISTORY_COUNTERS, Outcome, OutcomeKind, QueueStats
+from dueq.operators._process import is_async_handler
+from dueq.queue import Queue
 
 __all__ = [
     "DELIVERY_LAG_BUCKETS_S",

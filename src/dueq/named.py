@@ -3,7 +3,7 @@ with their arguments as the payload, and run by a worker that dispatches on the 
 
 ``TaskFunction`` is what ``Queue.task`` returns (``AsyncTaskFunction`` for ``AsyncQueue.task``):
 calling it calls the function; ``schedule(**arguments, delay=...)`` schedules it. The name
-travels in the task's envelope (``dueq.envelope``); the arguments are checked against the
+travels in the task's envelope (``dueq._wire.envelope``); the arguments are checked against the
 function's signature by the scheduling flow, before anything is written. ``dispatcher`` makes
 the handler a ``Worker`` without a handler of its own runs: the name picks the function.
 
@@ -29,16 +29,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
-from .clock import Duration
-from .envelope import result_entry, validate_task_name
-from .exceptions import (
+from dueq._util.clock import Duration
+from dueq._wire.envelope import result_entry, validate_task_name
+from dueq.exceptions import (
     ConfigurationError,
     InvalidArguments,
     InvalidTaskError,
     UnknownTask,
     Unrecoverable,
 )
-from .task import Task
+from dueq.model import Task
 
 P = ParamSpec("P")
 R = TypeVar("R")

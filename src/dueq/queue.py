@@ -1,7 +1,7 @@
-"""The blocking front end: ``Queue`` sends what the shared flows (``dueq._core``) yield.
+"""The blocking front end: ``Queue`` sends what the shared flows (``dueq._flows.core``) yield.
 
 Every state change is one Lua script call (see ``dueq/lua``), built by the protocol layer
-(``dueq._protocol``); validation, encoding and the handling of replies live in
+(``dueq._wire.protocol``); validation, encoding and the handling of replies live in
 ``QueueCore`` and are shared with ``AsyncQueue``. This module only does the blocking I/O.
 """
 
@@ -19,31 +19,27 @@ import redis
 from reactivex import Observable, abc
 from redis.cluster import RedisCluster
 
-from . import _protocol as protocol
-from ._core import QueueCore
-from ._drive import Flow, drive
-from ._ended import listener as ended_listener
-from ._lease_flows import MAX_CLAIM_BATCH, ClaimBatch
-from ._schedule_flows import SCHEDULE_BATCH
-from ._server_check import MIN_REDIS_VERSION, wrong_client
-from ._shard_fanout import Each, send_each
-from ._shards import sharded_layout
-from .checks import client_from_url
-from .clock import Clock, Duration, duration_ms
-from .cron import Crons
-from .dead import DeadLetters
-from .doctor import DoctorReport
-from .envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
-from .events import Event, EventGroup, event_groups_flow, observe_events
-from .exceptions import WaitTimeout
-from .named import TaskFunction
-from .observe import observe_queue
-from .registry import WorkerInfo
-from .retry import RetryPolicy
-from .scripts import Scripts
-from .task import (
+from dueq._consume.ended import listener as ended_listener
+from dueq._consume.threads import observe_queue
+from dueq._consume.wake import WakeSubscription
+from dueq._flows.core import QueueCore
+from dueq._flows.drive import Flow, drive
+from dueq._flows.lease import MAX_CLAIM_BATCH, ClaimBatch
+from dueq._flows.schedule import SCHEDULE_BATCH
+from dueq._util.checks import client_from_url
+from dueq._util.clock import Clock, Duration, duration_ms
+from dueq._wire import protocol as protocol
+from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
+from dueq._wire.scripts import Scripts
+from dueq._wire.server_check import MIN_REDIS_VERSION, wrong_client
+from dueq.cron.flows import Crons
+from dueq.dead import DeadLetters
+from dueq.delivery import Delivery
+from dueq.doctor import DoctorReport
+from dueq.events.stream import Event, EventGroup, event_groups_flow, observe_events
+from dueq.exceptions import WaitTimeout
+from dueq.model import (
     BatchInfo,
-    Delivery,
     DueHistogram,
     HistoryPoint,
     KeyLimit,
@@ -57,7 +53,11 @@ from .task import (
     TaskPage,
     TaskState,
 )
-from .wake import WakeSubscription
+from dueq.named import TaskFunction
+from dueq.registry import WorkerInfo
+from dueq.retry import RetryPolicy
+from dueq.sharding.fanout import Each, send_each
+from dueq.sharding.flows import sharded_layout
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Queue(QueueCore):
     failures and releases log a warning instead.
 
     ``shards`` (1 to 256; default 1) spreads the queue over that many hash tags, so a Redis
-    Cluster spreads it over its primaries (``dueq._shards`` says how, and what a sharded
+    Cluster spreads it over its primaries (``dueq.sharding.flows`` says how, and what a sharded
     queue does not offer yet); every process must give the same number. Every queue tells
     its layout: ``shard_count``, ``shard_names`` and ``shard(task_id)`` (the shard's queue).
 
@@ -131,7 +131,7 @@ class Queue(QueueCore):
             wait_timeout=wait_timeout,
             holder=holder,
         )
-        # shards: plain Queues of these settings on this client (see dueq._shards)
+        # shards: plain Queues of these settings on this client (see dueq.sharding.flows)
         sharded = sharded_layout(name, shards, lambda shard: Queue(shard, redis_client, **settings))
         super().__init__(name, sharded=sharded, **settings)
         if not isinstance(redis_client, (redis.Redis, RedisCluster)):
@@ -211,7 +211,7 @@ class Queue(QueueCore):
         return drive(flow, self._send)
 
     def wake_subscription(self) -> WakeSubscription:
-        """What ``dueq.wake.WakeListener`` subscribes to (checks the server first)."""
+        """What ``dueq._consume.wake.WakeListener`` subscribes to (checks the server first)."""
         self._check_server_once()
         return self.drive(self.wake_subscription_flow())
 
@@ -495,7 +495,7 @@ class Queue(QueueCore):
 
     def event_groups(self) -> list[EventGroup]:
         """The consumer groups of the queue's outcome events, by name, each with its ``lag``
-        and the events it ``lost`` to the events retention (see ``dueq.events.EventGroup``)."""
+        and the events it ``lost`` to the events retention (see ``events.stream.EventGroup``)."""
         return self.drive(event_groups_flow(self))
 
     # -- settings ----------------------------------------------------------------------------
@@ -579,7 +579,7 @@ class Queue(QueueCore):
         the queue for a task that is still live (ConfigurationError otherwise); TaskNotFound
         when there is no such task (or it ended and nothing was kept). Woken by the queue's
         ended channel (Pub/Sub), with no polling: any process's ack, fail or cancel ends it.
-        Every wait of the process on this client shares one subscription (``dueq._ended``),
+        Every wait of the process on this client shares one subscription (``dueq._consume.ended``),
         so many threads waiting hold one connection of the client's pool, not one each.
         """
         task_id = validate_id(task_id)

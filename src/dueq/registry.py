@@ -42,13 +42,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ._identity import worker_id
-from .clock import ms_datetime
-from .snapshot import text
+from dueq._util.clock import ms_datetime
+from dueq._util.identity import worker_id
+from dueq._wire.snapshot import text
 
 if TYPE_CHECKING:
-    from ._async import AsyncQueue
-    from .queue import Queue
+    from dueq.async_queue import AsyncQueue
+    from dueq.queue import Queue
 
 __all__ = ["TTL_BEATS", "WorkerInfo", "merge_workers", "task_parameters"]
 
@@ -67,7 +67,7 @@ MIN_TTL_MS = 500
 class WorkerInfo:
     """One live consumer process, as its last heartbeat described it.
 
-    ``worker_id`` is ``<host>:<pid>:<random>`` (``dueq._identity.worker_id``, the name its log
+    ``worker_id`` is ``<host>:<pid>:<random>`` (``dueq._util.identity.worker_id``, the name its log
     lines, metrics and lease holders use); ``queues`` every queue it serves; ``started_at``
     when its worker started; ``last_seen_at`` its last beat (queue clock); ``in_flight`` the
     deliveries it held then (running and waiting); ``processed`` the attempts it finished

@@ -26,8 +26,8 @@ from typing import Any
 
 import tenacity
 
-from .checks import whole_number
-from .exceptions import ConfigurationError
+from dueq._util.checks import whole_number
+from dueq.exceptions import ConfigurationError
 
 logger = logging.getLogger(__name__)
 

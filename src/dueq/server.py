@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import redis
 
-from .exceptions import ConfigurationError
+from dueq.exceptions import ConfigurationError
 
 START_TIMEOUT_S = 10.0
 #: Validity of the throwaway TLS certificates.

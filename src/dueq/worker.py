@@ -21,23 +21,23 @@ from typing import TYPE_CHECKING, Any
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable
 
-from ._core import QueueCore
-from ._prefetch import Prefetch
-from .checks import whole_number
-from .clock import Duration, duration_ms, positive_duration_ms
-from .exceptions import ConfigurationError
-from .logs import stderr_fallback
-from .named import dispatcher
-from .observe import consume_queue
-from .operators import MAX_CONCURRENCY
-from .operators._process import Handler, Processor, is_async_handler
-from .queue import Queue
-from .registry import AsyncHeartbeat, Heartbeat
-from .task import Outcome
+from dueq._consume.prefetch import Prefetch
+from dueq._consume.threads import consume_queue
+from dueq._flows.core import QueueCore
+from dueq._util.checks import whole_number
+from dueq._util.clock import Duration, duration_ms, positive_duration_ms
+from dueq.exceptions import ConfigurationError
+from dueq.logs import stderr_fallback
+from dueq.model import Outcome
+from dueq.named import dispatcher
+from dueq.operators import MAX_CONCURRENCY
+from dueq.operators._process import Handler, Processor, is_async_handler
+from dueq.queue import Queue
+from dueq.registry import AsyncHeartbeat, Heartbeat
 
 if TYPE_CHECKING:
-    from ._async import AsyncQueue
-    from .operators._async_process import AsyncProcessor
+    from dueq.async_queue import AsyncQueue
+    from dueq.operators._async_process import AsyncProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class Worker(_WorkerSettings):
 
     ``max_in_flight`` bounds the deliveries held per queue (running plus waiting, their leases
     kept alive). The default adapts: it holds what the handlers settle in about 0.1 s, at
-    least twice the concurrency and at most 1,024 (see ``dueq._prefetch``), so fast handlers
+    least twice the concurrency and at most 1,024 (see ``dueq._consume.prefetch``), so fast handlers
     are never starved between claims and slow ones never hoard tasks other workers could run.
     A number fixes it. ``timeout`` fails an attempt that runs longer (``dueq.TaskTimeout``,
     retried by the queue's policy; see ``dueq.operators.process``). ``outcomes`` counts what
@@ -279,7 +279,7 @@ class AsyncWorker(_WorkerSettings):
     ) -> None:
         # the asyncio front end and its consumer are imported by the async worker only: a
         # threaded worker's start never loads them (docs/benchmarks.md, Start-up)
-        from ._async import AsyncQueue
+        from dueq.async_queue import AsyncQueue
 
         super().__init__(
             queues,
@@ -304,7 +304,7 @@ class AsyncWorker(_WorkerSettings):
         if loop is None:
             self._stop_requests += 1
             return
-        from ._async_consume import call_on_loop  # (loaded by run() already)
+        from dueq._consume.aio import call_on_loop  # (loaded by run() already)
 
         call_on_loop(loop, self._request_stop)
 
@@ -324,8 +324,8 @@ class AsyncWorker(_WorkerSettings):
             await self._run()
 
     async def _run(self) -> None:
-        from ._async_consume import CLOSE_S, consume
-        from .operators._async_process import AsyncProcessor
+        from dueq._consume.aio import CLOSE_S, consume
+        from dueq.operators._async_process import AsyncProcessor
 
         self._loop = asyncio.get_running_loop()
         self._stop, self._hurry = asyncio.Event(), asyncio.Event()

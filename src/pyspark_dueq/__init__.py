@@ -4,6 +4,6 @@ pyspark (4.0 and later) imports every top-level module whose name starts with ``
 first time a session uses a Python data source, and registers its ``DefaultSource``.
 """
 
-from dueq._spark_source import DueqDataSource as DefaultSource
+from dueq.spark._source import DueqDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

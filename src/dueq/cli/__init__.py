@@ -18,10 +18,10 @@ from collections.abc import Iterator, MutableMapping
 
 import click
 
-from .._version import __version__
-from ..logs import url_secrets
-from .connection import ENV_URL
-from .errors import DueqGroup, Settings
+from dueq._version import __version__
+from dueq.cli.connection import ENV_URL
+from dueq.cli.errors import DueqGroup, Settings
+from dueq.logs import url_secrets
 
 __all__ = ["SECTIONS", "SUMMARIES", "cli", "main"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..acl import ROLES, acl_rule, combined_rule
-from ..exceptions import ConfigurationError
+from dueq.acl import ROLES, acl_rule, combined_rule
+from dueq.exceptions import ConfigurationError
 
 
 @click.command()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
-from ..task import QueueStats
+from dueq.model import QueueStats
 
 #: The states shown, the colour of each, and what it means.
 STATES = (

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ..task import BatchInfo
-from .connection import RedisTarget, open_queue, redis_options
-from .jsonout import emit, json_option
-from .output import console, safe, titled_table
+from dueq.cli.connection import RedisTarget, open_queue, redis_options
+from dueq.cli.jsonout import emit, json_option
+from dueq.cli.output import console, safe, titled_table
+from dueq.model import BatchInfo
 
 
 def batches_table(title: str, found: list[BatchInfo]) -> object:

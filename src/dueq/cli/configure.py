@@ -14,12 +14,12 @@ from typing import Any, Literal
 
 import click
 
-from ..discovery import open_queue
-from ..exceptions import ConfigurationError
-from ..queue import Queue
-from ..task import KeyLimit, QueueSettings, Rate
-from .connection import RedisTarget, redis_options, require_queue
-from .output import console, safe, seconds
+from dueq.cli.connection import RedisTarget, redis_options, require_queue
+from dueq.cli.output import console, safe, seconds
+from dueq.discovery import open_queue
+from dueq.exceptions import ConfigurationError
+from dueq.model import KeyLimit, QueueSettings, Rate
+from dueq.queue import Queue
 
 
 def _show(queue: str, settings: QueueSettings) -> None:

@@ -33,11 +33,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from .. import discovery
-from ..logs import shown_url, split_netloc, url_secrets
-from ..queue import Queue
-from .errors import CliError, Settings
-from .output import safe
+from dueq import discovery
+from dueq.cli.errors import CliError, Settings
+from dueq.cli.output import safe
+from dueq.logs import shown_url, split_netloc, url_secrets
+from dueq.queue import Queue
 
 ENV_URL = "DUEQ_REDIS_URL"
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -80,7 +80,7 @@ class RedisTarget(NamedTuple):
         ctx = click.get_current_context()
         url = self.url
         if self.embedded:
-            from ..server import RedisServer  # only here: a worker never imports it
+            from dueq.server import RedisServer  # only here: a worker never imports it
 
             server = RedisServer().start()
             ctx.call_on_close(server.stop)

@@ -11,14 +11,14 @@ from typing import Any
 
 import click
 
-from .. import discovery
-from ..cron import DEFAULT_MAX_MISSED, MAX_MISSED_LIMIT, CronDefinition, MissedPolicy
-from ..exceptions import CronConflict
-from .connection import RedisTarget, open_queue, redis_options
-from .errors import CliError
-from .jsonout import emit, iso, json_option
-from .output import console, safe, seconds, titled_table, when
-from .task_input import parse_json
+from dueq import discovery
+from dueq.cli.connection import RedisTarget, open_queue, redis_options
+from dueq.cli.errors import CliError
+from dueq.cli.jsonout import emit, iso, json_option
+from dueq.cli.output import console, safe, seconds, titled_table, when
+from dueq.cli.task_input import parse_json
+from dueq.cron.flows import DEFAULT_MAX_MISSED, MAX_MISSED_LIMIT, CronDefinition, MissedPolicy
+from dueq.exceptions import CronConflict
 
 PAYLOAD_WIDTH = 40
 

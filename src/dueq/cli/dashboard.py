@@ -17,9 +17,9 @@ from typing import Any
 
 import click
 
-from ..exceptions import ConfigurationError
-from .connection import RedisTarget, embedded_redis_options, require_queue
-from .errors import CliError
+from dueq.cli.connection import RedisTarget, embedded_redis_options, require_queue
+from dueq.cli.errors import CliError
+from dueq.exceptions import ConfigurationError
 
 DEFAULT_HOST = "127.0.0.1"
 #: Bind-anywhere addresses: no browser names the dashboard by these, so they are not allowed
@@ -35,7 +35,7 @@ DEAD_WINDOW_MAX_S = 86_400
 def dashboard_module() -> Any:
     """``dueq.dashboard``, or CliError naming the extra to install."""
     try:
-        from .. import dashboard
+        from dueq import dashboard
     except ImportError as exc:
         raise CliError(f"{exc}") from None
     return dashboard

@@ -8,14 +8,14 @@ from typing import Any
 
 import click
 
-from ..exceptions import TaskNotFound
-from ..queue import Queue
-from ..task import TaskInfo
-from .connection import RedisTarget, open_queue, redis_options
-from .errors import CliError
-from .jsonout import emit, json_option
-from .output import console, steps
-from .tasks import cursor_option, page_of, print_tasks, task_table, tasks_document
+from dueq.cli.connection import RedisTarget, open_queue, redis_options
+from dueq.cli.errors import CliError
+from dueq.cli.jsonout import emit, json_option
+from dueq.cli.output import console, steps
+from dueq.cli.tasks import cursor_option, page_of, print_tasks, task_table, tasks_document
+from dueq.exceptions import TaskNotFound
+from dueq.model import TaskInfo
+from dueq.queue import Queue
 
 #: Dead tasks moved per script call by ``replay --all`` / ``purge --all``.
 BATCH = 1000

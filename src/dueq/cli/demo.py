@@ -22,19 +22,19 @@ import click
 import tenacity
 from reactivex.abc import DisposableBase
 
-from ..operators import process
-from ..queue import Queue
-from ..retry import RetryPolicy
-from ..task import QueueStats
-from .bars import state_counts
-from .connection import Connection, RedisTarget
-from .dashboard import Background, dashboard_module
-from .demo_board import Board
-from .demo_sources import Source, demo_sources, handle
-from .demo_view import LiveView, PlainView, delays_line
-from .errors import Settings
-from .options import seconds_option
-from .output import console
+from dueq.cli.bars import state_counts
+from dueq.cli.connection import Connection, RedisTarget
+from dueq.cli.dashboard import Background, dashboard_module
+from dueq.cli.demo_board import Board
+from dueq.cli.demo_sources import Source, demo_sources, handle
+from dueq.cli.demo_view import LiveView, PlainView, delays_line
+from dueq.cli.errors import Settings
+from dueq.cli.options import seconds_option
+from dueq.cli.output import console
+from dueq.model import QueueStats
+from dueq.operators import process
+from dueq.queue import Queue
+from dueq.retry import RetryPolicy
 
 #: Retries come 0.5 s, 1 s, 2 s, 4 s after a failure (plus up to 0.1 s of jitter); the fifth
 #: failure is final.

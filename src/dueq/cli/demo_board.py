@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from ..task import Outcome
+from dueq.model import Outcome
 
 
 @dataclass(frozen=True)

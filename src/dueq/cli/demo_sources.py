@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from ..queue import Queue
-from ..task import Delivery, Task
-from .demo_board import Board
+from dueq.cli.demo_board import Board
+from dueq.delivery import Delivery
+from dueq.model import Task
+from dueq.queue import Queue
 
 #: Templates the handler knows; a task naming another one crashes it every time (poison).
 TEMPLATES = {
@@ -152,7 +153,7 @@ class SparkDigests:
             from pyspark.sql import SparkSession
             from pyspark.sql import functions as F
 
-            from ..spark import schedule_dataframe
+            from dueq.spark import schedule_dataframe
         except ImportError:
             board.source(self.name, "skipped: pip install 'dueq[spark]' to see it", done=True)
             return

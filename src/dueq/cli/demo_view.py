@@ -9,9 +9,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..task import QueueStats
-from .bars import state_counts, state_table
-from .demo_board import Board, Event
+from dueq.cli.bars import state_counts, state_table
+from dueq.cli.demo_board import Board, Event
+from dueq.model import QueueStats
 
 EVENT_STYLES = {"retried": "magenta", "dead": "bold red", "source": "blue", "error": "bold red"}
 TAIL = 10

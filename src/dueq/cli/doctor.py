@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import click
 
-from ..discovery import open_queue
-from .connection import RedisTarget, redis_options, require_queue
-from .jsonout import emit, json_option, plain
-from .output import console, safe
+from dueq.cli.connection import RedisTarget, redis_options, require_queue
+from dueq.cli.jsonout import emit, json_option, plain
+from dueq.cli.output import console, safe
+from dueq.discovery import open_queue
 
 #: Exit code when problems were found and not fixed, or the queue's health is ``bad`` (0:
 #: consistent, or everything found was fixed, and the health ``ok`` or ``warn``).

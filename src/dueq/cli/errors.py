@@ -20,8 +20,8 @@ from typing import Any
 import click
 import redis
 
-from ..exceptions import DueqError
-from .output import safe_lines
+from dueq.cli.output import safe_lines
+from dueq.exceptions import DueqError
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130

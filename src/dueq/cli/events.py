@@ -6,11 +6,11 @@ import threading
 
 import click
 
-from ..events import Event, latest_events
-from .connection import RedisTarget, open_queue, redis_options
-from .errors import CliError
-from .jsonout import emit, json_option
-from .output import console, safe, titled_table
+from dueq.cli.connection import RedisTarget, open_queue, redis_options
+from dueq.cli.errors import CliError
+from dueq.cli.jsonout import emit, json_option
+from dueq.cli.output import console, safe, titled_table
+from dueq.events.stream import Event, latest_events
 
 
 def _line(ev: Event) -> str:

@@ -20,12 +20,12 @@ from typing import Any
 
 import click
 
-from ..task import iso_ms
+from dueq.model import iso_ms
 
 
 def iso(at: datetime | None) -> str | None:
     """``at`` as ``2030-01-02T03:04:05.678Z`` (UTC, milliseconds), None as None: the form a
-    task's times take too (``dueq.task.iso_ms``)."""
+    task's times take too (``dueq.model.iso_ms``)."""
     return iso_ms(at)
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
-from .connection import RedisTarget, redis_options, require_queue
-from .errors import CliError
+from dueq.cli.connection import RedisTarget, redis_options, require_queue
+from dueq.cli.errors import CliError
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -23,7 +23,7 @@ DEFAULT_HOST = "127.0.0.1"
 def metrics_module() -> Any:
     """``dueq.metrics``, or CliError naming the extra to install."""
     try:
-        from .. import metrics
+        from dueq import metrics
     except ImportError as exc:
         raise CliError(f"{exc}") from None
     return metrics

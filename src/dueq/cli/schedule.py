@@ -20,16 +20,23 @@ from typing import Any
 import click
 import redis
 
-from ..discovery import open_queue
-from ..exceptions import InvalidArguments, ReplicationTimeout
-from ..named import bind_problem, spec_signature
-from ..queue import SCHEDULE_BATCH, Queue
-from ..task import ScheduleResult, Task
-from .connection import RedisTarget, redis_options
-from .errors import CliError
-from .options import replication_options, shards_option
-from .output import console, safe, steps
-from .task_input import BadLine, Timing, checked_task, parse_json, tasks_from_lines, time_option
+from dueq.cli.connection import RedisTarget, redis_options
+from dueq.cli.errors import CliError
+from dueq.cli.options import replication_options, shards_option
+from dueq.cli.output import console, safe, steps
+from dueq.cli.task_input import (
+    BadLine,
+    Timing,
+    checked_task,
+    parse_json,
+    tasks_from_lines,
+    time_option,
+)
+from dueq.discovery import open_queue
+from dueq.exceptions import InvalidArguments, ReplicationTimeout
+from dueq.model import ScheduleResult, Task
+from dueq.named import bind_problem, spec_signature
+from dueq.queue import SCHEDULE_BATCH, Queue
 
 
 def _line_source(path: str) -> Callable[[], Iterator[str]]:

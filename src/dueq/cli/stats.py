@@ -12,13 +12,13 @@ import redis
 from rich.console import Group
 from rich.live import Live
 
-from ..discovery import open_queue
-from ..exceptions import DueqError
-from ..task import QueueStats
-from .connection import Connection, RedisTarget, queue_names, redis_options, require_queue
-from .jsonout import emit, json_option, plain
-from .options import seconds_option
-from .output import console, safe, seconds, titled_table, when
+from dueq.cli.connection import Connection, RedisTarget, queue_names, redis_options, require_queue
+from dueq.cli.jsonout import emit, json_option, plain
+from dueq.cli.options import seconds_option
+from dueq.cli.output import console, safe, seconds, titled_table, when
+from dueq.discovery import open_queue
+from dueq.exceptions import DueqError
+from dueq.model import QueueStats
 
 QueueStatsRow = tuple[str, QueueStats]
 Skipped = tuple[str, str]

@@ -21,15 +21,15 @@ from typing import Any
 
 import click
 
-from ..clock import datetime_ms, duration_ms
-from ..envelope import (
+from dueq._util.clock import datetime_ms, duration_ms
+from dueq._wire.envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     encode_envelope,
     validate_id,
     validate_task_name,
 )
-from ..exceptions import InvalidTaskError
-from ..task import Task
+from dueq.exceptions import InvalidTaskError
+from dueq.model import Task
 
 #: Per-task options a line (or the command line, for every line without them) may give.
 OPTION_KEYS = ("priority", "key", "timeout", "max_attempts", "task")

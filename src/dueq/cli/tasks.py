@@ -17,13 +17,13 @@ from typing import Any, cast
 import click
 from rich.table import Table
 
-from ..queue import Queue
-from ..task import ErrorRecord, TaskInfo, TaskState, iso_ms
-from .connection import RedisTarget, open_queue, redis_options
-from .errors import CliError
-from .jsonout import emit, json_option
-from .output import console, safe, safe_lines, titled_table, when
-from .task_input import time_option
+from dueq.cli.connection import RedisTarget, open_queue, redis_options
+from dueq.cli.errors import CliError
+from dueq.cli.jsonout import emit, json_option
+from dueq.cli.output import console, safe, safe_lines, titled_table, when
+from dueq.cli.task_input import time_option
+from dueq.model import ErrorRecord, TaskInfo, TaskState, iso_ms
+from dueq.queue import Queue
 
 ERROR_WIDTH = 60
 PAYLOAD_WIDTH = 40

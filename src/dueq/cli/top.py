@@ -25,16 +25,16 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from ..discovery import open_queue
-from ..exceptions import DueqError
-from ..queue import Queue
-from ..registry import WorkerInfo
-from ..task import DueHistogram, HistoryPoint, QueueStats
-from .bars import STYLES, sparkline, state_counts, state_table
-from .connection import Connection, RedisTarget, queue_names, redis_options, require_queue
-from .errors import EXIT_INTERRUPTED
-from .options import seconds_option
-from .output import console, safe, seconds
+from dueq.cli.bars import STYLES, sparkline, state_counts, state_table
+from dueq.cli.connection import Connection, RedisTarget, queue_names, redis_options, require_queue
+from dueq.cli.errors import EXIT_INTERRUPTED
+from dueq.cli.options import seconds_option
+from dueq.cli.output import console, safe, seconds
+from dueq.discovery import open_queue
+from dueq.exceptions import DueqError
+from dueq.model import DueHistogram, HistoryPoint, QueueStats
+from dueq.queue import Queue
+from dueq.registry import WorkerInfo
 
 #: The per-minute counters shown, in order.
 RATES = ("scheduled", "claimed", "acked", "retried", "dead", "expired")

@@ -24,21 +24,21 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .._core import QueueCore
-from ..discovery import open_queue
-from ..logs import JsonFormatter, WorkerFilter
-from ..named import Dispatcher
-from ..queue import Queue
-from ..retry import RetryPolicy
-from ..worker import AsyncWorker, Worker
-from .connection import RedisTarget, redis_options
-from .errors import CliError, Settings
-from .metrics import DEFAULT_HOST, metrics_module, start_exporter
-from .options import replication_options, seconds_option, shards_option
-from .output import safe, safe_lines
+from dueq._flows.core import QueueCore
+from dueq.cli.connection import RedisTarget, redis_options
+from dueq.cli.errors import CliError, Settings
+from dueq.cli.metrics import DEFAULT_HOST, metrics_module, start_exporter
+from dueq.cli.options import replication_options, seconds_option, shards_option
+from dueq.cli.output import safe, safe_lines
+from dueq.discovery import open_queue
+from dueq.logs import JsonFormatter, WorkerFilter
+from dueq.named import Dispatcher
+from dueq.queue import Queue
+from dueq.retry import RetryPolicy
+from dueq.worker import AsyncWorker, Worker
 
 if TYPE_CHECKING:
-    from .._async import AsyncQueue
+    from dueq.async_queue import AsyncQueue
 
 
 class SafeFormatter(logging.Formatter):

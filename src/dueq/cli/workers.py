@@ -12,11 +12,11 @@ from datetime import datetime, timezone
 
 import click
 
-from ..discovery import discover_workers
-from ..registry import WorkerInfo
-from .connection import Connection, RedisTarget, queue_names, redis_options
-from .jsonout import emit, json_option, plain
-from .output import console, safe, seconds, titled_table
+from dueq.cli.connection import Connection, RedisTarget, queue_names, redis_options
+from dueq.cli.jsonout import emit, json_option, plain
+from dueq.cli.output import console, safe, seconds, titled_table
+from dueq.discovery import discover_workers
+from dueq.registry import WorkerInfo
 
 
 def read_workers(conn: Connection, names: list[str]) -> list[WorkerInfo]:

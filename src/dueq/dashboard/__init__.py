@@ -28,8 +28,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "the dashboard needs Starlette and uvicorn: pip install 'dueq[dashboard]'"
     ) from exc
 
-from ..health import Health, HealthRules, human_duration, judge_health
-from ._app import ACTIONS, DashboardSettings, check_bind, create_app, redis_label
+from dueq.dashboard._app import ACTIONS, DashboardSettings, check_bind, create_app, redis_label
+from dueq.health import Health, HealthRules, human_duration, judge_health
 
 __all__ = [
     "ACTIONS",

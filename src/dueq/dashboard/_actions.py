@@ -14,13 +14,13 @@ from typing import Any, Literal
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .._async import AsyncQueue
-from ..exceptions import ConfigurationError
-from ..health import human_duration
-from ._context import Context
-from ._guard import HttpProblem, form_fields
-from ._html import e, link
-from ._reads import dead_groups
+from dueq.async_queue import AsyncQueue
+from dueq.dashboard._context import Context
+from dueq.dashboard._guard import HttpProblem, form_fields
+from dueq.dashboard._html import e, link
+from dueq.dashboard._reads import dead_groups
+from dueq.exceptions import ConfigurationError
+from dueq.health import human_duration
 
 
 @dataclass(frozen=True)

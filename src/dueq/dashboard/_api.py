@@ -13,11 +13,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..cron import CronDefinition
-from ._context import Context, Unreadable
-from ._guard import HttpProblem
-from ._html import when
-from ._reads import (
+from dueq.cron.flows import CronDefinition
+from dueq.dashboard._context import Context, Unreadable
+from dueq.dashboard._guard import HttpProblem
+from dueq.dashboard._html import when
+from dueq.dashboard._reads import (
     HISTOGRAM_BUCKET,
     HISTOGRAM_BUCKETS,
     alive,

@@ -24,17 +24,17 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from .. import discovery
-from ..clock import Clock
-from ..health import HealthRules
-from ..keys import validate_queue_name
-from ._actions import ACTIONS, Actions
-from ._api import Api
-from ._auth import Auth
-from ._charts import Charts
-from ._context import Context, Endpoint, Kind
-from ._guard import SESSION_S, Guard, check_bind
-from ._views import Views
+from dueq import discovery
+from dueq._util.clock import Clock
+from dueq._wire.keys import validate_queue_name
+from dueq.dashboard._actions import ACTIONS, Actions
+from dueq.dashboard._api import Api
+from dueq.dashboard._auth import Auth
+from dueq.dashboard._charts import Charts
+from dueq.dashboard._context import Context, Endpoint, Kind
+from dueq.dashboard._guard import SESSION_S, Guard, check_bind
+from dueq.dashboard._views import Views
+from dueq.health import HealthRules
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,16 @@ import redis
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from ..exceptions import CorruptQueue, CronNotFound, DueqError, TaskNotFound
-from ._context import REDIS_AWAY, Context, Endpoint, Kind
-from ._guard import CSRF_COOKIE, SECURITY_HEADERS, SESSION_COOKIE, HttpProblem, form_fields
-from ._html import e, url
+from dueq.dashboard._context import REDIS_AWAY, Context, Endpoint, Kind
+from dueq.dashboard._guard import (
+    CSRF_COOKIE,
+    SECURITY_HEADERS,
+    SESSION_COOKIE,
+    HttpProblem,
+    form_fields,
+)
+from dueq.dashboard._html import e, url
+from dueq.exceptions import CorruptQueue, CronNotFound, DueqError, TaskNotFound
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import _svg
-from ._context import Context, Unreadable
-from ._guard import HttpProblem
-from ._reads import HISTOGRAM_BUCKET, HISTOGRAM_BUCKETS, sum_history
+from dueq.dashboard import _svg
+from dueq.dashboard._context import Context, Unreadable
+from dueq.dashboard._guard import HttpProblem
+from dueq.dashboard._reads import HISTOGRAM_BUCKET, HISTOGRAM_BUCKETS, sum_history
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Charts:
         try:
             from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-            from ..metrics import QueueCollector
+            from dueq.metrics import QueueCollector
         except ImportError as exc:
             raise HttpProblem(501, f"{exc}: pip install 'dueq[metrics]'") from None
         registry = CollectorRegistry()

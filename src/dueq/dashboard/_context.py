@@ -20,16 +20,16 @@ import redis.asyncio
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from .. import discovery
-from .._async import AsyncQueue
-from ..clock import Clock
-from ..exceptions import ConfigurationError, DueqError
-from ..keys import layout_key, validate_queue_name
-from ._guard import SESSION_COOKIE, HostRules, HttpProblem, Sessions
-from ._html import e, layout, link
+from dueq import discovery
+from dueq._util.clock import Clock
+from dueq._wire.keys import layout_key, validate_queue_name
+from dueq.async_queue import AsyncQueue
+from dueq.dashboard._guard import SESSION_COOKIE, HostRules, HttpProblem, Sessions
+from dueq.dashboard._html import e, layout, link
+from dueq.exceptions import ConfigurationError, DueqError
 
 if TYPE_CHECKING:
-    from ._app import DashboardSettings
+    from dueq.dashboard._app import DashboardSettings
 
 #: What a route is: a page (a login redirect when not authorized), JSON or a chart ("api": a
 #: 401), or open to anyone (login, logout, static files).

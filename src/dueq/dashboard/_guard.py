@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..clock import Clock
-from ..exceptions import ConfigurationError
+from dueq._util.clock import Clock
+from dueq.exceptions import ConfigurationError
 
 CSRF_COOKIE = "dueq_csrf"
 SESSION_COOKIE = "dueq_session"

@@ -15,15 +15,15 @@ from typing import Any, Literal
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from .. import discovery
-from .._async import AsyncQueue
-from ..events import Event, latest_events
-from ..exceptions import ConfigurationError
-from ..health import Health, human_duration, judge_health, worst
-from ..registry import WorkerInfo
-from ..task import HistoryPoint, QueueStats, TaskInfo, TaskPage
-from ._context import Context, Unreadable
-from ._html import Cell, cell, url, when
+from dueq import discovery
+from dueq.async_queue import AsyncQueue
+from dueq.dashboard._context import Context, Unreadable
+from dueq.dashboard._html import Cell, cell, url, when
+from dueq.events.stream import Event, latest_events
+from dueq.exceptions import ConfigurationError
+from dueq.health import Health, human_duration, judge_health, worst
+from dueq.model import HistoryPoint, QueueStats, TaskInfo, TaskPage
+from dueq.registry import WorkerInfo
 
 PAGE_SIZE = 50
 #: list_tasks calls one search may make (each looks at up to 1,000 tasks).

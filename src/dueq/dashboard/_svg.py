@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from ..health import human_duration
-from ..task import DueHistogram, HistoryPoint
+from dueq.health import human_duration
+from dueq.model import DueHistogram, HistoryPoint
 
 WIDTH, HEIGHT = 720, 216
 LEFT, RIGHT, TOP, BOTTOM = 48, 12, 24, 44

@@ -15,12 +15,11 @@ from datetime import timedelta
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .._async import AsyncQueue
-from ..cron import CronDefinition
-from ..task import TaskInfo
-from ._context import Context, Unreadable
-from ._guard import HttpProblem
-from ._html import (
+from dueq.async_queue import AsyncQueue
+from dueq.cron.flows import CronDefinition
+from dueq.dashboard._context import Context, Unreadable
+from dueq.dashboard._guard import HttpProblem
+from dueq.dashboard._html import (
     CSS,
     JS,
     button,
@@ -35,7 +34,7 @@ from ._html import (
     url,
     when,
 )
-from ._reads import (
+from dueq.dashboard._reads import (
     EVENT_COLUMNS,
     alive,
     dead_groups,
@@ -48,6 +47,7 @@ from ._reads import (
     search,
     stats_json,
 )
+from dueq.model import TaskInfo
 
 
 def result_section(info: TaskInfo) -> str:

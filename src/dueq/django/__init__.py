@@ -6,6 +6,6 @@ Add ``"dueq.django"`` to ``INSTALLED_APPS`` and set ``TASKS = {"default": {"BACK
 'dueq[django]'``.
 """
 
-from .backend import BackendOptions, DueqBackend, dueq_priority
+from dueq.django.backend import BackendOptions, DueqBackend, dueq_priority
 
 __all__ = ["BackendOptions", "DueqBackend", "dueq_priority"]

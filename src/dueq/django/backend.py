@@ -29,14 +29,11 @@ from typing import Any
 import redis
 from django.utils import timezone as django_timezone
 
-from .._identity import worker_id
-from ..envelope import validate_id
-from ..exceptions import ConfigurationError, InvalidTaskError
-from ..keys import validate_queue_name
-from ..queue import Queue
-from ..retry import RetryPolicy
-from ..task import Delivery, ErrorRecord, TaskInfo
-from ._compat import (
+from dueq._util.identity import worker_id
+from dueq._wire.envelope import validate_id
+from dueq._wire.keys import validate_queue_name
+from dueq.delivery import Delivery
+from dueq.django._compat import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     TaskContext,
@@ -49,6 +46,10 @@ from ._compat import (
     task_finished,
     task_started,
 )
+from dueq.exceptions import ConfigurationError, InvalidTaskError
+from dueq.model import ErrorRecord, TaskInfo
+from dueq.queue import Queue
+from dueq.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 

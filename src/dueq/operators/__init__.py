@@ -14,11 +14,11 @@ from typing import Any
 import reactivex
 from reactivex import Observable, abc
 
-from ..checks import whole_number
-from ..clock import Duration, positive_duration_ms
-from ..exceptions import ConfigurationError
-from ..task import Outcome
-from ._process import Handler, Processor, is_async_handler
+from dueq._util.checks import whole_number
+from dueq._util.clock import Duration, positive_duration_ms
+from dueq.exceptions import ConfigurationError
+from dueq.model import Outcome
+from dueq.operators._process import Handler, Processor, is_async_handler
 
 __all__ = ["Handler", "process"]
 
@@ -74,7 +74,7 @@ def process(
         ) -> abc.DisposableBase:
             if scheduler is None and _running_loop() is not None:
                 # only on an event loop: a threaded consumer never imports the asyncio one
-                from ._async_process import AsyncProcessor
+                from dueq.operators._async_process import AsyncProcessor
 
                 processor = AsyncProcessor(
                     handler, concurrency, is_async_handler(handler), timeout_s

@@ -43,14 +43,14 @@ from typing import Any
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
-from .. import _tracing
-from .._async_consume import call_on_loop, wait_event
-from ..exceptions import TaskCancelled
-from ..logs import task_fields
-from ..outage import describe
-from ..task import Outcome
-from ._emit import SerialEmitter
-from ._settle import (
+from dueq._consume.aio import call_on_loop, wait_event
+from dueq._util import tracing as _tracing
+from dueq._util.outage import describe
+from dueq.exceptions import TaskCancelled
+from dueq.logs import task_fields
+from dueq.model import Outcome
+from dueq.operators._emit import SerialEmitter
+from dueq.operators._settle import (
     KEEPER_TICK_MAX_S,
     SETTLE_BATCH,
     Cooldowns,

@@ -47,11 +47,12 @@ from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
-from .. import _tracing
-from ..outage import describe
-from ..task import AsyncDelivery, Delivery, Outcome
-from ._emit import SerialEmitter
-from ._settle import (
+from dueq._util import tracing as _tracing
+from dueq._util.outage import describe
+from dueq.delivery import AsyncDelivery, Delivery
+from dueq.model import Outcome
+from dueq.operators._emit import SerialEmitter
+from dueq.operators._settle import (
     KEEPER_TICK_MAX_S,
     KEEPER_TICK_MIN_S,
     SETTLE_BATCH,
@@ -68,7 +69,7 @@ from ._settle import (
 if TYPE_CHECKING:
     pass
 
-from ..logs import task_fields
+from dueq.logs import task_fields
 
 logger = logging.getLogger(__name__)
 

@@ -28,11 +28,12 @@ from typing import Any, TypeVar
 
 import redis
 
-from .._drive import drive, drive_async
-from ..exceptions import DueqError, KeyCooldown, LeaseLost, TaskTimeout, Unrecoverable
-from ..logs import task_fields
-from ..outage import Backoff, describe, is_outage
-from ..task import DeliveryBase, Outcome, settled_outcome
+from dueq._flows.drive import drive, drive_async
+from dueq._util.outage import Backoff, describe, is_outage
+from dueq.delivery import DeliveryBase
+from dueq.exceptions import DueqError, KeyCooldown, LeaseLost, TaskTimeout, Unrecoverable
+from dueq.logs import task_fields
+from dueq.model import Outcome, settled_outcome
 
 logger = logging.getLogger("dueq.operators._process")
 

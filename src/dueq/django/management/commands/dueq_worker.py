@@ -16,11 +16,11 @@ from typing import Any
 import redis
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ....exceptions import ConfigurationError
-from ....logs import shown_url
-from ....worker import Worker
-from ..._compat import task_backends
-from ...backend import DueqBackend
+from dueq.django._compat import task_backends
+from dueq.django.backend import DueqBackend
+from dueq.exceptions import ConfigurationError
+from dueq.logs import shown_url
+from dueq.worker import Worker
 
 
 class Command(BaseCommand):  # type: ignore[misc]  # django's class (no type hints)

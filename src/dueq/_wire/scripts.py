@@ -1,0 +1,341 @@
+"""The Lua scripts, loaded from ``dueq/lua`` and run with EVALSHA (NOSCRIPT falls back to EVAL).
+
+Each script is ``_prelude.lua`` followed by its own file. redis-py's ``Script`` computes the
+SHA locally and reloads the script when the server answers NOSCRIPT (after a restart or
+``SCRIPT FLUSH``), so callers never see that error.
+
+Replication: Redis replicates asynchronously, so a change acknowledged by a primary that dies
+before its replicas saw it is lost in a failover. With ``wait_replicas=N`` a script that changes
+what must not be lost is sent in one pipeline with ``WAIT N timeout`` (WAIT covers the writes
+of its own connection, so both must share one). Producer-side changes (schedule, cancel,
+reschedule, dead-letter moves, cron definitions) raise ReplicationTimeout when fewer replicas
+confirm; settling a delivery (ack, fail, release) logs a warning instead, since the change is
+made and losing it in a failover only means the task runs again (at-least-once). Claims and
+lease extensions do not wait: losing one returns the task to due, which leases already allow.
+
+Keys of the wrong type: a script that meets a key holding another type than dueq keeps there
+fails with Redis's ``WRONGTYPE``, which names no key. The runner then asks the ``TYPE`` of that
+call's KEYS (one round trip, only on this error) and raises ``CorruptQueue`` naming the key, the
+type it holds and the type expected (keys.py ``KEY_TYPES``). Statistics keys never get here:
+the scripts leave a wrong-typed one alone (see the Lua prelude).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
+
+from dueq._wire.keys import expected_type
+from dueq.exceptions import ConfigurationError, CorruptQueue, ReplicationTimeout
+
+logger = logging.getLogger("dueq.scripts")
+
+SCRIPT_NAMES = (
+    "schedule",
+    "claim",
+    "ack",
+    "fail",
+    "extend",
+    "release",
+    "cancel",
+    "reschedule",
+    "dead",
+    "inspect",
+    "stats",
+    "cron_add",
+    "cron_advance",
+    "cron_remove",
+    "configure",
+    "spark_stage",
+    "spark_commit",
+    "spark_abort",
+    "cron_control",
+    "cron_backfill",
+    "list_tasks",
+    "history",
+    "heartbeat",
+    "doctor",
+    "close_batch",
+    "events_read",
+)
+
+#: Scripts made of their own file followed by another script's body (after its header):
+#: spark_commit.lua ends by falling through into schedule.lua, so staged records are scheduled
+#: by the very code that schedules every other task.
+CONTINUES_WITH = {"spark_commit": "schedule"}
+
+#: Scripts whose changes a producer or operator relies on: they raise ReplicationTimeout.
+PRODUCER_SCRIPTS = frozenset(
+    {
+        "schedule",
+        "cancel",
+        "reschedule",
+        "dead",
+        "cron_add",
+        "cron_remove",
+        "configure",
+        "spark_commit",
+        "cron_control",
+        "cron_backfill",
+        "close_batch",
+    }
+)
+#: Scripts that settle a delivery: a replication shortfall is logged, not raised.
+SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})
+
+
+@cache
+def script_source(name: str) -> str:
+    """The full source of one script: the shared prelude, then the script's own file (then,
+    for a script in CONTINUES_WITH, the other script's body)."""
+    folder = resources.files("dueq._wire").joinpath("lua")
+    prelude = folder.joinpath("_prelude.lua").read_text(encoding="utf-8")
+    body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    then = CONTINUES_WITH.get(name)
+    if then is not None:
+        body += folder.joinpath(f"{then}.lua").read_text(encoding="utf-8").split("\n\n", 1)[1]
+    return prelude + "\n" + body
+
+
+def _wrong_type(exc: redis.ResponseError) -> bool:
+    """Redis's WRONGTYPE, as Redis raised it (not already a CorruptQueue)."""
+    return not isinstance(exc, CorruptQueue) and "WRONGTYPE" in str(exc)
+
+
+def corrupt_queue(name: str, keys: list[str], types: list[Any]) -> CorruptQueue | None:
+    """The CorruptQueue for the keys of a call whose TYPE (``types``, in KEYS order) is not the
+    one dueq keeps there, or None when every key is of its type (or missing)."""
+    wrong = []
+    for key, raw in zip(keys, types, strict=True):
+        actual = raw.decode() if isinstance(raw, bytes) else str(raw)
+        expected = expected_type(key)
+        if expected is not None and actual not in (expected, "none"):
+            wrong.append((key, actual, expected))
+    if not wrong:
+        return None
+    named = "; ".join(
+        f"{key} holds a {actual}, where dueq keeps a {expected}" for key, actual, expected in wrong
+    )
+    key, actual, expected = wrong[0]
+    return CorruptQueue(
+        f"WRONGTYPE: {named}. {name}.lua cannot run until it is fixed: something other than "
+        "dueq wrote that key; restore it, or move it away (RENAME) and let dueq start it afresh",
+        key,
+        actual,
+        expected,
+    )
+
+
+def _waits(name: str, wait_replicas: int) -> bool:
+    return bool(wait_replicas) and (name in PRODUCER_SCRIPTS or name in SETTLE_SCRIPTS)
+
+
+def _replicated(name: str, reply: Any, confirmed: Any, wanted: int, timeout_ms: int) -> Any:
+    """The script's reply once WAIT confirmed ``confirmed`` replicas of ``wanted``; a
+    shortfall raises ReplicationTimeout for producer scripts and is logged for settles."""
+    confirmed = int(confirmed)
+    if confirmed >= wanted:
+        return reply
+    message = (
+        f"{name}: applied on the primary, but only {confirmed} of {wanted} "
+        f"replica(s) confirmed it within {timeout_ms} ms"
+    )
+    if name in SETTLE_SCRIPTS:
+        logger.warning("%s; a failover now would deliver the task again", message)
+        return reply
+    raise ReplicationTimeout(message, confirmed, wanted)
+
+
+def _check_wait(client: object, wait_replicas: int) -> None:
+    if wait_replicas and isinstance(client, AsyncRedisCluster):
+        raise ConfigurationError(
+            "wait_replicas is not supported with a redis.asyncio RedisCluster client yet: WAIT "
+            "must go to the node that took the write (the blocking RedisCluster supports it)"
+        )
+
+
+#: A refusal of the commands every dueq script call needs: an ACL without them (NOPERM, Redis
+#: 6.2's and 7's wording) or a server that renamed or disabled them (``rename-command EVALSHA
+#: ""``, as some managed services do: "unknown command").
+_SCRIPTING_REFUSED = re.compile(
+    r"(?:no permissions to run the '(?P<perm>evalsha|eval|script\|load|script)' command)"
+    r"|(?:unknown command ['`](?P<unknown>evalsha|eval|script)['`])",  # 6.2 quotes with `
+    re.IGNORECASE,
+)
+
+
+def scripting_refused(exc: BaseException) -> ConfigurationError | None:
+    """The ConfigurationError to raise instead of ``exc`` when it says this server or user may
+    not run Lua scripts (dueq makes every change with one), else None."""
+    if not isinstance(exc, redis.ResponseError):
+        return None
+    found = _SCRIPTING_REFUSED.search(str(exc))
+    if found is None:
+        return None
+    if found.group("perm"):
+        command = found.group("perm").upper()
+        return ConfigurationError(
+            f"this Redis user may not run {command}: dueq makes every change with a Lua "
+            "script (EVALSHA, and SCRIPT LOAD after a script cache flush); grant them, e.g. "
+            f"with the rule `dueq acl ROLE` prints (the server said: {exc})"
+        )
+    command = found.group("unknown").upper()
+    return ConfigurationError(
+        f"this Redis server has no {command} command (renamed or disabled, as some managed "
+        "services do): dueq makes every change with a Lua script and needs EVALSHA and "
+        f"SCRIPT LOAD (the server said: {exc})"
+    )
+
+
+class _ScriptsBase:
+    """The registered scripts of one client, and the replication setting they run with.
+
+    ``wait_replicas`` > 0 makes the changes of PRODUCER_SCRIPTS and SETTLE_SCRIPTS wait until
+    that many replicas confirm them, up to ``wait_timeout_ms``.
+
+    Each script is read and registered (its SHA computed) when it is first run: a queue
+    object costs nothing for the scripts it never runs, and a worker's first claim does not
+    wait for the 25 files to be read and hashed (docs/benchmarks.md, Start-up).
+    """
+
+    def __init__(self, client: Any, *, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
+        _check_wait(client, wait_replicas)
+        self._client = client
+        self._scripts: dict[str, Any] = {}
+        self._wait_replicas = wait_replicas
+        self._wait_timeout_ms = wait_timeout_ms
+
+    def script(self, name: str) -> Any:
+        """redis-py's ``Script`` of ``name`` on this client, registered on first use (two
+        threads that race here register the same script; either object serves)."""
+        found = self._scripts.get(name)
+        if found is None:
+            if name not in SCRIPT_NAMES:
+                raise KeyError(name)
+            found = self._scripts[name] = self._client.register_script(script_source(name))
+        return found
+
+
+class Scripts(_ScriptsBase):
+    """The scripts of a blocking client (``redis.Redis`` or ``RedisCluster``), by name."""
+
+    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run script ``name`` with KEYS and ARGV. A key of the wrong type raises CorruptQueue;
+        a server or user that refuses scripts, ConfigurationError (``scripting_refused``)."""
+        try:
+            return self._run(name, keys, args)
+        except redis.ResponseError as exc:
+            refused = scripting_refused(exc)
+            if refused is not None:
+                raise refused from None  # one clear error; it quotes the server's reply
+            if not _wrong_type(exc):
+                raise
+            corrupt = self._look(name, keys)
+            if corrupt is None:
+                raise
+            raise corrupt from exc
+
+    def _look(self, name: str, keys: list[str]) -> CorruptQueue | None:
+        """TYPE of each of ``keys`` (one round trip), as corrupt_queue reads them."""
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.type(key)
+            types = pipe.execute()
+        except redis.RedisError as exc:  # cannot look (no +type, connection lost): Redis's error
+            logger.debug("cannot read the key types of %s: %s", name, exc)
+            return None
+        return corrupt_queue(name, keys, types)
+
+    def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        if not _waits(name, self._wait_replicas):
+            return self.script(name)(keys=keys, args=args)
+        if isinstance(self._client, RedisCluster):
+            return self._run_on_node(name, keys, args)
+        assert isinstance(self._client, redis.Redis)
+        pipe = self._client.pipeline(transaction=False)
+        self.script(name)(keys=keys, args=args, client=pipe)
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "WAIT", self._wait_replicas, self._wait_timeout_ms
+        )
+        reply, confirmed = pipe.execute()
+        return _replicated(name, reply, confirmed, self._wait_replicas, self._wait_timeout_ms)
+
+    def _run_on_node(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """On a Redis Cluster: the script and its WAIT in one pipeline on the connection of
+        the primary that holds the keys' slot (WAIT counts the replicas of the node it is sent
+        to, so it must follow the write there). Routing that a failover made stale (MOVED from
+        a primary turned replica, or the node gone) refreshes the cluster's slot map and raises
+        ConnectionError: the script did not run on a primary (MOVED) or may have (a lost
+        connection, as on one server), and callers retry it as after any lost connection."""
+        cluster: RedisCluster = self._client
+        node = cluster.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+        pipe = cluster.get_redis_connection(node).pipeline(transaction=False)
+        self.script(name)(keys=keys, args=args, client=pipe)
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "WAIT", self._wait_replicas, self._wait_timeout_ms
+        )
+        try:
+            reply, confirmed = pipe.execute()
+        except (
+            redis.exceptions.MovedError,
+            redis.exceptions.ClusterDownError,
+            redis.ConnectionError,
+            redis.TimeoutError,
+        ) as exc:
+            try:
+                cluster.nodes_manager.initialize()
+            except (redis.RedisError, RedisClusterException) as again:  # mid-failover: later
+                logger.debug("cannot refresh the cluster's slot map yet: %s", again)
+            raise redis.ConnectionError(f"{name}: the shard's primary moved ({exc})") from exc
+        return _replicated(name, reply, confirmed, self._wait_replicas, self._wait_timeout_ms)
+
+
+class AsyncScripts(_ScriptsBase):
+    """The scripts of a ``redis.asyncio`` client, awaited by name (as ``Scripts``)."""
+
+    async def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run script ``name`` with KEYS and ARGV (as ``Scripts.run``)."""
+        try:
+            return await self._run(name, keys, args)
+        except redis.ResponseError as exc:
+            refused = scripting_refused(exc)
+            if refused is not None:
+                raise refused from None  # one clear error; it quotes the server's reply
+            if not _wrong_type(exc):
+                raise
+            corrupt = await self._look(name, keys)
+            if corrupt is None:
+                raise
+            raise corrupt from exc
+
+    async def _look(self, name: str, keys: list[str]) -> CorruptQueue | None:
+        """TYPE of each of ``keys`` (one round trip), as corrupt_queue reads them."""
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.type(key)
+            types = await pipe.execute()
+        except redis.RedisError as exc:  # cannot look (no +type, connection lost): Redis's error
+            logger.debug("cannot read the key types of %s: %s", name, exc)
+            return None
+        return corrupt_queue(name, keys, types)
+
+    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        if not _waits(name, self._wait_replicas):
+            return await self.script(name)(keys=keys, args=args)
+        assert isinstance(self._client, redis.asyncio.Redis)
+        pipe = self._client.pipeline(transaction=False)
+        await self.script(name)(keys=keys, args=args, client=pipe)
+        pipe.execute_command("WAIT", self._wait_replicas, self._wait_timeout_ms)
+        reply, confirmed = await pipe.execute()
+        return _replicated(name, reply, confirmed, self._wait_replicas, self._wait_timeout_ms)

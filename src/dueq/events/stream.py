@@ -1,0 +1,655 @@
+"""Outcome events: follow what happens to a queue's tasks from other services.
+
+With ``q.configure(events=timedelta(hours=24))`` every script that settles a task (ack, fail,
+cancel, and claim for expired leases, buried tasks and tasks past their expiry) appends one
+entry to the queue's events stream (``dueq:{<queue>}:events``, a Redis Stream) in the same
+call: an event is written if and only if the outcome happened. Entries older than the
+retention are trimmed by the writing scripts (see the Lua prelude's events notes).
+
+Reading (``q.events(...)`` / ``aq.events(...)``), written once as ``events_flow`` and driven by a
+thread (``observe_events``, a reactivex Observable) or on the caller's event loop
+(``dueq.events.aio``):
+
+- ``group="billing"``: a consumer group (XGROUP CREATE ... MKSTREAM on first use, starting at
+  ``since`` or at the stream's end). Each event goes to one member; ``ev.ack()`` (XACK) settles
+  it, and an event not acked within ``redeliver_after`` goes to another member (XAUTOCLAIM,
+  like a task's expired lease). A member started again under the same ``consumer`` name reads
+  its pending entries first, then new ones.
+- no group: a tail of every event from now (or from ``since``), XREAD BLOCK; ``ack`` does
+  nothing.
+
+Blocking reads run on a connection of their own (``reader_client``), never on the queue's
+shared client, as the wake listener keeps its own Pub/Sub connection.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+import reactivex
+from reactivex import Observable, abc
+from reactivex.disposable import Disposable
+
+from dueq._util.clock import Duration, positive_duration_ms
+from dueq._util.outage import Backoff, describe, is_outage
+from dueq._wire import protocol as protocol
+from dueq._wire.envelope import decode_named
+from dueq._wire.failures import parse_error_records
+from dueq._wire.keys import validate_queue_name
+from dueq.exceptions import ConfigurationError, PayloadError
+from dueq.model import ErrorRecord, Task, iso_ms
+
+if TYPE_CHECKING:
+    from dueq.queue import Queue
+
+logger = logging.getLogger("dueq.events")
+
+EventKind = Literal["acked", "retried", "dead", "cancelled", "expired"]
+
+#: Most entries one read returns.
+READ_COUNT = 100
+#: Longest one blocking read waits; bounds how long stopping a reader takes to be noticed.
+BLOCK_MS = 1000
+
+
+@dataclass(frozen=True)
+class EventBase:
+    """One outcome of one task, as the settling script recorded it.
+
+    ``kind``: acked, retried, dead, cancelled or expired. ``attempt``: the deliveries the task
+    had when it ended this way. ``at``: when (queue clock). ``result``: the handler's value
+    when acked while the queue keeps results (``keep_results``), else None. ``error``: the
+    failed attempt's record (retried, dead). ``task``: the task as scheduled (payload, id and
+    options; ``task.task`` names a named task's function), None when its data was gone.
+    ``id`` is the stream entry id; ``group`` the consumer group it was read in (None: a tail).
+    """
+
+    id: str
+    task_id: str
+    kind: str
+    attempt: int
+    at: datetime
+    result: Any = None
+    error: ErrorRecord | None = None
+    task: Task | None = None
+    group: str | None = None
+    _acker: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """This event as JSON types (the CLI's ``--json``, the dashboard)."""
+        task = self.task
+        return {
+            "id": self.id,
+            "task_id": self.task_id,
+            "kind": self.kind,
+            "attempt": self.attempt,
+            "at": iso_ms(self.at),
+            "result": self.result,
+            "error": None if self.error is None else self.error.to_json(),
+            "payload": None if task is None else task.payload,
+            "task": None if task is None else task.task,
+            "group": self.group,
+        }
+
+
+class Event(EventBase):
+    """An event read by ``Queue.events``; ``ack()`` settles it in its group."""
+
+    def ack(self) -> None:
+        """Settle this event in its consumer group (XACK), so it is not redelivered; does
+        nothing for an event read without a group."""
+        if self._acker is not None:
+            self._acker(self.id)
+
+
+class AsyncEvent(EventBase):
+    """An event read by ``AsyncQueue.events``; ``await ev.ack()`` settles it in its group."""
+
+    async def ack(self) -> None:
+        """As ``Event.ack``."""
+        if self._acker is not None:
+            await self._acker(self.id)
+
+
+# -- reading: the steps, written once ---------------------------------------------------------
+
+
+class ReaderSpec(NamedTuple):
+    """What one reader reads: the stream, its group and member name (None: a tail), the
+    redelivery idle time, and where a new group or a tail starts (a stream id, or "" for now)."""
+
+    stream: str
+    group: str | None
+    consumer: str
+    redeliver_ms: int
+    start_id: str
+
+
+def reader_spec(
+    stream: str,
+    *,
+    group: str | None,
+    consumer: str | None,
+    default_consumer: str,
+    redeliver_after: Duration,
+    since: datetime | None,
+) -> ReaderSpec:
+    """Check a reader's options (ConfigurationError names what is wrong)."""
+    if group is not None:
+        validate_queue_name(group)  # printable, no whitespace: a name fit for a group
+    if consumer is not None:
+        validate_queue_name(consumer)
+    redeliver_ms = positive_duration_ms(redeliver_after, "redeliver_after")
+    start_id = ""
+    if since is not None:
+        if not isinstance(since, datetime) or since.tzinfo is None:
+            raise ConfigurationError(f"since must be an aware datetime, got {since!r}")
+        start_id = f"{max(int(since.timestamp() * 1000), 0)}-0"
+    return ReaderSpec(stream, group, consumer or default_consumer, redeliver_ms, start_id)
+
+
+#: One step of ``events_flow``: ("call", method, args, kwargs) asks the driver for a reply of
+#: the reader client's method; ("emit", entries) hands read entries over (the reply is None).
+Step = tuple[Any, ...]
+
+
+def events_flow(spec: ReaderSpec) -> Generator[Step, Any, None]:
+    """The reader loop (see the module docstring): yields client calls and batches of entries
+    ``(entry id, fields)``, forever; the driver stops it between steps."""
+    if spec.group is None:
+        last = spec.start_id
+        if not last:  # from now: after the stream's last entry (none: from the start)
+            newest = yield ("call", "xrevrange", (spec.stream,), {"count": 1})
+            last = text(newest[0][0]) if newest else "0-0"
+        while True:
+            reply = yield (
+                "call",
+                "xread",
+                ({spec.stream: last},),
+                {"count": READ_COUNT, "block": BLOCK_MS},
+            )
+            entries = stream_entries(reply)
+            if entries:
+                last = entries[-1][0]
+                yield ("emit", entries)
+    yield ("call", "create_group", (spec,), {})
+    # entries of this member's trimmed while pending (delivered, never acked): lost, counted by
+    # the next events_read
+    trimmed = 0
+    pending_from = "0"  # this member's pending entries first (a restart resumes them)
+    while pending_from:
+        reply = yield (
+            "call",
+            "xreadgroup",
+            (spec.group, spec.consumer, {spec.stream: pending_from}),
+            {"count": READ_COUNT},
+        )
+        entries = stream_entries(reply)
+        pending_from = entries[-1][0] if entries else ""
+        kept, gone = yield from _settle_trimmed(spec, entries)
+        trimmed += gone
+        if kept:
+            yield ("emit", kept)
+    block_ms = min(BLOCK_MS, spec.redeliver_ms)
+    while True:
+        reply = yield (
+            "call",
+            "xautoclaim",
+            (spec.stream, spec.group, spec.consumer, spec.redeliver_ms),
+            {"start_id": "0-0", "count": READ_COUNT},
+        )
+        claimed, gone = yield from _settle_trimmed(
+            spec, _entry_list(reply[1] if len(reply) > 1 else [])
+        )
+        # (Redis 7 takes entries trimmed while pending out of the PEL itself, and names them)
+        trimmed += gone + (len(reply[2]) if len(reply) > 2 and reply[2] else 0)
+        if claimed:
+            yield ("emit", claimed)
+        # what the group lost to the retention is counted atomically with a read of new
+        # entries (no trim can fall between them); only when none are new does it block
+        read = yield ("call", "events_read", (spec, trimmed), {})
+        _warn_lost(spec, read.lost, trimmed)
+        trimmed = 0
+        entries = stream_entries(read.reply)
+        if entries:
+            yield ("emit", entries)
+            continue
+        reply = yield (
+            "call",
+            "xreadgroup",
+            (spec.group, spec.consumer, {spec.stream: ">"}),
+            {"count": READ_COUNT, "block": block_ms},
+        )
+        entries = stream_entries(reply)
+        if entries:
+            yield ("emit", entries)
+
+
+def events_read_flow(
+    queue: Any, spec: ReaderSpec, trimmed_pending: int
+) -> Generator[Any, Any, protocol.EventsRead]:
+    """The ``events_read`` step of ``events_flow``, on the queue's own client (a script: no
+    blocking read)."""
+    read: protocol.EventsRead = yield protocol.events_read(
+        queue.keys, str(spec.group), spec.consumer, READ_COUNT, trimmed_pending
+    )
+    return read
+
+
+def _settle_trimmed(
+    spec: ReaderSpec, entries: list[tuple[str, dict[str, str] | None]]
+) -> Generator[Step, Any, tuple[list[tuple[str, dict[str, str]]], int]]:
+    """Ack the entries trimmed while pending (nothing is left to tell of them, and unacked
+    they would come back forever); returns the others and how many were trimmed."""
+    gone = [entry_id for entry_id, fields in entries if fields is None]
+    if gone:
+        yield ("call", "xack", (spec.stream, spec.group, *gone), {})
+    return [(entry_id, fields) for entry_id, fields in entries if fields is not None], len(gone)
+
+
+def _warn_lost(spec: ReaderSpec, lost: int | None, trimmed_pending: int) -> None:
+    """Say what a group lost to the events retention (both counted in ``events_lost``)."""
+    if lost:
+        logger.warning(
+            "events of %s: group %r fell behind the events retention: %d event(s) were "
+            "trimmed before it read them and are lost (the dueq_events_lost_total metric "
+            "counts them; keep events longer, q.configure(events=...), or add members)",
+            spec.stream,
+            spec.group,
+            lost,
+        )
+    if trimmed_pending:
+        logger.warning(
+            "events of %s: group %r: %d event(s) delivered to member %r were trimmed before "
+            "they were acked and are lost (counted in dueq_events_lost_total)",
+            spec.stream,
+            spec.group,
+            trimmed_pending,
+            spec.consumer,
+        )
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def stream_entries(reply: Any) -> list[tuple[str, dict[str, str] | None]]:
+    """The entries of an XREAD/XREADGROUP reply of one stream, in any of the shapes redis-py
+    parses it into (RESP2 ``[[name, entries]]``; RESP3 ``{name: [entries]}``, or unified
+    ``{name: entries}``)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        value = next(iter(reply.values()))
+        nested = (
+            isinstance(value, list)
+            and len(value) == 1
+            and isinstance(value[0], list)
+            and (not value[0] or isinstance(value[0][0], (tuple, list)))
+        )
+        return _entry_list(value[0] if nested else value)
+    return _entry_list(reply[0][1])
+
+
+def _entry_list(entries: Any) -> list[tuple[str, dict[str, str] | None]]:
+    out: list[tuple[str, dict[str, str] | None]] = []
+    for entry in entries or []:
+        entry_id, fields = entry[0], entry[1]
+        if entry_id is None:  # deleted while pending (redis-py drops its id): nothing to tell
+            continue
+        if not fields:  # trimmed while pending: the id alone (redis-py may give {} for nil)
+            out.append((text(entry_id), None))
+            continue
+        if isinstance(fields, list):
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
+        out.append((text(entry_id), {text(k): text(v) for k, v in fields.items()}))
+    return out
+
+
+def parse_event(
+    cls: type[EventBase],
+    entry_id: str,
+    fields: dict[str, str],
+    group: str | None,
+    acker: Callable[[str], Any] | None,
+) -> EventBase:
+    """One event from a stream entry's fields (see the Lua prelude's events notes)."""
+    at_ms = int(fields.get("at", "0") or 0)
+    result = None
+    if "result" in fields:
+        try:
+            result = json.loads(fields["result"])
+        except ValueError:  # stored by ack.lua as JSON already checked; unreadable: left out
+            result = None
+    error = None
+    if "error" in fields:
+        records = parse_error_records("[" + fields["error"] + "]")
+        error = records[0] if records else None
+    task = None
+    if "task" in fields:
+        try:
+            payload, options, _, name = decode_named(fields["task"])
+            timeout = None if options.timeout_ms is None else options.timeout_ms / 1000
+            task = Task(
+                payload,
+                id=fields.get("id"),
+                priority=options.priority,
+                key=options.key,
+                timeout=timeout,
+                max_attempts=options.max_attempts,
+                task=name,
+            )
+        except PayloadError:  # the stored task cannot be read: the event still tells its id
+            task = None
+    return cls(
+        id=entry_id,
+        task_id=fields.get("id", ""),
+        kind=fields.get("kind", ""),
+        attempt=int(fields.get("attempt", "0") or 0),
+        at=datetime.fromtimestamp(at_ms / 1000, tz=timezone.utc),
+        result=result,
+        error=error,
+        task=task,
+        group=group,
+        _acker=acker,
+    )
+
+
+def reader_client(client: Any) -> Any:
+    """A client of its own for blocking reads, on ``client``'s server and settings (a pool of
+    one connection; its socket timeout outlasts a blocking read)."""
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    timeout = kwargs.get("socket_timeout")
+    if timeout is not None and timeout < BLOCK_MS / 1000 + 5:
+        kwargs["socket_timeout"] = BLOCK_MS / 1000 + 5
+    own_pool = type(pool)(connection_class=pool.connection_class, max_connections=1, **kwargs)
+    return type(client)(connection_pool=own_pool)
+
+
+def create_group(client: Any, spec: ReaderSpec) -> None:
+    """XGROUP CREATE ... MKSTREAM at ``spec.start_id`` (or the stream's end); an existing group
+    keeps where it stopped (BUSYGROUP)."""
+    import redis
+
+    try:
+        client.xgroup_create(spec.stream, spec.group, id=spec.start_id or "$", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def group_lost(exc: BaseException, spec: ReaderSpec) -> bool:
+    """Whether a group read failed because the stream or the group went away under it (the
+    stream deleted while a member blocked: "UNBLOCKED the stream key no longer exists"; the
+    group destroyed or never re-made: "NOGROUP"). The reader makes the group again, from the
+    new stream's start (``recreate_group``), and reads on: a deleted stream is not an error of
+    the follower's."""
+    import redis
+
+    if spec.group is None or not isinstance(exc, redis.ResponseError):
+        return False
+    text = str(exc)
+    return text.startswith("UNBLOCKED") or text.startswith("NOGROUP")
+
+
+def recreate_group(client: Any, spec: ReaderSpec) -> None:
+    """XGROUP CREATE ... MKSTREAM at 0 after the stream or the group went away (group_lost):
+    every entry the new stream gets is delivered."""
+    import redis
+
+    try:
+        client.xgroup_create(spec.stream, spec.group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def latest_events(client: Any, queue: Any, count: int) -> list[Event]:
+    """The newest ``count`` events of a plain queue, newest first (XREVRANGE on ``client``,
+    the blocking one): what the CLI and the dashboard show."""
+    return range_events(client.xrevrange(check_plain(queue), count=count))
+
+
+def range_events(reply: Any) -> list[Event]:
+    """The events of an XRANGE / XREVRANGE reply, in its order (entries without fields, which
+    a range never returns, are left out): for readers that track stream ids themselves (the
+    CLI, the dashboard, Spark's events source)."""
+    return [
+        parse_event(Event, entry_id, fields, None, None)  # type: ignore[misc]
+        for entry_id, fields in _entry_list(reply)
+        if fields is not None
+    ]
+
+
+def check_plain(queue: Any) -> str:
+    """The events stream of a plain queue; a sharded queue's events are refused (each shard
+    has a stream of its own, and no reader merges them yet)."""
+    if queue.shard_count != 1:
+        raise ConfigurationError(
+            "events() reads one stream: a sharded queue has one per shard (read each shard's "
+            "queue, dueq.Queue(f'{name}#{i}', ...), for now)"
+        )
+    return str(queue.keys.events)
+
+
+# -- the groups' info: Queue.event_groups --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventGroup:
+    """One consumer group of a queue's events stream (``Queue.event_groups``).
+
+    ``lag``: events in the stream not delivered to the group yet (None when the server cannot
+    tell: Redis 6.2, or entries deleted by hand). ``lost``: events trimmed (older than the
+    events retention) before the group read them, that no member has reported yet (the
+    member's next read logs a warning and counts them in ``dueq_events_lost_total``; None on
+    Redis 6.2). ``pending``: delivered to a member and not acked yet.
+    """
+
+    name: str
+    consumers: int
+    pending: int
+    last_delivered_id: str
+    lag: int | None
+    lost: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        """This group as JSON types."""
+        return {
+            "name": self.name,
+            "consumers": self.consumers,
+            "pending": self.pending,
+            "last_delivered_id": self.last_delivered_id,
+            "lag": self.lag,
+            "lost": self.lost,
+        }
+
+
+def _stream_id(value: str) -> tuple[int, int]:
+    ms_text, _, seq = value.partition("-")
+    return int(ms_text), int(seq or 0)
+
+
+def _number(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def event_group(stream_info: dict[str, Any], group: dict[str, Any]) -> EventGroup:
+    """An ``EventGroup`` from ``XINFO STREAM`` and one group of ``XINFO GROUPS`` (as redis-py
+    parses them): the same reckoning as events_read.lua, without its writes."""
+    delivered = text(group.get("last-delivered-id") or "0-0")
+    added = _number(stream_info.get("entries-added"))
+    read = _number(group.get("entries-read"))
+    if read is None and delivered == "0-0":  # a group that never read (events_read.lua)
+        read = 0
+    length = int(stream_info.get("length") or 0)
+    first = stream_info.get("first-entry")
+    newest = text(stream_info.get("last-generated-id") or "0-0")
+    oldest_kept = text(first[0]) if first else None
+    behind = (
+        _stream_id(delivered) < _stream_id(oldest_kept)
+        if oldest_kept is not None
+        else _stream_id(delivered) < _stream_id(newest)
+    )
+    if added is None:  # Redis 6.2: no counts to reckon with
+        lag, lost = (length if behind else None), None
+    elif behind:  # every entry kept is after the group's last one
+        lag, lost = length, None if read is None else max(added - length - read, 0)
+    else:
+        lag, lost = _number(group.get("lag")), 0 if read is not None else None
+    return EventGroup(
+        name=text(group.get("name") or ""),
+        consumers=int(group.get("consumers") or 0),
+        pending=int(group.get("pending") or 0),
+        last_delivered_id=delivered,
+        lag=lag,
+        lost=lost,
+    )
+
+
+def event_groups_flow(queue: Any) -> Generator[Any, Any, list[EventGroup]]:
+    """The consumer groups of a plain queue's events stream, by name ([] without a stream)."""
+    stream = check_plain(queue)
+    exists = yield protocol.command("EXISTS", stream)
+    if not exists:
+        return []
+    info, groups = yield protocol.Batch(
+        (protocol.command("XINFO STREAM", stream), protocol.command("XINFO GROUPS", stream))
+    )
+    found = [event_group(_str_keys(info), _str_keys(g)) for g in groups]
+    return sorted(found, key=lambda g: g.name)
+
+
+def _str_keys(reply: Any) -> dict[str, Any]:
+    """A redis-py XINFO dict with text keys (its keys are bytes with some settings)."""
+    return {text(k): v for k, v in dict(reply).items()}
+
+
+# -- the threaded driver: Queue.events ------------------------------------------------------
+
+
+def observe_events(
+    queue: Queue,
+    *,
+    group: str | None = None,
+    consumer: str | None = None,
+    redeliver_after: Duration = 30.0,
+    since: datetime | None = None,
+) -> Observable[Event]:
+    """The observable behind ``Queue.events``; see there."""
+    spec = reader_spec(
+        check_plain(queue),
+        group=group,
+        consumer=consumer,
+        default_consumer=queue.holder or _worker_id(),
+        redeliver_after=redeliver_after,
+        since=since,
+    )
+
+    def subscribe(
+        observer: abc.ObserverBase[Event], _scheduler: abc.SchedulerBase | None
+    ) -> abc.DisposableBase:
+        reader = _Reader(queue, spec, observer)
+        reader.prepare()  # a tail starts now, a group exists before subscribe returns
+        reader.start()
+        return Disposable(reader.stop)
+
+    return reactivex.create(subscribe)
+
+
+def _worker_id() -> str:
+    from dueq._util.identity import worker_id
+
+    return worker_id()
+
+
+class _Reader:
+    """One subscription's reader thread: drives ``events_flow`` on a client of its own and
+    hands each event to ``on_next`` with no lock held (a subscriber may dispose inside it)."""
+
+    def __init__(self, queue: Queue, spec: ReaderSpec, observer: abc.ObserverBase[Event]) -> None:
+        self._queue = queue
+        self._spec = spec
+        self._observer = observer
+        self._client = reader_client(queue.redis)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"dueq-events-{queue.name}", daemon=True
+        )
+        self._flow = events_flow(spec)
+        self._first: Step | None = None
+
+    def prepare(self) -> None:
+        """Run the flow's first call here, before subscribe returns: a tail's start point, or
+        the group's creation."""
+        step = next(self._flow)
+        reply = self._call(step)
+        self._first = self._flow.send(reply)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _ack(self, entry_id: str) -> None:
+        self._queue.redis.xack(self._spec.stream, str(self._spec.group), entry_id)
+
+    def _call(self, step: Step) -> Any:
+        _, method, args, kwargs = step
+        if method == "create_group":
+            return create_group(self._client, *args)
+        if method == "events_read":
+            return self._queue.drive(events_read_flow(self._queue, *args))
+        return getattr(self._client, method)(*args, **kwargs)
+
+    def _run(self) -> None:
+        backoff = Backoff()
+        step = self._first
+        acker = self._ack if self._spec.group is not None else None
+        try:
+            while step is not None and not self._stopped.is_set():
+                if step[0] == "emit":
+                    for entry_id, fields in step[1]:
+                        if self._stopped.is_set():
+                            return
+                        assert fields is not None  # events_flow acks trimmed ones itself
+                        event = parse_event(Event, entry_id, fields, self._spec.group, acker)
+                        try:
+                            self._observer.on_next(event)  # type: ignore[arg-type]
+                        except Exception:  # the subscriber raised: reactivex detached it
+                            logger.exception("events subscriber of %s raised", self._queue.name)
+                            self._stopped.set()
+                            return
+                    step = next(self._flow)
+                    continue
+                try:
+                    reply = self._call(step)
+                except Exception as exc:  # an outage waits and retries; anything else ends
+                    if self._stopped.is_set():  # disposed while the call ran: nothing to mend
+                        return
+                    if group_lost(exc, self._spec):
+                        logger.warning(
+                            "events of %s: %s; making the group again", self._queue.name, exc
+                        )
+                        recreate_group(self._client, self._spec)
+                        continue
+                    if not is_outage(exc):
+                        self._stopped.set()
+                        self._observer.on_error(exc)
+                        return
+                    logger.warning("events of %s: %s; retrying", self._queue.name, describe(exc))
+                    self._stopped.wait(backoff.failed())
+                    continue
+                backoff.succeeded()
+                step = self._flow.send(reply)
+        finally:  # a client over a pool of its own leaves the pool open: disconnect it too
+            self._client.close()
+            self._client.connection_pool.disconnect()

@@ -1,0 +1,636 @@
+"""Sharded queues: one logical queue over N hash tags, so a Redis Cluster spreads it.
+
+``Queue(name, client, shards=N)`` (and ``AsyncQueue``) with N > 1 is an ordinary ``Queue``
+(``type(q) is Queue``) that holds a *layout*: a ``Sharded`` object of this module, made by the
+front end with a factory that builds N ordinary queues of the same front end and settings,
+its *shards* (``make_shard(name)``; this module never names the front ends, and imports
+neither ``dueq.queue`` nor ``dueq.async_queue``). The flows of ``_flows.core`` that reach the data
+(schedule, claim, ack, extend, inspect, list, stats, settings, registry, ...) start with one
+test, ``self._sharded is not None``, and hand a sharded queue's call to the layout, which runs
+the shards' own flows, side by side where it can (``sharding.fanout``). ``q.dead`` and ``q.cron``
+are the front end's ``DeadLetters``/``Crons`` over the layout's flows (``ShardedDeadFlows``,
+``ShardedCronFlows``), chosen once in ``QueueCore.__init__``. Every shard is a plain queue with
+its own hash tag, so every Lua script still touches one slot and runs unchanged; the shards
+only differ from other queues by name. ``shards=1`` (or no ``shards``) is exactly the plain
+queue: no layout, same keys, and the flows as they were. Every queue says what it is by plain
+attributes: ``shard_count`` (1 for a plain queue), ``shard_names`` (``(name,)``) and
+``shard(task_id)`` (the queue of the shard that holds an id; a plain queue itself).
+
+
+Where the shards are and which one holds a task: ``dueq.sharding.layout`` (its ``ShardLayout``
+is this module's ``Sharded`` without the flows). How several shards are sent to at once:
+``dueq.sharding.fanout``.
+
+Consuming
+---------
+A claim visits the shards in turn, starting at the shard after the one this queue object
+started its last claim at (the first start is random, so consumers do not all begin at
+shard 0), and stops once ``limit`` tasks are leased; a claim of 0 (a full consumer) visits
+every shard, to return their lapsed leases. The next due time it reports is the earliest over
+the shards it visited (or "now" when it stopped early: there may be more). Each shard judges
+due times and leases by its own server's clock, so never-early, fencing and bounded retries
+hold per task exactly as on a plain queue. Deliveries belong to their shard's queue
+(``d.queue`` is ``emails#i``), so ack, fail, extend and release go straight to their shard;
+``ack_many`` and ``extend_many`` on the logical queue group by shard. Consumers listen to
+every shard's wake channel by sharded Pub/Sub (``dueq._consume.wake``): SSUBSCRIBE on the node that
+holds the shard, where the shard's scripts SPUBLISH, so no wake is broadcast over the cluster.
+
+Dead letters (``q.dead``): ``list`` takes each shard's newest ``offset + limit`` and merges
+them by died-at (newest first), ``count`` sums, ``replay``/``purge`` by id check every id on its
+shard before moving any (all-or-nothing, as on one queue), and all or by ``error_type`` run on
+every shard.
+
+Settings: ``configure(paused=, remember_done=)``, ``pause``, ``resume`` write every shard
+(all validated before any is written); ``settings`` reads every shard. A queue-wide ``rate``
+is split: shard i keeps ``n // N`` (+1 for the first ``n % N``) per the same window in its
+own config (``rate_shares``), and its claim script counts its own leases, so the shards
+together never lease more than n in any window, with no cross-slot step and no extra round
+trip; the price is that a shard's unused share cannot go to another (n is reached only while
+every shard has due tasks), and n must be at least N. ``settings`` and ``stats`` add the
+shares back up (``_logical_settings``). The shards change one after another (at once with the
+async front end), so a claim in that moment may find some shards paused (or with the new
+share) and others not; every claim after the call returns sees the new settings. Per-key
+limits are refused: a key's tasks lie on every shard (the id picks the shard) and a key's
+count cannot span slots; placing keyed tasks by key instead would break lookup by id.
+
+Cron: a definition lives on shard ``shard_of(name)``, so its occurrences are scheduled,
+claimed and advanced there by the shard's own cron keeper (``dueq.cron.flows``, unchanged);
+``task_shard`` sends an occurrence's id (``cron:<name>:...``) to that shard, so ``get`` and
+``cancel`` of an occurrence find it. ``q.cron.list()`` merges every shard's definitions.
+
+Views: ``list_tasks``/``iter_tasks`` list shard by shard (each page comes from one shard,
+in the state's order within it; the cursor names the shard and that shard's cursor), so
+every task is listed once but not in one global order. ``history`` sums each minute's
+counts over the shards (minutes matched by their start), ``due_histogram`` sums the buckets
+(each shard counts from its own clock's now).
+
+Spark: ``schedule_rows`` (batch writes) opens the queue with ``discovery.open_queue``, so its
+batches go through the logical queue; the data source's streaming writer stages and commits
+each micro-batch per shard, and its reader partitions each shard's sorted sets
+(``_spark_source._queue_names``: the shards, read on the driver).
+
+Failover: ``tests/test_shards_failover.py`` drains a queue of 3 shards on 3 primaries + 3
+replicas (AOF, ``wait_replicas=1``) while one primary is failed over (``CLUSTER FAILOVER``, or
+SIGKILL and election): nothing acked is delivered again, nothing is lost.
+
+Not yet
+-------
+Per-key limits (``configure(key_rate=, key_concurrency=)``) and ``q.keys`` raise
+ConfigurationError ("... not available on a sharded queue"); the other gaps (listing in one
+global order, skipping idle shards, ``wait_replicas`` on an asyncio ``RedisCluster``,
+resharding, ``check_server`` on every primary, a multi-process benchmark) are left to later
+issues.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import astuple, replace
+from datetime import datetime
+from typing import Any, TypeVar
+
+from dueq._flows.core import QueueCore
+from dueq._flows.drive import Flow
+from dueq._flows.lease import MAX_CLAIM_BATCH, ClaimBatch, raise_not_held
+from dueq._flows.schedule import SentRecords
+from dueq._util.checks import whole_number
+from dueq._util.clock import Duration
+from dueq.cron.flows import CronDefinition, CronsCore
+from dueq.cron.flows import validate_name as validate_cron_name
+from dueq.dead import MAX_OFFSET, DeadLettersCore, _distinct_ids
+from dueq.delivery import DeliveryBase
+from dueq.doctor import DoctorReport
+from dueq.exceptions import ConfigurationError, InvalidTaskError, LeaseLost
+from dueq.model import (
+    MAX_CONCURRENCY,
+    DueHistogram,
+    HistoryPoint,
+    Outcome,
+    QueueSettings,
+    QueueStats,
+    Rate,
+    ScheduleResult,
+    TaskInfo,
+    TaskPage,
+    TaskState,
+)
+from dueq.registry import WorkerInfo, merge_workers
+from dueq.sharding.fanout import together
+from dueq.sharding.layout import MAX_SHARDS, ShardLayout, shard_of, task_shard
+
+T = TypeVar("T")
+
+__all__ = ["Sharded", "ShardedCronFlows", "ShardedDeadFlows", "rate_shares", "sharded_layout"]
+
+
+def _join_cursor(index: int, inner: str | None) -> str:
+    return base64.urlsafe_b64encode(f"{index}|{inner or ''}".encode()).decode()
+
+
+def _split_cursor(cursor: object, shards: int) -> tuple[int, str | None]:
+    """(shard, that shard's cursor) of a sharded listing's cursor; InvalidTaskError if it is
+    not one such a listing returned."""
+    if cursor is None:
+        return 0, None
+    try:
+        raw = base64.urlsafe_b64decode(str(cursor).encode()).decode()
+        index_text, separator, inner = raw.partition("|")
+        index = int(index_text) if separator else -1
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        index = -1
+    if not isinstance(cursor, str) or not 0 <= index < shards:
+        raise InvalidTaskError(f"cursor {cursor!r} is not one a listing of this queue returned")
+    return index, inner or None
+
+
+def _sum_stats(parts: Sequence[QueueStats]) -> QueueStats:
+    """The stats of the logical queue: counts summed, the earliest next due, the largest lag."""
+    counters: dict[str, int] = defaultdict(int)
+    for part in parts:
+        for name, value in part.counters.items():
+            counters[name] += value
+    due_ats = [p.next_due_at for p in parts if p.next_due_at is not None]
+    return replace(
+        parts[0],
+        settings=_logical_settings([p.settings for p in parts]),
+        scheduled=sum(p.scheduled for p in parts),
+        due_now=sum(p.due_now for p in parts),
+        leased=sum(p.leased for p in parts),
+        dead=sum(p.dead for p in parts),
+        next_due_at=min(due_ats) if due_ats else None,
+        oldest_due_lag_s=max(p.oldest_due_lag_s for p in parts),
+        now=max(p.now for p in parts),
+        counters=dict(counters),
+        missing=sum(p.missing for p in parts),
+        waiting=sum(p.waiting for p in parts),
+    )
+
+
+def rate_shares(rate: Rate, shards: int) -> list[Rate]:
+    """The queue-wide ``rate`` split over ``shards``: shard i gets ``n // N`` (one more for the
+    first ``n % N``) per the same window, so the shards together never lease more than n in
+    any window (each counts its own leases, atomically in its claim script). ConfigurationError
+    when n < N: some shard would get no share and never lease."""
+    if rate.n < shards:
+        raise ConfigurationError(
+            f"a rate on a queue of {shards} shards is split over the shards (each claims on "
+            f"its own primary), so it needs at least one claim per window per shard: n must "
+            f"be at least {shards}, got {rate}"
+        )
+    base, extra = divmod(rate.n, shards)
+    return [Rate(base + (1 if i < extra else 0), rate.per) for i in range(shards)]
+
+
+def concurrency_shares(concurrency: int, shards: int) -> list[int]:
+    """The queue-wide concurrency cap split over ``shards`` like ``rate_shares``: each shard's
+    claim script counts only its own leases, so shard i caps at ``n // N`` (one more for the
+    first ``n % N``) and the shards together never hold more than n. A shard's share may sit
+    idle while another shard has more due work than its share. ConfigurationError when n < N."""
+    whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
+    if concurrency < shards:
+        raise ConfigurationError(
+            f"a concurrency cap on a queue of {shards} shards is split over the shards (each "
+            f"counts its own leases), so it must be at least {shards}, got {concurrency}"
+        )
+    base, extra = divmod(concurrency, shards)
+    return [base + (1 if i < extra else 0) for i in range(shards)]
+
+
+def _logical_settings(parts: Sequence[QueueSettings]) -> QueueSettings:
+    """The settings of the logical queue from its shards': shard 0's, with the rate and the
+    concurrency cap the shards' shares add up to (while a change is half written, shard 0's)."""
+    first_part = parts[0]
+    caps = [p.concurrency for p in parts]
+    if all(c is not None for c in caps):
+        first_part = replace(first_part, concurrency=sum(c for c in caps if c is not None))
+    rates = [p.rate for p in parts]
+    first = rates[0]
+    if first is None or any(r is None or r.per_ms != first.per_ms for r in rates):
+        return first_part
+    return replace(first_part, rate=Rate(sum(r.n for r in rates if r is not None), first.per))
+
+
+class Sharded(ShardLayout):
+    """The flows of a sharded queue's logical queue over its shards (``QueueCore``'s flows hand
+    a sharded queue's calls to these; see the module docstring). Made once per queue object by
+    ``sharded_layout``."""
+
+    def dead_flows(self, queue: QueueCore) -> DeadLettersCore:
+        """The dead-letter flows of the logical ``queue`` (for its ``q.dead``)."""
+        return ShardedDeadFlows(queue, self)
+
+    def cron_flows(self, queue: QueueCore) -> CronsCore:
+        """The cron flows of the logical ``queue`` (for its ``q.cron``)."""
+        return ShardedCronFlows(queue, self)
+
+    def schedule_records_flow(
+        self, ids: list[str], records: list[bytes], replace: bool
+    ) -> Flow[ScheduleResult]:
+        """Group the records by shard and send each group to its shard (batches as a plain
+        queue's); the shards' calls of a round go together."""
+        yield from self.check_flow()
+        groups: dict[int, list[int]] = defaultdict(list)
+        for position, task_id in enumerate(ids):
+            groups[task_shard(task_id, self.count)].append(position)
+        flows = [
+            self.queues[i].send_records_flow(
+                [ids[p] for p in positions],
+                [records[p] for p in positions],
+                replace,
+                self._fresh_ids(i),
+            )
+            for i, positions in groups.items()
+        ]
+        shards: list[SentRecords] = yield from together(flows)
+        out = list(ids)
+        sent = SentRecords(ScheduleResult(added=0, existing=0, replaced=0, ids=out))
+        for positions, shard in zip(groups.values(), shards, strict=True):
+            for p, task_id in zip(positions, shard.counts.ids, strict=True):
+                out[p] = task_id  # a generated id that was taken got a fresh one
+            sent.merge(shard)
+        return sent.result()
+
+    def cancel_flow(self, task_id: str) -> Flow[bool]:
+        yield from self.check_flow()
+        return (yield from self.shard(task_id).cancel_flow(task_id))
+
+    def reschedule_flow(
+        self, task_id: str, at: datetime | None, delay: Duration | None
+    ) -> Flow[bool]:
+        yield from self.check_flow()
+        return (yield from self.shard(task_id).reschedule_flow(task_id, at, delay))
+
+    def run_now_flow(self, task_id: str) -> Flow[bool]:
+        yield from self.check_flow()
+        return (yield from self.shard(task_id).run_now_flow(task_id))
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def claim_flow(
+        self, limit: int, lease: Duration | None, holder: str | None = None
+    ) -> Flow[ClaimBatch]:
+        """Claim from the shards in turn until ``limit`` are leased (a claim of 0 visits all)."""
+        whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
+        yield from self.check_flow()
+        with self._start_lock:
+            start = self._start
+            self._start = (start + 1) % self.count
+        deliveries: list[Any] = []
+        batches: list[ClaimBatch] = []
+        for step in range(self.count):
+            shard = self.queues[(start + step) % self.count]
+            batch: ClaimBatch = yield from shard.claim_flow(limit - len(deliveries), lease, holder)
+            batches.append(batch)
+            deliveries += batch.deliveries
+            if limit and len(deliveries) >= limit:
+                break
+        first = batches[0]
+        waits_ms = []  # from each shard's own claim and clock; anchored on the first claim
+        for b in batches:
+            upcoming = [ms for ms in (b.next_due_ms, b.next_lease_deadline_ms) if ms is not None]
+            if upcoming:
+                waits_ms.append(min(upcoming) - b.now_ms - b.now_fraction_ms)
+        if len(batches) < self.count:
+            waits_ms.append(0.0)  # stopped early: the shards not visited may have work now
+        next_due_ms = (
+            int(first.now_ms + first.now_fraction_ms + min(waits_ms)) if waits_ms else None
+        )
+        return ClaimBatch(
+            deliveries,
+            first.now_ms,
+            next_due_ms,
+            None,
+            first.now_fraction_ms,
+            all(b.paused for b in batches),
+        )
+
+    def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
+        groups: dict[str, list[DeliveryBase]] = defaultdict(list)
+        for d in deliveries:
+            groups[self.owner(d).name].append(d)
+        flows = [_refusals(self._by_name[k].ack_flow(group)) for k, group in groups.items()]
+        results = yield from together(flows)
+        _raise_combined("acked", deliveries, results)
+        return sum(
+            len(group) - len(refused) if acked is None else acked
+            for group, (acked, refused, _) in zip(groups.values(), results, strict=True)
+        )
+
+    def extend_many_flow(
+        self, deliveries: Sequence[DeliveryBase], seconds: Duration
+    ) -> Flow[datetime]:
+        groups: dict[str, list[DeliveryBase]] = defaultdict(list)
+        for d in deliveries:
+            groups[self.owner(d).name].append(d)
+        flows = [
+            _refusals(self._by_name[k].extend_many_flow(group, seconds))
+            for k, group in groups.items()
+        ]
+        results = yield from together(flows)
+        _raise_combined("extended", deliveries, results)
+        deadlines: list[datetime] = [r[0] for r in results]
+        return min(deadlines)  # every lease was held, or _raise_combined raised
+
+    def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
+        return (yield from self.owner(delivery).extend_flow(delivery, seconds))
+
+    def release_many_flow(
+        self, deliveries: Sequence[DeliveryBase], delay: Duration, hold: bool
+    ) -> Flow[list[Outcome]]:
+        """Each shard's deliveries released in one call per shard, side by side; the
+        outcomes in the order given."""
+        groups: dict[str, list[DeliveryBase]] = defaultdict(list)
+        for d in deliveries:
+            groups[self.owner(d).name].append(d)
+        flows = [
+            self._by_name[k].release_many_flow(group, delay, hold=hold)
+            for k, group in groups.items()
+        ]
+        results: list[list[Outcome]] = yield from together(flows)
+        by_delivery = {
+            id(d): outcome
+            for group, outcomes in zip(groups.values(), results, strict=True)
+            for d, outcome in zip(group, outcomes, strict=True)
+        }
+        return [by_delivery[id(d)] for d in deliveries]
+
+    def fail_flow(
+        self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
+    ) -> Flow[Outcome]:
+        return (yield from self.owner(delivery).fail_flow(delivery, error, retry_in))
+
+    def release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
+        return (yield from self.owner(delivery).release_flow(delivery, delay))
+
+    # -- inspection --------------------------------------------------------------------------
+
+    def inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
+        yield from self.check_flow()
+        groups: dict[int, list[str]] = defaultdict(list)
+        for task_id in ids:
+            groups[task_shard(task_id, self.count)].append(task_id)
+        flows = [self.queues[i].inspect_ids_flow(group) for i, group in groups.items()]
+        found = {info.id: info for part in (yield from together(flows)) for info in part}
+        return [found[i] for i in dict.fromkeys(ids) if i in found]
+
+    def stats_flow(self) -> Flow[QueueStats]:
+        yield from self.check_flow()
+        parts: list[QueueStats] = yield from together([s.stats_flow() for s in self.queues])
+        return _sum_stats(parts)
+
+    def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
+        """Each shard checked on its own keys (findings name their shard), side by side."""
+        yield from self.check_flow()
+        parts: list[DoctorReport] = yield from together(
+            [s.derived_state_flow(fix, batch) for s in self.queues]
+        )
+        return DoctorReport(
+            self.name,
+            fix,
+            [f for part in parts for f in part.findings],
+            list(dict.fromkeys(note for part in parts for note in part.notes)),
+        )
+
+    def list_flow(
+        self, state: TaskState, *, limit: int, cursor: str | None, **filters: Any
+    ) -> Flow[TaskPage]:
+        """One page of one shard's listing; the cursor names the shard and its cursor, and
+        moves to the next shard when one is done (shard by shard, see the module docstring)."""
+        index, inner = _split_cursor(cursor, self.count)
+        yield from self.check_flow()
+        page: TaskPage = yield from self.queues[index].list_flow(
+            state, limit=limit, cursor=inner, **filters
+        )
+        if page.cursor is not None:
+            after: str | None = _join_cursor(index, page.cursor)
+        else:
+            after = _join_cursor(index + 1, None) if index + 1 < self.count else None
+        return TaskPage(page.tasks, after, page.looked_at)
+
+    def history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
+        """Each minute's counts summed over the shards (minutes matched by their start)."""
+        yield from self.check_flow()
+        parts: list[list[HistoryPoint]] = yield from together(
+            [s.history_flow(minutes) for s in self.queues]
+        )
+        summed: dict[datetime, list[int]] = {}
+        for part in parts:
+            for point in part:
+                row = summed.setdefault(point.minute, [0] * 6)
+                for i, value in enumerate(astuple(point)[1:]):
+                    row[i] += value
+        latest = sorted(summed)[-minutes:]
+        return [HistoryPoint(minute, *summed[minute]) for minute in latest]
+
+    def due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
+        """Bucket counts summed over the shards (each counts from its own clock's now)."""
+        yield from self.check_flow()
+        parts: list[DueHistogram] = yield from together(
+            [s.due_histogram_flow(bucket, buckets) for s in self.queues]
+        )
+        return replace(
+            parts[0],
+            overdue=sum(p.overdue for p in parts),
+            counts=[sum(column) for column in zip(*(p.counts for p in parts), strict=True)],
+            later=sum(p.later for p in parts),
+        )
+
+    # -- settings ----------------------------------------------------------------------------
+
+    def configure_flow(
+        self,
+        *,
+        paused: Any,
+        remember_done: Any,
+        rate: Any,
+        key_rate: Any,
+        key_concurrency: Any,
+        concurrency: Any,
+        key_limits: Any,
+        keep_results: Any = None,
+        events: Any = None,
+    ) -> Flow[QueueSettings]:
+        """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
+        them (``rate_shares``); everything is validated before any shard is written. Per-key
+        limits are refused: a key's tasks lie on every shard (the id picks the shard), so no
+        one claim script could count a key's leases (see docs/sharding.md)."""
+        if key_rate not in (None, False) or key_concurrency not in (None, False):
+            raise ConfigurationError(
+                "key_rate and key_concurrency are not available on a sharded queue: a key's "
+                "tasks are spread over the shards by id, and each shard's claim script sees "
+                "only its own leases, so a per-key limit would hold per shard, N times over. "
+                "Keep keyed tasks on a plain queue (one per tenant group, for example)"
+            )
+        if key_limits:
+            raise ConfigurationError(
+                "key_limits are not available on a sharded queue, for the same reason as "
+                "key_rate and key_concurrency: a key's tasks are spread over the shards by id"
+            )
+        caps: list[Any] = [concurrency] * self.count
+        if concurrency not in (None, False, 0):
+            caps = concurrency_shares(concurrency, self.count)
+        shares: list[Any] = [rate] * self.count
+        if rate is not None and rate is not False:
+            if not isinstance(rate, Rate):
+                raise ConfigurationError(f"rate must be a dueq.Rate or False, got {rate!r}")
+            shares = rate_shares(rate, self.count)
+        yield from self.check_flow()
+        flows = [
+            s.configure_flow(
+                paused=paused,
+                remember_done=remember_done,
+                keep_results=keep_results,
+                events=events,
+                rate=share,
+                key_rate=key_rate,
+                key_concurrency=key_concurrency,
+                concurrency=cap,
+            )
+            for s, share, cap in zip(self.queues, shares, caps, strict=True)
+        ]
+        settings: list[QueueSettings] = yield from together(flows)
+        return _logical_settings(settings)
+
+    def settings_flow(self) -> Flow[QueueSettings]:
+        yield from self.check_flow()
+        settings: list[QueueSettings] = yield from together(
+            [s.settings_flow() for s in self.queues]
+        )
+        return _logical_settings(settings)
+
+    # -- worker registry ---------------------------------------------------------------------
+
+    def workers_flow(self) -> Flow[list[WorkerInfo]]:
+        """Every shard's registry merged: a worker beats into each shard, so one entry per
+        worker id, from its latest beat."""
+        yield from self.check_flow()
+        parts: list[list[WorkerInfo]] = yield from together([s.workers_flow() for s in self.queues])
+        return merge_workers(parts)
+
+    def heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
+        """The beat (or the leave) on every shard, so each shard's own view shows the worker
+        too; returns the most live workers any shard counts."""
+        yield from self.check_flow()
+        live: list[int] = yield from together(
+            [s.heartbeat_flow(entry_json, ttl_ms, leave) for s in self.queues]
+        )
+        return max(live)
+
+
+def sharded_layout(
+    name: str, shards: int, make_shard: Callable[[str], QueueCore]
+) -> Sharded | None:
+    """The layout ``Queue(name, ..., shards=)`` (or ``AsyncQueue``) holds: None for 1 shard
+    (a plain queue), else ``Sharded`` over shards ``make_shard`` builds. ConfigurationError
+    for a count that is not 1 to MAX_SHARDS, or a name with '#'."""
+    whole_number(shards, "shards", low=1, high=MAX_SHARDS)
+    if shards == 1:
+        return None
+    return Sharded(name, shards, make_shard)
+
+
+def _refusals(flow: Flow[T]) -> Flow[tuple[T | None, list[str], list[str]]]:
+    """A settling flow's result, or the leases it found not held: (result, refused, cancelled)."""
+    try:
+        result = yield from flow
+    except LeaseLost as exc:  # the others of the group were settled; report them all at the end
+        return None, exc.ids, exc.cancelled
+    return result, [], []
+
+
+def _raise_combined(done: str, deliveries: Sequence[DeliveryBase], results: list[Any]) -> None:
+    refused_ids = {i for r in results for i in r[1]}
+    cancelled = {i for r in results for i in r[2]}
+    refused = [d.id for d in deliveries if d.id in refused_ids]
+    raise_not_held(done, refused, [i for i in refused if i in cancelled])
+
+
+class ShardedDeadFlows(DeadLettersCore):
+    """The dead-letter flows of a sharded queue (its ``q.dead`` drives them): each shard's,
+    merged (see the module docstring)."""
+
+    def __init__(self, queue: QueueCore, layout: Sharded) -> None:
+        super().__init__(queue)
+        self._layout = layout
+        self._shard_dead = [DeadLettersCore(s) for s in layout.queues]
+
+    def list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
+        """Each shard's newest ``offset + limit``, merged newest first, then the page."""
+        whole_number(limit, "limit", low=0, high=MAX_OFFSET)
+        whole_number(offset, "offset", low=0, high=MAX_OFFSET)
+        if limit == 0:
+            return []
+        yield from self._layout.check_flow()
+        flows = [d.list_flow(min(offset + limit, MAX_OFFSET), 0) for d in self._shard_dead]
+        parts: list[list[TaskInfo]] = yield from together(flows)
+        merged = sorted(
+            (info for part in parts for info in part),
+            key=lambda info: info.died_at.timestamp() if info.died_at else 0.0,
+            reverse=True,
+        )
+        return merged[offset : offset + limit]
+
+    def count_flow(self) -> Flow[int]:
+        yield from self._layout.check_flow()
+        counts: list[int] = yield from together([d.count_flow() for d in self._shard_dead])
+        return sum(counts)
+
+    def move_flow(
+        self, action: str, ids: Iterable[str] | None, error_type: str | None = None
+    ) -> Flow[int]:
+        """By id: every id checked on its shard first (all-or-nothing, as on one queue), then
+        moved; all, or by error type: on every shard."""
+        yield from self._layout.check_flow()
+        shard_dead = self._shard_dead
+        if ids is None or error_type is not None:
+            if ids is not None:
+                raise InvalidTaskError("give ids or error_type, not both")
+            flows = [d.move_flow(action, None, error_type) for d in shard_dead]
+            return sum((yield from together(flows)))
+        groups: dict[int, list[str]] = defaultdict(list)
+        for task_id in _distinct_ids(ids):
+            groups[task_shard(task_id, self._layout.count)].append(task_id)
+        yield from together([shard_dead[i].check_dead_flow(g) for i, g in groups.items()])
+        moved = yield from together([shard_dead[i].move_flow(action, g) for i, g in groups.items()])
+        return sum(moved)
+
+
+def _named(method: str) -> Callable[..., Flow[Any]]:
+    """A cron flow of a sharded queue that goes to the shard of the definition's name."""
+
+    def flow(self: ShardedCronFlows, name: str, *args: Any) -> Flow[Any]:
+        name = validate_cron_name(name)
+        yield from self._layout.check_flow()
+        crons = self._shard_crons[shard_of(name, self._layout.count)]
+        return (yield from getattr(crons, method)(name, *args))
+
+    flow.__name__ = method
+    return flow
+
+
+class ShardedCronFlows(CronsCore):
+    """The cron flows of a sharded queue (its ``q.cron`` drives them): each definition on
+    the shard of its name (see the module docstring); ``list`` merges every shard's. The
+    shards' claims keep their own definitions (each shard's queue has its own keeper)."""
+
+    def __init__(self, queue: QueueCore, layout: Sharded) -> None:
+        super().__init__(queue)
+        self._layout = layout
+        self._shard_crons = [CronsCore(s) for s in layout.queues]
+
+    add_flow = _named("add_flow")
+    remove_flow = _named("remove_flow")
+    get_flow = _named("get_flow")
+    pause_flow = _named("pause_flow")
+    resume_flow = _named("resume_flow")
+    run_now_flow = _named("run_now_flow")
+    backfill_flow = _named("backfill_flow")
+
+    def list_flow(self) -> Flow[list[CronDefinition]]:
+        yield from self._layout.check_flow()
+        flows = [c.list_flow() for c in self._shard_crons]
+        parts: list[list[CronDefinition]] = yield from together(flows)
+        return sorted((d for part in parts for d in part), key=lambda d: d.name)

@@ -1,0 +1,222 @@
+"""Where a sharded queue's tasks live: the shards' names, the shard of a task, and the
+layout object (``ShardLayout``) that holds the shards' queues and checks N against Redis.
+``dueq.sharding.flows`` runs the logical queue's flows over it; ``dueq.sharding.fanout`` sends them.
+
+Shard names
+-----------
+Shard ``i`` of ``emails`` is the queue ``emails#i`` (keys ``dueq:{emails#i}:due`` ...), or
+``emails#i.k`` for the smallest ``k >= 1`` that places it (below). A sharded queue's name may
+not contain ``#``, so a shard name splits at its only ``#`` into the logical name and the
+shard: ``emails#2`` (or ``emails#2.5``) is shard 2 of ``emails`` and nothing else. A plain
+``Queue("emails#2")`` is therefore a view of that one shard (an operator may inspect it that
+way); it is not a second queue that could collide with it.
+
+Placement. Redis Cluster maps a key to slot ``CRC16(tag) mod 16384`` and gives each primary
+contiguous slot ranges (``redis-cli --cluster create`` deals them out in N equal runs, in
+order). Shard ``i`` of N therefore takes the first tag ``emails#i``, ``emails#i.1``,
+``emails#i.2`` ... whose slot lies in the i-th of N equal slot ranges,
+``[i * 16384 // N, (i + 1) * 16384 // N)`` (``shard_names``). With N a multiple of the
+number of primaries M (and the default equal slot allocation), each primary holds exactly N/M
+shards; with other N they spread as evenly as the ranges overlap the primaries'. Each try
+lands in the wanted range with probability 1/N, so a shard costs about N CRC16s (0.35 µs
+each), computed once per (name, N). For ``emails`` and N = 3 (ranges 0-5460, 5461-10921,
+10922-16383; slot = ``redis.crc.key_slot(b"{tag}")``)::
+
+    shard 0: emails#0   -> slot  1360  in 0-5460: taken
+    shard 1: emails#1   -> slot  5489  in 5461-10921: taken
+    shard 2: emails#2   -> slot  9490  not in 10922-16383
+             emails#2.1 -> slot  7855  not in 10922-16383
+             emails#2.2 -> slot 11980  taken
+
+so a 3-primary cluster made by ``redis-cli --cluster create`` holds one shard per primary
+(plain ``emails#0..2`` would have put two on the middle one);
+``test_shard_tags_land_in_their_slot_ranges`` pins the rule. The tags depend on N, which is
+one reason N cannot change on a live queue.
+
+Which shard holds a task
+------------------------
+``shard_of(id, N) = int.from_bytes(blake2b(id.encode("utf-8"), digest_size=8), "big") % N``:
+a stable hash (unlike Python's ``hash``, the same in every process, version and language that
+has BLAKE2b, e.g. a Spark executor or a JVM), uniform enough that ``mod N`` is even for
+sequential ids too. So idempotency, ``get``, ``cancel``, ``reschedule`` and ``run_now`` work
+by id on one shard (``task_shard``: cron occurrences go with their definition, below).
+Generated ids are random, so they spread evenly; a generated id that was taken is replaced
+by a fresh one of the same shard (drawn until it hashes there). ``dueq.shard_of`` is the
+public name of this function (for producers that partition work by shard themselves).
+
+N is part of the data
+---------------------
+A sharded queue records N in ``dueq:{<name>#}:shards`` (a tag no shard and no sharded queue
+can have) the first time it is used (SETNX), and every ``Queue(..., shards=N)`` object
+compares, once, before its first operation: a different N raises ConfigurationError, as
+does a sharded queue opened over a plain queue of the same name that holds tasks (its
+``dueq:{<name>}:...`` keys). A plain ``Queue(name)`` opened over a sharded queue is refused
+at its first schedule or claim (``QueueCore.plain_check_flow``: one GET of the layout key
+per queue object; the layout key's slot is not the queue's, so the scripts cannot read it);
+its read-only calls see an empty queue. Whatever opens a queue by name (the CLI, the
+Prometheus collector, the dashboard) uses ``dueq.discovery.open_queue``, which reads N from
+the layout key, and discovery lists a sharded queue once, under its logical name.
+
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import TYPE_CHECKING
+
+import redis.crc
+
+from dueq._flows.drive import Flow
+from dueq._wire import protocol as protocol
+from dueq._wire.envelope import generated_ids
+from dueq._wire.keys import QueueKeys, layout_key
+from dueq._wire.snapshot import text
+from dueq.cron.flows import OCCURRENCE_PREFIX, Occurrence
+from dueq.delivery import DeliveryBase
+from dueq.exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from dueq._flows.core import QueueCore
+
+__all__ = ["MAX_SHARDS", "ShardLayout", "shard_names", "shard_of", "task_shard"]
+
+#: Most shards one queue may have (placing N shards costs about N * N CRC16s, once).
+MAX_SHARDS = 256
+#: Redis Cluster's hash slots.
+SLOTS = 16384
+#: Most tags tried per shard before giving up on the slot range (never reached in practice:
+#: a try misses with probability 1 - 1/N).
+MAX_TAG_TRIES = 64 * MAX_SHARDS
+
+
+def shard_of(task_id: str, shards: int) -> int:
+    """The shard (0 to ``shards - 1``) that holds ``task_id`` in a queue of ``shards`` shards:
+    BLAKE2b-64 of its UTF-8, mod N (the same in every process and language; see
+    the module docstring). A cron occurrence goes with its definition instead (``task_shard``)."""
+    digest = hashlib.blake2b(task_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % shards
+
+
+def task_shard(task_id: str, shards: int) -> int:
+    """The shard that holds ``task_id``: ``shard_of(id)``, except that a cron occurrence's id
+    (``cron:<name>:<slot>`` or ``cron:<name>:now:<second>:<random>``) goes with its
+    definition, on ``shard_of(name)``: the cron keeper schedules each next occurrence on the
+    shard that claimed the last one."""
+    name = _cron_name(task_id)
+    return shard_of(task_id if name is None else name, shards)
+
+
+def _cron_name(task_id: str) -> str | None:
+    if not task_id.startswith(OCCURRENCE_PREFIX):
+        return None
+    occurrence = Occurrence.from_id(task_id)
+    return None if occurrence is None else occurrence.name
+
+
+@cache
+def shard_names(name: str, shards: int) -> tuple[str, ...]:
+    """The queue names of the shards of ``name``: shard ``i`` is ``name#i`` or ``name#i.k``
+    for the smallest k whose hash-tag slot lies in the i-th of ``shards`` equal slot ranges."""
+    names = []
+    for i in range(shards):
+        low, high = i * SLOTS // shards, (i + 1) * SLOTS // shards
+        chosen = f"{name}#{i}"
+        for k in range(MAX_TAG_TRIES):
+            tag = f"{name}#{i}" if k == 0 else f"{name}#{i}.{k}"
+            if low <= redis.crc.key_slot(f"{{{tag}}}".encode()) < high:
+                chosen = tag
+                break
+        names.append(chosen)
+    return tuple(names)
+
+
+def _not_yet(what: str) -> ConfigurationError:
+    return ConfigurationError(f"{what} is not available on a sharded queue yet")
+
+
+class ShardLayout:
+    """The layout of a sharded queue: its name, N, the shards' names and queues (of the front
+    end that made it), which shard holds a task or a delivery, and the one check of N against
+    Redis. ``dueq.sharding.flows.Sharded`` adds the flows of the logical queue over them."""
+
+    def __init__(self, name: str, count: int, make_shard: Callable[[str], QueueCore]) -> None:
+        """Check the name and make the shards, ``make_shard(shard_name)`` each: queues of the
+        front end that asks, on its client, with its settings."""
+        if "#" in name:
+            raise ConfigurationError(
+                f"a sharded queue's name cannot contain '#' (it separates the name from the "
+                f"shard in the shards' names, {name}#0 ...), got {name!r}"
+            )
+        self.name = name
+        self.count = count
+        self.names = shard_names(name, count)
+        with warnings.catch_warnings():  # the deprecated remember_done= warns once, for the queue
+            warnings.simplefilter("ignore", DeprecationWarning)
+            #: the shards' queues (of the front end that made this layout), in shard order
+            self.queues = [make_shard(n) for n in self.names]
+        self._by_name = {s.name: s for s in self.queues}
+        self._checked = False
+        self._start = random.randrange(count)  # where the next claim begins
+        self._start_lock = threading.Lock()
+
+    def no_keys(self) -> ConfigurationError:
+        """What ``q.keys`` raises: no key set names the logical queue, so a flow not written
+        for shards must not run on ``{name}`` keys, where it would silently miss every task."""
+        return _not_yet(f"a single key set for {self.name!r} (each shard has its own)")
+
+    def wake_channels(self) -> list[str]:
+        return [s.keys.wake for s in self.queues]
+
+    def shard(self, task_id: str) -> QueueCore:
+        """The shard's queue (a plain ``Queue`` or ``AsyncQueue``) that holds ``task_id``."""
+        return self.queues[task_shard(task_id, self.count)]
+
+    def owner(self, delivery: DeliveryBase) -> QueueCore:
+        """The shard a delivery settles on (by name: any queue object of that shard will do)."""
+        name = delivery.queue_name
+        owner = self._by_name.get(name)
+        if owner is None:
+            raise ConfigurationError(
+                f"delivery of task {delivery.id!r} came from queue {name!r}, not from a shard "
+                f"of {self.name!r}"
+            )
+        return owner
+
+    def check_flow(self) -> Flow[None]:
+        """Once per queue object: refuse a different N, or a plain queue of this name with
+        tasks; record N when the queue is new."""
+        if self._checked:
+            return
+        plain = QueueKeys.for_queue(self.name)
+        held: int = yield protocol.command("EXISTS", plain.tasks, plain.dead, plain.cron)
+        if held:
+            raise ConfigurationError(
+                f"queue {self.name!r} holds tasks as a plain (unsharded) queue; a sharded queue "
+                f"of that name would not see them. Drain it first, or keep shards=1"
+            )
+        key = layout_key(self.name)
+        _, recorded = yield protocol.Batch(
+            (
+                protocol.command("SETNX", key, str(self.count)),
+                protocol.command("GET", key),
+            )
+        )
+        found = None if recorded is None else text(recorded)
+        if found != str(self.count):
+            raise ConfigurationError(
+                f"queue {self.name!r} has {found} shards in Redis ({key}); it was opened with "
+                f"shards={self.count}. Changing N on a live queue would hide every task "
+                f"whose id hashes to another shard: open it with shards={found}"
+            )
+        self._checked = True
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def _fresh_ids(self, shard: int) -> Iterator[str]:
+        """Generated ids that hash to ``shard``."""
+        return (i for i in generated_ids() if task_shard(i, self.count) == shard)
