@@ -1,13 +1,14 @@
 """What the parts of a queue need of the queue that holds them, spelled as ``typing.Protocol``s.
 
-The parts (dead letters in ``dueq.dead``, cron definitions in ``dueq.cron``) are written once for
-both front ends and held by them: ``Queue.dead`` is a ``DeadLetters`` that drives its flows on the
-queue that made it. Naming ``Queue`` or ``QueueCore`` for that, even under ``TYPE_CHECKING``, makes
-each part import the front end that imports it: a circle of modules that can only be read and
-changed together. As redis-py's ``Lock`` takes any client, a part takes any object with the few
-members it uses, named here: ``QueueCore`` (so ``Queue`` and ``AsyncQueue``, and each shard of a
-sharded queue) has them all. The layers contract (pyproject.toml) keeps this module with the wire,
-below every part; tests/structure/test_import_cycles.py checks no import closes a circle.
+The parts (dead letters in ``dueq.dead``, cron definitions in ``dueq.cron``, the events readers in
+``dueq.events``) are written once for both front ends and held by them: ``Queue.dead`` is a
+``DeadLetters`` that drives its flows on the queue that made it. Naming ``Queue`` or ``QueueCore``
+for that, even under ``TYPE_CHECKING``, makes each part import the front end that imports it: a
+circle of modules that can only be read and changed together. As redis-py's ``Lock`` takes any
+client, a part takes any object with the few members it uses, named here: ``QueueCore`` (so
+``Queue`` and ``AsyncQueue``, and each shard of a sharded queue) has them all. The layers contract
+(pyproject.toml) keeps this module with the wire, below every part;
+tests/structure/test_import_cycles.py checks no import closes a circle.
 """
 
 from __future__ import annotations
