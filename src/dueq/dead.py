@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from dueq._ports import AwaitsFlows, DrivesFlows, QueueFlows
 from dueq._util.checks import whole_number
 from dueq._wire import protocol as protocol
 from dueq._wire.envelope import validate_id
+from dueq._wire.ports import AwaitsFlows, DrivesFlows, QueueFlows
 from dueq.exceptions import InvalidTaskError
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from dueq._consume.threads import Claims
 from dueq._consume.wake import Wakes
 from dueq._flows.core import QueueCore
 from dueq._flows.lease import ClaimBatch
-from dueq._ports import AwaitsFlows, DrivesFlows, QueueFlows
+from dueq._wire.ports import AwaitsFlows, DrivesFlows, QueueFlows
 from dueq.async_queue import AsyncQueue
 from dueq.dead import AwaitsDead, DrivesDead, ListsDead
 from dueq.delivery import AsyncSettlingQueue, NamedQueue, SettlingQueue

@@ -1,5 +1,5 @@
 """mypy --strict on tests/structure/ports_conform.py: ``Queue``, ``AsyncQueue``, ``QueueCore`` and
-``ClaimBatch`` fit the protocols the parts of a queue take in their place (``dueq._ports``,
+``ClaimBatch`` fit the protocols the parts of a queue take in their place (``dueq._wire.ports``,
 ``dueq.delivery.SettlingQueue``, ``dueq._consume``'s ``Claims``, ...).
 
 Slow (mypy reads dueq: seconds with the repository's cache, some 15 s without). The layers and the

@@ -39,7 +39,7 @@ from dueq.cron.expr import Window, slot_label
 from dueq.exceptions import CronError, PayloadError
 
 if TYPE_CHECKING:
-    from dueq._ports import QueueFlows
+    from dueq._wire.ports import QueueFlows
     from dueq._wire.protocol import Flow
 
 #: The cron definitions' one logger (``dueq.cron.flows``): users configure it by that name.

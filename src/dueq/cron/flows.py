@@ -94,7 +94,7 @@ from dueq.cron.expr import CronSchedule
 from dueq.exceptions import CronConflict, CronError, CronNotFound, DueqError
 
 if TYPE_CHECKING:
-    from dueq._ports import AwaitsFlows, DrivesFlows, QueueFlows
+    from dueq._wire.ports import AwaitsFlows, DrivesFlows, QueueFlows
     from dueq._wire.protocol import Flow
 
 #: What other modules import from here: its own names and those of its parts they use.

@@ -9,10 +9,10 @@ from collections.abc import AsyncGenerator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dueq._ports import AwaitsFlows
 from dueq._util.aio import cancel_pending
 from dueq._util.clock import Duration
 from dueq._util.outage import Backoff, describe, is_outage
+from dueq._wire.ports import AwaitsFlows
 from dueq.events.stream import (
     AsyncEvent,
     ReaderSpec,

@@ -36,13 +36,13 @@ import reactivex
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
-from dueq._ports import DrivesFlows
 from dueq._util.clock import Duration, positive_duration_ms
 from dueq._util.outage import Backoff, describe, is_outage
 from dueq._wire import protocol as protocol
 from dueq._wire.envelope import decode_named
 from dueq._wire.failures import parse_error_records
 from dueq._wire.keys import validate_queue_name
+from dueq._wire.ports import DrivesFlows
 from dueq.exceptions import ConfigurationError, PayloadError
 from dueq.model import ErrorRecord, Task, iso_ms
 
