@@ -123,8 +123,6 @@ class LeaseFlows(QueueBase):
     def claim_flow(
         self, limit: int, lease: Duration | None, holder: str | None = None
     ) -> Flow[ClaimBatch]:
-        if self._sharded is not None:
-            return (yield from self._sharded.claim_flow(limit, lease, holder))
         whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
         lease_ms = self.lease_ms if lease is None else _positive_ms(lease, "lease")
         if holder is not None:
@@ -206,8 +204,6 @@ class LeaseFlows(QueueBase):
         )
 
     def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
-        if self._sharded is not None:
-            return (yield from self._sharded.ack_flow(deliveries))
         if not deliveries:
             return 0
         acked, refused, cancelled = 0, [], []  # ids in the caller's order
@@ -267,10 +263,8 @@ class LeaseFlows(QueueBase):
     def fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:
-        if self._sharded is not None:
-            return (yield from self._sharded.fail_flow(delivery, error, retry_in))
         if isinstance(error, KeyCooldown):  # back later, no attempt counted, its key held
-            return (yield from self.release_flow(delivery, error.seconds, hold=True))
+            return (yield from self._core.release_flow(delivery, error.seconds, hold=True))
         exc = error if isinstance(error, BaseException) else None
         age_s = max(delivery.claimed_ms - delivery.first_claimed_ms, 0) / 1000
         delay_ms = 0
@@ -309,10 +303,8 @@ class LeaseFlows(QueueBase):
         return outcome
 
     def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
-        if self._sharded is not None:
-            return (yield from self._sharded.extend_flow(delivery, seconds))
         try:
-            return (yield from self.extend_many_flow([delivery], seconds))
+            return (yield from self._core.extend_many_flow([delivery], seconds))
         except TaskCancelled:
             raise TaskCancelled(
                 f"task {delivery.id!r} was cancelled while leased; not extended", [delivery.id]
@@ -326,8 +318,6 @@ class LeaseFlows(QueueBase):
         self, deliveries: Sequence[DeliveryBase], seconds: Duration
     ) -> Flow[datetime]:
         """One script call per LEASE_BATCH leases; each lease judged by its own token."""
-        if self._sharded is not None:
-            return (yield from self._sharded.extend_many_flow(deliveries, seconds))
         ms = _positive_ms(seconds, "lease extension")
         refused: list[str] = []
         cancelled: list[str] = []
@@ -355,8 +345,6 @@ class LeaseFlows(QueueBase):
         """Give ``deliveries`` back, due after ``delay``, one script call per LEASE_BATCH;
         with ``hold`` each one's limit key is held as long. Never raises for a lease not held:
         each delivery's outcome says what became of it (released, cancelled or lost)."""
-        if self._sharded is not None:
-            return (yield from self._sharded.release_many_flow(deliveries, delay, hold))
         delay_ms = duration_ms(delay, "delay")
         outcomes: list[Outcome] = []
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
@@ -383,8 +371,6 @@ class LeaseFlows(QueueBase):
     ) -> Flow[Outcome]:
         """Give ``delivery`` back, due after ``delay``; with ``hold`` (a KeyCooldown) its limit
         key is held as long."""
-        if self._sharded is not None:
-            return (yield from self._sharded.release_flow(delivery, delay))
         delay_ms = duration_ms(delay, "delay")
         reply: protocol.TimeReply = yield protocol.release(
             self.keys,
