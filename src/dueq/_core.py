@@ -27,7 +27,9 @@ Composition, not a ``ShardedQueue`` subclass chosen in ``Queue.__new__``: a shar
 ``type(q) is Queue`` (a user's subclass of a front end shards too), and nothing of the front
 ends (their client, their delivery type, their locks) is made twice. The cost on the plain path
 is one attribute read (``_core``) per operation, in place of the test of the queue's layout
-each flow began with.
+each flow began with (callgrind: starting a claim, cancel, get or stats flow costs as many
+instructions as before, or fewer). The server check (``check_server_flow``) stays the queue
+object's own: it reads no keys, and it marks the object checked.
 
 The one rule, for flows that use other flows (``fail_flow`` -> ``release_flow``,
 ``get_flow`` -> ``inspect_ids_flow``, ``schedule_many_flow`` -> ``schedule_records_flow``,
