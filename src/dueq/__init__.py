@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     )
     from dueq.model import (
         BatchInfo,
+        ClaimBatch,
         DueHistogram,
         ErrorRecord,
         HistoryPoint,
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
         TaskPage,
     )
     from dueq.named import AsyncTaskFunction, TaskContext, TaskFunction
-    from dueq.queue import ClaimBatch, Queue
+    from dueq.queue import Queue
     from dueq.registry import WorkerInfo
     from dueq.retry import RetryPolicy
     from dueq.sharding.layout import shard_of
@@ -111,7 +112,7 @@ _LAZY: dict[str, str] = {
     "AsyncTaskFunction": "named",
     "TaskContext": "named",
     "TaskFunction": "named",
-    "ClaimBatch": "queue",
+    "ClaimBatch": "model",
     "Queue": "queue",
     "WorkerInfo": "registry",
     "RetryPolicy": "retry",

@@ -25,7 +25,6 @@ from dueq._consume.ended import async_listener as async_ended_listener
 from dueq._consume.wake import WakeSubscription
 from dueq._flows.core import QueueCore
 from dueq._flows.drive import Flow, drive_async
-from dueq._flows.lease import ClaimBatch
 from dueq._util.checks import client_from_url
 from dueq._util.clock import Clock, Duration, duration_ms
 from dueq._wire import protocol as protocol
@@ -41,6 +40,7 @@ from dueq.events.stream import AsyncEvent, EventGroup, event_groups_flow
 from dueq.exceptions import WaitTimeout
 from dueq.model import (
     BatchInfo,
+    ClaimBatch,
     DueHistogram,
     HistoryPoint,
     KeyLimit,
@@ -184,7 +184,7 @@ class AsyncQueue(QueueCore):
     async def wake_subscription(self) -> WakeSubscription:
         """What the async consumer's wake listener subscribes to (checks the server first)."""
         await self._check_server_once()
-        return await self.drive(self.wake_subscription_flow())
+        return await self.drive(self._core.wake_subscription_flow())
 
     async def _check_server_once(self) -> None:
         """As ``Queue._check_server_once``: coroutines asking at once share one check."""
@@ -295,36 +295,36 @@ class AsyncQueue(QueueCore):
                 after_policy,
             )
         ]
-        result = await self.drive(self.schedule_many_flow(tasks, replace))
+        result = await self.drive(self._core.schedule_many_flow(tasks, replace))
         return result.ids[0]
 
     async def schedule_many(
         self, tasks: Iterable[Task], *, replace: bool = False, batch: str | None = None
     ) -> ScheduleResult:
         """As ``Queue.schedule_many``: validated first, then one round trip per batch."""
-        return await self.drive(self.schedule_many_flow(tasks, replace, batch))
+        return await self.drive(self._core.schedule_many_flow(tasks, replace, batch))
 
     async def close_batch(self, batch: str, *, on_complete: Task | None = None) -> BatchInfo:
         """As ``Queue.close_batch``."""
-        return await self.drive(self.close_batch_flow(batch, on_complete))
+        return await self.drive(self._core.close_batch_flow(batch, on_complete))
 
     async def batch(self, batch: str) -> BatchInfo | None:
         """As ``Queue.batch``."""
-        return await self.drive(self.batch_flow(batch))
+        return await self.drive(self._core.batch_flow(batch))
 
     async def batches(self, limit: int = 100) -> list[BatchInfo]:
         """As ``Queue.batches``."""
-        return await self.drive(self.batches_flow(limit))
+        return await self.drive(self._core.batches_flow(limit))
 
     async def cancel(self, task_id: str) -> bool:
         """Remove a task in any state; True if it existed. A live lease on it is revoked."""
-        return await self.drive(self.cancel_flow(task_id))
+        return await self.drive(self._core.cancel_flow(task_id))
 
     async def reschedule(
         self, task_id: str, *, at: datetime | None = None, delay: Duration | None = None
     ) -> bool:
         """Move a scheduled task to a new due time; False if it is not scheduled."""
-        return await self.drive(self.reschedule_flow(task_id, at, delay))
+        return await self.drive(self._core.reschedule_flow(task_id, at, delay))
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -341,11 +341,11 @@ class AsyncQueue(QueueCore):
         ``holder`` names who takes the leases (a worker id, shown by ``list_tasks`` and
         ``get``); by default the queue's ``holder``, else "<host>:<pid>"."""
         await self._check_server_once()
-        return await self.drive(self.claim_flow(limit, lease, holder))
+        return await self.drive(self._core.claim_flow(limit, lease, holder))
 
     async def ack_many(self, deliveries: Sequence[AsyncDelivery]) -> int:
         """Ack a batch in one round trip; LeaseLost (with ``.ids``) if some leases were lost."""
-        return await self.drive(self.ack_flow(deliveries))
+        return await self.drive(self._core.ack_flow(deliveries))
 
     async def fail(
         self,
@@ -355,27 +355,27 @@ class AsyncQueue(QueueCore):
         retry_in: Duration | None = None,
     ) -> Outcome:
         """Record a failed delivery; retried after the backoff (or ``retry_in``), or dead."""
-        return await self.drive(self.fail_flow(delivery, error, retry_in))
+        return await self.drive(self._core.fail_flow(delivery, error, retry_in))
 
     async def extend_many(self, deliveries: Sequence[AsyncDelivery], seconds: Duration) -> datetime:
         """Extend many held leases to ``seconds`` from now in one round trip per 1,000;
         returns the new deadline. LeaseLost (with ``.ids``) names the leases that were not
         held; the others are still extended."""
-        return await self.drive(self.extend_many_flow(deliveries, seconds))
+        return await self.drive(self._core.extend_many_flow(deliveries, seconds))
 
     async def extend(self, delivery: AsyncDelivery, seconds: Duration) -> datetime:
         """Extend a held lease to ``seconds`` from now; LeaseLost if it is not held."""
-        return await self.drive(self.extend_flow(delivery, seconds))
+        return await self.drive(self._core.extend_flow(delivery, seconds))
 
     async def release(self, delivery: AsyncDelivery, *, delay: Duration = 0) -> Outcome:
         """Give a leased task back, due after ``delay``; the delivery does not count."""
-        return await self.drive(self.release_flow(delivery, delay))
+        return await self.drive(self._core.release_flow(delivery, delay))
 
     async def release_many(
         self, deliveries: Sequence[AsyncDelivery], *, delay: Duration = 0, hold: bool = False
     ) -> list[Outcome]:
         """As ``Queue.release_many``."""
-        return await self.drive(self.release_many_flow(deliveries, delay, hold=hold))
+        return await self.drive(self._core.release_many_flow(deliveries, delay, hold=hold))
 
     def deliveries(
         self,
@@ -446,7 +446,7 @@ class AsyncQueue(QueueCore):
     ) -> QueueSettings:
         """As ``Queue.configure``."""
         return await self.drive(
-            self.configure_flow(
+            self._core.configure_flow(
                 paused=paused,
                 remember_done=remember_done,
                 keep_results=keep_results,
@@ -471,19 +471,19 @@ class AsyncQueue(QueueCore):
 
     async def settings(self) -> QueueSettings:
         """The queue's settings as stored in Redis."""
-        return await self.drive(self.settings_flow())
+        return await self.drive(self._core.settings_flow())
 
     # -- inspection --------------------------------------------------------------------------
 
     async def get(self, task_id: str) -> TaskInfo | None:
         """A snapshot of one task, or None if there is no such task."""
-        return await self.drive(self.get_flow(task_id))
+        return await self.drive(self._core.get_flow(task_id))
 
     async def get_many(self, task_ids: Iterable[str]) -> list[TaskInfo]:
         """Snapshots of the tasks with these ids that exist, in the order given (a repeated id
         once, a missing one left out): one round trip per 1,000 ids, each page one consistent
         snapshot. ``InvalidTaskError`` for an id that is not valid, before anything is read."""
-        return await self.drive(self.get_many_flow(task_ids))
+        return await self.drive(self._core.get_many_flow(task_ids))
 
     async def wait(self, task_id: str, timeout: Duration = 10.0) -> TaskInfo:
         """As ``Queue.wait``: the task once it has ended; ``WaitTimeout`` if not in time."""
@@ -491,10 +491,10 @@ class AsyncQueue(QueueCore):
         deadline = time.monotonic() + duration_ms(timeout, "timeout") / 1000
         shared = async_ended_listener(self.redis)  # one subscription per client and loop
         async with shared.looking():
-            ended = await self.drive(self.wait_check_flow(task_id))  # (ended: no waiting)
+            ended = await self.drive(self._core.wait_check_flow(task_id))  # (ended: no waiting)
         if ended is not None:
             return ended
-        subscription = await self.drive(self.ended_subscription_flow(task_id))
+        subscription = await self.drive(self._core.ended_subscription_flow(task_id))
         waiter = await shared.add(subscription, task_id)
         try:
             while True:  # woken by its task's end or a (re)confirmed subscription: look again
@@ -502,7 +502,7 @@ class AsyncQueue(QueueCore):
                 waiter.woken.clear()
                 shared.waiters.raise_error()
                 async with shared.looking():
-                    info = await self.drive(self.wait_check_flow(task_id))
+                    info = await self.drive(self._core.wait_check_flow(task_id))
                 if info is not None:
                     return info
                 if _left_s(deadline) <= 0:
@@ -512,11 +512,11 @@ class AsyncQueue(QueueCore):
 
     async def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
-        return await self.drive(self.stats_flow())
+        return await self.drive(self._core.stats_flow())
 
     async def doctor(self, fix: bool = False, *, batch: int = 1000) -> DoctorReport:
         """As ``Queue.doctor``."""
-        return await self.drive(self.doctor_flow(fix, batch))
+        return await self.drive(self._core.doctor_flow(fix, batch))
 
     async def list_tasks(
         self,
@@ -532,7 +532,7 @@ class AsyncQueue(QueueCore):
     ) -> TaskPage:
         """As ``Queue.list_tasks``."""
         return await self.drive(
-            self.list_flow(
+            self._core.list_flow(
                 state,
                 limit=limit,
                 cursor=cursor,
@@ -559,25 +559,25 @@ class AsyncQueue(QueueCore):
 
     async def run_now(self, task_id: str) -> bool:
         """As ``Queue.run_now``."""
-        return await self.drive(self.run_now_flow(task_id))
+        return await self.drive(self._core.run_now_flow(task_id))
 
     async def history(self, minutes: int = 60) -> list[HistoryPoint]:
         """As ``Queue.history``."""
-        return await self.drive(self.history_flow(minutes))
+        return await self.drive(self._core.history_flow(minutes))
 
     async def due_histogram(self, bucket: Duration = 60.0, buckets: int = 30) -> DueHistogram:
         """As ``Queue.due_histogram``."""
-        return await self.drive(self.due_histogram_flow(bucket, buckets))
+        return await self.drive(self._core.due_histogram_flow(bucket, buckets))
 
     async def workers(self) -> list[WorkerInfo]:
         """As ``Queue.workers``."""
-        return await self.drive(self.workers_flow())
+        return await self.drive(self._core.workers_flow())
 
     async def send_heartbeat(self, entry_json: str, ttl_ms: int) -> int:
-        return await self.drive(self.heartbeat_flow(entry_json, ttl_ms, leave=False))
+        return await self.drive(self._core.heartbeat_flow(entry_json, ttl_ms, leave=False))
 
     async def leave_registry(self) -> None:
-        await self.drive(self.heartbeat_flow("{}", 0, leave=True))
+        await self.drive(self._core.heartbeat_flow("{}", 0, leave=True))
 
 
 def _left_s(deadline: float) -> float:

@@ -487,3 +487,46 @@ class Outcome:
 def settled_outcome(task_id: str, kind: OutcomeKind, attempt: int) -> Outcome:
     """``Outcome(task_id, kind, attempt)``: the outcome a worker emits per ack."""
     return Outcome(task_id, kind, attempt)
+
+
+class ClaimBatch:
+    """One claim call's result: the deliveries and when the next work is due.
+
+    ``now_ms`` is the queue clock when the claim ran, ``now_fraction_ms`` the part of a
+    millisecond past it (0 for an injected clock): together they let a consumer sleep until
+    ``next_due_ms`` to within the round trip.
+    """
+
+    __slots__ = (
+        "deliveries",
+        "next_due_ms",
+        "next_lease_deadline_ms",
+        "now_fraction_ms",
+        "now_ms",
+        "paused",
+    )
+
+    def __init__(
+        self,
+        deliveries: list[Any],
+        now_ms: int,
+        next_due_ms: int | None,
+        next_lease_deadline_ms: int | None,
+        now_fraction_ms: float = 0.0,
+        paused: bool = False,
+    ) -> None:
+        self.deliveries = deliveries
+        self.paused = paused
+        self.now_ms = now_ms
+        self.now_fraction_ms = now_fraction_ms
+        self.next_due_ms = next_due_ms
+        self.next_lease_deadline_ms = next_lease_deadline_ms
+
+    def sleep_ms(self, heartbeat_ms: float) -> float:
+        """How long a consumer may sleep after this claim: until the next due time or lease
+        deadline it reported (to within the round trip), at most ``heartbeat_ms``."""
+        upcoming = [ms for ms in (self.next_due_ms, self.next_lease_deadline_ms) if ms is not None]
+        if not upcoming:
+            return heartbeat_ms
+        until_ms = min(upcoming) - self.now_ms - self.now_fraction_ms
+        return max(0.0, min(until_ms, heartbeat_ms))

@@ -24,7 +24,7 @@ from dueq._consume.threads import observe_queue
 from dueq._consume.wake import WakeSubscription
 from dueq._flows.core import QueueCore
 from dueq._flows.drive import Flow, drive
-from dueq._flows.lease import MAX_CLAIM_BATCH, ClaimBatch
+from dueq._flows.lease import MAX_CLAIM_BATCH
 from dueq._flows.schedule import SCHEDULE_BATCH
 from dueq._util.checks import client_from_url
 from dueq._util.clock import Clock, Duration, duration_ms
@@ -40,6 +40,7 @@ from dueq.events.stream import Event, EventGroup, event_groups_flow, observe_eve
 from dueq.exceptions import WaitTimeout
 from dueq.model import (
     BatchInfo,
+    ClaimBatch,
     DueHistogram,
     HistoryPoint,
     KeyLimit,
@@ -213,7 +214,7 @@ class Queue(QueueCore):
     def wake_subscription(self) -> WakeSubscription:
         """What ``dueq._consume.wake.WakeListener`` subscribes to (checks the server first)."""
         self._check_server_once()
-        return self.drive(self.wake_subscription_flow())
+        return self.drive(self._core.wake_subscription_flow())
 
     def _check_server_once(self) -> None:
         """``check_server`` unless done: threads asking at once (a worker's wake and claim
@@ -350,7 +351,7 @@ class Queue(QueueCore):
         it is added (an id that existed is not counted twice; see ``close_batch``). Tasks of a
         batch that has completed are not written: ``BatchCompleted`` names them.
         """
-        return self.drive(self.schedule_many_flow(tasks, replace, batch))
+        return self.drive(self._core.schedule_many_flow(tasks, replace, batch))
 
     def close_batch(self, batch: str, *, on_complete: Task | None = None) -> BatchInfo:
         """Close ``batch``: once every member has ended (acked, dead, cancelled or expired),
@@ -358,32 +359,32 @@ class Queue(QueueCore):
         its id defaults to ``"batch:<batch>"``). Members scheduled after this still count
         until the batch completes. Closing a closed batch changes nothing (the first
         completion task stays). Returns the batch's counts."""
-        return self.drive(self.close_batch_flow(batch, on_complete))
+        return self.drive(self._core.close_batch_flow(batch, on_complete))
 
     def batch(self, batch: str) -> BatchInfo | None:
         """A batch's counts (``BatchInfo``), or None when there is none (never used, or its
         record trimmed a week after it completed)."""
-        return self.drive(self.batch_flow(batch))
+        return self.drive(self._core.batch_flow(batch))
 
     def batches(self, limit: int = 100) -> list[BatchInfo]:
         """Up to ``limit`` batches: open ones first, then newest first."""
-        return self.drive(self.batches_flow(limit))
+        return self.drive(self._core.batches_flow(limit))
 
     def schedule_records(
         self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
     ) -> ScheduleResult:
         """Send records packed elsewhere (the Spark writer packs them on executors)."""
-        return self.drive(self.schedule_records_flow(ids, records, replace, fresh_ids))
+        return self.drive(self._core.schedule_records_flow(ids, records, replace, fresh_ids))
 
     def cancel(self, task_id: str) -> bool:
         """Remove a task in any state; True if it existed. A live lease on it is revoked."""
-        return self.drive(self.cancel_flow(task_id))
+        return self.drive(self._core.cancel_flow(task_id))
 
     def reschedule(
         self, task_id: str, *, at: datetime | None = None, delay: Duration | None = None
     ) -> bool:
         """Move a scheduled task to a new due time; False if it is not scheduled."""
-        return self.drive(self.reschedule_flow(task_id, at, delay))
+        return self.drive(self._core.reschedule_flow(task_id, at, delay))
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -402,14 +403,14 @@ class Queue(QueueCore):
         ``holder`` names who takes the leases (a worker id, shown by ``list_tasks`` and
         ``get``); by default the queue's ``holder``, else "<host>:<pid>"."""
         self._check_server_once()
-        return self.drive(self.claim_flow(limit, lease, holder))
+        return self.drive(self._core.claim_flow(limit, lease, holder))
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> int:
         """Ack a batch in one round trip; returns how many were acked.
 
         Raises LeaseLost (with ``.ids``) if some leases were lost; the others are still acked.
         """
-        return self.drive(self.ack_flow(deliveries))
+        return self.drive(self._core.ack_flow(deliveries))
 
     def fail(
         self, delivery: Delivery, error: BaseException | str, *, retry_in: Duration | None = None
@@ -418,21 +419,21 @@ class Queue(QueueCore):
 
         ``Unrecoverable`` errors, and failures of the last allowed attempt, go to dead.
         """
-        return self.drive(self.fail_flow(delivery, error, retry_in))
+        return self.drive(self._core.fail_flow(delivery, error, retry_in))
 
     def extend_many(self, deliveries: Sequence[Delivery], seconds: Duration) -> datetime:
         """Extend many held leases to ``seconds`` from now in one round trip per 1,000;
         returns the new deadline. Raises LeaseLost (with ``.ids``) naming the leases that were
         not held; the others are still extended."""
-        return self.drive(self.extend_many_flow(deliveries, seconds))
+        return self.drive(self._core.extend_many_flow(deliveries, seconds))
 
     def extend(self, delivery: Delivery, seconds: Duration) -> datetime:
         """Extend a held lease to ``seconds`` from now; raises LeaseLost if it is not held."""
-        return self.drive(self.extend_flow(delivery, seconds))
+        return self.drive(self._core.extend_flow(delivery, seconds))
 
     def release(self, delivery: Delivery, *, delay: Duration = 0) -> Outcome:
         """Give a leased task back, due after ``delay``; the delivery does not count."""
-        return self.drive(self.release_flow(delivery, delay))
+        return self.drive(self._core.release_flow(delivery, delay))
 
     def release_many(
         self, deliveries: Sequence[Delivery], *, delay: Duration = 0, hold: bool = False
@@ -442,7 +443,7 @@ class Queue(QueueCore):
         KeyCooldown holds it). Each outcome says what became of its delivery: ``released``,
         ``cancelled`` (its task was cancelled while leased) or ``lost``; nothing is raised
         for a lease not held."""
-        return self.drive(self.release_many_flow(deliveries, delay, hold=hold))
+        return self.drive(self._core.release_many_flow(deliveries, delay, hold=hold))
 
     def observe(
         self,
@@ -534,7 +535,7 @@ class Queue(QueueCore):
         stops writing them). Consumers are woken, so a change applies at once.
         """
         return self.drive(
-            self.configure_flow(
+            self._core.configure_flow(
                 paused=paused,
                 remember_done=remember_done,
                 keep_results=keep_results,
@@ -559,19 +560,19 @@ class Queue(QueueCore):
 
     def settings(self) -> QueueSettings:
         """The queue's settings as stored in Redis."""
-        return self.drive(self.settings_flow())
+        return self.drive(self._core.settings_flow())
 
     # -- inspection --------------------------------------------------------------------------
 
     def get(self, task_id: str) -> TaskInfo | None:
         """A snapshot of one task, or None if there is no such task."""
-        return self.drive(self.get_flow(task_id))
+        return self.drive(self._core.get_flow(task_id))
 
     def get_many(self, task_ids: Iterable[str]) -> list[TaskInfo]:
         """Snapshots of the tasks with these ids that exist, in the order given (a repeated id
         once, a missing one left out): one round trip per 1,000 ids, each page one consistent
         snapshot. ``InvalidTaskError`` for an id that is not valid, before anything is read."""
-        return self.drive(self.get_many_flow(task_ids))
+        return self.drive(self._core.get_many_flow(task_ids))
 
     def wait(self, task_id: str, timeout: Duration = 10.0) -> TaskInfo:
         """Block until the task has ended (``done``, ``dead`` or ``cancelled``) and return it;
@@ -586,17 +587,17 @@ class Queue(QueueCore):
         deadline = time.monotonic() + duration_ms(timeout, "timeout") / 1000
         shared = ended_listener(self.redis)  # one subscription for every wait on the client
         with shared.looking():
-            ended = self.drive(self.wait_check_flow(task_id))  # (ended already: no waiting)
+            ended = self.drive(self._core.wait_check_flow(task_id))  # (ended already: no waiting)
         if ended is not None:
             return ended
-        waiter = shared.add(self.drive(self.ended_subscription_flow(task_id)), task_id)
+        waiter = shared.add(self.drive(self._core.ended_subscription_flow(task_id)), task_id)
         try:
             while True:  # woken by its task's end or a (re)confirmed subscription: look again
                 waiter.woken.wait(_left_s(deadline))
                 waiter.woken.clear()
                 shared.waiters.raise_error()
                 with shared.looking():
-                    info = self.drive(self.wait_check_flow(task_id))
+                    info = self.drive(self._core.wait_check_flow(task_id))
                 if info is not None:
                     return info
                 if _left_s(deadline) <= 0:
@@ -606,7 +607,7 @@ class Queue(QueueCore):
 
     def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""
-        return self.drive(self.stats_flow())
+        return self.drive(self._core.stats_flow())
 
     def doctor(self, fix: bool = False, *, batch: int = 1000) -> DoctorReport:
         """Check the queue's derived state against its tasks; with ``fix=True`` repair it.
@@ -621,7 +622,7 @@ class Queue(QueueCore):
         each atomic for its batch, so a large queue is never blocked for long. Returns a
         ``DoctorReport`` with one ``DoctorFinding`` per problem and ``health``, the queue's
         health as the dashboard judges it (``docs/doctor.md``)."""
-        return self.drive(self.doctor_flow(fix, batch))
+        return self.drive(self._core.doctor_flow(fix, batch))
 
     def list_tasks(
         self,
@@ -649,7 +650,7 @@ class Queue(QueueCore):
         listing is done.
         """
         return self.drive(
-            self.list_flow(
+            self._core.list_flow(
                 state,
                 limit=limit,
                 cursor=cursor,
@@ -678,31 +679,31 @@ class Queue(QueueCore):
         """Make a task due now: a scheduled one (parked ones too) moves to now, a dead one is
         replayed (attempts and errors reset). False for a leased task (it is running: cancel it,
         or wait) and for an unknown id."""
-        return self.drive(self.run_now_flow(task_id))
+        return self.drive(self._core.run_now_flow(task_id))
 
     def history(self, minutes: int = 60) -> list[HistoryPoint]:
         """What happened in each of the last ``minutes`` (1 to 1,440; the current minute last):
         tasks scheduled, claimed, acked, retried, dead and expired, as the queue's scripts
         counted them. Redis keeps 24 hours."""
-        return self.drive(self.history_flow(minutes))
+        return self.drive(self._core.history_flow(minutes))
 
     def due_histogram(self, bucket: Duration = 60.0, buckets: int = 30) -> DueHistogram:
         """How many scheduled tasks fall due in each of ``buckets`` buckets of ``bucket``
         (seconds or a timedelta) from now, every priority counted (one ZCOUNT per bucket and
         priority in use)."""
-        return self.drive(self.due_histogram_flow(bucket, buckets))
+        return self.drive(self._core.due_histogram_flow(bucket, buckets))
 
     def workers(self) -> list[WorkerInfo]:
         """The live consumer processes serving this queue (``Worker``, ``AsyncWorker``, ``dueq
         worker``), sorted by worker id, as their last heartbeats described them; a process
         that died is gone within a few heartbeats (see ``dueq.registry``)."""
-        return self.drive(self.workers_flow())
+        return self.drive(self._core.workers_flow())
 
     def send_heartbeat(self, entry_json: str, ttl_ms: int) -> int:
-        return self.drive(self.heartbeat_flow(entry_json, ttl_ms, leave=False))
+        return self.drive(self._core.heartbeat_flow(entry_json, ttl_ms, leave=False))
 
     def leave_registry(self) -> None:
-        self.drive(self.heartbeat_flow("{}", 0, leave=True))
+        self.drive(self._core.heartbeat_flow("{}", 0, leave=True))
 
 
 def _left_s(deadline: float) -> float:

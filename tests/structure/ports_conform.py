@@ -15,13 +15,13 @@ from dueq._consume.rules import ClaimedBatch
 from dueq._consume.threads import Claims
 from dueq._consume.wake import Wakes
 from dueq._flows.core import QueueCore
-from dueq._flows.lease import ClaimBatch
 from dueq._wire.ports import AwaitsFlows, DrivesFlows, QueueFlows
 from dueq.async_queue import AsyncQueue
 from dueq.dead import AwaitsDead, DrivesDead, ListsDead
 from dueq.delivery import AsyncSettlingQueue, NamedQueue, SettlingQueue
 from dueq.events.aio import AwaitsEvents
 from dueq.events.stream import ReadsEvents
+from dueq.model import ClaimBatch
 from dueq.queue import Queue
 from dueq.registry import AwaitsBeats, Beats
 

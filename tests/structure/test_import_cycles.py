@@ -27,27 +27,6 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src"
 ROOT = "dueq"
 
-# Cycles that are known and owned by another change, each the sorted tuple of its modules. Empty is
-# the goal; an entry here is a debt with a name, removed by the change that pays it. The one left:
-# dueq._flows.base names dueq.sharding.flows' Sharded (type only) for its `sharded` argument, and
-# the sharded flows build on the queue's flows. The sharding rewrite (a ShardedCore chosen once)
-# removes that edge; pyproject.toml's import-linter contracts ignore the same one import.
-KNOWN_CYCLES: frozenset[tuple[str, ...]] = frozenset(
-    {
-        (
-            "dueq._flows.base",
-            "dueq._flows.core",
-            "dueq._flows.lease",
-            "dueq._flows.registry",
-            "dueq._flows.schedule",
-            "dueq._flows.settings",
-            "dueq._flows.view",
-            "dueq.sharding.flows",
-            "dueq.sharding.layout",
-        )
-    }
-)
-
 
 def modules(src: Path = SRC) -> dict[str, Path]:
     """Every module of the dueq package, by dotted name (a package is its ``__init__``)."""
@@ -176,16 +155,10 @@ def test_no_module_imports_itself() -> None:
 
 def test_no_import_cycle_counting_type_checking_and_function_imports() -> None:
     graph = import_graph()
-    found = [c for c in cycles(graph) if tuple(c) not in KNOWN_CYCLES]
+    found = cycles(graph)
     assert not found, "import cycles (every import counted):\n" + "\n".join(
         _describe(c, graph) for c in found
     )
-
-
-def test_known_cycles_are_still_there() -> None:
-    # An entry of KNOWN_CYCLES that no longer exists is a debt paid: remove it so it cannot hide a
-    # new one.
-    assert {tuple(c) for c in cycles(import_graph())} >= KNOWN_CYCLES
 
 
 def test_the_scan_sees_each_kind_of_import(tmp_path: Path) -> None:

@@ -22,15 +22,13 @@ from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from dueq._wire.keys import QueueKeys, layout_key
 from dueq._wire.server_check import hello_version, log_eviction_policy, pairs, server_version_ok
 from dueq._wire.snapshot import text
-from dueq.cron.flows import CronsCore
-from dueq.dead import DeadLettersCore
 from dueq.delivery import DeliveryBase
 from dueq.exceptions import ConfigurationError
 from dueq.named import TaskFunction
 from dueq.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from dueq.sharding.flows import Sharded
+    from dueq._flows.ports import Core, MakesCore
 
 logger = logging.getLogger("dueq.queue")
 
@@ -45,8 +43,9 @@ class QueueBase:
     ``_registry_flows``); ``Queue`` and ``AsyncQueue`` add the client, and send what they yield.
 
     ``sharded`` is the layout of a sharded queue (``dueq.sharding.flows.Sharded``, made by the front
-    end), or None for a plain queue; the flows that reach the data hand a sharded queue's
-    calls to it, and a plain queue runs them as they are.
+    end), or None for a plain queue. It chooses the queue's *core* once, here (``_core``, see
+    ``dueq._flows.core``): the queue itself, or the ``ShardedCore`` over that layout. The front ends
+    run every operation on it, and a flow reaches another through it.
     """
 
     #: The delivery class of the front end (blocking or awaitable methods); a claim makes one
@@ -67,11 +66,10 @@ class QueueBase:
         wait_replicas: int = 0,
         wait_timeout: Duration = 1.0,
         holder: str | None = None,
-        sharded: Sharded | None = None,
+        sharded: MakesCore | None = None,
     ) -> None:
         keys = QueueKeys.for_queue(name)  # checks the name, sharded or not
-        self._sharded = sharded
-        if sharded is None:
+        if sharded is None:  # a sharded queue has no keys of its own (see ``keys``)
             self.keys = keys
         #: how many shards the queue has (1: a plain queue), and their queues' names
         self.shard_count = 1 if sharded is None else sharded.count
@@ -115,8 +113,10 @@ class QueueBase:
         self._server_version: tuple[int, ...] | None = None
         # no sharded queue has '#' in its name (a shard's has): nothing to refuse then
         self._plain_checked = "#" in name
+        #: what every operation runs on, chosen once: this queue, or its ShardedCore
+        self._core: Core = self._choose_core(sharded)
         # what q.dead and q.cron drive, and the cron keeper of this queue's claims
-        self._dead_flows, self._cron_flows = self._part_flows()
+        self._dead_flows, self._cron_flows = self._core.part_flows()
         self._task_functions: dict[str, TaskFunction[Any, Any]] = {}
         #: the named tasks registered on this queue (``@q.task``): name -> TaskFunction
         self.tasks: Mapping[str, TaskFunction[Any, Any]] = MappingProxyType(self._task_functions)
@@ -127,11 +127,14 @@ class QueueBase:
     @cached_property
     def keys(self) -> QueueKeys:
         """The queue's Redis keys (``dueq._wire.keys.QueueKeys``). A plain queue sets them in
-        ``__init__``; a sharded queue has none of its own (each shard has its own): asking
-        raises ConfigurationError."""
-        if self._sharded is not None:
-            raise self._sharded.no_keys()
-        return QueueKeys.for_queue(self.name)
+        ``__init__`` (over this attribute), so only a sharded queue gets here: it has none of
+        its own (each shard has its own), and asking raises ConfigurationError. No key set
+        names the logical queue, so a flow not written for shards must not run on ``{name}``
+        keys, where it would silently miss every task."""
+        raise ConfigurationError(
+            f"a single key set for {self.name!r} (each shard has its own) is not available "
+            "on a sharded queue yet"
+        )
 
     def register_task(self, task_function: TaskFunction[Any, Any]) -> None:
         """Add a named task to ``tasks``; ConfigurationError if its name is another
@@ -145,17 +148,15 @@ class QueueBase:
             )
         self._task_functions[name] = task_function
 
-    def _part_flows(self) -> tuple[DeadLettersCore, CronsCore]:
-        """The dead-letter and cron flows of this queue (``QueueCore``: they take the whole
-        queue, flows and all)."""
+    def _choose_core(self, sharded: MakesCore | None) -> Core:
+        """This queue's core, chosen once (``QueueCore._choose_core``: the plain core is the
+        whole queue, flows and all, which this base is not)."""
         raise NotImplementedError
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _wake_channels(self) -> list[str]:
-        """The Pub/Sub channels whose messages wake this queue's consumers."""
-        if self._sharded is not None:
-            return self._sharded.wake_channels()
+    def wake_channels(self) -> list[str]:
+        """The Pub/Sub channels whose messages wake this (plain) queue's consumers."""
         return [self.keys.wake]
 
     def wake_subscription_flow(self) -> Flow[WakeSubscription]:
@@ -165,7 +166,7 @@ class QueueBase:
         if not self._server_checked:
             yield from self.check_server_flow()
         return WakeSubscription(
-            tuple(self._wake_channels()), sharded=sharded_pubsub(self._server_version)
+            tuple(self._core.wake_channels()), sharded=sharded_pubsub(self._server_version)
         )
 
     def now_arg(self) -> str:

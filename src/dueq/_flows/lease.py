@@ -20,7 +20,7 @@ from dueq._wire.failures import error_record, token_holder
 from dueq.delivery import DeliveryBase, mark_all_acked
 from dueq.exceptions import KeyCooldown, LeaseLost, PayloadError, TaskCancelled, Unrecoverable
 from dueq.logs import task_fields
-from dueq.model import Outcome, OutcomeKind
+from dueq.model import ClaimBatch, Outcome, OutcomeKind
 
 logger = logging.getLogger("dueq.queue")
 
@@ -59,49 +59,6 @@ _FAIL_KINDS: dict[protocol.Status, OutcomeKind] = {
 }
 
 
-class ClaimBatch:
-    """One claim call's result: the deliveries and when the next work is due.
-
-    ``now_ms`` is the queue clock when the claim ran, ``now_fraction_ms`` the part of a
-    millisecond past it (0 for an injected clock): together they let a consumer sleep until
-    ``next_due_ms`` to within the round trip.
-    """
-
-    __slots__ = (
-        "deliveries",
-        "next_due_ms",
-        "next_lease_deadline_ms",
-        "now_fraction_ms",
-        "now_ms",
-        "paused",
-    )
-
-    def __init__(
-        self,
-        deliveries: list[Any],
-        now_ms: int,
-        next_due_ms: int | None,
-        next_lease_deadline_ms: int | None,
-        now_fraction_ms: float = 0.0,
-        paused: bool = False,
-    ) -> None:
-        self.deliveries = deliveries
-        self.paused = paused
-        self.now_ms = now_ms
-        self.now_fraction_ms = now_fraction_ms
-        self.next_due_ms = next_due_ms
-        self.next_lease_deadline_ms = next_lease_deadline_ms
-
-    def sleep_ms(self, heartbeat_ms: float) -> float:
-        """How long a consumer may sleep after this claim: until the next due time or lease
-        deadline it reported (to within the round trip), at most ``heartbeat_ms``."""
-        upcoming = [ms for ms in (self.next_due_ms, self.next_lease_deadline_ms) if ms is not None]
-        if not upcoming:
-            return heartbeat_ms
-        until_ms = min(upcoming) - self.now_ms - self.now_fraction_ms
-        return max(0.0, min(until_ms, heartbeat_ms))
-
-
 class LeaseFlows(QueueBase):
     """The flows of consuming: claim, then ack, fail, extend or release each lease."""
 
@@ -124,8 +81,6 @@ class LeaseFlows(QueueBase):
     def claim_flow(
         self, limit: int, lease: Duration | None, holder: str | None = None
     ) -> Flow[ClaimBatch]:
-        if self._sharded is not None:
-            return (yield from self._sharded.claim_flow(limit, lease, holder))
         whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
         lease_ms = self.lease_ms if lease is None else _positive_ms(lease, "lease")
         if holder is not None:
@@ -207,8 +162,6 @@ class LeaseFlows(QueueBase):
         )
 
     def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
-        if self._sharded is not None:
-            return (yield from self._sharded.ack_flow(deliveries))
         if not deliveries:
             return 0
         acked, refused, cancelled = 0, [], []  # ids in the caller's order
@@ -268,10 +221,8 @@ class LeaseFlows(QueueBase):
     def fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:
-        if self._sharded is not None:
-            return (yield from self._sharded.fail_flow(delivery, error, retry_in))
         if isinstance(error, KeyCooldown):  # back later, no attempt counted, its key held
-            return (yield from self.release_flow(delivery, error.seconds, hold=True))
+            return (yield from self._core.release_flow(delivery, error.seconds, hold=True))
         exc = error if isinstance(error, BaseException) else None
         age_s = max(delivery.claimed_ms - delivery.first_claimed_ms, 0) / 1000
         delay_ms = 0
@@ -310,10 +261,8 @@ class LeaseFlows(QueueBase):
         return outcome
 
     def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
-        if self._sharded is not None:
-            return (yield from self._sharded.extend_flow(delivery, seconds))
         try:
-            return (yield from self.extend_many_flow([delivery], seconds))
+            return (yield from self._core.extend_many_flow([delivery], seconds))
         except TaskCancelled:
             raise TaskCancelled(
                 f"task {delivery.id!r} was cancelled while leased; not extended", [delivery.id]
@@ -327,8 +276,6 @@ class LeaseFlows(QueueBase):
         self, deliveries: Sequence[DeliveryBase], seconds: Duration
     ) -> Flow[datetime]:
         """One script call per LEASE_BATCH leases; each lease judged by its own token."""
-        if self._sharded is not None:
-            return (yield from self._sharded.extend_many_flow(deliveries, seconds))
         ms = _positive_ms(seconds, "lease extension")
         refused: list[str] = []
         cancelled: list[str] = []
@@ -356,8 +303,6 @@ class LeaseFlows(QueueBase):
         """Give ``deliveries`` back, due after ``delay``, one script call per LEASE_BATCH;
         with ``hold`` each one's limit key is held as long. Never raises for a lease not held:
         each delivery's outcome says what became of it (released, cancelled or lost)."""
-        if self._sharded is not None:
-            return (yield from self._sharded.release_many_flow(deliveries, delay, hold))
         delay_ms = duration_ms(delay, "delay")
         outcomes: list[Outcome] = []
         for start in range(0, len(deliveries), protocol.LEASE_BATCH):
@@ -384,8 +329,6 @@ class LeaseFlows(QueueBase):
     ) -> Flow[Outcome]:
         """Give ``delivery`` back, due after ``delay``; with ``hold`` (a KeyCooldown) its limit
         key is held as long."""
-        if self._sharded is not None:
-            return (yield from self._sharded.release_flow(delivery, delay))
         delay_ms = duration_ms(delay, "delay")
         reply: protocol.TimeReply = yield protocol.release(
             self.keys,

@@ -20,8 +20,6 @@ class RegistryFlows(QueueBase):
     """The worker registry's flows."""
 
     def workers_flow(self) -> Flow[list[WorkerInfo]]:
-        if self._sharded is not None:
-            return (yield from self._sharded.workers_flow())
         try:
             server_ms, expiries, entries = yield protocol.workers_read(self.keys)
         except redis.ResponseError as exc:
@@ -35,8 +33,6 @@ class RegistryFlows(QueueBase):
         return parse_workers(now_ms, expiries, entries)
 
     def heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
-        if self._sharded is not None:
-            return (yield from self._sharded.heartbeat_flow(entry_json, ttl_ms, leave))
         live: int = yield protocol.heartbeat(
             self.keys, self.now_arg(), worker_id(), entry_json, ttl_ms=ttl_ms, leave=leave
         )

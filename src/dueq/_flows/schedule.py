@@ -28,7 +28,6 @@ from dueq._wire.envelope import (
 from dueq.exceptions import (
     BatchCompleted,
     BatchCompletionTaken,
-    ConfigurationError,
     DependencyCycle,
     DueqError,
     InvalidTaskError,
@@ -169,7 +168,7 @@ class ScheduleFlows(QueueBase):
         records: list[bytes] = []
         fresh_ids = generated_ids()
         if batch is not None:
-            batch = self._batch_id(batch)
+            batch = self._core.batch_id(batch)
         try:
             iterator = iter(tasks)
         except TypeError:
@@ -180,14 +179,9 @@ class ScheduleFlows(QueueBase):
             if not isinstance(task, Task):
                 raise InvalidTaskError(f"task {position} is a {type(task).__name__}, not dueq.Task")
             task_id = next(fresh_ids) if task.id is None else validate_id(task.id)
-            if task.after and task.id is None and self._sharded is not None:
-                raise InvalidTaskError(
-                    f"task {position}: on a sharded queue a task with after= needs an id "
-                    "(its parents must be in its shard)"
-                )
             records.append(self._encode_task(position, task, task_id, trace, batch))
             ids.append(task_id)
-        return (yield from self.schedule_records_flow(ids, records, replace, fresh_ids))
+        return (yield from self._core.schedule_records_flow(ids, records, replace, fresh_ids))
 
     def _encode_task(
         self, position: int, task: Task, task_id: str, trace: bytes, batch: str | None
@@ -228,13 +222,14 @@ class ScheduleFlows(QueueBase):
     def _task_extras(self, task: Task, task_id: str, batch: str | None) -> tuple[int, bytes]:
         """The flags and bytes that name a task's batch and parents (``record_extras``)."""
         if task.batch is not None:
-            batch = self._batch_id(task.batch)
+            batch = self._core.batch_id(task.batch)
         if batch is None and not task.after:
             return 0, b""
         return record_extras(batch, self._parents(task, task_id), task.after_policy == "run")
 
     def _parents(self, task: Task, task_id: str) -> list[str]:
-        """A task's checked parents: ids, at most MAX_PARENTS, in its own shard."""
+        """A task's checked parents: ids, at most MAX_PARENTS, in its own shard (the core's
+        ``check_parents``)."""
         after = task.after
         if isinstance(after, str) or not isinstance(after, (list, tuple)):
             raise InvalidTaskError(f"after must be a list of task ids, got {after!r}")
@@ -245,24 +240,17 @@ class ScheduleFlows(QueueBase):
         if len(after) > MAX_PARENTS:
             raise InvalidTaskError(f"a task waits for at most {MAX_PARENTS} parents")
         parents = list(dict.fromkeys(validate_id(p) for p in after))
-        sharded = self._sharded
-        if sharded is not None:
-            home = sharded.shard(task_id)
-            strangers = [p for p in parents if sharded.shard(p) is not home]
-            if strangers:
-                raise InvalidTaskError(
-                    f"parents {strangers[:3]!r} are on another shard than {task_id!r}: on a "
-                    "sharded queue a task's parents must share its shard"
-                )
+        if parents:
+            self._core.check_parents(task_id, parents, task.id is None)
         return parents
 
-    def _batch_id(self, batch: object) -> str:
-        """A usable batch id (the rules of task ids); batches need an unsharded queue."""
-        if self._sharded is not None:
-            raise ConfigurationError(
-                "batches need an unsharded queue: a sharded queue's members would be counted "
-                "on several shards"
-            )
+    def check_parents(self, task_id: str, parents: list[str], generated: bool) -> None:
+        """As the core of its tasks: a plain queue holds every parent, so any will do
+        (``generated``: ``task_id`` was drawn, not given)."""
+
+    def batch_id(self, batch: object) -> str:
+        """A usable batch id (the rules of task ids), as the core of a plain queue (a
+        sharded queue has no batches: ``ShardedCore.batch_id`` raises)."""
         try:
             return validate_id(batch)
         except InvalidTaskError as exc:
@@ -288,8 +276,6 @@ class ScheduleFlows(QueueBase):
         """Send packed records in batches; generated ids that were taken are drawn again.
         Raises BatchCompleted or DependencyCycle, after every batch was sent, for the records
         the script refused."""
-        if self._sharded is not None:
-            return (yield from self._sharded.schedule_records_flow(ids, records, replace))
         sent = yield from self.send_records_flow(ids, records, replace, fresh_ids)
         return sent.result()
 
@@ -323,16 +309,12 @@ class ScheduleFlows(QueueBase):
         return sent
 
     def cancel_flow(self, task_id: str) -> Flow[bool]:
-        if self._sharded is not None:
-            return (yield from self._sharded.cancel_flow(task_id))
         existed: bool = yield protocol.cancel(self.keys, self.now_arg(), validate_id(task_id))
         return existed
 
     def reschedule_flow(
         self, task_id: str, at: datetime | None, delay: Duration | None
     ) -> Flow[bool]:
-        if self._sharded is not None:
-            return (yield from self._sharded.reschedule_flow(task_id, at, delay))
         if at is None and delay is None:
             raise InvalidTaskError("reschedule needs at= or delay=")
         flags, due_ms = self._due(at, delay)
@@ -348,7 +330,7 @@ class ScheduleFlows(QueueBase):
     def close_batch_flow(self, batch: str, on_complete: Task | None) -> Flow[BatchInfo]:
         """Close ``batch``; its completion task ``on_complete`` is scheduled once every member
         has ended (now, when they all have). A batch closed before keeps its first one."""
-        batch = self._batch_id(batch)
+        batch = self._core.batch_id(batch)
         record = b""
         if on_complete is not None:
             if not isinstance(on_complete, Task):

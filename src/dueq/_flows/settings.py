@@ -46,20 +46,6 @@ class SettingsFlows(QueueBase):
         events: Duration | Literal[False] | None = None,
     ) -> Flow[QueueSettings]:
         """Validate every change before writing any; None leaves a setting as it is."""
-        if self._sharded is not None:
-            return (
-                yield from self._sharded.configure_flow(
-                    paused=paused,
-                    remember_done=remember_done,
-                    keep_results=keep_results,
-                    rate=rate,
-                    key_rate=key_rate,
-                    key_concurrency=key_concurrency,
-                    concurrency=concurrency,
-                    key_limits=key_limits,
-                    events=events,
-                )
-            )
         changes: list[tuple[str, str]] = []
         if concurrency is not None and concurrency is not False and concurrency != 0:
             whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
@@ -102,8 +88,6 @@ class SettingsFlows(QueueBase):
         return settings
 
     def settings_flow(self) -> Flow[QueueSettings]:
-        if self._sharded is not None:
-            return (yield from self._sharded.settings_flow())
         settings: QueueSettings = yield protocol.command(
             "HGETALL", self.keys.config, parse=settings_from_hash
         )

@@ -76,7 +76,7 @@ class ViewFlows(RegistryFlows):
     registry's flows, whose live workers doctor's health verdict counts."""
 
     def get_flow(self, task_id: str) -> Flow[TaskInfo | None]:
-        found = yield from self.inspect_ids_flow([validate_id(task_id)])
+        found = yield from self._core.inspect_ids_flow([validate_id(task_id)])
         return found[0] if found else None
 
     def get_many_flow(self, task_ids: Iterable[str]) -> Flow[list[TaskInfo]]:
@@ -85,7 +85,7 @@ class ViewFlows(RegistryFlows):
         ids = list(dict.fromkeys(validate_id(task_id) for task_id in task_ids))
         found: list[TaskInfo] = []
         for start in range(0, len(ids), MAX_PAGE):  # one snapshot per page of MAX_PAGE ids
-            found += yield from self.inspect_ids_flow(ids[start : start + MAX_PAGE])
+            found += yield from self._core.inspect_ids_flow(ids[start : start + MAX_PAGE])
         return found
 
     def ended_subscription_flow(self, task_id: str) -> Flow[WakeSubscription]:
@@ -93,7 +93,7 @@ class ViewFlows(RegistryFlows):
         ``task_id``, by SSUBSCRIBE where the scripts SPUBLISH (as ``dueq._consume.wake``)."""
         if not self._server_checked:
             yield from self.check_server_flow()
-        keys = self.keys if self._sharded is None else self._sharded.shard(task_id).keys
+        keys = self._core.shard_queue(task_id).keys
         return WakeSubscription((keys.ended,), sharded=sharded_pubsub(self._server_version))
 
     def wait_check_flow(self, task_id: str) -> Flow[TaskInfo | None]:
@@ -102,7 +102,7 @@ class ViewFlows(RegistryFlows):
         acked or cancelled without keep_results, or kept past the retention, or purged);
         ConfigurationError when it is live but the queue keeps no results (its end would
         leave nothing to read)."""
-        info = yield from self.get_flow(task_id)
+        info = yield from self._core.get_flow(task_id)
         if info is None:
             raise TaskNotFound(
                 f"no task {task_id!r} to wait for: never scheduled, or it ended and the queue "
@@ -111,7 +111,7 @@ class ViewFlows(RegistryFlows):
             )
         if info.state in FINAL_STATES:
             return info
-        keys = self.keys if self._sharded is None else self._sharded.shard(task_id).keys
+        keys = self._core.shard_queue(task_id).keys
         settings: QueueSettings = yield protocol.command(
             "HGETALL", keys.config, parse=settings_from_hash
         )
@@ -123,8 +123,6 @@ class ViewFlows(RegistryFlows):
         return None
 
     def inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
-        if self._sharded is not None:
-            return (yield from self._sharded.inspect_ids_flow(ids))
         found: list[TaskInfo] = yield protocol.inspect_ids(self.keys, self.now_arg(), ids)
         return found
 
@@ -140,19 +138,6 @@ class ViewFlows(RegistryFlows):
         after: datetime | None = None,
         before: datetime | None = None,
     ) -> Flow[TaskPage]:
-        if self._sharded is not None:
-            return (
-                yield from self._sharded.list_flow(
-                    state,
-                    limit=limit,
-                    cursor=cursor,
-                    id_prefix=id_prefix,
-                    grep=grep,
-                    error_type=error_type,
-                    after=after,
-                    before=before,
-                )
-            )
         if state not in _STATES:
             raise InvalidTaskError(f"state must be one of {', '.join(_STATES)}, got {state!r}")
         whole_number(limit, "limit", low=1, high=MAX_PAGE)
@@ -181,8 +166,6 @@ class ViewFlows(RegistryFlows):
     def run_now_flow(self, task_id: str) -> Flow[bool]:
         """A scheduled task (parked ones too) becomes due now; a dead one is replayed (attempts
         and errors reset, due now); a leased one is left alone (it is running): False."""
-        if self._sharded is not None:
-            return (yield from self._sharded.run_now_flow(task_id))
         task_id = validate_id(task_id)
         moved: protocol.TimeReply = yield protocol.reschedule(
             self.keys, self.now_arg(), task_id, absolute=False, due_ms=0
@@ -195,8 +178,6 @@ class ViewFlows(RegistryFlows):
         return replayed.status is protocol.Status.OK
 
     def history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
-        if self._sharded is not None:
-            return (yield from self._sharded.history_flow(minutes))
         whole_number(minutes, "minutes", low=1, high=HISTORY_MINUTES)
         reply: protocol.HistoryReply = yield protocol.history(
             self.keys, self.now_arg(), minutes=minutes, bucket_ms=1, buckets=0
@@ -208,8 +189,6 @@ class ViewFlows(RegistryFlows):
         ]
 
     def due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
-        if self._sharded is not None:
-            return (yield from self._sharded.due_histogram_flow(bucket, buckets))
         bucket_ms = _positive_ms(bucket, "bucket")
         whole_number(buckets, "buckets", low=1, high=MAX_BUCKETS)
         reply: protocol.HistoryReply = yield protocol.history(
@@ -224,14 +203,12 @@ class ViewFlows(RegistryFlows):
         )
 
     def stats_flow(self) -> Flow[QueueStats]:
-        if self._sharded is not None:
-            return (yield from self._sharded.stats_flow())
         stats: QueueStats = yield protocol.stats(self.keys, self.now_arg())
         return stats
 
     def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """The derived-state checks, then the queue's health verdict (``health_flow``)."""
-        report = yield from self.derived_state_flow(fix, batch)
+        report = yield from self._core.derived_state_flow(fix, batch)
         health = yield from self.health_flow()
         return dataclasses.replace(report, health=health)
 
@@ -242,17 +219,15 @@ class ViewFlows(RegistryFlows):
         from dueq.health import HealthRules, judge_health  # (its dataclasses: made when used)
 
         rules = HealthRules()
-        stats = yield from self.stats_flow()
-        workers = yield from self.workers_flow()
-        history = yield from self.history_flow(rules.history_minutes)
+        stats = yield from self._core.stats_flow()
+        workers = yield from self._core.workers_flow()
+        history = yield from self._core.history_flow(rules.history_minutes)
         serving = sum(self.name in w.queues for w in workers)  # the dashboard's count
         return judge_health(stats, live_workers=serving, history=history, rules=rules)
 
     def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Every doctor.lua phase, batch by batch (each call atomic for its batch); one finding
         per what and subject (a key can be looked at twice while the queue runs on)."""
-        if self._sharded is not None:
-            return (yield from self._sharded.derived_state_flow(fix, batch))
         if not isinstance(fix, bool):
             raise ConfigurationError(f"fix must be True or False, got {fix!r}")
         whole_number(batch, "batch", low=1, high=MAX_DOCTOR_BATCH)
@@ -285,15 +260,11 @@ class ViewFlows(RegistryFlows):
 
     def batch_flow(self, batch: str) -> Flow[BatchInfo | None]:
         """A batch's counts, or None when there is no such batch (never used, or trimmed)."""
-        if self._sharded is not None:
-            return None  # batches need an unsharded queue (schedule refuses them)
         info: BatchInfo | None = yield protocol.batch_read(self.keys, validate_id(batch))
         return info
 
     def batches_flow(self, limit: int) -> Flow[list[BatchInfo]]:
         """Up to ``limit`` batches (open ones first, then by creation, newest first)."""
-        if self._sharded is not None:
-            return []
         found: list[BatchInfo] = []
         cursor = 0
         while True:

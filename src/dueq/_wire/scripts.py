@@ -1,4 +1,5 @@
-"""The Lua scripts, loaded from ``dueq/_wire/lua`` and run with EVALSHA (NOSCRIPT falls back to EVAL).
+"""The Lua scripts, loaded from ``dueq/_wire/lua`` and run with EVALSHA (NOSCRIPT falls back
+to EVAL).
 
 Includes: a script names the helpers it uses with header lines ``-- @include <name>``, each
 one file ``lua/include/<name>.lua`` of one concept (the clock, meta values, settings, key

@@ -4,21 +4,24 @@
 (``type(q) is Queue``) that holds a *layout*: a ``Sharded`` object of this module, made by the
 front end with a factory that builds N ordinary queues of the same front end and settings,
 its *shards* (``make_shard(name)``; this module never names the front ends, and imports
-neither ``dueq.queue`` nor ``dueq.async_queue``). The flows of ``_flows.core`` that reach the data
-(schedule, claim, ack, extend, inspect, list, stats, settings, registry, ...) start with one
-test, ``self._sharded is not None``, and hand a sharded queue's call to the layout, which runs
-the shards' own flows, side by side where it can (``sharding.fanout``). ``q.dead`` and ``q.cron``
-are the front end's ``DeadLetters``/``Crons`` over the layout's flows (``ShardedDeadFlows``,
-``ShardedCronFlows``), chosen once in ``QueueCore.__init__``. Every shard is a plain queue with
-its own hash tag, so every Lua script still touches one slot and runs unchanged; the shards
-only differ from other queues by name. ``shards=1`` (or no ``shards``) is exactly the plain
-queue: no layout, same keys, and the flows as they were. Every queue says what it is by plain
-attributes: ``shard_count`` (1 for a plain queue), ``shard_names`` (``(name,)``) and
-``shard(task_id)`` (the queue of the shard that holds an id; a plain queue itself).
+neither ``dueq.queue`` nor ``dueq.async_queue``). The layout makes the queue's *core* once, when
+the queue is made: a ``ShardedCore`` (``dueq._flows.core`` says why a core, and the rule for flows
+that use other flows), whose flows that reach the data (schedule, claim, ack, extend,
+inspect, list, stats, settings, registry, ...) run the shards' own flows, side by side where
+they can (``dueq.sharding.fanout``); a plain queue is its own core, so no flow asks which it
+is. ``q.dead`` and ``q.cron`` are the front end's ``DeadLetters``/``Crons`` over the sharded
+core's ``ShardedDeadFlows`` and ``ShardedCronFlows``, chosen with it. Every shard is a
+plain queue with its own hash tag, so every Lua script still touches one slot and runs
+unchanged; the shards only differ from other queues by name. ``shards=1`` (or no ``shards``)
+is exactly the plain queue: no layout, same keys, and the flows as they were. Every queue
+says what it is by plain attributes: ``shard_count`` (1 for a plain queue), ``shard_names``
+(``(name,)``) and ``shard(task_id)`` (the queue of the shard that holds an id; a plain queue
+itself).
 
 
 Where the shards are and which one holds a task: ``dueq.sharding.layout`` (its ``ShardLayout``
-is this module's ``Sharded`` without the flows). How several shards are sent to at once:
+is this module's ``Sharded`` without the core: ``ShardedCore`` holds the logical queue and
+its layout, and the flows of the logical queue over them). How several shards are sent to at once:
 ``dueq.sharding.fanout``.
 
 Consuming
@@ -86,15 +89,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import random
+import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import astuple, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
+from dueq._consume.wake import WakeSubscription
 from dueq._flows.core import QueueCore
 from dueq._flows.drive import Flow
-from dueq._flows.lease import MAX_CLAIM_BATCH, ClaimBatch, raise_not_held
+from dueq._flows.lease import MAX_CLAIM_BATCH, raise_not_held
 from dueq._flows.schedule import SentRecords
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration
@@ -106,6 +112,8 @@ from dueq.doctor import DoctorReport
 from dueq.exceptions import ConfigurationError, InvalidTaskError, LeaseLost
 from dueq.model import (
     MAX_CONCURRENCY,
+    BatchInfo,
+    ClaimBatch,
     DueHistogram,
     HistoryPoint,
     Outcome,
@@ -113,6 +121,7 @@ from dueq.model import (
     QueueStats,
     Rate,
     ScheduleResult,
+    Task,
     TaskInfo,
     TaskPage,
     TaskState,
@@ -123,7 +132,14 @@ from dueq.sharding.layout import MAX_SHARDS, ShardLayout, shard_of, task_shard
 
 T = TypeVar("T")
 
-__all__ = ["Sharded", "ShardedCronFlows", "ShardedDeadFlows", "rate_shares", "sharded_layout"]
+__all__ = [
+    "Sharded",
+    "ShardedCore",
+    "ShardedCronFlows",
+    "ShardedDeadFlows",
+    "rate_shares",
+    "sharded_layout",
+]
 
 
 def _join_cursor(index: int, inner: str | None) -> str:
@@ -214,33 +230,104 @@ def _logical_settings(parts: Sequence[QueueSettings]) -> QueueSettings:
 
 
 class Sharded(ShardLayout):
-    """The flows of a sharded queue's logical queue over its shards (``QueueCore``'s flows hand
-    a sharded queue's calls to these; see the module docstring). Made once per queue object by
-    ``sharded_layout``."""
+    """The layout a front end makes for a sharded queue (``sharded_layout``), which makes the
+    queue's core once (``QueueCore._choose_core``)."""
 
-    def dead_flows(self, queue: QueueCore) -> DeadLettersCore:
-        """The dead-letter flows of the logical ``queue`` (for its ``q.dead``)."""
-        return ShardedDeadFlows(queue, self)
+    def core(self, queue: QueueCore) -> ShardedCore:
+        """The core of the logical ``queue`` over this layout."""
+        return ShardedCore(queue, self)
 
-    def cron_flows(self, queue: QueueCore) -> CronsCore:
-        """The cron flows of the logical ``queue`` (for its ``q.cron``)."""
-        return ShardedCronFlows(queue, self)
+
+class ShardedCore:
+    """The core of a sharded queue (``dueq._flows.core.Core``): every operation of the logical
+    ``queue`` over the shards of ``layout`` (see the module docstring). The flows that reach
+    the data run the shards' own (plain) flows, side by side where they can; the flows that
+    only put others together are the queue's (``QueueCore``), which reach their parts
+    through ``queue._core``, this object. Made once per queue object."""
+
+    def __init__(self, queue: QueueCore, layout: ShardLayout) -> None:
+        #: the logical queue (its settings, its encoding, its flows that put others together)
+        self.queue = queue
+        self.layout = layout
+        self._start = random.randrange(layout.count)  # where the next claim begins
+        self._start_lock = threading.Lock()
+
+    # -- placement ---------------------------------------------------------------------------
+
+    def shard_queue(self, task_id: str) -> QueueCore:
+        return self.layout.shard(task_id)
+
+    def wake_channels(self) -> list[str]:
+        return self.layout.wake_channels()
+
+    def part_flows(self) -> tuple[DeadLettersCore, CronsCore]:
+        """The dead-letter and cron flows of the logical queue (its ``q.dead``, ``q.cron``)."""
+        return ShardedDeadFlows(self.queue, self.layout), ShardedCronFlows(self.queue, self.layout)
+
+    def batch_id(self, batch: object) -> str:
+        raise _no_batches()
+
+    def check_parents(self, task_id: str, parents: list[str], generated: bool) -> None:
+        """A task's parents must share its shard (the script that records the edges runs on
+        one shard), so a task with parents needs an id of its own (``generated``: drawn)."""
+        if generated:
+            raise InvalidTaskError(
+                "on a sharded queue a task with after= needs an id (its parents must be in "
+                "its shard)"
+            )
+        home = self.layout.shard(task_id)
+        strangers = [p for p in parents if self.layout.shard(p) is not home]
+        if strangers:
+            raise InvalidTaskError(
+                f"parents {strangers[:3]!r} are on another shard than {task_id!r}: on a "
+                "sharded queue a task's parents must share its shard"
+            )
+
+    # -- the queue's flows that put others together (they reach their parts through
+    # ``queue._core``, this object, so none runs on the logical queue's keys)
+
+    def schedule_many_flow(
+        self, tasks: Iterable[Task], replace: bool, batch: str | None = None
+    ) -> Flow[ScheduleResult]:
+        return self.queue.schedule_many_flow(tasks, replace, batch)
+
+    def wake_subscription_flow(self) -> Flow[WakeSubscription]:
+        return self.queue.wake_subscription_flow()
+
+    def get_flow(self, task_id: str) -> Flow[TaskInfo | None]:
+        return self.queue.get_flow(task_id)
+
+    def get_many_flow(self, task_ids: Iterable[str]) -> Flow[list[TaskInfo]]:
+        return self.queue.get_many_flow(task_ids)
+
+    def ended_subscription_flow(self, task_id: str) -> Flow[WakeSubscription]:
+        return self.queue.ended_subscription_flow(task_id)
+
+    def wait_check_flow(self, task_id: str) -> Flow[TaskInfo | None]:
+        return self.queue.wait_check_flow(task_id)
+
+    def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
+        return self.queue.doctor_flow(fix, batch)
+
+    # -- scheduling --------------------------------------------------------------------------
 
     def schedule_records_flow(
-        self, ids: list[str], records: list[bytes], replace: bool
+        self, ids: list[str], records: list[bytes], replace: bool, fresh_ids: Iterator[str]
     ) -> Flow[ScheduleResult]:
         """Group the records by shard and send each group to its shard (batches as a plain
-        queue's); the shards' calls of a round go together."""
-        yield from self.check_flow()
+        queue's); the shards' calls of a round go together. A generated id that was taken is
+        drawn again from the ids of its shard (not from ``fresh_ids``)."""
+        layout = self.layout
+        yield from layout.check_flow()
         groups: dict[int, list[int]] = defaultdict(list)
         for position, task_id in enumerate(ids):
-            groups[task_shard(task_id, self.count)].append(position)
+            groups[task_shard(task_id, layout.count)].append(position)
         flows = [
-            self.queues[i].send_records_flow(
+            layout.queues[i].send_records_flow(
                 [ids[p] for p in positions],
                 [records[p] for p in positions],
                 replace,
-                self._fresh_ids(i),
+                layout.fresh_ids(i),
             )
             for i, positions in groups.items()
         ]
@@ -253,19 +340,32 @@ class Sharded(ShardLayout):
             sent.merge(shard)
         return sent.result()
 
+    def close_batch_flow(self, batch: str, on_complete: Task | None) -> Flow[BatchInfo]:
+        yield from ()  # (a flow: it raises when driven, as a plain queue's refuses a bad id)
+        raise _no_batches()
+
+    def batch_flow(self, batch: str) -> Flow[BatchInfo | None]:
+        """None: batches need an unsharded queue (schedule refuses them)."""
+        yield from ()
+        return None
+
+    def batches_flow(self, limit: int) -> Flow[list[BatchInfo]]:
+        yield from ()
+        return []
+
     def cancel_flow(self, task_id: str) -> Flow[bool]:
-        yield from self.check_flow()
-        return (yield from self.shard(task_id).cancel_flow(task_id))
+        yield from self.layout.check_flow()
+        return (yield from self.layout.shard(task_id).cancel_flow(task_id))
 
     def reschedule_flow(
         self, task_id: str, at: datetime | None, delay: Duration | None
     ) -> Flow[bool]:
-        yield from self.check_flow()
-        return (yield from self.shard(task_id).reschedule_flow(task_id, at, delay))
+        yield from self.layout.check_flow()
+        return (yield from self.layout.shard(task_id).reschedule_flow(task_id, at, delay))
 
     def run_now_flow(self, task_id: str) -> Flow[bool]:
-        yield from self.check_flow()
-        return (yield from self.shard(task_id).run_now_flow(task_id))
+        yield from self.layout.check_flow()
+        return (yield from self.layout.shard(task_id).run_now_flow(task_id))
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -274,14 +374,14 @@ class Sharded(ShardLayout):
     ) -> Flow[ClaimBatch]:
         """Claim from the shards in turn until ``limit`` are leased (a claim of 0 visits all)."""
         whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
-        yield from self.check_flow()
+        yield from self.layout.check_flow()
         with self._start_lock:
             start = self._start
-            self._start = (start + 1) % self.count
+            self._start = (start + 1) % self.layout.count
         deliveries: list[Any] = []
         batches: list[ClaimBatch] = []
-        for step in range(self.count):
-            shard = self.queues[(start + step) % self.count]
+        for step in range(self.layout.count):
+            shard = self.layout.queues[(start + step) % self.layout.count]
             batch: ClaimBatch = yield from shard.claim_flow(limit - len(deliveries), lease, holder)
             batches.append(batch)
             deliveries += batch.deliveries
@@ -293,7 +393,7 @@ class Sharded(ShardLayout):
             upcoming = [ms for ms in (b.next_due_ms, b.next_lease_deadline_ms) if ms is not None]
             if upcoming:
                 waits_ms.append(min(upcoming) - b.now_ms - b.now_fraction_ms)
-        if len(batches) < self.count:
+        if len(batches) < self.layout.count:
             waits_ms.append(0.0)  # stopped early: the shards not visited may have work now
         next_due_ms = (
             int(first.now_ms + first.now_fraction_ms + min(waits_ms)) if waits_ms else None
@@ -308,10 +408,10 @@ class Sharded(ShardLayout):
         )
 
     def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
-        groups: dict[str, list[DeliveryBase]] = defaultdict(list)
+        groups: dict[QueueCore, list[DeliveryBase]] = defaultdict(list)
         for d in deliveries:
-            groups[self.owner(d).name].append(d)
-        flows = [_refusals(self._by_name[k].ack_flow(group)) for k, group in groups.items()]
+            groups[self.layout.owner(d)].append(d)
+        flows = [_refusals(shard.ack_flow(group)) for shard, group in groups.items()]
         results = yield from together(flows)
         _raise_combined("acked", deliveries, results)
         return sum(
@@ -322,33 +422,27 @@ class Sharded(ShardLayout):
     def extend_many_flow(
         self, deliveries: Sequence[DeliveryBase], seconds: Duration
     ) -> Flow[datetime]:
-        groups: dict[str, list[DeliveryBase]] = defaultdict(list)
+        groups: dict[QueueCore, list[DeliveryBase]] = defaultdict(list)
         for d in deliveries:
-            groups[self.owner(d).name].append(d)
-        flows = [
-            _refusals(self._by_name[k].extend_many_flow(group, seconds))
-            for k, group in groups.items()
-        ]
+            groups[self.layout.owner(d)].append(d)
+        flows = [_refusals(s.extend_many_flow(group, seconds)) for s, group in groups.items()]
         results = yield from together(flows)
         _raise_combined("extended", deliveries, results)
         deadlines: list[datetime] = [r[0] for r in results]
         return min(deadlines)  # every lease was held, or _raise_combined raised
 
     def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
-        return (yield from self.owner(delivery).extend_flow(delivery, seconds))
+        return (yield from self.layout.owner(delivery).extend_flow(delivery, seconds))
 
     def release_many_flow(
-        self, deliveries: Sequence[DeliveryBase], delay: Duration, hold: bool
+        self, deliveries: Sequence[DeliveryBase], delay: Duration, *, hold: bool = False
     ) -> Flow[list[Outcome]]:
         """Each shard's deliveries released in one call per shard, side by side; the
         outcomes in the order given."""
-        groups: dict[str, list[DeliveryBase]] = defaultdict(list)
+        groups: dict[QueueCore, list[DeliveryBase]] = defaultdict(list)
         for d in deliveries:
-            groups[self.owner(d).name].append(d)
-        flows = [
-            self._by_name[k].release_many_flow(group, delay, hold=hold)
-            for k, group in groups.items()
-        ]
+            groups[self.layout.owner(d)].append(d)
+        flows = [s.release_many_flow(group, delay, hold=hold) for s, group in groups.items()]
         results: list[list[Outcome]] = yield from together(flows)
         by_delivery = {
             id(d): outcome
@@ -360,61 +454,63 @@ class Sharded(ShardLayout):
     def fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:
-        return (yield from self.owner(delivery).fail_flow(delivery, error, retry_in))
+        return (yield from self.layout.owner(delivery).fail_flow(delivery, error, retry_in))
 
-    def release_flow(self, delivery: DeliveryBase, delay: Duration) -> Flow[Outcome]:
-        return (yield from self.owner(delivery).release_flow(delivery, delay))
+    def release_flow(
+        self, delivery: DeliveryBase, delay: Duration, *, hold: bool = False
+    ) -> Flow[Outcome]:
+        return (yield from self.layout.owner(delivery).release_flow(delivery, delay, hold=hold))
 
     # -- inspection --------------------------------------------------------------------------
 
     def inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
-        yield from self.check_flow()
+        yield from self.layout.check_flow()
         groups: dict[int, list[str]] = defaultdict(list)
         for task_id in ids:
-            groups[task_shard(task_id, self.count)].append(task_id)
-        flows = [self.queues[i].inspect_ids_flow(group) for i, group in groups.items()]
+            groups[task_shard(task_id, self.layout.count)].append(task_id)
+        flows = [self.layout.queues[i].inspect_ids_flow(group) for i, group in groups.items()]
         found = {info.id: info for part in (yield from together(flows)) for info in part}
         return [found[i] for i in dict.fromkeys(ids) if i in found]
 
     def stats_flow(self) -> Flow[QueueStats]:
-        yield from self.check_flow()
-        parts: list[QueueStats] = yield from together([s.stats_flow() for s in self.queues])
+        yield from self.layout.check_flow()
+        parts: list[QueueStats] = yield from together([s.stats_flow() for s in self.layout.queues])
         return _sum_stats(parts)
 
     def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Each shard checked on its own keys (findings name their shard), side by side."""
-        yield from self.check_flow()
+        yield from self.layout.check_flow()
         parts: list[DoctorReport] = yield from together(
-            [s.derived_state_flow(fix, batch) for s in self.queues]
+            [s.derived_state_flow(fix, batch) for s in self.layout.queues]
         )
         return DoctorReport(
-            self.name,
+            self.layout.name,
             fix,
             [f for part in parts for f in part.findings],
             list(dict.fromkeys(note for part in parts for note in part.notes)),
         )
 
     def list_flow(
-        self, state: TaskState, *, limit: int, cursor: str | None, **filters: Any
+        self, state: TaskState, *, limit: int = 100, cursor: str | None = None, **filters: Any
     ) -> Flow[TaskPage]:
         """One page of one shard's listing; the cursor names the shard and its cursor, and
         moves to the next shard when one is done (shard by shard, see the module docstring)."""
-        index, inner = _split_cursor(cursor, self.count)
-        yield from self.check_flow()
-        page: TaskPage = yield from self.queues[index].list_flow(
+        index, inner = _split_cursor(cursor, self.layout.count)
+        yield from self.layout.check_flow()
+        page: TaskPage = yield from self.layout.queues[index].list_flow(
             state, limit=limit, cursor=inner, **filters
         )
         if page.cursor is not None:
             after: str | None = _join_cursor(index, page.cursor)
         else:
-            after = _join_cursor(index + 1, None) if index + 1 < self.count else None
+            after = _join_cursor(index + 1, None) if index + 1 < self.layout.count else None
         return TaskPage(page.tasks, after, page.looked_at)
 
     def history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
         """Each minute's counts summed over the shards (minutes matched by their start)."""
-        yield from self.check_flow()
+        yield from self.layout.check_flow()
         parts: list[list[HistoryPoint]] = yield from together(
-            [s.history_flow(minutes) for s in self.queues]
+            [s.history_flow(minutes) for s in self.layout.queues]
         )
         summed: dict[datetime, list[int]] = {}
         for part in parts:
@@ -427,9 +523,9 @@ class Sharded(ShardLayout):
 
     def due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
         """Bucket counts summed over the shards (each counts from its own clock's now)."""
-        yield from self.check_flow()
+        yield from self.layout.check_flow()
         parts: list[DueHistogram] = yield from together(
-            [s.due_histogram_flow(bucket, buckets) for s in self.queues]
+            [s.due_histogram_flow(bucket, buckets) for s in self.layout.queues]
         )
         return replace(
             parts[0],
@@ -443,14 +539,14 @@ class Sharded(ShardLayout):
     def configure_flow(
         self,
         *,
-        paused: Any,
-        remember_done: Any,
-        rate: Any,
-        key_rate: Any,
-        key_concurrency: Any,
-        concurrency: Any,
-        key_limits: Any,
+        paused: Any = None,
+        remember_done: Any = None,
         keep_results: Any = None,
+        rate: Any = None,
+        key_rate: Any = None,
+        key_concurrency: Any = None,
+        concurrency: Any = None,
+        key_limits: Any = None,
         events: Any = None,
     ) -> Flow[QueueSettings]:
         """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
@@ -469,15 +565,15 @@ class Sharded(ShardLayout):
                 "key_limits are not available on a sharded queue, for the same reason as "
                 "key_rate and key_concurrency: a key's tasks are spread over the shards by id"
             )
-        caps: list[Any] = [concurrency] * self.count
+        caps: list[Any] = [concurrency] * self.layout.count
         if concurrency not in (None, False, 0):
-            caps = concurrency_shares(concurrency, self.count)
-        shares: list[Any] = [rate] * self.count
+            caps = concurrency_shares(concurrency, self.layout.count)
+        shares: list[Any] = [rate] * self.layout.count
         if rate is not None and rate is not False:
             if not isinstance(rate, Rate):
                 raise ConfigurationError(f"rate must be a dueq.Rate or False, got {rate!r}")
-            shares = rate_shares(rate, self.count)
-        yield from self.check_flow()
+            shares = rate_shares(rate, self.layout.count)
+        yield from self.layout.check_flow()
         flows = [
             s.configure_flow(
                 paused=paused,
@@ -489,15 +585,15 @@ class Sharded(ShardLayout):
                 key_concurrency=key_concurrency,
                 concurrency=cap,
             )
-            for s, share, cap in zip(self.queues, shares, caps, strict=True)
+            for s, share, cap in zip(self.layout.queues, shares, caps, strict=True)
         ]
         settings: list[QueueSettings] = yield from together(flows)
         return _logical_settings(settings)
 
     def settings_flow(self) -> Flow[QueueSettings]:
-        yield from self.check_flow()
+        yield from self.layout.check_flow()
         settings: list[QueueSettings] = yield from together(
-            [s.settings_flow() for s in self.queues]
+            [s.settings_flow() for s in self.layout.queues]
         )
         return _logical_settings(settings)
 
@@ -506,18 +602,27 @@ class Sharded(ShardLayout):
     def workers_flow(self) -> Flow[list[WorkerInfo]]:
         """Every shard's registry merged: a worker beats into each shard, so one entry per
         worker id, from its latest beat."""
-        yield from self.check_flow()
-        parts: list[list[WorkerInfo]] = yield from together([s.workers_flow() for s in self.queues])
+        yield from self.layout.check_flow()
+        parts: list[list[WorkerInfo]] = yield from together(
+            [s.workers_flow() for s in self.layout.queues]
+        )
         return merge_workers(parts)
 
     def heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
         """The beat (or the leave) on every shard, so each shard's own view shows the worker
         too; returns the most live workers any shard counts."""
-        yield from self.check_flow()
+        yield from self.layout.check_flow()
         live: list[int] = yield from together(
-            [s.heartbeat_flow(entry_json, ttl_ms, leave) for s in self.queues]
+            [s.heartbeat_flow(entry_json, ttl_ms, leave) for s in self.layout.queues]
         )
         return max(live)
+
+
+def _no_batches() -> ConfigurationError:
+    return ConfigurationError(
+        "batches need an unsharded queue: a sharded queue's members would be counted on "
+        "several shards"
+    )
 
 
 def sharded_layout(
@@ -552,7 +657,7 @@ class ShardedDeadFlows(DeadLettersCore):
     """The dead-letter flows of a sharded queue (its ``q.dead`` drives them): each shard's,
     merged (see the module docstring)."""
 
-    def __init__(self, queue: QueueCore, layout: Sharded) -> None:
+    def __init__(self, queue: QueueCore, layout: ShardLayout) -> None:
         super().__init__(queue)
         self._layout = layout
         self._shard_dead = [DeadLettersCore(s) for s in layout.queues]
@@ -616,7 +721,7 @@ class ShardedCronFlows(CronsCore):
     the shard of its name (see the module docstring); ``list`` merges every shard's. The
     shards' claims keep their own definitions (each shard's queue has its own keeper)."""
 
-    def __init__(self, queue: QueueCore, layout: Sharded) -> None:
+    def __init__(self, queue: QueueCore, layout: ShardLayout) -> None:
         super().__init__(queue)
         self._layout = layout
         self._shard_crons = [CronsCore(s) for s in layout.queues]

@@ -62,8 +62,6 @@ the layout key, and discovery lists a sharded queue once, under its logical name
 from __future__ import annotations
 
 import hashlib
-import random
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -135,14 +133,10 @@ def shard_names(name: str, shards: int) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _not_yet(what: str) -> ConfigurationError:
-    return ConfigurationError(f"{what} is not available on a sharded queue yet")
-
-
 class ShardLayout:
     """The layout of a sharded queue: its name, N, the shards' names and queues (of the front
     end that made it), which shard holds a task or a delivery, and the one check of N against
-    Redis. ``dueq.sharding.flows.Sharded`` adds the flows of the logical queue over them."""
+    Redis. ``dueq.sharding.flows.ShardedCore`` runs the flows of the logical queue over them."""
 
     def __init__(self, name: str, count: int, make_shard: Callable[[str], QueueCore]) -> None:
         """Check the name and make the shards, ``make_shard(shard_name)`` each: queues of the
@@ -161,13 +155,6 @@ class ShardLayout:
             self.queues = [make_shard(n) for n in self.names]
         self._by_name = {s.name: s for s in self.queues}
         self._checked = False
-        self._start = random.randrange(count)  # where the next claim begins
-        self._start_lock = threading.Lock()
-
-    def no_keys(self) -> ConfigurationError:
-        """What ``q.keys`` raises: no key set names the logical queue, so a flow not written
-        for shards must not run on ``{name}`` keys, where it would silently miss every task."""
-        return _not_yet(f"a single key set for {self.name!r} (each shard has its own)")
 
     def wake_channels(self) -> list[str]:
         return [s.keys.wake for s in self.queues]
@@ -217,6 +204,6 @@ class ShardLayout:
 
     # -- scheduling --------------------------------------------------------------------------
 
-    def _fresh_ids(self, shard: int) -> Iterator[str]:
+    def fresh_ids(self, shard: int) -> Iterator[str]:
         """Generated ids that hash to ``shard``."""
         return (i for i in generated_ids() if task_shard(i, self.count) == shard)
