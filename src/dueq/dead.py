@@ -14,19 +14,17 @@ A sharded queue's ``q.dead`` drives its layout's flows instead (``dueq.sharding.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from dueq._util.checks import whole_number
 from dueq._wire import protocol as protocol
 from dueq._wire.envelope import validate_id
+from dueq._wire.ports import AwaitsFlows, DrivesFlows, QueueFlows
 from dueq.exceptions import InvalidTaskError
 
 if TYPE_CHECKING:
-    from dueq._flows.core import QueueCore
-    from dueq._flows.drive import Flow
-    from dueq.async_queue import AsyncQueue
-    from dueq.model import TaskInfo
-    from dueq.queue import Queue
+    from dueq._wire.protocol import Flow
+    from dueq.model import TaskInfo, TaskPage
 
 #: Most dead tasks moved by one script call when replaying or purging everything.
 DEAD_BATCH = 1000
@@ -34,10 +32,27 @@ DEAD_BATCH = 1000
 MAX_OFFSET = 2**40
 
 
+class ListsDead(QueueFlows, Protocol):
+    """What the dead letters need of their queue (``QueueCore`` has it): its keys and clock, and
+    its listing flow for the pages of ``replay``/``purge`` by error type."""
+
+    def list_flow(
+        self, state: Literal["dead"], *, limit: int, cursor: str | None, error_type: str | None
+    ) -> Flow[TaskPage]: ...
+
+
+class DrivesDead(ListsDead, DrivesFlows, Protocol):
+    """A blocking front end whose dead letters these are (``Queue``)."""
+
+
+class AwaitsDead(ListsDead, AwaitsFlows, Protocol):
+    """An asyncio front end whose dead letters these are (``AsyncQueue``)."""
+
+
 class DeadLettersCore:
     """Dead tasks keep their payload, attempt count and every attempt's error."""
 
-    def __init__(self, queue: QueueCore) -> None:
+    def __init__(self, queue: ListsDead) -> None:
         self._core = queue
 
     def list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
@@ -138,7 +153,7 @@ class DeadLettersCore:
 class DeadLetters:
     """The dead-letter queue of a ``Queue``: list, count, replay and purge dead tasks."""
 
-    def __init__(self, queue: Queue, flows: DeadLettersCore | None = None) -> None:
+    def __init__(self, queue: DrivesDead, flows: DeadLettersCore | None = None) -> None:
         self._queue = queue
         #: the flows it drives: the queue's own, or a sharded queue's (``dueq.sharding.flows``)
         self._flows = DeadLettersCore(queue) if flows is None else flows
@@ -171,7 +186,7 @@ class DeadLetters:
 class AsyncDeadLetters:
     """The dead-letter queue of an ``AsyncQueue``; the methods of ``DeadLetters``, awaited."""
 
-    def __init__(self, queue: AsyncQueue, flows: DeadLettersCore | None = None) -> None:
+    def __init__(self, queue: AwaitsDead, flows: DeadLettersCore | None = None) -> None:
         self._queue = queue
         #: the flows it drives: the queue's own, or a sharded queue's (``dueq.sharding.flows``)
         self._flows = DeadLettersCore(queue) if flows is None else flows

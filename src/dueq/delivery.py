@@ -4,23 +4,72 @@ release, cooldown).
 ``DeliveryBase`` is what a delivery is for both front ends; ``Delivery`` (from ``Queue``)
 settles with blocking calls and ``AsyncDelivery`` (from ``AsyncQueue``) with awaitable ones.
 Unlike ``dueq.model``'s values, a delivery holds its queue and calls it.
+
+It names no front end: what it calls on its queue is spelled as a ``typing.Protocol``
+(``SettlingQueue``, ``AsyncSettlingQueue``), as redis-py's ``Lock`` takes any client. Naming
+``Queue`` here, even under ``TYPE_CHECKING``, closed a circle of some 25 modules (the front ends
+import the consumers, flows and parts that import this module);
+tests/structure/test_import_cycles.py keeps it open. So ``Delivery.queue`` is typed as the protocol
+(the object is still the ``Queue``, or the shard's, that claimed it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dueq._util.clock import Duration, ms_datetime
 from dueq._wire.envelope import NO_OPTIONS, TaskOptions, TraceContext
 from dueq.exceptions import KeyCooldown
 from dueq.model import Outcome
 
-if TYPE_CHECKING:
-    from dueq._flows.core import QueueCore
-    from dueq.async_queue import AsyncQueue
-    from dueq.queue import Queue
+
+class NamedQueue(Protocol):
+    """What every delivery reads of its queue: the name (``QueueCore`` has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class SettlingQueue(NamedQueue, Protocol):
+    """The queue of a ``Delivery`` (a ``Queue``, or a sharded queue's shard): what the delivery
+    calls to finish itself, and the lease length its processor keeps it by."""
+
+    @property
+    def lease_ms(self) -> int: ...
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> int: ...
+
+    def fail(
+        self, delivery: Delivery, error: BaseException | str, *, retry_in: Duration | None = None
+    ) -> Outcome: ...
+
+    def extend(self, delivery: Delivery, seconds: Duration) -> datetime: ...
+
+    def release(self, delivery: Delivery, *, delay: Duration = 0) -> Outcome: ...
+
+
+class AsyncSettlingQueue(NamedQueue, Protocol):
+    """The queue of an ``AsyncDelivery`` (an ``AsyncQueue``, or a shard's): as
+    ``SettlingQueue``, each call awaited."""
+
+    @property
+    def lease_ms(self) -> int: ...
+
+    async def ack_many(self, deliveries: Sequence[AsyncDelivery]) -> int: ...
+
+    async def fail(
+        self,
+        delivery: AsyncDelivery,
+        error: BaseException | str,
+        *,
+        retry_in: Duration | None = None,
+    ) -> Outcome: ...
+
+    async def extend(self, delivery: AsyncDelivery, seconds: Duration) -> datetime: ...
+
+    async def release(self, delivery: AsyncDelivery, *, delay: Duration = 0) -> Outcome: ...
 
 
 class SettleHook:
@@ -90,7 +139,7 @@ class DeliveryBase:
 
     def __init__(
         self,
-        queue: QueueCore,
+        queue: NamedQueue,
         task_id: str,
         payload: Any,
         attempt: int,
@@ -235,10 +284,12 @@ class Delivery(DeliveryBase):
     """
 
     __slots__ = ()
-    _queue: Queue
+    _queue: SettlingQueue
 
     @property
-    def queue(self) -> Queue:
+    def queue(self) -> SettlingQueue:
+        """The queue that claimed it: a ``Queue`` (a sharded queue's shard), typed by what a
+        delivery calls on it."""
         return self._queue
 
     def ack(self, result: Any = None) -> None:
@@ -271,10 +322,12 @@ class AsyncDelivery(DeliveryBase):
     ``extend`` or ``release``. A holder whose lease was lost gets ``LeaseLost``."""
 
     __slots__ = ()
-    _queue: AsyncQueue
+    _queue: AsyncSettlingQueue
 
     @property
-    def queue(self) -> AsyncQueue:
+    def queue(self) -> AsyncSettlingQueue:
+        """The queue that claimed it: an ``AsyncQueue`` (a sharded queue's shard), typed by what
+        a delivery calls on it."""
         return self._queue
 
     async def ack(self, result: Any = None) -> None:

@@ -37,22 +37,49 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dueq._util.clock import ms_datetime
 from dueq._util.identity import worker_id
 from dueq._wire.snapshot import text
 
-if TYPE_CHECKING:
-    from dueq.async_queue import AsyncQueue
-    from dueq.queue import Queue
-
 __all__ = ["TTL_BEATS", "WorkerInfo", "merge_workers", "task_parameters"]
 
 logger = logging.getLogger(__name__)
+
+
+class Beats(Protocol):
+    """What a blocking heartbeat needs of each queue it beats on (``Queue`` has it): its name,
+    its named tasks (listed in the entry) and the two registry calls."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tasks(self) -> Mapping[str, Any]: ...
+
+    def send_heartbeat(self, entry_json: str, ttl_ms: int) -> int: ...
+
+    def leave_registry(self) -> None: ...
+
+
+class AwaitsBeats(Protocol):
+    """What an asyncio heartbeat needs of each queue (``AsyncQueue`` has it): as ``Beats``,
+    the registry calls awaited."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tasks(self) -> Mapping[str, Any]: ...
+
+    async def send_heartbeat(self, entry_json: str, ttl_ms: int) -> int: ...
+
+    async def leave_registry(self) -> None: ...
+
 
 #: Beats an entry outlives its last one by: a worker is shown until it misses this many.
 TTL_BEATS = 3
@@ -248,7 +275,7 @@ class _Beat:
 class Heartbeat(_Beat):
     """The blocking worker's beat: a daemon thread, one call per queue per beat."""
 
-    def __init__(self, queues: list[Queue], interval_s: float, counts: Counts) -> None:
+    def __init__(self, queues: Sequence[Beats], interval_s: float, counts: Counts) -> None:
         super().__init__([q.name for q in queues], interval_s, counts, task_parameters(queues))
         self._queues = queues
         self._stop = threading.Event()
@@ -292,7 +319,7 @@ class Heartbeat(_Beat):
 class AsyncHeartbeat(_Beat):
     """The asyncio worker's beat: a task on the worker's loop, one call per queue per beat."""
 
-    def __init__(self, queues: list[AsyncQueue], interval_s: float, counts: Counts) -> None:
+    def __init__(self, queues: Sequence[AwaitsBeats], interval_s: float, counts: Counts) -> None:
         super().__init__([q.name for q in queues], interval_s, counts, task_parameters(queues))
         self._queues = queues
         self._task: asyncio.Task[None] | None = None

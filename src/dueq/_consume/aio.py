@@ -28,21 +28,39 @@ import asyncio
 import math
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import reactivex
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
 from dueq._consume.prefetch import AUTO_LOW, Prefetch
-from dueq._consume.rules import ClaimRules, release_failed
-from dueq._consume.wake import WakeOp, close_failed, wake_flow
+from dueq._consume.rules import ClaimedBatch, ClaimRules, release_failed
+from dueq._consume.wake import WakeOp, WakeSubscription, close_failed, wake_flow
+from dueq._util.aio import cancel_pending
 from dueq._util.clock import Duration, positive_duration_ms
 from dueq.delivery import AsyncDelivery, SettleHook
 from dueq.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
-    from dueq.async_queue import AsyncQueue
+    import redis.asyncio
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+
+class AwaitsClaims(Protocol):
+    """What an asyncio consumer needs of its queue (``AsyncQueue`` has it): its name and
+    client, what to subscribe to for wakes, and the claim call (each awaited)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def redis(self) -> redis.asyncio.Redis | AsyncRedisCluster: ...
+
+    async def wake_subscription(self) -> WakeSubscription: ...
+
+    async def claim_batch(self, limit: int) -> ClaimedBatch: ...
+
 
 #: Most seconds spent closing the wake subscription when the iterator ends.
 CLOSE_S = 1.0
@@ -161,7 +179,7 @@ async def wait_until(event: asyncio.Event, target_s: float) -> bool:
 
 
 async def deliveries(
-    queue: AsyncQueue,
+    queue: AwaitsClaims,
     *,
     max_in_flight: int | str = 64,
     wake: bool = True,
@@ -195,7 +213,7 @@ async def deliveries(
 
 
 async def _claims(
-    queue: AsyncQueue,
+    queue: AwaitsClaims,
     *,
     max_in_flight: int | str,
     wake: bool,
@@ -259,7 +277,7 @@ async def _claims(
 
 
 def consume(
-    queue: AsyncQueue,
+    queue: AwaitsClaims,
     on_claimed: Callable[[list[AsyncDelivery]], None],
     on_error: Callable[[Exception], None],
     *,
@@ -329,7 +347,7 @@ async def _release(d: AsyncDelivery) -> None:
 
 
 def observe(
-    queue: AsyncQueue,
+    queue: AwaitsClaims,
     *,
     max_in_flight: int | str,
     wake: bool,
@@ -399,7 +417,7 @@ def observe(
 
 
 async def _listen(
-    queue: AsyncQueue, on_wake: Callable[[], None], listening: Callable[[], bool] = lambda: True
+    queue: AwaitsClaims, on_wake: Callable[[], None], listening: Callable[[], bool] = lambda: True
 ) -> None:
     """Call ``on_wake()`` for each message on the queue's wake channel until cancelled.
 
@@ -448,13 +466,6 @@ async def _listen(
     finally:
         flow.close()
         await _close(opened)
-
-
-def cancel_pending(task: asyncio.Task[Any] | None) -> bool:
-    """Whether ``task`` has a cancellation requested and not yet uncancelled (Python 3.11+;
-    always False on 3.10, where ``_listen`` relies on its owner's flag)."""
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling is not None and cancelling() > 0
 
 
 async def _close(pubsub: Any) -> None:

@@ -16,19 +16,38 @@ import heapq
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from dueq._consume.prefetch import Held, Prefetch
 from dueq._util.outage import Backoff, describe, is_outage
 from dueq.delivery import DeliveryBase
 from dueq.logs import task_fields
 
-if TYPE_CHECKING:
-    from dueq._flows.lease import ClaimBatch
-
 D = TypeVar("D", bound=DeliveryBase)
 
 logger = logging.getLogger("dueq.observe")
+
+
+class ClaimedBatch(Protocol):
+    """What a consumer reads of a claim's reply (``dueq.ClaimBatch``, which the lease flows
+    make): named here so the consumers do not import the flows that call them."""
+
+    @property
+    def deliveries(self) -> list[Any]: ...
+
+    @property
+    def now_ms(self) -> int: ...
+
+    @property
+    def now_fraction_ms(self) -> float: ...
+
+    @property
+    def paused(self) -> bool: ...
+
+    def sleep_ms(self, heartbeat_ms: float) -> float:
+        """How long to sleep after this claim, at most ``heartbeat_ms``."""
+        ...
+
 
 #: Most deliveries one claim call asks for (the claim script leases at most 1,000).
 MAX_CLAIM = 1000
@@ -60,7 +79,7 @@ class ClaimRules(Generic[D]):
         leases), at most ``MAX_CLAIM``."""
         return min(self.held.free(now_s), MAX_CLAIM)
 
-    def claimed(self, batch: ClaimBatch, on_settled: Callable[[D], None]) -> float:
+    def claimed(self, batch: ClaimedBatch, on_settled: Callable[[D], None]) -> float:
         """Take a claim's reply (a ``ClaimBatch``): its deliveries are held (each reports to
         ``on_settled``), and held ones whose lease ran out are let go. Returns the ms to wait
         before the next claim, unless a settle or a wake comes first: the heartbeat when the

@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import reactivex
 from reactivex import Observable, abc
@@ -39,17 +39,21 @@ from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
 from dueq._consume.prefetch import AUTO_LOW, Prefetch
-from dueq._consume.rules import ClaimRules, release_failed, subscriber_raised
-from dueq._consume.wake import WakeListener
+from dueq._consume.rules import ClaimedBatch, ClaimRules, release_failed, subscriber_raised
+from dueq._consume.wake import WakeListener, Wakes
 from dueq._util.clock import Duration, positive_duration_ms
 from dueq.delivery import Delivery, SettleHook
 
-if TYPE_CHECKING:
-    from dueq.queue import Queue
+
+class Claims(Wakes, Protocol):
+    """What a threaded consumer needs of its queue (``Queue`` has it): a wake listener's
+    members and the claim call."""
+
+    def claim_batch(self, limit: int) -> ClaimedBatch: ...
 
 
 def observe_queue(
-    queue: Queue,
+    queue: Claims,
     *,
     max_in_flight: int | str = 64,
     scheduler: abc.SchedulerBase | None = None,
@@ -82,7 +86,7 @@ def observe_queue(
 
 
 def consume_queue(
-    queue: Queue,
+    queue: Claims,
     on_claimed: Callable[[list[Delivery]], None],
     on_error: Callable[[Exception], None],
     *,
@@ -116,7 +120,7 @@ class _Consumer:
 
     def __init__(
         self,
-        queue: Queue,
+        queue: Claims,
         observer: abc.ObserverBase[Delivery],
         scheduler: abc.SchedulerBase,
         prefetch: Prefetch,

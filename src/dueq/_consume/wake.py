@@ -26,14 +26,14 @@ import struct
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import redis
 
 from dueq._util.outage import Backoff, describe, is_outage
 
 if TYPE_CHECKING:
-    from dueq.queue import Queue
+    from redis.cluster import RedisCluster
 
 logger = logging.getLogger("dueq.wake")
 
@@ -160,10 +160,23 @@ def close_failed() -> None:
     logger.debug("error closing the wake subscription", exc_info=True)
 
 
+class Wakes(Protocol):
+    """What a wake listener needs of its queue (``Queue`` has it): its name, its client and
+    what to subscribe to."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def redis(self) -> redis.Redis | RedisCluster: ...
+
+    def wake_subscription(self) -> WakeSubscription: ...
+
+
 class WakeListener:
     """Calls ``on_wake()`` for each message on the queue's wake channel, until ``stop()``."""
 
-    def __init__(self, queue: Queue, on_wake: Callable[[], None]) -> None:
+    def __init__(self, queue: Wakes, on_wake: Callable[[], None]) -> None:
         self._queue = queue
         self._on_wake = on_wake
         self._stopped = threading.Event()

@@ -15,12 +15,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
-from dueq._wire import protocol as protocol
+from dueq._wire.protocol import Flow as Flow  # the flow type, defined with the steps it yields
 
 T = TypeVar("T")
 S = TypeVar("S")  # what a flow yields: a protocol step, or a call (the settle flows)
-#: An operation written once: yields protocol steps, receives their parsed replies.
-Flow = Generator[protocol.Step, Any, T]
 
 
 def drive(flow: Generator[S, Any, T], send: Callable[[S], Any]) -> T:

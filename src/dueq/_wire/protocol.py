@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -107,6 +107,10 @@ class Batch(NamedTuple):
 
 #: What a flow (see ``dueq._flows.core``) asks its front end to send.
 Step = Call[Any] | Command[Any] | Batch
+#: An operation written once: yields protocol steps, receives their parsed replies, returns a
+#: ``T`` (``dueq._flows.drive`` runs it). Here, with the steps, so that a part of a queue (dead
+#: letters, cron, events) can name the flows it returns without importing the flows' package.
+Flow = Generator[Step, Any, T]
 
 
 def _same(reply: Any) -> Any:

@@ -39,8 +39,8 @@ from dueq.cron.expr import Window, slot_label
 from dueq.exceptions import CronError, PayloadError
 
 if TYPE_CHECKING:
-    from dueq._flows.core import QueueCore
-    from dueq._flows.drive import Flow
+    from dueq._wire.ports import QueueFlows
+    from dueq._wire.protocol import Flow
 
 #: The cron definitions' one logger (``dueq.cron.flows``): users configure it by that name.
 logger = logging.getLogger("dueq.cron")
@@ -100,7 +100,7 @@ _REFUSED, _ADVANCED, _REBUILT, _PAUSED, _FAILED_PAUSE, _EXPIRED = (
 
 
 def on_claim_flow(
-    queue: QueueCore, deliveries: list[Any], now_ms: int
+    queue: QueueFlows, deliveries: list[Any], now_ms: int
 ) -> Flow[tuple[list[Any], int | None]]:
     """Advance the schedules of claimed occurrences (two round trips for any number).
 
@@ -177,7 +177,7 @@ def on_claim_flow(
 
 
 def advance_flow(
-    queue: QueueCore, claimed: list[tuple[Any, str, int]], now_ms: int
+    queue: QueueFlows, claimed: list[tuple[Any, str, int]], now_ms: int
 ) -> Flow[tuple[int | None, list[tuple[Any, Plan, protocol.CronAdvance]]]]:
     """Plan each claimed occurrence and carry the plans out in one script call; returns the
     earliest due time the script added (None: none) and each plan sent with the script's
@@ -250,7 +250,7 @@ def _spec(raw_spec: bytes | str) -> Spec:
 
 
 def _planned(
-    queue: QueueCore, name: str, raw_spec: bytes | str, task_id: str, slot_ms: int, now_ms: int
+    queue: QueueFlows, name: str, raw_spec: bytes | str, task_id: str, slot_ms: int, now_ms: int
 ) -> tuple[Spec, Plan, bytes] | None:
     """The definition, the plan for one claimed occurrence and the envelope of those it adds;
     None (and an error logged) if its definition cannot be used: the occurrence then just

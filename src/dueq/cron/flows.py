@@ -94,10 +94,8 @@ from dueq.cron.expr import CronSchedule
 from dueq.exceptions import CronConflict, CronError, CronNotFound, DueqError
 
 if TYPE_CHECKING:
-    from dueq._flows.core import QueueCore
-    from dueq._flows.drive import Flow
-    from dueq.async_queue import AsyncQueue
-    from dueq.queue import Queue
+    from dueq._wire.ports import AwaitsFlows, DrivesFlows, QueueFlows
+    from dueq._wire.protocol import Flow
 
 #: What other modules import from here: its own names and those of its parts they use.
 __all__ = [
@@ -464,7 +462,7 @@ def _name(raw: bytes | str) -> tuple[str, str | None]:
 class CronsCore:
     """The cron definitions of one queue: the flows both front ends share."""
 
-    def __init__(self, queue: QueueCore) -> None:
+    def __init__(self, queue: QueueFlows) -> None:
         self._core = queue
 
     def now_ms_flow(self) -> Flow[int]:
@@ -725,7 +723,7 @@ def _server_ms(time_reply: Any) -> int:
 class Crons:
     """The cron definitions of a ``Queue`` (``Queue.cron``)."""
 
-    def __init__(self, queue: Queue, flows: CronsCore | None = None) -> None:
+    def __init__(self, queue: DrivesFlows, flows: CronsCore | None = None) -> None:
         self._queue = queue
         #: the flows it drives: the queue's own, or a sharded queue's (``dueq.sharding.flows``)
         self._flows = CronsCore(queue) if flows is None else flows
@@ -849,7 +847,7 @@ class Crons:
 class AsyncCrons:
     """The cron definitions of an ``AsyncQueue``; the methods of ``Crons``, awaited."""
 
-    def __init__(self, queue: AsyncQueue, flows: CronsCore | None = None) -> None:
+    def __init__(self, queue: AwaitsFlows, flows: CronsCore | None = None) -> None:
         self._queue = queue
         #: the flows it drives: the queue's own, or a sharded queue's (``dueq.sharding.flows``)
         self._flows = CronsCore(queue) if flows is None else flows

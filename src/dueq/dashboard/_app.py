@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,37 +30,9 @@ from dueq.dashboard._actions import ACTIONS, Actions
 from dueq.dashboard._api import Api
 from dueq.dashboard._auth import Auth
 from dueq.dashboard._charts import Charts
-from dueq.dashboard._context import Context, Endpoint, Kind
-from dueq.dashboard._guard import SESSION_S, Guard, check_bind
+from dueq.dashboard._context import Context, DashboardSettings, Endpoint, Kind
+from dueq.dashboard._guard import Guard, check_bind
 from dueq.dashboard._views import Views
-from dueq.health import HealthRules
-
-
-@dataclass(frozen=True)
-class DashboardSettings:
-    """How the dashboard behaves: ``read_only`` hides and refuses every state change;
-    ``token`` (when set) is required of every request (``Authorization: Bearer`` or the login
-    form's session cookie, which lasts ``session_s`` or until ``/logout``); ``queues`` limits
-    it to these queues (default: every queue found); ``poll_s`` is how often pages refresh
-    their figures.
-
-    ``allowed_hosts``: the names (``NAME`` at any port, ``NAME:PORT``, ``[v6]``) the dashboard
-    answers to besides 127.0.0.1, localhost, ::1 and the address a request arrived on; any
-    other ``Host`` gets a plain 400, and a POST's ``Origin`` must be one of them.
-    ``behind_tls``: the browser reaches it over https (a TLS proxy in front), so its cookies
-    are marked ``Secure`` (they are anyway when the request's scheme is https).
-
-    ``health``: when a queue's row says ``warn`` or ``bad`` (``HealthRules``: the waits and
-    the dead-letter window; see docs/dashboard-health.md)."""
-
-    read_only: bool = False
-    token: str | None = None
-    queues: tuple[str, ...] = ()
-    poll_s: float = 2.0
-    allowed_hosts: tuple[str, ...] = ()
-    session_s: float = SESSION_S
-    behind_tls: bool = False
-    health: HealthRules = field(default_factory=HealthRules)
 
 
 def redis_label(redis_url: str) -> str:

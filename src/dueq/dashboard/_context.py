@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import redis
 import redis.asyncio
@@ -24,12 +24,10 @@ from dueq import discovery
 from dueq._util.clock import Clock
 from dueq._wire.keys import layout_key, validate_queue_name
 from dueq.async_queue import AsyncQueue
-from dueq.dashboard._guard import SESSION_COOKIE, HostRules, HttpProblem, Sessions
+from dueq.dashboard._guard import SESSION_COOKIE, SESSION_S, HostRules, HttpProblem, Sessions
 from dueq.dashboard._html import e, layout, link
 from dueq.exceptions import ConfigurationError, DueqError
-
-if TYPE_CHECKING:
-    from dueq.dashboard._app import DashboardSettings
+from dueq.health import HealthRules
 
 #: What a route is: a page (a login redirect when not authorized), JSON or a chart ("api": a
 #: 401), or open to anyone (login, logout, static files).
@@ -40,6 +38,35 @@ logger = logging.getLogger("dueq.dashboard")
 _T = TypeVar("_T")
 # Redis itself unreachable: no queue can be read, so the request fails as a whole (503)
 REDIS_AWAY = (redis.ConnectionError, redis.TimeoutError)
+
+
+# Here, with the Context that holds it, so that the context names no module above it (it was in
+# _app, which imports every part: a circle of the whole package); dueq.dashboard exports it.
+@dataclass(frozen=True)
+class DashboardSettings:
+    """How the dashboard behaves: ``read_only`` hides and refuses every state change;
+    ``token`` (when set) is required of every request (``Authorization: Bearer`` or the login
+    form's session cookie, which lasts ``session_s`` or until ``/logout``); ``queues`` limits
+    it to these queues (default: every queue found); ``poll_s`` is how often pages refresh
+    their figures.
+
+    ``allowed_hosts``: the names (``NAME`` at any port, ``NAME:PORT``, ``[v6]``) the dashboard
+    answers to besides 127.0.0.1, localhost, ::1 and the address a request arrived on; any
+    other ``Host`` gets a plain 400, and a POST's ``Origin`` must be one of them.
+    ``behind_tls``: the browser reaches it over https (a TLS proxy in front), so its cookies
+    are marked ``Secure`` (they are anyway when the request's scheme is https).
+
+    ``health``: when a queue's row says ``warn`` or ``bad`` (``HealthRules``: the waits and
+    the dead-letter window; see docs/dashboard-health.md)."""
+
+    read_only: bool = False
+    token: str | None = None
+    queues: tuple[str, ...] = ()
+    poll_s: float = 2.0
+    allowed_hosts: tuple[str, ...] = ()
+    session_s: float = SESSION_S
+    behind_tls: bool = False
+    health: HealthRules = field(default_factory=HealthRules)
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,12 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from dueq._consume.aio import cancel_pending
+from dueq._util.aio import cancel_pending
 from dueq._util.clock import Duration
 from dueq._util.outage import Backoff, describe, is_outage
+from dueq._wire.ports import AwaitsFlows
 from dueq.events.stream import (
     AsyncEvent,
     ReaderSpec,
@@ -26,13 +27,28 @@ from dueq.events.stream import (
 )
 
 if TYPE_CHECKING:
-    from dueq.async_queue import AsyncQueue
+    import redis.asyncio
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 logger = logging.getLogger("dueq.events")
 
 
+class AwaitsEvents(AwaitsFlows, Protocol):
+    """What an asyncio events reader needs of its queue (``AsyncQueue`` has it): as
+    ``dueq.events.stream.ReadsEvents``, with the asyncio client."""
+
+    @property
+    def shard_count(self) -> int: ...
+
+    @property
+    def holder(self) -> str | None: ...
+
+    @property
+    def redis(self) -> redis.asyncio.Redis | AsyncRedisCluster: ...
+
+
 def async_events(
-    queue: AsyncQueue,
+    queue: AwaitsEvents,
     *,
     group: str | None = None,
     consumer: str | None = None,
@@ -54,7 +70,7 @@ def async_events(
     return _read(queue, spec)
 
 
-async def _call(queue: AsyncQueue, client: Any, step: Step) -> Any:
+async def _call(queue: AwaitsEvents, client: Any, step: Step) -> Any:
     _, method, args, kwargs = step
     if method == "events_read":
         return await queue.drive(events_read_flow(queue, *args))
@@ -84,7 +100,7 @@ async def _recreate_group(client: Any, spec: ReaderSpec) -> None:
             raise
 
 
-async def _read(queue: AsyncQueue, spec: ReaderSpec) -> AsyncGenerator[AsyncEvent, None]:
+async def _read(queue: AwaitsEvents, spec: ReaderSpec) -> AsyncGenerator[AsyncEvent, None]:
     client = reader_client(queue.redis)
     flow = events_flow(spec)
     backoff = Backoff()

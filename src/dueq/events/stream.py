@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import reactivex
 from reactivex import Observable, abc
@@ -42,13 +42,30 @@ from dueq._wire import protocol as protocol
 from dueq._wire.envelope import decode_named
 from dueq._wire.failures import parse_error_records
 from dueq._wire.keys import validate_queue_name
+from dueq._wire.ports import DrivesFlows
 from dueq.exceptions import ConfigurationError, PayloadError
 from dueq.model import ErrorRecord, Task, iso_ms
 
 if TYPE_CHECKING:
-    from dueq.queue import Queue
+    from redis import Redis
+    from redis.cluster import RedisCluster
 
 logger = logging.getLogger("dueq.events")
+
+
+class ReadsEvents(DrivesFlows, Protocol):
+    """What a blocking events reader needs of its queue (``Queue`` has it): the flows' members,
+    its shard count (a sharded queue is refused), its holder and its client."""
+
+    @property
+    def shard_count(self) -> int: ...
+
+    @property
+    def holder(self) -> str | None: ...
+
+    @property
+    def redis(self) -> Redis | RedisCluster: ...
+
 
 EventKind = Literal["acked", "retried", "dead", "cancelled", "expired"]
 
@@ -536,7 +553,7 @@ def _str_keys(reply: Any) -> dict[str, Any]:
 
 
 def observe_events(
-    queue: Queue,
+    queue: ReadsEvents,
     *,
     group: str | None = None,
     consumer: str | None = None,
@@ -574,7 +591,9 @@ class _Reader:
     """One subscription's reader thread: drives ``events_flow`` on a client of its own and
     hands each event to ``on_next`` with no lock held (a subscriber may dispose inside it)."""
 
-    def __init__(self, queue: Queue, spec: ReaderSpec, observer: abc.ObserverBase[Event]) -> None:
+    def __init__(
+        self, queue: ReadsEvents, spec: ReaderSpec, observer: abc.ObserverBase[Event]
+    ) -> None:
         self._queue = queue
         self._spec = spec
         self._observer = observer
