@@ -1,12 +1,13 @@
 """Where things are, for tests that read files or start subprocesses: one place, not a
 ``Path(__file__).parent.parent`` guess in each test (which breaks when a test moves folder).
 
-``FIXTURES`` holds what a child process runs or imports, never a test: the handler modules
-given to ``dueq worker`` by name (``cli_handlers:record``: the child finds them on its working
+``FIXTURES`` holds what a child process runs or imports, never a test: the handler modules given
+to ``dueq worker`` by name (``cli_handlers:record``: the child finds them on its working
 directory, so the test starts it there), the worker scripts run by path (``worker_process.py``,
-``results_worker.py``) and the Django test project (``django_project``, on the child's
-PYTHONPATH). They keep their own names, not ``*_support.py``: the names are part of what the
-tests assert (``cannot import 'cli_handlers:missing'``), and nothing in the tests imports them.
+``results_worker.py``), the Django test project (``django_project``, on the child's PYTHONPATH)
+and ``ports_conform.py`` (type-checked by mypy in a child, never run). They keep their own
+names, not ``*_support.py``: the names are part of what the tests assert (``cannot import
+'cli_handlers:missing'``), and nothing in the tests imports them.
 """
 
 from __future__ import annotations
