@@ -7,7 +7,7 @@ library really sends for that role, ready to follow ``ACL SETUSER <name> reset o
 Where the command list comes from: Redis 7 checks ACL permissions on every ``redis.call``
 inside a script (commands and keys), so a role needs EVALSHA and SCRIPT LOAD (redis-py's
 fall-back on NOSCRIPT) plus every command the role's Lua scripts call. Those are read from
-the scripts themselves (each script is ``_prelude.lua`` + its own file), so a script that
+the scripts themselves (each script is its includes + its own file), so a script that
 starts calling a new command changes the rule with it. The commands sent from Python are
 listed by hand below, per role; ``tests/test_acl.py`` runs each role's operations as a user
 with exactly this rule against a real server, so a missing command fails a test.
@@ -208,7 +208,7 @@ class AclRule:
 
 
 def script_commands(name: str) -> set[str]:
-    """The Redis commands a dueq Lua script (with its prelude) can call, lower case."""
+    """The Redis commands a dueq Lua script (with its includes) can call, lower case."""
     return {command.lower() for command in _CALL.findall(script_source(name))}
 
 

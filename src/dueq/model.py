@@ -369,7 +369,7 @@ class Rate:
         return f"{self.n}/{self.per:g}s"
 
 
-# The bounds of the settings the scripts accept (the Lua prelude's SETTING_MAX_*, which
+# The bounds of the settings the scripts accept (SETTING_MAX_* in lua/include/settings.lua, which
 # must be the same numbers; dueq._wire.snapshot.setting_value applies them to stored values).
 #: Most claims a Rate may allow per window (the script keeps one entry per claim of a window).
 MAX_RATE_N = 1_000_000

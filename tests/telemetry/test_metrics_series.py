@@ -51,7 +51,7 @@ def test_every_queue_counter_is_exported_at_0_before_its_first_event(r):
 def test_the_known_counters_are_every_counter_a_script_increments():
     counted = {
         m.group(1)
-        for path in LUA.glob("*.lua")
+        for path in LUA.glob("**/*.lua")  # the scripts and their includes
         for m in re.finditer(r"stat_incr\([^,]+,\s*'([a-z_]+)'", path.read_text())
     }
     assert counted == set(STATS_COUNTERS)

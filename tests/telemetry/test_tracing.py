@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from importlib import resources
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ from opentelemetry.util._once import Once
 import dueq
 from dueq._wire.envelope import TaskOptions, decode_delivery, encode_envelope
 from dueq._wire.keys import QueueKeys
+from dueq._wire.scripts import assemble, read_include
 from dueq.server import RedisServer
 
 WAIT_S = 30  # an upper bound for what takes milliseconds, never a measurement
@@ -301,7 +301,9 @@ def test_the_stored_context_survives_retry_release_expiry_replay_and_reschedule(
 # -- Lua and Python read the same head ------------------------------------------------------
 
 
-LUA_PROBE = """
+LUA_PROBE = """-- the probe
+-- @include levels
+
 local p, attempts, key = task_options(ARGV[1])
 return {p, attempts or -1, key or '', task_key(ARGV[1]) or ''}
 """
@@ -322,7 +324,6 @@ return {p, attempts or -1, key or '', task_key(ARGV[1]) or ''}
 def test_the_lua_and_python_parsers_agree_on_traced_tasks(
     r: redis.Redis, options: TaskOptions, tracestate: str | None
 ) -> None:
-    prelude = resources.files("dueq._wire").joinpath("lua/_prelude.lua").read_text("utf-8")
     line = dueq.TraceContext(TRACEPARENT, tracestate).line()
     envelope = encode_envelope({"x": "~00-\n"}, 1000, options, line)
     payload, read, context = decode_delivery(envelope)
@@ -331,7 +332,7 @@ def test_the_lua_and_python_parsers_agree_on_traced_tasks(
         options,
         dueq.TraceContext(TRACEPARENT, tracestate),
     )
-    reply = r.eval(prelude + "\n" + LUA_PROBE, 0, envelope)
+    reply = r.eval(assemble(LUA_PROBE, "probe", read_include), 0, envelope)
     expected_key = (options.key or "").encode()
     assert reply == [
         options.priority,
@@ -554,7 +555,7 @@ def test_a_failing_span_processor_never_fails_a_schedule_or_a_delivery(
     assert isinstance(provider, TracerProvider)
     provider.add_span_processor(Exploding())
     q = dueq.Queue("q", r)
-    with caplog.at_level("WARNING", logger="dueq._tracing"):
+    with caplog.at_level("WARNING", logger="dueq._util.tracing"):
         context = trace.set_span_in_context(
             trace.NonRecordingSpan(
                 trace.SpanContext(1, 2, is_remote=True, trace_flags=trace.TraceFlags(1))

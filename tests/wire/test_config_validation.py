@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import timedelta
-from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import redis
 from paths_support import DOCS
 
 import dueq
+from dueq._wire.scripts import assemble, read_include
 from dueq._wire.snapshot import REJECTED, key_limit_text, setting_value
 
 #: Values the scripts cannot use, per setting (each must be refused as a whole).
@@ -227,7 +227,10 @@ FIELDS = [
 ]
 
 #: Lua's reading of a setting, in the form _python_reading gives it.
-_LUA_PROBE = """
+_LUA_PROBE = """-- the probe
+-- @include clock
+-- @include settings
+
 local v, ok = setting_parse(ARGV[1], ARGV[2])
 if not ok then return 'rejected' end
 if string.sub(ARGV[1], 1, 10) == 'key_limit:' then  -- {concurrency or false, rate or false}
@@ -256,8 +259,7 @@ def _python_reading(field: str, raw: str) -> str:
 @pytest.mark.parametrize("field", FIELDS)
 @pytest.mark.parametrize("raw", PROBES)
 def test_lua_and_python_read_a_setting_the_same_way(admin, field, raw):
-    prelude = resources.files("dueq._wire").joinpath("lua/_prelude.lua").read_text(encoding="utf-8")
-    lua = admin.eval(prelude + _LUA_PROBE, 0, field, raw)
+    lua = admin.eval(assemble(_LUA_PROBE, "probe", read_include), 0, field, raw)
     assert (lua.decode() if isinstance(lua, bytes) else lua) == _python_reading(field, raw)
 
 

@@ -10,9 +10,23 @@ from internals_support import protocol, script_runner
 
 import dueq
 from dueq._wire.keys import QueueKeys, SparkBatchKeys
-from dueq._wire.scripts import CONTINUES_WITH, SCRIPT_NAMES, script_source
+from dueq._wire.scripts import SCRIPT_NAMES, read_include, resolve_includes, script_source
 
 LUA = resources.files("dueq._wire").joinpath("lua")
+
+
+def _own_code(name: str) -> str:
+    """A script's own file, and the includes that name KEYS[n] themselves: the body a script
+    runs in an include (schedule_records, which schedule.lua and spark_commit.lua call) reads
+    the script's KEYS like the script."""
+    text = LUA.joinpath(f"{name}.lua").read_text()
+    for include in resolve_includes(text, f"{name}.lua", read_include):
+        found = read_include(include) or ""
+        if re.search(r"KEYS\[\d+\]", found):
+            text += "\n" + found.split("\n\n", 1)[1]
+    return text
+
+
 KEY_COMMANDS = (
     "ZADD|ZREM|ZSCORE|ZMSCORE|ZRANGE|ZREVRANGE|ZRANGEBYSCORE|ZREMRANGEBYRANK|ZCARD|ZCOUNT|"
     "HGET|HSET|HSETNX|HDEL|HMGET|HEXISTS|HINCRBY|HGETALL|PUBLISH|RPUSH|LPOP|SADD|DEL|PEXPIRE|PERSIST"
@@ -55,9 +69,7 @@ def test_every_key_a_script_touches_comes_from_keys(name):
 def test_every_declared_key_is_used(name):
     text = LUA.joinpath(f"{name}.lua").read_text()
     declared = set(re.findall(r"^-- KEYS\[(\d+)\]", text, flags=re.M))
-    body = text.split("\n\n", 1)[1]
-    if name in CONTINUES_WITH:  # the body of the script it falls through into is its own too
-        body += LUA.joinpath(f"{CONTINUES_WITH[name]}.lua").read_text().split("\n\n", 1)[1]
+    body = _own_code(name).split("\n\n", 1)[1]
     used = set(re.findall(r"KEYS\[(\d+)\]", body))
     assert declared == used
 
@@ -116,9 +128,7 @@ _HISTORY_COUNTED = ("scheduled", "claimed", "acked", "retried", "dead", "expired
 def test_every_script_that_counts_a_history_counter_writes_the_history(name):
     """stat_incr adds to the minute's bucket only after history_use: a script that counts one
     of the history's counters (add_task counts "scheduled") must call it with its history key."""
-    text = LUA.joinpath(f"{name}.lua").read_text()
-    if name in CONTINUES_WITH:
-        text += LUA.joinpath(f"{CONTINUES_WITH[name]}.lua").read_text()
+    text = _own_code(name)
     counted = re.findall(r"stat_incr\([^,]+,\s*'(\w+)'", text)
     # add_task counts "scheduled", and so do batch_settle and batch_finish (a completion task),
     # and tasks_ended (a child released, or buried: "dead")

@@ -7,8 +7,8 @@ heartbeat: after every (re)subscription the listener wakes its consumer, in case
 scheduled while it was not listening.
 
 Sharded Pub/Sub. On Redis >= 7.0 the scripts publish with SPUBLISH (``publish_wake`` in
-_prelude.lua) and consumers listen with SSUBSCRIBE: in a Cluster a shard message stays on the
-nodes that serve its channel's slot (the queue's own), where a classic PUBLISH is forwarded to
+lua/include/wake.lua) and consumers listen with SSUBSCRIBE: in a Cluster a shard message stays on
+the nodes that serve its channel's slot (the queue's own), where a classic PUBLISH is forwarded to
 every node of the cluster, so wake traffic grows with the cluster instead of with each node's
 share of it. Both sides choose by the server's version, so they agree: a 6.2 server has only
 PUBLISH/SUBSCRIBE. (A script whose ACL user lacks ``+spublish`` falls back to PUBLISH, which
@@ -239,7 +239,7 @@ def _close(pubsub: Any) -> None:
 
 def ended_ids(data: bytes | str) -> list[str]:
     """The task ids of a message on a queue's ended channel (packed as struct '>Hc0' each by
-    ``publish_ended`` in _prelude.lua); what cannot be read is left out."""
+    ``publish_ended`` in lua/include/wake.lua); what cannot be read is left out."""
     raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     ids: list[str] = []
     pos = 0

@@ -160,7 +160,8 @@ class QueueBase:
 
     def wake_subscription_flow(self) -> Flow[WakeSubscription]:
         """How this queue's consumers listen for wake messages: its channels, by SSUBSCRIBE
-        where the scripts SPUBLISH (see ``publish_wake`` in _prelude.lua and ``_consume.wake``)."""
+        where the scripts SPUBLISH (see ``publish_wake`` in lua/include/wake.lua and
+        ``_consume.wake``)."""
         if not self._server_checked:
             yield from self.check_server_flow()
         return WakeSubscription(

@@ -44,7 +44,7 @@ SCHEDULE_BATCH = 1000
 SCHEDULE_BATCH_BYTES = 8 * 1024 * 1024
 #: Most parents one task may wait for (``Task.after``).
 MAX_PARENTS = 1000
-#: Most dependency edges schedule.lua follows to refuse a cycle (the prelude's CYCLE_WALK).
+#: Most dependency edges schedule.lua follows to refuse a cycle (dependencies.lua's CYCLE_WALK).
 CYCLE_WALK_EDGES = 2_000
 #: Rounds of fresh ids for generated ids that already existed (72-bit ids: one is plenty).
 ID_RETRIES = 5

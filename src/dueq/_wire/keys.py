@@ -91,37 +91,37 @@ class QueueKeys:
     ``cron``    HASH name -> cron definition (JSON)
     ``cron_state`` HASH name -> "head_ms|last_ms|head_id": the pending occurrence, last fired
     ``cron_paused`` HASH name -> paused-at ms: the paused cron definitions (any value: paused)
-    ``cron_last`` HASH name -> JSON: the outcome of each definition's last firing (see the Lua
-                prelude's cron_note)
+    ``cron_last`` HASH name -> JSON: the outcome of each definition's last firing (see
+                cron_note in lua/include/cron_outcome.lua)
     ``cron_runs`` HASH name -> JSON: a definition's runs record (fired, skipped, finished, the
-                running occurrence; see the Lua prelude's cron_runs_read)
+                running occurrence; see lua/include/cron_runs.lua)
     ``cron_filled`` ZSET (scores 0) "<name>\\0<slot ms>": the slots ``cron.backfill`` scheduled
     ``done``    ZSET id -> acked-at ms, only with ``Queue(remember_done=...)``
-    ``results`` HASH id -> finished record (``<JSON header>\n<envelope>``, see the Lua prelude's
-                results notes): acked and cancelled tasks, only while ``keep_results`` keeps them
+    ``results`` HASH id -> finished record (``<JSON header>\n<envelope>``, see lua/include/
+                results.lua): acked and cancelled tasks, only while ``keep_results`` keeps them
     ``finished`` ZSET id -> finished ms: the records of ``results``, oldest first, for trimming
     ``ended``   Pub/Sub channel: the ids of tasks that ended (acked with ``keep_results``, dead,
                 cancelled, expired), for ``wait``
     ``debounce`` HASH id -> "<cap ms>" for a debounced task, "<cap ms>|<due ms>|<envelope>"
-                while it also has a follow-up waiting for its running lease to end (the Lua
-                prelude's debounce notes)
+                while it also has a follow-up waiting for its running lease to end (lua/include/
+                debounce.lua)
     ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
     ``cancelled`` ZSET "id|token" -> lease deadline ms: leases revoked by ``cancel``
     ``wake``    Pub/Sub channel, published when an earlier task is scheduled (or settings change)
-    ``key_state`` HASH limit key -> "leased|next rate slot ms|parked" (see the Lua prelude)
+    ``key_state`` HASH limit key -> "leased|next rate slot ms|parked" (lua/include/key_state.lua)
     ``parked``  ZSET (scores 0) "<key>\\0<9 - priority><due ms><id>": due tasks whose key was at
                 one of the queue's per-key limits
     ``key_wait`` ZSET key -> ms when its parked tasks may be claimable again
     ``history`` HASH "<minute>|<counter>" -> count: per-minute counts of the last 24 hours
-                (field ``last``: the latest minute written; see the Lua prelude)
+                (field ``last``: the latest minute written; see lua/include/stats.lua)
     ``workers`` ZSET worker id -> ms its registry entry expires (see ``dueq.registry``)
     ``workers_info`` HASH worker id -> JSON heartbeat entry (host, pid, queues, counts, ...)
     ``events``  STREAM of outcome events (acked, retried, dead, cancelled, expired), written by
-                the settling scripts only while ``configure(events=...)`` is on (see the Lua
-                prelude's events notes and ``dueq.events.stream``)
+                the settling scripts only while ``configure(events=...)`` is on (see
+                lua/include/events.lua and ``dueq.events.stream``)
     ``batches`` HASH batch id -> "total|acked|dead|cancelled|expired|created_ms|closed_ms|
-                completed_ms" (the Lua prelude's batch notes; docs/batches.md)
+                completed_ms" (lua/include/batches.lua; docs/batches.md)
     ``batch_of`` HASH id -> batch id: the members that have not ended yet (only tasks with one)
     ``batch_on`` HASH batch id -> the completion task's packed record, until it is scheduled
     ``batch_ended`` ZSET batch id -> completed ms: completed batches, oldest first, for trimming

@@ -168,12 +168,12 @@ def schedule(
 
 
 def _after_keys(k: QueueKeys) -> list[str]:
-    """The dependency keys every script that ends a task takes (the prelude's after_settle)."""
+    """The dependency keys every script that ends a task takes (after_settle, dependencies.lua)."""
     return [k.waiting, k.after, k.children]
 
 
 def _batch_keys(k: QueueKeys) -> list[str]:
-    """The batch keys every script that ends a task takes (the Lua prelude's batch_settle)."""
+    """The batch keys every script that ends a task takes (batch_settle, batches.lua)."""
     return [k.batches, k.batch_of, k.batch_on, k.batch_ended]
 
 
@@ -1105,8 +1105,8 @@ def spark_commit(
     window_ms: int,
 ) -> Call[CommitStep]:
     """One step of committing a staged micro-batch: schedule one staged element, or settle
-    the batch's state. spark_commit.lua continues with schedule.lua's body, so its keys and
-    arguments start with schedule's."""
+    the batch's state. spark_commit.lua schedules with schedule.lua's body (the include
+    schedule_records), so its keys and arguments start with schedule's."""
     base = schedule(k, now, b"", replace=False, window_ms=window_ms)
     # schedule's own keys, the stage's, then the priority levels (scripts read them last)
     keys = [*base.keys[:-9], sk.rows, sk.ids, sk.batches, sk.queries, *base.keys[-9:]]

@@ -1,8 +1,23 @@
-"""The Lua scripts, loaded from ``dueq/lua`` and run with EVALSHA (NOSCRIPT falls back to EVAL).
+"""The Lua scripts, loaded from ``dueq/_wire/lua`` and run with EVALSHA (NOSCRIPT falls back to EVAL).
 
-Each script is ``_prelude.lua`` followed by its own file. redis-py's ``Script`` computes the
-SHA locally and reloads the script when the server answers NOSCRIPT (after a restart or
-``SCRIPT FLUSH``), so callers never see that error.
+Includes: a script names the helpers it uses with header lines ``-- @include <name>``, each
+one file ``lua/include/<name>.lua`` of one concept (the clock, meta values, settings, key
+limits, batches, ...), which names its own includes the same way. ``script_source`` puts the
+includes a script needs, each once, in dependency order (an include before every file that
+names it) in front of the script's own file, so a script's text holds only what it uses. Why
+not one shared prelude: Lua 5.1 allows a function (a script's main chunk is one) 200 active
+locals, and every helper is a local of the chunk; a prelude of every helper left the largest
+script (claim.lua) no room at all. An include keeps the names only it needs (constants, inner
+helpers) inside a ``do`` block, so a script pays a local only for what the include offers.
+tests/test_lua_includes.py compiles every script with extra locals in front to prove each has
+at least 40 free (``FREE_LOCALS_MIN``). An include name that has no file, or includes that name
+each other in a cycle, raise ``LuaIncludeError`` (a RuntimeError: dueq's files are wrong, not
+the caller's setup) when the script is first loaded, before anything is sent to Redis. No
+script reuses another's text: what two scripts share (schedule.lua and spark_commit.lua
+schedule records the same way) is a function of an include both call.
+
+redis-py's ``Script`` computes the SHA locally and reloads the script when the server answers
+NOSCRIPT (after a restart or ``SCRIPT FLUSH``), so callers never see that error.
 
 Replication: Redis replicates asynchronously, so a change acknowledged by a primary that dies
 before its replicas saw it is lost in a failover. With ``wait_replicas=N`` a script that changes
@@ -17,13 +32,14 @@ Keys of the wrong type: a script that meets a key holding another type than dueq
 fails with Redis's ``WRONGTYPE``, which names no key. The runner then asks the ``TYPE`` of that
 call's KEYS (one round trip, only on this error) and raises ``CorruptQueue`` naming the key, the
 type it holds and the type expected (keys.py ``KEY_TYPES``). Statistics keys never get here:
-the scripts leave a wrong-typed one alone (see the Lua prelude).
+the scripts leave a wrong-typed one alone (see lua/include/counters.lua).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -68,10 +84,9 @@ SCRIPT_NAMES = (
     "events_read",
 )
 
-#: Scripts made of their own file followed by another script's body (after its header):
-#: spark_commit.lua ends by falling through into schedule.lua, so staged records are scheduled
-#: by the very code that schedules every other task.
-CONTINUES_WITH = {"spark_commit": "schedule"}
+#: Every script's main chunk keeps at least this many of Lua's 200 locals free after its includes
+#: (tests/test_lua_includes.py measures it with the real compiler).
+FREE_LOCALS_MIN = 40
 
 #: Scripts whose changes a producer or operator relies on: they raise ReplicationTimeout.
 PRODUCER_SCRIPTS = frozenset(
@@ -93,17 +108,96 @@ PRODUCER_SCRIPTS = frozenset(
 SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})
 
 
+class LuaIncludeError(RuntimeError):
+    """A script's ``-- @include`` lines name a file that does not exist, name each other in a
+    cycle, or stand below the file's header: dueq's own Lua files are broken."""
+
+
+#: An include line: ``-- @include <name>``, in the leading comment of a script or an include.
+_INCLUDE_LINE = re.compile(r"^-- @include\s+(\S*)\s*$")
+#: The names an include may have (a file name under lua/include/, never a path).
+_INCLUDE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def includes_of(text: str, where: str) -> list[str]:
+    """The include names of one Lua file's text, in the order its header lists them. They
+    must stand in the file's leading comment (every line up to the first that is neither
+    blank nor a comment): a line further down would be read as a plain comment, silently."""
+    names: list[str] = []
+    in_header = True
+    for number, line in enumerate(text.split("\n"), 1):
+        if in_header and line.strip() and not line.startswith("--"):
+            in_header = False
+        found = _INCLUDE_LINE.match(line)
+        if found is None:
+            continue
+        if not in_header:
+            raise LuaIncludeError(f"{where}:{number}: @include below the file's header")
+        names.append(found.group(1))
+    return names
+
+
+def resolve_includes(text: str, where: str, read: Callable[[str], str | None]) -> list[str]:
+    """The includes ``text`` needs, directly or through other includes, each once, in
+    dependency order (every include after the ones it names). ``read(name)`` gives an
+    include's text, or None when there is no such include."""
+    order: list[str] = []
+    done: set[str] = set()
+    path: list[str] = []  # the includes being resolved, outermost first
+
+    def visit(name: str, by: str) -> None:
+        if name in path:
+            cycle = " -> ".join([*path[path.index(name) :], name])
+            raise LuaIncludeError(f"{where}: the includes name each other in a cycle: {cycle}")
+        if name in done:
+            return
+        found = read(name) if _INCLUDE_NAME.fullmatch(name) else None
+        if found is None:
+            raise LuaIncludeError(f"{by}: unknown include {name!r} (no lua/include/{name}.lua)")
+        path.append(name)
+        for inner in includes_of(found, f"include/{name}.lua"):
+            visit(inner, f"include/{name}.lua")
+        path.pop()
+        done.add(name)
+        order.append(name)
+
+    for name in includes_of(text, where):
+        visit(name, where)
+    return order
+
+
+def assemble(text: str, where: str, read: Callable[[str], str | None]) -> str:
+    """``text`` with the includes it needs in front (``resolve_includes``), one after another."""
+    parts = [_text(read, name) for name in resolve_includes(text, where, read)]
+    return "\n".join([*parts, text])
+
+
+def _text(read: Callable[[str], str | None], name: str) -> str:
+    found = read(name)
+    assert found is not None  # resolve_includes read it already
+    return found
+
+
+@cache
+def read_include(name: str) -> str | None:
+    """The text of ``lua/include/<name>.lua``, or None when there is none."""
+    found = (
+        resources.files("dueq._wire").joinpath("lua").joinpath("include").joinpath(f"{name}.lua")
+    )
+    return found.read_text(encoding="utf-8") if found.is_file() else None
+
+
 @cache
 def script_source(name: str) -> str:
-    """The full source of one script: the shared prelude, then the script's own file (then,
-    for a script in CONTINUES_WITH, the other script's body)."""
-    folder = resources.files("dueq._wire").joinpath("lua")
-    prelude = folder.joinpath("_prelude.lua").read_text(encoding="utf-8")
-    body = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
-    then = CONTINUES_WITH.get(name)
-    if then is not None:
-        body += folder.joinpath(f"{then}.lua").read_text(encoding="utf-8").split("\n\n", 1)[1]
-    return prelude + "\n" + body
+    """The full source of one script: the includes it needs (each once, in dependency order),
+    then the script's own file."""
+    body = (
+        resources.files("dueq._wire")
+        .joinpath("lua")
+        .joinpath(f"{name}.lua")
+        .read_text(encoding="utf-8")
+    )
+    return assemble(body, f"{name}.lua", read_include)
 
 
 def _wrong_type(exc: redis.ResponseError) -> bool:

@@ -96,7 +96,7 @@ def task_infos(reply: list[Any]) -> list[TaskInfo]:
 
 
 def finished_header(raw: bytes | str) -> dict[str, Any]:
-    """The header of a finished record (see the Lua prelude's results notes): state,
+    """The header of a finished record (see lua/include/results.lua): state,
     finished_ms, attempt, result and maybe unstored; {} when it cannot be read."""
     try:
         head = json.loads(raw)
@@ -175,7 +175,7 @@ def _whole(raw: str, low: int, high: int) -> int | None:
 
 
 def setting_value(field: str, raw: str) -> Any:
-    """A stored setting as the scripts read it (the Lua prelude's setting_parse, the same
+    """A stored setting as the scripts read it (setting_parse in lua/include/settings.lua, the same
     rules): paused -> bool, rate and key_rate -> (n, per_ms), key_concurrency and
     remember_done_ms and concurrency -> int, key_limit:<key> -> KeyLimit; REJECTED for a value
     they refuse (they run as if it were unset). A field without a rule comes back as it is."""
@@ -296,7 +296,7 @@ def queue_stats(reply: list[Any]) -> QueueStats:
     counters.pop("lease_seq", None)
     counters.pop("rate_in_window", None)  # claim.lua's running sum of the rate window
     for name in [name for name in counters if name.startswith("rejected:")]:
-        del counters[name]  # the last refused setting logged (see the Lua prelude's settings)
+        del counters[name]  # the last refused setting logged (lua/include/settings.lua)
     return QueueStats(
         scheduled=scheduled,
         due_now=due_now,
@@ -313,7 +313,7 @@ def queue_stats(reply: list[Any]) -> QueueStats:
 
 
 def batch_info(batch_id: bytes | str, raw: bytes | str | None) -> BatchInfo | None:
-    """A batch record of the batches hash (the Lua prelude's batch notes), or None for none:
+    """A batch record of the batches hash (lua/include/batches.lua), or None for none:
     "total|acked|dead|cancelled|expired|created_ms|closed_ms|completed_ms", then "|1" when its
     completion task's id was taken when it completed."""
     if raw is None:

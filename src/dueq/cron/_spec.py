@@ -209,8 +209,8 @@ class Spec:
     def envelope(self, max_bytes: int) -> bytes:
         """The stored form of its occurrences (payload, options, task name). With
         ``expires_ms`` it has a version-3 head holding the expiry as ms after the slot: the
-        scripts store each occurrence with it made absolute (``cron_expiring`` in the Lua
-        prelude), and the pending occurrence without it (``cron_pending``)."""
+        scripts store each occurrence with it made absolute (``cron_expiring`` in
+        lua/include/cron_expiry.lua), and the pending occurrence without it (``cron_pending``)."""
         return encode_envelope(self.payload, max_bytes, self.options(), task_name=self.task)
 
     def due_ms(self, slot_ms: int, task_id: str) -> int:

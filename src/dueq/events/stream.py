@@ -4,7 +4,7 @@ With ``q.configure(events=timedelta(hours=24))`` every script that settles a tas
 cancel, and claim for expired leases, buried tasks and tasks past their expiry) appends one
 entry to the queue's events stream (``dueq:{<queue>}:events``, a Redis Stream) in the same
 call: an event is written if and only if the outcome happened. Entries older than the
-retention are trimmed by the writing scripts (see the Lua prelude's events notes).
+retention are trimmed by the writing scripts (see lua/include/events.lua).
 
 Reading (``q.events(...)`` / ``aq.events(...)``), written once as ``events_flow`` and driven by a
 thread (``observe_events``, a reactivex Observable) or on the caller's event loop
@@ -336,7 +336,7 @@ def parse_event(
     group: str | None,
     acker: Callable[[str], Any] | None,
 ) -> EventBase:
-    """One event from a stream entry's fields (see the Lua prelude's events notes)."""
+    """One event from a stream entry's fields (see lua/include/events.lua)."""
     at_ms = int(fields.get("at", "0") or 0)
     result = None
     if "result" in fields:

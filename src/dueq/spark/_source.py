@@ -35,7 +35,7 @@ scheduled once:
    the batch: it records ``batch|s`` for the query and drops the stage's expiry. From then on
    ``spark_stage.lua`` refuses to stage for that batch, so a late task attempt or a replay
    adds nothing to it. Each later step pops one staged element (at most ``batch_size``
-   records) and schedules it with schedule.lua's own code (the script falls through into it)
+   records) and schedules it with schedule.lua's own code (the include both scripts call)
    in the same atomic call, so Redis is never blocked for long however big the batch, and a
    record is either still staged or scheduled, never both or neither. The step that finds the
    stage empty records ``batch|c``: committed.

@@ -7,28 +7,28 @@
 -- KEYS[5] stats    HASH counter -> int
 -- KEYS[6] done     ZSET id -> acked-at ms (written only when the remember-done window > 0)
 -- KEYS[7] config   HASH setting -> value (remember_done_ms, concurrency, keep_results_ms: see
---                  the prelude's settings)
+--                  include/settings.lua)
 -- KEYS[8] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
--- KEYS[9] key_state HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[9] key_state HASH per-key counts (see include/key_state.lua)
 -- KEYS[10] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[11] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot, or
 --                  a lease ends while the queue is at its concurrency cap
--- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see include/stats.lua)
 -- KEYS[13] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
--- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
+-- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in include/cron_outcome.lua)
 -- KEYS[15] results  HASH id -> finished record (written only when keep_results_ms > 0; see
---                   the prelude's results notes)
+--                   include/results.lua)
 -- KEYS[16] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[17] ended    Pub/Sub channel: the acked ids, when results are kept (for q.wait)
--- KEYS[18] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
+-- KEYS[18] debounce HASH id -> debounce cap and follow-up (include/debounce.lua)
 -- KEYS[19] due      ZSET id -> due ms (follow-ups of acked tasks, released children, a batch's
 --                  completion task are scheduled there)
--- KEYS[20] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
--- KEYS[21] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[20] events   STREAM outcome events (written only when events_ms > 0; see include/events.lua)
+-- KEYS[21] batches  HASH batch id -> record (see include/batches.lua)
 -- KEYS[22] batch_of HASH id -> batch id: the members of batches that have not ended
 -- KEYS[23] batch_on HASH batch id -> completion task record, scheduled when its batch completes
 -- KEYS[24] batch_ended ZSET batch id -> completed ms (for trimming)
--- KEYS[25] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[25] waiting  ZSET id -> due ms: tasks waiting for parents (include/dependencies.lua)
 -- KEYS[26] after    HASH id -> "<parents not finished>|<policy>"
 -- KEYS[27] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[28] dead     ZSET id -> died-at ms (children of a failed parent: not from here)
@@ -47,6 +47,25 @@
 -- Returns {acked, verdicts, kept_ms}: verdicts has one character per pair as given, 'h'
 --         (held: acked), 'c' (its task was cancelled while leased: not acked) or 'l' (lease
 --         lost, expired or taken over: not acked); kept_ms is keep_results_ms (0: none kept)
+-- @include batches
+-- @include bulk
+-- @include chunked
+-- @include clock
+-- @include cron_outcome
+-- @include dependencies
+-- @include ended
+-- @include events
+-- @include followups
+-- @include key_limits
+-- @include lease_pairs
+-- @include leases
+-- @include levels
+-- @include links
+-- @include meta
+-- @include results
+-- @include settings
+-- @include stats
+-- @include wake
 
 local TRIM_DONE = 1000
 local now = dueq_now(ARGV[1])

@@ -11,31 +11,47 @@
 -- KEYS[6] errors   HASH id -> JSON list of error records
 -- KEYS[7] stats    HASH counter -> int
 -- KEYS[8] cancelled ZSET "id|token" -> lease deadline ms: leases revoked here
--- KEYS[9] key_state HASH per-key counts (see the prelude's per-key notes)
--- KEYS[10] parked  ZSET due tasks whose key was at a limit (see the prelude)
+-- KEYS[9] key_state HASH per-key counts (see include/key_state.lua)
+-- KEYS[10] parked  ZSET due tasks whose key was at a limit (see include/key_state.lua)
 -- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[12] wake    Pub/Sub channel: told when a key with parked tasks gets a free slot, or
 --                  a lease ends while the queue is at its concurrency cap
--- KEYS[13] config   HASH setting -> value (keep_results_ms, concurrency, events_ms: see the
---                  prelude's settings)
--- KEYS[14] results  HASH id -> finished record (with keep_results_ms > 0: the prelude's
---                   results notes)
+-- KEYS[13] config   HASH setting -> value (keep_results_ms, concurrency, events_ms: see
+--                  include/settings.lua)
+-- KEYS[14] results  HASH id -> finished record (with keep_results_ms > 0: see
+--                   include/results.lua)
 -- KEYS[15] finished ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[16] ended    Pub/Sub channel: the cancelled id (for q.wait)
 -- KEYS[17] debounce HASH id -> debounce cap and follow-up (dropped with the task)
--- KEYS[18] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
--- KEYS[19] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[18] events   STREAM outcome events (written only when events_ms > 0; see include/events.lua)
+-- KEYS[19] batches  HASH batch id -> record (see include/batches.lua)
 -- KEYS[20] batch_of HASH id -> batch id: the members of batches that have not ended
 -- KEYS[21] batch_on HASH batch id -> completion task record, scheduled when its batch completes
 -- KEYS[22] batch_ended ZSET batch id -> completed ms (for trimming)
 -- KEYS[23] history  HASH "<minute>|<counter>" -> count (a batch's completion task scheduled)
--- KEYS[24] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[24] waiting  ZSET id -> due ms: tasks waiting for parents (include/dependencies.lua)
 -- KEYS[25] after    HASH id -> "<parents not finished>|<policy>"
 -- KEYS[26] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[27..35] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
+-- @include batches
+-- @include clock
+-- @include dependencies
+-- @include ended
+-- @include events
+-- @include key_limits
+-- @include leases
+-- @include levels
+-- @include links
+-- @include meta
+-- @include results
+-- @include settings
+-- @include stats
+-- @include tasks
+-- @include unpark
+-- @include wake
 
 local KEEP_MS = 3600000  -- a revoked lease is remembered this long after its deadline
 local id = ARGV[2]

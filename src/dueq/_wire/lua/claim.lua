@@ -9,30 +9,30 @@
 -- KEYS[6] dead     ZSET id -> died-at ms
 -- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
 -- KEYS[8] config   HASH setting -> value (paused, rate, key_rate, key_concurrency,
---                  concurrency, key_limit:<key>, events_ms; values the prelude's setting_parse refuses
---                  count as unset, and are logged once)
+--                  concurrency, key_limit:<key>, events_ms; values setting_parse refuses
+--                  count as unset, and are logged once: include/settings.lua)
 -- KEYS[9] rate     ZSET "<n>*<token>" -> claimed-at ms: the claims of the last rate window,
 --                  one entry per claim that leased n tasks (an entry without "<n>*" counts 1);
 --                  their sum is kept in the stats field rate_in_window
--- KEYS[10] key_state HASH key -> "leased|next rate slot ms|parked" (see the prelude)
+-- KEYS[10] key_state HASH key -> "leased|next rate slot ms|parked" (see include/key_state.lua)
 -- KEYS[11] parked  ZSET (scores 0) "<key>\0<9 - priority><due ms, 15 digits><id>": due tasks
 --                  whose key was at a limit
 -- KEYS[12] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[13] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[13] history  HASH "<minute>|<counter>" -> count: per-minute counts (see include/stats.lua)
 -- KEYS[14] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
--- KEYS[15] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
+-- KEYS[15] cron_last HASH name -> last outcome JSON (cron_note in include/cron_outcome.lua)
 -- KEYS[16] ended    Pub/Sub channel: the ids of tasks sent to dead or expired here (for q.wait)
 -- KEYS[17] results  HASH id -> finished record (expired tasks, with keep_results_ms > 0)
 -- KEYS[18] finished ZSET id -> finished ms (the records of results, for trimming)
--- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
+-- KEYS[19] debounce HASH id -> debounce cap and follow-up (include/debounce.lua)
 -- KEYS[20] events   STREAM outcome events: expired leases retried or dead, tasks buried or
---                  expired here (written only when events_ms > 0; see the prelude)
--- KEYS[21] batches  HASH batch id -> record (see the prelude's batch notes)
+--                  expired here (written only when events_ms > 0; see include/events.lua)
+-- KEYS[21] batches  HASH batch id -> record (see include/batches.lua)
 -- KEYS[22] batch_of HASH id -> batch id: the members of batches that have not ended
 -- KEYS[23] batch_on HASH batch id -> completion task record, scheduled when its batch completes
 -- KEYS[24] batch_ended ZSET batch id -> completed ms (for trimming)
 -- KEYS[25] wake     Pub/Sub channel: told when a batch's completion task is scheduled here
--- KEYS[26] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[26] waiting  ZSET id -> due ms: tasks waiting for parents (include/dependencies.lua)
 -- KEYS[27] after    HASH id -> "<parents not finished>|<policy>"
 -- KEYS[28] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[29..37] upper_due: the due ZSETs of priorities 1 to 9
@@ -59,7 +59,7 @@
 -- (Two elements per task, not five: every element of a reply is converted from Lua and
 -- written as RESP one by one, and the attempt and first-claim of most tasks are the defaults.)
 -- Due tasks are leased by priority (9 first), then earliest due within a priority. A due task
--- past its expiry is not leased: it ends "expired" (the prelude's expiry notes).
+-- past its expiry is not leased: it ends "expired" (include/expiry.lua).
 -- With a rate "n/per_ms" set, at most n tasks are leased in any window of per_ms (counted by
 -- the claims kept in KEYS[9], one entry per claim with its count: O(1) work per claim, not
 -- per task); when the rate holds tasks back, next_due is when the oldest claim of the window
@@ -68,6 +68,33 @@
 -- entries whose deadline is after now); a claim that leaves the queue at its cap returns
 -- next_due -1, so consumers sleep until a lease ends (ack, fail and release publish on the wake
 -- channel when they end one at the cap) or the next lease deadline (an expiry frees a slot).
+-- @include batches
+-- @include bulk
+-- @include chunked
+-- @include clock
+-- @include counters
+-- @include cron_outcome
+-- @include dead_letter
+-- @include dependencies
+-- @include ended
+-- @include epoch_ms
+-- @include errors
+-- @include events
+-- @include expire
+-- @include expiry
+-- @include followups
+-- @include key_limits
+-- @include key_state
+-- @include lease_seq
+-- @include levels
+-- @include links
+-- @include meta
+-- @include parked
+-- @include rate
+-- @include run_scores
+-- @include settings
+-- @include stats
+-- @include wake
 
 local now, now_us = dueq_now_us(ARGV[1])
 history_use(KEYS[13], ARGV[1])
@@ -79,8 +106,8 @@ local holder = ARGV[8]
 for i = 9, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
 local levels = due_levels(KEYS[1])
 
--- The next lease token: "<seq>@<holder>", seq from the prelude's lease_seq_next (never issued
--- twice, even when the stats field or key holding the count is corrupted).
+-- The next lease token: "<seq>@<holder>", seq from lease_seq_next (include/lease_seq.lua:
+-- never issued twice, even when the stats field or key holding the count is corrupted).
 local function next_token()
   local seq = lease_seq_next(KEYS[7], now, now_us)
   return holder == '' and seq or seq .. '@' .. holder
@@ -104,14 +131,14 @@ end
 -- on the last attempt, else retried after the backoff, or ended expired when that retry would
 -- start at or after the task's expiry (as fail.lua judges a failure).
 -- Their keys' leases end together (one keys_release after the loop): the key a lease's meta
--- names ("|<key>": a counted lease, the prelude's per-key notes), even when its task data is
+-- names ("|<key>": a counted lease, include/key_state.lua), even when its task data is
 -- gone (evicted, deleted by hand), so the key's other tasks are not held back by a lease
 -- nobody can end.
 -- The tasks that end expired in this claim, never leased (tasks_expire after the lease loop):
 -- expired leases whose retry would start at or after their expiry (here), and due tasks past
 -- their expiry (the lease loop).
 local too_late = {}
-do  -- a block: its locals do not count against the chunk's 200 (claim.lua is near them)
+do
   local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0,
     tonumber(ARGV[5]))
   local expired_keys = {}
@@ -171,7 +198,7 @@ do  -- a block: its locals do not count against the chunk's 200 (claim.lua is ne
 end
 
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
--- a task whose key is at one of its limits is parked instead (see the prelude's per-key notes).
+-- a task whose key is at one of its limits is parked instead (see include/key_state.lua).
 local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency',
   'concurrency', 'key_limits', 'keep_results_ms', 'events_ms')
 local paused = config.paused == true
@@ -264,7 +291,6 @@ end
 
 -- 2a. Keys whose wait is over: move as many of their parked tasks back to due as their limits
 -- admit (at most UNPARK_KEYS keys per claim; the rest stay ready for the next claim).
--- (key_room and UNPARK_KEYS are locals of the if block: off the chunk's 200.)
 local wait_head = head_score(KEYS[12])
 if wait_head and wait_head <= now and not paused and limit > 0 then
   -- How many tasks of the key in slot j the limits admit now (at most `most`), and when the
@@ -387,7 +413,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
     heads[i] = b
     -- a task's key matters to this claim only when a key limit is set or some key has a state
     -- (a lease counted while it had a limit, a KeyCooldown's mark, parked tasks): else keyed
-    -- tasks are leased as plain ones, not counted (the prelude's per-key notes)
+    -- tasks are leased as plain ones, not counted (include/key_state.lua)
     local key, j = nil, false
     if b == 50 or b == 51 then
       if any_state == nil then any_state = redis.call('EXISTS', KEYS[10]) == 1 end
@@ -447,7 +473,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
     elseif room < 1 then
       park(key, j, priority, due_ms, id, attempt, first, wait_until)
     else
-      -- counted against its key only while the key has a limit (the prelude's per-key notes);
+      -- counted against its key only while the key has a limit (include/key_state.lua);
       -- from here j is the slot of the key it counts against, or false
       if j then
         if conc[j] or gaps[j] then
@@ -508,8 +534,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
 end
 -- Write back the keys this claim changed (one HSET, one HDEL).
 -- Keys leased once here share their new state (1, the same mark, 0 parked): the last state
--- made is reused while the next key's is the same. (A block: its locals do not count against
--- the chunk's 200.)
+-- made is reused while the next key's is the same.
 do
   local state_set, state_drop, n_set, n_drop = {}, {}, 0, 0
   local last_f, last_m, last_p, last_v = nil, nil, nil, nil
@@ -575,7 +600,7 @@ out[8] = buried_here
 tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
   results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19]}, levels,
   too_late, now, config.keep_results_ms or 0)
-do  -- their batches and waiting children (a block: this chunk is near Lua's 200 locals)
+do  -- their batches and waiting children
   local bk = links.batch_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[24], levels, KEYS[3], KEYS[7],
     KEYS[25])
   local ak = links.after_keys(KEYS[26], KEYS[27], KEYS[28], KEYS[6], KEYS[5], KEYS[16], bk)

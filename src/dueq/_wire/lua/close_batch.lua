@@ -1,13 +1,13 @@
 -- close_batch.lua: close a batch: it takes no completion task after this one, and once nothing
 -- is pending its completion task is scheduled (here, when every member has ended already).
--- See the prelude's batch notes.
+-- See include/batches.lua.
 --
 -- KEYS[1] due      ZSET id -> due ms (the completion task's level 0)
 -- KEYS[2] tasks    HASH id -> envelope
 -- KEYS[3] stats    HASH counter -> int
 -- KEYS[4] wake     Pub/Sub channel, told when the completion task is due earliest
--- KEYS[5] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
--- KEYS[6] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[5] history  HASH "<minute>|<counter>" -> count: per-minute counts (see include/stats.lua)
+-- KEYS[6] batches  HASH batch id -> record (see include/batches.lua)
 -- KEYS[7] batch_on HASH batch id -> the completion task's packed record, until scheduled
 -- KEYS[8] batch_ended ZSET batch id -> completed ms (for trimming)
 -- KEYS[9..17] upper_due: the due ZSETs of priorities 1 to 9
@@ -18,6 +18,11 @@
 --         (its completion task is left as it was), -1 when the completion task's id is taken
 --         by a task of the queue (any state in the tasks HASH: it could never be scheduled),
 --         nothing written; record is the batch's record after the call
+-- @include batches
+-- @include clock
+-- @include levels
+-- @include links
+-- @include stats
 
 local now = dueq_now(ARGV[1])
 history_use(KEYS[5], ARGV[1])

@@ -4,16 +4,23 @@
 --                  kept here)
 -- KEYS[2] wake     Pub/Sub channel: consumers claim at once after a change (resume, say)
 -- KEYS[3] stats    HASH: the field "rejected:<setting>" of a setting changed here is dropped
---                  (the last refused value logged; see the prelude's settings)
+--                  (the last refused value logged; see include/settings.lua)
 -- KEYS[4] leased   ZSET id -> lease deadline ms
 -- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms[|<key>]"
 -- KEYS[6] tasks    HASH id -> envelope (its limit key)
--- KEYS[7] key_state HASH key -> "leased|mark|parked" (the prelude's per-key notes)
+-- KEYS[7] key_state HASH key -> "leased|mark|parked" (include/key_state.lua)
 -- ARGV[1], ARGV[2], ... pairs: setting, value; an empty value removes the setting (its
 --         default applies)
 -- Returns {refused, setting1, value1, ...}: the settings after the change; refused is 0, or
 --         the number of key_limit:<key> settings the change would have left when that is more
 --         than SETTING_MAX_KEY_LIMITS (then nothing is written)
+-- @include bulk
+-- @include chunked
+-- @include counters
+-- @include levels
+-- @include meta
+-- @include settings
+-- @include wake
 
 -- The bound on named key limits (issue 29): counted only when this change adds one.
 local adding = 0
@@ -66,7 +73,7 @@ if touched then
   end
 end
 -- Leases nobody counted: claim.lua counts a lease against its key only while the key has a
--- limit (the prelude's per-key notes), so a change of key limits counts the live leases of
+-- limit (include/key_state.lua), so a change of key limits counts the live leases of
 -- every key that has a limit after it and whose leases were not counted: each such lease's meta
 -- gets "|<key>" and its key's leased count one more, so the limit holds from this change on.
 -- O(live leases), on a change of key_concurrency, key_rate or a key_limit:<key> only.

@@ -9,7 +9,7 @@
 -- KEYS[7] errors      HASH id -> JSON list of error records
 -- KEYS[8] stats       HASH counter -> int (a replaced pending occurrence counts as cancelled)
 -- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
--- KEYS[10] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[10] history  HASH "<minute>|<counter>" -> count: per-minute counts (see include/stats.lua)
 -- KEYS[11] cron_runs  HASH name -> runs record JSON (a new or replaced definition starts anew)
 -- KEYS[12..20] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME (the minute its occurrence counts in the history)
@@ -20,7 +20,7 @@
 --         stored finished, with nothing scheduled)
 -- ARGV[6] next occurrence: task id
 -- ARGV[7] next occurrence: envelope (a version-3 head's expiry is ms after the slot: the
---         pending occurrence is stored without it, see cron_pending in the prelude)
+--         pending occurrence is stored without it, see cron_pending in include/cron_expiry.lua)
 -- ARGV[8] next occurrence: due ms (the slot plus its jitter)
 -- Returns 0 unchanged (same definition, its pending occurrence exists, it is paused or it is
 --         finished), 1
@@ -30,6 +30,13 @@
 -- corrupted one never withdraws a task it merely names); adding the definition rewrites it.
 -- A paused definition stays paused: nothing is scheduled (a replaced one keeps its old state
 -- until cron_control resumes it). A new definition clears a paused mark left without one.
+-- @include cron_expiry
+-- @include cron_runs
+-- @include cron_state
+-- @include levels
+-- @include stats
+-- @include tasks
+-- @include wake
 
 history_use(KEYS[10], ARGV[1])
 local levels = due_levels(KEYS[4])

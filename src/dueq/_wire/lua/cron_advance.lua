@@ -16,19 +16,19 @@
 -- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
 -- KEYS[10] cron_paused HASH name -> paused-at ms (any value: paused; "<ms>|failures" when
 --                     pause_after_failures paused it)
--- KEYS[11] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
--- KEYS[12] cron_runs  HASH name -> runs record JSON (see the prelude's cron_runs_read)
--- KEYS[13] cron_last  HASH name -> last outcome JSON (cron_note in the prelude)
+-- KEYS[11] history  HASH "<minute>|<counter>" -> count: per-minute counts (see include/stats.lua)
+-- KEYS[12] cron_runs  HASH name -> runs record JSON (see include/cron_runs.lua)
+-- KEYS[13] cron_last  HASH name -> last outcome JSON (cron_note in include/cron_outcome.lua)
 -- KEYS[14] cancelled  ZSET "id|token" -> lease deadline ms: leases revoked (as cancel.lua)
--- KEYS[15] key_state  HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[15] key_state  HASH per-key counts (see include/key_state.lua)
 -- KEYS[16] key_wait   ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[17] config     HASH setting -> value (keep_results_ms, concurrency, events_ms: read only
 --                     when overlap cancel_other cancels a running occurrence)
--- KEYS[18] results    HASH id -> finished record (keep_results: the prelude's results notes)
+-- KEYS[18] results    HASH id -> finished record (keep_results: include/results.lua)
 -- KEYS[19] finished   ZSET id -> finished ms (the records of results, for trimming)
 -- KEYS[20] ended      Pub/Sub channel: the ids of occurrences cancelled here (for q.wait)
 -- KEYS[21] events     STREAM outcome events (written only when events_ms > 0)
--- KEYS[22] batches    HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[22] batches    HASH batch id -> record (see include/batches.lua)
 -- KEYS[23] batch_of   HASH id -> batch id: the members of batches that have not ended
 -- KEYS[24] batch_on   HASH batch id -> completion task record
 -- KEYS[25] batch_ended ZSET batch id -> completed ms (for trimming)
@@ -43,7 +43,8 @@
 --         "1" to drop the occurrence (a missed slot that must not run) or "0" to run it,
 --         envelope for the occurrences it adds (a version-3 head's expiry is ms after the
 --         slot: missed occurrences store it from their slots, the next pending one without
---         it, and a claimed pending one gets it now; see cron_expiring in the prelude), next
+--         it, and a claimed pending one gets it now; see cron_expiring in
+--         include/cron_expiry.lua), next
 --         pending slot ms (after now; "" when the
 --         definition's window has no more), next pending id, policies, count of missed
 --         occurrences to run now, then that many pairs: due ms, id. Policies is "" for a
@@ -73,6 +74,26 @@
 --            run and goes back to due with its expiry, so the next claim ends it "expired"
 --            (claim.lua); the schedule moved on as for 1 (or stayed, as for 0, 2 and 3).
 --         An error (before any write) if the entries are not laid out as above.
+-- @include batches
+-- @include clock
+-- @include cron_expiry
+-- @include cron_outcome
+-- @include cron_runs
+-- @include cron_state
+-- @include dependencies
+-- @include ended
+-- @include events
+-- @include expiry
+-- @include key_limits
+-- @include leases
+-- @include levels
+-- @include links
+-- @include meta
+-- @include results
+-- @include settings
+-- @include stats
+-- @include tasks
+-- @include wake
 
 -- Pass 1: lay out and check every entry, writing nothing.
 local FIXED = 10

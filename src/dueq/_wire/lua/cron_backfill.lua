@@ -7,18 +7,26 @@
 -- KEYS[4] tasks       HASH id -> envelope
 -- KEYS[5] stats       HASH counter -> int
 -- KEYS[6] wake        Pub/Sub channel, told when the earliest due time moves earlier
--- KEYS[7] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[7] history  HASH "<minute>|<counter>" -> count: per-minute counts (see include/stats.lua)
 -- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] name
 -- ARGV[3] the definition JSON the caller planned from (compare-and-set)
 -- ARGV[4] the envelope of the occurrences (a version-3 head's expiry is ms after the slot:
 --         each occurrence counts it from when it is due, its slot or now if that is later, so
---         a backfilled past slot gets the whole of it; see cron_expiring in the prelude)
+--         a backfilled past slot gets the whole of it; see cron_expiring in
+--         include/cron_expiry.lua)
 -- ARGV[5..] triples: slot ms, due ms (a past one is stored as now), occurrence id
 -- Returns the count of occurrences added; -1 no definition of that name; -2 the definition is
 --         no longer ARGV[3] (nothing changed, read it again).
 --         An error (before any write) for a bad slot or due time.
+-- @include clock
+-- @include cron_expiry
+-- @include cron_state
+-- @include levels
+-- @include stats
+-- @include tasks
+-- @include wake
 
 for j = 5, #ARGV, 3 do
   if not ms_text_ok(ARGV[j], false) or not ms_text_ok(ARGV[j + 1] or '', false) then

@@ -9,7 +9,7 @@
 -- KEYS[7] errors      HASH id -> JSON list of error records
 -- KEYS[8] stats       HASH counter -> int (a withdrawn pending occurrence counts as cancelled)
 -- KEYS[9] wake        Pub/Sub channel, told when the earliest due time moves earlier
--- KEYS[10] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[10] history  HASH "<minute>|<counter>" -> count: per-minute counts (see include/stats.lua)
 -- KEYS[11] cron_runs  HASH name -> runs record JSON (resume past the window's end: finished)
 -- KEYS[12] cron_last  HASH name -> last outcome JSON (resume clears its failure count)
 -- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9
@@ -21,7 +21,7 @@
 -- ARGV[6] resume: the next occurrence's id; run_now: the extra occurrence's id
 -- ARGV[7] resume, run_now: the envelope of the occurrence it adds (a version-3 head's expiry
 --         is ms after the slot: resume's pending occurrence is stored without it, run_now's
---         counts it from now; see cron_expiring in the prelude)
+--         counts it from now; see cron_expiring in include/cron_expiry.lua)
 -- ARGV[8] resume: the next occurrence's due ms (slot plus jitter)
 -- ARGV[9] resume: the definition's pause_after_failures ("" none): a definition whose count of
 --         consecutive dead occurrences reached it counts as paused, and resume clears the count
@@ -36,6 +36,15 @@
 -- and cron_advance then schedule nothing for it. Resume clears the mark and writes the state
 -- "next|last|next_id" with its occurrence, so concurrent resumes add exactly one: the mark is
 -- tested and cleared in the same script.
+-- @include clock
+-- @include cron_expiry
+-- @include cron_outcome
+-- @include cron_runs
+-- @include cron_state
+-- @include levels
+-- @include stats
+-- @include tasks
+-- @include wake
 
 history_use(KEYS[10], ARGV[1])
 local action, name = ARGV[2], ARGV[3]

@@ -17,6 +17,8 @@
 -- ARGV[2] name
 -- Returns 1 if the definition existed, else 0
 -- A state value that cannot be read names no pending occurrence: nothing else is withdrawn.
+-- @include cron_state
+-- @include levels
 
 local name = ARGV[2]
 local _, _, head_id = cron_state_read(redis.call('HGET', KEYS[2], name), name)

@@ -15,6 +15,12 @@
 -- ARGV[4..] the ids (with "ids"; a repeated id counts once), or the most to take, oldest first
 --          (with "oldest")
 -- Returns {count} on success, or {-1, missing_id1, ...} when some ids are not dead
+-- @include bulk
+-- @include chunked
+-- @include clock
+-- @include levels
+-- @include stats
+-- @include wake
 
 local now = dueq_now(ARGV[1])
 local ids = {}

@@ -12,20 +12,20 @@
 -- KEYS[4] meta     HASH id -> "attempt|token|due_ms|first_ms[|key]"
 -- KEYS[5] stats    HASH counter -> int (rate_in_window: the sum of the rate window's entries)
 -- KEYS[6] rate     ZSET "<n>*<token>" -> claimed-at ms: the claims of the last rate window
--- KEYS[7] key_state HASH key -> "leased|next rate slot ms|parked" (see the prelude)
+-- KEYS[7] key_state HASH key -> "leased|next rate slot ms|parked" (see include/key_state.lua)
 -- KEYS[8] parked   ZSET (scores 0) "<key>\0<9 - priority><due ms, 15 digits><id>"
 -- KEYS[9] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[10] waiting ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[10] waiting ZSET id -> due ms: tasks waiting for parents (include/dependencies.lua)
 -- KEYS[11] after   HASH id -> "<parents not finished>|<policy>|<parents>"
 -- KEYS[12] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[13] dead    ZSET id -> died-at ms (the "cycles" repair ends a cycle's tasks dead)
 -- KEYS[14] errors  HASH id -> JSON list of error records
--- KEYS[15] config  HASH setting -> value (events_ms: see the prelude's settings)
+-- KEYS[15] config  HASH setting -> value (events_ms: see include/settings.lua)
 -- KEYS[16] events  STREAM outcome events (written only when events_ms > 0)
 -- KEYS[17] ended   Pub/Sub channel: the ids of tasks that ended (for q.wait)
 -- KEYS[18] history HASH "<minute>|<counter>" -> count (a batch's completion task scheduled)
 -- KEYS[19] wake    Pub/Sub channel: told when a child released by the repair is due earlier
--- KEYS[20] batches HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[20] batches HASH batch id -> record (see include/batches.lua)
 -- KEYS[21] batch_of HASH id -> batch id: the members of batches that have not ended
 -- KEYS[22] batch_on HASH batch id -> completion task record (a member ended may complete it)
 -- KEYS[23] batch_ended ZSET batch id -> completed ms (for trimming)
@@ -71,6 +71,21 @@
 -- the waiting set by rank, `batch` tasks a call, and from each a depth-first walk up its
 -- parents' after entries (each task once a call), at most edge cap edges a call: a call that
 -- runs out goes on from the task it was at (a note says so when one task's walk alone does).
+-- @include batches
+-- @include clock
+-- @include dependencies
+-- @include ended
+-- @include epoch_ms
+-- @include errors
+-- @include events
+-- @include key_state
+-- @include levels
+-- @include links
+-- @include meta
+-- @include rate
+-- @include settings
+-- @include stats
+-- @include wake
 
 local now = dueq_now(ARGV[1])
 local phase, cursor, batch = ARGV[2], ARGV[3], tonumber(ARGV[4])

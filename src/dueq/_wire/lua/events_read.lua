@@ -2,7 +2,7 @@
 -- without BLOCK), after counting the events the group lost to the events retention, in one
 -- atomic step, so that no trim falls between the count and the read.
 --
--- The writing scripts trim entries older than the retention (the prelude's events notes). A
+-- The writing scripts trim entries older than the retention (include/events.lua). A
 -- group whose last delivered id is older than the oldest entry kept lost every entry trimmed
 -- since: Redis 7 counts them as entries-added - length - the group's entries-read (XINFO).
 -- Redis itself would then read on from the oldest entry kept and add one to entries-read per
@@ -21,6 +21,7 @@
 --         -1 when the server cannot tell: Redis 6.2 has no entries-added); entries the
 --         XREADGROUP reply (false for none). {0, false} when the stream or the group is gone
 --         (the member's next XREADGROUP says so, and it makes the group again).
+-- @include stats
 
 local function field(flat, name)
   for i = 1, #flat, 2 do

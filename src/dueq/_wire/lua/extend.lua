@@ -11,6 +11,9 @@
 -- Returns {new deadline ms, verdicts}: verdicts has one character per pair as given, 'h'
 -- (held: extended), 'c' (its task was cancelled while leased) or 'l' (lease lost: expired,
 -- taken over, or the task is gone); each pair is judged on its own token
+-- @include bulk
+-- @include clock
+-- @include lease_pairs
 
 local now = dueq_now(ARGV[1])
 local deadline = now + tonumber(ARGV[2])

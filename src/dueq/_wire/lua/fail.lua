@@ -9,22 +9,22 @@
 -- KEYS[7] stats    HASH counter -> int
 -- KEYS[8] wake     Pub/Sub channel (also told when a lease ends at the concurrency cap)
 -- KEYS[9] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
--- KEYS[10] key_state HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[10] key_state HASH per-key counts (see include/key_state.lua)
 -- KEYS[11] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see the prelude)
+-- KEYS[12] history  HASH "<minute>|<counter>" -> count: per-minute counts (see include/stats.lua)
 -- KEYS[13] cron     HASH name -> definition JSON (asked only for "cron:..." ids)
--- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in the prelude)
--- KEYS[15] config   HASH setting -> value (concurrency: see the prelude's settings)
+-- KEYS[14] cron_last HASH name -> last outcome JSON (cron_note in include/cron_outcome.lua)
+-- KEYS[15] config   HASH setting -> value (concurrency: see include/settings.lua)
 -- KEYS[16] ended    Pub/Sub channel: the id, when the task dies or expires (for q.wait)
 -- KEYS[17] results  HASH id -> finished record (an expired task, with keep_results_ms > 0)
 -- KEYS[18] finished ZSET id -> finished ms (the records of results, for trimming)
--- KEYS[19] debounce HASH id -> debounce cap and follow-up (the prelude's debounce notes)
--- KEYS[20] events   STREAM outcome events (written only when events_ms > 0; see the prelude)
--- KEYS[21] batches  HASH batch id -> record (see the prelude's batch notes)
+-- KEYS[19] debounce HASH id -> debounce cap and follow-up (include/debounce.lua)
+-- KEYS[20] events   STREAM outcome events (written only when events_ms > 0; see include/events.lua)
+-- KEYS[21] batches  HASH batch id -> record (see include/batches.lua)
 -- KEYS[22] batch_of HASH id -> batch id: the members of batches that have not ended
 -- KEYS[23] batch_on HASH batch id -> completion task record, scheduled when its batch completes
 -- KEYS[24] batch_ended ZSET batch id -> completed ms (for trimming)
--- KEYS[25] waiting  ZSET id -> due ms: tasks waiting for parents (the prelude's dependency notes)
+-- KEYS[25] waiting  ZSET id -> due ms: tasks waiting for parents (include/dependencies.lua)
 -- KEYS[26] after    HASH id -> "<parents not finished>|<policy>"
 -- KEYS[27] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[28..36] upper_due: the due ZSETs of priorities 1 to 9
@@ -38,7 +38,26 @@
 -- ARGV[8] dead-letter cap: oldest age kept, ms
 -- Returns {status, at ms}: 1 = back in due at that time, 2 = dead since then, 0 = lease lost,
 --         3 = the task was cancelled while leased (nothing recorded), 4 = expired since then
---         (its next attempt would come at or after its expiry: the prelude's expiry notes)
+--         (its next attempt would come at or after its expiry: include/expiry.lua)
+-- @include batches
+-- @include clock
+-- @include cron_outcome
+-- @include dead_letter
+-- @include dependencies
+-- @include ended
+-- @include errors
+-- @include events
+-- @include expire
+-- @include expiry
+-- @include followups
+-- @include key_limits
+-- @include leases
+-- @include levels
+-- @include links
+-- @include meta
+-- @include settings
+-- @include stats
+-- @include wake
 
 local now = dueq_now(ARGV[1])
 history_use(KEYS[12], ARGV[1])
@@ -48,7 +67,7 @@ if verdict == 'c' then return {3, now} end
 if verdict == 'l' then return {0, now} end
 
 local envelope = redis.call('HGET', KEYS[3], id)
--- the key this lease is counted in (its meta names it: the prelude's per-key notes), also
+-- the key this lease is counted in (its meta names it: include/key_state.lua), also
 -- when its data is gone
 local key = lease_key(KEYS[4], id)
 if not envelope then  -- its data is gone (evicted, deleted by hand)

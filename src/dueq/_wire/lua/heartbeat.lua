@@ -14,6 +14,7 @@
 -- as big as the live workers; both keys also get a TTL of at least the longest entry's, so a
 -- registry nobody beats into any more disappears by itself. A reader never shows an entry past
 -- its expiry (dueq.registry filters by the score), pruned or not.
+-- @include clock
 
 local now = dueq_now(ARGV[1])
 local id, ttl_ms = ARGV[2], tonumber(ARGV[5])

@@ -1,7 +1,7 @@
 -- history.lua: the per-minute counts of the last minutes, and how many tasks fall due in each
 -- bucket ahead, as one snapshot. Cost: O(minutes * 6 + buckets * 10 * log N).
 --
--- KEYS[1] history  HASH "<minute>|<counter>" -> count (see the prelude; a key of another
+-- KEYS[1] history  HASH "<minute>|<counter>" -> count (see include/stats.lua; a key of another
 --                  type reads as zero counts)
 -- KEYS[2] due      ZSET id -> due ms
 -- KEYS[3] parked   ZSET due tasks whose key was at a limit (all due now)
@@ -10,9 +10,15 @@
 -- ARGV[2] minutes: how many minutes of history, ending with the current one (0..1440)
 -- ARGV[3] bucket ms (>= 1) and ARGV[4] buckets (0..1000): the due-time histogram's shape
 -- Returns {now, minutes * 6 counts (oldest minute first; per minute the counters in the
---          prelude's HISTORY_NAMES order), overdue (due at or before now, parked included),
+--          HISTORY_NAMES order of include/stats.lua), overdue (due at or before now, parked
+--          included),
 --          buckets counts (bucket i: due in (now + i * bucket, now + (i + 1) * bucket]),
 --          later (due after the last bucket)}
+-- @include chunked
+-- @include clock
+-- @include counters
+-- @include levels
+-- @include stats
 
 local now = dueq_now(ARGV[1])
 local minutes, bucket_ms, buckets = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -21,7 +27,7 @@ local out = {now}
 local current = math.floor(now / 60000)
 local kept = redis.call('TYPE', KEYS[1])
 kept = kept.ok or kept
-if kept ~= 'hash' and kept ~= 'none' then  -- see the prelude's stats_key_unusable
+if kept ~= 'hash' and kept ~= 'none' then  -- see stats_key_unusable in include/counters.lua
   stats_key_unusable(KEYS[1])
   minutes = -minutes  -- no history: zero counts
 end

@@ -6,8 +6,8 @@
 -- KEYS[4] tasks    HASH id -> envelope
 -- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[6] errors   HASH id -> JSON list of error records
--- KEYS[7] parked  ZSET due tasks whose key was at a limit (see the prelude)
--- KEYS[8] results  HASH id -> finished record (see the prelude's results notes)
+-- KEYS[7] parked  ZSET due tasks whose key was at a limit (see include/key_state.lua)
+-- KEYS[8] results  HASH id -> finished record (see include/results.lua)
 -- KEYS[9] waiting  ZSET id -> due ms: tasks waiting for parents (after=)
 -- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
@@ -17,6 +17,10 @@
 --   task has state "". A finished task kept by keep_results ("done", "cancelled", "expired")
 --   has its record's header JSON
 --   in place of meta, and its finished ms as score
+-- @include clock
+-- @include levels
+-- @include meta
+-- @include parked
 
 local ids = {}
 if ARGV[2] == 'ids' then

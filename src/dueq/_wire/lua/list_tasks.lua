@@ -10,8 +10,8 @@
 -- KEYS[4] tasks    HASH id -> envelope
 -- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms"
 -- KEYS[6] errors   HASH id -> JSON list of error records
--- KEYS[7] parked   ZSET due tasks whose key was at a limit (see the prelude)
--- KEYS[8] results  HASH id -> finished record (keep_results; see the prelude's results notes)
+-- KEYS[7] parked   ZSET due tasks whose key was at a limit (see include/key_state.lua)
+-- KEYS[8] results  HASH id -> finished record (keep_results; see include/results.lua)
 -- KEYS[9] finished ZSET id -> finished ms (the records of results)
 -- KEYS[10] waiting ZSET id -> due ms: tasks waiting for parents (after=)
 -- KEYS[11..19] upper_due: the due ZSETs of priorities 1 to 9
@@ -35,6 +35,9 @@
 -- of inspect.lua's dead pages, so q.dead.list and every listing agree). A cursor names the
 -- source and the last entry looked at ("<source>|<score>|<member>"), so tasks that come and
 -- go between calls never make a page repeat or skip the tasks that stayed.
+-- @include clock
+-- @include levels
+-- @include parked
 
 local state, cursor = ARGV[2], ARGV[3]
 local limit, budget = tonumber(ARGV[4]), tonumber(ARGV[5])

@@ -9,18 +9,29 @@
 -- KEYS[5] wake     Pub/Sub channel (also told when a lease ends at the concurrency cap)
 -- KEYS[6] cancelled ZSET "id|token" -> lease deadline ms: leases revoked by cancel.lua
 -- KEYS[7] tasks    HASH id -> envelope (read for the task's priority)
--- KEYS[8] key_state HASH per-key counts (see the prelude's per-key notes)
+-- KEYS[8] key_state HASH per-key counts (see include/key_state.lua)
 -- KEYS[9] key_wait ZSET key -> ms when its parked tasks may be claimable again
--- KEYS[10] config   HASH setting -> value (concurrency: see the prelude's settings)
+-- KEYS[10] config   HASH setting -> value (concurrency: see include/settings.lua)
 -- KEYS[11..19] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] delay ms before they are due again
 -- ARGV[3] key hold ms (a KeyCooldown): each task's limit key is held that long, so its other
 --         tasks wait (parked); "" or 0 for none
--- ARGV[4] the (id, lease token) pairs, packed as extend.lua's (the prelude's leases_unpack)
+-- ARGV[4] the (id, lease token) pairs, packed as extend.lua's
+--         (leases_unpack in include/lease_pairs.lua)
 -- Returns {due ms (now + delay), verdicts}: verdicts has one character per pair as given, 'h'
 -- (held: released), 'c' (its task was cancelled while leased) or 'l' (lease lost); only the
 -- held ones are released
+-- @include clock
+-- @include key_cooldown
+-- @include key_limits
+-- @include lease_pairs
+-- @include leases
+-- @include levels
+-- @include meta
+-- @include settings
+-- @include stats
+-- @include wake
 
 local now = dueq_now(ARGV[1])
 local due = now + tonumber(ARGV[2])
@@ -39,7 +50,7 @@ for i, id in ipairs(held) do
   local envelope = envelopes[i] or nil
   local k_level = level_key(levels, envelope)
   if previous_heads[k_level] == nil then previous_heads[k_level] = head_score(k_level) or false end
-  -- the key this lease is counted in (its meta names it: the prelude's per-key notes), also
+  -- the key this lease is counted in (its meta names it: include/key_state.lua), also
   -- when its data is gone; the task's own key (the envelope's) is the one a cooldown holds
   local counted_key = lease_key(KEYS[3], id)
   local _, _, key = task_options(envelope)

@@ -4,8 +4,8 @@
 -- KEYS[2] wake     Pub/Sub channel
 -- KEYS[3] tasks    HASH id -> envelope (read for the task's priority)
 -- KEYS[4] meta     HASH id -> "attempt|token|due_ms|first_ms" (a parked task's due ms)
--- KEYS[5] key_state HASH per-key counts (see the prelude's per-key notes)
--- KEYS[6] parked  ZSET due tasks whose key was at a limit (see the prelude)
+-- KEYS[5] key_state HASH per-key counts (see include/key_state.lua)
+-- KEYS[6] parked  ZSET due tasks whose key was at a limit (see include/key_state.lua)
 -- KEYS[7..15] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
@@ -13,6 +13,10 @@
 -- ARGV[4] due (ms); an absolute due time before now is stored as now (lag counts from the
 --         reschedule, and the task queues behind tasks already due)
 -- Returns the new due ms, or -1 when the task is not scheduled
+-- @include clock
+-- @include levels
+-- @include unpark
+-- @include wake
 
 local now = dueq_now(ARGV[1])
 local id = ARGV[2]

@@ -1,9 +1,8 @@
 -- spark_commit.lua: one step of committing a staged streaming micro-batch (DueqDataSource).
--- scripts.py appends schedule.lua's body to this file: a step that finds staged records
--- puts one staged element (at most batch_size records) in ARGV[3] and falls through into
--- schedule.lua, so the records are scheduled exactly as schedule_many would, and popping them
--- from the stage and scheduling them is one atomic step. The caller repeats until the batch
--- is committed.
+-- A step that finds staged records schedules one staged element (at most batch_size records)
+-- with schedule_records, the body of schedule.lua, so the records are scheduled exactly as
+-- schedule_many would (never replacing a task), and popping them from the stage and
+-- scheduling them is one atomic step. The caller repeats until the batch is committed.
 --
 -- KEYS[1] due      \
 -- KEYS[2] tasks     |
@@ -34,8 +33,8 @@
 -- KEYS[27] queries ZSET streaming query id -> last commit ms (forgets queries idle too long)
 -- KEYS[28..36] upper_due: schedule.lua's due ZSETs of priorities 1 to 9 (the last nine KEYS)
 -- ARGV[1] now ms, or "" for server TIME
--- ARGV[2] ("0": never replace) and ARGV[3] (set here) and ARGV[4] (remember-done window ms):
---         schedule.lua's
+-- ARGV[2] "0" (schedule.lua's ARGV[2]: never replace; not read) and ARGV[3] (unused)
+-- ARGV[4] remember-done window ms: schedule.lua's
 -- ARGV[5] streaming query id
 -- ARGV[6] batch id
 -- ARGV[7] ms a query's last batch is remembered after its last commit
@@ -43,6 +42,8 @@
 --         scheduled; call again), or {-1} the batch is committed now, {-2} it was committed
 --         before (a replay: nothing scheduled, its stage dropped), {-3, batch} an earlier
 --         batch of this query was sealed and never finished
+-- @include clock
+-- @include schedule_records
 
 local query, batch = ARGV[5], tonumber(ARGV[6])
 local record = redis.call('HGET', KEYS[26], query)
@@ -78,6 +79,4 @@ if not staged then
   end
   return {-1}
 end
-ARGV[2] = '0'
-ARGV[3] = staged
--- schedule.lua follows
+return schedule_records(false, staged, ARGV[4])

@@ -14,6 +14,8 @@
 -- ARGV[5] the records, packed back to back
 -- Returns {staged, duplicates}, or {-1, 0} when this batch of this query is already sealed or
 --         committed (a replay or a late task attempt): nothing is staged
+-- @include links
+-- @include records
 
 local query, batch = ARGV[2], tonumber(ARGV[3])
 local record = redis.call('HGET', KEYS[3], query)

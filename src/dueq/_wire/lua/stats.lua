@@ -12,6 +12,10 @@
 -- ARGV[1] now ms, or "" for server TIME
 -- Returns {now, scheduled, due_now, leased, dead, next_due ms or -1, stored (tasks with data),
 --          {setting1, value1, ...}, waiting, counter1, value1, ...}
+-- @include clock
+-- @include counters
+-- @include epoch_ms
+-- @include levels
 
 local now = dueq_now(ARGV[1])
 local levels = due_levels(KEYS[1])
@@ -36,7 +40,7 @@ local out = {
 local head = levels_head(levels)
 if head then out[6] = clamp_ms(head) end
 local counters = redis.pcall('HGETALL', KEYS[4])
-if counters.err then  -- not a hash (see the prelude's stats_key_unusable): no counters
+if counters.err then  -- not a hash (see stats_key_unusable in include/counters.lua): no counters
   stats_key_unusable(KEYS[4])
   counters = {}
 end

@@ -1,0 +1,14 @@
+-- unpark.lua (include): per-key limits: a task taken out of the parked set.
+-- @include key_state
+-- @include parked
+
+-- Take a scheduled task with `key` out of the parked set, if it is parked there; true if it was.
+local function unpark_one(k_parked, k_state, k_meta, key, priority, id)
+  local member = parked_member_of(k_meta, key, priority, id)
+  if member and redis.call('ZREM', k_parked, member) == 1 then
+    local leased, mark, parked = key_state_parse(redis.call('HGET', k_state, key))
+    key_state_write(k_state, {[key] = key_state_value(leased, mark, parked - 1, 0) or false})
+    return true
+  end
+  return false
+end
