@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import re
 from importlib import resources
-from pathlib import Path
 
 import pytest
 import redis
+from paths_support import ROOT
 
 import dueq._wire.scripts
 from dueq._wire.scripts import (
@@ -206,5 +206,5 @@ def test_every_include_is_used_by_a_script():
 
 
 def test_the_package_ships_the_includes():
-    pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert '"_wire/lua/include/*.lua"' in pyproject
