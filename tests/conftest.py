@@ -13,7 +13,7 @@ redis-server from PATH. It is resolved once here into ``DUEQ_REDIS_SERVER`` (whi
 header names the server. ``scripts/test-servers`` runs the contract tests against each.
 
 ``DUEQ_TEST_TLS=1`` makes that server TLS-only with a throwaway CA, and every client from
-``redis_server.client()`` or ``redis_server.url`` verifies its certificate (tests/test_tls.py
+``redis_server.client()`` or ``redis_server.url`` verifies its certificate (tests/server/test_tls.py
 runs the core, consumer and cron tests this way).
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-import slow_start
+import slow_start_support
 from async_support import Blocking
 from click.testing import CliRunner, Result
 from redis.cluster import RedisCluster
@@ -225,7 +225,7 @@ def invoke(r: redis.Redis, redis_server: RedisServer) -> Callable[..., Result]:
 
 
 #: How long the SparkSession of a test process may take to start (JVM, py4j gateway,
-#: SparkContext): its own bound, outside every test's 120 s (``slow_start``). On the 2-core
+#: SparkContext): its own bound, outside every test's 120 s (``slow_start_support``). On the 2-core
 #: machine, busy with other test runs, a start took over 120 s.
 SPARK_START_S = 600.0
 
@@ -253,18 +253,18 @@ def _start_spark() -> Any:
     return session
 
 
-SPARK = slow_start.REGISTRY.setdefault(
-    "spark", slow_start.SlowStart("the SparkSession", _start_spark, SPARK_START_S)
+SPARK = slow_start_support.REGISTRY.setdefault(
+    "spark", slow_start_support.SlowStart("the SparkSession", _start_spark, SPARK_START_S)
 )
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Begin the slow starts (``slow_start.REGISTRY``) a test's fixtures need before its
+    """Begin the slow starts (``slow_start_support.REGISTRY``) a test's fixtures need before its
     timeout's timer starts: this wrapper runs around pytest-timeout's."""
     for name in getattr(item, "fixturenames", ()):
-        if name in slow_start.REGISTRY:
-            slow_start.REGISTRY[name].begin()
+        if name in slow_start_support.REGISTRY:
+            slow_start_support.REGISTRY[name].begin()
     yield
 
 
@@ -297,7 +297,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture
 def spark(request: pytest.FixtureRequest) -> Any:
     """The test process's one local SparkSession (``_start_spark``), started once before the
-    first test that asks for it, outside that test's timeout (``slow_start``). If it did not
+    first test that asks for it, outside that test's timeout (``slow_start_support``). If it did not
     start, that test fails with the reason and the later ones skip naming it."""
     pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
     return SPARK.get(request.node.nodeid)

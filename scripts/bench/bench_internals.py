@@ -4,7 +4,7 @@ Benchmarks use the public API. One measures what a feature of the Lua scripts co
 the same queue with that feature cut out of its scripts (``views.py``: the per-minute
 history). Nothing public lets a queue run other script sources, and nothing should: a queue
 runs dueq's own scripts. So the one private reach is here, named and explained, as the test
-suite's reaches are in ``tests/internals.py``:
+suite's reaches are in ``tests/internals_support.py``:
 
 - ``replace_scripts``: a blocking queue runs the given sources instead of dueq's, by script
   name (the script runner, ``dueq._wire.scripts.Scripts``, keeps them by name; each is registered on

@@ -24,7 +24,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+from paths_support import SRC
+
 ROOT = "dueq"
 
 

@@ -1,4 +1,4 @@
-"""mypy --strict on tests/structure/ports_conform.py: ``Queue``, ``AsyncQueue``, ``QueueCore`` and
+"""mypy --strict on tests/fixtures/ports_conform.py: ``Queue``, ``AsyncQueue``, ``QueueCore`` and
 ``ClaimBatch`` fit the protocols the parts of a queue take in their place (``dueq._wire.ports``,
 ``dueq.delivery.SettlingQueue``, ``dueq._consume``'s ``Claims``, ...).
 
@@ -11,23 +11,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from paths_support import FIXTURES, ROOT, SRC
 
 
 @pytest.mark.slow
 def test_the_front_ends_fit_the_protocols_the_parts_take() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MYPYPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(SRC), "MYPYPATH": str(SRC)}
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "mypy",
             "--strict",
-            str(Path(__file__).with_name("ports_conform.py")),
+            str(FIXTURES / "ports_conform.py"),
         ],
         cwd=ROOT,
         env=env,

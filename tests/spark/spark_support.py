@@ -1,0 +1,54 @@
+"""Data frames and stream folders shared by the Spark tests (test_spark.py, test_spark_source.py,
+test_spark_connect.py). Import it only after ``pytest.importorskip("pyspark")``: it imports
+pyspark."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import redis
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from dueq._wire.snapshot import text
+
+T0 = 1_900_000_000  # epoch seconds of the first row's due time (2030-03-17)
+ROWS = 20_000
+
+
+def reminders(spark: SparkSession, rows: int = ROWS, partitions: int = 2) -> DataFrame:
+    return spark.range(rows, numPartitions=partitions).select(
+        F.concat(F.lit("user-"), F.col("id")).alias("user"),
+        (F.lit(T0) + F.col("id")).cast("timestamp").alias("send_at"),
+        F.col("id").alias("n"),
+        F.lit("hello").alias("text"),
+    )
+
+
+def bad_rows_frame(spark: SparkSession) -> DataFrame:
+    return spark.createDataFrame(
+        [
+            ("ok", "2030-01-01 09:00:00", 1.5, [1.0]),
+            ("null-due", None, 1.0, [1.0]),
+            ("junk-due", "next tuesday", 1.0, [1.0]),
+            ("nan", "2030-01-01 09:00:00", float("nan"), [1.0]),
+            ("nested-inf", "2030-01-01 09:00:00", 1.0, [float("inf")]),
+            (None, "2030-01-01 09:00:00", 1.0, [1.0]),
+        ],
+        "id string, at string, x double, xs array<double>",
+    )
+
+
+def staging_keys(r: redis.Redis, queue: str) -> list[str]:
+    return [text(k) for k in r.keys(f"dueq:{{{queue}}}:spark:stage:*")]
+
+
+def stream_files(folder: Path, files: int = 2, rows: int = 150) -> None:
+    folder.mkdir(exist_ok=True)
+    for part in range(files):
+        lines = [
+            json.dumps({"id": f"s-{part}-{i}", "at": "2030-01-01T09:00:00Z", "v": i})
+            for i in range(rows)
+        ]
+        (folder / f"part-{part}.json").write_text("\n".join(lines) + "\n")
