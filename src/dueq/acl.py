@@ -9,7 +9,7 @@ inside a script (commands and keys), so a role needs EVALSHA and SCRIPT LOAD (re
 fall-back on NOSCRIPT) plus every command the role's Lua scripts call. Those are read from
 the scripts themselves (each script is its includes + its own file), so a script that
 starts calling a new command changes the rule with it. The commands sent from Python are
-listed by hand below, per role; ``tests/test_acl.py`` runs each role's operations as a user
+listed by hand below, per role; ``tests/server/test_acl.py`` runs each role's operations as a user
 with exactly this rule against a real server, so a missing command fails a test.
 
 What this does and does not separate (docs/deployment.md says it for users):

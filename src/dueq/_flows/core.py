@@ -41,7 +41,7 @@ that only put others together (``get_flow``, ``schedule_many_flow``: their encod
 queue's settings; ``doctor_flow``, ``wait_check_flow`` ...) the queue's, which reach their
 parts through ``_core`` again. So a sharded queue never runs a plain flow on the logical
 queue's keys; were one reached anyway, ``q.keys`` raises (a sharded queue has none).
-``tests/test_shards_core.py`` pins the rule.
+``tests/sharding/test_shards_core.py`` pins the rule.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each function below builds a ``Call`` for one script: it owns that script's key order (read
 from ``QueueKeys``), packs its arguments, and carries the parser of its reply. A front end only
 sends ``call.keys`` and ``call.args`` to ``call.script`` and hands the reply to ``call.parse``,
-so nothing outside this module knows a key order or a reply offset (``tests/test_scripts.py``
+so nothing outside this module knows a key order or a reply offset (``tests/wire/test_scripts.py``
 checks every key order here against the script's KEYS header). The same calls serve a
 blocking client and an asyncio one, the way httpx's ``BaseClient`` builds requests for both
 ``Client`` and ``AsyncClient``.

@@ -10,7 +10,7 @@ not one shared prelude: Lua 5.1 allows a function (a script's main chunk is one)
 locals, and every helper is a local of the chunk; a prelude of every helper left the largest
 script (claim.lua) no room at all. An include keeps the names only it needs (constants, inner
 helpers) inside a ``do`` block, so a script pays a local only for what the include offers.
-tests/test_lua_includes.py compiles every script with extra locals in front to prove each has
+tests/wire/test_lua_includes.py compiles every script with extra locals in front to prove each has
 at least 40 free (``FREE_LOCALS_MIN``). An include name that has no file, or includes that name
 each other in a cycle, raise ``LuaIncludeError`` (a RuntimeError: dueq's files are wrong, not
 the caller's setup) when the script is first loaded, before anything is sent to Redis. No
@@ -86,7 +86,7 @@ SCRIPT_NAMES = (
 )
 
 #: Every script's main chunk keeps at least this many of Lua's 200 locals free after its includes
-#: (tests/test_lua_includes.py measures it with the real compiler).
+#: (tests/wire/test_lua_includes.py measures it with the real compiler).
 FREE_LOCALS_MIN = 40
 
 #: Scripts whose changes a producer or operator relies on: they raise ReplicationTimeout.

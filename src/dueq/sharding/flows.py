@@ -72,7 +72,7 @@ batches go through the logical queue; the data source's streaming writer stages 
 each micro-batch per shard, and its reader partitions each shard's sorted sets
 (``_spark_source._queue_names``: the shards, read on the driver).
 
-Failover: ``tests/test_shards_failover.py`` drains a queue of 3 shards on 3 primaries + 3
+Failover: ``tests/sharding/test_shards_failover.py`` drains a queue of 3 shards on 3 primaries + 3
 replicas (AOF, ``wait_replicas=1``) while one primary is failed over (``CLUSTER FAILOVER``, or
 SIGKILL and election): nothing acked is delivered again, nothing is lost.
 

@@ -3,7 +3,7 @@
 
 -- Settings: the queue's config hash (configure.lua writes it). Every script reads and checks
 -- its settings before its first write. Accepted values (dueq._wire.snapshot.setting_value is the same
--- rule in Python, with the bounds in dueq.model; tests/test_config_validation.py feeds both the
+-- rule in Python, with the bounds in dueq.model; tests/wire/test_config_validation.py feeds both the
 -- same strings):
 --   paused            "1" (paused) or "0" (running)
 --   rate, key_rate    "<n>/<per_ms>": n in 1..SETTING_MAX_RATE_N, per_ms in 1..SETTING_MAX_PER_MS
