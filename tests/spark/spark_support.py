@@ -5,13 +5,38 @@ pyspark."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from dueq._wire.snapshot import text
+
+T = TypeVar("T")
+
+#: What Spark says when the Python worker of a Python data source or a foreachBatch function
+#: did not connect back within its fixed 10 s: a busy 2-core machine can pass that while the
+#: worker imports pyspark, before the query read a row.
+WORKER_TIMEOUT = "Python worker failed to connect back"
+#: Runs of a streaming query, in all, when its Python worker keeps missing that window.
+WORKER_TRIES = 3
+
+
+def run_to_end(run: Callable[[], T]) -> T:
+    """``run()`` (a streaming query, from its start to its end), run again (WORKER_TRIES in
+    all) only when it failed because Spark's Python worker did not connect back in time;
+    every other error, and the last try's, is the caller's."""
+    for tries_left in range(WORKER_TRIES - 1, -1, -1):
+        try:
+            return run()
+        except Exception as exc:  # Spark's errors (classic and Connect) share no narrower base
+            if tries_left == 0 or WORKER_TIMEOUT not in str(exc):
+                raise
+    raise AssertionError("unreachable")
+
 
 T0 = 1_900_000_000  # epoch seconds of the first row's due time (2030-03-17)
 ROWS = 20_000

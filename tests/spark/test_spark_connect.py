@@ -49,7 +49,7 @@ pytest.importorskip(
 from pyspark.errors import AnalysisException, PythonException, StreamingQueryException
 from pyspark.find_spark_home import _find_spark_home
 from pyspark.sql.connect.session import SparkSession as ConnectSession
-from spark_support import staging_keys, stream_files
+from spark_support import run_to_end, staging_keys, stream_files
 
 from dueq import spark as ds
 from dueq.server import free_port
@@ -242,7 +242,7 @@ def test_a_stream_from_connect_replayed_after_its_tasks_were_acked_schedules_not
         writer.options(queue="cxs", redis_url=redis_server.url, id_col="id", at_col="at")
         writer.start().awaitTermination()
 
-    run()
+    run_to_end(run)
     q = dueq.Queue("cxs", r, clock=clock)
     assert q.stats().scheduled == 300
     clock.advance(1_900_000_000 - clock())  # past 2030-01-01 09:00: every task is due
@@ -265,26 +265,8 @@ def test_foreach_batch_from_connect_fails_the_stream_with_the_configuration_erro
     function = ds.foreach_batch(queue="fb", redis_url=redis_server.url, id_col="id", at_col="at")
     query = start_stream(connect, tmp_path / "in", tmp_path / "checkpoint").foreachBatch(function)
     with pytest.raises(StreamingQueryException, match="ConfigurationError: schedule_dataframe"):
-        started_with_a_worker(query).awaitTermination()
+        run_to_end(lambda: query.start().awaitTermination())
     assert r.zcard("dueq:{fb}:due") == 0
-
-
-#: Tries of a foreachBatch query's start: the server gives the Python worker that runs the
-#: function a fixed 10 s to connect back, which a busy 2-core machine can pass while that
-#: worker imports pyspark ("Python worker failed to connect back", before any batch ran).
-WORKER_START_TRIES = 3
-
-
-def started_with_a_worker(query: Any) -> Any:
-    """``query.start()``, tried again (up to WORKER_START_TRIES) only when the server's Python
-    worker for the function did not connect back in time; any other error is the test's."""
-    for tries_left in range(WORKER_START_TRIES - 1, -1, -1):
-        try:
-            return query.start()
-        except Exception as exc:  # pyspark's Connect errors share no narrower base with it
-            if tries_left == 0 or "Python worker failed to connect back" not in str(exc):
-                raise
-    raise AssertionError("unreachable")
 
 
 def test_an_events_stream_from_connect_reads_each_outcome_once_and_resumes(
@@ -304,7 +286,7 @@ def test_an_events_stream_from_connect_reads_each_outcome_once_and_resumes(
         )
         writer = events.load().writeStream.format("parquet").option("path", str(tmp_path / "out"))
         writer.option("checkpointLocation", str(tmp_path / "checkpoint"))
-        writer.trigger(availableNow=True).start().awaitTermination()
+        run_to_end(lambda: writer.trigger(availableNow=True).start().awaitTermination())
 
     outcomes("a")
     run()

@@ -27,6 +27,7 @@ pytest.importorskip(
 from internals_support import spark_events
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
+from spark_support import run_to_end
 
 from dueq._wire.snapshot import text
 
@@ -55,18 +56,21 @@ def stream_ids(r: redis.Redis, queue: str) -> list[str]:
 def run_events_stream(
     spark: SparkSession, out: Path, checkpoint: Path, url: str, queue: str, **options: str
 ) -> Any:
-    query = (
-        spark.readStream.format("dueq")
-        .options(queue=queue, redis_url=url, **options)
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    return query
+    def run() -> Any:
+        query = (
+            spark.readStream.format("dueq")
+            .options(queue=queue, redis_url=url, **options)
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        return query
+
+    return run_to_end(run)
 
 
 @pytest.fixture
@@ -209,7 +213,15 @@ def test_events_off_is_refused_with_a_pointer_to_configure(spark, r, redis_serve
         queue="sparkev-off", redis_url=redis_server.url, events="latest"
     )
     with pytest.raises(Exception, match=r"events are off for queue 'sparkev-off'.*configure"):
-        reader.load().writeStream.format("memory").queryName("off").start().awaitTermination()
+        run_to_end(
+            lambda: (
+                reader.load()
+                .writeStream.format("memory")
+                .queryName("off")
+                .start()
+                .awaitTermination()
+            )
+        )
     with pytest.raises(dueq.ConfigurationError, match="events are off"):
         spark_events().events_stream_reader(
             {"queue": "sparkev-off", "redis_url": redis_server.url, "events": "latest"}
@@ -226,7 +238,15 @@ def test_the_events_of_a_queue_that_does_not_exist_are_refused_naming_it(r, redi
 def test_a_dueq_stream_without_the_events_option_says_what_it_reads(spark, redis_server):
     stream = spark.readStream.format("dueq").options(queue="q", redis_url=redis_server.url)
     with pytest.raises(Exception, match="a dueq stream reads outcome events"):
-        stream.load().writeStream.format("memory").queryName("none").start().awaitTermination()
+        run_to_end(
+            lambda: (
+                stream.load()
+                .writeStream.format("memory")
+                .queryName("none")
+                .start()
+                .awaitTermination()
+            )
+        )
 
 
 def test_the_spark_events_page_runs(spark, r, redis_server, tmp_path, monkeypatch):

@@ -110,3 +110,36 @@ def test_a_spark_test_cut_off_by_its_timeout_fails_alone_and_the_later_ones_skip
     assert skipped.endswith(
         f"the SparkSession is unusable: a py4j call was cut off by the timeout of {tests[0]}"
     ), skipped
+
+
+def test_a_stream_runs_again_only_when_its_python_worker_did_not_connect_back_in_time():
+    from spark_support import WORKER_TIMEOUT, WORKER_TRIES, run_to_end
+
+    runs: list[int] = []
+
+    def late_once() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            raise RuntimeError(f"[STREAM_FAILED] terminated with exception: {WORKER_TIMEOUT}.")
+        return "done"
+
+    assert run_to_end(late_once) == "done"
+    assert len(runs) == 2
+
+    def refused() -> None:
+        runs.append(1)
+        raise ValueError("events are off for queue 'q'")
+
+    runs.clear()
+    with pytest.raises(ValueError, match="events are off"):
+        run_to_end(refused)
+    assert len(runs) == 1  # the test's own error: not run again
+
+    def always_late() -> None:
+        runs.append(1)
+        raise RuntimeError(WORKER_TIMEOUT)
+
+    runs.clear()
+    with pytest.raises(RuntimeError, match=WORKER_TIMEOUT):
+        run_to_end(always_late)
+    assert len(runs) == WORKER_TRIES
