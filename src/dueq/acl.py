@@ -49,7 +49,7 @@ from dueq.exceptions import ConfigurationError
 Role = Literal["producer", "consumer", "operator"]
 ROLES: tuple[Role, ...] = get_args(Role)
 
-#: The Lua scripts each role runs (see dueq/lua).
+#: The Lua scripts each role runs (see dueq/_wire/lua).
 ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
     # schedule / schedule_many, cancel, reschedule, get
     # plus the Spark data source's streaming write (stage, commit, abort)

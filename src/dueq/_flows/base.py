@@ -39,8 +39,8 @@ MAX_PAYLOAD_LIMIT = 64 * 1024 * 1024
 class QueueBase:
     """What every flow of a queue stands on: its settings (validated once), its keys, its clock
     argument, and the checks before its first schedule or claim. ``QueueCore`` puts it together
-    with the flows (``_schedule_flows``, ``_lease_flows``, ``_view_flows``, ``_settings_flows``,
-    ``_registry_flows``); ``Queue`` and ``AsyncQueue`` add the client, and send what they yield.
+    with the flows (``_flows.schedule``, ``_flows.lease``, ``_flows.view``, ``_flows.settings``,
+    ``_flows.registry``); ``Queue`` and ``AsyncQueue`` add the client, and send what they yield.
 
     ``sharded`` is the layout of a sharded queue (``dueq.sharding.flows.Sharded``, made by the front
     end), or None for a plain queue. It chooses the queue's *core* once, here (``_core``, see

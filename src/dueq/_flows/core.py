@@ -5,11 +5,11 @@ protocol steps it needs, receives each parsed reply and returns the result. ``Qu
 them with the blocking client, ``AsyncQueue`` on the asyncio client. The flows live in modules
 of one concept each, put together here:
 
-- ``_queue_base.QueueBase``: the settings, keys, clock argument and the server/plain checks;
-- ``_schedule_flows``: schedule, cancel, reschedule;
-- ``_lease_flows``: claim, and settle (ack, fail, extend, release);
-- ``_view_flows``: get, list, run_now, history, due histogram, stats, doctor;
-- ``_settings_flows``: configure, settings; ``_registry_flows``: the worker registry;
+- ``_flows.base.QueueBase``: the settings, keys, clock argument and the server/plain checks;
+- ``_flows.schedule``: schedule, cancel, reschedule;
+- ``_flows.lease``: claim, and settle (ack, fail, extend, release);
+- ``_flows.view``: get, list, run_now, history, due histogram, stats, doctor;
+- ``_flows.settings``: configure, settings; ``_flows.registry``: the worker registry;
 - ``dueq.dead`` and ``dueq.cron``: the dead-letter and cron flows (``q.dead``, ``q.cron``).
 
 The core: plain or sharded, chosen once

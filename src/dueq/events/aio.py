@@ -112,7 +112,7 @@ async def _read(queue: AwaitsEvents, spec: ReaderSpec) -> AsyncGenerator[AsyncEv
     try:
         step = next(flow)
         while True:
-            # a cancel redis-py lost in a read (as the wake listener's: _async_consume._listen)
+            # a cancel redis-py lost in a read (as the wake listener's: _consume.aio._listen)
             # must still end the reader, or it reads on for ever after its owner stopped it
             if cancel_pending(asyncio.current_task()):
                 raise asyncio.CancelledError

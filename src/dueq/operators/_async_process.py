@@ -136,7 +136,7 @@ class AsyncProcessor(Settling):
     def start(self, observer: abc.ObserverBase[Outcome]) -> None:
         """Start on the running loop without a source: the caller feeds ``accept_many`` and
         ``source_error`` on this loop (``AsyncWorker``'s own claim loops, see
-        ``_async_consume.consume``) and hands what stops them to ``attach_source``."""
+        ``_consume.aio.consume``) and hands what stops them to ``attach_source``."""
         self._loop = asyncio.get_running_loop()
         _LIVE.add(self)
         self._out.attach(observer)
