@@ -89,6 +89,20 @@ def test_every_exported_name_exists_and_is_defined_in_a_dueq_module() -> None:
             assert member.__module__.startswith("dueq"), name
 
 
+def test_public_classes_and_functions_show_dueq_as_their_module_but_exceptions_keep_theirs() -> (
+    None
+):
+    # as httpx does: repr, docs and tracebacks name dueq.Queue, not dueq.queue.Queue; an
+    # exception keeps dueq.exceptions, since error records store the raised type's module
+    for name in dueq.__all__:
+        member = getattr(dueq, name)
+        if inspect.isclass(member) and issubclass(member, BaseException):
+            assert member.__module__ == "dueq.exceptions", name
+        elif inspect.isclass(member) or inspect.isfunction(member):
+            assert member.__module__ == "dueq", name
+    assert repr(dueq.Queue).startswith("<class 'dueq.Queue'")
+
+
 def test_worker_info_has_exactly_the_fields_the_dashboard_reads() -> None:
     import dataclasses
 
