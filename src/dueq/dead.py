@@ -77,7 +77,7 @@ class DeadLettersCore:
                 raise InvalidTaskError("give ids or error_type, not both")
             return (yield from self.move_matching_flow(action, error_type))
         if ids is not None:
-            wanted = _distinct_ids(ids)
+            wanted = distinct_ids(ids)
             if len(wanted) > DEAD_BATCH:
                 yield from self.check_dead_flow(wanted)
             moved = 0
@@ -212,7 +212,7 @@ class AsyncDeadLetters:
         return await self._queue.drive(self._flows.move_flow("purge", ids, error_type))
 
 
-def _distinct_ids(ids: object) -> list[str]:
+def distinct_ids(ids: object) -> list[str]:
     """The ids of an iterable, each once, in order; InvalidTaskError for a bare str or bytes
     (a str is an iterable of one-character ids, which is never what was meant)."""
     if isinstance(ids, (str, bytes, bytearray, memoryview)):

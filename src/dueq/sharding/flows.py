@@ -106,7 +106,7 @@ from dueq._util.checks import whole_number
 from dueq._util.clock import Duration
 from dueq.cron.flows import CronDefinition, CronsCore
 from dueq.cron.flows import validate_name as validate_cron_name
-from dueq.dead import MAX_OFFSET, DeadLettersCore, _distinct_ids
+from dueq.dead import MAX_OFFSET, DeadLettersCore, distinct_ids
 from dueq.delivery import DeliveryBase
 from dueq.doctor import DoctorReport
 from dueq.exceptions import ConfigurationError, InvalidTaskError, LeaseLost
@@ -696,7 +696,7 @@ class ShardedDeadFlows(DeadLettersCore):
             flows = [d.move_flow(action, None, error_type) for d in shard_dead]
             return sum((yield from together(flows)))
         groups: dict[int, list[str]] = defaultdict(list)
-        for task_id in _distinct_ids(ids):
+        for task_id in distinct_ids(ids):
             groups[task_shard(task_id, self._layout.count)].append(task_id)
         yield from together([shard_dead[i].check_dead_flow(g) for i, g in groups.items()])
         moved = yield from together([shard_dead[i].move_flow(action, g) for i, g in groups.items()])
