@@ -65,6 +65,7 @@ KEY_TYPES = {
     "after": "hash",
     "after:children": "zset",
     "spark:queries": "zset",
+    "steps": "hash",
     **{f"due:p{p}": "zset" for p in range(1, 10)},
 }
 
@@ -128,6 +129,9 @@ class QueueKeys:
     ``waiting`` ZSET id -> due ms: tasks waiting for their parents (``after=``)
     ``after``   HASH id -> "<parents not finished>|<policy f or r>" of each waiting task
     ``children`` ZSET (scores 0) "<parent>\\0<child>": one member per edge still waited on
+    ``steps``   HASH: the durable tasks' state (lua/include/steps.lua; docs/durable.md): field
+                ``<id>`` its step log, ``<id>\\0s`` its signals not yet taken, ``<id>\\0p`` its
+                recent progress; each dropped when the task ends (dead tasks keep theirs)
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -169,6 +173,7 @@ class QueueKeys:
     waiting: str
     after: str
     children: str
+    steps: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -228,6 +233,7 @@ class QueueKeys:
             waiting=base + "waiting",
             after=base + "after",
             children=base + "after:children",
+            steps=base + "steps",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 
