@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from dueq.cron.flows import CronDefinition, Occurrence
     from dueq.delivery import AsyncDelivery, Delivery
     from dueq.doctor import DoctorFinding, DoctorReport
+    from dueq.durable import AsyncStepContext, StepContext, TaskContext
     from dueq.events.stream import AsyncEvent, Event, EventGroup
     from dueq.exceptions import (
         BatchCompleted,
@@ -37,8 +38,10 @@ if TYPE_CHECKING:
         InvalidTaskError,
         KeyCooldown,
         LeaseLost,
+        NonDeterministic,
         PayloadError,
         ReplicationTimeout,
+        SignalRefused,
         TaskCancelled,
         TaskNotFound,
         TaskTimeout,
@@ -58,11 +61,12 @@ if TYPE_CHECKING:
         QueueStats,
         Rate,
         ScheduleResult,
+        StepInfo,
         Task,
         TaskInfo,
         TaskPage,
     )
-    from dueq.named import AsyncTaskFunction, TaskContext, TaskFunction
+    from dueq.named import AsyncTaskFunction, TaskFunction
     from dueq.queue import Queue
     from dueq.registry import WorkerInfo
     from dueq.retry import RetryPolicy
@@ -101,7 +105,9 @@ _LAZY: dict[str, str] = {
     "InvalidTaskError": "exceptions",
     "KeyCooldown": "exceptions",
     "LeaseLost": "exceptions",
+    "NonDeterministic": "exceptions",
     "PayloadError": "exceptions",
+    "SignalRefused": "exceptions",
     "ReplicationTimeout": "exceptions",
     "TaskCancelled": "exceptions",
     "TaskNotFound": "exceptions",
@@ -110,7 +116,10 @@ _LAZY: dict[str, str] = {
     "Unrecoverable": "exceptions",
     "WaitTimeout": "exceptions",
     "AsyncTaskFunction": "named",
-    "TaskContext": "named",
+    "TaskContext": "durable",
+    "StepContext": "durable",
+    "AsyncStepContext": "durable",
+    "StepInfo": "model",
     "TaskFunction": "named",
     "ClaimBatch": "model",
     "Queue": "queue",
@@ -157,6 +166,7 @@ __all__ = [
     "AsyncDelivery",
     "AsyncEvent",
     "AsyncQueue",
+    "AsyncStepContext",
     "AsyncTaskFunction",
     "AsyncWorker",
     "BatchCompleted",
@@ -185,6 +195,7 @@ __all__ = [
     "KeyCooldown",
     "KeyLimit",
     "LeaseLost",
+    "NonDeterministic",
     "Occurrence",
     "Outcome",
     "PayloadError",
@@ -195,6 +206,9 @@ __all__ = [
     "ReplicationTimeout",
     "RetryPolicy",
     "ScheduleResult",
+    "SignalRefused",
+    "StepContext",
+    "StepInfo",
     "Task",
     "TaskCancelled",
     "TaskContext",

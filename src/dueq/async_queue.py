@@ -215,6 +215,7 @@ class AsyncQueue(QueueCore):
         priority: int | None = None,
         key: str | None = None,
         context: bool = False,
+        durable: bool = False,
     ) -> Callable[[Callable[P, R]], AsyncTaskFunction[P, R]]: ...
 
     def task(
@@ -228,12 +229,15 @@ class AsyncQueue(QueueCore):
         priority: int | None = None,
         key: str | None = None,
         context: bool = False,
+        durable: bool = False,
     ) -> AsyncTaskFunction[P, R] | Callable[[Callable[P, R]], AsyncTaskFunction[P, R]]:
         """Register a function as a named task of this queue (``@q.task`` or
         ``@q.task(name=...)``): see ``dueq.TaskFunction``. ``name`` defaults to
         ``module.qualname``; ``max_attempts``, ``timeout``, ``priority`` and ``key`` are the
         defaults of its tasks. A ``Worker`` without a handler runs it by name. ``context=True``:
-        the function's first parameter receives a ``dueq.TaskContext`` (id, attempt, ...)."""
+        the function's first parameter receives a ``dueq.TaskContext`` (id, attempt, ...);
+        ``durable=True``: a ``dueq.StepContext`` (``AsyncStepContext`` for ``async def``), whose
+        steps are committed as they finish (docs/durable.md)."""
 
         def register(function: Callable[P, R]) -> AsyncTaskFunction[P, R]:
             defined = AsyncTaskFunction(
@@ -245,6 +249,7 @@ class AsyncQueue(QueueCore):
                 priority=priority,
                 key=key,
                 context=context,
+                durable=durable,
             )
             self.register_task(defined)
             return defined
@@ -556,6 +561,10 @@ class AsyncQueue(QueueCore):
             cursor = found.cursor
             if cursor is None:
                 return
+
+    async def signal(self, task_id: str, name: str, payload: Any = None) -> int:
+        """As ``Queue.signal``."""
+        return await self.drive(self._core.signal_flow(task_id, name, payload))
 
     async def run_now(self, task_id: str) -> bool:
         """As ``Queue.run_now``."""

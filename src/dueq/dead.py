@@ -166,8 +166,16 @@ class DeadLetters:
         """How many tasks are dead."""
         return self._queue.drive(self._flows.count_flow())
 
-    def replay(self, ids: Iterable[str] | None = None, *, error_type: str | None = None) -> int:
+    def replay(
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        error_type: str | None = None,
+        from_start: bool = False,
+    ) -> int:
         """Put dead tasks back in due now with attempts and errors reset; returns the count.
+        A durable task goes on from its first unfinished step; ``from_start=True`` drops its
+        steps and signals first, so it runs from its first step again.
 
         With ``ids`` (an iterable of ids, each counted once; a bare str is refused with
         InvalidTaskError) it is all-or-nothing: TaskNotFound (listing them) if any id is not
@@ -175,7 +183,8 @@ class DeadLetters:
         With ``error_type`` (instead of ``ids``), only the dead tasks whose last error record
         has that type (e.g. ``"TimeoutError"``), found a page at a time.
         """
-        return self._queue.drive(self._flows.move_flow("replay", ids, error_type))
+        action = "restart" if from_start else "replay"
+        return self._queue.drive(self._flows.move_flow(action, ids, error_type))
 
     def purge(self, ids: Iterable[str] | None = None, *, error_type: str | None = None) -> int:
         """Delete dead tasks for good; returns the count. ``ids`` and ``error_type`` as for
@@ -200,10 +209,15 @@ class AsyncDeadLetters:
         return await self._queue.drive(self._flows.count_flow())
 
     async def replay(
-        self, ids: Iterable[str] | None = None, *, error_type: str | None = None
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        error_type: str | None = None,
+        from_start: bool = False,
     ) -> int:
         """As ``DeadLetters.replay``."""
-        return await self._queue.drive(self._flows.move_flow("replay", ids, error_type))
+        action = "restart" if from_start else "replay"
+        return await self._queue.drive(self._flows.move_flow(action, ids, error_type))
 
     async def purge(
         self, ids: Iterable[str] | None = None, *, error_type: str | None = None

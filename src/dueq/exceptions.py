@@ -20,8 +20,10 @@
     ├── CorruptQueue   (also redis ResponseError) a queue key holds the wrong type of value
     ├── TaskTimeout                              an attempt ran past process(timeout=...): retried
     ├── WaitTimeout      (also TimeoutError)     q.wait: the task did not end in time
+    ├── SignalRefused                            q.signal: the task holds the most signals it may
     ├── Unrecoverable                            raised by a handler: skip retries, go to dead
-    │   └── UnknownTask  (also LookupError)      a named task no function is registered for
+    │   ├── UnknownTask  (also LookupError)      a named task no function is registered for
+    │   └── NonDeterministic                     a durable task's re-run asked for other steps
     └── KeyCooldown                              raised by a handler: back later, its key held
 
 Redis's own errors (``redis.exceptions.ConnectionError``, ``TimeoutError``, ...) pass through
@@ -51,8 +53,10 @@ __all__ = [
     "InvalidTaskError",
     "KeyCooldown",
     "LeaseLost",
+    "NonDeterministic",
     "PayloadError",
     "ReplicationTimeout",
+    "SignalRefused",
     "TaskCancelled",
     "TaskNotFound",
     "TaskTimeout",
@@ -212,6 +216,30 @@ class UnknownTask(Unrecoverable, LookupError):
     def __init__(self, message: str, name: str | None = None) -> None:
         super().__init__(message)
         self.name = name
+
+
+class NonDeterministic(Unrecoverable):
+    """A durable task's function, run again, asked for a step other than the one its log holds
+    at that position (another name or kind: the code changed between deployments, or a step
+    depends on something other than its inputs and earlier steps' results), or returned before
+    reaching every committed step. Retrying runs the same code again, so the task goes dead at
+    once: deploy code whose steps match, then replay it (or replay it from the start).
+    ``position``, ``expected`` (the stored step, "kind name") and ``found`` (what the run
+    asked for) say where."""
+
+    def __init__(self, message: str, position: int, expected: str, found: str) -> None:
+        super().__init__(message)
+        self.position = position
+        self.expected = expected
+        self.found = found
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.position, self.expected, self.found))
+
+
+class SignalRefused(DueqError):
+    """``q.signal`` refused: the task already holds the most signals not yet taken that a task
+    may hold (``dueq.durable.MAX_PENDING_SIGNALS``); nothing was written."""
 
 
 class InvalidArguments(InvalidTaskError, Unrecoverable):

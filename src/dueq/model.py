@@ -168,6 +168,54 @@ class ErrorRecord:
         }
 
 
+#: What a durable task's step is: a ``ctx.step``, a ``ctx.sleep`` or a ``ctx.wait_for``.
+StepKind = Literal["step", "sleep", "wait"]
+#: ``done``: its result is committed; ``failed``: its body raised (retried on a later run);
+#: ``waiting``: a ``wait_for`` the task was handed back for, until a signal or its deadline.
+StepState = Literal["done", "failed", "waiting"]
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One step of a durable task (``TaskInfo.steps``; docs/durable.md).
+
+    ``position`` counts from 0 in the order the function reached its steps; ``name`` is the
+    step's (``ctx.step(name, ...)``), the signal's for a wait, ``"sleep"`` for a sleep.
+    ``result`` is the committed value (a step's return value, a sleep's wake time as epoch ms,
+    a wait's signal payload, None for a wait that timed out: ``timed_out``); ``runs`` counts
+    the times its body ran (a failed run included); ``error`` is the last failed run's error
+    (``"Type: message"``); ``deadline`` is a waiting step's deadline.
+    """
+
+    position: int
+    kind: StepKind
+    name: str
+    state: StepState
+    result: Any = None
+    runs: int = 1
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    error: str | None = None
+    deadline: datetime | None = None
+    timed_out: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """This step as JSON types (times ISO 8601 UTC with milliseconds)."""
+        return {
+            "position": self.position,
+            "kind": self.kind,
+            "name": self.name,
+            "state": self.state,
+            "result": self.result,
+            "runs": self.runs,
+            "started_at": iso_ms(self.started_at),
+            "ended_at": iso_ms(self.ended_at),
+            "error": self.error,
+            "deadline": iso_ms(self.deadline),
+            "timed_out": self.timed_out,
+        }
+
+
 @dataclass(frozen=True)
 class TaskInfo:
     """A snapshot of one task.
@@ -205,6 +253,8 @@ class TaskInfo:
     task_name: str | None = None
     #: when the task stops being startable (``expires=``), None without an expiry
     expires_at: datetime | None = None
+    #: a durable task's steps so far (``@q.task(durable=True)``), in order; () for others
+    steps: tuple[StepInfo, ...] = ()
 
     def to_json(self, queue: str) -> dict[str, Any]:
         """The one JSON form of a task (docs/json.md), as used by the CLI's ``--json``, the
@@ -232,6 +282,7 @@ class TaskInfo:
             "finished_at": iso_ms(self.finished_at),
             "result": self.result,
             "result_unstored": self.result_unstored,
+            "steps": [step.to_json() for step in self.steps],
         }
 
 

@@ -9,7 +9,10 @@ the handler a ``Worker`` without a handler of its own runs: the name picks the f
 
 A function registered with ``context=True`` receives a ``TaskContext`` (its delivery's id,
 attempt, max_attempts, queue, due time, lease; ``extend`` and ``cancelled``) as its first
-argument; its other parameters are the task's arguments (what ``check_arguments`` binds).
+argument; its other parameters are the task's arguments (what ``check_arguments`` binds). One
+registered with ``durable=True`` receives a ``StepContext`` there (``AsyncStepContext`` for an
+``async def`` one: ``dueq.durable``): a run that sleeps or waits ends with the delivery
+released, and the dispatcher returns nothing for it.
 
 Failures no retry can fix end the task dead at once (they are ``Unrecoverable``): a name no
 function is registered for (``UnknownTask``: deploying the function and replaying the dead task
@@ -31,6 +34,7 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
 from dueq._util.clock import Duration
 from dueq._wire.envelope import result_entry, validate_task_name
+from dueq.durable import Suspended, TaskContext, step_context
 from dueq.exceptions import (
     ConfigurationError,
     InvalidArguments,
@@ -148,73 +152,6 @@ def default_name(fn: Callable[..., Any]) -> str:
     return f"{module}.{qualname}"
 
 
-class TaskContext:
-    """What a named task registered with ``@q.task(context=True)`` sees of its own delivery;
-    the function receives it as its first argument (Celery's ``bind=True``, arq's ``ctx``).
-
-    ``id``, ``attempt`` (1 on the first delivery), ``max_attempts`` (the task's own or the
-    queue's retry policy's), ``queue`` (the queue's name; a shard's on a sharded queue),
-    ``task_name``, ``due_at`` and ``lease_deadline`` (aware datetimes), ``cancelled`` (True
-    once dueq found the task cancelled while it runs: a long function may stop early) and
-    ``extend(seconds)``, which extends the lease like ``Delivery.extend`` (on an
-    ``AsyncQueue``: ``await ctx.extend(s)`` from an ``async def`` function; a plain function
-    an ``AsyncWorker`` runs on a thread cannot await it, so make one that extends
-    ``async def``). ``delivery`` is the ``Delivery`` (or ``AsyncDelivery``) itself.
-    """
-
-    __slots__ = ("delivery",)
-
-    def __init__(self, delivery: Any) -> None:
-        self.delivery = delivery
-
-    @property
-    def id(self) -> str:
-        return str(self.delivery.id)
-
-    @property
-    def attempt(self) -> int:
-        return int(self.delivery.attempt)
-
-    @property
-    def max_attempts(self) -> int:
-        own: int | None = self.delivery.max_attempts
-        return int(self.delivery.queue.retry.max_attempts) if own is None else own
-
-    @property
-    def queue(self) -> str:
-        return str(self.delivery.queue_name)
-
-    @property
-    def task_name(self) -> str | None:
-        name: str | None = self.delivery.task_name
-        return name
-
-    @property
-    def due_at(self) -> datetime:
-        due: datetime = self.delivery.due_at
-        return due
-
-    @property
-    def lease_deadline(self) -> datetime:
-        deadline: datetime = self.delivery.lease_deadline
-        return deadline
-
-    @property
-    def cancelled(self) -> bool:
-        return bool(self.delivery.cancelled)
-
-    def extend(self, seconds: Duration) -> Any:
-        """Extend the lease to ``seconds`` from now: the new deadline (``Queue``), or an
-        awaitable of it (``AsyncQueue``)."""
-        return self.delivery.extend(seconds)
-
-    def __repr__(self) -> str:
-        return (
-            f"TaskContext(id={self.id!r}, attempt={self.attempt}, "
-            f"max_attempts={self.max_attempts}, queue={self.queue!r})"
-        )
-
-
 class TaskFunction(Generic[P, R]):
     """A function registered on a queue under ``name`` (``@q.task``).
 
@@ -229,7 +166,8 @@ class TaskFunction(Generic[P, R]):
     named like an option must be scheduled with ``schedule_args({...}, **options)``.
 
     With ``context=True`` the function's first parameter receives a ``TaskContext`` when a
-    worker runs it; the task's arguments are the other parameters.
+    worker runs it; the task's arguments are the other parameters. With ``durable=True`` it
+    receives a ``StepContext`` (``AsyncStepContext`` for ``async def``): docs/durable.md.
     """
 
     def __init__(
@@ -243,14 +181,18 @@ class TaskFunction(Generic[P, R]):
         priority: int | None = None,
         key: str | None = None,
         context: bool = False,
+        durable: bool = False,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(f"a task must be a function, got {fn!r}")
         self.fn = fn
         self.queue = queue
         self.name = validate_task_name(default_name(fn) if name is None else name)
+        #: its steps are committed as they finish (``@q.task(durable=True)``): the function's
+        #: first parameter receives a ``StepContext`` (``AsyncStepContext`` when async def)
+        self.durable = bool(durable)
         #: the function's first parameter receives a ``TaskContext`` (``@q.task(context=True)``)
-        self.context = bool(context)
+        self.context = bool(context) or self.durable
         #: the signature the task's arguments bind to (without the context parameter)
         self.signature = _arguments_signature(self.name, inspect.signature(fn), self.context)
         positional = [
@@ -557,9 +499,17 @@ class Dispatcher:
     with ``InvalidArguments``, a value that is not JSON with ``Unrecoverable``: all three end
     the task dead at once (see the module docstring)."""
 
-    def __init__(self, queues: Iterable[Any], handler: Callable[[Any], Any] | None) -> None:
+    def __init__(
+        self,
+        queues: Iterable[Any],
+        handler: Callable[[Any], Any] | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self._routes = _routes(queues)
         self._handler = handler
+        #: the consumer's event loop when an asyncio consumer runs this dispatcher on its
+        #: handler threads: a plain durable function's steps are driven there
+        self.loop = loop
 
     def task_function(self, d: Any) -> TaskFunction[Any, Any]:
         """The registered function of named delivery ``d``; UnknownTask or InvalidArguments
@@ -597,6 +547,8 @@ class Dispatcher:
         payload = d.payload
         if fn is None or type(payload) is not dict:
             fn = self.task_function(d)  # (raises the error that says why)
+        if fn.durable:
+            return self.durable(fn, d, None)
         try:
             value = fn.fn(TaskContext(d), **payload) if fn.context else fn.fn(**payload)
         except TypeError:
@@ -610,6 +562,46 @@ class Dispatcher:
         if bad is not None:
             raise bad
         return value
+
+    def durable(
+        self, fn: TaskFunction[Any, Any], d: Any, loop: asyncio.AbstractEventLoop | None
+    ) -> Any:
+        """Run durable ``fn`` for ``d`` with its step context (``loop``: the consumer's, when
+        this plain function runs on a thread for an asyncio queue): its value once it returns
+        past every committed step (an ``async def`` one's coroutine, checked once awaited);
+        None when a sleep or a wait handed the task back (the delivery is settled then)."""
+        payload = d.payload
+        ctx = step_context(d, awaited=is_async(fn.fn), loop=loop or self.loop)
+        try:
+            value = fn.fn(ctx, **payload)
+        except Suspended:  # handed back: settled as released, nothing to ack
+            return None
+        except TypeError:
+            fn.check_arguments(payload)  # InvalidArguments when it was the binding
+            raise  # (raised inside the function: an ordinary failure)
+        if inspect.isawaitable(value):
+            return _durable_checked(fn, ctx, value)
+        ctx.finish()
+        return _json_value(fn, value)
+
+
+async def _durable_checked(fn: TaskFunction[Any, Any], ctx: Any, awaitable: Any) -> Any:
+    """An ``async def`` durable function's value (see ``Dispatcher.durable``)."""
+    try:
+        value = await awaitable
+    except Suspended:  # handed back: settled as released, nothing to ack
+        return None
+    ctx.finish()
+    return _json_value(fn, value)
+
+
+def _json_value(fn: TaskFunction[Any, Any], value: Any) -> Any:
+    """``value``, or the Unrecoverable of a value that is not JSON (``_bad_result``)."""
+    if value is not None and not _plainly_json(value):
+        bad = _bad_result(fn, value)
+        if bad is not None:
+            raise bad
+    return value
 
 
 async def _checked(fn: TaskFunction[Any, Any], awaitable: Any) -> Any:
@@ -631,8 +623,13 @@ class AsyncDispatcher(Dispatcher):
             call: functools.partial[Any] = functools.partial(self.plain(d), d)
             return await call() if is_async(call.func) else await _in_thread(call)
         fn = self.task_function(d)
+        if fn.durable and not is_async(fn.fn):  # on a thread, its steps driven on this loop
+            loop = asyncio.get_running_loop()
+            return await _in_thread(functools.partial(self.durable, fn, d, loop))
         if not is_async(fn.fn):  # the thread runs Dispatcher.__call__: binding, value checked
             return await _in_thread(functools.partial(super().__call__, d))
+        if fn.durable:
+            return await self.durable(fn, d, None)
         payload = d.payload
         try:
             awaitable = fn.fn(TaskContext(d), **payload) if fn.context else fn.fn(**payload)
@@ -669,10 +666,18 @@ def dispatcher(
     queues = list(queues)
     if handler is not None and isinstance(inspect.unwrap(handler), Dispatcher):
         return handler  # type: ignore[return-value]  # (it dispatches already: it gets all)
+    loop = _running_loop() if on_loop else None
     if handler is not None:
         kind = AsyncDispatcher if is_async(handler) else Dispatcher
-        return kind(queues, handler)
+        return kind(queues, handler, loop)
     functions = [fn.fn for q in queues for fn in q.tasks.values()]
     if on_loop and functions and all(is_async(fn) for fn in functions):
-        return AsyncDispatcher(queues, None)
-    return Dispatcher(queues, None)
+        return AsyncDispatcher(queues, None, loop)
+    return Dispatcher(queues, None, loop)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # made outside a coroutine: its durable tasks get no loop
+        return None

@@ -248,6 +248,7 @@ class Queue(QueueCore):
         priority: int | None = None,
         key: str | None = None,
         context: bool = False,
+        durable: bool = False,
     ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
     def task(
@@ -261,12 +262,15 @@ class Queue(QueueCore):
         priority: int | None = None,
         key: str | None = None,
         context: bool = False,
+        durable: bool = False,
     ) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
         """Register a function as a named task of this queue (``@q.task`` or
         ``@q.task(name=...)``): see ``dueq.TaskFunction``. ``name`` defaults to
         ``module.qualname``; ``max_attempts``, ``timeout``, ``priority`` and ``key`` are the
         defaults of its tasks. A ``Worker`` without a handler runs it by name. ``context=True``:
-        the function's first parameter receives a ``dueq.TaskContext`` (id, attempt, ...)."""
+        the function's first parameter receives a ``dueq.TaskContext`` (id, attempt, ...);
+        ``durable=True``: a ``dueq.StepContext`` (``AsyncStepContext`` for ``async def``), whose
+        steps are committed as they finish (docs/durable.md)."""
 
         def register(function: Callable[P, R]) -> TaskFunction[P, R]:
             defined = TaskFunction(
@@ -278,6 +282,7 @@ class Queue(QueueCore):
                 priority=priority,
                 key=key,
                 context=context,
+                durable=durable,
             )
             self.register_task(defined)
             return defined
@@ -674,6 +679,16 @@ class Queue(QueueCore):
             cursor = found.cursor
             if cursor is None:
                 return
+
+    def signal(self, task_id: str, name: str, payload: Any = None) -> int:
+        """Send signal ``name`` with ``payload`` (a JSON value) to durable task ``task_id``:
+        kept, in order, until the task's ``ctx.wait_for(name)`` takes it (each signal is taken
+        by one wait, once); a task handed back to wait for ``name`` is due at once. Returns how
+        many signals the task holds not yet taken. TaskNotFound when no live task has that id
+        (ended, dead or never scheduled), SignalRefused when it holds
+        ``dueq.durable.MAX_PENDING_SIGNALS`` already, InvalidTaskError for a bad name (1-200
+        letters, digits, ``_ . : -``), PayloadError for a payload that is not JSON."""
+        return self.drive(self._core.signal_flow(task_id, name, payload))
 
     def run_now(self, task_id: str) -> bool:
         """Make a task due now: a scheduled one (parked ones too) moves to now, a dead one is

@@ -22,6 +22,7 @@ FLOW_MODULES = (
     "_flows/core.py",
     "_flows/schedule.py",
     "_flows/lease.py",
+    "_flows/steps.py",
     "_flows/view.py",
     "_flows/settings.py",
     "_flows/registry.py",

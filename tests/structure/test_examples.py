@@ -353,3 +353,16 @@ def test_named_tasks_example_dispatches_by_name_and_buries_an_unknown_name(redis
     assert "handler got: [{'ping': True}]" in out
     assert "dead: invoice:1 (send_invoice): UnknownTask: no task named 'send_invoice'" in out
     assert "outcomes: {'acked': 4, 'dead': 1}" in out
+
+
+def test_durable_order_example_goes_on_from_its_first_unfinished_step_after_a_stopped_worker(
+    redis_server,
+):
+    out = run_example("durable_order.py", "--redis-url", redis_server.url)
+    assert "while waiting: waiting leased now: 0" in out
+    assert "step 0 step 'charge': done, runs=2" in out
+    assert "step 2 wait 'shipped': waiting, runs=1" in out
+    assert "result: {'order': 'A-1001', 'status': 'shipped', 'tracking': '1Z999'}" in out
+    # each body ran once after it succeeded: the charge failed once, nothing ran again
+    assert "bodies ran: {'charge': 2, 'how was it?': 1, 'order confirmed': 1}" in out
+    assert "charges with distinct idempotency keys: 1" in out

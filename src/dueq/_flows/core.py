@@ -8,6 +8,7 @@ of one concept each, put together here:
 - ``_flows.base.QueueBase``: the settings, keys, clock argument and the server/plain checks;
 - ``_flows.schedule``: schedule, cancel, reschedule;
 - ``_flows.lease``: claim, and settle (ack, fail, extend, release);
+- ``_flows.steps``: durable tasks' step logs and signals;
 - ``_flows.view``: get, list, run_now, history, due histogram, stats, doctor;
 - ``_flows.settings``: configure, settings; ``_flows.registry``: the worker registry;
 - ``dueq.dead`` and ``dueq.cron``: the dead-letter and cron flows (``q.dead``, ``q.cron``).
@@ -53,6 +54,7 @@ from dueq._flows.ports import Core, MakesCore
 from dueq._flows.registry import RegistryFlows
 from dueq._flows.schedule import ScheduleFlows
 from dueq._flows.settings import SettingsFlows
+from dueq._flows.steps import StepFlows
 from dueq._flows.view import ViewFlows
 from dueq.cron.flows import CronsCore
 from dueq.dead import DeadLettersCore
@@ -63,7 +65,7 @@ if TYPE_CHECKING:
 __all__ = ["Core", "QueueCore"]  # Core: see dueq._flows.ports
 
 
-class QueueCore(ScheduleFlows, LeaseFlows, ViewFlows, SettingsFlows, RegistryFlows):
+class QueueCore(ScheduleFlows, LeaseFlows, StepFlows, ViewFlows, SettingsFlows, RegistryFlows):
     """Settings, validation and the flows of every queue operation, shared by ``Queue`` and
     ``AsyncQueue`` (which add the client, and send what the flows yield). A plain queue is
     its own core; a sharded queue's is its ``ShardedCore`` (see the module docstring)."""

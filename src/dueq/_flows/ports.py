@@ -20,6 +20,7 @@ from dueq._flows.drive import Flow
 if TYPE_CHECKING:
     from dueq._consume.wake import WakeSubscription
     from dueq._util.clock import Duration
+    from dueq._wire.protocol import StepOp, StepReply
     from dueq.cron.flows import CronsCore
     from dueq.dead import DeadLettersCore
     from dueq.delivery import DeliveryBase
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         QueueStats,
         Rate,
         ScheduleResult,
+        StepInfo,
         Task,
         TaskInfo,
         TaskPage,
@@ -91,6 +93,19 @@ class Core(Protocol):
     def release_many_flow(
         self, deliveries: Sequence[DeliveryBase], delay: Duration, *, hold: bool = False
     ) -> Flow[list[Outcome]]: ...
+
+    # -- durable tasks
+    def step_log_flow(self, task_id: str) -> Flow[list[StepInfo]]: ...
+    def step_flow(
+        self,
+        delivery: DeliveryBase,
+        op: StepOp,
+        position: int,
+        head: str,
+        value: str,
+        extra: str = "",
+    ) -> Flow[StepReply]: ...
+    def signal_flow(self, task_id: str, name: str, payload: object) -> Flow[int]: ...
 
     # -- settings
     def configure_flow(

@@ -22,14 +22,22 @@ import struct
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from dueq._wire.envelope import MAX_ID_BYTES
 from dueq._wire.keys import QueueKeys, SparkBatchKeys
-from dueq._wire.snapshot import batch_info, queue_stats, settings_from_reply, task_infos, text
+from dueq._wire.snapshot import (
+    batch_info,
+    inspected,
+    queue_stats,
+    settings_from_reply,
+    step_infos,
+    task_infos,
+    text,
+)
 from dueq.doctor import DoctorFinding
 from dueq.exceptions import ConfigurationError, DueqError, LeaseLost, TaskCancelled, TaskNotFound
-from dueq.model import MAX_KEY_LIMITS, BatchInfo, QueueSettings, QueueStats, TaskInfo
+from dueq.model import MAX_KEY_LIMITS, BatchInfo, QueueSettings, QueueStats, StepInfo, TaskInfo
 
 T = TypeVar("T")
 
@@ -45,6 +53,7 @@ class Status(enum.Enum):
     CANCELLED = "cancelled"  # ack/fail/extend/release: its task was cancelled while leased
     NOT_SCHEDULED = "not scheduled"  # reschedule.lua: the task is not waiting in due
     NOT_DEAD = "not dead"  # dead.lua: some ids are not in the dead-letter queue
+    STEP_POSITION = "step position"  # step.lua: the log has another count of committed steps
 
 
 #: The exception each failing status raises (statuses absent here are not errors).
@@ -162,7 +171,7 @@ def schedule(
     """Add a batch of packed task records (see ``envelope.pack_task``)."""
     keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done, k.config]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.debounce, *_batch_keys(k)]
-    keys += [*_after_keys(k), k.results, *k.upper_due]
+    keys += [*_after_keys(k), k.results, k.steps, *k.upper_due]
     args = [now, "1" if replace else "0", blob, window_ms]
     return Call("schedule", keys, args, _parse_schedule)
 
@@ -315,7 +324,7 @@ def claim(
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, k.ended]
     keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), k.wake]
-    keys += [*_after_keys(k), *k.upper_due]
+    keys += [*_after_keys(k), k.steps, *k.upper_due]
     args = [
         now,
         limit,
@@ -428,7 +437,7 @@ def ack(
     keys = [k.leased, k.tasks, k.meta, k.errors, k.stats, k.done, k.config, k.cancelled]
     keys += [k.key_state, k.key_wait, k.wake, k.history, k.cron, k.cron_last]
     keys += [k.results, k.finished, k.ended, k.debounce, k.due, k.events, *_batch_keys(k)]
-    keys += [*_after_keys(k), k.dead, *k.upper_due]
+    keys += [*_after_keys(k), k.dead, k.steps, *k.upper_due]
     return Call("ack", keys, args, _parse_ack)
 
 
@@ -468,7 +477,7 @@ def fail(
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
     keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.config, k.ended]
     keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), *_after_keys(k)]
-    keys += k.upper_due
+    keys += [k.steps, *k.upper_due]
     action = "dead" if dead else "retry"
     args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
     return Call("fail", keys, args, _parse_fail)
@@ -556,7 +565,7 @@ def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
     keys += [k.key_state, k.parked, k.key_wait, k.wake, k.config, k.results, k.finished]
     keys += [k.ended, k.debounce, k.events, *_batch_keys(k), k.history, *_after_keys(k)]
-    keys += k.upper_due
+    keys += [k.steps, *k.upper_due]
     return Call("cancel", keys, [now, task_id], bool)
 
 
@@ -568,13 +577,13 @@ _INSPECT_KEYS = ("due", "leased", "dead", "tasks", "meta", "errors")
 def inspect_ids(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[list[TaskInfo]]:
     """Snapshots of the given tasks (missing ones are left out)."""
     keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.waiting]
-    return Call("inspect", [*keys, *k.upper_due], [now, "ids", *ids], task_infos)
+    return Call("inspect", [*keys, k.steps, *k.upper_due], [now, "ids", *ids], inspected)
 
 
 def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[TaskInfo]]:
     """Snapshots of dead tasks, most recently died first."""
     keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.waiting]
-    return Call("inspect", [*keys, *k.upper_due], [now, "dead", offset, count], task_infos)
+    return Call("inspect", [*keys, k.steps, *k.upper_due], [now, "dead", offset, count], inspected)
 
 
 class ListReply(NamedTuple):
@@ -681,7 +690,7 @@ def _parse_dead(reply: Any) -> DeadReply:
 
 
 def _dead(k: QueueKeys, now: str, action: str, args: list[Any]) -> Call[DeadReply]:
-    keys = [k.dead, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake, *k.upper_due]
+    keys = [k.dead, k.due, k.tasks, k.meta, k.errors, k.stats, k.wake, k.steps, *k.upper_due]
     return Call("dead", keys, [now, action, *args], _parse_dead)
 
 
@@ -1001,6 +1010,82 @@ def events_read(
     return Call("events_read", [k.events, k.stats], args, parse)
 
 
+# -- step.lua, signal.lua: durable tasks (issue 39) ---------------------------------------------
+
+_STEP_STATUS = {1: Status.OK, 0: Status.LEASE_LOST, 3: Status.CANCELLED, 5: Status.STEP_POSITION}
+
+#: step.lua's ops (see its header).
+StepOp = Literal["commit", "fail", "sleep", "again", "wait"]
+
+
+class StepReply(NamedTuple):
+    status: Status  # OK, LEASE_LOST, CANCELLED or STEP_POSITION
+    #: what the op did (step.lua's header): "" for a commit; the due ms a task was handed back
+    #: to ("-1": not handed back) for fail, sleep and again; for a wait "P" (handed back),
+    #: "=<payload JSON>" (a signal taken) or "~" (timed out); with STEP_POSITION the count of
+    #: committed steps the log has
+    value: str
+
+
+def _parse_step(reply: Any) -> StepReply:
+    value = reply[1]  # a number comes back as an int, a string as bytes
+    return StepReply(
+        _STEP_STATUS[int(reply[0])], str(value) if isinstance(value, int) else text(value)
+    )
+
+
+def step(
+    k: QueueKeys,
+    now: str,
+    task_id: str,
+    token: str,
+    op: StepOp,
+    position: int,
+    head: str,
+    value: str,
+    extra: str = "",
+) -> Call[StepReply]:
+    """Write a durable task's step log under its lease (``op``, see step.lua): ``position``
+    is how many steps the caller found committed, ``head`` the record's JSON object without
+    its closing brace, ``value`` the result, error, delay or wake ms, ``extra`` a fail's
+    hand-back delay ("" none) or a wait's signal name."""
+    keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks, k.key_state]
+    keys += [k.key_wait, k.config, k.steps, *k.upper_due]
+    args = [now, task_id, token, op, position, head, value, extra]
+    return Call("step", keys, args, _parse_step)
+
+
+def step_log(k: QueueKeys, task_id: str) -> Command[list[StepInfo]]:
+    """A durable task's step log, as its records (``snapshot.step_infos``)."""
+    return Command(("HGET", k.steps, task_id), step_infos)
+
+
+class SignalStatus(enum.IntEnum):
+    """signal.lua's verdict."""
+
+    GONE = 0  # no live task of that id: nothing written
+    KEPT = 1  # kept until the task's wait_for takes it
+    WOKEN = 2  # kept, and the task waiting for it is due now
+    FULL = 4  # the task holds the most signals it may: nothing written
+
+
+class SignalReply(NamedTuple):
+    status: SignalStatus
+    pending: int  # the task's signals not yet taken (this one included when kept)
+
+
+def _parse_signal(reply: Any) -> SignalReply:
+    return SignalReply(SignalStatus(int(reply[0])), int(reply[1]))
+
+
+def signal(
+    k: QueueKeys, now: str, task_id: str, name: str, payload: str, *, max_pending: int
+) -> Call[SignalReply]:
+    """Send signal ``name`` with ``payload`` (JSON) to a live task."""
+    keys = [k.steps, k.tasks, k.dead, k.wake, k.due, *k.upper_due]
+    return Call("signal", keys, [now, task_id, name, payload, max_pending], _parse_signal)
+
+
 #: The counterpart of every script that a front end can call, by script name (for the
 #: key-order test: each builds its call for a sample queue).
 SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
@@ -1041,6 +1126,8 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "close_batch": lambda k: close_batch(k, "", "b", b""),
     "events_read": lambda k: events_read(k, "g", "c", 1, 0),
     "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1, edge_cap=1),
+    "step": lambda k: step(k, "", "id", "1", "commit", 0, "{", "null"),
+    "signal": lambda k: signal(k, "", "id", "n", "null", max_pending=1),
 }
 
 
@@ -1109,7 +1196,8 @@ def spark_commit(
     schedule_records), so its keys and arguments start with schedule's."""
     base = schedule(k, now, b"", replace=False, window_ms=window_ms)
     # schedule's own keys, the stage's, then the priority levels (scripts read them last)
-    keys = [*base.keys[:-9], sk.rows, sk.ids, sk.batches, sk.queries, *base.keys[-9:]]
+    # (schedule's steps key is not among them: a Spark batch replaces no task)
+    keys = [*base.keys[:-10], sk.rows, sk.ids, sk.batches, sk.queries, *base.keys[-9:]]
     args = [*base.args, query, batch, memory_ms]
     return Call("spark_commit", keys, args, _parse_commit)
 

@@ -83,6 +83,8 @@ SCRIPT_NAMES = (
     "doctor",
     "close_batch",
     "events_read",
+    "step",
+    "signal",
 )
 
 #: Every script's main chunk keeps at least this many of Lua's 200 locals free after its includes
@@ -103,10 +105,11 @@ PRODUCER_SCRIPTS = frozenset(
         "cron_control",
         "cron_backfill",
         "close_batch",
+        "signal",
     }
 )
 #: Scripts that settle a delivery: a replication shortfall is logged, not raised.
-SETTLE_SCRIPTS = frozenset({"ack", "fail", "release"})
+SETTLE_SCRIPTS = frozenset({"ack", "fail", "release", "step"})
 
 
 class LuaIncludeError(RuntimeError):

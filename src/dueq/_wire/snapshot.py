@@ -25,6 +25,8 @@ from dueq.model import (
     QueueSettings,
     QueueStats,
     Rate,
+    StepInfo,
+    StepKind,
     TaskInfo,
     TaskState,
 )
@@ -81,7 +83,7 @@ def _count(raw: object) -> int:
 
 
 def task_infos(reply: list[Any]) -> list[TaskInfo]:
-    """TaskInfo for each 6-tuple of inspect.lua's reply; missing tasks are left out."""
+    """TaskInfo for each 6-tuple of list_tasks.lua's reply; missing tasks are left out."""
     infos = []
     for i in range(0, len(reply), 6):
         task_id, state, score, raw, meta_raw, errors_raw = reply[i : i + 6]
@@ -93,6 +95,77 @@ def task_infos(reply: list[Any]) -> list[TaskInfo]:
                 )
             )
     return infos
+
+
+def inspected(reply: list[Any]) -> list[TaskInfo]:
+    """TaskInfo for each 7-tuple of inspect.lua's reply (list_tasks.lua's six, then the step
+    log of a durable task); missing tasks are left out."""
+    infos = []
+    for i in range(0, len(reply), 7):
+        task_id, state, score, raw, meta_raw, errors_raw, log = reply[i : i + 7]
+        state_name = text(state)
+        if state_name in _STATES:
+            infos.append(
+                _task_info(
+                    text(task_id),
+                    _STATES[state_name],
+                    stored_ms(score),
+                    raw,
+                    meta_raw,
+                    errors_raw,
+                    log,
+                )
+            )
+    return infos
+
+
+_KINDS: dict[str, StepKind] = {"step": "step", "sleep": "sleep", "wait": "wait"}
+_LETTERS = {"D": "done", "F": "failed", "W": "waiting"}
+
+
+def step_infos(raw: bytes | str | None) -> list[StepInfo]:
+    """The records of a durable task's step log (lua/include/step_log.lua: one per line, a
+    letter and a JSON object), in order. A line that cannot be read (hand-edited) ends the
+    list there: what follows it cannot be trusted to line up with the function's steps."""
+    if not raw:
+        return []
+    steps: list[StepInfo] = []
+    for line in (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw).split("\n"):
+        state = _LETTERS.get(line[:1])
+        try:
+            record = json.loads(line[1:]) if state else None
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or state is None:
+            break
+        kind: StepKind = _KINDS.get(str(record.get("k")), "step")
+        error = record.get("e")
+        steps.append(
+            StepInfo(
+                position=_count(record.get("i", len(steps))),
+                kind=kind,
+                name=str(record.get("n", "")),
+                state=state,  # type: ignore[arg-type]  # (a StepState by _LETTERS)
+                result=record.get("r"),
+                runs=_count(record.get("a", 1)),
+                started_at=_datetime(_ms_or_none(record.get("t0"))),
+                ended_at=_datetime(_ms_or_none(record.get("t1"))),
+                error=error if isinstance(error, str) else None,
+                deadline=_datetime(_ms_or_none(record.get("d"))),
+                timed_out=record.get("timeout") is True,
+            )
+        )
+    return steps
+
+
+def _kept_log(head: dict[str, Any]) -> str | None:
+    """The step log a finished record keeps (results.lua), or None."""
+    log = head.get("steps")
+    return log if isinstance(log, str) else None
+
+
+def _ms_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def finished_header(raw: bytes | str) -> dict[str, Any]:
@@ -112,6 +185,7 @@ def _task_info(
     raw: bytes | str,
     meta_raw: bytes | str,
     errors_raw: bytes | str,
+    log: bytes | str | None = None,
 ) -> TaskInfo:
     head: dict[str, Any] = {}
     if state in ("done", "cancelled", "expired"):  # a kept record: its header is in the meta slot
@@ -149,6 +223,7 @@ def _task_info(
         finished_at=_datetime(score) if state in ("dead", "done", "cancelled", "expired") else None,
         result_unstored=unstored if isinstance(unstored, str) else None,
         task_name=task_name,
+        steps=tuple(step_infos(log or _kept_log(head))),
     )
 
 

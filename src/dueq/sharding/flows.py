@@ -104,6 +104,7 @@ from dueq._flows.lease import MAX_CLAIM_BATCH, raise_not_held
 from dueq._flows.schedule import SentRecords
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration
+from dueq._wire.protocol import StepOp, StepReply
 from dueq.cron.flows import CronDefinition, CronsCore
 from dueq.cron.flows import validate_name as validate_cron_name
 from dueq.dead import MAX_OFFSET, DeadLettersCore, distinct_ids
@@ -121,6 +122,7 @@ from dueq.model import (
     QueueStats,
     Rate,
     ScheduleResult,
+    StepInfo,
     Task,
     TaskInfo,
     TaskPage,
@@ -460,6 +462,27 @@ class ShardedCore:
         self, delivery: DeliveryBase, delay: Duration, *, hold: bool = False
     ) -> Flow[Outcome]:
         return (yield from self.layout.owner(delivery).release_flow(delivery, delay, hold=hold))
+
+    # -- durable tasks: a task's shard holds its steps and signals ---------------------------
+
+    def step_log_flow(self, task_id: str) -> Flow[list[StepInfo]]:
+        return (yield from self.layout.shard(task_id).step_log_flow(task_id))
+
+    def step_flow(
+        self,
+        delivery: DeliveryBase,
+        op: StepOp,
+        position: int,
+        head: str,
+        value: str,
+        extra: str = "",
+    ) -> Flow[StepReply]:
+        owner = self.layout.owner(delivery)
+        return (yield from owner.step_flow(delivery, op, position, head, value, extra))
+
+    def signal_flow(self, task_id: str, name: str, payload: object) -> Flow[int]:
+        yield from self.layout.check_flow()
+        return (yield from self.layout.shard(task_id).signal_flow(task_id, name, payload))
 
     # -- inspection --------------------------------------------------------------------------
 

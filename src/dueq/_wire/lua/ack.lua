@@ -32,7 +32,9 @@
 -- KEYS[26] after    HASH id -> "<parents not finished>|<policy>"
 -- KEYS[27] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[28] dead     ZSET id -> died-at ms (children of a failed parent: not from here)
--- KEYS[29..37] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[29] steps    HASH the durable tasks' state (include/steps.lua): dropped for the acked
+--                  ids (their step log kept in the result record while results are kept)
+-- KEYS[30..38] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] remember-done window ms when the queue's config has none (deprecated constructor
 --         keyword): record acked ids in done, and drop entries older than the window (at most
@@ -65,6 +67,7 @@
 -- @include results
 -- @include settings
 -- @include stats
+-- @include steps
 -- @include wake
 
 local TRIM_DONE = 1000
@@ -94,6 +97,8 @@ if #done > 0 and keep_ms > 0 then
   local records, envelopes, metas = {}, redis.call('HMGET', KEYS[2], unpack(done)),
     redis.call('HMGET', KEYS[3], unpack(done))
   local errors = redis.call('HMGET', KEYS[4], unpack(done))
+  local logs = redis.call('EXISTS', KEYS[29]) == 1 and redis.call('HMGET', KEYS[29], unpack(done))
+    or {}
   local unstored = 0
   local d = 0
   for i = 1, #ids do
@@ -105,7 +110,8 @@ if #done > 0 and keep_ms > 0 then
       elseif mark == '!' then why = string.sub(value, 2); unstored = unstored + 1 end
       local attempt = meta_parse(metas[d])
       records[#records + 1] = ids[i]
-      records[#records + 1] = results_record('done', now, attempt, result, why, errors[d] or nil)
+      records[#records + 1] = results_record('done', now, attempt, result, why, errors[d] or nil,
+        logs[d] or nil)
         .. '\n' .. (envelopes[d] or '')
     end
   end
@@ -127,6 +133,7 @@ if #done > 0 then
   call_chunked('HDEL', KEYS[3], done)
   -- error records: only tasks that failed or expired before have one (none: no HDEL)
   if redis.call('EXISTS', KEYS[4]) == 1 then call_chunked('HDEL', KEYS[4], done) end
+  steps_forget(KEYS[29], done)
   stat_incr(KEYS[5], 'acked', #done)
   followups_start({debounce = KEYS[18], tasks = KEYS[2], meta = KEYS[3], errors = KEYS[4],
     stats = KEYS[5], wake = KEYS[11]}, due_levels(KEYS[19]), done, now)

@@ -32,7 +32,8 @@
 -- KEYS[24] waiting  ZSET id -> due ms: tasks waiting for parents (include/dependencies.lua)
 -- KEYS[25] after    HASH id -> "<parents not finished>|<policy>"
 -- KEYS[26] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
--- KEYS[27..35] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[27] steps    HASH the durable tasks' state (include/steps.lua): dropped
+-- KEYS[28..36] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -49,6 +50,7 @@
 -- @include results
 -- @include settings
 -- @include stats
+-- @include steps
 -- @include tasks
 -- @include unpark
 -- @include wake
@@ -97,6 +99,7 @@ if settings.events_ms then
   outcome_events.note('cancelled', id, (meta_parse(redis.call('HGET', KEYS[5], id))), envelope)
 end
 forget(KEYS[4], KEYS[5], KEYS[6], id)
+steps_forget(KEYS[27], {id})
 redis.call('HDEL', KEYS[17], id)
 stat_incr(KEYS[7], 'cancelled', 1)
 publish_ended(KEYS[16], {id})

@@ -35,7 +35,9 @@
 -- KEYS[26] waiting  ZSET id -> due ms: tasks waiting for parents (include/dependencies.lua)
 -- KEYS[27] after    HASH id -> "<parents not finished>|<policy>"
 -- KEYS[28] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
--- KEYS[29..37] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[29] steps    HASH the durable tasks' state (include/steps.lua): dropped for tasks that expire
+--                  here or that the dead set's cap trims
+-- KEYS[30..38] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -591,14 +593,15 @@ end
 out[7] = #orphans
 if died > 0 then
   stat_incr(KEYS[7], 'dead', died)
-  trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]))
+  trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[6]), tonumber(ARGV[7]),
+    KEYS[29])
   publish_ended(KEYS[16], buried)
   followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
     stats = KEYS[7], dead = KEYS[6]}, levels, buried, now)
 end
 out[8] = buried_here
 tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
-  results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19]}, levels,
+  results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19], steps = KEYS[29]}, levels,
   too_late, now, config.keep_results_ms or 0)
 do  -- their batches and waiting children
   local bk = links.batch_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[24], levels, KEYS[3], KEYS[7],

@@ -8,9 +8,12 @@
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] stats    HASH counter -> int
 -- KEYS[7] wake     Pub/Sub channel
--- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[8] steps    HASH the durable tasks' state (include/steps.lua): dropped by a purge and
+--                  by a replay from the start; a replay goes on from the first unfinished step
+-- KEYS[9..17] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
--- ARGV[2] "replay" or "purge"
+-- ARGV[2] "replay", "restart" (a replay from the first step: durable tasks forget their
+--         steps and signals) or "purge"
 -- ARGV[3] "ids" or "oldest"
 -- ARGV[4..] the ids (with "ids"; a repeated id counts once), or the most to take, oldest first
 --          (with "oldest")
@@ -20,6 +23,7 @@
 -- @include clock
 -- @include levels
 -- @include stats
+-- @include steps
 -- @include wake
 
 local now = dueq_now(ARGV[1])
@@ -47,7 +51,8 @@ end
 call_chunked('ZREM', KEYS[1], ids)
 call_chunked('HDEL', KEYS[4], ids)
 call_chunked('HDEL', KEYS[5], ids)
-if ARGV[2] == 'replay' then
+if ARGV[2] ~= 'replay' then steps_forget(KEYS[8], ids) end
+if ARGV[2] ~= 'purge' then
   local levels = due_levels(KEYS[2])
   local previous_head = levels_head(levels)
   local envelopes = {}

@@ -27,7 +27,9 @@
 -- KEYS[25] waiting  ZSET id -> due ms: tasks waiting for parents (include/dependencies.lua)
 -- KEYS[26] after    HASH id -> "<parents not finished>|<policy>"
 -- KEYS[27] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
--- KEYS[28..36] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[28] steps    HASH the durable tasks' state (include/steps.lua): kept by a dead task, dropped
+--                  when it expires or the dead set's cap trims it
+-- KEYS[29..37] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] lease token
@@ -102,7 +104,8 @@ end
 if ARGV[5] == 'dead' then
   redis.call('ZADD', KEYS[6], now, id)
   stat_incr(KEYS[7], 'dead', 1)
-  trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[7]), tonumber(ARGV[8]))
+  trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, tonumber(ARGV[7]), tonumber(ARGV[8]),
+    KEYS[28])
   publish_ended(KEYS[16], {id})
   followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
     stats = KEYS[7], wake = KEYS[8], dead = KEYS[6]}, due_levels(KEYS[1]), {id}, now)
@@ -113,7 +116,7 @@ end
 if expires then
   tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],
     results = KEYS[17], finished = KEYS[18], ended = KEYS[16], debounce = KEYS[19],
-    wake = KEYS[8]}, due_levels(KEYS[1]), {id}, now, settings.keep_results_ms or 0)
+    wake = KEYS[8], steps = KEYS[28]}, due_levels(KEYS[1]), {id}, now, settings.keep_results_ms or 0)
   links.tasks_ended(bk, ak, {id}, 'expired', now)
   outcome_events.flush(KEYS[20], settings.events_ms, now, ARGV[1])  -- children buried here
   return {4, now}

@@ -9,18 +9,21 @@
 -- KEYS[7] parked  ZSET due tasks whose key was at a limit (see include/key_state.lua)
 -- KEYS[8] results  HASH id -> finished record (see include/results.lua)
 -- KEYS[9] waiting  ZSET id -> due ms: tasks waiting for parents (after=)
--- KEYS[10..18] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[10] steps   HASH the durable tasks' state: a task's step log (include/step_log.lua)
+-- KEYS[11..19] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] "ids" (ARGV[3..] are ids) or "dead" (ARGV[3] offset, ARGV[4] count; newest first)
--- Returns a flat list of 6-tuples: id, state ("scheduled"|"leased"|"dead"|"done"|"cancelled"
---   |"expired"|"waiting"|""), score or "", envelope or "", meta or "", errors or ""; a missing
+-- Returns a flat list of 7-tuples: id, state ("scheduled"|"leased"|"dead"|"done"|"cancelled"
+--   |"expired"|"waiting"|""), score or "", envelope or "", meta or "", errors or "", step log or ""; a missing
 --   task has state "". A finished task kept by keep_results ("done", "cancelled", "expired")
 --   has its record's header JSON
---   in place of meta, and its finished ms as score
+--   in place of meta, and its finished ms as score. A scheduled durable task handed back to
+--   wait for a signal (its log's open line a wait) is "waiting", its deadline as score
 -- @include clock
 -- @include levels
 -- @include meta
 -- @include parked
+-- @include step_log
 
 local ids = {}
 if ARGV[2] == 'ids' then
@@ -31,6 +34,7 @@ else
 end
 
 local levels = due_levels(KEYS[1])
+local has_steps = redis.call('EXISTS', KEYS[10]) == 1
 local out = {}
 for _, id in ipairs(ids) do
   local state, score = '', nil
@@ -75,5 +79,11 @@ for _, id in ipairs(ids) do
   out[#out + 1] = envelope or ''
   out[#out + 1] = meta or redis.call('HGET', KEYS[5], id) or ''
   out[#out + 1] = redis.call('HGET', KEYS[6], id) or ''
+  local log = has_steps and redis.call('HGET', KEYS[10], id) or ''
+  if state == 'scheduled' and log ~= '' then
+    local _, open = step_log_scan(log)
+    if open and string.sub(open, 1, 1) == 'W' then out[#out - 4] = 'waiting' end
+  end
+  out[#out + 1] = log
 end
 return out

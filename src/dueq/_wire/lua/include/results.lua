@@ -5,7 +5,7 @@
 -- cancel leaves a record in the results HASH (id -> '<header JSON>\n<envelope>', the header
 -- {"state":"done"|"cancelled","finished_ms":..,"attempt":..,"result":<JSON or null>,
 -- "unstored":"<why>" when the handler's value could not be kept, "errors":[...] the failed
--- attempts' records when there were any}) and its finished time in
+-- attempts' records when there were any, "steps":"<log>" a durable task's step log}) and its finished time in
 -- the finished ZSET. Each script that writes a record drops the records older than the
 -- retention, at most RESULTS_TRIM + written per call (and, once the setting is off, the
 -- leftovers as if the retention were 0): no sweeper. Dead tasks stay in the dead set as ever.
@@ -15,7 +15,7 @@ local results_record, results_trim
 do
   local RESULTS_TRIM = 1000
 
-  function results_record(state, now, attempt, result, unstored, errors)
+  function results_record(state, now, attempt, result, unstored, errors, steps)
     local head = '{"state":"' .. state .. '","finished_ms":' .. ms(now) .. ',"attempt":' ..
       attempt .. ',"result":' .. (result or 'null')
     if unstored then head = head .. ',"unstored":' .. cjson.encode(unstored) end
@@ -23,6 +23,8 @@ do
       local ok, list = pcall(cjson.decode, errors)
       if ok and type(list) == 'table' then head = head .. ',"errors":' .. errors end
     end
+    -- a durable task's step log (include/step_log.lua), as a JSON string
+    if steps then head = head .. ',"steps":' .. cjson.encode(steps) end
     return head .. '}'
   end
 

@@ -14,13 +14,14 @@
 -- @include records
 -- @include settings
 -- @include stats
+-- @include steps
 -- @include unpark
 -- @include wake
 
 -- Add the packed records `blob` (schedule.lua's ARGV[3]) to the queue, replacing tasks that
 -- exist when `replace`; `caller_window_ms` is schedule.lua's ARGV[4]. Returns schedule.lua's
 -- reply.
-local function schedule_records(replace, blob, caller_window_ms)
+local function schedule_records(replace, blob, caller_window_ms, k_steps)
   local now = dueq_now(ARGV[1])
   history_use(KEYS[14], ARGV[1])
   local window = done_window(KEYS[10], KEYS[7], caller_window_ms)
@@ -94,6 +95,7 @@ local function schedule_records(replace, blob, caller_window_ms)
       redis.call('ZREM', KEYS[6], id)
       redis.call('HDEL', KEYS[3], id)
       redis.call('HDEL', KEYS[4], id)
+      steps_forget(k_steps, {id})  -- a replaced durable task starts from its first step
       redis.call('HSET', KEYS[2], id, envelope)
       replaced = replaced + 1
       write = true

@@ -1,0 +1,114 @@
+"""The flows of durable tasks (issue 39; docs/durable.md): a delivery's step log read and
+written under its lease (step.lua), and signals sent to a task (signal.lua).
+
+``dueq.durable`` holds the logic of a run (which step comes next, whether it is committed,
+what record to write) without I/O; it asks for these flows through its queue, which drives
+them like any other. A write that hands the task back (a sleep, a wait, a step's own retry)
+settles the delivery here: its outcome is ``released``, with the time it is due again.
+"""
+
+from __future__ import annotations
+
+from dueq._flows.base import QueueBase
+from dueq._flows.drive import Flow
+from dueq._util.clock import ms_datetime
+from dueq._wire import protocol
+from dueq._wire.envelope import validate_id
+from dueq.delivery import DeliveryBase
+from dueq.durable._run import MAX_PENDING_SIGNALS, signal_payload, validate_signal_name
+from dueq.exceptions import (
+    LeaseLost,
+    NonDeterministic,
+    SignalRefused,
+    TaskCancelled,
+    TaskNotFound,
+)
+from dueq.model import Outcome, StepInfo
+
+
+class StepFlows(QueueBase):
+    """Durable tasks' flows: the step log of a delivery, its writes, and signals."""
+
+    def step_log_flow(self, task_id: str) -> Flow[list[StepInfo]]:
+        """The records of a task's step log (none for a task that has no steps)."""
+        records: list[StepInfo] = yield protocol.step_log(self.keys, task_id)
+        return records
+
+    def step_flow(
+        self,
+        delivery: DeliveryBase,
+        op: protocol.StepOp,
+        position: int,
+        head: str,
+        value: str,
+        extra: str = "",
+    ) -> Flow[protocol.StepReply]:
+        """One write of ``delivery``'s step log under its lease (step.lua's ``op``). A lease
+        not held raises LeaseLost (TaskCancelled when cancelled) and settles the delivery; a
+        log that holds another count of committed steps than ``position`` (two runs of one
+        delivery at once) raises NonDeterministic; a write that handed the task back settles
+        the delivery as ``released``."""
+        reply: protocol.StepReply = yield protocol.step(
+            self.keys, self.now_arg(), delivery.id, delivery.token, op, position, head, value, extra
+        )
+        if reply.status is protocol.Status.CANCELLED:
+            delivery.mark_settled(Outcome(delivery.id, "cancelled", delivery.attempt))
+            raise TaskCancelled(
+                f"task {delivery.id!r} was cancelled while leased; step not written", [delivery.id]
+            )
+        if reply.status is protocol.Status.LEASE_LOST:
+            delivery.mark_settled(Outcome(delivery.id, "lost", delivery.attempt))
+            raise LeaseLost(
+                f"lease on task {delivery.id!r} was lost; step {position} not written "
+                "(its result is discarded)",
+                [delivery.id],
+            )
+        if reply.status is protocol.Status.STEP_POSITION:
+            raise NonDeterministic(
+                f"task {delivery.id!r}: its step log holds {reply.value} committed step(s) "
+                f"where this run counted {position}: two runs of one delivery wrote steps at "
+                "once (steps must run one after another)",
+                position,
+                f"{reply.value} committed",
+                f"{position} committed",
+            )
+        due_ms = _handed_back(op, reply.value, extra)
+        if due_ms is not None:
+            at = ms_datetime(due_ms)
+            delivery.mark_settled(Outcome(delivery.id, "released", delivery.attempt, at))
+        return reply
+
+    def signal_flow(self, task_id: str, name: str, payload: object) -> Flow[int]:
+        """Send signal ``name`` to task ``task_id``: the count of its signals not yet taken.
+        TaskNotFound when no live task has that id, SignalRefused when it holds
+        MAX_PENDING_SIGNALS already (nothing written either way)."""
+        task_id = validate_id(task_id)
+        name = validate_signal_name(name)
+        body = signal_payload(payload)
+        reply: protocol.SignalReply = yield protocol.signal(
+            self.keys, self.now_arg(), task_id, name, body, max_pending=MAX_PENDING_SIGNALS
+        )
+        if reply.status is protocol.SignalStatus.GONE:
+            raise TaskNotFound(
+                f"no live task {task_id!r} to signal on queue {self.name!r}: never scheduled, "
+                "ended, or dead",
+                [task_id],
+            )
+        if reply.status is protocol.SignalStatus.FULL:
+            raise SignalRefused(
+                f"task {task_id!r} holds {reply.pending} signals not yet taken (the most a task "
+                f"may hold is {MAX_PENDING_SIGNALS}); signal {name!r} not kept"
+            )
+        return reply.pending
+
+
+def _handed_back(op: protocol.StepOp, value: str, extra: str) -> int | None:
+    """The due ms of a task that step.lua's ``op`` handed back, or None when it kept it."""
+    if op == "wait":
+        return int(value[1:]) if value.startswith("P") else None
+    if op == "fail":
+        return int(value) if extra != "" else None
+    if op in ("sleep", "again"):
+        due_ms = int(value)
+        return due_ms if due_ms >= 0 else None
+    return None

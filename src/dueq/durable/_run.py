@@ -1,0 +1,202 @@
+"""One run of a durable task's function, without I/O: which step comes next, whether the log
+holds it committed, and what record to write for it.
+
+A run begins with the task's step log (read once, on the first step) and walks it: the n-th
+step the function asks for must be the log's n-th record, by kind and name (Temporal's replay
+check, made cheap: no history to replay, only the names to compare); a committed one gives its
+stored result and the function goes on without running the body. The first step the log does
+not hold committed runs, and its outcome is written by one step.lua call, under the lease:
+``StepContext`` and ``AsyncStepContext`` (``dueq.durable._context``) drive those writes with a
+blocking or an awaited queue.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from dueq.exceptions import InvalidTaskError, NonDeterministic, PayloadError, Unrecoverable
+from dueq.model import StepInfo, StepKind
+
+#: The largest step result kept, as JSON (a step's result is read back on every later run).
+MAX_STEP_RESULT_BYTES = DEFAULT_MAX_PAYLOAD_BYTES
+#: How much of a failed step's error message its record keeps.
+MAX_STEP_ERROR_CHARS = 2000
+
+
+#: The most signals a task may hold that its wait_for has not taken yet (signal.lua refuses
+#: more with SignalRefused): they are kept in Redis until taken or the task ends.
+MAX_PENDING_SIGNALS = 1000
+
+#: A signal's name: what signal.lua and step.lua match as written (no JSON escaping to agree
+#: on, no tab or newline of the stored line).
+_SIGNAL_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
+
+
+def validate_signal_name(name: object) -> str:
+    """``name`` if it can name a signal (1-200 of letters, digits, ``_ . : -``), else
+    InvalidTaskError."""
+    if not isinstance(name, str) or _SIGNAL_NAME.fullmatch(name) is None:
+        raise InvalidTaskError(
+            f"a signal name is 1 to 200 letters, digits, '_', '.', ':' or '-', got {name!r}"
+        )
+    return name
+
+
+def signal_payload(payload: object) -> str:
+    """``payload`` as the JSON a signal stores, or PayloadError (not JSON, or too big)."""
+    try:
+        text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"a signal's payload must be JSON: {exc}") from None
+    if len(text.encode()) > DEFAULT_MAX_PAYLOAD_BYTES:
+        raise PayloadError(f"a signal's payload is over {DEFAULT_MAX_PAYLOAD_BYTES} bytes as JSON")
+    return text
+
+
+class Suspended(BaseException):
+    """Ends a durable function's run once its task was handed back (a sleep, a wait for a
+    signal, a step's own retry): no worker holds it until it is due again. A BaseException,
+    so that a function's ``except Exception`` does not swallow it; the dispatcher catches it
+    (the delivery is settled already, as ``released``)."""
+
+
+def describe_step(kind: StepKind, name: str) -> str:
+    """A step as a message names it: ``step 'charge'``, ``wait 'confirmed'``, ``sleep``."""
+    return "sleep" if kind == "sleep" else f"{kind} {name!r}"
+
+
+class StepRun:
+    """Where one run of a durable task stands in its step log."""
+
+    __slots__ = ("open", "position", "records", "running", "suspended", "task_id")
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        #: the log's records, once read (None before the first step)
+        self.records: list[StepInfo] | None = None
+        #: how many steps this run has passed (the position of the next one)
+        self.position = 0
+        #: the log's open record at ``position`` (a failed run, an open wait), or None
+        self.open: StepInfo | None = None
+        #: the idempotency key of the step whose body runs now (``ctx.step_id``)
+        self.running: str | None = None
+        #: True once the task was handed back: every later step call ends the run again
+        self.suspended = False
+
+    @property
+    def committed(self) -> int:
+        """How many steps the log holds committed."""
+        records = self.records or []
+        return sum(1 for r in records if r.state == "done")
+
+    def next(self, kind: StepKind, name: str) -> StepInfo | None:
+        """The committed record of the step the function asks for now (the run moves past
+        it), or None when it must run (``open`` is then its open record, if any).
+        NonDeterministic when the log holds another step at this position."""
+        if self.suspended:
+            raise Suspended
+        assert self.records is not None  # (the context reads the log first)
+        record = self.records[self.position] if self.position < len(self.records) else None
+        if record is not None and (record.kind != kind or record.name != name):
+            expected, found = describe_step(record.kind, record.name), describe_step(kind, name)
+            raise NonDeterministic(
+                f"task {self.task_id!r}: at position {self.position} this run asked for "
+                f"{found}, but the task's step log holds {expected} there: the function's "
+                "steps changed since the task began (deploy code whose steps match, or replay "
+                "it from the start)",
+                self.position,
+                f"{record.kind} {record.name}",
+                f"{kind} {name}",
+            )
+        if record is not None and record.state == "done":
+            self.position += 1
+            self.open = None
+            return record
+        self.open = record
+        return None
+
+    def head(self, kind: StepKind, name: str, now_ms: int) -> str:
+        """The JSON head (without its closing brace) of the record for the step at
+        ``position``: its runs count one more than a failed run's, and an open wait keeps its
+        start time."""
+        open_ = self.open
+        runs = open_.runs + 1 if open_ is not None and open_.state == "failed" else 1
+        started = open_.started_at if open_ is not None else None
+        t0 = round(started.timestamp() * 1000) if started is not None else now_ms
+        record = {"i": self.position, "k": kind, "n": name, "a": runs, "t0": t0}
+        return json.dumps(record, separators=(",", ":"))[:-1]
+
+    def runs(self) -> int:
+        """The runs of the step at ``position`` counting the one under way."""
+        open_ = self.open
+        return open_.runs + 1 if open_ is not None and open_.state == "failed" else 1
+
+    def age_s(self, now_ms: int) -> float:
+        """Seconds since the step at ``position`` first ran (0 on its first run)."""
+        started = self.open.started_at if self.open is not None else None
+        return 0.0 if started is None else max(now_ms / 1000 - started.timestamp(), 0.0)
+
+    def step_id(self, name: str) -> str:
+        """The idempotency key of the step at ``position``: the same on every run of it."""
+        return f"{self.task_id}/{self.position}/{name}"
+
+    def committed_now(self, kind: StepKind, name: str, result: Any) -> None:
+        """Record that the step at ``position`` was committed with ``result``; move past it."""
+        record = StepInfo(self.position, kind, name, "done", result, self.runs())
+        assert self.records is not None
+        if self.position < len(self.records):
+            self.records[self.position] = record
+        else:
+            self.records.append(record)
+        self.position += 1
+        self.open = None
+
+    def finish(self) -> None:
+        """At the function's return: NonDeterministic when it returned before reaching every
+        step the log holds committed (a step was taken out of the code)."""
+        records = self.records or []
+        if self.position < len(records) and records[self.position].state == "done":
+            left = records[self.position]
+            raise NonDeterministic(
+                f"task {self.task_id!r}: this run returned after {self.position} step(s), but "
+                f"the task's step log holds {describe_step(left.kind, left.name)} at position "
+                f"{self.position}: the function's steps changed since the task began",
+                self.position,
+                f"{left.kind} {left.name}",
+                "return",
+            )
+
+
+def result_json(name: str, value: Any) -> str:
+    """A step's result as the JSON its record keeps; Unrecoverable when it is not JSON or too
+    big (no retry changes what the body returns)."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise Unrecoverable(f"step {name!r} returned a value that is not JSON: {exc}") from None
+    if len(text.encode()) > MAX_STEP_RESULT_BYTES:
+        raise Unrecoverable(
+            f"step {name!r} returned {len(text.encode())} bytes of JSON; a step's result is "
+            f"kept up to {MAX_STEP_RESULT_BYTES} bytes (store big results elsewhere and return "
+            "a reference)"
+        )
+    return text
+
+
+def error_json(exc: BaseException) -> str:
+    """A failed run's error as its record keeps it: ``"Type: message"``, shortened."""
+    return json.dumps(f"{type(exc).__name__}: {exc}"[:MAX_STEP_ERROR_CHARS])
+
+
+def wall_ms() -> int:
+    """This process's clock in epoch ms (a step's start time, as the worker saw it)."""
+    return round(time.time() * 1000)
+
+
+def duration_arg(ms: int) -> str:
+    """A non-negative ms count as a script argument."""
+    return str(max(int(ms), 0))
