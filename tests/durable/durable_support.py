@@ -20,6 +20,11 @@ def target(q: Any) -> Any:
     return object.__getattribute__(q, "_target") if isinstance(q, Blocking) else q
 
 
+def keys_of(q: Any, task_id: str) -> Any:
+    """The keys of the queue (or shard) that holds ``task_id``."""
+    return target(q).shard(task_id).keys
+
+
 class Ran:
     """What one delivery's run came to: ``value`` (acked with it), ``error`` (failed with
     it), or ``outcome`` (settled by the run itself: handed back, lost)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import redis
-from durable_support import run_due, target
+from durable_support import keys_of, run_due
 
 import dueq
 from dueq._flows import steps as step_flows
@@ -228,7 +228,7 @@ def test_signal_refuses_what_it_cannot_keep_with_typed_errors_and_writes_nothing
     q.signal(tid, "go", 2)
     with pytest.raises(dueq.SignalRefused):
         q.signal(tid, "go", 3)
-    assert r.hget(target(q).keys.steps, f"{tid}\0s").count(b"\n") == 1  # two kept
+    assert r.hget(keys_of(q, tid).steps, f"{tid}\0s").count(b"\n") == 1  # two kept
 
 
 def test_an_ended_tasks_steps_and_signals_are_dropped_and_kept_with_its_result(
@@ -243,7 +243,7 @@ def test_an_ended_tasks_steps_and_signals_are_dropped_and_kept_with_its_result(
     acked = one.schedule()
     q.signal(acked, "unused", 1)
     run_due(q)
-    assert r.exists(target(q).keys.steps) == 0  # nothing left of it
+    assert r.exists(keys_of(q, acked).steps) == 0  # nothing left of it
     q.configure(keep_results=3600)
     kept = one.schedule()
     run_due(q)
@@ -253,7 +253,7 @@ def test_an_ended_tasks_steps_and_signals_are_dropped_and_kept_with_its_result(
     cancelled = one.schedule(delay=60)
     q.signal(cancelled, "unused", 1)
     assert q.cancel(cancelled)
-    assert r.hlen(target(q).keys.steps) == 0
+    assert r.hlen(keys_of(q, cancelled).steps) == 0
 
 
 def test_a_replayed_dead_task_goes_on_from_its_first_unfinished_step_or_from_the_start(
