@@ -27,6 +27,7 @@ from dueq.model import (
     Rate,
     StepInfo,
     StepKind,
+    StepState,
     TaskInfo,
     TaskState,
 )
@@ -119,8 +120,14 @@ def inspected(reply: list[Any]) -> list[TaskInfo]:
     return infos
 
 
-_KINDS: dict[str, StepKind] = {"step": "step", "sleep": "sleep", "wait": "wait"}
-_LETTERS = {"D": "done", "F": "failed", "W": "waiting"}
+#: A step log line's letter: the kind and state of its record (lua/include/step_log.lua).
+_LETTERS: dict[str, tuple[StepKind, StepState]] = {
+    "D": ("step", "done"),
+    "F": ("step", "failed"),
+    "S": ("sleep", "done"),
+    "R": ("wait", "done"),
+    "W": ("wait", "waiting"),
+}
 
 
 def step_infos(raw: bytes | str | None) -> list[StepInfo]:
@@ -131,28 +138,33 @@ def step_infos(raw: bytes | str | None) -> list[StepInfo]:
         return []
     steps: list[StepInfo] = []
     for line in (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw).split("\n"):
-        state = _LETTERS.get(line[:1])
+        found = _LETTERS.get(line[:1])
         try:
-            record = json.loads(line[1:]) if state else None
+            record = json.loads(line[1:]) if found else None
         except ValueError:
             record = None
-        if not isinstance(record, dict) or state is None:
+        if not isinstance(record, dict) or found is None:
             break
-        kind: StepKind = _KINDS.get(str(record.get("k")), "step")
+        kind, state = found
         error = record.get("e")
+        started = _ms_or_none(record.get("t0"))
+        took = _ms_or_none(record.get("u"))
+        ended = _ms_or_none(record.get("t1"))
+        if ended is None and started is not None and took is not None and state != "waiting":
+            ended = started + took
         steps.append(
             StepInfo(
-                position=_count(record.get("i", len(steps))),
+                position=len(steps),
                 kind=kind,
-                name=str(record.get("n", "")),
-                state=state,  # type: ignore[arg-type]  # (a StepState by _LETTERS)
+                name="sleep" if kind == "sleep" else str(record.get("n", "")),
+                state=state,
                 result=record.get("r"),
-                runs=_count(record.get("a", 1)),
-                started_at=_datetime(_ms_or_none(record.get("t0"))),
-                ended_at=_datetime(_ms_or_none(record.get("t1"))),
+                runs=max(_count(record.get("a", 1)), 1),
+                started_at=_datetime(started),
+                ended_at=_datetime(ended),
                 error=error if isinstance(error, str) else None,
                 deadline=_datetime(_ms_or_none(record.get("d"))),
-                timed_out=record.get("timeout") is True,
+                timed_out=record.get("x") == 1,
             )
         )
     return steps

@@ -179,25 +179,29 @@ class StepContextBase(TaskContext):
             self._run.records = list((yield from self._queue.step_log_flow(self._run.task_id)))
         return self._run.next(kind, name)
 
-    def _commit(self, name: str, value: Any) -> Flow[Any]:
-        """Commit the result of step ``name``: the value as the log keeps it (JSON decoded, so
-        that this run sees what every later run will)."""
+    def _commit(self, name: str, value: Any, started_ms: int) -> Flow[Any]:
+        """Commit the result of step ``name`` (its body began at ``started_ms``): the value as
+        the log keeps it (JSON decoded, so that this run sees what every later run will)."""
         text = result_json(name, value)
         run = self._run
-        head = run.head("step", name, wall_ms())
+        now_ms = wall_ms()
+        head = run.head("step", name, now_ms, now_ms - started_ms)
         yield from self._queue.step_flow(self.delivery, "commit", run.position, head, text)
         kept = json.loads(text)
         run.committed_now("step", name, kept)
         return kept
 
-    def _failed(self, name: str, exc: BaseException, retry: RetryPolicy | None) -> Flow[None]:
+    def _failed(
+        self, name: str, exc: BaseException, retry: RetryPolicy | None, started_ms: int
+    ) -> Flow[None]:
         """Record a failed run of step ``name``. With the step's own ``retry``, the task is
         handed back for the policy's delay (Suspended), or, once the policy gives up, the
         attempt ends with Unrecoverable (dead); without, the caller re-raises ``exc`` and the
         task's retry policy decides."""
         run = self._run
         now_ms = wall_ms()
-        head, runs, extra, gave_up = run.head("step", name, now_ms), run.runs(), "", False
+        head = run.head("step", name, now_ms, now_ms - started_ms)
+        runs, extra, gave_up = run.runs(), "", False
         if retry is not None and not isinstance(exc, Unrecoverable):
             age_s = run.age_s(now_ms)
             if retry.gives_up(runs, age_s, exc):
@@ -298,15 +302,15 @@ class StepContext(StepContextBase):
         if found is not None:
             return found.result  # type: ignore[no-any-return]
         run = self._run
-        run.running = run.step_id(name)
+        run.running, started_ms = run.step_id(name), wall_ms()
         try:
             value = fn(*args, **kwargs)
         except Exception as exc:  # a failed run: recorded, then retried by a policy
             run.running = None
-            self._drive(self._failed(name, exc, retry))
+            self._drive(self._failed(name, exc, retry, started_ms))
             raise
         run.running = None
-        return self._drive(self._commit(name, value))  # type: ignore[no-any-return]
+        return self._drive(self._commit(name, value, started_ms))  # type: ignore[no-any-return]
 
     def sleep(self, duration: Duration) -> None:
         delay_ms = duration_ms(duration, "sleep")
@@ -344,17 +348,17 @@ class AsyncStepContext(StepContextBase):
         if found is not None:
             return found.result
         run = self._run
-        run.running = run.step_id(name)
+        run.running, started_ms = run.step_id(name), wall_ms()
         try:
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:  # a failed run: recorded, then retried by a policy
             run.running = None
-            await self._drive(self._failed(name, exc, retry))
+            await self._drive(self._failed(name, exc, retry, started_ms))
             raise
         run.running = None
-        return await self._drive(self._commit(name, value))
+        return await self._drive(self._commit(name, value, started_ms))
 
     async def sleep(self, duration: Duration) -> None:
         delay_ms = duration_ms(duration, "sleep")

@@ -119,15 +119,21 @@ class StepRun:
         self.open = record
         return None
 
-    def head(self, kind: StepKind, name: str, now_ms: int) -> str:
+    def head(self, kind: StepKind, name: str, now_ms: int, took_ms: int = 0) -> str:
         """The JSON head (without its closing brace) of the record for the step at
-        ``position``: its runs count one more than a failed run's, and an open wait keeps its
-        start time."""
+        ``position`` (lua/include/step_log.lua): its name (none for a sleep), its runs when
+        over one (one more than a failed run's), its start (an open wait's, when it has one)
+        and ``took_ms``, how long its body ran."""
         open_ = self.open
-        runs = open_.runs + 1 if open_ is not None and open_.state == "failed" else 1
         started = open_.started_at if open_ is not None else None
-        t0 = round(started.timestamp() * 1000) if started is not None else now_ms
-        record = {"i": self.position, "k": kind, "n": name, "a": runs, "t0": t0}
+        t0 = round(started.timestamp() * 1000) if started is not None else now_ms - took_ms
+        record: dict[str, object] = {} if kind == "sleep" else {"n": name}
+        runs = self.runs()
+        if runs > 1:
+            record["a"] = runs
+        record["t0"] = t0
+        if took_ms > 0:
+            record["u"] = took_ms
         return json.dumps(record, separators=(",", ":"))[:-1]
 
     def runs(self) -> int:

@@ -37,7 +37,7 @@ redis.call('HSET', KEYS[1], k_signals, signals and (signals .. '\n' .. line) or 
 -- a task handed back to wait for this name (its log's open line) is due now
 local _, open = step_log_scan(redis.call('HGET', KEYS[1], id))
 if not open or string.sub(open, 1, 1) ~= 'W' or
-  not string.find(open, '"k":"wait","n":"' .. name .. '"', 1, true) then
+  not string.find(open, '{"n":"' .. name .. '"', 1, true) then
   return {1, pending}
 end
 local k_level = level_key(due_levels(KEYS[5]), envelope)

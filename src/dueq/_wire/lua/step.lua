@@ -58,20 +58,19 @@ if op == 'again' then
 end
 if committed ~= position then return {5, committed} end
 local head, value = ARGV[6], ARGV[7]
-local t1_tail = ',"t1":' .. ms(now) .. '}'
 if op == 'commit' then
-  redis.call('HSET', KEYS[11], id, step_log_add(kept, 'D' .. head .. ',"r":' .. value .. t1_tail))
+  redis.call('HSET', KEYS[11], id, step_log_add(kept, 'D' .. head .. ',"r":' .. value .. '}'))
   return {1, ''}
 elseif op == 'fail' then
-  redis.call('HSET', KEYS[11], id, step_log_add(kept, 'F' .. head .. ',"e":' .. value .. t1_tail))
+  redis.call('HSET', KEYS[11], id, step_log_add(kept, 'F' .. head .. ',"e":' .. value .. '}'))
   if ARGV[8] == '' then return {1, 0} end
   local due = now + tonumber(ARGV[8])
   give_back(k, {id}, due, 0, now)
   return {1, due}
 elseif op == 'sleep' then
   local wake_ms = now + tonumber(value)
-  redis.call('HSET', KEYS[11], id, step_log_add(kept, 'D' .. head .. ',"r":' .. ms(wake_ms) ..
-    t1_tail))
+  redis.call('HSET', KEYS[11], id, step_log_add(kept, 'S' .. head .. ',"r":' .. ms(wake_ms) ..
+    '}'))
   if wake_ms <= now then return {1, -1} end
   give_back(k, {id}, wake_ms, 0, now)
   return {1, wake_ms}
@@ -92,16 +91,16 @@ if signals then
         (pos > 1 and nl <= #signals and '\n' or '') .. string.sub(signals, nl + 1)
       if rest == '' then redis.call('HDEL', KEYS[11], k_signals)
       else redis.call('HSET', KEYS[11], k_signals, rest) end
-      redis.call('HSET', KEYS[11], id, step_log_add(kept, 'D' .. head .. ',"r":' .. payload ..
-        ',"s":' .. sent .. t1_tail))
+      redis.call('HSET', KEYS[11], id, step_log_add(kept, 'R' .. head .. ',"r":' .. payload ..
+        ',"s":' .. sent .. ',"t1":' .. ms(now) .. '}'))
       return {1, '=' .. payload}
     end
     pos = nl + 1
   end
 end
 if deadline <= now then
-  redis.call('HSET', KEYS[11], id, step_log_add(kept, 'D' .. head .. ',"r":null,"timeout":true'
-    .. t1_tail))
+  redis.call('HSET', KEYS[11], id, step_log_add(kept, 'R' .. head .. ',"r":null,"x":1,"t1":'
+    .. ms(now) .. '}'))
   return {1, '~'}
 end
 redis.call('HSET', KEYS[11], id, step_log_add(kept, 'W' .. head .. ',"d":' .. ms(deadline) .. '}'))

@@ -1,11 +1,13 @@
 -- step_log.lua (include): reading a durable task's step log (issue 39).
 --
--- The log (field <id> of the steps HASH) has one record per line: a letter, then a JSON
--- object written by dueq._wire.protocol's step owner with the tail this script adds. 'D' is a
--- committed step ({"i": position, "n": name, "a": runs, "t0": first started ms, "r": result,
--- "t1": committed ms}); only the last line may be open: 'F' a step whose body failed ("e": the
--- error), 'W' a wait for a signal ("d": its deadline ms). Records are never rewritten once
--- committed: a commit replaces only an open last line.
+-- The log (field <id> of the steps HASH) has one record per line, in the order the function
+-- reached its steps: a letter, then a JSON object whose head dueq.durable._run writes (name
+-- "n", runs "a" when over 1, started "t0" ms, body ms "u") and whose tail this script adds.
+-- Committed: 'D' a step ("r" its result), 'S' a sleep ("r" its wake ms), 'R' a wait that took
+-- a signal ("r" the payload, "s" when it was sent) or timed out ("r" null, "x" 1), with "t1"
+-- when it ended. Only the last line may be open: 'F' a step whose body failed ("e" the
+-- error), 'W' a wait for a signal ("d" its deadline ms). A committed record is never
+-- rewritten: a write replaces only an open last line.
 
 -- How many steps `log` has committed, the open last line (or nil), and the log without it.
 local function step_log_scan(log)
@@ -16,7 +18,8 @@ local function step_log_scan(log)
     if not nl then break end
     lines, last_start, pos = lines + 1, nl + 1, nl + 1
   end
-  if string.sub(log, last_start, last_start) == 'D' then return lines, nil, log end
+  local letter = string.sub(log, last_start, last_start)
+  if letter ~= 'F' and letter ~= 'W' then return lines, nil, log end
   return lines - 1, string.sub(log, last_start), string.sub(log, 1, math.max(last_start - 2, 0))
 end
 
