@@ -84,6 +84,10 @@ def check_scenario(out: dict[str, Any], prefix: str) -> None:
     assert (res["aok"]["status"], res["aok"]["return_value"]) == ("SUCCESSFUL", {"sum": 9})
     assert res["ctx"]["return_value"] == 1  # takes_context: the task saw its attempt number
     assert res["email"]["return_value"] == "sent to a@example.com"
+    # dueq's durable steps from a takes_context task: slept between its steps, and the first
+    # step's body ran once although the task ran twice
+    assert res["steps"]["return_value"] == [1, 42]
+    assert out["step_runs"] == 1
     assert res["bad"]["status"] == "FAILED"
     assert [e["path"] for e in res["bad"]["errors"]] == ["builtins.ValueError"]
     assert "ValueError: boom" in res["bad"]["errors"][0]["traceback"]

@@ -46,6 +46,7 @@ from dueq.django._compat import (
     task_finished,
     task_started,
 )
+from dueq.durable import StepContext, Suspended, step_context
 from dueq.exceptions import ConfigurationError, InvalidTaskError
 from dueq.model import ErrorRecord, TaskInfo
 from dueq.queue import Queue
@@ -489,11 +490,18 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             worker_ids=[me] * delivery.attempt,
         )
         task_started.send(type(self), task_result=running)
+        context: StepsTaskContext | None = None
         try:
             if task.takes_context:
-                value = task.call(TaskContext(task_result=running), *args, **kwargs)
+                steps = step_context(delivery, awaited=False)
+                assert isinstance(steps, StepContext)  # (a blocking Queue's delivery)
+                context = StepsTaskContext(task_result=running, steps=steps)
+                value = task.call(context, *args, **kwargs)
+                context.steps.finish()  # NonDeterministic when it stopped short of its steps
             else:
                 value = task.call(*args, **kwargs)
+        except Suspended:  # a sleep or a wait handed the task back: nothing to record yet
+            return {}
         except Exception as exc:  # re-raised (the attempt fails); the last one is FAILED
             if delivery.attempt >= (delivery.max_attempts or self.dueq_options.max_attempts):
                 self._finished(running, exc)
@@ -541,3 +549,28 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
 
 
 __all__ = ["BackendOptions", "DueqBackend", "dueq_priority", "task_error"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepsTaskContext(TaskContext):  # type: ignore[misc]  # (django-stubs: a final dataclass)
+    """Django's ``TaskContext`` for a ``@task(takes_context=True)`` function run by dueq's
+    backend, with dueq's durable steps (docs/durable.md): ``context.step(name, fn, *args)``
+    commits ``fn``'s result so that a later run of the task returns it without calling ``fn``;
+    ``context.sleep(d)`` and ``context.wait_for(name, timeout=)`` hand the task back, no worker
+    held (``q.signal`` on the dueq queue sends the signal); ``context.step_id`` is an
+    idempotency key. A task that calls none of them runs as ever."""
+
+    steps: StepContext
+
+    def step(self, name: str, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return self.steps.step(name, fn, *args, **kwargs)
+
+    def sleep(self, duration: Any) -> None:
+        self.steps.sleep(duration)
+
+    def wait_for(self, name: str, timeout: Any = None) -> Any:
+        return self.steps.wait_for(name, timeout)
+
+    @property
+    def step_id(self) -> str:
+        return self.steps.step_id
