@@ -6,6 +6,7 @@ them (``durable_support.run_due``) on the test's manual clock."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,23 @@ import dueq
 from dueq._flows import steps as step_flows
 
 DAY_S = 86400.0
+
+
+# Every durable-task contract test runs on a plain queue and on a queue of 3 shards (on the
+# suite's single Redis, where every shard shares the server: their keys and scripts are a
+# Cluster's), each on both front ends: this ``make_queue`` wraps the root conftest's.
+@pytest.fixture(params=["plain", "shards"])
+def make_queue(
+    request: pytest.FixtureRequest, make_queue: Callable[..., Any]
+) -> Callable[..., Any]:
+    if request.param == "plain":
+        return make_queue
+
+    def make(name: str = "q", **kwargs: Any) -> Any:
+        kwargs.setdefault("shards", 3)
+        return make_queue(name, **kwargs)
+
+    return make
 
 
 class Bodies:
