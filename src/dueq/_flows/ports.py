@@ -20,7 +20,7 @@ from dueq._flows.drive import Flow
 if TYPE_CHECKING:
     from dueq._consume.wake import WakeSubscription
     from dueq._util.clock import Duration
-    from dueq._wire.protocol import StepOp, StepReply
+    from dueq._wire.protocol import DurableOp, StepReply
     from dueq.cron.flows import CronsCore
     from dueq.dead import DeadLettersCore
     from dueq.delivery import DeliveryBase
@@ -99,7 +99,7 @@ class Core(Protocol):
     def step_flow(
         self,
         delivery: DeliveryBase,
-        op: StepOp,
+        op: DurableOp,
         position: int,
         head: str,
         value: str,

@@ -37,20 +37,24 @@ class StepFlows(QueueBase):
     def step_flow(
         self,
         delivery: DeliveryBase,
-        op: protocol.StepOp,
+        op: protocol.DurableOp,
         position: int,
         head: str,
         value: str,
         extra: str = "",
     ) -> Flow[protocol.StepReply]:
-        """One write of ``delivery``'s step log under its lease (step.lua's ``op``). A lease
+        """One write of ``delivery``'s step log under its lease: step.lua for a commit and a
+        failed run the attempt fails on, park.lua for what hands the task back. A lease
         not held raises LeaseLost (TaskCancelled when cancelled) and settles the delivery; a
         log that holds another count of committed steps than ``position`` (two runs of one
         delivery at once) raises NonDeterministic; a write that handed the task back settles
         the delivery as ``released``."""
-        reply: protocol.StepReply = yield protocol.step(
-            self.keys, self.now_arg(), delivery.id, delivery.token, op, position, head, value, extra
-        )
+        k, now, task_id, token = self.keys, self.now_arg(), delivery.id, delivery.token
+        reply: protocol.StepReply
+        if op == "commit" or (op == "fail" and extra == ""):
+            reply = yield protocol.step(k, now, task_id, token, op, position, head, value)
+        else:
+            reply = yield protocol.park(k, now, task_id, token, op, position, head, value, extra)
         if reply.status is protocol.Status.CANCELLED:
             delivery.mark_settled(Outcome(delivery.id, "cancelled", delivery.attempt))
             raise TaskCancelled(
@@ -102,7 +106,7 @@ class StepFlows(QueueBase):
         return reply.pending
 
 
-def _handed_back(op: protocol.StepOp, value: str, extra: str) -> int | None:
+def _handed_back(op: protocol.DurableOp, value: str, extra: str) -> int | None:
     """The due ms of a task that step.lua's ``op`` handed back, or None when it kept it."""
     if op == "wait":
         return int(value[1:]) if value.startswith("P") else None

@@ -1010,20 +1010,24 @@ def events_read(
     return Call("events_read", [k.events, k.stats], args, parse)
 
 
-# -- step.lua, signal.lua: durable tasks (issue 39) ---------------------------------------------
+# -- step.lua, park.lua, signal.lua: durable tasks (issue 39) ------------------------------------
 
 _STEP_STATUS = {1: Status.OK, 0: Status.LEASE_LOST, 3: Status.CANCELLED, 5: Status.STEP_POSITION}
 
-#: step.lua's ops (see its header).
-StepOp = Literal["commit", "fail", "sleep", "again", "wait"]
+#: step.lua's ops: they write a step's record and keep the lease.
+StepOp = Literal["commit", "fail"]
+#: park.lua's ops: they end the attempt (the task handed back), or a wait takes a signal.
+ParkOp = Literal["fail", "sleep", "again", "wait"]
+#: What a durable run asks its queue to write (``dueq._flows.steps`` picks the script).
+DurableOp = Literal["commit", "fail", "sleep", "again", "wait"]
 
 
 class StepReply(NamedTuple):
     status: Status  # OK, LEASE_LOST, CANCELLED or STEP_POSITION
-    #: what the op did (step.lua's header): "" for a commit; the due ms a task was handed back
-    #: to ("-1": not handed back) for fail, sleep and again; for a wait "P" (handed back),
-    #: "=<payload JSON>" (a signal taken) or "~" (timed out); with STEP_POSITION the count of
-    #: committed steps the log has
+    #: what the op did (park.lua's header): "" for step.lua; the due ms a task was handed back
+    #: to ("-1": not handed back) for fail, sleep and again; for a wait "P<deadline ms>"
+    #: (handed back), "=<payload JSON>" (a signal taken) or "~" (timed out); with
+    #: STEP_POSITION the count of committed steps the log has
     value: str
 
 
@@ -1043,16 +1047,31 @@ def step(
     position: int,
     head: str,
     value: str,
+) -> Call[StepReply]:
+    """Write a durable task's step record under its lease (step.lua): ``position`` is how
+    many steps the caller found committed, ``head`` the record's JSON object without its
+    closing brace, ``value`` the result (commit) or the error (fail), as JSON."""
+    keys = [k.leased, k.meta, k.cancelled, k.steps]
+    return Call("step", keys, [now, task_id, token, op, position, head, value], _parse_step)
+
+
+def park(
+    k: QueueKeys,
+    now: str,
+    task_id: str,
+    token: str,
+    op: ParkOp,
+    position: int,
+    head: str,
+    value: str,
     extra: str = "",
 ) -> Call[StepReply]:
-    """Write a durable task's step log under its lease (``op``, see step.lua): ``position``
-    is how many steps the caller found committed, ``head`` the record's JSON object without
-    its closing brace, ``value`` the result, error, delay or wake ms, ``extra`` a fail's
-    hand-back delay ("" none) or a wait's signal name."""
+    """End a durable task's attempt under its lease (park.lua's ``op``): ``value`` the error,
+    delay or wake ms, ``extra`` a fail's hand-back delay ms or a wait's signal name."""
     keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks, k.key_state]
     keys += [k.key_wait, k.config, k.steps, *k.upper_due]
     args = [now, task_id, token, op, position, head, value, extra]
-    return Call("step", keys, args, _parse_step)
+    return Call("park", keys, args, _parse_step)
 
 
 def step_log(k: QueueKeys, task_id: str) -> Command[list[StepInfo]]:
@@ -1127,6 +1146,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "events_read": lambda k: events_read(k, "g", "c", 1, 0),
     "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1, edge_cap=1),
     "step": lambda k: step(k, "", "id", "1", "commit", 0, "{", "null"),
+    "park": lambda k: park(k, "", "id", "1", "sleep", 0, "{", "0"),
     "signal": lambda k: signal(k, "", "id", "n", "null", max_pending=1),
 }
 

@@ -84,6 +84,7 @@ SCRIPT_NAMES = (
     "close_batch",
     "events_read",
     "step",
+    "park",
     "signal",
 )
 
@@ -109,7 +110,7 @@ PRODUCER_SCRIPTS = frozenset(
     }
 )
 #: Scripts that settle a delivery: a replication shortfall is logged, not raised.
-SETTLE_SCRIPTS = frozenset({"ack", "fail", "release", "step"})
+SETTLE_SCRIPTS = frozenset({"ack", "fail", "release", "step", "park"})
 
 
 class LuaIncludeError(RuntimeError):

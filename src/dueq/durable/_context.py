@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from dueq._util.clock import Duration, duration_ms
-from dueq._wire.protocol import Flow, StepOp, StepReply
+from dueq._wire.protocol import DurableOp, Flow, StepReply
 from dueq.durable._run import (
     StepRun,
     Suspended,
@@ -51,7 +51,7 @@ class StepQueue(Protocol):
     def step_flow(
         self,
         delivery: Any,
-        op: StepOp,
+        op: DurableOp,
         position: int,
         head: str,
         value: str,

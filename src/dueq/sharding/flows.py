@@ -104,7 +104,7 @@ from dueq._flows.lease import MAX_CLAIM_BATCH, raise_not_held
 from dueq._flows.schedule import SentRecords
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration
-from dueq._wire.protocol import StepOp, StepReply
+from dueq._wire.protocol import DurableOp, StepReply
 from dueq.cron.flows import CronDefinition, CronsCore
 from dueq.cron.flows import validate_name as validate_cron_name
 from dueq.dead import MAX_OFFSET, DeadLettersCore, distinct_ids
@@ -471,7 +471,7 @@ class ShardedCore:
     def step_flow(
         self,
         delivery: DeliveryBase,
-        op: StepOp,
+        op: DurableOp,
         position: int,
         head: str,
         value: str,
