@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from durable_support import keys_of, run_due
+from durable_support import keys_of, run_due, target
 
 import dueq
 from dueq._flows import steps as step_flows
@@ -385,3 +385,87 @@ def test_an_async_def_durable_task_awaits_its_steps_on_either_front_end(
     q.signal(tid, "ok", "yes")
     (ran,) = run_due(q)
     assert ran.value == [8, "yes"] and runs["fetch"] == 1
+
+
+def test_a_durable_task_ends_its_batch_and_releases_its_children_only_when_it_finishes(
+    make_queue: Any, clock: Any
+) -> None:
+    q = make_queue("q")
+    if len(target(q).shard_names) > 1:
+        pytest.skip("batches and dependencies need an unsharded queue (docs/sharding.md)")
+
+    @q.task(name="napper", durable=True)
+    def napper(ctx: dueq.StepContext) -> str:
+        ctx.step("a", lambda: 1)
+        ctx.sleep(60)
+        return "done"
+
+    parent = napper.schedule(batch="b1", id="parent")
+    child = q.schedule({"after": "parent"}, id="child", after=[parent])
+    q.close_batch("b1")
+    run_due(q)  # the parent sleeps: not ended
+    assert q.batch("b1").completed_at is None
+    assert q.get(child).state == "waiting"
+    clock.advance(60)
+    run_due(q)  # the parent finishes: the batch completes, the child is due
+    assert q.batch("b1").completed_at is not None
+    assert q.get(child).state == "scheduled"
+
+
+def test_a_durable_task_due_after_its_expiry_ends_expired_with_its_steps_dropped(
+    make_queue: Any, clock: Any, r: redis.Redis
+) -> None:
+    q = make_queue("q")
+
+    @q.task(name="late", durable=True)
+    def late(ctx: dueq.StepContext) -> None:
+        ctx.step("a", lambda: 1)
+        ctx.sleep(120)
+
+    tid = late.schedule(expires=60)
+    run_due(q)
+    assert q.get(tid).steps  # asleep, with its step
+    clock.advance(120)
+    assert run_due(q) == []  # its next run would start after its expiry
+    assert q.get(tid) is None and r.hlen(keys_of(q, tid).steps) == 0
+
+
+def test_a_signal_sent_after_a_wait_timed_out_is_kept_for_the_next_wait_not_the_ended_one(
+    make_queue: Any, clock: Any
+) -> None:
+    q = make_queue("q")
+
+    @q.task(name="two_waits", durable=True)
+    def two_waits(ctx: dueq.StepContext) -> list[Any]:
+        first = ctx.wait_for("ping", timeout=10)
+        ctx.sleep(30)
+        second = ctx.wait_for("ping", timeout=10)
+        return [first, second]
+
+    tid = two_waits.schedule()
+    run_due(q)  # waits
+    clock.advance(10)
+    run_due(q)  # the first wait timed out; asleep
+    q.signal(tid, "ping", "late")  # after the first wait ended
+    clock.advance(30)
+    (ran,) = run_due(q)
+    assert ran.value == [None, "late"]
+
+
+def test_a_task_past_the_most_steps_a_task_may_commit_ends_dead_with_the_reason(
+    make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dueq.durable import _run
+
+    monkeypatch.setattr(_run, "MAX_STEPS", 3)
+    q = make_queue("q")
+
+    @q.task(name="endless", durable=True)
+    def endless(ctx: dueq.StepContext) -> None:
+        for i in range(10):
+            ctx.step(f"s{i}", int, i)
+
+    tid = endless.schedule()
+    (ran,) = run_due(q)
+    assert isinstance(ran.error, dueq.Unrecoverable) and "at most 3 steps" in str(ran.error)
+    assert q.get(tid).state == "dead" and len(q.get(tid).steps) == 3

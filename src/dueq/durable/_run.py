@@ -23,6 +23,9 @@ from dueq.model import StepInfo, StepKind
 
 #: The largest step result kept, as JSON (a step's result is read back on every later run).
 MAX_STEP_RESULT_BYTES = DEFAULT_MAX_PAYLOAD_BYTES
+#: The most steps (sleeps and waits included) one task may pass: its log is read on every run
+#: and each commit rewrites it, so a task of more steps is a loop to split into tasks.
+MAX_STEPS = 10_000
 #: How much of a failed step's error message its record keeps.
 MAX_STEP_ERROR_CHARS = 2000
 
@@ -99,6 +102,12 @@ class StepRun:
         NonDeterministic when the log holds another step at this position."""
         if self.suspended:
             raise Suspended
+        if self.position >= MAX_STEPS:
+            raise Unrecoverable(
+                f"task {self.task_id!r} asked for step {self.position + 1}: a durable task has at "
+                f"most {MAX_STEPS} steps (each run reads them all); split the work into tasks "
+                "(a batch, or one task per item)"
+            )
         assert self.records is not None  # (the context reads the log first)
         record = self.records[self.position] if self.position < len(self.records) else None
         if record is not None and (record.kind != kind or record.name != name):
