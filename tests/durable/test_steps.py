@@ -469,3 +469,21 @@ def test_a_task_past_the_most_steps_a_task_may_commit_ends_dead_with_the_reason(
     (ran,) = run_due(q)
     assert isinstance(ran.error, dueq.Unrecoverable) and "at most 3 steps" in str(ran.error)
     assert q.get(tid).state == "dead" and len(q.get(tid).steps) == 3
+
+
+def test_a_durable_task_cancelled_while_it_runs_learns_it_at_its_next_step(
+    make_queue: Any,
+) -> None:
+    q = make_queue("q")
+    ran: list[str] = []
+
+    @q.task(name="cancelled", durable=True)
+    def cancelled(ctx: dueq.StepContext) -> None:
+        ctx.step("a", ran.append, "a")
+
+    tid = cancelled.schedule()
+    deliveries = q.claim()
+    assert q.cancel(tid)
+    (ran_once,) = run_due(q, deliveries)
+    assert isinstance(ran_once.error, dueq.TaskCancelled)
+    assert ran_once.outcome.kind == "cancelled" and q.get(tid) is None
