@@ -84,20 +84,43 @@ def test_a_stale_holders_commit_is_refused_with_lease_lost_and_its_result_discar
     q = make_queue("q", lease=5, retry=dueq.RetryPolicy(max_attempts=5, wait=lambda s: 0.0))
     seen: list[str] = []
 
+    def slow_body() -> str:
+        seen.append("run")
+        if len(seen) == 1:  # the first run outlives its lease (no lease keeper here)
+            clock.advance(6)
+        return f"v{len(seen)}"
+
     @q.task(name="slow", durable=True)
     def slow(ctx: dueq.StepContext) -> str:
-        return str(ctx.step("s", lambda: seen.append(ctx.id) or "v"))
+        return str(ctx.step("s", slow_body))
 
     tid = slow.schedule()
-    stale = q.claim()
-    clock.advance(6)  # the lease ran out: reclaimed by the next claim
-    (fresh,) = q.claim()
-    (ran,) = run_due(q, stale)
+    (ran,) = run_due(q)
     assert isinstance(ran.error, dueq.LeaseLost)
     assert q.get(tid).steps == ()  # the stale holder's result was not committed
-    (ran,) = run_due(q, [fresh])
-    assert ran.value == "v"
-    assert len(seen) == 2  # the body ran twice (at least once), committed once
+    (ran,) = run_due(q)  # the next claim takes the expired lease over
+    assert ran.value == "v2"  # the new holder's run, committed once
+    assert len(seen) == 2  # the body ran twice (at least once), its result committed once
+
+
+def test_a_holder_whose_lease_was_taken_over_runs_no_body_at_all(
+    make_queue: Any, clock: Any
+) -> None:
+    q = make_queue("q", lease=5, retry=dueq.RetryPolicy(max_attempts=5, wait=lambda s: 0.0))
+    seen: list[str] = []
+
+    @q.task(name="once", durable=True)
+    def once(ctx: dueq.StepContext) -> str:
+        return str(ctx.step("s", lambda: seen.append("run") or "v"))
+
+    once.schedule()
+    stale = q.claim()
+    clock.advance(6)  # its lease ran out before it began: reclaimed by the next claim
+    fresh = q.claim()
+    (ran,) = run_due(q, stale)
+    assert isinstance(ran.error, dueq.LeaseLost) and seen == []  # it read its log under the lease
+    (ran,) = run_due(q, fresh)
+    assert ran.value == "v" and seen == ["run"]
 
 
 def test_a_sleep_hands_the_task_back_for_its_duration_holding_no_lease_and_no_attempt(
@@ -487,3 +510,4 @@ def test_a_durable_task_cancelled_while_it_runs_learns_it_at_its_next_step(
     (ran_once,) = run_due(q, deliveries)
     assert isinstance(ran_once.error, dueq.TaskCancelled)
     assert ran_once.outcome.kind == "cancelled" and q.get(tid) is None
+    assert ran == []  # it read its log under the lease: no body ran for a cancelled task

@@ -14,6 +14,7 @@ from dueq._flows.drive import Flow
 from dueq._util.clock import ms_datetime
 from dueq._wire import protocol
 from dueq._wire.envelope import validate_id
+from dueq._wire.snapshot import step_infos
 from dueq.delivery import DeliveryBase
 from dueq.durable._run import MAX_PENDING_SIGNALS, signal_payload, validate_signal_name
 from dueq.exceptions import (
@@ -29,10 +30,11 @@ from dueq.model import Outcome, StepInfo
 class StepFlows(QueueBase):
     """Durable tasks' flows: the step log of a delivery, its writes, and signals."""
 
-    def step_log_flow(self, task_id: str) -> Flow[list[StepInfo]]:
-        """The records of a task's step log (none for a task that has no steps)."""
-        records: list[StepInfo] = yield protocol.step_log(self.keys, task_id)
-        return records
+    def step_log_flow(self, delivery: DeliveryBase) -> Flow[list[StepInfo]]:
+        """The records of ``delivery``'s step log, read under its lease (LeaseLost, or
+        TaskCancelled, when it is not held: see ``step_flow``)."""
+        reply: protocol.StepReply = yield from self._core.step_flow(delivery, "read", 0, "", "")
+        return step_infos(reply.value)
 
     def step_flow(
         self,
@@ -51,9 +53,10 @@ class StepFlows(QueueBase):
         the delivery as ``released``."""
         k, now, task_id, token = self.keys, self.now_arg(), delivery.id, delivery.token
         reply: protocol.StepReply
-        if op == "commit" or (op == "fail" and extra == ""):
+        if op in ("read", "commit") or (op == "fail" and extra == ""):
             reply = yield protocol.step(k, now, task_id, token, op, position, head, value)
         else:
+            assert op != "read" and op != "commit"  # (for mypy: those are step.lua's)
             reply = yield protocol.park(k, now, task_id, token, op, position, head, value, extra)
         if reply.status is protocol.Status.CANCELLED:
             delivery.mark_settled(Outcome(delivery.id, "cancelled", delivery.attempt))

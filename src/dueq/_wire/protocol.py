@@ -31,13 +31,12 @@ from dueq._wire.snapshot import (
     inspected,
     queue_stats,
     settings_from_reply,
-    step_infos,
     task_infos,
     text,
 )
 from dueq.doctor import DoctorFinding
 from dueq.exceptions import ConfigurationError, DueqError, LeaseLost, TaskCancelled, TaskNotFound
-from dueq.model import MAX_KEY_LIMITS, BatchInfo, QueueSettings, QueueStats, StepInfo, TaskInfo
+from dueq.model import MAX_KEY_LIMITS, BatchInfo, QueueSettings, QueueStats, TaskInfo
 
 T = TypeVar("T")
 
@@ -1014,18 +1013,19 @@ def events_read(
 
 _STEP_STATUS = {1: Status.OK, 0: Status.LEASE_LOST, 3: Status.CANCELLED, 5: Status.STEP_POSITION}
 
-#: step.lua's ops: they write a step's record and keep the lease.
-StepOp = Literal["commit", "fail"]
+#: step.lua's ops: they read the log, or write a step's record, and keep the lease.
+StepOp = Literal["read", "commit", "fail"]
 #: park.lua's ops: they end the attempt (the task handed back), or a wait takes a signal.
 ParkOp = Literal["fail", "sleep", "again", "wait"]
 #: What a durable run asks its queue to write (``dueq._flows.steps`` picks the script).
-DurableOp = Literal["commit", "fail", "sleep", "again", "wait"]
+DurableOp = Literal["read", "commit", "fail", "sleep", "again", "wait"]
 
 
 class StepReply(NamedTuple):
     status: Status  # OK, LEASE_LOST, CANCELLED or STEP_POSITION
-    #: what the op did (park.lua's header): "" for step.lua; the due ms a task was handed back
-    #: to ("-1": not handed back) for fail, sleep and again; for a wait "P<deadline ms>"
+    #: what the op did (park.lua's header): the log for a read, "" for step.lua's writes;
+    #: the due ms a task was handed back to ("-1": not handed back) for fail, sleep and
+    #: again; for a wait "P<deadline ms>"
     #: (handed back), "=<payload JSON>" (a signal taken) or "~" (timed out); with
     #: STEP_POSITION the count of committed steps the log has
     value: str
@@ -1072,11 +1072,6 @@ def park(
     keys += [k.key_wait, k.config, k.steps, *k.upper_due]
     args = [now, task_id, token, op, position, head, value, extra]
     return Call("park", keys, args, _parse_step)
-
-
-def step_log(k: QueueKeys, task_id: str) -> Command[list[StepInfo]]:
-    """A durable task's step log, as its records (``snapshot.step_infos``)."""
-    return Command(("HGET", k.steps, task_id), step_infos)
 
 
 class SignalStatus(enum.IntEnum):

@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
-from dueq._util.clock import Duration, duration_ms
+from dueq._util.clock import Clock, Duration, duration_ms
 from dueq._wire.protocol import DurableOp, Flow, StepReply
 from dueq.durable._run import (
     StepRun,
@@ -35,8 +36,8 @@ from dueq.durable._run import (
     validate_signal_name,
     wall_ms,
 )
-from dueq.exceptions import ConfigurationError, InvalidTaskError, Unrecoverable
-from dueq.model import StepInfo, StepKind
+from dueq.exceptions import ConfigurationError, InvalidTaskError, LeaseLost, Unrecoverable
+from dueq.model import Outcome, StepInfo, StepKind
 from dueq.retry import RetryPolicy
 
 T = TypeVar("T")
@@ -46,7 +47,12 @@ class StepQueue(Protocol):
     """What a durable delivery's queue runs its steps on (``QueueCore`` has it: the queue, or
     a sharded queue's shard, that claimed the delivery)."""
 
-    def step_log_flow(self, task_id: str) -> Flow[list[StepInfo]]: ...
+    @property
+    def clock(self) -> Clock | None:
+        """The injected clock (seconds), or None for the server's."""
+        ...
+
+    def step_log_flow(self, delivery: Any) -> Flow[list[StepInfo]]: ...
 
     def step_flow(
         self,
@@ -167,6 +173,23 @@ class StepContextBase(TaskContext):
         """How many steps this run has passed."""
         return self._run.position
 
+    def check_lease(self) -> None:
+        """LeaseLost (the delivery settled as lost) when this delivery's lease has run out by
+        the queue's clock (this process's clock when the queue uses the server's): checked
+        before each step's body, so that a run that stalled past its lease (a pause, an
+        outage, a stopped process) runs no body that another holder may have committed
+        since. Its lease keeper extends a running delivery's lease as ever."""
+        d = self.delivery
+        clock = self._queue.clock
+        now_ms = (clock() if clock is not None else time.time()) * 1000
+        if now_ms >= d.lease_deadline_ms:
+            d.mark_settled(Outcome(d.id, "lost", d.attempt))
+            raise LeaseLost(
+                f"lease on task {d.id!r} ran out before step {self._run.position} "
+                "(another holder may run the task now); this run stops here",
+                [d.id],
+            )
+
     def finish(self) -> None:
         """At the function's return (the dispatcher calls it): NonDeterministic when the run
         stopped short of the steps the log holds committed."""
@@ -176,7 +199,7 @@ class StepContextBase(TaskContext):
 
     def _begin(self, kind: StepKind, name: str) -> Flow[StepInfo | None]:
         if self._run.records is None:
-            self._run.records = list((yield from self._queue.step_log_flow(self._run.task_id)))
+            self._run.records = list((yield from self._queue.step_log_flow(self.delivery)))
         return self._run.next(kind, name)
 
     def _commit(self, name: str, value: Any, started_ms: int) -> Flow[Any]:
@@ -301,6 +324,7 @@ class StepContext(StepContextBase):
         found = self._drive(self._begin("step", name))
         if found is not None:
             return found.result  # type: ignore[no-any-return]
+        self.check_lease()
         run = self._run
         run.running, started_ms = run.step_id(name), wall_ms()
         try:
@@ -347,6 +371,7 @@ class AsyncStepContext(StepContextBase):
         found = await self._drive(self._begin("step", name))
         if found is not None:
             return found.result
+        self.check_lease()
         run = self._run
         run.running, started_ms = run.step_id(name), wall_ms()
         try:

@@ -465,8 +465,8 @@ class ShardedCore:
 
     # -- durable tasks: a task's shard holds its steps and signals ---------------------------
 
-    def step_log_flow(self, task_id: str) -> Flow[list[StepInfo]]:
-        return (yield from self.layout.shard(task_id).step_log_flow(task_id))
+    def step_log_flow(self, delivery: DeliveryBase) -> Flow[list[StepInfo]]:
+        return (yield from self.layout.owner(delivery).step_log_flow(delivery))
 
     def step_flow(
         self,

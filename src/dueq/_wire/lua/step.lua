@@ -1,5 +1,7 @@
--- step.lua: commit a durable task's step, or record a failed run of one, under its lease, in
--- one call (issue 39). The task stays leased; park.lua is the call that hands it back (a
+-- step.lua: read a durable task's step log, commit a step, or record a failed run of one,
+-- each under the task's lease, in one call (issue 39). A run reads its log here, not with a
+-- plain HGET, so that a holder whose lease was taken over (and whose task may have ended
+-- meanwhile, its log gone) learns it before it runs any step's body again. The task stays leased; park.lua is the call that hands it back (a
 -- sleep, a wait, a step's own retry). Kept small: each of a task's steps costs one call of it.
 --
 -- KEYS[1] leased   ZSET id -> lease deadline ms
@@ -9,12 +11,14 @@
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] task id
 -- ARGV[3] lease token
--- ARGV[4] op: "commit" (a step's result) or "fail" (a failed run of a step)
+-- ARGV[4] op: "read" (the log), "commit" (a step's result) or "fail" (a failed run of a
+--         step); ARGV[5..7] are not read by "read"
 -- ARGV[5] the position of the record: how many steps the caller found committed
 -- ARGV[6] the record's head: its JSON object without the closing brace
 -- ARGV[7] commit: the result (JSON); fail: the error (JSON)
--- Returns {status, ""}: status 1 written, 0 lease lost, 3 cancelled while leased, 5 the log
---   does not have ARGV[5] committed steps (then {5, how many it has})
+-- Returns {status, value}: status 1 done (value: the log for "read", else ""), 0 lease lost,
+--   3 cancelled while leased, 5 the log does not have ARGV[5] committed steps (value: how
+--   many it has)
 -- @include clock
 -- @include leases
 -- @include step_log
@@ -24,7 +28,9 @@ local id = ARGV[2]
 local verdict = lease_verdict(KEYS[1], KEYS[2], KEYS[3], id, ARGV[3], now)
 if verdict == 'c' then return {3, ''} end
 if verdict ~= 'h' then return {0, ''} end
-local committed, _, kept = step_log_scan(redis.call('HGET', KEYS[4], id))
+local log = redis.call('HGET', KEYS[4], id)
+if ARGV[4] == 'read' then return {1, log or ''} end
+local committed, _, kept = step_log_scan(log)
 if committed ~= tonumber(ARGV[5]) then return {5, committed} end
 local line = ARGV[4] == 'commit' and 'D' .. ARGV[6] .. ',"r":' .. ARGV[7] .. '}'
   or 'F' .. ARGV[6] .. ',"e":' .. ARGV[7] .. '}'
