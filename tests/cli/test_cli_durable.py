@@ -18,6 +18,10 @@ from step_runs_support import run_due
 
 import dueq
 
+#: The id of the test's order (a generated id may begin with "-", which click would read as
+#: an option unless "--" came first).
+ORDER = "o-1"
+
 
 def _queue(r: redis.Redis, **kwargs: Any) -> dueq.Queue:
     kwargs.setdefault("retry", dueq.RetryPolicy(max_attempts=3, wait=lambda s: 0.0))
@@ -54,7 +58,7 @@ def _step_lines(stdout: str) -> list[str]:
 def test_show_lists_each_step_with_kind_state_runs_end_and_a_short_result(invoke, r):
     q = _queue(r)
     runs: Counter[str] = Counter()
-    tid = _order(q, runs, fail_first={"confirm"}).schedule(cents=4200)
+    tid = _order(q, runs, fail_first={"confirm"}).schedule(cents=4200, id=ORDER)
     run_due(q)  # charge done, confirm failed
     failed = invoke("show", "jobs", tid)
     assert failed.exit_code == 0, failed.output
@@ -89,7 +93,7 @@ def test_show_escapes_control_characters_in_a_steps_result_and_error(invoke, r):
         ctx.step("a", lambda: "\x1b]0;title\x07")
         ctx.step("b", clears_the_screen)
 
-    tid = rude.schedule()
+    tid = rude.schedule(id="rude-1")
     run_due(q)
     shown = invoke("show", "jobs", tid)
     assert shown.exit_code == 0, shown.output
@@ -109,7 +113,7 @@ def test_show_of_a_plain_task_has_no_steps_section(invoke, r):
 
 def test_show_json_gives_the_steps_as_their_json_form(invoke, r):
     q = _queue(r)
-    tid = _order(q, Counter()).schedule(cents=1)
+    tid = _order(q, Counter()).schedule(cents=1, id=ORDER)
     run_due(q)
     result = invoke("show", "jobs", tid, "--json")
     assert result.exit_code == 0, result.output
@@ -124,7 +128,7 @@ def test_show_json_gives_the_steps_as_their_json_form(invoke, r):
 
 def test_signal_wakes_a_waiting_durable_task_with_the_json_payload(invoke, r):
     q = _queue(r)
-    tid = _order(q, Counter()).schedule(cents=1)
+    tid = _order(q, Counter()).schedule(cents=1, id=ORDER)
     run_due(q)
     assert q.get(tid).state == "waiting"
     result = invoke("signal", "jobs", tid, "shipped", '{"tracking": "1Z999"}')
@@ -137,7 +141,9 @@ def test_signal_wakes_a_waiting_durable_task_with_the_json_payload(invoke, r):
 
 def test_signal_without_a_payload_sends_null_and_counts_the_signals_not_yet_taken(invoke, r):
     q = _queue(r)
-    tid = _order(q, Counter()).schedule(cents=1)  # not run yet: the signals wait for the wait
+    tid = _order(q, Counter()).schedule(
+        cents=1, id=ORDER
+    )  # not run yet: the signals wait for the wait
     assert invoke("signal", "jobs", tid, "shipped").stdout.endswith(": 1 signal(s) not yet taken\n")
     again = invoke("signal", "jobs", tid, "other", "[1, 2]")
     assert again.exit_code == 0 and again.stdout.endswith(": 2 signal(s) not yet taken\n")
@@ -157,7 +163,7 @@ def test_signal_to_a_task_that_is_not_live_is_an_error(invoke, r):
 
 def test_signal_refused_past_the_most_signals_a_task_may_hold_is_an_error(invoke, r):
     q = _queue(r)
-    tid = _order(q, Counter()).schedule(cents=1)
+    tid = _order(q, Counter()).schedule(cents=1, id=ORDER)
     for _ in range(dueq.durable.MAX_PENDING_SIGNALS):
         q.signal(tid, "shipped")
     result = invoke("signal", "jobs", tid, "shipped")
@@ -176,7 +182,7 @@ def test_signal_refused_past_the_most_signals_a_task_may_hold_is_an_error(invoke
 )
 def test_a_bad_signal_name_or_json_is_a_usage_error_and_sends_nothing(invoke, r, args, says):
     q = _queue(r)
-    tid = _order(q, Counter()).schedule(cents=1)
+    tid = _order(q, Counter()).schedule(cents=1, id=ORDER)
     result = invoke("signal", "jobs", tid, *args)
     assert result.exit_code == 2
     assert says in one_error_line(result)
@@ -192,7 +198,7 @@ def test_signal_on_an_unknown_queue_is_an_error(invoke, r):
 
 def test_signal_reaches_a_task_on_a_sharded_queue(invoke, r):
     q = _queue(r, shards=3)
-    tid = _order(q, Counter()).schedule(cents=1)
+    tid = _order(q, Counter()).schedule(cents=1, id=ORDER)
     run_due(q)
     assert q.get(tid).state == "waiting"
     result = invoke("signal", "jobs", tid, "shipped", '"1Z"')
@@ -204,7 +210,7 @@ def test_signal_reaches_a_task_on_a_sharded_queue(invoke, r):
 def _dead_after_charge(r: redis.Redis, runs: Counter[str]) -> tuple[dueq.Queue, str]:
     """A durable task that died (one attempt) in ``confirm`` after ``charge`` committed."""
     q = _queue(r, retry=dueq.RetryPolicy(max_attempts=1))
-    tid = _order(q, runs, fail_first={"confirm"}).schedule(cents=1)
+    tid = _order(q, runs, fail_first={"confirm"}).schedule(cents=1, id=ORDER)
     run_due(q)
     info = q.get(tid)
     assert info.state == "dead" and [s.name for s in info.steps] == ["charge", "confirm"]
