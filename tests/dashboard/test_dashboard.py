@@ -4,10 +4,13 @@ token, escaping, no Redis password)."""
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import redis
@@ -22,8 +25,9 @@ from html import escape as e
 
 from conftest import ManualClock
 from dashboard_support import XSS, csrf_of, running_worker, seed
+from step_runs_support import run_due
 
-from dueq import ConfigurationError, Queue, RetryPolicy, Task
+from dueq import ConfigurationError, Queue, RetryPolicy, StepContext, Task
 from dueq.cli import cli
 from dueq.dashboard import DashboardSettings, check_bind, create_app, redis_label
 from dueq.server import RedisServer
@@ -150,6 +154,86 @@ def test_a_script_payload_is_escaped_everywhere(r: redis.Redis, dashboard: Clien
     headers = client.get("/").headers
     assert "script-src 'self'" in headers["content-security-policy"]
     assert XSS in str(client.get("/api/task", params={"queue": "emails", "id": "xss-1"}).json())
+
+
+def _durable_order(r: redis.Redis) -> str:
+    """A durable task of queue ``orders``: step ``charge`` done (its result holds ``XSS``),
+    step ``notify`` failed once (its error holds ``XSS``) then done, a sleep, and now a wait
+    for signal ``shipped`` (a day at most)."""
+    q = Queue("orders", r, retry=RetryPolicy(max_attempts=3, wait=lambda s: 0.0))
+    runs = {"notify": 0}
+
+    def notify() -> int:
+        runs["notify"] += 1
+        if runs["notify"] == 1:
+            raise RuntimeError(f"mail server said {XSS}")
+        return 2
+
+    @q.task(name="order", durable=True)
+    def order(ctx: StepContext) -> Any:
+        ctx.step("charge", lambda: {"note": XSS})
+        ctx.step("notify", notify)
+        ctx.sleep(0.001)
+        return ctx.wait_for("shipped", timeout=timedelta(days=1))
+
+    tid = order.schedule()
+    while (info := q.get(tid)) is not None and info.state != "waiting":
+        run_due(q)
+    return tid
+
+
+def test_task_page_shows_a_durable_tasks_steps_as_a_timeline_escaped(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    tid = _durable_order(r)
+    html = dashboard().get("/task", params={"queue": "orders", "id": tid}).text
+    assert "<h2>Steps (4)</h2>" in html
+    timeline = html[html.index('<table id="steps">') :]
+    timeline = timeline[: timeline.index("</table>")]
+    head = ["#", "kind", "name", "state", "runs", "started", "ended", "deadline", "result or error"]
+    assert "".join(f"<th>{h}</th>" for h in head) in timeline
+    rows = timeline.split("<tr")[2:]
+    assert re.findall(r'data-step="(\d+)"', timeline) == ["0", "1", "2", "3"]  # in order
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in rows]
+    assert [c[:5] for c in cells] == [
+        ["0", "step", "charge", "done", "1"],
+        ["1", "step", "notify", "done", "2"],
+        ["2", "sleep", "sleep", "done", "1"],
+        ["3", "wait", "shipped", "waiting", "1"],
+    ]
+    assert all(c[5].endswith(" UTC") for c in cells)  # started
+    assert cells[3][6] == "-" and cells[3][7].endswith(" UTC")  # waiting: no end, a deadline
+    assert cells[0][8] == e(json.dumps({"note": XSS}))  # the result's JSON, escaped
+    assert cells[1][8] == "2"
+    assert "<script>window" not in html and "&lt;script&gt;window.__dueq_xss" in html
+    steps = dashboard().get("/api/task", params={"queue": "orders", "id": tid}).json()["steps"]
+    assert [s["name"] for s in steps] == ["charge", "notify", "sleep", "shipped"]
+
+
+def test_task_page_of_a_failed_step_shows_its_error_escaped(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    q = Queue("orders", r, retry=RetryPolicy(max_attempts=3, wait=lambda s: 3600.0))
+
+    def notify() -> None:
+        raise RuntimeError(XSS)
+
+    @q.task(name="fails", durable=True)
+    def fails(ctx: StepContext) -> None:
+        ctx.step("notify", notify)
+
+    tid = fails.schedule()
+    run_due(q)
+    html = dashboard().get("/task", params={"queue": "orders", "id": tid}).text
+    row = html[html.index('data-step="0"') :].split("</tr>")[0]
+    assert "<td>failed</td>" in row
+    assert f"RuntimeError: {e(XSS)}" in row and "<script>window" not in html
+
+
+def test_task_page_of_a_plain_task_has_no_steps(r: redis.Redis, dashboard: Client) -> None:
+    seed(r)
+    html = dashboard().get("/task", params={"queue": "emails", "id": "welcome:42"}).text
+    assert "Steps" not in html and 'id="steps"' not in html
 
 
 def test_confirmation_page_changes_nothing_and_the_confirmed_post_pauses(

@@ -33,7 +33,10 @@ SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Produce", ("schedule", "cron")),
     ("Work", ("worker", "workers")),
     ("Inspect", ("stats", "top", "list", "show", "dead", "events", "doctor", "batches")),
-    ("Operate", ("pause", "resume", "configure", "cancel", "reschedule", "run-now", "acl")),
+    (
+        "Operate",
+        ("pause", "resume", "configure", "cancel", "reschedule", "run-now", "signal", "acl"),
+    ),
     ("Serve", ("dashboard", "metrics", "demo")),
 )
 
@@ -68,6 +71,7 @@ SUMMARIES = {
     "cancel": "Remove tasks of QUEUE in any state.",
     "reschedule": "Move a scheduled task to a new due time.",
     "run-now": "Make tasks due now (dead ones are replayed).",
+    "signal": "Send a signal (JSON payload) to a durable task.",
     "acl": "Print the minimal Redis ACL rule for a role.",
     "dashboard": "Serve a web UI of the queues until Ctrl-C.",
     "metrics": "Serve Prometheus metrics of the queues until Ctrl-C.",
@@ -95,6 +99,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("tasks", "cancel"),
     "reschedule": ("tasks", "reschedule"),
     "run-now": ("tasks", "run_now"),
+    "signal": ("signal", "signal"),
     "acl": ("acl", "acl"),
     "dashboard": ("dashboard", "dashboard"),
     "metrics": ("metrics", "metrics"),

@@ -128,9 +128,22 @@ def _move_all(q: Queue, move: Callable[[list[str]], int], total: int, label: str
     return moved
 
 
-def _move_command(action: str, doc: str, question: str) -> click.Command:
+def _from_start_option(offered: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--from-start`` (the command receives ``from_start``) when ``offered``; else nothing."""
+    if not offered:
+        return lambda command: command
+    return click.option(
+        "--from-start",
+        is_flag=True,
+        help="Durable tasks run from their first step again: their steps and signals are "
+        "dropped first (docs/durable.md).",
+    )
+
+
+def _move_command(action: str, doc: str, question: str, restart: str = "") -> click.Command:
     """``dead replay`` or ``dead purge``: ids (as arguments or --id), --error-type NAME or
-    --all, confirmed unless --yes."""
+    --all, confirmed unless --yes. With ``restart`` (the question then) the command has
+    ``--from-start``: ``q.dead.replay(..., from_start=True)``."""
 
     @click.command(action, help=doc)
     @click.argument("queue")
@@ -138,6 +151,7 @@ def _move_command(action: str, doc: str, question: str) -> click.Command:
     @click.option("--all", "everything", is_flag=True, help="Every task dead now.")
     @click.option("--error-type", metavar="NAME", help="The dead tasks whose last error is NAME.")
     @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+    @_from_start_option(bool(restart))
     @redis_options
     def command(
         queue: str,
@@ -146,26 +160,27 @@ def _move_command(action: str, doc: str, question: str) -> click.Command:
         error_type: str | None,
         yes: bool,
         target: RedisTarget,
+        from_start: bool = False,
     ) -> None:
         if bool(ids) + everything + (error_type is not None) != 1:
             raise click.UsageError("give the ids (ID... or --id ID), --error-type NAME or --all")
         q = open_queue(target, queue)
+        ask = restart if from_start else question
+        options = {"from_start": True} if from_start else {}
         if error_type is not None:
             if not yes:
-                click.confirm(
-                    question.format(n=f"the {error_type}", queue=queue), abort=True, err=True
-                )
-            moved = getattr(q.dead, action)(error_type=error_type)
+                click.confirm(ask.format(n=f"the {error_type}", queue=queue), abort=True, err=True)
+            moved = getattr(q.dead, action)(error_type=error_type, **options)
             click.echo(f"{PAST[action]} {moved} dead task(s) of {queue!r}")
             return
-        move: Callable[[Iterable[str]], int] = getattr(q.dead, action)
+        move: Callable[[Iterable[str]], int] = functools.partial(getattr(q.dead, action), **options)
         _dead_tasks(q, ids)
         total = len(set(ids)) if ids else q.dead.count()
         if total == 0:
             click.echo(f"no dead tasks in {queue!r}")
             return
         if not yes:
-            click.confirm(question.format(n=total, queue=queue), abort=True, err=True)
+            click.confirm(ask.format(n=total, queue=queue), abort=True, err=True)
         if ids:
             moved = move(list(dict.fromkeys(ids)))
         else:
@@ -178,8 +193,12 @@ def _move_command(action: str, doc: str, question: str) -> click.Command:
 dead.add_command(
     _move_command(
         "replay",
-        "Put dead tasks of QUEUE back in the queue, due now, with attempts and errors reset.",
+        "Put dead tasks of QUEUE back in the queue, due now, with attempts and errors reset. "
+        "A durable task goes on from its first unfinished step (from its first step with "
+        "--from-start).",
         "Replay {n} dead task(s) of {queue!r}? They run again from attempt 1.",
+        "Replay {n} dead task(s) of {queue!r} from their first step? They run again from "
+        "attempt 1, and their durable steps run again.",
     )
 )
 dead.add_command(

@@ -17,12 +17,13 @@ from typing import Any, cast
 import click
 from rich.table import Table
 
+from dueq._util.clock import ms_datetime
 from dueq.cli.connection import RedisTarget, open_queue, redis_options
 from dueq.cli.errors import CliError
 from dueq.cli.jsonout import emit, json_option
 from dueq.cli.output import console, safe, safe_lines, titled_table, when
 from dueq.cli.task_input import time_option
-from dueq.model import ErrorRecord, TaskInfo, TaskState, iso_ms
+from dueq.model import ErrorRecord, StepInfo, TaskInfo, TaskState, iso_ms
 from dueq.queue import Queue
 
 ERROR_WIDTH = 60
@@ -223,7 +224,7 @@ def print_tasks(infos: list[TaskInfo]) -> None:
     now = datetime.now(timezone.utc)
     for info in infos:
         out.print(f"id: {safe(info.id)}    state: {info.state}    attempt: {info.attempt}")
-        if info.state == "scheduled":
+        if info.state in ("scheduled", "waiting"):  # waiting: for its parents, or a signal
             out.print(f"due: {when(info.due_at, now)}")
         elif info.state == "leased":
             out.print(f"held by: {safe(info.holder or '-')}")
@@ -257,7 +258,51 @@ def print_tasks(infos: list[TaskInfo]) -> None:
         out.print(f"errors ({len(info.errors)}):")
         for e in info.errors:
             out.print("\n".join(error_lines(e)), soft_wrap=True)
+        if info.steps:
+            out.print(f"steps ({len(info.steps)}):")
+            out.print("\n".join(step_lines(info.steps, now)), soft_wrap=True)
         out.print()
+
+
+def _step_outcome(step: StepInfo, now: datetime) -> str:
+    """What a step came to, on one line: its error, a sleep's wake time, a wait that timed
+    out, or its result's JSON, shortened as payloads are ("-": none yet)."""
+    if step.error is not None:
+        return _short(step.error, ERROR_WIDTH)
+    if step.timed_out:
+        return "timed out"
+    if step.result is None:
+        return "-"
+    if step.kind == "sleep" and isinstance(step.result, int):  # the wake time, epoch ms
+        return f"until {when(ms_datetime(step.result), now)}"
+    return _short(json.dumps(step.result, ensure_ascii=False), PAYLOAD_WIDTH)
+
+
+def _step_time(step: StepInfo, now: datetime) -> str:
+    if step.state != "waiting":
+        return f"ended {when(step.ended_at, now)}"
+    return "no deadline" if step.deadline is None else f"deadline {when(step.deadline, now)}"
+
+
+def step_lines(steps: tuple[StepInfo, ...], now: datetime) -> list[str]:
+    """A durable task's steps for people, one line each in a column of their own: position,
+    kind, name, state, runs, when it ended (a waiting one: its deadline), its outcome."""
+    rows = [
+        (
+            str(s.position),
+            s.kind,
+            safe(s.name),
+            s.state,
+            f"{s.runs} run{'' if s.runs == 1 else 's'}",
+            _step_time(s, now),
+            _step_outcome(s, now),
+        )
+        for s in steps
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    return [
+        "  " + "  ".join(row[i].ljust(widths[i]) for i in range(6)) + "  " + row[6] for row in rows
+    ]
 
 
 @click.command("cancel")

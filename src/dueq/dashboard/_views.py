@@ -8,6 +8,7 @@ polls to refresh its figures.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,6 +16,7 @@ from datetime import timedelta
 from starlette.requests import Request
 from starlette.responses import Response
 
+from dueq._util.clock import ms_datetime
 from dueq.async_queue import AsyncQueue
 from dueq.cron.flows import CronDefinition
 from dueq.dashboard._context import Context, Unreadable
@@ -47,7 +49,7 @@ from dueq.dashboard._reads import (
     search,
     stats_json,
 )
-from dueq.model import TaskInfo
+from dueq.model import StepInfo, TaskInfo
 
 
 def result_section(info: TaskInfo) -> str:
@@ -59,6 +61,42 @@ def result_section(info: TaskInfo) -> str:
             f'<h2>Result</h2><p id="result" class="muted">not kept: {e(info.result_unstored)}</p>'
         )
     return f'<h2>Result</h2><pre id="result">{e(pretty_json(info.result))}</pre>'
+
+
+#: The most characters of a step's result or error the timeline shows (``/api/task`` has them
+#: whole): a step's result may be up to 1 MiB of JSON.
+STEP_TEXT_CHARS = 200
+
+
+def _step_text(step: StepInfo) -> str:
+    """A step's error, or its result as compact JSON (a sleep's: its wake time), shortened."""
+    if step.error is not None:
+        text = step.error
+    elif step.timed_out:
+        text = "timed out"
+    elif step.kind == "sleep" and isinstance(step.result, int):  # the wake time, epoch ms
+        text = f"until {when(ms_datetime(step.result))}"
+    else:
+        text = "-" if step.result is None else json.dumps(step.result, ensure_ascii=False)
+    return text if len(text) <= STEP_TEXT_CHARS else text[: STEP_TEXT_CHARS - 1] + "…"
+
+
+def steps_section(info: TaskInfo) -> str:
+    """A durable task's steps as a timeline, in order (``TaskInfo.steps``); "" for a task
+    without steps. Read-only: a step has no action."""
+    if not info.steps:
+        return ""
+    head = ["#", "kind", "name", "state", "runs", "started", "ended", "deadline"]
+    rows = "".join(
+        f'<tr data-step="{e(s.position)}" data-state="{e(s.state)}">'
+        f"<td>{e(s.position)}</td><td>{e(s.kind)}</td><td>{e(s.name)}</td><td>{e(s.state)}</td>"
+        f'<td class="n">{e(s.runs)}</td><td>{e(when(s.started_at))}</td>'
+        f"<td>{e(when(s.ended_at))}</td><td>{e(when(s.deadline))}</td>"
+        f"<td>{e(_step_text(s))}</td></tr>"
+        for s in info.steps
+    )
+    cells = "".join(f"<th>{e(h)}</th>" for h in [*head, "result or error"])
+    return f'<h2>Steps ({len(info.steps)})</h2><table id="steps"><tr>{cells}</tr>{rows}</table>'
 
 
 def _outcome(d: CronDefinition) -> str:
@@ -402,6 +440,7 @@ class Views:
             + table([], (f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in facts))
             + f'<h2>Payload</h2><pre id="payload">{e(pretty_json(info.payload))}</pre>'
             + result_section(info)
+            + steps_section(info)
             + f"<h2>Errors ({len(info.errors)})</h2>"
             + (errors or '<p class="muted">none</p>')
         )
