@@ -511,3 +511,23 @@ def test_a_durable_task_cancelled_while_it_runs_learns_it_at_its_next_step(
     assert isinstance(ran_once.error, dueq.TaskCancelled)
     assert ran_once.outcome.kind == "cancelled" and q.get(tid) is None
     assert ran == []  # it read its log under the lease: no body ran for a cancelled task
+
+
+def test_a_wait_without_a_timeout_has_no_deadline_and_waits_until_its_signal(
+    make_queue: Any, clock: Any
+) -> None:
+    q = make_queue("q")
+
+    @q.task(name="patient", durable=True)
+    def patient(ctx: dueq.StepContext) -> Any:
+        return ctx.wait_for("go")
+
+    tid = patient.schedule()
+    run_due(q)
+    info = q.get(tid)
+    assert info.state == "waiting" and info.steps[-1].deadline is None
+    clock.advance(365 * DAY_S)
+    assert run_due(q) == []  # a year later, still waiting
+    q.signal(tid, "go", [1])
+    (ran,) = run_due(q)
+    assert ran.value == [1]

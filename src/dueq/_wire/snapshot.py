@@ -120,6 +120,9 @@ def inspected(reply: list[Any]) -> list[TaskInfo]:
     return infos
 
 
+#: The deadline park.lua gives a wait without a timeout (9999-12-31T23:59:59Z).
+NEVER_MS = 253402300799000
+
 #: A step log line's letter: the kind and state of its record (lua/include/step_log.lua).
 _LETTERS: dict[str, tuple[StepKind, StepState]] = {
     "D": ("step", "done"),
@@ -150,8 +153,11 @@ def step_infos(raw: bytes | str | None) -> list[StepInfo]:
         started = _ms_or_none(record.get("t0"))
         took = _ms_or_none(record.get("u"))
         ended = _ms_or_none(record.get("t1"))
-        if ended is None and started is not None and took is not None and state != "waiting":
-            ended = started + took
+        if ended is None and started is not None and state != "waiting":
+            ended = started + (took or 0)  # ("u" is left out for a body under a ms)
+        deadline = _ms_or_none(record.get("d"))
+        if deadline == NEVER_MS:  # a wait without a timeout
+            deadline = None
         steps.append(
             StepInfo(
                 position=len(steps),
@@ -163,7 +169,7 @@ def step_infos(raw: bytes | str | None) -> list[StepInfo]:
                 started_at=_datetime(started),
                 ended_at=_datetime(ended),
                 error=error if isinstance(error, str) else None,
-                deadline=_datetime(_ms_or_none(record.get("d"))),
+                deadline=_datetime(deadline),
                 timed_out=record.get("x") == 1,
             )
         )
