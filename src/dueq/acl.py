@@ -74,6 +74,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "inspect",
         "heartbeat",  # the worker registry (dueq.registry)
         "events_read",  # q.events(group=...): a member's read, and what its group lost
+        "progress",  # d.progress: a leased task's progress entry
     ),
     # stats, get, list_tasks, history, dead list/count/replay/purge,
     # cron add/list/remove/pause/resume/run_now, schedule (CLI), configure / pause / resume

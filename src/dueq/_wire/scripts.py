@@ -83,6 +83,7 @@ SCRIPT_NAMES = (
     "doctor",
     "close_batch",
     "events_read",
+    "progress",
 )
 
 #: Every script's main chunk keeps at least this many of Lua's 200 locals free after its includes
