@@ -37,6 +37,7 @@ def test_entries_are_numbered_per_task_and_read_back_in_order(make_queue, clock)
     at = datetime.fromtimestamp(round(clock.now * 1000) / 1000, tz=timezone.utc)
     assert all(e.at == at for e in entries)  # the queue clock's, aware
     assert isinstance(entries[0], dueq.Progress)
+    assert [e.seq for e in q.progress("t1", timeout=0)] == [1, 2, 3]  # the kept ones only
     assert entries[0].to_json()["at"].endswith("Z")
 
 
