@@ -71,3 +71,40 @@ def test_a_lost_message_is_filled_from_the_history_and_a_repeat_is_yielded_once(
         pass
     assert emitted == [1, 2, 3]
     assert reads == 6
+
+
+def test_the_end_of_a_follow_is_not_held_up_by_a_busy_channel(r):
+    """After its look finds the task gone, a follower reads what is still on its way for a
+    bounded time, however many other tasks' entries keep coming."""
+    q = dueq.Queue("q", r)
+    keys = q.keys
+    now = [0.0]
+    script = [
+        {"type": "subscribe", "channel": keys.progress.encode(), "data": 1},
+        {"type": "subscribe", "channel": keys.ended.encode(), "data": 2},
+    ]
+    reads = 0
+
+    def read() -> Any:
+        nonlocal reads
+        reads += 1
+        now[0] += 0.01  # every read takes 10 ms: another task's entry comes each time
+        if script:
+            return script.pop(0)
+        assert reads < 100, "the drain did not end"
+        return _message(keys.progress, _entry("other", '1\t1\t"x"'))
+
+    flow = q.progress_follow_flow("gone", timeout=30, monotonic=lambda: now[0])
+    step = next(flow)
+    try:
+        while True:
+            reply = None
+            if isinstance(step, follow.FollowStep):
+                if step.op is follow.FollowOp.READ:
+                    reply = read()
+            else:
+                reply = q.drive(_one(step))
+            step = flow.send(reply)
+    except StopIteration:
+        pass
+    assert reads <= 10

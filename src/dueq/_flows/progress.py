@@ -150,10 +150,12 @@ class ProgressFlows(QueueBase):
                     waiting.discard(text(message.get("channel") or ""))
 
         def drain() -> FollowFlow:
-            """The task ended: the entries still on their way, then the end."""
+            """The task ended: the entries still on their way (for DRAIN_S at most, however
+            busy the channel is with other tasks' entries), then the end."""
             nonlocal last
-            while True:
-                message = yield FollowStep(FollowOp.READ, timeout_s=DRAIN_S)
+            until = monotonic() + DRAIN_S
+            while (left := until - monotonic()) > 0:
+                message = yield FollowStep(FollowOp.READ, timeout_s=left)
                 if message is None:
                     return
                 entry = own_entry(message) if _kind(message) in WAKE_TYPES else None
