@@ -11,6 +11,8 @@ short and visible (issue 26: tests use the public API or a named test-support mo
 - ``tracing``: the tracer lookup and its cache (reset between tracing tests);
 - ``prefetch``, ``consume``, ``process`` and ``emit``: the consumers' prefetch, claim-loop
   rules, handler-thread algorithms and serial emitter, unit tested on their own;
+- ``follow``: the steps a progress follower's flow asks its driver for (``FollowStep``), so a
+  test can drive the flow by hand and lose a message on purpose;
 - ``shards``: the shard placement rule (``dueq.sharding.layout.shard_names``) and its bound
   (``MAX_SHARDS``);
 - ``spark_source()``: the Spark data source's module (pyspark >= 4.0; imported on demand);
@@ -23,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from dueq._consume import prefetch as prefetch
+from dueq._consume import progress as follow
 from dueq._consume import rules as consume
 from dueq._flows import schedule as schedule_flows
 from dueq._util import tracing as tracing
@@ -34,6 +37,7 @@ from dueq.sharding import layout as shards
 __all__ = [
     "consume",
     "emit",
+    "follow",
     "look_again_for_tracer",
     "prefetch",
     "process",

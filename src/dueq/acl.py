@@ -1,8 +1,9 @@
 """Least-privilege Redis ACL rules for the three jobs around a dueq queue.
 
 ``acl_rule(role, queue_pattern)`` returns the rule for one role: key patterns
-(``~dueq:{PATTERN}:*``), the wake channel (``&dueq:{PATTERN}:wake``) and the commands the
-library really sends for that role, ready to follow ``ACL SETUSER <name> reset on >password``.
+(``~dueq:{PATTERN}:*``), the wake, ended and progress channels (``&dueq:{PATTERN}:wake``, ...)
+and the commands the library really sends for that role, ready to follow ``ACL SETUSER <name>
+reset on >password``.
 
 Where the command list comes from: Redis 7 checks ACL permissions on every ``redis.call``
 inside a script (commands and keys), so a role needs EVALSHA and SCRIPT LOAD (redis-py's
@@ -74,6 +75,7 @@ ROLE_SCRIPTS: dict[Role, tuple[str, ...]] = {
         "inspect",
         "heartbeat",  # the worker registry (dueq.registry)
         "events_read",  # q.events(group=...): a member's read, and what its group lost
+        "progress",  # d.progress: a leased task's progress entry
     ),
     # stats, get, list_tasks, history, dead list/count/replay/purge,
     # cron add/list/remove/pause/resume/run_now, schedule (CLI), configure / pause / resume
@@ -251,7 +253,7 @@ def acl_rule(role: str, queue_pattern: str = "*") -> AclRule:
     keys: tuple[str, ...]
     channels: tuple[str, ...]
     if pattern == "*":  # every tag: plain queues, shards and layout keys alike
-        keys, channels = (f"~{base}*",), (f"&{base}wake", f"&{base}ended")
+        keys, channels = (f"~{base}*",), (f"&{base}wake", f"&{base}ended", f"&{base}progress")
     else:
         # a sharded queue of that name: its shards' tags are ``<name>#<i>[.<k>]`` (a sharded
         # queue's name holds no '#'), its layout key ``dueq:{<name>#}:shards`` (which the first
@@ -259,6 +261,7 @@ def acl_rule(role: str, queue_pattern: str = "*") -> AclRule:
         shards = f"{PREFIX}:{{{pattern}#*}}:"
         keys = (f"~{base}*", f"~{shards}*")
         channels = (f"&{base}wake", f"&{shards}wake", f"&{base}ended", f"&{shards}ended")
+        channels += (f"&{base}progress", f"&{shards}progress")
     return AclRule(
         role=checked,
         queue_pattern=pattern,

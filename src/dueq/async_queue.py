@@ -22,6 +22,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from dueq._consume.aio import deliveries, observe, wait_event
 from dueq._consume.ended import async_listener as async_ended_listener
+from dueq._consume.progress import afollow as follow_progress
 from dueq._consume.wake import WakeSubscription
 from dueq._flows.core import QueueCore
 from dueq._flows.drive import Flow, drive_async
@@ -45,6 +46,7 @@ from dueq.model import (
     HistoryPoint,
     KeyLimit,
     Outcome,
+    Progress,
     QueueSettings,
     QueueStats,
     Rate,
@@ -489,6 +491,18 @@ class AsyncQueue(QueueCore):
         once, a missing one left out): one round trip per 1,000 ids, each page one consistent
         snapshot. ``InvalidTaskError`` for an id that is not valid, before anything is read."""
         return await self.drive(self._core.get_many_flow(task_ids))
+
+    # -- task progress (docs/progress.md) ---------------------------------------------------
+
+    async def report_progress(self, delivery: AsyncDelivery, obj: Any) -> int:
+        """As ``Queue.report_progress`` (``await d.progress(obj)``)."""
+        return await self.drive(self._core.progress_flow(delivery, obj))
+
+    def progress(self, task_id: str, *, timeout: Duration | None = None) -> AsyncIterator[Progress]:
+        """As ``Queue.progress``: ``async for entry in aq.progress(task_id)``; leave it with
+        ``break`` or ``aclose()`` (``contextlib.aclosing``) to close its subscription."""
+        flow = self._core.progress_follow_flow(task_id, timeout)  # (checks id and timeout)
+        return follow_progress(flow, self._send, self.redis)
 
     async def wait(self, task_id: str, timeout: Duration = 10.0) -> TaskInfo:
         """As ``Queue.wait``: the task once it has ended; ``WaitTimeout`` if not in time."""

@@ -49,6 +49,8 @@ class SettlingQueue(NamedQueue, Protocol):
 
     def release(self, delivery: Delivery, *, delay: Duration = 0) -> Outcome: ...
 
+    def report_progress(self, delivery: Delivery, obj: Any) -> int: ...
+
 
 class AsyncSettlingQueue(NamedQueue, Protocol):
     """The queue of an ``AsyncDelivery`` (an ``AsyncQueue``, or a shard's): as
@@ -70,6 +72,8 @@ class AsyncSettlingQueue(NamedQueue, Protocol):
     async def extend(self, delivery: AsyncDelivery, seconds: Duration) -> datetime: ...
 
     async def release(self, delivery: AsyncDelivery, *, delay: Duration = 0) -> Outcome: ...
+
+    async def report_progress(self, delivery: AsyncDelivery, obj: Any) -> int: ...
 
 
 class SettleHook:
@@ -316,6 +320,15 @@ class Delivery(DeliveryBase):
         its limit key as long (see ``dueq.KeyCooldown``): the outcome is ``released``."""
         return self._queue.fail(self, KeyCooldown(seconds))
 
+    def progress(self, obj: Any) -> int:
+        """Report progress: ``obj`` (a JSON value, at most 64 KiB of JSON) becomes the task's
+        next progress entry, written under this lease, kept with the task's last 20 and
+        published to its followers (``q.progress(task_id)``); a "progress" event while the
+        queue's events are on. Returns the entry's seq (1, 2, ... per task). LeaseLost
+        (TaskCancelled when the task was cancelled) if the lease is no longer held;
+        PayloadError for a body that is not JSON or too big. Nothing is written then."""
+        return self._queue.report_progress(self, obj)
+
 
 class AsyncDelivery(DeliveryBase):
     """A task leased to this consumer by an ``AsyncQueue``: ``await`` its ``ack``, ``fail``,
@@ -354,3 +367,7 @@ class AsyncDelivery(DeliveryBase):
     async def cooldown(self, seconds: float | timedelta) -> Outcome:
         """As ``Delivery.cooldown``."""
         return await self._queue.fail(self, KeyCooldown(seconds))
+
+    async def progress(self, obj: Any) -> int:
+        """As ``Delivery.progress``."""
+        return await self._queue.report_progress(self, obj)

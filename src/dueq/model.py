@@ -535,6 +535,22 @@ class Outcome:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class Progress:
+    """One progress entry of a task (``d.progress(body)``), as ``q.progress(task_id)`` yields
+    it: ``seq`` counts the task's entries from 1 (across its attempts), ``at`` is when it was
+    written (queue clock, aware UTC), ``body`` the JSON value reported."""
+
+    task_id: str
+    seq: int
+    at: datetime
+    body: Any
+
+    def to_json(self) -> dict[str, Any]:
+        """This entry as JSON types."""
+        return {"task_id": self.task_id, "seq": self.seq, "at": iso_ms(self.at), "body": self.body}
+
+
 def settled_outcome(task_id: str, kind: OutcomeKind, attempt: int) -> Outcome:
     """``Outcome(task_id, kind, attempt)``: the outcome a worker emits per ack."""
     return Outcome(task_id, kind, attempt)

@@ -20,6 +20,7 @@ from reactivex import Observable, abc
 from redis.cluster import RedisCluster
 
 from dueq._consume.ended import listener as ended_listener
+from dueq._consume.progress import follow as follow_progress
 from dueq._consume.threads import observe_queue
 from dueq._consume.wake import WakeSubscription
 from dueq._flows.core import QueueCore
@@ -45,6 +46,7 @@ from dueq.model import (
     HistoryPoint,
     KeyLimit,
     Outcome,
+    Progress,
     QueueSettings,
     QueueStats,
     Rate,
@@ -486,8 +488,9 @@ class Queue(QueueCore):
         since: datetime | None = None,
     ) -> Observable[Event]:
         """An observable of the queue's outcome events (``configure(events=...)``): acked,
-        retried, dead, cancelled, expired, one per outcome, each on a reader thread of its
-        own (a blocking read on a connection of its own).
+        retried, dead, cancelled, expired, one per outcome, and progress (``d.progress``, with
+        ``seq`` and ``body``), each on a reader thread of its own (a blocking read on a
+        connection of its own).
 
         With ``group``, a consumer group: each event goes to one of its members (``consumer``
         names this one; default: the queue's holder or this process's worker id), ``ev.ack()``
@@ -609,6 +612,24 @@ class Queue(QueueCore):
                     raise WaitTimeout(f"task {task_id!r} did not end in time", task_id)
         finally:
             shared.remove(waiter)
+
+    # -- task progress (docs/progress.md) ---------------------------------------------------
+
+    def report_progress(self, delivery: Delivery, obj: Any) -> int:
+        """Append ``obj`` (a JSON value, at most 64 KiB of JSON) to the task's progress under
+        the delivery's lease, as ``d.progress(obj)``; returns the entry's seq (1, 2, ... per
+        task). LeaseLost (TaskCancelled when cancelled) for a lease not held, PayloadError
+        for a body that is not JSON or too big; nothing is written then."""
+        return self.drive(self._core.progress_flow(delivery, obj))
+
+    def progress(self, task_id: str, *, timeout: Duration | None = None) -> Iterator[Progress]:
+        """Follow a task's progress: its kept history (the last 20 entries) first, then each
+        entry as it is written, each once and in order (``dueq.Progress``). Ends when the task
+        ends (done, dead, cancelled, expired, or gone), or after ``timeout`` seconds with no
+        entry. Holds one connection of the client's pool (a subscription) while it runs;
+        ``break`` or ``close()`` ends it."""
+        flow = self._core.progress_follow_flow(task_id, timeout)  # (checks id and timeout)
+        return follow_progress(flow, self._send, self.redis)
 
     def stats(self) -> QueueStats:
         """Counts per state, the next due time and the lag of the oldest due task."""

@@ -531,3 +531,25 @@ def test_a_wait_without_a_timeout_has_no_deadline_and_waits_until_its_signal(
     q.signal(tid, "go", [1])
     (ran,) = run_due(q)
     assert ran.value == [1]
+
+
+def test_ctx_progress_reaches_the_tasks_followers_on_every_run_that_reaches_it(
+    make_queue: Any, clock: Any
+) -> None:
+    q = make_queue("q")
+
+    @q.task(name="reporting", durable=True)
+    def reporting(ctx: dueq.StepContext) -> str:
+        ctx.progress({"stage": "start"})
+        ctx.step("work", lambda: 1)
+        ctx.sleep(10)
+        ctx.progress({"stage": "done"})
+        return "ok"
+
+    tid = reporting.schedule()
+    run_due(q)  # asleep after its first entry
+    assert [(p.seq, p.body) for p in q.progress(tid, timeout=0)] == [(1, {"stage": "start"})]
+    clock.advance(10)
+    (ran,) = run_due(q)  # the second run reports "start" again, then "done"
+    assert ran.value == "ok"
+    assert list(q.progress(tid, timeout=0)) == []  # ended: its entries went with its steps

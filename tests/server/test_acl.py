@@ -182,6 +182,7 @@ def test_the_producer_schedules_cancels_reschedules_and_gets(server, admin, logi
     assert q.schedule_many([dueq.Task({"n": n}) for n in range(5)]).added == 5
     assert q.reschedule("a", delay=0)
     assert q.get("a") is not None
+    assert list(q.progress("a", timeout=0.1)) == []  # follows progress: the progress channel
     assert q.cancel("a")
     admin.hset(f"dueq:{{{QUEUE}}}:config", "keep_results_ms", "60000")
     q.schedule({"n": 2}, id="w")
@@ -203,6 +204,7 @@ def test_the_consumer_claims_settles_observes_and_runs_a_worker(admin, login):
     d0.ack()
     d1.fail(ValueError("once"))
     d2.extend(30)
+    assert d2.progress({"half": True}) == 1  # publishes on the progress channel
     d2.release()
     d3.fail(dueq.Unrecoverable("never"))
     # observe + process, woken by the wake channel for a task scheduled while it sleeps

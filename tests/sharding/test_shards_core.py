@@ -26,6 +26,7 @@ FLOW_MODULES = (
     "_flows/view.py",
     "_flows/settings.py",
     "_flows/registry.py",
+    "_flows/progress.py",
     "_flows/base.py",
 )
 

@@ -49,6 +49,7 @@ PUBLIC = {
     "Occurrence",
     "Outcome",
     "PayloadError",
+    "Progress",
     "Queue",
     "QueueSettings",
     "QueueStats",

@@ -11,6 +11,7 @@ of one concept each, put together here:
 - ``_flows.steps``: durable tasks' step logs and signals;
 - ``_flows.view``: get, list, run_now, history, due histogram, stats, doctor;
 - ``_flows.settings``: configure, settings; ``_flows.registry``: the worker registry;
+- ``_flows.progress``: task progress, written under a lease and followed by id;
 - ``dueq.dead`` and ``dueq.cron``: the dead-letter and cron flows (``q.dead``, ``q.cron``).
 
 The core: plain or sharded, chosen once
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING
 
 from dueq._flows.lease import LeaseFlows
 from dueq._flows.ports import Core, MakesCore
+from dueq._flows.progress import ProgressFlows
 from dueq._flows.registry import RegistryFlows
 from dueq._flows.schedule import ScheduleFlows
 from dueq._flows.settings import SettingsFlows
@@ -65,7 +67,9 @@ if TYPE_CHECKING:
 __all__ = ["Core", "QueueCore"]  # Core: see dueq._flows.ports
 
 
-class QueueCore(ScheduleFlows, LeaseFlows, StepFlows, ViewFlows, SettingsFlows, RegistryFlows):
+class QueueCore(
+    ScheduleFlows, LeaseFlows, StepFlows, ViewFlows, SettingsFlows, RegistryFlows, ProgressFlows
+):
     """Settings, validation and the flows of every queue operation, shared by ``Queue`` and
     ``AsyncQueue`` (which add the client, and send what the flows yield). A plain queue is
     its own core; a sharded queue's is its ``ShardedCore`` (see the module docstring)."""

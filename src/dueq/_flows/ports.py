@@ -11,7 +11,7 @@ shard's queue is of the front end's own class, which this layer cannot name.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         HistoryPoint,
         KeyLimit,
         Outcome,
+        Progress,
         QueueSettings,
         QueueStats,
         Rate,
@@ -147,6 +148,14 @@ class Core(Protocol):
     def stats_flow(self) -> Flow[QueueStats]: ...
     def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]: ...
     def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]: ...
+
+    # -- task progress
+    def progress_flow(self, delivery: DeliveryBase, obj: Any) -> Flow[int]: ...
+    def progress_history_flow(self, task_id: str) -> Flow[list[Progress]]: ...
+    def progress_subscription_flow(self, task_id: str) -> Flow[WakeSubscription]: ...
+    def progress_follow_flow(
+        self, task_id: str, timeout: Duration | None = None, monotonic: Callable[[], float] = ...
+    ) -> Generator[Any, Any, None]: ...
 
     # -- worker registry
     def workers_flow(self) -> Flow[list[WorkerInfo]]: ...

@@ -27,7 +27,7 @@ def layout_key(name: str) -> str:
 
 
 #: The Redis type dueq keeps at each key of a queue, by the part after the queue's tag
-#: ("dueq:{<queue>}:<part>"); the wake and ended channels are no keys.
+#: ("dueq:{<queue>}:<part>"); the wake, ended and progress channels are no keys.
 KEY_TYPES = {
     "due": "zset",
     "leased": "zset",
@@ -132,6 +132,8 @@ class QueueKeys:
     ``steps``   HASH: the durable tasks' state (lua/include/steps.lua; docs/durable.md): field
                 ``<id>`` its step log, ``<id>\\0s`` its signals not yet taken, ``<id>\\0p`` its
                 recent progress; each dropped when the task ends (dead tasks keep theirs)
+    ``progress`` Pub/Sub channel: each progress entry as it is written (``d.progress``), for
+                ``q.progress`` followers (lua/progress.lua)
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -174,6 +176,7 @@ class QueueKeys:
     after: str
     children: str
     steps: str
+    progress: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -234,6 +237,7 @@ class QueueKeys:
             after=base + "after",
             children=base + "after:children",
             steps=base + "steps",
+            progress=base + "progress",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

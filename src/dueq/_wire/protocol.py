@@ -18,12 +18,14 @@ table (``STATUS_ERRORS``).
 from __future__ import annotations
 
 import enum
+import json
 import struct
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
+from dueq._util.clock import ms_datetime
 from dueq._wire.envelope import MAX_ID_BYTES
 from dueq._wire.keys import QueueKeys, SparkBatchKeys
 from dueq._wire.snapshot import (
@@ -36,7 +38,7 @@ from dueq._wire.snapshot import (
 )
 from dueq.doctor import DoctorFinding
 from dueq.exceptions import ConfigurationError, DueqError, LeaseLost, TaskCancelled, TaskNotFound
-from dueq.model import MAX_KEY_LIMITS, BatchInfo, QueueSettings, QueueStats, TaskInfo
+from dueq.model import MAX_KEY_LIMITS, BatchInfo, Progress, QueueSettings, QueueStats, TaskInfo
 
 T = TypeVar("T")
 
@@ -1100,6 +1102,73 @@ def signal(
     return Call("signal", keys, [now, task_id, name, payload, max_pending], _parse_signal)
 
 
+# -- progress.lua (d.progress) and its readers (q.progress) ------------------------------------
+
+#: Most progress entries a task keeps (its history, read first by ``q.progress``).
+PROGRESS_KEPT = 20
+
+
+class ProgressReply(NamedTuple):
+    #: "h" written, "c" its task was cancelled while leased, "l" the lease was lost
+    verdict: str
+    seq: int  # the entry's number (1, 2, ... per task), when written
+    at_ms: int
+
+
+def _parse_progress(reply: Any) -> ProgressReply:
+    return ProgressReply(text(reply[0]), int(reply[1]), int(reply[2]))
+
+
+def progress(
+    k: QueueKeys, now: str, task_id: str, token: str, body: str, *, keep: int = PROGRESS_KEPT
+) -> Call[ProgressReply]:
+    """Append one progress entry (``body``: JSON text without a newline) to a leased task's
+    history, kept to its last ``keep``, under the lease ``token``; the entry is published on
+    the progress channel, and is a "progress" event while events are on."""
+    keys = [k.leased, k.meta, k.cancelled, k.steps, k.config, k.stats, k.events, k.progress]
+    return Call("progress", keys, [now, task_id, token, body, keep], _parse_progress)
+
+
+def progress_field(task_id: str) -> str:
+    """The field of the steps hash that holds a task's progress history."""
+    return task_id + "\0p"
+
+
+def _progress_line(task_id: str, line: str) -> Progress | None:
+    """One "<seq>\t<ms>\t<JSON>" entry; None for a line that cannot be read."""
+    seq, _, rest = line.partition("\t")
+    at, _, body = rest.partition("\t")
+    try:
+        return Progress(task_id, int(seq), ms_datetime(int(at)), json.loads(body))
+    except ValueError:
+        return None
+
+
+def progress_history(k: QueueKeys, task_id: str) -> Command[list[Progress]]:
+    """A task's kept progress entries, oldest first ([] when it has none)."""
+
+    def parse(reply: Any) -> list[Progress]:
+        if not reply:
+            return []
+        found = (_progress_line(task_id, line) for line in text(reply).split("\n"))
+        return [entry for entry in found if entry is not None]
+
+    return Command(("HGET", k.steps, progress_field(task_id)), parse)
+
+
+def progress_message(data: bytes | str) -> Progress | None:
+    """The entry a message of the progress channel carries (progress.lua publishes the id
+    packed as struct '>Hc0', then the entry's line); None when it cannot be read."""
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    if len(raw) < 2:
+        return None
+    (size,) = struct.unpack_from(">H", raw, 0)
+    if len(raw) < 2 + size:
+        return None
+    task_id = raw[2 : 2 + size].decode("utf-8", "replace")
+    return _progress_line(task_id, raw[2 + size :].decode("utf-8", "replace"))
+
+
 #: The counterpart of every script that a front end can call, by script name (for the
 #: key-order test: each builds its call for a sample queue).
 SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
@@ -1139,6 +1208,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "heartbeat": lambda k: heartbeat(k, "", "w", "{}", ttl_ms=1),
     "close_batch": lambda k: close_batch(k, "", "b", b""),
     "events_read": lambda k: events_read(k, "g", "c", 1, 0),
+    "progress": lambda k: progress(k, "", "id", "1", "null"),
     "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1, edge_cap=1),
     "step": lambda k: step(k, "", "id", "1", "commit", 0, "{", "null"),
     "park": lambda k: park(k, "", "id", "1", "sleep", 0, "{", "0"),

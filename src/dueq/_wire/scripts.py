@@ -86,6 +86,7 @@ SCRIPT_NAMES = (
     "step",
     "park",
     "signal",
+    "progress",
 )
 
 #: Every script's main chunk keeps at least this many of Lua's 200 locals free after its includes

@@ -54,6 +54,8 @@ class StepQueue(Protocol):
 
     def step_log_flow(self, delivery: Any) -> Flow[list[StepInfo]]: ...
 
+    def progress_flow(self, delivery: Any, obj: Any) -> Flow[int]: ...
+
     def step_flow(
         self,
         delivery: Any,
@@ -299,6 +301,7 @@ class StepContext(StepContextBase):
     - ``ctx.wait_for(name, timeout=None)``: the payload of the first signal ``name`` sent to
       the task (``q.signal``) not yet taken; when none is there, the task is handed back until
       one comes or ``timeout`` passes (then None).
+    - ``ctx.progress(obj)``: a progress entry for the task's followers (``q.progress(id)``).
 
     Steps are told apart by their order and name: a run that asks for another step at a
     position than the log holds fails with ``NonDeterministic``. docs/durable.md has it all.
@@ -339,6 +342,14 @@ class StepContext(StepContextBase):
     def sleep(self, duration: Duration) -> None:
         delay_ms = duration_ms(duration, "sleep")
         self._drive(self._sleep(delay_ms))
+
+    def progress(self, obj: Any) -> int:
+        """Report ``obj`` (a JSON value) as this task's next progress entry, as
+        ``Delivery.progress`` does (docs/progress.md): followers of ``q.progress(id)`` and
+        ``q.events()`` get it; its number. Not a step: it is written on every run that reaches
+        it (make it a step's result to keep it to one)."""
+        seq: int = self._drive(self._queue.progress_flow(self.delivery, obj))
+        return seq
 
     def wait_for(self, name: str, timeout: Duration | None = None) -> Any:
         signal, timeout_ms = _wait_args(name, timeout)
@@ -388,6 +399,11 @@ class AsyncStepContext(StepContextBase):
     async def sleep(self, duration: Duration) -> None:
         delay_ms = duration_ms(duration, "sleep")
         await self._drive(self._sleep(delay_ms))
+
+    async def progress(self, obj: Any) -> int:
+        """As ``StepContext.progress``, awaited."""
+        seq: int = await self._drive(self._queue.progress_flow(self.delivery, obj))
+        return seq
 
     async def wait_for(self, name: str, timeout: Duration | None = None) -> Any:
         signal, timeout_ms = _wait_args(name, timeout)

@@ -67,7 +67,7 @@ class ReadsEvents(DrivesFlows, Protocol):
     def redis(self) -> Redis | RedisCluster: ...
 
 
-EventKind = Literal["acked", "retried", "dead", "cancelled", "expired"]
+EventKind = Literal["acked", "retried", "dead", "cancelled", "expired", "progress"]
 
 #: Most entries one read returns.
 READ_COUNT = 100
@@ -77,9 +77,11 @@ BLOCK_MS = 1000
 
 @dataclass(frozen=True)
 class EventBase:
-    """One outcome of one task, as the settling script recorded it.
+    """One outcome of one task, as the settling script recorded it, or one progress entry.
 
-    ``kind``: acked, retried, dead, cancelled or expired. ``attempt``: the deliveries the task
+    ``kind``: acked, retried, dead, cancelled or expired; or progress (``d.progress(body)``,
+    written by progress.lua under the lease: ``seq`` and ``body`` are the entry's, ``task``
+    is None). ``attempt``: the deliveries the task
     had when it ended this way. ``at``: when (queue clock). ``result``: the handler's value
     when acked while the queue keeps results (``keep_results``), else None. ``error``: the
     failed attempt's record (retried, dead). ``task``: the task as scheduled (payload, id and
@@ -96,6 +98,9 @@ class EventBase:
     error: ErrorRecord | None = None
     task: Task | None = None
     group: str | None = None
+    #: a progress event's entry: its seq (1, 2, ... per task) and its JSON value
+    seq: int | None = None
+    body: Any = None
     _acker: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -112,6 +117,8 @@ class EventBase:
             "payload": None if task is None else task.payload,
             "task": None if task is None else task.task,
             "group": self.group,
+            "seq": self.seq,
+            "body": self.body,
         }
 
 
@@ -348,6 +355,12 @@ def parse_event(
     if "error" in fields:
         records = parse_error_records("[" + fields["error"] + "]")
         error = records[0] if records else None
+    body = None
+    if "body" in fields:
+        try:
+            body = json.loads(fields["body"])
+        except ValueError:  # written by progress.lua as JSON already checked; unreadable: None
+            body = None
     task = None
     if "task" in fields:
         try:
@@ -374,6 +387,8 @@ def parse_event(
         error=error,
         task=task,
         group=group,
+        seq=int(fields["seq"]) if fields.get("seq", "").isdigit() else None,
+        body=body,
         _acker=acker,
     )
 

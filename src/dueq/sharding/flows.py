@@ -91,8 +91,9 @@ import base64
 import binascii
 import random
 import threading
+import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import astuple, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -118,6 +119,7 @@ from dueq.model import (
     DueHistogram,
     HistoryPoint,
     Outcome,
+    Progress,
     QueueSettings,
     QueueStats,
     Rate,
@@ -483,6 +485,25 @@ class ShardedCore:
     def signal_flow(self, task_id: str, name: str, payload: object) -> Flow[int]:
         yield from self.layout.check_flow()
         return (yield from self.layout.shard(task_id).signal_flow(task_id, name, payload))
+
+    # -- task progress: written on the delivery's shard, followed on the task's ---------------
+
+    def progress_flow(self, delivery: DeliveryBase, obj: Any) -> Flow[int]:
+        return (yield from self.layout.owner(delivery).progress_flow(delivery, obj))
+
+    def progress_history_flow(self, task_id: str) -> Flow[list[Progress]]:
+        return self.queue.progress_history_flow(task_id)
+
+    def progress_subscription_flow(self, task_id: str) -> Flow[WakeSubscription]:
+        return self.queue.progress_subscription_flow(task_id)
+
+    def progress_follow_flow(
+        self,
+        task_id: str,
+        timeout: Duration | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> Generator[Any, Any, None]:
+        return self.queue.progress_follow_flow(task_id, timeout, monotonic)
 
     # -- inspection --------------------------------------------------------------------------
 

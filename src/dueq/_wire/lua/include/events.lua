@@ -5,7 +5,8 @@
 
 -- Outcome events (issue 30). With the setting events_ms > 0, each script that settles a task
 -- appends one entry per outcome to the queue's events STREAM (keys.py `events`): fields "id"
--- (the task id), "kind" (acked, retried, dead, cancelled, expired), "attempt", "at" (ms), and
+-- (the task id), "kind" (acked, retried, dead, cancelled, expired; and progress, written by
+-- progress.lua with "seq" and "body", the entry's JSON), "attempt", "at" (ms), and
 -- when there is one "task" (the stored envelope), "result" (the kept JSON value, acked with
 -- keep_results) and "error" (the error record, retried and dead). Entry ids follow the queue
 -- clock ("<now>-*"; "*" for server TIME, and when an injected clock went back behind the
@@ -17,9 +18,10 @@
 -- (The helpers live in one table, outcome_events, beside the outcomes noted so far.)
 local outcome_events = {MAX_LEN = 1000000, noted = {}}
 
-function outcome_events.note(kind, id, attempt, envelope, result, err)
+-- `extra`: more fields of the entry, as a flat list (progress.lua's "seq" and "body").
+function outcome_events.note(kind, id, attempt, envelope, result, err, extra)
   local noted = outcome_events.noted
-  noted[#noted + 1] = {kind, id, attempt, envelope, result, err}
+  noted[#noted + 1] = {kind, id, attempt, envelope, result, err, extra}
 end
 
 -- outcome_events.note for each acked id (in `done`), with its envelope and attempt from the task's hash
@@ -46,6 +48,7 @@ function outcome_events.flush(k_events, events_ms, now, clock_arg)
     if e[4] then fields[#fields + 1] = 'task'; fields[#fields + 1] = e[4] end
     if e[5] then fields[#fields + 1] = 'result'; fields[#fields + 1] = e[5] end
     if e[6] then fields[#fields + 1] = 'error'; fields[#fields + 1] = e[6] end
+    if e[7] then for _, v in ipairs(e[7]) do fields[#fields + 1] = v end end
     local done = false
     if clock_arg ~= '' then
       local r = redis.pcall('XADD', k_events, 'MINID', '~', minid, ms(now) .. '-*',
