@@ -21,7 +21,11 @@ Each step's body, in the worker process, outside Redis:
   and the previous step's result; the task returns the list of its ten step results.
 
 One worker, chosen at random, is SIGKILLed every ``--kill-every`` seconds and restarted; Redis
-is SIGKILLed once half the runs have finished and restarted on the same port and folder.
+is SIGKILLed once half the runs have finished and restarted on the same port and folder. With
+``--stop-every`` a worker is also SIGSTOPped for ``--stop-for`` seconds (past its leases, so the
+other workers take its tasks over and finish them), then SIGCONTed: it goes on with the
+deliveries it held, whose leases are gone. On this branch that finds re-runs of committed
+steps (tests/durable/test_stale_runs.py has the cause).
 
 When every run has finished (or the time bound ``--max-duration-s`` ran out) it reads each
 task back (``q.get``: its state, result and ``steps``) and judges from the outside:
@@ -40,6 +44,7 @@ exit code is 1 on any violation.
 
     .venv/bin/python scripts/chaos/durable.py                      # 1,000 runs, about 50 s
     .venv/bin/python scripts/chaos/durable.py --runs 100 --workers 3 --kill-every 1
+    .venv/bin/python scripts/chaos/durable.py --runs 600 --stop-every 2   # stale deliveries
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -235,6 +241,7 @@ def faults_until_finished(
     every run has finished or ``deadline`` (monotonic) passes."""
     faults: list[Fault] = []
     next_kill = time.monotonic() + settings.kill_every
+    next_stop = time.monotonic() + settings.stop_every
     redis_kills = 0
     while time.monotonic() < deadline:
         workers.restart_crashed()
@@ -251,8 +258,25 @@ def faults_until_finished(
         if settings.kill_every and time.monotonic() >= next_kill:
             faults.append(inject("worker-kill", settings, deployment, workers, rng))
             next_kill += settings.kill_every
+        if settings.stop_every and time.monotonic() >= next_stop:
+            faults.append(stop_worker(workers, rng, settings.stop_for))
+            next_stop = time.monotonic() + settings.stop_every
         time.sleep(0.05)
     return faults
+
+
+def stop_worker(workers: DurableWorkers, rng: random.Random, seconds: float) -> Fault:
+    """SIGSTOP a worker chosen at random for ``seconds`` (past its leases), then SIGCONT: the
+    deliveries it held are taken over by the others, and it goes on with them when it wakes."""
+    slot = rng.randrange(len(workers.procs))
+    proc, path = workers.procs[slot], workers.logs[slot]
+    start = now_ms()
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    return Fault("worker-stop", start, now_ms(), str(path))
 
 
 def schedule_runs(q: dueq.Queue, settings: argparse.Namespace) -> None:
@@ -338,6 +362,7 @@ def judge(
 ) -> tuple[Counter[str], list[str]]:
     bodies = read_body_runs(workers.all_logs)
     killed = {Path(f.detail) for f in faults if f.kind == "worker-kill"}
+    stopped = {Path(f.detail) for f in faults if f.kind == "worker-stop"}
     counts: Counter[str] = Counter()
     notes: list[str] = []
     per_step: list[int] = []
@@ -370,10 +395,15 @@ def judge(
             commit_ms = record.ended_at.timestamp() * 1000
             late = [r for r in runs if r.start_ms > commit_ms + COMMIT_SLACK_MS]
             counts["re-runs after commit"] += len(late)
+            counts["re-runs after commit in a SIGSTOPped worker"] += sum(
+                1 for r in late if r.log in stopped
+            )
             for r in late:
+                where = ", a SIGSTOPped worker" if r.log in stopped else ""
                 notes.append(
                     f"re-run after commit: {tid} {step} run {r.run} attempt {r.attempt} started "
-                    f"{r.start_ms - commit_ms:.0f} ms after the commit ({r.log.name})"
+                    f"{r.start_ms - commit_ms:.0f} ms after the commit ({r.log.name}{where}; "
+                    f"the task {info.state} after {info.attempt} attempt(s))"
                 )
             if record.runs > len(runs):
                 counts["steps whose log counts more runs than ran"] += 1
@@ -428,6 +458,7 @@ ROWS = [
     ("cut otherwise", "  beyond the first: cut otherwise"),
     ("steps whose log counts more runs than ran", "steps whose log counts more runs than ran"),
     ("re-runs after commit", "re-runs after commit"),
+    ("re-runs after commit in a SIGSTOPped worker", "  of which in a SIGSTOPped worker"),
 ]
 
 
@@ -458,7 +489,8 @@ def print_table(
     out("")
     out(
         f"faults: worker SIGKILL {kinds['worker-kill']}, Redis SIGKILL + AOF restart "
-        f"{kinds['redis-kill']} (down {statistics.mean(down) if down else 0:.0f} ms); "
+        f"{kinds['redis-kill']} (down {statistics.mean(down) if down else 0:.0f} ms), "
+        f"worker SIGSTOP {kinds['worker-stop']}; "
         f"worker exits not caused by a kill: {workers.crashes}"
     )
     out(f"wall time: {elapsed_s:.1f} s; drained: {'yes' if counts['drained'] else 'no'}")
@@ -504,6 +536,13 @@ def main() -> int:
     parser.add_argument(
         "--max-duration-s", type=float, default=300.0, help="bound of the whole run, drain included"
     )
+    parser.add_argument(
+        "--stop-every",
+        type=float,
+        default=0.0,
+        help="s between SIGSTOPs of a worker for --stop-for s, then SIGCONT (0: none)",
+    )
+    parser.add_argument("--stop-for", type=float, default=LEASE_S * 2 + 1)
     parser.add_argument("--rerun-committed", action="store_true", help=rerun)
     parser.set_defaults(stop_s=0.0)  # (soak.inject reads it: no SIGSTOP here)
     args = parser.parse_args()
