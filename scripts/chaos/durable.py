@@ -7,7 +7,8 @@ port, ``appendonly yes``, ``appendfsync always``) and never touches any other se
 schedules ``--runs`` runs of one durable task (``@q.task(durable=True)``) of ten steps, with a
 short ``ctx.sleep`` after the fifth (``--sleep-ms``, 0 for none), on a queue with a short lease
 and ``keep_results`` on, and runs them in ``--workers`` ``dueq.Worker`` processes (soak.py's
-``Workers``: each slot restarted with a new log when killed).
+``Workers``: each slot restarted with a new log when killed), or with ``--front-end async``
+``dueq.AsyncWorker`` processes on an ``AsyncQueue``.
 
 Each step's body, in the worker process, outside Redis:
 
@@ -50,6 +51,7 @@ exit code is 1 on any violation.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import itertools
 import logging
@@ -69,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+import redis.asyncio
 import tenacity
 
 import dueq
@@ -76,7 +79,16 @@ from dueq._util.outage import is_outage
 
 sys.path.insert(0, str(Path(__file__).parent))
 from features import retrying  # sibling scripts (scripts/chaos is on sys.path)
-from soak import Deployment, Fault, Workers, connect, inject, now_ms, wait_drained
+from soak import (
+    SOCKET_TIMEOUT_S,
+    Deployment,
+    Fault,
+    Workers,
+    connect,
+    inject,
+    now_ms,
+    wait_drained,
+)
 
 QUEUE = "durable-chaos"
 TASK = "chaos.ten_steps"
@@ -97,9 +109,11 @@ STEP_RETRY = dueq.RetryPolicy(max_attempts=5, wait=lambda state: 0.1)
 log = logging.getLogger("durable-chaos")
 
 
-def make_queue(client: redis.Redis) -> dueq.Queue:
+def make_queue(client: redis.Redis, kind: type[Any] = dueq.Queue) -> Any:
+    """The chaos queue on ``client``: a ``dueq.Queue``, or ``kind=dueq.AsyncQueue`` on a
+    ``redis.asyncio`` client."""
     retry = dueq.RetryPolicy(max_attempts=MAX_ATTEMPTS, wait=tenacity.wait_random(0.05, 0.3))
-    return dueq.Queue(QUEUE, client, retry=retry, lease=LEASE_S)
+    return kind(QUEUE, client, retry=retry, lease=LEASE_S)
 
 
 def step_value(n: int, position: int, previous: int) -> int:
@@ -164,7 +178,7 @@ class Bodies:
         return step_value(n, position, previous)
 
 
-def register(q: dueq.Queue, body: Callable[..., int], rerun_committed: bool = False) -> Any:
+def register(q: Any, body: Callable[..., int], rerun_committed: bool = False) -> Any:
     """The chaos task on ``q``, its steps run by ``body``. ``rerun_committed`` (a check of the
     check) makes it call the first step's body once more, outside ``ctx.step``, at its end: what
     a library that re-ran a committed step would do, which the judge must report."""
@@ -188,11 +202,24 @@ def register(q: dueq.Queue, body: Callable[..., int], rerun_committed: bool = Fa
 
 
 def worker_main(args: argparse.Namespace) -> None:
+    """A ``dueq.Worker`` on a ``Queue``, or with ``--front-end async`` an ``AsyncWorker`` on an
+    ``AsyncQueue`` (the same plain function: it runs on a worker thread and its steps are
+    written by the consumer's loop, the asyncio front end's step protocol)."""
     logging.basicConfig(level=logging.ERROR, format=f"worker {os.getpid()}: %(message)s")
-    q = make_queue(connect(args.port, []))
     bodies = Bodies(Path(args.log), Path(args.marks), args.seed, args.work_ms / 1000)
-    register(q, bodies, args.rerun_committed)
-    dueq.Worker(q, concurrency=args.concurrency, grace=2.0, heartbeat=HEARTBEAT_S).run()
+    options: dict[str, Any] = {"concurrency": args.concurrency, "grace": 2.0}
+    options["heartbeat"] = HEARTBEAT_S
+    if args.front_end == "sync":
+        q = make_queue(connect(args.port, []))
+        register(q, bodies, args.rerun_committed)
+        dueq.Worker(q, **options).run()
+        return
+    aclient = redis.asyncio.Redis(
+        host="127.0.0.1", port=args.port, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=2
+    )
+    aq = make_queue(aclient, dueq.AsyncQueue)
+    register(aq, bodies, args.rerun_committed)
+    asyncio.run(dueq.AsyncWorker(aq, **options).run())
 
 
 # -- the worker processes --------------------------------------------------------------------
@@ -211,7 +238,7 @@ class DurableWorkers(Workers):
         command = [sys.executable, __file__, "worker", "--log", str(path)]
         command += [*self.deployment.worker_args(), "--marks", str(self.marks)]
         command += ["--seed", str(s.seed), "--concurrency", str(s.concurrency)]
-        command += ["--work-ms", str(s.work_ms)]
+        command += ["--work-ms", str(s.work_ms), "--front-end", s.front_end]
         return command + (["--rerun-committed"] if s.rerun_committed else [])
 
 
@@ -471,9 +498,10 @@ def print_table(
     notes: list[str],
     out: Callable[[str], None],
 ) -> None:
+    kind = "Worker" if settings.front_end == "sync" else "AsyncWorker"
     out(
         f"\ndurable chaos: {settings.runs} runs of {STEPS} steps (a {settings.sleep_ms} ms sleep "
-        f"after step {SLEEP_AFTER}), {settings.workers} workers x {settings.concurrency}, "
+        f"after step {SLEEP_AFTER}), {settings.workers} {kind}s x {settings.concurrency}, "
         f"{settings.work_ms:.0f} ms a body, lease {LEASE_S} s, max_attempts {MAX_ATTEMPTS}, "
         f"seed {settings.seed}, appendfsync always"
     )
@@ -513,6 +541,7 @@ def main() -> int:
     worker.add_argument("--seed", type=int, required=True)
     worker.add_argument("--concurrency", type=int, default=4)
     worker.add_argument("--work-ms", type=float, default=50)
+    worker.add_argument("--front-end", choices=("sync", "async"), default="sync")
     rerun = "a check of the check: re-run the first step's body at the end (must be reported)"
     worker.add_argument("--rerun-committed", action="store_true", help=rerun)
     parser.add_argument("--runs", type=int, default=1000)
@@ -533,6 +562,12 @@ def main() -> int:
         "--sleep-ms", type=int, default=100, help=f"a ctx.sleep after step {SLEEP_AFTER} (0: none)"
     )
     parser.add_argument("--seed", type=int, default=39)
+    parser.add_argument(
+        "--front-end",
+        choices=("sync", "async"),
+        default="sync",
+        help="the workers: Worker on a Queue, or AsyncWorker on an AsyncQueue",
+    )
     parser.add_argument(
         "--max-duration-s", type=float, default=300.0, help="bound of the whole run, drain included"
     )

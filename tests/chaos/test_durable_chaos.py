@@ -1,11 +1,12 @@
 """The durable tasks' chaos proof (scripts/chaos/durable.py, issue 39) at a small size, as tests.
 
 100 runs of a ten-step durable task (a short sleep after the fifth step) through three worker
-processes, one SIGKILLed about every second and restarted, Redis SIGKILLed once half the runs
-have finished and restarted from its AOF. Every run must end done with the right result, every
-step committed with its body run at least once, and no committed step's body run again (a body
-run that started after its step's commit). The second test is the check of the check: a task
-that calls a committed step's body once more must be reported, run by run.
+processes (``Worker``s, then ``AsyncWorker``s), one SIGKILLed about every second and restarted,
+Redis SIGKILLed once half the runs have finished and restarted from its AOF. Every run must end
+done with the right result, every step committed with its body run at least once, and no
+committed step's body run again (a body run that started after its step's commit). The last
+test is the check of the check: a task that calls a committed step's body once more must be
+reported, run by run.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ def run_proof(*args: str, timeout_s: float) -> tuple[int, dict[str, int], str]:
 
 
 @pytest.mark.slow
-def test_no_committed_steps_body_runs_again_under_worker_kills_and_a_redis_restart():
+@pytest.mark.parametrize("front_end", ["sync", "async"])
+def test_no_committed_steps_body_runs_again_under_worker_kills_and_a_redis_restart(front_end):
     code, rows, output = run_proof(
         *("--runs", "100", "--workers", "3", "--kill-every", "1", "--max-duration-s", "75"),
+        *("--front-end", front_end),
         timeout_s=110,
     )
     assert "runs" in rows, output  # no table: the script itself failed (its traceback)
