@@ -26,7 +26,9 @@ is SIGKILLed once half the runs have finished and restarted on the same port and
 ``--stop-every`` a worker is also SIGSTOPped for ``--stop-for`` seconds (past its leases, so the
 other workers take its tasks over and finish them), then SIGCONTed: it goes on with the
 deliveries it held, whose leases are gone. On this branch that finds re-runs of committed
-steps (tests/durable/test_stale_runs.py has the cause).
+steps (tests/durable/test_stale_runs.py has the cause). With ``--redis-stop-s`` Redis is
+SIGSTOPped that long (past the leases and the clients' socket timeout) once a third of the runs
+have finished, then SIGCONTed.
 
 When every run has finished (or the time bound ``--max-duration-s`` ran out) it reads each
 task back (``q.get``: its state, result and ``steps``) and judges from the outside:
@@ -269,7 +271,7 @@ def faults_until_finished(
     faults: list[Fault] = []
     next_kill = time.monotonic() + settings.kill_every
     next_stop = time.monotonic() + settings.stop_every
-    redis_kills = 0
+    redis_kills = redis_stops = 0
     while time.monotonic() < deadline:
         workers.restart_crashed()
         done = finished(q, settings.runs)
@@ -282,6 +284,11 @@ def faults_until_finished(
             log.info(
                 "Redis SIGKILLed and restarted with %s of %s runs finished", done, settings.runs
             )
+        third = done is not None and done >= settings.runs / 3
+        if third and settings.stop_s and not redis_stops:
+            faults.append(inject("redis-stop", settings, deployment, workers, rng))
+            redis_stops += 1
+            log.info("Redis SIGSTOPped for %s s with %s runs finished", settings.stop_s, done)
         if settings.kill_every and time.monotonic() >= next_kill:
             faults.append(inject("worker-kill", settings, deployment, workers, rng))
             next_kill += settings.kill_every
@@ -518,7 +525,7 @@ def print_table(
     out(
         f"faults: worker SIGKILL {kinds['worker-kill']}, Redis SIGKILL + AOF restart "
         f"{kinds['redis-kill']} (down {statistics.mean(down) if down else 0:.0f} ms), "
-        f"worker SIGSTOP {kinds['worker-stop']}; "
+        f"worker SIGSTOP {kinds['worker-stop']}, Redis SIGSTOP {kinds['redis-stop']}; "
         f"worker exits not caused by a kill: {workers.crashes}"
     )
     out(f"wall time: {elapsed_s:.1f} s; drained: {'yes' if counts['drained'] else 'no'}")
@@ -579,7 +586,13 @@ def main() -> int:
     )
     parser.add_argument("--stop-for", type=float, default=LEASE_S * 2 + 1)
     parser.add_argument("--rerun-committed", action="store_true", help=rerun)
-    parser.set_defaults(stop_s=0.0)  # (soak.inject reads it: no SIGSTOP here)
+    parser.add_argument(
+        "--redis-stop-s",
+        dest="stop_s",
+        type=float,
+        default=0.0,
+        help="SIGSTOP Redis this long once a third of the runs have finished (0: never)",
+    )
     args = parser.parse_args()
     if args.command == "worker":
         worker_main(args)
