@@ -533,7 +533,7 @@ def print_table(
     out(f"worker stderr lines other than the planned failures: {len(lines)}")
     for line in lines[:5]:
         out(f"  {line}")
-    for note in notes[:20]:
+    for note in notes[:50]:
         out(note)
     out("violations: " + (", ".join(violations) if violations else "none"))
 
