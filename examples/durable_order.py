@@ -108,7 +108,9 @@ def main() -> None:
         assert info is not None
         print("while waiting:", info.state, "leased now:", q.stats().leased)
         for step in info.steps:
-            print(f"  step {step.position} {step.kind} {step.name!r}: {step.state}, runs={step.runs}")
+            print(
+                f"  step {step.position} {step.kind} {step.name!r}: {step.state}, runs={step.runs}"
+            )
 
         q.signal(tid, "shipped", {"tracking": "1Z999"})  # from the warehouse's process
 

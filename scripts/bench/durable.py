@@ -89,8 +89,10 @@ def memory_per_task(r: redis.Redis, url: str) -> dict[str, float]:
 
     def all_asleep() -> bool:
         stats = durable_q.stats()
-        return stats.leased == 0 and stats.next_due_at is not None and (
-            stats.next_due_at.timestamp() > time.time() + 86400
+        return (
+            stats.leased == 0
+            and stats.next_due_at is not None
+            and (stats.next_due_at.timestamp() > time.time() + 86400)
         )
 
     drain(durable_q, 8, all_asleep, 120)

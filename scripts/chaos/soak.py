@@ -528,14 +528,20 @@ class Workers:
         self.generation = 0
         self.crashes = 0
 
-    def spawn(self, slot: int) -> None:
-        self.generation += 1
-        path = self.folder / f"w{slot}-{self.generation}.log"
+    def command(self, path: Path) -> list[str]:
+        """The command line of a worker process that logs to ``path`` (another soak that
+        reuses these slots gives its own worker here)."""
         command = [sys.executable, __file__, "worker", "--log", str(path)]
         command += self.deployment.worker_args()
         command += ["--concurrency", str(self.settings.concurrency)]
         command += ["--wait-replicas", str(self.settings.wait_replicas)]
         command += ["--work-ms", str(self.settings.work_ms)]
+        return command
+
+    def spawn(self, slot: int) -> None:
+        self.generation += 1
+        path = self.folder / f"w{slot}-{self.generation}.log"
+        command = self.command(path)
         with open(path.with_suffix(".err"), "wb") as errors:  # the child keeps its own copy
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=errors)
         if slot < len(self.procs):

@@ -34,7 +34,6 @@ from dueq.durable._run import (
     error_json,
     result_json,
     validate_signal_name,
-    wall_ms,
 )
 from dueq.exceptions import ConfigurationError, InvalidTaskError, LeaseLost, Unrecoverable
 from dueq.model import Outcome, StepInfo, StepKind
@@ -175,6 +174,12 @@ class StepContextBase(TaskContext):
         """How many steps this run has passed."""
         return self._run.position
 
+    def now_ms(self) -> int:
+        """The queue's clock in epoch ms (this process's clock when the queue uses Redis's):
+        what a step's start and run time are stamped with."""
+        clock = self._queue.clock
+        return round((clock() if clock is not None else time.time()) * 1000)
+
     def check_lease(self) -> None:
         """LeaseLost (the delivery settled as lost) when this delivery's lease has run out by
         the queue's clock (this process's clock when the queue uses the server's): checked
@@ -182,9 +187,7 @@ class StepContextBase(TaskContext):
         outage, a stopped process) runs no body that another holder may have committed
         since. Its lease keeper extends a running delivery's lease as ever."""
         d = self.delivery
-        clock = self._queue.clock
-        now_ms = (clock() if clock is not None else time.time()) * 1000
-        if now_ms >= d.lease_deadline_ms:
+        if self.now_ms() >= d.lease_deadline_ms:
             d.mark_settled(Outcome(d.id, "lost", d.attempt))
             raise LeaseLost(
                 f"lease on task {d.id!r} ran out before step {self._run.position} "
@@ -209,7 +212,7 @@ class StepContextBase(TaskContext):
         the log keeps it (JSON decoded, so that this run sees what every later run will)."""
         text = result_json(name, value)
         run = self._run
-        now_ms = wall_ms()
+        now_ms = self.now_ms()
         head = run.head("step", name, now_ms, now_ms - started_ms)
         yield from self._queue.step_flow(self.delivery, "commit", run.position, head, text)
         kept = json.loads(text)
@@ -224,7 +227,7 @@ class StepContextBase(TaskContext):
         attempt ends with Unrecoverable (dead); without, the caller re-raises ``exc`` and the
         task's retry policy decides."""
         run = self._run
-        now_ms = wall_ms()
+        now_ms = self.now_ms()
         head = run.head("step", name, now_ms, now_ms - started_ms)
         runs, extra, gave_up = run.runs(), "", False
         if retry is not None and not isinstance(exc, Unrecoverable):
@@ -254,7 +257,7 @@ class StepContextBase(TaskContext):
                 self.delivery, "again", run.position, "", duration_arg(wake_ms)
             )
         else:
-            head = run.head("sleep", "sleep", wall_ms())
+            head = run.head("sleep", "sleep", self.now_ms())
             reply = yield from self._queue.step_flow(
                 self.delivery, "sleep", run.position, head, duration_arg(delay_ms)
             )
@@ -268,7 +271,7 @@ class StepContextBase(TaskContext):
         found = yield from self._begin("wait", name)
         if found is not None:
             return found.result
-        head = run.head("wait", name, wall_ms())
+        head = run.head("wait", name, self.now_ms())
         timeout = "" if timeout_ms is None else duration_arg(timeout_ms)
         reply = yield from self._queue.step_flow(
             self.delivery, "wait", run.position, head, timeout, name
@@ -329,7 +332,7 @@ class StepContext(StepContextBase):
             return found.result  # type: ignore[no-any-return]
         self.check_lease()
         run = self._run
-        run.running, started_ms = run.step_id(name), wall_ms()
+        run.running, started_ms = run.step_id(name), self.now_ms()
         try:
             value = fn(*args, **kwargs)
         except Exception as exc:  # a failed run: recorded, then retried by a policy
@@ -384,7 +387,7 @@ class AsyncStepContext(StepContextBase):
             return found.result
         self.check_lease()
         run = self._run
-        run.running, started_ms = run.step_id(name), wall_ms()
+        run.running, started_ms = run.step_id(name), self.now_ms()
         try:
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):

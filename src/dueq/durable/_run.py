@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any
 
 from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES
@@ -205,11 +204,6 @@ def result_json(name: str, value: Any) -> str:
 def error_json(exc: BaseException) -> str:
     """A failed run's error as its record keeps it: ``"Type: message"``, shortened."""
     return json.dumps(f"{type(exc).__name__}: {exc}"[:MAX_STEP_ERROR_CHARS])
-
-
-def wall_ms() -> int:
-    """This process's clock in epoch ms (a step's start time, as the worker saw it)."""
-    return round(time.time() * 1000)
 
 
 def duration_arg(ms: int) -> str:
