@@ -33,3 +33,31 @@ def test_a_steps_started_at_is_when_its_body_started_on_the_queues_clock(
     (ran,) = q.get(tid).steps
     assert ran.ended_at.timestamp() == pytest.approx(began[0] + 10)
     assert ran.started_at.timestamp() == pytest.approx(began[0])
+
+
+def test_a_retried_steps_end_is_when_its_last_run_ended_and_its_start_its_first_runs(
+    make_queue: Any, clock: Any
+) -> None:
+    q = make_queue("q")
+    q.configure(keep_results=timedelta(hours=1))
+    began: list[float] = []
+
+    def body() -> str:
+        began.append(clock.now)
+        clock.advance(2)
+        if len(began) == 1:
+            raise RuntimeError("first run fails")
+        return "ok"
+
+    @q.task(name="twice", durable=True)
+    def twice(ctx: Any) -> str:
+        return str(ctx.step("work", body))
+
+    tid = twice.schedule()
+    run_due(q)
+    clock.advance(10)  # the task's retry wait
+    run_due(q)
+    (step,) = q.get(tid).steps
+    assert step.runs == 2
+    assert step.started_at.timestamp() == pytest.approx(began[0])
+    assert step.ended_at.timestamp() == pytest.approx(began[1] + 2)

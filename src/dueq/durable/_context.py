@@ -213,7 +213,7 @@ class StepContextBase(TaskContext):
         text = result_json(name, value)
         run = self._run
         now_ms = self.now_ms()
-        head = run.head("step", name, now_ms, now_ms - started_ms)
+        head = run.head("step", name, now_ms, started_ms)
         yield from self._queue.step_flow(self.delivery, "commit", run.position, head, text)
         kept = json.loads(text)
         run.committed_now("step", name, kept)
@@ -228,7 +228,7 @@ class StepContextBase(TaskContext):
         task's retry policy decides."""
         run = self._run
         now_ms = self.now_ms()
-        head = run.head("step", name, now_ms, now_ms - started_ms)
+        head = run.head("step", name, now_ms, started_ms)
         runs, extra, gave_up = run.runs(), "", False
         if retry is not None and not isinstance(exc, Unrecoverable):
             age_s = run.age_s(now_ms)

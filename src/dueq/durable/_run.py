@@ -127,21 +127,25 @@ class StepRun:
         self.open = record
         return None
 
-    def head(self, kind: StepKind, name: str, now_ms: int, took_ms: int = 0) -> str:
+    def head(self, kind: StepKind, name: str, now_ms: int, started_ms: int | None = None) -> str:
         """The JSON head (without its closing brace) of the record for the step at
-        ``position`` (lua/include/step_log.lua): its name (none for a sleep), its runs when
-        over one (one more than a failed run's), its start (an open wait's, when it has one)
-        and ``took_ms``, how long its body ran."""
+        ``position`` (lua/include/step_log.lua), written at ``now_ms``: its name (none for a
+        sleep), its runs when over one (one more than a failed run's), when it first began
+        (an open record's start, else ``started_ms``, else now) and how long from then to now
+        (``u``, so that its end is its start plus ``u`` however many runs it took)."""
         open_ = self.open
         started = open_.started_at if open_ is not None else None
-        t0 = round(started.timestamp() * 1000) if started is not None else now_ms - took_ms
+        if started is not None:
+            t0 = round(started.timestamp() * 1000)
+        else:
+            t0 = now_ms if started_ms is None else started_ms
         record: dict[str, object] = {} if kind == "sleep" else {"n": name}
         runs = self.runs()
         if runs > 1:
             record["a"] = runs
         record["t0"] = t0
-        if took_ms > 0:
-            record["u"] = took_ms
+        if now_ms > t0:
+            record["u"] = now_ms - t0
         return json.dumps(record, separators=(",", ":"))[:-1]
 
     def runs(self) -> int:
