@@ -553,3 +553,47 @@ def test_ctx_progress_reaches_the_tasks_followers_on_every_run_that_reaches_it(
     (ran,) = run_due(q)  # the second run reports "start" again, then "done"
     assert ran.value == "ok"
     assert list(q.progress(tid, timeout=0)) == []  # ended: its entries went with its steps
+
+
+def test_a_debounced_durable_tasks_follow_up_starts_from_its_first_step(
+    make_queue: Any, clock: Any
+) -> None:
+    q = make_queue("q", retry=dueq.RetryPolicy(max_attempts=1))
+    bodies = Bodies()
+    bodies.fail_on["b"] = {1}
+
+    @q.task(name="debounced", durable=True)
+    def debounced(ctx: dueq.StepContext, n: int) -> int:
+        ctx.step("a", bodies, "a", n)
+        ctx.step("b", bodies, "b", n)
+        return n
+
+    debounced.schedule(n=1, id="reindex", debounce=5)
+    clock.advance(5)
+    running = q.claim()
+    debounced.schedule(n=2, id="reindex", debounce=5)  # a follow-up, after the running one
+    (ran,) = run_due(q, running)  # a committed, b failed: dead, the follow-up takes its id
+    assert isinstance(ran.error, RuntimeError)
+    clock.advance(5)
+    (ran,) = run_due(q)
+    assert ran.value == 2
+    assert bodies.runs == {"a": 2, "b": 2}  # the follow-up ran a again: a new task's steps
+
+
+def test_step_results_past_the_logs_bound_end_the_task_dead_with_the_reason(
+    make_queue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dueq.durable import _run
+
+    monkeypatch.setattr(_run, "MAX_LOG_BYTES", 400)
+    q = make_queue("q")
+
+    @q.task(name="hoarder", durable=True)
+    def hoarder(ctx: dueq.StepContext) -> None:
+        for i in range(10):
+            ctx.step(f"s{i}", str, "x" * 100)
+
+    tid = hoarder.schedule()
+    (ran,) = run_due(q)
+    assert isinstance(ran.error, dueq.Unrecoverable) and "past 400 bytes" in str(ran.error)
+    assert q.get(tid).state == "dead" and len(q.get(tid).steps) == 2

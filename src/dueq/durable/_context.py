@@ -204,7 +204,7 @@ class StepContextBase(TaskContext):
 
     def _begin(self, kind: StepKind, name: str) -> Flow[StepInfo | None]:
         if self._run.records is None:
-            self._run.records = list((yield from self._queue.step_log_flow(self.delivery)))
+            self._run.loaded(list((yield from self._queue.step_log_flow(self.delivery))))
         return self._run.next(kind, name)
 
     def _commit(self, name: str, value: Any, started_ms: int) -> Flow[Any]:
@@ -212,6 +212,7 @@ class StepContextBase(TaskContext):
         the log keeps it (JSON decoded, so that this run sees what every later run will)."""
         text = result_json(name, value)
         run = self._run
+        run.room_for(name, len(text))
         now_ms = self.now_ms()
         head = run.head("step", name, now_ms, started_ms)
         yield from self._queue.step_flow(self.delivery, "commit", run.position, head, text)

@@ -25,6 +25,11 @@ MAX_STEP_RESULT_BYTES = DEFAULT_MAX_PAYLOAD_BYTES
 #: The most steps (sleeps and waits included) one task may pass: its log is read on every run
 #: and each commit rewrites it, so a task of more steps is a loop to split into tasks.
 MAX_STEPS = 10_000
+#: The most bytes of step results one task may keep (its log is read on every run, and each
+#: commit rewrites it): past it a commit ends the task dead; keep big results elsewhere.
+MAX_LOG_BYTES = 8 * 1024 * 1024
+#: What a record costs in its log beside its result (its name, times, runs), about.
+RECORD_BYTES = 48
 #: How much of a failed step's error message its record keeps.
 MAX_STEP_ERROR_CHARS = 2000
 
@@ -74,7 +79,7 @@ def describe_step(kind: StepKind, name: str) -> str:
 class StepRun:
     """Where one run of a durable task stands in its step log."""
 
-    __slots__ = ("open", "position", "records", "running", "suspended", "task_id")
+    __slots__ = ("log_bytes", "open", "position", "records", "running", "suspended", "task_id")
 
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
@@ -88,6 +93,23 @@ class StepRun:
         self.running: str | None = None
         #: True once the task was handed back: every later step call ends the run again
         self.suspended = False
+        #: about how many bytes the log holds (``loaded``, ``committed_now``)
+        self.log_bytes = 0
+
+    def loaded(self, records: list[StepInfo]) -> None:
+        """Take the log's records, read at the run's first step."""
+        self.records = records
+        self.log_bytes = sum(len(json.dumps(r.result)) + RECORD_BYTES for r in records)
+
+    def room_for(self, name: str, result_bytes: int) -> None:
+        """Unrecoverable when a result of ``result_bytes`` would take the log past
+        MAX_LOG_BYTES."""
+        if self.log_bytes + result_bytes + RECORD_BYTES > MAX_LOG_BYTES:
+            raise Unrecoverable(
+                f"task {self.task_id!r}: step {name!r} would take its steps' results past "
+                f"{MAX_LOG_BYTES} bytes (each run reads them all); keep big results elsewhere "
+                "and return a reference"
+            )
 
     @property
     def committed(self) -> int:
@@ -165,6 +187,7 @@ class StepRun:
     def committed_now(self, kind: StepKind, name: str, result: Any) -> None:
         """Record that the step at ``position`` was committed with ``result``; move past it."""
         record = StepInfo(self.position, kind, name, "done", result, self.runs())
+        self.log_bytes += len(json.dumps(result)) + RECORD_BYTES
         assert self.records is not None
         if self.position < len(self.records):
             self.records[self.position] = record

@@ -597,7 +597,7 @@ if died > 0 then
     KEYS[29])
   publish_ended(KEYS[16], buried)
   followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
-    stats = KEYS[7], dead = KEYS[6]}, levels, buried, now)
+    stats = KEYS[7], dead = KEYS[6], steps = KEYS[29]}, levels, buried, now)
 end
 out[8] = buried_here
 tasks_expire({tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5], stats = KEYS[7],

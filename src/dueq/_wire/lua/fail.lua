@@ -108,7 +108,8 @@ if ARGV[5] == 'dead' then
     KEYS[28])
   publish_ended(KEYS[16], {id})
   followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
-    stats = KEYS[7], wake = KEYS[8], dead = KEYS[6]}, due_levels(KEYS[1]), {id}, now)
+    stats = KEYS[7], wake = KEYS[8], dead = KEYS[6], steps = KEYS[28]}, due_levels(KEYS[1]),
+    {id}, now)
   links.tasks_ended(bk, ak, {id}, 'dead', now)
   outcome_events.flush(KEYS[20], settings.events_ms, now, ARGV[1])  -- children buried here
   return {2, now}

@@ -2,13 +2,15 @@
 -- @include chunked
 -- @include levels
 -- @include stats
+-- @include steps
 -- @include wake
 
 -- The runs of `ids` ended (acked, expired, or dead): each one's follow-up, if it has one,
 -- becomes the task (attempts from 0; a dead run leaves the dead set, as replace=True would
 -- take it out), due at its due time or now; other entries are dropped. Counts them as
 -- scheduled and tells the wake channel (k.wake may be nil) of an earlier head.
--- k: {debounce, tasks, meta, errors, stats, wake (or nil), dead (or nil)}.
+-- k: {debounce, tasks, meta, errors, stats, wake (or nil), dead (or nil), steps (or nil: a
+-- follow-up of a durable task starts from its first step, the ended run's steps dropped)}.
 local function followups_start(k, levels, ids, now)
   local k_debounce, k_tasks, k_meta, k_errors, k_dead = k.debounce, k.tasks, k.meta, k.errors,
     k.dead
@@ -26,6 +28,7 @@ local function followups_start(k, levels, ids, now)
         if k_dead then redis.call('ZREM', k_dead, id) end
         redis.call('HDEL', k_meta, id)
         redis.call('HDEL', k_errors, id)
+        steps_forget(k.steps, {id})
         redis.call('HSET', k_tasks, id, envelope)
         local k_level = level_key(levels, envelope)
         redis.call('ZADD', k_level, due, id)
