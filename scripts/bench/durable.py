@@ -9,6 +9,8 @@
 - **raw Redis**: the same client's round trips per second (``PING``, one at a time) measured
   in the same run, since a step commit is one round trip: steps/s over it is the share of the
   floor a step reaches;
+- **asyncio**: the same two phases with an ``AsyncWorker`` (``--async-concurrency``, default
+  64) on an ``AsyncQueue``;
 - **memory**: 1,000 durable tasks each asleep for 30 days after two small steps, against
   1,000 plain tasks of the same payload due in 30 days: bytes per task beyond its payload, and
   beyond a plain task (``INFO memory`` used_memory, before and after).
@@ -21,6 +23,7 @@ Compare alternating runs in one sitting: this machine's speed moves between hour
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import threading
 import time
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+import redis.asyncio
 
 import dueq
 from dueq.server import RedisServer
@@ -106,11 +110,55 @@ def memory_per_task(r: redis.Redis, url: str) -> dict[str, float]:
     }
 
 
+async def async_rates(
+    url: str, tasks: int, concurrency: int, limit_s: float
+) -> tuple[float, float]:
+    """Plain tasks/s and steps/s through an AsyncWorker, as the blocking phases measure them."""
+    client = redis.asyncio.Redis.from_url(url)
+    q = dueq.AsyncQueue("bench-durable-async", client)
+    durable_n = max(tasks // STEPS, 1)
+
+    @q.task(name="plain")
+    async def plain(**payload: Any) -> None:
+        return None
+
+    @q.task(name="ten_steps", durable=True)
+    async def ten_steps(ctx: dueq.AsyncStepContext, **payload: Any) -> int:
+        total = 0
+        for i in range(STEPS):
+            total += await ctx.step(f"s{i}", int, i)
+        return total
+
+    async def drain_async() -> float:
+        worker = dueq.AsyncWorker(q, concurrency=concurrency, handle_signals=False)
+        running = asyncio.ensure_future(worker.run())
+        start = time.perf_counter()
+        try:
+            while True:
+                stats = await q.stats()
+                if stats.scheduled == 0 and stats.leased == 0:
+                    return time.perf_counter() - start
+                if time.perf_counter() - start > limit_s:
+                    raise SystemExit(f"gave up after {limit_s:.0f} s: {stats}")
+                await asyncio.sleep(0.01)
+        finally:
+            worker.stop()
+            await running
+
+    await q.schedule_many([plain.task(PAYLOAD) for _ in range(tasks)])
+    plain_rate = tasks / await drain_async()
+    await q.schedule_many([ten_steps.task(PAYLOAD) for _ in range(durable_n)])
+    step_rate = durable_n * STEPS / await drain_async()
+    await client.aclose()
+    return plain_rate, step_rate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--limit-s", type=float, default=120.0, help="give up on a phase after")
+    parser.add_argument("--async-concurrency", type=int, default=64)
     args = parser.parse_args()
     server = RedisServer().start()
     try:
@@ -150,6 +198,13 @@ def main() -> None:
         print(f"a step costs {plain_rate / step_rate:.2f} plain tasks (target <= 1.5)")
         print(f"steps/s over raw round trips/s: {step_rate / raw:.2f}")
         print(f"server time: {plain_usec:.2f} us per plain task, {step_usec:.2f} us per step")
+        plain_async, steps_async = asyncio.run(
+            async_rates(server.url, args.tasks, args.async_concurrency, args.limit_s)
+        )
+        print(
+            f"AsyncWorker({args.async_concurrency}): plain {plain_async:.0f} /s, steps "
+            f"{steps_async:.0f} /s: a step costs {plain_async / steps_async:.2f} plain tasks"
+        )
         mem = memory_per_task(r, server.url)
         print(
             f"memory: plain task due in 30 days {mem['plain_task_bytes']:.0f} B, durable task "
