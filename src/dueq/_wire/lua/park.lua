@@ -56,7 +56,17 @@ if op == 'again' then
   give_back(k, {id}, wake_ms, 0, now)
   return {1, wake_ms}
 end
-if committed ~= position then return {5, committed} end
+if committed ~= position then
+  -- this very wait again, after it took a signal or timed out (its reply was lost with a
+  -- dropped connection and the client sent it once more): answer what it answered
+  local last = committed == position + 1 and op == 'wait' and step_log_last(kept) or ''
+  if string.sub(last, 1, #ARGV[6] + 1) == 'R' .. ARGV[6] then
+    if string.find(last, ',"x":1,"t1":%d+}$') then return {1, '~'} end
+    local payload = string.match(last, ',"r":(.*),"s":%d+,"t1":%d+}$')
+    if payload then return {1, '=' .. payload} end
+  end
+  return {5, committed}
+end
 local head, value = ARGV[6], ARGV[7]
 if op == 'fail' then
   redis.call('HSET', KEYS[11], id, step_log_add(kept, 'F' .. head .. ',"e":' .. value .. '}'))

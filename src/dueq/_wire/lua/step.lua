@@ -18,7 +18,7 @@
 -- ARGV[7] commit: the result (JSON); fail: the error (JSON)
 -- Returns {status, value}: status 1 done (value: the log for "read", else ""), 0 lease lost,
 --   3 cancelled while leased, 5 the log does not have ARGV[5] committed steps (value: how
---   many it has)
+--   many it has). A commit sent again whose line is the log's last already is done (1).
 -- @include clock
 -- @include leases
 -- @include step_log
@@ -31,8 +31,16 @@ if verdict ~= 'h' then return {0, ''} end
 local log = redis.call('HGET', KEYS[4], id)
 if ARGV[4] == 'read' then return {1, log or ''} end
 local committed, _, kept = step_log_scan(log)
-if committed ~= tonumber(ARGV[5]) then return {5, committed} end
 local line = ARGV[4] == 'commit' and 'D' .. ARGV[6] .. ',"r":' .. ARGV[7] .. '}'
   or 'F' .. ARGV[6] .. ',"e":' .. ARGV[7] .. '}'
+if committed ~= tonumber(ARGV[5]) then
+  -- this very commit again (its reply was lost with a dropped connection and the client sent
+  -- it once more): it is the log's last line already, so it is done, not a second writer
+  if ARGV[4] == 'commit' and committed == tonumber(ARGV[5]) + 1 and
+    step_log_ends_with(kept, line) then
+    return {1, ''}
+  end
+  return {5, committed}
+end
 redis.call('HSET', KEYS[4], id, step_log_add(kept, line))
 return {1, ''}

@@ -28,3 +28,19 @@ local function step_log_add(kept, line)
   if kept == '' then return line end
   return kept .. '\n' .. line
 end
+
+-- Whether `log`'s last line is `line`.
+local function step_log_ends_with(log, line)
+  local n = #log - #line
+  return n >= 0 and string.sub(log, n + 1) == line and (n == 0 or string.sub(log, n, n) == '\n')
+end
+
+-- The last line of `log` ('' for none).
+local function step_log_last(log)
+  local from = 1
+  while true do
+    local nl = string.find(log, '\n', from, true)
+    if not nl then return string.sub(log, from) end
+    from = nl + 1
+  end
+end
