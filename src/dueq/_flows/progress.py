@@ -18,7 +18,6 @@ publishes nothing); or after ``timeout`` with no entry.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,10 +29,10 @@ from dueq._flows.drive import Flow
 from dueq._util.clock import Duration, duration_ms
 from dueq._util.outage import Backoff, is_outage
 from dueq._wire import protocol as protocol
-from dueq._wire.envelope import validate_id
+from dueq._wire.envelope import json_text, validate_id
 from dueq._wire.snapshot import text
 from dueq.delivery import DeliveryBase
-from dueq.exceptions import LeaseLost, PayloadError, TaskCancelled
+from dueq.exceptions import LeaseLost, TaskCancelled
 from dueq.model import FINAL_STATES, Progress
 
 #: Largest progress body, in bytes of JSON.
@@ -51,16 +50,7 @@ _CONFIRMS = frozenset({"subscribe", "ssubscribe"})
 def progress_body(obj: Any) -> str:
     """``obj`` as the JSON text of a progress entry; PayloadError when it is not JSON or its
     JSON is over MAX_PROGRESS_BYTES."""
-    try:
-        data = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        size = len(data.encode("utf-8"))  # a lone surrogate is no text Redis can store
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise PayloadError(f"progress must be a JSON value: {type(exc).__name__}: {exc}") from None
-    if size > MAX_PROGRESS_BYTES:
-        raise PayloadError(
-            f"progress is {size} bytes of JSON, more than the {MAX_PROGRESS_BYTES} allowed"
-        )
-    return data
+    return json_text(obj, "progress", MAX_PROGRESS_BYTES)
 
 
 def _kind(message: Any) -> str:

@@ -558,6 +558,20 @@ def _stored_name(name: bytes) -> str:
     return text
 
 
+def json_text(value: Any, what: str, max_bytes: int) -> str:
+    """``value`` as compact JSON text for a script to store (a signal's payload, a progress
+    entry, a step's result); PayloadError naming ``what`` when it is not JSON (NaN, a lone
+    surrogate, nesting too deep) or its JSON is over ``max_bytes``."""
+    try:
+        data = _encode(value)
+        size = len(data.encode("utf-8"))  # a lone surrogate is no text Redis can store
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise PayloadError(f"{what} must be a JSON value: {type(exc).__name__}: {exc}") from None
+    if size > max_bytes:
+        raise PayloadError(f"{what} is {size} bytes of JSON, more than the {max_bytes} allowed")
+    return data
+
+
 #: Largest result kept (JSON bytes, ``keep_results``): a bigger value is reported, not kept.
 MAX_RESULT_BYTES = 65_000
 

@@ -169,11 +169,6 @@ class StepContextBase(TaskContext):
             raise InvalidTaskError("ctx.step_id is read inside a step's body (ctx.step)")
         return running
 
-    @property
-    def position(self) -> int:
-        """How many steps this run has passed."""
-        return self._run.position
-
     def now_ms(self) -> int:
         """The queue's clock in epoch ms (this process's clock when the queue uses Redis's):
         what a step's start and run time are stamped with."""

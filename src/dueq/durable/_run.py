@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES
+from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES, json_text
 from dueq.exceptions import InvalidTaskError, NonDeterministic, PayloadError, Unrecoverable
 from dueq.model import StepInfo, StepKind
 
@@ -55,13 +55,7 @@ def validate_signal_name(name: object) -> str:
 
 def signal_payload(payload: object) -> str:
     """``payload`` as the JSON a signal stores, or PayloadError (not JSON, or too big)."""
-    try:
-        text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise PayloadError(f"a signal's payload must be JSON: {exc}") from None
-    if len(text.encode()) > DEFAULT_MAX_PAYLOAD_BYTES:
-        raise PayloadError(f"a signal's payload is over {DEFAULT_MAX_PAYLOAD_BYTES} bytes as JSON")
-    return text
+    return json_text(payload, "a signal's payload", DEFAULT_MAX_PAYLOAD_BYTES)
 
 
 class Suspended(BaseException):
@@ -110,12 +104,6 @@ class StepRun:
                 f"{MAX_LOG_BYTES} bytes (each run reads them all); keep big results elsewhere "
                 "and return a reference"
             )
-
-    @property
-    def committed(self) -> int:
-        """How many steps the log holds committed."""
-        records = self.records or []
-        return sum(1 for r in records if r.state == "done")
 
     def next(self, kind: StepKind, name: str) -> StepInfo | None:
         """The committed record of the step the function asks for now (the run moves past
@@ -216,16 +204,9 @@ def result_json(name: str, value: Any) -> str:
     """A step's result as the JSON its record keeps; Unrecoverable when it is not JSON or too
     big (no retry changes what the body returns)."""
     try:
-        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise Unrecoverable(f"step {name!r} returned a value that is not JSON: {exc}") from None
-    if len(text.encode()) > MAX_STEP_RESULT_BYTES:
-        raise Unrecoverable(
-            f"step {name!r} returned {len(text.encode())} bytes of JSON; a step's result is "
-            f"kept up to {MAX_STEP_RESULT_BYTES} bytes (store big results elsewhere and return "
-            "a reference)"
-        )
-    return text
+        return json_text(value, f"step {name!r}'s result", MAX_STEP_RESULT_BYTES)
+    except PayloadError as exc:  # what the body returned: no retry changes it
+        raise Unrecoverable(f"{exc} (store big results elsewhere and return a reference)") from None
 
 
 def error_json(exc: BaseException) -> str:
