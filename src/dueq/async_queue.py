@@ -277,9 +277,11 @@ class AsyncQueue(QueueCore):
         batch: str | None = None,
         after: Sequence[str] | None = None,
         after_policy: Literal["fail", "run"] = "fail",
+        fair_key: str | None = None,
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
-        ``priority``, ``key``, ``timeout``, ``max_attempts`` and ``expires`` are kept with it,
+        ``priority``, ``key``, ``fair_key`` (its tenant on a fair queue when that is not its
+        ``key``), ``timeout``, ``max_attempts`` and ``expires`` are kept with it,
         ``debounce``/``max_wait`` debounce repeated schedules of one id (see ``Task``).
         ``task`` names the registered function that runs it (``@q.task``): ``payload`` is
         then a dict of its arguments."""
@@ -300,6 +302,7 @@ class AsyncQueue(QueueCore):
                 batch,
                 () if after is None else after,
                 after_policy,
+                fair_key,
             )
         ]
         result = await self.drive(self._core.schedule_many_flow(tasks, replace))
@@ -450,6 +453,7 @@ class AsyncQueue(QueueCore):
         concurrency: int | Literal[False] | None = None,
         key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
         events: Duration | Literal[False] | None = None,
+        fairness: Literal["key", False] | None = None,
     ) -> QueueSettings:
         """As ``Queue.configure``."""
         return await self.drive(
@@ -463,6 +467,7 @@ class AsyncQueue(QueueCore):
                 concurrency=concurrency,
                 key_limits=key_limits,
                 events=events,
+                fairness=fairness,
             )
         )
 

@@ -82,6 +82,9 @@ class Task:
     #: ``after_policy="run"`` (it runs once they have all ended, however)
     after: Sequence[str] = ()
     after_policy: Literal["fail", "run"] = "fail"
+    #: the tenant a fair queue (``configure(fairness="key")``) shares its claims between, when
+    #: it is not ``key``: a tenant whose tasks have many limit keys is one participant
+    fair_key: str | None = None
 
     def expiry(self) -> tuple[int | None, bool]:
         """The expiry as stored in the head (ms), and whether it is ms from now (a duration)
@@ -122,7 +125,7 @@ class Task:
             None,
             None,
             None,
-        ):
+        ) and (self.fair_key is None or self.fair_key == self.key):
             return NO_OPTIONS
         timeout_ms = None
         if self.timeout is not None:
@@ -137,7 +140,20 @@ class Task:
             timeout_ms,
             None if self.max_attempts is None else validate_task_attempts(self.max_attempts),
             expires_ms,
+            fair_key_of(self.fair_key, self.key),
         )
+
+
+def fair_key_of(fair_key: object, key: str | None) -> str | None:
+    """A task's ``fair_key`` as its head keeps it: None when it is unset or the same as its
+    limit key (the key is then its tenant already); validated as a key is."""
+    if fair_key is None:
+        return None
+    try:
+        fair = validate_key(fair_key)
+    except InvalidTaskError as exc:
+        raise InvalidTaskError(f"fair_key: {exc}") from None
+    return None if fair == key else fair
 
 
 @dataclass(frozen=True)
@@ -438,6 +454,10 @@ MAX_EVENTS_MS = 366 * 86_400_000
 MAX_CONCURRENCY = 1_000_000
 #: Most per-key limit overrides a queue keeps (``configure(key_limits=...)``).
 MAX_KEY_LIMITS = 1000
+#: The largest fair-queue weight a key may have (``KeyLimit(weight=)``; include/fair.lua).
+MAX_WEIGHT = 1000
+#: What ``configure(fairness=)`` accepts: "key" shares claims between tenants.
+FAIRNESS_MODES = ("key",)
 #: Longest key cooldown, ms (366 days): ``raise KeyCooldown(seconds)``, ``d.cooldown``.
 MAX_COOLDOWN_MS = 366 * 86_400_000
 
@@ -446,25 +466,38 @@ MAX_COOLDOWN_MS = 366 * 86_400_000
 class KeyLimit:
     """The limits of one named limit key, overriding the queue's ``key_concurrency`` and
     ``key_rate`` for it (``q.configure(key_limits={"tenant:big": dueq.KeyLimit(...)})``): a
-    field left None falls back to the queue-wide default."""
+    field left None falls back to the queue-wide default. ``weight`` is the key's share as a
+    tenant of a fair queue (``configure(fairness="key")``, docs/fairness.md): w tasks claimed
+    for every one of a tenant of weight 1 while both have due tasks (None: 1)."""
 
     #: most of the key's tasks leased at once, across every consumer
     concurrency: int | None = None
     #: claims of the key spaced ``per / n`` apart
     rate: Rate | None = None
+    #: its share of a fair queue's claims, 1 to MAX_WEIGHT (None: 1)
+    weight: int | None = None
 
     def __post_init__(self) -> None:
-        if self.concurrency is None and self.rate is None:
-            raise ConfigurationError("a KeyLimit needs concurrency=, rate= or both")
+        if self.concurrency is None and self.rate is None and self.weight is None:
+            raise ConfigurationError("a KeyLimit needs concurrency=, rate=, weight= or some")
         if self.concurrency is not None:
             whole_number(self.concurrency, "KeyLimit concurrency", low=1, high=MAX_KEY_CONCURRENCY)
         if self.rate is not None and not isinstance(self.rate, Rate):
             raise ConfigurationError(f"KeyLimit rate must be a dueq.Rate, got {self.rate!r}")
+        if self.weight is not None:
+            whole_number(self.weight, "KeyLimit weight", low=1, high=MAX_WEIGHT)
+
+    @property
+    def limits(self) -> bool:
+        """Whether it limits the key (concurrency or rate), not only weighs it."""
+        return self.concurrency is not None or self.rate is not None
 
     def __str__(self) -> str:
         parts = [] if self.concurrency is None else [f"concurrency {self.concurrency}"]
         if self.rate is not None:
             parts.append(f"rate {self.rate}")
+        if self.weight is not None:
+            parts.append(f"weight {self.weight}")
         return ", ".join(parts)
 
 
@@ -492,6 +525,9 @@ class QueueSettings:
     concurrency: int | None = None
     #: limits of named keys, overriding key_concurrency / key_rate for them (key -> KeyLimit)
     key_limits: dict[str, KeyLimit] = field(default_factory=dict, hash=False)
+    #: "key": claims are shared between tenants in weighted fair order (docs/fairness.md);
+    #: None: by priority, then due time
+    fairness: Literal["key"] | None = None
     #: stored values the scripts refuse (hand-edited, or written by another tool), setting ->
     #: the raw value: the queue runs as if those settings were unset (Redis logs each once)
     rejected: dict[str, str] = field(default_factory=dict, hash=False)

@@ -66,6 +66,7 @@ OPTION_NAMES = frozenset(
         "batch",
         "after",
         "after_policy",
+        "fair_key",
     }
 )
 
@@ -254,6 +255,7 @@ class TaskFunction(Generic[P, R]):
         batch: str | None = None,
         after: Sequence[str] | None = None,
         after_policy: Literal["fail", "run"] = "fail",
+        fair_key: str | None = None,
     ) -> Task:
         """A ``dueq.Task`` of this function with these arguments, for ``schedule_many``: the
         one place its options meet the decorator's defaults (``schedule`` and
@@ -275,6 +277,7 @@ class TaskFunction(Generic[P, R]):
             batch,
             () if after is None else after,
             after_policy,
+            fair_key,
         )
 
     def _arguments(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -302,6 +305,7 @@ class TaskFunction(Generic[P, R]):
         batch: str | None = None,
         after: Sequence[str] | None = None,
         after_policy: Literal["fail", "run"] = "fail",
+        fair_key: str | None = None,
         **arguments: Any,
     ) -> str:
         """Schedule a call of this function with ``arguments``; returns the task id."""
@@ -320,6 +324,7 @@ class TaskFunction(Generic[P, R]):
             batch=batch,
             after=after,
             after_policy=after_policy,
+            fair_key=fair_key,
         )
         result = self.queue.schedule_many([task], replace=replace)
         return str(result.ids[0])
@@ -343,6 +348,7 @@ class TaskFunction(Generic[P, R]):
         batch: str | None = None,
         after: Sequence[str] | None = None,
         after_policy: Literal["fail", "run"] = "fail",
+        fair_key: str | None = None,
     ) -> str:
         """``schedule`` with the arguments as one mapping: for functions with a parameter
         named like an option (``key``, ``id``, ``timeout``, ...)."""
@@ -361,6 +367,7 @@ class TaskFunction(Generic[P, R]):
             batch=batch,
             after=after,
             after_policy=after_policy,
+            fair_key=fair_key,
         )
         result = self.queue.schedule_many([task], replace=replace)
         return str(result.ids[0])
@@ -387,6 +394,7 @@ class AsyncTaskFunction(TaskFunction[P, R]):
         batch: str | None = None,
         after: Sequence[str] | None = None,
         after_policy: Literal["fail", "run"] = "fail",
+        fair_key: str | None = None,
         **arguments: Any,
     ) -> str:
         """Schedule a call of this function with ``arguments``; returns the task id."""
@@ -405,6 +413,7 @@ class AsyncTaskFunction(TaskFunction[P, R]):
             batch=batch,
             after=after,
             after_policy=after_policy,
+            fair_key=fair_key,
         )
         result = await self.queue.schedule_many([task], replace=replace)
         return str(result.ids[0])
@@ -428,6 +437,7 @@ class AsyncTaskFunction(TaskFunction[P, R]):
         batch: str | None = None,
         after: Sequence[str] | None = None,
         after_policy: Literal["fail", "run"] = "fail",
+        fair_key: str | None = None,
     ) -> str:
         """``schedule`` with the arguments as one mapping (see ``TaskFunction``)."""
         task = self.task(
@@ -445,6 +455,7 @@ class AsyncTaskFunction(TaskFunction[P, R]):
             batch=batch,
             after=after,
             after_policy=after_policy,
+            fair_key=fair_key,
         )
         result = await self.queue.schedule_many([task], replace=replace)
         return str(result.ids[0])

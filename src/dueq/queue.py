@@ -310,9 +310,11 @@ class Queue(QueueCore):
         batch: str | None = None,
         after: Sequence[str] | None = None,
         after_policy: Literal["fail", "run"] = "fail",
+        fair_key: str | None = None,
     ) -> str:
         """Schedule one task; returns its id. An existing id is left alone unless ``replace``.
-        ``priority``, ``key``, ``timeout``, ``max_attempts`` and ``expires`` are kept with it,
+        ``priority``, ``key``, ``fair_key`` (its tenant on a fair queue when that is not its
+        ``key``), ``timeout``, ``max_attempts`` and ``expires`` are kept with it,
         ``debounce``/``max_wait`` debounce repeated schedules of one id (see ``Task``).
         ``task`` names the registered function that runs it (``@q.task``): ``payload`` is
         then a dict of its arguments. ``batch``: the batch it joins (see ``close_batch``).
@@ -338,6 +340,7 @@ class Queue(QueueCore):
                     batch,
                     () if after is None else after,
                     after_policy,
+                    fair_key,
                 )
             ],
             replace=replace,
@@ -521,6 +524,7 @@ class Queue(QueueCore):
         concurrency: int | Literal[False] | None = None,
         key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
         events: Duration | Literal[False] | None = None,
+        fairness: Literal["key", False] | None = None,
     ) -> QueueSettings:
         """Change the queue's settings, kept in Redis so that every producer and consumer
         obeys the same ones; returns them after the change. ``None`` leaves a setting alone.
@@ -540,7 +544,10 @@ class Queue(QueueCore):
         key_rate / key_concurrency defaults, ``{key: dueq.KeyLimit(concurrency=, rate=)}``
         (None for a key removes its override; keys not named are left alone; at most 1,000).
         ``events``: how long outcome events are kept (``events()``, docs/events.md; False or 0
-        stops writing them). Consumers are woken, so a change applies at once.
+        stops writing them). ``fairness``: "key" shares the claims between tenants (a task's
+        ``fair_key``, else its ``key``) in weighted fair order, ``KeyLimit(weight=)`` their
+        shares; False turns it off (docs/fairness.md). Consumers are woken, so a change applies
+        at once.
         """
         return self.drive(
             self._core.configure_flow(
@@ -553,6 +560,7 @@ class Queue(QueueCore):
                 concurrency=concurrency,
                 key_limits=key_limits,
                 events=events,
+                fairness=fairness,
             )
         )
 

@@ -15,9 +15,17 @@ from typing import Any
 import pytest
 import redis
 from conftest import async_mirror
+from fairness_support import MODES, fairness_param
 from waiting_support import wait_for
 
 import dueq
+
+
+@pytest.fixture(params=MODES)
+def make_queue(make_queue: Callable[..., Any], request: pytest.FixtureRequest) -> Any:
+    """The module's queues with fairness off and on (fairness_support)."""
+    return fairness_param(make_queue, request)
+
 
 WAIT_S = 30
 
@@ -31,10 +39,10 @@ def test_a_cooled_down_key_waits_while_other_keys_run(
 ) -> None:
     q = make_queue()
     schedule_keyed(q, "hot", 3, "hot")
-    clock.advance(1)
-    schedule_keyed(q, "cold", 2, "cold")
     [first] = q.claim(1)
     assert first.id == "hot-000"
+    clock.advance(1)
+    schedule_keyed(q, "cold", 2, "cold")
     outcome = first.cooldown(30)
     assert outcome.kind == "released"
     assert sorted(d.id for d in q.claim(10)) == ["cold-000", "cold-001"]  # hot waits

@@ -11,8 +11,15 @@ from typing import Any
 
 import pytest
 import redis
+from fairness_support import MODES, fairness_param
 
 import dueq
+
+
+@pytest.fixture(params=MODES)
+def make_queue(make_queue: Callable[..., Any], request: pytest.FixtureRequest) -> Any:
+    """The module's queues with fairness off and on (fairness_support)."""
+    return fairness_param(make_queue, request)
 
 
 def schedule_keyed(q: Any, key: str, n: int) -> None:

@@ -13,10 +13,18 @@ from typing import Any
 
 import pytest
 import redis
+from fairness_support import MODES, fairness_param
 from paths_support import FIXTURES
 
 import dueq
 from dueq.server import RedisServer
+
+
+@pytest.fixture(params=MODES)
+def make_queue(make_queue: Callable[..., Any], request: pytest.FixtureRequest) -> Any:
+    """The module's queues with fairness off and on (fairness_support)."""
+    return fairness_param(make_queue, request)
+
 
 CHILD = FIXTURES / "worker_process.py"
 BOUND_S = 60.0
@@ -136,7 +144,7 @@ def test_configure_refuses_what_is_not_a_rate_before_writing(
     for bad in (5, "5/1s", True, (5, 1.0)):
         with pytest.raises(dueq.ConfigurationError, match="rate"):
             q.configure(rate=bad)
-    assert not r.exists(q.keys.config)
+    assert r.hkeys(q.keys.config) in ([], [b"fairness"])  # (fairness_param's)
 
 
 def test_a_corrupted_rate_setting_is_logged_and_claims_go_on(

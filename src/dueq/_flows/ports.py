@@ -121,6 +121,7 @@ class Core(Protocol):
         concurrency: int | Literal[False] | None = None,
         key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
         events: Duration | Literal[False] | None = None,
+        fairness: Literal["key", False] | None = None,
     ) -> Flow[QueueSettings]: ...
     def settings_flow(self) -> Flow[QueueSettings]: ...
 

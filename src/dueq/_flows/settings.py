@@ -12,9 +12,15 @@ from dueq._util.checks import whole_number
 from dueq._util.clock import Duration, duration_ms
 from dueq._wire import protocol as protocol
 from dueq._wire.envelope import validate_key
-from dueq._wire.snapshot import KEY_LIMIT_PREFIX, key_limit_text, settings_from_hash
+from dueq._wire.snapshot import (
+    KEY_LIMIT_PREFIX,
+    WEIGHT_PREFIX,
+    key_limit_text,
+    settings_from_hash,
+)
 from dueq.exceptions import ConfigurationError, InvalidTaskError
 from dueq.model import (
+    FAIRNESS_MODES,
     MAX_CONCURRENCY,
     MAX_EVENTS_MS,
     MAX_KEEP_RESULTS_MS,
@@ -44,9 +50,10 @@ class SettingsFlows(QueueBase):
         concurrency: int | Literal[False] | None = None,
         key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None = None,
         events: Duration | Literal[False] | None = None,
+        fairness: Literal["key", False] | None = None,
     ) -> Flow[QueueSettings]:
         """Validate every change before writing any; None leaves a setting as it is."""
-        changes: list[tuple[str, str]] = []
+        changes: list[tuple[str, str]] = fairness_changes(fairness)
         if concurrency is not None and concurrency is not False and concurrency != 0:
             whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
             changes.append(("concurrency", str(concurrency)))
@@ -107,6 +114,18 @@ def events_changes(events: Duration | Literal[False] | None) -> list[tuple[str, 
     return [("events_ms", str(ms) if ms > 0 else "")]
 
 
+def fairness_changes(fairness: object) -> list[tuple[str, str]]:
+    """The config change of ``configure(fairness=...)``: "key" on; False off ("off" until the
+    claims have moved the lanes' tasks back to the levels: lua/include/fair.lua)."""
+    if fairness is None:
+        return []
+    if fairness is False:
+        return [("fairness", "off")]
+    if fairness not in FAIRNESS_MODES:
+        raise ConfigurationError(f'fairness must be "key" or False, got {fairness!r}')
+    return [("fairness", "key")]
+
+
 def key_limit_changes(
     key_limits: Mapping[str, KeyLimit | Literal[False] | None] | None,
 ) -> list[tuple[str, str]]:
@@ -129,8 +148,11 @@ def key_limit_changes(
             raise ConfigurationError(f"key_limits: {exc}") from None
         if limit is None or limit is False:
             changes.append((KEY_LIMIT_PREFIX + key, ""))
+            changes.append((WEIGHT_PREFIX + key, ""))
         elif isinstance(limit, KeyLimit):
             changes.append((KEY_LIMIT_PREFIX + key, key_limit_text(limit)))
+            weight = "" if limit.weight is None else str(limit.weight)
+            changes.append((WEIGHT_PREFIX + key, weight))
         else:
             raise ConfigurationError(
                 f"key_limits[{key!r}] must be a dueq.KeyLimit or None, got {limit!r}"

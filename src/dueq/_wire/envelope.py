@@ -23,6 +23,16 @@ expiry it cannot see. Tasks without an expiry are stored exactly as before. (The
 record may carry the expiry as ms from now, FLAG_EXPIRES_RELATIVE: schedule.lua makes it epoch
 ms on the queue's clock.)
 
+A task with a ``fair_key`` (the tenant a fair queue shares its claims between, when it is not
+the limit key) keeps it in the key field after the unit separator ``\x1f``, the limit key (if
+any) before it::
+
+    2:0|||acme/reports\x1facme\n{"to":"a@example.com"}
+
+Keys hold no control characters, so the separator is never part of one; the scripts split the
+field where they read the key (include/levels.lua). A reader from before fair keys sees
+``acme/reports\x1facme`` as the task's limit key: it runs the task, counting it under that name.
+
 A task scheduled inside a trace (OpenTelemetry, see ``_tracing``) carries the W3C trace
 context it was created in as one more head line, after either version's head::
 
@@ -84,6 +94,9 @@ _EXPIRY_HEAD = re.compile(
     rb"3:([0-9])\|([0-9]{0,12})\|([0-9]{0,7})\|([0-9]{1,15})\|([^\n]{0,800})\n"
 )
 EXPIRY_PREFIX = b"3:"
+#: Between a task's limit key and its fair key in the head's key field (keys hold no control
+#: characters, so the unit separator cannot be part of either).
+FAIR_MARK = b"\x1f"
 #: The first byte of a trace line (see the module docstring): no JSON text starts with it.
 TRACE_MARK = b"~"
 #: The longest a version-2 head may be, with its newline (its key is at most 800 bytes).
@@ -221,12 +234,17 @@ class TaskOptions(NamedTuple):
     #: epoch ms after which the task never starts (as stored; ms from now while scheduling
     #: with FLAG_EXPIRES_RELATIVE)
     expires_ms: int | None = None
+    #: the tenant the queue's fairness shares claims between (``fair_key=``), when it is not
+    #: the limit key; stored after the key as ``<key>\x1f<fair key>`` (see the module docstring)
+    fair_key: str | None = None
 
     def head(self) -> bytes:
         """The envelope prefix that stores these options."""
         if self == NO_OPTIONS:
             return ENVELOPE_PREFIX
         key = b"" if self.key is None else self.key.encode("utf-8")
+        if self.fair_key is not None:
+            key += FAIR_MARK + self.fair_key.encode("utf-8")
         timeout = b"" if self.timeout_ms is None else b"%d" % self.timeout_ms
         attempts = b"" if self.max_attempts is None else b"%d" % self.max_attempts
         if self.expires_ms is not None:
@@ -337,15 +355,17 @@ def _options_of(head_bytes: bytes) -> TaskOptions:
             raise PayloadError("stored task options are unreadable")
         priority, timeout, attempts, expires, key = head.groups()
         expires_ms = int(expires)
+    key, mark, fair = key.partition(FAIR_MARK)
     try:
         key_text = key.decode("utf-8") if key else None
+        fair_text = fair.decode("utf-8") if mark and fair else None
     except UnicodeDecodeError as exc:
         raise PayloadError(f"stored task options are not UTF-8: {exc}") from None
     timeout_ms = int(timeout) if timeout else None
     max_attempts = int(attempts) if attempts else None
     if timeout_ms == 0 or max_attempts == 0:
         raise PayloadError("stored task options hold a zero timeout or max_attempts")
-    options = TaskOptions(int(priority), key_text, timeout_ms, max_attempts, expires_ms)
+    options = TaskOptions(int(priority), key_text, timeout_ms, max_attempts, expires_ms, fair_text)
     if len(_HEADS) >= _HEADS_KEPT:
         _HEADS.clear()
     _HEADS[head_bytes[:-1]] = options

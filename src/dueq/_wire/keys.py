@@ -134,6 +134,9 @@ class QueueKeys:
                 recent progress; each dropped when the task ends (dead tasks keep theirs)
     ``progress`` Pub/Sub channel: each progress entry as it is written (``d.progress``), for
                 ``q.progress`` followers (lua/progress.lua)
+    ``fair``    ZSET tenant -> virtual time: the lanes of a fair queue with due tasks in them
+                (``configure(fairness="key")``; lua/include/fair.lua): the lanes' tasks wait in
+                ``parked`` as "\\1<tenant>\\0<9 - priority><due ms><id>"
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -177,6 +180,7 @@ class QueueKeys:
     children: str
     steps: str
     progress: str
+    fair: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -238,6 +242,7 @@ class QueueKeys:
             children=base + "after:children",
             steps=base + "steps",
             progress=base + "progress",
+            fair=base + "fair",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

@@ -172,7 +172,7 @@ def schedule(
     """Add a batch of packed task records (see ``envelope.pack_task``)."""
     keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done, k.config]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.debounce, *_batch_keys(k)]
-    keys += [*_after_keys(k), k.results, k.steps, *k.upper_due]
+    keys += [*_after_keys(k), k.results, k.steps, k.fair, *k.upper_due]
     args = [now, "1" if replace else "0", blob, window_ms]
     return Call("schedule", keys, args, _parse_schedule)
 
@@ -325,7 +325,7 @@ def claim(
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, k.ended]
     keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), k.wake]
-    keys += [*_after_keys(k), k.steps, *k.upper_due]
+    keys += [*_after_keys(k), k.steps, k.fair, *k.upper_due]
     args = [
         now,
         limit,
@@ -1282,7 +1282,7 @@ def spark_commit(
     base = schedule(k, now, b"", replace=False, window_ms=window_ms)
     # schedule's own keys, the stage's, then the priority levels (scripts read them last)
     # (schedule's steps key is not among them: a Spark batch replaces no task)
-    keys = [*base.keys[:-10], sk.rows, sk.ids, sk.batches, sk.queries, *base.keys[-9:]]
+    keys = [*base.keys[:-11], sk.rows, sk.ids, sk.batches, sk.queries, k.fair, *base.keys[-9:]]
     args = [*base.args, query, batch, memory_ms]
     return Call("spark_commit", keys, args, _parse_commit)
 

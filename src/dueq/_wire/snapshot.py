@@ -20,6 +20,7 @@ from dueq.model import (
     MAX_RATE_N,
     MAX_RATE_PER_MS,
     MAX_REMEMBER_DONE_MS,
+    MAX_WEIGHT,
     BatchInfo,
     KeyLimit,
     QueueSettings,
@@ -258,6 +259,8 @@ _KEY_LIMIT = re.compile(r"([0-9]*)\|(.*)", re.DOTALL)
 
 #: The prefix of a config field holding one named key's limits ("key_limit:<key>").
 KEY_LIMIT_PREFIX = "key_limit:"
+#: Config fields weight:<key>: a tenant's weight on a fair queue (lua/include/fair.lua).
+WEIGHT_PREFIX = "weight:"
 
 
 def _whole(raw: str, low: int, high: int) -> int | None:
@@ -292,6 +295,10 @@ def setting_value(field: str, raw: str) -> Any:
         value = _whole(raw, 0, MAX_KEY_LIMITS)
     elif field.startswith(KEY_LIMIT_PREFIX):
         value = _key_limit_value(raw)
+    elif field == "fairness":  # "off": turned off while lanes remain (read as off)
+        value = raw if raw in ("key", "off") else None
+    elif field.startswith(WEIGHT_PREFIX):
+        value = _whole(raw, 1, MAX_WEIGHT)
     else:
         return raw
     return REJECTED if value is None else value
@@ -319,7 +326,10 @@ def _key_limit_value(raw: str) -> KeyLimit | None:
 
 
 def key_limit_text(limit: KeyLimit) -> str:
-    """The stored form of a KeyLimit (the config field key_limit:<key>)."""
+    """The stored form of a KeyLimit's limits (the config field key_limit:<key>; its weight is
+    the field weight:<key>), "" when it has none (the field is removed)."""
+    if not limit.limits:
+        return ""
     concurrency = "" if limit.concurrency is None else str(limit.concurrency)
     rate = "" if limit.rate is None else f"{limit.rate.n}/{limit.rate.per_ms}"
     return f"{concurrency}|{rate}"
@@ -333,8 +343,8 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
     values: dict[str, Any] = {}
     rejected: dict[str, str] = {}
     names = ["paused", "rate", "key_rate", "key_concurrency", "remember_done_ms", "concurrency"]
-    names += ["keep_results_ms", "events_ms"]
-    names += sorted(name for name in raw if name.startswith(KEY_LIMIT_PREFIX))
+    names += ["keep_results_ms", "events_ms", "fairness"]
+    names += sorted(name for name in raw if name.startswith((KEY_LIMIT_PREFIX, WEIGHT_PREFIX)))
     for name in names:
         if name in raw:
             value = setting_value(name, raw[name])
@@ -342,11 +352,20 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
                 rejected[name] = raw[name]
             else:
                 values[name] = value
-    key_limits = {
+    key_limits: dict[str, KeyLimit] = {
         name[len(KEY_LIMIT_PREFIX) :]: value
         for name, value in values.items()
         if name.startswith(KEY_LIMIT_PREFIX)
     }
+    for name, weight in values.items():
+        if name.startswith(WEIGHT_PREFIX):
+            key = name[len(WEIGHT_PREFIX) :]
+            limit = key_limits.get(key)
+            key_limits[key] = (
+                KeyLimit(weight=weight)
+                if limit is None
+                else KeyLimit(limit.concurrency, limit.rate, weight)
+            )
     done_ms = values.get("remember_done_ms", 0)
     keep_ms = values.get("keep_results_ms", 0)
     events_ms = values.get("events_ms", 0)
@@ -361,6 +380,7 @@ def settings_from_reply(reply: list[Any]) -> QueueSettings:
         concurrency=values.get("concurrency"),
         key_limits=key_limits,
         rejected=rejected,
+        fairness="key" if values.get("fairness") == "key" else None,
     )
 
 

@@ -93,7 +93,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import astuple, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -118,6 +118,7 @@ from dueq.model import (
     ClaimBatch,
     DueHistogram,
     HistoryPoint,
+    KeyLimit,
     Outcome,
     Progress,
     QueueSettings,
@@ -592,11 +593,15 @@ class ShardedCore:
         concurrency: Any = None,
         key_limits: Any = None,
         events: Any = None,
+        fairness: Any = None,
     ) -> Flow[QueueSettings]:
         """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
         them (``rate_shares``); everything is validated before any shard is written. Per-key
         limits are refused: a key's tasks lie on every shard (the id picks the shard), so no
-        one claim script could count a key's leases (see docs/sharding.md)."""
+        one claim script could count a key's leases (see docs/sharding.md). ``fairness`` and
+        the weights of ``KeyLimit(weight=)`` alone go to every shard: each shard shares its
+        own claims between tenants, and a tenant's tasks are spread over the shards by id, so
+        each shard gives it the same share (docs/fairness.md)."""
         if key_rate not in (None, False) or key_concurrency not in (None, False):
             raise ConfigurationError(
                 "key_rate and key_concurrency are not available on a sharded queue: a key's "
@@ -604,10 +609,16 @@ class ShardedCore:
                 "only its own leases, so a per-key limit would hold per shard, N times over. "
                 "Keep keyed tasks on a plain queue (one per tenant group, for example)"
             )
-        if key_limits:
+        weights_only = isinstance(key_limits, Mapping) and all(
+            (isinstance(limit, KeyLimit) and not limit.limits) or limit in (None, False)
+            for limit in key_limits.values()
+        )
+        if key_limits and not weights_only:
             raise ConfigurationError(
-                "key_limits are not available on a sharded queue, for the same reason as "
-                "key_rate and key_concurrency: a key's tasks are spread over the shards by id"
+                "key_limits with concurrency= or rate= are not available on a sharded queue, "
+                "for the same reason as key_rate and key_concurrency: a key's tasks are "
+                "spread over the shards by id (KeyLimit(weight=) alone is: every shard weighs "
+                "its tenants)"
             )
         caps: list[Any] = [concurrency] * self.layout.count
         if concurrency not in (None, False, 0):
@@ -628,6 +639,8 @@ class ShardedCore:
                 key_rate=key_rate,
                 key_concurrency=key_concurrency,
                 concurrency=cap,
+                key_limits=key_limits or None,
+                fairness=fairness,
             )
             for s, share, cap in zip(self.layout.queues, shares, caps, strict=True)
         ]

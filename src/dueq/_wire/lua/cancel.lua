@@ -73,7 +73,7 @@ if keep_ms > 0 then
   redis.call('ZADD', KEYS[15], now, id)
 end
 results_trim(KEYS[14], KEYS[15], now, keep_ms, 1)
-if key and not deadline then unpark_one(KEYS[10], KEYS[9], KEYS[5], key, priority, id) end
+if not deadline then unpark_one(KEYS[10], KEYS[9], KEYS[5], key, priority, id) end
 if deadline then
   local counted_key = lease_key(KEYS[5], id)  -- the key it is counted in (per-key notes)
   if counted_key and key_unlease(KEYS[9], KEYS[11], counted_key, now) then

@@ -37,7 +37,8 @@
 -- KEYS[28] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[29] steps    HASH the durable tasks' state (include/steps.lua): dropped for tasks that expire
 --                  here or that the dead set's cap trims
--- KEYS[30..38] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[30] fair     ZSET tenant -> virtual time: the lanes of a fair queue (include/fair.lua)
+-- KEYS[31..39] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -66,6 +67,9 @@
 -- the claims kept in KEYS[9], one entry per claim with its count: O(1) work per claim, not
 -- per task); when the rate holds tasks back, next_due is when the oldest claim of the window
 -- leaves it, so consumers sleep exactly until then.
+-- With fairness "key" set, due tasks are moved into their tenants' lanes and leased from the
+-- lanes in weighted fair order (include/fair.lua); with fairness "off", lanes left from when it
+-- was on are moved back to the levels, a budget per claim.
 -- With a concurrency cap set, the queue never holds more than that many live leases (leased
 -- entries whose deadline is after now); a claim that leaves the queue at its cap returns
 -- next_due -1, so consumers sleep until a lease ends (ack, fail and release publish on the wake
@@ -84,6 +88,7 @@
 -- @include events
 -- @include expire
 -- @include expiry
+-- @include fair
 -- @include followups
 -- @include key_limits
 -- @include key_state
@@ -202,7 +207,7 @@ end
 -- 2. Lease up to `limit` due tasks: highest priority first, earliest due within a priority;
 -- a task whose key is at one of its limits is parked instead (see include/key_state.lua).
 local config = settings_read(KEYS[8], KEYS[7], 'paused', 'rate', 'key_rate', 'key_concurrency',
-  'concurrency', 'key_limits', 'keep_results_ms', 'events_ms')
+  'concurrency', 'key_limits', 'keep_results_ms', 'events_ms', 'fairness')
 local paused = config.paused == true
 local out = {now, -1, -1, '', now + lease_ms, now_us, 0, 0, paused and 1 or 0, ''}
 
@@ -379,11 +384,29 @@ local due_ms_of, attempt_texts = {}, {}  -- score text -> due ms; attempt -> its
 local first_metas = {}
 local deadline_text, token_mid = ms(deadline), nil
 local upper_used = upper_levels_used(levels)
+-- Fairness (include/fair.lua): due tasks go to their tenants' lanes first, and each round
+-- takes from the lanes in fair order instead of from the levels (at most FAIR_ROUNDS rounds).
+-- (This claim's fairness state is in the include's table, fair.run: claim.lua's main chunk is
+-- near Lua's 200 locals.)
+fair.run = {keys = {tasks = KEYS[3], meta = KEYS[4], parked = KEYS[11], fair = KEYS[30],
+  config = KEYS[8]}, on = config.fairness == 'key', rounds = 0, more = false}
+if config.fairness == 'off' then fair.unlane(fair.run.keys, levels, fair.LANE_BUDGET) end
+if fair.run.on and not paused and limit > 0 then
+  fair.lane(fair.run.keys, levels, fair.LANE_BUDGET, now, upper_used)
+end
 while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDGET do
-  -- the due ids of this round, their scores, and (only when a level above 0 holds tasks)
-  -- their priorities; the first level's reply is used as it is (no copy per task)
+  -- the due ids of this round, their scores, and (only when a level above 0 holds tasks, or
+  -- on a fair queue) their priorities; the first level's reply is used as it is (no copy per
+  -- task)
   local ids, scores, priorities, n_ids = {}, {}, {}, 0
+  local by_priority = upper_used
+  if fair.run.on then
+    fair.run.rounds = fair.run.rounds + 1
+    ids, scores, priorities, n_ids, fair.run.more = fair.take(fair.run.keys, limit - #leased / 2)
+    by_priority = true
+  end
   for p = upper_used and 9 or 0, 0, -1 do
+    if fair.run.on then break end
     local room = limit - #leased / 2 - n_ids
     if room <= 0 then break end
     local due = redis.call('ZRANGEBYSCORE', levels[p], '-inf', now, 'LIMIT', 0, room)
@@ -443,7 +466,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
     local id, meta_value, head = ids[i], metas[i], heads[i]
     local attempt, first, readable, _ = 0, '', true, nil  -- never claimed (no meta value)
     if meta_value then attempt, _, _, first, readable = meta_parse(meta_value) end
-    local priority, j = upper_used and priorities[i] or 0, task_slots[i]
+    local priority, j = by_priority and priorities[i] or 0, task_slots[i]
     local key = j and slot_key[j]
     local most = max_attempts
     if attempt > 0 and head == 50 then  -- its own max_attempts?
@@ -532,7 +555,9 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
       out[n_leased + 9], out[n_leased + 10] = id, envelopes[i]
     end
   end
-  if parked_here + #too_late == parked_before then break end  -- none stepped aside: no more
+  -- none stepped aside (and no lane ran short): no more
+  if parked_here + #too_late == parked_before and not fair.run.more then break end
+  if fair.run.rounds >= 8 then break end  -- a fair claim's rounds are bounded
 end
 -- Write back the keys this claim changed (one HSET, one HDEL).
 -- Keys leased once here share their new state (1, the same mark, 0 parked): the last state
@@ -612,6 +637,8 @@ do  -- their batches and waiting children
 end
 
 local next_due = levels_head(levels, not upper_used)
+-- a fair queue's lanes hold due tasks only: the next claim can lease at once
+if fair.run.on and redis.call('EXISTS', KEYS[30]) == 1 then next_due = now end
 local key_wait = (wait_head or parked_here > 0) and head_score(KEYS[12])
 if key_wait and (not next_due or key_wait < next_due) then next_due = key_wait end
 local next_deadline = head_score(KEYS[2])

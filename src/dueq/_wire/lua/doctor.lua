@@ -211,7 +211,10 @@ if phase == 'keys' then
       local nul = string.find(member, '\0', 1, true)
       if nul then
         local key = string.sub(member, 1, nul - 1)
-        if redis.call('HEXISTS', k_state, key) == 0 then check_key(key, false) end
+        -- (a fair queue's lane, "\1<tenant>", has no key state: include/fair.lua)
+        if string.byte(key, 1) ~= 1 and redis.call('HEXISTS', k_state, key) == 0 then
+          check_key(key, false)
+        end
         from = '(' .. key .. '\1'
         out[1] = 'p' .. key
       else

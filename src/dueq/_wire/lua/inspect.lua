@@ -42,7 +42,7 @@ for _, id in ipairs(ids) do
   local k_level = level_key(levels, envelope)
   score = redis.call('ZSCORE', k_level, id)
   local priority, _, key = task_options(envelope)
-  local member = key and not score and parked_member_of(KEYS[5], key, priority, id)
+  local member = envelope and not score and parked_member_of(KEYS[5], key, priority, id)
   if member and redis.call('ZSCORE', KEYS[7], member) then
     state = 'scheduled'  -- parked: due, waiting for its key's limits
     local _, _, due = meta_parse(redis.call('HGET', KEYS[5], id))

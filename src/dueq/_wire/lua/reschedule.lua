@@ -26,7 +26,7 @@ local zadd_flag = 'XX'
 if not redis.call('ZSCORE', k_level, id) then
   -- a parked task (its key was at a limit) is scheduled too: it leaves the parked set
   local priority, _, key = task_options(envelope)
-  if not (key and unpark_one(KEYS[6], KEYS[5], KEYS[4], key, priority, id)) then return -1 end
+  if not unpark_one(KEYS[6], KEYS[5], KEYS[4], key, priority, id) then return -1 end
   zadd_flag = 'NX'
 end
 local due = tonumber(ARGV[4])

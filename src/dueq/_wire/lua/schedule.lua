@@ -24,7 +24,8 @@
 -- KEYS[22] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[23] results  HASH id -> finished record (read: how a finished parent ended)
 -- KEYS[24] steps    HASH the durable tasks' state (include/steps.lua): a replaced task's dropped
--- KEYS[25..33] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[25] fair     ZSET tenant -> virtual time: a fair queue's lanes (include/fair.lua)
+-- KEYS[26..34] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "1" to replace existing tasks (payload, due time, attempts, errors; a live lease is
 --         revoked), "0" to keep them
@@ -52,4 +53,4 @@
 --         dependency cycle (could not be checked within links.CYCLE_WALK edges): not written
 -- @include schedule_records
 
-return schedule_records(ARGV[2] == '1', ARGV[3], ARGV[4], KEYS[24])
+return schedule_records(ARGV[2] == '1', ARGV[3], ARGV[4], KEYS[24], KEYS[25])

@@ -17,40 +17,58 @@ local function due_levels(k_due0)
   return t
 end
 
--- Priority, max attempts (or nil) and limit key (or nil) of a stored envelope; a missing or
--- unreadable head counts as none (priority 0), so corrupted options never stop a claim. A
--- version-3 head ("3:<priority>|<timeout ms>|<max attempts>|<expires ms>|<key>\n", a task
--- with an expiry: see the expiry notes) holds the same options.
-local function task_options(envelope)
-  if envelope and string.sub(envelope, 1, 2) == '2:' then
-    local p, _, m, key = string.match(envelope, '^2:(%d)|(%d*)|(%d*)|([^\n]*)\n')
-    if p then
-      local attempts = tonumber(m)
-      if attempts and attempts < 1 then attempts = nil end
-      return tonumber(p), attempts, key ~= '' and key or nil
-    end
-  elseif envelope and string.sub(envelope, 1, 2) == '3:' then
-    local p, _, m, key = string.match(envelope, '^3:(%d)|(%d*)|(%d*)|%d*|([^\n]*)\n')
-    if p then
-      local attempts = tonumber(m)
-      if attempts and attempts < 1 then attempts = nil end
-      return tonumber(p), attempts, key ~= '' and key or nil
-    end
+-- The options of a stored envelope's head (task_options and task_key below); the helpers that
+-- split a head's key field are local to them.
+local task_options, task_key
+do
+  -- A head's key field as the limit key and the fair key (each nil when unset): a task with a
+  -- fair_key keeps it after the unit separator, "<key>\31<fair key>" (envelope.py).
+  local function key_parts(field)
+    local cut = string.find(field, '\31', 1, true)
+    if not cut then return field ~= '' and field or nil, nil end
+    local key, fair_key = string.sub(field, 1, cut - 1), string.sub(field, cut + 1)
+    return key ~= '' and key or nil, fair_key ~= '' and fair_key or nil
   end
-  return 0, nil, nil
-end
 
--- The limit key of a stored envelope, or nil (task_options' third value, found faster).
-local function task_key(envelope)
-  local b = envelope and string.byte(envelope, 1)
-  if b == 50 then
-    local key = string.match(envelope, '^2:%d|%d*|%d*|([^\n]*)\n')
-    if key and key ~= '' then return key end
-  elseif b == 51 then
-    local key = string.match(envelope, '^3:%d|%d*|%d*|%d*|([^\n]*)\n')
-    if key and key ~= '' then return key end
+  -- Priority, max attempts (or nil) and limit key (or nil) of a stored envelope; a missing or
+  -- unreadable head counts as none (priority 0), so corrupted options never stop a claim. A
+  -- version-3 head ("3:<priority>|<timeout ms>|<max attempts>|<expires ms>|<key>\n", a task
+  -- with an expiry: see the expiry notes) holds the same options. The fourth value is the fair
+  -- key (or nil).
+  function task_options(envelope)
+    local head = envelope and string.sub(envelope, 1, 2)
+    local p, m, field = nil, nil, nil
+    if head == '2:' then
+      p, m, field = string.match(envelope, '^2:(%d)|%d*|(%d*)|([^\n]*)\n')
+    elseif head == '3:' then
+      p, m, field = string.match(envelope, '^3:(%d)|%d*|(%d*)|%d*|([^\n]*)\n')
+    end
+    if not p then return 0, nil, nil, nil end
+    local attempts = tonumber(m)
+    if attempts and attempts < 1 then attempts = nil end
+    local key, fair_key = key_parts(field)
+    return tonumber(p), attempts, key, fair_key
   end
-  return nil
+
+  -- The key field of a stored envelope's head, or nil (no head, or an empty field).
+  local function key_field(envelope)
+    local b = envelope and string.byte(envelope, 1)
+    local field = nil
+    if b == 50 then
+      field = string.match(envelope, '^2:%d|%d*|%d*|([^\n]*)\n')
+    elseif b == 51 then
+      field = string.match(envelope, '^3:%d|%d*|%d*|%d*|([^\n]*)\n')
+    end
+    if field and field ~= '' then return field end
+    return nil
+  end
+
+  -- The limit key of a stored envelope, or nil (task_options' third value, found faster).
+  function task_key(envelope)
+    local field = key_field(envelope)
+    if field and string.find(field, '\31', 1, true) then return (key_parts(field)) end
+    return field
+  end
 end
 
 -- The due ZSET a stored envelope's task waits in.

@@ -8,6 +8,7 @@
 -- @include debounce
 -- @include dependencies
 -- @include expiry
+-- @include fair
 -- @include key_limits
 -- @include levels
 -- @include links
@@ -20,8 +21,9 @@
 
 -- Add the packed records `blob` (schedule.lua's ARGV[3]) to the queue, replacing tasks that
 -- exist when `replace`; `caller_window_ms` is schedule.lua's ARGV[4]. Returns schedule.lua's
--- reply.
-local function schedule_records(replace, blob, caller_window_ms, k_steps)
+-- reply. `k_fair`: the fair set (include/fair.lua): on a fair queue the tasks due now go to
+-- their lanes.
+local function schedule_records(replace, blob, caller_window_ms, k_steps, k_fair)
   local now = dueq_now(ARGV[1])
   history_use(KEYS[14], ARGV[1])
   local window = done_window(KEYS[10], KEYS[7], caller_window_ms)
@@ -38,6 +40,7 @@ local function schedule_records(replace, blob, caller_window_ms, k_steps)
     KEYS[8])
   local ak = links.after_keys(KEYS[20], KEYS[21], KEYS[22], KEYS[6], KEYS[4], nil, bk)
   local born_dead = {}  -- tasks buried as they were added: a parent had failed
+  local laning = settings_read(KEYS[10], KEYS[7], 'fairness').fairness == 'key'
 
   while pos <= #blob do
     local flags, due, id, envelope
@@ -88,7 +91,7 @@ local function schedule_records(replace, blob, caller_window_ms, k_steps)
         if counted_key and key_unlease(KEYS[11], KEYS[13], counted_key, now) then
           publish_wake(KEYS[8], ms(now))
         end
-      elseif old_key then  -- it leaves the parked set, if it is parked
+      else  -- it leaves the parked set (or its lane), if it is parked
         unpark_one(KEYS[12], KEYS[11], KEYS[3], old_key, old_priority, id)
       end
       redis.call('ZREM', KEYS[5], id)
@@ -117,16 +120,27 @@ local function schedule_records(replace, blob, caller_window_ms, k_steps)
     end
     if write then
       if placed[id] == nil then written[#written + 1] = id end
-      placed[id] = {task_options(envelope), due}
+      placed[id] = {task_options(envelope), due, laning and fair.tenant(envelope)}
       if earliest == nil or due < earliest then earliest = due end
     end
   end
 
   if earliest ~= nil then
     local zadd = {}  -- priority -> {score, id, ...}
+    local members, metas, lanes, seen = {}, {}, {}, {}  -- due now on a fair queue: its lane
     for _, id in ipairs(written) do
       local at = placed[id]  -- false: a later record of the id waits for parents
-      if at then
+      local tenant = at and at[3]
+      if tenant and at[2] <= now then
+        members[#members + 1] = 0
+        members[#members + 1] = fair.member(tenant, at[1], at[2], id)
+        metas[#metas + 1] = id
+        metas[#metas + 1] = fair.meta(0, at[2], '', tenant)
+        if not seen[tenant] then
+          seen[tenant] = true
+          lanes[#lanes + 1] = tenant
+        end
+      elseif at then
         local p, due = at[1], at[2]
         local batch = zadd[p]
         if not batch then batch = {}; zadd[p] = batch end
@@ -135,6 +149,9 @@ local function schedule_records(replace, blob, caller_window_ms, k_steps)
       end
     end
     for p, batch in pairs(zadd) do zadd_many(levels[p], batch) end
+    if #members > 0 then
+      fair.add({meta = KEYS[3], parked = KEYS[12], fair = k_fair}, members, metas, lanes)
+    end
     stat_incr(KEYS[7], 'scheduled', added + replaced)
     wake_if_earlier(KEYS[8], previous_head, earliest)
   end

@@ -14,6 +14,8 @@
 --   concurrency       1..SETTING_MAX_CONCURRENCY: most live leases of the queue (claim.lua)
 --   key_limit:<key>   "<concurrency>|<n>/<per_ms>", either part empty (not both): the limits
 --                     of one named key, over key_concurrency / key_rate (claim.lua)
+--   fairness          "key" (claims shared between tenants, include/fair.lua) or "off" (turned
+--                     off while lanes remain: claims move them back to the levels)
 --   key_limits        0..SETTING_MAX_KEY_LIMITS: how many key_limit:<key> settings there are,
 --                     kept by configure.lua; claim.lua reads key_limit:<key> only when > 0
 -- Numbers are ASCII digits only, at most 15 of them (exact as Lua numbers). Any other value
@@ -53,6 +55,8 @@ do
       v = setting_whole(raw, 0, SETTING_MAX_WINDOW_MS)
     elseif field == 'concurrency' then
       v = setting_whole(raw, 1, SETTING_MAX_CONCURRENCY)
+    elseif field == 'fairness' then
+      if raw == 'key' or raw == 'off' then v = raw end
     elseif field == 'key_limits' then
       v = setting_whole(raw, 0, SETTING_MAX_KEY_LIMITS)
     elseif string.sub(field, 1, 10) == 'key_limit:' then

@@ -2,10 +2,13 @@
 -- @include key_state
 -- @include parked
 
--- Take a scheduled task with `key` out of the parked set, if it is parked there; true if it was.
+-- Take a scheduled task with `key` (nil: none) out of the parked set, if it is parked there (or
+-- in a fair queue's lane); true if it was. A lane that this leaves empty stays in the fair set
+-- until a claim finds it empty (include/fair.lua).
 local function unpark_one(k_parked, k_state, k_meta, key, priority, id)
   local member = parked_member_of(k_meta, key, priority, id)
   if member and redis.call('ZREM', k_parked, member) == 1 then
+    if string.byte(member, 1) == 1 then return true end  -- a lane's: no key count to drop
     local leased, mark, parked = key_state_parse(redis.call('HGET', k_state, key))
     key_state_write(k_state, {[key] = key_state_value(leased, mark, parked - 1, 0) or false})
     return true

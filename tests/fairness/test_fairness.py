@@ -1,0 +1,372 @@
+"""Fair claiming between tenants (``configure(fairness="key")``): a claim shares its leases
+between the tenants with due tasks (a task's ``fair_key``, else its ``key``, else one default
+tenant) in weighted fair order, ``KeyLimit(weight=)`` their shares; one tenant's backlog never
+holds back another's next task. Contract tests on both front ends (and the sharded queue where
+it says so)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+import dueq
+from dueq._wire.keys import QueueKeys
+
+#: The bound on a drain by a real worker (a busy 2-core machine included).
+BOUND_S = 60.0
+
+
+def backlog(q: Any, tenant: str, n: int, **options: Any) -> None:
+    q.schedule_many(
+        dueq.Task({"i": i}, id=f"{tenant}-{i:05d}", key=tenant, **options) for i in range(n)
+    )
+
+
+def claim_keys(q: Any, claims: int, batch: int = 100) -> Counter[str | None]:
+    """Claim ``claims`` batches, acking each; how many tasks each key got."""
+    got: Counter[str | None] = Counter()
+    for _ in range(claims):
+        deliveries = q.claim(batch)
+        got.update(d.key for d in deliveries)
+        if deliveries:
+            q.ack_many(deliveries)
+    return got
+
+
+def test_one_task_of_a_second_tenant_is_claimed_in_the_first_claim_behind_a_backlog(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    backlog(q, "a", 5000)
+    clock.advance(1)
+    q.schedule({"n": 1}, id="b-only", key="b")  # due after every task of a
+    first = q.claim(100)
+    assert "b-only" in [d.id for d in first]
+    assert Counter(d.key for d in first) == {"a": 99, "b": 1}
+
+
+def test_without_fairness_the_same_task_waits_behind_the_whole_backlog(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    backlog(q, "a", 500)
+    clock.advance(1)
+    q.schedule({"n": 1}, id="b-only", key="b")
+    assert "b-only" not in [d.id for d in q.claim(100)]
+
+
+def test_three_tenants_of_weights_1_2_5_get_their_shares_within_5_percent(
+    make_queue: Callable[..., Any],
+) -> None:
+    q = make_queue()
+    q.configure(
+        fairness="key",
+        key_limits={"two": dueq.KeyLimit(weight=2), "five": dueq.KeyLimit(weight=5)},
+    )
+    for tenant in ("one", "two", "five"):
+        backlog(q, tenant, 10_000)
+    got = claim_keys(q, 100)  # 10,000 claims
+    assert sum(got.values()) == 10_000
+    for tenant, share in (("one", 1 / 8), ("two", 2 / 8), ("five", 5 / 8)):
+        assert abs(got[tenant] / 10_000 - share) <= 0.05 * share, got
+
+
+def test_a_tenant_spread_over_100_keys_with_one_fair_key_gets_one_share(
+    make_queue: Callable[..., Any],
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    q.schedule_many(
+        dueq.Task({"i": i}, key=f"spread/{i % 100}", fair_key="spread") for i in range(3000)
+    )
+    backlog(q, "single", 3000)
+    got = claim_keys(q, 20)
+    spread = sum(n for key, n in got.items() if key and key.startswith("spread/"))
+    assert (spread, got["single"]) == (1000, 1000)
+    # without the fair key the 100 keys are 100 tenants: the single key gets 1 share in 101
+    q2 = make_queue("q2")
+    q2.configure(fairness="key")
+    q2.schedule_many(dueq.Task({"i": i}, key=f"spread/{i % 100}") for i in range(3000))
+    backlog(q2, "single", 3000)
+    assert claim_keys(q2, 20)["single"] < 100
+
+
+def test_a_tenant_that_comes_back_after_idling_gets_its_share_and_no_credit(
+    make_queue: Callable[..., Any],
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    backlog(q, "busy", 5000)
+    assert claim_keys(q, 10) == {"busy": 1000}  # alone: every claim is its
+    backlog(q, "back", 2000)
+    assert claim_keys(q, 1) == {"busy": 50, "back": 50}
+
+
+def test_priorities_order_a_tenants_own_tasks_and_every_tenant_keeps_its_share(
+    make_queue: Callable[..., Any],
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    q.schedule_many(dueq.Task({"i": i}, id=f"low-{i}", key="a") for i in range(10))
+    q.schedule_many(dueq.Task({"i": i}, id=f"high-{i}", key="a", priority=5) for i in range(3))
+    backlog(q, "b", 10)
+    got = q.claim(8)
+    assert [d.id for d in got if d.key == "a"] == ["high-0", "high-1", "high-2", "low-0"]
+    assert Counter(d.key for d in got) == {"a": 4, "b": 4}
+
+
+def test_tasks_without_a_key_share_one_default_tenant(make_queue: Callable[..., Any]) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    q.schedule_many(dueq.Task({"i": i}) for i in range(300))
+    backlog(q, "keyed", 300)
+    assert claim_keys(q, 2) == {None: 100, "keyed": 100}
+
+
+def test_a_task_that_falls_due_later_joins_its_tenants_lane_then(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    backlog(q, "a", 300)
+    q.schedule({"n": 1}, id="later", key="b", delay=5)
+    assert claim_keys(q, 4) == {"a": 300}  # not due yet: a alone
+    batch = q.claim_batch(10)
+    assert batch.deliveries == [] and batch.next_due_ms == q.get("later").due_at.timestamp() * 1000
+    clock.advance(6)
+    assert "later" in [d.id for d in q.claim(10)]
+
+
+def test_a_failed_task_is_retried_through_its_lane_and_ends_dead_after_its_attempts(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    q.schedule({"n": 1}, id="flaky", key="a", max_attempts=2)
+    backlog(q, "b", 50)
+    for attempt in (1, 2):
+        (d,) = [d for d in q.claim(100) if d.id == "flaky"]
+        assert d.attempt == attempt
+        d.fail(ValueError("no"), retry_in=1)
+        clock.advance(2)
+    info = q.get("flaky")
+    assert info is not None and info.state == "dead"
+
+
+def test_a_laned_task_can_be_read_cancelled_rescheduled_and_replaced(
+    make_queue: Callable[..., Any], clock: Any, r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    for name in ("read", "cancel", "move", "swap"):
+        q.schedule({"n": name}, id=name, key="t")
+    q.schedule({"n": 0}, id="plain")  # the default tenant
+    assert r.zcard(QueueKeys.for_queue("q").fair) == 2  # both tenants have lanes
+    info = q.get("read")
+    assert info is not None and info.state == "scheduled"
+    assert q.cancel("cancel") and q.get("cancel") is None
+    assert q.cancel("plain")
+    assert q.reschedule("move", delay=60)
+    q.schedule({"n": "new"}, id="swap", key="u", replace=True)
+    assert q.stats().scheduled == 3
+    got = {d.id: d for d in q.claim(10)}
+    assert sorted(got) == ["read", "swap"]
+    assert got["swap"].payload == {"n": "new"} and got["swap"].key == "u"
+    q.ack_many(list(got.values()))
+    clock.advance(61)
+    assert [d.id for d in q.claim(10)] == ["move"]
+    assert q.list_tasks("scheduled").tasks == []
+
+
+def test_listing_shows_laned_tasks_as_scheduled(make_queue: Callable[..., Any]) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    backlog(q, "t", 3)
+    page = q.list_tasks("scheduled")
+    assert sorted(t.id for t in page.tasks) == ["t-00000", "t-00001", "t-00002"]
+
+
+def test_key_concurrency_holds_with_fairness_and_a_limited_tenant_steps_aside(
+    make_queue: Callable[..., Any],
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key", key_limits={"capped": dueq.KeyLimit(concurrency=3, weight=5)})
+    backlog(q, "capped", 100)
+    backlog(q, "free", 100)
+    first = q.claim(20)
+    counts = Counter(d.key for d in first)
+    assert counts["capped"] == 3 and counts["free"] >= 3
+    assert Counter(d.key for d in q.claim(20))["capped"] == 0  # at its limit
+    q.ack_many([d for d in first if d.key == "capped"][:1])
+    assert Counter(d.key for d in q.claim(20))["capped"] == 1
+
+
+def test_turning_fairness_off_moves_the_lanes_back_and_loses_nothing(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    backlog(q, "a", 3000)
+    backlog(q, "b", 2000)
+    claimed = [d.id for d in q.claim(100)]
+    assert q.configure(fairness=False).fairness is None
+    while batch := q.claim(1000):
+        claimed += [d.id for d in batch]
+        q.ack_many(batch)
+    assert len(claimed) == len(set(claimed)) == 5000
+    keys = QueueKeys.for_queue("q")
+    assert not r.exists(keys.fair) and r.hget(keys.config, "fairness") is None
+    assert r.zcard(keys.parked) == 0
+
+
+def test_a_paused_fair_queue_leases_nothing_until_resumed(make_queue: Callable[..., Any]) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    backlog(q, "a", 10)
+    q.pause()
+    assert q.claim(10) == []
+    q.resume()
+    assert len(q.claim(10)) == 10
+
+
+def test_a_laned_task_past_its_expiry_ends_expired_not_leased(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    q.schedule({"n": 1}, id="stale", key="a", expires=5)
+    clock.advance(6)
+    assert q.claim(10) == []
+    info = q.get("stale")
+    assert info is None or info.state == "expired"
+    assert q.stats().scheduled == 0
+
+
+def test_fairness_settings_are_shown_and_bad_ones_refused_before_anything_is_written(
+    make_queue: Callable[..., Any],
+) -> None:
+    q = make_queue()
+    settings = q.configure(fairness="key", key_limits={"a": dueq.KeyLimit(weight=3, concurrency=2)})
+    assert settings.fairness == "key"
+    assert settings.key_limits == {"a": dueq.KeyLimit(concurrency=2, weight=3)}
+    assert q.configure(key_limits={"a": dueq.KeyLimit(weight=4)}).key_limits == {
+        "a": dueq.KeyLimit(weight=4)
+    }
+    with pytest.raises(dueq.ConfigurationError, match="fairness"):
+        q.configure(fairness="tenant", paused=True)
+    with pytest.raises(dueq.ConfigurationError, match="weight"):
+        dueq.KeyLimit(weight=0)
+    with pytest.raises(dueq.ConfigurationError, match="weight"):
+        dueq.KeyLimit(weight=1001)
+    assert q.settings().paused is False and q.settings().fairness == "key"
+    assert q.configure(key_limits={"a": None}).key_limits == {}
+
+
+def test_a_bad_fair_key_is_refused_and_nothing_is_written(make_queue: Callable[..., Any]) -> None:
+    q = make_queue()
+    for bad in ("", "a\x1fb", "x" * 201, 5):
+        with pytest.raises(dueq.InvalidTaskError, match="fair_key"):
+            q.schedule({"n": 1}, key="k", fair_key=bad)
+    assert q.stats().scheduled == 0
+
+
+def test_a_fair_key_is_kept_with_the_task_and_the_same_as_its_key_costs_nothing(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.schedule({"n": 1}, id="both", key="acme/reports", fair_key="acme")
+    q.schedule({"n": 1}, id="same", key="acme", fair_key="acme")
+    q.schedule({"n": 1}, id="only", fair_key="acme")
+    tasks = QueueKeys.for_queue("q").tasks
+    assert r.hget(tasks, "both") == b'2:0|||acme/reports\x1facme\n{"n":1}'
+    assert r.hget(tasks, "same") == b'2:0|||acme\n{"n":1}'
+    assert r.hget(tasks, "only") == b'2:0|||\x1facme\n{"n":1}'
+    got = {d.id: d.key for d in q.claim(10)}
+    assert got == {"both": "acme/reports", "same": "acme", "only": None}
+
+
+def test_a_worker_drains_a_fair_queue_of_many_tenants_exactly_once(r: redis.Redis) -> None:
+    q = dueq.Queue("fair-drain", r)
+    q.configure(fairness="key", key_limits={"t3": dueq.KeyLimit(weight=4)})
+    for t in range(10):
+        backlog(q, f"t{t}", 200)
+    seen: list[str] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def handle(d: dueq.Delivery) -> None:
+        with lock:
+            seen.append(d.id)
+            if len(seen) == 2000:
+                done.set()
+
+    worker = dueq.Worker(q, handle, concurrency=4)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert done.wait(BOUND_S), f"{len(seen)} of 2000 handled"
+    finally:
+        worker.stop()
+        thread.join()
+    assert len(seen) == len(set(seen)) == 2000
+    assert q.stats().scheduled == 0
+
+
+def test_an_async_worker_drains_a_fair_queue_of_many_tenants_exactly_once(
+    redis_server: Any,
+) -> None:
+    import redis.asyncio
+
+    seen: list[str] = []
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        aq = dueq.AsyncQueue("fair-drain-async", client)
+        await aq.configure(fairness="key")
+        for t in range(10):
+            await aq.schedule_many(
+                dueq.Task({"i": i}, id=f"t{t}-{i}", key=f"t{t}") for i in range(200)
+            )
+        done = asyncio.Event()
+
+        async def handle(d: dueq.AsyncDelivery) -> None:
+            seen.append(d.id)
+            if len(seen) == 2000:
+                done.set()
+
+        worker = dueq.AsyncWorker(aq, handle, concurrency=16)
+        running = asyncio.create_task(worker.run())
+        try:
+            await asyncio.wait_for(done.wait(), BOUND_S)
+        finally:
+            worker.stop()
+            await running
+            await client.aclose()
+
+    asyncio.run(main())
+    assert len(seen) == len(set(seen)) == 2000
+
+
+def test_a_sharded_queue_is_fair_within_each_shard_and_takes_weights_but_no_limits(
+    r: redis.Redis,
+) -> None:
+    q = dueq.Queue("fair-shards", r, shards=3)
+    settings = q.configure(fairness="key", key_limits={"big": dueq.KeyLimit(weight=3)})
+    assert settings.fairness == "key" and settings.key_limits == {"big": dueq.KeyLimit(weight=3)}
+    with pytest.raises(dueq.ConfigurationError, match="sharded"):
+        q.configure(key_limits={"big": dueq.KeyLimit(weight=3, concurrency=2)})
+    backlog(q, "big", 6000)
+    backlog(q, "small", 6000)
+    q.schedule({"n": 1}, id="lone", key="lone")
+    got = claim_keys(q, 20)  # 20 claims of 100 over 3 shards
+    assert got["lone"] == 1
+    assert abs(got["big"] / got["small"] - 3) < 0.3, got
+    for shard in q.shard_names:
+        assert r.hget(QueueKeys.for_queue(shard).config, "fairness") == b"key"
