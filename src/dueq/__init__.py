@@ -66,6 +66,7 @@ if TYPE_CHECKING:
         Task,
         TaskInfo,
         TaskPage,
+        TenantShare,
     )
     from dueq.named import AsyncTaskFunction, TaskFunction
     from dueq.queue import Queue
@@ -137,6 +138,7 @@ _LAZY: dict[str, str] = {
     "Progress": "model",
     "QueueSettings": "model",
     "QueueStats": "model",
+    "TenantShare": "model",
     "Rate": "model",
     "ScheduleResult": "model",
     "Task": "model",
@@ -221,6 +223,7 @@ __all__ = [
     "TaskOptions",
     "TaskPage",
     "TaskTimeout",
+    "TenantShare",
     "TraceContext",
     "UnknownTask",
     "Unrecoverable",

@@ -534,6 +534,28 @@ class QueueSettings:
 
 
 @dataclass(frozen=True)
+class TenantShare:
+    """One tenant of a fair queue as ``q.stats()`` shows it (docs/fairness.md): its due tasks
+    waiting in its lane, and the tasks claimed from its lane in this minute and the one
+    before, with their share of all claimed then (0.0 when none were)."""
+
+    #: the tenant (a task's fair_key, else its key; "" for the tasks without a key)
+    tenant: str
+    due: int
+    claimed: int
+    share: float
+
+    def to_json(self) -> dict[str, Any]:
+        """This tenant as JSON types."""
+        return {
+            "tenant": self.tenant,
+            "due": self.due,
+            "claimed": self.claimed,
+            "share": self.share,
+        }
+
+
+@dataclass(frozen=True)
 class QueueStats:
     """Counts per state and timing of a queue, read in one atomic snapshot."""
 
@@ -552,6 +574,14 @@ class QueueStats:
     settings: QueueSettings = field(default_factory=QueueSettings)
     #: tasks waiting for their parents (``after=``)
     waiting: int = 0
+    #: a fair queue's lanes with due tasks (``configure(fairness="key")``): one per tenant with
+    #: due tasks (on a sharded queue, one per tenant per shard)
+    fair_lanes: int = 0
+    #: tasks claimed from the lanes in this minute and the one before
+    fair_claimed: int = 0
+    #: the tenants with the most due tasks and the most claimed in the last minute (at most
+    #: ten of each), most due first
+    tenants: tuple[TenantShare, ...] = ()
 
     @property
     def paused(self) -> bool:

@@ -370,3 +370,44 @@ def test_a_sharded_queue_is_fair_within_each_shard_and_takes_weights_but_no_limi
     assert abs(got["big"] / got["small"] - 3) < 0.3, got
     for shard in q.shard_names:
         assert r.hget(QueueKeys.for_queue(shard).config, "fairness") == b"key"
+
+
+def test_stats_show_the_tenants_with_the_most_due_tasks_and_their_share_of_claims(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key", key_limits={"big": dueq.KeyLimit(weight=3)})
+    backlog(q, "big", 3000)
+    backlog(q, "small", 1000)
+    q.schedule_many(dueq.Task({"i": i}) for i in range(10))  # the default tenant ""
+    stats = q.stats()
+    assert (stats.fair_lanes, stats.fair_claimed) == (3, 0)
+    assert [(t.tenant, t.due, t.claimed) for t in stats.tenants] == [
+        ("big", 3000, 0),
+        ("small", 1000, 0),
+        ("", 10, 0),
+    ]
+    claim_keys(q, 4)  # 400 claimed: the default tenant's 10, then 3 : 1
+    stats = q.stats()
+    shares = {t.tenant: (t.due, t.claimed, t.share) for t in stats.tenants}
+    assert stats.fair_claimed == 400 and stats.scheduled == 3610
+    assert shares[""] == (0, 10, 0.025)
+    assert shares["big"][0] + shares["big"][1] == 3000 and shares["big"][1] in range(290, 295)
+    assert sum(t.claimed for t in stats.tenants) == 400
+    clock.advance(120)  # two minutes on: the claims are out of the window
+    assert q.stats().fair_claimed == 0
+    assert next(t.to_json() for t in q.stats().tenants)["tenant"] == "big"
+
+
+def test_cancelling_rescheduling_and_replacing_laned_tasks_keeps_the_tenants_counts(
+    make_queue: Callable[..., Any],
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    backlog(q, "t", 5)
+    q.cancel("t-00000")
+    q.reschedule("t-00001", delay=60)
+    q.schedule({"n": 1}, id="t-00002", key="u", replace=True)
+    assert {t.tenant: t.due for t in q.stats().tenants} == {"t": 2, "u": 1}
+    claim_keys(q, 1)
+    assert {t.tenant: (t.due, t.claimed) for t in q.stats().tenants} == {"t": (0, 2), "u": (0, 1)}

@@ -53,6 +53,7 @@ PUBLIC = {
     "Queue",
     "QueueSettings",
     "QueueStats",
+    "TenantShare",
     "Rate",
     "ReplicationTimeout",
     "RetryPolicy",

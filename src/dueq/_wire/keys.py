@@ -137,6 +137,10 @@ class QueueKeys:
     ``fair``    ZSET tenant -> virtual time: the lanes of a fair queue with due tasks in them
                 (``configure(fairness="key")``; lua/include/fair.lua): the lanes' tasks wait in
                 ``parked`` as "\\1<tenant>\\0<9 - priority><due ms><id>"
+    ``fair_due`` ZSET tenant -> tasks in its lane (fair queues; for stats)
+    ``fair_claims0``, ``fair_claims1`` ZSETs of the even and the odd minutes: tenant -> tasks
+                claimed from its lane in that minute, "\\0m" -> the minute, "\\0n" -> all
+                claimed then
     ``due_levels`` ZSETs id -> next-attempt ms per priority: level 0 is ``due``, levels 1 to 9
                 are ``due:p1`` ... ``due:p9`` (they exist only while they hold tasks)
     """
@@ -181,6 +185,9 @@ class QueueKeys:
     steps: str
     progress: str
     fair: str
+    fair_due: str
+    fair_claims0: str
+    fair_claims1: str
     due_levels: tuple[str, ...]
 
     def names(self) -> list[str]:
@@ -243,6 +250,9 @@ class QueueKeys:
             steps=base + "steps",
             progress=base + "progress",
             fair=base + "fair",
+            fair_due=base + "fair:due",
+            fair_claims0=base + "fair:claims:0",
+            fair_claims1=base + "fair:claims:1",
             due_levels=(base + "due", *(f"{base}due:p{p}" for p in range(1, 10))),
         )
 

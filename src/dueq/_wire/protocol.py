@@ -172,7 +172,7 @@ def schedule(
     """Add a batch of packed task records (see ``envelope.pack_task``)."""
     keys = [k.due, k.tasks, k.meta, k.errors, k.leased, k.dead, k.stats, k.wake, k.done, k.config]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.debounce, *_batch_keys(k)]
-    keys += [*_after_keys(k), k.results, k.steps, k.fair, *k.upper_due]
+    keys += [*_after_keys(k), k.results, k.steps, k.fair, k.fair_due, *k.upper_due]
     args = [now, "1" if replace else "0", blob, window_ms]
     return Call("schedule", keys, args, _parse_schedule)
 
@@ -325,7 +325,8 @@ def claim(
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, k.ended]
     keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), k.wake]
-    keys += [*_after_keys(k), k.steps, k.fair, *k.upper_due]
+    keys += [*_after_keys(k), k.steps, k.fair, k.fair_due, k.fair_claims0, k.fair_claims1]
+    keys += k.upper_due
     args = [
         now,
         limit,
@@ -554,7 +555,7 @@ def reschedule(
 ) -> Call[TimeReply]:
     """Move a scheduled task to ``due_ms`` (epoch ms when ``absolute``, else a delay)."""
     args = [now, task_id, 1 if absolute else 0, due_ms]
-    keys = [k.due, k.wake, k.tasks, k.meta, k.key_state, k.parked, *k.upper_due]
+    keys = [k.due, k.wake, k.tasks, k.meta, k.key_state, k.parked, k.fair_due, *k.upper_due]
     return Call("reschedule", keys, args, _time_reply(Status.NOT_SCHEDULED))
 
 
@@ -566,7 +567,7 @@ def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
     keys += [k.key_state, k.parked, k.key_wait, k.wake, k.config, k.results, k.finished]
     keys += [k.ended, k.debounce, k.events, *_batch_keys(k), k.history, *_after_keys(k)]
-    keys += [k.steps, *k.upper_due]
+    keys += [k.steps, k.fair_due, *k.upper_due]
     return Call("cancel", keys, [now, task_id], bool)
 
 
@@ -643,10 +644,15 @@ def history(
     return Call("history", keys, [now, minutes, bucket_ms, buckets], parse)
 
 
+#: How many tenants of a fair queue stats.lua reports: the most due, and the most claimed.
+STATS_TENANTS = 10
+
+
 def stats(k: QueueKeys, now: str) -> Call[QueueStats]:
     """Counts per state, timing and counters, as one snapshot."""
     keys = [k.due, k.leased, k.dead, k.stats, k.tasks, k.config, k.parked, k.waiting]
-    return Call("stats", [*keys, *k.upper_due], [now], queue_stats)
+    keys += [k.fair, k.fair_due, k.fair_claims0, k.fair_claims1]
+    return Call("stats", [*keys, *k.upper_due], [now, STATS_TENANTS], queue_stats)
 
 
 # -- configure.lua -----------------------------------------------------------------------------
@@ -1282,7 +1288,8 @@ def spark_commit(
     base = schedule(k, now, b"", replace=False, window_ms=window_ms)
     # schedule's own keys, the stage's, then the priority levels (scripts read them last)
     # (schedule's steps key is not among them: a Spark batch replaces no task)
-    keys = [*base.keys[:-11], sk.rows, sk.ids, sk.batches, sk.queries, k.fair, *base.keys[-9:]]
+    keys = [*base.keys[:-12], sk.rows, sk.ids, sk.batches, sk.queries, k.fair, k.fair_due]
+    keys += base.keys[-9:]
     args = [*base.args, query, batch, memory_ms]
     return Call("spark_commit", keys, args, _parse_commit)
 

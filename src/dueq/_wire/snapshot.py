@@ -31,6 +31,7 @@ from dueq.model import (
     StepState,
     TaskInfo,
     TaskState,
+    TenantShare,
 )
 
 #: Largest count read back from Redis (beyond it a stored number is corrupted).
@@ -405,7 +406,8 @@ def queue_stats(reply: list[Any]) -> QueueStats:
     now_ms, scheduled, due_now, leased, dead, head, stored = (int(x) for x in reply[:7])
     settings = settings_from_reply(reply[7])
     waiting = int(reply[8])
-    counters = {text(reply[i]): _count(reply[i + 1]) for i in range(9, len(reply), 2)}
+    fair_lanes, fair_claimed, tenants = _tenant_shares(reply[9])
+    counters = {text(reply[i]): _count(reply[i + 1]) for i in range(10, len(reply), 2)}
     counters.pop("lease_seq", None)
     counters.pop("rate_in_window", None)  # claim.lua's running sum of the rate window
     for name in [name for name in counters if name.startswith("rejected:")]:
@@ -422,7 +424,26 @@ def queue_stats(reply: list[Any]) -> QueueStats:
         missing=max(scheduled + leased + dead + waiting - stored, 0),
         settings=settings,
         waiting=waiting,
+        fair_lanes=fair_lanes,
+        fair_claimed=fair_claimed,
+        tenants=tenants,
     )
+
+
+def _tenant_shares(part: list[Any]) -> tuple[int, int, tuple[TenantShare, ...]]:
+    """stats.lua's tenants: {tenants with due tasks, all claimed, tenant, due, claimed, ...}."""
+    lanes, total = int(part[0]), int(part[1])
+    shares = [
+        TenantShare(
+            text(part[i]),
+            int(part[i + 1]),
+            int(part[i + 2]),
+            round(int(part[i + 2]) / total, 4) if total else 0.0,
+        )
+        for i in range(2, len(part) - 2, 3)
+    ]
+    shares.sort(key=lambda t: (-t.due, -t.claimed, t.tenant))
+    return lanes, total, tuple(shares)
 
 
 def batch_info(batch_id: bytes | str, raw: bytes | str | None) -> BatchInfo | None:

@@ -105,7 +105,7 @@ from dueq._flows.lease import MAX_CLAIM_BATCH, raise_not_held
 from dueq._flows.schedule import SentRecords
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration
-from dueq._wire.protocol import DurableOp, StepReply
+from dueq._wire.protocol import STATS_TENANTS, DurableOp, StepReply
 from dueq.cron.flows import CronDefinition, CronsCore
 from dueq.cron.flows import validate_name as validate_cron_name
 from dueq.dead import MAX_OFFSET, DeadLettersCore, distinct_ids
@@ -130,6 +130,7 @@ from dueq.model import (
     TaskInfo,
     TaskPage,
     TaskState,
+    TenantShare,
 )
 from dueq.registry import WorkerInfo, merge_workers
 from dueq.sharding.fanout import together
@@ -187,7 +188,31 @@ def _sum_stats(parts: Sequence[QueueStats]) -> QueueStats:
         counters=dict(counters),
         missing=sum(p.missing for p in parts),
         waiting=sum(p.waiting for p in parts),
+        fair_lanes=sum(p.fair_lanes for p in parts),
+        fair_claimed=sum(p.fair_claimed for p in parts),
+        tenants=_sum_tenants(parts),
     )
+
+
+def _sum_tenants(parts: Sequence[QueueStats]) -> tuple[TenantShare, ...]:
+    """The tenants of the shards' stats, each tenant's counts summed over the shards that
+    reported it, its share of every shard's claims (the most due first, at most as many as a
+    shard reports)."""
+    due: dict[str, int] = defaultdict(int)
+    claimed: dict[str, int] = defaultdict(int)
+    for part in parts:
+        for t in part.tenants:
+            due[t.tenant] += t.due
+            claimed[t.tenant] += t.claimed
+    total = sum(p.fair_claimed for p in parts)
+    merged = [
+        TenantShare(
+            name, due[name], claimed[name], round(claimed[name] / total, 4) if total else 0.0
+        )
+        for name in due
+    ]
+    merged.sort(key=lambda t: (-t.due, -t.claimed, t.tenant))
+    return tuple(merged[: 2 * STATS_TENANTS])
 
 
 def rate_shares(rate: Rate, shards: int) -> list[Rate]:

@@ -38,7 +38,10 @@
 -- KEYS[29] steps    HASH the durable tasks' state (include/steps.lua): dropped for tasks that expire
 --                  here or that the dead set's cap trims
 -- KEYS[30] fair     ZSET tenant -> virtual time: the lanes of a fair queue (include/fair.lua)
--- KEYS[31..39] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[31] fair_due ZSET tenant -> tasks in its lane (include/fair.lua)
+-- KEYS[32] fair_claims0 ZSET tenant -> tasks claimed from its lane in an even minute
+-- KEYS[33] fair_claims1 ZSET the same, in an odd minute
+-- KEYS[34..42] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -389,7 +392,8 @@ local upper_used = upper_levels_used(levels)
 -- (This claim's fairness state is in the include's table, fair.run: claim.lua's main chunk is
 -- near Lua's 200 locals.)
 fair.run = {keys = {tasks = KEYS[3], meta = KEYS[4], parked = KEYS[11], fair = KEYS[30],
-  config = KEYS[8]}, on = config.fairness == 'key', rounds = 0, more = false}
+  config = KEYS[8], due = KEYS[31], claims = {KEYS[32], KEYS[33]}},
+  on = config.fairness == 'key', rounds = 0, more = false}
 if config.fairness == 'off' then fair.unlane(fair.run.keys, levels, fair.LANE_BUDGET) end
 if fair.run.on and not paused and limit > 0 then
   fair.lane(fair.run.keys, levels, fair.LANE_BUDGET, now, upper_used)
@@ -402,7 +406,8 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
   local by_priority = upper_used
   if fair.run.on then
     fair.run.rounds = fair.run.rounds + 1
-    ids, scores, priorities, n_ids, fair.run.more = fair.take(fair.run.keys, limit - #leased / 2)
+    ids, scores, priorities, n_ids, fair.run.more = fair.take(fair.run.keys, limit - #leased / 2,
+      now)
     by_priority = true
   end
   for p = upper_used and 9 or 0, 0, -1 do

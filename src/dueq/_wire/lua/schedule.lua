@@ -25,7 +25,8 @@
 -- KEYS[23] results  HASH id -> finished record (read: how a finished parent ended)
 -- KEYS[24] steps    HASH the durable tasks' state (include/steps.lua): a replaced task's dropped
 -- KEYS[25] fair     ZSET tenant -> virtual time: a fair queue's lanes (include/fair.lua)
--- KEYS[26..34] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[26] fair_due ZSET tenant -> tasks in its lane (include/fair.lua)
+-- KEYS[27..35] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "1" to replace existing tasks (payload, due time, attempts, errors; a live lease is
 --         revoked), "0" to keep them
@@ -53,4 +54,5 @@
 --         dependency cycle (could not be checked within links.CYCLE_WALK edges): not written
 -- @include schedule_records
 
-return schedule_records(ARGV[2] == '1', ARGV[3], ARGV[4], KEYS[24], KEYS[25])
+return schedule_records(ARGV[2] == '1', ARGV[3], ARGV[4], KEYS[24],
+  {lanes = KEYS[25], counts = KEYS[26]})

@@ -32,7 +32,8 @@
 -- KEYS[26] batches HASH streaming query id -> "batch|state" (state "s" sealed, "c" committed)
 -- KEYS[27] queries ZSET streaming query id -> last commit ms (forgets queries idle too long)
 -- KEYS[28] fair    ZSET tenant -> virtual time: a fair queue's lanes (include/fair.lua)
--- KEYS[29..37] upper_due: schedule.lua's due ZSETs of priorities 1 to 9 (the last nine KEYS)
+-- KEYS[29] fair_due ZSET tenant -> tasks in its lane (include/fair.lua)
+-- KEYS[30..38] upper_due: schedule.lua's due ZSETs of priorities 1 to 9 (the last nine KEYS)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "0" (schedule.lua's ARGV[2]: never replace; not read) and ARGV[3] (unused)
 -- ARGV[4] remember-done window ms: schedule.lua's
@@ -80,4 +81,4 @@ if not staged then
   end
   return {-1}
 end
-return schedule_records(false, staged, ARGV[4], nil, KEYS[28])
+return schedule_records(false, staged, ARGV[4], nil, {lanes = KEYS[28], counts = KEYS[29]})

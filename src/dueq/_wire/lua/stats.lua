@@ -8,14 +8,57 @@
 -- KEYS[6] config   HASH setting -> value
 -- KEYS[7] parked  ZSET due tasks whose key was at a limit (counted as scheduled and due)
 -- KEYS[8] waiting  ZSET id -> due ms: tasks waiting for parents (after=; only counted)
--- KEYS[9..17] upper_due: the due ZSETs of priorities 1 to 9 (counted with KEYS[1])
+-- KEYS[9] fair     ZSET tenant -> virtual time: a fair queue's tenants with due tasks
+-- KEYS[10] fair_due ZSET tenant -> tasks in its lane (include/fair.lua)
+-- KEYS[11] fair_claims0 ZSET tenant -> tasks claimed from its lane in an even minute
+-- KEYS[12] fair_claims1 ZSET the same, in an odd minute
+-- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9 (counted with KEYS[1])
 -- ARGV[1] now ms, or "" for server TIME
+-- ARGV[2] how many tenants to report (the most due tasks, and the most claimed)
 -- Returns {now, scheduled, due_now, leased, dead, next_due ms or -1, stored (tasks with data),
---          {setting1, value1, ...}, waiting, counter1, value1, ...}
+--          {setting1, value1, ...}, waiting, tenants, counter1, value1, ...}; tenants is
+--          {tenants with due tasks, tasks claimed from lanes in this minute and the one
+--          before, tenant1, its due tasks, its claimed tasks, ...} (empty fields on a queue
+--          that never was fair)
 -- @include clock
 -- @include counters
 -- @include epoch_ms
 -- @include levels
+
+-- The fair queue's tenants: the `most` with the most due tasks and the `most` with the most
+-- claims in this minute and the one before, at `now` (stats.lua's reply).
+local function fair_tenants(most, now)
+  local minute = math.floor(now / 60000)
+  local buckets = {}
+  for _, k_bucket in ipairs({KEYS[11], KEYS[12]}) do
+    local at = tonumber(redis.call('ZSCORE', k_bucket, '\0m'))
+    if at == minute or at == minute - 1 then buckets[#buckets + 1] = k_bucket end
+  end
+  local total = 0
+  local picked, order = {}, {}
+  local function pick(tenant)
+    if string.byte(tenant, 1) ~= 0 and not picked[tenant] then
+      picked[tenant] = true
+      order[#order + 1] = tenant
+    end
+  end
+  for _, tenant in ipairs(redis.call('ZREVRANGE', KEYS[10], 0, most - 1)) do pick(tenant) end
+  for _, k_bucket in ipairs(buckets) do
+    total = total + (tonumber(redis.call('ZSCORE', k_bucket, '\0n')) or 0)
+    for _, tenant in ipairs(redis.call('ZREVRANGE', k_bucket, 0, most + 1)) do pick(tenant) end
+  end
+  local out = {redis.call('ZCARD', KEYS[9]), total}
+  for _, tenant in ipairs(order) do
+    local claimed = 0
+    for _, k_bucket in ipairs(buckets) do
+      claimed = claimed + (tonumber(redis.call('ZSCORE', k_bucket, tenant)) or 0)
+    end
+    out[#out + 1] = tenant
+    out[#out + 1] = tonumber(redis.call('ZSCORE', KEYS[10], tenant)) or 0
+    out[#out + 1] = claimed
+  end
+  return out
+end
 
 local now = dueq_now(ARGV[1])
 local levels = due_levels(KEYS[1])
@@ -36,6 +79,7 @@ local out = {
   redis.call('HLEN', KEYS[5]),
   redis.call('HGETALL', KEYS[6]),
   redis.call('ZCARD', KEYS[8]),
+  fair_tenants(tonumber(ARGV[2]) or 10, now),
 }
 local head = levels_head(levels)
 if head then out[6] = clamp_ms(head) end

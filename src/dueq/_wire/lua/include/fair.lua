@@ -30,6 +30,11 @@
 -- highest priority goes first, then the earliest due: priorities order a tenant's own tasks,
 -- and the share of each tenant is the same at every priority.
 --
+-- For stats (stats.lua): the fair_due ZSET holds tenant -> tasks in its lane, and two ZSETs,
+-- the claims of even and of odd minutes, hold tenant -> tasks given from its lane in that
+-- minute, with the members "\0m" -> the minute and "\0n" -> every task given then (a claim in
+-- a new minute empties the bucket of two minutes before: O(1) per claim, no sweeper).
+--
 -- A task scheduled due now goes to its lane as it is scheduled (include/schedule_records.lua);
 -- a task that falls due later (a delay, a retry's backoff) reaches its lane in a claim
 -- (fair.lane), earliest due first, at most LANE_BUDGET per claim: each task is moved once, and
@@ -52,11 +57,40 @@ do
     return parked_member('\1' .. tenant, priority, due_ms, id)
   end
 
+  -- Add `deltas` (tenant -> tasks added, or taken when negative) to the lanes' counts; a
+  -- tenant whose count reaches 0 leaves fair_due.
+  function fair.count_due(k_due, deltas)
+    local drop = {}
+    for tenant, n in pairs(deltas) do
+      if n ~= 0 and tonumber(redis.call('ZINCRBY', k_due, n, tenant)) <= 0 then
+        drop[#drop + 1] = tenant
+      end
+    end
+    if #drop > 0 then call_chunked('ZREM', k_due, drop) end
+  end
+
+  -- Count `given` (tenant -> tasks given from its lane, `total` in all) in this minute's
+  -- claims bucket (`k_claims`: the even and the odd minutes').
+  local function count_claims(k_claims, now, given, total)
+    local minute = math.floor(now / 60000)
+    local k_bucket = k_claims[minute % 2 + 1]
+    if tonumber(redis.call('ZSCORE', k_bucket, '\0m')) ~= minute then
+      redis.call('DEL', k_bucket)
+      redis.call('ZADD', k_bucket, minute, '\0m')
+    end
+    redis.call('ZINCRBY', k_bucket, total, '\0n')
+    for tenant, n in pairs(given) do redis.call('ZINCRBY', k_bucket, n, tenant) end
+    redis.call('PEXPIRE', k_bucket, 180000)
+  end
+
   -- Add tasks to their lanes: `members` (score, member pairs, as fair.member makes them),
-  -- `metas` (id, meta value pairs) and the `lanes` they name (each once); new lanes join the
-  -- fair set at its least virtual time. `k`: meta, parked, fair.
-  function fair.add(k, members, metas, lanes)
+  -- `metas` (id, meta value pairs) and `counts` (tenant -> tasks added: new lanes join the
+  -- fair set at its least virtual time). `k`: meta, parked, fair, due.
+  function fair.add(k, members, metas, counts)
     local k_fair = k.fair
+    local lanes = {}
+    for tenant in pairs(counts) do lanes[#lanes + 1] = tenant end
+    fair.count_due(k.due, counts)
     zadd_many(k.parked, members)
     if #metas > 0 then hset_many(k.meta, metas) end
     local head = redis.call('ZRANGE', k_fair, 0, 0, 'WITHSCORES')[2]
@@ -78,7 +112,7 @@ do
   -- least virtual time. Returns how many moved. `k`: tasks, meta, parked, fair.
   function fair.lane(k, levels, budget, now, upper_used)
     local members, metas, n_members, n_metas = {}, {}, 0, 0
-    local lanes, n_lanes, seen = {}, 0, {}
+    local counts = {}
     local moved = 0
     for p = upper_used and 9 or 0, 0, -1 do
       local room = budget - moved
@@ -105,16 +139,12 @@ do
             metas[n_metas + 2] = fair.meta(attempt, due_ms, first, tenant)
             n_metas = n_metas + 2
           end
-          if not seen[tenant] then
-            seen[tenant] = true
-            n_lanes = n_lanes + 1
-            lanes[n_lanes] = tenant
-          end
+          counts[tenant] = (counts[tenant] or 0) + 1
         end
         moved = moved + n
       end
     end
-    if moved > 0 then fair.add(k, members, metas, lanes) end
+    if moved > 0 then fair.add(k, members, metas, counts) end
     return moved
   end
 
@@ -130,9 +160,9 @@ do
   -- their due ms, their priorities, how many, and whether lanes may hold more that this
   -- call left (a lane ran dry before its share, or the lanes read were served to the least
   -- virtual time of the lanes not read): the caller may call again for the rest of its room.
-  -- `k`: parked, fair, config. Every lane given from gets its new virtual time (or leaves
-  -- the set when it ran dry) in one ZADD and one ZREM.
-  function fair.take(k, room)
+  -- `k`: parked, fair, config, due, claims. Every lane given from gets its new virtual time (or
+  -- leaves the set when it ran dry) in one ZADD and one ZREM.
+  function fair.take(k, room, now)
     local k_parked, k_fair, k_config = k.parked, k.fair, k.config
     local heads = redis.call('ZRANGE', k_fair, 0, room, 'WITHSCORES')
     local n_lanes = #heads / 2
@@ -174,7 +204,7 @@ do
       end
     end
     local ids, dues, priorities, n = {}, {}, {}, 0
-    local taken, n_taken, times, n_times, dry = {}, 0, {}, 0, {}
+    local taken, n_taken, times, n_times, dry, given = {}, 0, {}, 0, {}, {}
     local short = false
     for i = 1, n_lanes do
       local want = give[i]
@@ -183,6 +213,7 @@ do
         local got = redis.call('ZRANGEBYLEX', k_parked, '[' .. prefix .. '\0',
           '(' .. prefix .. '\1', 'LIMIT', 0, want + 1)
         local used = math.min(#got, want)
+        if used > 0 then given[tenant[i]] = used end
         for j = 1, used do
           local member = got[j]
           n_taken = n_taken + 1
@@ -202,7 +233,12 @@ do
         end
       end
     end
-    if n_taken > 0 then call_chunked('ZREM', k_parked, taken) end
+    if n_taken > 0 then
+      call_chunked('ZREM', k_parked, taken)
+      count_claims(k.claims, now, given, n_taken)
+      for t, used in pairs(given) do given[t] = -used end
+      fair.count_due(k.due, given)
+    end
     if n_times > 0 then zadd_chunked(k_fair, 'XX', times) end
     if #dry > 0 then call_chunked('ZREM', k_fair, dry) end
     return ids, dues, priorities, n, short or stopped
@@ -212,14 +248,16 @@ do
   -- to their levels; when none remain, the fair set goes and the setting with it (the claim
   -- then costs what it did before fairness). Returns how many moved.
   function fair.unlane(k, levels, budget)
-    local k_parked, k_fair, k_config = k.parked, k.fair, k.config
+    local k_parked, k_fair, k_config, k_due = k.parked, k.fair, k.config, k.due
     local members = redis.call('ZRANGEBYLEX', k_parked, '[\1', '(\2', 'LIMIT', 0, budget)
-    local by_level = {}
+    local by_level, counts = {}, {}
     for _, member in ipairs(members) do
       local zero = string.find(member, '\0', 2, true)
       local priority, due_ms, id = nil, nil, nil
       if zero then
         priority, due_ms, id = parked_parse(member, string.sub(member, 1, zero - 1))
+        local tenant = string.sub(member, 2, zero - 1)
+        counts[tenant] = (counts[tenant] or 0) - 1
       end
       if id then
         local list = by_level[priority] or {}
@@ -230,8 +268,9 @@ do
     end
     for p, list in pairs(by_level) do zadd_many(levels[p], list) end
     if #members > 0 then call_chunked('ZREM', k_parked, members) end
+    fair.count_due(k_due, counts)
     if #members < budget then
-      redis.call('DEL', k_fair)
+      redis.call('DEL', k_fair, k_due)
       redis.call('HDEL', k_config, 'fairness')
     end
     return #members

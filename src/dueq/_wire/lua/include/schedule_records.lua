@@ -21,9 +21,9 @@
 
 -- Add the packed records `blob` (schedule.lua's ARGV[3]) to the queue, replacing tasks that
 -- exist when `replace`; `caller_window_ms` is schedule.lua's ARGV[4]. Returns schedule.lua's
--- reply. `k_fair`: the fair set (include/fair.lua): on a fair queue the tasks due now go to
--- their lanes.
-local function schedule_records(replace, blob, caller_window_ms, k_steps, k_fair)
+-- reply. `fk`: the fair set and the lanes' counts ({lanes =, counts =}, include/fair.lua): on a fair
+-- queue the tasks due now go to their lanes.
+local function schedule_records(replace, blob, caller_window_ms, k_steps, fk)
   local now = dueq_now(ARGV[1])
   history_use(KEYS[14], ARGV[1])
   local window = done_window(KEYS[10], KEYS[7], caller_window_ms)
@@ -92,7 +92,7 @@ local function schedule_records(replace, blob, caller_window_ms, k_steps, k_fair
           publish_wake(KEYS[8], ms(now))
         end
       else  -- it leaves the parked set (or its lane), if it is parked
-        unpark_one(KEYS[12], KEYS[11], KEYS[3], old_key, old_priority, id)
+        unpark_one(KEYS[12], KEYS[11], KEYS[3], old_key, old_priority, id, fk.counts)
       end
       redis.call('ZREM', KEYS[5], id)
       redis.call('ZREM', KEYS[6], id)
@@ -127,7 +127,7 @@ local function schedule_records(replace, blob, caller_window_ms, k_steps, k_fair
 
   if earliest ~= nil then
     local zadd = {}  -- priority -> {score, id, ...}
-    local members, metas, lanes, seen = {}, {}, {}, {}  -- due now on a fair queue: its lane
+    local members, metas, counts = {}, {}, {}  -- due now on a fair queue: its lane
     for _, id in ipairs(written) do
       local at = placed[id]  -- false: a later record of the id waits for parents
       local tenant = at and at[3]
@@ -136,10 +136,7 @@ local function schedule_records(replace, blob, caller_window_ms, k_steps, k_fair
         members[#members + 1] = fair.member(tenant, at[1], at[2], id)
         metas[#metas + 1] = id
         metas[#metas + 1] = fair.meta(0, at[2], '', tenant)
-        if not seen[tenant] then
-          seen[tenant] = true
-          lanes[#lanes + 1] = tenant
-        end
+        counts[tenant] = (counts[tenant] or 0) + 1
       elseif at then
         local p, due = at[1], at[2]
         local batch = zadd[p]
@@ -150,7 +147,8 @@ local function schedule_records(replace, blob, caller_window_ms, k_steps, k_fair
     end
     for p, batch in pairs(zadd) do zadd_many(levels[p], batch) end
     if #members > 0 then
-      fair.add({meta = KEYS[3], parked = KEYS[12], fair = k_fair}, members, metas, lanes)
+      fair.add({meta = KEYS[3], parked = KEYS[12], fair = fk.lanes, due = fk.counts}, members, metas,
+        counts)
     end
     stat_incr(KEYS[7], 'scheduled', added + replaced)
     wake_if_earlier(KEYS[8], previous_head, earliest)

@@ -3,12 +3,18 @@
 -- @include parked
 
 -- Take a scheduled task with `key` (nil: none) out of the parked set, if it is parked there (or
--- in a fair queue's lane); true if it was. A lane that this leaves empty stays in the fair set
--- until a claim finds it empty (include/fair.lua).
-local function unpark_one(k_parked, k_state, k_meta, key, priority, id)
+-- in a fair queue's lane: its count in `k_fair_due` drops); true if it was. A lane that this
+-- leaves empty stays in the fair set until a claim finds it empty (include/fair.lua).
+local function unpark_one(k_parked, k_state, k_meta, key, priority, id, k_fair_due)
   local member = parked_member_of(k_meta, key, priority, id)
   if member and redis.call('ZREM', k_parked, member) == 1 then
-    if string.byte(member, 1) == 1 then return true end  -- a lane's: no key count to drop
+    if string.byte(member, 1) == 1 then  -- a lane's: no key count to drop
+      local tenant = string.sub(member, 2, string.find(member, '\0', 2, true) - 1)
+      if tonumber(redis.call('ZINCRBY', k_fair_due, -1, tenant)) <= 0 then
+        redis.call('ZREM', k_fair_due, tenant)
+      end
+      return true
+    end
     local leased, mark, parked = key_state_parse(redis.call('HGET', k_state, key))
     key_state_write(k_state, {[key] = key_state_value(leased, mark, parked - 1, 0) or false})
     return true
