@@ -1,14 +1,15 @@
 """What ``q.doctor()`` reports: the derived state of a queue that disagrees with its tasks.
 
-The scripts keep some state derived from the tasks, so that a claim stays cheap: each limit
-key's leased and parked counts, the key-wait entries that say when a key's parked tasks may be
-claimable, and the sum of the queue-wide rate window. A hand edit, an eviction or a bug can
-make it disagree with the tasks it is derived from; a key whose leased count is too high then
-holds its tasks back forever. ``q.doctor()`` (and ``dueq doctor QUEUE``) compares it with the
-tasks, and ``q.doctor(fix=True)`` rewrites it from them, never touching a task. Tasks whose data
-is gone are reported only. The one repair that ends tasks is of a dependency cycle: its tasks
-wait for each other and can never run, so ``fix=True`` ends them dead (error type
-``DependencyCycle``; replayable from the dead-letter queue, without their parents).
+The scripts keep some state derived from the tasks, so that a claim stays cheap: each limit key's
+leased and parked counts, the key-wait entries that say when a key's parked tasks may be claimable,
+the sum of the queue-wide rate window, and a fair queue's fair set (an entry for each tenant whose
+lane has tasks: a lane without one is never served). A hand edit, an eviction or a bug can make it
+disagree with the tasks it is derived from; a key whose leased count is too high then holds its
+tasks back forever. ``q.doctor()`` (and ``dueq doctor QUEUE``) compares it with the tasks, and
+``q.doctor(fix=True)`` rewrites it from them, never touching a task. Tasks whose data is gone are
+reported only. The one repair that ends tasks is of a dependency cycle: its tasks wait for each
+other and can never run, so ``fix=True`` ends them dead (error type ``DependencyCycle``; replayable
+from the dead-letter queue, without their parents).
 
 Consistent derived state is not a healthy queue: 400 overdue tasks and no worker is perfectly
 consistent. So the report also carries the queue's health as the dashboard judges it
@@ -38,6 +39,12 @@ FINDINGS: dict[str, str] = {
     "due_without_data": "a due id whose task data is gone (report only: the claim drops it)",
     "parked_without_data": "a parked id whose task data is gone (report only)",
     "parked_unreadable": "a parked-set member that names no key (report only)",
+    "fair_lane_unlisted": (
+        "a tenant's lane has tasks but no entry in the fair set, so no claim serves it (fixed: "
+        "added at the least virtual time, served in the next claim)"
+    ),
+    "fair_entry_empty": "a fair-set entry of a tenant with no task in its lane (harmless)",
+    "fair_member_without_data": "a fair lane's member whose task data is gone (report only)",
     "dependency_cycle": (
         "waiting tasks that wait for each other (found: each waits for the next), so none ever "
         "runs (fixed: each ended dead, error DependencyCycle)"

@@ -467,3 +467,197 @@ def test_cli_doctor_says_the_health_verdict_and_exits_1_when_it_is_bad(
     warned = invoke("doctor", "wq")
     assert warned.exit_code == 0, warned.output
     assert "health warn: 1 due, no live worker" in warned.output
+
+
+# -- fairness: the fair set against the lanes ---------------------------------------------------
+
+
+def laned(r: redis.Redis, queue: str = "q") -> dict[str, list[str]]:
+    """The tasks in each lane of a fair queue (tenant -> ids, in lane order)."""
+    lanes: dict[str, list[str]] = {}
+    for member in r.zrangebylex(QueueKeys.for_queue(queue).parked, "[\x01", "(\x02"):
+        tenant, rest = member.decode().split("\x00", 1)
+        lanes.setdefault(tenant[1:], []).append(rest[16:])
+    return lanes
+
+
+def test_doctor_finds_a_lane_missing_from_the_fair_set_and_fix_has_it_served_next(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    keys = QueueKeys.for_queue("q")
+    schedule_keyed(q, "a", 5)
+    schedule_keyed(q, "b", 2)
+    assert sorted(d.id for d in q.claim(2)) == ["a-000", "b-000"]  # each lane at time 1 now
+    r.zrem(keys.fair, "b")  # a hand edit, or a lost write: b's lane is never served again
+    assert [d.id for d in q.claim(10)] == ["a-001", "a-002", "a-003", "a-004"]
+    assert q.claim(10) == [] and laned(r) == {"b": ["b-001"]}  # stranded
+    schedule_keyed(q, "a", 1, prefix="a2")  # a is back: it joins at the least time (0)
+    before = dump_all(r)
+
+    report = q.doctor()
+    [finding] = report.findings
+    assert (finding.what, finding.subject, finding.found, finding.expected, finding.fixed) == (
+        "fair_lane_unlisted",
+        "b",
+        None,
+        "0",
+        False,
+    )
+    assert dump_all(r) == before  # report only
+
+    fixed = q.doctor(fix=True)
+    assert [(f.what, f.subject, f.fixed) for f in fixed.findings] == [
+        ("fair_lane_unlisted", "b", True)
+    ]
+    assert fixed.problems == []
+    assert r.zscore(keys.fair, "b") == 0.0  # at the least virtual time: served at once
+    assert sorted(d.id for d in q.claim(2)) == ["a2-000", "b-001"]
+    assert q.doctor().consistent
+
+
+def test_doctor_gives_an_unlisted_lane_the_least_virtual_time_of_the_fair_set(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key", key_limits={"w": dueq.KeyLimit(weight=2)})
+    keys = QueueKeys.for_queue("q")
+    for tenant in "wxyz":
+        schedule_keyed(q, tenant, 10)
+    q.claim(10)  # w: 4 tasks, x, y and z: 2 each; every lane at time 2
+    assert set(r.zrange(keys.fair, 0, -1, withscores=True)) == {
+        (t, 2.0) for t in (b"w", b"x", b"y", b"z")
+    }
+    r.zincrby(keys.fair, 0.5, "z")  # z at 2.5, w at 2: the least time
+    r.zrem(keys.fair, "x", "y")
+    report = q.doctor(fix=True)
+    got = {(f.what, f.subject, f.found, f.expected, f.fixed) for f in report.findings}
+    assert got == {
+        ("fair_lane_unlisted", "x", None, "2", True),
+        ("fair_lane_unlisted", "y", None, "2", True),
+    }
+    assert r.zrange(keys.fair, 0, -1, withscores=True) == [
+        (b"w", 2.0),
+        (b"x", 2.0),
+        (b"y", 2.0),
+        (b"z", 2.5),
+    ]
+    assert sorted(d.key for d in q.claim(4)) == ["w", "w", "x", "y"]  # z's turn comes after
+
+
+def test_doctor_removes_a_fair_entry_whose_lane_is_empty(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    keys = QueueKeys.for_queue("q")
+    schedule_keyed(q, "a", 2)
+    r.zadd(keys.fair, {"ghost": 0.25, "gone": 7})  # entries with no task in their lanes
+    before = dump_all(r)
+    report = q.doctor()
+    got = {(f.what, f.subject, f.found, f.expected, f.fixed) for f in report.findings}
+    assert got == {
+        ("fair_entry_empty", "ghost", "0.25", None, False),
+        ("fair_entry_empty", "gone", "7", None, False),
+    }
+    assert dump_all(r) == before
+    assert q.doctor(fix=True).problems == []
+    assert r.zrange(keys.fair, 0, -1, withscores=True) == [(b"a", 0.0)]
+    assert [d.id for d in q.claim(10)] == ["a-000", "a-001"]
+    assert q.doctor().consistent
+
+
+def test_doctor_reports_a_lane_member_whose_data_is_gone_and_leaves_it(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    keys = QueueKeys.for_queue("q")
+    schedule_keyed(q, "a", 2)
+    [member] = [m for m in r.zrange(keys.parked, 0, -1) if m.endswith(b"a-001")]
+    r.hdel(keys.tasks, "a-001")
+    before = dump_all(r)
+    report = q.doctor(fix=True)
+    got = {(f.what, f.subject, f.found, f.expected, f.fixed) for f in report.findings}
+    assert got == {("fair_member_without_data", member.decode(), None, None, False)}
+    assert dump_all(r) == before  # report only: the claim drops it
+    assert [d.id for d in q.claim(10)] == ["a-000"]
+    assert q.doctor().consistent
+
+
+def test_doctor_checks_the_fair_state_in_batches_with_the_same_result(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    keys = QueueKeys.for_queue("q")
+    for i in range(20):
+        schedule_keyed(q, f"t{i:02d}", 2)
+    r.zrem(keys.fair, *(f"t{i:02d}" for i in range(0, 20, 3)))
+    # past 128 entries the set is no longer a listpack, and ZSCAN walks it COUNT at a time
+    r.zadd(keys.fair, {f"stale{i:03d}": i for i in range(200)})
+    whole = q.doctor(batch=1000)
+    small = q.doctor(batch=2)
+    assert set(whole.findings) == set(small.findings)
+    assert {(f.what, f.subject) for f in whole.findings} == {
+        *(("fair_lane_unlisted", f"t{i:02d}") for i in range(0, 20, 3)),
+        *(("fair_entry_empty", f"stale{i:03d}") for i in range(200)),
+    }
+    q.doctor(fix=True, batch=2)
+    assert q.doctor().consistent
+    assert {d.key for d in q.claim(20)} == {f"t{i:02d}" for i in range(20)}
+
+
+def test_doctor_on_a_healthy_busy_fair_queue_reports_nothing_and_changes_nothing(
+    make_queue: Callable[..., Any], r: redis.Redis, clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    held = busy_queue(q, clock)
+    schedule_keyed(q, "e", 3)  # a lane that waits
+    keys = QueueKeys.for_queue("q")
+    assert held and r.exists(keys.fair) and laned(r)
+    before = dump_all(r)
+    assert q.doctor().findings == []
+    assert q.doctor(fix=True).findings == []
+    assert dump_all(r) == before
+
+
+def test_doctor_on_a_queue_that_never_used_fairness_reads_the_fair_set_once(
+    make_queue: Callable[..., Any], admin: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(key_concurrency=1)
+    schedule_keyed(q, "k", 3)
+    q.claim(10)
+    before = admin.info("commandstats")
+    assert q.doctor().consistent
+    after = admin.info("commandstats")
+
+    def delta(command: str) -> int:
+        return int(after.get(f"cmdstat_{command}", {}).get("calls", 0)) - int(
+            before.get(f"cmdstat_{command}", {}).get("calls", 0)
+        )
+
+    assert delta("zscan") == 1  # the fair set's walk, on a missing key
+    assert delta("zscore") == 0  # no lane to look up
+
+
+def test_doctor_on_a_sharded_fair_queue_repairs_the_fair_set_of_the_shard_that_lost_an_entry(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue("sq", shards=2)
+    q.configure(fairness="key")
+    q.schedule_many(dueq.Task(i, id=f"t{i}", key=f"k{i % 3}") for i in range(12))
+    shard = q.shard("t0")
+    r.zrem(shard.keys.fair, "k0")
+    [finding] = q.doctor().findings
+    assert (finding.what, finding.subject, finding.queue) == (
+        "fair_lane_unlisted",
+        "k0",
+        shard.name,
+    )
+    assert q.doctor(fix=True).problems == []
+    assert q.doctor().consistent
+    assert sorted(d.id for d in q.claim(12)) == sorted(f"t{i}" for i in range(12))

@@ -939,7 +939,7 @@ def workers_read(k: QueueKeys) -> Batch:
 # -- doctor.lua (Queue.doctor) -----------------------------------------------------------------
 
 #: The phases of a doctor run, in order; each runs until its cursor comes back "".
-DOCTOR_PHASES = ("keys", "waits", "rate", "orphans", "cycles")
+DOCTOR_PHASES = ("keys", "waits", "fair", "rate", "orphans", "cycles")
 
 
 class DoctorReply(NamedTuple):
@@ -988,7 +988,7 @@ def doctor(
     """One bounded batch of a doctor run's ``phase`` (see doctor.lua), from ``cursor``."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.stats, k.rate, k.key_state, k.parked]
     keys += [k.key_wait, *_after_keys(k), k.dead, k.errors, k.config, k.events, k.ended]
-    keys += [k.history, k.wake, *_batch_keys(k), *k.upper_due]
+    keys += [k.history, k.wake, *_batch_keys(k), k.fair, *k.upper_due]
     args = [now, phase, cursor, batch, "1" if fix else "", lease_cap, edge_cap]
     return Call("doctor", keys, args, _parse_doctor(k.queue))
 

@@ -1,8 +1,9 @@
 -- doctor.lua: check (and with fix, repair) a queue's derived state, one bounded batch a call.
 -- Touches no task but the tasks of a dependency cycle: due, leased, tasks, meta, errors and dead
 -- stay as they are. What it repairs is state derived from them: the per-key counts
--- (key_state), the key-wait entries and the stats field rate_in_window. Tasks without data are
--- only reported (claim.lua drops them). The one repair that ends tasks is of a dependency
+-- (key_state), the key-wait entries, the stats field rate_in_window and the fair set's
+-- entries (a fair queue's lanes stay as they are). Tasks without data are only reported
+-- (claim.lua drops them). The one repair that ends tasks is of a dependency
 -- cycle, whose tasks can never run: with fix they end dead (error DependencyCycle), as if a
 -- parent had failed, and their children outside the cycle are settled as for any dead parent.
 --
@@ -29,12 +30,13 @@
 -- KEYS[21] batch_of HASH id -> batch id: the members of batches that have not ended
 -- KEYS[22] batch_on HASH batch id -> completion task record (a member ended may complete it)
 -- KEYS[23] batch_ended ZSET batch id -> completed ms (for trimming)
--- KEYS[24..32] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[24] fair    ZSET tenant -> virtual time: the lanes with tasks (include/fair.lua)
+-- KEYS[25..33] upper_due: the due ZSETs of priorities 1 to 9 (last: include/levels.lua)
 -- ARGV[1] now ms, or "" for server TIME
--- ARGV[2] phase: "keys", "waits", "rate", "orphans" or "cycles" (the caller runs each until its
---         cursor comes back "")
+-- ARGV[2] phase: "keys", "waits", "fair", "rate", "orphans" or "cycles" (the caller runs each
+--         until its cursor comes back "")
 -- ARGV[3] cursor: "" to start a phase, else what the previous call of the phase returned
--- ARGV[4] batch: most keys, wait entries or task ids looked at in this call
+-- ARGV[4] batch: most keys (or lanes), wait or fair entries, or task ids looked at in this call
 -- ARGV[5] "1" to repair what is found, "" to report only (then nothing is written)
 -- ARGV[6] lease cap: most leases counted in one call (more: leased counts are not checked)
 -- ARGV[7] edge cap: most dependency edges one "cycles" call follows
@@ -50,6 +52,14 @@
 --   rate_in_window (the field): the stats sum differs from the sum of the rate window's entries
 --   leased_without_data, due_without_data, parked_without_data (task id): report only
 --   parked_unreadable (the member): a parked member that names no key (report only)
+--   fair_lane_unlisted (tenant): a lane with tasks whose tenant has no entry in the fair set, so
+--     no claim serves it; found none, expected the virtual time the repair gives it: the least
+--     in the set ("0" when empty), as a tenant that comes back gets (served in the next claim)
+--   fair_entry_empty (tenant): a fair entry whose lane has no task, found its virtual time;
+--     the repair removes it (harmless: a claim drops it when it finds the lane empty, and
+--     cancelling a lane's last task leaves one)
+--   fair_member_without_data (the member): a lane member whose task data is gone (report only:
+--     the claim drops it)
 --   dependency_cycle (the least id of the cycle): waiting tasks that wait for each other, found
 --     "a -> c -> b -> a" (each waits for the next, at most 10 shown); with fix each ends dead
 --     with an error record {type = "DependencyCycle", message = "waits for itself: <found>"}
@@ -64,13 +74,17 @@
 -- O(leases)), refused above the lease cap (a note then says the leased counts were not
 -- checked). The first call checks every key that holds a lease (at most the lease cap); the
 -- parked walk checks only keys without a state (the others came from the hash) and counts no
--- lease. "waits" and "orphans" walk their sets by rank, `batch` entries a call; "rate" is one
--- call, refused (with a note) above the lease cap. So one call costs O(batch log N + lease
--- cap). Each call is atomic for what it looks at; between calls the queue runs on, so a key
--- may be looked at twice (the caller keeps one finding per what and subject). "cycles" walks
--- the waiting set by rank, `batch` tasks a call, and from each a depth-first walk up its
--- parents' after entries (each task once a call), at most edge cap edges a call: a call that
--- runs out goes on from the task it was at (a note says so when one task's walk alone does).
+-- lease; a lane it meets costs one ZSCORE in the fair set (a queue that never used fairness
+-- has no lane). "fair" walks the fair set by ZSCAN (COUNT batch, as HSCAN above: a small set
+-- comes whole), one ZRANGEBYLEX per entry for a task in its lane: one ZSCAN of a missing key
+-- on a queue that never used fairness. "waits" and "orphans" walk their sets by rank, `batch`
+-- entries a call; "rate" is one call, refused (with a note) above the lease cap. So one call
+-- costs O(batch log N + lease cap). Each call is atomic for what it looks at; between calls
+-- the queue runs on, so a key may be looked at twice (the caller keeps one finding per what
+-- and subject). "cycles" walks the waiting set by rank, `batch` tasks a call, and from each a
+-- depth-first walk up its parents' after entries (each task once a call), at most edge cap
+-- edges a call: a call that runs out goes on from the task it was at (a note says so when one
+-- task's walk alone does).
 -- @include batches
 -- @include clock
 -- @include dependencies
@@ -93,6 +107,7 @@ local fix = ARGV[5] == '1'
 local lease_cap, edge_cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 local k_due, k_leased, k_tasks, k_meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local k_stats, k_rate, k_state, k_parked, k_wait = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local k_fair = KEYS[24]
 local bk = links.batch_keys(KEYS[20], KEYS[21], KEYS[22], KEYS[23], due_levels(k_due), k_tasks,
   k_stats, KEYS[19])
 local ak = links.after_keys(KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[17], bk)
@@ -124,6 +139,17 @@ end
 -- How many parked members `key` has.
 local function parked_count(key)
   return redis.call('ZLEXCOUNT', k_parked, '[' .. key .. '\0', '(' .. key .. '\1')
+end
+
+-- Check a lane ("\1<tenant>", met in the parked walk: it has tasks) against the fair set: a lane
+-- whose tenant has no entry is never served; the repair adds it at the least virtual time in
+-- the set, as include/fair.lua's fair.add does for a lane that joins.
+local function check_lane(lane)
+  local tenant = string.sub(lane, 2)
+  if redis.call('ZSCORE', k_fair, tenant) then return end
+  local start = redis.call('ZRANGE', k_fair, 0, 0, 'WITHSCORES')[2] or '0'
+  found('fair_lane_unlisted', tenant, false, start, fix)
+  if fix then redis.call('ZADD', k_fair, 'NX', start, tenant) end
 end
 
 -- The leases per key, from the meta values ("|<key>"), or nil when there are more than the cap
@@ -212,7 +238,9 @@ if phase == 'keys' then
       if nul then
         local key = string.sub(member, 1, nul - 1)
         -- (a fair queue's lane, "\1<tenant>", has no key state: include/fair.lua)
-        if string.byte(key, 1) ~= 1 and redis.call('HEXISTS', k_state, key) == 0 then
+        if string.byte(key, 1) == 1 then
+          check_lane(key)
+        elseif redis.call('HEXISTS', k_state, key) == 0 then
           check_key(key, false)
         end
         from = '(' .. key .. '\1'
@@ -242,6 +270,20 @@ elseif phase == 'waits' then  -- "<rank>"
   end
   out[2] = #entries / 2
   if #entries / 2 == batch then out[1] = ms(offset + batch - removed) end
+elseif phase == 'fair' then  -- "<ZSCAN cursor>"
+  local scan = redis.call('ZSCAN', k_fair, cursor == '' and '0' or cursor, 'COUNT', batch)
+  local entries = scan[2]
+  for i = 1, #entries, 2 do
+    local prefix = '\1' .. entries[i]
+    local lane = redis.call('ZRANGEBYLEX', k_parked, '[' .. prefix .. '\0', '(' .. prefix .. '\1',
+      'LIMIT', 0, 1)
+    if #lane == 0 then
+      found('fair_entry_empty', entries[i], entries[i + 1], false, fix)
+      if fix then redis.call('ZREM', k_fair, entries[i]) end
+    end
+  end
+  out[2] = #entries / 2
+  if scan[1] ~= '0' then out[1] = scan[1] end
 elseif phase == 'rate' then
   if redis.call('EXISTS', k_rate) == 1 then
     local n = redis.call('ZCARD', k_rate)
@@ -272,13 +314,18 @@ elseif phase == 'orphans' then  -- "<source>|<rank>": 1 leased, 2..11 due levels
     local what = source == 1 and 'leased_without_data' or source == 12 and
       'parked_without_data' or 'due_without_data'
     for _, member in ipairs(members) do
-      local id = member
+      local id, subject = member, nil
       if source == 12 then
         local nul = string.find(member, '\0', 1, true)
         id = nul and string.sub(member, nul + 17) or ''
+        if string.byte(member, 1) == 1 then subject = member end  -- a lane's (fair.lua)
       end
       if id ~= '' and redis.call('HEXISTS', k_tasks, id) == 0 then
-        found(what, id, false, false, false)
+        if subject then
+          found('fair_member_without_data', subject, false, false, false)
+        else
+          found(what, id, false, false, false)
+        end
       end
     end
     left = left - #members
