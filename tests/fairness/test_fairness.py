@@ -411,3 +411,19 @@ def test_cancelling_rescheduling_and_replacing_laned_tasks_keeps_the_tenants_cou
     assert {t.tenant: t.due for t in q.stats().tenants} == {"t": 2, "u": 1}
     claim_keys(q, 1)
     assert {t.tenant: (t.due, t.claimed) for t in q.stats().tenants} == {"t": (0, 2), "u": (0, 1)}
+
+
+def test_a_lane_emptied_by_cancel_reschedule_or_replace_leaves_the_fair_set(
+    make_queue: Callable[..., Any], r: redis.Redis
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    for tenant in ("gone", "moved", "swapped"):
+        q.schedule({"n": 1}, id=tenant, key=tenant)
+    fair = QueueKeys.for_queue("q").fair
+    assert r.zcard(fair) == 3
+    q.cancel("gone")
+    q.reschedule("moved", delay=60)
+    q.schedule({"n": 2}, id="swapped", key="other", replace=True)
+    assert [m.decode() for m in r.zrange(fair, 0, -1)] == ["other"]
+    assert q.doctor().consistent

@@ -555,7 +555,8 @@ def reschedule(
 ) -> Call[TimeReply]:
     """Move a scheduled task to ``due_ms`` (epoch ms when ``absolute``, else a delay)."""
     args = [now, task_id, 1 if absolute else 0, due_ms]
-    keys = [k.due, k.wake, k.tasks, k.meta, k.key_state, k.parked, k.fair_due, *k.upper_due]
+    keys = [k.due, k.wake, k.tasks, k.meta, k.key_state, k.parked, k.fair_due, k.fair]
+    keys += k.upper_due
     return Call("reschedule", keys, args, _time_reply(Status.NOT_SCHEDULED))
 
 
@@ -567,7 +568,7 @@ def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
     keys += [k.key_state, k.parked, k.key_wait, k.wake, k.config, k.results, k.finished]
     keys += [k.ended, k.debounce, k.events, *_batch_keys(k), k.history, *_after_keys(k)]
-    keys += [k.steps, k.fair_due, *k.upper_due]
+    keys += [k.steps, k.fair_due, k.fair, *k.upper_due]
     return Call("cancel", keys, [now, task_id], bool)
 
 

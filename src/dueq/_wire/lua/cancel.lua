@@ -34,7 +34,8 @@
 -- KEYS[26] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[27] steps    HASH the durable tasks' state (include/steps.lua): dropped
 -- KEYS[28] fair_due ZSET tenant -> tasks in its lane (include/fair.lua): a laned task leaves it
--- KEYS[29..37] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[29] fair     ZSET tenant -> virtual time: a lane left empty leaves it
+-- KEYS[30..38] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -74,7 +75,9 @@ if keep_ms > 0 then
   redis.call('ZADD', KEYS[15], now, id)
 end
 results_trim(KEYS[14], KEYS[15], now, keep_ms, 1)
-if not deadline then unpark_one(KEYS[10], KEYS[9], KEYS[5], key, priority, id, KEYS[28]) end
+if not deadline then unpark_one(KEYS[10], KEYS[9], KEYS[5], key, priority, id, KEYS[28],
+  KEYS[29])
+end
 if deadline then
   local counted_key = lease_key(KEYS[5], id)  -- the key it is counted in (per-key notes)
   if counted_key and key_unlease(KEYS[9], KEYS[11], counted_key, now) then

@@ -7,7 +7,8 @@
 -- KEYS[5] key_state HASH per-key counts (see include/key_state.lua)
 -- KEYS[6] parked  ZSET due tasks whose key was at a limit (see include/key_state.lua)
 -- KEYS[7] fair_due ZSET tenant -> tasks in its lane (include/fair.lua): a laned task leaves it
--- KEYS[8..16] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[8] fair     ZSET tenant -> virtual time: a lane left empty leaves it
+-- KEYS[9..17] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- ARGV[3] flags: 1 when ARGV[4] is an absolute epoch ms, 0 when it is a delay from now
@@ -27,7 +28,9 @@ local zadd_flag = 'XX'
 if not redis.call('ZSCORE', k_level, id) then
   -- a parked task (its key was at a limit) is scheduled too: it leaves the parked set
   local priority, _, key = task_options(envelope)
-  if not unpark_one(KEYS[6], KEYS[5], KEYS[4], key, priority, id, KEYS[7]) then return -1 end
+  if not unpark_one(KEYS[6], KEYS[5], KEYS[4], key, priority, id, KEYS[7], KEYS[8]) then
+    return -1
+  end
   zadd_flag = 'NX'
 end
 local due = tonumber(ARGV[4])

@@ -28,6 +28,10 @@
 -- The fair queue's tenants: the `most` with the most due tasks and the `most` with the most
 -- claims in this minute and the one before, at `now` (stats.lua's reply).
 local function fair_tenants(most, now)
+  -- a queue that never was fair (or not for minutes) pays one EXISTS
+  if redis.call('EXISTS', KEYS[10], KEYS[11], KEYS[12]) == 0 then
+    return {redis.call('ZCARD', KEYS[9]), 0}
+  end
   local minute = math.floor(now / 60000)
   local buckets = {}
   for _, k_bucket in ipairs({KEYS[11], KEYS[12]}) do

@@ -92,7 +92,8 @@ local function schedule_records(replace, blob, caller_window_ms, k_steps, fk)
           publish_wake(KEYS[8], ms(now))
         end
       else  -- it leaves the parked set (or its lane), if it is parked
-        unpark_one(KEYS[12], KEYS[11], KEYS[3], old_key, old_priority, id, fk.counts)
+        unpark_one(KEYS[12], KEYS[11], KEYS[3], old_key, old_priority, id, fk.counts,
+          fk.lanes)
       end
       redis.call('ZREM', KEYS[5], id)
       redis.call('ZREM', KEYS[6], id)
