@@ -57,16 +57,38 @@ do
     return parked_member('\1' .. tenant, priority, due_ms, id)
   end
 
+  -- Add `deltas` (tenant -> a count to add, negative to take) to the scores of the ZSET
+  -- `k_counts` in one ZMSCORE and one ZADD (not a ZINCRBY per tenant: a claim gives from up to
+  -- its batch of lanes); a member whose score reaches 0 is removed when `drop_zero`.
+  local function add_counts(k_counts, deltas, drop_zero)
+    local names = {}
+    for tenant, n in pairs(deltas) do
+      if n ~= 0 then names[#names + 1] = tenant end
+    end
+    if #names == 0 then return end
+    local set, drop = {}, {}
+    for from = 1, #names, 4000 do
+      local to = math.min(from + 3999, #names)
+      local old = redis.call('ZMSCORE', k_counts, unpack(names, from, to))
+      for i = from, to do
+        local tenant = names[i]
+        local n = (tonumber(old[i - from + 1]) or 0) + deltas[tenant]
+        if drop_zero and n <= 0 then
+          drop[#drop + 1] = tenant
+        else
+          set[#set + 1] = n
+          set[#set + 1] = tenant
+        end
+      end
+    end
+    if #set > 0 then zadd_many(k_counts, set) end
+    if #drop > 0 then call_chunked('ZREM', k_counts, drop) end
+  end
+
   -- Add `deltas` (tenant -> tasks added, or taken when negative) to the lanes' counts; a
   -- tenant whose count reaches 0 leaves fair_due.
   function fair.count_due(k_due, deltas)
-    local drop = {}
-    for tenant, n in pairs(deltas) do
-      if n ~= 0 and tonumber(redis.call('ZINCRBY', k_due, n, tenant)) <= 0 then
-        drop[#drop + 1] = tenant
-      end
-    end
-    if #drop > 0 then call_chunked('ZREM', k_due, drop) end
+    add_counts(k_due, deltas, true)
   end
 
   -- Count `given` (tenant -> tasks given from its lane, `total` in all) in this minute's
@@ -78,8 +100,9 @@ do
       redis.call('DEL', k_bucket)
       redis.call('ZADD', k_bucket, minute, '\0m')
     end
-    redis.call('ZINCRBY', k_bucket, total, '\0n')
-    for tenant, n in pairs(given) do redis.call('ZINCRBY', k_bucket, n, tenant) end
+    given['\0n'] = total
+    add_counts(k_bucket, given, false)
+    given['\0n'] = nil
     redis.call('PEXPIRE', k_bucket, 180000)
   end
 
