@@ -33,9 +33,12 @@ redis-server (``dueq.server.RedisServer``, a free loopback port):
 
     PYTHONPATH=src .venv/bin/python scripts/bench/fairness.py [--quick] [--pairs N]
 
-Full run about 3 min (1,000,000 A tasks, 100,000 tenants); ``--quick`` about 1 min (100,000
-and 20,000). The table goes to stdout, then one JSON line with every figure; progress goes to
-stderr. Compare alternating runs in one sitting: this machine's speed moves between hours.
+A full run (1,000,000 A tasks, 100,000 tenants) took 4-6 min on a 2-core VM at load 6-15,
+most of it scheduling and draining A's four million tasks; ``--quick`` (100,000 and 20,000)
+25-35 s. ``--sections 3 --tenants 100 --per-tenant 3000`` tells the cost of many tenants from
+that of many lanes served per claim (docs/performance.md, Fairness). The table goes to stdout,
+then one JSON line with every figure; progress goes to stderr. Compare alternating runs in one
+sitting: this machine's speed moves between hours.
 """
 
 from __future__ import annotations
