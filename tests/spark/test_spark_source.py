@@ -8,6 +8,7 @@ finds it through the ``pyspark_dueq`` module.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 import redis
+from paths_support import DOCS
 
 import dueq
 
@@ -540,3 +542,20 @@ def test_a_fair_queue_s_laned_tasks_are_read_as_scheduled_with_their_due_times(
             assert json.loads(row.payload) == info.payload
     later = next(row for row in df.collect() if row.id == "later0")
     assert later.due_at.astimezone(timezone.utc) > now + timedelta(minutes=59)
+
+
+def test_the_spark_page_runs(spark, r, redis_server, tmp_path, monkeypatch):
+    """docs/spark.md's ```python blocks that are not marked not run, in order, against the
+    test Redis and the test SparkSession."""
+    page = (DOCS / "spark.md").read_text()
+    blocks = [
+        body
+        for mark, body in re.findall(r"^([^\n]*)\n\n?```python\n(.*?)^```", page, flags=re.S | re.M)
+        if "not run:" not in mark
+    ]
+    assert blocks
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    scope: dict[str, Any] = {"spark": spark, "REDIS_URL": redis_server.url}
+    for block in blocks:
+        exec(compile(block, "docs/spark.md", "exec"), scope)
