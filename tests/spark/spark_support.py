@@ -5,6 +5,7 @@ pyspark."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -77,3 +78,38 @@ def stream_files(folder: Path, files: int = 2, rows: int = 150) -> None:
             for i in range(rows)
         ]
         (folder / f"part-{part}.json").write_text("\n".join(lines) + "\n")
+
+
+def tenants_of(r: redis.Redis, queue: str) -> Counter[str]:
+    """How many tasks each tenant's lane holds in fair queue ``queue``: its parked set's laned
+    members, ``"\\x01<tenant>\\x00<9 - priority><due ms><id>"`` (docs/fairness.md)."""
+    members = (text(m) for m in r.zrange(f"dueq:{{{queue}}}:parked", 0, -1))
+    return Counter(m[1:].partition("\0")[0] for m in members if m.startswith("\x01"))
+
+
+def fair_frame(spark: SparkSession) -> DataFrame:
+    """30 rows due now: ids t-0 .. t-29, tenant "acme" for 26 of them, "globex" for t-26 ..
+    t-28 and none (null: the default tenant) for t-29; a payload column n."""
+    return spark.range(30, numPartitions=2).select(
+        F.concat(F.lit("t-"), F.col("id")).alias("id"),
+        F.when(F.col("id") < 26, "acme")
+        .when(F.col("id") < 29, "globex")
+        .otherwise(F.lit(None).cast("string"))
+        .alias("tenant"),
+        F.col("id").alias("n"),
+    )
+
+
+def bad_fair_keys_frame(spark: SparkSession) -> DataFrame:
+    """Rows whose tenant is fine (ok, and null: the default tenant) or no key: empty, with a
+    control character, over 200 bytes."""
+    return spark.createDataFrame(
+        [
+            ("ok", "acme", 1),
+            ("no-tenant", None, 2),
+            ("empty", "", 3),
+            ("control", "ac\x01me", 4),
+            ("long", "x" * 201, 5),
+        ],
+        "id string, tenant string, n long",
+    )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -16,7 +18,15 @@ from dueq.server import RedisServer
 pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
 
 from pyspark.sql import functions as F
-from spark_support import ROWS, T0, bad_rows_frame, reminders
+from spark_support import (
+    ROWS,
+    T0,
+    bad_fair_keys_frame,
+    bad_rows_frame,
+    fair_frame,
+    reminders,
+    tenants_of,
+)
 
 from dueq import spark as ds
 
@@ -294,6 +304,8 @@ def test_tls_with_certificate_checks_works_in_executors(spark):
         ({"payload_cols": ["text", "missing"]}, "missing"),
         ({"at_col": "flag"}, "at_col 'flag' is boolean"),
         ({"queue": "a{b}"}, "queue name"),
+        ({"fair_key_col": "nope"}, "fair_key_col 'nope' is not a column"),
+        ({"fair_key_col": "flag"}, "fair_key_col 'flag' is boolean"),
     ],
 )
 def test_bad_arguments_raise_configuration_error(spark, redis_server, options, message):
@@ -306,3 +318,93 @@ def test_bad_arguments_raise_configuration_error(spark, redis_server, options, m
 def test_read_tasks_refuses_an_unknown_state(spark, redis_server):
     with pytest.raises(dueq.ConfigurationError, match="state"):
         ds.read_tasks(spark, queue="q", redis_url=redis_server.url, state="done")
+
+
+def test_partition_function_lanes_rows_with_a_fair_key_without_spark(r, redis_server):
+    q = dueq.Queue("plain-fair", r)
+    q.configure(fairness="key")
+    plan = ds.PartitionPlan("plain-fair", redis_server.url, "now", True, 10, "count")
+    plan = dataclasses.replace(plan, has_fair_key=True)
+    rows = [
+        ("a", None, None, '{"x":1}', "acme"),
+        ("b", None, None, '{"x":2}', None),
+        ("c", None, None, '{"x":3}', ""),
+        ("d", None, None, '{"x":4}', "globex"),
+    ]
+    counts = ds.schedule_rows(iter(rows), plan)
+    assert (counts.added, counts.bad) == (3, {"fair_key": 1})
+    assert (
+        "row 2 of its partition (id 'c'): fair_key: key '' must be non-empty" in counts.samples[0]
+    )
+    assert tenants_of(r, "plain-fair") == {"acme": 1, "": 1, "globex": 1}
+    assert r.hget("dueq:{plain-fair}:tasks", "a") == b'2:0|||\x1facme\n{"x":1}'
+    assert r.hget("dueq:{plain-fair}:tasks", "b") == b'1:{"x":2}'  # no tenant: as before
+
+
+def test_a_fair_key_column_lanes_each_row_under_its_tenant(spark, r, redis_server):
+    q = dueq.Queue("fair-df", r)
+    q.configure(fairness="key")
+    result = ds.schedule_dataframe(
+        fair_frame(spark), queue="fair-df", redis_url=redis_server.url, id_col="id",
+        fair_key_col="tenant",
+    )  # fmt: skip
+    assert (result.added, result.bad_rows) == (30, 0)
+    assert tenants_of(r, "fair-df") == {"acme": 26, "globex": 3, "": 1}
+    assert q.get("t-0").payload == {"n": 0}  # the fair key column is not part of the payload
+    assert r.hget("dueq:{fair-df}:tasks", "t-0") == b'2:0|||\x1facme\n{"n":0}'
+    # every tenant is served in the first claim, whatever acme's backlog (the default
+    # tenant's one task leaves acme its turn)
+    first = q.claim(6)
+    tenant = {f"t-{n}": "acme" if n < 26 else "globex" if n < 29 else "" for n in range(30)}
+    assert Counter(tenant[d.id] for d in first) == {"acme": 3, "globex": 2, "": 1}
+    again = ds.schedule_dataframe(
+        fair_frame(spark), queue="fair-df", redis_url=redis_server.url, id_col="id",
+        fair_key_col="tenant",
+    )  # fmt: skip
+    assert (again.added, again.existing) == (0, 30)
+
+
+def test_a_fair_key_column_works_on_a_queue_that_is_not_fair(spark, r, redis_server):
+    result = ds.schedule_dataframe(
+        fair_frame(spark), queue="unfair-df", redis_url=redis_server.url, id_col="id",
+        fair_key_col="tenant",
+    )  # fmt: skip
+    assert result.added == 30
+    assert r.zcard("dueq:{unfair-df}:due") == 30 and r.zcard("dueq:{unfair-df}:parked") == 0
+    assert r.hget("dueq:{unfair-df}:tasks", "t-27") == b'2:0|||\x1fglobex\n{"n":27}'
+    assert len(dueq.Queue("unfair-df", r).claim(30)) == 30
+
+
+def test_bad_fair_keys_are_counted_like_bad_ids(spark, r, redis_server):
+    result = ds.schedule_dataframe(
+        bad_fair_keys_frame(spark), queue="bad-fair", redis_url=redis_server.url, id_col="id",
+        fair_key_col="tenant",
+    )  # fmt: skip
+    assert (result.added, result.bad_rows, result.bad_by_reason) == (2, 3, {"fair_key": 3})
+    samples = "\n".join(result.bad_samples)
+    assert "(id 'empty'): fair_key: key '' must be non-empty" in samples
+    assert "(id 'control')" in samples and "(id 'long')" in samples
+    assert "longer than 200 bytes" in samples
+    assert {text(i) for i in r.zrange("dueq:{bad-fair}:due", 0, -1)} == {"ok", "no-tenant"}
+    with pytest.raises(dueq.InvalidTaskError, match=r"stopped at a bad row.*'empty'.*fair_key"):
+        ds.schedule_dataframe(
+            bad_fair_keys_frame(spark).where("id = 'empty'"), queue="bad-fair",
+            redis_url=redis_server.url, id_col="id", fair_key_col="tenant", on_bad_row="raise",
+        )  # fmt: skip
+
+
+def test_generated_ids_tell_tenants_apart_and_stay_the_same_without_one(spark, r, redis_server):
+    df = spark.createDataFrame([("acme", 1), ("globex", 1), (None, 1)], "tenant string, n long")
+    result = ds.schedule_dataframe(
+        df, queue="fair-hash", redis_url=redis_server.url, fair_key_col="tenant"
+    )
+    assert result.added == 3  # one payload, three tenants: three tasks
+    ids = {text(i) for i in r.zrange("dueq:{fair-hash}:due", 0, -1)}
+    assert ds.row_id(0, 0, b'{"n":1}') in ids  # no tenant: the id of a row without the column
+    assert ds.row_id(0, 0, b'{"n":1}', fair_key="acme") in ids
+    assert ds.row_id(0, 0, b'{"n":1}', fair_key="globex") in ids
+    tenants = spark.createDataFrame([(7, 1)], "tenant long, n long")  # integers as text
+    ds.schedule_dataframe(tenants, queue="fair-hash", redis_url=redis_server.url,
+                          fair_key_col="tenant")  # fmt: skip
+    task = ds.row_id(0, 0, b'{"n":1}', fair_key="7")
+    assert r.hget("dueq:{fair-hash}:tasks", task) == b'2:0|||\x1f7\n{"n":1}'

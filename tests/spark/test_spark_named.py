@@ -67,3 +67,18 @@ def test_dataframe_rows_run_as_a_named_task_by_helper_and_by_data_source(
         run(d)
         d.ack()
     assert sorted(seen) == [("a@b.c", 1), ("d@e.f", 2)]
+
+
+def test_rows_of_a_named_task_with_a_fair_key_are_stored_as_schedule_stores_them(r, redis_server):
+    q = dueq.Queue("named-fair", r)
+    q.configure(fairness="key")
+    plan = ds.PartitionPlan(
+        "named-fair", redis_server.url, "now", True, 10, "count", task="greet", has_fair_key=True
+    )
+    counts = ds.schedule_rows(iter([("row", None, None, '{"who":"a"}', "acme")]), plan)
+    assert counts.added == 1
+    q.schedule({"who": "a"}, id="api", task="greet", fair_key="acme")
+    stored = r.hmget("dueq:{named-fair}:tasks", ["row", "api"])
+    assert stored[0] == stored[1] == b'2:0|||\x1facme\n~@greet\n{"who":"a"}'
+    assert q.get("row").task_name == "greet"
+    assert [d.id for d in q.claim(10)] in (["row", "api"], ["api", "row"])

@@ -8,12 +8,15 @@ finds it through the ``pyspark_dueq`` module.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from paths_support import DOCS
 
 import dueq
 
@@ -25,7 +28,16 @@ from internals_support import protocol, spark_source
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from spark_support import ROWS, bad_rows_frame, reminders, staging_keys, stream_files
+from spark_support import (
+    ROWS,
+    bad_fair_keys_frame,
+    bad_rows_frame,
+    fair_frame,
+    reminders,
+    staging_keys,
+    stream_files,
+    tenants_of,
+)
 
 from dueq import spark as ds
 from dueq._wire.envelope import pack_task
@@ -421,3 +433,129 @@ def test_a_commit_that_died_half_way_is_finished_by_the_replay_exactly_once(r):
     assert step().state is protocol.CommitState.COMMITTED_BEFORE
     assert sorted(ids_of(r, "half")) == ["b-0", "b-1", "b-2"]
     assert r.keys("dueq:{half}:spark:stage:*") == []
+
+
+# -- fair queues (docs/fairness.md) ------------------------------------------------------------
+
+
+def test_a_fair_key_column_lanes_rows_as_schedule_dataframe_does(spark, r, redis_server):
+    for queue in ("fair-src", "fair-helper"):
+        dueq.Queue(queue, r).configure(fairness="key")
+    write(fair_frame(spark), "fair-src", redis_server.url, id_col="id", fair_key_col="tenant")
+    ds.schedule_dataframe(
+        fair_frame(spark), queue="fair-helper", redis_url=redis_server.url, id_col="id",
+        fair_key_col="tenant",
+    )  # fmt: skip
+    assert tenants_of(r, "fair-src") == {"acme": 26, "globex": 3, "": 1}
+    assert r.hgetall("dueq:{fair-src}:tasks") == r.hgetall("dueq:{fair-helper}:tasks")
+    assert r.hget("dueq:{fair-src}:tasks", "t-26") == b'2:0|||\x1fglobex\n{"n":26}'
+    generated = fair_frame(spark).drop("id")  # the row-hash ids of both paths are the same too
+    write(generated, "fair-src", redis_server.url, fair_key_col="tenant")
+    ds.schedule_dataframe(
+        generated, queue="fair-helper", redis_url=redis_server.url, fair_key_col="tenant"
+    )
+    assert r.hlen("dueq:{fair-src}:tasks") == 60
+    assert r.hgetall("dueq:{fair-src}:tasks") == r.hgetall("dueq:{fair-helper}:tasks")
+
+
+def test_bad_fair_keys_are_left_out_of_a_write_as_bad_ids_are(spark, r, redis_server):
+    write(bad_fair_keys_frame(spark), "fair-bad", redis_server.url, id_col="id",
+          fair_key_col="tenant")  # fmt: skip
+    assert ids_of(r, "fair-bad") == {"ok", "no-tenant"}
+    with pytest.raises(Exception, match=r"dueq bad row: .*'control'.*fair_key: key"):
+        write(bad_fair_keys_frame(spark).where("id = 'control'"), "fair-bad", redis_server.url,
+              id_col="id", fair_key_col="tenant", on_bad_row="raise")  # fmt: skip
+    with pytest.raises(Exception, match="fair_key_col 'nope' is not a column"):
+        write(fair_frame(spark), "fair-bad", redis_server.url, fair_key_col="nope")
+    schema = T.StructType(
+        [T.StructField("id", T.StringType()), T.StructField("tenant", T.StringType())]
+    )
+    setup = spark_source()._write_setup(
+        {"queue": "fair-arrow", "redis_url": redis_server.url, "id_col": "id",
+         "fair_key_col": "tenant"},
+        schema,
+    )  # fmt: skip
+    batch = pa.record_batch(
+        [pa.array(["ok", "null", "empty"]), pa.array(["acme", None, ""])], names=["id", "tenant"]
+    )
+    counts = ds.schedule_rows(setup.rows(iter([batch])), setup.plan)
+    assert (counts.added, counts.bad) == (2, {"fair_key": 1})
+    assert r.hget("dueq:{fair-arrow}:tasks", "ok") == b"2:0|||\x1facme\n{}"
+
+
+def test_a_stream_with_a_fair_key_column_lanes_each_micro_batch_on_commit(
+    spark, r, redis_server, tmp_path
+):
+    dueq.Queue("fair-stream", r).configure(fairness="key")
+    stream_files(tmp_path / "in")
+    stream = (
+        spark.readStream.schema("id string, at string, v long")
+        .json(str(tmp_path / "in"))
+        .select("id", F.substring("id", 1, 3).alias("tenant"), "v")  # "s-0", "s-1"; due now
+    )
+    query = (
+        stream.writeStream.format("dueq")
+        .options(queue="fair-stream", redis_url=redis_server.url, id_col="id",
+                 fair_key_col="tenant")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )  # fmt: skip
+    query.awaitTermination()
+    assert tenants_of(r, "fair-stream") == {"s-0": 150, "s-1": 150}
+    assert r.hget("dueq:{fair-stream}:tasks", "s-1-7") == b'2:0|||\x1fs-1\n{"v":7}'
+
+
+def test_a_fair_queue_s_laned_tasks_are_read_as_scheduled_with_their_due_times(
+    spark, r, redis_server
+):
+    q = dueq.Queue("fair-read", r)
+    q.configure(fairness="key")
+    q.schedule_many(dueq.Task({"i": i}, id=f"a{i:03d}", fair_key="acme") for i in range(250))
+    q.schedule_many(
+        dueq.Task({"i": i}, id=f"g{i}", key="globex/x", fair_key="globex", priority=5)
+        for i in range(5)
+    )
+    q.schedule_many(dueq.Task({"i": i}, id=f"k{i}", key="initech") for i in range(4))
+    q.schedule_many(dueq.Task({}, id=f"later{i}", delay=3600, fair_key="acme") for i in range(3))
+    assert tenants_of(r, "fair-read") == {"acme": 250, "globex": 5, "initech": 4}
+    ids = [f"a{i:03d}" for i in range(250)] + [f"g{i}" for i in range(5)]
+    ids += [f"k{i}" for i in range(4)] + [f"later{i}" for i in range(3)]
+    expected = {i: q.get(i) for i in ids}
+    now = datetime.now(timezone.utc)
+    assert all(info.due_at <= now for i, info in expected.items() if not i.startswith("later"))
+    df = (
+        spark.read.format("dueq")
+        .options(queue="fair-read", redis_url=redis_server.url, state="scheduled",
+                 page_size="40", partitions="3")
+        .load()
+    )  # fmt: skip
+    helper = ds.read_tasks(
+        spark, queue="fair-read", redis_url=redis_server.url, state="scheduled", page_size=40
+    )
+    for rows in (df.collect(), helper.collect()):
+        assert sorted(row.id for row in rows) == sorted(expected)
+        for row in rows:
+            info = expected[row.id]
+            assert row.state == "scheduled"
+            assert row.due_at.astimezone(timezone.utc) == info.due_at  # naive: local time
+            assert json.loads(row.payload) == info.payload
+    later = next(row for row in df.collect() if row.id == "later0")
+    assert later.due_at.astimezone(timezone.utc) > now + timedelta(minutes=59)
+
+
+def test_the_spark_page_runs(spark, r, redis_server, tmp_path, monkeypatch):
+    """docs/spark.md's ```python blocks that are not marked not run, in order, against the
+    test Redis and the test SparkSession."""
+    page = (DOCS / "spark.md").read_text()
+    blocks = [
+        body
+        for mark, body in re.findall(r"^([^\n]*)\n\n?```python\n(.*?)^```", page, flags=re.S | re.M)
+        if "not run:" not in mark
+    ]
+    assert blocks
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    scope: dict[str, Any] = {"spark": spark, "REDIS_URL": redis_server.url}
+    for block in blocks:
+        exec(compile(block, "docs/spark.md", "exec"), scope)

@@ -54,6 +54,7 @@ RUN_BY = {
     "docs/lag.md": "tests/queue/test_lag.py",
     "docs/metrics-series.md": "tests/telemetry/test_metrics_series.py",
     "docs/spark-events.md": "tests/spark/test_spark_events.py",
+    "docs/spark.md": "tests/spark/test_spark_source.py",
     "docs/worker-output.md": "tests/telemetry/test_worker_output.py",
 }
 

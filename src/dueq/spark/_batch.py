@@ -28,6 +28,7 @@ from dueq._wire.envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     ENVELOPE_PREFIX,
     FLAG_ABSOLUTE,
+    TaskOptions,
     name_line,
     pack_task,
     record_extras,
@@ -37,7 +38,7 @@ from dueq._wire.envelope import validate_id as _validate_id
 from dueq._wire.keys import QueueKeys, validate_queue_name
 from dueq._wire.snapshot import text
 from dueq.exceptions import ConfigurationError, InvalidTaskError
-from dueq.model import BatchInfo, Task, TaskInfo, TaskState
+from dueq.model import BatchInfo, Task, TaskInfo, TaskState, fair_key_of
 from dueq.named import TaskFunction
 from dueq.queue import SCHEDULE_BATCH, Queue
 
@@ -100,7 +101,8 @@ class PartitionCounts:
     """What one or more partitions did: tasks added, ids that existed, bad rows by reason.
 
     Reasons: ``"due"`` (null or unparsable due time, bad delay), ``"id"`` (null or invalid id),
-    ``"payload"`` (not JSON, or over the payload size limit).
+    ``"payload"`` (not JSON, or over the payload size limit), ``"fair_key"`` (a fair key that
+    cannot be a key: empty, with control characters, over 200 bytes; a null one is no tenant).
     """
 
     added: int = 0
@@ -161,6 +163,8 @@ class PartitionPlan:
     task: str | None = None
     #: the batch every row's task joins (closed by the driver once the job has written all)
     batch: str | None = None
+    #: rows carry a fifth value, the task's fair key (its tenant on a fair queue), or None
+    has_fair_key: bool = False
 
 
 class _BadRow(Exception):
@@ -198,18 +202,26 @@ def _payload(text: str | None, max_bytes: int) -> bytes:
     return data
 
 
-def row_id(flags: int, due: int, payload: bytes, task: str | None = None) -> str:
+def row_id(
+    flags: int, due: int, payload: bytes, task: str | None = None, fair_key: str | None = None
+) -> str:
     """The id of a task without an id column: a hash of its due time and payload JSON (and
-    its task name, for a named task: the same arguments to two tasks are two tasks)."""
+    its task name, for a named task: the same arguments to two tasks are two tasks; and its
+    fair key, when it has one: the same payload for two tenants is two tasks)."""
     head = b"%d:%d:" % (flags, due)
     if task is not None:
         head += b"@%s:" % task.encode("ascii")
+    if fair_key is not None:
+        tenant = fair_key.encode("utf-8")
+        head += b"\x1f%d:%s:" % (len(tenant), tenant)
     return hashlib.sha256(head + payload).hexdigest()[:32]
 
 
-def _task_id(plan: PartitionPlan, given: Any, flags: int, due: int, payload: bytes) -> str:
+def _task_id(
+    plan: PartitionPlan, given: Any, flags: int, due: int, payload: bytes, fair: str | None
+) -> str:
     if not plan.has_id:
-        return row_id(flags, due, payload, plan.task)
+        return row_id(flags, due, payload, plan.task, fair)
     if given is None:
         raise _BadRow("id", "id is null")
     try:
@@ -222,7 +234,8 @@ def schedule_rows(rows: Iterable[Sequence[Any]], plan: PartitionPlan) -> Partiti
     """Schedule one partition's rows; the partition function, usable without Spark.
 
     Each row is ``(id or None, due or None, raw due text or None, payload JSON)`` as
-    ``schedule_dataframe`` prepares it. Opens its own connection; one script call per batch.
+    ``schedule_dataframe`` prepares it, with a fifth value, the fair key or None, when
+    ``plan.has_fair_key``. Opens its own connection; one script call per batch.
     """
     counts = PartitionCounts()
     client = discovery.client_for_url(plan.redis_url)
@@ -254,16 +267,27 @@ def packed_batches(
     records: list[bytes] = []
     head = ENVELOPE_PREFIX if plan.task is None else ENVELOPE_PREFIX + name_line(plan.task)
     extra_flags, extra = record_extras(plan.batch, (), False) if plan.batch else (0, b"")
-    for number, (given, due, raw, payload) in enumerate(rows):
+    #: the head of each fair key's tasks (the tasks of a partition share a few tenants)
+    heads: dict[str | None, bytes] = {None: head}
+    fair = None
+    for number, row in enumerate(rows):
+        given, due, raw, payload = row[:4]
         try:
             flags, due_ms = _due(plan.due_kind, due, raw)
             data = _payload(payload, plan.max_payload_bytes)
-            task_id = _task_id(plan, given, flags, due_ms, data)
+            if plan.has_fair_key:
+                fair = _fair_key(row[4])
+            task_id = _task_id(plan, given, flags, due_ms, data, fair)
         except _BadRow as bad:
             _count_bad(counts, plan, number, given, bad)
             continue
+        tenant_head = heads.get(fair)
+        if tenant_head is None:
+            tenant_head = heads[fair] = TaskOptions(fair_key=fair).head() + head[2:]
         ids.append(task_id)
-        records.append(pack_task(flags | extra_flags, due_ms, task_id, head + data, extra=extra))
+        records.append(
+            pack_task(flags | extra_flags, due_ms, task_id, tenant_head + data, extra=extra)
+        )
         if len(records) >= plan.batch_size:
             yield ids, records
             ids, records = [], []
@@ -291,6 +315,17 @@ def _flush(q: Queue, ids: list[str], records: list[bytes], counts: PartitionCoun
     result = q.schedule_records(ids, records, False, iter(()))
     counts.added += result.added
     counts.existing += result.existing
+
+
+def _fair_key(given: Any) -> str | None:
+    """A row's fair key, checked as ``Task(fair_key=)`` checks one (None: no tenant of its
+    own); _BadRow when it cannot be a key."""
+    if given is None:
+        return None
+    try:
+        return fair_key_of(given, None)
+    except InvalidTaskError as exc:
+        raise _BadRow("fair_key", str(exc)) from None
 
 
 def _count_bad(
@@ -378,6 +413,8 @@ class ColumnPlan:
     due_col: str | None
     due_kind: DueKind
     payload_cols: list[str]
+    #: the column of each task's fair key (its tenant on a fair queue; null: none)
+    fair_key_col: str | None = None
 
 
 def columns_of(
@@ -386,10 +423,16 @@ def columns_of(
     at_col: str | None,
     delay_col: str | None,
     payload_cols: Sequence[str] | None,
+    fair_key_col: str | None = None,
 ) -> ColumnPlan:
     """The task columns of ``schema``; ConfigurationError for a missing or unusable column."""
     columns = schema.fieldNames()
-    named = {"id_col": id_col, "at_col": at_col, "delay_col": delay_col}
+    named = {
+        "id_col": id_col,
+        "at_col": at_col,
+        "delay_col": delay_col,
+        "fair_key_col": fair_key_col,
+    }
     for what, name in named.items():
         if name is not None and name not in columns:
             raise ConfigurationError(f"{what} {name!r} is not a column of the DataFrame")
@@ -402,18 +445,20 @@ def columns_of(
     missing = [c for c in payload_cols if c not in columns]
     if missing:
         raise ConfigurationError(f"payload_cols {missing} are not columns of the DataFrame")
-    if id_col is not None:
-        id_type = schema[id_col].dataType
-        if not isinstance(id_type, (T.StringType, T.IntegralType)):
+    for what, name in (("id_col", id_col), ("fair_key_col", fair_key_col)):
+        if name is None:
+            continue
+        dtype = schema[name].dataType
+        if not isinstance(dtype, (T.StringType, T.IntegralType)):
             raise ConfigurationError(
-                f"id_col {id_col!r} is {id_type.simpleString()}: give a string or integer column"
+                f"{what} {name!r} is {dtype.simpleString()}: give a string or integer column"
             )
     kind: DueKind = "now"
     if at_col is not None:
         kind = _at_kind(schema[at_col].dataType, at_col)
     elif delay_col is not None:
         kind = _delay_kind(schema[delay_col].dataType, delay_col)
-    return ColumnPlan(id_col, at_col or delay_col, kind, list(payload_cols))
+    return ColumnPlan(id_col, at_col or delay_col, kind, list(payload_cols), fair_key_col)
 
 
 def _due_column(schema: T.StructType, plan: ColumnPlan) -> tuple[Column, Column]:
@@ -440,9 +485,11 @@ def _prepare(
     at_col: str | None,
     delay_col: str | None,
     payload_cols: Sequence[str] | None,
+    fair_key_col: str | None = None,
 ) -> tuple[DataFrame, DueKind]:
-    """The DataFrame of (id, due, raw due, payload JSON) rows the partitions read."""
-    plan = columns_of(df.schema, id_col, at_col, delay_col, payload_cols)
+    """The DataFrame of (id, due, raw due, payload JSON) rows the partitions read, with the
+    fair key as a fifth column when ``fair_key_col`` is given."""
+    plan = columns_of(df.schema, id_col, at_col, delay_col, payload_cols, fair_key_col)
     null = F.lit(None).cast("string")
     ident = null if plan.id_col is None else _column(plan.id_col).cast("string")
     due, raw = _due_column(df.schema, plan)
@@ -453,7 +500,10 @@ def _prepare(
         bad = [_non_finite(_column(c), t) for c, t in types.items() if _has_float(t)]
         if bad:
             payload = F.when(functools.reduce(operator.or_, bad), None).otherwise(payload)
-    return df.select(ident, due, raw, payload), plan.due_kind
+    if plan.fair_key_col is None:
+        return df.select(ident, due, raw, payload), plan.due_kind
+    fair = _column(plan.fair_key_col).cast("string")
+    return df.select(ident, due, raw, payload, fair), plan.due_kind
 
 
 def check_target(queue: str, redis_url: str) -> None:
@@ -477,6 +527,7 @@ def partition_plan(
     remember_done: Duration | None,
     task: str | None = None,
     batch: str | None = None,
+    has_fair_key: bool = False,
 ) -> PartitionPlan:
     """A checked PartitionPlan (ConfigurationError for a bad setting; InvalidTaskError for a
     bad task name)."""
@@ -499,6 +550,7 @@ def partition_plan(
         remember_done,
         None if task is None else validate_task_name(task),
         None if batch is None else _validate_id(batch),
+        has_fair_key,
     )
 
 
@@ -529,6 +581,7 @@ def schedule_dataframe(
     task: str | TaskFunction[..., Any] | None = None,
     batch: str | None = None,
     on_complete: Task | None = None,
+    fair_key_col: str | None = None,
 ) -> SparkScheduleResult:
     """Schedule one task per row of ``df``; an id that is already in the queue is left alone.
 
@@ -551,6 +604,11 @@ def schedule_dataframe(
     written the driver closes it (``Queue.close_batch``), with ``on_complete`` as its
     completion task, so it runs once after the last row's task has ended. A job that fails
     leaves the batch open: running it again adds only what is missing, then closes it.
+    ``fair_key_col`` names a column (string or integer, nullable) of each task's fair key: its
+    tenant on a fair queue (``configure(fairness="key")``, docs/fairness.md), validated as
+    ``Task(fair_key=)`` is; a row whose value cannot be a key is a bad row (reason
+    ``"fair_key"``), a null one is a task without one. Without ``id_col`` the fair key is part
+    of the generated id (the same payload for two tenants is two tasks).
     """
     check_target(queue, redis_url)
     try:
@@ -561,8 +619,8 @@ def schedule_dataframe(
             "which Spark Connect has not); from Spark Connect, write with "
             "df.write.format('dueq') (and writeStream.format('dueq') instead of foreach_batch)"
         ) from None
-    prepared, kind = _prepare(df, id_col, at_col, delay_col, payload_cols)
-    columns = columns_of(df.schema, id_col, at_col, delay_col, payload_cols)
+    prepared, kind = _prepare(df, id_col, at_col, delay_col, payload_cols, fair_key_col)
+    columns = columns_of(df.schema, id_col, at_col, delay_col, payload_cols, fair_key_col)
     plan = partition_plan(
         queue,
         redis_url,
@@ -574,6 +632,7 @@ def schedule_dataframe(
         remember_done=remember_done,
         task=task_name_of(task, columns.payload_cols),
         batch=batch,
+        has_fair_key=fair_key_col is not None,
     )
     counts = context.accumulator(PartitionCounts(), _CountsParam())
     try:

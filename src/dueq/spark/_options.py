@@ -37,6 +37,7 @@ WRITE = (
     "at_col",
     "delay_col",
     "payload_cols",
+    "fair_key_col",
     "batch_size",
     "on_bad_row",
     "max_payload_bytes",

@@ -1,8 +1,9 @@
-"""Arrow record batches to ``schedule_rows``' (id, due, raw due, payload JSON) tuples, as Spark
-would make them (``Rows``): ids cast to text, due times as epoch microseconds read in the
-session time zone (a task's ``spark.sql.session.timeZone`` local property, else the zone of a
-timestamp column, else the worker's local zone), date-time strings as ``try_to_timestamp``
-reads them, and the payload JSON as ``to_json`` writes it (``dueq.spark._json``).
+"""Arrow record batches to ``schedule_rows``' (id, due, raw due, payload JSON[, fair key])
+tuples, as Spark would make them (``Rows``): ids and fair keys cast to text, due times as epoch
+microseconds read in the session time zone (a task's ``spark.sql.session.timeZone`` local
+property, else the zone of a timestamp column, else the worker's local zone), date-time strings
+as ``try_to_timestamp`` reads them, and the payload JSON as ``to_json`` writes it
+(``dueq.spark._json``).
 """
 
 from __future__ import annotations
@@ -108,16 +109,21 @@ class Rows:
                     encoder(self.schema[c].dataType, zone) for c in self.columns.payload_cols
                 ]
                 heads = [json_string(c) + ":" for c in self.columns.payload_cols]
-            ids = self._ids(batch)
+            ids = self._texts(batch, self.columns.id_col)
             dues, raws = self._dues(batch, zone)
             payloads = self._payloads(batch, encoders, heads)
-            yield from zip(ids, dues, raws, payloads, strict=True)
+            if self.columns.fair_key_col is None:
+                yield from zip(ids, dues, raws, payloads, strict=True)
+            else:
+                fair = self._texts(batch, self.columns.fair_key_col)
+                yield from zip(ids, dues, raws, payloads, fair, strict=True)
 
-    def _ids(self, batch: pa.RecordBatch) -> Sequence[Any]:
-        if self.columns.id_col is None:
+    def _texts(self, batch: pa.RecordBatch, name: str | None) -> Sequence[Any]:
+        """A string or integer column (the id, the fair key) as text, as Spark casts it."""
+        if name is None:
             return [None] * batch.num_rows
-        values: list[Any] = batch.column(self.columns.id_col).to_pylist()
-        if isinstance(self.schema[self.columns.id_col].dataType, T.StringType):
+        values: list[Any] = batch.column(name).to_pylist()
+        if isinstance(self.schema[name].dataType, T.StringType):
             return values
         return [None if v is None else str(v) for v in values]
 

@@ -7,7 +7,7 @@ and ``read`` in each task. So nothing here can use the SparkSession, its SQL fun
 accumulator: counts travel in commit messages, and each part opens its own Redis connection.
 
 **Rows.** A writer gets the DataFrame's rows as Arrow record batches
-(``DataSourceArrowWriter``), not the (id, due, raw due, payload JSON) tuples that
+(``DataSourceArrowWriter``), not the (id, due, raw due, payload JSON[, fair key]) tuples that
 ``schedule_dataframe`` makes with Spark's SQL functions. ``dueq.spark._rows.Rows`` makes those
 tuples in Python, as Spark would, with the payload JSON written as Spark's ``to_json`` writes it
 (``dueq.spark._json``), so generated row-hash ids are the ones ``schedule_dataframe`` makes. The
@@ -182,7 +182,12 @@ def _write_setup(options: Any, schema: T.StructType, *, streaming: bool = False)
     payload = options.get("payload_cols")
     payload_cols = None if payload is None else [c.strip() for c in payload.split(",") if c.strip()]
     columns = columns_of(
-        schema, options.get("id_col"), options.get("at_col"), options.get("delay_col"), payload_cols
+        schema,
+        options.get("id_col"),
+        options.get("at_col"),
+        options.get("delay_col"),
+        payload_cols,
+        options.get("fair_key_col"),
     )
     plan = partition_plan(
         queue,
@@ -199,6 +204,7 @@ def _write_setup(options: Any, schema: T.StructType, *, streaming: bool = False)
         remember_done=None,
         task=options.get("task"),
         batch=options.get("batch"),
+        has_fair_key=columns.fair_key_col is not None,
     )
     day_s = 86_400
     ttl_s = int_option(options, "staging_ttl_s", DEFAULT_STAGING_TTL_S, low=60, high=365 * day_s)
@@ -500,18 +506,18 @@ class _Reader(DataSourceReader):
 class DueqDataSource(DataSource):
     """``format("dueq")``: write DataFrames and streams into a dueq queue, read its tasks.
 
-    Register once per session with ``spark.dataSource.register(DueqDataSource)`` (pyspark
-    also finds it on its own where the ``pyspark_dueq`` module is importable).
-    Options: ``queue`` and ``redis_url`` (always); for writes ``id_col``, ``at_col``,
-    ``delay_col``, ``payload_cols`` (comma-separated), ``batch_size``, ``on_bad_row``,
-    ``max_payload_bytes``, ``task`` (each row calls that named task, its columns the
-    arguments), and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads
-    ``state`` (scheduled, leased or dead), ``page_size``, ``partitions`` and
-    ``allow_missing`` (a queue that does not exist reads as empty instead of failing); for
-    reads and streams of outcome events ``events`` (where a new query starts),
-    ``maxEventsPerTrigger``, ``partitions``, ``page_size`` and ``failOnDataLoss``
-    (``dueq.spark._events``). Any other option is refused with ConfigurationError naming the
-    nearest valid one (``dueq.spark._options``); names are case-insensitive.
+    Register once per session with ``spark.dataSource.register(DueqDataSource)`` (pyspark also
+    finds it on its own where the ``pyspark_dueq`` module is importable). Options: ``queue`` and
+    ``redis_url`` (always); for writes ``id_col``, ``at_col``, ``delay_col``, ``payload_cols``
+    (comma-separated), ``batch_size``, ``on_bad_row``, ``max_payload_bytes``, ``task`` (each row
+    calls that named task, its columns the arguments), ``fair_key_col`` (each row's tenant on a
+    fair queue), and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads ``state``
+    (scheduled, leased or dead), ``page_size``, ``partitions`` and ``allow_missing`` (a queue
+    that does not exist reads as empty instead of failing); for reads and streams of outcome
+    events ``events`` (where a new query starts), ``maxEventsPerTrigger``, ``partitions``,
+    ``page_size`` and ``failOnDataLoss`` (``dueq.spark._events``). Any other option is refused
+    with ConfigurationError naming the nearest valid one (``dueq.spark._options``); names are
+    case-insensitive.
     """
 
     @classmethod
