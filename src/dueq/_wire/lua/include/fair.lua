@@ -44,6 +44,11 @@ local fair = {}
 do
   fair.LANE_BUDGET = 2000
   local MAX_WEIGHT = 1000
+  -- The most lanes one take serves, about: a take of `room` gives a lane up to
+  -- ceil(room / TAKE_LANES) tasks at a turn (its quantum), so a claim of 100 looks at about 25
+  -- lanes, not 100 (each lane served costs a ZRANGEBYLEX, the main cost of a claim that serves
+  -- many tenants), while the shares over claims stay exact (a turn adds quantum / weight).
+  local TAKE_LANES = 25
 
   -- The tenant of a stored envelope's task: its fair key, else its limit key, else '' (the
   -- tasks without a key share one lane).
@@ -204,27 +209,47 @@ do
     end
     local raws = redis.call('HMGET', k_config, unpack(fields))
     for i = 1, n_lanes do w[i] = weight_of(raws[i]) end
-    -- Share the room: each task to the lane of least virtual time (ties: the order read), in
-    -- a binary heap of lane indexes (read in time order, so already a heap).
-    local heap, at = {}, {}
+    -- each lane's tasks as fair_due counts them (a hint: a lane counted at less than 1 is
+    -- given 1, so a count gone wrong never strands a lane; one that holds more keeps the rest
+    -- for the next take)
+    local counted = redis.call('ZMSCORE', k.due, unpack(tenant, 1, n_lanes))
+    local size = {}
+    for i = 1, n_lanes do size[i] = math.max(math.floor(tonumber(counted[i]) or 1), 1) end
+    -- Share the room: turns to the lane of least virtual time (ties: the order read), each of
+    -- up to a quantum of tasks, in a binary heap of lane indexes (read in time order, so
+    -- already a heap); a lane given all it holds leaves the heap.
+    local quantum = math.max(math.ceil(room / TAKE_LANES), 1)
+    local heap, at, n_heap = {}, {}, n_lanes
     for i = 1, n_lanes do heap[i], at[i] = i, v[i] end
     local function before(a, b) return at[a] < at[b] or (at[a] == at[b] and a < b) end
-    local given, stopped = 0, false
-    while given < room do
-      local top = heap[1]
-      if bound and at[top] > bound then stopped = true break end
-      give[top] = give[top] + 1
-      given = given + 1
-      at[top] = at[top] + 1 / w[top]
-      local pos = 1
+    local function sift(pos)
       while true do
         local c = 2 * pos
-        if c > n_lanes then break end
-        if c < n_lanes and before(heap[c + 1], heap[c]) then c = c + 1 end
-        if not before(heap[c], heap[pos]) then break end
+        if c > n_heap then return end
+        if c < n_heap and before(heap[c + 1], heap[c]) then c = c + 1 end
+        if not before(heap[c], heap[pos]) then return end
         heap[pos], heap[c] = heap[c], heap[pos]
         pos = c
       end
+    end
+    local given, stopped = 0, false
+    while given < room do
+      local top = heap[1]
+      if not top then
+        stopped = bound ~= nil  -- every lane read is given all it holds: more lanes remain
+        break
+      end
+      if bound and at[top] > bound then stopped = true break end
+      local turn = math.min(quantum, size[top] - give[top], room - given)
+      give[top] = give[top] + turn
+      given = given + turn
+      at[top] = at[top] + turn / w[top]
+      if give[top] >= size[top] then
+        heap[1] = heap[n_heap]
+        heap[n_heap] = nil
+        n_heap = n_heap - 1
+      end
+      sift(1)
     end
     local ids, dues, priorities, n = {}, {}, {}, 0
     local taken, n_taken, times, n_times, dry, given = {}, 0, {}, 0, {}, {}
