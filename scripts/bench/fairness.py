@@ -274,7 +274,7 @@ def noisy_neighbour(
                 "< 10 ms" if fair else "",
             )
         )
-    hold = 2 * args.concurrency
+    hold = args.hold or 2 * args.concurrency
     log(f"noisy neighbour: fairness on, max_in_flight={hold}")
     held = noisy_round(r, url, True, max(args.tasks // 10, 10_000), args, "on-hold", hold)
     rows.append(noisy_row(f"1 noisy, on, max_in_flight={hold}", held, None, "(the hold)"))
@@ -470,6 +470,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, help="A's due tasks (default 1,000,000)")
     parser.add_argument("--pairs", type=int, default=2, help="off/on rounds of section 1")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--hold", type=int, default=0, help="max_in_flight of section 1's extra fair round"
+    )
     parser.add_argument("--b-interval-ms", type=float, default=20.0)
     parser.add_argument("--tenants", type=int, help="section 3's tenants (default 100,000)")
     parser.add_argument("--per-tenant", type=int, default=3)

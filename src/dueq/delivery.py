@@ -203,6 +203,11 @@ class DeliveryBase:
         return self.options.key
 
     @property
+    def fair_key(self) -> str | None:
+        """The task's tenant on a fair queue when that is not its key (``fair_key=``)."""
+        return self.options.fair_key
+
+    @property
     def timeout_s(self) -> float | None:
         """The task's own timeout in seconds (overriding the consumer's), if it has one."""
         t = self.options.timeout_ms

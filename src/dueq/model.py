@@ -271,6 +271,8 @@ class TaskInfo:
     expires_at: datetime | None = None
     #: a durable task's steps so far (``@q.task(durable=True)``), in order; () for others
     steps: tuple[StepInfo, ...] = ()
+    #: its tenant on a fair queue when that is not its key (``fair_key=``, docs/fairness.md)
+    fair_key: str | None = None
 
     def to_json(self, queue: str) -> dict[str, Any]:
         """The one JSON form of a task (docs/json.md), as used by the CLI's ``--json``, the
@@ -289,6 +291,7 @@ class TaskInfo:
             "max_attempts": self.max_attempts,
             "priority": self.priority,
             "key": self.key,
+            "fair_key": self.fair_key,
             "timeout_s": None if self.timeout is None else self.timeout.total_seconds(),
             "payload": self.payload,
             "errors": [e.to_json() for e in self.errors],

@@ -457,3 +457,17 @@ def test_a_lane_whose_count_went_wrong_is_still_served_whole(
     r.zadd(QueueKeys.for_queue("q").fair_due, {"t": 0})  # a count gone wrong (hand-edited)
     got = claim_keys(q, 30, batch=10)
     assert got == {"t": 30}
+
+
+def test_a_tasks_fair_key_is_shown_by_get_listing_json_and_its_delivery(
+    make_queue: Callable[..., Any],
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    q.schedule({"n": 1}, id="r", key="acme/reports", fair_key="acme")
+    info = q.get("r")
+    assert (info.key, info.fair_key) == ("acme/reports", "acme")
+    assert info.to_json("q")["fair_key"] == "acme"
+    assert [t.fair_key for t in q.list_tasks("scheduled").tasks] == ["acme"]
+    (d,) = q.claim(1)
+    assert (d.key, d.fair_key) == ("acme/reports", "acme")

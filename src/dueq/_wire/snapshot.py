@@ -235,6 +235,7 @@ def _task_info(
         died_at=_datetime(score) if state == "dead" else None,
         priority=options.priority,
         key=options.key,
+        fair_key=options.fair_key,
         timeout=None if options.timeout_ms is None else timedelta(milliseconds=options.timeout_ms),
         max_attempts=options.max_attempts,
         expires_at=None if options.expires_ms is None else ms_datetime(options.expires_ms),
