@@ -635,6 +635,7 @@ class ClaimBatch:
 
     __slots__ = (
         "deliveries",
+        "fair",
         "next_due_ms",
         "next_lease_deadline_ms",
         "now_fraction_ms",
@@ -650,9 +651,13 @@ class ClaimBatch:
         next_lease_deadline_ms: int | None,
         now_fraction_ms: float = 0.0,
         paused: bool = False,
+        fair: bool = False,
     ) -> None:
         self.deliveries = deliveries
         self.paused = paused
+        #: the queue's fairness is on: a consumer holds fewer deliveries ahead of its handlers
+        #: (``dueq._consume.prefetch.FAIR_HIGH``), so a tenant's claimed task starts sooner
+        self.fair = fair
         self.now_ms = now_ms
         self.now_fraction_ms = now_fraction_ms
         self.next_due_ms = next_due_ms

@@ -224,3 +224,32 @@ def test_a_consumer_does_not_claim_the_last_few_slots_right_after_a_big_claim(
         assert len(got) == 1100
     finally:
         sub.dispose()
+
+
+def test_on_a_fair_queue_the_auto_bound_holds_at_most_fair_high_and_goes_back_after() -> None:
+    p = Prefetch.parse("auto", low=16)
+    now_s = settle_at_rate(p, 1000.0, 1_000_000, 10)
+    assert p.limit == AUTO_HIGH
+    p.fair(True)  # a claim's reply said the queue is fair
+    assert p.limit == prefetch.FAIR_HIGH
+    now_s = settle_at_rate(p, now_s, 1_000_000, 10)
+    assert p.limit == prefetch.FAIR_HIGH
+    p.fair(False)  # fairness turned off
+    settle_at_rate(p, now_s, 1_000_000, 10)
+    assert p.limit == AUTO_HIGH
+    fixed = Prefetch.parse(1000)
+    fixed.fair(True)
+    assert fixed.limit == 1000  # a number the user chose is kept
+    big_low = Prefetch.parse("auto", low=400)
+    big_low.fair(True)
+    assert big_low.high == 400  # never below twice the concurrency
+
+
+def test_a_claim_of_a_fair_queue_says_so(r: redis.Redis) -> None:
+    q = dueq.Queue("prefetch-fair", r)
+    assert q.claim_batch(1).fair is False
+    q.configure(fairness="key")
+    assert q.claim_batch(1).fair is True
+    q.configure(paused=True)
+    batch = q.claim_batch(1)
+    assert (batch.paused, batch.fair) == (True, True)

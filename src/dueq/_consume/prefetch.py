@@ -17,6 +17,10 @@ settle now, ``limit = rate * HOLD_S``, re-estimated every ``WINDOW_S``:
   the ramp took ~60 ms, every claim of it finding the hold already empty (handlers starved,
   13-37k tasks/s); ending a window at each turnover takes it to 1024 in ~10 ms.
 
+On a fair queue (each claim's reply says so) an adaptive bound holds at most ``FAIR_HIGH``:
+fairness decides what a claim leases, and a tenant's task claimed fairly still waits behind
+whatever the consumer held before it.
+
 The consumer asks ``limit`` before each claim and reports each settled delivery; the rest of
 the consumer (free slots = limit - held) is unchanged. Time is whatever clock the consumer
 passes in (its scheduler's, or the event loop's), so tests drive it in virtual time.
@@ -43,6 +47,10 @@ GROWTH = 4
 #: Bounds of ``"auto"`` when the consumer does not know its handlers' concurrency.
 AUTO_LOW = 16
 AUTO_HIGH = 1024
+#: The most ``"auto"`` holds on a fair queue: a tenant's task, claimed fairly, waits behind
+#: what the consumer holds, so a fair queue's consumer holds at most this many (at 50k tasks/s
+#: about 5 ms of work; measured in scripts/bench/fairness.py).
+FAIR_HIGH = 256
 #: A consumer whose hold was full claims again once this share of it is free (1/4).
 REFILL_SHARE = 4
 #: Most deliveries one consumer may hold (one claim call leases at most 1,000).
@@ -57,6 +65,7 @@ class Prefetch:
     def __init__(self, low: int, high: int, *, adaptive: bool) -> None:
         self.low = low
         self.high = high
+        self._high = high  # as parsed: ``high`` while the queue is not fair
         self.adaptive = adaptive
         self._limit = low
         self._settled = 0
@@ -74,6 +83,16 @@ class Prefetch:
             )
         whole_number(max_in_flight, "max_in_flight", low=1, high=MAX_IN_FLIGHT)
         return cls(max_in_flight, max_in_flight, adaptive=False)
+
+    def fair(self, on: bool) -> None:
+        """The last claim said whether the queue is fair: an adaptive bound holds at most
+        ``FAIR_HIGH`` then (never below ``low``), its own ``high`` otherwise."""
+        if not self.adaptive:
+            return
+        high = max(min(self._high, FAIR_HIGH), self.low) if on else self._high
+        if high != self.high:
+            self.high = high
+            self._limit = min(self._limit, high)
 
     @property
     def limit(self) -> int:

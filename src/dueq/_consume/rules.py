@@ -44,6 +44,9 @@ class ClaimedBatch(Protocol):
     @property
     def paused(self) -> bool: ...
 
+    @property
+    def fair(self) -> bool: ...
+
     def sleep_ms(self, heartbeat_ms: float) -> float:
         """How long to sleep after this claim, at most ``heartbeat_ms``."""
         ...
@@ -96,6 +99,7 @@ class ClaimRules(Generic[D]):
             # in Redis do: process gives it back instead of starting it
             for d in self.held.deliveries:
                 d.mark_queue_paused(batch.paused)
+        self.held.prefetch.fair(batch.fair)
         for d in batch.deliveries:
             d.on_settled = on_settled
         for d in self.held.add(batch.deliveries, batch.now_ms):

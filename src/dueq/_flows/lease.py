@@ -159,6 +159,7 @@ class LeaseFlows(QueueBase):
             reply.next_lease_deadline_ms,
             reply.now_fraction_ms,
             reply.paused,
+            reply.fair,
         )
 
     def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:

@@ -258,6 +258,8 @@ class ClaimReply(NamedTuple):
     #: the queue is paused: nothing was leased (expired leases were still reclaimed)
     paused: bool
     rows: list[ClaimedRow]
+    #: the queue's fairness is on (``configure(fairness="key")``)
+    fair: bool = False
 
 
 def _claimed_rows(reply: Any, now_ms: int) -> list[ClaimedRow]:
@@ -302,8 +304,9 @@ def _parse_claim(reply: Any) -> ClaimReply:
         lease_deadline_ms=int(reply[4]),
         dropped=int(reply[6]),
         buried=int(reply[7]),
-        paused=int(reply[8]) == 1,
+        paused=int(reply[8]) & 1 == 1,
         rows=_claimed_rows(reply, now_ms),
+        fair=int(reply[8]) & 2 == 2,
     )
 
 

@@ -435,6 +435,7 @@ class ShardedCore:
             None,
             first.now_fraction_ms,
             all(b.paused for b in batches),
+            any(b.fair for b in batches),
         )
 
     def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:

@@ -57,8 +57,9 @@
 --          now_us (microseconds past now, so a consumer can sleep to the due time exactly),
 --          dropped (due ids without stored data, removed), buried (due tasks sent to dead here:
 --          unreadable meta, or as many attempts as max_attempts already made),
---          paused (1 when the queue is paused: nothing is leased and next_due is -1, so
---          consumers sleep until resume wakes them; expired leases are still reclaimed),
+--          flags (bit 1, paused: the queue is paused: nothing is leased and next_due is -1, so
+--          consumers sleep until resume wakes them; expired leases are still reclaimed;
+--          bit 2, fair: the queue's fairness is on, so consumers hold fewer deliveries),
 --          column (one entry per leased task, in order, joined by "|": "<due ms>" for a first
 --          delivery first claimed now, else "<due ms>,<attempt>,<first_claimed ms>"),
 --          id1, envelope1, id2, envelope2, ...}
@@ -395,6 +396,7 @@ fair.run = {keys = {tasks = KEYS[3], meta = KEYS[4], parked = KEYS[11], fair = K
   config = KEYS[8], due = KEYS[31], claims = {KEYS[32], KEYS[33]}},
   on = config.fairness == 'key', rounds = 0, more = false}
 if config.fairness == 'off' then fair.unlane(fair.run.keys, levels, fair.LANE_BUDGET) end
+if fair.run.on then out[9] = out[9] + 2 end
 if fair.run.on and not paused and limit > 0 then
   fair.lane(fair.run.keys, levels, fair.LANE_BUDGET, now, upper_used)
 end
