@@ -378,4 +378,5 @@ def test_fair_tenants_keeps_small_tenants_out_of_the_noisy_neighbours_backlog(re
     # without fairness a small tenant waits for most of the 6,000; with it, for what the
     # worker had already claimed (its hold), whatever the speed of the machine
     assert waits["off"] > 2 * waits["on"], out
-    assert "weights 3 : 1 over 1,000 claims: gold 750, bulk 250" in out
+    gold, bulk = map(int, re.findall(r"gold (\d+), bulk (\d+)", out)[0])
+    assert gold + bulk == 1000 and abs(gold - 750) <= 8, out  # 3 : 1, within two turns of 4
