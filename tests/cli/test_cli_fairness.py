@@ -162,3 +162,14 @@ def test_keys_of_a_missing_queue_or_an_unreachable_redis_is_one_error_line(invok
     result = invoke("keys", "jobs", url=UNREACHABLE)
     assert result.exit_code == 1
     assert "cannot reach Redis" in one_error_line(result)
+
+
+def test_keys_of_a_sharded_fair_queue_sums_each_tenant_over_the_shards(invoke, r):
+    q = dueq.Queue("wide", r, shards=3)
+    q.configure(fairness="key")
+    q.schedule_many(dueq.Task({"i": i}, id=f"acme-{i}", key="acme") for i in range(12))
+    result = invoke("keys", "wide", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert [(t["tenant"], t["due"]) for t in document["tenants"]] == [("acme", 12)]
+    assert table_rows(invoke("keys", "wide").output)["acme"] == ["12", "0", "0.0%"]
