@@ -58,8 +58,18 @@ Queue metrics (one series per queue; a queue whose stats cannot be read has ``du
 ``dueq_cron_last_success_timestamp_seconds`` gauge  its latest ack (absent if none yet); ``cron``
 ``dueq_workers``                            gauge  live worker processes serving the queue (the
                                                    worker registry, ``Queue.workers()``)
+``dueq_fair_lanes``                         gauge  a fair queue's lanes with due tasks (one per
+                                                   tenant with due tasks; 0 when not fair)
+``dueq_tenant_due{tenant}``                 gauge  a fair queue's tenant's due tasks
+``dueq_tenant_claimed_last_minute{tenant}`` gauge  its tasks claimed this minute and the one
+                                                   before
 ``dueq_queue_up``                           gauge  1 when the queue's stats could be read
 ==========================================  =====  ===============================================
+
+The tenant series are those of ``Queue.stats().tenants`` (``dueq.TenantShare``: the tenants
+with the most due tasks and the most claimed in the last minute), at most ``MAX_TENANT_SERIES``
+(20) a queue however many tenants it has, so the ``tenant`` label's cardinality stays bounded;
+``tenant=""`` is the tasks without a key. A queue that never was fair has none.
 
 Why a gauge of the last complete minute for rates, in events per second: the counters above
 already give any rate over any window (``rate(dueq_task_outcomes_total{outcome="acked"}[5m])``),
@@ -140,6 +150,7 @@ from dueq.queue import Queue
 __all__ = [
     "DELIVERY_LAG_BUCKETS_S",
     "HANDLER_BUCKETS_S",
+    "MAX_TENANT_SERIES",
     "OUTCOME_KINDS",
     "QUEUE_COUNTERS",
     "RATE_EVENTS",
@@ -244,6 +255,9 @@ STATS_COUNTERS = tuple(QUEUE_COUNTERS)
 #: The ``event`` label of ``dueq_task_rate_per_second`` for each per-minute history counter:
 #: the history's ``expired`` counts leases that ran out, as the outcome label says.
 RATE_EVENTS = {name: "lease_expired" if name == "expired" else name for name in HISTORY_COUNTERS}
+#: The most tenants of one queue with ``dueq_tenant_*`` series (bounded label cardinality):
+#: ``QueueStats.tenants`` holds at most ten with the most due and ten with the most claimed.
+MAX_TENANT_SERIES = 20
 #: What can become of a delivery (``Outcome.kind``): each has a series from the start.
 OUTCOME_KINDS: tuple[str, ...] = get_args(OutcomeKind)
 
@@ -343,6 +357,7 @@ class QueueCollector(Collector):
         workers = GaugeMetricFamily(
             "dueq_workers", "Live worker processes serving the queue", labels=["queue"]
         )
+        fair = _Fairness()
         cron_last = _CronLast()
         counters: dict[str, CounterMetricFamily] = {}
         for name in names:
@@ -369,6 +384,7 @@ class QueueCollector(Collector):
                 rates.add_metric([name, RATE_EVENTS[event]], getattr(last_minute, event) / 60)
             cron_last.add(name, definitions)
             workers.add_metric([name], alive)
+            fair.add(name, s)
             # every known counter, at 0 before its first event: an alert on increase() then
             # sees the first one (a series that appears at 1 has no increase)
             for counter in sorted({*STATS_COUNTERS, *s.counters}):
@@ -379,6 +395,7 @@ class QueueCollector(Collector):
                     )
                 counters[family].add_metric([name, *labels.values()], s.counters.get(counter, 0))
         yield from (up, tasks, lag, next_due, paused, missing, crons, rates, workers)
+        yield from fair.families
         yield from cron_last.families
         yield from (counters[family] for family in sorted(counters))
 
@@ -404,6 +421,34 @@ class QueueCollector(Collector):
             next_due.add_metric([name], s.next_due_at.timestamp())
         paused.add_metric([name], 1 if s.paused else 0)
         missing.add_metric([name], s.missing)
+
+
+class _Fairness:
+    """The families of a fair queue's lanes and tenants (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.lanes = GaugeMetricFamily(
+            "dueq_fair_lanes",
+            "Lanes of a fair queue with due tasks: one per tenant with due tasks",
+            labels=["queue"],
+        )
+        self.due = GaugeMetricFamily(
+            "dueq_tenant_due",
+            "Due tasks of a tenant of a fair queue (at most 20 tenants a queue)",
+            labels=["queue", "tenant"],
+        )
+        self.claimed = GaugeMetricFamily(
+            "dueq_tenant_claimed_last_minute",
+            "Tasks of a tenant of a fair queue claimed in this minute and the one before",
+            labels=["queue", "tenant"],
+        )
+        self.families = (self.lanes, self.due, self.claimed)
+
+    def add(self, queue: str, s: QueueStats) -> None:
+        self.lanes.add_metric([queue], s.fair_lanes)
+        for t in s.tenants[:MAX_TENANT_SERIES]:
+            self.due.add_metric([queue, t.tenant], t.due)
+            self.claimed.add_metric([queue, t.tenant], t.claimed)
 
 
 class _CronLast:

@@ -677,3 +677,36 @@ def test_batches_page_and_api_show_each_batch_with_its_counts(
         False,
     )
     assert "nov-26" in dashboard().get("/batches", params={"queue": "imports"}).text
+
+
+def _fair_shop(r: redis.Redis) -> Queue:
+    """Queue ``shop`` made fair: acme 3 due and 2 claimed, a tenant named ``XSS`` 1 due, 1
+    task without a key."""
+    q = Queue("shop", r)
+    q.configure(fairness="key")
+    q.schedule_many(Task({"i": i}, id=f"acme-{i}", key="acme") for i in range(5))
+    assert [d.key for d in q.claim(2)] == ["acme", "acme"]
+    q.schedule({}, id="evil", key=XSS)
+    q.schedule({}, id="plain")
+    return q
+
+
+def test_queue_page_of_a_fair_queue_shows_its_tenants_escaped(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    _fair_shop(r)
+    html = dashboard().get("/queue", params={"queue": "shop"}).text
+    assert "<h2>Tenants</h2>" in html
+    assert "3 lanes with due tasks, 2 claimed in the last minute" in html
+    assert "<td>acme</td><td class='n'>3</td><td class='n'>2</td><td class='n'>100.0%</td>" in html
+    assert "<td>(no key)</td><td class='n'>1</td><td class='n'>0</td>" in html
+    assert "<script>window" not in html
+    assert f"<td>{e(XSS)}</td><td class='n'>1</td>" in html
+
+
+def test_queue_page_of_a_queue_that_never_was_fair_shows_no_tenants(
+    r: redis.Redis, dashboard: Client
+) -> None:
+    Queue("plain", r).schedule({}, id="k", key="acme")
+    html = dashboard().get("/queue", params={"queue": "plain"}).text
+    assert "Queue plain" in html and "tenant" not in html.lower()

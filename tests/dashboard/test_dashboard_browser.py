@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from dashboard_support import Served, boom, overdue, running_worker, seed
+from dashboard_support import XSS, Served, boom, overdue, running_worker, seed
 from paths_support import TESTS
 
 from dueq import Queue, RetryPolicy, Task
@@ -224,6 +224,26 @@ def test_a_script_payload_is_shown_as_text(
         browser.get(site.url(path))
         wait_text(browser, "<script>window.__dueq_xss = 1</script>")  # visible as text
         assert browser.execute_script("return window.__dueq_xss === undefined")
+
+
+def test_a_fair_queues_tenants_table_shows_a_script_tenant_as_text(
+    r: redis.Redis, serve: Serve, browser: WebDriver
+) -> None:
+    q = Queue("shop", r)
+    q.configure(fairness="key")
+    q.schedule_many(Task({"i": i}, key="acme") for i in range(3))
+    q.schedule({}, key=XSS)
+    site = serve()
+    browser.get(site.url("/queue?queue=shop"))
+    wait_text(browser, "Tenants")
+    wait_text(browser, XSS)  # the tenant's name, visible as text
+    assert browser.execute_script("return window.__dueq_xss === undefined")
+    rows = [
+        [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#tenants tr")
+    ]
+    assert ["acme", "3", "0", "0.0%"] in rows and [XSS, "1", "0", "0.0%"] in rows
+    shot(browser, "queue-tenants")
 
 
 def test_a_post_without_the_csrf_token_is_refused(

@@ -179,6 +179,8 @@ def every_family(r, clock) -> list:
     from prometheus_client import parser
 
     q = dueq.Queue("all", r, clock=clock)
+    q.configure(fairness="key")  # a tenant's series too
+    q.schedule({"t": 1}, key="acme")
     q.cron.add("tick", "* * * * *")
     clock.advance(60)
     for d in q.claim(10):

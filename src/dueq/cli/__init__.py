@@ -32,7 +32,7 @@ DEBUG_HELP = "Show the traceback of an error."
 SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Produce", ("schedule", "cron")),
     ("Work", ("worker", "workers")),
-    ("Inspect", ("stats", "top", "list", "show", "dead", "events", "doctor", "batches")),
+    ("Inspect", ("stats", "keys", "top", "list", "show", "dead", "events", "doctor", "batches")),
     (
         "Operate",
         ("pause", "resume", "configure", "cancel", "reschedule", "run-now", "signal", "acl"),
@@ -54,6 +54,7 @@ SUMMARIES = {
     "worker": "Run HANDLER on the tasks of QUEUE until stopped.",
     "workers": "Show the live worker processes of queues.",
     "stats": "Count scheduled, due, leased and dead tasks per queue.",
+    "keys": "Show the tenants of a fair queue and their shares.",
     "top": "A live view of queues: states, rates, workers, failures.",
     "list": "List tasks of QUEUE in one state, page by page.",
     "show": "Show tasks in any state: payload, options, every error.",
@@ -88,6 +89,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("worker", "worker"),
     "workers": ("workers", "workers"),
     "stats": ("stats", "stats"),
+    "keys": ("keys", "keys"),
     "top": ("top", "top"),
     "list": ("tasks", "list_tasks"),
     "show": ("tasks", "show"),

@@ -1,4 +1,5 @@
-"""``dueq pause``, ``dueq resume`` and ``dueq configure``: a queue's settings in Redis.
+"""``dueq pause``, ``dueq resume`` and ``dueq configure``: a queue's settings in Redis (fairness
+and the keys' weights too: docs/fairness.md).
 
 Thin commands over ``Queue.pause``, ``resume`` and ``configure``: the library validates and
 writes; these parse the command line and print the settings that result. A queue that does
@@ -33,7 +34,8 @@ def _show(queue: str, settings: QueueSettings) -> None:
         f"remember_done {seconds(done.total_seconds()) if done else 'off'}; "
         f"keep_results {seconds(kept.total_seconds()) if kept else 'off'}; "
         f"events {seconds(settings.events.total_seconds()) if settings.events else 'off'}; "
-        f"concurrency {settings.concurrency or 'off'}"
+        f"concurrency {settings.concurrency or 'off'}; "
+        f"fairness {settings.fairness or 'off'}"
     )
     for key, limit in settings.key_limits.items():
         console().print(f"  key {safe(repr(key))}: {limit}")
@@ -71,7 +73,7 @@ def _concurrency(text: str | None, hint: str = "--key-concurrency") -> int | Lit
 
 
 def _key_limits(texts: tuple[str, ...]) -> dict[str, KeyLimit | None] | None:
-    """``--key-limit KEY=concurrency:5,rate:50/1`` (either part, or both) or ``KEY=off``,
+    """``--key-limit KEY=concurrency:5,rate:50/1,weight:3`` (any of the parts) or ``KEY=off``,
     repeatable; None when not given."""
     if not texts:
         return None
@@ -80,7 +82,7 @@ def _key_limits(texts: tuple[str, ...]) -> dict[str, KeyLimit | None] | None:
         key, sep, spec = text.rpartition("=")
         if not sep or not key:
             raise click.BadParameter(
-                f"{text!r} is not KEY=concurrency:N,rate:N/SECONDS or KEY=off",
+                f"{text!r} is not KEY=concurrency:N,rate:N/SECONDS,weight:N or KEY=off",
                 param_hint="--key-limit",
             )
         if spec == "off":
@@ -89,17 +91,24 @@ def _key_limits(texts: tuple[str, ...]) -> dict[str, KeyLimit | None] | None:
         parts: dict[str, str] = {}
         for item in spec.split(","):
             name, colon, value = item.partition(":")
-            if not colon or name not in ("concurrency", "rate") or name in parts:
+            if not colon or name not in ("concurrency", "rate", "weight") or name in parts:
                 raise click.BadParameter(
-                    f"{text!r}: {item!r} is not concurrency:N or rate:N/SECONDS",
+                    f"{text!r}: {item!r} is not concurrency:N, rate:N/SECONDS or weight:N",
                     param_hint="--key-limit",
                 )
             parts[name] = value
         concurrency = _concurrency(parts.get("concurrency"), "--key-limit")
         rate = _rate(parts.get("rate"), "--key-limit")
+        weight = parts.get("weight")
+        if weight is not None and not weight.isdigit():
+            raise click.BadParameter(
+                f"{text!r}: weight {weight!r} is not a whole number", param_hint="--key-limit"
+            )
         try:
             out[key] = KeyLimit(
-                concurrency=concurrency or None, rate=rate if isinstance(rate, Rate) else None
+                concurrency=concurrency or None,
+                rate=rate if isinstance(rate, Rate) else None,
+                weight=None if weight is None else int(weight),
             )
         except ConfigurationError as exc:
             raise click.BadParameter(f"{text!r}: {exc}", param_hint="--key-limit") from None
@@ -192,10 +201,17 @@ def resume(queue: str, create: bool, target: RedisTarget) -> None:
 @click.option(
     "--key-limit",
     "key_limit_texts",
-    metavar="KEY=concurrency:N,rate:N/SECONDS|KEY=off",
+    metavar="KEY=concurrency:N,rate:N/SECONDS,weight:N|KEY=off",
     multiple=True,
-    help="Limits of one named key over --key-concurrency/--key-rate (either part, or both; "
-    "repeatable); KEY=off removes them. At most 1,000 keys.",
+    help="Limits of one named key over --key-concurrency/--key-rate, and its weight as a "
+    "tenant of a fair queue (w claims for every one of a tenant of weight 1; 1 to 1000); any "
+    "of the parts, repeatable; KEY=off removes them. At most 1,000 keys.",
+)
+@click.option(
+    "--fairness",
+    type=click.Choice(["key", "off"]),
+    help="key: share the claims between tenants (a task's fair_key, else its key) in weighted "
+    "fair order (docs/fairness.md); off: by priority, then due time.",
 )
 @click.option("--paused/--running", default=None, help="Pause or resume QUEUE.")
 @create_option
@@ -210,6 +226,7 @@ def configure(
     key_concurrency: str | None,
     concurrency: str | None,
     key_limit_texts: tuple[str, ...],
+    fairness: str | None,
     paused: bool | None,
     create: bool,
     target: RedisTarget,
@@ -221,8 +238,11 @@ def configure(
     cap = _concurrency(concurrency, "--concurrency")
     key_limits = _key_limits(key_limit_texts)
     q = _existing(target, queue, create)
+    fair: Literal["key", False] | None = None
+    if fairness is not None:
+        fair = "key" if fairness == "key" else False
     changes = (remember_done, keep_results, paused, limit, key_limit, per_key, cap, key_limits)
-    if all(change is None for change in changes) and events is None:
+    if all(change is None for change in changes) and events is None and fair is None:
         _show(queue, q.settings())
         return
     settings = q.configure(
@@ -235,5 +255,6 @@ def configure(
         key_concurrency=per_key,
         concurrency=cap,
         key_limits=key_limits,
+        fairness=fair,
     )
     _show(queue, settings)

@@ -1,4 +1,6 @@
-"""``dueq stats``: a table of every queue's states and timing, once or refreshed."""
+"""``dueq stats``: a table of every queue's states and timing, once or refreshed; under it, for
+each fair queue (docs/fairness.md), its lanes with due tasks, its claims of the last minute and
+its tenants (``tenants_table``, which ``dueq keys`` shows alone)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,35 @@ def read_stats(conn: Connection, names: list[str]) -> tuple[list[QueueStatsRow],
     return rows, skipped
 
 
+def shows_fairness(s: QueueStats) -> bool:
+    """Whether the queue is fair, or was until lately: a queue that never was shows nothing
+    of tenants."""
+    return s.settings.fairness is not None or bool(s.fair_lanes or s.fair_claimed or s.tenants)
+
+
+def tenant_name(tenant: str) -> str:
+    """A tenant as a table shows it: the tasks without a key as ``(no key)``."""
+    return safe(tenant) if tenant else "(no key)"
+
+
+def fair_line(name: str, s: QueueStats) -> str:
+    """One line: the queue's fairness, lanes with due tasks, tasks claimed in the last minute."""
+    return (
+        f"queue {safe(repr(name))}: fairness {s.settings.fairness or 'off'}; "
+        f"{s.fair_lanes} lanes with due tasks, {s.fair_claimed} claimed in the last minute"
+    )
+
+
+def tenants_table(name: str, s: QueueStats) -> Any:
+    """The tenants of a fair queue (most due first): due tasks, claimed in the last minute
+    (this minute and the one before), their share of those claims."""
+    columns = ("tenant", "due", "claimed", "share")
+    table = titled_table(f"tenants of {safe(repr(name))}", columns, right=columns[1:])
+    for t in s.tenants:
+        table.add_row(tenant_name(t.tenant), str(t.due), str(t.claimed), f"{t.share:.1%}")
+    return table
+
+
 def stats_table(conn: Connection, names: list[str]) -> Group:
     """One row per queue: counts per state, next due time, lag of the oldest due task; the
     queues that could not be read in a note under the table."""
@@ -68,7 +99,13 @@ def stats_table(conn: Connection, names: list[str]) -> Group:
             seconds(s.oldest_due_lag_s) if s.due_now else "-",
         )
     notes = [f"skipped {safe(repr(name))}: {safe(reason)}" for name, reason in skipped]
-    return Group(table, *notes) if notes else Group(table)
+    fair: list[Any] = []
+    for name, s in rows:
+        if shows_fairness(s):
+            fair += (
+                [fair_line(name, s), tenants_table(name, s)] if s.tenants else [fair_line(name, s)]
+            )
+    return Group(table, *notes, *fair)
 
 
 def stats_document(conn: Connection, names: list[str]) -> dict[str, Any]:
@@ -77,7 +114,15 @@ def stats_document(conn: Connection, names: list[str]) -> dict[str, Any]:
     rows, skipped = read_stats(conn, names)
     return {
         "redis": conn.shown,
-        "queues": [{"queue": name, "paused": s.paused, **plain(s)} for name, s in rows],
+        "queues": [
+            {
+                "queue": name,
+                "paused": s.paused,
+                **plain(s),
+                "tenants": [t.to_json() for t in s.tenants],
+            }
+            for name, s in rows
+        ],
         "skipped": [{"queue": name, "reason": reason} for name, reason in skipped],
     }
 

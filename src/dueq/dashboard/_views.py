@@ -49,7 +49,7 @@ from dueq.dashboard._reads import (
     search,
     stats_json,
 )
-from dueq.model import StepInfo, TaskInfo
+from dueq.model import QueueStats, StepInfo, TaskInfo
 
 
 def result_section(info: TaskInfo) -> str:
@@ -97,6 +97,31 @@ def steps_section(info: TaskInfo) -> str:
     )
     cells = "".join(f"<th>{e(h)}</th>" for h in [*head, "result or error"])
     return f'<h2>Steps ({len(info.steps)})</h2><table id="steps"><tr>{cells}</tr>{rows}</table>'
+
+
+def tenants_section(stats: QueueStats) -> str:
+    """A fair queue's tenants (``stats.tenants``, most due first): due tasks, claimed in the
+    last minute, share of those claims; nothing for a queue that never was fair."""
+    fair = stats.settings.fairness
+    if fair is None and not (stats.fair_lanes or stats.fair_claimed or stats.tenants):
+        return ""
+    rows = [
+        f"<tr><td>{e(t.tenant) if t.tenant else '(no key)'}</td><td class='n'>{t.due}</td>"
+        f"<td class='n'>{t.claimed}</td><td class='n'>{t.share:.1%}</td></tr>"
+        for t in stats.tenants
+    ]
+    return (
+        "<h2>Tenants</h2>"
+        f'<p class="muted">fairness {e(fair or "off")}: {stats.fair_lanes} lanes with due tasks, '
+        f"{stats.fair_claimed} claimed in the last minute</p>"
+        '<div id="tenants">'
+        + table(
+            ["tenant", "due", "claimed (last minute)", "share"],
+            rows,
+            empty="no tenant with due or claimed tasks",
+        )
+        + "</div>"
+    )
 
 
 def _outcome(d: CronDefinition) -> str:
@@ -325,7 +350,8 @@ class Views:
             f"<h1>Queue {e(n)} {toggle}</h1>"
             f'<p class="health" data-health="{e(health.level)}" data-health-of="{e(n)}.health">'
             f'<span data-live="{e(n)}.health_reason">{e(health.reason)}</span></p>{counts}'
-            f"<p>{link('Dead letters of every queue', '/dead')}</p>"
+            + tenants_section(stats)
+            + f"<p>{link('Dead letters of every queue', '/dead')}</p>"
             f"<p>{link('Cron definitions of this queue', '/cron', queue=n)}</p>"
             '<div class="charts"><div><h2>Throughput, last hour</h2>'
             + chart("throughput chart", url("/chart/throughput.svg", queue=n))
