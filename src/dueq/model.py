@@ -590,6 +590,14 @@ class QueueStats:
     def paused(self) -> bool:
         return self.settings.paused
 
+    @property
+    def fair(self) -> bool:
+        """Whether the queue is fair, or was until lately (its lanes, claims or tenants are
+        still counted): what shows tenants (``dueq stats``, the dashboard)."""
+        return self.settings.fairness is not None or bool(
+            self.fair_lanes or self.fair_claimed or self.tenants
+        )
+
 
 @dataclass(frozen=True)
 class Outcome:

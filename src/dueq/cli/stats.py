@@ -50,7 +50,7 @@ def read_stats(conn: Connection, names: list[str]) -> tuple[list[QueueStatsRow],
 def shows_fairness(s: QueueStats) -> bool:
     """Whether the queue is fair, or was until lately: a queue that never was shows nothing
     of tenants."""
-    return s.settings.fairness is not None or bool(s.fair_lanes or s.fair_claimed or s.tenants)
+    return s.fair
 
 
 def tenant_name(tenant: str) -> str:

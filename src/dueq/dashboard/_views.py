@@ -103,7 +103,7 @@ def tenants_section(stats: QueueStats) -> str:
     """A fair queue's tenants (``stats.tenants``, most due first): due tasks, claimed in the
     last minute, share of those claims; nothing for a queue that never was fair."""
     fair = stats.settings.fairness
-    if fair is None and not (stats.fair_lanes or stats.fair_claimed or stats.tenants):
+    if not stats.fair:
         return ""
     rows = [
         f"<tr><td>{e(t.tenant) if t.tenant else '(no key)'}</td><td class='n'>{t.due}</td>"
