@@ -471,3 +471,17 @@ def test_a_tasks_fair_key_is_shown_by_get_listing_json_and_its_delivery(
     assert [t.fair_key for t in q.list_tasks("scheduled").tasks] == ["acme"]
     (d,) = q.claim(1)
     assert (d.key, d.fair_key) == ("acme/reports", "acme")
+
+
+def test_stats_of_a_fair_queue_see_the_wait_of_its_oldest_laned_task(
+    make_queue: Callable[..., Any], clock: Any
+) -> None:
+    q = make_queue()
+    q.configure(fairness="key")
+    backlog(q, "old", 5)
+    clock.advance(30)
+    backlog(q, "new", 5)
+    clock.advance(10)
+    stats = q.stats()
+    assert stats.due_now == 10 and stats.oldest_due_lag_s == 40.0
+    assert stats.next_due_at is not None

@@ -8,7 +8,8 @@
 -- KEYS[6] config   HASH setting -> value
 -- KEYS[7] parked  ZSET due tasks whose key was at a limit (counted as scheduled and due)
 -- KEYS[8] waiting  ZSET id -> due ms: tasks waiting for parents (after=; only counted)
--- KEYS[9] fair     ZSET tenant -> virtual time: a fair queue's tenants with due tasks
+-- KEYS[9] fair     ZSET tenant -> virtual time: a fair queue's tenants with due tasks (the
+--                  first tasks of up to 100 of their lanes count for next_due: lanes_head)
 -- KEYS[10] fair_due ZSET tenant -> tasks in its lane (include/fair.lua)
 -- KEYS[11] fair_claims0 ZSET tenant -> tasks claimed from its lane in an even minute
 -- KEYS[12] fair_claims1 ZSET the same, in an odd minute
@@ -64,6 +65,30 @@ local function fair_tenants(most, now)
   return out
 end
 
+-- The earliest due ms of a fair queue's laned tasks, or nil, as far as LANE_SAMPLE lanes show
+-- it: the first member of the lanes of least and of most virtual time (a lane is ordered by
+-- priority, then due: its first member is its oldest task of its highest priority). Lanes hold
+-- every due task of a fair queue, so without this its oldest due task's wait would read 0.
+local function lanes_head()
+  local LANE_SAMPLE = 50
+  if redis.call('EXISTS', KEYS[9]) == 0 then return nil end
+  local seen, best = {}, nil
+  for _, lanes in ipairs({redis.call('ZRANGE', KEYS[9], 0, LANE_SAMPLE - 1),
+      redis.call('ZREVRANGE', KEYS[9], 0, LANE_SAMPLE - 1)}) do
+    for _, tenant in ipairs(lanes) do
+      if not seen[tenant] then
+        seen[tenant] = true
+        local prefix = '\1' .. tenant
+        local first = redis.call('ZRANGEBYLEX', KEYS[7], '[' .. prefix .. '\0',
+          '(' .. prefix .. '\1', 'LIMIT', 0, 1)[1]
+        local due = first and tonumber(string.sub(first, #prefix + 3, #prefix + 17))
+        if due and (not best or due < best) then best = due end
+      end
+    end
+  end
+  return best
+end
+
 local now = dueq_now(ARGV[1])
 local levels = due_levels(KEYS[1])
 local scheduled, due_now = 0, 0
@@ -86,6 +111,8 @@ local out = {
   fair_tenants(tonumber(ARGV[2]) or 10, now),
 }
 local head = levels_head(levels)
+local laned = lanes_head()
+if laned and (not head or laned < head) then head = laned end
 if head then out[6] = clamp_ms(head) end
 local counters = redis.pcall('HGETALL', KEYS[4])
 if counters.err then  -- not a hash (see stats_key_unusable in include/counters.lua): no counters
