@@ -26,7 +26,7 @@
 local function schedule_records(replace, blob, caller_window_ms, k_steps, fk)
   local now = dueq_now(ARGV[1])
   history_use(KEYS[14], ARGV[1])
-  local window = done_window(KEYS[10], KEYS[7], caller_window_ms)
+  local window, settings = done_window(KEYS[10], KEYS[7], caller_window_ms, 'fairness')
   local acked_since = now - window
   local levels = due_levels(KEYS[1])
   local previous_head = levels_head(levels)
@@ -40,7 +40,7 @@ local function schedule_records(replace, blob, caller_window_ms, k_steps, fk)
     KEYS[8])
   local ak = links.after_keys(KEYS[20], KEYS[21], KEYS[22], KEYS[6], KEYS[4], nil, bk)
   local born_dead = {}  -- tasks buried as they were added: a parent had failed
-  local laning = settings_read(KEYS[10], KEYS[7], 'fairness').fairness == 'key'
+  local laning = settings.fairness == 'key'
 
   while pos <= #blob do
     local flags, due, id, envelope

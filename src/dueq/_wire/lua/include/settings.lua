@@ -111,10 +111,12 @@ do
   end
 
   -- The remember-done window ms: the queue's setting when it is set (and accepted), else the
-  -- caller's (Queue(remember_done=...), deprecated).
-  function done_window(k_config, k_stats, caller_ms)
-    local v = settings_read(k_config, k_stats, 'remember_done_ms').remember_done_ms
-    if v ~= nil then return v end
-    return tonumber(caller_ms)
+  -- caller's (Queue(remember_done=...), deprecated); and the settings `...`, read in the same
+  -- HMGET (settings_read's table).
+  function done_window(k_config, k_stats, caller_ms, ...)
+    local settings = settings_read(k_config, k_stats, 'remember_done_ms', ...)
+    local v = settings.remember_done_ms
+    if v ~= nil then return v, settings end
+    return tonumber(caller_ms), settings
   end
 end
