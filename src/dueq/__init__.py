@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from dueq._wire.envelope import TaskOptions, TraceContext
     from dueq.async_queue import AsyncQueue
     from dueq.cron.flows import CronDefinition, Occurrence
-    from dueq.delivery import AsyncDelivery, Delivery
+    from dueq.delivery import AsyncDelivery, Delivery, Item
     from dueq.doctor import DoctorFinding, DoctorReport
     from dueq.durable import AsyncStepContext, StepContext, TaskContext
     from dueq.events.stream import AsyncEvent, Event, EventGroup
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     )
     from dueq.model import (
         BatchInfo,
+        BatchSpec,
         ClaimBatch,
         DueHistogram,
         ErrorRecord,
@@ -129,6 +130,8 @@ _LAZY: dict[str, str] = {
     "RetryPolicy": "retry",
     "AsyncDelivery": "delivery",
     "BatchInfo": "model",
+    "BatchSpec": "model",
+    "Item": "delivery",
     "Delivery": "delivery",
     "DueHistogram": "model",
     "ErrorRecord": "model",
@@ -176,6 +179,7 @@ __all__ = [
     "BatchCompleted",
     "BatchCompletionTaken",
     "BatchInfo",
+    "BatchSpec",
     "ClaimBatch",
     "ConfigurationError",
     "CorruptQueue",
@@ -196,6 +200,7 @@ __all__ = [
     "HistoryPoint",
     "InvalidArguments",
     "InvalidTaskError",
+    "Item",
     "KeyCooldown",
     "KeyLimit",
     "LeaseLost",

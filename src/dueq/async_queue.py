@@ -41,6 +41,7 @@ from dueq.events.stream import AsyncEvent, EventGroup, event_groups_flow
 from dueq.exceptions import WaitTimeout
 from dueq.model import (
     BatchInfo,
+    BatchSpec,
     ClaimBatch,
     DueHistogram,
     HistoryPoint,
@@ -218,6 +219,7 @@ class AsyncQueue(QueueCore):
         key: str | None = None,
         context: bool = False,
         durable: bool = False,
+        batch: BatchSpec | None = None,
     ) -> Callable[[Callable[P, R]], AsyncTaskFunction[P, R]]: ...
 
     def task(
@@ -232,6 +234,7 @@ class AsyncQueue(QueueCore):
         key: str | None = None,
         context: bool = False,
         durable: bool = False,
+        batch: BatchSpec | None = None,
     ) -> AsyncTaskFunction[P, R] | Callable[[Callable[P, R]], AsyncTaskFunction[P, R]]:
         """Register a function as a named task of this queue (``@q.task`` or
         ``@q.task(name=...)``): see ``dueq.TaskFunction``. ``name`` defaults to
@@ -239,7 +242,8 @@ class AsyncQueue(QueueCore):
         defaults of its tasks. A ``Worker`` without a handler runs it by name. ``context=True``:
         the function's first parameter receives a ``dueq.TaskContext`` (id, attempt, ...);
         ``durable=True``: a ``dueq.StepContext`` (``AsyncStepContext`` for ``async def``), whose
-        steps are committed as they finish (docs/durable.md)."""
+        steps are committed as they finish (docs/durable.md). ``batch=dueq.BatchSpec(...)``: a
+        bulk handler, called with a list of ``dueq.Item`` (docs/bulk-handlers.md)."""
 
         def register(function: Callable[P, R]) -> AsyncTaskFunction[P, R]:
             defined = AsyncTaskFunction(
@@ -252,6 +256,7 @@ class AsyncQueue(QueueCore):
                 key=key,
                 context=context,
                 durable=durable,
+                batch=batch,
             )
             self.register_task(defined)
             return defined

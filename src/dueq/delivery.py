@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from dueq._util.clock import Duration, ms_datetime
+from dueq._util.clock import Duration, duration_ms, ms_datetime
 from dueq._wire.envelope import NO_OPTIONS, TaskOptions, TraceContext
-from dueq.exceptions import KeyCooldown
+from dueq.exceptions import ConfigurationError, KeyCooldown
 from dueq.model import Outcome
 
 
@@ -376,3 +376,105 @@ class AsyncDelivery(DeliveryBase):
     async def progress(self, obj: Any) -> int:
         """As ``Delivery.progress``."""
         return await self._queue.report_progress(self, obj)
+
+
+class Item:
+    """One task of a bulk handler's call (``BatchSpec``): its delivery's task, and what the
+    handler says became of it. ``fail``, ``release`` and ``result`` record a verdict only;
+    dueq settles every item of the call together once the handler returns (or raises): items
+    failed are retried alone with backoff (or go dead alone once out of attempts), items
+    released go back without counting the attempt, and the rest are acked (with their
+    ``result``, kept while the queue keeps results). A raise fails every item that has no
+    verdict yet. The same class serves both front ends: nothing here calls Redis."""
+
+    __slots__ = ("_value", "delivery", "error", "release_delay", "retry_in")
+
+    def __init__(self, delivery: DeliveryBase) -> None:
+        #: the delivery this item is (its lease is kept while the call runs)
+        self.delivery = delivery
+        #: the failure recorded by ``fail`` (None: not failed)
+        self.error: BaseException | str | None = None
+        #: ``fail``'s ``retry_in`` (None: the retry policy's backoff)
+        self.retry_in: Duration | None = None
+        #: ``release``'s delay (None: not released)
+        self.release_delay: Duration | None = None
+        self._value: Any = None
+
+    @property
+    def id(self) -> str:
+        return self.delivery.id
+
+    @property
+    def payload(self) -> Any:
+        """The task's payload (a named task's: the dict of its arguments)."""
+        return self.delivery.payload
+
+    @property
+    def attempt(self) -> int:
+        return self.delivery.attempt
+
+    @property
+    def due_at(self) -> datetime:
+        return self.delivery.due_at
+
+    @property
+    def key(self) -> str | None:
+        return self.delivery.key
+
+    @property
+    def priority(self) -> int:
+        return self.delivery.priority
+
+    @property
+    def task_name(self) -> str | None:
+        return self.delivery.task_name
+
+    @property
+    def queue_name(self) -> str:
+        return self.delivery.queue_name
+
+    @property
+    def cancelled(self) -> bool:
+        """True once dueq found the task cancelled while the call held it."""
+        return self.delivery.cancelled
+
+    @property
+    def verdict(self) -> str | None:
+        """ "failed" or "released" once the handler said so; None (acked when the call
+        returns)."""
+        if self.error is not None:
+            return "failed"
+        return None if self.release_delay is None else "released"
+
+    def _refuse_second(self, what: str) -> None:
+        if self.verdict is not None:
+            raise ConfigurationError(
+                f"item {self.id!r} is {self.verdict} already: an item takes one verdict "
+                f"({what} after it)"
+            )
+
+    def fail(self, error: BaseException | str, *, retry_in: Duration | None = None) -> None:
+        """Record a failure of this item alone: retried after the policy's backoff (or
+        ``retry_in``), or dead once out of attempts (at once for ``dueq.Unrecoverable``)."""
+        self._refuse_second("fail")
+        if not isinstance(error, (BaseException, str)) or error == "":
+            raise ConfigurationError(f"item.fail takes an exception or a message, got {error!r}")
+        if retry_in is not None:
+            duration_ms(retry_in, "retry_in", error=ConfigurationError)
+        self.error = error
+        self.retry_in = retry_in
+
+    def release(self, delay: Duration = 0) -> None:
+        """Give this item back, due after ``delay``, without counting the attempt."""
+        self._refuse_second("release")
+        duration_ms(delay, "release delay", error=ConfigurationError)
+        self.release_delay = delay
+
+    def result(self, value: Any) -> None:
+        """Keep ``value`` (a JSON value) as this item's result when it is acked, while the
+        queue keeps results (``keep_results``)."""
+        self._value = value
+        self.delivery.result = value
+
+    def __repr__(self) -> str:
+        return f"Item(id={self.id!r}, attempt={self.attempt}, verdict={self.verdict!r})"

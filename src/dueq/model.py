@@ -504,6 +504,40 @@ class KeyLimit:
         return ", ".join(parts)
 
 
+#: Most items one bulk handler call takes (``BatchSpec(max=)``).
+MAX_BATCH_ITEMS = 10_000
+#: Longest a bulk handler call waits for more items (``BatchSpec(linger=)``), ms.
+MAX_LINGER_MS = 60_000
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """How a bulk handler takes its tasks (``@q.task(batch=dueq.BatchSpec(...))``, or
+    ``Worker(q, handler, batch=...)``): one call gets up to ``max`` due tasks of that handler
+    as a list of ``dueq.Item``; with ``linger``, a call that has fewer waits at most that long
+    after its first task fell due for more to arrive (on the worker's timer: no polling), then
+    runs with what it has (docs/bulk-handlers.md)."""
+
+    #: most items in one call, 1 to MAX_BATCH_ITEMS
+    max: int = 100
+    #: longest a call waits for more items after its first one fell due (0: none)
+    linger: Duration = 0
+
+    def __post_init__(self) -> None:
+        whole_number(self.max, "BatchSpec max", low=1, high=MAX_BATCH_ITEMS)
+        linger_ms = duration_ms(self.linger, "BatchSpec linger", error=ConfigurationError)
+        if linger_ms > MAX_LINGER_MS:
+            raise ConfigurationError(
+                f"BatchSpec linger must be at most {MAX_LINGER_MS // 1000} s, got "
+                f"{linger_ms / 1000:g} s"
+            )
+
+    @property
+    def linger_s(self) -> float:
+        """``linger`` in seconds."""
+        return duration_ms(self.linger, "BatchSpec linger", error=ConfigurationError) / 1000
+
+
 @dataclass(frozen=True)
 class QueueSettings:
     """A queue's settings, kept in Redis so that every producer and consumer obeys the same

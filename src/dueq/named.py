@@ -42,7 +42,7 @@ from dueq.exceptions import (
     UnknownTask,
     Unrecoverable,
 )
-from dueq.model import Task
+from dueq.model import BatchSpec, Task
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -144,6 +144,11 @@ def bind_problem(signature: inspect.Signature, arguments: dict[str, Any]) -> str
     return "; ".join(reasons)
 
 
+#: What a bulk handler's tasks may be scheduled with: any arguments (the function takes the
+#: list of items; each item's payload is its task's arguments).
+_BULK_SIGNATURE = inspect.Signature([inspect.Parameter("arguments", inspect.Parameter.VAR_KEYWORD)])
+
+
 def default_name(fn: Callable[..., Any]) -> str:
     """``module.qualname`` of a function (the name ``@q.task`` gives it by default)."""
     module = getattr(fn, "__module__", None) or "__main__"
@@ -183,19 +188,37 @@ class TaskFunction(Generic[P, R]):
         key: str | None = None,
         context: bool = False,
         durable: bool = False,
+        batch: BatchSpec | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigurationError(f"a task must be a function, got {fn!r}")
         self.fn = fn
         self.queue = queue
         self.name = validate_task_name(default_name(fn) if name is None else name)
+        if batch is not None and not isinstance(batch, BatchSpec):
+            raise ConfigurationError(
+                f"task {self.name!r}: batch= takes a dueq.BatchSpec, got {batch!r} (a task's "
+                "batch id is given when it is scheduled: fn.schedule(..., batch='id'))"
+            )
+        if batch is not None and (durable or context):
+            raise ConfigurationError(
+                f"task {self.name!r}: a bulk handler (batch=) takes a list of dueq.Item, each "
+                "with its task's id and attempt: it cannot be durable= or context= as well"
+            )
+        #: a bulk handler's BatchSpec (``@q.task(batch=...)``): the function is called with a
+        #: list of ``dueq.Item`` (docs/bulk-handlers.md); None: one task per call
+        self.batch = batch
         #: its steps are committed as they finish (``@q.task(durable=True)``): the function's
         #: first parameter receives a ``StepContext`` (``AsyncStepContext`` when async def)
         self.durable = bool(durable)
         #: the function's first parameter receives a ``TaskContext`` (``@q.task(context=True)``)
         self.context = bool(context) or self.durable
         #: the signature the task's arguments bind to (without the context parameter)
-        self.signature = _arguments_signature(self.name, inspect.signature(fn), self.context)
+        self.signature = (
+            _BULK_SIGNATURE
+            if batch is not None
+            else _arguments_signature(self.name, inspect.signature(fn), self.context)
+        )
         positional = [
             p.name
             for p in self.signature.parameters.values()
@@ -515,12 +538,43 @@ class Dispatcher:
         queues: Iterable[Any],
         handler: Callable[[Any], Any] | None,
         loop: asyncio.AbstractEventLoop | None = None,
+        batch: BatchSpec | None = None,
     ) -> None:
         self._routes = _routes(queues)
         self._handler = handler
         #: the consumer's event loop when an asyncio consumer runs this dispatcher on its
         #: handler threads: a plain durable function's steps are driven there
         self.loop = loop
+        #: the plain handler's BatchSpec (``Worker(q, handler, batch=...)``): it is a bulk
+        #: handler, called with a list of ``dueq.Item``
+        self.batch = batch
+        #: some deliveries go to a bulk handler (the processors gather them: ``bulk_of``)
+        self.bulk = batch is not None or any(
+            fn.batch is not None for routes in self._routes.values() for fn in routes.values()
+        )
+
+    def bulk_of(self, d: Any) -> tuple[Any, BatchSpec] | None:
+        """The bulk handler ``d`` goes to (what its calls are gathered by: the named task's
+        function, or ``PLAIN_BULK``) with its BatchSpec; None when ``d`` runs alone (so does
+        a delivery that cannot be dispatched: it fails alone, as it would)."""
+        name = d.task_name
+        if name is None:
+            return None if self.batch is None else (PLAIN_BULK, self.batch)
+        fn = self._routes.get(d.queue_name, _NONE).get(name)
+        if fn is None or fn.batch is None or type(d.payload) is not dict:
+            return None
+        return fn, fn.batch
+
+    def run_bulk(self, group: Any, items: list[Any]) -> Any:
+        """Call bulk handler ``group`` with ``items``; an ``async def`` one's coroutine is
+        returned, to be awaited (then ``bulk_returned`` checks its value)."""
+        call = self._handler if group is PLAIN_BULK else group.fn
+        assert call is not None  # (bulk_of sends plain tasks here only with a handler)
+        value = call(items)
+        if inspect.isawaitable(value):
+            return _bulk_checked(group, value)
+        bulk_returned(group, value)
+        return None
 
     def task_function(self, d: Any) -> TaskFunction[Any, Any]:
         """The registered function of named delivery ``d``; UnknownTask or InvalidArguments
@@ -624,6 +678,26 @@ async def _checked(fn: TaskFunction[Any, Any], awaitable: Any) -> Any:
     return value
 
 
+#: The group of a worker's plain bulk handler (``Worker(q, handler, batch=...)``).
+PLAIN_BULK = "plain payload tasks"
+
+
+def bulk_returned(group: Any, value: Any) -> None:
+    """A bulk handler's return value: None, or the Unrecoverable that says how to give
+    results (every item of the call goes dead: no retry makes it return otherwise)."""
+    if value is None:
+        return
+    who = "the worker's handler" if group is PLAIN_BULK else f"task {group.name!r}"
+    raise Unrecoverable(
+        f"{who} is a bulk handler and returned {type(value).__name__}: it returns None and "
+        "gives each item's result with item.result(value)"
+    )
+
+
+async def _bulk_checked(group: Any, awaitable: Any) -> None:
+    bulk_returned(group, await awaitable)
+
+
 class AsyncDispatcher(Dispatcher):
     """``Dispatcher`` as an ``async def`` handler, for consumers on an event loop whose
     functions are ``async def``: a plain function among them runs in the loop's default
@@ -649,6 +723,17 @@ class AsyncDispatcher(Dispatcher):
             raise
         return await _checked(fn, awaitable)
 
+    async def run_bulk(self, group: Any, items: list[Any]) -> Any:
+        """``Dispatcher.run_bulk`` on the loop: a plain function runs on the loop's default
+        thread pool."""
+        call = self._handler if group is PLAIN_BULK else group.fn
+        assert call is not None
+        if is_async(call):
+            value = await call(items)
+        else:
+            value = await _in_thread(functools.partial(call, items))
+        bulk_returned(group, value)
+
 
 async def _in_thread(call: Callable[[], Any]) -> Any:
     """``call()`` on the loop's default thread pool; an awaitable it returns is awaited."""
@@ -666,7 +751,11 @@ def is_async(fn: Any) -> bool:
 
 
 def dispatcher(
-    queues: Iterable[Any], handler: Callable[[Any], Any] | None, *, on_loop: bool
+    queues: Iterable[Any],
+    handler: Callable[[Any], Any] | None,
+    *,
+    on_loop: bool,
+    batch: BatchSpec | None = None,
 ) -> Dispatcher:
     """The handler a worker runs on ``queues`` (see ``Dispatcher``). ``on_loop``: the worker
     runs ``async def`` handlers on an event loop (``AsyncWorker``), so when every function
@@ -680,7 +769,12 @@ def dispatcher(
     loop = _running_loop() if on_loop else None
     if handler is not None:
         kind = AsyncDispatcher if is_async(handler) else Dispatcher
-        return kind(queues, handler, loop)
+        return kind(queues, handler, loop, batch)
+    if batch is not None:
+        raise ConfigurationError(
+            "batch= makes the worker's handler a bulk handler: give the handler too (named "
+            "tasks take their own: @q.task(batch=dueq.BatchSpec(...)))"
+        )
     functions = [fn.fn for q in queues for fn in q.tasks.values()]
     if on_loop and functions and all(is_async(fn) for fn in functions):
         return AsyncDispatcher(queues, None, loop)

@@ -41,6 +41,7 @@ from dueq.events.stream import Event, EventGroup, event_groups_flow, observe_eve
 from dueq.exceptions import WaitTimeout
 from dueq.model import (
     BatchInfo,
+    BatchSpec,
     ClaimBatch,
     DueHistogram,
     HistoryPoint,
@@ -251,6 +252,7 @@ class Queue(QueueCore):
         key: str | None = None,
         context: bool = False,
         durable: bool = False,
+        batch: BatchSpec | None = None,
     ) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
 
     def task(
@@ -265,6 +267,7 @@ class Queue(QueueCore):
         key: str | None = None,
         context: bool = False,
         durable: bool = False,
+        batch: BatchSpec | None = None,
     ) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
         """Register a function as a named task of this queue (``@q.task`` or
         ``@q.task(name=...)``): see ``dueq.TaskFunction``. ``name`` defaults to
@@ -272,7 +275,8 @@ class Queue(QueueCore):
         defaults of its tasks. A ``Worker`` without a handler runs it by name. ``context=True``:
         the function's first parameter receives a ``dueq.TaskContext`` (id, attempt, ...);
         ``durable=True``: a ``dueq.StepContext`` (``AsyncStepContext`` for ``async def``), whose
-        steps are committed as they finish (docs/durable.md)."""
+        steps are committed as they finish (docs/durable.md). ``batch=dueq.BatchSpec(...)``: a
+        bulk handler, called with a list of ``dueq.Item`` (docs/bulk-handlers.md)."""
 
         def register(function: Callable[P, R]) -> TaskFunction[P, R]:
             defined = TaskFunction(
@@ -285,6 +289,7 @@ class Queue(QueueCore):
                 key=key,
                 context=context,
                 durable=durable,
+                batch=batch,
             )
             self.register_task(defined)
             return defined

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable
 
-from dueq._consume.prefetch import Prefetch
+from dueq._consume.prefetch import MAX_IN_FLIGHT, Prefetch
 from dueq._consume.threads import consume_queue
 from dueq._flows.core import QueueCore
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration, duration_ms, positive_duration_ms
 from dueq.exceptions import ConfigurationError
 from dueq.logs import stderr_fallback
-from dueq.model import Outcome
+from dueq.model import BatchSpec, Outcome
 from dueq.named import dispatcher
 from dueq.operators import MAX_CONCURRENCY
 from dueq.operators._process import Handler, Processor, is_async_handler
@@ -60,6 +60,7 @@ class _WorkerSettings:
         grace: Duration,
         heartbeat: Duration,
         timeout: Duration | None,
+        batch: BatchSpec | None,
     ) -> None:
         kind = queue_type.__name__
         if isinstance(queues, QueueCore):
@@ -72,10 +73,25 @@ class _WorkerSettings:
         if handler is not None and not callable(handler):
             raise ConfigurationError(f"handler must be callable, got {handler!r}")
         whole_number(concurrency, "concurrency", low=1, high=MAX_CONCURRENCY)
+        if batch is not None and not isinstance(batch, BatchSpec):
+            raise ConfigurationError(f"batch= takes a dueq.BatchSpec, got {batch!r}")
+        if batch is not None and handler is None:
+            raise ConfigurationError(
+                "batch= makes the worker's handler a bulk handler: give the handler too (named "
+                "tasks take their own: @q.task(batch=dueq.BatchSpec(...)))"
+            )
         self.handler = handler
+        #: the handler's BatchSpec: it is a bulk handler, called with a list of dueq.Item
+        self.batch = batch
         self.concurrency = concurrency
         self.max_in_flight: int | str = "auto" if max_in_flight is None else max_in_flight
-        self._prefetch_low = 2 * concurrency
+        # a bulk handler's call fills only from what the worker holds: hold two calls' worth
+        # (one running, the next gathering), as a per-task handler holds two per thread
+        largest = max(
+            [batch.max if batch is not None else 0]
+            + [fn.batch.max for q in self.queues for fn in q.tasks.values() if fn.batch]
+        )
+        self._prefetch_low = min(max(2 * concurrency, 2 * largest), MAX_IN_FLIGHT)
         Prefetch.parse(self.max_in_flight, low=self._prefetch_low)  # refused here
         self.grace_s = duration_ms(grace, "grace", error=ConfigurationError) / 1000
         self.heartbeat = heartbeat
@@ -140,6 +156,10 @@ class Worker(_WorkerSettings):
     ``heartbeat`` seconds (``Queue.workers``, ``dueq workers``; see ``dueq.registry``); the
     entry expires three beats after the process dies and is removed when ``run`` returns.
     ``heartbeat`` also caps how long an idle claim loop sleeps.
+
+    ``batch=dueq.BatchSpec(max=, linger=)`` makes ``handler`` a bulk handler: it is called
+    with a list of up to ``max`` ``dueq.Item`` (docs/bulk-handlers.md); named tasks take their
+    own with ``@q.task(batch=...)``.
     """
 
     def __init__(
@@ -152,6 +172,7 @@ class Worker(_WorkerSettings):
         grace: Duration = 30.0,
         heartbeat: Duration = 5.0,
         timeout: Duration | None = None,
+        batch: BatchSpec | None = None,
     ) -> None:
         super().__init__(
             queues,
@@ -162,6 +183,7 @@ class Worker(_WorkerSettings):
             grace=grace,
             heartbeat=heartbeat,
             timeout=timeout,
+            batch=batch,
         )
         self._stop = threading.Event()
         self._hurry = threading.Event()
@@ -185,7 +207,7 @@ class Worker(_WorkerSettings):
 
     def _run(self) -> None:
         processor = Processor(
-            dispatcher(self.queues, self.handler, on_loop=False),
+            dispatcher(self.queues, self.handler, on_loop=False, batch=self.batch),
             self.concurrency,
             timeout_s=self.timeout_s,
         )
@@ -276,6 +298,7 @@ class AsyncWorker(_WorkerSettings):
         heartbeat: Duration = 5.0,
         timeout: Duration | None = None,
         handle_signals: bool = True,
+        batch: BatchSpec | None = None,
     ) -> None:
         # the asyncio front end and its consumer are imported by the async worker only: a
         # threaded worker's start never loads them (docs/benchmarks.md, Start-up)
@@ -290,6 +313,7 @@ class AsyncWorker(_WorkerSettings):
             grace=grace,
             heartbeat=heartbeat,
             timeout=timeout,
+            batch=batch,
         )
         self.handle_signals = handle_signals
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -331,7 +355,7 @@ class AsyncWorker(_WorkerSettings):
         self._stop, self._hurry = asyncio.Event(), asyncio.Event()
         for _ in range(self._stop_requests):
             self._request_stop()
-        handler = dispatcher(self.queues, self.handler, on_loop=True)
+        handler = dispatcher(self.queues, self.handler, on_loop=True, batch=self.batch)
         processor = AsyncProcessor(
             handler, self.concurrency, is_async_handler(handler), self.timeout_s
         )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dueq._version import __version__
@@ -49,7 +50,15 @@ except ImportError:  # the otel extra is not installed: tracing is off
 
 logger = logging.getLogger("dueq._tracing")
 
-__all__ = ["SYSTEM", "ProducerSpan", "end_attempt", "producer", "start_attempt", "tracer"]
+__all__ = [
+    "SYSTEM",
+    "ProducerSpan",
+    "end_attempt",
+    "producer",
+    "start_attempt",
+    "start_call",
+    "tracer",
+]
 
 #: ``messaging.system`` of every span dueq makes.
 SYSTEM = "dueq"
@@ -222,6 +231,37 @@ def start_attempt(d: DeliveryBase) -> AttemptSpan | None:
             context=otel_context.Context(),  # a root: the creation context is a link
             kind=trace.SpanKind.CONSUMER,
             links=_link(d.trace_context),
+            attributes=attributes,
+        )
+    except Exception as exc:  # a span processor's bug: run the handler untraced
+        _trouble(exc)
+        return None
+    return AttemptSpan(span)
+
+
+def start_call(deliveries: Sequence[DeliveryBase]) -> AttemptSpan | None:
+    """Start the span of one bulk handler call over ``deliveries`` (None when no tracer
+    provider is set): one span for the call, with a link to each item's creation context."""
+    found = tracer()
+    if found is None or not deliveries:
+        return None
+    name = deliveries[0].queue_name
+    links: list[Any] = []
+    for d in deliveries:
+        links += _link(d.trace_context)
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": name,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.batch.message_count": len(deliveries),
+    }
+    try:
+        span = found.start_span(
+            f"process {name}",
+            context=otel_context.Context(),  # a root: the items' creation contexts are links
+            kind=trace.SpanKind.CONSUMER,
+            links=links,
             attributes=attributes,
         )
     except Exception as exc:  # a span processor's bug: run the handler untraced

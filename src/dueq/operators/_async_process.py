@@ -46,9 +46,11 @@ from reactivex.disposable import Disposable
 from dueq._consume.aio import call_on_loop, wait_event
 from dueq._util import tracing as _tracing
 from dueq._util.outage import describe
+from dueq.delivery import Item
 from dueq.exceptions import TaskCancelled
 from dueq.logs import task_fields
 from dueq.model import Outcome
+from dueq.operators._bulk import Bundle, Gatherer, take_units, unbundled, verdicts
 from dueq.operators._emit import SerialEmitter
 from dueq.operators._settle import (
     KEEPER_TICK_MAX_S,
@@ -114,6 +116,14 @@ class AsyncProcessor(Settling):
         self._keeper: asyncio.Task[None] | None = None
         self._source: abc.DisposableBase | None = None
         self._out: SerialEmitter[Outcome] = SerialEmitter()
+        # bulk handlers' deliveries are gathered into bundles before a runner takes them
+        # (see _bulk); without any there is no gatherer and no cost for it
+        dispatch = inspect.unwrap(handler)
+        self._gather = Gatherer(dispatch.bulk_of) if getattr(dispatch, "bulk", False) else None
+        self._run_bulk: Any = getattr(dispatch, "run_bulk", None)
+        self._linger: asyncio.TimerHandle | None = None  # the earliest linger end's timer
+        self._linger_at_s = 0.0
+        self._in_calls: set[Any] = set()  # items of bulk calls running (not cancelled alone)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -168,8 +178,13 @@ class AsyncProcessor(Settling):
             return
         # only what no handler has picked up: a delivery whose handler already returned waits
         # for its ack in _done, and releasing it would run the task again
-        unstarted = [d for d in self._waiting if d in self._held]
+        unstarted = [d for d in unbundled(self._waiting) if d in self._held]
         self._waiting.clear()
+        if self._gather is not None:
+            unstarted += self._gather.drain()
+            if self._linger is not None:
+                self._linger.cancel()
+                self._linger = None
         await asyncio.gather(*(self._release(d) for d in unstarted))
         if grace_s is None:
             await self._idle.wait()
@@ -244,10 +259,106 @@ class AsyncProcessor(Settling):
             if d.queue.lease_ms / 3000 < tick_s:
                 self._keeper_poke.set()  # a shorter lease than the keeper's round allows for
         self._idle.clear()
+        if self._gather is not None:
+            single, ready = self._gather.sort(deliveries, self._loop.time())
+            self._set_linger()
+            deliveries = single + ready
         self._waiting.extend(deliveries)
         for _ in range(min(self._concurrency - self._runners, len(deliveries))):
             self._runners += 1
             self._spawn(self._runner())
+
+    def _cool_waiting(self, cooling_s: float) -> None:
+        """A key cools down: what waits for a runner (or gathers) of that key goes back now."""
+        cooling = self.cooldowns
+
+        def cooled(w: Any) -> bool:
+            return cooling.holds(w) is not None
+
+        taken, left = take_units(self._waiting, cooled)
+        if self._gather is not None:
+            taken += self._gather.take(cooled)
+        if taken:
+            self._waiting = deque(left)
+            self._hold_back(taken, cooling_s)
+
+    def _set_linger(self) -> None:
+        """Set the linger timer for the earliest open bundle."""
+        assert self._gather is not None and self._loop is not None
+        at_s = self._gather.next_deadline_s()
+        if at_s is None or self._closing:
+            return
+        if self._linger is not None and self._linger_at_s <= at_s:
+            return  # one due sooner (it sets the next when it fires)
+        if self._linger is not None:
+            self._linger.cancel()
+        self._linger_at_s = at_s
+        self._linger = self._loop.call_at(at_s, self._linger_over)
+
+    def _linger_over(self) -> None:
+        """The earliest linger ended: bundles past it run with what they have."""
+        assert self._gather is not None and self._loop is not None
+        self._linger = None
+        ready = self._gather.expired(self._loop.time() + 1e-4)  # (timers may fire early)
+        self._set_linger()
+        if ready and not self._closing:
+            self._waiting.extend(ready)
+            for _ in range(min(self._concurrency - self._runners, len(ready))):
+                self._runners += 1
+                self._spawn(self._runner())
+
+    async def _run_bundle(self, bundle: Bundle, task: asyncio.Task[Any]) -> None:
+        """Run a bulk handler's call on ``bundle``: items that may start begin (the others
+        are given back unstarted), one call under one span linked to each item, with the
+        shortest timeout of its items; each item's verdict is what gets settled."""
+        started: list[Any] = []
+        for d in bundle.deliveries:
+            if d not in self._held:
+                continue  # close() released it
+            if d.cancelled or d.queue_paused:
+                self._spawn(self._release(d))
+            elif self.cooldowns.keys and (cooling_s := self.cooldowns.holds(d)) is not None:
+                self._hold_back([d], cooling_s)
+            else:
+                started.append(d)
+        if not started:
+            return
+        for d in started:
+            self._running[d] = task
+        self._in_calls.update(started)
+        items = [Item(d) for d in started]
+        timeouts = [t for d in started if (t := timeout_for(d, self._timeout_s)) is not None]
+        timeout_s = min(timeouts, default=None)
+        call = _tracing.start_call(started)
+        if call is not None:
+            call.enter()
+        error: BaseException | None = None
+        try:
+            if self._is_async:
+                await within(self._run_bulk(bundle.group, items), timeout_s, started[0])
+            else:
+                run = partial(self._run_bulk, bundle.group, items)
+                value = await self._in_handler_thread(lambda _d: run(), started[0], timeout_s)
+                if inspect.isawaitable(value):  # an async def bulk handler of a sync dispatcher
+                    await within(value, timeout_s, started[0])
+        except asyncio.CancelledError as exc:
+            error = exc
+            raise  # close() cancelled it past the grace period and releases its items
+        except BaseException as exc:  # a handler's SystemExit is its items' failure too
+            error = exc
+        finally:
+            for d in started:
+                self._running.pop(d, None)
+            self._in_calls.difference_update(started)
+            if call is not None:
+                call.leave()
+                _tracing.end_attempt(call, error)
+        finished = verdicts(items, error)
+        cooling_s = max((self.cooldowns.note(d, e) or 0.0 for d, e in finished), default=0.0)
+        if cooling_s:
+            self._cool_waiting(cooling_s)
+        self._done += finished
+        self._done_event.set()
 
     async def _runner(self) -> None:
         """One of at most ``concurrency`` tasks: runs waiting deliveries one after another
@@ -258,6 +369,10 @@ class AsyncProcessor(Settling):
         try:
             while self._waiting and not self._closing:
                 d = self._waiting.popleft()
+                if type(d) is Bundle:  # a bulk handler's call
+                    await self._run_bundle(d, task)
+                    since_s = self._loop.time()
+                    continue
                 if d not in self._held:
                     continue  # close() released it
                 if d.cancelled or d.queue_paused:  # cancelled while held (the keeper found
@@ -308,12 +423,7 @@ class AsyncProcessor(Settling):
                         attempt.leave()
                         _tracing.end_attempt(attempt, error)
                 if error is not None and (cooling_s := self.cooldowns.note(d, error)):
-                    # its key cools down: what waits for a runner of that key goes back now
-                    cooled = [w for w in self._waiting if self.cooldowns.holds(w) is not None]
-                    if cooled:
-                        given = set(cooled)
-                        self._waiting = deque(w for w in self._waiting if w not in given)
-                        self._hold_back(cooled, cooling_s)
+                    self._cool_waiting(cooling_s)
                 self._done.append((d, error))
                 self._done_event.set()
                 if self._loop.time() - since_s >= RUNNER_YIELD_S:
@@ -410,7 +520,12 @@ class AsyncProcessor(Settling):
                         self._spawn(self._release(d))
             for d in done.cancelled:  # cancel its handler (a plain function sees d.cancelled)
                 runner = self._running.get(d)
-                if runner is not None and self._is_async and d not in self._cancelling:
+                if (
+                    runner is not None
+                    and self._is_async
+                    and d not in self._cancelling
+                    and d not in self._in_calls  # a bulk call's item: its handler checks
+                ):
                     self._cancelling.add(d)
                     runner.cancel()
             self._keeper_tick_s = done.tick_s

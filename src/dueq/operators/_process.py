@@ -49,8 +49,9 @@ from reactivex.scheduler import EventLoopScheduler
 
 from dueq._util import tracing as _tracing
 from dueq._util.outage import describe
-from dueq.delivery import AsyncDelivery, Delivery
+from dueq.delivery import AsyncDelivery, Delivery, Item
 from dueq.model import Outcome
+from dueq.operators._bulk import Bundle, Gatherer, take_units, unbundled, verdicts
 from dueq.operators._emit import SerialEmitter
 from dueq.operators._settle import (
     KEEPER_TICK_MAX_S,
@@ -76,7 +77,8 @@ logger = logging.getLogger(__name__)
 #: A handler: a plain function or an ``async def`` of one delivery (a ``Delivery`` from a
 #: ``Queue``, an ``AsyncDelivery`` from an ``AsyncQueue``). Raising means failure.
 Handler = Callable[[Delivery], Any] | Callable[[AsyncDelivery], Any]
-_Finished = tuple[Delivery, BaseException | None]
+#: A handler's result for the settler: the delivery and its error (or a bulk item's verdict)
+_Finished = tuple[Delivery, Any]
 
 #: Longest a handler thread keeps finished results before handing them to the settler (s).
 FLUSH_S = 0.002
@@ -145,6 +147,15 @@ class Processor(Settling):
         self._keeper: abc.DisposableBase | None = None
         self._keeper_round = 0  # a keeper action of an older round does nothing
         self._keeper_due_s = KEEPER_TICK_MAX_S  # the period of the round scheduled now
+        # bulk handlers' deliveries are gathered into bundles before a runner takes them
+        # (see _bulk); a processor without any has no gatherer and no cost for it
+        dispatch = inspect.unwrap(handler)
+        self._gather = Gatherer(dispatch.bulk_of) if getattr(dispatch, "bulk", False) else None
+        self._run_bulk: Callable[[Any, list[Item]], Any] | None = getattr(
+            dispatch, "run_bulk", None
+        )
+        self._linger: abc.DisposableBase | None = None  # the timer of the earliest linger end
+        self._linger_at_s = 0.0  # when it fires (scheduler clock)
         runner = _AsyncRunner if is_async_handler(handler) else _ThreadRunner
         self._runner: _Runner = runner(
             handler,
@@ -155,6 +166,7 @@ class Processor(Settling):
             self._give_back,
             timeout_s,
         )
+        self._runner.run_bundle = self._run_bundle
         self._settler = threading.Thread(target=self._settle_loop, name="dueq-settler")
         self._settler.daemon = True
 
@@ -207,6 +219,12 @@ class Processor(Settling):
         if already and grace_s is None:
             return
         unstarted = self._runner.drain()
+        if self._gather is not None:
+            with self._mutex:
+                unstarted += self._gather.drain()
+                linger, self._linger = self._linger, None
+            if linger is not None:
+                linger.dispose()
         self._runner.stop()  # running handlers finish first
         if grace_s is None:  # release and settle in the background (Redis may be down), then stop
             closer = threading.Thread(
@@ -293,9 +311,76 @@ class Processor(Settling):
             return
         if cooled:
             self._give_back_cooled(cooled, seconds)
+        if self._gather is not None:
+            self._runner.submit_many(self._gathered(deliveries))
+            return
         self._runner.submit_many(deliveries)
 
-    def _begin(self, delivery: Delivery) -> bool:
+    def _gathered(self, deliveries: list[Any]) -> list[Any]:
+        """Deliveries that run alone and the bulk handlers' bundles that are ready; the rest
+        wait in open bundles until full or their linger ends (one timer for the earliest)."""
+        assert self._gather is not None
+        with self._mutex:
+            now_s = self._scheduler.now.timestamp()
+            single, ready = self._gather.sort(deliveries, now_s)
+            self._set_linger(now_s)
+        return single + ready
+
+    def _set_linger(self, now_s: float) -> None:
+        """Set the linger timer for the earliest open bundle (called with ``_mutex`` held)."""
+        assert self._gather is not None
+        at_s = self._gather.next_deadline_s()
+        if at_s is None or self._closing:
+            return
+        if self._linger is not None and self._linger_at_s <= at_s:
+            return  # one due sooner (it sets the next when it fires)
+        previous = self._linger
+        self._linger_at_s = at_s
+        self._linger = self._scheduler.schedule_relative(max(at_s - now_s, 0.0), self._linger_over)
+        if previous is not None:
+            previous.dispose()
+
+    def _linger_over(self, scheduler: abc.SchedulerBase, _state: Any = None) -> None:
+        """The earliest linger ended: bundles past it run with what they have."""
+        assert self._gather is not None
+        with self._mutex:
+            self._linger = None
+            now_s = scheduler.now.timestamp()
+            ready = self._gather.expired(now_s + 1e-4)  # (timers may fire a hair early)
+            self._set_linger(now_s)
+        if ready:
+            self._runner.submit_many(ready)
+
+    def _run_bundle(self, bundle: Bundle) -> list[_Finished]:
+        """Run a bulk handler's call on ``bundle`` (where the runner runs it): the items
+        that may start begin (the others are given back unstarted), the call runs once under
+        one span linked to each item, and each item's verdict is what gets settled."""
+        started: list[Delivery] = []
+        for d in bundle.deliveries:
+            if self._begin(d, traced=False):
+                started.append(d)
+            else:
+                self._runner.unstarted(d)
+        if not started:
+            return []
+        items = [Item(d) for d in started]
+        call = _tracing.start_call(started)
+        if call is not None:
+            call.enter()
+        error: BaseException | None = None
+        try:
+            assert self._run_bulk is not None
+            value = self._run_bulk(bundle.group, items)
+            if value is not None and inspect.isawaitable(value):  # an async def bulk handler
+                asyncio.run(_awaited(value))
+        except BaseException as exc:  # a handler's SystemExit is its items' failure too
+            error = exc
+        if call is not None:
+            call.leave()
+            _tracing.end_attempt(call, error)
+        return [(d, verdict) for d, verdict in verdicts(items, error) if self._finished(d, verdict)]
+
+    def _begin(self, delivery: Delivery, *, traced: bool = True) -> bool:
         """A handler is about to start on ``delivery``; False if closing (then don't).
         Called where the handler runs (its thread, or the loop's task): the attempt's span,
         if tracing is on, is current there until ``_finished``."""
@@ -321,13 +406,15 @@ class Processor(Settling):
                 and self._keeper is not None
             ):
                 self._schedule_keeper(timeout_s)  # the keeper watches the timeout
+        if not traced:  # an item of a bulk call: the call has the span
+            return True
         attempt = _tracing.start_attempt(delivery)  # (outside the lock: span processors run)
         if attempt is not None:
             self._spans[delivery] = attempt
             attempt.enter()
         return True
 
-    def _finished(self, delivery: Delivery, error: BaseException | None) -> bool:
+    def _finished(self, delivery: Delivery, error: Any) -> bool:
         """A handler is done with ``delivery``; True when its result is to be settled (the
         runner then hands it to the settler, in a batch)."""
         if self._spans:
@@ -344,7 +431,7 @@ class Processor(Settling):
         if not late and error is not None:
             seconds = self.cooldowns.note(delivery, error)
             if seconds is not None:  # its key cools down: what waits of that key goes back
-                self._give_back_cooled(self._runner.take(self._cooling), seconds)
+                self._give_back_cooled(self._take(self._cooling), seconds)
         if late:
             logger.warning(
                 "queue %r: task %r attempt %d: handler returned after its timeout; its result "
@@ -356,6 +443,15 @@ class Processor(Settling):
             )
             return False
         return True
+
+    def _take(self, which: Callable[[Delivery], bool]) -> list[Delivery]:
+        """Take back the held deliveries not yet started that ``which`` chooses (waiting for
+        a runner, or gathering for a bulk handler)."""
+        taken = self._runner.take(which)
+        if self._gather is not None:
+            with self._mutex:
+                taken += self._gather.take(which)
+        return taken
 
     def _source_error(self, error: Exception) -> None:
         logger.error("delivery stream failed: %s", describe(error))
@@ -486,7 +582,7 @@ class Processor(Settling):
                 self._schedule_keeper(done.tick_s)
         if done.cancelled:  # cancelled while waiting for a handler: dropped, never run
             cancelled = set(done.cancelled)
-            for d in self._runner.take(cancelled.__contains__):
+            for d in self._take(cancelled.__contains__):
                 self._release(d)
 
     def _fail_timed_out(self, now_s: float) -> float | None:
@@ -544,6 +640,10 @@ class Processor(Settling):
             self._own_scheduler.dispose()
 
 
+def _no_bundles(bundle: Bundle) -> list[_Finished]:
+    raise AssertionError("a bundle reached a runner with no bulk handler")
+
+
 class _Runner:
     """Runs handlers; see the two implementations below."""
 
@@ -563,7 +663,10 @@ class _Runner:
         self._finished = finished  # True: settle the result (hand it over)
         self._hand_over = hand_over  # results to the settler, in order
         self._unstarted = unstarted
+        self.unstarted = unstarted
         self._timeout_s = timeout_s
+        #: runs a bulk handler's call on a bundle, returning what to settle (the processor's)
+        self.run_bundle: Callable[[Bundle], list[_Finished]] = _no_bundles
 
     #: True when the runner enforces the timeout itself (cancelling a coroutine); else the
     #: processor's keeper fails a handler past its timeout and calls ``abandon``.
@@ -575,10 +678,10 @@ class _Runner:
     def start(self) -> None:
         raise NotImplementedError
 
-    def submit(self, delivery: Delivery) -> None:
+    def submit(self, delivery: Any) -> None:  # (a Delivery or a Bundle)
         raise NotImplementedError
 
-    def submit_many(self, deliveries: list[Delivery]) -> None:
+    def submit_many(self, deliveries: list[Any]) -> None:
         for d in deliveries:
             self.submit(d)
 
@@ -659,12 +762,12 @@ class _ThreadRunner(_Runner):
         self._lock = threading.Lock()
         self._work_ready = threading.Condition(self._lock)  # handler threads wait here
         self._monitor_wake = threading.Condition(self._lock)  # the monitor waits here
-        self._inbox: deque[Delivery] = deque()
+        self._inbox: deque[Any] = deque()  # deliveries, and bundles of them
         self._ramp = Ramp(self._concurrency, os.cpu_count() or 1)
         self._active = 1  # threads that may take work now (the ramp's judgement)
         self._working = 0  # threads taking work (running a handler, or about to)
         self._stopping = False
-        self._current: dict[int, tuple[Delivery, float]] = {}  # thread -> (delivery, start)
+        self._current: dict[int, tuple[Any, float]] = {}  # thread -> (delivery/bundle, start)
         self._retired: set[int] = set()  # threads whose handler was abandoned: exit when done
         self._results: list[_Finished] = []  # finished, not yet handed to the settler
         self._results_since_s = 0.0  # when the oldest of them finished
@@ -686,7 +789,14 @@ class _ThreadRunner(_Runner):
 
     def abandon(self, delivery: Delivery) -> None:
         with self._lock:
-            ident = next((i for i, (d, _) in self._current.items() if d is delivery), None)
+            ident = next(
+                (
+                    i
+                    for i, (d, _) in self._current.items()
+                    if d is delivery or (type(d) is Bundle and delivery in d.deliveries)
+                ),
+                None,
+            )
             if ident is None:
                 return  # it finished meanwhile
             self._retired.add(ident)
@@ -716,10 +826,10 @@ class _ThreadRunner(_Runner):
             self._threads[self._started].start()
             self._started += 1
 
-    def submit(self, delivery: Delivery) -> None:
+    def submit(self, delivery: Any) -> None:  # (a Delivery or a Bundle)
         self.submit_many([delivery])
 
-    def submit_many(self, deliveries: list[Delivery]) -> None:
+    def submit_many(self, deliveries: list[Any]) -> None:
         with self._lock:
             self._inbox.extend(deliveries)
             if self._working < self._active:
@@ -730,16 +840,15 @@ class _ThreadRunner(_Runner):
 
     def drain(self) -> list[Delivery]:
         with self._lock:
-            taken = list(self._inbox)
+            taken = unbundled(self._inbox)
             self._inbox.clear()
         return taken
 
     def take(self, which: Callable[[Delivery], bool]) -> list[Delivery]:
         with self._lock:
-            taken = [d for d in self._inbox if which(d)]
+            taken, left = take_units(self._inbox, which)
             if taken:
-                chosen = set(taken)
-                self._inbox = deque(d for d in self._inbox if d not in chosen)
+                self._inbox = deque(left)
         return taken
 
     def stop(self) -> None:
@@ -770,6 +879,12 @@ class _ThreadRunner(_Runner):
                 while True:
                     d = self._inbox.popleft()
                     self._current[ident] = (d, self._clock())
+                    if type(d) is Bundle:  # a bulk handler's call: many results at once
+                        if self._run_bundle_unlocked(d, ident):
+                            return
+                        if not self._inbox or (self._working > self._active and not self._stopping):
+                            break
+                        continue
                     self._lock.release()
                     try:
                         error, settle = self._run(d)
@@ -791,6 +906,31 @@ class _ThreadRunner(_Runner):
                     if not self._inbox or (self._working > self._active and not self._stopping):
                         break
                 self._working -= 1
+
+    def _run_bundle_unlocked(self, bundle: Bundle, ident: int) -> bool:
+        """Run ``bundle``'s call outside the lock (called and returning with it held), keep
+        its results for the settler; True when this thread was abandoned meanwhile (one of
+        its items ran past its timeout: a replacement took its place), so it ends."""
+        self._lock.release()
+        try:
+            finished = self.run_bundle(bundle)
+        finally:
+            self._lock.acquire()
+        if finished:  # (those past their timeout were failed already: not among them)
+            if not self._results:
+                self._results_since_s = self._clock()
+                if self._monitor_idle:
+                    self._monitor_idle = False
+                    self._monitor_wake.notify()
+            self._results += finished
+            if len(self._results) >= FLUSH_MAX:
+                self._flush()
+        if ident in self._retired:
+            self._retired.discard(ident)
+            self._flush()
+            return True
+        del self._current[ident]
+        return False
 
     def _run(self, d: Delivery) -> tuple[BaseException | None, bool]:
         """Run the handler on ``d`` (outside the lock); its error, and whether to settle it."""
@@ -853,7 +993,7 @@ class _AsyncRunner(_Runner):
         super().__init__(*args)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name="dueq-async-handlers", daemon=True)
-        self._waiting: set[Delivery] = set()
+        self._waiting: set[Any] = set()  # deliveries, and bundles of them
         self._waiting_lock = threading.Lock()
         self._semaphore: asyncio.Semaphore | None = None
 
@@ -867,20 +1007,20 @@ class _AsyncRunner(_Runner):
         finally:
             self._loop.close()
 
-    def submit(self, delivery: Delivery) -> None:
+    def submit(self, delivery: Any) -> None:  # (a Delivery or a Bundle)
         with self._waiting_lock:
             self._waiting.add(delivery)
         asyncio.run_coroutine_threadsafe(self._run(delivery), self._loop)
 
     def drain(self) -> list[Delivery]:
         with self._waiting_lock:
-            taken, self._waiting = list(self._waiting), set()
+            taken, self._waiting = unbundled(self._waiting), set()
         return taken
 
     def take(self, which: Callable[[Delivery], bool]) -> list[Delivery]:
         with self._waiting_lock:
-            taken = [d for d in self._waiting if which(d)]
-            self._waiting.difference_update(taken)
+            taken, left = take_units(self._waiting, which)
+            self._waiting = set(left)
         return taken
 
     def stop(self) -> None:
@@ -893,7 +1033,7 @@ class _AsyncRunner(_Runner):
 
         self._loop.call_soon_threadsafe(stop_when_done)
 
-    async def _run(self, d: Delivery) -> None:
+    async def _run(self, d: Any) -> None:  # (a Delivery or a Bundle)
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self._concurrency)
         async with self._semaphore:
@@ -901,6 +1041,13 @@ class _AsyncRunner(_Runner):
                 if d not in self._waiting:
                     return  # drained: the closer releases it
                 self._waiting.discard(d)
+            if type(d) is Bundle:  # a bulk handler's call (its coroutine run on a thread)
+                finished = await asyncio.get_running_loop().run_in_executor(
+                    None, self.run_bundle, d
+                )
+                if finished:
+                    self._hand_over(finished)
+                return
             if not self._begin(d):
                 await asyncio.get_running_loop().run_in_executor(None, self._unstarted, d)
                 return

@@ -34,6 +34,7 @@ from dueq.delivery import DeliveryBase
 from dueq.exceptions import DueqError, KeyCooldown, LeaseLost, TaskTimeout, Unrecoverable
 from dueq.logs import task_fields
 from dueq.model import Outcome, settled_outcome
+from dueq.operators._bulk import Release, Retry
 
 logger = logging.getLogger("dueq.operators._process")
 
@@ -43,7 +44,7 @@ Op = Callable[[], Any]
 OpFlow = Generator[Op, Any, "R"]
 R = TypeVar("R")
 D = TypeVar("D", bound=DeliveryBase)
-_Finished = tuple[Any, BaseException | None]
+_Finished = tuple[Any, Any]  # (a delivery, its error or a bulk item's verdict)
 
 #: Most results settled in one round (one ack_many call per queue).
 SETTLE_BATCH = 1000
@@ -227,13 +228,18 @@ class Settling:
         held until settled). The ``final`` round tries once more and reports the rest lost.
         Returns the deliveries settled in this round with their outcomes."""
         settled: list[tuple[Any, Outcome]] = []
+        releases: dict[tuple[Any, Any], list[Any]] = defaultdict(list)
         for d, error in batch:
             if d.settled:  # the handler acked, failed or released it itself
                 settled.append((d, d.outcome or settled_outcome(d.id, "acked", d.attempt)))
             elif error is None:
                 pending.acks[d.queue].append(d)
+            elif type(error) is Release:  # a bulk handler's item.release(delay)
+                releases[(d.queue, error.delay)].append(d)
             else:
                 pending.failures.append((d, error))
+        if releases:
+            settled += yield from self.release_items_flow(releases)
         refusal: Exception | None = None
         for q in list(pending.acks):
             deliveries = self._still_held(pending.acks.pop(q))
@@ -296,11 +302,15 @@ class Settling:
         return [d.outcome or settled_outcome(d.id, "acked", d.attempt) for d in deliveries]
 
     def fail_flow(
-        self, d: Any, error: BaseException, final: bool, *, stand_in: bool = False
+        self, d: Any, error: Any, final: bool, *, stand_in: bool = False
     ) -> Generator[Op, Any, Outcome]:
-        """The outcome of recording ``error`` for ``d``; raises an outage unless ``final``."""
+        """The outcome of recording ``error`` for ``d`` (a bulk handler's item may give a
+        message, and a ``Retry`` its own delay); raises an outage unless ``final``."""
+        retry_in = None
+        if type(error) is Retry:
+            error, retry_in = error.error, error.retry_in
         try:
-            outcome: Outcome = yield partial(d.fail, error)
+            outcome: Outcome = yield partial(d.fail, error, retry_in=retry_in)
         except LeaseLost as exc:
             if exc.cancelled:
                 logger.info(
@@ -327,7 +337,11 @@ class Settling:
                 raise
             if isinstance(error, KeyCooldown):  # not recorded: nothing is held, nothing waits
                 self.cooldowns.confirmed(d, Outcome(d.id, "lost", d.attempt))
-            if not stand_in and not isinstance(exc, (redis.RedisError, DueqError)):
+            if (
+                not stand_in
+                and isinstance(error, BaseException)
+                and not isinstance(exc, (redis.RedisError, DueqError))
+            ):
                 # the handler's exception could not be recorded as it is (its __str__ raised,
                 # say): record a stand-in, so the task follows its retry policy all the same
                 return (yield from self.fail_flow(d, _stand_in(error, exc), final, stand_in=True))
@@ -397,6 +411,30 @@ class Settling:
             if backoff.succeeded():
                 logger.info("Redis is back; releasing a task succeeded")
             return outcome
+
+    def release_items_flow(
+        self, groups: dict[tuple[Any, Any], list[Any]]
+    ) -> Generator[Op, Any, list[tuple[Any, Outcome]]]:
+        """Give back what bulk handlers released (``item.release(delay)``): one
+        ``release_many`` call per queue and delay, no attempt counted. A call Redis refuses
+        leaves their leases to run out (they are delivered again): logged, outcome ``lost``."""
+        settled: list[tuple[Any, Outcome]] = []
+        for (q, delay), group in groups.items():
+            group = self._still_held(group)
+            if not group:
+                continue
+            try:
+                outcomes = yield partial(q.release_many, group, delay=delay)
+            except Exception as exc:  # their leases run out by themselves: delivered again
+                logger.warning(
+                    "queue %r: could not give back %d task(s) a bulk handler released: %s",
+                    q.name,
+                    len(group),
+                    describe(exc),
+                )
+                outcomes = [Outcome(d.id, "lost", d.attempt, error=describe(exc)) for d in group]
+            settled += zip(group, outcomes, strict=True)
+        return settled
 
     def release_cooled_flow(
         self, deliveries: list[Any], seconds: float
