@@ -380,3 +380,14 @@ def test_fair_tenants_keeps_small_tenants_out_of_the_noisy_neighbours_backlog(re
     assert waits["off"] > 2 * waits["on"], out
     gold, bulk = map(int, re.findall(r"gold (\d+), bulk (\d+)", out)[0])
     assert gold + bulk == 1000 and abs(gold - 750) <= 8, out  # 3 : 1, within two turns of 4
+
+
+def test_bulk_insert_writes_rows_in_few_statements_and_fails_bad_rows_alone(redis_server):
+    out = run_example("bulk_insert.py", "--redis-url", redis_server.url, timeout=120)
+    written, total, statements = map(
+        int, re.findall(r"rows written: (\d+) of (\d+) in (\d+)", out)[0]
+    )
+    assert (written, total) == (4995, 5000), out
+    assert statements <= 60, out  # thousands of rows per statement, not one
+    assert "dead rows: ['row-1007', 'row-2007', 'row-3007', 'row-4007', 'row-7']" in out
+    assert "'acked': 4995" in out and "'dead': 5" in out, out
