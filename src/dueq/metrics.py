@@ -560,10 +560,16 @@ class WorkerMetrics:
     # -- the hook ----------------------------------------------------------------------------
 
     def observe_delivery(self, queue: str, delivery: Any) -> None:
-        """A handler starts on ``delivery`` (anything with ``claimed_ms`` and ``due_ms``)."""
+        """A handler starts on ``delivery`` (anything with ``claimed_ms`` and ``due_ms``), or
+        a bulk handler on a list of ``dueq.Item`` (each item's lag observed)."""
         self.watch(queue)
-        lag_s = max(0, delivery.claimed_ms - delivery.due_ms) / 1000
-        self.delivery_lag_seconds.labels(queue, self.worker).observe(lag_s)
+        lag = self.delivery_lag_seconds.labels(queue, self.worker)
+        if type(delivery) is list:  # a bulk handler's call: its duration is the call's
+            for item in delivery:
+                d = item.delivery
+                lag.observe(max(0, d.claimed_ms - d.due_ms) / 1000)
+            return
+        lag.observe(max(0, delivery.claimed_ms - delivery.due_ms) / 1000)
 
     def observe_handler(self, queue: str, duration_s: float, ok: bool) -> None:
         """A handler returned (``ok``) or raised after ``duration_s``."""

@@ -31,7 +31,9 @@ from dueq.cli.metrics import DEFAULT_HOST, metrics_module, start_exporter
 from dueq.cli.options import replication_options, seconds_option, shards_option
 from dueq.cli.output import safe, safe_lines
 from dueq.discovery import open_queue
+from dueq.exceptions import ConfigurationError
 from dueq.logs import JsonFormatter, WorkerFilter
+from dueq.model import BatchSpec
 from dueq.named import Dispatcher
 from dueq.queue import Queue
 from dueq.retry import RetryPolicy
@@ -216,6 +218,20 @@ def _whole(text: str) -> int:
     help="With --metrics-port: also export the queue's gauges and counters (queue-wide, the "
     "same from every process; dueq metrics exports them once).",
 )
+@click.option(
+    "--batch-max",
+    type=int,
+    metavar="N",
+    help="Make HANDLER a bulk handler: it takes a list of up to N dueq.Item per call "
+    "(docs/bulk-handlers.md).",
+)
+@click.option(
+    "--linger",
+    type=float,
+    metavar="MS",
+    help="With --batch-max: a call with fewer than N items waits at most MS milliseconds "
+    "after its first task fell due for more.",
+)
 @shards_option
 @replication_options
 @redis_options
@@ -236,6 +252,8 @@ def worker(
     metrics_host: str,
     name: str | None,
     queue_metrics: bool,
+    batch_max: int | None,
+    linger: float | None,
     shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
@@ -253,6 +271,7 @@ def worker(
     name (docs/named-tasks.md); --redis-url and the queue's settings are refused there.
     """
     q: Queue | AsyncQueue
+    batch = _batch_spec(batch_max, linger, handler)
     if handler is None:
         if ":" not in queue:
             raise click.UsageError(
@@ -303,6 +322,7 @@ def worker(
         "grace": grace,
         "timeout": timeout,
         "heartbeat": heartbeat,
+        "batch": batch,
     }
     w: Worker | AsyncWorker
     if not isinstance(q, Queue):  # an AsyncQueue (the asyncio front end is imported by it)
@@ -330,3 +350,23 @@ def worker(
             w.run()
     finally:
         gc.unfreeze()
+
+
+def _batch_spec(
+    batch_max: int | None, linger_ms: float | None, handler: str | None
+) -> BatchSpec | None:
+    """The BatchSpec of ``--batch-max`` / ``--linger`` (None without them); a one-line
+    usage error for what cannot work."""
+    if batch_max is None:
+        if linger_ms is not None:
+            raise click.UsageError("--linger needs --batch-max (it is how long a bulk call waits)")
+        return None
+    if handler is None:
+        raise click.UsageError(
+            "--batch-max makes HANDLER a bulk handler: give one (named tasks take theirs from "
+            "@q.task(batch=dueq.BatchSpec(...)))"
+        )
+    try:
+        return BatchSpec(max=batch_max, linger=(linger_ms or 0) / 1000)
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
