@@ -340,6 +340,7 @@ SPARK_FILES = frozenset(
 SLOW_FILES = SPARK_FILES | {
     "test_soak.py",
     "test_chaos.py",
+    "test_bulk_chaos.py",
     "test_shards_failover.py",
     "test_dashboard_browser.py",
     "test_replication.py",
