@@ -253,3 +253,44 @@ class _FakeDelivery:
     id = "t"
     attempt = 1
     result = None
+
+
+def test_per_key_limits_hold_for_the_items_of_bulk_calls(pair: Any) -> None:
+    q, view = pair()
+    if view.shard_count > 1:
+        pytest.skip("per-key limits are refused on sharded queues (docs/sharding.md)")
+    q.configure(key_concurrency=1)
+    per_call: list[dict[str, int]] = []
+
+    @q.task(name="keyed", batch=dueq.BatchSpec(max=100))
+    def keyed(items: list[dueq.Item]) -> None:
+        counts: dict[str, int] = {}
+        for i in items:
+            counts[i.key or ""] = counts.get(i.key or "", 0) + 1
+        per_call.append(counts)
+
+    for n in range(30):
+        keyed.schedule(n=n, key=f"tenant-{n % 3}")
+    run_worker(q, lambda: view.stats().due_now == 0 and view.stats().leased == 0, timeout_s=30)
+    assert sum(sum(c.values()) for c in per_call) == 30
+    assert all(v == 1 for c in per_call for v in c.values())  # one lease per key at a time
+
+
+def test_a_bulk_call_past_its_items_timeout_fails_every_item_with_task_timeout(
+    pair: Any,
+) -> None:
+    q, view = pair()
+    release = threading.Event()
+
+    @q.task(name="slow", batch=dueq.BatchSpec(max=10))
+    def slow(items: list[dueq.Item]) -> None:
+        release.wait(5)  # (a sync handler thread cannot be stopped: it is abandoned)
+
+    tids = [slow.schedule(n=n, timeout=0.2) for n in range(3)]
+    try:
+        run_worker(q, ended(view, tids))
+    finally:
+        release.set()
+    for tid in tids:
+        info = view.get(tid)
+        assert info.state == "scheduled" and info.errors[-1].type.endswith("TaskTimeout"), info
