@@ -294,3 +294,26 @@ def test_a_bulk_call_past_its_items_timeout_fails_every_item_with_task_timeout(
     for tid in tids:
         info = view.get(tid)
         assert info.state == "scheduled" and info.errors[-1].type.endswith("TaskTimeout"), info
+
+
+def test_a_plain_async_bulk_handler_runs_on_either_worker(pair: Any) -> None:
+    q, view = pair()
+    seen: list[int] = []
+
+    async def handle_many(items: list[dueq.Item]) -> None:
+        await asyncio.sleep(0)
+        seen.extend(i.payload["n"] for i in items)
+        for i in items:
+            if i.payload["n"] == 3 and i.attempt == 1:
+                i.fail("three fails once")
+
+    for n in range(25):
+        q.schedule({"n": n})
+    worker = run_worker(
+        q,
+        lambda: len(seen) == 25 and view.stats().leased == 0,
+        handle_many,
+        batch=dueq.BatchSpec(max=10),
+    )
+    assert sorted(seen) == list(range(25))
+    assert worker.outcomes["acked"] == 24 and worker.outcomes["retried"] == 1
