@@ -92,7 +92,18 @@ Worker metrics:
                                                    (``acked``, ``retried``, ``dead``,
                                                    ``released``, ``cancelled``, ``expired``,
                                                    ``lost``)
+``dueq_bulk_calls_total{task}``             count  calls of a bulk handler (``BatchSpec``)
+``dueq_bulk_call_items{task}``              hist.  items in each call of a bulk handler
+``dueq_bulk_call_duration_seconds``         hist.  time in a bulk handler per call; ``task``,
+                                                   ``result`` (``ok`` or ``error``)
 ==========================================  =====  ===============================================
+
+A bulk handler's series carry ``task``: the named task's name (``@q.task(batch=...)``), or
+``""`` for the worker's plain handler (``Worker(q, handler, batch=...)``); a worker has a few
+bulk handlers at most, so the label stays small. A bulk call is measured as a call, not in
+``dueq_handler_duration_seconds`` (time per delivery), but each of its items is a delivery:
+its lag is in ``dueq_delivery_lag_seconds`` and its outcome in ``dueq_worker_outcomes_total``
+(items settle through the same outcome stream as single deliveries, one outcome each).
 
 Every worker metric also carries ``worker``: the name given (``WorkerMetrics(worker=...)``,
 ``dueq worker --name``), else the host name (``default_worker_name``), so a restarted worker
@@ -113,11 +124,20 @@ handler starts, ``observe_handler(queue, duration_s, ok)`` when it ends, and
 ``observe_outcome(queue, outcome)`` when a delivery is settled. ``wrap(queue, handler)`` does
 the first two around any handler (sync or ``async def``), and ``follow(queue, worker)`` reads a
 ``Worker``'s ``outcomes`` counts at scrape time, so a worker needs no change to be measured.
+
+Bulk handlers: ``observe_call(queue, task, items, duration_s, ok)`` when a call ends.
+``wrap(queue, handler, bulk=True)`` measures a plain bulk handler (the one given to
+``Worker(q, handler, batch=...)``, called with a list of items) as calls; ``wrap(queue,
+dispatcher)`` of a named tasks' dispatcher (``dueq worker myapp:q``) also measures its bulk
+tasks' calls, through a ``run_bulk`` on the wrapper that the processors take before the
+dispatcher's own. Either way the choice is made once, when wrapping: a per-task handler's
+path has no bulk test in it.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import socket
 import threading
@@ -129,6 +149,7 @@ from wsgiref.simple_server import WSGIServer
 
 try:
     from prometheus_client import CollectorRegistry, Histogram, start_http_server
+    from prometheus_client import Counter as PromCounter
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.gc_collector import GCCollector
     from prometheus_client.platform_collector import PlatformCollector
@@ -143,11 +164,12 @@ from dueq import discovery
 from dueq._wire.keys import validate_queue_name
 from dueq.cron.flows import CronDefinition, LastOutcome
 from dueq.exceptions import DueqError
-from dueq.model import HISTORY_COUNTERS, Outcome, OutcomeKind, QueueStats
+from dueq.model import HISTORY_COUNTERS, MAX_BATCH_ITEMS, Outcome, OutcomeKind, QueueStats
 from dueq.operators._process import is_async_handler
 from dueq.queue import Queue
 
 __all__ = [
+    "BULK_ITEMS_BUCKETS",
     "DELIVERY_LAG_BUCKETS_S",
     "HANDLER_BUCKETS_S",
     "MAX_TENANT_SERIES",
@@ -170,6 +192,8 @@ logger = logging.getLogger(__name__)
 HANDLER_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 #: Delivery lag buckets: a claim right at the due time to an hour behind.
 DELIVERY_LAG_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+#: Items per bulk call: one (a call that lingered in vain) to the most a BatchSpec allows.
+BULK_ITEMS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, MAX_BATCH_ITEMS)
 
 
 class CounterSeries(NamedTuple):
@@ -533,6 +557,27 @@ class WorkerMetrics:
             buckets=DELIVERY_LAG_BUCKETS_S,
             registry=registry,
         )
+        self.bulk_calls = PromCounter(
+            "dueq_bulk_calls",
+            "Calls of a bulk handler (BatchSpec); task: the named task, or empty for the "
+            "worker's plain handler",
+            ["queue", "worker", "task"],
+            registry=registry,
+        )
+        self.bulk_call_items = Histogram(
+            "dueq_bulk_call_items",
+            "Items in each call of a bulk handler",
+            ["queue", "worker", "task"],
+            buckets=BULK_ITEMS_BUCKETS,
+            registry=registry,
+        )
+        self.bulk_call_seconds = Histogram(
+            "dueq_bulk_call_duration_seconds",
+            "Time in a bulk handler per call",
+            ["queue", "worker", "task", "result"],
+            buckets=HANDLER_BUCKETS_S,
+            registry=registry,
+        )
         self._lock = threading.Lock()
         self._observed: Counter[tuple[str, str]] = Counter()
         self._followed: list[tuple[str, Mapping[str, int]]] = []
@@ -552,6 +597,15 @@ class WorkerMetrics:
             self.handler_seconds.labels(queue, self.worker, result)
         self.delivery_lag_seconds.labels(queue, self.worker)
 
+    def watch_bulk(self, queue: str, task: str) -> None:
+        """Export the bulk series of ``queue``'s bulk handler ``task`` (``""``: the plain
+        handler) now, at 0, as ``watch`` does for the per-delivery ones."""
+        self.watch(queue)
+        self.bulk_calls.labels(queue, self.worker, task)
+        self.bulk_call_items.labels(queue, self.worker, task)
+        for result in ("ok", "error"):
+            self.bulk_call_seconds.labels(queue, self.worker, task, result)
+
     def queues(self) -> list[str]:
         """The queues this worker's series are exported for."""
         with self._lock:
@@ -560,16 +614,10 @@ class WorkerMetrics:
     # -- the hook ----------------------------------------------------------------------------
 
     def observe_delivery(self, queue: str, delivery: Any) -> None:
-        """A handler starts on ``delivery`` (anything with ``claimed_ms`` and ``due_ms``), or
-        a bulk handler on a list of ``dueq.Item`` (each item's lag observed)."""
+        """A handler starts on ``delivery`` (anything with ``claimed_ms`` and ``due_ms``)."""
         self.watch(queue)
-        lag = self.delivery_lag_seconds.labels(queue, self.worker)
-        if type(delivery) is list:  # a bulk handler's call: its duration is the call's
-            for item in delivery:
-                d = item.delivery
-                lag.observe(max(0, d.claimed_ms - d.due_ms) / 1000)
-            return
-        lag.observe(max(0, delivery.claimed_ms - delivery.due_ms) / 1000)
+        lag_s = max(0, delivery.claimed_ms - delivery.due_ms) / 1000
+        self.delivery_lag_seconds.labels(queue, self.worker).observe(lag_s)
 
     def observe_handler(self, queue: str, duration_s: float, ok: bool) -> None:
         """A handler returned (``ok``) or raised after ``duration_s``."""
@@ -582,6 +630,14 @@ class WorkerMetrics:
         self.watch(queue)
         with self._lock:
             self._observed[queue, outcome.kind] += 1
+
+    def observe_call(self, queue: str, task: str, items: int, duration_s: float, ok: bool) -> None:
+        """A call of bulk handler ``task`` (``""``: the plain handler) on ``items`` items
+        returned (``ok``) or raised after ``duration_s``."""
+        self.bulk_calls.labels(queue, self.worker, task).inc()
+        self.bulk_call_items.labels(queue, self.worker, task).observe(items)
+        result = "ok" if ok else "error"
+        self.bulk_call_seconds.labels(queue, self.worker, task, result).observe(duration_s)
 
     # -- without a change to the consumer ----------------------------------------------------
 
@@ -602,9 +658,22 @@ class WorkerMetrics:
                 counts[queue, kind] += count
         return dict(counts)
 
-    def wrap(self, queue: str, handler: Callable[..., Any]) -> Callable[..., Any]:
-        """``handler`` (sync or ``async def``) with its deliveries and time measured."""
+    def wrap(
+        self, queue: str, handler: Callable[..., Any], *, bulk: bool = False
+    ) -> Callable[..., Any]:
+        """``handler`` (sync or ``async def``) with its deliveries and time measured;
+        ``bulk``: it is a bulk handler (called with a list of ``dueq.Item``), measured as
+        calls. A named tasks' dispatcher's bulk calls are measured too (see the module doc)."""
         self.watch(queue)
+        if bulk:
+            return self._wrap_bulk(queue, handler)
+        measured = self._wrap(queue, handler)
+        dispatch = inspect.unwrap(handler)
+        if getattr(dispatch, "bulk", False):  # a dispatcher with bulk tasks: their calls
+            measured.run_bulk = self._measured_run_bulk(queue, dispatch.run_bulk)  # type: ignore[attr-defined]
+        return measured
+
+    def _wrap(self, queue: str, handler: Callable[..., Any]) -> Callable[..., Any]:
         if is_async_handler(handler):
 
             @functools.wraps(handler)
@@ -634,6 +703,74 @@ class WorkerMetrics:
                 self.observe_handler(queue, time.perf_counter() - start, ok)
 
         return measured
+
+    def _wrap_bulk(self, queue: str, handler: Callable[..., Any]) -> Callable[..., Any]:
+        """A plain bulk handler measured per call (its items' lag per item)."""
+        self.watch_bulk(queue, "")
+        if is_async_handler(handler):
+
+            @functools.wraps(handler)
+            async def measured_async(items: list[Any]) -> Any:
+                start = self._bulk_started(queue, items)
+                ok = False
+                try:
+                    result = await handler(items)
+                    ok = True
+                    return result
+                finally:
+                    self.observe_call(queue, "", len(items), time.perf_counter() - start, ok)
+
+            return measured_async
+
+        @functools.wraps(handler)
+        def measured(items: list[Any]) -> Any:
+            start = self._bulk_started(queue, items)
+            ok = False
+            try:
+                result = handler(items)
+                ok = True
+                return result
+            finally:
+                self.observe_call(queue, "", len(items), time.perf_counter() - start, ok)
+
+        return measured
+
+    def _bulk_started(self, queue: str, items: list[Any]) -> float:
+        """A bulk call starts on ``items``: each item's delivery lag; the start time."""
+        for item in items:
+            self.observe_delivery(queue, item.delivery)
+        return time.perf_counter()
+
+    def _measured_run_bulk(self, queue: str, run_bulk: Callable[..., Any]) -> Callable[..., Any]:
+        """A dispatcher's ``run_bulk`` (which may return a coroutine to await) measured per
+        call, labelled with the named task's name (``""`` for the plain handler)."""
+
+        def measured_run_bulk(group: Any, items: list[Any]) -> Any:
+            task = getattr(group, "name", "")  # (a TaskFunction, or the plain handler's mark)
+            self.watch_bulk(queue, task)
+            start = self._bulk_started(queue, items)
+            try:
+                value = run_bulk(group, items)
+            except BaseException:  # the call's failure: measured, then the processor's
+                self.observe_call(queue, task, len(items), time.perf_counter() - start, False)
+                raise
+            if inspect.isawaitable(value):
+                return self._awaited_call(queue, task, items, start, value)
+            self.observe_call(queue, task, len(items), time.perf_counter() - start, True)
+            return None
+
+        return measured_run_bulk
+
+    async def _awaited_call(
+        self, queue: str, task: str, items: list[Any], start: float, awaitable: Any
+    ) -> Any:
+        ok = False
+        try:
+            value = await awaitable
+            ok = True
+            return value
+        finally:
+            self.observe_call(queue, task, len(items), time.perf_counter() - start, ok)
 
 
 def default_worker_name() -> str:

@@ -180,33 +180,3 @@ def test_a_shard_count_that_disagrees_with_the_recorded_one_is_refused(
     )
     assert scheduled.exit_code == 1 and "has 3 shards in Redis" in scheduled.output
     assert dueq.Queue("three", r, shards=3).stats().scheduled == 1  # nothing added
-
-
-def test_a_worker_with_batch_max_runs_its_handler_on_calls_of_at_most_that_many(r, redis_server):
-    q = dueq.Queue("wb", r)
-    ids = q.schedule_many(dueq.Task({"n": n}) for n in range(120)).ids
-    with running_worker(
-        redis_server, "wb", "cli_handlers:record_many", "--batch-max", "50", "--linger", "20"
-    ) as child:
-        wait_for(lambda: q.stats().counters.get("acked", 0) == 120, "120 acks")
-        _, err = stop(child)
-    assert child.returncode == 0, err
-    sizes = [int(x) for x in r.lrange("calls", 0, -1)]
-    assert sum(sizes) == 120 and max(sizes) <= 50 and len(sizes) < 120 / 5, sizes
-    assert {x.decode() for x in r.lrange("handled", 0, -1)} == {f"{i}:1" for i in ids}
-
-
-@pytest.mark.parametrize(
-    ("args", "says"),
-    [
-        (["--linger", "20"], "--linger needs --batch-max"),
-        (["--batch-max", "0"], "BatchSpec max must be an int from 1"),
-        (["--batch-max", "10", "--linger", "-5"], "must not be negative"),
-    ],
-)
-def test_batch_options_that_cannot_work_are_refused_in_one_line(redis_server, args, says):
-    result = CliRunner().invoke(
-        cli, ["--redis-url", redis_server.url, "worker", "wb", "cli_handlers:record_many", *args]
-    )
-    assert result.exit_code == 2, result.output
-    assert says in result.output

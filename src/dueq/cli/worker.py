@@ -9,6 +9,15 @@ the host name, so a restarted worker continues its series). The queue's gauges a
 (``dueq.metrics.QueueCollector``) are queue-wide, the same from every process: ``dueq metrics``
 exports them once per Redis; a worker adds them only with ``--queue-metrics``
 (docs/metrics-series.md).
+
+``--batch-max N`` (and ``--linger MS``) makes the plain handler a bulk handler: ``Worker(...,
+batch=dueq.BatchSpec(max=N, linger=MS / 1000))``, called with a list of up to N ``dueq.Item``
+(docs/bulk-handlers.md). The BatchSpec is made before anything is imported or connected, so a
+bad value is refused at once with its own ConfigurationError. A worker of named tasks (a queue
+object and no handler) refuses it: a named bulk task takes its BatchSpec from
+``@q.task(batch=...)``, and there is no plain handler to make one. With ``--metrics-port``, a
+bulk handler's calls are measured as calls (``WorkerMetrics.wrap(..., bulk=True)``: calls,
+items per call, call time) and a named bulk task's through the dispatcher's ``run_bulk``.
 """
 
 from __future__ import annotations
@@ -31,7 +40,6 @@ from dueq.cli.metrics import DEFAULT_HOST, metrics_module, start_exporter
 from dueq.cli.options import replication_options, seconds_option, shards_option
 from dueq.cli.output import safe, safe_lines
 from dueq.discovery import open_queue
-from dueq.exceptions import ConfigurationError
 from dueq.logs import JsonFormatter, WorkerFilter
 from dueq.model import BatchSpec
 from dueq.named import Dispatcher
@@ -144,6 +152,23 @@ def _whole(text: str) -> int:
         ) from None
 
 
+def _batch_spec(
+    batch_max: int | None, linger_ms: float | None, handler: str | None
+) -> BatchSpec | None:
+    """The BatchSpec of ``--batch-max`` and ``--linger`` (None without them); its own
+    ConfigurationError for a value it refuses (0, negative, past its limits)."""
+    if batch_max is None:
+        if linger_ms is not None:
+            raise click.UsageError("--linger needs --batch-max (it is how long a bulk call waits)")
+        return None
+    if handler is None:
+        raise click.UsageError(
+            "--batch-max makes the plain handler a bulk handler: give QUEUE MODULE:FUNCTION "
+            "(named tasks take their own: @q.task(batch=dueq.BatchSpec(...)))"
+        )
+    return BatchSpec(max=batch_max, linger=(linger_ms or 0) / 1000)
+
+
 @click.command()
 @click.argument("queue", metavar="QUEUE|MODULE:QUEUE")
 @click.argument("handler", metavar="[MODULE:FUNCTION]", required=False)
@@ -222,15 +247,15 @@ def _whole(text: str) -> int:
     "--batch-max",
     type=int,
     metavar="N",
-    help="Make HANDLER a bulk handler: it takes a list of up to N dueq.Item per call "
-    "(docs/bulk-handlers.md).",
+    help="Make HANDLER a bulk handler: called with a list of up to N dueq.Item (1 to 10,000; "
+    "docs/bulk-handlers.md). Named tasks take their own: @q.task(batch=dueq.BatchSpec(...)).",
 )
 @click.option(
     "--linger",
     type=float,
     metavar="MS",
-    help="With --batch-max: a call with fewer than N items waits at most MS milliseconds "
-    "after its first task fell due for more.",
+    help="With --batch-max: how long a call with fewer than N items waits for more after its "
+    "first one fell due, in milliseconds (at most 60,000); none by default.",
 )
 @shards_option
 @replication_options
@@ -269,9 +294,13 @@ def worker(
     With one argument, MODULE:QUEUE names a dueq.Queue (or AsyncQueue) object: the worker
     serves that queue, with its client and settings, and runs its named tasks (@q.task) by
     name (docs/named-tasks.md); --redis-url and the queue's settings are refused there.
+
+    With --batch-max N, HANDLER is a bulk handler: it takes a list of up to N dueq.Item
+    (item.payload, item.fail(exc), item.release(), item.result(value)); returning acks every
+    item without a verdict, raising fails them.
     """
-    q: Queue | AsyncQueue
     batch = _batch_spec(batch_max, linger, handler)
+    q: Queue | AsyncQueue
     if handler is None:
         if ":" not in queue:
             raise click.UsageError(
@@ -310,7 +339,10 @@ def worker(
                 raise click.UsageError("--queue-metrics needs a dueq.Queue, not an AsyncQueue")
             registry.register(m.QueueCollector(q.redis, [queue]))
         measured = m.WorkerMetrics(registry, worker=name)
-        function = measured.wrap(queue, function)
+        function = measured.wrap(queue, function, bulk=batch is not None)
+        for fn in q.tasks.values():  # a named bulk task's series, at 0 from the start
+            if fn.batch is not None:
+                measured.watch_bulk(queue, fn.name)
         server = start_exporter(registry, metrics_port, metrics_host)
         click.get_current_context().call_on_close(server.shutdown)
         logging.getLogger(__name__).info(
@@ -332,6 +364,10 @@ def worker(
     if measured is not None:
         measured.follow(queue, w.outcomes)
     banner = f"worker on {queue!r} at {shown}: {safe(handler)}, concurrency {concurrency}"
+    if batch is not None:
+        banner += f", bulk calls of up to {batch.max}"
+        if batch.linger_s:
+            banner += f" (linger {batch.linger_s * 1000:g} ms)"
     if log_format == "json":  # every stderr line is then one JSON object
         logging.getLogger(__name__).info("%s", banner, extra={"queue": queue})
     else:
@@ -350,23 +386,3 @@ def worker(
             w.run()
     finally:
         gc.unfreeze()
-
-
-def _batch_spec(
-    batch_max: int | None, linger_ms: float | None, handler: str | None
-) -> BatchSpec | None:
-    """The BatchSpec of ``--batch-max`` / ``--linger`` (None without them); a one-line
-    usage error for what cannot work."""
-    if batch_max is None:
-        if linger_ms is not None:
-            raise click.UsageError("--linger needs --batch-max (it is how long a bulk call waits)")
-        return None
-    if handler is None:
-        raise click.UsageError(
-            "--batch-max makes HANDLER a bulk handler: give one (named tasks take theirs from "
-            "@q.task(batch=dueq.BatchSpec(...)))"
-        )
-    try:
-        return BatchSpec(max=batch_max, linger=(linger_ms or 0) / 1000)
-    except ConfigurationError as exc:
-        raise click.UsageError(str(exc)) from None

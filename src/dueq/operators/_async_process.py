@@ -120,7 +120,10 @@ class AsyncProcessor(Settling):
         # (see _bulk); without any there is no gatherer and no cost for it
         dispatch = inspect.unwrap(handler)
         self._gather = Gatherer(dispatch.bulk_of) if getattr(dispatch, "bulk", False) else None
-        self._run_bulk: Any = getattr(dispatch, "run_bulk", None)
+        # (a wrapper's own run_bulk first: a metrics wrapper measures the calls through it)
+        self._run_bulk: Any = getattr(handler, "run_bulk", None) or getattr(
+            dispatch, "run_bulk", None
+        )
         self._linger: asyncio.TimerHandle | None = None  # the earliest linger end's timer
         self._linger_at_s = 0.0
         self._in_calls: set[Any] = set()  # items of bulk calls running (not cancelled alone)

@@ -151,9 +151,10 @@ class Processor(Settling):
         # (see _bulk); a processor without any has no gatherer and no cost for it
         dispatch = inspect.unwrap(handler)
         self._gather = Gatherer(dispatch.bulk_of) if getattr(dispatch, "bulk", False) else None
+        # (a wrapper's own run_bulk first: a metrics wrapper measures the calls through it)
         self._run_bulk: Callable[[Any, list[Item]], Any] | None = getattr(
-            dispatch, "run_bulk", None
-        )
+            handler, "run_bulk", None
+        ) or getattr(dispatch, "run_bulk", None)
         self._linger: abc.DisposableBase | None = None  # the timer of the earliest linger end
         self._linger_at_s = 0.0  # when it fires (scheduler clock)
         runner = _AsyncRunner if is_async_handler(handler) else _ThreadRunner
