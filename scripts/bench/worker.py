@@ -17,6 +17,11 @@ whose first statement appends one line to a file. Starts its own throwaway redis
    engine     dueq's own loop in this process, one thread (``claim(1000)``, the same work per
               task, ``ack_many``): what the engine gives; each worker's drain is also shown as
               a ratio to it (a default worker should keep >= 0.7x of it)
+   bulk       bulk handlers (``BatchSpec``, issue 41), in this process: raw loop, engine loop,
+              per-task ``Worker``, bulk ``Worker`` and bulk ``AsyncWorker`` (max 1000), tasks/s
+              and Redis server us per task (commandstats), each against raw (``bulk.py``)
+   linger     a bulk ``Worker`` with linger 0.05 s: handover lateness of partial batches, and
+              the commands an idle worker makes with and without a linger (``bulk.py``)
 5. memory     bytes per scheduled task (INFO used_memory before/after scheduling, and
               MEMORY USAGE per key), where they go (id, envelope, dict entries, bucket
               tables, skiplist nodes), next to the raw ZSET + HASH layout of the same tasks
@@ -28,6 +33,7 @@ every 5 ms). Each worker runs ``--repeat`` times (default 2); all runs are print
 
     .venv/bin/python scripts/bench/worker.py [--tasks N] [--repeat N] [--quick]
         [--workers threaded,named,asyncio] [--no-memory]
+        [--sections workers,bulk,linger,memory] [--bulk-tasks N] [--linger-rounds N] [--idle-s S]
 
 The table goes to stdout, followed by one JSON line with every figure; progress goes to stderr.
 """
@@ -50,6 +56,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from bulk import add_arguments as add_bulk_arguments
+from bulk import run_sections as run_bulk_sections
 from report import print_table
 
 import dueq
@@ -337,7 +345,18 @@ def main() -> None:
         "--workers", default="threaded,named,asyncio", help="which workers to run (comma list)"
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory figures")
+    parser.add_argument(
+        "--sections",
+        default="workers,bulk,linger,memory",
+        help="which sections to run (comma list; raw and engine always run)",
+    )
+    add_bulk_arguments(parser)
     args = parser.parse_args()
+    sections = {s.strip() for s in args.sections.split(",") if s.strip()}
+    if "workers" not in sections:
+        args.workers = ""
+    if "memory" not in sections:
+        args.no_memory = True
     chosen = [w.strip() for w in args.workers.split(",") if w.strip()]
     n = 2000 if args.quick else args.tasks
     repeat = 1 if args.quick else args.repeat
@@ -413,6 +432,12 @@ def main() -> None:
             named = max(run["drain_per_s"] for run in figures["named"])
             figures["named_vs_plain"] = named / plain
             rows.append(("named/plain", f"{named / plain:.3f}", "best drain of each", ">= 0.90"))
+        if sections & {"bulk", "linger"}:
+            bulk_rows, bulk_figures = run_bulk_sections(
+                server, args, [s for s in ("bulk", "linger") if s in sections], repeat
+            )
+            rows += bulk_rows
+            figures.update(bulk_figures)
         if args.no_memory:
             r.close()
             print_table(rows)
