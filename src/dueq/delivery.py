@@ -387,7 +387,7 @@ class Item:
     ``result``, kept while the queue keeps results). A raise fails every item that has no
     verdict yet. The same class serves both front ends: nothing here calls Redis."""
 
-    __slots__ = ("_value", "delivery", "error", "release_delay", "retry_in")
+    __slots__ = ("delivery", "error", "release_delay", "retry_in")
 
     def __init__(self, delivery: DeliveryBase) -> None:
         #: the delivery this item is (its lease is kept while the call runs)
@@ -398,7 +398,6 @@ class Item:
         self.retry_in: Duration | None = None
         #: ``release``'s delay (None: not released)
         self.release_delay: Duration | None = None
-        self._value: Any = None
 
     @property
     def id(self) -> str:
@@ -473,7 +472,6 @@ class Item:
     def result(self, value: Any) -> None:
         """Keep ``value`` (a JSON value) as this item's result when it is acked, while the
         queue keeps results (``keep_results``)."""
-        self._value = value
         self.delivery.result = value
 
     def __repr__(self) -> str:

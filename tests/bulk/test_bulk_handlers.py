@@ -241,14 +241,14 @@ def test_batch_settings_that_cannot_work_are_refused_at_once(r: redis.Redis) -> 
         q.task(name="b", batch="nightly")(lambda items: None)  # type: ignore[arg-type]
     with pytest.raises(dueq.ConfigurationError, match="give the handler"):
         dueq.Worker(q, batch=dueq.BatchSpec())
-    item = dueq.Item(next(iter([_FakeDelivery()])))  # (an Item is a record: no Redis call)
+    item = dueq.Item(_Delivered())  # type: ignore[arg-type]  # (an Item records verdicts only)
     item.fail("once")
     with pytest.raises(dueq.ConfigurationError, match="one verdict"):
         item.release()
 
 
-class _FakeDelivery:
-    """Enough of a delivery for an Item's own checks (it records verdicts only)."""
+class _Delivered:
+    """What an Item reads of its delivery for its own checks (it calls no queue)."""
 
     id = "t"
     attempt = 1
