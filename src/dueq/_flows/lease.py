@@ -273,7 +273,7 @@ class LeaseFlows(QueueBase):
     ) -> Flow[Outcome]:
         if isinstance(error, KeyCooldown):  # back later, no attempt counted, its key held
             return (yield from self._core.release_flow(delivery, error.seconds, hold=True))
-        (outcome,) = yield from self.fail_many_flow([(delivery, error, retry_in)])
+        (outcome,) = yield from self._core.fail_many_flow([(delivery, error, retry_in)])
         if outcome.kind == "cancelled":
             protocol.raise_for(
                 protocol.Status.CANCELLED,
