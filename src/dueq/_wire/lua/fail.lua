@@ -1,6 +1,7 @@
 -- fail.lua: record failed deliveries, then put each task back in due after a delay, or bury it.
 -- Each failure is settled as if alone, in the order given (a repeated (id, token) finds its
--- lease gone the second time); their outcome events are written once, at the end.
+-- lease gone the second time); their outcome events are written, and the retried and dead
+-- counters counted, once at the end.
 --
 -- KEYS[1] due      ZSET id -> due ms
 -- KEYS[2] leased   ZSET id -> lease deadline ms
@@ -70,6 +71,7 @@ local levels = due_levels(KEYS[1])
 local bk = links.batch_keys(KEYS[21], KEYS[22], KEYS[23], KEYS[24], levels, KEYS[3], KEYS[7],
   KEYS[8])
 local ak = links.after_keys(KEYS[25], KEYS[26], KEYS[27], KEYS[6], KEYS[5], KEYS[16], bk)
+local retried, buried = 0, 0  -- counted once, at the end (nothing here reads the counters)
 
 -- One failure: {status, at ms} as the header says. `action` is "retry" or "dead".
 local function fail_one(id, token, record, action, delay_ms)
@@ -107,7 +109,7 @@ local function fail_one(id, token, record, action, delay_ms)
   end
   if dead then
     redis.call('ZADD', KEYS[6], now, id)
-    stat_incr(KEYS[7], 'dead', 1)
+    buried = buried + 1
     trim_dead(KEYS[6], KEYS[3], KEYS[4], KEYS[5], now, dead_count, dead_age_ms, KEYS[28])
     publish_ended(KEYS[16], {id})
     followups_start({debounce = KEYS[19], tasks = KEYS[3], meta = KEYS[4], errors = KEYS[5],
@@ -125,7 +127,7 @@ local function fail_one(id, token, record, action, delay_ms)
   local k_level = level_key(levels, envelope)
   local previous_head = head_score(k_level)
   redis.call('ZADD', k_level, due, id)
-  stat_incr(KEYS[7], 'retried', 1)
+  retried = retried + 1
   wake_if_earlier(KEYS[8], previous_head, due)
   return 1, due
 end
@@ -136,6 +138,8 @@ for i = 4, #ARGV - 4, 5 do
   replies[#replies + 1] = status
   replies[#replies + 1] = at
 end
+if retried > 0 then stat_incr(KEYS[7], 'retried', retried) end
+if buried > 0 then stat_incr(KEYS[7], 'dead', buried) end
 -- every outcome noted above, in order (each failure's own, then its buried children's)
 outcome_events.flush(KEYS[20], settings.events_ms, now, ARGV[1])
 return replies
