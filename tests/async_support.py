@@ -86,10 +86,15 @@ async def _collect(agen: Any) -> list[Any]:
 
 
 def _unwrap(value: Any) -> Any:
-    """The target of a wrapped value, also inside a list or tuple (one level deep: payloads
-    are passed through untouched, however deep)."""
+    """The target of a wrapped value, also inside a list or tuple, and inside the tuples of a
+    list (``fail_many``'s (delivery, error) items); deeper, payloads are passed through
+    untouched."""
     if isinstance(value, (list, tuple)) and any(isinstance(v, Blocking) for v in value):
         return type(value)(_target(v) for v in value)
+    if isinstance(value, list) and any(
+        isinstance(v, tuple) and any(isinstance(w, Blocking) for w in v) for v in value
+    ):
+        return [tuple(map(_target, v)) if isinstance(v, tuple) else v for v in value]
     return _target(value)
 
 

@@ -23,3 +23,10 @@ def calls(fn: Callable[[], Any]) -> int:
     finally:
         sys.setprofile(None)
     return count
+
+
+def script_calls(admin: Any) -> int:
+    """How many scripts the server has run (INFO commandstats: EVALSHA and EVAL calls), for
+    tests that pin how many script calls an operation makes."""
+    stats = admin.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))

@@ -34,7 +34,7 @@ from dueq._wire.scripts import AsyncScripts
 from dueq._wire.server_check import wrong_client
 from dueq.cron.flows import AsyncCrons
 from dueq.dead import AsyncDeadLetters
-from dueq.delivery import AsyncDelivery
+from dueq.delivery import AsyncDelivery, FailItem
 from dueq.doctor import DoctorReport
 from dueq.events.aio import async_events
 from dueq.events.stream import AsyncEvent, EventGroup, event_groups_flow
@@ -371,6 +371,11 @@ class AsyncQueue(QueueCore):
     ) -> Outcome:
         """Record a failed delivery; retried after the backoff (or ``retry_in``), or dead."""
         return await self.drive(self._core.fail_flow(delivery, error, retry_in))
+
+    async def fail_many(self, items: Sequence[FailItem[AsyncDelivery]]) -> list[Outcome]:
+        """As ``Queue.fail_many``: items ``(delivery, error)`` or ``(delivery, error,
+        retry_in)``, outcomes in the order given, one round trip per 1,000."""
+        return await self.drive(self._core.fail_many_flow(items))
 
     async def extend_many(self, deliveries: Sequence[AsyncDelivery], seconds: Duration) -> datetime:
         """Extend many held leases to ``seconds`` from now in one round trip per 1,000;

@@ -17,12 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from dueq._util.clock import Duration, duration_ms, ms_datetime
 from dueq._wire.envelope import NO_OPTIONS, TaskOptions, TraceContext
 from dueq.exceptions import ConfigurationError, KeyCooldown
 from dueq.model import Outcome
+
+#: A delivery type (``Delivery``, ``AsyncDelivery`` or ``DeliveryBase``).
+D = TypeVar("D", bound="DeliveryBase")
+#: One item of ``fail_many``: a delivery and its error (an exception or a message), and
+#: optionally its ``retry_in`` (the delay before the retry, instead of the retry policy's).
+FailItem = tuple[D, BaseException | str] | tuple[D, BaseException | str, Duration | None]
 
 
 class NamedQueue(Protocol):
@@ -44,6 +50,8 @@ class SettlingQueue(NamedQueue, Protocol):
     def fail(
         self, delivery: Delivery, error: BaseException | str, *, retry_in: Duration | None = None
     ) -> Outcome: ...
+
+    def fail_many(self, items: Sequence[FailItem[Delivery]]) -> list[Outcome]: ...
 
     def extend(self, delivery: Delivery, seconds: Duration) -> datetime: ...
 
@@ -68,6 +76,8 @@ class AsyncSettlingQueue(NamedQueue, Protocol):
         *,
         retry_in: Duration | None = None,
     ) -> Outcome: ...
+
+    async def fail_many(self, items: Sequence[FailItem[AsyncDelivery]]) -> list[Outcome]: ...
 
     async def extend(self, delivery: AsyncDelivery, seconds: Duration) -> datetime: ...
 

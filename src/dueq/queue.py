@@ -35,7 +35,7 @@ from dueq._wire.scripts import Scripts
 from dueq._wire.server_check import MIN_REDIS_VERSION, wrong_client
 from dueq.cron.flows import Crons
 from dueq.dead import DeadLetters
-from dueq.delivery import Delivery
+from dueq.delivery import Delivery, FailItem
 from dueq.doctor import DoctorReport
 from dueq.events.stream import Event, EventGroup, event_groups_flow, observe_events
 from dueq.exceptions import WaitTimeout
@@ -435,6 +435,19 @@ class Queue(QueueCore):
         ``Unrecoverable`` errors, and failures of the last allowed attempt, go to dead.
         """
         return self.drive(self._core.fail_flow(delivery, error, retry_in))
+
+    def fail_many(self, items: Sequence[FailItem[Delivery]]) -> list[Outcome]:
+        """Record many failed deliveries in one round trip per 1,000 (per shard of a sharded
+        queue); returns their outcomes in the order given.
+
+        Each item is ``(delivery, error)`` or ``(delivery, error, retry_in)``, and is decided
+        as ``fail(delivery, error, retry_in=retry_in)`` decides it: ``retried`` after the
+        backoff (or ``retry_in``), ``dead`` (``Unrecoverable``, or the last allowed attempt)
+        or ``expired``; a ``KeyCooldown`` is ``released`` with its key held. Nothing is raised
+        for a lease not held: that item's outcome is ``cancelled`` (its task was cancelled
+        while leased) or ``lost``, and nothing is recorded for it. An empty list sends nothing.
+        """
+        return self.drive(self._core.fail_many_flow(items))
 
     def extend_many(self, deliveries: Sequence[Delivery], seconds: Duration) -> datetime:
         """Extend many held leases to ``seconds`` from now in one round trip per 1,000;

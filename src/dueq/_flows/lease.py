@@ -17,7 +17,7 @@ from dueq._util.identity import worker_id
 from dueq._wire import protocol as protocol
 from dueq._wire.envelope import decode_named, result_entry
 from dueq._wire.failures import error_record, token_holder
-from dueq.delivery import DeliveryBase, mark_all_acked
+from dueq.delivery import DeliveryBase, FailItem, mark_all_acked
 from dueq.exceptions import KeyCooldown, LeaseLost, PayloadError, TaskCancelled, Unrecoverable
 from dueq.logs import task_fields
 from dueq.model import ClaimBatch, Outcome, OutcomeKind
@@ -57,6 +57,35 @@ _FAIL_KINDS: dict[protocol.Status, OutcomeKind] = {
     protocol.Status.DEAD: "dead",
     protocol.Status.EXPIRED: "expired",
 }
+
+
+def fail_item(
+    item: FailItem[DeliveryBase],
+) -> tuple[DeliveryBase, BaseException | str, Duration | None]:
+    """A ``fail_many`` item as (delivery, error, retry_in)."""
+    if len(item) == 2:
+        return item[0], item[1], None
+    if len(item) == 3:
+        return item
+    raise TypeError(
+        f"a fail_many item is (delivery, error) or (delivery, error, retry_in), not {item!r}"
+    )
+
+
+def _fail_outcome(
+    delivery: DeliveryBase, error: BaseException | str, reply: protocol.FailReply
+) -> Outcome:
+    """The outcome of one failure by fail.lua's reply; the delivery marked settled with it."""
+    message = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+    if reply.status is protocol.Status.CANCELLED:
+        outcome = Outcome(delivery.id, "cancelled", delivery.attempt, None, message)
+    elif reply.status is protocol.Status.LEASE_LOST:
+        outcome = Outcome(delivery.id, "lost", delivery.attempt, None, message)
+    else:
+        kind: OutcomeKind = _FAIL_KINDS.get(reply.status, "retried")
+        outcome = Outcome(delivery.id, kind, delivery.attempt, ms_datetime(reply.at_ms), message)
+    delivery.mark_settled(outcome)
+    return outcome
 
 
 class LeaseFlows(QueueBase):
@@ -219,11 +248,12 @@ class LeaseFlows(QueueBase):
             dead_max_age_ms=self.dead_max_age_ms,
         )
 
-    def fail_flow(
+    def _failure(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
-    ) -> Flow[Outcome]:
-        if isinstance(error, KeyCooldown):  # back later, no attempt counted, its key held
-            return (yield from self._core.release_flow(delivery, error.seconds, hold=True))
+    ) -> protocol.Failure:
+        """What fail.lua is told of one failure: dead (``Unrecoverable``, or the retry policy
+        gives up at this attempt, age and error, or the delivery's own max_attempts), else
+        the delay (``retry_in``, else the policy's), and the error record."""
         exc = error if isinstance(error, BaseException) else None
         age_s = max(delivery.claimed_ms - delivery.first_claimed_ms, 0) / 1000
         delay_ms = 0
@@ -236,30 +266,62 @@ class LeaseFlows(QueueBase):
             else:
                 delay_ms = round(self.retry.delay_s(delivery.attempt, age_s, exc) * 1000)
         record = error_record(error, delivery.attempt, token_holder(delivery.token))
-        reply: protocol.FailReply = yield self._fail_call(
-            delivery.id, delivery.token, record, dead, delay_ms
-        )
-        message = f"{type(error).__name__}: {error}" if exc else str(error)
-        if reply.status is protocol.Status.CANCELLED:
-            delivery.mark_settled(
-                Outcome(delivery.id, "cancelled", delivery.attempt, None, message)
-            )
+        return protocol.Failure(delivery.id, delivery.token, record, dead, delay_ms)
+
+    def fail_flow(
+        self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
+    ) -> Flow[Outcome]:
+        if isinstance(error, KeyCooldown):  # back later, no attempt counted, its key held
+            return (yield from self._core.release_flow(delivery, error.seconds, hold=True))
+        (outcome,) = yield from self._core.fail_many_flow([(delivery, error, retry_in)])
+        if outcome.kind == "cancelled":
             protocol.raise_for(
-                reply.status,
+                protocol.Status.CANCELLED,
                 f"task {delivery.id!r} was cancelled while leased; failure not recorded",
                 [delivery.id],
             )
-        if reply.status is protocol.Status.LEASE_LOST:
-            delivery.mark_settled(Outcome(delivery.id, "lost", delivery.attempt, None, message))
+        if outcome.kind == "lost":
             protocol.raise_for(
-                reply.status,
+                protocol.Status.LEASE_LOST,
                 f"lease on task {delivery.id!r} was lost; failure not recorded",
                 [delivery.id],
             )
-        kind: OutcomeKind = _FAIL_KINDS.get(reply.status, "retried")
-        outcome = Outcome(delivery.id, kind, delivery.attempt, ms_datetime(reply.at_ms), message)
-        delivery.mark_settled(outcome)
         return outcome
+
+    def fail_many_flow(self, items: Sequence[FailItem[DeliveryBase]]) -> Flow[list[Outcome]]:
+        """Record many failures, each as ``fail_flow`` decides it, in one script call per
+        LEASE_BATCH (settled in the order given); KeyCooldown items are released with their
+        key held (one release call per distinct cooldown). Never raises for a lease not held:
+        each outcome says ``cancelled`` or ``lost`` then (with the error's message). Every
+        item is judged (retry policy, error record) before anything is sent, so a bad
+        ``retry_in`` records none of them."""
+        triples = [fail_item(item) for item in items]
+        failing = [i for i, t in enumerate(triples) if not isinstance(t[1], KeyCooldown)]
+        failures = [self._failure(*triples[i]) for i in failing]
+        outcomes: list[Outcome | None] = [None] * len(triples)
+        for start in range(0, len(failing), protocol.LEASE_BATCH):
+            replies: list[protocol.FailReply] = yield protocol.fail_many(
+                self.keys,
+                self.now_arg(),
+                failures[start : start + protocol.LEASE_BATCH],
+                dead_max_count=self.dead_max_count,
+                dead_max_age_ms=self.dead_max_age_ms,
+            )
+            for i, reply in zip(
+                failing[start : start + protocol.LEASE_BATCH], replies, strict=True
+            ):
+                outcomes[i] = _fail_outcome(triples[i][0], triples[i][1], reply)
+        cooling: dict[float, list[int]] = {}  # cooldown seconds -> the items
+        for i, (_, error, _) in enumerate(triples):
+            if isinstance(error, KeyCooldown):
+                cooling.setdefault(error.seconds, []).append(i)
+        for seconds, group in cooling.items():
+            released = yield from self._core.release_many_flow(
+                [triples[i][0] for i in group], seconds, hold=True
+            )
+            for i, outcome in zip(group, released, strict=True):
+                outcomes[i] = outcome
+        return [o for o in outcomes if o is not None]  # (every item has one)
 
     def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]:
         try:

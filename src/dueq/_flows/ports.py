@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from dueq._wire.protocol import DurableOp, StepReply
     from dueq.cron.flows import CronsCore
     from dueq.dead import DeadLettersCore
-    from dueq.delivery import DeliveryBase
+    from dueq.delivery import DeliveryBase, FailItem
     from dueq.doctor import DoctorReport
     from dueq.model import (
         BatchInfo,
@@ -84,6 +84,7 @@ class Core(Protocol):
     def fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]: ...
+    def fail_many_flow(self, items: Sequence[FailItem[DeliveryBase]]) -> Flow[list[Outcome]]: ...
     def extend_flow(self, delivery: DeliveryBase, seconds: Duration) -> Flow[datetime]: ...
     def extend_many_flow(
         self, deliveries: Sequence[DeliveryBase], seconds: Duration

@@ -462,8 +462,46 @@ class FailReply(NamedTuple):
     at_ms: int  # next attempt (RETRIED) or time of death (DEAD) or of expiry (EXPIRED)
 
 
+class Failure(NamedTuple):
+    """One failed delivery for ``fail_many``: its lease, the error record (JSON, without
+    "at"), and whether it is buried (``dead``) or retried after ``delay_ms``."""
+
+    task_id: str
+    token: str
+    record: str
+    dead: bool
+    delay_ms: int
+
+
+def _parse_fail_many(reply: Any) -> list[FailReply]:
+    return [
+        FailReply(_FAIL_STATUS[int(status)], int(at_ms))
+        for status, at_ms in zip(reply[::2], reply[1::2], strict=True)
+    ]
+
+
+def fail_many(
+    k: QueueKeys,
+    now: str,
+    failures: Sequence[Failure],
+    *,
+    dead_max_count: int,
+    dead_max_age_ms: int,
+) -> Call[list[FailReply]]:
+    """Record failed deliveries in one call, each settled as if alone and in order: retried
+    after its delay, or buried. The replies are one per failure, in the order given."""
+    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
+    keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.config, k.ended]
+    keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), *_after_keys(k)]
+    keys += [k.steps, *k.upper_due]
+    args: list[Any] = [now, dead_max_count, dead_max_age_ms]
+    for f in failures:
+        args += (f.task_id, f.token, f.record, "dead" if f.dead else "retry", f.delay_ms)
+    return Call("fail", keys, args, _parse_fail_many)
+
+
 def _parse_fail(reply: Any) -> FailReply:
-    return FailReply(_FAIL_STATUS[int(reply[0])], int(reply[1]))
+    return _parse_fail_many(reply)[0]
 
 
 def fail(
@@ -478,14 +516,16 @@ def fail(
     dead_max_count: int,
     dead_max_age_ms: int,
 ) -> Call[FailReply]:
-    """Record a failed delivery (an error record without "at"); retry after a delay, or bury."""
-    keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
-    keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.config, k.ended]
-    keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), *_after_keys(k)]
-    keys += [k.steps, *k.upper_due]
-    action = "dead" if dead else "retry"
-    args = [now, task_id, token, record, action, delay_ms, dead_max_count, dead_max_age_ms]
-    return Call("fail", keys, args, _parse_fail)
+    """Record one failed delivery (an error record without "at"); retry after a delay, or
+    bury: ``fail_many`` of one."""
+    call = fail_many(
+        k,
+        now,
+        [Failure(task_id, token, record, dead, delay_ms)],
+        dead_max_count=dead_max_count,
+        dead_max_age_ms=dead_max_age_ms,
+    )
+    return Call(call.script, call.keys, call.args, _parse_fail)
 
 
 # -- extend.lua, release.lua, reschedule.lua: a time in ms, or -1 ------------------------------

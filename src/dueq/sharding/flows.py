@@ -109,7 +109,7 @@ from dueq._wire.protocol import STATS_TENANTS, DurableOp, StepReply
 from dueq.cron.flows import CronDefinition, CronsCore
 from dueq.cron.flows import validate_name as validate_cron_name
 from dueq.dead import MAX_OFFSET, DeadLettersCore, distinct_ids
-from dueq.delivery import DeliveryBase
+from dueq.delivery import DeliveryBase, FailItem
 from dueq.doctor import DoctorReport
 from dueq.exceptions import ConfigurationError, InvalidTaskError, LeaseLost
 from dueq.model import (
@@ -486,6 +486,20 @@ class ShardedCore:
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:
         return (yield from self.layout.owner(delivery).fail_flow(delivery, error, retry_in))
+
+    def fail_many_flow(self, items: Sequence[FailItem[DeliveryBase]]) -> Flow[list[Outcome]]:
+        """Each shard's failures recorded in one call per shard, side by side; the outcomes in
+        the order given."""
+        groups: dict[QueueCore, list[int]] = defaultdict(list)  # shard -> item positions
+        for i, item in enumerate(items):
+            groups[self.layout.owner(item[0])].append(i)
+        flows = [s.fail_many_flow([items[i] for i in group]) for s, group in groups.items()]
+        results: list[list[Outcome]] = yield from together(flows)
+        outcomes: list[Outcome | None] = [None] * len(items)
+        for group, shard_outcomes in zip(groups.values(), results, strict=True):
+            for i, outcome in zip(group, shard_outcomes, strict=True):
+                outcomes[i] = outcome
+        return [o for o in outcomes if o is not None]  # (every item has one)
 
     def release_flow(
         self, delivery: DeliveryBase, delay: Duration, *, hold: bool = False
