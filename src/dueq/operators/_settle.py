@@ -251,13 +251,16 @@ class Settling:
                 continue
             settled += zip(deliveries, outcomes, strict=True)
         failures, pending.failures = pending.failures, []
-        for i, (d, error) in enumerate(failures):
-            if not self._holds(d):  # released by close() meanwhile
-                continue
+        by_queue: dict[Any, list[tuple[Any, Any]]] = defaultdict(list)
+        for d, error in failures:
+            by_queue[d.queue].append((d, error))
+        groups = list(by_queue.values())
+        for i, group in enumerate(groups):
+            group = [(d, error) for d, error in group if self._holds(d)]  # (close() releases)
             try:
-                settled.append((d, (yield from self.fail_flow(d, error, final))))
+                settled += yield from self.fail_many_flow(group, final)
             except Exception as exc:  # an outage: the next ones would meet it too
-                pending.failures = failures[i:]
+                pending.failures = [f for g in groups[i:] for f in g]
                 refusal = exc
                 break
         if refusal is not None:
@@ -301,6 +304,95 @@ class Settling:
             return [Outcome(d.id, "lost", d.attempt, error=describe(exc)) for d in deliveries]
         return [d.outcome or settled_outcome(d.id, "acked", d.attempt) for d in deliveries]
 
+    def fail_many_flow(
+        self, group: list[tuple[Any, Any]], final: bool
+    ) -> Generator[Op, Any, list[tuple[Any, Outcome]]]:
+        """Record the failures of one queue's deliveries in one ``fail_many`` call (one per
+        1,000): each outcome as ``fail_flow`` would give and log it. Raises an outage unless
+        ``final``. A group Redis or dueq refuses for another reason (an exception whose text
+        cannot be made, say) is recorded one by one, where each gets its stand-in."""
+        if not group:
+            return []
+        if len(group) == 1:
+            d, error = group[0]
+            return [(d, (yield from self.fail_flow(d, error, final)))]
+        items: list[tuple[Any, Any, Any]] = []
+        for d, error in group:
+            if type(error) is Retry:
+                items.append((d, error.error, error.retry_in))
+            else:
+                items.append((d, error, None))
+        q = group[0][0].queue
+        try:
+            outcomes: list[Outcome] = yield partial(q.fail_many, items)
+        except Exception as exc:
+            if is_outage(exc) and not final:
+                raise
+            # not an outage (or the last round): each alone, where a failure that cannot be
+            # recorded as it is gets its stand-in, and what Redis refuses is logged as lost
+            settled = []
+            for d, error in group:
+                settled.append((d, (yield from self.fail_flow(d, error, final))))
+            return settled
+        settled = []
+        for (d, error, _), outcome in zip(items, outcomes, strict=True):
+            if outcome.kind in ("lost", "cancelled"):
+                self._log_unrecorded(d, outcome.kind == "cancelled")
+                outcome = d.outcome or outcome
+                if isinstance(error, KeyCooldown):
+                    self.cooldowns.confirmed(d, outcome)  # nothing is held: nothing waits
+            else:
+                if isinstance(error, KeyCooldown):  # the key's held deliveries wait as long
+                    self.cooldowns.confirmed(d, outcome)
+                self._log_failure(d, error, outcome)
+            settled.append((d, outcome))
+        return settled
+
+    @staticmethod
+    def _log_unrecorded(d: Any, cancelled: bool) -> None:
+        """Say why a failure was not recorded: its task was cancelled, or its lease lost."""
+        if cancelled:
+            logger.info(
+                "queue %r: task %r attempt %d cancelled while running",
+                d.queue.name,
+                d.id,
+                d.attempt,
+                extra=task_fields(d.queue.name, d.id, d.attempt),
+            )
+        else:
+            logger.warning(
+                "queue %r: task %r attempt %d: lease lost before its failure was recorded",
+                d.queue.name,
+                d.id,
+                d.attempt,
+                extra=task_fields(d.queue.name, d.id, d.attempt),
+            )
+
+    @staticmethod
+    def _log_failure(d: Any, error: Any, outcome: Outcome) -> None:
+        """The line of a recorded failure: released (a KeyCooldown), retried or dead."""
+        if outcome.kind == "released":  # a KeyCooldown: no attempt counted
+            logger.info(
+                "queue %r: task %r attempt %d: %s; back at %s, its key held as long",
+                d.queue.name,
+                d.id,
+                d.attempt,
+                describe(error) if isinstance(error, Exception) else error,
+                outcome.at,
+                extra=task_fields(d.queue.name, d.id, d.attempt),
+            )
+            return
+        log = logger.error if outcome.kind == "dead" else logger.info
+        log(
+            "queue %r: task %r attempt %d failed (%s): %s",
+            d.queue.name,
+            d.id,
+            d.attempt,
+            outcome.kind,
+            outcome.error,
+            extra=task_fields(d.queue.name, d.id, d.attempt),
+        )
+
     def fail_flow(
         self, d: Any, error: Any, final: bool, *, stand_in: bool = False
     ) -> Generator[Op, Any, Outcome]:
@@ -312,22 +404,7 @@ class Settling:
         try:
             outcome: Outcome = yield partial(d.fail, error, retry_in=retry_in)
         except LeaseLost as exc:
-            if exc.cancelled:
-                logger.info(
-                    "queue %r: task %r attempt %d cancelled while running",
-                    d.queue.name,
-                    d.id,
-                    d.attempt,
-                    extra=task_fields(d.queue.name, d.id, d.attempt),
-                )
-            else:
-                logger.warning(
-                    "queue %r: task %r attempt %d: lease lost before its failure was recorded",
-                    d.queue.name,
-                    d.id,
-                    d.attempt,
-                    extra=task_fields(d.queue.name, d.id, d.attempt),
-                )
+            self._log_unrecorded(d, bool(exc.cancelled))
             outcome = d.outcome or Outcome(d.id, "lost", d.attempt)
             if isinstance(error, KeyCooldown):
                 self.cooldowns.confirmed(d, outcome)  # nothing is held: nothing waits
@@ -356,27 +433,7 @@ class Settling:
             return Outcome(d.id, "lost", d.attempt, error=describe(exc))
         if isinstance(error, KeyCooldown):  # the key's held deliveries wait as long
             self.cooldowns.confirmed(d, outcome)
-        if outcome.kind == "released":  # a KeyCooldown: no attempt counted
-            logger.info(
-                "queue %r: task %r attempt %d: %s; back at %s, its key held as long",
-                d.queue.name,
-                d.id,
-                d.attempt,
-                describe(error) if isinstance(error, Exception) else error,
-                outcome.at,
-                extra=task_fields(d.queue.name, d.id, d.attempt),
-            )
-            return outcome
-        log = logger.error if outcome.kind == "dead" else logger.info
-        log(
-            "queue %r: task %r attempt %d failed (%s): %s",
-            d.queue.name,
-            d.id,
-            d.attempt,
-            outcome.kind,
-            outcome.error,
-            extra=task_fields(d.queue.name, d.id, d.attempt),
-        )
+        self._log_failure(d, error, outcome)
         return outcome
 
     def release_flow(self, d: Any) -> Generator[Op, Any, Outcome]:
