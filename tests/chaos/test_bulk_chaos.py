@@ -1,9 +1,10 @@
 """Bulk handlers under SIGKILL (issue 41): calls of up to 200 items in worker processes that are
 killed at random, with items failing at random (decided by a hash of their id and attempt, so
-the test knows which attempts were to fail, each attempt independently of the others). Every task ends acked or dead exactly as its own attempts
-say: each failure recorded is that item's planted failure on that attempt or a lease that a
-kill let run out, a dead task used all its attempts, an acked one ended on an attempt that was
-not to fail, nothing ran past ``max_attempts``, nothing was lost."""
+the test knows which attempts were to fail, each attempt independently of the others). Every
+task ends acked or dead exactly as its own attempts say: each failure recorded is that item's
+planted failure on that attempt or a lease that a kill let run out, a dead task used all its
+attempts, an acked one ended on an attempt that was not to fail, nothing ran past
+``max_attempts``, nothing was lost."""
 
 from __future__ import annotations
 

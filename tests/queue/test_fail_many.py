@@ -23,6 +23,13 @@ def _events(r: redis.Redis, q: Any) -> list[dict[bytes, bytes]]:
     return [fields for _, fields in r.xrange(q.keys.events)]
 
 
+def _events_at_clock(r: redis.Redis) -> bool:
+    """Whether the server writes an event at the queue clock's ms (XADD <ms>-*, Redis 7 and
+    Valkey): Redis 6.2 writes it at its own time, so under the tests' manual clock (in 2027)
+    the retention trims it at once, whatever the script did."""
+    return int(str(r.info("server")["redis_version"]).split(".")[0]) >= 7
+
+
 def _fail_scene(q: Any, clock: Any) -> list[Any]:
     """Six failing deliveries of one claim, with their errors: two retried (one with
     retry_in), one dead at its last attempt, one Unrecoverable, one expired, one message."""
@@ -49,7 +56,9 @@ def _state(r: redis.Redis, q: Any, ids: list[str]) -> dict[str, Any]:
         "errors": {i: _errors(q, i) for i in ids},
         "infos": {i: (info.state, info.attempt) if (info := q.get(i)) else None for i in ids},
         "counters": q.stats().counters,
-        "events": [(f[b"id"], f[b"kind"], f[b"attempt"], f.get(b"error")) for f in _events(r, q)],
+        "events": [(f[b"id"], f[b"kind"], f[b"attempt"], f.get(b"error")) for f in _events(r, q)]
+        if _events_at_clock(r)
+        else "(not kept by this server under a manual clock)",
     }
 
 
@@ -78,7 +87,8 @@ def test_fail_many_gives_the_outcomes_records_and_events_of_as_many_single_fails
     assert _state(r, many, ids) == _state(r, one, ids)
     assert [d.id for d in many.dead.list()] == [d.id for d in one.dead.list()]
     assert many.dead.count() == 2
-    assert _events(r, many)[0][b"kind"] == b"retried"
+    if _events_at_clock(r):
+        assert _events(r, many)[0][b"kind"] == b"retried"
 
 
 def test_one_call_settles_retried_dead_expired_cancelled_and_lost_deliveries(
@@ -113,6 +123,8 @@ def test_one_call_settles_retried_dead_expired_cancelled_and_lost_deliveries(
     assert _errors(q, "t0") == [(1, "ValueError", "boom", outcomes[0].at - timedelta(seconds=10))]
     counters = q.stats().counters
     assert (counters.get("retried"), counters.get("dead")) == (4, 2)  # warm's retry counted
+    if not _events_at_clock(r):
+        return  # (the outcomes, records and counters above are the call's; its events: 7+)
     kinds = [(f[b"id"], f[b"kind"]) for f in _events(r, q)]
     assert kinds[-6:] == [
         (b"t0", b"retried"),
