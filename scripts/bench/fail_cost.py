@@ -21,21 +21,13 @@ from datetime import timedelta
 from typing import Any
 
 import redis
+from redis_cost import server_usec
 
 import dueq
 from dueq import Queue, Task
 from dueq.server import RedisServer
 
 CLAIM = 1_000
-
-
-def server_usec(r: redis.Redis) -> int:
-    stats = r.info("commandstats")
-    return sum(
-        int(v.get("usec", 0))
-        for k, v in stats.items()
-        if k.removeprefix("cmdstat_") not in ("info", "config|resetstat", "config")
-    )
 
 
 def held_tasks(r: redis.Redis, n: int, events: bool) -> tuple[Queue, list[Any]]:

@@ -57,6 +57,7 @@ from typing import Any
 
 import redis
 from bulk import add_arguments as add_bulk_arguments
+from bulk import log, payloads
 from bulk import run_sections as run_bulk_sections
 from report import print_table
 
@@ -113,20 +114,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def payloads(n: int, seed: int = 1) -> list[dict[str, Any]]:
-    rnd = random.Random(seed)
-    now = time.time()
-    letters = string.ascii_letters
-    return [
-        {"k": "R", "tid": i, "due": now, "payload": "".join(rnd.choices(letters, k=100))}
-        for i in range(n)
-    ]
 
 
 def used_memory(r: redis.Redis) -> int:

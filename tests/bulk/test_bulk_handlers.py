@@ -183,12 +183,15 @@ def test_a_linger_holds_a_partial_call_for_tasks_due_within_it(pair: Any) -> Non
     q, view = pair()
     calls: list[int] = []
 
-    @q.task(name="linger", batch=dueq.BatchSpec(max=1000, linger=timedelta(milliseconds=400)))
+    # a full call runs at once: the 2 s linger is only how long a partial one may wait
+    @q.task(name="linger", batch=dueq.BatchSpec(max=10, linger=timedelta(seconds=2)))
     def linger(items: list[dueq.Item]) -> None:
         calls.append(len(items))
 
-    def later() -> None:
-        time.sleep(0.1)
+    def later() -> None:  # the second five once the first five are held by the worker
+        deadline = time.monotonic() + 20
+        while view.stats().leased < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
         view.schedule_many([dueq.Task({"n": n}, task="linger") for n in range(5)])
 
     for n in range(5):
