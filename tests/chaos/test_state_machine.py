@@ -116,6 +116,10 @@ class ModelTask:
     key: str | None = None
     parked: bool = False  # scheduled, due, and set aside because its key was at a limit
     counted: bool = False  # leased, and counted in its key's leased count (the key had a limit)
+    # whether a meta value is stored: a first lease without a counted key has none (claim.lua
+    # writes none, lua/include/claims.lua), so get() shows it without a due time
+    has_meta: bool = False
+    due_shown: bool = True  # leased: whether get() shows the due ms of the current delivery
 
 
 def build_machine(
@@ -138,6 +142,7 @@ def build_machine(
             self.model: dict[str, ModelTask] = {}
             self.handed_out: list[Delivery] = []  # every delivery, live or stale
             self.tokens: set[str] = set()
+            self.deadlines: set[int] = set()  # every claim's deadline: no two claims share one
             self.counters: Counter[str] = Counter()
             self.paused = False  # q.pause(): claims lease nothing
             self.revoked: dict[tuple[str, str], int] = {}  # (id, token) cancelled -> deadline
@@ -367,7 +372,7 @@ def build_machine(
                 for t in self.model.values():
                     if t.state == "leased" and t.key is not None and not t.counted:
                         event("keys: a lease counted when its key got a limit")
-                        t.counted = True
+                        t.counted = t.has_meta = True
                         self.flight[t.key] = self.flight.get(t.key, 0) + 1
 
         def key_limited(self) -> bool:
@@ -441,6 +446,7 @@ def build_machine(
                     self.unlease(t)
                     t.errors += 1
                     t.token = t.deadline = None
+                    t.has_meta = True
                     self.counters["expired"] += 1
                     if t.attempt >= self.max_attempts:
                         event("claim: expired lease of the last attempt -> dead")
@@ -537,7 +543,7 @@ def build_machine(
                     if room < 1:
                         assert t.key is not None
                         event("keys: a due task was parked")
-                        t.parked = True
+                        t.parked = t.has_meta = True
                         parked_any = True
                         changed.add(t.key)
                         self.parked_count[t.key] = self.parked_count.get(t.key, 0) + 1
@@ -561,11 +567,18 @@ def build_machine(
             assert token not in self.tokens, "a lease token was issued twice"
             self.tokens.add(token)
             deadline = now + (LEASE_MS if lease is None else lease)
+            while deadline in self.deadlines:  # another claim's: moved on by 1 ms
+                event("claim: a deadline another claim had, moved on")
+                deadline += 1
+            self.deadlines.add(deadline)
             for d in got:
                 t = self.model[d.id]
                 assert d.token == token
                 assert (d.attempt, d.due_ms, d.payload) == (t.attempt + 1, t.due, t.payload)
                 assert (d.lease_deadline_ms, d.claimed_ms) == (deadline, now)
+                # a first lease without a counted key: no meta value, so no due time shown
+                t.due_shown = t.has_meta or t.attempt > 0 or t.counted
+                t.has_meta = t.due_shown
                 t.state, t.attempt, t.token, t.deadline = "leased", t.attempt + 1, token, deadline
                 self.counters["claimed"] += 1
             self.handed_out += got
@@ -639,6 +652,7 @@ def build_machine(
             self.unlease(t)
             t.errors += 1
             t.token = t.deadline = None
+            t.has_meta = True
             if kind == "unrecoverable" or t.attempt >= self.max_attempts:
                 event(f"fail -> dead ({kind}, attempt {t.attempt})")
                 t.state, t.due, t.died_at = "dead", None, self.now
@@ -667,6 +681,7 @@ def build_machine(
             assert d.extend(seconds / 1000) == ms_datetime(deadline)
             assert d.lease_deadline_ms == deadline
             self.model[d.id].deadline = deadline
+            self.model[d.id].has_meta = True  # (a first lease's, without its due ms)
 
         @precondition(has_deliveries)
         @rule(data=st.data(), delay=delays_ms)
@@ -683,6 +698,7 @@ def build_machine(
             self.unlease(t)
             t.state, t.due, t.token, t.deadline = "scheduled", self.now + delay, None, None
             t.attempt = max(t.attempt - 1, 0)  # the released delivery does not count
+            t.has_meta = True
             self.counters["released"] += 1
             assert (outcome.kind, outcome.at) == ("released", ms_datetime(t.due))
 
@@ -914,7 +930,7 @@ def build_machine(
                     t.errors,
                 ), f"{tid}: model {t}, get() {info}"
                 assert (info.due_at, info.lease_deadline, info.died_at) == (
-                    at(t.due),
+                    at(t.due if t.state != "leased" or t.due_shown else None),
                     at(t.deadline),
                     at(t.died_at),
                 ), f"{tid}: model {t}, get() {info}"

@@ -103,7 +103,8 @@ def test_ack_many_of_two_claims_interleaved_acks_each(make_queue, clock):
 
 def test_a_lease_whose_attempt_record_is_past_the_most_attempts_cannot_be_acked(r, clock):
     # ack reads the attempt of each lease's meta value only to refuse a corrupted one: ten
-    # digits or more are compared as a number, fewer always fit
+    # digits or more are compared as a number, fewer always fit (a first lease has no meta
+    # value: each is given the one a second delivery would have, with the attempt set)
     q = dueq.Queue("attempts", r, clock=clock)
     q.schedule_many([dueq.Task(i) for i in range(3)])
     fits, too_many, padded = q.claim(3)
@@ -112,8 +113,8 @@ def test_a_lease_whose_attempt_record_is_past_the_most_attempts_cannot_be_acked(
         (too_many, "1000000001"),
         (padded, "0" * 12 + "7"),
     ):
-        meta = r.hget(q.keys.meta, delivery.id).decode()
-        r.hset(q.keys.meta, delivery.id, attempt + meta[meta.index("|") :])
+        assert r.hget(q.keys.meta, delivery.id) is None
+        r.hset(q.keys.meta, delivery.id, f"{attempt}|{delivery.token}|1|1")
     pairs = [(d.id, d.token) for d in (fits, too_many, padded)]
     call = protocol.ack(q.keys, q.now_arg(), pairs, window_ms=0)
     reply = call.parse(script_runner(q).run(call.script, call.keys, call.args))

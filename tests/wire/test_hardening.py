@@ -164,31 +164,6 @@ def test_a_corrupted_counter_never_fails_a_claim(make_queue, r, clock, counter):
     assert q.stats().scheduled == 0 and q.stats().leased == 0
 
 
-def seq(token: str) -> int:
-    """The sequence number of a lease token ("<seq>@<holder>")."""
-    return int(token.partition("@")[0])
-
-
-def test_a_corrupted_lease_seq_restarts_above_every_token_issued(make_queue, r, clock):
-    q = make_queue()
-    q.schedule("a", id="a")
-    [first] = q.claim()
-    r.hset(K + "stats", "lease_seq", "garbage")
-    clock.advance(60)  # the first lease has expired: "a" comes back after the 10 s backoff
-    assert q.claim() == []
-    clock.advance(10)
-    [again] = q.claim()
-    assert again.id == "a" and seq(again.token) > seq(first.token)
-    with pytest.raises(dueq.LeaseLost):
-        first.ack()
-    again.ack()
-    q.schedule("b", id="b")
-    q.schedule("c", id="c")
-    [b] = q.claim(limit=1)
-    [c] = q.claim(limit=1)
-    assert seq(again.token) < seq(b.token) < seq(c.token)  # whole numbers, still counting up
-
-
 @pytest.mark.parametrize("counter", ["acked", "retried", "released", "cancelled", "scheduled"])
 def test_a_corrupted_counter_never_fails_a_settle_and_is_restarted(make_queue, r, counter):
     q = make_queue()

@@ -49,6 +49,7 @@ KEY_TYPES = {
     "config": "hash",
     "rate": "zset",
     "cancelled": "zset",
+    "claims": "zset",
     "keys": "hash",
     "parked": "zset",
     "keys:wait": "zset",
@@ -109,6 +110,9 @@ class QueueKeys:
     ``config``  HASH setting -> value: the queue's settings every script reads (paused, ...)
     ``rate``    ZSET claim -> claimed-at ms: the claims of the last rate window (``Rate``)
     ``cancelled`` ZSET "id|token" -> lease deadline ms: leases revoked by ``cancel``
+    ``claims``  ZSET "<deadline ms>|<claimed ms>|<holder>" -> deadline ms: one record per claim,
+                whose deadline no other claim has; a task leased for its first attempt has no
+                meta value, its lease is fenced by that deadline (lua/include/claims.lua)
     ``wake``    Pub/Sub channel, published when an earlier task is scheduled (or settings change)
     ``key_state`` HASH limit key -> "leased|next rate slot ms|parked" (lua/include/key_state.lua)
     ``parked``  ZSET (scores 0) "<key>\\0<9 - priority><due ms><id>": due tasks whose key was at
@@ -160,6 +164,7 @@ class QueueKeys:
     config: str
     rate: str
     cancelled: str
+    claims: str
     cron_paused: str
     key_state: str
     parked: str
@@ -225,6 +230,7 @@ class QueueKeys:
             config=base + "config",
             rate=base + "rate",
             cancelled=base + "cancelled",
+            claims=base + "claims",
             cron_paused=base + "cron:paused",
             key_state=base + "keys",
             parked=base + "parked",

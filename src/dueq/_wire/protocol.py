@@ -324,12 +324,12 @@ def claim(
     holder: str = "",
 ) -> Call[ClaimReply]:
     """Reclaim expired leases, then lease up to ``limit`` due tasks to ``holder`` (a worker
-    id kept in the lease token, "<seq>@<holder>"; "" for none)."""
+    id kept in the lease token, "<deadline ms>@<holder>"; "" for none)."""
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.config, k.rate]
     keys += [k.key_state, k.parked, k.key_wait, k.history, k.cron, k.cron_last, k.ended]
     keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), k.wake]
     keys += [*_after_keys(k), k.steps, k.fair, k.fair_due, k.fair_claims0, k.fair_claims1]
-    keys += k.upper_due
+    keys += [k.claims, *k.upper_due]
     args = [
         now,
         limit,
@@ -493,7 +493,7 @@ def fail_many(
     keys = [k.due, k.leased, k.tasks, k.meta, k.errors, k.dead, k.stats, k.wake, k.cancelled]
     keys += [k.key_state, k.key_wait, k.history, k.cron, k.cron_last, k.config, k.ended]
     keys += [k.results, k.finished, k.debounce, k.events, *_batch_keys(k), *_after_keys(k)]
-    keys += [k.steps, *k.upper_due]
+    keys += [k.steps, k.claims, *k.upper_due]
     args: list[Any] = [now, dead_max_count, dead_max_age_ms]
     for f in failures:
         args += (f.task_id, f.token, f.record, "dead" if f.dead else "retry", f.delay_ms)
@@ -560,7 +560,7 @@ def extend(
 ) -> Call[ExtendReply]:
     """Move the deadlines of held leases, given as (id, lease token) pairs, to now +
     ``lease_ms``; at most LEASE_BATCH pairs."""
-    keys = [k.leased, k.meta, k.cancelled]
+    keys = [k.leased, k.meta, k.cancelled, k.claims]
     return Call("extend", keys, [now, lease_ms, pack_pairs(held)], _parse_extend)
 
 
@@ -572,7 +572,7 @@ def release_many(
     held that long too. At most LEASE_BATCH pairs. The reply is extend.lua's form: the due ms
     and a verdict per pair ("h" released, "c" cancelled while leased, "l" lease lost)."""
     keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks]
-    keys += [k.key_state, k.key_wait, k.config, *k.upper_due]
+    keys += [k.key_state, k.key_wait, k.config, k.claims, *k.upper_due]
     return Call("release", keys, [now, delay_ms, hold_ms, pack_pairs(held)], _parse_extend)
 
 
@@ -611,7 +611,7 @@ def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
     keys = [k.due, k.leased, k.dead, k.tasks, k.meta, k.errors, k.stats, k.cancelled]
     keys += [k.key_state, k.parked, k.key_wait, k.wake, k.config, k.results, k.finished]
     keys += [k.ended, k.debounce, k.events, *_batch_keys(k), k.history, *_after_keys(k)]
-    keys += [k.steps, k.fair_due, k.fair, *k.upper_due]
+    keys += [k.steps, k.fair_due, k.fair, k.claims, *k.upper_due]
     return Call("cancel", keys, [now, task_id], bool)
 
 
@@ -623,13 +623,15 @@ _INSPECT_KEYS = ("due", "leased", "dead", "tasks", "meta", "errors")
 def inspect_ids(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[list[TaskInfo]]:
     """Snapshots of the given tasks (missing ones are left out)."""
     keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.waiting]
-    return Call("inspect", [*keys, k.steps, *k.upper_due], [now, "ids", *ids], inspected)
+    return Call("inspect", [*keys, k.steps, k.claims, *k.upper_due], [now, "ids", *ids], inspected)
 
 
 def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[TaskInfo]]:
     """Snapshots of dead tasks, most recently died first."""
     keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.waiting]
-    return Call("inspect", [*keys, k.steps, *k.upper_due], [now, "dead", offset, count], inspected)
+    return Call(
+        "inspect", [*keys, k.steps, k.claims, *k.upper_due], [now, "dead", offset, count], inspected
+    )
 
 
 class ListReply(NamedTuple):
@@ -657,7 +659,7 @@ def list_tasks(
 ) -> Call[ListReply]:
     """One page of the tasks in ``state``, looking at most at ``budget`` entries."""
     keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.finished]
-    keys += [k.waiting, *k.upper_due]
+    keys += [k.waiting, k.claims, *k.upper_due]
     low = "" if keep.low_ms is None else keep.low_ms
     high = "" if keep.high_ms is None else keep.high_ms
     args = [now, state, cursor, limit, budget, keep.id_prefix, keep.grep, keep.error_type]
@@ -709,7 +711,7 @@ def configure(k: QueueKeys, changes: Sequence[tuple[str, str]]) -> Call[QueueSet
     args: list[Any] = []
     for setting, value in changes:
         args += (setting, value)
-    keys = [k.config, k.wake, k.stats, k.leased, k.meta, k.tasks, k.key_state]
+    keys = [k.config, k.wake, k.stats, k.leased, k.meta, k.tasks, k.key_state, k.claims]
     return Call("configure", keys, args, _parse_configure)
 
 
@@ -864,7 +866,7 @@ def cron_advance(k: QueueKeys, now: str, entries: Sequence[CronEntry]) -> Call[C
     keys = [k.cron, k.cron_state, k.due, k.tasks, k.meta, k.errors, k.leased, k.stats, k.wake]
     keys += [k.cron_paused, k.history, k.cron_runs, k.cron_last, k.cancelled, k.key_state]
     keys += [k.key_wait, k.config, k.results, k.finished, k.ended, k.events, *_batch_keys(k)]
-    keys += [*_after_keys(k), k.dead, *k.upper_due]
+    keys += [*_after_keys(k), k.dead, k.claims, *k.upper_due]
     return Call("cron_advance", keys, args, _parse_cron_advance)
 
 
@@ -1121,7 +1123,7 @@ def park(
     """End a durable task's attempt under its lease (park.lua's ``op``): ``value`` the error,
     delay or wake ms, ``extra`` a fail's hand-back delay ms or a wait's signal name."""
     keys = [k.due, k.leased, k.meta, k.stats, k.wake, k.cancelled, k.tasks, k.key_state]
-    keys += [k.key_wait, k.config, k.steps, *k.upper_due]
+    keys += [k.key_wait, k.config, k.steps, k.claims, *k.upper_due]
     args = [now, task_id, token, op, position, head, value, extra]
     return Call("park", keys, args, _parse_step)
 

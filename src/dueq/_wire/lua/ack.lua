@@ -108,7 +108,7 @@ if #done > 0 and keep_ms > 0 then
       local mark = string.sub(value, 1, 1)
       if mark == '=' then result = string.sub(value, 2); kept[ids[i]] = result
       elseif mark == '!' then why = string.sub(value, 2); unstored = unstored + 1 end
-      local attempt = meta_parse(metas[d])
+      local attempt = metas[d] and meta_parse(metas[d]) or 1  -- (a first lease: none)
       records[#records + 1] = ids[i]
       records[#records + 1] = results_record('done', now, attempt, result, why, errors[d] or nil,
         logs[d] or nil)

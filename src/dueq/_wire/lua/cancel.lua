@@ -35,7 +35,8 @@
 -- KEYS[27] steps    HASH the durable tasks' state (include/steps.lua): dropped
 -- KEYS[28] fair_due ZSET tenant -> tasks in its lane (include/fair.lua): a laned task leaves it
 -- KEYS[29] fair     ZSET tenant -> virtual time: a lane left empty leaves it
--- KEYS[30..38] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[30] claims  ZSET one record per claim (include/claims.lua: a first lease's meta value)
+-- KEYS[31..39] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] id
 -- Returns 1 if the task existed, else 0
@@ -63,12 +64,14 @@ local envelope = redis.call('HGET', KEYS[4], id)
 if not envelope then return 0 end
 local priority, _, key = task_options(envelope)
 local deadline = redis.call('ZSCORE', KEYS[2], id)
+-- its attempt record (for a first lease, the one its claim's record gives)
+local meta_value = meta_get(KEYS[5], KEYS[2], KEYS[30], id)
 local now = dueq_now(ARGV[1])
 history_use(KEYS[23], ARGV[1])
 local settings = settings_read(KEYS[13], KEYS[7], 'keep_results_ms', 'concurrency', 'events_ms')
 local keep_ms = settings.keep_results_ms or 0
 if keep_ms > 0 then
-  local attempt = meta_parse(redis.call('HGET', KEYS[5], id))
+  local attempt = meta_parse(meta_value)
   local record = results_record('cancelled', now, attempt, nil, nil,
     redis.call('HGET', KEYS[6], id) or nil)
   redis.call('HSET', KEYS[14], id, record .. '\n' .. envelope)
@@ -89,7 +92,7 @@ if deadline then
   end
   -- A lease that ran out but was not reclaimed yet still has no other holder: its holder
   -- is told "cancelled" too (remembered from now, as a live one is from its deadline).
-  local _, token = meta_parse(redis.call('HGET', KEYS[5], id))
+  local _, token = meta_parse(meta_value)
   if token ~= '' then
     redis.call('ZADD', KEYS[8], math.max(tonumber(deadline), now), id .. '|' .. token)
   end
@@ -100,7 +103,7 @@ redis.call('ZREM', k_level, id)
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZREM', KEYS[3], id)
 if settings.events_ms then
-  outcome_events.note('cancelled', id, (meta_parse(redis.call('HGET', KEYS[5], id))), envelope)
+  outcome_events.note('cancelled', id, (meta_parse(meta_value)), envelope)
 end
 forget(KEYS[4], KEYS[5], KEYS[6], id)
 steps_forget(KEYS[27], {id})

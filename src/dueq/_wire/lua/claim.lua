@@ -4,10 +4,11 @@
 -- KEYS[1] due      ZSET id -> due ms
 -- KEYS[2] leased   ZSET id -> lease deadline ms
 -- KEYS[3] tasks    HASH id -> envelope
--- KEYS[4] meta     HASH id -> "attempt|token|due_ms|first_ms"
+-- KEYS[4] meta     HASH id -> "attempt|token|due_ms|first_ms" (none is written for a task leased
+--                  here for its first attempt without a counted key: include/claims.lua)
 -- KEYS[5] errors   HASH id -> JSON list of error records
 -- KEYS[6] dead     ZSET id -> died-at ms
--- KEYS[7] stats    HASH counter -> int (field lease_seq issues lease tokens)
+-- KEYS[7] stats    HASH counter -> int
 -- KEYS[8] config   HASH setting -> value (paused, rate, key_rate, key_concurrency,
 --                  concurrency, key_limit:<key>, events_ms; values setting_parse refuses
 --                  count as unset, and are logged once: include/settings.lua)
@@ -41,7 +42,10 @@
 -- KEYS[31] fair_due ZSET tenant -> tasks in its lane (include/fair.lua)
 -- KEYS[32] fair_claims0 ZSET tenant -> tasks claimed from its lane in an even minute
 -- KEYS[33] fair_claims1 ZSET the same, in an odd minute
--- KEYS[34..42] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[34] claims  ZSET one record per claim that leases: its deadline, unique among the
+--                  queue's claims, fences the first leases it writes no meta value for
+--                  (include/claims.lua)
+-- KEYS[35..43] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] limit: most due tasks to lease (0 only reclaims)
 -- ARGV[3] lease length ms
@@ -51,9 +55,11 @@
 -- ARGV[6] dead-letter cap: most entries kept
 -- ARGV[7] dead-letter cap: oldest age kept, ms
 -- ARGV[8] holder: who takes the leases (a worker id, without "|"), kept in the lease token as
---         "<seq>@<holder>" so that listings show who holds what; "" for none
+--         "<deadline ms>@<holder>" and in the claim's record, so that listings show who holds
+--         what; "" for none
 -- ARGV[9..] backoff ms after attempt 1, 2, ... for expired leases (the last entry repeats)
--- Returns {now, next_due ms or -1, next_lease_deadline ms or -1, token, lease_deadline,
+-- Returns {now, next_due ms or -1, next_lease_deadline ms or -1, token, lease_deadline (the
+--          claim's own, unique: it may be a few ms after now + the lease length),
 --          now_us (microseconds past now, so a consumer can sleep to the due time exactly),
 --          dropped (due ids without stored data, removed), buried (due tasks sent to dead here:
 --          unreadable meta, or as many attempts as max_attempts already made),
@@ -81,6 +87,7 @@
 -- @include batches
 -- @include bulk
 -- @include chunked
+-- @include claims
 -- @include clock
 -- @include counters
 -- @include cron_outcome
@@ -96,7 +103,6 @@
 -- @include followups
 -- @include key_limits
 -- @include key_state
--- @include lease_seq
 -- @include levels
 -- @include links
 -- @include meta
@@ -116,13 +122,6 @@ local backoff = {}
 local holder = ARGV[8]
 for i = 9, #ARGV do backoff[#backoff + 1] = tonumber(ARGV[i]) end
 local levels = due_levels(KEYS[1])
-
--- The next lease token: "<seq>@<holder>", seq from lease_seq_next (include/lease_seq.lua:
--- never issued twice, even when the stats field or key holding the count is corrupted).
-local function next_token()
-  local seq = lease_seq_next(KEYS[7], now, now_us)
-  return holder == '' and seq or seq .. '@' .. holder
-end
 
 -- Send a task to dead with one error record (it is not leased when this is called).
 local died = 0
@@ -154,9 +153,12 @@ do
     tonumber(ARGV[5]))
   local expired_keys = {}
   for _, id in ipairs(expired) do
+    local meta_value = redis.call('HGET', KEYS[4], id)
+    if not meta_value then  -- a first lease (none was written): its claim's record gives it
+      meta_value = claims.meta(KEYS[34], redis.call('ZSCORE', KEYS[2], id), lease_ms)
+    end
     redis.call('ZREM', KEYS[2], id)
     local envelope = redis.call('HGET', KEYS[3], id)
-    local meta_value = redis.call('HGET', KEYS[4], id)
     if envelope then
       local priority, own_attempts = task_options(envelope)
       local attempt, token, _, first, readable, key = meta_parse(meta_value)
@@ -374,7 +376,6 @@ end
 local PARK_BUDGET = 1000 + #too_late  -- the expired leases ended above are not its work
 local buried_here = 0
 local token = nil
-local deadline = now + lease_ms
 local leased, meta, orphans = {}, {}, {}
 -- out's rows start after its 10 head fields, two per lease: a lease's id is at n_leased + 9
 -- once n_leased counts it; column holds out[10]'s entries, one per leased task
@@ -383,10 +384,10 @@ local n_leased, column = 0, {}
 -- scheduled in bulk share their due ms).
 local now_text, due_texts = ms(now), {}
 local due_ms_of, attempt_texts = {}, {}  -- score text -> due ms; attempt -> its text
--- due ms -> the meta value of a first delivery first claimed now, without a key (tasks
--- scheduled in bulk share it: one concatenation per claim, not one per task)
-local first_metas = {}
-local deadline_text, token_mid = ms(deadline), nil
+-- the claim's deadline as text (include/claims.lua gives it when the first task is leased)
+local deadline_text, token_mid = nil, nil
+local n_meta = 0  -- meta's length: a first delivery first claimed now without a counted key
+-- gets no meta value (its lease is fenced by the claim's unique deadline: include/claims.lua)
 local upper_used = upper_levels_used(levels)
 -- Fairness (include/fair.lua): due tasks go to their tenants' lanes first, and each round
 -- takes from the lanes in fair order instead of from the levels (at most FAIR_ROUNDS rounds).
@@ -521,7 +522,7 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
         end
       end
       if not token then
-        token = next_token()
+        out[5], deadline_text, token = claims.issue(KEYS[34], now, lease_ms, holder)
         token_mid = '|' .. token .. '|'
       end
       attempt = attempt + 1
@@ -539,19 +540,15 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
         attempt_texts[attempt] = attempt_text
       end
       leased[n_leased + 1], leased[n_leased + 2] = deadline_text, id
-      meta[n_leased + 1] = id
       local first_now = attempt == 1 and first == now_text
       if j then  -- one concatenation either way (each makes a new string)
-        meta[n_leased + 2] = attempt_text .. token_mid .. due_text .. '|' .. first .. '|' .. key
-      elseif first_now then
-        local value = first_metas[due_ms]
-        if not value then
-          value = attempt_text .. token_mid .. due_text .. '|' .. first
-          first_metas[due_ms] = value
-        end
-        meta[n_leased + 2] = value
-      else
-        meta[n_leased + 2] = attempt_text .. token_mid .. due_text .. '|' .. first
+        meta[n_meta + 1] = id
+        meta[n_meta + 2] = attempt_text .. token_mid .. due_text .. '|' .. first .. '|' .. key
+        n_meta = n_meta + 2
+      elseif not first_now or meta_value then  -- (a value left from before: rewritten)
+        meta[n_meta + 1] = id
+        meta[n_meta + 2] = attempt_text .. token_mid .. due_text .. '|' .. first
+        n_meta = n_meta + 2
       end
       n_leased = n_leased + 2
       if first_now then
@@ -606,7 +603,7 @@ if #leased > 0 then
   out[4] = token
   out[10] = table.concat(column, '|')
   zadd_many(KEYS[2], leased)
-  hset_many(KEYS[4], meta)
+  if n_meta > 0 then hset_many(KEYS[4], meta) end
   stat_incr(KEYS[7], 'claimed', #leased / 2)
   if rate_n then  -- one entry for this claim (its token is unique), with its count
     local n = #leased / 2

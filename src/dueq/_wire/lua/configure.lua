@@ -9,6 +9,8 @@
 -- KEYS[5] meta     HASH id -> "attempt|token|due_ms|first_ms[|<key>]"
 -- KEYS[6] tasks    HASH id -> envelope (its limit key)
 -- KEYS[7] key_state HASH key -> "leased|mark|parked" (include/key_state.lua)
+-- KEYS[8] claims   ZSET one record per claim (include/claims.lua: a first lease's meta value,
+--                  written here when its lease is counted)
 -- ARGV[1], ARGV[2], ... pairs: setting, value; an empty value removes the setting (its
 --         default applies)
 -- Returns {refused, setting1, value1, ...}: the settings after the change; refused is 0, or
@@ -16,6 +18,7 @@
 --         than SETTING_MAX_KEY_LIMITS (then nothing is written)
 -- @include bulk
 -- @include chunked
+-- @include claims
 -- @include counters
 -- @include levels
 -- @include meta
@@ -105,7 +108,10 @@ if limits_touched then
   if #ids > 0 then
     local metas, envelopes = hmget_chunked(KEYS[5], ids), hmget_chunked(KEYS[6], ids)
     for i = 1, #ids do
-      local _, token, _, _, readable, counted = meta_parse(metas[i] or nil)
+      if not metas[i] then  -- a first lease: the value its claim's record gives
+        metas[i] = claims.meta(KEYS[8], redis.call('ZSCORE', KEYS[4], ids[i]))
+      end
+      local _, token, _, _, readable, counted = meta_parse(metas[i])
       local key = readable and token ~= '' and not counted and task_key(envelopes[i] or nil)
       if key and limited(key) then
         metas_set[#metas_set + 1] = ids[i]

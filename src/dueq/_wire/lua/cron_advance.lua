@@ -36,7 +36,8 @@
 -- KEYS[27] after      HASH id -> "<parents not finished>|<policy>"
 -- KEYS[28] children   ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[29] dead       ZSET id -> died-at ms (children of a cancelled occurrence end dead)
--- KEYS[30..38] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[30] claims     ZSET one record per claim (include/claims.lua: a first lease's meta value)
+-- KEYS[31..39] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2..] one entry per claimed occurrence, each:
 --         name, slot ms (advance only if it is the pending one), occurrence id, lease token,
@@ -187,7 +188,8 @@ local cancel_settings = nil
 -- waiting children (links.tasks_ended).
 local function cancel_running(id, where)
   local envelope = redis.call('HGET', KEYS[4], id)
-  local attempt = meta_parse(redis.call('HGET', KEYS[5], id))
+  local meta_value = meta_get(KEYS[5], KEYS[7], KEYS[30], id)  -- (a first lease's: made)
+  local attempt = meta_parse(meta_value)
   cancel_settings = cancel_settings or settings_read(KEYS[17], KEYS[8], 'keep_results_ms',
     'concurrency', 'events_ms')
   local keep_ms = cancel_settings.keep_results_ms or 0
@@ -204,7 +206,7 @@ local function cancel_running(id, where)
     if key and key_unlease(KEYS[15], KEYS[16], key, now) then publish_wake(KEYS[9], ms(now)) end
     local cap = cancel_settings.concurrency
     if cap and at_cap(KEYS[7], cap, now) then publish_wake(KEYS[9], ms(now)) end
-    local _, token = meta_parse(redis.call('HGET', KEYS[5], id))
+    local _, token = meta_parse(meta_value)
     if token ~= '' then redis.call('ZADD', KEYS[14], math.max(deadline, now), id .. '|' .. token) end
     redis.call('ZREMRANGEBYSCORE', KEYS[14], '-inf', '(' .. ms(now - 3600000))
     redis.call('ZREM', KEYS[7], id)

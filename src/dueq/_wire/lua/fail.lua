@@ -32,7 +32,8 @@
 -- KEYS[27] children ZSET (scores 0) "<parent>\0<child>": one member per waiting edge
 -- KEYS[28] steps    HASH the durable tasks' state (include/steps.lua): kept by a dead task, dropped
 --                  when it expires or the dead set's cap trims it
--- KEYS[29..37] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[29] claims  ZSET one record per claim (include/claims.lua: a first lease's meta value)
+-- KEYS[30..38] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] dead-letter cap: most entries kept
 -- ARGV[3] dead-letter cap: oldest age kept, ms
@@ -92,7 +93,7 @@ local function fail_one(id, token, record, action, delay_ms)
   -- the concurrency cap: a consumer may be sleeping capped; tell it a lease ends
   local cap = settings.concurrency
   if cap and at_cap(KEYS[2], cap, now) then publish_wake(KEYS[8], ms(now)) end
-  meta_unlease(KEYS[4], id, 0)
+  meta_unlease(KEYS[4], KEYS[2], KEYS[29], id, 0)
   error_append(KEYS[5], id, stamp(record, now))
   -- a retry that would start at or after the task's expiry ends it expired instead
   local dead = action == 'dead'

@@ -10,7 +10,8 @@
 -- KEYS[8] results  HASH id -> finished record (see include/results.lua)
 -- KEYS[9] waiting  ZSET id -> due ms: tasks waiting for parents (after=)
 -- KEYS[10] steps   HASH the durable tasks' state: a task's step log (include/step_log.lua)
--- KEYS[11..19] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[11] claims  ZSET one record per claim (include/claims.lua: a first lease's meta value)
+-- KEYS[12..20] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] "ids" (ARGV[3..] are ids) or "dead" (ARGV[3] offset, ARGV[4] count; newest first)
 -- Returns a flat list of 7-tuples: id, state ("scheduled"|"leased"|"dead"|"done"|"cancelled"
@@ -77,6 +78,7 @@ for _, id in ipairs(ids) do
   out[#out + 1] = state
   out[#out + 1] = score or ''
   out[#out + 1] = envelope or ''
+  if not meta and state == 'leased' then meta = meta_get(KEYS[5], KEYS[2], KEYS[11], id) end
   out[#out + 1] = meta or redis.call('HGET', KEYS[5], id) or ''
   out[#out + 1] = redis.call('HGET', KEYS[6], id) or ''
   local log = has_steps and redis.call('HGET', KEYS[10], id) or ''

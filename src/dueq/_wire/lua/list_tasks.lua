@@ -14,7 +14,8 @@
 -- KEYS[8] results  HASH id -> finished record (keep_results; see include/results.lua)
 -- KEYS[9] finished ZSET id -> finished ms (the records of results)
 -- KEYS[10] waiting ZSET id -> due ms: tasks waiting for parents (after=)
--- KEYS[11..19] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[11] claims  ZSET one record per claim (include/claims.lua: a first lease's meta value)
+-- KEYS[12..20] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" (unused; kept for the common ARGV layout)
 -- ARGV[2] state: "scheduled", "leased", "dead", "done", "cancelled", "expired" (these three:
 --         the records kept by keep_results) or "waiting" (ordered by due time)
@@ -35,6 +36,7 @@
 -- of inspect.lua's dead pages, so q.dead.list and every listing agree). A cursor names the
 -- source and the last entry looked at ("<source>|<score>|<member>"), so tasks that come and
 -- go between calls never make a page repeat or skip the tasks that stayed.
+-- @include claims
 -- @include clock
 -- @include levels
 -- @include parked
@@ -161,7 +163,9 @@ local function consider(id, score_text)
   out[#out + 1] = state
   out[#out + 1] = score_text
   out[#out + 1] = envelope
-  out[#out + 1] = head or redis.call('HGET', KEYS[5], id) or ''
+  local meta = head or redis.call('HGET', KEYS[5], id)
+  if not meta and state == 'leased' then meta = claims.meta(KEYS[11], score_text) end
+  out[#out + 1] = meta or ''
   out[#out + 1] = errors or ''
   found = found + 1
   return true

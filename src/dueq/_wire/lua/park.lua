@@ -14,7 +14,8 @@
 -- KEYS[9] key_wait ZSET key -> ms when its parked tasks may be claimable again
 -- KEYS[10] config  HASH setting -> value (concurrency: see include/settings.lua)
 -- KEYS[11] steps   HASH the durable tasks' state (include/steps.lua, include/step_log.lua)
--- KEYS[12..20] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[12] claims  ZSET one record per claim (include/claims.lua: a first lease's meta value)
+-- KEYS[13..21] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] task id
 -- ARGV[3] lease token
@@ -34,6 +35,7 @@
 --   call: fail the due ms; sleep and again the due ms
 --   when handed back, -1 when the sleep is over (go on); wait "P" .. the deadline ms (handed
 --   back), "=" .. the payload of the signal taken, or "~" (timed out)
+-- @include claims
 -- @include clock
 -- @include give_back
 -- @include leases
@@ -49,7 +51,7 @@ local log = redis.call('HGET', KEYS[11], id)
 local committed, open, kept = step_log_scan(log)
 local position = tonumber(ARGV[5])
 local k = {due = KEYS[1], leased = KEYS[2], meta = KEYS[3], stats = KEYS[4], wake = KEYS[5],
-  tasks = KEYS[7], key_state = KEYS[8], key_wait = KEYS[9], config = KEYS[10]}
+  tasks = KEYS[7], key_state = KEYS[8], key_wait = KEYS[9], config = KEYS[10], claims = KEYS[12]}
 if op == 'again' then
   local wake_ms = tonumber(ARGV[7])
   if wake_ms <= now then return {1, -1} end

@@ -53,7 +53,9 @@ local first = math.max(#lines - keep + 1, 1)
 redis.call('HSET', KEYS[4], field, table.concat(lines, '\n', first, #lines))
 
 if settings.events_ms and settings.events_ms > 0 then
-  local attempt = meta_parse(redis.call('HGET', KEYS[2], id))
+  -- (held: a first lease has no meta value, and is attempt 1)
+  local v = redis.call('HGET', KEYS[2], id)
+  local attempt = v and meta_parse(v) or 1
   outcome_events.note('progress', id, attempt, nil, nil, nil, {'seq', ms(seq), 'body', body})
   outcome_events.flush(KEYS[7], settings.events_ms, now, ARGV[1])
 end

@@ -32,7 +32,8 @@ function outcome_events.note_acked(k_tasks, k_meta, done, results)
   local envelopes = hmget_chunked(k_tasks, done)
   local metas = hmget_chunked(k_meta, done)
   for i, id in ipairs(done) do
-    outcome_events.note('acked', id, (meta_parse(metas[i] or nil)), envelopes[i] or nil,
+    -- (a first lease has no meta value: attempt 1)
+    outcome_events.note('acked', id, metas[i] and meta_parse(metas[i]) or 1, envelopes[i] or nil,
       results and results[id] or nil)
   end
 end

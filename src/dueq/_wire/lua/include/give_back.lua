@@ -15,7 +15,7 @@
 -- counts go back by one (the delivery is not counted), their keys' leases end (waking
 -- consumers a key held), a consumer sleeping at the concurrency cap is told, and one wake
 -- goes out when a level's head moved earlier. k: {due, leased, meta, stats, wake, tasks,
--- key_state, key_wait, config} (due: level 0; the levels are the last nine KEYS).
+-- key_state, key_wait, config, claims} (due: level 0; the levels are the last nine KEYS).
 local function give_back(k, held, due, hold_ms, now)
   local k_leased, k_meta, k_wake, k_key_state, k_key_wait = k.leased, k.meta, k.wake, k.key_state,
     k.key_wait
@@ -47,8 +47,8 @@ local function give_back(k, held, due, hold_ms, now)
     end
     -- KeyCooldown (issue 29): hold the task's key until now + the hold
     if key and hold_ms > 0 then key_hold(k_key_state, k_key_wait, key, now + hold_ms, now) end
+    meta_unlease(k_meta, k_leased, k.claims, id, -1)
     redis.call('ZREM', k_leased, id)
-    meta_unlease(k_meta, id, -1)
     redis.call('ZADD', k_level, due, id)
   end
   stat_incr(k.stats, 'released', #held)

@@ -57,6 +57,8 @@ end
 -- Judge each distinct lease: 'h' held under its token at now, 'c' revoked by cancel.lua
 -- (cancelled while leased: remembered in k_cancelled as "id|token"), 'l' lost (expired, taken
 -- over, or the task is gone). One ZMSCORE and one HMGET for the lot (callers send <= 1000).
+-- A first lease without a meta value is held when its deadline is the one its token names
+-- (include/claims.lua).
 -- Returns the held ids and the verdict of each distinct lease.
 local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   local held, verdicts, keys = {}, {}, {}
@@ -71,6 +73,18 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
     deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
   end
   local metas = redis.call('HMGET', k_meta, unpack(ids))
+  -- a first lease has no meta value (claim.lua writes none): it is held when its deadline is
+  -- the one its token names (include/claims.lua), so then every deadline is read
+  if deadlines == nil then
+    for i = 1, #ids do
+      if not metas[i] then
+        deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
+        break
+      end
+    end
+  end
+  -- the deadline each distinct token names, and each distinct deadline text as a number
+  local named, numbers = {}, {}
   -- whether a deadline (its text) is after now, read once per distinct text: the leases of
   -- one claim share their deadline, and tonumber's strtod costs more than the rest of a check
   local live = {}
@@ -109,6 +123,19 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
         after = tonumber(deadline) > now
         live[deadline] = after
       end
+    end
+    if not v and after then  -- a first lease: its deadline must be its token's
+      local d = named[tokens[i]]
+      if d == nil then
+        d = tonumber(match(tokens[i], '^(%d+)')) or false
+        named[tokens[i]] = d
+      end
+      local n = numbers[deadline]
+      if n == nil then
+        n = tonumber(deadline)
+        numbers[deadline] = n
+      end
+      if d == n then token = tokens[i] end
     end
     if after and token ~= '' and token == tokens[i] then
       n_held = n_held + 1

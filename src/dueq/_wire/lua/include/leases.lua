@@ -1,4 +1,5 @@
 -- leases.lua (include): whether a lease is held, and the concurrency cap.
+-- @include claims
 -- @include meta
 
 -- Whether the queue holds at least `cap` live leases (deadline after now). ack, fail and
@@ -8,11 +9,15 @@ local function at_cap(k_leased, cap, now)
   return redis.call('ZCARD', k_leased) - redis.call('ZCOUNT', k_leased, '-inf', now) >= cap
 end
 
--- A lease is held when the token matches and its deadline is still in the future.
+-- A lease is held when the token matches and its deadline is still in the future: the token
+-- in its meta value, or for a first lease without one, the deadline the token names
+-- (include/claims.lua).
 local function lease_held(k_leased, k_meta, id, token, now)
   local deadline = redis.call('ZSCORE', k_leased, id)
   if not deadline or tonumber(deadline) <= now then return false end
-  local _, t = meta_parse(redis.call('HGET', k_meta, id))
+  local v = redis.call('HGET', k_meta, id)
+  if not v then return claims.token_is(token, deadline) end
+  local _, t = meta_parse(v)
   return t ~= '' and t == token
 end
 
