@@ -14,9 +14,9 @@ from dueq._flows.drive import Flow
 from dueq._util.clock import ms_datetime
 from dueq._wire import protocol
 from dueq._wire.envelope import validate_id
+from dueq._wire.signals import MAX_PENDING_SIGNALS, signal_payload, validate_signal_name
 from dueq._wire.snapshot import step_infos
 from dueq.delivery import DeliveryBase
-from dueq.durable._run import MAX_PENDING_SIGNALS, signal_payload, validate_signal_name
 from dueq.exceptions import (
     LeaseLost,
     NonDeterministic,
