@@ -55,6 +55,7 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from redis_cost import OWN_COMMANDS, command_time
 from report import percentile, print_table
 
 import dueq
@@ -73,8 +74,6 @@ ROUND_GAP_S = 0.15  # rounds fall due this far apart (far more than the linger: 
 WAIT_POLL_S = 0.001
 TIMEOUT_S = 120.0
 SETTLE_S = 0.5  # an idle worker's start-up traffic dies down in this long
-#: which commands are the measurement's own, not the consumer's
-OWN_COMMANDS = ("info", "config|resetstat", "config")
 #: issue 41's targets (measured, not enforced)
 TARGETS = {
     "bulk_vs_raw_min": 0.5,
@@ -101,9 +100,6 @@ def payloads(n: int, seed: int = 1) -> list[dict[str, Any]]:
     ]
 
 
-#: Commands that run a script: their time includes the commands the script calls, which
-#: commandstats also lists under their own names (counted once, not twice).
-SCRIPT_COMMANDS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
 #: The redis-server process's CPU time (INFO cpu) when the stats were last reset, us.
 _cpu_mark = [0.0]
 
@@ -120,19 +116,10 @@ def reset_stats(r: redis.Redis) -> None:
 
 
 def commandstats(r: redis.Redis) -> tuple[int, int, float]:
-    """(usec, calls, server CPU us) since ``reset_stats``, the bench's own commands left out.
-    When scripts ran, only the script commands' time counts: a script's commands are in its
-    EVALSHA time and again under their own names. The CPU time is the process's, parsing and
-    networking included, the one measure that cannot count anything twice."""
-    stats = r.info("commandstats")
-    names = {name.removeprefix("cmdstat_"): v for name, v in stats.items()}
-    scripted = any(n in names for n in SCRIPT_COMMANDS)
-    usec = calls = 0
-    for name, v in names.items():
-        if name in OWN_COMMANDS or (scripted and name not in SCRIPT_COMMANDS):
-            continue
-        usec += int(v.get("usec", 0))
-        calls += int(v.get("calls", 0))
+    """(usec, calls, server CPU us) since ``reset_stats``: ``redis_cost.command_time`` (each
+    command once, the bench's own left out) and the process's CPU time, parsing and networking
+    included, the one measure that cannot count anything twice."""
+    usec, calls = command_time(r)
     return usec, calls, server_cpu_us(r) - _cpu_mark[0]
 
 
@@ -174,11 +161,16 @@ def raw_drain(r: redis.Redis, items: list[dict[str, Any]]) -> dict[str, float]:
         for body in bodies:
             json.loads(body)
         done += len(ids)
-    elapsed = perf() - start
+    return loop_figures(r, done, perf() - start)
+
+
+def loop_figures(r: redis.Redis, done: int, elapsed_s: float) -> dict[str, float]:
+    """A loop's figures: the tasks it drained in ``elapsed_s``, its rate, and the server's
+    time and CPU per task since ``reset_stats``."""
     usec, _, cpu_us = commandstats(r)
     return {
         "tasks": done,
-        "per_s": done / elapsed,
+        "per_s": done / elapsed_s,
         "usec_per_task": usec / max(done, 1),
         "cpu_us_per_task": cpu_us / max(done, 1),
     }
@@ -197,14 +189,7 @@ def engine_drain(r: redis.Redis, items: list[dict[str, Any]]) -> dict[str, float
         for d in batch:
             d.payload  # noqa: B018 (decoded, as the raw loop's json.loads)
         done += q.ack_many(batch)
-    elapsed = perf() - start
-    usec, _, cpu_us = commandstats(r)
-    return {
-        "tasks": done,
-        "per_s": done / elapsed,
-        "usec_per_task": usec / max(done, 1),
-        "cpu_us_per_task": cpu_us / max(done, 1),
-    }
+    return loop_figures(r, done, perf() - start)
 
 
 # -- the workers -----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 """Redis server time per failed task: one ``fail`` call per failure against ``fail_many`` of
 ``--batch`` (default 100), in the same run on the same server, and their ratio.
 
-Counted on the server (``INFO commandstats`` usec of every command, reset before each phase),
+Counted on the server (``INFO commandstats`` usec, reset before each phase, each command once:
+``redis_cost.server_usec``),
 so load from other processes moves the figures far less than a client-side rate. Each phase
 schedules ``--tasks`` tasks and claims them all outside the measure, then fails every one
 (``ValueError``: retried after the policy's delay, or buried with ``--dead``). Events are off

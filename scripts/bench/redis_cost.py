@@ -4,7 +4,8 @@
 Counted on the server, not timed on the client, so that load from other processes on the
 machine moves the figures far less than a throughput rate:
 
-- ``usec``: server time per task from ``INFO commandstats`` (every script call);
+- ``usec``: server time per task from ``INFO commandstats``, each command once
+  (``command_time``: the script calls, whose time holds the commands they run);
 - ``cpu_us``: the server's CPU time per task (``INFO`` used_cpu_user + used_cpu_sys);
 - the same per task for the raw loops in the same run (pipelined ZADD + HSET to schedule,
   ZPOPMIN(1000) + HMGET + HDEL to drain), and the ratio of dueq's cost to theirs.
@@ -114,13 +115,39 @@ CASES: dict[str, tuple[Callable[[int], Task], Setup]] = {
 }
 
 
+#: Commands that run a script: their time includes the commands the script calls, which
+#: commandstats also lists under their own names.
+SCRIPT_COMMANDS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
+#: The measurement's own commands (reading and resetting the stats), never counted.
+OWN_COMMANDS = ("info", "config|resetstat", "config")
+
+
+def command_time(r: redis.Redis) -> tuple[int, int]:
+    """(usec, calls) of the commands ``INFO commandstats`` holds since the last CONFIG
+    RESETSTAT, each command's time counted once, the measurement's own (OWN_COMMANDS) left out.
+
+    A script call's time (EVALSHA, ...) holds the time of every command the script runs, and
+    commandstats lists those commands again under their own names (ZADD, HSET, ...), with
+    nothing to tell them from the same commands sent by a client. So: when any script ran,
+    only the script calls count (their commands inside them, once); when none did, every
+    command counts. A plain command sent beside scripts in one phase (a GET of a sharded
+    queue's layout, a SCRIPT LOAD after NOSCRIPT) is then left out: the phases measured here
+    send next to none, and the server's CPU time (``cpu_s``) counts everything once."""
+    names = {k.removeprefix("cmdstat_"): v for k, v in r.info("commandstats").items()}
+    scripted = any(n in names for n in SCRIPT_COMMANDS)
+    usec = calls = 0
+    for name, v in names.items():
+        if name in OWN_COMMANDS or (scripted and name not in SCRIPT_COMMANDS):
+            continue
+        usec += int(v.get("usec", 0))
+        calls += int(v.get("calls", 0))
+    return usec, calls
+
+
 def server_usec(r: redis.Redis) -> int:
-    stats = r.info("commandstats")
-    return sum(
-        int(v.get("usec", 0))
-        for k, v in stats.items()
-        if k.removeprefix("cmdstat_") not in ("info", "config|resetstat", "config")
-    )
+    """Server time in commands since the last CONFIG RESETSTAT, us: ``command_time``'s, each
+    command once (a script's commands inside its call, not again under their own names)."""
+    return command_time(r)[0]
 
 
 def cpu_s(r: redis.Redis) -> float:

@@ -9,14 +9,12 @@ attempts, an acked one ended on an attempt that was not to fail, nothing ran pas
 from __future__ import annotations
 
 import hashlib
-import random
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from chaos_support import kill_while_draining
 
 import dueq
 
@@ -65,30 +63,15 @@ def test_bulk_calls_under_sigkills_end_each_item_as_its_own_attempts_say(redis_s
             stderr=subprocess.DEVNULL,
         )
 
-    rng = random.Random(41)
-    workers = [spawn() for _ in range(WORKERS)]
-    kills = 0
-    ran_at_last_kill = 0
-    deadline = time.monotonic() + DRAIN_S
-    try:
-        while time.monotonic() < deadline:
-            time.sleep(0.2)  # the pace of the kills, not a wait for a condition
-            stats = q.stats()
-            if stats.scheduled == 0 and stats.leased == 0:
-                break
-            ran = r.llen("ran")
-            if ran == ran_at_last_kill:  # a kill waits for a call since the last one
-                continue
-            ran_at_last_kill = ran
-            victim = rng.randrange(WORKERS)
-            workers[victim].send_signal(signal.SIGKILL)
-            workers[victim].wait()
-            workers[victim] = spawn()
-            kills += 1
-    finally:
-        for w in workers:
-            w.kill()
-            w.wait()
+    kills = kill_while_draining(
+        q,
+        spawn,
+        workers=WORKERS,
+        seed=41,
+        pace_s=0.2,
+        drain_s=DRAIN_S,
+        progress=lambda _stats: r.llen("ran"),  # a kill waits for a call since the last one
+    )
     stats = q.stats()
     print(f"kills={kills} counters={stats.counters} dead={stats.dead}")
     assert kills >= 3, "the drain finished before any worker was killed"

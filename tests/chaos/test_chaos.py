@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import random
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from chaos_support import kill_while_draining
 
 import dueq
 
@@ -41,7 +39,8 @@ REACTIVE = textwrap.dedent("""
 
 
 #: The drain's bound. Unloaded it takes seconds; on a loaded 2-core machine a worker process
-#: took seconds to start, so a kill waits for progress (below) and the drain takes minutes.
+#: took seconds to start, so a kill waits for progress (chaos_support) and the drain takes
+#: minutes.
 DRAIN_S = 300
 
 
@@ -54,33 +53,15 @@ def test_random_sigkills_lose_nothing_and_ack_nothing_twice(redis_server, r, wor
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-c", worker, str(redis_server.port)])
 
-    rng = random.Random(7)
-    workers = [spawn() for _ in range(WORKERS)]
-    kills = 0
-    acked_at_last_kill = 0
-    deadline = time.monotonic() + DRAIN_S
-    try:
-        while time.monotonic() < deadline:
-            time.sleep(0.3)  # the pace of the kills, not a wait for a condition
-            stats = q.stats()
-            if stats.scheduled == 0 and stats.leased == 0:
-                break
-            # A kill waits for an ack since the last one: killing every 0.3 s while a
-            # restarted process takes seconds to start (a loaded machine) stalled the drain,
-            # 562 tasks still scheduled after 600 kills.
-            acked = stats.counters.get("acked", 0)
-            if acked == acked_at_last_kill:
-                continue
-            acked_at_last_kill = acked
-            victim = rng.randrange(WORKERS)
-            workers[victim].send_signal(signal.SIGKILL)
-            workers[victim].wait()
-            workers[victim] = spawn()
-            kills += 1
-    finally:
-        for w in workers:
-            w.kill()
-            w.wait()
+    kills = kill_while_draining(
+        q,
+        spawn,
+        workers=WORKERS,
+        seed=7,
+        pace_s=0.3,
+        drain_s=DRAIN_S,
+        progress=lambda stats: stats.counters.get("acked", 0),  # a kill waits for an ack
+    )
     stats = q.stats()
     print(f"kills={kills} counters={stats.counters} dead={stats.dead}")
     assert kills >= 3, "the drain finished before any worker was killed"

@@ -14,9 +14,9 @@ from dueq._flows.drive import Flow
 from dueq._util.clock import ms_datetime
 from dueq._wire import protocol
 from dueq._wire.envelope import validate_id
+from dueq._wire.signals import MAX_PENDING_SIGNALS, signal_payload, validate_signal_name
 from dueq._wire.snapshot import step_infos
 from dueq.delivery import DeliveryBase
-from dueq.durable._run import MAX_PENDING_SIGNALS, signal_payload, validate_signal_name
 from dueq.exceptions import (
     LeaseLost,
     NonDeterministic,
@@ -58,6 +58,11 @@ class StepFlows(QueueBase):
         else:
             assert op != "read" and op != "commit"  # (for mypy: those are step.lua's)
             reply = yield protocol.park(k, now, task_id, token, op, position, head, value, extra)
+            if op in ("sleep", "wait") and reply.status in _MAYBE_SENT_AGAIN:
+                log = yield protocol.command("HMGET", k.steps, task_id, parse=_first)
+                answered = _answered_before(op, reply.status, log, position, head)
+                if answered is not None:
+                    reply = protocol.StepReply(protocol.Status.OK, answered)
         if reply.status is protocol.Status.CANCELLED:
             delivery.mark_settled(Outcome(delivery.id, "cancelled", delivery.attempt))
             raise TaskCancelled(
@@ -107,6 +112,49 @@ class StepFlows(QueueBase):
                 f"may hold is {MAX_PENDING_SIGNALS}); signal {name!r} not kept"
             )
         return reply.pending
+
+
+#: What park.lua answers to a sleep or a wait that Redis applied once already (the reply lost
+#: with a dropped connection, the call sent again): LEASE_LOST when the first call handed the
+#: task back (no lease is left to check), STEP_POSITION for a sleep that was over at once (the
+#: lease is still held, and the log holds the sleep one position further).
+_MAYBE_SENT_AGAIN = (protocol.Status.LEASE_LOST, protocol.Status.STEP_POSITION)
+
+
+def _first(reply: list[bytes | None]) -> bytes | None:
+    return reply[0]
+
+
+def _answered_before(
+    op: protocol.DurableOp,
+    status: protocol.Status,
+    log: bytes | None,
+    position: int,
+    head: str,
+) -> str | None:
+    """What park.lua answered to this very ``op`` when it was applied before, read from the
+    task's step log (``log``: lua/include/step_log.lua, a record a line), or None when the
+    record at ``position`` is not the one this call writes (another run wrote it, or none did:
+    the lease was lost indeed). The record's head (its start ms, and a wait's name) tells this
+    call's from another run's: a sleep's record keeps its wake ms, a parked wait's its
+    deadline, which is what the first reply said.
+
+    A sleep whose lease is still held (STEP_POSITION) was over at once ("-1": go on); one
+    whose lease is gone was handed back until its wake ms. A wait answers only when it
+    parked (its open record is the log's last); one that took a signal or timed out while
+    leased is park.lua's own answer to the repeat."""
+    lines = log.decode("utf-8", "replace").split("\n") if log else []
+    line = lines[position] if position < len(lines) else ""
+    letter, tail = ("S", ',"r":') if op == "sleep" else ("W", ',"d":')
+    prefix = letter + head + tail
+    due = line[len(prefix) : -1]
+    if not line.startswith(prefix) or not line.endswith("}") or not due.isdigit():
+        return None
+    if op == "sleep":
+        return "-1" if status is protocol.Status.STEP_POSITION else due
+    if status is protocol.Status.LEASE_LOST and position == len(lines) - 1:
+        return "P" + due
+    return None
 
 
 def _handed_back(op: protocol.DurableOp, value: str, extra: str) -> int | None:

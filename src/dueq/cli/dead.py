@@ -11,6 +11,7 @@ import click
 from dueq.cli.connection import RedisTarget, open_queue, redis_options
 from dueq.cli.errors import CliError
 from dueq.cli.jsonout import emit, json_option
+from dueq.cli.options import TakesIds
 from dueq.cli.output import console, steps
 from dueq.cli.tasks import cursor_option, page_of, print_tasks, task_table, tasks_document
 from dueq.exceptions import TaskNotFound
@@ -84,7 +85,7 @@ def ids_arguments(command: Callable[..., Any]) -> Callable[..., Any]:
     return click.argument("ids", metavar="[ID]...", nargs=-1)(wrapper)
 
 
-@dead.command("show")
+@dead.command("show", cls=TakesIds)
 @click.argument("queue")
 @ids_arguments
 @json_option
@@ -145,7 +146,7 @@ def _move_command(action: str, doc: str, question: str, restart: str = "") -> cl
     --all, confirmed unless --yes. With ``restart`` (the question then) the command has
     ``--from-start``: ``q.dead.replay(..., from_start=True)``."""
 
-    @click.command(action, help=doc)
+    @click.command(action, help=doc, cls=TakesIds)
     @click.argument("queue")
     @ids_arguments
     @click.option("--all", "everything", is_flag=True, help="Every task dead now.")

@@ -51,3 +51,51 @@ def shards_option(command: Callable[..., Any]) -> Callable[..., Any]:
         "read from Redis; give it when this may run before any producer recorded it. A "
         "different recorded count is refused.",
     )(command)
+
+
+class TakesIds(click.Command):
+    """A command whose arguments include task ids, which may begin with "-" (an id is any
+    string): a token that begins with a single "-" and is none of the command's own short
+    options (``-y``, ``-h``) is an argument, so ``dueq show QUEUE -abc`` shows task ``-abc``.
+    After ``--`` every token is an argument (``dueq cancel QUEUE -y -- -y``); an unknown
+    ``--name`` stays an error, which says so (docs/cli-commands.md)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, _dash_ids_as_arguments(self, ctx, args))
+        except click.NoSuchOption as exc:
+            raise click.UsageError(
+                f"{exc.format_message()} A task id that begins with '-' goes after '--', as "
+                f"in '{ctx.command_path} QUEUE -- {exc.option_name}'",
+                ctx,
+            ) from None
+
+
+def _dash_ids_as_arguments(
+    command: click.Command, ctx: click.Context, args: list[str]
+) -> list[str]:
+    """``args`` as options first, then ``--`` and the arguments in their order: a token that
+    begins with one "-" and is not one of ``command``'s short options is an argument. (An
+    option's value is kept with it, whatever it begins with, as click reads it.)"""
+    options: list[str] = []
+    arguments: list[str] = []
+    takes_value: set[str] = set()
+    short: set[str] = set()
+    for param in command.get_params(ctx):
+        if isinstance(param, click.Option):
+            names = (*param.opts, *param.secondary_opts)
+            short.update(n for n in names if not n.startswith("--"))
+            if not param.is_flag and not param.count:
+                takes_value.update(names)
+    rest = iter(args)
+    for token in rest:
+        if token == "--":
+            arguments.extend(rest)
+        elif token.startswith("--") or token in short:
+            options.append(token)
+            value = next(rest, None) if token in takes_value else None  # (not --name=value)
+            if value is not None:
+                options.append(value)
+        else:
+            arguments.append(token)  # "-abc", "-5" and "-" are arguments here
+    return [*options, "--", *arguments] if arguments else options

@@ -10,12 +10,13 @@ import click
 
 from dueq.cli.connection import RedisTarget, open_queue, redis_options
 from dueq.cli.errors import CliError
+from dueq.cli.options import TakesIds
 from dueq.cli.output import safe
 from dueq.cli.task_input import parse_json
 from dueq.exceptions import InvalidTaskError, PayloadError, SignalRefused, TaskNotFound
 
 
-@click.command("signal")
+@click.command("signal", cls=TakesIds)
 @click.argument("queue")
 @click.argument("task_id", metavar="ID")
 @click.argument("name")

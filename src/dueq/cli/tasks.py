@@ -21,6 +21,7 @@ from dueq._util.clock import ms_datetime
 from dueq.cli.connection import RedisTarget, open_queue, redis_options
 from dueq.cli.errors import CliError
 from dueq.cli.jsonout import emit, json_option
+from dueq.cli.options import TakesIds
 from dueq.cli.output import console, safe, safe_lines, titled_table, when
 from dueq.cli.task_input import time_option
 from dueq.model import ErrorRecord, StepInfo, TaskInfo, TaskState, iso_ms
@@ -183,7 +184,7 @@ def list_tasks(
         out.print(f"showing the first {limit}; --limit shows more")
 
 
-@click.command("show")
+@click.command("show", cls=TakesIds)
 @click.argument("queue")
 @click.argument("ids", metavar="ID...", nargs=-1, required=True)
 @json_option
@@ -305,7 +306,7 @@ def step_lines(steps: tuple[StepInfo, ...], now: datetime) -> list[str]:
     ]
 
 
-@click.command("cancel")
+@click.command("cancel", cls=TakesIds)
 @click.argument("queue")
 @click.argument("ids", metavar="ID...", nargs=-1, required=True)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -324,7 +325,7 @@ def cancel(queue: str, ids: tuple[str, ...], yes: bool, target: RedisTarget) -> 
         raise CliError(f"no task in {queue!r} with id {', '.join(safe(i) for i in missing)}")
 
 
-@click.command("reschedule")
+@click.command("reschedule", cls=TakesIds)
 @click.argument("queue")
 @click.argument("task_id", metavar="ID")
 @click.option("--at", metavar="ISO", callback=time_option, help="New due time, ISO-8601.")
@@ -345,7 +346,7 @@ def reschedule(
     click.echo(f"rescheduled {safe(task_id)}: due {iso_ms(info.due_at if info else None)}")
 
 
-@click.command("run-now")
+@click.command("run-now", cls=TakesIds)
 @click.argument("queue")
 @click.argument("ids", metavar="ID...", nargs=-1, required=True)
 @redis_options

@@ -7,6 +7,7 @@ what the function receives first; ``TaskContext`` is a named task's context with
 (``@q.task(context=True)``). ``MAX_PENDING_SIGNALS`` bounds the signals a task holds untaken.
 """
 
+from dueq._wire.signals import MAX_PENDING_SIGNALS
 from dueq.durable._context import (
     AsyncStepContext,
     StepContext,
@@ -14,7 +15,7 @@ from dueq.durable._context import (
     TaskContext,
     step_context,
 )
-from dueq.durable._run import MAX_PENDING_SIGNALS, MAX_STEP_RESULT_BYTES, Suspended
+from dueq.durable._run import MAX_STEP_RESULT_BYTES, Suspended
 
 __all__ = [
     "MAX_PENDING_SIGNALS",

@@ -27,13 +27,13 @@ from typing import Any, Protocol, TypeVar
 
 from dueq._util.clock import Clock, Duration, duration_ms
 from dueq._wire.protocol import DurableOp, Flow, StepReply
+from dueq._wire.signals import validate_signal_name
 from dueq.durable._run import (
     StepRun,
     Suspended,
     duration_arg,
     error_json,
     result_json,
-    validate_signal_name,
 )
 from dueq.exceptions import ConfigurationError, InvalidTaskError, LeaseLost, Unrecoverable
 from dueq.model import Outcome, StepInfo, StepKind

@@ -13,11 +13,10 @@ blocking or an awaited queue.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES, json_text
-from dueq.exceptions import InvalidTaskError, NonDeterministic, PayloadError, Unrecoverable
+from dueq.exceptions import NonDeterministic, PayloadError, Unrecoverable
 from dueq.model import StepInfo, StepKind
 
 #: The largest step result kept, as JSON (a step's result is read back on every later run).
@@ -32,30 +31,6 @@ MAX_LOG_BYTES = 8 * 1024 * 1024
 RECORD_BYTES = 48
 #: How much of a failed step's error message its record keeps.
 MAX_STEP_ERROR_CHARS = 2000
-
-
-#: The most signals a task may hold that its wait_for has not taken yet (signal.lua refuses
-#: more with SignalRefused): they are kept in Redis until taken or the task ends.
-MAX_PENDING_SIGNALS = 1000
-
-#: A signal's name: what signal.lua and step.lua match as written (no JSON escaping to agree
-#: on, no tab or newline of the stored line).
-_SIGNAL_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
-
-
-def validate_signal_name(name: object) -> str:
-    """``name`` if it can name a signal (1-200 of letters, digits, ``_ . : -``), else
-    InvalidTaskError."""
-    if not isinstance(name, str) or _SIGNAL_NAME.fullmatch(name) is None:
-        raise InvalidTaskError(
-            f"a signal name is 1 to 200 letters, digits, '_', '.', ':' or '-', got {name!r}"
-        )
-    return name
-
-
-def signal_payload(payload: object) -> str:
-    """``payload`` as the JSON a signal stores, or PayloadError (not JSON, or too big)."""
-    return json_text(payload, "a signal's payload", DEFAULT_MAX_PAYLOAD_BYTES)
 
 
 class Suspended(BaseException):
