@@ -550,11 +550,19 @@ class Processor(Settling):
 
     def _forget(self, deliveries: list[Delivery]) -> None:
         with self._lock:
+            held_pop = self._held.pop
             for d in deliveries:
-                self._held.pop(d, None)
-                self._running.pop(d, None)
-                self._lease_lost.discard(d)
-                self._timed_out.discard(d)
+                held_pop(d, None)
+            # (the usual round: nothing lost or timed out, nothing of them running; a look at
+            # each, not a call per delivery on each)
+            running = self._running
+            if running:
+                for d in deliveries:
+                    running.pop(d, None)
+            if self._lease_lost:
+                self._lease_lost.difference_update(deliveries)
+            if self._timed_out:
+                self._timed_out.difference_update(deliveries)
             idle = not self._held
             complete = idle and self._source_ended and not self._closing
             if idle:
