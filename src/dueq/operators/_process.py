@@ -41,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from reactivex import Observable, abc
@@ -296,14 +297,15 @@ class Processor(Settling):
                     seconds = max(seconds, s)
             if cooled:
                 deliveries = [d for d in deliveries if d not in cooled]
+        # the queues they came from (one, unless a sharded queue claimed them), for the
+        # shortest lease: a loop in C, not a Python step per delivery
+        queues = set(map(_queue_of, deliveries))
         with self._lock:
             closing = self._closing
             if not closing:
                 now_s = self._scheduler.now.timestamp()
-                shortest_s = self._keeper_due_s
-                for d in deliveries:
-                    self._held[d] = now_s
-                    shortest_s = min(shortest_s, d.queue.lease_ms / 3000)
+                self._held.update(dict.fromkeys(deliveries, now_s))
+                shortest_s = min([q.lease_ms / 3000 for q in queues], default=self._keeper_due_s)
                 if shortest_s < self._keeper_due_s and self._keeper is not None:
                     self._schedule_keeper(shortest_s)  # a shorter lease than the round allows
         if closing:
@@ -647,6 +649,10 @@ class Processor(Settling):
             keeper.dispose()
         if self._own_scheduler is not None:
             self._own_scheduler.dispose()
+
+
+#: A delivery's queue (``Delivery.queue``), for ``map``.
+_queue_of = attrgetter("queue")
 
 
 def _no_bundles(bundle: Bundle) -> list[_Finished]:
