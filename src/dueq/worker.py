@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable
 
-from dueq._consume.prefetch import MAX_IN_FLIGHT, Prefetch
+from dueq._consume.prefetch import MAX_IN_FLIGHT, WORKER_HIGH, Prefetch
 from dueq._consume.threads import consume_queue
 from dueq._flows.core import QueueCore
 from dueq._util.checks import whole_number
@@ -146,7 +146,7 @@ class Worker(_WorkerSettings):
 
     ``max_in_flight`` bounds the deliveries held per queue (running plus waiting, their leases
     kept alive). The default adapts: it holds what the handlers settle in about 0.1 s, at
-    least twice the concurrency and at most 1,024 (see ``dueq._consume.prefetch``), so fast handlers
+    least twice the concurrency and at most 4,096 (see ``dueq._consume.prefetch``), so fast handlers
     are never starved between claims and slow ones never hoard tasks other workers could run.
     A number fixes it. ``timeout`` fails an attempt that runs longer (``dueq.TaskTimeout``,
     retried by the queue's policy; see ``dueq.operators.process``). ``outcomes`` counts what
@@ -221,7 +221,11 @@ class Worker(_WorkerSettings):
             CompositeDisposable(
                 [
                     consume_queue(
-                        q, processor.accept_many, processor.source_error, **self._settings()
+                        q,
+                        processor.accept_many,
+                        processor.source_error,
+                        prefetch_high=WORKER_HIGH,
+                        **self._settings(),
                     )
                     for q in self.queues
                 ]

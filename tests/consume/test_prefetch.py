@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import redis
-from internals_support import prefetch
+from internals_support import consume, prefetch
 
 import dueq
 
@@ -253,3 +253,17 @@ def test_a_claim_of_a_fair_queue_says_so(r: redis.Redis) -> None:
     q.configure(paused=True)
     batch = q.claim_batch(1)
     assert (batch.paused, batch.fair) == (True, True)
+
+
+def test_a_workers_auto_bound_grows_past_one_claim_to_worker_high() -> None:
+    """A Worker's own handlers take each claim whole: its bound may hold several claims, so the
+    next claim goes out while the handlers still work through the last one."""
+    p = Prefetch.parse("auto", low=16, high=prefetch.WORKER_HIGH)
+    settle_at_rate(p, 1000.0, rate=100_000, windows=10)  # 10,000 settled in HOLD_S
+    assert p.limit == prefetch.WORKER_HIGH
+    assert prefetch.WORKER_HIGH >= 4 * consume.MAX_CLAIM
+    slow = Prefetch.parse("auto", low=16, high=prefetch.WORKER_HIGH)
+    now_s = settle_at_rate(slow, 1000.0, rate=100_000, windows=10)
+    settle_at_rate(slow, now_s, rate=8, windows=3)  # slow handlers: back to low, as ever
+    assert slow.limit == 16
+    assert Prefetch.parse("auto", low=16).high == AUTO_HIGH  # observe() keeps its bound

@@ -47,6 +47,13 @@ GROWTH = 4
 #: Bounds of ``"auto"`` when the consumer does not know its handlers' concurrency.
 AUTO_LOW = 16
 AUTO_HIGH = 1024
+#: The most ``"auto"`` holds for a ``Worker``, whose own handlers take each claim whole: four
+#: claims' worth (a claim leases at most 1,000), so the next claim goes out, and its reply is
+#: parsed, while the handlers still work through the one before. With ``AUTO_HIGH`` a claim
+#: of 1,000 filled the hold: claim, handlers and ack ran one after another (bench/bulk.py:
+#: 0.55x the engine loop; 2,048: 0.62-0.73x; 4,096: 0.66-0.86x). Slow handlers still hold
+#: only what they settle in ``HOLD_S``.
+WORKER_HIGH = 4096
 #: The most ``"auto"`` holds on a fair queue: a tenant's task, claimed fairly, waits behind
 #: what the consumer holds, so a fair queue's consumer holds at most this many (at 50k tasks/s
 #: about 5 ms of work; measured in scripts/bench/fairness.py).
@@ -72,11 +79,13 @@ class Prefetch:
         self._since_s: float | None = None
 
     @classmethod
-    def parse(cls, max_in_flight: int | str, *, low: int = AUTO_LOW) -> Prefetch:
-        """``"auto"`` (adaptive from ``low`` to ``max(AUTO_HIGH, low)``) or a whole number
+    def parse(
+        cls, max_in_flight: int | str, *, low: int = AUTO_LOW, high: int = AUTO_HIGH
+    ) -> Prefetch:
+        """``"auto"`` (adaptive from ``low`` to ``max(high, low)``) or a whole number
         (fixed); anything else is a ConfigurationError."""
         if max_in_flight == "auto":
-            return cls(low, max(AUTO_HIGH, low), adaptive=True)
+            return cls(low, max(high, low), adaptive=True)
         if isinstance(max_in_flight, str):
             raise ConfigurationError(
                 f"max_in_flight must be a whole number or 'auto', got {max_in_flight!r}"

@@ -38,7 +38,7 @@ from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 from reactivex.scheduler import EventLoopScheduler
 
-from dueq._consume.prefetch import AUTO_LOW, Prefetch
+from dueq._consume.prefetch import AUTO_HIGH, AUTO_LOW, Prefetch
 from dueq._consume.rules import ClaimedBatch, ClaimRules, release_failed, subscriber_raised
 from dueq._consume.wake import WakeListener, Wakes
 from dueq._util.clock import Duration, positive_duration_ms
@@ -94,12 +94,14 @@ def consume_queue(
     wake: bool = True,
     heartbeat: Duration = 5.0,
     prefetch_low: int = AUTO_LOW,
+    prefetch_high: int = AUTO_HIGH,
 ) -> abc.DisposableBase:
     """The loop of ``observe_queue`` on a thread of its own, without the observable: each
-    claim goes to ``on_claimed`` whole (``Worker`` gives its processor's ``accept_many``);
-    an error that ends the loop goes to ``on_error``. Disposing stops claiming; deliveries
-    handed over stay with their receiver."""
-    prefetch = Prefetch.parse(max_in_flight, low=prefetch_low)
+    claim goes to ``on_claimed`` whole (``Worker`` gives its processor's ``accept_many``, and
+    ``prefetch_high``, the most an ``"auto"`` bound holds); an error that ends the loop goes
+    to ``on_error``. Disposing stops claiming; deliveries handed over stay with their
+    receiver."""
+    prefetch = Prefetch.parse(max_in_flight, low=prefetch_low, high=prefetch_high)
     heartbeat_ms = positive_duration_ms(heartbeat, "heartbeat")
     scheduler = EventLoopScheduler()
     observer = reactivex.Observer[Delivery](on_error=on_error)

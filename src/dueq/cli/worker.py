@@ -186,7 +186,7 @@ def _batch_spec(
     show_default=True,
     metavar="N|auto",
     help="Deliveries held at a time (running plus waiting); auto adapts to how fast the "
-    "handlers settle them, from twice --concurrency up to 1,024.",
+    "handlers settle them, from twice --concurrency up to 4,096 (1,024 on asyncio).",
 )
 @click.option(
     "--max-attempts",

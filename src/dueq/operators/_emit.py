@@ -41,7 +41,8 @@ class SerialEmitter(Generic[T]):
         self._observer = observer
 
     def on_next(self, *values: T) -> None:
-        self._push([("on_next", v) for v in values])
+        if values:
+            self._push([("on_next", values)])  # (one entry per batch: no tuple per value)
 
     def on_error(self, error: Exception) -> None:
         self._push([("on_error", error)], end=True)
@@ -70,8 +71,10 @@ class SerialEmitter(Generic[T]):
                 continue
             for name, value in calls:
                 try:
-                    if name == "on_next":
-                        observer.on_next(value)
+                    if name == "on_next":  # a batch of values
+                        on_next = observer.on_next
+                        for v in value:
+                            on_next(v)
                     elif name == "on_completed":
                         observer.on_completed()
                     else:

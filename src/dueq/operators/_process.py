@@ -41,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from reactivex import Observable, abc
@@ -296,14 +297,15 @@ class Processor(Settling):
                     seconds = max(seconds, s)
             if cooled:
                 deliveries = [d for d in deliveries if d not in cooled]
+        # the queues they came from (one, unless a sharded queue claimed them), for the
+        # shortest lease: a loop in C, not a Python step per delivery
+        queues = set(map(_queue_of, deliveries))
         with self._lock:
             closing = self._closing
             if not closing:
                 now_s = self._scheduler.now.timestamp()
-                shortest_s = self._keeper_due_s
-                for d in deliveries:
-                    self._held[d] = now_s
-                    shortest_s = min(shortest_s, d.queue.lease_ms / 3000)
+                self._held.update(dict.fromkeys(deliveries, now_s))
+                shortest_s = min([q.lease_ms / 3000 for q in queues], default=self._keeper_due_s)
                 if shortest_s < self._keeper_due_s and self._keeper is not None:
                     self._schedule_keeper(shortest_s)  # a shorter lease than the round allows
         if closing:
@@ -550,11 +552,19 @@ class Processor(Settling):
 
     def _forget(self, deliveries: list[Delivery]) -> None:
         with self._lock:
+            held_pop = self._held.pop
             for d in deliveries:
-                self._held.pop(d, None)
-                self._running.pop(d, None)
-                self._lease_lost.discard(d)
-                self._timed_out.discard(d)
+                held_pop(d, None)
+            # (the usual round: nothing lost or timed out, nothing of them running; a look at
+            # each, not a call per delivery on each)
+            running = self._running
+            if running:
+                for d in deliveries:
+                    running.pop(d, None)
+            if self._lease_lost:
+                self._lease_lost.difference_update(deliveries)
+            if self._timed_out:
+                self._timed_out.difference_update(deliveries)
             idle = not self._held
             complete = idle and self._source_ended and not self._closing
             if idle:
@@ -639,6 +649,10 @@ class Processor(Settling):
             keeper.dispose()
         if self._own_scheduler is not None:
             self._own_scheduler.dispose()
+
+
+#: A delivery's queue (``Delivery.queue``), for ``map``.
+_queue_of = attrgetter("queue")
 
 
 def _no_bundles(bundle: Bundle) -> list[_Finished]:
