@@ -73,13 +73,32 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
     deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
   end
   local metas = redis.call('HMGET', k_meta, unpack(ids))
-  -- a first lease has no meta value (claim.lua writes none): it is held when its deadline is
-  -- the one its token names (include/claims.lua), so then every deadline is read
+  local n_held, match = 0, string.match
+  -- A first lease has no meta value (claim.lua writes none): it is held when its deadline is
+  -- the one its token names (include/claims.lua). When every lease is live, the ids still
+  -- leased at a token's deadline D are read as one range (ZRANGEBYSCORE D D: ids, no score
+  -- to format), when that range is at most twice the ids asked under that token (an ack of a
+  -- whole claim: exactly them); otherwise every deadline is read (ZMSCORE, as above).
+  local at_deadline = nil  -- token -> set of the ids leased at its deadline
   if deadlines == nil then
+    local asked = nil  -- token -> ids without a meta value asked under it
     for i = 1, #ids do
       if not metas[i] then
-        deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
-        break
+        asked = asked or {}
+        asked[tokens[i]] = (asked[tokens[i]] or 0) + 1
+      end
+    end
+    if asked then
+      at_deadline = {}
+      for token, n in pairs(asked) do
+        local d = match(token, '^(%d+)')
+        if d and redis.call('ZCOUNT', k_leased, d, d) <= 2 * n then
+          local set = {}
+          for _, id in ipairs(redis.call('ZRANGEBYSCORE', k_leased, d, d)) do set[id] = true end
+          at_deadline[token] = set
+        elseif not deadlines then
+          deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
+        end
       end
     end
   end
@@ -88,7 +107,6 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   -- whether a deadline (its text) is after now, read once per distinct text: the leases of
   -- one claim share their deadline, and tonumber's strtod costs more than the rest of a check
   local live = {}
-  local n_held, match = 0, string.match
   -- the last meta value read and its token and key: the first deliveries of one claim that
   -- share a due ms share one meta value (claim.lua makes it once), and an ack lists them next
   -- to each other, so their value is parsed once (the pattern match is about 4k Redis
@@ -124,7 +142,11 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
         live[deadline] = after
       end
     end
-    if not v and after then  -- a first lease: its deadline must be its token's
+    local set = not v and at_deadline and at_deadline[tokens[i]]
+    if set then  -- a first lease, every lease live: leased at its token's deadline?
+      if set[id] then token = tokens[i] end
+      after = true
+    elseif not v and after then  -- a first lease: its deadline must be its token's
       local d = named[tokens[i]]
       if d == nil then
         d = tonumber(match(tokens[i], '^(%d+)')) or false
