@@ -29,6 +29,10 @@ checkout's dueq (``--pythonpath /work/wt/base/src``); the dueq measured is print
 
     PYTHONPATH=$PWD/src .venv/bin/python scripts/bench/instructions.py [--quick] [--tasks N]
         [--cases raw,engine,events,results] [--pythonpath DIR] [--server NAME] [--timeout-s S]
+        [--keep-dumps DIR]
+
+``--keep-dumps DIR`` keeps each case's dump as ``DIR/<case>.callgrind`` (read it with
+``callgrind_annotate``, or compare two versions' function by function).
 
 Progress goes to stderr; the table to stdout, then one JSON line with every figure.
 """
@@ -123,6 +127,7 @@ class CallgrindServer:
         self.log_file = self.folder / "valgrind.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.dumps = 0
+        self.labels: dict[int, str] = {}  # dump number -> case
 
     @property
     def url(self) -> str:
@@ -191,6 +196,7 @@ class CallgrindServer:
         """Dumps what was counted since the last dump and returns its total Ir."""
         self.control(f"--dump={label}")
         self.dumps += 1
+        self.labels[self.dumps] = label
         deadline = time.monotonic() + DUMP_TIMEOUT_S
         while True:
             path = dump_files(self.out_file).get(self.dumps)
@@ -201,7 +207,9 @@ class CallgrindServer:
                 raise RuntimeError(f"no dump {self.dumps} after {DUMP_TIMEOUT_S:.0f} s")
             time.sleep(0.1)
 
-    def stop(self) -> None:
+    def stop(self, keep: Path | None = None) -> None:
+        """Stops the server; with ``keep``, its dumps (``<case>.callgrind``, for
+        ``callgrind_annotate``) go there before the folder is removed."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -209,6 +217,11 @@ class CallgrindServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for number, path in sorted(dump_files(self.out_file).items()):
+                label = self.labels.get(number, str(number))
+                shutil.copyfile(path, keep / f"{label}.callgrind")
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -296,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pythonpath", help="a folder put first on sys.path (another dueq)")
     parser.add_argument("--server", help="the server binary: a path, redis, redis62, valkey9")
+    parser.add_argument("--keep-dumps", type=Path, help="a folder for each case's dump")
     parser.add_argument("--timeout-s", type=float, default=TIMEOUT_S, help="the whole run")
     args = parser.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -323,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         signal.alarm(0)
-        server.stop()
+        server.stop(args.keep_dumps)
     from report import print_table
 
     print_table(rows(figures))

@@ -88,7 +88,9 @@ def test_the_numbered_dumps_are_found_by_their_number(tmp_path: Path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_small_run_counts_more_server_instructions_per_task_for_dueq_than_raw():
+def test_a_small_run_counts_more_server_instructions_per_task_for_dueq_than_raw_and_keeps_dumps(
+    tmp_path: Path,
+):
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     run = subprocess.run(
         [
@@ -100,6 +102,8 @@ def test_a_small_run_counts_more_server_instructions_per_task_for_dueq_than_raw(
             "raw,engine",
             "--timeout-s",
             "500",
+            "--keep-dumps",
+            str(tmp_path),
         ],
         capture_output=True,
         text=True,
@@ -112,3 +116,6 @@ def test_a_small_run_counts_more_server_instructions_per_task_for_dueq_than_raw(
     cases = figures["cases"]
     assert [cases[c]["tasks"] for c in ("raw", "engine")] == [50, 50]
     assert 0 < cases["raw"]["ir_per_task"] < cases["engine"]["ir_per_task"], cases
+    script = load_script()
+    kept = {case: script.dump_total((tmp_path / f"{case}.callgrind").read_text()) for case in cases}
+    assert kept == {case: cases[case]["ir"] for case in cases}
