@@ -123,9 +123,17 @@ def commandstats(r: redis.Redis) -> tuple[int, int, float]:
     return usec, calls, server_cpu_us(r) - _cpu_mark[0]
 
 
-def schedule(r: redis.Redis, items: list[dict[str, Any]]) -> dueq.Queue:
+def schedule(
+    r: redis.Redis,
+    items: list[dict[str, Any]],
+    setup: Callable[[dueq.Queue], object] | None = None,
+) -> dueq.Queue:
+    """A fresh queue (``setup`` configures it first: events, keep_results, ...) holding
+    ``items`` due now."""
     r.flushall()
     q = dueq.Queue(QUEUE, r)
+    if setup is not None:
+        setup(q)
     for i in range(0, len(items), 10_000):
         q.schedule_many(dueq.Task(p) for p in items[i : i + 10_000])
     q.check_server()  # the one-off CONFIG GET of a first claim, outside the measure
@@ -136,6 +144,16 @@ def schedule(r: redis.Redis, items: list[dict[str, Any]]) -> dueq.Queue:
 
 
 def raw_drain(r: redis.Redis, items: list[dict[str, Any]]) -> dict[str, float]:
+    raw_fill(r, items)
+    reset_stats(r)
+    start = perf()
+    done = raw_loop(r, len(items))
+    return loop_figures(r, done, perf() - start)
+
+
+def raw_fill(r: redis.Redis, items: list[dict[str, Any]]) -> None:
+    """The raw loop's tasks: ``raw:due`` (id -> now ms) and ``raw:tasks`` (id -> JSON body),
+    pipelined ZADD + HSET, on an emptied server."""
     r.flushall()
     pipe = r.pipeline(transaction=False)
     now_ms = time.time() * 1000
@@ -146,10 +164,12 @@ def raw_drain(r: redis.Redis, items: list[dict[str, Any]]) -> dict[str, float]:
         if i % 1000 == 999:
             pipe.execute()
     pipe.execute()
-    n = len(items)
-    reset_stats(r)
+
+
+def raw_loop(r: redis.Redis, n: int) -> int:
+    """Drains ``raw_fill``'s tasks: ZPOPMIN(1000), then one pipeline of HMGET + HDEL of those
+    bodies, ``json.loads`` of each; the tasks drained (at most ``n``)."""
     done = 0
-    start = perf()
     while done < n:
         ids = [member for member, _ in r.zpopmin("raw:due", CLAIM)]
         if not ids:
@@ -161,7 +181,7 @@ def raw_drain(r: redis.Redis, items: list[dict[str, Any]]) -> dict[str, float]:
         for body in bodies:
             json.loads(body)
         done += len(ids)
-    return loop_figures(r, done, perf() - start)
+    return done
 
 
 def loop_figures(r: redis.Redis, done: int, elapsed_s: float) -> dict[str, float]:
@@ -178,10 +198,16 @@ def loop_figures(r: redis.Redis, done: int, elapsed_s: float) -> dict[str, float
 
 def engine_drain(r: redis.Redis, items: list[dict[str, Any]]) -> dict[str, float]:
     q = schedule(r, items)
-    n = len(items)
     reset_stats(r)
-    done = 0
     start = perf()
+    done = engine_loop(q, len(items))
+    return loop_figures(r, done, perf() - start)
+
+
+def engine_loop(q: dueq.Queue, n: int) -> int:
+    """Drains ``q``: ``claim(1000)``, ``d.payload`` of each delivery, ``ack_many``; the tasks
+    acked (at most about ``n``)."""
+    done = 0
     while done < n:
         batch = q.claim(limit=CLAIM)
         if not batch:
@@ -189,7 +215,7 @@ def engine_drain(r: redis.Redis, items: list[dict[str, Any]]) -> dict[str, float
         for d in batch:
             d.payload  # noqa: B018 (decoded, as the raw loop's json.loads)
         done += q.ack_many(batch)
-    return loop_figures(r, done, perf() - start)
+    return done
 
 
 # -- the workers -----------------------------------------------------------------------------
