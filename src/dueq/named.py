@@ -548,6 +548,10 @@ class Dispatcher:
         #: the plain handler's BatchSpec (``Worker(q, handler, batch=...)``): it is a bulk
         #: handler, called with a list of ``dueq.Item``
         self.batch = batch
+        #: what ``bulk_of`` gives every plain payload task (None: they run alone)
+        self.plain_bulk: tuple[Any, BatchSpec] | None = (
+            None if batch is None else (PLAIN_BULK, batch)
+        )
         #: some deliveries go to a bulk handler (the processors gather them: ``bulk_of``)
         self.bulk = batch is not None or any(
             fn.batch is not None for routes in self._routes.values() for fn in routes.values()
@@ -559,7 +563,7 @@ class Dispatcher:
         a delivery that cannot be dispatched: it fails alone, as it would)."""
         name = d.task_name
         if name is None:
-            return None if self.batch is None else (PLAIN_BULK, self.batch)
+            return self.plain_bulk
         fn = self._routes.get(d.queue_name, _NONE).get(name)
         if fn is None or fn.batch is None or type(d.payload) is not dict:
             return None

@@ -164,11 +164,13 @@ def test_an_item_out_of_attempts_goes_dead_alone_and_an_unrecoverable_one_at_onc
 def test_a_plain_bulk_handler_on_a_worker_takes_the_plain_payload_tasks(pair: Any) -> None:
     q, view = pair()
     seen: list[int] = []
+    sizes: list[int] = []
 
     def handle_many(items: list[dueq.Item]) -> None:
+        sizes.append(len(items))
         seen.extend(i.payload["n"] for i in items)
 
-    for n in range(30):
+    for n in range(35):
         q.schedule({"n": n})
     run_worker(
         q,
@@ -176,7 +178,33 @@ def test_a_plain_bulk_handler_on_a_worker_takes_the_plain_payload_tasks(pair: An
         handle_many,
         batch=dueq.BatchSpec(max=10),
     )
-    assert sorted(seen) == list(range(30))
+    assert sorted(seen) == list(range(35))
+    assert max(sizes) <= 10, sizes
+
+
+def test_a_linger_holds_a_partial_call_of_a_plain_bulk_handler_for_tasks_due_within_it(
+    pair: Any,
+) -> None:
+    q, view = pair()
+    calls: list[int] = []
+
+    def handle_many(items: list[dueq.Item]) -> None:
+        calls.append(len(items))
+
+    def later() -> None:  # the second seven once the first seven are held by the worker
+        deadline = time.monotonic() + 20
+        while view.stats().leased < 7 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        view.schedule_many([dueq.Task({"n": n}) for n in range(7)])
+
+    for n in range(7):
+        q.schedule({"n": n})
+    threading.Thread(target=later).start()
+    spec = dueq.BatchSpec(max=10, linger=timedelta(seconds=2))
+    run_worker(q, lambda: sum(calls) == 14, handle_many, batch=spec)
+    # a full call of ten once the second seven arrived within the linger, then the last four
+    # when their linger (counted from the second seven's due time) ends
+    assert calls == [10, 4], calls
 
 
 def test_a_linger_holds_a_partial_call_for_tasks_due_within_it(pair: Any) -> None:

@@ -119,7 +119,11 @@ class AsyncProcessor(Settling):
         # bulk handlers' deliveries are gathered into bundles before a runner takes them
         # (see _bulk); without any there is no gatherer and no cost for it
         dispatch = inspect.unwrap(handler)
-        self._gather = Gatherer(dispatch.bulk_of) if getattr(dispatch, "bulk", False) else None
+        self._gather = (
+            Gatherer(dispatch.bulk_of, getattr(dispatch, "plain_bulk", None))
+            if getattr(dispatch, "bulk", False)
+            else None
+        )
         # (a wrapper's own run_bulk first: a metrics wrapper measures the calls through it)
         self._run_bulk: Any = getattr(handler, "run_bulk", None) or getattr(
             dispatch, "run_bulk", None
@@ -315,23 +319,28 @@ class AsyncProcessor(Settling):
         are given back unstarted), one call under one span linked to each item, with the
         shortest timeout of its items; each item's verdict is what gets settled."""
         started: list[Any] = []
+        held, cooldowns = self._held, self.cooldowns
+        timeout_s: float | None = None  # the shortest of its items' (timeout_for, inline)
+        default_s = self._timeout_s
         for d in bundle.deliveries:
-            if d not in self._held:
+            if d not in held:
                 continue  # close() released it
             if d.cancelled or d.queue_paused:
                 self._spawn(self._release(d))
-            elif self.cooldowns.keys and (cooling_s := self.cooldowns.holds(d)) is not None:
+            elif cooldowns.keys and (cooling_s := cooldowns.holds(d)) is not None:
                 self._hold_back([d], cooling_s)
             else:
                 started.append(d)
+                own_s = d.timeout_s
+                if own_s is None:
+                    own_s = default_s
+                if own_s is not None and (timeout_s is None or own_s < timeout_s):
+                    timeout_s = own_s
         if not started:
             return
-        for d in started:
-            self._running[d] = task
+        self._running.update(dict.fromkeys(started, task))
         self._in_calls.update(started)
-        items = [Item(d) for d in started]
-        timeouts = [t for d in started if (t := timeout_for(d, self._timeout_s)) is not None]
-        timeout_s = min(timeouts, default=None)
+        items = list(map(Item, started))
         call = _tracing.start_call(started)
         if call is not None:
             call.enter()
@@ -350,14 +359,18 @@ class AsyncProcessor(Settling):
         except BaseException as exc:  # a handler's SystemExit is its items' failure too
             error = exc
         finally:
+            running_pop = self._running.pop
             for d in started:
-                self._running.pop(d, None)
+                running_pop(d, None)
             self._in_calls.difference_update(started)
             if call is not None:
                 call.leave()
                 _tracing.end_attempt(call, error)
         finished = verdicts(items, error)
-        cooling_s = max((self.cooldowns.note(d, e) or 0.0 for d, e in finished), default=0.0)
+        # (only a failure can cool its key: no call per acked item)
+        cooling_s = max(
+            (self.cooldowns.note(d, e) or 0.0 for d, e in finished if e is not None), default=0.0
+        )
         if cooling_s:
             self._cool_waiting(cooling_s)
         self._done += finished

@@ -23,6 +23,7 @@ own locks (the threaded one) or on their loop (the asyncio one).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from operator import attrgetter
 from typing import Any
 
 from dueq.delivery import DeliveryBase, Item
@@ -84,8 +85,12 @@ BulkOf = Callable[[Any], "tuple[Any, BatchSpec] | None"]
 class Gatherer:
     """Open bundles per bulk handler, filled as deliveries arrive (see the module docstring)."""
 
-    def __init__(self, bulk_of: BulkOf) -> None:
+    def __init__(self, bulk_of: BulkOf, plain: tuple[Any, BatchSpec] | None = None) -> None:
         self.bulk_of = bulk_of
+        #: what ``bulk_of`` gives every plain payload task (no ``task_name``), when it gives
+        #: them all one handler (a worker's ``batch=``): a claim of plain tasks only is then
+        #: split into bundles without a Python step per delivery
+        self.plain = plain
         self._open: dict[Any, Bundle] = {}
 
     def __bool__(self) -> bool:
@@ -96,24 +101,52 @@ class Gatherer:
         (full, or with no linger); the rest wait in open bundles."""
         single: list[Any] = []
         ready: list[Bundle] = []
+        bulk_of, open_ = self.bulk_of, self._open
+        plain = self.plain
+        if plain is not None and deliveries:
+            names = list(map(_task_name, deliveries))  # (in C)
+            if names.count(None) == len(names):  # plain tasks only: one handler's bundles
+                self._fill(plain[0], plain[1], deliveries, now_s, ready)
+                deliveries = []
         for d in deliveries:
-            found = self.bulk_of(d)
+            found = bulk_of(d)
             if found is None:
                 single.append(d)
                 continue
             group, spec = found
-            bundle = self._open.get(group)
+            bundle = open_.get(group)
             if bundle is None:
                 linger_s = spec.linger_s
                 deadline_s = now_s + max(linger_s - late_s(d), 0.0) if linger_s else now_s
-                bundle = self._open[group] = Bundle(group, spec, deadline_s)
-            bundle.deliveries.append(d)
-            if bundle.full:
-                ready.append(self._open.pop(group))
+                bundle = open_[group] = Bundle(group, spec, deadline_s)
+            members = bundle.deliveries
+            members.append(d)
+            if len(members) >= spec.max:  # full (Bundle.full, inline: a call less per task)
+                ready.append(open_.pop(group))
         for group, bundle in list(self._open.items()):
             if bundle.deadline_s <= now_s:  # no linger (or already over): runs now
                 ready.append(self._open.pop(group))
         return single, ready
+
+    def _fill(
+        self, group: Any, spec: BatchSpec, deliveries: list[Any], now_s: float, ready: list[Bundle]
+    ) -> None:
+        """Add ``deliveries`` (all of ``group``) to its open bundle in slices: each bundle
+        filled to ``max`` goes to ``ready``, the rest stays open (as the loop of ``sort``
+        does one delivery at a time)."""
+        start, n = 0, len(deliveries)
+        while start < n:
+            bundle = self._open.get(group)
+            if bundle is None:
+                d = deliveries[start]
+                linger_s = spec.linger_s
+                deadline_s = now_s + max(linger_s - late_s(d), 0.0) if linger_s else now_s
+                bundle = self._open[group] = Bundle(group, spec, deadline_s)
+            room = spec.max - len(bundle.deliveries)
+            bundle.deliveries += deliveries[start : start + room]
+            start += room
+            if len(bundle.deliveries) >= spec.max:
+                ready.append(self._open.pop(group))
 
     def next_deadline_s(self) -> float | None:
         """When the earliest open bundle runs with what it has (None: none open)."""
@@ -179,6 +212,10 @@ def take_units(units: Any, which: Callable[[Any], bool]) -> tuple[list[Any], lis
         else:
             left.append(u)
     return taken, left
+
+
+#: A delivery's task name (``DeliveryBase.task_name``), for ``map``.
+_task_name = attrgetter("task_name")
 
 
 def late_s(d: Any) -> float:

@@ -151,7 +151,11 @@ class Processor(Settling):
         # bulk handlers' deliveries are gathered into bundles before a runner takes them
         # (see _bulk); a processor without any has no gatherer and no cost for it
         dispatch = inspect.unwrap(handler)
-        self._gather = Gatherer(dispatch.bulk_of) if getattr(dispatch, "bulk", False) else None
+        self._gather = (
+            Gatherer(dispatch.bulk_of, getattr(dispatch, "plain_bulk", None))
+            if getattr(dispatch, "bulk", False)
+            else None
+        )
         # (a wrapper's own run_bulk first: a metrics wrapper measures the calls through it)
         self._run_bulk: Callable[[Any, list[Item]], Any] | None = getattr(
             handler, "run_bulk", None
@@ -358,15 +362,10 @@ class Processor(Settling):
         """Run a bulk handler's call on ``bundle`` (where the runner runs it): the items
         that may start begin (the others are given back unstarted), the call runs once under
         one span linked to each item, and each item's verdict is what gets settled."""
-        started: list[Delivery] = []
-        for d in bundle.deliveries:
-            if self._begin(d, traced=False):
-                started.append(d)
-            else:
-                self._runner.unstarted(d)
+        started = self._begin_many(bundle.deliveries)
         if not started:
             return []
-        items = [Item(d) for d in started]
+        items = list(map(Item, started))
         call = _tracing.start_call(started)
         if call is not None:
             call.enter()
@@ -381,9 +380,92 @@ class Processor(Settling):
         if call is not None:
             call.leave()
             _tracing.end_attempt(call, error)
-        return [(d, verdict) for d, verdict in verdicts(items, error) if self._finished(d, verdict)]
+        return self._finished_many(verdicts(items, error))
 
-    def _begin(self, delivery: Delivery, *, traced: bool = True) -> bool:
+    def _begin_many(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """``_begin`` for the items of a bulk call, with one lock round for all of them (not
+        one per item): those that may start, in order; the others are given back unstarted
+        (outside the lock). No span per item: the call has one."""
+        cooldowns = self.cooldowns
+        maybe: list[Delivery] = []
+        refused: list[Delivery] = []
+        for d in deliveries:
+            if d.cancelled or d.queue_paused or (cooldowns.keys and cooldowns.holds(d)):
+                refused.append(d)  # cancelled while held, paused or cooling: given back
+            else:
+                maybe.append(d)
+        started: list[Delivery] = []
+        with self._mutex:
+            if self._closing:
+                refused += maybe
+                maybe = []
+            held, running, default_s = self._held, self._running, self._timeout_s
+            now_s: float | None = None
+            shortest_s: float | None = None
+            for d in maybe:
+                if d not in held:
+                    refused.append(d)
+                    continue
+                timeout_s = d.timeout_s
+                if timeout_s is None:
+                    timeout_s = default_s
+                if timeout_s is None:
+                    running[d] = 0.0  # (when it started matters only to a timeout)
+                else:
+                    if now_s is None:
+                        now_s = self._scheduler.now.timestamp()
+                    running[d] = now_s
+                    if shortest_s is None or timeout_s < shortest_s:
+                        shortest_s = timeout_s
+                started.append(d)
+            if (
+                shortest_s is not None
+                and not self._runner.times_out
+                and shortest_s < self._keeper_due_s
+                and self._keeper is not None
+            ):
+                self._schedule_keeper(shortest_s)  # the keeper watches the timeout
+        for d in refused:
+            self._runner.unstarted(d)
+        return started
+
+    def _finished_many(self, finished: list[_Finished]) -> list[_Finished]:
+        """``_finished`` for the items of a bulk call (each with its verdict), with one lock
+        round for all of them: those to settle, in order. Items are begun without a span
+        (``_begin_many``), so there is none to end here."""
+        kept: list[_Finished] = []
+        late: list[Delivery] = []
+        with self._mutex:
+            timed_out, held, running = self._timed_out, self._held, self._running
+            for pair in finished:
+                d = pair[0]
+                # failed by the keeper at its timeout, or released by close() past its grace
+                if d in timed_out or d not in held:
+                    late.append(d)
+                else:
+                    running.pop(d, None)  # done: no timeout applies any more
+                    kept.append(pair)
+        for d, verdict in kept:
+            if verdict is not None:
+                seconds = self.cooldowns.note(d, verdict)
+                if seconds is not None:  # its key cools down: what waits of that key goes back
+                    self._give_back_cooled(self._take(self._cooling), seconds)
+        for d in late:
+            self._refuse_late(d)
+        return kept
+
+    def _refuse_late(self, delivery: Delivery) -> None:
+        """Say that a handler returned after its delivery's timeout (its result refused)."""
+        logger.warning(
+            "queue %r: task %r attempt %d: handler returned after its timeout; its result "
+            "is refused",
+            delivery.queue.name,
+            delivery.id,
+            delivery.attempt,
+            extra=task_fields(delivery.queue.name, delivery.id, delivery.attempt),
+        )
+
+    def _begin(self, delivery: Delivery) -> bool:
         """A handler is about to start on ``delivery``; False if closing (then don't).
         Called where the handler runs (its thread, or the loop's task): the attempt's span,
         if tracing is on, is current there until ``_finished``."""
@@ -409,8 +491,6 @@ class Processor(Settling):
                 and self._keeper is not None
             ):
                 self._schedule_keeper(timeout_s)  # the keeper watches the timeout
-        if not traced:  # an item of a bulk call: the call has the span
-            return True
         attempt = _tracing.start_attempt(delivery)  # (outside the lock: span processors run)
         if attempt is not None:
             self._spans[delivery] = attempt
@@ -436,14 +516,7 @@ class Processor(Settling):
             if seconds is not None:  # its key cools down: what waits of that key goes back
                 self._give_back_cooled(self._take(self._cooling), seconds)
         if late:
-            logger.warning(
-                "queue %r: task %r attempt %d: handler returned after its timeout; its result "
-                "is refused",
-                delivery.queue.name,
-                delivery.id,
-                delivery.attempt,
-                extra=task_fields(delivery.queue.name, delivery.id, delivery.attempt),
-            )
+            self._refuse_late(delivery)
             return False
         return True
 
