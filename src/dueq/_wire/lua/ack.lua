@@ -81,7 +81,8 @@ local window = settings.remember_done_ms or tonumber(ARGV[2])
 local keep_ms = settings.keep_results_ms or 0
 local ids, tokens, positions = leases_unpack(ARGV[3])
 if #ids == 0 then return {0, '', keep_ms} end
-local done, verdicts, keys = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens, now)
+local done, verdicts, keys, with_meta = judge_leases(KEYS[1], KEYS[3], KEYS[8], ids, tokens,
+  now)
 local kept = {}  -- id -> the result kept (JSON), for the acked events
 if #done > 0 and keep_ms > 0 then
   local values = {}  -- by distinct pair
@@ -130,7 +131,8 @@ if #done > 0 then
   end
   call_chunked('ZREM', KEYS[1], done)
   call_chunked('HDEL', KEYS[2], done)
-  call_chunked('HDEL', KEYS[3], done)
+  -- (a first lease has no meta value: claim.lua wrote none)
+  if #with_meta > 0 then call_chunked('HDEL', KEYS[3], with_meta) end
   -- error records: only tasks that failed or expired before have one (none: no HDEL)
   if redis.call('EXISTS', KEYS[4]) == 1 then call_chunked('HDEL', KEYS[4], done) end
   steps_forget(KEYS[29], done)

@@ -436,7 +436,9 @@ while not paused and #leased / 2 < limit and parked_here + #too_late < PARK_BUDG
   if n_ids == 0 then break end
   local parked_before = parked_here + #too_late
   local envelopes = redis.call('HMGET', KEYS[3], unpack(ids))
-  local metas = redis.call('HMGET', KEYS[4], unpack(ids))
+  -- (no meta hash: none of them was claimed before; nothing to ask for)
+  local metas = redis.call('EXISTS', KEYS[4]) == 1 and redis.call('HMGET', KEYS[4], unpack(ids))
+    or {}
   -- the slot of each task's limit key (false: none), and the first byte of each envelope
   -- (which says whether it has an options head: read once per task, one C call)
   local task_slots, heads = {}, {}

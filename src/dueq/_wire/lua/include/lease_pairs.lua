@@ -59,10 +59,11 @@ end
 -- over, or the task is gone). One ZMSCORE and one HMGET for the lot (callers send <= 1000).
 -- A first lease without a meta value is held when its deadline is the one its token names
 -- (include/claims.lua).
--- Returns the held ids and the verdict of each distinct lease.
+-- Returns the held ids, the verdict of each distinct lease, the limit keys the held leases
+-- are counted in, and the held ids that have a meta value.
 local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   local held, verdicts, keys = {}, {}, {}
-  if #ids == 0 then return held, verdicts, keys end
+  if #ids == 0 then return held, verdicts, keys, {} end
   -- When the earliest deadline in leased is after now, every lease is live, and a meta value
   -- whose token matches is a lease (only claim.lua writes a token into meta; whatever ends a
   -- lease clears the token or deletes the value): no deadline needs reading. Otherwise each
@@ -72,8 +73,11 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   if not earliest or tonumber(earliest) <= now then
     deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
   end
-  local metas = redis.call('HMGET', k_meta, unpack(ids))
+  -- (no meta hash: every lease is a first one, and no value needs asking for)
+  local metas = redis.call('EXISTS', k_meta) == 1 and redis.call('HMGET', k_meta, unpack(ids))
+    or {}
   local n_held, match = 0, string.match
+  local with_meta = {}  -- the held ids that have a meta value (the rest have none to delete)
   -- A first lease has no meta value (claim.lua writes none): it is held when its deadline is
   -- the one its token names (include/claims.lua). When every lease is live, the ids still
   -- leased at a token's deadline D are read as one range (ZRANGEBYSCORE D D: ids, no score
@@ -163,6 +167,7 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
       n_held = n_held + 1
       held[n_held] = id
       if key then keys[#keys + 1] = key end
+      if v then with_meta[#with_meta + 1] = id end
       verdicts[i] = 'h'
     elseif redis.call('ZSCORE', k_cancelled, id .. '|' .. tokens[i]) then
       verdicts[i] = 'c'
@@ -170,7 +175,7 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
       verdicts[i] = 'l'
     end
   end
-  return held, verdicts, keys
+  return held, verdicts, keys, with_meta
 end
 
 -- One character per pair as given: its lease's verdict ('h', 'c' or 'l'). `n_held` is the
