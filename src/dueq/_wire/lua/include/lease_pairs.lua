@@ -82,8 +82,9 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   -- the one its token names (include/claims.lua). When every lease is live, the ids still
   -- leased at a token's deadline D are read as one range (ZRANGEBYSCORE D D: ids, no score
   -- to format), when that range is at most twice the ids asked under that token (an ack of a
-  -- whole claim: exactly them); otherwise every deadline is read (ZMSCORE, as above).
-  local at_deadline = nil  -- token -> set of the ids leased at its deadline
+  -- whole claim: exactly them); otherwise those ids' deadlines are read (ZMSCORE, as above).
+  local at_deadline = nil  -- token -> the set of its ids leased at its D (every lease live)
+  local loose_held = {}  -- index -> held, for the first leases of the other tokens
   if deadlines == nil then
     local asked = nil  -- token -> ids without a meta value asked under it
     for i = 1, #ids do
@@ -94,14 +95,30 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
     end
     if asked then
       at_deadline = {}
+      local loose = nil  -- token -> D, for the tokens whose ids' deadlines are read
       for token, n in pairs(asked) do
         local d = match(token, '^(%d+)')
         if d and redis.call('ZCOUNT', k_leased, d, d) <= 2 * n then
           local set = {}
           for _, id in ipairs(redis.call('ZRANGEBYSCORE', k_leased, d, d)) do set[id] = true end
           at_deadline[token] = set
-        elseif not deadlines then
-          deadlines = redis.call('ZMSCORE', k_leased, unpack(ids))
+        else
+          loose = loose or {}
+          loose[token] = d and tonumber(d) or false
+        end
+      end
+      if loose then
+        local where, loose_ids = {}, {}
+        for i = 1, #ids do
+          if not metas[i] and loose[tokens[i]] ~= nil then
+            where[#where + 1] = i
+            loose_ids[#loose_ids + 1] = ids[i]
+          end
+        end
+        local got = redis.call('ZMSCORE', k_leased, unpack(loose_ids))
+        for k = 1, #where do
+          local i = where[k]
+          loose_held[i] = got[k] ~= false and tonumber(got[k]) == loose[tokens[i]]
         end
       end
     end
@@ -146,9 +163,13 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
         live[deadline] = after
       end
     end
-    local set = not v and at_deadline and at_deadline[tokens[i]]
-    if set then  -- a first lease, every lease live: leased at its token's deadline?
-      if set[id] then token = tokens[i] end
+    if not v and at_deadline then  -- a first lease, every lease live: leased at its D?
+      local set = at_deadline[tokens[i]]
+      if set then
+        if set[id] then token = tokens[i] end
+      elseif loose_held[i] then
+        token = tokens[i]
+      end
       after = true
     elseif not v and after then  -- a first lease: its deadline must be its token's
       local d = named[tokens[i]]
