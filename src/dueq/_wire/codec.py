@@ -207,12 +207,14 @@ class Encrypted:
 
     def __init__(self, keys: KeySource | None = None, active: str | None = None) -> None:
         try:
+            from cryptography.exceptions import InvalidTag
             from cryptography.hazmat.primitives.ciphers.aead import AESGCM
         except ImportError:  # optional extra
             raise ConfigurationError(
                 "dueq.Encrypted needs the cryptography package: pip install 'dueq[crypto]'"
             ) from None
         self._aesgcm = AESGCM
+        self._invalid_tag = InvalidTag
         self._lookup: Callable[[str], bytes | None] | None = None
         self._ciphers: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -279,14 +281,12 @@ class Encrypted:
 
     def open(self, key_id: str, sealed: bytes, line: bytes, aad: bytes) -> bytes | None:
         """The plaintext of ``sealed``, or None when the key is unknown or the tag fails."""
-        from cryptography.exceptions import InvalidTag
-
         cipher = self._cipher(key_id)
         if cipher is None or len(sealed) < NONCE_BYTES + TAG_BYTES:
             return None
         try:
             return bytes(cipher.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], aad + line))
-        except InvalidTag:
+        except self._invalid_tag:
             return None
 
 
