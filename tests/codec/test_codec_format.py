@@ -64,7 +64,7 @@ def test_a_ciphertext_opens_only_as_the_task_and_queue_it_was_sealed_for(queue, 
 def test_a_shard_opens_what_its_queue_sealed():
     c = codec()
     assert decode_named(sealed({"a": 1}, c, queue="emails"), c, "emails#3", "t1")[0] == {"a": 1}
-    assert logical_queue("emails#3") == "emails"
+    assert logical_queue("emails#3") == "emails" == logical_queue("emails#3.1")
     assert logical_queue("a#b") == "a#b" and logical_queue("#1") == "#1"
 
 

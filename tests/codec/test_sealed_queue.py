@@ -222,3 +222,16 @@ def test_the_payload_limit_counts_json_bytes_before_compression(make_queue):
     q = make_queue(compression="zstd", max_payload_bytes=1000)
     with pytest.raises(dueq.PayloadError, match="over the limit"):
         q.schedule({"s": "a" * 2000})
+
+
+def test_a_sharded_queue_seals_for_the_queue_and_every_shard_opens_it(make_queue, r):
+    q = make_queue("sq", shards=3, codec=one_key(), compression="auto")
+    q.schedule_many([dueq.Task({"n": i, "secret": "S" * 300}, id=f"t{i}") for i in range(30)])
+    for name in ("sq#0", "sq#1", "sq#2"):
+        for raw in r.hvals(f"dueq:{{{name}}}:tasks"):
+            assert raw.startswith(b"1:%z|k1\n") and b"SSS" not in raw
+    assert q.get("t7").payload == {"n": 7, "secret": "S" * 300}
+    claimed = []
+    while batch := q.claim(limit=100):
+        claimed += batch
+    assert sorted(d.payload["n"] for d in claimed) == list(range(30))

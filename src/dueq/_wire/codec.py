@@ -25,9 +25,9 @@ known when a task is written: reschedule.lua, retries, releases, debounce and ``
 move a task's due time inside the scripts, which cannot (and must not) re-seal it, so a due
 time in the tag would make every rescheduled task undecryptable. What is authenticated never
 changes for a task. The queue name authenticated is the *logical* one: a shard's name
-``emails#3`` counts as ``emails``, since resharding moves a task between shards with its
-envelope untouched (and a plain queue named ``emails#3`` shares that shard's keys, so it is the
-same key space).
+``emails#3`` (or ``emails#3.1``) counts as ``emails``, since resharding moves a task between
+shards with its envelope untouched (and a plain queue named ``emails#3`` shares that shard's
+keys, so it is the same key space).
 
 **Compression** runs before encryption (ciphertext does not compress). It leaks the compressed
 size, as every compress-then-encrypt scheme does: a payload that mixes attacker-chosen text with
@@ -69,6 +69,8 @@ NONCE_BYTES = 12
 TAG_BYTES = 16
 #: A key id: what the envelope records with each ciphertext.
 _KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: A shard's suffix (``sharding.layout.shard_names``): ``#<i>`` or ``#<i>.<k>``.
+_SHARD_SUFFIX = re.compile(r"(.+)#[0-9]+(?:\.[0-9]+)?")
 _CODEC_LINE = re.compile(rb"%(z?)\|([A-Za-z0-9_.-]{0,64})\n")
 #: Payloads of at least this many bytes of JSON are compressed with compression="auto".
 AUTO_COMPRESS_BYTES = 256
@@ -317,9 +319,10 @@ def sealed_info(body: bytes) -> SealedInfo | None:
 
 
 def logical_queue(name: str) -> str:
-    """The queue name a payload is bound to: a shard's (``emails#3``) is its queue's."""
-    base, mark, shard = name.rpartition("#")
-    return base if mark and shard.isdigit() and base else name
+    """The queue name a payload is bound to: a shard's (``emails#3``, ``emails#3.1``) is its
+    queue's."""
+    found = _SHARD_SUFFIX.fullmatch(name)
+    return name if found is None else found[1]
 
 
 def associated_data(queue: str, task_id: str) -> bytes:
