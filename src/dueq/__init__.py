@@ -16,6 +16,7 @@ from dueq._version import __version__
 if TYPE_CHECKING:
     from dueq import operators as operators
     from dueq._util.identity import worker_id
+    from dueq._wire.codec import Encrypted
     from dueq._wire.envelope import TaskOptions, TraceContext
     from dueq.async_queue import AsyncQueue
     from dueq.cron.flows import CronDefinition, Occurrence
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
         TaskCancelled,
         TaskNotFound,
         TaskTimeout,
+        UndecryptableTask,
         UnknownTask,
         Unrecoverable,
         WaitTimeout,
@@ -91,6 +93,7 @@ _LAZY: dict[str, str] = {
     "DoctorReport": "doctor",
     "TaskOptions": "_wire.envelope",
     "TraceContext": "_wire.envelope",
+    "Encrypted": "_wire.codec",
     "AsyncEvent": "events.stream",
     "Event": "events.stream",
     "EventGroup": "events.stream",
@@ -115,6 +118,7 @@ _LAZY: dict[str, str] = {
     "TaskCancelled": "exceptions",
     "TaskNotFound": "exceptions",
     "TaskTimeout": "exceptions",
+    "UndecryptableTask": "exceptions",
     "UnknownTask": "exceptions",
     "Unrecoverable": "exceptions",
     "WaitTimeout": "exceptions",
@@ -193,6 +197,7 @@ __all__ = [
     "DoctorReport",
     "DueHistogram",
     "DueqError",
+    "Encrypted",
     "ErrorRecord",
     "Event",
     "EventGroup",
@@ -230,6 +235,7 @@ __all__ = [
     "TaskTimeout",
     "TenantShare",
     "TraceContext",
+    "UndecryptableTask",
     "UnknownTask",
     "Unrecoverable",
     "WaitTimeout",

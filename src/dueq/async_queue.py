@@ -29,6 +29,7 @@ from dueq._flows.drive import Flow, drive_async
 from dueq._util.checks import client_from_url
 from dueq._util.clock import Clock, Duration, duration_ms
 from dueq._wire import protocol as protocol
+from dueq._wire.codec import Compression, Encrypted
 from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
 from dueq._wire.scripts import AsyncScripts
 from dueq._wire.server_check import wrong_client
@@ -72,7 +73,8 @@ P = ParamSpec("P")
 
 class AsyncQueue(QueueCore):
     """A named queue of delayed tasks, on a ``redis.asyncio`` client; the API of ``Queue``,
-    awaited. Settings are those of ``Queue`` (``retry``, ``lease``, ``clock``, ``shards``, ...).
+    awaited. Settings are those of ``Queue`` (``retry``, ``lease``, ``clock``, ``shards``,
+    ``codec``, ``compression``, ...).
 
     ``AsyncQueue.from_url(url, name, **options)`` makes the client too; that queue owns it
     (``owns_client``) and ``await aclose()`` (or the end of an ``async with``) closes it."""
@@ -95,6 +97,8 @@ class AsyncQueue(QueueCore):
         wait_timeout: Duration = 1.0,
         holder: str | None = None,
         shards: int = 1,
+        codec: Encrypted | None = None,
+        compression: Compression | None = None,
     ) -> None:
         settings: dict[str, Any] = dict(
             retry=retry,
@@ -107,6 +111,8 @@ class AsyncQueue(QueueCore):
             wait_replicas=wait_replicas,
             wait_timeout=wait_timeout,
             holder=holder,
+            codec=codec,
+            compression=compression,
         )
         # shards: plain AsyncQueues of these settings on this client (see dueq.sharding.flows)
         sharded = sharded_layout(

@@ -61,7 +61,9 @@ class DeadLettersCore:
         if limit == 0:
             return []
         q = self._core
-        found: list[TaskInfo] = yield protocol.inspect_dead(q.keys, q.now_arg(), offset, limit)
+        found: list[TaskInfo] = yield protocol.inspect_dead(
+            q.keys, q.now_arg(), offset, limit, q.payload_codec
+        )
         return found
 
     def count_flow(self) -> Flow[int]:

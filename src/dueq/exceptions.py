@@ -10,6 +10,7 @@
     │   ├── DependencyCycle                      after= would make a task wait for itself
     │   └── InvalidArguments  (also Unrecoverable) a named task's arguments do not bind
     ├── PayloadError         (also ValueError)   payload not JSON, too large, or undecodable
+    │   └── UndecryptableTask                    an encrypted payload no known key opens
     ├── CronError          (also ValueError)   bad cron expression, zone, name or missed policy
     │   ├── CronConflict                         a cron name already defined differently
     │   └── CronNotFound     (also LookupError)  no cron definition of that name (pause, ...)
@@ -60,6 +61,7 @@ __all__ = [
     "TaskCancelled",
     "TaskNotFound",
     "TaskTimeout",
+    "UndecryptableTask",
     "UnknownTask",
     "Unrecoverable",
     "WaitTimeout",
@@ -112,6 +114,22 @@ class DependencyCycle(InvalidTaskError):
 
 class PayloadError(DueqError, ValueError):
     """A payload cannot be encoded as JSON, is over the size limit, or cannot be decoded."""
+
+
+class UndecryptableTask(PayloadError):
+    """A task's encrypted payload cannot be opened: its key id is unknown to the queue's codec
+    (or the queue has none), or its ciphertext fails authentication (tampered, or copied from
+    another task). No retry makes it readable: a claim moves the task to dead at once, its
+    stored data untouched, so it can be replayed once the key is there.
+    ``task_id`` and ``key_id`` name what was refused."""
+
+    def __init__(self, message: str, task_id: str = "", key_id: str | None = None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.key_id = key_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.task_id, self.key_id))
 
 
 class CronError(DueqError, ValueError):

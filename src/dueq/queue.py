@@ -30,6 +30,7 @@ from dueq._flows.schedule import SCHEDULE_BATCH
 from dueq._util.checks import client_from_url
 from dueq._util.clock import Clock, Duration, duration_ms
 from dueq._wire import protocol as protocol
+from dueq._wire.codec import Compression, Encrypted
 from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
 from dueq._wire.scripts import Scripts
 from dueq._wire.server_check import MIN_REDIS_VERSION, wrong_client
@@ -100,6 +101,11 @@ class Queue(QueueCore):
     queue does not offer yet); every process must give the same number. Every queue tells
     its layout: ``shard_count``, ``shard_names`` and ``shard(task_id)`` (the shard's queue).
 
+    ``codec`` (a ``dueq.Encrypted``) seals each payload with AES-256-GCM, bound to its task id
+    and queue; ``compression`` (``"zstd"``, or ``"auto"``: payloads over 256 bytes) stores
+    payloads zstd-compressed. Either is recorded with each payload, so tasks written without
+    them stay readable (docs/payload-codecs.md).
+
     ``Queue.from_url(url, name, **options)`` makes the client too; that queue owns it
     (``owns_client``) and ``close()`` (or the end of a ``with`` block) closes it.
     """
@@ -122,6 +128,8 @@ class Queue(QueueCore):
         wait_timeout: Duration = 1.0,
         holder: str | None = None,
         shards: int = 1,
+        codec: Encrypted | None = None,
+        compression: Compression | None = None,
     ) -> None:
         settings: dict[str, Any] = dict(
             retry=retry,
@@ -134,6 +142,8 @@ class Queue(QueueCore):
             wait_replicas=wait_replicas,
             wait_timeout=wait_timeout,
             holder=holder,
+            codec=codec,
+            compression=compression,
         )
         # shards: plain Queues of these settings on this client (see dueq.sharding.flows)
         sharded = sharded_layout(name, shards, lambda shard: Queue(shard, redis_client, **settings))

@@ -18,6 +18,7 @@ from dueq._util.checks import validate_holder, whole_number
 from dueq._util.clock import Clock, Duration, clock_ms
 from dueq._util.clock import positive_duration_ms as _positive_ms
 from dueq._wire import protocol as protocol
+from dueq._wire.codec import Compression, Encrypted, PayloadCodec
 from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from dueq._wire.keys import QueueKeys, layout_key
 from dueq._wire.server_check import hello_version, log_eviction_policy, pairs, server_version_ok
@@ -66,6 +67,8 @@ class QueueBase:
         wait_replicas: int = 0,
         wait_timeout: Duration = 1.0,
         holder: str | None = None,
+        codec: Encrypted | None = None,
+        compression: Compression | None = None,
         sharded: MakesCore | None = None,
     ) -> None:
         keys = QueueKeys.for_queue(name)  # checks the name, sharded or not
@@ -90,6 +93,8 @@ class QueueBase:
         self.lease_ms = _positive_ms(lease, "lease")
         self.clock = clock
         self.max_payload_bytes = max_payload_bytes
+        #: how payloads are sealed and opened (``_wire.codec``): codec= and compression=
+        self.payload_codec = PayloadCodec(codec, compression)
         self.dead_max_count = dead_max_count
         self.dead_max_age_ms = _positive_ms(dead_max_age, "dead_max_age")
         #: the deprecated constructor keyword's window, used only while the queue has no

@@ -150,7 +150,9 @@ class LeaseFlows(QueueBase):
         token, deadline_ms = reply.token, reply.lease_deadline_ms
         for task_id, envelope, attempt, due_ms, first_claimed_ms in reply.rows:
             try:
-                payload, options, trace_context, task_name = decode_named(envelope)
+                payload, options, trace_context, task_name = decode_named(
+                    envelope, self.payload_codec, self.name, task_id
+                )
             except PayloadError as exc:
                 logger.error(
                     "queue %r: task %r attempt %d has an undecodable envelope; moved to dead: %s",

@@ -208,10 +208,26 @@ class ScheduleFlows(QueueBase):
                     time_flag |= FLAG_EXPIRES_RELATIVE
             max_bytes = self.max_payload_bytes
             if task.task is None:
-                envelope = encode_envelope(task.payload, max_bytes, options, trace)
+                envelope = encode_envelope(
+                    task.payload,
+                    max_bytes,
+                    options,
+                    trace,
+                    None,
+                    self.payload_codec,
+                    self.name,
+                    task_id,
+                )
             else:
                 envelope = encode_envelope(
-                    task.payload, max_bytes, options, trace, self._named(task)
+                    task.payload,
+                    max_bytes,
+                    options,
+                    trace,
+                    self._named(task),
+                    self.payload_codec,
+                    self.name,
+                    task_id,
                 )
             extra_flags, extra = self._task_extras(task, task_id, batch)
         except (InvalidTaskError, PayloadError) as exc:
@@ -303,7 +319,7 @@ class ScheduleFlows(QueueBase):
                     break
                 for i in pending:  # a generated id that was taken: draw another
                     ids[i] = next(fresh_ids)
-                    records[i] = repack_with_id(records[i], ids[i])
+                    records[i] = repack_with_id(records[i], ids[i], self.payload_codec, self.name)
             else:
                 raise DueqError(f"no unused id found for {len(pending)} task(s)")
         return sent

@@ -123,7 +123,9 @@ class ViewFlows(RegistryFlows):
         return None
 
     def inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
-        found: list[TaskInfo] = yield protocol.inspect_ids(self.keys, self.now_arg(), ids)
+        found: list[TaskInfo] = yield protocol.inspect_ids(
+            self.keys, self.now_arg(), ids, self.payload_codec
+        )
         return found
 
     def list_flow(
@@ -160,6 +162,7 @@ class ViewFlows(RegistryFlows):
             limit,
             max(LIST_BUDGET, limit),
             keep,
+            self.payload_codec,
         )
         return TaskPage(reply.tasks, _encode_cursor(reply.cursor), reply.looked_at)
 

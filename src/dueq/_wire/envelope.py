@@ -57,6 +57,11 @@ payload), and list_tasks.lua skips it as it skips a trace line. A task without a
 exactly as before. Names are 1 to MAX_TASK_NAME_CHARS characters of ``[A-Za-z0-9_.:<>/-]``
 (no space, so the first space ends the name), starting with a letter, digit or ``_``.
 
+A payload written by a queue with a codec (``Queue(..., codec=, compression=)``) is sealed: after
+the head and name/trace lines comes a codec line and the compressed and/or encrypted bytes
+(``%z|k2\n...``; ``_wire/codec.py`` has the format and its reasons). Heads and names stay
+plaintext, so the scripts read them as before.
+
 A prefix rather than a JSON wrapper keeps every task 12 bytes smaller while still letting a
 reader refuse a format it does not know. Payloads are JSON only (never pickle). Encoding happens
 before anything is written, so a bad payload raises PayloadError and leaves Redis untouched.
@@ -79,6 +84,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
+from dueq._wire.codec import NO_CODEC, SEAL_MARK, PayloadCodec, sealed_info
 from dueq.exceptions import InvalidTaskError, PayloadError
 
 ENVELOPE_PREFIX = b"1:"
@@ -378,10 +384,15 @@ def encode_envelope(
     options: TaskOptions = NO_OPTIONS,
     trace: bytes = b"",
     task_name: str | None = None,
+    codec: PayloadCodec | None = None,
+    queue: str = "",
+    task_id: str = "",
 ) -> bytes:
     """The stored form of a payload, refusing what JSON cannot carry or what is too large.
     ``trace`` is a trace line (``TraceContext.line``) or empty; ``task_name`` a validated task
-    name or None (see the module docstring)."""
+    name or None (see the module docstring). With a ``codec`` that writes, the payload is
+    sealed for task ``task_id`` of ``queue`` (``_wire/codec.py``); ``max_bytes`` limits its
+    JSON, before compression."""
     try:
         data = _encode(payload).encode("utf-8")
     except RecursionError:
@@ -396,6 +407,8 @@ def encode_envelope(
         raise PayloadError(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
     if task_name is not None:
         trace = name_line(task_name, trace)
+    if codec is not None and codec.writes:
+        data = codec.seal(data, queue, task_id)
     return options.head() + trace + data
 
 
@@ -441,13 +454,29 @@ def pack_task(
     return record + extra
 
 
-def repack_with_id(record: bytes, task_id: str) -> bytes:
+def repack_with_id(
+    record: bytes, task_id: str, codec: PayloadCodec = NO_CODEC, queue: str = ""
+) -> bytes:
     """The same task record under another id (used when a generated id was taken): the rest
-    of the record (envelope, max wait, batch, parents) is kept as it is."""
+    of the record (envelope, max wait, batch, parents) is kept as it is, except that a payload
+    encrypted for the old id (``codec``) is sealed again for the new one (its id is in the
+    associated data, ``_wire/codec.py``)."""
     flags, due_ms, id_length = _RECORD_HEAD.unpack_from(record)
     id_bytes = task_id.encode("utf-8")
     head = _RECORD_HEAD.pack(flags, due_ms, len(id_bytes)) + id_bytes
-    return head + record[_RECORD_HEAD.size + id_length :]
+    rest = record[_RECORD_HEAD.size + id_length :]
+    if codec.codec is None:
+        return head + rest
+    old_id = record[_RECORD_HEAD.size : _RECORD_HEAD.size + id_length].decode("utf-8")
+    (length,) = _PAYLOAD_LENGTH.unpack_from(rest)
+    envelope = rest[_PAYLOAD_LENGTH.size : _PAYLOAD_LENGTH.size + length]
+    start = _body_start(envelope)
+    if start < 0 or envelope[start : start + 1] != SEAL_MARK:
+        return head + rest
+    data = codec.open(envelope[start:], queue, old_id)
+    resealed = envelope[:start] + codec.seal(data, queue, task_id)
+    tail = rest[_PAYLOAD_LENGTH.size + length :]
+    return head + _PAYLOAD_LENGTH.pack(len(resealed)) + resealed + tail
 
 
 def decode_envelope(raw: bytes | str) -> Any:
@@ -477,9 +506,14 @@ _NAMED_MARK = TRACE_MARK + NAME_MARK
 
 def decode_named(
     raw: bytes | str,
+    codec: PayloadCodec = NO_CODEC,
+    queue: str = "",
+    task_id: str | None = None,
 ) -> tuple[Any, TaskOptions, TraceContext | None, str | None]:
     """``decode_delivery``, and the task's name (None for a plain payload task); a name that
-    is stored but unreadable is a PayloadError (the task could not be dispatched)."""
+    is stored but unreadable is a PayloadError (the task could not be dispatched). A sealed
+    payload is opened with ``codec`` as task ``task_id`` of ``queue`` (UndecryptableTask when it
+    cannot be; without a task id an encrypted payload never opens)."""
     if type(raw) is bytes and raw.startswith(ENVELOPE_PREFIX):
         # A plain task (no options, trace or name), as a claim mostly reads, or a named one
         # without a trace whose name was read before (in _NAMES: checked, ASCII, so its bytes
@@ -493,7 +527,7 @@ def decode_named(
             start = -1 if task_name is None else line_end + 1
         elif raw.startswith(TRACE_MARK, 2):
             start = -1
-        if start > 0:
+        if start > 0 and raw[start : start + 1] != SEAL_MARK:
             try:
                 whole = raw.decode("utf-8")
             except UnicodeDecodeError:  # reported below
@@ -536,6 +570,8 @@ def decode_named(
         else:
             trace = trace_context_of(line)
         body = body[end + 1 :]
+    if body.startswith(SEAL_MARK):
+        body = codec.open(body, queue, task_id)
     # fewer brackets than bytes: a payload of MAX_PAYLOAD_DEPTH bytes cannot nest too deep
     if (
         len(body) > MAX_PAYLOAD_DEPTH
@@ -554,6 +590,30 @@ def decode_named(
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise PayloadError(f"stored payload is not valid JSON: {str(exc)[:200]}") from None
     return payload, options, trace, task_name
+
+
+def _body_start(data: bytes) -> int:
+    """Where an envelope's payload starts (after its head and name/trace line), or -1."""
+    if data[:2] == ENVELOPE_PREFIX:
+        start = 2
+    elif data[:2] in (OPTIONS_PREFIX, EXPIRY_PREFIX):
+        start = data.find(b"\n") + 1
+    else:
+        return -1
+    if start > 0 and data[start : start + 1] == TRACE_MARK:
+        start = data.find(b"\n", start) + 1
+    return start if start > 0 else -1
+
+
+def sealed_marker(raw: bytes | str) -> str | None:
+    """How an envelope's sealed payload shows where it is not opened (``<encrypted k2, 412
+    B>``), or None when its payload is not sealed or the envelope is unreadable."""
+    data = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else raw
+    start = _body_start(data)
+    if start < 0 or data[start : start + 1] != SEAL_MARK:
+        return None
+    info = sealed_info(data[start:])
+    return None if info is None else info.marker()
 
 
 #: The JSON scanner under ``json.loads`` (the C one where there is one): reads one value at

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Protocol, TypeVar
 
 from dueq._util.clock import Clock
+from dueq._wire.codec import PayloadCodec
 from dueq._wire.keys import QueueKeys
 from dueq._wire.protocol import Flow
 
@@ -23,8 +24,8 @@ T = TypeVar("T")
 
 
 class QueueFlows(Protocol):
-    """What the flows of a part read off their queue: its name, keys, clock and payload limit
-    (``QueueCore`` has them)."""
+    """What the flows of a part read off their queue: its name, keys, clock, payload limit and
+    codec (``QueueCore`` has them)."""
 
     @property
     def name(self) -> str: ...
@@ -34,6 +35,11 @@ class QueueFlows(Protocol):
 
     @property
     def max_payload_bytes(self) -> int: ...
+
+    @property
+    def payload_codec(self) -> PayloadCodec:
+        """How the queue seals and opens payloads (``_wire.codec``)."""
+        ...
 
     @property
     def clock(self) -> Clock | None:

@@ -18,6 +18,7 @@ table (``STATUS_ERRORS``).
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import struct
 from collections.abc import Callable, Generator, Sequence
@@ -26,6 +27,7 @@ from itertools import repeat
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from dueq._util.clock import ms_datetime
+from dueq._wire.codec import NO_CODEC, PayloadCodec
 from dueq._wire.envelope import MAX_ID_BYTES
 from dueq._wire.keys import QueueKeys, SparkBatchKeys
 from dueq._wire.snapshot import (
@@ -620,17 +622,24 @@ def cancel(k: QueueKeys, now: str, task_id: str) -> Call[bool]:
 _INSPECT_KEYS = ("due", "leased", "dead", "tasks", "meta", "errors")
 
 
-def inspect_ids(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[list[TaskInfo]]:
-    """Snapshots of the given tasks (missing ones are left out)."""
+def inspect_ids(
+    k: QueueKeys, now: str, ids: Sequence[str], codec: PayloadCodec = NO_CODEC
+) -> Call[list[TaskInfo]]:
+    """Snapshots of the given tasks (missing ones are left out; sealed payloads opened with
+    ``codec``)."""
     keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.waiting]
-    return Call("inspect", [*keys, k.steps, k.claims, *k.upper_due], [now, "ids", *ids], inspected)
+    parse = functools.partial(inspected, codec=codec, queue=k.queue)
+    return Call("inspect", [*keys, k.steps, k.claims, *k.upper_due], [now, "ids", *ids], parse)
 
 
-def inspect_dead(k: QueueKeys, now: str, offset: int, count: int) -> Call[list[TaskInfo]]:
-    """Snapshots of dead tasks, most recently died first."""
+def inspect_dead(
+    k: QueueKeys, now: str, offset: int, count: int, codec: PayloadCodec = NO_CODEC
+) -> Call[list[TaskInfo]]:
+    """Snapshots of dead tasks, most recently died first (``codec``: as ``inspect_ids``)."""
     keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.waiting]
+    parse = functools.partial(inspected, codec=codec, queue=k.queue)
     return Call(
-        "inspect", [*keys, k.steps, k.claims, *k.upper_due], [now, "dead", offset, count], inspected
+        "inspect", [*keys, k.steps, k.claims, *k.upper_due], [now, "dead", offset, count], parse
     )
 
 
@@ -640,8 +649,8 @@ class ListReply(NamedTuple):
     tasks: list[TaskInfo]
 
 
-def _parse_list(reply: Any) -> ListReply:
-    return ListReply(text(reply[0]), int(reply[1]), task_infos(reply[2:]))
+def _parse_list(reply: Any, codec: PayloadCodec = NO_CODEC, queue: str = "") -> ListReply:
+    return ListReply(text(reply[0]), int(reply[1]), task_infos(reply[2:], codec, queue))
 
 
 class ListFilter(NamedTuple):
@@ -655,15 +664,24 @@ class ListFilter(NamedTuple):
 
 
 def list_tasks(
-    k: QueueKeys, now: str, state: str, cursor: str, limit: int, budget: int, keep: ListFilter
+    k: QueueKeys,
+    now: str,
+    state: str,
+    cursor: str,
+    limit: int,
+    budget: int,
+    keep: ListFilter,
+    codec: PayloadCodec = NO_CODEC,
 ) -> Call[ListReply]:
-    """One page of the tasks in ``state``, looking at most at ``budget`` entries."""
+    """One page of the tasks in ``state``, looking at most at ``budget`` entries (sealed
+    payloads opened with ``codec``)."""
     keys = [*(getattr(k, name) for name in _INSPECT_KEYS), k.parked, k.results, k.finished]
     keys += [k.waiting, k.claims, *k.upper_due]
     low = "" if keep.low_ms is None else keep.low_ms
     high = "" if keep.high_ms is None else keep.high_ms
     args = [now, state, cursor, limit, budget, keep.id_prefix, keep.grep, keep.error_type]
-    return Call("list_tasks", keys, [*args, low, high], _parse_list)
+    parse = functools.partial(_parse_list, codec=codec, queue=k.queue)
+    return Call("list_tasks", keys, [*args, low, high], parse)
 
 
 class HistoryReply(NamedTuple):

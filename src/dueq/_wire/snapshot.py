@@ -8,7 +8,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dueq._util.clock import ms_datetime, stored_ms
-from dueq._wire.envelope import NO_OPTIONS, decode_named
+from dueq._wire.codec import NO_CODEC, PayloadCodec
+from dueq._wire.envelope import NO_OPTIONS, decode_named, sealed_marker
 from dueq._wire.failures import parse_error_records, token_holder
 from dueq.exceptions import PayloadError
 from dueq.model import (
@@ -85,8 +86,9 @@ def _count(raw: object) -> int:
     return min(max(value, 0), MAX_COUNT)
 
 
-def task_infos(reply: list[Any]) -> list[TaskInfo]:
-    """TaskInfo for each 6-tuple of list_tasks.lua's reply; missing tasks are left out."""
+def task_infos(reply: list[Any], codec: PayloadCodec = NO_CODEC, queue: str = "") -> list[TaskInfo]:
+    """TaskInfo for each 6-tuple of list_tasks.lua's reply; missing tasks are left out. Sealed
+    payloads are opened with ``codec`` as tasks of ``queue`` (see ``_task_info``)."""
     infos = []
     for i in range(0, len(reply), 6):
         task_id, state, score, raw, meta_raw, errors_raw = reply[i : i + 6]
@@ -94,15 +96,22 @@ def task_infos(reply: list[Any]) -> list[TaskInfo]:
         if state_name in _STATES:
             infos.append(
                 _task_info(
-                    text(task_id), _STATES[state_name], stored_ms(score), raw, meta_raw, errors_raw
+                    text(task_id),
+                    _STATES[state_name],
+                    stored_ms(score),
+                    raw,
+                    meta_raw,
+                    errors_raw,
+                    codec=codec,
+                    queue=queue,
                 )
             )
     return infos
 
 
-def inspected(reply: list[Any]) -> list[TaskInfo]:
+def inspected(reply: list[Any], codec: PayloadCodec = NO_CODEC, queue: str = "") -> list[TaskInfo]:
     """TaskInfo for each 7-tuple of inspect.lua's reply (list_tasks.lua's six, then the step
-    log of a durable task); missing tasks are left out."""
+    log of a durable task); missing tasks are left out (``codec``: as ``task_infos``)."""
     infos = []
     for i in range(0, len(reply), 7):
         task_id, state, score, raw, meta_raw, errors_raw, log = reply[i : i + 7]
@@ -117,6 +126,8 @@ def inspected(reply: list[Any]) -> list[TaskInfo]:
                     meta_raw,
                     errors_raw,
                     log,
+                    codec=codec,
+                    queue=queue,
                 )
             )
     return infos
@@ -206,6 +217,9 @@ def _task_info(
     meta_raw: bytes | str,
     errors_raw: bytes | str,
     log: bytes | str | None = None,
+    *,
+    codec: PayloadCodec = NO_CODEC,
+    queue: str = "",
 ) -> TaskInfo:
     head: dict[str, Any] = {}
     if state in ("done", "cancelled", "expired"):  # a kept record: its header is in the meta slot
@@ -219,9 +233,12 @@ def _task_info(
     options = NO_OPTIONS
     task_name = None
     try:
-        payload, options, _, task_name = decode_named(raw)
+        payload, options, _, task_name = decode_named(raw, codec, queue, task_id)
     except PayloadError:  # shown as raw text, so operators can see what is stored
-        payload = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw) or None
+        # (an encrypted payload this codec cannot open as its marker, never its bytes)
+        payload = sealed_marker(raw) or (
+            (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw) or None
+        )
     due_ms = {"scheduled": score, "leased": leased_due, "waiting": score}.get(state)
     return TaskInfo(
         id=task_id,

@@ -1,0 +1,424 @@
+"""Payload codecs: a task's payload sealed with AES-256-GCM and/or compressed with zstd.
+
+Only the payload is sealed. The envelope's head (priority, timeout, max attempts, expiry, key:
+``envelope.py``) and its name/trace line stay plaintext, because the Lua scripts read the head
+(``task_options`` in ``lua/include/levels.lua``) and a claim routes a named task by its name.
+A sealed payload is stored after those lines as one codec line and the sealed bytes::
+
+    %<compression>|<key id>\\n<bytes>
+
+    %z|\\n<zstd frame>                          compressed only
+    %|k2\\n<12-byte nonce><ciphertext + tag>    encrypted with key k2
+    %z|k2\\n<12-byte nonce><ciphertext + tag>   compressed, then encrypted
+
+``%`` cannot start a JSON text (nor a trace line, ``~``), so one byte tells whether a payload is
+sealed, a task stored before codecs reads as before, and a reader from before codecs refuses a
+sealed payload as unreadable (PayloadError: the task goes dead with its data kept) instead of
+running it with a wrong payload. The scripts never read past the head, so nothing in Lua
+changes.
+
+**Associated data.** The AES-GCM tag authenticates, besides the ciphertext, the queue's name,
+the task's id and the codec line itself (so neither the key id nor the compression flag can be
+changed). A ciphertext copied onto another task (or another queue) fails authentication: that
+task goes dead with ``UndecryptableTask``. The due time is *not* authenticated although it is
+known when a task is written: reschedule.lua, retries, releases, debounce and ``ctx.sleep``
+move a task's due time inside the scripts, which cannot (and must not) re-seal it, so a due
+time in the tag would make every rescheduled task undecryptable. What is authenticated never
+changes for a task. The queue name authenticated is the *logical* one: a shard's name
+``emails#3`` (or ``emails#3.1``) counts as ``emails``, since resharding moves a task between
+shards with its envelope untouched (and a plain queue named ``emails#3`` shares that shard's
+keys, so it is the same key space).
+
+**Compression** runs before encryption (ciphertext does not compress). It leaks the compressed
+size, as every compress-then-encrypt scheme does: a payload that mixes attacker-chosen text with
+a secret can reveal the secret by its size over many tries (CRIME/BREACH); turn compression off
+for such payloads. A payload whose compressed form is not smaller is stored uncompressed.
+
+**Keys.** ``Encrypted(keys=...)`` takes a mapping of key id to 32-byte key, a callable
+``key_id -> bytes | None`` (a KMS lookup: each id is asked once and kept), or nothing: then
+``DUEQ_KEYS`` in the environment, ``id=base64key`` entries separated by commas
+(``DUEQ_KEYS="k1=<base64>,k2=<base64>"``); the active key is ``active=``, else
+``DUEQ_ACTIVE_KEY``, else the last listed (with one key, that key). Writers seal with the active
+key; readers open with any known key, which is what lets keys rotate without downtime. A key id
+no source knows, or a tag that does not verify, is ``UndecryptableTask`` (a PayloadError): a
+claim sends the task to dead at once (no retry makes it readable) with its envelope untouched,
+so it can be replayed once the key is back. An exception raised by a key callable (a KMS
+outage) is no verdict on the task: it passes through.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import struct
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NamedTuple
+
+from dueq.exceptions import ConfigurationError, PayloadError, UndecryptableTask
+
+#: The first byte of a sealed payload (see the module docstring): no JSON text starts with it.
+SEAL_MARK = b"%"
+#: The compression flag of a codec line.
+ZSTD_FLAG = b"z"
+KEY_BYTES = 32
+NONCE_BYTES = 12
+TAG_BYTES = 16
+#: A key id: what the envelope records with each ciphertext.
+_KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+#: A shard's suffix (``sharding.layout.shard_names``): ``#<i>`` or ``#<i>.<k>``.
+_SHARD_SUFFIX = re.compile(r"(.+)#[0-9]+(?:\.[0-9]+)?")
+_CODEC_LINE = re.compile(rb"%(z?)\|([A-Za-z0-9_.-]{0,64})\n")
+#: Payloads of at least this many bytes of JSON are compressed with compression="auto".
+AUTO_COMPRESS_BYTES = 256
+#: The zstd level: zstd's default, fast and about as small as level 9 for JSON of this size.
+ZSTD_LEVEL = 3
+#: The largest payload a compressed frame may claim to hold (a queue's largest payload limit):
+#: a corrupt or hostile frame cannot make a reader allocate more.
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+#: The tag of the associated data's layout (changing the layout needs a new tag).
+_AAD_TAG = b"dueq-aead-1"
+_SHORT = struct.Struct(">H")
+
+Compression = Literal["zstd", "auto"]
+KeySource = Mapping[str, bytes] | Callable[[str], "bytes | None"]
+
+
+def _zstd_module() -> Any:
+    """The zstd implementation: Python 3.14's ``compression.zstd``, else the ``zstandard``
+    package; None when neither is there."""
+    if sys.version_info >= (3, 14):
+        from compression import zstd
+
+        return zstd
+    try:
+        import zstandard
+    except ImportError:  # optional extra: the caller says which to install
+        return None
+    return zstandard
+
+
+class _Zstd:
+    """One-shot zstd compression over whichever implementation is installed (zstandard's
+    compressor objects are not safe to share between threads: one per thread)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.local = threading.local()
+
+    def compress(self, data: bytes) -> bytes:
+        if self.module.__name__ != "zstandard":
+            return bytes(self.module.compress(data, level=ZSTD_LEVEL))
+        compressor = getattr(self.local, "compressor", None)
+        if compressor is None:
+            compressor = self.local.compressor = self.module.ZstdCompressor(level=ZSTD_LEVEL)
+        return bytes(compressor.compress(data))
+
+    def decompress(self, data: bytes) -> bytes:
+        try:
+            if self.module.__name__ != "zstandard":
+                return bytes(self.module.decompress(data))
+            size = self.module.frame_content_size(data)
+            if size < 0 or size > MAX_DECOMPRESSED_BYTES:
+                raise PayloadError("stored compressed payload has no size or is too large")
+            decompressor = getattr(self.local, "decompressor", None)
+            if decompressor is None:
+                decompressor = self.local.decompressor = self.module.ZstdDecompressor()
+            return bytes(decompressor.decompress(data))
+        except PayloadError:
+            raise
+        except Exception as exc:  # each implementation has its own error types: all corrupt
+            raise PayloadError(f"stored compressed payload is corrupt: {exc}") from None
+
+
+_ZSTD: _Zstd | None = None
+_ZSTD_LOCK = threading.Lock()
+
+
+def zstd() -> _Zstd | None:
+    """The process's zstd codec (made once), or None when no implementation is installed."""
+    global _ZSTD
+    if _ZSTD is None:
+        with _ZSTD_LOCK:
+            module = _zstd_module()
+            if module is not None and _ZSTD is None:
+                _ZSTD = _Zstd(module)
+    return _ZSTD
+
+
+def _validate_key_id(key_id: object) -> str:
+    if not isinstance(key_id, str) or _KEY_ID.fullmatch(key_id) is None:
+        raise ConfigurationError(
+            f"a key id is 1 to 64 characters of ASCII letters, digits and _ . -, got {key_id!r}"
+        )
+    return key_id
+
+
+def _validate_key(key_id: str, key: object) -> bytes:
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+        what = f"{len(key)} bytes" if isinstance(key, (bytes, bytearray)) else type(key).__name__
+        raise ConfigurationError(
+            f"key {key_id!r} must be {KEY_BYTES} bytes (AES-256), got {what}: make one with "
+            "os.urandom(32)"
+        )
+    return bytes(key)
+
+
+def keys_from_environment(environ: Mapping[str, str] | None = None) -> tuple[dict[str, bytes], str]:
+    """The keys and active key id of ``DUEQ_KEYS`` and ``DUEQ_ACTIVE_KEY`` (see the module
+    docstring); ConfigurationError when they are missing or malformed (never showing a key)."""
+    env = os.environ if environ is None else environ
+    listed = env.get("DUEQ_KEYS", "").strip()
+    if not listed:
+        raise ConfigurationError(
+            "dueq.Encrypted() without keys= reads DUEQ_KEYS, which is not set: "
+            'DUEQ_KEYS="k1=<base64 of 32 bytes>,k2=<base64 of 32 bytes>"'
+        )
+    keys: dict[str, bytes] = {}
+    for position, entry in enumerate(listed.split(",")):
+        key_id, equals, encoded = entry.strip().partition("=")
+        if not equals:
+            raise ConfigurationError(
+                f"DUEQ_KEYS entry {position} is not id=<base64 key> (key ids hold no '=')"
+            )
+        key_id = _validate_key_id(key_id)
+        try:
+            raw = base64.b64decode(
+                encoded.strip().replace("-", "+").replace("_", "/"), validate=True
+            )
+        except (binascii.Error, ValueError):
+            raise ConfigurationError(f"DUEQ_KEYS key {key_id!r} is not base64") from None
+        keys[key_id] = _validate_key(key_id, raw)
+    active = env.get("DUEQ_ACTIVE_KEY", "").strip() or list(keys)[-1]
+    return keys, active
+
+
+class Encrypted:
+    """Seal task payloads with AES-256-GCM (the ``cryptography`` package: ``pip install
+    dueq[crypto]``): ``Queue(..., codec=dueq.Encrypted(keys={"k1": key}, active="k1"))``.
+
+    ``keys`` maps key ids to 32-byte keys, or is a callable ``key_id -> bytes | None`` (a KMS:
+    each id is asked once and its key kept), or is left out to read ``DUEQ_KEYS``
+    (``"k1=<base64>,k2=<base64>"``) and ``DUEQ_ACTIVE_KEY``. ``active`` is the key id writers
+    seal with (with one listed key it may be left out); readers open with any key they know.
+    See docs/payload-codecs.md.
+    """
+
+    def __init__(self, keys: KeySource | None = None, active: str | None = None) -> None:
+        try:
+            from cryptography.exceptions import InvalidTag
+            from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+        except ImportError:  # optional extra
+            raise ConfigurationError(
+                "dueq.Encrypted needs the cryptography package: pip install 'dueq[crypto]'"
+            ) from None
+        self._aesgcm = AESGCM
+        self._invalid_tag = InvalidTag
+        self._lookup: Callable[[str], bytes | None] | None = None
+        self._ciphers: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        if keys is None:
+            listed, env_active = keys_from_environment()
+            active = env_active if active is None else active
+            keys = listed
+        if callable(keys):
+            if active is None:
+                raise ConfigurationError("Encrypted(keys=<callable>) needs active=<key id>")
+            self._lookup = keys
+        elif isinstance(keys, Mapping):
+            if not keys:
+                raise ConfigurationError("Encrypted(keys=...) needs at least one key")
+            for key_id, key in keys.items():
+                self._ciphers[_validate_key_id(key_id)] = AESGCM(_validate_key(key_id, key))
+            if active is None:
+                if len(keys) > 1:
+                    raise ConfigurationError(
+                        f"Encrypted has {len(keys)} keys: say which one writers use (active=)"
+                    )
+                active = next(iter(keys))
+            if active not in self._ciphers:
+                raise ConfigurationError(f"active key {active!r} is not one of the keys given")
+        else:
+            raise ConfigurationError(
+                "Encrypted(keys=...) takes a mapping of key id to 32-byte key or a callable "
+                f"key_id -> bytes | None, got {type(keys).__name__}"
+            )
+        #: the key id writers seal with
+        self.active: str = _validate_key_id(active)
+        #: the codec line's key part for what writers seal
+        self.line_key = b"|" + self.active.encode("ascii")
+
+    def __repr__(self) -> str:  # never the keys
+        known = ", ".join(self._ciphers) or "from a callable"
+        return f"Encrypted(active={self.active!r}, keys: {known})"
+
+    def _cipher(self, key_id: str) -> Any:
+        """The AESGCM of ``key_id``, or None when no source knows it."""
+        cipher = self._ciphers.get(key_id)
+        if cipher is not None or self._lookup is None:
+            return cipher
+        key = self._lookup(key_id)  # a KMS error passes through: no verdict on the task
+        if key is None:
+            return None
+        cipher = self._aesgcm(_validate_key(key_id, key))
+        with self._lock:
+            self._ciphers[key_id] = cipher
+        return cipher
+
+    def knows(self, key_id: str) -> bool:
+        """Whether a key of that id is known (asking the callable if there is one)."""
+        return self._cipher(key_id) is not None
+
+    def seal(self, data: bytes, line: bytes, aad: bytes) -> bytes:
+        """``data`` sealed with the active key: nonce, ciphertext and tag. ``line`` is the codec
+        line (authenticated with ``aad``)."""
+        cipher = self._cipher(self.active)
+        if cipher is None:
+            raise ConfigurationError(f"the key callable knows no key {self.active!r} (active=)")
+        nonce = os.urandom(NONCE_BYTES)
+        return nonce + bytes(cipher.encrypt(nonce, data, aad + line))
+
+    def open(self, key_id: str, sealed: bytes, line: bytes, aad: bytes) -> bytes | None:
+        """The plaintext of ``sealed``, or None when the key is unknown or the tag fails."""
+        cipher = self._cipher(key_id)
+        if cipher is None or len(sealed) < NONCE_BYTES + TAG_BYTES:
+            return None
+        try:
+            return bytes(cipher.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], aad + line))
+        except self._invalid_tag:
+            return None
+
+
+class SealedInfo(NamedTuple):
+    """What a codec line says of a stored payload (without opening it)."""
+
+    compressed: bool
+    #: the key id it is encrypted with, or None when it is only compressed
+    key_id: str | None
+    #: bytes stored after the codec line
+    size: int
+
+    def marker(self) -> str:
+        """How a payload that is not opened shows: ``<encrypted k2, 412 B>``."""
+        if self.key_id is None:
+            return f"<compressed, {self.size} B>"
+        return f"<encrypted {self.key_id}, {self.size} B>"
+
+
+def sealed_info(body: bytes) -> SealedInfo | None:
+    """The codec line of a sealed payload body, or None when it is not one."""
+    line_end = body.find(b"\n", 0, 80)
+    found = _CODEC_LINE.fullmatch(body[: line_end + 1]) if line_end > 0 else None
+    if found is None:
+        return None
+    key_id = found[2].decode("ascii") or None
+    return SealedInfo(bool(found[1]), key_id, len(body) - line_end - 1)
+
+
+def logical_queue(name: str) -> str:
+    """The queue name a payload is bound to: a shard's (``emails#3``, ``emails#3.1``) is its
+    queue's."""
+    found = _SHARD_SUFFIX.fullmatch(name)
+    return name if found is None else found[1]
+
+
+def associated_data(queue: str, task_id: str) -> bytes:
+    """What the tag authenticates besides the ciphertext and the codec line (see the module
+    docstring): the logical queue name and the task id, each length-prefixed."""
+    q = logical_queue(queue).encode("utf-8")
+    t = task_id.encode("utf-8")
+    return _AAD_TAG + _SHORT.pack(len(q)) + q + _SHORT.pack(len(t)) + t
+
+
+class PayloadCodec:
+    """A queue's codec and compression, as ``encode_envelope`` and ``decode_named`` use them.
+
+    A queue with no codec still reads compressed payloads (whoever has zstd can), and reads an
+    encrypted one as ``UndecryptableTask``; a queue with a codec reads unsealed payloads too.
+    """
+
+    def __init__(self, codec: Encrypted | None = None, compression: str | None = None) -> None:
+        if codec is not None and not isinstance(codec, Encrypted):
+            raise ConfigurationError(f"codec must be a dueq.Encrypted or None, got {codec!r}")
+        if compression not in (None, "zstd", "auto"):
+            raise ConfigurationError(
+                f'compression must be "zstd", "auto" or None, got {compression!r}'
+            )
+        if compression is not None and zstd() is None:
+            raise ConfigurationError(
+                "compression needs zstd: pip install 'dueq[zstd]' (or use Python 3.14)"
+            )
+        self.codec = codec
+        self.compression = compression
+        #: payloads of fewer JSON bytes are stored uncompressed
+        self.compress_from_bytes = AUTO_COMPRESS_BYTES if compression == "auto" else 1
+        #: whether writing changes anything (else encode_envelope stores plain JSON)
+        self.writes = codec is not None or compression is not None
+
+    def __repr__(self) -> str:
+        return f"PayloadCodec({self.codec!r}, compression={self.compression!r})"
+
+    def seal(self, data: bytes, queue: str, task_id: str) -> bytes:
+        """The stored body of the JSON ``data`` of task ``task_id``: a codec line and its bytes
+        (or ``data`` itself when neither compression nor encryption applies)."""
+        flag = b""
+        if self.compression is not None and len(data) >= self.compress_from_bytes:
+            codec = zstd()
+            assert codec is not None  # checked in __init__
+            packed = codec.compress(data)
+            if len(packed) + 4 < len(data):  # the codec line costs 3 bytes or more
+                data, flag = packed, ZSTD_FLAG
+        if self.codec is None:
+            return b"%" + flag + b"|\n" + data if flag else data
+        line = b"%" + flag + self.codec.line_key + b"\n"
+        return line + self.codec.seal(data, line, associated_data(queue, task_id))
+
+    def open(self, body: bytes, queue: str, task_id: str | None) -> bytes:
+        """The JSON bytes of a sealed body (``body`` starts with SEAL_MARK); UndecryptableTask
+        when it is encrypted and cannot be opened, PayloadError when it is unreadable."""
+        info = sealed_info(body)
+        if info is None:
+            raise PayloadError("stored payload's codec line is unreadable")
+        line_end = body.index(b"\n") + 1
+        data = body[line_end:]
+        if info.key_id is not None:
+            tid = "" if task_id is None else task_id
+            if self.codec is None:
+                raise UndecryptableTask(
+                    f"task {tid!r} is encrypted with key {info.key_id!r} and this queue has no "
+                    "codec (Queue(..., codec=dueq.Encrypted(...)))",
+                    tid,
+                    info.key_id,
+                )
+            opened = None
+            if task_id is not None:
+                opened = self.codec.open(
+                    info.key_id, data, body[:line_end], associated_data(queue, task_id)
+                )
+            if opened is None:
+                known = self.codec.knows(info.key_id)
+                why = (
+                    "its ciphertext failed authentication (tampered, or moved from another task)"
+                    if known
+                    else f"no key {info.key_id!r} is known to this queue's codec"
+                )
+                raise UndecryptableTask(
+                    f"task {tid!r} cannot be decrypted: {why}", tid, info.key_id
+                )
+            data = opened
+        if info.compressed:
+            codec = zstd()
+            if codec is None:
+                raise PayloadError(
+                    "stored payload is zstd-compressed and no zstd is installed here: "
+                    "pip install 'dueq[zstd]'"
+                )
+            data = codec.decompress(data)
+        return data
+
+
+#: The codec of a queue that has none: reads compressed payloads, refuses encrypted ones.
+NO_CODEC = PayloadCodec()
