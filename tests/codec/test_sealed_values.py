@@ -33,15 +33,6 @@ def since(clock) -> datetime:
     return datetime.fromtimestamp(clock.now - 1, tz=timezone.utc)
 
 
-@pytest.fixture
-def uncompressed_dumps(admin):
-    """DUMP without LZF (rdbcompression off), so that plaintext shows in it byte for byte."""
-    before = admin.config_get("rdbcompression")["rdbcompression"]
-    admin.config_set("rdbcompression", "no")
-    yield
-    admin.config_set("rdbcompression", before)
-
-
 def test_a_kept_result_round_trips_through_get_and_wait_and_is_sealed_in_redis(make_queue, r):
     q = make_queue(codec=one_key(), compression="auto")
     q.configure(keep_results=3600)
