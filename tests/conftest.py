@@ -133,6 +133,16 @@ def admin(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def uncompressed_dumps(admin: redis.Redis) -> Iterator[None]:
+    """DUMP without LZF (rdbcompression off), so that plaintext shows in it byte for byte (the
+    codec tests' scans of every key of a queue)."""
+    before = admin.config_get("rdbcompression")["rdbcompression"]
+    admin.config_set("rdbcompression", "no")
+    yield
+    admin.config_set("rdbcompression", before)
+
+
+@pytest.fixture
 def r(redis_server: RedisServer, admin: redis.Redis) -> Iterator[redis.Redis]:
     """The client tests build queues on (the least-privilege user with DUEQ_TEST_ACL=1)."""
     if not ACL_MODE:

@@ -66,15 +66,6 @@ def test_task_options_stay_plaintext_for_the_scripts(make_queue, r):
     assert [d.id for d in q.claim(limit=10)] == ["hi", "lo"]  # priority read by claim.lua
 
 
-@pytest.fixture
-def uncompressed_dumps(admin):
-    """DUMP without LZF (rdbcompression off), so that plaintext shows in it byte for byte."""
-    before = admin.config_get("rdbcompression")["rdbcompression"]
-    admin.config_set("rdbcompression", "no")
-    yield
-    admin.config_set("rdbcompression", before)
-
-
 def test_a_dump_of_every_key_of_the_queue_shows_no_marker_payload(
     make_queue, r, admin, uncompressed_dumps
 ):

@@ -15,7 +15,8 @@ from dueq._util.clock import Duration, duration_ms, ms_datetime
 from dueq._util.clock import positive_duration_ms as _positive_ms
 from dueq._util.identity import worker_id
 from dueq._wire import protocol as protocol
-from dueq._wire.envelope import decode_named, result_entry
+from dueq._wire.codec import RESULT_PURPOSE
+from dueq._wire.envelope import MAX_RESULT_BYTES, decode_named, result_entry
 from dueq._wire.failures import error_record, token_holder
 from dueq.delivery import DeliveryBase, FailItem, mark_all_acked
 from dueq.exceptions import KeyCooldown, LeaseLost, PayloadError, TaskCancelled, Unrecoverable
@@ -201,7 +202,7 @@ class LeaseFlows(QueueBase):
             chunk = deliveries[start : start + protocol.LEASE_BATCH]
             # results are rare: without one, no entry per delivery is made
             has_result = [d for d in chunk if d.result is not None]
-            entries = [result_entry(d.result) for d in chunk] if has_result else []
+            entries = [self._result_entry(d) for d in chunk] if has_result else []
             reply: protocol.AckReply = yield protocol.ack(
                 self.keys,
                 self.now_arg(),
@@ -234,6 +235,20 @@ class LeaseFlows(QueueBase):
             acked += reply.acked
         raise_not_held("acked", refused, cancelled)
         return acked
+
+    def _result_entry(self, delivery: DeliveryBase) -> tuple[bytes, str | None]:
+        """``result_entry`` of the delivery's result, sealed for its task when the queue
+        encrypts (``_wire.codec``: ack.lua stores it as it is, in the result record and the
+        acked event); a value too big once sealed is reported, not kept."""
+        entry, why = result_entry(delivery.result)
+        codec = self.payload_codec
+        if why is not None or not entry or codec.codec is None:
+            return entry, why
+        sealed = codec.seal_value(entry[1:].decode("utf-8"), self.name, delivery.id, RESULT_PURPOSE)
+        if len(sealed) > MAX_RESULT_BYTES:
+            why = f"too big: {len(sealed)} bytes once sealed (at most {MAX_RESULT_BYTES})"
+            return b"!" + why.encode(), why
+        return b"=" + sealed.encode("ascii"), None
 
     def _fail_call(
         self, task_id: str, token: str, record: str, dead: bool, delay_ms: int

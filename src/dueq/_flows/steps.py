@@ -13,6 +13,7 @@ from dueq._flows.base import QueueBase
 from dueq._flows.drive import Flow
 from dueq._util.clock import ms_datetime
 from dueq._wire import protocol
+from dueq._wire.codec import step_purpose
 from dueq._wire.envelope import validate_id
 from dueq._wire.signals import MAX_PENDING_SIGNALS, signal_payload, validate_signal_name
 from dueq._wire.snapshot import step_infos
@@ -34,7 +35,7 @@ class StepFlows(QueueBase):
         """The records of ``delivery``'s step log, read under its lease (LeaseLost, or
         TaskCancelled, when it is not held: see ``step_flow``)."""
         reply: protocol.StepReply = yield from self._core.step_flow(delivery, "read", 0, "", "")
-        return step_infos(reply.value)
+        return step_infos(reply.value, self.payload_codec, self.name, delivery.id, strict=True)
 
     def step_flow(
         self,
@@ -52,6 +53,8 @@ class StepFlows(QueueBase):
         delivery at once) raises NonDeterministic; a write that handed the task back settles
         the delivery as ``released``."""
         k, now, task_id, token = self.keys, self.now_arg(), delivery.id, delivery.token
+        if op == "commit":  # the result sealed for its task and position (``_wire.codec``)
+            value = self.payload_codec.seal_value(value, self.name, task_id, step_purpose(position))
         reply: protocol.StepReply
         if op in ("read", "commit") or (op == "fail" and extra == ""):
             reply = yield protocol.step(k, now, task_id, token, op, position, head, value)

@@ -17,6 +17,7 @@ from dueq._util.checks import whole_number
 from dueq._util.clock import Duration, datetime_ms, ms_datetime
 from dueq._util.clock import positive_duration_ms as _positive_ms
 from dueq._wire import protocol as protocol
+from dueq._wire.codec import SealedMarker
 from dueq._wire.envelope import validate_id
 from dueq._wire.snapshot import settings_from_hash
 from dueq.doctor import DoctorFinding, DoctorReport
@@ -110,6 +111,8 @@ class ViewFlows(RegistryFlows):
                 [task_id],
             )
         if info.state in FINAL_STATES:
+            if isinstance(info.result, SealedMarker):  # what was waited for cannot be read
+                raise info.result.error
             return info
         keys = self._core.shard_queue(task_id).keys
         settings: QueueSettings = yield protocol.command(

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 import re
 import struct
@@ -325,12 +326,47 @@ def logical_queue(name: str) -> str:
     return name if found is None else found[1]
 
 
-def associated_data(queue: str, task_id: str) -> bytes:
+def associated_data(queue: str, task_id: str, purpose: bytes = b"") -> bytes:
     """What the tag authenticates besides the ciphertext and the codec line (see the module
-    docstring): the logical queue name and the task id, each length-prefixed."""
+    docstring): the logical queue name and the task id, each length-prefixed, then for a value
+    other than the payload its purpose, length-prefixed too (a payload has none: its data stays
+    as it was sealed before values were)."""
     q = logical_queue(queue).encode("utf-8")
     t = task_id.encode("utf-8")
-    return _AAD_TAG + _SHORT.pack(len(q)) + q + _SHORT.pack(len(t)) + t
+    aad = _AAD_TAG + _SHORT.pack(len(q)) + q + _SHORT.pack(len(t)) + t
+    return aad + _SHORT.pack(len(purpose)) + purpose if purpose else aad
+
+
+#: The purpose of a kept handler result (``keep_results``) in the associated data.
+RESULT_PURPOSE = b"result"
+#: The purpose of a progress entry's body.
+PROGRESS_PURPOSE = b"progress"
+
+
+def step_purpose(position: int) -> bytes:
+    """The purpose of the result of the step at ``position`` of a durable task's log: a result
+    moved to another step of the same task fails authentication too."""
+    return b"step:%d" % position
+
+
+def _what(purpose: bytes) -> str:
+    """A purpose as an error message names it: ``result``, ``step 3 result``."""
+    name, _, position = purpose.decode("ascii", "replace").partition(":")
+    return f"{name} {position} result" if position else name
+
+
+class SealedMarker(str):
+    """How a sealed value that was not opened shows (``<encrypted k2, 412 B>``), where a
+    snapshot shows it (``q.get``, events): a ``str``, so that it prints and serialises as
+    the marker, which also carries why it was not opened (``error``: UndecryptableTask, or the
+    PayloadError of an unreadable value) for readers that must not take it for the value."""
+
+    error: PayloadError
+
+    def __new__(cls, marker: str, error: PayloadError) -> SealedMarker:
+        made = super().__new__(cls, marker)
+        made.error = error
+        return made
 
 
 class PayloadCodec:
@@ -361,9 +397,10 @@ class PayloadCodec:
     def __repr__(self) -> str:
         return f"PayloadCodec({self.codec!r}, compression={self.compression!r})"
 
-    def seal(self, data: bytes, queue: str, task_id: str) -> bytes:
+    def seal(self, data: bytes, queue: str, task_id: str, purpose: bytes = b"") -> bytes:
         """The stored body of the JSON ``data`` of task ``task_id``: a codec line and its bytes
-        (or ``data`` itself when neither compression nor encryption applies)."""
+        (or ``data`` itself when neither compression nor encryption applies). ``purpose`` is
+        empty for a payload, else what the value is (``result_purpose`` and the like)."""
         flag = b""
         if self.compression is not None and len(data) >= self.compress_from_bytes:
             codec = zstd()
@@ -374,11 +411,12 @@ class PayloadCodec:
         if self.codec is None:
             return b"%" + flag + b"|\n" + data if flag else data
         line = b"%" + flag + self.codec.line_key + b"\n"
-        return line + self.codec.seal(data, line, associated_data(queue, task_id))
+        return line + self.codec.seal(data, line, associated_data(queue, task_id, purpose))
 
-    def open(self, body: bytes, queue: str, task_id: str | None) -> bytes:
+    def open(self, body: bytes, queue: str, task_id: str | None, purpose: bytes = b"") -> bytes:
         """The JSON bytes of a sealed body (``body`` starts with SEAL_MARK); UndecryptableTask
-        when it is encrypted and cannot be opened, PayloadError when it is unreadable."""
+        when it is encrypted and cannot be opened, PayloadError when it is unreadable.
+        ``purpose``: as ``seal``'s."""
         info = sealed_info(body)
         if info is None:
             raise PayloadError("stored payload's codec line is unreadable")
@@ -386,9 +424,10 @@ class PayloadCodec:
         data = body[line_end:]
         if info.key_id is not None:
             tid = "" if task_id is None else task_id
+            what = f"task {tid!r}" if not purpose else f"the {_what(purpose)} of task {tid!r}"
             if self.codec is None:
                 raise UndecryptableTask(
-                    f"task {tid!r} is encrypted with key {info.key_id!r} and this queue has no "
+                    f"{what} is encrypted with key {info.key_id!r} and this queue has no "
                     "codec (Queue(..., codec=dueq.Encrypted(...)))",
                     tid,
                     info.key_id,
@@ -396,7 +435,7 @@ class PayloadCodec:
             opened = None
             if task_id is not None:
                 opened = self.codec.open(
-                    info.key_id, data, body[:line_end], associated_data(queue, task_id)
+                    info.key_id, data, body[:line_end], associated_data(queue, task_id, purpose)
                 )
             if opened is None:
                 known = self.codec.knows(info.key_id)
@@ -405,9 +444,7 @@ class PayloadCodec:
                     if known
                     else f"no key {info.key_id!r} is known to this queue's codec"
                 )
-                raise UndecryptableTask(
-                    f"task {tid!r} cannot be decrypted: {why}", tid, info.key_id
-                )
+                raise UndecryptableTask(f"{what} cannot be decrypted: {why}", tid, info.key_id)
             data = opened
         if info.compressed:
             codec = zstd()
@@ -419,6 +456,56 @@ class PayloadCodec:
             data = codec.decompress(data)
         return data
 
+    def seal_value(self, text: str, queue: str, task_id: str, purpose: bytes) -> str:
+        """The JSON text of a value other than the payload (a kept result, a step result, a
+        progress body) as stored: with an encrypting codec, the JSON string SEALED_VALUE_MARK
+        + the base64 of its sealed body (compressed first as payloads are); else ``text``
+        itself (values are not compressed without encryption: base64 would eat the gain)."""
+        if self.codec is None:
+            return text
+        body = self.seal(text.encode("utf-8"), queue, task_id, purpose)
+        return _SEALED_VALUE_JSON + base64.b64encode(body).decode("ascii") + '"'
+
+    def open_value(self, value: Any, queue: str, task_id: str, purpose: bytes) -> Any:
+        """A decoded JSON ``value`` as it was before ``seal_value``: a sealed one opened (as
+        task ``task_id`` of ``queue``, for ``purpose``), any other as it is.
+        UndecryptableTask when no known key opens it, PayloadError when it is unreadable."""
+        if not (isinstance(value, str) and value.startswith(SEALED_VALUE_MARK)):
+            return value
+        try:
+            body = base64.b64decode(value[1:], validate=True)
+        except (binascii.Error, ValueError):
+            raise PayloadError(f"the stored {_what(purpose)} is unreadable") from None
+        data = self.open(body, queue, task_id, purpose)
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise PayloadError(f"the stored {_what(purpose)} is not JSON") from None
+
+    def shown_value(self, value: Any, queue: str, task_id: str, purpose: bytes) -> Any:
+        """``open_value``, or for a value it cannot open, its SealedMarker (a snapshot shows
+        what it can and never raises for one task's value)."""
+        try:
+            return self.open_value(value, queue, task_id, purpose)
+        except PayloadError as exc:
+            return SealedMarker(sealed_value_marker(value), exc)
+
+
+def sealed_value_marker(value: str) -> str:
+    """The marker of a sealed value (``<encrypted k2, 412 B>``) without opening it."""
+    try:
+        info = sealed_info(base64.b64decode(value[1:], validate=True))
+    except (binascii.Error, ValueError):
+        info = None
+    return "<unreadable sealed value>" if info is None else info.marker()
+
+
+#: The first character of a sealed value (``PayloadCodec.seal_value``): a lone surrogate, which
+#: no value of a handler or step can hold (its JSON is refused as no UTF-8 text:
+#: ``envelope.result_entry``, ``envelope.json_text``), so a sealed value is never mistaken for
+#: a plain one, while the scripts store and move it as any JSON string (none decodes it).
+SEALED_VALUE_MARK = "\udc25"
+_SEALED_VALUE_JSON = '"\\udc25'
 
 #: The codec of a queue that has none: reads compressed payloads, refuses encrypted ones.
 NO_CODEC = PayloadCodec()

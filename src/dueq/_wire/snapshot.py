@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dueq._util.clock import ms_datetime, stored_ms
-from dueq._wire.codec import NO_CODEC, PayloadCodec
+from dueq._wire.codec import NO_CODEC, RESULT_PURPOSE, PayloadCodec, step_purpose
 from dueq._wire.envelope import NO_OPTIONS, decode_named, sealed_marker
 from dueq._wire.failures import parse_error_records, token_holder
 from dueq.exceptions import PayloadError
@@ -146,10 +146,20 @@ _LETTERS: dict[str, tuple[StepKind, StepState]] = {
 }
 
 
-def step_infos(raw: bytes | str | None) -> list[StepInfo]:
+def step_infos(
+    raw: bytes | str | None,
+    codec: PayloadCodec = NO_CODEC,
+    queue: str = "",
+    task_id: str = "",
+    *,
+    strict: bool = False,
+) -> list[StepInfo]:
     """The records of a durable task's step log (lua/include/step_log.lua: one per line, a
     letter and a JSON object), in order. A line that cannot be read (hand-edited) ends the
-    list there: what follows it cannot be trusted to line up with the function's steps."""
+    list there: what follows it cannot be trusted to line up with the function's steps.
+    A step's sealed result is opened with ``codec`` as task ``task_id`` of ``queue`` at its
+    position; one that cannot be is its SealedMarker, or with ``strict`` (a run of the task,
+    which must not go on with a wrong value) raises UndecryptableTask (or PayloadError)."""
     if not raw:
         return []
     steps: list[StepInfo] = []
@@ -171,13 +181,20 @@ def step_infos(raw: bytes | str | None) -> list[StepInfo]:
         deadline = _ms_or_none(record.get("d"))
         if deadline == NEVER_MS:  # a wait without a timeout
             deadline = None
+        result = record.get("r")
+        if kind == "step" and result is not None:
+            purpose = step_purpose(len(steps))
+            if strict:
+                result = codec.open_value(result, queue, task_id, purpose)
+            else:
+                result = codec.shown_value(result, queue, task_id, purpose)
         steps.append(
             StepInfo(
                 position=len(steps),
                 kind=kind,
                 name="sleep" if kind == "sleep" else str(record.get("n", "")),
                 state=state,
-                result=record.get("r"),
+                result=result,
                 runs=max(_count(record.get("a", 1)), 1),
                 started_at=_datetime(started),
                 ended_at=_datetime(ended),
@@ -257,11 +274,11 @@ def _task_info(
         max_attempts=options.max_attempts,
         expires_at=None if options.expires_ms is None else ms_datetime(options.expires_ms),
         holder=meta_holder(meta_raw) if state == "leased" else None,
-        result=head.get("result"),
+        result=codec.shown_value(head.get("result"), queue, task_id, RESULT_PURPOSE),
         finished_at=_datetime(score) if state in ("dead", "done", "cancelled", "expired") else None,
         result_unstored=unstored if isinstance(unstored, str) else None,
         task_name=task_name,
-        steps=tuple(step_infos(log or _kept_log(head))),
+        steps=tuple(step_infos(log or _kept_log(head), codec, queue, task_id)),
     )
 
 

@@ -119,7 +119,15 @@ async def _read(queue: AwaitsEvents, spec: ReaderSpec) -> AsyncGenerator[AsyncEv
             if step[0] == "emit":
                 for entry_id, fields in step[1]:
                     assert fields is not None  # events_flow acks trimmed ones itself
-                    event = parse_event(AsyncEvent, entry_id, fields, spec.group, acker)
+                    event = parse_event(
+                        AsyncEvent,
+                        entry_id,
+                        fields,
+                        spec.group,
+                        acker,
+                        queue.payload_codec,
+                        queue.name,
+                    )
                     yield event  # type: ignore[misc]
                 step = next(flow)
                 continue

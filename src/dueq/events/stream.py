@@ -39,11 +39,12 @@ from reactivex.disposable import Disposable
 from dueq._util.clock import Duration, positive_duration_ms
 from dueq._util.outage import Backoff, describe, is_outage
 from dueq._wire import protocol as protocol
-from dueq._wire.envelope import decode_named
+from dueq._wire.codec import NO_CODEC, RESULT_PURPOSE, PayloadCodec, SealedMarker
+from dueq._wire.envelope import decode_named, sealed_marker
 from dueq._wire.failures import parse_error_records
 from dueq._wire.keys import validate_queue_name
 from dueq._wire.ports import DrivesFlows
-from dueq.exceptions import ConfigurationError, PayloadError
+from dueq.exceptions import ConfigurationError, PayloadError, UndecryptableTask
 from dueq.model import ErrorRecord, Task, iso_ms
 
 if TYPE_CHECKING:
@@ -102,6 +103,18 @@ class EventBase:
     seq: int | None = None
     body: Any = None
     _acker: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def undecryptable(self) -> PayloadError | None:
+        """Why a sealed value of this event was not opened (UndecryptableTask: no key of the
+        reader's codec opens it, or the reader has none), or None when every value was: its
+        ``result`` or its ``task.payload`` is then a marker (``<encrypted k1, 80 B>``), not
+        the value."""
+        payload = None if self.task is None else self.task.payload
+        for value in (self.result, payload):
+            if isinstance(value, SealedMarker):
+                return value.error
+        return None
 
     def to_json(self) -> dict[str, Any]:
         """This event as JSON types (the CLI's ``--json``, the dashboard)."""
@@ -303,6 +316,10 @@ def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _field_text(value: bytes | str) -> str:
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
 def stream_entries(reply: Any) -> list[tuple[str, dict[str, str] | None]]:
     """The entries of an XREAD/XREADGROUP reply of one stream, in any of the shapes redis-py
     parses it into (RESP2 ``[[name, entries]]``; RESP3 ``{name: [entries]}``, or unified
@@ -332,7 +349,8 @@ def _entry_list(entries: Any) -> list[tuple[str, dict[str, str] | None]]:
             continue
         if isinstance(fields, list):
             fields = dict(zip(fields[::2], fields[1::2], strict=True))
-        out.append((text(entry_id), {text(k): text(v) for k, v in fields.items()}))
+        # (a sealed envelope is bytes, not UTF-8: kept byte for byte for parse_event)
+        out.append((text(entry_id), {text(k): _field_text(v) for k, v in fields.items()}))
     return out
 
 
@@ -342,15 +360,22 @@ def parse_event(
     fields: dict[str, str],
     group: str | None,
     acker: Callable[[str], Any] | None,
+    codec: PayloadCodec = NO_CODEC,
+    queue: str = "",
 ) -> EventBase:
-    """One event from a stream entry's fields (see lua/include/events.lua)."""
+    """One event from a stream entry's fields (see lua/include/events.lua). Its task's sealed
+    payload and its sealed result are opened with ``codec`` as the task's of ``queue``; one
+    that cannot be shows as its SealedMarker (``EventBase.undecryptable`` says why), so that
+    one task's event never stops a reader."""
     at_ms = int(fields.get("at", "0") or 0)
+    task_id = fields.get("id", "")
     result = None
     if "result" in fields:
         try:
             result = json.loads(fields["result"])
         except ValueError:  # stored by ack.lua as JSON already checked; unreadable: left out
             result = None
+        result = codec.shown_value(result, queue, task_id, RESULT_PURPOSE)
     error = None
     if "error" in fields:
         records = parse_error_records("[" + fields["error"] + "]")
@@ -363,8 +388,9 @@ def parse_event(
             body = None
     task = None
     if "task" in fields:
+        raw = fields["task"].encode("utf-8", "surrogateescape")  # (read so: _entry_list)
         try:
-            payload, options, _, name = decode_named(fields["task"])
+            payload, options, _, name = decode_named(raw, codec, queue, task_id)
             timeout = None if options.timeout_ms is None else options.timeout_ms / 1000
             task = Task(
                 payload,
@@ -375,6 +401,8 @@ def parse_event(
                 max_attempts=options.max_attempts,
                 task=name,
             )
+        except UndecryptableTask as exc:  # its marker, never its bytes
+            task = Task(SealedMarker(sealed_marker(raw) or "<encrypted>", exc), id=task_id)
         except PayloadError:  # the stored task cannot be read: the event still tells its id
             task = None
     return cls(
@@ -655,7 +683,15 @@ class _Reader:
                         if self._stopped.is_set():
                             return
                         assert fields is not None  # events_flow acks trimmed ones itself
-                        event = parse_event(Event, entry_id, fields, self._spec.group, acker)
+                        event = parse_event(
+                            Event,
+                            entry_id,
+                            fields,
+                            self._spec.group,
+                            acker,
+                            self._queue.payload_codec,
+                            self._queue.name,
+                        )
                         try:
                             self._observer.on_next(event)  # type: ignore[arg-type]
                         except Exception:  # the subscriber raised: reactivex detached it
