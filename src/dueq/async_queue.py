@@ -47,6 +47,7 @@ from dueq.model import (
     DueHistogram,
     HistoryPoint,
     KeyLimit,
+    KeyRotation,
     Outcome,
     Progress,
     QueueSettings,
@@ -557,6 +558,17 @@ class AsyncQueue(QueueCore):
     async def doctor(self, fix: bool = False, *, batch: int = 1000) -> DoctorReport:
         """As ``Queue.doctor``."""
         return await self.drive(self._core.doctor_flow(fix, batch))
+
+    async def rotate_key(
+        self,
+        to: str,
+        *,
+        batch: int = 500,
+        cursor: str | None = None,
+        progress: Callable[[KeyRotation], object] | None = None,
+    ) -> KeyRotation:
+        """As ``Queue.rotate_key`` (``progress`` is a plain callable, called on the loop)."""
+        return await self.drive(self._core.rotate_key_flow(to, batch, cursor, progress))
 
     async def list_tasks(
         self,

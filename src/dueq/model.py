@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration, datetime_ms, duration_ms
@@ -358,6 +358,51 @@ class ScheduleResult:
     existing: int
     replaced: int
     ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class KeyRotation:
+    """What ``q.rotate_key(to=...)`` did (docs/payload-codecs.md, "Rotating keys"), counted
+    over stored tasks (every state) and kept results: ``resealed`` encrypted again with key
+    ``to``; ``skipped`` changed meanwhile (acked, cancelled, replaced: left to the change);
+    ``already`` on ``to``; ``undecryptable`` opened by no key of the queue's codec (left as
+    they were; the first ``MAX_LISTED`` ids in ``undecryptable_ids``); ``unsealed`` not
+    encrypted (plain or only compressed: left as they are). ``cursor`` is where to resume
+    (``rotate_key(cursor=...)``), None once every value was looked at; ``batches`` the HSCAN
+    batches looked at."""
+
+    to: str
+    resealed: int = 0
+    skipped: int = 0
+    already: int = 0
+    undecryptable: int = 0
+    unsealed: int = 0
+    undecryptable_ids: tuple[str, ...] = ()
+    cursor: str | None = None
+    batches: int = 0
+
+    #: Most undecryptable ids a report lists.
+    MAX_LISTED: ClassVar[int] = 100
+
+    @property
+    def done(self) -> bool:
+        """Every stored value was looked at (no cursor to resume from)."""
+        return self.cursor is None
+
+    def plus(self, other: KeyRotation) -> KeyRotation:
+        """Both reports' counts added (``other``'s cursor: the later one)."""
+        ids = (self.undecryptable_ids + other.undecryptable_ids)[: self.MAX_LISTED]
+        return KeyRotation(
+            self.to,
+            self.resealed + other.resealed,
+            self.skipped + other.skipped,
+            self.already + other.already,
+            self.undecryptable + other.undecryptable,
+            self.unsealed + other.unsealed,
+            ids,
+            other.cursor,
+            self.batches + other.batches,
+        )
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from dueq.model import (
     DueHistogram,
     HistoryPoint,
     KeyLimit,
+    KeyRotation,
     Outcome,
     Progress,
     QueueSettings,
@@ -685,6 +686,24 @@ class Queue(QueueCore):
         ``DoctorReport`` with one ``DoctorFinding`` per problem and ``health``, the queue's
         health as the dashboard judges it (``docs/doctor.md``)."""
         return self.drive(self._core.doctor_flow(fix, batch))
+
+    def rotate_key(
+        self,
+        to: str,
+        *,
+        batch: int = 500,
+        cursor: str | None = None,
+        progress: Callable[[KeyRotation], object] | None = None,
+    ) -> KeyRotation:
+        """Re-seal every stored payload encrypted with another key than ``to`` (tasks in
+        every state, kept results) with key ``to``, online: ``batch`` fields per step (1 to
+        10,000), each written only if unchanged since it was read (a task acked, cancelled or
+        replaced meanwhile is ``skipped``). The queue's codec must know ``to`` and the old
+        keys. ``cursor``: where a stopped rotation left off (its report's ``cursor``);
+        ``progress`` is called with the report so far after each batch. Returns a
+        ``KeyRotation``; an ``undecryptable`` task is left as it was (docs/payload-codecs.md,
+        "Rotating keys")."""
+        return self.drive(self._core.rotate_key_flow(to, batch, cursor, progress))
 
     def list_tasks(
         self,

@@ -27,6 +27,7 @@ FLOW_MODULES = (
     "_flows/settings.py",
     "_flows/registry.py",
     "_flows/progress.py",
+    "_flows/rotate.py",
     "_flows/base.py",
 )
 

@@ -48,6 +48,7 @@ PUBLIC = {
     "Item",
     "KeyCooldown",
     "KeyLimit",
+    "KeyRotation",
     "LeaseLost",
     "Occurrence",
     "Outcome",

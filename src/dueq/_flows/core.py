@@ -12,6 +12,7 @@ of one concept each, put together here:
 - ``_flows.view``: get, list, run_now, history, due histogram, stats, doctor;
 - ``_flows.settings``: configure, settings; ``_flows.registry``: the worker registry;
 - ``_flows.progress``: task progress, written under a lease and followed by id;
+- ``_flows.rotate``: key rotation, stored payloads re-sealed with another key;
 - ``dueq.dead`` and ``dueq.cron``: the dead-letter and cron flows (``q.dead``, ``q.cron``).
 
 The core: plain or sharded, chosen once
@@ -54,6 +55,7 @@ from dueq._flows.lease import LeaseFlows
 from dueq._flows.ports import Core, MakesCore
 from dueq._flows.progress import ProgressFlows
 from dueq._flows.registry import RegistryFlows
+from dueq._flows.rotate import RotateFlows
 from dueq._flows.schedule import ScheduleFlows
 from dueq._flows.settings import SettingsFlows
 from dueq._flows.steps import StepFlows
@@ -68,7 +70,14 @@ __all__ = ["Core", "QueueCore"]  # Core: see dueq._flows.ports
 
 
 class QueueCore(
-    ScheduleFlows, LeaseFlows, StepFlows, ViewFlows, SettingsFlows, RegistryFlows, ProgressFlows
+    ScheduleFlows,
+    LeaseFlows,
+    StepFlows,
+    ViewFlows,
+    SettingsFlows,
+    RegistryFlows,
+    ProgressFlows,
+    RotateFlows,
 ):
     """Settings, validation and the flows of every queue operation, shared by ``Queue`` and
     ``AsyncQueue`` (which add the client, and send what the flows yield). A plain queue is

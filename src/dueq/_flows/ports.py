@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         DueHistogram,
         HistoryPoint,
         KeyLimit,
+        KeyRotation,
         Outcome,
         Progress,
         QueueSettings,
@@ -150,6 +151,15 @@ class Core(Protocol):
     def stats_flow(self) -> Flow[QueueStats]: ...
     def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]: ...
     def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]: ...
+
+    # -- key rotation
+    def rotate_key_flow(
+        self,
+        to: str,
+        batch: int,
+        cursor: str | None,
+        progress: Callable[[KeyRotation], Any] | None,
+    ) -> Flow[KeyRotation]: ...
 
     # -- task progress
     def progress_flow(self, delivery: DeliveryBase, obj: Any) -> Flow[int]: ...

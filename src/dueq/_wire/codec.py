@@ -39,7 +39,9 @@ for such payloads. A payload whose compressed form is not smaller is stored unco
 ``DUEQ_KEYS`` in the environment, ``id=base64key`` entries separated by commas
 (``DUEQ_KEYS="k1=<base64>,k2=<base64>"``); the active key is ``active=``, else
 ``DUEQ_ACTIVE_KEY``, else the last listed (with one key, that key). Writers seal with the active
-key; readers open with any known key, which is what lets keys rotate without downtime. A key id
+key; readers open with any known key, which is what lets keys rotate without downtime
+(``reseal`` re-encrypts a stored payload with another key for ``q.rotate_key``:
+``_flows/rotate.py``). A key id
 no source knows, or a tag that does not verify, is ``UndecryptableTask`` (a PayloadError): a
 claim sends the task to dead at once (no retry makes it readable) with its envelope untouched,
 so it can be replayed once the key is back. An exception raised by a key callable (a KMS
@@ -273,12 +275,13 @@ class Encrypted:
         """Whether a key of that id is known (asking the callable if there is one)."""
         return self._cipher(key_id) is not None
 
-    def seal(self, data: bytes, line: bytes, aad: bytes) -> bytes:
-        """``data`` sealed with the active key: nonce, ciphertext and tag. ``line`` is the codec
-        line (authenticated with ``aad``)."""
-        cipher = self._cipher(self.active)
+    def seal(self, data: bytes, line: bytes, aad: bytes, key_id: str | None = None) -> bytes:
+        """``data`` sealed with the active key (or ``key_id``: a rotation's target): nonce,
+        ciphertext and tag. ``line`` is the codec line (authenticated with ``aad``)."""
+        key_id = self.active if key_id is None else key_id
+        cipher = self._cipher(key_id)
         if cipher is None:
-            raise ConfigurationError(f"the key callable knows no key {self.active!r} (active=)")
+            raise ConfigurationError(f"the key callable knows no key {key_id!r}")
         nonce = os.urandom(NONCE_BYTES)
         return nonce + bytes(cipher.encrypt(nonce, data, aad + line))
 
@@ -291,6 +294,28 @@ class Encrypted:
             return bytes(cipher.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], aad + line))
         except self._invalid_tag:
             return None
+
+
+def reseal(body: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> bytes | None:
+    """A sealed payload ``body`` encrypted again with key ``to`` (``dueq rotate-key``), its
+    compression as it was (the inner bytes are not decompressed: a reader without zstd rotates
+    too); None when it is already on ``to`` or not encrypted (nothing to do). UndecryptableTask
+    when no key of ``codec`` opens it (the caller leaves it as it is)."""
+    info = sealed_info(body)
+    if info is None or info.key_id is None or info.key_id == to:
+        return None
+    line_end = body.index(b"\n") + 1
+    aad = associated_data(queue, task_id)
+    opened = codec.open(info.key_id, body[line_end:], body[:line_end], aad)
+    if opened is None:
+        why = "its ciphertext failed authentication" if codec.knows(info.key_id) else "no key"
+        raise UndecryptableTask(
+            f"task {task_id!r} cannot be decrypted with key {info.key_id!r}: {why}",
+            task_id,
+            info.key_id,
+        )
+    line = b"%" + (ZSTD_FLAG if info.compressed else b"") + b"|" + to.encode("ascii") + b"\n"
+    return line + codec.seal(opened, line, aad, key_id=to)
 
 
 class SealedInfo(NamedTuple):

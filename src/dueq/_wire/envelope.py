@@ -84,7 +84,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from dueq._wire.codec import NO_CODEC, SEAL_MARK, PayloadCodec, sealed_info
+from dueq._wire.codec import NO_CODEC, SEAL_MARK, Encrypted, PayloadCodec, reseal, sealed_info
 from dueq.exceptions import InvalidTaskError, PayloadError
 
 ENVELOPE_PREFIX = b"1:"
@@ -614,6 +614,28 @@ def sealed_marker(raw: bytes | str) -> str | None:
         return None
     info = sealed_info(data[start:])
     return None if info is None else info.marker()
+
+
+def reseal_envelope(
+    raw: bytes, codec: Encrypted, to: str, queue: str, task_id: str
+) -> tuple[str, bytes | None]:
+    """What key rotation (``_flows.rotate``) does with a stored envelope: ``("resealed",
+    <the envelope with its payload encrypted with key to>)`` (its head and name/trace line
+    byte for byte as they were, so the scripts read the same options), ``("already", None)``
+    when its payload is encrypted with ``to``, or ``("unsealed", None)`` when it is not
+    encrypted (plain JSON, compressed only, or not an envelope). UndecryptableTask when no key
+    of ``codec`` opens it."""
+    start = _body_start(raw)
+    if start < 0 or raw[start : start + 1] != SEAL_MARK:
+        return "unsealed", None
+    info = sealed_info(raw[start:])
+    if info is None or info.key_id is None:
+        return "unsealed", None
+    if info.key_id == to:
+        return "already", None
+    body = reseal(raw[start:], codec, to, queue, task_id)
+    assert body is not None  # encrypted with another key: re-sealed or raised
+    return "resealed", raw[:start] + body
 
 
 #: The JSON scanner under ``json.loads`` (the C one where there is one): reads one value at

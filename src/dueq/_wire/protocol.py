@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import hashlib
 import json
 import struct
 from collections.abc import Callable, Generator, Sequence
@@ -1239,6 +1240,49 @@ def progress_message(data: bytes | str) -> Progress | None:
     return _progress_line(task_id, raw[2 + size :].decode("utf-8", "replace"))
 
 
+# -- reseal.lua (key rotation, ``_flows.rotate``) -------------------------------------------------
+
+#: Where a value key rotation re-seals lives: the tasks hash ("t") or the results hash ("r").
+RotationHash = Literal["t", "r"]
+
+
+class Reseal(NamedTuple):
+    """One value to replace: where, its id, the value read (compared by SHA-1 in the script)
+    and the value to write in its place."""
+
+    where: RotationHash
+    task_id: str
+    read: bytes
+    resealed: bytes
+
+
+def reseal(k: QueueKeys, entries: Sequence[Reseal]) -> Call[str]:
+    """Write each re-sealed value only if its field still holds the value read; the reply is
+    one character per entry, in order: "w" written, "s" skipped (gone or changed meanwhile)."""
+    args: list[Any] = []
+    for e in entries:
+        args += (e.where, e.task_id, hashlib.sha1(e.read).hexdigest(), e.resealed)
+    return Call("reseal", [k.tasks, k.results], args, text)
+
+
+def rotation_scan(
+    k: QueueKeys, where: RotationHash, cursor: int, count: int
+) -> Command[tuple[int, list[tuple[str, bytes]]]]:
+    """One HSCAN step over the tasks hash ("t") or the results hash ("r"): the next cursor
+    (0: done) and the (id, stored value) pairs it returned."""
+
+    def parse(reply: Any) -> tuple[int, list[tuple[str, bytes]]]:
+        after, found = reply  # redis-py parses HSCAN into (cursor, dict)
+        pairs = [
+            (text(task_id), value if isinstance(value, bytes) else str(value).encode("utf-8"))
+            for task_id, value in found.items()
+        ]
+        return int(after), pairs
+
+    key = k.results if where == "r" else k.tasks
+    return command("HSCAN", key, cursor, "COUNT", count, parse=parse)
+
+
 #: The counterpart of every script that a front end can call, by script name (for the
 #: key-order test: each builds its call for a sample queue).
 SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
@@ -1283,6 +1327,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "step": lambda k: step(k, "", "id", "1", "commit", 0, "{", "null"),
     "park": lambda k: park(k, "", "id", "1", "sleep", 0, "{", "0"),
     "signal": lambda k: signal(k, "", "id", "n", "null", max_pending=1),
+    "reseal": lambda k: reseal(k, [Reseal("t", "id", b"1:null", b"1:null")]),
 }
 
 

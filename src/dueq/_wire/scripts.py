@@ -87,6 +87,7 @@ SCRIPT_NAMES = (
     "park",
     "signal",
     "progress",
+    "reseal",
 )
 
 #: Every script's main chunk keeps at least this many of Lua's 200 locals free after its includes

@@ -119,6 +119,7 @@ from dueq.model import (
     DueHistogram,
     HistoryPoint,
     KeyLimit,
+    KeyRotation,
     Outcome,
     Progress,
     QueueSettings,
@@ -574,6 +575,39 @@ class ShardedCore:
             [f for part in parts for f in part.findings],
             list(dict.fromkeys(note for part in parts for note in part.notes)),
         )
+
+    def rotate_key_flow(
+        self,
+        to: str,
+        batch: int,
+        cursor: str | None,
+        progress: Callable[[KeyRotation], Any] | None,
+    ) -> Flow[KeyRotation]:
+        """Each shard re-sealed in turn by its own flow (``_flows.rotate``); the cursor names
+        the shard and that shard's cursor, as a listing's does, and the reports (and each
+        progress report) add up the shards done before."""
+        self.queue.rotation_codec(to)  # refused before anything is read
+        index, inner = _split_cursor(cursor, self.layout.count)
+        yield from self.layout.check_flow()
+        report = KeyRotation(to, cursor=_join_cursor(index, inner))
+        for i in range(index, self.layout.count):
+            before = report
+
+            def logical(part: KeyRotation, i: int = i, before: KeyRotation = before) -> KeyRotation:
+                after = _join_cursor(i, part.cursor) if part.cursor is not None else None
+                if after is None and i + 1 < self.layout.count:
+                    after = _join_cursor(i + 1, None)
+                return replace(before.plus(part), cursor=after)
+
+            def told(part: KeyRotation, logical: Callable[..., KeyRotation] = logical) -> None:
+                if progress is not None:
+                    progress(logical(part))
+
+            part = yield from self.layout.queues[i].rotate_key_flow(
+                to, batch, inner if i == index else None, told
+            )
+            report = logical(part)
+        return report
 
     def list_flow(
         self, state: TaskState, *, limit: int = 100, cursor: str | None = None, **filters: Any

@@ -1,0 +1,28 @@
+-- reseal.lua: key rotation (dueq rotate-key, _flows/rotate.py): replace stored envelopes
+-- (tasks) and finished records (results) by their payload sealed with another key, each only
+-- if it is still byte for byte the value the caller read and re-sealed. A task acked,
+-- cancelled, rescheduled with a new payload or replaced meanwhile (its value gone or another)
+-- is skipped, never written back: rotation never revives or clobbers a change. The head and
+-- name/trace line of a re-sealed value are the same bytes, so nothing the other scripts read
+-- of it changes. Writes nothing else: no state, score, counter or lease moves.
+--
+-- KEYS[1] tasks    HASH id -> envelope
+-- KEYS[2] results  HASH id -> finished record ('<header JSON>\n<envelope>', include/results.lua)
+-- ARGV[1], ARGV[2], ... groups of four: where ("t" tasks, "r" results), id, the SHA-1 (hex,
+--         as redis.sha1hex gives it) of the value read, the value to write in its place
+-- Returns a string of one character per group, in order: 'w' written, 's' skipped (the
+--         value is gone or is not the one read)
+
+local written = {}
+for i = 1, #ARGV, 4 do
+  local key = ARGV[i] == 'r' and KEYS[2] or KEYS[1]
+  local id = ARGV[i + 1]
+  local current = redis.call('HGET', key, id)
+  if current and redis.sha1hex(current) == ARGV[i + 2] then
+    redis.call('HSET', key, id, ARGV[i + 3])
+    written[#written + 1] = 'w'
+  else
+    written[#written + 1] = 's'
+  end
+end
+return table.concat(written)

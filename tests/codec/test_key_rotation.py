@@ -1,0 +1,203 @@
+"""Key rotation (``q.rotate_key(to=...)``) on a real Redis, on both front ends and a sharded
+queue: every stored payload (each state, kept results) ends on the new key, while consumers
+drain; a task changed meanwhile is skipped, not clobbered; an undecryptable one is left as it
+was; a stopped rotation resumes from its cursor."""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import timedelta
+
+import pytest
+
+import dueq
+from dueq._wire.codec import PayloadCodec
+from dueq._wire.envelope import decode_named
+
+pytest.importorskip("cryptography")
+
+K0 = os.urandom(32)
+K1 = os.urandom(32)
+K2 = os.urandom(32)
+
+
+def old_codec() -> dueq.Encrypted:
+    return dueq.Encrypted(keys={"k1": K1}, active="k1")
+
+
+def both_codec() -> dueq.Encrypted:
+    return dueq.Encrypted(keys={"k1": K1, "k2": K2}, active="k2")
+
+
+def stored_values(r, queue: str) -> dict[tuple[str, str], bytes]:
+    """Every task envelope and kept result record of ``queue`` (a plain queue or a shard),
+    by (hash, id)."""
+    found = {}
+    for where in ("tasks", "results"):
+        for task_id, raw in r.hgetall(f"dueq:{{{queue}}}:{where}").items():
+            found[where, task_id.decode()] = raw
+    return found
+
+
+def assert_all_open_with_k2_alone(r, queue: str) -> int:
+    """Every stored value of ``queue`` is sealed with k2 and opens with a codec of k2 alone;
+    returns how many were looked at."""
+    k2_alone = PayloadCodec(dueq.Encrypted(keys={"k2": K2}, active="k2"))
+    values = stored_values(r, queue)
+    for (where, task_id), raw in values.items():
+        envelope = raw.partition(b"\n")[2] if where == "results" else raw
+        assert b"|k1\n" not in envelope, (where, task_id)
+        decode_named(envelope, k2_alone, queue, task_id)  # raises if k2 cannot open it
+    return len(values)
+
+
+def test_rotation_reseals_tasks_in_every_state_and_kept_results(make_queue, r, clock):
+    old = make_queue(codec=old_codec(), retry=dueq.RetryPolicy(max_attempts=1))
+    old.configure(keep_results=timedelta(hours=1), key_concurrency=1)
+    old.schedule({"s": "scheduled"}, id="scheduled", delay=60)
+    old.schedule({"s": "named"}, id="named", task="send", priority=3)
+    old.schedule({"s": "waits"}, id="waiting", after=["scheduled"])
+    old.schedule({"s": "keyed-1"}, id="leased", key="tenant")
+    old.schedule({"s": "keyed-2"}, id="parked", key="tenant")
+    old.schedule({"s": "dies"}, id="dead")
+    old.schedule({"s": "done"}, id="done")
+    claimed = {d.id: d for d in old.claim(limit=10)}
+    assert set(claimed) == {"named", "leased", "dead", "done"}
+    claimed["dead"].fail(RuntimeError("boom"))
+    claimed["done"].ack(result={"ok": True})
+    q = make_queue(codec=both_codec())
+
+    report = q.rotate_key("k2")
+
+    assert (report.resealed, report.skipped, report.undecryptable) == (7, 0, 0)
+    assert report.done and report.cursor is None
+    assert assert_all_open_with_k2_alone(r, "q") == 7  # 6 tasks and the done result
+    new = make_queue(codec=dueq.Encrypted(keys={"k2": K2}, active="k2"))
+    assert new.dead.list()[0].payload == {"s": "dies"}
+    claimed["leased"].ack()
+    clock.advance(61)
+    assert {d.id: d.payload["s"] for d in new.claim(limit=10)} == {
+        "parked": "keyed-2",
+        "scheduled": "scheduled",
+    }
+    again = q.rotate_key("k2")  # a second walk finds everything on k2
+    assert again.already == len(stored_values(r, "q")) and again.resealed == 0
+
+
+def test_rotation_while_a_consumer_drains_loses_nothing(make_queue, r, clock):
+    producer = dueq.Queue("q", r, codec=old_codec(), clock=clock)
+    producer.schedule_many([dueq.Task({"n": i}, id=f"t{i}") for i in range(3000)])
+    consumer = dueq.Queue("q", r, codec=both_codec(), clock=clock)
+    seen: list[int] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def drain() -> None:
+        try:
+            while not stop.is_set():
+                batch = consumer.claim(limit=20)
+                for d in batch:
+                    seen.append(d.payload["n"])
+                    d.ack()
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    worker = threading.Thread(target=drain)
+    worker.start()
+    try:
+        report = make_queue(codec=both_codec()).rotate_key("k2", batch=100)
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors
+    assert report.undecryptable == 0 and report.batches > 1
+    assert report.resealed + report.skipped <= 3000
+    rest = make_queue(codec=dueq.Encrypted(keys={"k2": K2}, active="k2"))
+    while batch := rest.claim(limit=500):
+        for d in batch:
+            seen.append(d.payload["n"])
+            d.ack()
+    assert sorted(seen) == list(range(3000))  # none lost, none undecryptable (none dead)
+    assert rest.dead.count() == 0
+
+
+def test_a_task_changed_during_rotation_is_skipped_not_clobbered(make_queue, r):
+    make_queue(codec=old_codec()).schedule_many(
+        [dueq.Task({"n": i}, id=f"t{i}") for i in range(10)]
+    )
+    writer = dueq.Queue("q", r, codec=both_codec())
+
+    def kms(key_id: str) -> bytes | None:
+        if key_id == "k1":  # first asked while re-sealing: after the read, before the write
+            writer.schedule({"n": "replaced"}, id="t3", replace=True)
+            writer.cancel("t5")
+        return {"k1": K1, "k2": K2}.get(key_id)
+
+    q = make_queue(codec=dueq.Encrypted(keys=kms, active="k2"))
+    report = q.rotate_key("k2")
+
+    assert (report.resealed, report.skipped) == (8, 2)
+    assert r.hget("dueq:{q}:tasks", "t5") is None  # not written back
+    assert q.get("t3").payload == {"n": "replaced"}
+    assert assert_all_open_with_k2_alone(r, "q") == 9
+
+
+def test_an_undecryptable_task_is_left_as_it_was_and_reported(make_queue, r):
+    make_queue(codec=dueq.Encrypted(keys={"k0": K0}, active="k0")).schedule({"x": 0}, id="lost")
+    make_queue(codec=old_codec()).schedule({"x": 1}, id="fine")
+    before = r.hget("dueq:{q}:tasks", "lost")
+
+    report = make_queue(codec=both_codec()).rotate_key("k2")
+
+    assert (report.resealed, report.undecryptable) == (1, 1)
+    assert report.undecryptable_ids == ("lost",)
+    assert r.hget("dueq:{q}:tasks", "lost") == before
+
+
+def test_a_stopped_rotation_resumes_from_its_cursor(make_queue, r):
+    make_queue(codec=old_codec()).schedule_many(
+        [dueq.Task({"n": i}, id=f"t{i}") for i in range(600)]
+    )
+    q = make_queue(codec=both_codec())
+    reports: list[dueq.KeyRotation] = []
+
+    def crash_after_one(report: dueq.KeyRotation) -> None:
+        reports.append(report)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        q.rotate_key("k2", batch=100, progress=crash_after_one)
+    [first] = reports
+    assert first.cursor is not None and first.cursor.startswith("tasks:")
+    rest = q.rotate_key("k2", batch=100, cursor=first.cursor)
+    assert rest.done and first.resealed + rest.resealed + rest.already >= 600
+    assert assert_all_open_with_k2_alone(r, "q") == 600
+
+
+def test_rotation_needs_a_codec_that_knows_the_target_key(make_queue):
+    with pytest.raises(dueq.ConfigurationError, match="no codec"):
+        make_queue().rotate_key("k2")
+    with pytest.raises(dueq.ConfigurationError, match="knows no key 'k9'"):
+        make_queue(codec=both_codec()).rotate_key("k9")
+    with pytest.raises(dueq.InvalidTaskError, match="cursor"):
+        make_queue(codec=both_codec()).rotate_key("k2", cursor="nowhere:1")
+
+
+def test_a_sharded_queue_rotates_every_shard(make_queue, r):
+    make_queue("sq", shards=3, codec=old_codec()).schedule_many(
+        [dueq.Task({"n": i}, id=f"t{i}") for i in range(90)]
+    )
+    q = make_queue("sq", shards=3, codec=both_codec())
+    cursors: list[str | None] = []
+
+    report = q.rotate_key("k2", batch=10, progress=lambda rep: cursors.append(rep.cursor))
+
+    assert (report.resealed, report.undecryptable) == (90, 0) and report.done
+    assert cursors[-1] is None and all(c is not None for c in cursors[:-1])
+    assert sum(assert_all_open_with_k2_alone(r, name) for name in q.shard_names) == 90
+    new = make_queue("sq", shards=3, codec=dueq.Encrypted(keys={"k2": K2}, active="k2"))
+    claimed = []
+    while batch := new.claim(limit=100):
+        claimed += batch
+    assert sorted(d.payload["n"] for d in claimed) == list(range(90))
