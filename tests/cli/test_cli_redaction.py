@@ -99,3 +99,14 @@ def test_decrypt_with_other_keys_still_shows_the_marker(
     assert result.exit_code == 0, result.output
     [task] = json.loads(result.stdout)["tasks"]
     assert task["payload"].startswith("<encrypted k1, ")
+
+
+def test_dashboard_decrypt_without_dueq_keys_is_refused_before_serving(
+    invoke: Any, sealed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("starlette")
+    monkeypatch.delenv("DUEQ_KEYS", raising=False)
+    result = invoke("dashboard", "--decrypt", "--port", "0")
+    assert result.exit_code == 2
+    [line] = result.output.strip().splitlines()
+    assert "decrypt setting opens payloads with the keys in DUEQ_KEYS" in line
