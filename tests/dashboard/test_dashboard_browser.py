@@ -8,6 +8,7 @@ under CI (``$CI`` set), where they fail: CI must run them.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ import redis
 from dashboard_support import XSS, Served, boom, overdue, running_worker, seed
 from paths_support import TESTS
 
-from dueq import Queue, RetryPolicy, Task
+from dueq import ConfigurationError, Encrypted, Queue, RetryPolicy, Task
 from dueq.dashboard import DashboardSettings, create_app
 from dueq.server import RedisServer
 
@@ -26,6 +27,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 ARTIFACTS = TESTS / ".artifacts" / "dashboard"
 WINDOW = (1280, 900)
+VAULT_KEY = os.urandom(32)
 
 if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     if os.environ.get("CI"):
@@ -380,3 +382,69 @@ def test_dead_letter_page_replays_a_group_after_a_counted_confirmation(
     click(browser, "#confirm")
     wait_text(browser, "37 dead tasks with error TimeoutError replayed")
     assert billing.dead.count() == 0 and queues["emails"].dead.count() == 3
+
+
+SEALED_SECRET = "SEALED-7d2a41"
+
+
+def _sealed_queue(r: redis.Redis) -> Queue:
+    """Queue "vault" sealed with key k1: "v-due" scheduled, "v-dead" dead, both carrying
+    SEALED_SECRET in their payload."""
+    pytest.importorskip("cryptography")
+    q = Queue(
+        "vault",
+        r,
+        codec=Encrypted(keys={"k1": VAULT_KEY}),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    q.schedule({"card": SEALED_SECRET}, id="v-dead")
+    [d] = q.claim()
+    d.fail(ValueError("declined"))
+    q.schedule({"card": SEALED_SECRET}, id="v-due", delay=3600)
+    return q
+
+
+SEALED_PAGES = (
+    "/",
+    "/queue?queue=vault",
+    "/queue?queue=vault&state=dead",
+    "/task?queue=vault&id=v-due",
+    "/task?queue=vault&id=v-dead",
+    "/dead?queue=vault",
+    "/api/tasks?queue=vault",
+    "/api/task?queue=vault&id=v-due",
+)
+
+
+def test_a_sealed_payload_shows_as_its_marker_even_with_the_keys_in_the_environment(
+    r: redis.Redis, serve: Serve, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _sealed_queue(r)
+    monkeypatch.setenv("DUEQ_KEYS", f"k1={base64.b64encode(VAULT_KEY).decode()}")
+    site = serve()
+    browser.get(site.url("/task?queue=vault&id=v-due"))
+    wait_text(browser, "<encrypted k1, ")
+    shot(browser, "task-sealed")
+    for path in SEALED_PAGES:
+        browser.get(site.url(path))
+        wait_text(browser, "vault")
+        assert SEALED_SECRET not in browser.page_source, path
+
+
+def test_the_decrypt_setting_opens_a_sealed_payload_with_dueq_keys(
+    r: redis.Redis, serve: Serve, browser: WebDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _sealed_queue(r)
+    monkeypatch.setenv("DUEQ_KEYS", f"k1={base64.b64encode(VAULT_KEY).decode()}")
+    site = serve(decrypt=True)
+    browser.get(site.url("/task?queue=vault&id=v-due"))
+    wait_text(browser, SEALED_SECRET)
+    assert "<encrypted" not in browser.find_element(By.ID, "payload").text
+
+
+def test_the_decrypt_setting_without_dueq_keys_is_refused_when_the_app_is_made(
+    monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer
+) -> None:
+    monkeypatch.delenv("DUEQ_KEYS", raising=False)
+    with pytest.raises(ConfigurationError, match="DUEQ_KEYS, which is not set"):
+        create_app(redis_server.url, DashboardSettings(decrypt=True))

@@ -559,3 +559,28 @@ def test_the_spark_page_runs(spark, r, redis_server, tmp_path, monkeypatch):
     scope: dict[str, Any] = {"spark": spark, "REDIS_URL": redis_server.url}
     for block in blocks:
         exec(compile(block, "docs/spark.md", "exec"), scope)
+
+
+def test_an_encrypted_payload_reads_as_its_marker_unless_decrypt_is_given(spark, r, redis_server):
+    pytest.importorskip("cryptography")
+    import os
+
+    codec = dueq.Encrypted(keys={"k1": os.urandom(32)})
+    q = dueq.Queue("vault", r, codec=codec)
+    q.schedule_many(dueq.Task({"card": f"SECRET-{i}"}, id=f"v{i}", delay=3600) for i in range(4))
+    df = (
+        spark.read.format("dueq")
+        .options(queue="vault", redis_url=redis_server.url, state="scheduled", partitions="2")
+        .load()
+    )
+    helper = ds.read_tasks(spark, queue="vault", redis_url=redis_server.url, state="scheduled")
+    for rows in (df.collect(), helper.collect()):
+        assert len(rows) == 4
+        assert all(json.loads(row.payload).startswith("<encrypted k1, ") for row in rows)
+        assert not [row for row in rows if "SECRET" in row.payload]
+    opened = ds.read_tasks(
+        spark, queue="vault", redis_url=redis_server.url, state="scheduled", decrypt=codec
+    ).collect()
+    assert sorted(json.loads(row.payload)["card"] for row in opened) == [
+        f"SECRET-{i}" for i in range(4)
+    ]

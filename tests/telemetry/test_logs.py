@@ -7,7 +7,10 @@ import logging
 import os
 import re
 import sys
+import threading
+import time
 
+import pytest
 from cli_worker_support import WAIT_S, start_worker, wait_for
 
 import dueq
@@ -117,3 +120,39 @@ def test_json_log_lines_about_a_task_carry_its_queue_id_and_attempt(r, redis_ser
     about_bad = [e for e in map(json.loads, err.splitlines()) if "'bad'" in e["message"]]
     assert about_bad
     assert all((e["queue"], e["task_id"], e["attempt"]) == ("f", "bad", 1) for e in about_bad)
+
+
+def test_no_log_line_of_a_failing_sealed_task_holds_its_payload(r, caplog):
+    """A sealed task that fails, retries, goes dead, and one that no key opens: every record
+    dueq logs (message, arguments, extra fields, traceback) is free of the payload's text."""
+    pytest.importorskip("cryptography")
+    marker = "PLAINTEXT-" + os.urandom(6).hex()
+    codec = dueq.Encrypted(keys={"k1": os.urandom(32)})
+    retry = dueq.RetryPolicy(max_attempts=2, wait=lambda state: 0.0)
+    q = dueq.Queue("sealed", r, codec=codec, retry=retry)
+    q.schedule({"card": marker}, id="fails")
+    stranger = dueq.Encrypted(keys={"k9": os.urandom(32)})
+    dueq.Queue("sealed", r, codec=stranger).schedule({"card": marker}, id="no-key")
+
+    def handler(d: dueq.Delivery) -> None:
+        raise RuntimeError("card declined")  # a message that does not quote the payload
+
+    worker = dueq.Worker(q, handler, concurrency=2)
+    caplog.set_level(logging.DEBUG)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT_S
+    try:
+        while q.dead.count() < 2:
+            assert time.monotonic() < deadline, "both tasks should end dead"
+            time.sleep(0.02)
+    finally:
+        worker.stop()
+        thread.join(WAIT_S)
+    lines = [
+        caplog.text,
+        *(json.dumps(vars(rec), default=repr) for rec in caplog.records),
+    ]
+    assert any("card declined" in line for line in lines)  # the failures were logged
+    assert any("no-key" in line for line in lines)  # and the undecryptable task
+    assert not [line for line in lines if marker in line]

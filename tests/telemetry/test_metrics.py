@@ -296,3 +296,24 @@ def test_each_cron_definitions_last_outcome_is_scraped_over_http(r, clock):
     assert ("dueq_cron_last_success_timestamp_seconds", labels("bad")) not in found
     assert found["dueq_cron_last_outcome_timestamp_seconds", labels("bad")] == clock.now
     assert ("dueq_cron_last_outcome_timestamp_seconds", labels("idle")) not in found
+
+
+def test_no_metric_label_of_a_sealed_queue_holds_a_payload(r):
+    pytest.importorskip("cryptography")
+    import os
+
+    marker = "PLAINTEXT-" + os.urandom(6).hex()
+    q = dueq.Queue(
+        "sealed",
+        r,
+        codec=dueq.Encrypted(keys={"k1": os.urandom(32)}),
+        retry=dueq.RetryPolicy(max_attempts=1),
+    )
+    q.schedule_many(dueq.Task({"card": marker, "n": i}, key="tenant-a") for i in range(3))
+    [d, *_] = q.claim(limit=2)
+    d.fail(RuntimeError("declined"))
+    registry = new_registry(process=False)
+    registry.register(QueueCollector(r, ["sealed"]))
+    samples = [(s.name, s.labels) for family in registry.collect() for s in family.samples]
+    assert ("dueq_queue_up", {"queue": "sealed"}) in samples
+    assert marker not in repr(samples)

@@ -570,3 +570,29 @@ def test_a_failing_span_processor_never_fails_a_schedule_or_a_delivery(
         outcomes = run_threaded(q, lambda d: None, 1)
     assert outcomes[0].kind == "acked"
     assert "OpenTelemetry tracing failed" in caplog.text
+
+
+def test_no_span_attribute_or_event_of_a_sealed_task_holds_its_payload(r, spans):
+    pytest.importorskip("cryptography")
+    marker = "PLAINTEXT-" + os.urandom(6).hex()
+    q = dueq.Queue("q", r, codec=dueq.Encrypted(keys={"k1": os.urandom(32)}), retry=fast_retry())
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("request"):
+        q.schedule({"card": marker}, id="t1")
+
+    def handler(d: dueq.Delivery) -> None:
+        assert d.payload == {"card": marker}
+        raise RuntimeError("card declined")
+
+    run_threaded(q, handler, 3)
+    finished = spans.get_finished_spans()
+    assert named(spans, "send q") and len(named(spans, "process q")) == 3
+    shown = json.dumps(
+        [
+            [s.name, dict(s.attributes or {}), s.status.description]
+            + [[e.name, dict(e.attributes or {})] for e in s.events]
+            for s in finished
+        ],
+        default=repr,
+    )
+    assert "card declined" in shown and marker not in shown

@@ -318,6 +318,28 @@ def reseal(body: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> 
     return line + codec.seal(opened, line, aad, key_id=to)
 
 
+def revealing(decrypt: bool | Encrypted, asked_by: str = "decrypt") -> Encrypted | None:
+    """The codec a view of payloads opens them with: None (each encrypted payload shows as its
+    marker, ``<encrypted k2, 412 B>``) unless asked to decrypt. This is the one rule of every
+    place that shows payloads to people (the CLI's ``--decrypt``, the dashboard's ``decrypt``
+    setting, Spark reads): holding a key is not enough, the user must also ask.
+
+    ``decrypt=True`` opens with the keys of ``DUEQ_KEYS`` (ConfigurationError naming
+    ``asked_by`` when it is not set, or malformed); an ``Encrypted`` opens with its own keys (a
+    KMS callable). A view only reads, so ``DUEQ_ACTIVE_KEY`` is not consulted."""
+    if isinstance(decrypt, Encrypted):
+        return decrypt
+    if not decrypt:
+        return None
+    if not os.environ.get("DUEQ_KEYS", "").strip():
+        raise ConfigurationError(
+            f"{asked_by} opens payloads with the keys in DUEQ_KEYS, which is not set: "
+            'DUEQ_KEYS="k1=<base64 of 32 bytes>,k2=..."'
+        )
+    keys, _active = keys_from_environment({"DUEQ_KEYS": os.environ["DUEQ_KEYS"]})
+    return Encrypted(keys=keys, active=next(iter(keys)))
+
+
 class SealedInfo(NamedTuple):
     """What a codec line says of a stored payload (without opening it)."""
 

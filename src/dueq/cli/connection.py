@@ -34,6 +34,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from dueq import discovery
+from dueq._wire.codec import revealing
 from dueq.cli.errors import CliError, Settings
 from dueq.cli.output import safe
 from dueq.logs import shown_url, split_netloc, url_secrets
@@ -236,11 +237,14 @@ def queue_names(client: redis.Redis) -> list[str]:
         ) from exc
 
 
-def open_queue(target: RedisTarget, name: str) -> Queue:
-    """Connect and return queue ``name``; CliError if it has no key in Redis."""
+def open_queue(target: RedisTarget, name: str, *, decrypt: bool = False) -> Queue:
+    """Connect and return queue ``name``; CliError if it has no key in Redis. Its encrypted
+    payloads show as markers unless ``decrypt`` (``--decrypt``: opened with ``DUEQ_KEYS``,
+    checked before connecting)."""
+    codec = revealing(decrypt, "--decrypt")
     conn = target.open()
     require_queue(conn, name)
-    return discovery.open_queue(conn.client, name)
+    return discovery.open_queue(conn.client, name, codec=codec)
 
 
 def require_queue(conn: Connection, name: str, hint: str = "") -> None:

@@ -137,6 +137,12 @@ def serve(app: Any, sock: socket.socket) -> None:
     help="A queue warns when a task died in this window (default 3600, at most 86400: the "
     "history Redis keeps).",
 )
+@click.option(
+    "--decrypt",
+    is_flag=True,
+    help="Show encrypted payloads opened with the keys in $DUEQ_KEYS (off: they show as "
+    "<encrypted KEY, N B>). Anyone who can load a page reads them: give it a --token.",
+)
 @embedded_redis_options
 def dashboard(
     host: str,
@@ -151,6 +157,7 @@ def dashboard(
     health_no_worker_bad_s: float | None,
     health_lag_bad_s: float | None,
     health_dead_window_s: float | None,
+    decrypt: bool,
     target: RedisTarget,
 ) -> None:
     """Serve a web UI of the queues at http://HOST:PORT/ (and /metrics) until Ctrl-C.
@@ -194,6 +201,7 @@ def dashboard(
         behind_tls=behind_tls,
         session_s=session_hours * 3600,
         health=health,
+        decrypt=decrypt,
     )
     try:
         app = d.create_app(conn.url, settings)

@@ -11,7 +11,7 @@ import click
 from dueq.cli.connection import RedisTarget, open_queue, redis_options
 from dueq.cli.errors import CliError
 from dueq.cli.jsonout import emit, json_option
-from dueq.cli.options import TakesIds
+from dueq.cli.options import TakesIds, decrypt_option
 from dueq.cli.output import console, steps
 from dueq.cli.tasks import cursor_option, page_of, print_tasks, task_table, tasks_document
 from dueq.exceptions import TaskNotFound
@@ -45,18 +45,20 @@ def dead() -> None:
     "--limit", type=click.IntRange(1), default=50, show_default=True, help="Most tasks shown."
 )
 @cursor_option
+@decrypt_option
 @json_option
 @redis_options
 def list_dead(
-    queue: str, limit: int, cursor: str | None, as_json: bool, target: RedisTarget
+    queue: str, limit: int, cursor: str | None, decrypt: bool, as_json: bool, target: RedisTarget
 ) -> None:
     """List the dead tasks of QUEUE, newest first, as dueq list --state dead does.
 
     --json prints {"queue", "total", "tasks": [...], "next_cursor"}, each task in its one
     JSON form (docs/json.md), e.g. for jq to pick ids by error type; pass next_cursor as
-    --cursor for the next page.
+    --cursor for the next page. Encrypted payloads show as <encrypted KEY, N B> unless
+    --decrypt.
     """
-    q = open_queue(target, queue)
+    q = open_queue(target, queue, decrypt=decrypt)
     infos, next_cursor = page_of(q, "dead", limit, cursor)
     total = q.dead.count()
     if as_json:
@@ -88,18 +90,22 @@ def ids_arguments(command: Callable[..., Any]) -> Callable[..., Any]:
 @dead.command("show", cls=TakesIds)
 @click.argument("queue")
 @ids_arguments
+@decrypt_option
 @json_option
 @redis_options
-def show_dead(queue: str, ids: tuple[str, ...], as_json: bool, target: RedisTarget) -> None:
+def show_dead(
+    queue: str, ids: tuple[str, ...], decrypt: bool, as_json: bool, target: RedisTarget
+) -> None:
     """Show dead tasks of QUEUE: payload and every attempt's error with its traceback (as
-    dueq show, which shows a task in any state).
+    dueq show, which shows a task in any state). Encrypted payloads show as
+    <encrypted KEY, N B> unless --decrypt.
 
     Ids come as arguments or --id (or both). --json prints {"queue", "tasks": [...]}
     (docs/json.md).
     """
     if not ids:
         raise click.UsageError("give the id of one or more dead tasks")
-    q = open_queue(target, queue)
+    q = open_queue(target, queue, decrypt=decrypt)
     infos = _dead_tasks(q, ids)
     if as_json:
         emit(tasks_document(queue, infos))

@@ -99,3 +99,14 @@ def _dash_ids_as_arguments(
         else:
             arguments.append(token)  # "-abc", "-5" and "-" are arguments here
     return [*options, "--", *arguments] if arguments else options
+
+
+def decrypt_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--decrypt`` (the command receives ``decrypt: bool``): open encrypted payloads with
+    the keys of ``DUEQ_KEYS`` instead of showing their marker (``_wire.codec.revealing``)."""
+    return click.option(
+        "--decrypt",
+        is_flag=True,
+        help="Show encrypted payloads opened with the keys in $DUEQ_KEYS (without it they "
+        "show as <encrypted KEY, N B>, even when DUEQ_KEYS is set).",
+    )(command)

@@ -21,7 +21,7 @@ from dueq._util.clock import ms_datetime
 from dueq.cli.connection import RedisTarget, open_queue, redis_options
 from dueq.cli.errors import CliError
 from dueq.cli.jsonout import emit, json_option
-from dueq.cli.options import TakesIds
+from dueq.cli.options import TakesIds, decrypt_option
 from dueq.cli.output import console, safe, safe_lines, titled_table, when
 from dueq.cli.task_input import time_option
 from dueq.model import ErrorRecord, StepInfo, TaskInfo, TaskState, iso_ms
@@ -136,6 +136,7 @@ def task_table(title: str, state: TaskState, infos: list[TaskInfo]) -> Table:
 )
 @click.option("--before", metavar="ISO", callback=time_option, help="... at or before this time.")
 @cursor_option
+@decrypt_option
 @json_option
 @redis_options
 def list_tasks(
@@ -148,6 +149,7 @@ def list_tasks(
     after: datetime | None,
     before: datetime | None,
     cursor: str | None,
+    decrypt: bool,
     as_json: bool,
     target: RedisTarget,
 ) -> None:
@@ -157,9 +159,10 @@ def list_tasks(
     their results while the queue keeps results) by when they finished, newest first.
 
     --json prints {"queue", "tasks": [...], "next_cursor"} (docs/json.md); pass next_cursor
-    as --cursor for the next page.
+    as --cursor for the next page. Encrypted payloads show as <encrypted KEY, N B> unless
+    --decrypt.
     """
-    q = open_queue(target, queue)
+    q = open_queue(target, queue, decrypt=decrypt)
     infos, next_cursor = page_of(
         q,
         cast(TaskState, state),
@@ -187,15 +190,19 @@ def list_tasks(
 @click.command("show", cls=TakesIds)
 @click.argument("queue")
 @click.argument("ids", metavar="ID...", nargs=-1, required=True)
+@decrypt_option
 @json_option
 @redis_options
-def show(queue: str, ids: tuple[str, ...], as_json: bool, target: RedisTarget) -> None:
+def show(
+    queue: str, ids: tuple[str, ...], decrypt: bool, as_json: bool, target: RedisTarget
+) -> None:
     """Show tasks of QUEUE in any state: payload, times, options, holder and every error
-    with its time, worker and traceback (all that dueq dead show shows).
+    with its time, worker and traceback (all that dueq dead show shows). Encrypted payloads
+    show as <encrypted KEY, N B> unless --decrypt.
 
     --json prints {"queue", "tasks": [...]} (docs/json.md).
     """
-    q = open_queue(target, queue)
+    q = open_queue(target, queue, decrypt=decrypt)
     found = {i: q.get(i) for i in dict.fromkeys(ids)}
     missing = [i for i, info in found.items() if info is None]
     infos = [info for info in found.values() if info is not None]

@@ -22,6 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from dueq import discovery
 from dueq._util.clock import Clock
+from dueq._wire.codec import Encrypted, revealing
 from dueq._wire.keys import layout_key, validate_queue_name
 from dueq.async_queue import AsyncQueue
 from dueq.dashboard._guard import SESSION_COOKIE, SESSION_S, HostRules, HttpProblem, Sessions
@@ -57,7 +58,12 @@ class DashboardSettings:
     are marked ``Secure`` (they are anyway when the request's scheme is https).
 
     ``health``: when a queue's row says ``warn`` or ``bad`` (``HealthRules``: the waits and
-    the dead-letter window; see docs/dashboard-health.md)."""
+    the dead-letter window; see docs/dashboard-health.md).
+
+    ``decrypt``: off by default, so an encrypted payload shows as its marker (``<encrypted k2,
+    412 B>``) even when this process holds the key; ``True`` opens payloads with the keys of
+    ``DUEQ_KEYS`` (read when the app is made), a ``dueq.Encrypted`` with its own keys (a KMS
+    callable). Whoever can load the pages then reads the payloads: give it a token."""
 
     read_only: bool = False
     token: str | None = None
@@ -67,6 +73,7 @@ class DashboardSettings:
     session_s: float = SESSION_S
     behind_tls: bool = False
     health: HealthRules = field(default_factory=HealthRules)
+    decrypt: bool | Encrypted = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,8 @@ class Context:
     clock: Clock = time.time
     sessions: Sessions = field(init=False)
     rules: HostRules = field(init=False)
+    #: what payloads are opened with (None: encrypted ones show as their marker)
+    codec: Encrypted | None = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.settings.session_s > 0:
@@ -99,6 +108,7 @@ class Context:
             )
         self.sessions = Sessions(self.settings.session_s, self.clock)
         self.rules = HostRules.of(self.settings.allowed_hosts)
+        self.codec = revealing(self.settings.decrypt, "the dashboard's decrypt setting")
 
     async def queue(self, name: str) -> AsyncQueue:
         """Queue ``name`` as stored: sharded with its recorded shard count (read at each
@@ -107,7 +117,7 @@ class Context:
         shards = await discovery.async_shard_count(self.client, validate_queue_name(name))
         q = self.queues.get(name)
         if q is None or getattr(q, "shard_count", 1) != shards:
-            q = self.queues[name] = AsyncQueue(name, self.client, shards=shards)
+            q = self.queues[name] = AsyncQueue(name, self.client, shards=shards, codec=self.codec)
         return q
 
     async def each_queue(

@@ -24,6 +24,7 @@ from dueq import discovery
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration, duration_ms, positive_duration_ms
 from dueq._wire import protocol as protocol
+from dueq._wire.codec import Encrypted, revealing
 from dueq._wire.envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     ENVELOPE_PREFIX,
@@ -755,11 +756,14 @@ def read_tasks(
     state: TaskState = "dead",
     page_size: int = READ_PAGE,
     allow_missing: bool = False,
+    decrypt: bool | Encrypted = False,
 ) -> DataFrame:
     """A DataFrame of the tasks in one state (``"scheduled"``, ``"leased"`` or ``"dead"``).
 
     Columns: id, state, due_at, died_at, attempt, errors (JSON list), payload (JSON text), and
-    attempts, a deprecated alias of attempt (to be removed).
+    attempts, a deprecated alias of attempt (to be removed). An encrypted payload's column is
+    its marker (``"<encrypted k1, 61 B>"``) unless ``decrypt``: ``True`` opens it with the keys
+    of ``DUEQ_KEYS``, a ``dueq.Encrypted`` with its own (the driver reads every row).
     The driver walks the state's sorted set with ZSCAN, ``page_size`` ids at a time, and reads
     each page in one script call, so no reply is larger than a page. Tasks that change state
     during the walk are left out; the rows are collected on the driver, so this suits the
@@ -770,6 +774,7 @@ def read_tasks(
     if state not in _STATES:
         raise ConfigurationError(f"state must be scheduled, leased or dead, got {state!r}")
     whole_number(page_size, "page_size", low=1, high=SCHEDULE_BATCH)
+    codec = revealing(decrypt, "read_tasks(decrypt=True)")
     rows: list[tuple[Any, ...]] = []
     seen: set[str] = set()
     with discovery.client_for_url(redis_url) as client:
@@ -778,7 +783,7 @@ def read_tasks(
         # a sharded queue is read shard by shard (each a plain queue of its own keys)
         for name in discovery.stored_queue_names(client, queue):
             keys = QueueKeys.for_queue(name)
-            q = Queue(name, client)
+            q = Queue(name, client, codec=codec)
             for key in protocol.state_zsets(keys, state):
                 as_id = protocol.parked_id if key == keys.parked else text
                 cursor = 0

@@ -50,7 +50,7 @@ WRITE = (
 #: A streaming write (``writeStream.format("dueq")``); Spark passes ``checkpointLocation`` on.
 STREAM_WRITE = (*WRITE, "staging_ttl_s", "batch_memory_s", "checkpointLocation")
 #: A read of tasks (``spark.read.format("dueq")``).
-READ = (*_TARGET, "state", "page_size", "partitions", "allow_missing")
+READ = (*_TARGET, "state", "page_size", "partitions", "allow_missing", "decrypt")
 #: A read or stream of outcome events (the option ``events``; ``dueq.spark._events``).
 EVENTS = (*_TARGET, "events", "maxEventsPerTrigger", "partitions", "page_size", "failOnDataLoss")
 

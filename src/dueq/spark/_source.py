@@ -71,6 +71,7 @@ from typing import Any
 
 from dueq import discovery
 from dueq._wire import protocol as protocol
+from dueq._wire.codec import revealing
 from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from dueq._wire.keys import QueueKeys, SparkBatchKeys
 from dueq._wire.scripts import Scripts
@@ -433,6 +434,8 @@ class _Reader(DataSourceReader):
         self.page_size = int_option(options, "page_size", READ_PAGE, low=1, high=SCHEDULE_BATCH)
         self.wanted = int_option(options, "partitions", 0, low=0, high=MAX_READ_PARTITIONS)
         allow_missing = bool_option(options, "allow_missing", False)
+        # read in the executors, whose environment holds DUEQ_KEYS (spark.executorEnv.*)
+        self.decrypt = bool_option(options, "decrypt", False)
         # a sharded queue is read shard by shard: each shard is a queue of its own keys
         names = _queue_names(self.url, self.queue, allow_missing=allow_missing)
         # a scheduled task waits in its priority's due set, or parked (see claim.lua)
@@ -470,8 +473,9 @@ class _Reader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         assert isinstance(partition, ScoreRange)
+        codec = revealing(self.decrypt, "option decrypt")  # None: sealed payloads show markers
         with discovery.client_for_url(self.url) as client:
-            q = Queue(partition.queue, client)
+            q = Queue(partition.queue, client, codec=codec)
             low, skip = partition.low, 0
             high = partition.high if partition.high == "+inf" else "(" + partition.high
             parked = partition.key == QueueKeys.for_queue(partition.queue).parked
@@ -512,8 +516,10 @@ class DueqDataSource(DataSource):
     (comma-separated), ``batch_size``, ``on_bad_row``, ``max_payload_bytes``, ``task`` (each row
     calls that named task, its columns the arguments), ``fair_key_col`` (each row's tenant on a
     fair queue), and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads ``state``
-    (scheduled, leased or dead), ``page_size``, ``partitions`` and ``allow_missing`` (a queue
-    that does not exist reads as empty instead of failing); for reads and streams of outcome
+    (scheduled, leased or dead), ``page_size``, ``partitions``, ``allow_missing`` (a queue
+    that does not exist reads as empty instead of failing) and ``decrypt`` (``true``: open
+    encrypted payloads with ``DUEQ_KEYS`` of the executors' environment; else each shows as
+    its marker, ``<encrypted k1, 61 B>``); for reads and streams of outcome
     events ``events`` (where a new query starts), ``maxEventsPerTrigger``, ``partitions``,
     ``page_size`` and ``failOnDataLoss`` (``dueq.spark._events``). Any other option is refused
     with ConfigurationError naming the nearest valid one (``dueq.spark._options``); names are
