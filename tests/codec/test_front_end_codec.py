@@ -5,7 +5,6 @@ that pickles (a Spark plan carries it to the executors)."""
 from __future__ import annotations
 
 import base64
-import os
 import pickle
 
 import pytest
@@ -15,8 +14,9 @@ from dueq._wire.codec import PayloadCodec, configured_codec, environment_codec
 
 pytest.importorskip("cryptography")
 
-K1 = os.urandom(32)
-K2 = os.urandom(32)
+# fixed keys: the parameters below hold them, and every xdist worker must collect the same ids
+K1 = bytes(range(32))
+K2 = bytes(range(32, 64))
 LISTED = f"k1={base64.b64encode(K1).decode()},k2={base64.b64encode(K2).decode()}"
 
 
