@@ -219,3 +219,45 @@ def test_django_task_errors_use_the_module_dueq_keeps_even_with_a_multi_line_mes
     own = ErrorRecord(1, "Oops", "two\nlines", trace, None, module="myapp.errors")
     assert task_error(own).exception_class_path == "myapp.errors.Oops"
     assert task_error(own).traceback == trace
+
+
+@needs_django
+def test_django_backend_options_build_the_queues_codec_from_keys_or_codec():
+    pytest.importorskip("cryptography")
+    import base64
+
+    import dueq
+    from dueq.django import BackendOptions
+
+    listed = f"k1={base64.b64encode(os.urandom(32)).decode()}"
+    opts = BackendOptions.parse({"keys": listed, "compression": "auto"})
+    assert opts.codec is not None and opts.codec.active == "k1" and opts.compression == "auto"
+    given = dueq.Encrypted(keys={"k2": os.urandom(32)})
+    assert BackendOptions.parse({"codec": given}).codec is given
+    assert BackendOptions.parse({"keys": None}).codec is None
+    for bad in (
+        {"keys": "k1=not base64"},
+        {"codec": given, "keys": listed},
+        {"codec": "k1"},
+        {"compression": "gzip"},
+        {"active_key": "k1"},
+    ):
+        with pytest.raises(dueq.ConfigurationError) as caught:
+            BackendOptions.parse(bad)
+        assert listed[3:] not in str(caught.value)
+
+
+@needs_django
+def test_django_tasks_run_sealed_with_options_keys_and_no_key_holds_their_argument(redis_server, r):
+    pytest.importorskip("cryptography")
+    pytest.importorskip("zstandard")
+    import base64
+
+    listed = f"k1={base64.b64encode(os.urandom(32)).decode()}"
+    env = {"DUEQ_DJANGO_KEYS": listed, "DUEQ_DJANGO_COMPRESSION": "auto"}
+    out = run_scenario(sys.executable, redis_server.url, "djs.", "sealed.py", env)
+    assert out["worker_exit"] == 0, out["worker_output"]
+    assert out["status"] == "SUCCESSFUL"
+    assert out["return_value"] == "sent to sealed-marker-3f9b@example.com"
+    assert out["keys_scanned"] >= 3 and out["marker_in"] == []
+    assert "%|k1\n" in out["stored"] or "%z|k1\n" in out["stored"]

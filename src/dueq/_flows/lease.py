@@ -19,7 +19,14 @@ from dueq._wire.codec import RESULT_PURPOSE
 from dueq._wire.envelope import MAX_RESULT_BYTES, decode_named, result_entry
 from dueq._wire.failures import error_record, token_holder
 from dueq.delivery import DeliveryBase, FailItem, mark_all_acked
-from dueq.exceptions import KeyCooldown, LeaseLost, PayloadError, TaskCancelled, Unrecoverable
+from dueq.exceptions import (
+    KeyCooldown,
+    LeaseLost,
+    PayloadError,
+    TaskCancelled,
+    UndecryptableTask,
+    Unrecoverable,
+)
 from dueq.logs import task_fields
 from dueq.model import ClaimBatch, Outcome, OutcomeKind
 
@@ -156,7 +163,11 @@ class LeaseFlows(QueueBase):
                 )
             except PayloadError as exc:
                 logger.error(
-                    "queue %r: task %r attempt %d has an undecodable envelope; moved to dead: %s",
+                    "queue %r: task %r attempt %d cannot be decrypted; moved to dead with its "
+                    "data kept (replay it once the key is configured): UndecryptableTask: %s"
+                    if isinstance(exc, UndecryptableTask)
+                    else "queue %r: task %r attempt %d has an undecodable envelope; moved to "
+                    "dead: %s",
                     self.name,
                     task_id,
                     attempt,

@@ -170,6 +170,30 @@ def _validate_key(key_id: str, key: object) -> bytes:
     return bytes(key)
 
 
+def parse_keys(listed: str, where: str = "DUEQ_KEYS") -> dict[str, bytes]:
+    """The keys of a ``"k1=<base64>,k2=<base64>"`` text (``DUEQ_KEYS``' format; ``where`` names
+    the setting it came from in errors, which never show a key); ConfigurationError when it is
+    empty or malformed."""
+    if not listed.strip():
+        raise ConfigurationError(f'{where} lists no key: "k1=<base64 of 32 bytes>,k2=..."')
+    keys: dict[str, bytes] = {}
+    for position, entry in enumerate(listed.strip().split(",")):
+        key_id, equals, encoded = entry.strip().partition("=")
+        if not equals:
+            raise ConfigurationError(
+                f"{where} entry {position} is not id=<base64 key> (key ids hold no '=')"
+            )
+        key_id = _validate_key_id(key_id)
+        try:
+            raw = base64.b64decode(
+                encoded.strip().replace("-", "+").replace("_", "/"), validate=True
+            )
+        except (binascii.Error, ValueError):
+            raise ConfigurationError(f"{where} key {key_id!r} is not base64") from None
+        keys[key_id] = _validate_key(key_id, raw)
+    return keys
+
+
 def keys_from_environment(environ: Mapping[str, str] | None = None) -> tuple[dict[str, bytes], str]:
     """The keys and active key id of ``DUEQ_KEYS`` and ``DUEQ_ACTIVE_KEY`` (see the module
     docstring); ConfigurationError when they are missing or malformed (never showing a key)."""
@@ -180,21 +204,7 @@ def keys_from_environment(environ: Mapping[str, str] | None = None) -> tuple[dic
             "dueq.Encrypted() without keys= reads DUEQ_KEYS, which is not set: "
             'DUEQ_KEYS="k1=<base64 of 32 bytes>,k2=<base64 of 32 bytes>"'
         )
-    keys: dict[str, bytes] = {}
-    for position, entry in enumerate(listed.split(",")):
-        key_id, equals, encoded = entry.strip().partition("=")
-        if not equals:
-            raise ConfigurationError(
-                f"DUEQ_KEYS entry {position} is not id=<base64 key> (key ids hold no '=')"
-            )
-        key_id = _validate_key_id(key_id)
-        try:
-            raw = base64.b64decode(
-                encoded.strip().replace("-", "+").replace("_", "/"), validate=True
-            )
-        except (binascii.Error, ValueError):
-            raise ConfigurationError(f"DUEQ_KEYS key {key_id!r} is not base64") from None
-        keys[key_id] = _validate_key(key_id, raw)
+    keys = parse_keys(listed)
     active = env.get("DUEQ_ACTIVE_KEY", "").strip() or list(keys)[-1]
     return keys, active
 
@@ -227,6 +237,8 @@ class Encrypted:
             listed, env_active = keys_from_environment()
             active = env_active if active is None else active
             keys = listed
+        #: what it was made from, for pickling (a Spark plan ships it to the executors)
+        self._source: KeySource = dict(keys) if isinstance(keys, Mapping) else keys
         if callable(keys):
             if active is None:
                 raise ConfigurationError("Encrypted(keys=<callable>) needs active=<key id>")
@@ -257,6 +269,11 @@ class Encrypted:
     def __repr__(self) -> str:  # never the keys
         known = ", ".join(self._ciphers) or "from a callable"
         return f"Encrypted(active={self.active!r}, keys: {known})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as what it was made from (its ciphers are not picklable): the keys travel
+        where the pickle goes, as a Spark job's closure carries them to its executors."""
+        return (Encrypted, (self._source, self.active))
 
     def _cipher(self, key_id: str) -> Any:
         """The AESGCM of ``key_id``, or None when no source knows it."""
@@ -338,6 +355,45 @@ def revealing(decrypt: bool | Encrypted, asked_by: str = "decrypt") -> Encrypted
         )
     keys, _active = keys_from_environment({"DUEQ_KEYS": os.environ["DUEQ_KEYS"]})
     return Encrypted(keys=keys, active=next(iter(keys)))
+
+
+def configured_codec(
+    keys: str | KeySource | Encrypted | None,
+    active: str | None = None,
+    *,
+    where: str = "keys",
+) -> Encrypted | None:
+    """The codec a process that schedules or runs tasks seals and opens payloads with, from
+    its settings: the one rule under the CLI (``DUEQ_KEYS``), the Django backend's OPTIONS and
+    the Spark writers (the session's configuration), which stay thin over it.
+
+    ``keys``: None or a blank text (no encryption: None), an ``Encrypted`` (as it is), a text
+    in ``DUEQ_KEYS``' format, ``"k1=<base64>,k2=<base64>"`` (the active key is ``active``, else
+    the last listed), or a mapping or callable as ``Encrypted(keys=)`` takes. ``where`` names
+    the setting in errors (which never show a key). Unlike a view (``revealing``), a producer
+    or a worker uses its keys without being asked: that is what it holds them for."""
+    if keys is None or (isinstance(keys, str) and not keys.strip()):
+        if active is not None:
+            raise ConfigurationError(f"an active key ({active!r}) is set but {where} lists none")
+        return None
+    if isinstance(keys, Encrypted):
+        if active is not None and active != keys.active:
+            raise ConfigurationError(
+                f"{where} is an Encrypted with active key {keys.active!r}, not {active!r}"
+            )
+        return keys
+    if isinstance(keys, str):
+        listed = parse_keys(keys, where)
+        return Encrypted(keys=listed, active=active or list(listed)[-1])
+    return Encrypted(keys=keys, active=active)
+
+
+def environment_codec(environ: Mapping[str, str] | None = None) -> Encrypted | None:
+    """``configured_codec`` of ``DUEQ_KEYS`` and ``DUEQ_ACTIVE_KEY``: None when ``DUEQ_KEYS``
+    is not set (ConfigurationError when it is malformed, or names no ``DUEQ_ACTIVE_KEY``)."""
+    env = os.environ if environ is None else environ
+    active = env.get("DUEQ_ACTIVE_KEY", "").strip() or None
+    return configured_codec(env.get("DUEQ_KEYS"), active, where="DUEQ_KEYS")
 
 
 class SealedInfo(NamedTuple):
@@ -475,7 +531,7 @@ class PayloadCodec:
             if self.codec is None:
                 raise UndecryptableTask(
                     f"{what} is encrypted with key {info.key_id!r} and this queue has no "
-                    "codec (Queue(..., codec=dueq.Encrypted(...)))",
+                    "codec (Queue(..., codec=dueq.Encrypted(...)); dueq worker: set DUEQ_KEYS)",
                     tid,
                     info.key_id,
                 )

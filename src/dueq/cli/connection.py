@@ -34,7 +34,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from dueq import discovery
-from dueq._wire.codec import revealing
+from dueq._wire.codec import environment_codec, revealing
 from dueq.cli.errors import CliError, Settings
 from dueq.cli.output import safe
 from dueq.logs import shown_url, split_netloc, url_secrets
@@ -245,6 +245,14 @@ def open_queue(target: RedisTarget, name: str, *, decrypt: bool = False) -> Queu
     conn = target.open()
     require_queue(conn, name)
     return discovery.open_queue(conn.client, name, codec=codec)
+
+
+def payload_settings(compression: str | None) -> dict[str, Any]:
+    """``codec=`` and ``compression=`` of a queue a command schedules or runs tasks on: sealed
+    and opened with the keys of ``DUEQ_KEYS`` when it is set (``environment_codec``; a worker
+    holding the keys is the point, so no ``--decrypt`` is asked for), with ``--compression``.
+    ConfigurationError (one line) for a malformed ``DUEQ_KEYS``, before connecting."""
+    return {"codec": environment_codec(), "compression": compression}
 
 
 def require_queue(conn: Connection, name: str, hint: str = "") -> None:

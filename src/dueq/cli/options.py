@@ -110,3 +110,23 @@ def decrypt_option(command: Callable[..., Any]) -> Callable[..., Any]:
         help="Show encrypted payloads opened with the keys in $DUEQ_KEYS (without it they "
         "show as <encrypted KEY, N B>, even when DUEQ_KEYS is set).",
     )(command)
+
+
+#: Where the commands that schedule or run tasks get their keys (their help says it).
+KEYS_HELP = (
+    'Encryption: with $DUEQ_KEYS set ("k1=<base64 of 32 bytes>,k2=...") payloads are opened '
+    "with those keys and new ones sealed with $DUEQ_ACTIVE_KEY (default: the last listed); "
+    "docs/payload-codecs.md."
+)
+
+
+def compression_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--compression zstd|auto`` (the command receives ``compression: str | None``), passed
+    to the queue with the codec of ``DUEQ_KEYS`` (``connection.payload_settings``)."""
+    return click.option(
+        "--compression",
+        type=click.Choice(["zstd", "auto"]),
+        default=None,
+        help="Compress the payloads this writes with zstd: every one (zstd) or those over 256 "
+        "bytes of JSON (auto); compressed tasks are read either way (zstd extra). " + KEYS_HELP,
+    )(command)

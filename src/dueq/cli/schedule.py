@@ -20,9 +20,9 @@ from typing import Any
 import click
 import redis
 
-from dueq.cli.connection import RedisTarget, redis_options
+from dueq.cli.connection import RedisTarget, payload_settings, redis_options
 from dueq.cli.errors import CliError
-from dueq.cli.options import replication_options, shards_option
+from dueq.cli.options import compression_option, replication_options, shards_option
 from dueq.cli.output import console, safe, steps
 from dueq.cli.task_input import (
     BadLine,
@@ -206,6 +206,7 @@ def _schedule_file(
     help="A parent that ends dead, cancelled or expired: end this task dead (fail, the "
     "default) or run it anyway (run).",
 )
+@compression_option
 @shards_option
 @replication_options
 @redis_options
@@ -228,6 +229,7 @@ def schedule(
     batch: str | None,
     after: tuple[str, ...],
     after_policy: str | None,
+    compression: str | None,
     shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
@@ -243,7 +245,9 @@ def schedule(
     instead of "at", and may give "priority", "key", "timeout", "max_attempts", "task"; only
     "payload" is required. --at/--delay and the option flags apply to lines without
     their own. A bad line rejects the whole file before anything is written. An id that
-    already exists is left alone unless --replace.
+    already exists is left alone unless --replace. With DUEQ_KEYS set
+    ("k1=<base64 of 32 bytes>,k2=..."), payloads are sealed with DUEQ_ACTIVE_KEY (default:
+    the last listed): see --compression.
     """
     if (payload is None) == (path is None):
         raise click.UsageError("give a JSON payload or --file, not both and not neither")
@@ -272,9 +276,15 @@ def schedule(
             task = checked_task(parse_json(payload), task_id, timing, options)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
+    payloads = payload_settings(compression)  # DUEQ_KEYS, checked before connecting
     client = target.open().client
     q = open_queue(
-        client, queue, shards=shards, wait_replicas=wait_replicas, wait_timeout=wait_timeout
+        client,
+        queue,
+        shards=shards,
+        wait_replicas=wait_replicas,
+        wait_timeout=wait_timeout,
+        **payloads,
     )
     if path is not None:
         result = _schedule_file(q, path, timing, options, replace, batch)

@@ -34,10 +34,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from dueq._flows.core import QueueCore
-from dueq.cli.connection import RedisTarget, redis_options
+from dueq.cli.connection import RedisTarget, payload_settings, redis_options
 from dueq.cli.errors import CliError, Settings
 from dueq.cli.metrics import DEFAULT_HOST, metrics_module, start_exporter
-from dueq.cli.options import replication_options, seconds_option, shards_option
+from dueq.cli.options import (
+    compression_option,
+    replication_options,
+    seconds_option,
+    shards_option,
+)
 from dueq.cli.output import safe, safe_lines
 from dueq.discovery import open_queue
 from dueq.logs import JsonFormatter, WorkerFilter
@@ -99,7 +104,14 @@ def load_object(spec: str, hint: str = "HANDLER", form: str = "module:function")
 
 #: The options that build the queue of ``dueq worker QUEUE HANDLER``: a queue object has its
 #: own settings, so they are refused with one.
-_QUEUE_OPTIONS = ("max_attempts", "lease", "shards", "wait_replicas", "wait_timeout")
+_QUEUE_OPTIONS = (
+    "max_attempts",
+    "lease",
+    "shards",
+    "wait_replicas",
+    "wait_timeout",
+    "compression",
+)
 
 
 def load_queue(spec: str) -> Queue | AsyncQueue:
@@ -257,6 +269,7 @@ def _batch_spec(
     help="With --batch-max: how long a call with fewer than N items waits for more after its "
     "first one fell due, in milliseconds (at most 60,000); none by default.",
 )
+@compression_option
 @shards_option
 @replication_options
 @redis_options
@@ -279,6 +292,7 @@ def worker(
     queue_metrics: bool,
     batch_max: int | None,
     linger: float | None,
+    compression: str | None,
     shards: int | None,
     wait_replicas: int,
     wait_timeout: float,
@@ -298,6 +312,12 @@ def worker(
     With --batch-max N, HANDLER is a bulk handler: it takes a list of up to N dueq.Item
     (item.payload, item.fail(exc), item.release(), item.result(value)); returning acks every
     item without a verdict, raising fails them.
+
+    With DUEQ_KEYS set ("k1=<base64 of 32 bytes>,k2=..."), sealed payloads are opened with
+    those keys, and what the worker writes (results, tasks scheduled by handlers) is sealed
+    with DUEQ_ACTIVE_KEY (default: the last listed). Without a key for it, a sealed task goes
+    dead (UndecryptableTask, one log line each, its data kept): replay it once the key is
+    set. A queue object uses its own codec (Queue(..., codec=...)).
     """
     batch = _batch_spec(batch_max, linger, handler)
     q: Queue | AsyncQueue
@@ -311,6 +331,7 @@ def worker(
         handler, queue, shown = "named tasks", q.name, repr(q)
     else:
         function = load_handler(handler)
+        payloads = payload_settings(compression)  # DUEQ_KEYS, checked before connecting
         conn = target.open()
         shown = conn.shown
         q = open_queue(
@@ -321,6 +342,7 @@ def worker(
             lease=lease,
             wait_replicas=wait_replicas,
             wait_timeout=wait_timeout,
+            **payloads,
         )
     log = logging.StreamHandler(sys.stderr)
     log.addFilter(WorkerFilter())
@@ -364,6 +386,9 @@ def worker(
     if measured is not None:
         measured.follow(queue, w.outcomes)
     banner = f"worker on {queue!r} at {shown}: {safe(handler)}, concurrency {concurrency}"
+    codec = q.payload_codec.codec
+    if codec is not None:  # key ids only, never a key
+        banner += f", payloads sealed with key {codec.active}"
     if batch is not None:
         banner += f", bulk calls of up to {batch.max}"
         if batch.linger_s:

@@ -30,6 +30,7 @@ import redis
 from django.utils import timezone as django_timezone
 
 from dueq._util.identity import worker_id
+from dueq._wire.codec import Compression, Encrypted, PayloadCodec, configured_codec
 from dueq._wire.envelope import validate_id
 from dueq._wire.keys import validate_queue_name
 from dueq.delivery import Delivery
@@ -120,6 +121,11 @@ class BackendOptions:
     ``lease``: seconds a worker holds a task before another may take it over.
     ``task_modules``: modules holding tasks beyond the installed apps' ``tasks`` modules
     (imported by the backend; a payload's path is never imported, see the module doc).
+    ``keys`` (``"k1=<base64>,k2=..."`` as ``DUEQ_KEYS``, or a mapping or callable as
+    ``dueq.Encrypted(keys=)`` takes) with ``active_key``, or ``codec`` (a ``dueq.Encrypted``):
+    every queue's payloads, results and step results sealed and opened with them, in the
+    producer and the worker alike (``_wire.codec.configured_codec``; none by default).
+    ``compression``: ``"zstd"`` or ``"auto"``, as ``Queue(compression=)``.
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -128,10 +134,23 @@ class BackendOptions:
     max_attempts: int = 1
     lease_s: float = 30.0
     task_modules: tuple[str, ...] = ()
+    codec: Encrypted | None = None
+    compression: Compression | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> BackendOptions:
-        known = {"redis_url", "prefix", "keep_results", "max_attempts", "lease", "task_modules"}
+        known = {
+            "redis_url",
+            "prefix",
+            "keep_results",
+            "max_attempts",
+            "lease",
+            "task_modules",
+            "keys",
+            "active_key",
+            "codec",
+            "compression",
+        }
         unknown = sorted(set(options) - known)
         if unknown:
             raise ConfigurationError(
@@ -152,6 +171,19 @@ class BackendOptions:
         modules = options.get("task_modules", ())
         if isinstance(modules, str) or not all(isinstance(m, str) and m for m in modules):
             raise ConfigurationError("OPTIONS['task_modules'] must be a list of module names")
+        if "codec" in options and ("keys" in options or "active_key" in options):
+            raise ConfigurationError("give OPTIONS 'codec' or 'keys' (and 'active_key'), not both")
+        if "codec" in options and not isinstance(options["codec"], Encrypted):
+            raise ConfigurationError(
+                f"OPTIONS['codec'] must be a dueq.Encrypted, got {options['codec']!r}"
+            )
+        codec = configured_codec(
+            options.get("codec", options.get("keys")),
+            options.get("active_key"),
+            where="OPTIONS['keys']",
+        )
+        compression: Compression | None = options.get("compression")
+        PayloadCodec(None, compression)  # checks it (and that zstd is installed) now
         return cls(
             redis_url=url,
             prefix=prefix,
@@ -159,6 +191,8 @@ class BackendOptions:
             max_attempts=attempts,
             lease_s=_seconds(options.get("lease", cls.lease_s), "lease", allow_zero=False),
             task_modules=tuple(modules),
+            codec=codec,
+            compression=compression,
         )
 
 
@@ -271,6 +305,8 @@ class DueqBackend(BaseTaskBackend):  # type: ignore[misc]  # django's class (no 
             self._client(),
             retry=RetryPolicy(max_attempts=opts.max_attempts),
             lease=opts.lease_s,
+            codec=opts.codec,
+            compression=opts.compression,
         )
         if opts.keep_results_s:  # 0/None: leave the queue's own setting (dueq configure)
             q.configure(keep_results=opts.keep_results_s)

@@ -24,6 +24,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dueq.spark._batch import (
+    ACTIVE_KEY_CONF,
+    KEYS_CONF,
     BadRowPolicy,
     PartitionCounts,
     PartitionPlan,
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
     from dueq.spark._source import DueqDataSource
 
 __all__ = [
+    "ACTIVE_KEY_CONF",
+    "KEYS_CONF",
     "BadRowPolicy",
     "DueqDataSource",
     "PartitionCounts",

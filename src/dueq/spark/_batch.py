@@ -24,7 +24,14 @@ from dueq import discovery
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration, duration_ms, positive_duration_ms
 from dueq._wire import protocol as protocol
-from dueq._wire.codec import Encrypted, revealing
+from dueq._wire.codec import (
+    NO_CODEC,
+    Compression,
+    Encrypted,
+    PayloadCodec,
+    configured_codec,
+    revealing,
+)
 from dueq._wire.envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     ENVELOPE_PREFIX,
@@ -166,6 +173,9 @@ class PartitionPlan:
     batch: str | None = None
     #: rows carry a fifth value, the task's fair key (its tenant on a fair queue), or None
     has_fair_key: bool = False
+    #: how payloads are stored: sealed and/or compressed in the executors (its Encrypted
+    #: pickles with its keys, which travel in the closure as the Redis URL does)
+    payloads: PayloadCodec = NO_CODEC
 
 
 class _BadRow(Exception):
@@ -250,6 +260,8 @@ def schedule_rows(rows: Iterable[Sequence[Any]], plan: PartitionPlan) -> Partiti
                 plan.queue,
                 max_payload_bytes=plan.max_payload_bytes,
                 remember_done=plan.remember_done,
+                codec=plan.payloads.codec,
+                compression=plan.payloads.compression,
             )
         for ids, records in packed_batches(rows, plan, counts):
             _flush(q, ids, records, counts)
@@ -285,6 +297,8 @@ def packed_batches(
         tenant_head = heads.get(fair)
         if tenant_head is None:
             tenant_head = heads[fair] = TaskOptions(fair_key=fair).head() + head[2:]
+        if plan.payloads.writes:  # after the id: a row-hash id is of the JSON, as ever
+            data = plan.payloads.seal(data, plan.queue, task_id)
         ids.append(task_id)
         records.append(
             pack_task(flags | extra_flags, due_ms, task_id, tenant_head + data, extra=extra)
@@ -529,6 +543,7 @@ def partition_plan(
     task: str | None = None,
     batch: str | None = None,
     has_fair_key: bool = False,
+    payloads: PayloadCodec = NO_CODEC,
 ) -> PartitionPlan:
     """A checked PartitionPlan (ConfigurationError for a bad setting; InvalidTaskError for a
     bad task name)."""
@@ -552,7 +567,27 @@ def partition_plan(
         None if task is None else validate_task_name(task),
         None if batch is None else _validate_id(batch),
         has_fair_key,
+        payloads,
     )
+
+
+#: The session configuration of the keys a writer seals with (``DUEQ_KEYS``' format). Its name
+#: holds "secret" so that Spark's default ``spark.redaction.regex`` hides its value in the UI,
+#: the event log and ``spark.sql("SET")``; ``spark.dueq.keys`` would show the keys there.
+KEYS_CONF = "spark.dueq.secretKeys"
+#: The session configuration of the active key (default: the last of ``KEYS_CONF``).
+ACTIVE_KEY_CONF = "spark.dueq.activeKey"
+
+
+def session_codec(spark: SparkSession, codec: Encrypted | None = None) -> Encrypted | None:
+    """The codec a writer seals with: ``codec`` when given, else the keys of the session's
+    ``spark.dueq.secretKeys`` and ``spark.dueq.activeKey`` (``configured_codec``), else None.
+    Read on the driver; the plan carries it to the executors, which seal."""
+    if codec is not None:
+        return configured_codec(codec, where="codec")
+    conf = spark.conf
+    active = conf.get(ACTIVE_KEY_CONF, None) or None
+    return configured_codec(conf.get(KEYS_CONF, None), active, where=KEYS_CONF)
 
 
 def task_name_of(task: Any, payload_cols: Sequence[str]) -> str | None:
@@ -583,6 +618,8 @@ def schedule_dataframe(
     batch: str | None = None,
     on_complete: Task | None = None,
     fair_key_col: str | None = None,
+    codec: Encrypted | None = None,
+    compression: Compression | None = None,
 ) -> SparkScheduleResult:
     """Schedule one task per row of ``df``; an id that is already in the queue is left alone.
 
@@ -610,6 +647,10 @@ def schedule_dataframe(
     ``Task(fair_key=)`` is; a row whose value cannot be a key is a bad row (reason
     ``"fair_key"``), a null one is a task without one. Without ``id_col`` the fair key is part
     of the generated id (the same payload for two tenants is two tasks).
+    ``codec`` (a ``dueq.Encrypted``) seals each payload in the executors; without it, the
+    session's configuration ``spark.dueq.secretKeys`` (``"k1=<base64>,k2=..."`` as
+    ``DUEQ_KEYS``) and ``spark.dueq.activeKey`` give the keys (``session_codec``); neither: no
+    encryption. ``compression`` is ``"zstd"`` or ``"auto"``, as ``Queue(compression=)``.
     """
     check_target(queue, redis_url)
     try:
@@ -620,6 +661,7 @@ def schedule_dataframe(
             "which Spark Connect has not); from Spark Connect, write with "
             "df.write.format('dueq') (and writeStream.format('dueq') instead of foreach_batch)"
         ) from None
+    payloads = PayloadCodec(session_codec(df.sparkSession, codec), compression)
     prepared, kind = _prepare(df, id_col, at_col, delay_col, payload_cols, fair_key_col)
     columns = columns_of(df.schema, id_col, at_col, delay_col, payload_cols, fair_key_col)
     plan = partition_plan(
@@ -634,6 +676,7 @@ def schedule_dataframe(
         task=task_name_of(task, columns.payload_cols),
         batch=batch,
         has_fair_key=fair_key_col is not None,
+        payloads=payloads,
     )
     counts = context.accumulator(PartitionCounts(), _CountsParam())
     try:

@@ -1,0 +1,93 @@
+"""Spark writers with a codec: payloads sealed in the executors with the keys of the session's
+configuration (``spark.dueq.secretKeys``, ``spark.dueq.activeKey``) or of ``codec=``, read back
+by a queue holding the keys, and no plaintext in Redis."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import dueq
+
+pytest.importorskip("pyspark", reason="pyspark is not installed: pip install 'dueq[spark]'")
+pytest.importorskip("cryptography")
+
+from dueq import spark as ds
+from dueq._wire.codec import PayloadCodec
+
+K1, K2 = os.urandom(32), os.urandom(32)
+MARKER = "spark-marker-9c1e"
+BOTH = {"k1": K1, "k2": K2}
+
+
+def stored_values(r: Any, queue: str) -> bytes:
+    """Every field and value of the queue's hashes and every member of its sorted sets."""
+    found = []
+    for key in r.scan_iter(match=f"dueq:{{{queue}}}:*"):
+        kind = r.type(key)
+        if kind == b"hash":
+            found += [k + b"=" + v for k, v in r.hgetall(key).items()]
+        elif kind == b"zset":
+            found += r.zrange(key, 0, -1)
+    return b"\n".join(found)
+
+
+@pytest.fixture
+def session_keys(spark: Any) -> Iterator[None]:
+    """The shared session configured with k1 and k2, k2 active; unset afterwards."""
+    listed = ",".join(f"{k}={base64.b64encode(v).decode()}" for k, v in BOTH.items())
+    spark.conf.set(ds.KEYS_CONF, listed)
+    spark.conf.set(ds.ACTIVE_KEY_CONF, "k2")
+    try:
+        yield
+    finally:
+        spark.conf.unset(ds.KEYS_CONF)
+        spark.conf.unset(ds.ACTIVE_KEY_CONF)
+
+
+def test_the_partition_function_seals_each_row_with_the_plans_codec(r, redis_server):
+    payloads = PayloadCodec(dueq.Encrypted(keys={"k1": K1}))
+    plan = ds.PartitionPlan("sealed-rows", redis_server.url, "now", True, 10, "count")
+    plan = dataclasses.replace(plan, payloads=payloads)
+    rows = [(f"t{n}", None, None, f'{{"secret":"{MARKER}","n":{n}}}') for n in range(3)]
+    counts = ds.schedule_rows(iter(rows), plan)
+    assert counts.added == 3
+    assert MARKER.encode() not in stored_values(r, "sealed-rows")
+    q = dueq.Queue("sealed-rows", r, codec=dueq.Encrypted(keys={"k1": K1}))
+    assert q.get("t2").payload == {"secret": MARKER, "n": 2}
+
+
+def test_schedule_dataframe_seals_in_the_executors_with_the_sessions_keys(
+    spark, r, redis_server, session_keys
+):
+    df = spark.range(100).selectExpr("cast(id as string) as id", f"'{MARKER}' as secret", "id as n")
+    result = ds.schedule_dataframe(df, queue="sealed-df", redis_url=redis_server.url, id_col="id")
+    assert result.added == 100
+    raw = stored_values(r, "sealed-df")
+    assert MARKER.encode() not in raw
+    assert r.hget("dueq:{sealed-df}:tasks", "7").count(b"%|k2\n") == 1  # the active key
+    q = dueq.Queue("sealed-df", r, codec=dueq.Encrypted(keys={"k2": K2}))
+    got = {d.id: d.payload for d in q.claim(limit=100)}
+    assert len(got) == 100 and got["42"] == {"secret": MARKER, "n": 42}
+    assert dueq.Queue("sealed-df", r).get("7").payload.startswith("<encrypted k2, ")
+
+
+def test_schedule_dataframe_takes_a_codec_and_compression_from_the_driver(spark, r, redis_server):
+    pytest.importorskip("zstandard")
+    df = spark.range(100).selectExpr(f"concat('{MARKER}', repeat('x', 400)) as secret", "id as n")
+    codec = dueq.Encrypted(keys={"k1": K1})
+    result = ds.schedule_dataframe(
+        df, queue="sealed-arg", redis_url=redis_server.url, codec=codec, compression="auto"
+    )
+    assert result.added == 100
+    raw = stored_values(r, "sealed-arg")
+    assert MARKER.encode() not in raw and raw.count(b"%z|k1\n") == 100
+    q = dueq.Queue("sealed-arg", r, codec=codec)
+    payloads = [d.payload for d in q.claim(limit=100)]
+    assert sorted(p["n"] for p in payloads) == list(range(100))
+    assert all(p["secret"].startswith(MARKER) for p in payloads)
