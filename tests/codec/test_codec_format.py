@@ -9,7 +9,13 @@ import os
 import pytest
 
 import dueq
-from dueq._wire.codec import PayloadCodec, keys_from_environment, logical_queue, sealed_info
+from dueq._wire.codec import (
+    PayloadCodec,
+    associated_data,
+    keys_from_environment,
+    logical_queue,
+    sealed_info,
+)
 from dueq._wire.envelope import (
     TaskOptions,
     decode_named,
@@ -104,6 +110,69 @@ def test_a_generated_id_drawn_again_is_sealed_again_for_the_new_id():
     assert decode_named(envelope, c, "q", "second")[0] == {"a": 1}
     with pytest.raises(dueq.UndecryptableTask):
         decode_named(envelope, c, "q", "first")
+
+
+def hand_sealed(plaintext: bytes, c: PayloadCodec, head: bytes = b"1:") -> bytes:
+    """An envelope whose payload is ``plaintext`` sealed as task t1 of queue q, whatever it
+    holds (encode_envelope seals only JSON)."""
+    line = b"%|k1\n"
+    assert c.codec is not None
+    return head + line + c.codec.seal(plaintext, line, associated_data("q", "t1"))
+
+
+@pytest.mark.parametrize("head", [b"1:", b"1:~@send\n", b"2:3|||\n", b"1:~@b!d\n"])
+def test_a_sealed_payload_is_read_the_same_after_any_head(head):
+    c = codec()
+    raw = hand_sealed(b'{"a":[1,2]}', c, head)
+    if b"!" in head:  # an unreadable name is refused before the payload is opened
+        with pytest.raises(dueq.PayloadError, match="name"):
+            decode_named(raw, c, "q", "t1")
+        return
+    payload, _, _, name = decode_named(raw, c, "q", "t1")
+    assert payload == {"a": [1, 2]} and name == ("send" if b"@" in head else None)
+    with pytest.raises(dueq.UndecryptableTask, match="authentication"):
+        decode_named(raw, c, "q", "t2")
+    with pytest.raises(dueq.UndecryptableTask):  # no task id: an encrypted payload never opens
+        decode_named(raw, c, "q")
+    with pytest.raises(dueq.UndecryptableTask, match="no codec"):
+        decode_named(raw, PayloadCodec(), "q", "t1")
+
+
+@pytest.mark.parametrize(
+    ("plaintext", "match"),
+    [(b"{not json", "not valid JSON"), (b"\xff\xfe", "not valid JSON"), (b" [1] ", None)],
+)
+def test_an_opened_payload_is_read_as_json_loads_reads_it(plaintext, match):
+    c = codec()
+    raw = hand_sealed(plaintext, c)
+    if match is None:
+        assert decode_named(raw, c, "q", "t1")[0] == [1]
+        return
+    with pytest.raises(dueq.PayloadError, match=match):
+        decode_named(raw, c, "q", "t1")
+
+
+def test_an_opened_payload_nesting_too_deep_is_refused():
+    c = codec()
+    deep = b"[" * 200 + b"]" * 200
+    with pytest.raises(dueq.PayloadError, match="nests deeper"):
+        decode_named(hand_sealed(deep, c), c, "q", "t1")
+
+
+@pytest.mark.parametrize(
+    "body", [b"%x|k1\n" + b"\0" * 40, b"%|k1" + b"\0" * 100, b"%|k 1\n" + b"\0" * 40, b"%|k1\n"]
+)
+def test_an_unreadable_codec_line_or_a_short_ciphertext_is_refused(body):
+    c = codec()
+    with pytest.raises(dueq.PayloadError):
+        decode_named(b"1:" + body, c, "q", "t1")
+
+
+def test_a_key_id_the_codec_does_not_know_is_named_in_the_refusal():
+    raw = sealed({"a": 1}, codec(k9=K2))
+    with pytest.raises(dueq.UndecryptableTask, match="no key 'k9'") as caught:
+        decode_named(raw, codec(), "q", "t1")
+    assert caught.value.key_id == "k9"
 
 
 def test_keys_must_be_32_bytes_and_the_active_one_listed():

@@ -46,6 +46,14 @@ no source knows, or a tag that does not verify, is ``UndecryptableTask`` (a Payl
 claim sends the task to dead at once (no retry makes it readable) with its envelope untouched,
 so it can be replayed once the key is back. An exception raised by a key callable (a KMS
 outage) is no verdict on the task: it passes through.
+
+**Reading costs one decrypt.** A claim opens every payload it returns, so ``open`` does per
+task only what depends on the task: one AESGCM per key id is made once (its key schedule), the
+codec line is looked up among those already read (``_LINES``) instead of matched, the queue's
+part of the associated data is made once per queue name, and the ciphertext is decrypted where
+it lies in the envelope (no copy of the body first); ``envelope.decode_named`` hands it a sealed
+``1:`` envelope from its fast path. What is checked is unchanged: the codec line, the key id,
+and the tag over queue, task id and codec line.
 """
 
 from __future__ import annotations
@@ -59,7 +67,7 @@ import struct
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, NoReturn
 
 from dueq.exceptions import ConfigurationError, PayloadError, UndecryptableTask
 
@@ -302,15 +310,21 @@ class Encrypted:
         nonce = os.urandom(NONCE_BYTES)
         return nonce + bytes(cipher.encrypt(nonce, data, aad + line))
 
-    def open(self, key_id: str, sealed: bytes, line: bytes, aad: bytes) -> bytes | None:
-        """The plaintext of ``sealed``, or None when the key is unknown or the tag fails."""
-        cipher = self._cipher(key_id)
-        if cipher is None or len(sealed) < NONCE_BYTES + TAG_BYTES:
+    def open(
+        self, key_id: str, sealed: bytes, line: bytes, aad: bytes, at: int = 0
+    ) -> bytes | None:
+        """The plaintext of ``sealed[at:]`` (nonce, ciphertext and tag: a caller with the whole
+        stored body passes where they start rather than copying them out), or None when the
+        key is unknown or the tag fails."""
+        cipher = self._ciphers.get(key_id) or self._cipher(key_id)
+        if cipher is None or len(sealed) - at < NONCE_BYTES + TAG_BYTES:
             return None
+        nonce_end = at + NONCE_BYTES
         try:
-            return bytes(cipher.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], aad + line))
+            opened: bytes = cipher.decrypt(sealed[at:nonce_end], sealed[nonce_end:], aad + line)
         except self._invalid_tag:
             return None
+        return opened
 
 
 def reseal(body: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> bytes | None:
@@ -415,11 +429,33 @@ class SealedInfo(NamedTuple):
 def sealed_info(body: bytes) -> SealedInfo | None:
     """The codec line of a sealed payload body, or None when it is not one."""
     line_end = body.find(b"\n", 0, 80)
-    found = _CODEC_LINE.fullmatch(body[: line_end + 1]) if line_end > 0 else None
+    parsed = _codec_line(body[: line_end + 1]) if line_end > 0 else None
+    if parsed is None:
+        return None
+    return SealedInfo(parsed[0], parsed[1], len(body) - line_end - 1)
+
+
+#: Codec lines read so far (``%z|k2\n``: whether compressed, the key id or None): a queue's
+#: tasks share a few, so a claim finds each here with one dict lookup instead of a pattern
+#: match per task. Emptied when it reaches _LINES_KEPT (a hostile Redis cannot grow it).
+_LINES: dict[bytes, tuple[bool, str | None]] = {}
+_LINES_KEPT = 1024
+
+
+def _codec_line(line: bytes) -> tuple[bool, str | None] | None:
+    """Whether the codec line ``line`` (with its newline) says compressed, and its key id
+    (None: not encrypted); None when it is no codec line."""
+    parsed = _LINES.get(line)
+    if parsed is not None:
+        return parsed
+    found = _CODEC_LINE.fullmatch(line)
     if found is None:
         return None
-    key_id = found[2].decode("ascii") or None
-    return SealedInfo(bool(found[1]), key_id, len(body) - line_end - 1)
+    parsed = (bool(found[1]), found[2].decode("ascii") or None)
+    if len(_LINES) >= _LINES_KEPT:
+        _LINES.clear()
+    _LINES[line] = parsed
+    return parsed
 
 
 def logical_queue(name: str) -> str:
@@ -434,9 +470,20 @@ def associated_data(queue: str, task_id: str, purpose: bytes = b"") -> bytes:
     docstring): the logical queue name and the task id, each length-prefixed, then for a value
     other than the payload its purpose, length-prefixed too (a payload has none: its data stays
     as it was sealed before values were)."""
+    return _task_data(_queue_data(queue), task_id, purpose)
+
+
+def _queue_data(queue: str) -> bytes:
+    """The start of the associated data of every value of ``queue``: the layout's tag and
+    the logical queue name (a PayloadCodec keeps it per queue name: a claim reads many)."""
     q = logical_queue(queue).encode("utf-8")
+    return _AAD_TAG + _SHORT.pack(len(q)) + q
+
+
+def _task_data(queue_data: bytes, task_id: str, purpose: bytes) -> bytes:
+    """``associated_data`` from its queue's start (``_queue_data``)."""
     t = task_id.encode("utf-8")
-    aad = _AAD_TAG + _SHORT.pack(len(q)) + q + _SHORT.pack(len(t)) + t
+    aad = queue_data + _SHORT.pack(len(t)) + t
     return aad + _SHORT.pack(len(purpose)) + purpose if purpose else aad
 
 
@@ -496,6 +543,19 @@ class PayloadCodec:
         self.compress_from_bytes = AUTO_COMPRESS_BYTES if compression == "auto" else 1
         #: whether writing changes anything (else encode_envelope stores plain JSON)
         self.writes = codec is not None or compression is not None
+        #: the start of the associated data by queue name (``_queue_data``; a queue's codec
+        #: sees one name, a sharded one a name per shard)
+        self._queue_starts: dict[str, bytes] = {}
+
+    def _associated_data(self, queue: str, task_id: str, purpose: bytes) -> bytes:
+        """``associated_data(queue, task_id, purpose)``, its queue's part made once."""
+        queue_data = self._queue_starts.get(queue)
+        if queue_data is None:
+            queue_data = _queue_data(queue)
+            if len(self._queue_starts) >= _LINES_KEPT:
+                self._queue_starts.clear()
+            self._queue_starts[queue] = queue_data
+        return _task_data(queue_data, task_id, purpose)
 
     def __repr__(self) -> str:
         return f"PayloadCodec({self.codec!r}, compression={self.compression!r})"
@@ -514,42 +574,37 @@ class PayloadCodec:
         if self.codec is None:
             return b"%" + flag + b"|\n" + data if flag else data
         line = b"%" + flag + self.codec.line_key + b"\n"
-        return line + self.codec.seal(data, line, associated_data(queue, task_id, purpose))
+        return line + self.codec.seal(data, line, self._associated_data(queue, task_id, purpose))
 
-    def open(self, body: bytes, queue: str, task_id: str | None, purpose: bytes = b"") -> bytes:
-        """The JSON bytes of a sealed body (``body`` starts with SEAL_MARK); UndecryptableTask
-        when it is encrypted and cannot be opened, PayloadError when it is unreadable.
-        ``purpose``: as ``seal``'s."""
-        info = sealed_info(body)
-        if info is None:
+    def open(
+        self,
+        body: bytes,
+        queue: str,
+        task_id: str | None,
+        purpose: bytes = b"",
+        start: int = 0,
+    ) -> bytes:
+        """The JSON bytes of a sealed body (``body[start:]``, which starts with SEAL_MARK: a
+        claim passes the whole envelope and where its payload starts, so nothing is copied
+        out before decrypting); UndecryptableTask when it is encrypted and cannot be opened,
+        PayloadError when it is unreadable. ``purpose``: as ``seal``'s."""
+        line_end = body.find(b"\n", start, start + 80) + 1
+        line = body[start:line_end] if line_end > start else b""
+        parsed = _LINES.get(line) or _codec_line(line)
+        if parsed is None:
             raise PayloadError("stored payload's codec line is unreadable")
-        line_end = body.index(b"\n") + 1
-        data = body[line_end:]
-        if info.key_id is not None:
-            tid = "" if task_id is None else task_id
-            what = f"task {tid!r}" if not purpose else f"the {_what(purpose)} of task {tid!r}"
-            if self.codec is None:
-                raise UndecryptableTask(
-                    f"{what} is encrypted with key {info.key_id!r} and this queue has no "
-                    "codec (Queue(..., codec=dueq.Encrypted(...)); dueq worker: set DUEQ_KEYS)",
-                    tid,
-                    info.key_id,
-                )
+        compressed, key_id = parsed
+        if key_id is None:
+            data = body[line_end:]
+        else:
             opened = None
-            if task_id is not None:
-                opened = self.codec.open(
-                    info.key_id, data, body[:line_end], associated_data(queue, task_id, purpose)
-                )
+            if self.codec is not None and task_id is not None:
+                aad = self._associated_data(queue, task_id, purpose)
+                opened = self.codec.open(key_id, body, line, aad, at=line_end)
             if opened is None:
-                known = self.codec.knows(info.key_id)
-                why = (
-                    "its ciphertext failed authentication (tampered, or moved from another task)"
-                    if known
-                    else f"no key {info.key_id!r} is known to this queue's codec"
-                )
-                raise UndecryptableTask(f"{what} cannot be decrypted: {why}", tid, info.key_id)
+                self._refuse(key_id, task_id, purpose)
             data = opened
-        if info.compressed:
+        if compressed:
             codec = zstd()
             if codec is None:
                 raise PayloadError(
@@ -558,6 +613,25 @@ class PayloadCodec:
                 )
             data = codec.decompress(data)
         return data
+
+    def _refuse(self, key_id: str, task_id: str | None, purpose: bytes) -> NoReturn:
+        """The UndecryptableTask of a value encrypted with ``key_id`` that did not open: no
+        codec, no such key, or a tag that failed (``open``'s slow path: only refusals)."""
+        tid = "" if task_id is None else task_id
+        what = f"task {tid!r}" if not purpose else f"the {_what(purpose)} of task {tid!r}"
+        if self.codec is None:
+            raise UndecryptableTask(
+                f"{what} is encrypted with key {key_id!r} and this queue has no "
+                "codec (Queue(..., codec=dueq.Encrypted(...)); dueq worker: set DUEQ_KEYS)",
+                tid,
+                key_id,
+            )
+        why = (
+            "its ciphertext failed authentication (tampered, or moved from another task)"
+            if self.codec.knows(key_id)
+            else f"no key {key_id!r} is known to this queue's codec"
+        )
+        raise UndecryptableTask(f"{what} cannot be decrypted: {why}", tid, key_id)
 
     def seal_value(self, text: str, queue: str, task_id: str, purpose: bytes) -> str:
         """The JSON text of a value other than the payload (a kept result, a step result, a
