@@ -181,3 +181,29 @@ def test_a_claim_acked_a_few_at_a_time_and_then_the_rest_is_acked_whole(
     assert q.ack_many([again, *held[5:10]]) == 6
     assert q.ack_many(held[10:]) == 190
     assert q.stats().leased == 0 and r.hlen(q.keys.tasks) == 0
+
+
+def test_claims_records_are_kept_ten_minutes_past_their_deadline_unless_there_are_many(
+    make_queue: Any, r: redis.Redis, clock: Any
+) -> None:
+    # a record names its holder for the reclaim of its leases after an outage of up to ten
+    # minutes; past 10,000 records a claim keeps only the live ones (lua/include/claims.lua)
+    q = make_queue(lease=30)
+    q.schedule("x", id="a")
+    q.claim()[0].ack()
+    clock.advance(30 + 599)
+    q.schedule("y", id="b")
+    q.claim()[0].ack()
+    assert r.zcard(q.keys.claims) == 2  # the first's deadline is 599 s past: kept
+    clock.advance(2)
+    q.schedule("z", id="c")
+    [live] = q.claim()
+    assert r.zcard(q.keys.claims) == 2  # the first's is 601 s past: dropped
+    past = int(clock() * 1000) - 1000
+    r.zadd(q.keys.claims, {f"{past - n}|{past - n}|old": past - n for n in range(10_001)})
+    q.schedule("w", id="d")
+    [newest] = q.claim()
+    # only the records whose deadline is ahead are left: b's (acked, its 30 s not over), c's
+    # and this claim's
+    assert r.zcard(q.keys.claims) == 3
+    assert q.ack_many([live, newest]) == 2

@@ -18,8 +18,13 @@
 -- than claims.GRACE_MS ago) gives the token "<D>" and first-claim D less the lease length
 -- given, or D.
 
+-- A record is kept while its leases may live unextended and GRACE_MS more, for the claim that
+-- reclaims them (their holder and claim time, so that a worker's expired leases are named after
+-- an outage of up to 10 minutes), but once the set holds more than MOST records, only the live
+-- ones (D after now) are kept: a busy queue keeps (claims per second) x (lease length) of them.
+-- Either way D stays unique.
 -- (One local, the table claims: most scripts include this through meta.lua.)
-local claims = {GRACE_MS = 600000}
+local claims = {GRACE_MS = 600000, MOST = 10000}
 
 -- Issue this claim's deadline and token (`now` + lease_ms, moved on while another claim holds
 -- it), record it and trim records past their grace. Returns D, its text and the token.
@@ -28,7 +33,9 @@ function claims.issue(k_claims, now, lease_ms, holder)
   while redis.call('ZCOUNT', k_claims, d, d) > 0 do d = d + 1 end
   local d_text = ms(d)
   local token = holder == '' and d_text or d_text .. '@' .. holder
-  redis.call('ZREMRANGEBYSCORE', k_claims, '-inf', '(' .. ms(now - claims.GRACE_MS))
+  local floor = now - claims.GRACE_MS
+  if redis.call('ZCARD', k_claims) > claims.MOST then floor = now end
+  redis.call('ZREMRANGEBYSCORE', k_claims, '-inf', '(' .. ms(floor))
   redis.call('ZADD', k_claims, d, d_text .. '|' .. ms(now) .. '|' .. holder)
   return d, d_text, token
 end

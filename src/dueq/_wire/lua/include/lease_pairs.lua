@@ -65,8 +65,9 @@ local function judge_leases(k_leased, k_meta, k_cancelled, ids, tokens, now)
   local held, verdicts, keys = {}, {}, {}
   if #ids == 0 then return held, verdicts, keys, {} end
   -- When the earliest deadline in leased is after now, every lease is live, and a meta value
-  -- whose token matches is a lease (only claim.lua writes a token into meta; whatever ends a
-  -- lease clears the token or deletes the value): no deadline needs reading. Otherwise each
+  -- whose token matches is a lease (only a lease's own claim writes its token into meta, or
+  -- extend.lua and configure.lua the one of a first lease; whatever ends a lease clears the
+  -- token or deletes the value): no deadline needs reading. Otherwise each
   -- one is read (ZMSCORE, whose reply formats a score per id: most of a lease check's cost).
   local deadlines = nil
   local earliest = redis.call('ZRANGE', k_leased, 0, 0, 'WITHSCORES')[2]
