@@ -31,3 +31,27 @@ def read_events(q: Any, count: int, since: datetime) -> list[Any]:
         return found
 
     return loop.run_until_complete(asyncio.wait_for(main(), 30))
+
+
+def values_of_queue(r: Any, name: str) -> list[bytes]:
+    """Every stored value of every key of queue ``name``, read by its type (members, fields,
+    list items, stream entries and strings)."""
+    values: list[bytes] = []
+    for key in r.scan_iter(match=f"dueq:{{{name}}}:*"):
+        kind = r.type(key).decode()
+        if kind == "string":
+            values.append(r.get(key))
+        elif kind == "hash":
+            for field, value in r.hgetall(key).items():
+                values += (field, value)
+        elif kind == "zset":
+            values += r.zrange(key, 0, -1)
+        elif kind == "set":
+            values += list(r.smembers(key))
+        elif kind == "list":
+            values += r.lrange(key, 0, -1)
+        elif kind == "stream":
+            for _, fields in r.xrange(key):
+                for field, value in fields.items():
+                    values += (field, value)
+    return values

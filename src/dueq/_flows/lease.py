@@ -15,7 +15,7 @@ from dueq._util.clock import Duration, duration_ms, ms_datetime
 from dueq._util.clock import positive_duration_ms as _positive_ms
 from dueq._util.identity import worker_id
 from dueq._wire import protocol as protocol
-from dueq._wire.codec import RESULT_PURPOSE
+from dueq._wire.codec import RESULT_PURPOSE, sealed_error_record
 from dueq._wire.envelope import MAX_RESULT_BYTES, decode_named, result_entry
 from dueq._wire.failures import error_record, token_holder
 from dueq.delivery import DeliveryBase, FailItem, mark_all_acked
@@ -174,7 +174,10 @@ class LeaseFlows(QueueBase):
                     exc,
                     extra=task_fields(self.name, task_id, attempt),
                 )
-                yield self._fail_call(task_id, token, error_record(exc, attempt), True, 0)
+                record = sealed_error_record(
+                    self.payload_codec, error_record(exc, attempt), self.name, task_id
+                )
+                yield self._fail_call(task_id, token, record, True, 0)
                 continue
             append(
                 make(
@@ -294,6 +297,7 @@ class LeaseFlows(QueueBase):
             else:
                 delay_ms = round(self.retry.delay_s(delivery.attempt, age_s, exc) * 1000)
         record = error_record(error, delivery.attempt, token_holder(delivery.token))
+        record = sealed_error_record(self.payload_codec, record, self.name, delivery.id)
         return protocol.Failure(delivery.id, delivery.token, record, dead, delay_ms)
 
     def fail_flow(

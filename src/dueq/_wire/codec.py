@@ -228,7 +228,11 @@ class Encrypted:
     See docs/payload-codecs.md.
     """
 
-    def __init__(self, keys: KeySource | None = None, active: str | None = None) -> None:
+    def __init__(
+        self, keys: KeySource | None = None, active: str | None = None, errors: bool = False
+    ) -> None:
+        #: whether error messages and tracebacks are sealed too (off: operators read them)
+        self.errors = bool(errors)
         try:
             from cryptography.exceptions import InvalidTag
             from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -281,7 +285,7 @@ class Encrypted:
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as what it was made from (its ciphers are not picklable): the keys travel
         where the pickle goes, as a Spark job's closure carries them to its executors."""
-        return (Encrypted, (self._source, self.active))
+        return (Encrypted, (self._source, self.active, self.errors))
 
     def _cipher(self, key_id: str) -> Any:
         """The AESGCM of ``key_id``, or None when no source knows it."""
@@ -489,6 +493,9 @@ def _task_data(queue_data: bytes, task_id: str, purpose: bytes) -> bytes:
 
 #: The purpose of a kept handler result (``keep_results``) in the associated data.
 RESULT_PURPOSE = b"result"
+#: The purposes of a failed attempt's message and traceback (``Encrypted(errors=True)``).
+ERROR_PURPOSE = b"error"
+TRACEBACK_PURPOSE = b"traceback"
 #: The purpose of a progress entry's body.
 PROGRESS_PURPOSE = b"progress"
 
@@ -666,6 +673,20 @@ class PayloadCodec:
             return self.open_value(value, queue, task_id, purpose)
         except PayloadError as exc:
             return SealedMarker(sealed_value_marker(value), exc)
+
+
+def sealed_error_record(codec: PayloadCodec, record: str, queue: str, task_id: str) -> str:
+    """An error record (``failures.error_record``) with its message and traceback sealed when
+    the codec says ``errors=True`` (the type and module stay readable), else ``record``."""
+    if codec.codec is None or not codec.codec.errors:
+        return record
+    item = json.loads(record)
+    for field, purpose in (("message", ERROR_PURPOSE), ("traceback", TRACEBACK_PURPOSE)):
+        if isinstance(item.get(field), str):
+            item[field] = json.loads(
+                codec.seal_value(json.dumps(item[field]), queue, task_id, purpose)
+            )
+    return json.dumps(item)  # ASCII: the sealed values' mark is a lone surrogate
 
 
 def sealed_value_marker(value: str) -> str:

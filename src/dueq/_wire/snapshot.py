@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from dueq._util.clock import ms_datetime, stored_ms
-from dueq._wire.codec import NO_CODEC, RESULT_PURPOSE, PayloadCodec, step_purpose
+from dueq._wire.codec import (
+    ERROR_PURPOSE,
+    NO_CODEC,
+    RESULT_PURPOSE,
+    SEALED_VALUE_MARK,
+    TRACEBACK_PURPOSE,
+    PayloadCodec,
+    step_purpose,
+)
 from dueq._wire.envelope import NO_OPTIONS, decode_named, sealed_marker
 from dueq._wire.failures import parse_error_records, token_holder
 from dueq.exceptions import PayloadError
@@ -23,6 +32,7 @@ from dueq.model import (
     MAX_REMEMBER_DONE_MS,
     MAX_WEIGHT,
     BatchInfo,
+    ErrorRecord,
     KeyLimit,
     QueueSettings,
     QueueStats,
@@ -264,7 +274,7 @@ def _task_info(
         attempt=attempt,
         due_at=_datetime(due_ms),
         first_claimed_at=_datetime(first_ms),
-        errors=parse_error_records(errors_raw),
+        errors=shown_errors(parse_error_records(errors_raw), codec, queue, task_id),
         lease_deadline=_datetime(score) if state == "leased" else None,
         died_at=_datetime(score) if state == "dead" else None,
         priority=options.priority,
@@ -280,6 +290,25 @@ def _task_info(
         task_name=task_name,
         steps=tuple(step_infos(log or _kept_log(head), codec, queue, task_id)),
     )
+
+
+def shown_errors(
+    records: list[ErrorRecord], codec: PayloadCodec, queue: str, task_id: str
+) -> list[ErrorRecord]:
+    """Error records with sealed messages and tracebacks (``Encrypted(errors=True)``) opened
+    with ``codec``, or shown as their markers when it cannot open them."""
+    shown = []
+    for record in records:
+        if record.message.startswith(SEALED_VALUE_MARK) or (record.traceback or "").startswith(
+            SEALED_VALUE_MARK
+        ):
+            message = codec.shown_value(record.message, queue, task_id, ERROR_PURPOSE)
+            trace = record.traceback
+            if trace is not None:
+                trace = codec.shown_value(trace, queue, task_id, TRACEBACK_PURPOSE)
+            record = replace(record, message=str(message), traceback=trace)
+        shown.append(record)
+    return shown
 
 
 def _datetime(ms: int | None) -> datetime | None:
