@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import pytest
-from codec_support import values_of_queue
+from codec_support import read_events, values_of_queue
 
 import dueq
 
@@ -49,3 +50,21 @@ def test_without_errors_true_an_error_message_stays_plain(make_queue, r):
     d.fail(ValueError(marker))
     assert any(marker.encode() in v for v in values_of_queue(r, q.name))
     assert q.get("t1").errors[0].message == marker
+
+
+def test_a_failed_event_shows_a_sealed_error_opened_for_the_key_holder_and_a_marker_otherwise(
+    make_queue, clock
+):
+    codec = dueq.Encrypted(keys={"k1": K1}, active="k1", errors=True)
+    q = make_queue(codec=codec)
+    q.configure(events=timedelta(hours=1))
+    marker = f"secret-{uuid.uuid4().hex}"
+    q.schedule({"n": 1}, id="t1", max_attempts=1)
+    [d] = q.claim()
+    d.fail(ValueError(marker))
+    start = datetime.fromtimestamp(clock.now - 60, tz=timezone.utc)
+    [ev] = read_events(q, 1, start)
+    assert ev.kind == "dead" and ev.error.message == marker and ev.error.type == "ValueError"
+    other = dueq.Encrypted(keys={"k2": os.urandom(32)}, active="k2")
+    [shown] = read_events(make_queue(name=q.name, codec=other), 1, start)
+    assert shown.error.message.startswith("<encrypted k1, ")

@@ -44,6 +44,7 @@ from dueq._wire.envelope import decode_named, sealed_marker
 from dueq._wire.failures import parse_error_records
 from dueq._wire.keys import validate_queue_name
 from dueq._wire.ports import DrivesFlows
+from dueq._wire.snapshot import shown_errors
 from dueq.exceptions import ConfigurationError, PayloadError, UndecryptableTask
 from dueq.model import ErrorRecord, Task, iso_ms
 
@@ -379,7 +380,8 @@ def parse_event(
     error = None
     if "error" in fields:
         records = parse_error_records("[" + fields["error"] + "]")
-        error = records[0] if records else None
+        # a sealed message (Encrypted(errors=True)) opened for the key's holder, else a marker
+        error = shown_errors(records, codec, queue, task_id)[0] if records else None
     body = None
     if "body" in fields:
         try:
