@@ -111,6 +111,27 @@ def test_a_ciphertext_copied_onto_another_task_ends_that_task_dead_with_its_data
     assert info.payload == f"<encrypted k1, {sealed_bytes} B>"
 
 
+def test_a_forged_ciphertext_is_refused_after_genuine_ones_opened_with_the_same_key(make_queue, r):
+    # a claim opens the first task of a codec line the long way and later ones the short way:
+    # the short way checks the tag as strictly, and leaves the refusal's reason to the long one
+    q = make_queue(codec=one_key(), compression="auto")
+    q.schedule({"amount": 1}, id="first")
+    q.schedule({"note": "x" * 400}, id="long")  # a compressed one, then a forged one of each
+    [first, long] = sorted(q.claim(limit=10), key=lambda d: d.id)
+    assert (first.payload, long.payload) == ({"amount": 1}, {"note": "x" * 400})
+    q.ack_many([first, long])
+    for victim, source in (("mine", "theirs"), ("mine-long", "theirs-long")):
+        body = {"amount": 1_000_000} if victim == "mine" else {"note": "y" * 400}
+        q.schedule(body, id=source, delay=60)
+        q.schedule({"amount": 2} if victim == "mine" else {"note": "z" * 400}, id=victim)
+        r.hset(TASKS, victim, stored(r, source))
+    assert q.claim(limit=10) == []
+    for victim in ("mine", "mine-long"):
+        info = q.get(victim)
+        assert info.state == "dead", victim
+        assert "authentication" in info.errors[-1].message
+
+
 def test_an_unknown_key_id_ends_the_task_dead_and_replay_with_the_key_reads_it(make_queue, r):
     writer = make_queue(codec=one_key("k1", K1))
     writer.schedule({"secret": "s"}, id="t1")

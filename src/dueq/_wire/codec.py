@@ -48,9 +48,11 @@ so it can be replayed once the key is back. An exception raised by a key callabl
 outage) is no verdict on the task: it passes through.
 
 **Reading costs one decrypt.** A claim opens every payload it returns, so ``open`` does per
-task only what depends on the task: one AESGCM per key id is made once (its key schedule), the
-codec line is looked up among those already read (``_LINES``) instead of matched, the queue's
-part of the associated data is made once per queue name, and the ciphertext is decrypted where
+task only what depends on the task: one AESGCM per key id is made once (its key schedule), a
+payload's codec line and queue name find that cipher, the queue's part of the associated data
+and the compression flag with one lookup (``PayloadCodec._open_fast``; the first payload of a
+line, a value other than a payload and every refusal take the general path, which says why),
+and the ciphertext is decrypted where
 it lies in the envelope (no copy of the body first); ``envelope.decode_named`` hands it a sealed
 ``1:`` envelope from its fast path. What is checked is unchanged: the codec line, the key id,
 and the tag over queue, task id and codec line.
@@ -553,6 +555,10 @@ class PayloadCodec:
         #: the start of the associated data by queue name (``_queue_data``; a queue's codec
         #: sees one name, a sharded one a name per shard)
         self._queue_starts: dict[str, bytes] = {}
+        #: a payload's opening by (queue name, codec line): the AESGCM of its key, the queue's
+        #: part of the associated data, whether compressed (``_open_fast``; a claim's tasks
+        #: share a few lines)
+        self._openers: dict[tuple[str, bytes], tuple[Any, bytes, bool]] = {}
 
     def _associated_data(self, queue: str, task_id: str, purpose: bytes) -> bytes:
         """``associated_data(queue, task_id, purpose)``, its queue's part made once."""
@@ -596,6 +602,10 @@ class PayloadCodec:
         out before decrypting); UndecryptableTask when it is encrypted and cannot be opened,
         PayloadError when it is unreadable. ``purpose``: as ``seal``'s."""
         line_end = body.find(b"\n", start, start + 80) + 1
+        if not purpose and task_id is not None and line_end > start:
+            opened = self._open_fast(body, queue, task_id, start, line_end)
+            if opened is not None:
+                return opened
         line = body[start:line_end] if line_end > start else b""
         parsed = _LINES.get(line) or _codec_line(line)
         if parsed is None:
@@ -611,15 +621,51 @@ class PayloadCodec:
             if opened is None:
                 self._refuse(key_id, task_id, purpose)
             data = opened
-        if compressed:
-            codec = zstd()
-            if codec is None:
-                raise PayloadError(
-                    "stored payload is zstd-compressed and no zstd is installed here: "
-                    "pip install 'dueq[zstd]'"
-                )
-            data = codec.decompress(data)
-        return data
+        return _decompressed(data) if compressed else data
+
+    def _open_fast(
+        self, body: bytes, queue: str, task_id: str, start: int, line_end: int
+    ) -> bytes | None:
+        """``open`` of a payload (no purpose) whose codec line this codec has opened before
+        for ``queue``: its cipher and associated data found with one lookup, decrypted where
+        it lies. None for anything else, a failed tag included (``open``'s general path then
+        decides and reports it): the same checks, in fewer steps, as a claim opens thousands.
+        """
+        line = body[start:line_end]
+        opener = self._openers.get((queue, line))
+        if opener is None:
+            return self._learn_opener(queue, line, body, task_id, start, line_end)
+        cipher, queue_data, compressed = opener
+        assert self.codec is not None  # an opener is kept only for a codec's key
+        t = task_id.encode("utf-8")
+        nonce_end = line_end + NONCE_BYTES
+        if len(body) - nonce_end < TAG_BYTES:
+            return None
+        try:
+            data: bytes = cipher.decrypt(
+                body[line_end:nonce_end],
+                body[nonce_end:],
+                queue_data + _SHORT.pack(len(t)) + t + line,
+            )
+        except self.codec._invalid_tag:  # noqa: SLF001 - this module's class; tampered or moved
+            return None
+        return _decompressed(data) if compressed else data
+
+    def _learn_opener(
+        self, queue: str, line: bytes, body: bytes, task_id: str, start: int, line_end: int
+    ) -> bytes | None:
+        """Keep the opener of ``line`` for ``queue`` when it names a key this codec holds
+        (``_open_fast``'s cache), then open ``body`` with it; None otherwise."""
+        parsed = _codec_line(line)
+        if self.codec is None or parsed is None or parsed[1] is None:
+            return None
+        cipher = self.codec._cipher(parsed[1])  # noqa: SLF001 - this module's class
+        if cipher is None:
+            return None
+        if len(self._openers) >= _LINES_KEPT:
+            self._openers.clear()
+        self._openers[(queue, line)] = (cipher, _queue_data(queue), parsed[0])
+        return self._open_fast(body, queue, task_id, start, line_end)
 
     def _refuse(self, key_id: str, task_id: str | None, purpose: bytes) -> NoReturn:
         """The UndecryptableTask of a value encrypted with ``key_id`` that did not open: no
@@ -673,6 +719,17 @@ class PayloadCodec:
             return self.open_value(value, queue, task_id, purpose)
         except PayloadError as exc:
             return SealedMarker(sealed_value_marker(value), exc)
+
+
+def _decompressed(data: bytes) -> bytes:
+    """The bytes of a zstd-compressed payload; PayloadError when no zstd is installed here."""
+    codec = zstd()
+    if codec is None:
+        raise PayloadError(
+            "stored payload is zstd-compressed and no zstd is installed here: "
+            "pip install 'dueq[zstd]'"
+        )
+    return codec.decompress(data)
 
 
 def sealed_error_record(codec: PayloadCodec, record: str, queue: str, task_id: str) -> str:
