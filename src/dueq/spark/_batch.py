@@ -581,13 +581,24 @@ ACTIVE_KEY_CONF = "spark.dueq.activeKey"
 
 def session_codec(spark: SparkSession, codec: Encrypted | None = None) -> Encrypted | None:
     """The codec a writer seals with: ``codec`` when given, else the keys of the session's
-    ``spark.dueq.secretKeys`` and ``spark.dueq.activeKey`` (``configured_codec``), else None.
+    ``spark.dueq.secretKeys`` and ``spark.dueq.activeKey`` (``settings_codec``), else None.
     Read on the driver; the plan carries it to the executors, which seal."""
+    return settings_codec(lambda name: spark.conf.get(name, None), codec)
+
+
+def settings_codec(
+    setting: Callable[[str], str | None],
+    codec: Encrypted | None = None,
+    active: str | None = None,
+) -> Encrypted | None:
+    """``codec`` when given, else the codec of the settings ``KEYS_CONF`` and
+    ``ACTIVE_KEY_CONF`` as ``setting(name)`` reads them (a session's configuration, or a
+    task's local properties, where Spark copies it: the data source has no session), the
+    active key ``active`` when given (``configured_codec``); None when no key is set."""
     if codec is not None:
         return configured_codec(codec, where="codec")
-    conf = spark.conf
-    active = conf.get(ACTIVE_KEY_CONF, None) or None
-    return configured_codec(conf.get(KEYS_CONF, None), active, where=KEYS_CONF)
+    active = active or setting(ACTIVE_KEY_CONF) or None
+    return configured_codec(setting(KEYS_CONF), active, where=KEYS_CONF)
 
 
 def task_name_of(task: Any, payload_cols: Sequence[str]) -> str | None:
