@@ -178,3 +178,42 @@ def test_a_bad_codec_option_fails_the_write_before_any_task_runs(spark, r, redis
     with pytest.raises(Exception, match="option compression must be"):
         _write(df, "bad-codec-src", redis_server.url, compression="lz4")
     assert not list(r.scan_iter(match="dueq:{bad-codec-src}:*"))
+
+
+def test_row_ids_with_a_codec_are_keyed_by_the_active_key_not_a_plain_hash():
+    payload = f'{{"email":"{MARKER}@example.com"}}'.encode()
+    plain = ds.row_id(0, 0, payload)
+    k1 = dueq.Encrypted(keys=BOTH, active="k1")
+    k1_again = dueq.Encrypted(keys={"k1": K1})
+    k2 = dueq.Encrypted(keys=BOTH, active="k2")
+    keyed = ds.row_id(0, 0, payload, codec=k1)
+    assert keyed != plain and len(keyed) == 32
+    assert ds.row_id(0, 0, payload, codec=k1_again) == keyed  # the same key: the same id
+    assert ds.row_id(0, 0, payload, codec=k2) not in (keyed, plain)  # another active key
+    assert ds.row_id(0, 0, payload, codec=None) == plain
+
+
+def test_the_partition_function_gives_rows_without_id_keyed_ids_with_a_codec(r, redis_server):
+    codec = dueq.Encrypted(keys={"k1": K1})
+    plan = ds.PartitionPlan("keyed-ids", redis_server.url, "now", False, 10, "count")
+    plan = dataclasses.replace(plan, payloads=PayloadCodec(codec))
+    payload = f'{{"email":"{MARKER}@example.com"}}'
+    counts = ds.schedule_rows(iter([(None, None, None, payload)]), plan)
+    assert counts.added == 1
+    ids = {i.decode() for i in r.zrange("dueq:{keyed-ids}:due", 0, -1)}
+    assert ids == {ds.row_id(0, 0, payload.encode(), codec=codec)}
+    assert ds.row_id(0, 0, payload.encode()) not in ids
+
+
+def test_schedule_dataframe_without_id_col_keys_its_ids_and_reruns_add_nothing(
+    spark, r, redis_server, session_keys
+):
+    df = spark.range(10).selectExpr(f"concat('{MARKER}', cast(id as string)) as email")
+    first = ds.schedule_dataframe(df, queue="keyed-df", redis_url=redis_server.url)
+    again = ds.schedule_dataframe(df, queue="keyed-df", redis_url=redis_server.url)
+    assert (first.added, again.added, again.existing) == (10, 0, 10)
+    ids = {i.decode() for i in r.zrange("dueq:{keyed-df}:due", 0, -1)}
+    unkeyed = ds.row_id(0, 0, f'{{"email":"{MARKER}3"}}'.encode())
+    assert unkeyed not in ids
+    active = dueq.Encrypted(keys=BOTH, active="k2")
+    assert ds.row_id(0, 0, f'{{"email":"{MARKER}3"}}'.encode(), codec=active) in ids
