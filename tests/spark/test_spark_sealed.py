@@ -217,3 +217,24 @@ def test_schedule_dataframe_without_id_col_keys_its_ids_and_reruns_add_nothing(
     assert unkeyed not in ids
     active = dueq.Encrypted(keys=BOTH, active="k2")
     assert ds.row_id(0, 0, f'{{"email":"{MARKER}3"}}'.encode(), codec=active) in ids
+
+
+def test_the_stream_writer_seals_in_the_tasks_with_the_sessions_keys(
+    spark, r, redis_server, session_keys, tmp_path
+):
+    pytest.importorskip("pyspark.sql.datasource")
+    source = tmp_path / "in"
+    source.mkdir()
+    rows = [f'{{"id":"{n}","secret":"{MARKER}","n":{n}}}' for n in range(50)]
+    (source / "part-0.json").write_text("\n".join(rows) + "\n")
+    query = (
+        spark.readStream.schema("id string, secret string, n long")
+        .json(str(source))
+        .writeStream.format("dueq")
+        .options(queue="sealed-stream", redis_url=redis_server.url, id_col="id")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert_sealed_with_k2(r, "sealed-stream", 50)

@@ -566,7 +566,9 @@ class DueqDataSource(DataSource):
     ``redis_url`` (always); for writes ``id_col``, ``at_col``, ``delay_col``, ``payload_cols``
     (comma-separated), ``batch_size``, ``on_bad_row``, ``max_payload_bytes``, ``task`` (each row
     calls that named task, its columns the arguments), ``fair_key_col`` (each row's tenant on a
-    fair queue), and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads ``state``
+    fair queue), ``secretKeys``, ``activeKey`` and ``compression`` (payloads sealed in the
+    tasks; without ``secretKeys`` with the session's ``spark.dueq.secretKeys``: ``_task_plan``),
+    and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads ``state``
     (scheduled, leased or dead), ``page_size``, ``partitions``, ``allow_missing`` (a queue
     that does not exist reads as empty instead of failing) and ``decrypt`` (``true``: open
     encrypted payloads with ``DUEQ_KEYS`` of the executors' environment; else each shows as
