@@ -238,3 +238,32 @@ def test_the_stream_writer_seals_in_the_tasks_with_the_sessions_keys(
     )
     query.awaitTermination()
     assert_sealed_with_k2(r, "sealed-stream", 50)
+
+
+def test_row_ids_keyed_by_a_key_callable_match_those_of_the_same_key_listed():
+    payload = b'{"n":1}'
+    asked: list[str] = []
+
+    def kms(key_id: str) -> bytes | None:
+        asked.append(key_id)
+        return BOTH.get(key_id)
+
+    from_kms = dueq.Encrypted(keys=kms, active="k2")
+    listed = dueq.Encrypted(keys=BOTH, active="k2")
+    assert ds.row_id(0, 0, payload, codec=from_kms) == ds.row_id(0, 0, payload, codec=listed)
+    assert ds.row_id(0, 0, b'{"n":2}', codec=from_kms) != ds.row_id(0, 0, payload, codec=listed)
+    assert asked == ["k2"]  # the derived key is made once
+
+
+def test_the_data_source_without_id_col_gives_the_keyed_ids_schedule_dataframe_gives(
+    spark, r, redis_server, session_keys
+):
+    pytest.importorskip("pyspark.sql.datasource")
+    df = spark.range(5).selectExpr(f"concat('{MARKER}', cast(id as string)) as email")
+    _write(df, "keyed-src", redis_server.url)
+    ids = {i.decode() for i in r.zrange("dueq:{keyed-src}:due", 0, -1)}
+    active = dueq.Encrypted(keys=BOTH, active="k2")
+    expected = {
+        ds.row_id(0, 0, f'{{"email":"{MARKER}{n}"}}'.encode(), codec=active) for n in range(5)
+    }
+    assert ids == expected
