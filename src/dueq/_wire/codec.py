@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -246,6 +248,8 @@ class Encrypted:
         self._invalid_tag = InvalidTag
         self._lookup: Callable[[str], bytes | None] | None = None
         self._ciphers: dict[str, Any] = {}
+        #: keys derived from the active key by label (``derived_key``)
+        self._derived: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
         if keys is None:
             listed, env_active = keys_from_environment()
@@ -301,6 +305,20 @@ class Encrypted:
         with self._lock:
             self._ciphers[key_id] = cipher
         return cipher
+
+    def derived_key(self, label: bytes) -> bytes:
+        """A key for another use than sealing, ``label`` naming the use: HMAC-SHA256 of
+        ``label`` keyed by the active key (made once per label). It changes with the active
+        key, and tells nothing of the key itself (a Spark row id keyed by it: ``row_id``)."""
+        derived = self._derived.get(label)
+        if derived is None:
+            source = self._source
+            key = source(self.active) if callable(source) else source[self.active]
+            if key is None:
+                raise ConfigurationError(f"the key callable knows no key {self.active!r}")
+            key = _validate_key(self.active, key)
+            derived = self._derived[label] = hmac.digest(key, label, hashlib.sha256)
+        return derived
 
     def knows(self, key_id: str) -> bool:
         """Whether a key of that id is known (asking the callable if there is one)."""

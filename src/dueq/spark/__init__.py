@@ -10,6 +10,9 @@ Ids come from ``id_col`` or, without one, from a hash of the task (its due time 
 ``sha256(b"<flags>:<due ms>:" + payload JSON)``, first 32 hex digits. The hash is the same in
 every process and run, so Spark's task retries, speculative execution and re-runs of a job
 never duplicate a task that is still in the queue (see ``SparkScheduleResult`` for the counts).
+With an encrypting codec the hash is an HMAC keyed by a key derived from the active key
+(``row_id``), so the id does not let whoever reads Redis confirm a guessed payload; such ids
+change when the active key does (give ``id_col`` for ids stable across a key rotation).
 
 Spark Connect sessions have no SparkContext and so no accumulators: ``schedule_dataframe``
 (and ``foreach_batch``) refuses a Connect DataFrame with ConfigurationError before any job

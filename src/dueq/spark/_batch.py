@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
 import logging
 import math
@@ -213,26 +214,44 @@ def _payload(text: str | None, max_bytes: int) -> bytes:
     return data
 
 
+#: What the key of row ids is derived from the active key with (``Encrypted.derived_key``).
+ROW_ID_LABEL = b"dueq spark row id v1"
+
+
 def row_id(
-    flags: int, due: int, payload: bytes, task: str | None = None, fair_key: str | None = None
+    flags: int,
+    due: int,
+    payload: bytes,
+    task: str | None = None,
+    fair_key: str | None = None,
+    *,
+    codec: Encrypted | None = None,
 ) -> str:
     """The id of a task without an id column: a hash of its due time and payload JSON (and
     its task name, for a named task: the same arguments to two tasks are two tasks; and its
-    fair key, when it has one: the same payload for two tenants is two tasks)."""
+    fair key, when it has one: the same payload for two tenants is two tasks).
+
+    With an encrypting ``codec`` the hash is an HMAC-SHA256 keyed by a key derived from its
+    active key (``ROW_ID_LABEL``): a plain hash would let whoever reads Redis confirm a guessed
+    payload (an e-mail address) by hashing it, which is what the encryption hides. Such an id
+    is stable for one active key only: after a rotation the same row gets another id."""
     head = b"%d:%d:" % (flags, due)
     if task is not None:
         head += b"@%s:" % task.encode("ascii")
     if fair_key is not None:
         tenant = fair_key.encode("utf-8")
         head += b"\x1f%d:%s:" % (len(tenant), tenant)
-    return hashlib.sha256(head + payload).hexdigest()[:32]
+    if codec is None:
+        return hashlib.sha256(head + payload).hexdigest()[:32]
+    key = codec.derived_key(ROW_ID_LABEL)
+    return hmac.new(key, head + payload, hashlib.sha256).hexdigest()[:32]
 
 
 def _task_id(
     plan: PartitionPlan, given: Any, flags: int, due: int, payload: bytes, fair: str | None
 ) -> str:
     if not plan.has_id:
-        return row_id(flags, due, payload, plan.task, fair)
+        return row_id(flags, due, payload, plan.task, fair, codec=plan.payloads.codec)
     if given is None:
         raise _BadRow("id", "id is null")
     try:
@@ -297,7 +316,7 @@ def packed_batches(
         tenant_head = heads.get(fair)
         if tenant_head is None:
             tenant_head = heads[fair] = TaskOptions(fair_key=fair).head() + head[2:]
-        if plan.payloads.writes:  # after the id: a row-hash id is of the JSON, as ever
+        if plan.payloads.writes:  # after the id: a row-hash id is of the JSON
             data = plan.payloads.seal(data, plan.queue, task_id)
         ids.append(task_id)
         records.append(
@@ -581,13 +600,24 @@ ACTIVE_KEY_CONF = "spark.dueq.activeKey"
 
 def session_codec(spark: SparkSession, codec: Encrypted | None = None) -> Encrypted | None:
     """The codec a writer seals with: ``codec`` when given, else the keys of the session's
-    ``spark.dueq.secretKeys`` and ``spark.dueq.activeKey`` (``configured_codec``), else None.
+    ``spark.dueq.secretKeys`` and ``spark.dueq.activeKey`` (``settings_codec``), else None.
     Read on the driver; the plan carries it to the executors, which seal."""
+    return settings_codec(lambda name: spark.conf.get(name, None), codec)
+
+
+def settings_codec(
+    setting: Callable[[str], str | None],
+    codec: Encrypted | None = None,
+    active: str | None = None,
+) -> Encrypted | None:
+    """``codec`` when given, else the codec of the settings ``KEYS_CONF`` and
+    ``ACTIVE_KEY_CONF`` as ``setting(name)`` reads them (a session's configuration, or a
+    task's local properties, where Spark copies it: the data source has no session), the
+    active key ``active`` when given (``configured_codec``); None when no key is set."""
     if codec is not None:
         return configured_codec(codec, where="codec")
-    conf = spark.conf
-    active = conf.get(ACTIVE_KEY_CONF, None) or None
-    return configured_codec(conf.get(KEYS_CONF, None), active, where=KEYS_CONF)
+    active = active or setting(ACTIVE_KEY_CONF) or None
+    return configured_codec(setting(KEYS_CONF), active, where=KEYS_CONF)
 
 
 def task_name_of(task: Any, payload_cols: Sequence[str]) -> str | None:

@@ -46,6 +46,9 @@ WRITE = (
     "on_complete_payload",
     "on_complete_task",
     "on_complete_id",
+    "secretKeys",
+    "activeKey",
+    "compression",
 )
 #: A streaming write (``writeStream.format("dueq")``); Spark passes ``checkpointLocation`` on.
 STREAM_WRITE = (*WRITE, "staging_ttl_s", "batch_memory_s", "checkpointLocation")

@@ -71,7 +71,7 @@ from typing import Any
 
 from dueq import discovery
 from dueq._wire import protocol as protocol
-from dueq._wire.codec import revealing
+from dueq._wire.codec import Encrypted, PayloadCodec, configured_codec, revealing
 from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES
 from dueq._wire.keys import QueueKeys, SparkBatchKeys
 from dueq._wire.scripts import Scripts
@@ -97,6 +97,7 @@ from dueq.spark._batch import (
     partition_plan,
     require_queue,
     schedule_rows,
+    settings_codec,
 )
 from dueq.spark._options import bool_option, checked
 from dueq.spark._rows import Rows
@@ -154,6 +155,10 @@ class _WriteSetup:
     batch_memory_ms: int
     #: with the option batch: the completion task (options on_complete_payload, _task, _id)
     on_complete: Task | None = None
+    #: no option secretKeys: each task seals with the session's keys, if it has any
+    #: (``_task_plan``), with the option activeKey as its active key when given
+    session_keys: bool = False
+    active_key: str | None = None
 
 
 def _on_complete(options: Any) -> Task | None:
@@ -170,6 +175,42 @@ def _on_complete(options: Any) -> Task | None:
     return Task(value, id=task_id, task=task)
 
 
+def _option_payloads(options: Any) -> tuple[PayloadCodec, bool, str | None]:
+    """The payload codec of the options secretKeys (``DUEQ_KEYS``' format), activeKey and
+    compression; whether the tasks are to look for the session's keys (no option
+    secretKeys), and the option activeKey. ConfigurationError for a bad value (never showing
+    a key)."""
+    compression = options.get("compression")
+    if compression is not None and compression not in ("zstd", "auto"):
+        raise ConfigurationError(
+            f'option compression must be "zstd" or "auto", got {compression!r}'
+        )
+    active = options.get("activeKey") or None
+    keys = options.get("secretKeys")
+    codec: Encrypted | None = None
+    if keys is not None:
+        codec = configured_codec(str(keys), active, where="option secretKeys")
+    return PayloadCodec(codec, compression), keys is None, active
+
+
+def _task_plan(setup: _WriteSetup) -> PartitionPlan:
+    """In a write task: the plan, sealing with the session's ``spark.dueq.secretKeys`` and
+    ``spark.dueq.activeKey`` when no option gave keys. A Python data source never sees the
+    session, but Spark copies the session's configuration into each SQL job's local
+    properties, which its tasks read (``TaskContext.getLocalProperty``)."""
+    plan = setup.plan
+    if not setup.session_keys:
+        return plan
+    context = TaskContext.get()
+    codec = settings_codec(
+        (lambda name: None) if context is None else context.getLocalProperty,
+        active=setup.active_key,
+    )
+    if codec is None:
+        return plan
+    return dataclasses.replace(plan, payloads=PayloadCodec(codec, plan.payloads.compression))
+
+
 def _stream_batch(plan: PartitionPlan, batch_id: int) -> PartitionPlan:
     """A micro-batch's plan: with the option batch, its own batch "<batch>:<micro-batch id>"."""
     if plan.batch is None:
@@ -182,6 +223,7 @@ def _write_setup(options: Any, schema: T.StructType, *, streaming: bool = False)
     queue, url = _target(options)
     payload = options.get("payload_cols")
     payload_cols = None if payload is None else [c.strip() for c in payload.split(",") if c.strip()]
+    payloads, session_keys, active_key = _option_payloads(options)
     columns = columns_of(
         schema,
         options.get("id_col"),
@@ -206,6 +248,7 @@ def _write_setup(options: Any, schema: T.StructType, *, streaming: bool = False)
         task=options.get("task"),
         batch=options.get("batch"),
         has_fair_key=columns.fair_key_col is not None,
+        payloads=payloads,
     )
     day_s = 86_400
     ttl_s = int_option(options, "staging_ttl_s", DEFAULT_STAGING_TTL_S, low=60, high=365 * day_s)
@@ -215,7 +258,15 @@ def _write_setup(options: Any, schema: T.StructType, *, streaming: bool = False)
     on_complete = _on_complete(options)
     if on_complete is not None and plan.batch is None:
         raise ConfigurationError("the on_complete_* options need the option batch")
-    return _WriteSetup(plan, Rows(schema, columns), ttl_s * 1000, memory_s * 1000, on_complete)
+    return _WriteSetup(
+        plan,
+        Rows(schema, columns),
+        ttl_s * 1000,
+        memory_s * 1000,
+        on_complete,
+        session_keys,
+        active_key,
+    )
 
 
 # -- writers -----------------------------------------------------------------------------------
@@ -255,7 +306,7 @@ class _BatchWriter(DataSourceArrowWriter):
         self.setup = setup
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DueqCommitMessage:
-        return DueqCommitMessage(schedule_rows(self.setup.rows(iterator), self.setup.plan))
+        return DueqCommitMessage(schedule_rows(self.setup.rows(iterator), _task_plan(self.setup)))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         total = _total(messages)
@@ -316,7 +367,7 @@ class _StreamWriter(DataSourceStreamArrowWriter):
         message = DueqCommitMessage(query=query)
         with discovery.client_for_url(self.setup.plan.redis_url) as client:
             scripts = Scripts(client)
-            plan = _stream_batch(self.setup.plan, batch)
+            plan = _stream_batch(_task_plan(self.setup), batch)
             for ids, records in packed_batches(self.setup.rows(iterator), plan, message.counts):
                 for name, part in self._by_shard(ids, records):
                     call = protocol.spark_stage(
@@ -515,7 +566,9 @@ class DueqDataSource(DataSource):
     ``redis_url`` (always); for writes ``id_col``, ``at_col``, ``delay_col``, ``payload_cols``
     (comma-separated), ``batch_size``, ``on_bad_row``, ``max_payload_bytes``, ``task`` (each row
     calls that named task, its columns the arguments), ``fair_key_col`` (each row's tenant on a
-    fair queue), and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads ``state``
+    fair queue), ``secretKeys``, ``activeKey`` and ``compression`` (payloads sealed in the
+    tasks; without ``secretKeys`` with the session's ``spark.dueq.secretKeys``: ``_task_plan``),
+    and for streams ``staging_ttl_s`` and ``batch_memory_s``; for reads ``state``
     (scheduled, leased or dead), ``page_size``, ``partitions``, ``allow_missing`` (a queue
     that does not exist reads as empty instead of failing) and ``decrypt`` (``true``: open
     encrypted payloads with ``DUEQ_KEYS`` of the executors' environment; else each shows as
