@@ -68,3 +68,22 @@ def test_a_failed_event_shows_a_sealed_error_opened_for_the_key_holder_and_a_mar
     other = dueq.Encrypted(keys={"k2": os.urandom(32)}, active="k2")
     [shown] = read_events(make_queue(name=q.name, codec=other), 1, start)
     assert shown.error.message.startswith("<encrypted k1, ")
+
+
+def test_scripts_still_read_the_type_of_an_error_whose_message_is_sealed(make_queue, clock):
+    # the scripts decode error records (a kept result's history, the error-type filter, a
+    # cron definition's last outcome): a sealed message's JSON escape must not make them skip it
+    q = make_queue(codec=dueq.Encrypted(keys={"k1": K1}, active="k1", errors=True))
+    q.configure(keep_results=timedelta(hours=1))
+    q.cron.add("minutely", "* * * * *", payload={})
+    q.schedule({"n": 1}, id="flaky")
+    q.schedule({"n": 2}, id="doomed", max_attempts=1)
+    clock.advance(60)
+    for d in q.claim(limit=10):
+        d.fail(KeyError("secret"), retry_in=0)
+    assert q.cron.get("minutely").last_error_type == "KeyError"
+    assert [t.id for t in q.list_tasks("dead", error_type="KeyError").tasks] == ["doomed"]
+    for d in q.claim(limit=10):
+        d.ack()
+    [error] = q.get("flaky").errors  # kept with the result record
+    assert (error.type, error.message) == ("KeyError", "'secret'")

@@ -104,9 +104,9 @@ local function fail_one(id, token, record, action, delay_ms)
     settings.events_ms and stamp(record, now))
   redis.call('ZREM', KEYS[2], id)
   if string.byte(id, 1) == 99 then  -- a cron occurrence: its definition's last outcome
-    local ok, decoded = pcall(cjson.decode, record)
+    local decoded = errors_decode(record)
     cron_note(KEYS[13], KEYS[14], id, dead and 'dead' or 'retrying', now,
-      ok and type(decoded) == 'table' and decoded.type or nil)
+      type(decoded) == 'table' and decoded.type or nil)
   end
   if dead then
     redis.call('ZADD', KEYS[6], now, id)

@@ -38,6 +38,7 @@
 -- go between calls never make a page repeat or skip the tasks that stayed.
 -- @include claims
 -- @include clock
+-- @include errors
 -- @include levels
 -- @include parked
 
@@ -119,8 +120,8 @@ end
 -- The last error record's type of an errors value, or nil.
 local function last_error_type(raw)
   if not raw then return nil end
-  local ok, records = pcall(cjson.decode, raw)
-  if not ok or type(records) ~= 'table' or #records == 0 then return nil end
+  local records = errors_decode(raw)
+  if type(records) ~= 'table' or #records == 0 then return nil end
   local last = records[#records]
   return type(last) == 'table' and last.type or nil
 end

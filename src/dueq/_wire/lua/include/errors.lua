@@ -17,6 +17,16 @@ local function error_append(k_errors, id, record)
   end
 end
 
+-- The decoded JSON of an error record or history, or nil when it is no JSON. A message or
+-- traceback sealed by Encrypted(errors=True) is a JSON string that starts with the escape
+-- \udc25 (a lone surrogate: _wire/codec.py), which cjson refuses; it is decoded without it
+-- (the scripts read types and attempts, never a sealed text).
+local function errors_decode(raw)
+  local ok, value = pcall(cjson.decode, (string.gsub(raw, '\\udc25', '')))
+  if ok then return value end
+  return nil
+end
+
 -- '{"type":...}' -> '{"at":<now>,"type":...}'
 local function stamp(record, now)
   return '{"at":' .. ms(now) .. ',' .. string.sub(record, 2)

@@ -1,5 +1,6 @@
 -- results.lua (include): finished records (keep_results).
 -- @include clock
+-- @include errors
 
 -- Results (keep_results). With the setting keep_results_ms > 0, a task that ends by ack or
 -- cancel leaves a record in the results HASH (id -> '<header JSON>\n<envelope>', the header
@@ -20,8 +21,7 @@ do
       attempt .. ',"result":' .. (result or 'null')
     if unstored then head = head .. ',"unstored":' .. cjson.encode(unstored) end
     if errors then  -- the error history as stored, when it is a JSON list (else left out)
-      local ok, list = pcall(cjson.decode, errors)
-      if ok and type(list) == 'table' then head = head .. ',"errors":' .. errors end
+      if type(errors_decode(errors)) == 'table' then head = head .. ',"errors":' .. errors end
     end
     -- a durable task's step log (include/step_log.lua), as a JSON string
     if steps then head = head .. ',"steps":' .. cjson.encode(steps) end
