@@ -5,6 +5,8 @@ was; a stopped rotation resumes from its cursor."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import threading
 from datetime import timedelta
@@ -201,3 +203,54 @@ def test_a_sharded_queue_rotates_every_shard(make_queue, r):
     while batch := new.claim(limit=100):
         claimed += batch
     assert sorted(d.payload["n"] for d in claimed) == list(range(90))
+
+
+def test_rotation_reseals_cron_definitions_their_occurrences_and_kept_result_values(
+    make_queue, r, clock
+):
+    old = make_queue(codec=old_codec())
+    old.configure(keep_results=timedelta(hours=1))
+    old.cron.add("minutely", "* * * * *", payload={"c": "cron"})
+    old.schedule({"s": "done"}, id="done")
+    clock.advance(60)
+    claimed = {d.id.startswith("cron:"): d for d in old.claim(limit=10)}
+    claimed[True].ack(result={"fired": 1})
+    claimed[False].ack(result={"ok": True})
+
+    report = make_queue(codec=both_codec()).rotate_key("k2")
+
+    assert report.done and report.undecryptable == 0
+    sealed = json.loads(r.hget("dueq:{q}:cron", "minutely"))["payload"]
+    assert base64.b64decode(sealed[1:]).startswith(b"%|k2\n")  # "\udc25<base64 of the body>"
+    new = make_queue(codec=dueq.Encrypted(keys={"k2": K2}, active="k2"))
+    assert new.cron.get("minutely").payload == {"c": "cron"}
+    assert new.get("done").result == {"ok": True}
+    assert new.get(claimed[True].id).result == {"fired": 1}
+    for _ in range(2):  # the pending occurrence, re-sealed; then one made from the definition
+        clock.advance(60)
+        [d] = new.claim()
+        assert d.id.startswith("cron:minutely:") and d.payload == {"c": "cron"}
+        d.ack()
+
+
+def test_rotation_reseals_the_sealed_error_messages_of_kept_results(make_queue, r, clock):
+    def sealing(keys: dict[str, bytes], active: str) -> dueq.Encrypted:
+        return dueq.Encrypted(keys=keys, active=active, errors=True)
+
+    old = make_queue(codec=sealing({"k1": K1}, "k1"), retry=dueq.RetryPolicy(wait=lambda s: 1))
+    old.configure(keep_results=timedelta(hours=1))
+    old.schedule({"s": "flaky"}, id="flaky")
+    [d] = old.claim()
+    d.fail(RuntimeError("secret-message"))
+    clock.advance(2)
+    [d] = old.claim()
+    d.ack()
+    record = r.hget("dueq:{q}:results", "flaky")
+    assert b"secret-message" not in record and b'"errors":[' in record
+
+    report = make_queue(codec=sealing({"k1": K1, "k2": K2}, "k2")).rotate_key("k2")
+
+    assert report.resealed == 1 and report.undecryptable == 0
+    new = make_queue(codec=sealing({"k2": K2}, "k2"))
+    [error] = new.get("flaky").errors
+    assert error.type == "RuntimeError" and error.message == "secret-message"

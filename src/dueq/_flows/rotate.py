@@ -4,10 +4,12 @@ with another key is encrypted again with key ``to``, online, in bounded batches.
 Why this shape:
 
 - **Online and resumable.** The tasks hash (every task in every state: scheduled, parked,
-  leased, waiting, dead) and then the results hash (kept records of finished tasks, ``<header
-  JSON>\\n<envelope>``) are walked with HSCAN, ``batch`` fields per step, so no call holds
-  Redis for long and workers keep running. The report's ``cursor`` (``tasks:<n>`` or
-  ``results:<n>``) says where to go on after a crash or a stop: HSCAN's guarantee (a field
+  leased, waiting, dead), the results hash (kept records of finished tasks, ``<header
+  JSON>\\n<envelope>``: the envelope, the kept result and sealed error messages) and then
+  the cron definitions hash (each definition's payload, sealed for its name) are walked with
+  HSCAN, ``batch`` fields per step, so no call holds Redis for long and workers keep running.
+  The report's ``cursor`` (``tasks:<n>``, ``results:<n>`` or ``cron:<n>``) says where to go
+  on after a crash or a stop: HSCAN's guarantee (a field
   present for the whole walk is returned at least once) makes a resumed walk complete. A
   field returned twice is found on ``to`` the second time (``already``).
 - **Nothing unreadable, ever.** Readers accept every key their codec lists, so a task is
@@ -31,23 +33,42 @@ flow on its own keys.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal, cast
 
 from dueq._flows.base import QueueBase
 from dueq._flows.drive import Flow
 from dueq._util.checks import whole_number
 from dueq._wire import protocol as protocol
-from dueq._wire.codec import Encrypted
+from dueq._wire.codec import (
+    CRON_PURPOSE,
+    ERROR_PURPOSE,
+    RESULT_PURPOSE,
+    TRACEBACK_PURPOSE,
+    Encrypted,
+    cron_binding,
+    reseal_value,
+)
 from dueq._wire.envelope import reseal_envelope
-from dueq.exceptions import ConfigurationError, InvalidTaskError, UndecryptableTask
+from dueq.cron._spec import Spec
+from dueq.exceptions import (
+    ConfigurationError,
+    CronError,
+    InvalidTaskError,
+    PayloadError,
+)
 from dueq.model import KeyRotation
 
 #: Most fields one HSCAN step asks for and one reseal.lua call writes.
 MAX_ROTATION_BATCH = 10_000
 #: The hashes a walk goes through, in order, by their cursor's name.
-_WALK: tuple[tuple[str, protocol.RotationHash], ...] = (("tasks", "t"), ("results", "r"))
+_WALK: tuple[tuple[str, protocol.RotationHash], ...] = (
+    ("tasks", "t"),
+    ("results", "r"),
+    ("cron", "c"),
+)
 
 Progress = Callable[[KeyRotation], Any]
 
@@ -67,6 +88,71 @@ def parse_rotation_cursor(cursor: object) -> tuple[int, int]:
 def rotation_cursor(index: int, position: int) -> str | None:
     """The cursor of a walk at HSCAN ``position`` of hash ``index`` (None past the last)."""
     return None if index >= len(_WALK) else f"{_WALK[index][0]}:{position}"
+
+
+Verdict = Literal["resealed", "already", "unsealed"]
+Resealed = tuple[Verdict, "bytes | None"]
+
+
+def _record(raw: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> Resealed:
+    """A finished record (``<header JSON>\\n<envelope>``) re-sealed: its envelope, and in its
+    header the kept result and the sealed messages and tracebacks of its errors."""
+    head, newline, envelope = raw.partition(b"\n")
+    if not newline:  # no record of ours: nothing sealed to rotate
+        return "unsealed", None
+    verdicts: list[Verdict] = []
+    verdict, body = reseal_envelope(envelope, codec, to, queue, task_id)
+    verdicts.append(cast(Verdict, verdict))
+    try:
+        header = json.loads(head)
+    except ValueError:  # not a header of ours: its envelope alone is rotated
+        header = None
+    if isinstance(header, dict):
+        verdict, header["result"] = reseal_value(
+            header.get("result"), codec, to, queue, task_id, RESULT_PURPOSE
+        )
+        verdicts.append(verdict)
+        for error in header.get("errors") or ():
+            for name, purpose in (("message", ERROR_PURPOSE), ("traceback", TRACEBACK_PURPOSE)):
+                if isinstance(error, dict) and name in error:
+                    verdict, error[name] = reseal_value(
+                        error[name], codec, to, queue, task_id, purpose
+                    )
+                    verdicts.append(verdict)
+    if "resealed" not in verdicts:
+        return ("already" if "already" in verdicts else "unsealed"), None
+    if isinstance(header, dict) and verdicts[1:].count("resealed"):
+        head = json.dumps(header, separators=(",", ":")).encode("ascii")
+    return "resealed", head + newline + (envelope if body is None else body)
+
+
+def _envelope(raw: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> Resealed:
+    """A task's envelope re-sealed (``reseal_envelope``)."""
+    verdict, body = reseal_envelope(raw, codec, to, queue, task_id)
+    return cast(Verdict, verdict), body
+
+
+def _definition(raw: bytes, codec: Encrypted, to: str, queue: str, name: str) -> Resealed:
+    """A cron definition with its payload re-sealed, for its name (``CRON_PURPOSE``); one
+    that cannot be read is left to cron's own checks (``Crons.list`` reports it)."""
+    try:
+        spec = Spec.from_json(raw)
+    except CronError:
+        return "unsealed", None
+    binding = cron_binding(name)
+    verdict, payload = reseal_value(spec.payload, codec, to, queue, binding, CRON_PURPOSE)
+    if verdict != "resealed":
+        return verdict, None
+    return verdict, replace(spec, payload=payload).to_json().encode("ascii")
+
+
+#: How each hash's values are re-sealed: (value, codec, to, queue, field) -> (verdict, value
+#: to write or None).
+_RESEALS: dict[str, Callable[[bytes, Encrypted, str, str, str], Resealed]] = {
+    "t": _envelope,
+    "r": _record,
+    "c": _definition,
+}
 
 
 class RotateFlows(QueueBase):
@@ -114,23 +200,17 @@ class RotateFlows(QueueBase):
         counts = {"already": 0, "unsealed": 0}
         bad: list[str] = []
         writes: list[protocol.Reseal] = []
-        for task_id, value in found:
-            header, envelope = b"", value
-            if where == "r":
-                head, newline, envelope = value.partition(b"\n")
-                if not newline:  # no record of ours: nothing sealed to rotate
-                    counts["unsealed"] += 1
-                    continue
-                header = head + newline
+        reseal = _RESEALS[where]
+        for field, value in found:
             try:
-                verdict, resealed = reseal_envelope(envelope, codec, to, self.name, task_id)
-            except UndecryptableTask:  # left as it is, reported: a key dropped too early
-                bad.append(task_id)
+                verdict, resealed = reseal(value, codec, to, self.name, field)
+            except PayloadError:  # left as it is, reported: a key dropped too early (or garbage)
+                bad.append(field)
                 continue
             if resealed is None:
                 counts[verdict] += 1
             else:
-                writes.append(protocol.Reseal(where, task_id, value, header + resealed))
+                writes.append(protocol.Reseal(where, field, value, resealed))
         verdicts = ""
         for start in range(0, len(writes), batch):
             verdicts += yield protocol.reseal(self.keys, writes[start : start + batch])

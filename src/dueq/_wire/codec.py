@@ -29,6 +29,14 @@ changes for a task. The queue name authenticated is the *logical* one: a shard's
 shards with its envelope untouched (and a plain queue named ``emails#3`` shares that shard's
 keys, so it is the same key space).
 
+**Cron definitions** are sealed once, when added, before any occurrence id exists: their
+payload is bound to the queue and ``cron:<name>`` with the purpose ``cron``, and every
+occurrence carries that body. An occurrence's payload opens with its own id first, then, for
+an id of an occurrence's shape only, with its definition's binding (so an ordinary task whose
+id looks like an occurrence's opens as its own, and no other task's ciphertext fits a
+definition's). Within one definition its occurrences' ciphertexts are interchangeable: they
+carry the same payload. Rotation re-seals a stored occurrence for its own id.
+
 **Compression** runs before encryption (ciphertext does not compress). It leaks the compressed
 size, as every compress-then-encrypt scheme does: a payload that mixes attacker-chosen text with
 a secret can reveal the secret by its size over many tries (CRIME/BREACH); turn compression off
@@ -351,26 +359,53 @@ class Encrypted:
         return opened
 
 
-def reseal(body: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> bytes | None:
-    """A sealed payload ``body`` encrypted again with key ``to`` (``dueq rotate-key``), its
-    compression as it was (the inner bytes are not decompressed: a reader without zstd rotates
-    too); None when it is already on ``to`` or not encrypted (nothing to do). UndecryptableTask
-    when no key of ``codec`` opens it (the caller leaves it as it is)."""
+def reseal(
+    body: bytes, codec: Encrypted, to: str, queue: str, task_id: str, purpose: bytes = b""
+) -> bytes | None:
+    """A sealed payload ``body`` (or a value's: ``purpose``) encrypted again with key ``to``
+    (``dueq rotate-key``), its compression as it was (the inner bytes are not decompressed: a
+    reader without zstd rotates too); None when it is already on ``to`` or not encrypted
+    (nothing to do). UndecryptableTask when no key of ``codec`` opens it (the caller leaves it
+    as it is). A cron occurrence's payload, sealed for its definition, comes out sealed for
+    the occurrence's own id."""
     info = sealed_info(body)
     if info is None or info.key_id is None or info.key_id == to:
         return None
     line_end = body.index(b"\n") + 1
-    aad = associated_data(queue, task_id)
+    aad = associated_data(queue, task_id, purpose)
     opened = codec.open(info.key_id, body[line_end:], body[:line_end], aad)
+    occurrence = _OCCURRENCE.fullmatch(task_id) if opened is None and not purpose else None
+    if occurrence is not None:
+        bound = associated_data(queue, occurrence[1], CRON_PURPOSE)
+        opened = codec.open(info.key_id, body[line_end:], body[:line_end], bound)
     if opened is None:
         why = "its ciphertext failed authentication" if codec.knows(info.key_id) else "no key"
+        what = f"task {task_id!r}" if not purpose else f"the {_what(purpose)} of {task_id!r}"
         raise UndecryptableTask(
-            f"task {task_id!r} cannot be decrypted with key {info.key_id!r}: {why}",
+            f"{what} cannot be decrypted with key {info.key_id!r}: {why}",
             task_id,
             info.key_id,
         )
     line = b"%" + (ZSTD_FLAG if info.compressed else b"") + b"|" + to.encode("ascii") + b"\n"
     return line + codec.seal(opened, line, aad, key_id=to)
+
+
+def reseal_value(
+    value: Any, codec: Encrypted, to: str, queue: str, task_id: str, purpose: bytes
+) -> tuple[Literal["resealed", "already", "unsealed"], Any]:
+    """What key rotation does with a decoded JSON ``value`` that ``seal_value`` may have
+    sealed (a kept result, a cron definition's payload): ``("resealed", <it sealed with key
+    to>)``, ``("already", value)`` when it is on ``to``, ``("unsealed", value)`` when it is
+    not encrypted. UndecryptableTask when no key of ``codec`` opens it; PayloadError when it
+    is unreadable."""
+    body = sealed_body(value)
+    info = None if body is None else sealed_info(body)
+    if body is None or info is None or info.key_id is None:
+        return "unsealed", value
+    resealed = reseal(body, codec, to, queue, task_id, purpose)
+    if resealed is None:
+        return "already", value
+    return "resealed", SEALED_VALUE_MARK + base64.b64encode(resealed).decode("ascii")
 
 
 def revealing(decrypt: bool | Encrypted, asked_by: str = "decrypt") -> Encrypted | None:
@@ -518,6 +553,23 @@ ERROR_PURPOSE = b"error"
 TRACEBACK_PURPOSE = b"traceback"
 #: The purpose of a progress entry's body.
 PROGRESS_PURPOSE = b"progress"
+#: The purpose of a cron definition's payload, sealed once, when the definition is added, for
+#: every occurrence it will have: bound to the queue and ``cron:<name>`` (``cron_binding``),
+#: as no occurrence id is known then (``open`` tries it for an occurrence's id).
+CRON_PURPOSE = b"cron"
+#: Task ids of cron occurrences start with this (``dueq.cron._ids``).
+CRON_ID_PREFIX = "cron:"
+#: An occurrence id, a slot's (``cron:<name>:<UTC label>``) or a run-now's
+#: (``cron:<name>:now:<UTC label>:<8 hex>``), read as ``dueq.cron._ids`` reads them: group 1
+#: is its definition's binding.
+_OCCURRENCE = re.compile(
+    r"(cron:.+):(?:[0-9]{8}T[0-9]{6}Z|now:[0-9]{8}T[0-9]{6}Z:[0-9a-f]{8})", re.DOTALL
+)
+
+
+def cron_binding(name: str) -> str:
+    """What a cron definition's payload is bound to in place of a task id."""
+    return CRON_ID_PREFIX + name
 
 
 def step_purpose(position: int) -> bytes:
@@ -636,10 +688,24 @@ class PayloadCodec:
             if self.codec is not None and task_id is not None:
                 aad = self._associated_data(queue, task_id, purpose)
                 opened = self.codec.open(key_id, body, line, aad, at=line_end)
+                if opened is None and not purpose:
+                    opened = self._open_occurrence(key_id, body, line, queue, task_id, line_end)
             if opened is None:
                 self._refuse(key_id, task_id, purpose)
             data = opened
         return _decompressed(data) if compressed else data
+
+    def _open_occurrence(
+        self, key_id: str, body: bytes, line: bytes, queue: str, task_id: str, at: int
+    ) -> bytes | None:
+        """A cron occurrence's payload, sealed for its definition (``CRON_PURPOSE``), when
+        ``task_id`` is an occurrence's; None otherwise. Tried after the task's own binding
+        fails, so an ordinary task whose id looks like an occurrence's opens as its own."""
+        found = _OCCURRENCE.fullmatch(task_id)
+        if found is None or self.codec is None:
+            return None
+        aad = self._associated_data(queue, found[1], CRON_PURPOSE)
+        return self.codec.open(key_id, body, line, aad, at=at)
 
     def _open_fast(
         self, body: bytes, queue: str, task_id: str, start: int, line_end: int
@@ -718,12 +784,9 @@ class PayloadCodec:
         """A decoded JSON ``value`` as it was before ``seal_value``: a sealed one opened (as
         task ``task_id`` of ``queue``, for ``purpose``), any other as it is.
         UndecryptableTask when no known key opens it, PayloadError when it is unreadable."""
-        if not (isinstance(value, str) and value.startswith(SEALED_VALUE_MARK)):
+        body = sealed_body(value, _what(purpose))
+        if body is None:
             return value
-        try:
-            body = base64.b64decode(value[1:], validate=True)
-        except (binascii.Error, ValueError):
-            raise PayloadError(f"the stored {_what(purpose)} is unreadable") from None
         data = self.open(body, queue, task_id, purpose)
         try:
             return json.loads(data)
@@ -737,6 +800,18 @@ class PayloadCodec:
             return self.open_value(value, queue, task_id, purpose)
         except PayloadError as exc:
             return SealedMarker(sealed_value_marker(value), exc)
+
+
+def sealed_body(value: Any, what: str = "sealed value") -> bytes | None:
+    """The sealed body of a value ``seal_value`` sealed, None for any other (a cron
+    definition's occurrences carry the body of its sealed payload); PayloadError, naming
+    ``what``, when it is unreadable."""
+    if not (isinstance(value, str) and value.startswith(SEALED_VALUE_MARK)):
+        return None
+    try:
+        return base64.b64decode(value[1:], validate=True)
+    except (binascii.Error, ValueError):
+        raise PayloadError(f"the stored {what} is unreadable") from None
 
 
 def _decompressed(data: bytes) -> bytes:

@@ -405,11 +405,20 @@ def encode_envelope(
         raise PayloadError(f"payload is {len(data)} bytes, over the limit of {max_bytes}")
     if nests_too_deep(data):
         raise PayloadError(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} arrays/objects")
-    if task_name is not None:
-        trace = name_line(task_name, trace)
     if codec is not None and codec.writes:
         data = codec.seal(data, queue, task_id)
-    return options.head() + trace + data
+    return envelope_of(data, options, trace, task_name)
+
+
+def envelope_of(
+    body: bytes, options: TaskOptions = NO_OPTIONS, trace: bytes = b"", task_name: str | None = None
+) -> bytes:
+    """The envelope of a payload's stored ``body`` (JSON, or a sealed body: a cron
+    definition's occurrences carry the one sealed when it was added): the head, the name and
+    trace line, the body."""
+    if task_name is not None:
+        trace = name_line(task_name, trace)
+    return options.head() + trace + body
 
 
 @functools.cache

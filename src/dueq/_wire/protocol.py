@@ -1242,8 +1242,11 @@ def progress_message(data: bytes | str) -> Progress | None:
 
 # -- reseal.lua (key rotation, ``_flows.rotate``) -------------------------------------------------
 
-#: Where a value key rotation re-seals lives: the tasks hash ("t") or the results hash ("r").
-RotationHash = Literal["t", "r"]
+#: Where a value key rotation re-seals lives: the tasks hash ("t"), the results hash ("r") or
+#: the cron definitions hash ("c").
+RotationHash = Literal["t", "r", "c"]
+#: The key of each RotationHash, by its index in reseal.lua's KEYS.
+_ROTATION_KEYS = {"t": 0, "r": 1, "c": 2}
 
 
 class Reseal(NamedTuple):
@@ -1262,14 +1265,15 @@ def reseal(k: QueueKeys, entries: Sequence[Reseal]) -> Call[str]:
     args: list[Any] = []
     for e in entries:
         args += (e.where, e.task_id, hashlib.sha1(e.read).hexdigest(), e.resealed)
-    return Call("reseal", [k.tasks, k.results], args, text)
+    return Call("reseal", [k.tasks, k.results, k.cron], args, text)
 
 
 def rotation_scan(
     k: QueueKeys, where: RotationHash, cursor: int, count: int
 ) -> Command[tuple[int, list[tuple[str, bytes]]]]:
-    """One HSCAN step over the tasks hash ("t") or the results hash ("r"): the next cursor
-    (0: done) and the (id, stored value) pairs it returned."""
+    """One HSCAN step over the tasks hash ("t"), the results hash ("r") or the cron
+    definitions hash ("c", fields are names): the next cursor (0: done) and the (field,
+    stored value) pairs it returned."""
 
     def parse(reply: Any) -> tuple[int, list[tuple[str, bytes]]]:
         after, found = reply  # redis-py parses HSCAN into (cursor, dict)
@@ -1279,7 +1283,7 @@ def rotation_scan(
         ]
         return int(after), pairs
 
-    key = k.results if where == "r" else k.tasks
+    key = (k.tasks, k.results, k.cron)[_ROTATION_KEYS[where]]
     return command("HSCAN", key, cursor, "COUNT", count, parse=parse)
 
 

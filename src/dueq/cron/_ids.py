@@ -16,10 +16,11 @@ from __future__ import annotations
 import re
 import secrets
 
+from dueq._wire.codec import CRON_ID_PREFIX
 from dueq.cron.expr import parse_slot_label, slot_label
 
-#: Task ids of occurrences start with this.
-OCCURRENCE_PREFIX = "cron:"
+#: Task ids of occurrences start with this (a codec reads occurrence ids too: ``_wire.codec``).
+OCCURRENCE_PREFIX = CRON_ID_PREFIX
 #: The last instant a slot may have (9999-12-31T23:59:59.999Z): Python's datetime ends there.
 MAX_SLOT_MS = 253_402_300_799_999
 _LABEL = re.compile(r"[0-9]{8}T[0-9]{6}Z")

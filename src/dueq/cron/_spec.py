@@ -25,10 +25,12 @@ from typing import Any, Literal, cast, get_args
 import redis
 
 from dueq._util.checks import checked_name
+from dueq._wire.codec import sealed_body
 from dueq._wire.envelope import (
     MAX_TIMEOUT_MS,
     TaskOptions,
     encode_envelope,
+    envelope_of,
     validate_key,
     validate_priority,
     validate_task_attempts,
@@ -210,7 +212,11 @@ class Spec:
         """The stored form of its occurrences (payload, options, task name). With
         ``expires_ms`` it has a version-3 head holding the expiry as ms after the slot: the
         scripts store each occurrence with it made absolute (``cron_expiring`` in
-        lua/include/cron_expiry.lua), and the pending occurrence without it (``cron_pending``)."""
+        lua/include/cron_expiry.lua), and the pending occurrence without it (``cron_pending``).
+        A payload sealed when the definition was added goes in as its sealed body."""
+        sealed = sealed_body(self.payload)
+        if sealed is not None:  # sealed when added (``CronFlows.add_flow``), checked then
+            return envelope_of(sealed, self.options(), task_name=self.task)
         return encode_envelope(self.payload, max_bytes, self.options(), task_name=self.task)
 
     def due_ms(self, slot_ms: int, task_id: str) -> int:

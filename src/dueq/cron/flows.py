@@ -55,6 +55,8 @@ The outcome of the last firing (``CronDefinition.last_outcome`` and the fields a
 from __future__ import annotations
 
 import builtins
+import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -65,6 +67,8 @@ import redis
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration, clock_ms, datetime_ms, duration_ms, ms_datetime
 from dueq._wire import protocol as protocol
+from dueq._wire.codec import CRON_PURPOSE, cron_binding
+from dueq._wire.envelope import json_text
 from dueq.cron import _keeper as keeper
 from dueq.cron._ids import (
     MAX_SLOT_MS,
@@ -91,7 +95,7 @@ from dueq.cron._spec import (
 )
 from dueq.cron._spec import shown as shown_value
 from dueq.cron.expr import CronSchedule
-from dueq.exceptions import CronConflict, CronError, CronNotFound, DueqError
+from dueq.exceptions import CronConflict, CronError, CronNotFound, DueqError, PayloadError
 
 if TYPE_CHECKING:
     from dueq._wire.ports import AwaitsFlows, DrivesFlows, QueueFlows
@@ -488,6 +492,8 @@ class CronsCore:
         whole_number(max_missed, "max_missed", low=1, high=MAX_MISSED_LIMIT)
         spec = policies.spec(expr, tz, missed, max_missed, payload)
         queue = self._core
+        spec.envelope(queue.max_payload_bytes)  # the payload checked before it is sealed
+        spec = yield from self._stored_form(name, spec)
         envelope = spec.envelope(queue.max_payload_bytes)
         next_ms = spec.slots().next_after((yield from self.now_ms_flow()))
         if next_ms is not None and next_ms > MAX_SLOT_MS:
@@ -511,6 +517,40 @@ class CronsCore:
                 "pass replace=True to replace it"
             )
         return cast(AddResult, status)
+
+    def _stored_form(self, name: str, spec: Spec) -> Flow[Spec]:
+        """``spec`` as ``add`` stores it: with an encrypting codec, its payload sealed for the
+        definition (``CRON_PURPOSE``, bound to ``cron:<name>``), unless the stored definition
+        opens to the same one, which is then kept as it is stored: a sealing is never the
+        same twice, and a definition added again must stay "unchanged" (under another active
+        key too, as in a rolling key change). Without encryption, ``spec`` itself."""
+        queue = self._core
+        codec = queue.payload_codec
+        if codec.codec is None:
+            return spec
+        binding = cron_binding(name)
+        raw = yield protocol.command("HGET", queue.keys.cron, name)
+        if raw is not None:
+            try:
+                stored = Spec.from_json(raw)
+                opened = codec.open_value(stored.payload, queue.name, binding, CRON_PURPOSE)
+            except (CronError, PayloadError):  # unreadable, or no key of ours: a different one
+                pass
+            else:
+                if dataclasses.replace(stored, payload=opened) == spec:
+                    return stored
+        text = json_text(spec.payload, "payload", queue.max_payload_bytes)
+        sealed = json.loads(codec.seal_value(text, queue.name, binding, CRON_PURPOSE))
+        return dataclasses.replace(spec, payload=sealed)
+
+    def _shown(self, definition: CronDefinition) -> CronDefinition:
+        """``definition`` with its sealed payload opened for the key's holder, else shown as
+        its marker (``<encrypted k1, 60 B>``)."""
+        queue = self._core
+        payload = queue.payload_codec.shown_value(
+            definition.payload, queue.name, cron_binding(definition.name), CRON_PURPOSE
+        )
+        return dataclasses.replace(definition, payload=payload)
 
     def backfill_flow(self, name: str, start: datetime, end: datetime) -> Flow[int]:
         """Schedule the slots of ``[start, end)`` not backfilled before; returns how many."""
@@ -571,7 +611,9 @@ class CronsCore:
             name, name_problem = _name(raw_name)
             state, paused = raw_states.get(raw_name), _paused(raw_paused.get(raw_name))
             last, runs = raw_lasts.get(raw_name), raw_runs.get(raw_name)
-            found.append(_definition(name, raw_spec, state, name_problem, paused, last, runs))
+            found.append(
+                self._shown(_definition(name, raw_spec, state, name_problem, paused, last, runs))
+            )
         return sorted(found, key=lambda d: d.name)
 
     def get_flow(self, name: str) -> Flow[CronDefinition | None]:
@@ -591,7 +633,7 @@ class CronsCore:
         if raw_spec is None:
             return None
         paused = _paused(raw_paused)
-        return _definition(name, raw_spec, raw_state, None, paused, raw_last, raw_runs)
+        return self._shown(_definition(name, raw_spec, raw_state, None, paused, raw_last, raw_runs))
 
     def pause_flow(self, name: str) -> Flow[bool]:
         name = validate_name(name)

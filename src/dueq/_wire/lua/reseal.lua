@@ -1,6 +1,7 @@
 -- reseal.lua: key rotation (dueq rotate-key, _flows/rotate.py): replace stored envelopes
--- (tasks) and finished records (results) by their payload sealed with another key, each only
--- if it is still byte for byte the value the caller read and re-sealed. A task acked,
+-- (tasks), finished records (results) and cron definitions (cron) by their payloads and
+-- values sealed with another key, each only if it is still byte for byte the value the
+-- caller read and re-sealed. A task acked,
 -- cancelled, rescheduled with a new payload or replaced meanwhile (its value gone or another)
 -- is skipped, never written back: rotation never revives or clobbers a change. The head and
 -- name/trace line of a re-sealed value are the same bytes, so nothing the other scripts read
@@ -8,14 +9,17 @@
 --
 -- KEYS[1] tasks    HASH id -> envelope
 -- KEYS[2] results  HASH id -> finished record ('<header JSON>\n<envelope>', include/results.lua)
--- ARGV[1], ARGV[2], ... groups of four: where ("t" tasks, "r" results), id, the SHA-1 (hex,
---         as redis.sha1hex gives it) of the value read, the value to write in its place
+-- KEYS[3] cron     HASH name -> definition (JSON, its payload a sealed value)
+-- ARGV[1], ARGV[2], ... groups of four: where ("t" tasks, "r" results, "c" cron), id (a cron
+--         definition's name), the SHA-1 (hex, as redis.sha1hex gives it) of the value read,
+--         the value to write in its place
 -- Returns a string of one character per group, in order: 'w' written, 's' skipped (the
 --         value is gone or is not the one read)
 
+local hashes = {t = KEYS[1], r = KEYS[2], c = KEYS[3]}
 local written = {}
 for i = 1, #ARGV, 4 do
-  local key = ARGV[i] == 'r' and KEYS[2] or KEYS[1]
+  local key = hashes[ARGV[i]] or KEYS[1]
   local id = ARGV[i + 1]
   local current = redis.call('HGET', key, id)
   if current and redis.sha1hex(current) == ARGV[i + 2] then
