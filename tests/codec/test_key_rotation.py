@@ -12,6 +12,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from durable_support import run_due
 
 import dueq
 from dueq._wire.codec import PayloadCodec
@@ -254,3 +255,45 @@ def test_rotation_reseals_the_sealed_error_messages_of_kept_results(make_queue, 
     new = make_queue(codec=sealing({"k2": K2}, "k2"))
     [error] = new.get("flaky").errors
     assert error.type == "RuntimeError" and error.message == "secret-message"
+
+
+def test_rotation_reseals_step_results_and_error_histories_of_running_and_finished_tasks(
+    make_queue, r, clock
+):
+    def sealing(keys: dict[str, bytes], active: str) -> dueq.Encrypted:
+        return dueq.Encrypted(keys=keys, active=active, errors=True)
+
+    def durable(q):
+        @q.task(name="steps", durable=True)
+        def steps(ctx: dueq.StepContext, n: int) -> list:
+            a = ctx.step("a", lambda: {"secret": f"STEP-{n}"})
+            if ctx.delivery.attempt == 1:
+                raise RuntimeError(f"ERROR-{n}")
+            return [a["secret"], ctx.delivery.attempt]
+
+        return steps
+
+    old = make_queue(codec=sealing({"k1": K1}, "k1"), retry=dueq.RetryPolicy(wait=lambda s: 30))
+    old.configure(keep_results=timedelta(hours=1))
+    steps = durable(old)
+    finished, running = steps.schedule(n=1), steps.schedule(n=2, delay=100)
+    run_due(old)  # "finished" fails after its step, then runs to its end
+    clock.advance(31)
+    assert [ran.value for ran in run_due(old)] == [["STEP-1", 2]]
+    clock.advance(70)
+    run_due(old)  # "running" fails after its step: it keeps a step log and an error history
+    assert old.get(running).errors[0].message == "ERROR-2"
+
+    report = make_queue(codec=sealing({"k1": K1, "k2": K2}, "k2")).rotate_key("k2")
+
+    assert report.done and report.undecryptable == 0
+    # the finished record (envelope, result, error, log); the running one's envelope, log, errors
+    assert report.resealed == 4
+    new = make_queue(codec=sealing({"k2": K2}, "k2"))
+    durable(new)
+    done = new.get(finished)
+    assert done.result == ["STEP-1", 2] and done.errors[0].message == "ERROR-1"
+    assert done.steps[0].result == {"secret": "STEP-1"}
+    assert new.get(running).steps[0].result == {"secret": "STEP-2"}
+    clock.advance(31)
+    assert [ran.value for ran in run_due(new)] == [["STEP-2", 2]]  # its log opens with k2

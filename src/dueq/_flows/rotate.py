@@ -5,13 +5,15 @@ Why this shape:
 
 - **Online and resumable.** The tasks hash (every task in every state: scheduled, parked,
   leased, waiting, dead), the results hash (kept records of finished tasks, ``<header
-  JSON>\\n<envelope>``: the envelope, the kept result and sealed error messages) and then
-  the cron definitions hash (each definition's payload, sealed for its name) are walked with
-  HSCAN, ``batch`` fields per step, so no call holds Redis for long and workers keep running.
-  The report's ``cursor`` (``tasks:<n>``, ``results:<n>`` or ``cron:<n>``) says where to go
-  on after a crash or a stop: HSCAN's guarantee (a field
-  present for the whole walk is returned at least once) makes a resumed walk complete. A
-  field returned twice is found on ``to`` the second time (``already``).
+  JSON>\\n<envelope>``: the envelope, the kept result, sealed error messages, the step log),
+  the errors hash (error histories: ``Encrypted(errors=True)``), the steps hash (durable
+  tasks' step logs and their step results) and the cron definitions hash (each definition's
+  payload, sealed for its name) are walked in that order with HSCAN, ``batch`` fields per
+  step, so no call holds Redis for long and workers keep running. The report's ``cursor``
+  (``<hash>:<n>``: ``tasks:0``, ``steps:96``) says where to go on after a crash or a stop:
+  HSCAN's guarantee (a field present for the whole walk is returned at least once) makes a
+  resumed walk complete. A field returned twice is found on ``to`` the second time
+  (``already``).
 - **Nothing unreadable, ever.** Readers accept every key their codec lists, so a task is
   readable before its re-seal and after it; a crash between two batches leaves a mix of keys,
   every one readable. Drop the old key only once a walk reports ``done`` with no
@@ -21,7 +23,10 @@ Why this shape:
   the script). A task acked, cancelled, replaced or re-scheduled with a new payload between
   the HSCAN and the write is skipped (``skipped``): its value is the newer one, sealed by a
   writer with the active key, or gone. Options, scores, leases and attempts are not touched:
-  the head and name/trace line of a re-sealed envelope are the same bytes.
+  the head and name/trace line of a re-sealed envelope are the same bytes, and in an error
+  history, a step log or a definition only a sealed value's own bytes change (the scripts
+  append to the first two). A durable run whose commit of a step is sent again just as that
+  step's line is re-sealed finds the line changed and reads its log again.
 - **Compression is kept as it was** (the inner bytes are decrypted and encrypted again, not
   decompressed), so a process without zstd can rotate compressed tasks.
 - **An undecryptable value is left as it was** and counted (its id listed), never dropped: it
@@ -50,6 +55,7 @@ from dueq._wire.codec import (
     Encrypted,
     cron_binding,
     reseal_value,
+    step_purpose,
 )
 from dueq._wire.envelope import reseal_envelope
 from dueq.cron._spec import Spec
@@ -67,6 +73,8 @@ MAX_ROTATION_BATCH = 10_000
 _WALK: tuple[tuple[str, protocol.RotationHash], ...] = (
     ("tasks", "t"),
     ("results", "r"),
+    ("errors", "e"),
+    ("steps", "s"),
     ("cron", "c"),
 )
 
@@ -94,36 +102,116 @@ Verdict = Literal["resealed", "already", "unsealed"]
 Resealed = tuple[Verdict, "bytes | None"]
 
 
+class _Values:
+    """The sealed values (``seal_value``'s) of one stored text, each re-sealed with the same
+    task and purpose, and the text with each one swapped where it stands: the rest stays
+    byte for byte as it was (the scripts compare and append to some of these texts)."""
+
+    def __init__(self, codec: Encrypted, to: str, queue: str, task_id: str) -> None:
+        self.codec, self.to, self.queue, self.task_id = codec, to, queue, task_id
+        self.verdicts: list[Verdict] = []
+        self._swaps: list[tuple[bytes, bytes]] = []
+
+    def add(self, value: Any, purpose: bytes) -> Any:
+        """``value`` (a decoded JSON value) re-sealed when it is sealed with another key, else
+        as it is."""
+        verdict, resealed = reseal_value(
+            value, self.codec, self.to, self.queue, self.task_id, purpose
+        )
+        self.verdicts.append(verdict)
+        if verdict == "resealed":
+            self._swaps.append((json.dumps(value).encode(), json.dumps(resealed).encode()))
+        return resealed
+
+    def add_errors(self, records: Any) -> None:
+        """The sealed messages and tracebacks of a JSON list of error records (re-sealed in
+        ``records`` too)."""
+        for record in records if isinstance(records, list) else ():
+            for name, purpose in (("message", ERROR_PURPOSE), ("traceback", TRACEBACK_PURPOSE)):
+                if isinstance(record, dict) and name in record:
+                    record[name] = self.add(record[name], purpose)
+
+    def add_step_log(self, log: bytes) -> None:
+        """The step results of a durable task's step log: one record a line, "D" a committed
+        step whose result "r" is sealed for its position."""
+        for position, line in enumerate(log.split(b"\n")):
+            record = _json(line[1:]) if line[:1] == b"D" else None
+            if isinstance(record, dict) and "r" in record:
+                self.add(record["r"], step_purpose(position))
+
+    def verdict(self) -> Verdict:
+        """ "resealed" if any value was, else "already" if any is on ``to``, else "unsealed"."""
+        for verdict in ("resealed", "already"):
+            if verdict in self.verdicts:
+                return cast(Verdict, verdict)
+        return "unsealed"
+
+    def swapped(self, text: bytes) -> bytes:
+        """``text`` with each re-sealed value in place of the one it was; PayloadError when a
+        value is not there as JSON writes it (stored some other way: left, and reported)."""
+        for old, new in self._swaps:
+            if old not in text:
+                raise PayloadError(f"a sealed value of {self.task_id!r} is stored unexpectedly")
+            text = text.replace(old, new, 1)
+        return text
+
+
+def _json(raw: bytes) -> Any:
+    """Stored JSON, or None when it is none (not ours: nothing in it is rotated)."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
 def _record(raw: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> Resealed:
     """A finished record (``<header JSON>\\n<envelope>``) re-sealed: its envelope, and in its
-    header the kept result and the sealed messages and tracebacks of its errors."""
+    header the kept result, the sealed messages and tracebacks of its errors and the step
+    results of its step log. A header with a value re-sealed is written anew (no script
+    appends to it, and its step log is a JSON string cjson escaped: no place to swap in)."""
     head, newline, envelope = raw.partition(b"\n")
     if not newline:  # no record of ours: nothing sealed to rotate
         return "unsealed", None
-    verdicts: list[Verdict] = []
     verdict, body = reseal_envelope(envelope, codec, to, queue, task_id)
-    verdicts.append(cast(Verdict, verdict))
-    try:
-        header = json.loads(head)
-    except ValueError:  # not a header of ours: its envelope alone is rotated
-        header = None
+    values = _Values(codec, to, queue, task_id)
+    header = _json(head)
     if isinstance(header, dict):
-        verdict, header["result"] = reseal_value(
-            header.get("result"), codec, to, queue, task_id, RESULT_PURPOSE
-        )
-        verdicts.append(verdict)
-        for error in header.get("errors") or ():
-            for name, purpose in (("message", ERROR_PURPOSE), ("traceback", TRACEBACK_PURPOSE)):
-                if isinstance(error, dict) and name in error:
-                    verdict, error[name] = reseal_value(
-                        error[name], codec, to, queue, task_id, purpose
-                    )
-                    verdicts.append(verdict)
-    if "resealed" not in verdicts:
-        return ("already" if "already" in verdicts else "unsealed"), None
-    if isinstance(header, dict) and verdicts[1:].count("resealed"):
+        header["result"] = values.add(header.get("result"), RESULT_PURPOSE)
+        values.add_errors(header.get("errors"))
+        log = header.get("steps")
+        if isinstance(log, str):
+            steps = _Values(codec, to, queue, task_id)
+            steps.add_step_log(log.encode("utf-8"))
+            header["steps"] = steps.swapped(log.encode("utf-8")).decode("utf-8")
+            values.verdicts += steps.verdicts
+    if values.verdict() == "resealed":
         head = json.dumps(header, separators=(",", ":")).encode("ascii")
+    values.verdicts.append(cast(Verdict, verdict))
+    if values.verdict() != "resealed":
+        return values.verdict(), None
     return "resealed", head + newline + (envelope if body is None else body)
+
+
+def _errors(raw: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> Resealed:
+    """A task's error history (a JSON list of records) with its sealed messages and
+    tracebacks re-sealed (``Encrypted(errors=True)``)."""
+    values = _Values(codec, to, queue, task_id)
+    values.add_errors(_json(raw))
+    verdict = values.verdict()
+    return verdict, values.swapped(raw) if verdict == "resealed" else None
+
+
+def _steps(raw: bytes, codec: Encrypted, to: str, queue: str, field: str) -> Resealed:
+    """A field of the steps hash: a durable task's step log (field ``<id>``: one record a
+    line, "D" a committed step whose result "r" is sealed for its position) with its step
+    results re-sealed; its other fields (``<id>\\0s`` signals, ``<id>\\0p`` progress) hold
+    nothing sealed."""
+    if "\0" in field:
+        return "unsealed", None
+    values = _Values(codec, to, queue, field)
+    values.add_step_log(raw)
+    verdict = values.verdict()
+    return verdict, values.swapped(raw) if verdict == "resealed" else None
 
 
 def _envelope(raw: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> Resealed:
@@ -139,11 +227,10 @@ def _definition(raw: bytes, codec: Encrypted, to: str, queue: str, name: str) ->
         spec = Spec.from_json(raw)
     except CronError:
         return "unsealed", None
-    binding = cron_binding(name)
-    verdict, payload = reseal_value(spec.payload, codec, to, queue, binding, CRON_PURPOSE)
-    if verdict != "resealed":
-        return verdict, None
-    return verdict, replace(spec, payload=payload).to_json().encode("ascii")
+    values = _Values(codec, to, queue, cron_binding(name))
+    values.add(spec.payload, CRON_PURPOSE)
+    verdict = values.verdict()
+    return verdict, values.swapped(raw) if verdict == "resealed" else None
 
 
 #: How each hash's values are re-sealed: (value, codec, to, queue, field) -> (verdict, value
@@ -151,6 +238,8 @@ def _definition(raw: bytes, codec: Encrypted, to: str, queue: str, name: str) ->
 _RESEALS: dict[str, Callable[[bytes, Encrypted, str, str, str], Resealed]] = {
     "t": _envelope,
     "r": _record,
+    "e": _errors,
+    "s": _steps,
     "c": _definition,
 }
 

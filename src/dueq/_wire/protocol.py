@@ -1242,11 +1242,16 @@ def progress_message(data: bytes | str) -> Progress | None:
 
 # -- reseal.lua (key rotation, ``_flows.rotate``) -------------------------------------------------
 
-#: Where a value key rotation re-seals lives: the tasks hash ("t"), the results hash ("r") or
-#: the cron definitions hash ("c").
-RotationHash = Literal["t", "r", "c"]
+#: Where a value key rotation re-seals lives: the tasks hash ("t"), the results hash ("r"),
+#: the errors hash ("e"), the steps hash ("s") or the cron definitions hash ("c").
+RotationHash = Literal["t", "r", "e", "s", "c"]
 #: The key of each RotationHash, by its index in reseal.lua's KEYS.
-_ROTATION_KEYS = {"t": 0, "r": 1, "c": 2}
+_ROTATION_KEYS = {"t": 0, "r": 1, "e": 2, "s": 3, "c": 4}
+
+
+def _rotation_keys(k: QueueKeys) -> list[str]:
+    """reseal.lua's KEYS, in _ROTATION_KEYS' order."""
+    return [k.tasks, k.results, k.errors, k.steps, k.cron]
 
 
 class Reseal(NamedTuple):
@@ -1265,15 +1270,15 @@ def reseal(k: QueueKeys, entries: Sequence[Reseal]) -> Call[str]:
     args: list[Any] = []
     for e in entries:
         args += (e.where, e.task_id, hashlib.sha1(e.read).hexdigest(), e.resealed)
-    return Call("reseal", [k.tasks, k.results, k.cron], args, text)
+    return Call("reseal", _rotation_keys(k), args, text)
 
 
 def rotation_scan(
     k: QueueKeys, where: RotationHash, cursor: int, count: int
 ) -> Command[tuple[int, list[tuple[str, bytes]]]]:
-    """One HSCAN step over the tasks hash ("t"), the results hash ("r") or the cron
-    definitions hash ("c", fields are names): the next cursor (0: done) and the (field,
-    stored value) pairs it returned."""
+    """One HSCAN step over the hash ``where`` names (RotationHash; the cron definitions'
+    fields are names, the steps hash's ``<id>`` and ``<id>\\0<letter>``): the next cursor
+    (0: done) and the (field, stored value) pairs it returned."""
 
     def parse(reply: Any) -> tuple[int, list[tuple[str, bytes]]]:
         after, found = reply  # redis-py parses HSCAN into (cursor, dict)
@@ -1283,7 +1288,7 @@ def rotation_scan(
         ]
         return int(after), pairs
 
-    key = (k.tasks, k.results, k.cron)[_ROTATION_KEYS[where]]
+    key = _rotation_keys(k)[_ROTATION_KEYS[where]]
     return command("HSCAN", key, cursor, "COUNT", count, parse=parse)
 
 
