@@ -17,6 +17,7 @@ from dueq.events.stream import (
     AsyncEvent,
     ReaderSpec,
     Step,
+    aclose_reader,
     check_plain,
     events_flow,
     events_read_flow,
@@ -145,6 +146,5 @@ async def _read(queue: AwaitsEvents, spec: ReaderSpec) -> AsyncGenerator[AsyncEv
                 continue
             backoff.succeeded()
             step = flow.send(reply)
-    finally:  # a client over a pool of its own leaves the pool open: disconnect it too
-        await client.aclose()
-        await client.connection_pool.disconnect()
+    finally:
+        await aclose_reader(client)

@@ -24,6 +24,7 @@ shared client, as the wake listener keeps its own Pub/Sub connection.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import threading
@@ -424,15 +425,93 @@ def parse_event(
 
 
 def reader_client(client: Any) -> Any:
-    """A client of its own for blocking reads, on ``client``'s server and settings (a pool of
-    one connection; its socket timeout outlasts a blocking read)."""
+    """A client of its own for blocking reads, on ``client``'s server and settings (a read that
+    blocks never holds a connection the queue needs); ``close_reader`` / ``aclose_reader``
+    closes its connections. Its socket timeout outlasts a blocking read.
+
+    For a ``Redis``: over a pool of one connection. For a ``RedisCluster`` (blocking or asyncio):
+    a cluster client of the same startup nodes and settings, one connection a node; it routes
+    each read by key to the node of the queue's hash slot (all of a queue's keys share one
+    tag) and follows the slot when it moves, which a client of one node could not."""
+    if hasattr(client, "nodes_manager"):  # redis-py's cluster clients have no connection_pool
+        return _cluster_reader_client(client)
     pool = client.connection_pool
-    kwargs = dict(pool.connection_kwargs)
+    kwargs = _outlasting_a_read(dict(pool.connection_kwargs))
+    own_pool = type(pool)(connection_class=pool.connection_class, max_connections=1, **kwargs)
+    return type(client)(connection_pool=own_pool)
+
+
+def close_reader(client: Any) -> None:
+    """Close a blocking ``reader_client``: a client over a pool of its own leaves the pool open,
+    so it is disconnected too; a cluster client's ``close`` closes every node's."""
+    client.close()
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        pool.disconnect()
+
+
+async def aclose_reader(client: Any) -> None:
+    """``close_reader`` of an asyncio ``reader_client``."""
+    await client.aclose()
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        await pool.disconnect()
+
+
+#: Connection keywords a cluster client puts in for itself, tied to that client: its own
+#: on_connect hook, its response callbacks, registries and notification handlers.
+_CLUSTER_OWN_KWARGS = frozenset(
+    {
+        "redis_connect_func",
+        "response_callbacks",
+        "himport_registry",
+        "maint_notifications_config",
+        "maint_notifications_pool_handler",
+        "oss_cluster_maint_notifications_handler",
+        "max_connections",
+    }
+)
+
+
+def _cluster_reader_client(client: Any) -> Any:
+    """``reader_client`` of a ``RedisCluster``: the blocking class takes the connection keywords
+    as ``**kwargs``; the asyncio one names each (TLS as ``ssl=True``), so they are passed by
+    its signature."""
+    manager = client.nodes_manager
+    kwargs = {
+        key: value
+        for key, value in client.get_connection_kwargs().items()
+        if key not in _CLUSTER_OWN_KWARGS
+    }
+    user_on_connect = getattr(client, "user_on_connect_func", None)  # the blocking class's
+    if user_on_connect is not None:
+        kwargs["redis_connect_func"] = user_on_connect
+    params = inspect.signature(type(client)).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs["ssl"] = "ssl_cert_reqs" in kwargs  # set with the TLS keywords, and only then
+        kwargs = {key: value for key, value in kwargs.items() if key in params}
+    node_class = type(next(iter(manager.startup_nodes.values())))
+    return type(client)(
+        # fresh nodes: a blocking ClusterNode carries its client, which must not be shared
+        startup_nodes=[node_class(n.host, n.port) for n in manager.startup_nodes.values()],
+        require_full_coverage=getattr(
+            manager, "require_full_coverage", getattr(manager, "_require_full_coverage", True)
+        ),
+        dynamic_startup_nodes=getattr(manager, "_dynamic_startup_nodes", True),
+        address_remap=manager.address_remap,
+        reinitialize_steps=client.reinitialize_steps,
+        retry=client.retry,
+        max_connections=1,
+        **_outlasting_a_read(kwargs),
+    )
+
+
+def _outlasting_a_read(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with a socket timeout (if any) long enough for a blocking read."""
     timeout = kwargs.get("socket_timeout")
     if timeout is not None and timeout < BLOCK_MS / 1000 + 5:
         kwargs["socket_timeout"] = BLOCK_MS / 1000 + 5
-    own_pool = type(pool)(connection_class=pool.connection_class, max_connections=1, **kwargs)
-    return type(client)(connection_pool=own_pool)
+    return kwargs
 
 
 def create_group(client: Any, spec: ReaderSpec) -> None:
@@ -722,6 +801,5 @@ class _Reader:
                     continue
                 backoff.succeeded()
                 step = self._flow.send(reply)
-        finally:  # a client over a pool of its own leaves the pool open: disconnect it too
-            self._client.close()
-            self._client.connection_pool.disconnect()
+        finally:
+            close_reader(self._client)
