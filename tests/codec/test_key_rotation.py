@@ -297,3 +297,27 @@ def test_rotation_reseals_step_results_and_error_histories_of_running_and_finish
     assert new.get(running).steps[0].result == {"secret": "STEP-2"}
     clock.advance(31)
     assert [ran.value for ran in run_due(new)] == [["STEP-2", 2]]  # its log opens with k2
+
+
+def test_rotation_reseals_signals_held_and_taken(make_queue, clock):
+    def waiting(q):
+        @q.task(name="waiter", durable=True)
+        def waiter(ctx: dueq.StepContext) -> list:
+            return [ctx.wait_for("go", timeout=3600), ctx.wait_for("go", timeout=3600)]
+
+        return waiter
+
+    old = make_queue(codec=old_codec())
+    tid = waiting(old).schedule()
+    old.signal(tid, "go", {"n": "taken"})
+    run_due(old)  # takes the first (into the wait's record), waits for the second
+    old.signal(tid, "go", {"n": "held"})  # held by the task until its next run
+
+    report = make_queue(codec=both_codec()).rotate_key("k2")
+
+    assert report.done and report.undecryptable == 0
+    assert report.resealed == 3  # the envelope, the step log, the held signals
+    new = make_queue(codec=dueq.Encrypted(keys={"k2": K2}, active="k2"))
+    waiting(new)
+    (ran,) = run_due(new)
+    assert ran.value == [{"n": "taken"}, {"n": "held"}]

@@ -12,7 +12,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from codec_support import read_events
+from codec_support import read_events, values_of_queue
 from durable_support import run_due
 
 import dueq
@@ -184,3 +184,42 @@ def test_a_dump_of_every_key_shows_no_marker_result_step_result_or_event(
     admin.flushall()
     sealed = make_queue(codec=one_key(), compression="auto")
     assert markers_in_dump(sealed) == set()
+
+
+def test_signal_payloads_are_sealed_for_their_task_and_the_waiting_run_reads_them(
+    make_queue, r, clock
+):
+    q = make_queue(codec=one_key())
+    q.configure(keep_results=3600)
+
+    @q.task(name="waiter", durable=True)
+    def waiter(ctx: dueq.StepContext) -> list:
+        return [ctx.wait_for("go", timeout=3600), ctx.wait_for("go", timeout=3600)]
+
+    tid = waiter.schedule()
+    q.signal(tid, "go", {"secret": "SIGNAL-BEFORE"})  # pending when the wait starts
+    run_due(q)  # takes it, then waits for the second: handed back
+    q.signal(tid, "go", {"secret": "SIGNAL-DURING"})  # taken by the next run
+    assert not any(b"SIGNAL-" in v for v in values_of_queue(r, q.name))
+    (ran,) = run_due(q)
+    assert ran.value == [{"secret": "SIGNAL-BEFORE"}, {"secret": "SIGNAL-DURING"}]
+    assert [s.result for s in q.get(tid).steps] == ran.value  # the key's holder reads them
+    stranger = make_queue(name=q.name)
+    assert all(str(s.result).startswith("<encrypted k1, ") for s in stranger.get(tid).steps)
+
+
+def test_a_signal_payload_moved_to_another_task_is_refused(make_queue, r):
+    q = make_queue(codec=one_key(), retry=dueq.RetryPolicy(max_attempts=1))
+
+    @q.task(name="waiter", durable=True)
+    def waiter(ctx: dueq.StepContext) -> object:
+        return ctx.wait_for("go", timeout=3600)
+
+    mine, theirs = waiter.schedule(), waiter.schedule()
+    q.signal(mine, "go", {"amount": 1})
+    q.signal(theirs, "go", {"amount": 1_000_000})
+    steps = "dueq:{q}:steps"
+    r.hset(steps, f"{mine}\0s".encode(), r.hget(steps, f"{theirs}\0s".encode()))
+    runs = {ran.id: ran for ran in run_due(q)}
+    assert isinstance(runs[mine].error, dueq.UndecryptableTask)
+    assert runs[theirs].value == {"amount": 1_000_000}

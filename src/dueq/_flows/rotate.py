@@ -51,6 +51,7 @@ from dueq._wire.codec import (
     CRON_PURPOSE,
     ERROR_PURPOSE,
     RESULT_PURPOSE,
+    SIGNAL_PURPOSE,
     TRACEBACK_PURPOSE,
     Encrypted,
     cron_binding,
@@ -132,12 +133,13 @@ class _Values:
                     record[name] = self.add(record[name], purpose)
 
     def add_step_log(self, log: bytes) -> None:
-        """The step results of a durable task's step log: one record a line, "D" a committed
-        step whose result "r" is sealed for its position."""
+        """The sealed values of a durable task's step log: one record a line, "D" a committed
+        step whose result "r" is sealed for its position, "R" a wait whose signal "r" is."""
         for position, line in enumerate(log.split(b"\n")):
-            record = _json(line[1:]) if line[:1] == b"D" else None
+            record = _json(line[1:]) if line[:1] in (b"D", b"R") else None
             if isinstance(record, dict) and "r" in record:
-                self.add(record["r"], step_purpose(position))
+                purpose = step_purpose(position) if line[:1] == b"D" else SIGNAL_PURPOSE
+                self.add(record["r"], purpose)
 
     def verdict(self) -> Verdict:
         """ "resealed" if any value was, else "already" if any is on ``to``, else "unsealed"."""
@@ -202,14 +204,16 @@ def _errors(raw: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> 
 
 
 def _steps(raw: bytes, codec: Encrypted, to: str, queue: str, field: str) -> Resealed:
-    """A field of the steps hash: a durable task's step log (field ``<id>``: one record a
-    line, "D" a committed step whose result "r" is sealed for its position) with its step
-    results re-sealed; its other fields (``<id>\\0s`` signals, ``<id>\\0p`` progress) hold
-    nothing sealed."""
-    if "\0" in field:
-        return "unsealed", None
-    values = _Values(codec, to, queue, field)
-    values.add_step_log(raw)
+    """A field of the steps hash re-sealed: a durable task's step log (field ``<id>``: its
+    step results and the signals its waits took) or the signals it holds (``<id>\\0s``);
+    ``<id>\\0p``, its progress, holds nothing sealed."""
+    task_id, _, letter = field.partition("\0")
+    values = _Values(codec, to, queue, task_id)
+    if letter == "s":  # the signals not taken yet: "<name>\\t<ms>\\t<payload JSON>" a line
+        for line in raw.split(b"\n"):
+            values.add(_json(line.split(b"\t", 2)[-1]), SIGNAL_PURPOSE)
+    elif not letter:
+        values.add_step_log(raw)
     verdict = values.verdict()
     return verdict, values.swapped(raw) if verdict == "resealed" else None
 

@@ -9,11 +9,13 @@ settles the delivery here: its outcome is ``released``, with the time it is due 
 
 from __future__ import annotations
 
+import json
+
 from dueq._flows.base import QueueBase
 from dueq._flows.drive import Flow
 from dueq._util.clock import ms_datetime
 from dueq._wire import protocol
-from dueq._wire.codec import step_purpose
+from dueq._wire.codec import SEALED_VALUE_JSON, SIGNAL_PURPOSE, step_purpose
 from dueq._wire.envelope import validate_id
 from dueq._wire.signals import MAX_PENDING_SIGNALS, signal_payload, validate_signal_name
 from dueq._wire.snapshot import step_infos
@@ -91,6 +93,11 @@ class StepFlows(QueueBase):
         if due_ms is not None:
             at = ms_datetime(due_ms)
             delivery.mark_settled(Outcome(delivery.id, "released", delivery.attempt, at))
+        if op == "wait" and reply.value[1:].startswith(SEALED_VALUE_JSON):  # a signal taken
+            opened = self.payload_codec.open_value(
+                json.loads(reply.value[1:]), self.name, task_id, SIGNAL_PURPOSE
+            )
+            reply = protocol.StepReply(reply.status, reply.value[:1] + json.dumps(opened))
         return reply
 
     def signal_flow(self, task_id: str, name: str, payload: object) -> Flow[int]:
@@ -99,7 +106,9 @@ class StepFlows(QueueBase):
         MAX_PENDING_SIGNALS already (nothing written either way)."""
         task_id = validate_id(task_id)
         name = validate_signal_name(name)
-        body = signal_payload(payload)
+        body = self.payload_codec.seal_value(
+            signal_payload(payload), self.name, task_id, SIGNAL_PURPOSE
+        )
         reply: protocol.SignalReply = yield protocol.signal(
             self.keys, self.now_arg(), task_id, name, body, max_pending=MAX_PENDING_SIGNALS
         )

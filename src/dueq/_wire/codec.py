@@ -553,6 +553,9 @@ ERROR_PURPOSE = b"error"
 TRACEBACK_PURPOSE = b"traceback"
 #: The purpose of a progress entry's body.
 PROGRESS_PURPOSE = b"progress"
+#: The purpose of a signal's payload (``q.signal``): sealed for the task it is sent to, it
+#: stays sealed in the signals the task holds and in the wait's record once taken.
+SIGNAL_PURPOSE = b"signal"
 #: The purpose of a cron definition's payload, sealed once, when the definition is added, for
 #: every occurrence it will have: bound to the queue and ``cron:<name>`` (``cron_binding``),
 #: as no occurrence id is known then (``open`` tries it for an occurrence's id).
@@ -778,7 +781,7 @@ class PayloadCodec:
         if self.codec is None:
             return text
         body = self.seal(text.encode("utf-8"), queue, task_id, purpose)
-        return _SEALED_VALUE_JSON + base64.b64encode(body).decode("ascii") + '"'
+        return SEALED_VALUE_JSON + base64.b64encode(body).decode("ascii") + '"'
 
     def open_value(self, value: Any, queue: str, task_id: str, purpose: bytes) -> Any:
         """A decoded JSON ``value`` as it was before ``seal_value``: a sealed one opened (as
@@ -853,7 +856,8 @@ def sealed_value_marker(value: str) -> str:
 #: ``envelope.result_entry``, ``envelope.json_text``), so a sealed value is never mistaken for
 #: a plain one, while the scripts store and move it as any JSON string (none decodes it).
 SEALED_VALUE_MARK = "\udc25"
-_SEALED_VALUE_JSON = '"\\udc25'
+#: How a sealed value's JSON text starts.
+SEALED_VALUE_JSON = '"\\udc25'
 
 #: The codec of a queue that has none: reads compressed payloads, refuses encrypted ones.
 NO_CODEC = PayloadCodec()

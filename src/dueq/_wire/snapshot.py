@@ -14,6 +14,7 @@ from dueq._wire.codec import (
     NO_CODEC,
     RESULT_PURPOSE,
     SEALED_VALUE_MARK,
+    SIGNAL_PURPOSE,
     TRACEBACK_PURPOSE,
     PayloadCodec,
     step_purpose,
@@ -192,8 +193,8 @@ def step_infos(
         if deadline == NEVER_MS:  # a wait without a timeout
             deadline = None
         result = record.get("r")
-        if kind == "step" and result is not None:
-            purpose = step_purpose(len(steps))
+        if kind in ("step", "wait") and result is not None:  # a step's result, a signal taken
+            purpose = step_purpose(len(steps)) if kind == "step" else SIGNAL_PURPOSE
             if strict:
                 result = codec.open_value(result, queue, task_id, purpose)
             else:
