@@ -182,3 +182,18 @@ def test_progress_events_show_the_opened_body_to_the_holder_and_the_marker_to_ot
     assert [(e.kind, e.seq, e.body) for e in held] == [("progress", 1, {"secret": "SECRET-BODY"})]
     (other,) = _progress_events(r)
     assert other.body.startswith("<encrypted k1, ") and "SECRET" not in other.body
+
+
+def test_rotate_key_reseals_progress_bodies_so_the_new_key_alone_reads_them(make_queue):
+    old = make_queue(codec=one_key())
+    d = _leased(old)
+    d.progress({"secret": "PROGRESS-1"})
+    d.progress("PROGRESS-2")
+    both = make_queue(codec=dueq.Encrypted(keys={"k1": K1, "k2": K2}, active="k2"))
+    report = both.rotate_key("k2")
+    assert report.undecryptable == 0 and report.resealed >= 2
+    new_only = make_queue(codec=one_key("k2", K2))
+    history = list(new_only.progress("t1", timeout=0))
+    assert [e.body for e in history] == [{"secret": "PROGRESS-1"}, "PROGRESS-2"]
+    d.progress("after")  # the script appends to the rotated history as before
+    assert [e.seq for e in new_only.progress("t1", timeout=0)] == [1, 2, 3]

@@ -7,9 +7,10 @@ Why this shape:
   leased, waiting, dead), the results hash (kept records of finished tasks, ``<header
   JSON>\\n<envelope>``: the envelope, the kept result, sealed error messages, the step log),
   the errors hash (error histories: ``Encrypted(errors=True)``), the steps hash (durable
-  tasks' step logs and their step results) and the cron definitions hash (each definition's
-  payload, sealed for its name) are walked in that order with HSCAN, ``batch`` fields per
-  step, so no call holds Redis for long and workers keep running. The report's ``cursor``
+  tasks' step logs and their step results, progress histories and their bodies) and the cron
+  definitions hash (each definition's payload, sealed for its name) are walked in that order
+  with HSCAN, ``batch`` fields per step, so no call holds Redis for long and workers keep
+  running. The report's ``cursor``
   (``<hash>:<n>``: ``tasks:0``, ``steps:96``) says where to go on after a crash or a stop:
   HSCAN's guarantee (a field present for the whole walk is returned at least once) makes a
   resumed walk complete. A field returned twice is found on ``to`` the second time
@@ -50,6 +51,7 @@ from dueq._wire import protocol as protocol
 from dueq._wire.codec import (
     CRON_PURPOSE,
     ERROR_PURPOSE,
+    PROGRESS_PURPOSE,
     RESULT_PURPOSE,
     TRACEBACK_PURPOSE,
     Encrypted,
@@ -139,6 +141,14 @@ class _Values:
             if isinstance(record, dict) and "r" in record:
                 self.add(record["r"], step_purpose(position))
 
+    def add_progress(self, history: bytes) -> None:
+        """The bodies of a task's progress history: one entry a line, ``<seq>\\t<ms>\\t<JSON>``,
+        the body sealed for the task (``PROGRESS_PURPOSE``)."""
+        for line in history.split(b"\n"):
+            fields = line.split(b"\t", 2)
+            if len(fields) == 3:
+                self.add(_json(fields[2]), PROGRESS_PURPOSE)
+
     def verdict(self) -> Verdict:
         """ "resealed" if any value was, else "already" if any is on ``to``, else "unsealed"."""
         for verdict in ("resealed", "already"):
@@ -204,12 +214,16 @@ def _errors(raw: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> 
 def _steps(raw: bytes, codec: Encrypted, to: str, queue: str, field: str) -> Resealed:
     """A field of the steps hash: a durable task's step log (field ``<id>``: one record a
     line, "D" a committed step whose result "r" is sealed for its position) with its step
-    results re-sealed; its other fields (``<id>\\0s`` signals, ``<id>\\0p`` progress) hold
-    nothing sealed."""
-    if "\0" in field:
+    results re-sealed; a task's progress history (field ``<id>\\0p``) with its bodies
+    re-sealed; its signals (``<id>\\0s``) hold nothing sealed."""
+    task_id, zero, kind = field.partition("\0")
+    if zero and kind != "p":
         return "unsealed", None
-    values = _Values(codec, to, queue, field)
-    values.add_step_log(raw)
+    values = _Values(codec, to, queue, task_id)
+    if zero:
+        values.add_progress(raw)
+    else:
+        values.add_step_log(raw)
     verdict = values.verdict()
     return verdict, values.swapped(raw) if verdict == "resealed" else None
 
