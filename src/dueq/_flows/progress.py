@@ -4,7 +4,11 @@ Writing (``progress_flow``): one call of progress.lua checks the delivery's leas
 does (a stale holder gets LeaseLost, TaskCancelled when cancelled), appends the entry
 ``<seq>\\t<ms>\\t<JSON>`` to the task's history (field ``<id>\\0p`` of the queue's ``steps``
 hash, its last ``PROGRESS_KEPT`` entries), adds a "progress" event while events are on, and
-publishes the entry on the queue's progress channel (SPUBLISH where the server has it).
+publishes the entry on the queue's progress channel (SPUBLISH where the server has it). Under
+an encrypting codec the body is sealed first (``PayloadCodec.seal_value``, bound to queue and
+task as a result is): a JSON string, so the entry's line keeps its tabs and newline apart, and
+the history, the channel and the event never hold the plaintext. Readers open it here, for
+the plain and the sharded queue alike (``_opened``: the body, or its SealedMarker).
 
 Following (``progress_follow_flow``, driven by ``dueq._consume.progress``): subscribe to the
 progress and ended channels of the task's queue (its shard's), and only once the
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from dueq._consume.progress import FollowFlow, FollowOp, FollowStep
@@ -29,6 +34,7 @@ from dueq._flows.drive import Flow
 from dueq._util.clock import Duration, duration_ms
 from dueq._util.outage import Backoff, is_outage
 from dueq._wire import protocol as protocol
+from dueq._wire.codec import PROGRESS_PURPOSE
 from dueq._wire.envelope import json_text, validate_id
 from dueq._wire.snapshot import text
 from dueq.delivery import DeliveryBase
@@ -62,7 +68,9 @@ class ProgressFlows(QueueBase):
 
     def progress_flow(self, delivery: DeliveryBase, obj: Any) -> Flow[int]:
         """Write ``obj`` as the delivery's next progress entry; its seq."""
-        body = progress_body(obj)
+        body = self.payload_codec.seal_value(
+            progress_body(obj), self.name, delivery.id, PROGRESS_PURPOSE
+        )
         reply: protocol.ProgressReply = yield protocol.progress(
             self.keys, self.now_arg(), delivery.id, delivery.token, body
         )
@@ -82,7 +90,15 @@ class ProgressFlows(QueueBase):
         """The task's kept progress entries, oldest first."""
         keys = self._core.shard_queue(validate_id(task_id)).keys
         found: list[Progress] = yield protocol.progress_history(keys, task_id)
-        return found
+        return [self._opened(entry) for entry in found]
+
+    def _opened(self, entry: Progress) -> Progress:
+        """``entry`` with its body opened when it was sealed (``progress_flow``), or its
+        SealedMarker when this queue's codec cannot open it; any other entry as it is."""
+        body = self.payload_codec.shown_value(
+            entry.body, self.name, entry.task_id, PROGRESS_PURPOSE
+        )
+        return entry if body is entry.body else replace(entry, body=body)
 
     def progress_subscription_flow(self, task_id: str) -> Flow[WakeSubscription]:
         """What a follower subscribes to: the progress and ended channels of the queue (or
@@ -126,7 +142,9 @@ class ProgressFlows(QueueBase):
             if text(message.get("channel") or "") != progress_channel:
                 return None
             entry = protocol.progress_message(message["data"])
-            return entry if entry is not None and entry.task_id == task_id else None
+            if entry is None or entry.task_id != task_id:
+                return None
+            return self._opened(entry)
 
         def subscribe() -> FollowFlow:
             """Open the subscription and wait for its confirmations; live entries read

@@ -7,9 +7,10 @@ Why this shape:
   leased, waiting, dead), the results hash (kept records of finished tasks, ``<header
   JSON>\\n<envelope>``: the envelope, the kept result, sealed error messages, the step log),
   the errors hash (error histories: ``Encrypted(errors=True)``), the steps hash (durable
-  tasks' step logs and their step results) and the cron definitions hash (each definition's
-  payload, sealed for its name) are walked in that order with HSCAN, ``batch`` fields per
-  step, so no call holds Redis for long and workers keep running. The report's ``cursor``
+  tasks' step logs and their step results, progress histories and their bodies) and the cron
+  definitions hash (each definition's payload, sealed for its name) are walked in that order
+  with HSCAN, ``batch`` fields per step, so no call holds Redis for long and workers keep
+  running. The report's ``cursor``
   (``<hash>:<n>``: ``tasks:0``, ``steps:96``) says where to go on after a crash or a stop:
   HSCAN's guarantee (a field present for the whole walk is returned at least once) makes a
   resumed walk complete. A field returned twice is found on ``to`` the second time
@@ -50,6 +51,7 @@ from dueq._wire import protocol as protocol
 from dueq._wire.codec import (
     CRON_PURPOSE,
     ERROR_PURPOSE,
+    PROGRESS_PURPOSE,
     RESULT_PURPOSE,
     SIGNAL_PURPOSE,
     TRACEBACK_PURPOSE,
@@ -141,6 +143,14 @@ class _Values:
                 purpose = step_purpose(position) if line[:1] == b"D" else SIGNAL_PURPOSE
                 self.add(record["r"], purpose)
 
+    def add_progress(self, history: bytes) -> None:
+        """The bodies of a task's progress history: one entry a line, ``<seq>\\t<ms>\\t<JSON>``,
+        the body sealed for the task (``PROGRESS_PURPOSE``)."""
+        for line in history.split(b"\n"):
+            fields = line.split(b"\t", 2)
+            if len(fields) == 3:
+                self.add(_json(fields[2]), PROGRESS_PURPOSE)
+
     def verdict(self) -> Verdict:
         """ "resealed" if any value was, else "already" if any is on ``to``, else "unsealed"."""
         for verdict in ("resealed", "already"):
@@ -205,13 +215,15 @@ def _errors(raw: bytes, codec: Encrypted, to: str, queue: str, task_id: str) -> 
 
 def _steps(raw: bytes, codec: Encrypted, to: str, queue: str, field: str) -> Resealed:
     """A field of the steps hash re-sealed: a durable task's step log (field ``<id>``: its
-    step results and the signals its waits took) or the signals it holds (``<id>\\0s``);
-    ``<id>\\0p``, its progress, holds nothing sealed."""
+    step results and the signals its waits took), the signals it holds (``<id>\\0s``) or its
+    progress history (``<id>\\0p``)."""
     task_id, _, letter = field.partition("\0")
     values = _Values(codec, to, queue, task_id)
     if letter == "s":  # the signals not taken yet: "<name>\\t<ms>\\t<payload JSON>" a line
         for line in raw.split(b"\n"):
             values.add(_json(line.split(b"\t", 2)[-1]), SIGNAL_PURPOSE)
+    elif letter == "p":
+        values.add_progress(raw)
     elif not letter:
         values.add_step_log(raw)
     verdict = values.verdict()

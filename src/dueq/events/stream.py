@@ -40,7 +40,13 @@ from reactivex.disposable import Disposable
 from dueq._util.clock import Duration, positive_duration_ms
 from dueq._util.outage import Backoff, describe, is_outage
 from dueq._wire import protocol as protocol
-from dueq._wire.codec import NO_CODEC, RESULT_PURPOSE, PayloadCodec, SealedMarker
+from dueq._wire.codec import (
+    NO_CODEC,
+    PROGRESS_PURPOSE,
+    RESULT_PURPOSE,
+    PayloadCodec,
+    SealedMarker,
+)
 from dueq._wire.envelope import decode_named, sealed_marker
 from dueq._wire.failures import parse_error_records
 from dueq._wire.keys import validate_queue_name
@@ -389,6 +395,8 @@ def parse_event(
             body = json.loads(fields["body"])
         except ValueError:  # written by progress.lua as JSON already checked; unreadable: None
             body = None
+        # sealed by progress_flow under an encrypting codec: opened for the key's holder
+        body = codec.shown_value(body, queue, task_id, PROGRESS_PURPOSE)
     task = None
     if "task" in fields:
         raw = fields["task"].encode("utf-8", "surrogateescape")  # (read so: _entry_list)
