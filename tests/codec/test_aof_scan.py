@@ -1,8 +1,8 @@
 """The AOF of a Redis that holds a sealed queue (issue 42): every file under its AOF folder,
 both the commands as they were appended and the base a rewrite makes, holds no plaintext of
 1,000 marker payloads, nor of the results, durable step results, progress bodies, signals,
-cron payload and outcome events made from them; the same scan of a plain queue's AOF finds them all, so the scan is shown to see
-plaintext where there is some."""
+cron payload and outcome events made from them; the same scan of a plain queue's AOF finds
+them all, so the scan is shown to see plaintext where there is some."""
 
 from __future__ import annotations
 
