@@ -18,6 +18,13 @@ zstd drain >= 0.95x plain (of 1 KB payloads).
 
     PYTHONPATH=src .venv/bin/python scripts/bench/codec.py [--tasks N] [--rounds R]
 
+``--worker-rounds R`` (default 2) adds a worker section: ``dueq worker QUEUE handler`` (the
+threaded worker with defaults, ``worker.py``'s handler: one line appended per task) drains the
+small payloads as a subprocess, without a codec and with ``DUEQ_KEYS`` (encrypted), in
+alternating rounds; each figure is the best round's drain (first ack to last). This is
+throughput as a deployment sees it, where a task's decryption is one part of its cost; the
+claim + ack_many drain above is the bare engine, where it is the largest part.
+
 Bounded: ``--max-seconds`` (default 120) stops after the round under way and says so.
 ``--redis-url`` uses a running server (its database is flushed) instead of a child
 redis-server on a free port.
@@ -26,10 +33,14 @@ redis-server on a free port.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
+import tempfile
+import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -182,19 +193,66 @@ def run(url: str, tasks: int, rounds: int, limit: int, max_seconds: float) -> di
     return out
 
 
+def run_workers(url: str, tasks: int, rounds: int) -> dict[str, Any]:
+    """The worker section (see the module docstring): plain and encrypted ``dueq worker``
+    drains of the small payloads, alternating, ``rounds`` each; the best of each."""
+    from worker import HANDLERS, QUEUE, run_worker
+
+    r = redis.Redis.from_url(url)
+    payloads = [small_payload(i) for i in range(tasks)]
+    key_line = "k1=" + base64.b64encode(KEY).decode("ascii")
+    found: dict[str, list[float]] = {"plain": [], "encrypted": []}
+    with tempfile.TemporaryDirectory(prefix="dueq-bench-codec-") as tmp:
+        Path(tmp, "bench_handler.py").write_text(textwrap.dedent(HANDLERS))
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([tmp, os.environ.get("PYTHONPATH", "")]),
+            "BENCH_OUT": str(Path(tmp, "out.txt")),
+            "BENCH_URL": url,
+            "DUEQ_REDIS_URL": url,
+        }
+        command = [sys.executable, "-m", "dueq", "worker", QUEUE, "bench_handler:handle"]
+        for round_no in range(rounds):
+            order = ["plain", "encrypted"] if round_no % 2 == 0 else ["encrypted", "plain"]
+            for variant in order:
+                r.flushdb()
+                sealed = variant == "encrypted"
+                codec = dueq.Encrypted(keys={"k1": KEY}, active="k1") if sealed else None
+                schedule(dueq.Queue(QUEUE, r, codec=codec), payloads)
+                extra = {"DUEQ_KEYS": key_line, "DUEQ_ACTIVE_KEY": "k1"} if sealed else {}
+                run = run_worker(command, {**env, **extra}, r, tasks)
+                found[variant].append(run["drain_per_s"])
+            print(f"worker round {round_no + 1} done", file=sys.stderr, flush=True)
+    plain, encrypted = max(found["plain"]), max(found["encrypted"])
+    return {
+        "worker_plain_tasks_per_s": round(plain),
+        "worker_encrypted_tasks_per_s": round(encrypted),
+        "worker_encrypted_vs_plain": round(encrypted / plain, 3),
+        "runs": {k: [round(v) for v in vs] for k, vs in found.items()},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--limit", type=int, default=1000, help="claim batch size")
     parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--worker-rounds", type=int, default=2)
     parser.add_argument("--redis-url")
     args = parser.parse_args(argv)
+
+    def both(url: str) -> dict[str, Any]:
+        result = run(url, args.tasks, args.rounds, args.limit, args.max_seconds)
+        if args.worker_rounds:
+            result["worker"] = run_workers(url, args.tasks, args.worker_rounds)
+        return result
+
     if args.redis_url:
-        result = run(args.redis_url, args.tasks, args.rounds, args.limit, args.max_seconds)
+        result = both(args.redis_url)
     else:
         with RedisServer() as server:
-            result = run(server.url, args.tasks, args.rounds, args.limit, args.max_seconds)
+            result = both(server.url)
     print(json.dumps(result, indent=2))
     return 0
 
