@@ -164,7 +164,14 @@ from dueq import discovery
 from dueq._wire.keys import validate_queue_name
 from dueq.cron.flows import CronDefinition, LastOutcome
 from dueq.exceptions import DueqError
-from dueq.model import HISTORY_COUNTERS, MAX_BATCH_ITEMS, Outcome, OutcomeKind, QueueStats
+from dueq.model import (
+    HISTORY_COUNTERS,
+    MAX_BATCH_ITEMS,
+    Outcome,
+    OutcomeKind,
+    QueueStats,
+    ShardStats,
+)
 from dueq.operators._process import is_async_handler
 from dueq.queue import Queue
 
@@ -381,6 +388,16 @@ class QueueCollector(Collector):
         workers = GaugeMetricFamily(
             "dueq_workers", "Live worker processes serving the queue", labels=["queue"]
         )
+        shard_tasks = GaugeMetricFamily(
+            "dueq_shard_tasks",
+            "A sharded queue's tasks by shard and state (as dueq_tasks)",
+            labels=["queue", "shard", "state"],
+        )
+        shard_lag = GaugeMetricFamily(
+            "dueq_shard_oldest_due_lag_seconds",
+            "How long the oldest due task of each shard of a sharded queue has waited",
+            labels=["queue", "shard"],
+        )
         fair = _Fairness()
         cron_last = _CronLast()
         counters: dict[str, CounterMetricFamily] = {}
@@ -399,6 +416,12 @@ class QueueCollector(Collector):
                 continue
             up.add_metric([name], 1)
             self._add_stats(name, s, tasks, lag, next_due, paused, missing)
+            for part in s.shards:
+                for state, count in _by_state(part):
+                    shard_tasks.add_metric([name, part.shard, state], count)
+                shard_lag.add_metric(
+                    [name, part.shard], part.oldest_due_lag_s if part.due_now else 0.0
+                )
             cron_states = Counter(
                 "broken" if d.problem else "paused" if d.paused else "active" for d in definitions
             )
@@ -419,6 +442,7 @@ class QueueCollector(Collector):
                     )
                 counters[family].add_metric([name, *labels.values()], s.counters.get(counter, 0))
         yield from (up, tasks, lag, next_due, paused, missing, crons, rates, workers)
+        yield from (shard_tasks, shard_lag)
         yield from fair.families
         yield from cron_last.families
         yield from (counters[family] for family in sorted(counters))
@@ -433,18 +457,23 @@ class QueueCollector(Collector):
         paused: GaugeMetricFamily,
         missing: GaugeMetricFamily,
     ) -> None:
-        for state, count in (
-            ("delayed", s.scheduled - s.due_now),
-            ("due", s.due_now),
-            ("leased", s.leased),
-            ("dead", s.dead),
-        ):
+        for state, count in _by_state(s):
             tasks.add_metric([name, state], count)
         lag.add_metric([name], s.oldest_due_lag_s if s.due_now else 0.0)
         if s.next_due_at is not None:
             next_due.add_metric([name], s.next_due_at.timestamp())
         paused.add_metric([name], 1 if s.paused else 0)
         missing.add_metric([name], s.missing)
+
+
+def _by_state(s: QueueStats | ShardStats) -> tuple[tuple[str, int], ...]:
+    """The states of ``dueq_tasks`` with their counts (a queue's or one shard's)."""
+    return (
+        ("delayed", s.scheduled - s.due_now),
+        ("due", s.due_now),
+        ("leased", s.leased),
+        ("dead", s.dead),
+    )
 
 
 class _Fairness:

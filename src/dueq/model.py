@@ -638,8 +638,26 @@ class TenantShare:
 
 
 @dataclass(frozen=True)
+class ShardStats:
+    """One shard's part of a sharded queue's stats (``QueueStats.shards``): its queue name
+    (``emails#0``), its counts per state and the lag of its oldest due task, from the same
+    reads as the sums."""
+
+    shard: str
+    scheduled: int
+    due_now: int
+    waiting: int
+    leased: int
+    dead: int
+    next_due_at: datetime | None
+    oldest_due_lag_s: float
+    missing: int = 0
+
+
+@dataclass(frozen=True)
 class QueueStats:
-    """Counts per state and timing of a queue, read in one atomic snapshot."""
+    """Counts per state and timing of a queue, read in one atomic snapshot (on a sharded
+    queue, one snapshot per shard, summed; ``shards`` holds each)."""
 
     scheduled: int
     due_now: int
@@ -664,6 +682,8 @@ class QueueStats:
     #: the tenants with the most due tasks and the most claimed in the last minute (at most
     #: ten of each), most due first
     tenants: tuple[TenantShare, ...] = ()
+    #: a sharded queue's shards, in order, each with its own counts (empty for a plain queue)
+    shards: tuple[ShardStats, ...] = ()
 
     @property
     def paused(self) -> bool:

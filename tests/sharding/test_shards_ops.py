@@ -255,3 +255,55 @@ def test_spark_writes_to_a_sharded_queue_on_one_redis_reach_its_shards(r: Any) -
     assert (again.added, again.existing) == (0, 1)
     q = dueq.Queue("sparked", r, shards=3)
     assert q.stats().scheduled == 2 and q.get("y") is not None
+
+
+def expected_per_shard(q: dueq.Queue) -> dict[str, tuple[int, int]]:
+    """(scheduled, dead) of each shard of a ``seeded`` queue, from where its ids live."""
+    names = shard_names(q.name, 3)
+    found = {name: [0, 0] for name in names}
+    for i in range(30):
+        found[names[dueq.shard_of(f"t{i}", 3)]][0] += 1
+    for i in range(4):
+        found[names[dueq.shard_of(f"x{i}", 3)]][1] += 1
+    return {name: (s, d) for name, (s, d) in found.items()}
+
+
+def test_stats_of_a_sharded_queue_break_its_counts_down_by_shard(cluster: RedisCluster) -> None:
+    q = seeded(cluster)
+    s = q.stats()
+    assert [part.shard for part in s.shards] == list(shard_names(q.name, 3))
+    assert {p.shard: (p.scheduled, p.dead) for p in s.shards} == expected_per_shard(q)
+    assert sum(p.scheduled for p in s.shards) == s.scheduled == 30
+    assert dueq.Queue(fresh(), cluster).stats().shards == ()  # a plain queue has none
+
+
+def test_dueq_stats_shows_each_shard_of_a_sharded_queue(cluster: RedisCluster, url: str) -> None:
+    q = seeded(cluster)
+    (one,) = parsed(run(url, "stats", q.name, "--json"))["queues"]
+    assert {p["shard"]: (p["scheduled"], p["dead"]) for p in one["shards"]} == (
+        expected_per_shard(q)
+    )
+    table = run(url, "stats", q.name)
+    assert table.exit_code == 0, table.output
+    assert f"shards of '{q.name}'" in table.output
+    for name, (scheduled, dead) in expected_per_shard(q).items():
+        (line,) = [line for line in table.output.splitlines() if f" {name} " in line]
+        cells = [cell.strip() for cell in line.split("│")]
+        at = cells.index(name)  # shard, scheduled, due now, waiting, leased, dead, ...
+        assert (cells[at + 1], cells[at + 5]) == (str(scheduled), str(dead)), line
+
+
+def test_the_collector_exports_each_shards_tasks_with_a_shard_label(cluster: RedisCluster) -> None:
+    q = seeded(cluster)
+    registry = new_registry(process=False)
+    registry.register(QueueCollector(cluster))
+    tasks = {
+        (s.labels["shard"], s.labels["state"]): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == "dueq_shard_tasks" and s.labels["queue"] == q.name
+    }
+    expected = expected_per_shard(q)
+    assert {shard for shard, _ in tasks} == set(expected)
+    for name, (scheduled, dead) in expected.items():
+        assert (tasks[name, "delayed"], tasks[name, "dead"]) == (scheduled, dead)

@@ -62,6 +62,7 @@ PUBLIC = {
     "ReplicationTimeout",
     "RetryPolicy",
     "ScheduleResult",
+    "ShardStats",
     "Task",
     "TaskCancelled",
     "TaskContext",

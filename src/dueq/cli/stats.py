@@ -1,6 +1,7 @@
 """``dueq stats``: a table of every queue's states and timing, once or refreshed; under it, for
-each fair queue (docs/fairness.md), its lanes with due tasks, its claims of the last minute and
-its tenants (``tenants_table``, which ``dueq keys`` shows alone)."""
+each sharded queue a table of its shards (``shards_table``), and for each fair queue
+(docs/fairness.md) its lanes with due tasks, its claims of the last minute and its tenants
+(``tenants_table``, which ``dueq keys`` shows alone)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,22 @@ def tenants_table(name: str, s: QueueStats) -> Any:
     return table
 
 
+def shards_table(name: str, s: QueueStats) -> Any:
+    """The shards of a sharded queue, one row each: its counts per state, next due time and
+    oldest due lag (where a queue's work lies: an uneven spread, a stuck shard)."""
+    counts = ("scheduled", "due now", "waiting", "leased", "dead")
+    columns = ("shard", *counts, "next due", "oldest due lag")
+    table = titled_table(f"shards of {safe(repr(name))}", columns, right={*counts})
+    for p in s.shards:
+        table.add_row(
+            safe(p.shard),
+            *(str(n) for n in (p.scheduled, p.due_now, p.waiting, p.leased, p.dead)),
+            when(p.next_due_at, s.now),
+            seconds(p.oldest_due_lag_s) if p.due_now else "-",
+        )
+    return table
+
+
 def stats_table(conn: Connection, names: list[str]) -> Group:
     """One row per queue: counts per state, next due time, lag of the oldest due task; the
     queues that could not be read in a note under the table."""
@@ -99,7 +116,7 @@ def stats_table(conn: Connection, names: list[str]) -> Group:
             seconds(s.oldest_due_lag_s) if s.due_now else "-",
         )
     notes = [f"skipped {safe(repr(name))}: {safe(reason)}" for name, reason in skipped]
-    fair: list[Any] = []
+    fair: list[Any] = [shards_table(name, s) for name, s in rows if s.shards]
     for name, s in rows:
         if shows_fairness(s):
             fair += (

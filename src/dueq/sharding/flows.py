@@ -126,6 +126,7 @@ from dueq.model import (
     QueueStats,
     Rate,
     ScheduleResult,
+    ShardStats,
     StepInfo,
     Task,
     TaskInfo,
@@ -192,6 +193,21 @@ def _sum_stats(parts: Sequence[QueueStats]) -> QueueStats:
         fair_lanes=sum(p.fair_lanes for p in parts),
         fair_claimed=sum(p.fair_claimed for p in parts),
         tenants=_sum_tenants(parts),
+    )
+
+
+def _shard_stats(name: str, part: QueueStats) -> ShardStats:
+    """One shard's stats as its logical queue's ``QueueStats.shards`` lists them."""
+    return ShardStats(
+        name,
+        part.scheduled,
+        part.due_now,
+        part.waiting,
+        part.leased,
+        part.dead,
+        part.next_due_at,
+        part.oldest_due_lag_s,
+        part.missing,
     )
 
 
@@ -561,7 +577,11 @@ class ShardedCore:
     def stats_flow(self) -> Flow[QueueStats]:
         yield from self.layout.check_flow()
         parts: list[QueueStats] = yield from together([s.stats_flow() for s in self.layout.queues])
-        return _sum_stats(parts)
+        shards = tuple(
+            _shard_stats(shard.name, part)
+            for shard, part in zip(self.layout.queues, parts, strict=True)
+        )
+        return replace(_sum_stats(parts), shards=shards)
 
     def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Each shard checked on its own keys (findings name their shard), side by side."""
