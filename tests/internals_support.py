@@ -15,6 +15,8 @@ short and visible (issue 26: tests use the public API or a named test-support mo
   test can drive the flow by hand and lose a message on purpose;
 - ``shards``: the shard placement rule (``dueq.sharding.layout.shard_names``) and its bound
   (``MAX_SHARDS``);
+- ``sharded_flows``: the sharded core's bound on skipping an idle shard (``IDLE_RECHECK_S``),
+  which a test waits out;
 - ``spark_source()``: the Spark data source's module (pyspark >= 4.0; imported on demand);
   ``spark_events()``: its events source (pyspark >= 4.2; imported on demand).
 """
@@ -32,6 +34,7 @@ from dueq._util import tracing as tracing
 from dueq._wire import protocol as protocol
 from dueq.operators import _emit as emit
 from dueq.operators import _process as process
+from dueq.sharding import flows as sharded_flows
 from dueq.sharding import layout as shards
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "protocol",
     "schedule_flows",
     "script_runner",
+    "sharded_flows",
     "shards",
     "spark_events",
     "spark_source",

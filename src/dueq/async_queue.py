@@ -196,6 +196,10 @@ class AsyncQueue(QueueCore):
         await self._check_server_once()
         return await self.drive(self._core.wake_subscription_flow())
 
+    def woken(self, channel: str | None) -> None:
+        """Told by the wake listener of a message on ``channel`` (None: it (re)subscribed)."""
+        self._core.note_wake(channel)
+
     async def _check_server_once(self) -> None:
         """As ``Queue._check_server_once``: coroutines asking at once share one check."""
         if self._server_checked:

@@ -230,6 +230,10 @@ class Queue(QueueCore):
         self._check_server_once()
         return self.drive(self._core.wake_subscription_flow())
 
+    def woken(self, channel: str | None) -> None:
+        """Told by the wake listener of a message on ``channel`` (None: it (re)subscribed)."""
+        self._core.note_wake(channel)
+
     def _check_server_once(self) -> None:
         """``check_server`` unless done: threads asking at once (a worker's wake and claim
         threads at its start) wait for the first one's check instead of each sending theirs."""

@@ -526,8 +526,14 @@ def test_sharded_observe_is_never_early_and_wakes_on_any_shard(cluster: RedisClu
         assert delivered_s >= due_s, f"{task_id} delivered {due_s - delivered_s:.3f} s early"
 
 
-def test_a_sleeping_consumer_wakes_for_a_task_on_each_shard(cluster: RedisCluster) -> None:
+@pytest.mark.parametrize("producer", ["same", "another"])
+def test_a_sleeping_consumer_wakes_for_a_task_on_each_shard(
+    cluster: RedisCluster, producer: str
+) -> None:
     q = dueq.Queue(fresh(), cluster, shards=3)
+    # another queue object (another process's producer): only its wake tells q's claims to
+    # ask the shard again, which they had just found idle (issue 43)
+    p = q if producer == "same" else dueq.Queue(q.name, cluster, shards=3)
     q.schedule("far", id="far", delay=3600)
     arrived: list[str] = []
     came = threading.Event()
@@ -542,7 +548,7 @@ def test_a_sleeping_consumer_wakes_for_a_task_on_each_shard(cluster: RedisCluste
             time.sleep(0.2)
             came.clear()
             task_id = next(f"x{i}" for i in itertools.count() if shard_of(f"x{i}", 3) == shard)
-            q.schedule(shard, id=task_id)
+            p.schedule(shard, id=task_id)
             assert came.wait(30), f"the consumer was not woken for shard {shard}"
             assert arrived[-1] == task_id
     finally:

@@ -59,6 +59,8 @@ class AwaitsClaims(Protocol):
 
     async def wake_subscription(self) -> WakeSubscription: ...
 
+    def woken(self, channel: str | None) -> None: ...
+
     async def claim_batch(self, limit: int) -> ClaimedBatch: ...
 
 
@@ -451,6 +453,7 @@ async def _listen(
                 elif step.op is WakeOp.CALL:
                     reply = await getattr(step.pubsub, step.method)(*step.args, **step.kwargs)
                 elif step.op is WakeOp.WAKE:
+                    queue.woken(step.channel)
                     on_wake()
                 elif step.op is WakeOp.CLOSE:
                     await _close(step.pubsub)

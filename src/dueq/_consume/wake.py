@@ -83,6 +83,14 @@ def check_subscribed(pubsub: Any, subscription: WakeSubscription) -> None:
         raise redis.ConnectionError("the sharded wake subscription holds no node")
 
 
+def channel_of(message: Any) -> str | None:
+    """The channel a wake message came on, as text (None when it names none)."""
+    channel = message.get("channel")
+    if isinstance(channel, bytes):
+        return channel.decode("utf-8", "replace")
+    return None if channel is None else str(channel)
+
+
 def is_wake(message: Any) -> bool:
     """Whether a read message is a wake (not a subscribe confirmation or nothing)."""
     return message is not None and message.get("type") in WAKE_TYPES
@@ -94,7 +102,7 @@ class WakeOp(enum.Enum):
     SUBSCRIPTION = "subscription"  # the queue's WakeSubscription (reads the server version)
     PUBSUB = "pubsub"  # a new pubsub of the queue's client (the driver closes it at the end)
     CALL = "call"  # getattr(pubsub, method)(*args, **kwargs): its reply
-    WAKE = "wake"  # call the consumer's on_wake()
+    WAKE = "wake"  # tell the queue which channel woke it (queue.woken), call on_wake()
     CLOSE = "close"  # close pubsub (never raises)
     SLEEP = "sleep"  # wait delay_s (or less, when the listener is stopped)
 
@@ -109,6 +117,8 @@ class WakeStep:
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     delay_s: float = 0.0
+    #: (WAKE) the channel of the wake message, None after a (re)subscription (any channel)
+    channel: str | None = None
 
 
 _WAKE = WakeStep(WakeOp.WAKE)
@@ -138,7 +148,7 @@ def wake_flow(queue_name: str) -> Generator[WakeStep, Any, None]:
                 check_subscribed(pubsub, subscription)
                 message = yield WakeStep(WakeOp.CALL, pubsub, read, (), read_kwargs)
                 if is_wake(message):
-                    yield _WAKE
+                    yield WakeStep(WakeOp.WAKE, channel=channel_of(message))
         except Exception as exc:  # an outage is waited out; anything else ends the listener
             if not is_outage(exc):
                 logger.error("queue %r: wake listener stopped", queue_name, exc_info=exc)
@@ -171,6 +181,10 @@ class Wakes(Protocol):
     def redis(self) -> redis.Redis | RedisCluster: ...
 
     def wake_subscription(self) -> WakeSubscription: ...
+
+    def woken(self, channel: str | None) -> None:
+        """A wake message came on ``channel`` (None: after a (re)subscription)."""
+        ...
 
 
 class WakeListener:
@@ -210,6 +224,7 @@ class WakeListener:
                     elif step.op is WakeOp.CALL:
                         reply = getattr(step.pubsub, step.method)(*step.args, **step.kwargs)
                     elif step.op is WakeOp.WAKE:
+                        self._queue.woken(step.channel)
                         self._on_wake()
                     elif step.op is WakeOp.CLOSE:
                         _close(step.pubsub)

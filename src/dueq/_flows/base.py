@@ -164,6 +164,11 @@ class QueueBase:
         """The Pub/Sub channels whose messages wake this (plain) queue's consumers."""
         return [self.keys.wake]
 
+    def note_wake(self, channel: str | None) -> None:
+        """As the core: a wake message came on ``channel`` (None: after a (re)subscription).
+        A plain queue asks its one key set on every claim, so there is nothing to note; a
+        sharded queue's core notes which shard to ask again (``ShardedCore.note_wake``)."""
+
     def wake_subscription_flow(self) -> Flow[WakeSubscription]:
         """How this queue's consumers listen for wake messages: its channels, by SSUBSCRIBE
         where the scripts SPUBLISH (see ``publish_wake`` in lua/include/wake.lua and

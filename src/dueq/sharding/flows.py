@@ -38,6 +38,22 @@ hold per task exactly as on a plain queue. Deliveries belong to their shard's qu
 every shard's wake channel by sharded Pub/Sub (``dueq._consume.wake``): SSUBSCRIBE on the node that
 holds the shard, where the shard's scripts SPUBLISH, so no wake is broadcast over the cluster.
 
+Idle shards (issue 43). A claim does not ask a shard that its last claim (by this queue
+object) found idle: with nothing due before its next due time or lease deadline, both in its
+reply (or with neither). The shard is asked again once its clock (that reply's now plus the
+local monotonic time since the claim was sent, or the queue's injected clock) reaches that
+time; once a wake message comes on its channel (the listener tells the core which:
+``note_wake(channel)``; after every (re)subscription, all shards, as it may have missed some);
+once this queue object writes onto it (schedule, reschedule, run_now, ``q.release_many``,
+``q.fail``, configure: a resume; a delivery's own ``d.release()``/``d.fail()`` goes to its
+shard's queue and is heard by its wake); and at the latest ``IDLE_RECHECK_S`` (1 s) after it
+was last asked. Pub/Sub may lose a message (a reconnect, a script that could not SPUBLISH),
+and another process's write is only heard by its wake, so that bound is the most latency a
+lost wake costs: never a task lost or stuck. The next due time a claim reports includes the
+skipped shards' (a consumer sleeps until the earliest). A claim of 0 asks every shard, as
+before. So a consumer of one busy shard among N sends one claim script per claim, not N; an
+idle consumer (heartbeat 5 s, above the bound) still asks every shard at each heartbeat.
+
 Dead letters (``q.dead``): ``list`` takes each shard's newest ``offset + limit`` and merges
 them by died-at (newest first), ``count`` sums, ``replay``/``purge`` by id check every id on its
 shard before moving any (all-or-nothing, as on one queue), and all or by ``error_type`` run on
@@ -80,7 +96,7 @@ Not yet
 -------
 Per-key limits (``configure(key_rate=, key_concurrency=)``) and ``q.keys`` raise
 ConfigurationError ("... not available on a sharded queue"); the other gaps (listing in one
-global order, skipping idle shards, ``wait_replicas`` on an asyncio ``RedisCluster``,
+global order, ``wait_replicas`` on an asyncio ``RedisCluster``,
 resharding, ``check_server`` on every primary, a multi-process benchmark) are left to later
 issues.
 """
@@ -89,6 +105,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import random
 import threading
 import time
@@ -96,7 +113,7 @@ from collections import defaultdict
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import astuple, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from dueq._consume.wake import WakeSubscription
 from dueq._flows.core import QueueCore
@@ -104,7 +121,7 @@ from dueq._flows.drive import Flow
 from dueq._flows.lease import MAX_CLAIM_BATCH, raise_not_held
 from dueq._flows.schedule import SentRecords
 from dueq._util.checks import whole_number
-from dueq._util.clock import Duration
+from dueq._util.clock import Duration, clock_ms
 from dueq._wire.protocol import STATS_TENANTS, DurableOp, StepReply
 from dueq.cron.flows import CronDefinition, CronsCore
 from dueq.cron.flows import validate_name as validate_cron_name
@@ -139,6 +156,12 @@ from dueq.sharding.fanout import together
 from dueq.sharding.layout import MAX_SHARDS, ShardLayout, shard_of, task_shard
 
 T = TypeVar("T")
+
+#: Longest a claim skips a shard found idle without asking it again (seconds, local monotonic
+#: time): a wake message lost by Pub/Sub (a reconnect, a script that could not SPUBLISH) or a
+#: task another process wrote without one costs at most this much latency. Below the
+#: consumers' default heartbeat (5 s), so an idle consumer's claims still ask every shard.
+IDLE_RECHECK_S = 1.0
 
 __all__ = [
     "Sharded",
@@ -276,6 +299,16 @@ def _logical_settings(parts: Sequence[QueueSettings]) -> QueueSettings:
     return replace(first_part, rate=Rate(sum(r.n for r in rates if r is not None), first.per))
 
 
+class _Idle(NamedTuple):
+    """What a shard's last claim said when it had nothing due (``ShardedCore._claimed``)."""
+
+    until_ms: float  # its next due time or lease deadline (its clock), inf when it has none
+    now_ms: float  # its clock when that claim ran
+    sent_s: float  # time.monotonic() when that claim was sent
+    paused: bool
+    fair: bool
+
+
 class Sharded(ShardLayout):
     """The layout a front end makes for a sharded queue (``sharded_layout``), which makes the
     queue's core once (``QueueCore._choose_core``)."""
@@ -297,7 +330,14 @@ class ShardedCore:
         self.queue = queue
         self.layout = layout
         self._start = random.randrange(layout.count)  # where the next claim begins
-        self._start_lock = threading.Lock()
+        self._lock = threading.Lock()  # the start, the idle shards and their stirs
+        #: the shards the last claim of each found idle (by index; see ``_idle_shard``)
+        self._idle: dict[int, _Idle] = {}
+        #: per shard, how often it was stirred (woken, written here): a claim sent before a
+        #: stir does not mark its shard idle (it may have run before the write)
+        self._stirs = [0] * layout.count
+        self._by_channel = {c: i for i, c in enumerate(layout.wake_channels())}
+        self._by_name = {s.name: i for i, s in enumerate(layout.queues)}
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -306,6 +346,60 @@ class ShardedCore:
 
     def wake_channels(self) -> list[str]:
         return self.layout.wake_channels()
+
+    def note_wake(self, channel: str | None) -> None:
+        """A wake message came on ``channel`` (None: the listener (re)subscribed and may have
+        missed some): the next claim asks that shard (every shard) again."""
+        with self._lock:
+            if channel is None:
+                for i in range(self.layout.count):
+                    self._stir(i)
+            elif (index := self._by_channel.get(channel)) is not None:
+                self._stir(index)
+
+    def _stir(self, index: int) -> None:
+        """Shard ``index`` may have work now: the next claim asks it (under ``_lock``)."""
+        self._idle.pop(index, None)
+        self._stirs[index] += 1
+
+    def _stirred(self, *indexes: int) -> None:
+        with self._lock:
+            for i in indexes:
+                self._stir(i)
+
+    def _stirred_by(self, deliveries: Iterable[DeliveryBase]) -> None:
+        """The shards of ``deliveries`` (settled here: released or failed back to due)."""
+        self._stirred(*{self._by_name[self.layout.owner(d).name] for d in deliveries})
+
+    def _idle_shard(self, index: int, now_s: float) -> _Idle | None:
+        """What the last claim of shard ``index`` said when the shard is idle now (by its
+        clock: its reply's now plus the local time since, or the queue's injected clock),
+        else None. An entry older than ``IDLE_RECHECK_S`` is not trusted (under ``_lock``)."""
+        idle = self._idle.get(index)
+        if idle is None or now_s - idle.sent_s >= IDLE_RECHECK_S:
+            return None
+        return idle if self._shard_now_ms(idle, now_s) < idle.until_ms else None
+
+    def _shard_now_ms(self, idle: _Idle, now_s: float) -> float:
+        """Shard's clock now: the queue's injected clock, or the shard's now at its last claim
+        plus the local time since that claim was sent (a little ahead: never a skip too long)."""
+        if self.queue.clock is not None:
+            return float(clock_ms(self.queue.clock))
+        return idle.now_ms + (now_s - idle.sent_s) * 1000
+
+    def _claimed(self, index: int, batch: ClaimBatch, sent_s: float, stirs: int) -> None:
+        """Remember whether shard ``index`` is idle after its claim (sent at ``sent_s``,
+        after ``stirs`` stirs): nothing due before its next due time or lease deadline."""
+        upcoming = [
+            ms for ms in (batch.next_due_ms, batch.next_lease_deadline_ms) if ms is not None
+        ]
+        until_ms = float(min(upcoming)) if upcoming else math.inf
+        now_ms = batch.now_ms + batch.now_fraction_ms
+        with self._lock:
+            if until_ms <= now_ms or self._stirs[index] != stirs:
+                self._idle.pop(index, None)
+            else:
+                self._idle[index] = _Idle(until_ms, now_ms, sent_s, batch.paused, batch.fair)
 
     def part_flows(self) -> tuple[DeadLettersCore, CronsCore]:
         """The dead-letter and cron flows of the logical queue (its ``q.dead``, ``q.cron``)."""
@@ -379,6 +473,7 @@ class ShardedCore:
             for i, positions in groups.items()
         ]
         shards: list[SentRecords] = yield from together(flows)
+        self._stirred(*groups)
         out = list(ids)
         sent = SentRecords(ScheduleResult(added=0, existing=0, replaced=0, ids=out))
         for positions, shard in zip(groups.values(), shards, strict=True):
@@ -408,51 +503,73 @@ class ShardedCore:
         self, task_id: str, at: datetime | None, delay: Duration | None
     ) -> Flow[bool]:
         yield from self.layout.check_flow()
-        return (yield from self.layout.shard(task_id).reschedule_flow(task_id, at, delay))
+        moved = yield from self.layout.shard(task_id).reschedule_flow(task_id, at, delay)
+        self._stirred(task_shard(task_id, self.layout.count))
+        return moved
 
     def run_now_flow(self, task_id: str) -> Flow[bool]:
         yield from self.layout.check_flow()
-        return (yield from self.layout.shard(task_id).run_now_flow(task_id))
+        moved = yield from self.layout.shard(task_id).run_now_flow(task_id)
+        self._stirred(task_shard(task_id, self.layout.count))
+        return moved
 
     # -- consuming ---------------------------------------------------------------------------
 
     def claim_flow(
         self, limit: int, lease: Duration | None, holder: str | None = None
     ) -> Flow[ClaimBatch]:
-        """Claim from the shards in turn until ``limit`` are leased (a claim of 0 visits all)."""
+        """Claim from the shards in turn until ``limit`` are leased (a claim of 0 visits all),
+        skipping the shards known idle (see the module docstring: "Idle shards")."""
         whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
         yield from self.layout.check_flow()
-        with self._start_lock:
+        count = self.layout.count
+        with self._lock:
             start = self._start
-            self._start = (start + 1) % self.layout.count
+            self._start = (start + 1) % count
         deliveries: list[Any] = []
         batches: list[ClaimBatch] = []
-        for step in range(self.layout.count):
-            shard = self.layout.queues[(start + step) % self.layout.count]
+        waits_ms = []  # from each shard's own claim and clock; anchored on the first claim
+        skipped: list[_Idle] = []
+        for step in range(count):
+            index = (start + step) % count
+            sent_s = time.monotonic()
+            with self._lock:
+                idle = self._idle_shard(index, sent_s) if limit else None
+                stirs = self._stirs[index]
+            if idle is not None:
+                skipped.append(idle)
+                if idle.until_ms != math.inf:
+                    waits_ms.append(idle.until_ms - self._shard_now_ms(idle, sent_s))
+                continue
+            shard = self.layout.queues[index]
             batch: ClaimBatch = yield from shard.claim_flow(limit - len(deliveries), lease, holder)
+            self._claimed(index, batch, sent_s, stirs)
             batches.append(batch)
             deliveries += batch.deliveries
+            upcoming = [
+                ms for ms in (batch.next_due_ms, batch.next_lease_deadline_ms) if ms is not None
+            ]
+            if upcoming:
+                waits_ms.append(min(upcoming) - batch.now_ms - batch.now_fraction_ms)
             if limit and len(deliveries) >= limit:
                 break
-        first = batches[0]
-        waits_ms = []  # from each shard's own claim and clock; anchored on the first claim
-        for b in batches:
-            upcoming = [ms for ms in (b.next_due_ms, b.next_lease_deadline_ms) if ms is not None]
-            if upcoming:
-                waits_ms.append(min(upcoming) - b.now_ms - b.now_fraction_ms)
-        if len(batches) < self.layout.count:
+        if len(batches) + len(skipped) < count:
             waits_ms.append(0.0)  # stopped early: the shards not visited may have work now
-        next_due_ms = (
-            int(first.now_ms + first.now_fraction_ms + min(waits_ms)) if waits_ms else None
-        )
+        if batches:
+            now_ms, fraction_ms = batches[0].now_ms, batches[0].now_fraction_ms
+        else:  # every shard skipped: the first one's clock, as its claim would have read it
+            clock_now_ms = self._shard_now_ms(skipped[0], time.monotonic())
+            now_ms = int(clock_now_ms)
+            fraction_ms = clock_now_ms - now_ms
+        next_due_ms = int(now_ms + fraction_ms + min(waits_ms)) if waits_ms else None
         return ClaimBatch(
             deliveries,
-            first.now_ms,
+            now_ms,
             next_due_ms,
             None,
-            first.now_fraction_ms,
-            all(b.paused for b in batches),
-            any(b.fair for b in batches),
+            fraction_ms,
+            all(b.paused for b in batches) and all(i.paused for i in skipped),
+            any(b.fair for b in batches) or any(i.fair for i in skipped),
         )
 
     def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
@@ -492,6 +609,7 @@ class ShardedCore:
             groups[self.layout.owner(d)].append(d)
         flows = [s.release_many_flow(group, delay, hold=hold) for s, group in groups.items()]
         results: list[list[Outcome]] = yield from together(flows)
+        self._stirred_by(deliveries)
         by_delivery = {
             id(d): outcome
             for group, outcomes in zip(groups.values(), results, strict=True)
@@ -502,7 +620,9 @@ class ShardedCore:
     def fail_flow(
         self, delivery: DeliveryBase, error: BaseException | str, retry_in: Duration | None
     ) -> Flow[Outcome]:
-        return (yield from self.layout.owner(delivery).fail_flow(delivery, error, retry_in))
+        outcome = yield from self.layout.owner(delivery).fail_flow(delivery, error, retry_in)
+        self._stirred_by((delivery,))
+        return outcome
 
     def fail_many_flow(self, items: Sequence[FailItem[DeliveryBase]]) -> Flow[list[Outcome]]:
         """Each shard's failures recorded in one call per shard, side by side; the outcomes in
@@ -512,6 +632,7 @@ class ShardedCore:
             groups[self.layout.owner(item[0])].append(i)
         flows = [s.fail_many_flow([items[i] for i in group]) for s, group in groups.items()]
         results: list[list[Outcome]] = yield from together(flows)
+        self._stirred_by(item[0] for item in items)
         outcomes: list[Outcome | None] = [None] * len(items)
         for group, shard_outcomes in zip(groups.values(), results, strict=True):
             for i, outcome in zip(group, shard_outcomes, strict=True):
@@ -521,7 +642,9 @@ class ShardedCore:
     def release_flow(
         self, delivery: DeliveryBase, delay: Duration, *, hold: bool = False
     ) -> Flow[Outcome]:
-        return (yield from self.layout.owner(delivery).release_flow(delivery, delay, hold=hold))
+        outcome = yield from self.layout.owner(delivery).release_flow(delivery, delay, hold=hold)
+        self._stirred_by((delivery,))
+        return outcome
 
     # -- durable tasks: a task's shard holds its steps and signals ---------------------------
 
@@ -739,6 +862,7 @@ class ShardedCore:
             for s, share, cap in zip(self.layout.queues, shares, caps, strict=True)
         ]
         settings: list[QueueSettings] = yield from together(flows)
+        self._stirred(*range(self.layout.count))  # (a resume or a looser limit: ask them all)
         return _logical_settings(settings)
 
     def settings_flow(self) -> Flow[QueueSettings]:
