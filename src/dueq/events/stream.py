@@ -18,6 +18,13 @@ thread (``observe_events``, a reactivex Observable) or on the caller's event loo
 - no group: a tail of every event from now (or from ``since``), XREAD BLOCK; ``ack`` does
   nothing.
 
+A sharded queue has one stream per shard (each in its shard's slot): its reader
+(``sharded_events_flow``, chosen once by ``reader_flow``) reads them all as one logical stream,
+one ``ReaderSpec`` per shard with the same group and member, visiting the shards in turn with
+reads that do not block (one XREADGROUP cannot name streams of several slots) and blocking
+briefly on one shard in rotation only when all are empty. Each event names its stream
+(``EventBase.stream``) and is acked there; order is kept within a shard, not across shards.
+
 Blocking reads run on a connection of their own (``reader_client``), never on the queue's
 shared client, as the wake listener keeps its own Pub/Sub connection.
 """
@@ -682,12 +689,13 @@ def range_events(reply: Any) -> list[Event]:
 
 
 def check_plain(queue: Any) -> str:
-    """The events stream of a plain queue; a sharded queue's events are refused (each shard
-    has a stream of its own, and no reader merges them yet)."""
+    """The events stream of a plain queue, for the readers of one stream's latest events (the
+    CLI, the dashboard); a sharded queue is refused there (each shard has a stream of its own:
+    give them a shard's queue; ``Queue.events`` reads every shard's)."""
     if queue.shard_count != 1:
         raise ConfigurationError(
-            "events() reads one stream: a sharded queue has one per shard (read each shard's "
-            "queue, dueq.Queue(f'{name}#{i}', ...), for now)"
+            "the latest events of one stream: a sharded queue has one per shard (give a "
+            f"shard's queue, one of {tuple(queue.shard_names)!r}; q.events() reads them all)"
         )
     return str(queue.keys.events)
 
