@@ -84,9 +84,53 @@ class AsyncFollower:
         assert not self._thread.is_alive(), "the async events reader did not end when cancelled"
 
 
+class Followers:
+    """The followers a test starts (``followers(**kwargs)``: one more, see ``start_follower``;
+    ``defaults`` go to each), all stopped by ``stop()`` at the test's end."""
+
+    def __init__(self, front_end: str, r: redis.Redis, clock: ManualClock, **defaults: Any) -> None:
+        self._args = (front_end, r, clock)
+        self._defaults = defaults
+        self._started: list[Any] = []
+
+    def __call__(self, **kwargs: Any) -> Any:
+        follower = start_follower(*self._args, **{**self._defaults, **kwargs})
+        self._started.append(follower)
+        return follower
+
+    def stop(self) -> None:
+        for follower in self._started:
+            follower.stop()
+
+
 def start_follower(front_end: str, r: redis.Redis, clock: ManualClock, **kwargs: Any) -> Any:
     """A follower of queue "q" on ``front_end`` ("sync" or "async"), acking what it reads
     unless ``ack=False``; ``kwargs`` go to ``events()`` (and ``shards=`` to the queue)."""
     ack = kwargs.pop("ack", True)
     cls = SyncFollower if front_end == "sync" else AsyncFollower
     return cls(r, clock, ack, **kwargs)
+
+
+def outcomes(q: dueq.Queue, n: int, prefix: str = "t") -> set[tuple[str, str]]:
+    """Make n outcomes, a quarter of each kind: acked, retried, dead, cancelled."""
+    expected = set()
+    ids = [f"{prefix}{i}" for i in range(n)]
+    for tid in ids:
+        q.schedule({"n": tid}, id=tid)
+    deliveries = {d.id: d for d in q.claim(limit=n)}
+    for i, tid in enumerate(ids):
+        kind = ("acked", "retried", "dead", "cancelled")[i % 4]
+        if kind == "acked":
+            deliveries[tid].ack({"ok": tid})
+        elif kind == "retried":
+            deliveries[tid].fail(RuntimeError("again"))
+        elif kind == "dead":
+            deliveries[tid].fail(dueq.Unrecoverable("no"))
+        else:
+            q.cancel(tid)
+        expected.add((tid, kind))
+    return expected
+
+
+def seen(*followers: Any) -> list[tuple[str, str]]:
+    return [(ev.task_id, ev.kind) for f in followers for ev in f.events]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 from conftest import ManualClock
-from events_support import start_follower
+from events_support import Followers, outcomes, seen
 from waiting_support import wait_for
 
 import dueq
@@ -24,16 +24,9 @@ import dueq
 
 @pytest.fixture
 def follow(r, clock, front_end):
-    followers: list[Any] = []
-
-    def start(**kwargs: Any) -> Any:
-        follower = start_follower(front_end, r, clock, **kwargs)
-        followers.append(follower)
-        return follower
-
-    yield start
-    for follower in followers:
-        follower.stop()
+    followers = Followers(front_end, r, clock)
+    yield followers
+    followers.stop()
 
 
 @pytest.fixture
@@ -48,31 +41,6 @@ def q(r, clock):
 
 def since(clock: ManualClock) -> datetime:
     return datetime.fromtimestamp(clock.now - 1, tz=timezone.utc)
-
-
-def outcomes(q: dueq.Queue, n: int, prefix: str = "t") -> set[tuple[str, str]]:
-    """Make n outcomes, a quarter of each kind: acked, retried, dead, cancelled."""
-    expected = set()
-    ids = [f"{prefix}{i}" for i in range(n)]
-    for tid in ids:
-        q.schedule({"n": tid}, id=tid)
-    deliveries = {d.id: d for d in q.claim(limit=n)}
-    for i, tid in enumerate(ids):
-        kind = ("acked", "retried", "dead", "cancelled")[i % 4]
-        if kind == "acked":
-            deliveries[tid].ack({"ok": tid})
-        elif kind == "retried":
-            deliveries[tid].fail(RuntimeError("again"))
-        elif kind == "dead":
-            deliveries[tid].fail(dueq.Unrecoverable("no"))
-        else:
-            q.cancel(tid)
-        expected.add((tid, kind))
-    return expected
-
-
-def seen(*followers: Any) -> list[tuple[str, str]]:
-    return [(ev.task_id, ev.kind) for f in followers for ev in f.events]
 
 
 def test_each_group_sees_each_outcome_exactly_once(q, clock, follow):

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import redis
@@ -55,19 +56,25 @@ def make_outcomes(cluster: RedisCluster, name: str) -> datetime:
     return start
 
 
-def test_a_group_on_a_cluster_queue_reads_its_events_and_closes_its_connections(
-    cluster, node_clients
-):
-    start = make_outcomes(cluster, "ev-cluster")
-    q = dueq.Queue("ev-cluster", cluster)
-    before = client_ids(node_clients)
+def acking_reader(q: dueq.Queue, start: datetime) -> tuple[list[dueq.Event], Any]:
+    """A member "a1" of group "audit" of ``q`` from ``start`` that acks what it reads: the
+    events it read, and its subscription (dispose it)."""
     events: list[dueq.Event] = []
 
     def on_event(ev: dueq.Event) -> None:
         events.append(ev)
         ev.ack()
 
-    subscription = q.events("audit", consumer="a1", since=start).subscribe(on_next=on_event)
+    return events, q.events("audit", consumer="a1", since=start).subscribe(on_next=on_event)
+
+
+def test_a_group_on_a_cluster_queue_reads_its_events_and_closes_its_connections(
+    cluster, node_clients
+):
+    start = make_outcomes(cluster, "ev-cluster")
+    q = dueq.Queue("ev-cluster", cluster)
+    before = client_ids(node_clients)
+    events, subscription = acking_reader(q, start)
     try:
         wait_for(lambda: len(events) >= 2, "the 2 outcome events")
         assert sorted((ev.task_id, ev.kind) for ev in events) == EXPECTED
@@ -148,13 +155,7 @@ def test_a_group_of_a_sharded_queue_on_a_cluster_reads_every_shards_events(clust
     # the shards' streams are on three nodes: no one XREADGROUP could name them all
     assert len({cluster.get_node_from_key(s).port for s in streams}) == 3
     before = client_ids(node_clients)
-    events: list[dueq.Event] = []
-
-    def on_event(ev: dueq.Event) -> None:
-        events.append(ev)
-        ev.ack()
-
-    subscription = q.events("audit", consumer="a1", since=start).subscribe(on_next=on_event)
+    events, subscription = acking_reader(q, start)
     try:
         wait_for(lambda: len(events) >= 12, "the 12 outcome events of 3 shards")
         assert sorted((ev.task_id, ev.kind) for ev in events) == sorted(expected)

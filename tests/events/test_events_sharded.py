@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 from conftest import ManualClock
-from events_support import start_follower
+from events_support import Followers, seen
+from events_support import outcomes as made_outcomes
 from waiting_support import wait_for
 
 import dueq
@@ -28,16 +29,9 @@ SHARDS = 3
 
 @pytest.fixture
 def follow(r, clock, front_end):
-    followers: list[Any] = []
-
-    def start(**kwargs: Any) -> Any:
-        follower = start_follower(front_end, r, clock, shards=SHARDS, **kwargs)
-        followers.append(follower)
-        return follower
-
-    yield start
-    for follower in followers:
-        follower.stop()
+    followers = Followers(front_end, r, clock, shards=SHARDS)
+    yield followers
+    followers.stop()
 
 
 @pytest.fixture
@@ -64,29 +58,9 @@ def stream_of(q: dueq.Queue, task_id: str) -> str:
 
 
 def outcomes(q: dueq.Queue, n: int, prefix: str = "t") -> set[tuple[str, str]]:
-    """n outcomes (acked, retried, dead, cancelled in turn) of tasks on every shard."""
-    ids = [f"{prefix}{i}" for i in range(n)]
-    assert len({q.shard(tid).name for tid in ids}) == SHARDS  # every shard has some
-    for tid in ids:
-        q.schedule({"n": tid}, id=tid)
-    deliveries = {d.id: d for d in q.claim(limit=n)}
-    expected = set()
-    for i, tid in enumerate(ids):
-        kind = ("acked", "retried", "dead", "cancelled")[i % 4]
-        if kind == "acked":
-            deliveries[tid].ack()
-        elif kind == "retried":
-            deliveries[tid].fail(RuntimeError("again"))
-        elif kind == "dead":
-            deliveries[tid].fail(dueq.Unrecoverable("no"))
-        else:
-            q.cancel(tid)
-        expected.add((tid, kind))
-    return expected
-
-
-def seen(*followers: Any) -> list[tuple[str, str]]:
-    return [(ev.task_id, ev.kind) for f in followers for ev in f.events]
+    """``events_support.outcomes`` of tasks on every shard."""
+    assert len({q.shard(f"{prefix}{i}").name for i in range(n)}) == SHARDS
+    return made_outcomes(q, n, prefix)
 
 
 def pending_per_shard(q: dueq.Queue, r: Any, group: str) -> list[int]:
