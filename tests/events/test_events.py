@@ -9,99 +9,24 @@ made with the queue's manual clock; waits are condition waits.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 import redis
-from conftest import ManualClock, async_mirror
+from conftest import ManualClock
+from events_support import Followers, outcomes, seen
 from waiting_support import wait_for
 
 import dueq
 
 
-class SyncFollower:
-    def __init__(self, r: redis.Redis, clock: ManualClock, ack: bool, **kwargs: Any) -> None:
-        self.events: list[Any] = []
-        self.ack = ack
-        q = dueq.Queue("q", r, clock=clock)
-        self._subscription = q.events(**kwargs).subscribe(on_next=self._on)
-
-    def _on(self, ev: dueq.Event) -> None:
-        self.events.append(ev)
-        if self.ack:
-            ev.ack()
-
-    def settle(self, ev: dueq.Event) -> None:
-        ev.ack()
-
-    def stop(self) -> None:
-        self._subscription.dispose()
-
-
-class AsyncFollower:
-    def __init__(self, r: redis.Redis, clock: ManualClock, ack: bool, **kwargs: Any) -> None:
-        self.events: list[Any] = []
-        self.ack = ack
-        self._r, self._clock, self._kwargs = r, clock, kwargs
-        self._loop = asyncio.new_event_loop()
-        self._task: asyncio.Task[None] | None = None
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        self._started.wait(5)
-
-    def _run(self) -> None:
-        self._loop.run_until_complete(self._main())
-        self._loop.close()
-
-    async def _main(self) -> None:
-        self._task = asyncio.current_task()
-        client = async_mirror(self._r)
-        q = dueq.AsyncQueue("q", client, clock=self._clock)
-        try:
-            async with contextlib.aclosing(q.events(**self._kwargs)) as events:
-                self._started.set()
-                async for ev in events:
-                    self.events.append(ev)
-                    if self.ack:
-                        await ev.ack()
-        except asyncio.CancelledError:  # stop(): the follower goes away
-            pass
-        finally:
-            self._started.set()
-            await client.aclose()
-
-    def settle(self, ev: dueq.AsyncEvent) -> None:
-        """Ack on the follower's own loop (its queue's client lives there)."""
-        asyncio.run_coroutine_threadsafe(ev.ack(), self._loop).result(10)
-
-    def stop(self) -> None:
-        task = self._task
-        if task is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(task.cancel)
-        self._thread.join(10)
-        # a follower left reading would make its group again in a later test's flushed Redis
-        assert not self._thread.is_alive(), "the async events reader did not end when cancelled"
-
-
 @pytest.fixture
 def follow(r, clock, front_end):
-    followers: list[Any] = []
-
-    def start(*, ack: bool = True, **kwargs: Any) -> Any:
-        cls = SyncFollower if front_end == "sync" else AsyncFollower
-        follower = cls(r, clock, ack, **kwargs)
-        followers.append(follower)
-        return follower
-
-    yield start
-    for follower in followers:
-        follower.stop()
+    followers = Followers(front_end, r, clock)
+    yield followers
+    followers.stop()
 
 
 @pytest.fixture
@@ -116,31 +41,6 @@ def q(r, clock):
 
 def since(clock: ManualClock) -> datetime:
     return datetime.fromtimestamp(clock.now - 1, tz=timezone.utc)
-
-
-def outcomes(q: dueq.Queue, n: int, prefix: str = "t") -> set[tuple[str, str]]:
-    """Make n outcomes, a quarter of each kind: acked, retried, dead, cancelled."""
-    expected = set()
-    ids = [f"{prefix}{i}" for i in range(n)]
-    for tid in ids:
-        q.schedule({"n": tid}, id=tid)
-    deliveries = {d.id: d for d in q.claim(limit=n)}
-    for i, tid in enumerate(ids):
-        kind = ("acked", "retried", "dead", "cancelled")[i % 4]
-        if kind == "acked":
-            deliveries[tid].ack({"ok": tid})
-        elif kind == "retried":
-            deliveries[tid].fail(RuntimeError("again"))
-        elif kind == "dead":
-            deliveries[tid].fail(dueq.Unrecoverable("no"))
-        else:
-            q.cancel(tid)
-        expected.add((tid, kind))
-    return expected
-
-
-def seen(*followers: Any) -> list[tuple[str, str]]:
-    return [(ev.task_id, ev.kind) for f in followers for ev in f.events]
 
 
 def test_each_group_sees_each_outcome_exactly_once(q, clock, follow):
@@ -327,12 +227,6 @@ def test_events_setting_is_validated_and_read_back(q):
         q.configure(events=367 * 86400)
     with pytest.raises(dueq.ConfigurationError):
         q.events(since=datetime(2020, 1, 1))  # naive
-
-
-def test_a_sharded_queue_refuses_events_reading(r):
-    sharded = dueq.Queue("s", r, shards=2)
-    with pytest.raises(dueq.ConfigurationError):
-        sharded.events()
 
 
 def test_dueq_events_prints_the_latest_events_and_configure_turns_them_on(invoke, r, clock):

@@ -1,7 +1,8 @@
 """Outcome events of a queue on a Redis Cluster client (issue 43): the blocking reader gets a
 client of its own that is a cluster client too (it routes XREADGROUP to the node of the
 queue's hash slot, and follows the slot if it moves); closing the reader closes it, leaving no
-connection behind on any node. On both front ends; a sharded queue's events stay refused.
+connection behind on any node. On both front ends; a sharded queue's reader reads each
+shard's stream (in three slots, on three nodes) in turn.
 
 Outcomes are made before the reader starts and read from ``since`` (a group made then starts
 there), so the queue's own client is idle while the connections of the reader are counted.
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import redis
@@ -21,6 +23,7 @@ from redis.cluster import RedisCluster
 from waiting_support import wait_for
 
 import dueq
+from dueq._wire.keys import QueueKeys
 from dueq.server import RedisServer
 
 EXPECTED = [("bad", "dead"), ("ok", "acked")]
@@ -53,19 +56,25 @@ def make_outcomes(cluster: RedisCluster, name: str) -> datetime:
     return start
 
 
-def test_a_group_on_a_cluster_queue_reads_its_events_and_closes_its_connections(
-    cluster, node_clients
-):
-    start = make_outcomes(cluster, "ev-cluster")
-    q = dueq.Queue("ev-cluster", cluster)
-    before = client_ids(node_clients)
+def acking_reader(q: dueq.Queue, start: datetime) -> tuple[list[dueq.Event], Any]:
+    """A member "a1" of group "audit" of ``q`` from ``start`` that acks what it reads: the
+    events it read, and its subscription (dispose it)."""
     events: list[dueq.Event] = []
 
     def on_event(ev: dueq.Event) -> None:
         events.append(ev)
         ev.ack()
 
-    subscription = q.events("audit", consumer="a1", since=start).subscribe(on_next=on_event)
+    return events, q.events("audit", consumer="a1", since=start).subscribe(on_next=on_event)
+
+
+def test_a_group_on_a_cluster_queue_reads_its_events_and_closes_its_connections(
+    cluster, node_clients
+):
+    start = make_outcomes(cluster, "ev-cluster")
+    q = dueq.Queue("ev-cluster", cluster)
+    before = client_ids(node_clients)
+    events, subscription = acking_reader(q, start)
     try:
         wait_for(lambda: len(events) >= 2, "the 2 outcome events")
         assert sorted((ev.task_id, ev.kind) for ev in events) == EXPECTED
@@ -113,12 +122,77 @@ def test_an_async_group_on_a_cluster_queue_reads_its_events_and_closes_its_conne
     wait_for(lambda: not client_ids(node_clients) - before, "the reader's connections closed")
 
 
-def test_events_of_a_sharded_queue_on_a_cluster_are_refused(cluster, cluster_nodes):
+def make_sharded_outcomes(
+    cluster: RedisCluster, name: str
+) -> tuple[datetime, set[tuple[str, str]]]:
+    """Outcomes on every shard of a 3-shard events-on queue: acked, dead and cancelled tasks;
+    the time before them, and the (task id, kind) of each."""
+    q = dueq.Queue(name, cluster, shards=3, retry=dueq.RetryPolicy(max_attempts=1))
+    q.configure(events=timedelta(hours=24))
+    start = datetime.now(tz=timezone.utc) - timedelta(seconds=1)
+    ids = [f"t{i}" for i in range(12)]
+    assert len({q.shard(tid).name for tid in ids}) == 3
+    for tid in ids:
+        q.schedule({"n": tid}, id=tid)
+    deliveries = {d.id: d for d in q.claim(limit=12)}
+    expected = set()
+    for i, tid in enumerate(ids):
+        kind = ("acked", "dead", "cancelled")[i % 3]
+        if kind == "acked":
+            deliveries[tid].ack()
+        elif kind == "dead":
+            deliveries[tid].fail(RuntimeError("boom"))
+        else:
+            q.cancel(tid)
+        expected.add((tid, kind))
+    return start, expected
+
+
+def test_a_group_of_a_sharded_queue_on_a_cluster_reads_every_shards_events(cluster, node_clients):
+    start, expected = make_sharded_outcomes(cluster, "ev-sharded")
     q = dueq.Queue("ev-sharded", cluster, shards=3)
-    with pytest.raises(dueq.ConfigurationError, match="sharded queue"):
-        q.events("audit")
-    aq = dueq.AsyncQueue(
-        "ev-sharded", AsyncRedisCluster(host="127.0.0.1", port=cluster_nodes[0].port), shards=3
-    )
-    with pytest.raises(dueq.ConfigurationError, match="sharded queue"):
-        aq.events("audit")
+    streams = [QueueKeys.for_queue(n).events for n in q.shard_names]
+    # the shards' streams are on three nodes: no one XREADGROUP could name them all
+    assert len({cluster.get_node_from_key(s).port for s in streams}) == 3
+    before = client_ids(node_clients)
+    events, subscription = acking_reader(q, start)
+    try:
+        wait_for(lambda: len(events) >= 12, "the 12 outcome events of 3 shards")
+        assert sorted((ev.task_id, ev.kind) for ev in events) == sorted(expected)
+        assert len(events) == 12
+        assert all(
+            ev.stream == QueueKeys.for_queue(q.shard(ev.task_id).name).events for ev in events
+        )
+        wait_for(
+            lambda: all(cluster.xpending(s, "audit")["pending"] == 0 for s in streams),
+            "every event acked on its shard",
+        )
+        assert [(g.name, g.pending) for g in q.event_groups()] == [("audit", 0)]
+    finally:
+        subscription.dispose()
+    wait_for(lambda: not client_ids(node_clients) - before, "the reader's connections closed")
+
+
+def test_an_async_group_of_a_sharded_queue_on_a_cluster_reads_every_shards_events(
+    cluster, cluster_nodes
+):
+    start, expected = make_sharded_outcomes(cluster, "aev-sharded")
+    seen: list[tuple[str, str]] = []
+
+    async def follow() -> None:
+        client = AsyncRedisCluster(host="127.0.0.1", port=cluster_nodes[0].port)
+        try:
+            aq = dueq.AsyncQueue("aev-sharded", client, shards=3)
+            async with contextlib.aclosing(aq.events("audit", consumer="a1", since=start)) as it:
+                async for ev in it:
+                    seen.append((ev.task_id, ev.kind))
+                    await ev.ack()
+                    if len(seen) == 12:
+                        break
+            (group,) = await aq.event_groups()
+            assert group.pending == 0
+        finally:
+            await client.aclose()
+
+    asyncio.run(asyncio.wait_for(follow(), 30))
+    assert sorted(seen) == sorted(expected)

@@ -1,9 +1,10 @@
-"""``AsyncQueue.events``: the events reader (``events.stream.events_flow``) on the caller's event
+"""``AsyncQueue.events``: the events reader (``events.stream.reader_flow``) on the caller's event
 loop, with no threads of its own, as an ``async for`` iterator of ``AsyncEvent``."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncGenerator
 from datetime import datetime
@@ -18,13 +19,12 @@ from dueq.events.stream import (
     ReaderSpec,
     Step,
     aclose_reader,
-    check_plain,
-    events_flow,
     events_read_flow,
     group_lost,
     parse_event,
     reader_client,
-    reader_spec,
+    reader_flow,
+    reader_specs,
 )
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class AwaitsEvents(AwaitsFlows, Protocol):
     ``dueq.events.stream.ReadsEvents``, with the asyncio client."""
 
     @property
-    def shard_count(self) -> int: ...
+    def shard_names(self) -> tuple[str, ...]: ...
 
     @property
     def holder(self) -> str | None: ...
@@ -60,19 +60,19 @@ def async_events(
     read."""
     from dueq._util.identity import worker_id
 
-    spec = reader_spec(
-        check_plain(queue),
+    specs = reader_specs(
+        queue,
         group=group,
         consumer=consumer,
         default_consumer=queue.holder or worker_id(),
         redeliver_after=redeliver_after,
         since=since,
     )
-    return _read(queue, spec)
+    return _read(queue, specs)
 
 
 async def _call(queue: AwaitsEvents, client: Any, step: Step) -> Any:
-    _, method, args, kwargs = step
+    _, method, args, kwargs, _spec = step
     if method == "events_read":
         return await queue.drive(events_read_flow(queue, *args))
     if method == "create_group":
@@ -101,15 +101,14 @@ async def _recreate_group(client: Any, spec: ReaderSpec) -> None:
             raise
 
 
-async def _read(queue: AwaitsEvents, spec: ReaderSpec) -> AsyncGenerator[AsyncEvent, None]:
+async def _read(queue: AwaitsEvents, specs: list[ReaderSpec]) -> AsyncGenerator[AsyncEvent, None]:
     client = reader_client(queue.redis)
-    flow = events_flow(spec)
+    flow = reader_flow(specs)
     backoff = Backoff()
 
-    async def ack(entry_id: str) -> None:
+    async def ack(spec: ReaderSpec, entry_id: str) -> None:
         await queue.redis.xack(spec.stream, str(spec.group), entry_id)
 
-    acker = ack if spec.group is not None else None
     try:
         step = next(flow)
         while True:
@@ -118,6 +117,8 @@ async def _read(queue: AwaitsEvents, spec: ReaderSpec) -> AsyncGenerator[AsyncEv
             if cancel_pending(asyncio.current_task()):
                 raise asyncio.CancelledError
             if step[0] == "emit":
+                spec: ReaderSpec = step[2]
+                acker = None if spec.group is None else functools.partial(ack, spec)
                 for entry_id, fields in step[1]:
                     assert fields is not None  # events_flow acks trimmed ones itself
                     event = parse_event(
@@ -128,6 +129,7 @@ async def _read(queue: AwaitsEvents, spec: ReaderSpec) -> AsyncGenerator[AsyncEv
                         acker,
                         queue.payload_codec,
                         queue.name,
+                        stream=spec.stream,
                     )
                     yield event  # type: ignore[misc]
                 step = next(flow)
@@ -135,9 +137,9 @@ async def _read(queue: AwaitsEvents, spec: ReaderSpec) -> AsyncGenerator[AsyncEv
             try:
                 reply = await _call(queue, client, step)
             except Exception as exc:  # an outage waits and retries; anything else ends
-                if group_lost(exc, spec):
+                if group_lost(exc, step[4]):
                     logger.warning("events of %s: %s; making the group again", queue.name, exc)
-                    await _recreate_group(client, spec)
+                    await _recreate_group(client, step[4])
                     continue
                 if not is_outage(exc):
                     raise

@@ -18,12 +18,20 @@ thread (``observe_events``, a reactivex Observable) or on the caller's event loo
 - no group: a tail of every event from now (or from ``since``), XREAD BLOCK; ``ack`` does
   nothing.
 
+A sharded queue has one stream per shard (each in its shard's slot): its reader
+(``sharded_events_flow``, chosen once by ``reader_flow``) reads them all as one logical stream,
+one ``ReaderSpec`` per shard with the same group and member, visiting the shards in turn with
+reads that do not block (one XREADGROUP cannot name streams of several slots) and blocking
+briefly on one shard in rotation only when all are empty. Each event names its stream
+(``EventBase.stream``) and is acked there; order is kept within a shard, not across shards.
+
 Blocking reads run on a connection of their own (``reader_client``), never on the queue's
 shared client, as the wake listener keeps its own Pub/Sub connection.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -49,7 +57,7 @@ from dueq._wire.codec import (
 )
 from dueq._wire.envelope import decode_named, sealed_marker
 from dueq._wire.failures import parse_error_records
-from dueq._wire.keys import validate_queue_name
+from dueq._wire.keys import QueueKeys, validate_queue_name
 from dueq._wire.ports import DrivesFlows
 from dueq._wire.snapshot import shown_errors
 from dueq.exceptions import ConfigurationError, PayloadError, UndecryptableTask
@@ -64,10 +72,10 @@ logger = logging.getLogger("dueq.events")
 
 class ReadsEvents(DrivesFlows, Protocol):
     """What a blocking events reader needs of its queue (``Queue`` has it): the flows' members,
-    its shard count (a sharded queue is refused), its holder and its client."""
+    its shards' names (a plain queue's: its own; one stream each), its holder and its client."""
 
     @property
-    def shard_count(self) -> int: ...
+    def shard_names(self) -> tuple[str, ...]: ...
 
     @property
     def holder(self) -> str | None: ...
@@ -95,7 +103,8 @@ class EventBase:
     when acked while the queue keeps results (``keep_results``), else None. ``error``: the
     failed attempt's record (retried, dead). ``task``: the task as scheduled (payload, id and
     options; ``task.task`` names a named task's function), None when its data was gone.
-    ``id`` is the stream entry id; ``group`` the consumer group it was read in (None: a tail).
+    ``id`` is the stream entry id; ``group`` the consumer group it was read in (None: a tail);
+    ``stream`` the stream it was read from (a sharded queue's events come from its shards').
     """
 
     id: str
@@ -110,6 +119,9 @@ class EventBase:
     #: a progress event's entry: its seq (1, 2, ... per task) and its JSON value
     seq: int | None = None
     body: Any = None
+    #: the events stream the event was read from: the queue's, or on a sharded queue its
+    #: task's shard's (``ack`` settles it there); None for an event not read by a reader
+    stream: str | None = None
     _acker: Callable[[str], Any] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -166,26 +178,30 @@ class AsyncEvent(EventBase):
 
 
 class ReaderSpec(NamedTuple):
-    """What one reader reads: the stream, its group and member name (None: a tail), the
-    redelivery idle time, and where a new group or a tail starts (a stream id, or "" for now)."""
+    """What one reader reads of one stream: the stream, its group and member name (None: a
+    tail), the redelivery idle time, where a new group or a tail starts (a stream id, or ""
+    for now), and the keys of the queue (or shard) whose stream it is (``events_read``)."""
 
     stream: str
     group: str | None
     consumer: str
     redeliver_ms: int
     start_id: str
+    keys: QueueKeys
 
 
-def reader_spec(
-    stream: str,
+def reader_specs(
+    queue: Any,
     *,
     group: str | None,
     consumer: str | None,
     default_consumer: str,
     redeliver_after: Duration,
     since: datetime | None,
-) -> ReaderSpec:
-    """Check a reader's options (ConfigurationError names what is wrong)."""
+) -> list[ReaderSpec]:
+    """Check a reader's options (ConfigurationError names what is wrong); one spec per stream
+    of ``queue``: its own, or one per shard (``shard_names``: a plain queue's is its name), the
+    same group and member on each."""
     if group is not None:
         validate_queue_name(group)  # printable, no whitespace: a name fit for a group
     if consumer is not None:
@@ -196,93 +212,193 @@ def reader_spec(
         if not isinstance(since, datetime) or since.tzinfo is None:
             raise ConfigurationError(f"since must be an aware datetime, got {since!r}")
         start_id = f"{max(int(since.timestamp() * 1000), 0)}-0"
-    return ReaderSpec(stream, group, consumer or default_consumer, redeliver_ms, start_id)
+    member = consumer or default_consumer
+    return [
+        ReaderSpec(keys.events, group, member, redeliver_ms, start_id, keys)
+        for keys in map(QueueKeys.for_queue, queue.shard_names)
+    ]
 
 
-#: One step of ``events_flow``: ("call", method, args, kwargs) asks the driver for a reply of
-#: the reader client's method; ("emit", entries) hands read entries over (the reply is None).
+#: One step of the reader flows: ("call", method, args, kwargs, spec) asks the driver for a
+#: reply of the reader client's method; ("emit", entries, spec) hands entries read from
+#: ``spec.stream`` over (the reply is None). ``spec`` names the stream the step is about.
 Step = tuple[Any, ...]
 
 
+def reader_flow(specs: list[ReaderSpec]) -> Generator[Step, Any, None]:
+    """The reader of ``specs``' streams, chosen once: ``events_flow`` of a plain queue's one
+    stream, ``sharded_events_flow`` of a sharded queue's streams."""
+    return events_flow(specs[0]) if len(specs) == 1 else sharded_events_flow(specs)
+
+
 def events_flow(spec: ReaderSpec) -> Generator[Step, Any, None]:
-    """The reader loop (see the module docstring): yields client calls and batches of entries
-    ``(entry id, fields)``, forever; the driver stops it between steps."""
+    """The reader loop of one stream (see the module docstring): yields client calls and
+    batches of entries ``(entry id, fields)``, forever; the driver stops it between steps."""
     if spec.group is None:
-        last = spec.start_id
-        if not last:  # from now: after the stream's last entry (none: from the start)
-            newest = yield ("call", "xrevrange", (spec.stream,), {"count": 1})
-            last = text(newest[0][0]) if newest else "0-0"
+        last = yield from _tail_start(spec)
         while True:
-            reply = yield (
-                "call",
-                "xread",
-                ({spec.stream: last},),
-                {"count": READ_COUNT, "block": BLOCK_MS},
-            )
-            entries = stream_entries(reply)
-            if entries:
-                last = entries[-1][0]
-                yield ("emit", entries)
-    yield ("call", "create_group", (spec,), {})
-    # entries of this member's trimmed while pending (delivered, never acked): lost, counted by
-    # the next events_read
+            last = yield from _tail_read(spec, last, BLOCK_MS)
+    yield ("call", "create_group", (spec,), {}, spec)
+    trimmed = yield from _pending(spec)
+    block_ms = min(BLOCK_MS, spec.redeliver_ms)
+    while True:
+        trimmed += yield from _redeliver(spec)
+        found = yield from _read_new(spec, trimmed)
+        trimmed = 0
+        if found:
+            continue
+        yield from _read_blocking(spec, block_ms)
+
+
+def sharded_events_flow(specs: list[ReaderSpec]) -> Generator[Step, Any, None]:
+    """The reader loop of a sharded queue's streams, one per shard, as one logical stream.
+
+    A Redis Cluster places the shards' streams in different slots (different nodes), so one
+    XREADGROUP cannot name them all (CROSSSLOT): each round visits every shard's stream in
+    turn with the steps of ``events_flow`` that do not block (redelivery, then the new
+    entries, on the shard's own keys), and only a round that found nothing new blocks, on one
+    shard in rotation, for ``BLOCK_MS`` / N (at least ``MIN_SHARD_BLOCK_MS``): no shard
+    starves, and a reader of N empty shards blocks about ``BLOCK_MS`` per N rounds. Each shard
+    keeps its own order; there is none across shards."""
+    if specs[0].group is None:
+        lasts = []
+        for spec in specs:
+            lasts.append((yield from _tail_start(spec)))
+        turn = 0
+        while True:
+            read_any = False
+            for i, spec in enumerate(specs):
+                last = yield from _tail_read(spec, lasts[i], None)
+                read_any = read_any or last != lasts[i]
+                lasts[i] = last
+            if read_any:
+                continue
+            i = turn % len(specs)
+            turn += 1
+            lasts[i] = yield from _tail_read(specs[i], lasts[i], _shard_block_ms(specs))
+    trimmed = [0] * len(specs)
+    for spec in specs:
+        yield ("call", "create_group", (spec,), {}, spec)
+    for i, spec in enumerate(specs):
+        trimmed[i] = yield from _pending(spec)
+    turn = 0
+    while True:
+        found = False
+        for i, spec in enumerate(specs):
+            trimmed[i] += yield from _redeliver(spec)
+            found = (yield from _read_new(spec, trimmed[i])) or found
+            trimmed[i] = 0
+        if found:
+            continue
+        yield from _read_blocking(specs[turn % len(specs)], _shard_block_ms(specs))
+        turn += 1
+
+
+#: Shortest block of a sharded reader's blocking read, however many shards it reads.
+MIN_SHARD_BLOCK_MS = 20
+
+
+def _shard_block_ms(specs: list[ReaderSpec]) -> int:
+    return max(min(BLOCK_MS, specs[0].redeliver_ms) // len(specs), MIN_SHARD_BLOCK_MS)
+
+
+def _tail_start(spec: ReaderSpec) -> Generator[Step, Any, str]:
+    """Where a tail of ``spec.stream`` starts: ``since``, or after the stream's last entry
+    (none: from the start)."""
+    if spec.start_id:
+        return spec.start_id
+    newest = yield ("call", "xrevrange", (spec.stream,), {"count": 1}, spec)
+    return text(newest[0][0]) if newest else "0-0"
+
+
+def _tail_read(spec: ReaderSpec, last: str, block_ms: int | None) -> Generator[Step, Any, str]:
+    """One XREAD of a tail after ``last`` (blocking ``block_ms``; None: not blocking); returns
+    the id of the last entry read."""
+    kwargs: dict[str, Any] = {"count": READ_COUNT}
+    if block_ms is not None:
+        kwargs["block"] = block_ms
+    reply = yield ("call", "xread", ({spec.stream: last},), kwargs, spec)
+    entries = stream_entries(reply)
+    if not entries:
+        return last
+    yield ("emit", entries, spec)
+    return str(entries[-1][0])
+
+
+def _pending(spec: ReaderSpec) -> Generator[Step, Any, int]:
+    """This member's pending entries first (a restart resumes them); returns how many of them
+    were trimmed while pending (delivered, never acked: lost, counted by the next
+    events_read)."""
     trimmed = 0
-    pending_from = "0"  # this member's pending entries first (a restart resumes them)
+    pending_from = "0"
     while pending_from:
         reply = yield (
             "call",
             "xreadgroup",
             (spec.group, spec.consumer, {spec.stream: pending_from}),
             {"count": READ_COUNT},
+            spec,
         )
         entries = stream_entries(reply)
         pending_from = entries[-1][0] if entries else ""
         kept, gone = yield from _settle_trimmed(spec, entries)
         trimmed += gone
         if kept:
-            yield ("emit", kept)
-    block_ms = min(BLOCK_MS, spec.redeliver_ms)
-    while True:
-        reply = yield (
-            "call",
-            "xautoclaim",
-            (spec.stream, spec.group, spec.consumer, spec.redeliver_ms),
-            {"start_id": "0-0", "count": READ_COUNT},
-        )
-        claimed, gone = yield from _settle_trimmed(
-            spec, _entry_list(reply[1] if len(reply) > 1 else [])
-        )
-        # (Redis 7 takes entries trimmed while pending out of the PEL itself, and names them)
-        trimmed += gone + (len(reply[2]) if len(reply) > 2 and reply[2] else 0)
-        if claimed:
-            yield ("emit", claimed)
-        # what the group lost to the retention is counted atomically with a read of new
-        # entries (no trim can fall between them); only when none are new does it block
-        read = yield ("call", "events_read", (spec, trimmed), {})
-        _warn_lost(spec, read.lost, trimmed)
-        trimmed = 0
-        entries = stream_entries(read.reply)
-        if entries:
-            yield ("emit", entries)
-            continue
-        reply = yield (
-            "call",
-            "xreadgroup",
-            (spec.group, spec.consumer, {spec.stream: ">"}),
-            {"count": READ_COUNT, "block": block_ms},
-        )
-        entries = stream_entries(reply)
-        if entries:
-            yield ("emit", entries)
+            yield ("emit", kept, spec)
+    return trimmed
+
+
+def _redeliver(spec: ReaderSpec) -> Generator[Step, Any, int]:
+    """Claim the group's entries idle past ``redeliver_ms`` (XAUTOCLAIM) and hand them over;
+    returns how many were trimmed while pending."""
+    reply = yield (
+        "call",
+        "xautoclaim",
+        (spec.stream, spec.group, spec.consumer, spec.redeliver_ms),
+        {"start_id": "0-0", "count": READ_COUNT},
+        spec,
+    )
+    claimed, gone = yield from _settle_trimmed(
+        spec, _entry_list(reply[1] if len(reply) > 1 else [])
+    )
+    if claimed:
+        yield ("emit", claimed, spec)
+    # (Redis 7 takes entries trimmed while pending out of the PEL itself, and names them)
+    return gone + (len(reply[2]) if len(reply) > 2 and reply[2] else 0)
+
+
+def _read_new(spec: ReaderSpec, trimmed: int) -> Generator[Step, Any, bool]:
+    """What the group lost to the retention, counted atomically with a read of new entries (no
+    trim can fall between them); whether any were new."""
+    read = yield ("call", "events_read", (spec, trimmed), {}, spec)
+    _warn_lost(spec, read.lost, trimmed)
+    entries = stream_entries(read.reply)
+    if entries:
+        yield ("emit", entries, spec)
+    return bool(entries)
+
+
+def _read_blocking(spec: ReaderSpec, block_ms: int) -> Generator[Step, Any, None]:
+    """One XREADGROUP of new entries, blocking up to ``block_ms``."""
+    reply = yield (
+        "call",
+        "xreadgroup",
+        (spec.group, spec.consumer, {spec.stream: ">"}),
+        {"count": READ_COUNT, "block": block_ms},
+        spec,
+    )
+    entries = stream_entries(reply)
+    if entries:
+        yield ("emit", entries, spec)
 
 
 def events_read_flow(
     queue: Any, spec: ReaderSpec, trimmed_pending: int
 ) -> Generator[Any, Any, protocol.EventsRead]:
-    """The ``events_read`` step of ``events_flow``, on the queue's own client (a script: no
-    blocking read)."""
+    """The ``events_read`` step of the reader flows, on the queue's own client (a script: no
+    blocking read), on the keys of the queue or shard whose stream ``spec`` reads."""
     read: protocol.EventsRead = yield protocol.events_read(
-        queue.keys, str(spec.group), spec.consumer, READ_COUNT, trimmed_pending
+        spec.keys, str(spec.group), spec.consumer, READ_COUNT, trimmed_pending
     )
     return read
 
@@ -294,7 +410,7 @@ def _settle_trimmed(
     they would come back forever); returns the others and how many were trimmed."""
     gone = [entry_id for entry_id, fields in entries if fields is None]
     if gone:
-        yield ("call", "xack", (spec.stream, spec.group, *gone), {})
+        yield ("call", "xack", (spec.stream, spec.group, *gone), {}, spec)
     return [(entry_id, fields) for entry_id, fields in entries if fields is not None], len(gone)
 
 
@@ -370,6 +486,8 @@ def parse_event(
     acker: Callable[[str], Any] | None,
     codec: PayloadCodec = NO_CODEC,
     queue: str = "",
+    *,
+    stream: str | None = None,
 ) -> EventBase:
     """One event from a stream entry's fields (see lua/include/events.lua). Its task's sealed
     payload and its sealed result are opened with ``codec`` as the task's of ``queue``; one
@@ -428,6 +546,7 @@ def parse_event(
         group=group,
         seq=int(fields["seq"]) if fields.get("seq", "").isdigit() else None,
         body=body,
+        stream=stream,
         _acker=acker,
     )
 
@@ -578,12 +697,13 @@ def range_events(reply: Any) -> list[Event]:
 
 
 def check_plain(queue: Any) -> str:
-    """The events stream of a plain queue; a sharded queue's events are refused (each shard
-    has a stream of its own, and no reader merges them yet)."""
+    """The events stream of a plain queue, for the readers of one stream's latest events (the
+    CLI, the dashboard); a sharded queue is refused there (each shard has a stream of its own:
+    give them a shard's queue; ``Queue.events`` reads every shard's)."""
     if queue.shard_count != 1:
         raise ConfigurationError(
-            "events() reads one stream: a sharded queue has one per shard (read each shard's "
-            "queue, dueq.Queue(f'{name}#{i}', ...), for now)"
+            "the latest events of one stream: a sharded queue has one per shard (give a "
+            f"shard's queue, one of {tuple(queue.shard_names)!r}; q.events() reads them all)"
         )
     return str(queue.keys.events)
 
@@ -664,16 +784,42 @@ def event_group(stream_info: dict[str, Any], group: dict[str, Any]) -> EventGrou
 
 
 def event_groups_flow(queue: Any) -> Generator[Any, Any, list[EventGroup]]:
-    """The consumer groups of a plain queue's events stream, by name ([] without a stream)."""
-    stream = check_plain(queue)
-    exists = yield protocol.command("EXISTS", stream)
-    if not exists:
-        return []
-    info, groups = yield protocol.Batch(
-        (protocol.command("XINFO STREAM", stream), protocol.command("XINFO GROUPS", stream))
+    """The consumer groups of a queue's events streams, by name ([] without a stream): a plain
+    queue's one stream, or a sharded queue's groups summed over the shards' streams
+    (``merge_groups``). Each stream is read on its own (on a cluster the shards' streams are
+    in different slots)."""
+    found: list[EventGroup] = []
+    for name in queue.shard_names:
+        stream = QueueKeys.for_queue(name).events
+        exists = yield protocol.command("EXISTS", stream)
+        if not exists:
+            continue
+        info, groups = yield protocol.Batch(
+            (protocol.command("XINFO STREAM", stream), protocol.command("XINFO GROUPS", stream))
+        )
+        found += [event_group(_str_keys(info), _str_keys(g)) for g in groups]
+    by_name: dict[str, list[EventGroup]] = {}
+    for g in found:
+        by_name.setdefault(g.name, []).append(g)
+    return [merge_groups(by_name[name]) for name in sorted(by_name)]
+
+
+def merge_groups(parts: list[EventGroup]) -> EventGroup:
+    """One group of a logical queue from its groups of the same name on each shard's stream
+    (one part on a plain queue: itself): ``pending``, ``lag`` and ``lost`` summed (None when
+    any shard cannot tell), ``consumers`` the most on any shard (a member reads every shard),
+    ``last_delivered_id`` the newest (ids of different shards are not in one order)."""
+    if len(parts) == 1:
+        return parts[0]
+    lags, losts = [p.lag for p in parts], [p.lost for p in parts]
+    return EventGroup(
+        name=parts[0].name,
+        consumers=max(p.consumers for p in parts),
+        pending=sum(p.pending for p in parts),
+        last_delivered_id=max((p.last_delivered_id for p in parts), key=_stream_id),
+        lag=None if None in lags else sum(x for x in lags if x is not None),
+        lost=None if None in losts else sum(x for x in losts if x is not None),
     )
-    found = [event_group(_str_keys(info), _str_keys(g)) for g in groups]
-    return sorted(found, key=lambda g: g.name)
 
 
 def _str_keys(reply: Any) -> dict[str, Any]:
@@ -693,8 +839,8 @@ def observe_events(
     since: datetime | None = None,
 ) -> Observable[Event]:
     """The observable behind ``Queue.events``; see there."""
-    spec = reader_spec(
-        check_plain(queue),
+    specs = reader_specs(
+        queue,
         group=group,
         consumer=consumer,
         default_consumer=queue.holder or _worker_id(),
@@ -705,7 +851,7 @@ def observe_events(
     def subscribe(
         observer: abc.ObserverBase[Event], _scheduler: abc.SchedulerBase | None
     ) -> abc.DisposableBase:
-        reader = _Reader(queue, spec, observer)
+        reader = _Reader(queue, specs, observer)
         reader.prepare()  # a tail starts now, a group exists before subscribe returns
         reader.start()
         return Disposable(reader.stop)
@@ -719,30 +865,35 @@ def _worker_id() -> str:
     return worker_id()
 
 
+#: The reader flows' steps that set a reader up (a tail's start, a group's creation): run with
+#: the first step before subscribe returns, on every stream.
+START_METHODS = frozenset({"xrevrange", "create_group"})
+
+
 class _Reader:
-    """One subscription's reader thread: drives ``events_flow`` on a client of its own and
+    """One subscription's reader thread: drives ``reader_flow`` on a client of its own and
     hands each event to ``on_next`` with no lock held (a subscriber may dispose inside it)."""
 
     def __init__(
-        self, queue: ReadsEvents, spec: ReaderSpec, observer: abc.ObserverBase[Event]
+        self, queue: ReadsEvents, specs: list[ReaderSpec], observer: abc.ObserverBase[Event]
     ) -> None:
         self._queue = queue
-        self._spec = spec
         self._observer = observer
         self._client = reader_client(queue.redis)
         self._stopped = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"dueq-events-{queue.name}", daemon=True
         )
-        self._flow = events_flow(spec)
+        self._flow = reader_flow(specs)
         self._first: Step | None = None
 
     def prepare(self) -> None:
-        """Run the flow's first call here, before subscribe returns: a tail's start point, or
-        the group's creation."""
-        step = next(self._flow)
-        reply = self._call(step)
-        self._first = self._flow.send(reply)
+        """Run the flow's first call here, before subscribe returns, and its other set-up calls
+        (``START_METHODS``): a tail's start point, or the group's creation, on every stream."""
+        step = self._flow.send(self._call(next(self._flow)))
+        while step[0] == "call" and step[1] in START_METHODS:
+            step = self._flow.send(self._call(step))
+        self._first = step
 
     def start(self) -> None:
         self._thread.start()
@@ -750,11 +901,11 @@ class _Reader:
     def stop(self) -> None:
         self._stopped.set()
 
-    def _ack(self, entry_id: str) -> None:
-        self._queue.redis.xack(self._spec.stream, str(self._spec.group), entry_id)
+    def _ack(self, spec: ReaderSpec, entry_id: str) -> None:
+        self._queue.redis.xack(spec.stream, str(spec.group), entry_id)
 
     def _call(self, step: Step) -> Any:
-        _, method, args, kwargs = step
+        _, method, args, kwargs, _spec = step
         if method == "create_group":
             return create_group(self._client, *args)
         if method == "events_read":
@@ -764,10 +915,11 @@ class _Reader:
     def _run(self) -> None:
         backoff = Backoff()
         step = self._first
-        acker = self._ack if self._spec.group is not None else None
         try:
             while step is not None and not self._stopped.is_set():
                 if step[0] == "emit":
+                    spec: ReaderSpec = step[2]
+                    acker = None if spec.group is None else functools.partial(self._ack, spec)
                     for entry_id, fields in step[1]:
                         if self._stopped.is_set():
                             return
@@ -776,10 +928,11 @@ class _Reader:
                             Event,
                             entry_id,
                             fields,
-                            self._spec.group,
+                            spec.group,
                             acker,
                             self._queue.payload_codec,
                             self._queue.name,
+                            stream=spec.stream,
                         )
                         try:
                             self._observer.on_next(event)  # type: ignore[arg-type]
@@ -794,11 +947,11 @@ class _Reader:
                 except Exception as exc:  # an outage waits and retries; anything else ends
                     if self._stopped.is_set():  # disposed while the call ran: nothing to mend
                         return
-                    if group_lost(exc, self._spec):
+                    if group_lost(exc, step[4]):
                         logger.warning(
                             "events of %s: %s; making the group again", self._queue.name, exc
                         )
-                        recreate_group(self._client, self._spec)
+                        recreate_group(self._client, step[4])
                         continue
                     if not is_outage(exc):
                         self._stopped.set()
