@@ -307,3 +307,15 @@ def test_the_collector_exports_each_shards_tasks_with_a_shard_label(cluster: Red
     assert {shard for shard, _ in tasks} == set(expected)
     for name, (scheduled, dead) in expected.items():
         assert (tasks[name, "delayed"], tasks[name, "dead"]) == (scheduled, dead)
+
+
+def test_the_dashboards_queue_page_shows_each_shard(cluster: RedisCluster, url: str) -> None:
+    q = seeded(cluster)
+    with TestClient(create_app(url), base_url="http://127.0.0.1") as client:
+        page = client.get("/queue", params={"queue": q.name})
+    assert page.status_code == 200, page.text
+    shards = page.text[page.text.index('<div id="shards">') :]
+    for name, (scheduled, dead) in expected_per_shard(q).items():
+        row = shards[shards.index(f"<td>{name}</td>") :].split("</tr>")[0]
+        cells = [c.split(">")[-1] for c in row.split("</td>")[:-1]]
+        assert (cells[1], cells[4]) == (str(scheduled), str(dead)), row

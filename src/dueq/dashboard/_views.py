@@ -99,6 +99,26 @@ def steps_section(info: TaskInfo) -> str:
     return f'<h2>Steps ({len(info.steps)})</h2><table id="steps"><tr>{cells}</tr>{rows}</table>'
 
 
+def shards_section(stats: QueueStats) -> str:
+    """A sharded queue's shards (``stats.shards``, in order): counts per state and the oldest
+    due lag of each, where an uneven spread or a stuck shard shows; nothing for a plain
+    queue."""
+    if not stats.shards:
+        return ""
+    rows = [
+        f"<tr><td>{e(p.shard)}</td><td class='n'>{p.scheduled}</td><td class='n'>{p.due_now}"
+        f"</td><td class='n'>{p.leased}</td><td class='n'>{p.dead}</td>"
+        f"<td class='n'>{p.oldest_due_lag_s if p.due_now else 0:.1f} s</td></tr>"
+        for p in stats.shards
+    ]
+    return (
+        f"<h2>Shards ({len(stats.shards)})</h2>"
+        '<div id="shards">'
+        + table(["shard", "scheduled", "due now", "leased", "dead", "oldest due lag"], rows)
+        + "</div>"
+    )
+
+
 def tenants_section(stats: QueueStats) -> str:
     """A fair queue's tenants (``stats.tenants``, most due first): due tasks, claimed in the
     last minute, share of those claims; nothing for a queue that never was fair."""
@@ -350,6 +370,7 @@ class Views:
             f"<h1>Queue {e(n)} {toggle}</h1>"
             f'<p class="health" data-health="{e(health.level)}" data-health-of="{e(n)}.health">'
             f'<span data-live="{e(n)}.health_reason">{e(health.reason)}</span></p>{counts}'
+            + shards_section(stats)
             + tenants_section(stats)
             + f"<p>{link('Dead letters of every queue', '/dead')}</p>"
             f"<p>{link('Cron definitions of this queue', '/cron', queue=n)}</p>"
