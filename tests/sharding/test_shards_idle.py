@@ -120,3 +120,18 @@ def test_this_queue_objects_own_schedule_onto_an_idle_shard_is_claimed_at_once(
     assert q.claim(limit=10) == []
     assert q.fail(again[0], RuntimeError("now"), retry_in=0).kind == "retried"
     assert [d.id for d in q.claim(limit=10)] == [again[0].id]
+
+
+def test_a_shard_with_leases_out_is_not_skipped_so_what_their_settling_makes_due_is_claimed(
+    make_queue: Callable[..., Any],
+) -> None:
+    # an ack (d.ack goes to the shard's own queue, unseen by the sharded core) releases a
+    # child on the same shard: the very next claim must find it, wake or no wake
+    q = make_queue(fresh(), shards=3)
+    parent = on_shard(1, "p")
+    child = next(f"c{i}" for i in itertools.count() if shard_of(f"c{i}", 3) == 1)
+    q.schedule({"n": 1}, id=parent)
+    q.schedule({"n": 2}, id=child, after=[parent])
+    [d] = q.claim(limit=10)
+    d.ack()
+    assert [d.id for d in q.claim(limit=10)] == [child]

@@ -39,8 +39,8 @@ every shard's wake channel by sharded Pub/Sub (``dueq._consume.wake``): SSUBSCRI
 holds the shard, where the shard's scripts SPUBLISH, so no wake is broadcast over the cluster.
 
 Idle shards (issue 43). A claim does not ask a shard that its last claim (by this queue
-object) found idle: with nothing due before its next due time or lease deadline, both in its
-reply (or with neither). The shard is asked again once its clock (that reply's now plus the
+object) found idle: with nothing due before its next due time (in its reply, or none), and no
+lease out (settling a lease may make a task due at once: an ack releases a child). The shard is asked again once its clock (that reply's now plus the
 local monotonic time since the claim was sent, or the queue's injected clock) reaches that
 time; once a wake message comes on its channel (the listener tells the core which:
 ``note_wake(channel)``; after every (re)subscription, all shards, as it may have missed some);
@@ -389,14 +389,15 @@ class ShardedCore:
 
     def _claimed(self, index: int, batch: ClaimBatch, sent_s: float, stirs: int) -> None:
         """Remember whether shard ``index`` is idle after its claim (sent at ``sent_s``,
-        after ``stirs`` stirs): nothing due before its next due time or lease deadline."""
-        upcoming = [
-            ms for ms in (batch.next_due_ms, batch.next_lease_deadline_ms) if ms is not None
-        ]
-        until_ms = float(min(upcoming)) if upcoming else math.inf
+        after ``stirs`` stirs): nothing due before its next due time, and no lease out. A
+        shard with leases out is never idle: settling one (``d.ack()`` releasing a child,
+        ``d.fail()`` for a retry now, ``d.release()``) goes to the shard's own queue object,
+        which this core does not see, and may make a task due at once."""
+        until_ms = math.inf if batch.next_due_ms is None else float(batch.next_due_ms)
         now_ms = batch.now_ms + batch.now_fraction_ms
+        leases_out = batch.next_lease_deadline_ms is not None
         with self._lock:
-            if until_ms <= now_ms or self._stirs[index] != stirs:
+            if leases_out or until_ms <= now_ms or self._stirs[index] != stirs:
                 self._idle.pop(index, None)
             else:
                 self._idle[index] = _Idle(until_ms, now_ms, sent_s, batch.paused, batch.fair)
