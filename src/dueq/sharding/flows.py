@@ -88,6 +88,12 @@ batches go through the logical queue; the data source's streaming writer stages 
 each micro-batch per shard, and its reader partitions each shard's sorted sets
 (``_spark_source._queue_names``: the shards, read on the driver).
 
+Server check (``check_server_flow``): each shard's version and ``maxmemory-policy`` are read
+from the primary that holds it (the commands routed by one of its keys), side by side; any
+shard before 6.2 refuses the queue, a risky policy is logged naming its shards, and the lowest
+version decides sharded Pub/Sub. Once per queue object, one INFO pair per shard (shards on
+one primary each ask it: the flows do not know which node holds which shard).
+
 Failover: ``tests/sharding/test_shards_failover.py`` drains a queue of 3 shards on 3 primaries + 3
 replicas (AOF, ``wait_replicas=1``) while one primary is failed over (``CLUSTER FAILOVER``, or
 SIGKILL and election): nothing acked is delivered again, nothing is lost.
@@ -97,8 +103,7 @@ Not yet
 Per-key limits (``configure(key_rate=, key_concurrency=)``) and ``q.keys`` raise
 ConfigurationError ("... not available on a sharded queue"); the other gaps (listing in one
 global order, ``wait_replicas`` on an asyncio ``RedisCluster``,
-resharding, ``check_server`` on every primary, a multi-process benchmark) are left to later
-issues.
+resharding, a multi-process benchmark) are left to later issues.
 """
 
 from __future__ import annotations
