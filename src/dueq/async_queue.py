@@ -31,7 +31,7 @@ from dueq._util.clock import Clock, Duration, duration_ms
 from dueq._wire import protocol as protocol
 from dueq._wire.codec import Compression, Encrypted
 from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
-from dueq._wire.scripts import AsyncScripts
+from dueq._wire.scripts import AsyncScripts, route_options_async
 from dueq._wire.server_check import wrong_client
 from dueq.cron.flows import AsyncCrons
 from dueq.dead import AsyncDeadLetters
@@ -178,7 +178,8 @@ class AsyncQueue(QueueCore):
         if isinstance(step, protocol.Call):
             return step.parse(await self._scripts.run(step.script, step.keys, step.args))
         if isinstance(step, protocol.Command):
-            return step.parse(await self.redis.execute_command(*step.args))
+            routed = await route_options_async(self.redis, step.route)
+            return step.parse(await self.redis.execute_command(*step.args, **routed))
         if isinstance(step, protocol.Batch):
             pipe = self.redis.pipeline(transaction=False)
             for command in step.commands:
@@ -210,7 +211,7 @@ class AsyncQueue(QueueCore):
 
     async def check_server(self) -> None:
         """As ``Queue.check_server``."""
-        await self.drive(self.check_server_flow())
+        await self.drive(self._core.check_server_flow())
 
     # -- scheduling --------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from dueq._util.clock import Clock, Duration, duration_ms
 from dueq._wire import protocol as protocol
 from dueq._wire.codec import Compression, Encrypted
 from dueq._wire.envelope import DEFAULT_MAX_PAYLOAD_BYTES, validate_id
-from dueq._wire.scripts import Scripts
+from dueq._wire.scripts import Scripts, route_options
 from dueq._wire.server_check import MIN_REDIS_VERSION, wrong_client
 from dueq.cron.flows import Crons
 from dueq.dead import DeadLetters
@@ -210,7 +210,8 @@ class Queue(QueueCore):
         if isinstance(step, protocol.Call):
             return step.parse(self._scripts.run(step.script, step.keys, step.args))
         if isinstance(step, protocol.Command):
-            return step.parse(self.redis.execute_command(*step.args))  # type: ignore[no-untyped-call]
+            routed = route_options(self.redis, step.route)
+            return step.parse(self.redis.execute_command(*step.args, **routed))  # type: ignore[no-untyped-call]
         if isinstance(step, protocol.Batch):
             pipe = self.redis.pipeline(transaction=False)
             for command in step.commands:
@@ -247,7 +248,7 @@ class Queue(QueueCore):
         """Check the Redis server once: refuse versions before 6.2, and log what its
         ``maxmemory-policy`` means for the queue (an ``allkeys-*`` policy may lose tasks).
         Works for a user without INFO or CONFIG (the checks Redis refuses are skipped)."""
-        self.drive(self.check_server_flow())
+        self.drive(self._core.check_server_flow())
 
     # -- scheduling --------------------------------------------------------------------------
 

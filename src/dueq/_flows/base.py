@@ -174,7 +174,7 @@ class QueueBase:
         where the scripts SPUBLISH (see ``publish_wake`` in lua/include/wake.lua and
         ``_consume.wake``)."""
         if not self._server_checked:
-            yield from self.check_server_flow()
+            yield from self._core.check_server_flow()
         return WakeSubscription(
             tuple(self._core.wake_channels()), sharded=sharded_pubsub(self._server_version)
         )
@@ -215,33 +215,52 @@ class QueueBase:
 
     def check_server_flow(self) -> Flow[None]:
         """Check the Redis server once: refuse versions before 6.2, and say what its
-        ``maxmemory-policy`` means for the queue (see ``log_eviction_policy``).
-
-        A least-privileged consumer needs neither INFO nor CONFIG: the version comes from
-        ``INFO server`` or else ``HELLO`` (which every user may send), the policy from
-        ``INFO memory`` or else ``CONFIG GET``; a check Redis refuses is skipped with a debug
-        line.
+        ``maxmemory-policy`` means for the queue (see ``log_eviction_policy``). A sharded
+        queue's core checks the primary of every shard (``ShardedCore.check_server_flow``).
         """
-        version: str | None
+        version, _ = yield from self.server_info_flow()
+        self.note_server_checked(server_version_ok(version))
+        log_eviction_policy((yield from self.eviction_policy_flow()))
+
+    def note_server_checked(self, version: tuple[int, ...] | None) -> None:
+        """The server check passed (``check_server_flow``; a sharded queue's over every shard):
+        ``version`` (the lowest seen) decides what the queue uses (sharded Pub/Sub)."""
+        self._server_version = version
+        self._server_checked = True
+
+    def server_info_flow(self, route: str | None = None) -> Flow[tuple[str | None, str | None]]:
+        """The server's version and TCP port (each None when it cannot be read), asked of the
+        node of key ``route`` on a Redis Cluster (``protocol.Command.route``; None: any node).
+
+        A least-privileged consumer needs no INFO: the version comes from ``INFO server`` or
+        else ``HELLO`` (which every user may send); a check Redis refuses is skipped with a
+        debug line.
+        """
         try:
-            info = yield protocol.command("INFO", "server")
-            version = str(info.get("redis_version", "0"))
+            info = yield protocol.command("INFO", "server", route=route)
+            port = info.get("tcp_port")
+            return str(info.get("redis_version", "0")), None if port is None else str(port)
         except redis.ResponseError:  # NOPERM for an ACL user without +info, or INFO renamed
             try:
-                version = hello_version((yield protocol.command("HELLO")))
+                return hello_version((yield protocol.command("HELLO", route=route))), None
             except (redis.ResponseError, AttributeError, TypeError) as exc:  # none to read
                 logger.debug("cannot read the Redis version (%s); skipping the check", exc)
-                version = None
-        self._server_version = server_version_ok(version)
-        self._server_checked = True
+                return None, None
+
+    def eviction_policy_flow(self, route: str | None = None) -> Flow[Any]:
+        """The server's ``maxmemory-policy`` (None when it cannot be read), of the node of key
+        ``route`` as ``server_version_flow``: from ``INFO memory``, or else ``CONFIG GET`` (a
+        user without +info); neither allowed (CONFIG disabled on managed services too): a
+        debug line."""
         try:  # INFO memory names the policy too, and needs no CONFIG (which can read secrets)
-            memory = yield protocol.command("INFO", "memory")
-            policy = memory.get("maxmemory_policy")
+            memory = yield protocol.command("INFO", "memory", route=route)
+            return memory.get("maxmemory_policy")
         except redis.ResponseError:  # no +info (or INFO renamed): try CONFIG GET
             try:
-                found = yield protocol.command("CONFIG GET", "maxmemory-policy", parse=pairs)
+                found = yield protocol.command(
+                    "CONFIG GET", "maxmemory-policy", parse=pairs, route=route
+                )
             except redis.ResponseError as exc:  # CONFIG disabled (managed services) too
                 logger.debug("cannot read maxmemory-policy (%s); skipping the check", exc)
-                return
-            policy = found.get("maxmemory-policy")
-        log_eviction_policy(policy)
+                return None
+            return found.get("maxmemory-policy")

@@ -31,8 +31,9 @@ Composition, not a ``ShardedQueue`` subclass chosen in ``Queue.__new__``: a shar
 ends (their client, their delivery type, their locks) is made twice. The cost on the plain path
 is one attribute read (``_core``) per operation, in place of the test of the queue's layout
 each flow began with (callgrind: starting a claim, cancel, get or stats flow costs as many
-instructions as before, or fewer). The server check (``check_server_flow``) stays the queue
-object's own: it reads no keys, and it marks the object checked.
+instructions as before, or fewer). The server check (``check_server_flow``) is a member of
+``Core`` too: a plain queue checks its one server, a sharded queue every shard's primary;
+either marks the queue object checked (``note_server_checked``).
 
 The one rule, for flows that use other flows (``fail_flow`` -> ``release_flow``,
 ``get_flow`` -> ``inspect_ids_flow``, ``schedule_many_flow`` -> ``schedule_records_flow``,

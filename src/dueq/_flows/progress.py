@@ -104,7 +104,7 @@ class ProgressFlows(QueueBase):
         """What a follower subscribes to: the progress and ended channels of the queue (or
         shard) that holds ``task_id``, by SSUBSCRIBE where the scripts SPUBLISH."""
         if not self._server_checked:
-            yield from self.check_server_flow()
+            yield from self._core.check_server_flow()
         keys = self._core.shard_queue(validate_id(task_id)).keys
         return WakeSubscription(
             (keys.progress, keys.ended), sharded=sharded_pubsub(self._server_version)

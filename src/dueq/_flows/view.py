@@ -93,7 +93,7 @@ class ViewFlows(RegistryFlows):
         """What ``wait`` subscribes to: the ended channel of the queue (or shard) that holds
         ``task_id``, by SSUBSCRIBE where the scripts SPUBLISH (as ``dueq._consume.wake``)."""
         if not self._server_checked:
-            yield from self.check_server_flow()
+            yield from self._core.check_server_flow()
         keys = self._core.shard_queue(task_id).keys
         return WakeSubscription((keys.ended,), sharded=sharded_pubsub(self._server_version))
 

@@ -99,13 +99,18 @@ class Call(Generic[T]):
 
 class Command(Generic[T]):
     """One plain Redis command (reads such as ZCARD, HMGET, TIME) and how to read its reply
-    (as redis-py's response callbacks leave it)."""
+    (as redis-py's response callbacks leave it). ``route``: a key whose node a Redis Cluster
+    client sends a command without keys to (INFO of one shard's primary; see
+    ``scripts.route_options``); None, the client's own choice (any other client ignores it)."""
 
-    __slots__ = ("args", "parse")
+    __slots__ = ("args", "parse", "route")
 
-    def __init__(self, args: tuple[Any, ...], parse: Callable[[Any], T]) -> None:
+    def __init__(
+        self, args: tuple[Any, ...], parse: Callable[[Any], T], route: str | None = None
+    ) -> None:
         self.args = args
         self.parse = parse
+        self.route = route
 
     def __repr__(self) -> str:
         return f"Command({self.args!r})"
@@ -130,9 +135,12 @@ def _same(reply: Any) -> Any:
     return reply
 
 
-def command(*args: Any, parse: Callable[[Any], Any] = _same) -> Command[Any]:
-    """A plain command whose reply is used as redis-py returns it, unless ``parse`` is given."""
-    return Command(args, parse)
+def command(
+    *args: Any, parse: Callable[[Any], Any] = _same, route: str | None = None
+) -> Command[Any]:
+    """A plain command whose reply is used as redis-py returns it, unless ``parse`` is given;
+    sent to the node of key ``route`` on a Redis Cluster (``Command``)."""
+    return Command(args, parse, route)
 
 
 # -- schedule.lua ------------------------------------------------------------------------------

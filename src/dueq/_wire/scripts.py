@@ -264,6 +264,24 @@ def _check_wait(client: object, wait_replicas: int) -> None:
         )
 
 
+def route_options(client: object, route: str | None) -> dict[str, Any]:
+    """The keywords of ``execute_command`` that send a command without keys (INFO, CONFIG GET)
+    to the node that holds key ``route`` (``protocol.Command.route``): a Redis Cluster client
+    (blocking or asyncio) picks a default node for it otherwise. None, or any other client:
+    none (one server answers every command)."""
+    if route is None or not isinstance(client, (RedisCluster, AsyncRedisCluster)):
+        return {}
+    return {"target_nodes": client.get_node_from_key(route)}
+
+
+async def route_options_async(client: object, route: str | None) -> dict[str, Any]:
+    """``route_options`` for an asyncio client, whose cluster client reads the slot map at its
+    first command (a routed command may be the first)."""
+    if route is not None and isinstance(client, AsyncRedisCluster):
+        await client.initialize()
+    return route_options(client, route)
+
+
 #: A refusal of the commands every dueq script call needs: an ACL without them (NOPERM, Redis
 #: 6.2's and 7's wording) or a server that renamed or disabled them (``rename-command EVALSHA
 #: ""``, as some managed services do: "unknown command").

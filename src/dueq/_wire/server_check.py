@@ -24,9 +24,10 @@ def wrong_client(client: object, wanted: str, hint: str) -> ConfigurationError:
     )
 
 
-def server_version_ok(version: str | None) -> tuple[int, ...] | None:
-    """ConfigurationError for a Redis older than 6.2 (an unreadable version is let through);
-    else the version's (major, minor), or None when it cannot be read."""
+def server_version_ok(version: str | None, where: str = "this server") -> tuple[int, ...] | None:
+    """ConfigurationError for a Redis older than 6.2 (an unreadable version is let through),
+    naming ``where`` it runs (a sharded queue's shard); else the version's (major, minor), or
+    None when it cannot be read."""
     if version is None:
         return None
     try:
@@ -35,7 +36,7 @@ def server_version_ok(version: str | None) -> tuple[int, ...] | None:
         logger.debug("cannot parse Redis version %r; skipping the check", version)
         return None
     if major_minor < MIN_REDIS_VERSION:
-        raise ConfigurationError(f"dueq needs Redis >= 6.2; this server runs {version}")
+        raise ConfigurationError(f"dueq needs Redis >= 6.2; {where} runs {version}")
     return major_minor
 
 
@@ -54,8 +55,9 @@ def hello_version(reply: Any) -> str | None:
     return None if found is None else text(found)
 
 
-def log_eviction_policy(policy: Any) -> None:
-    """Say what the server's ``maxmemory-policy`` means for a queue.
+def log_eviction_policy(policy: Any, where: str = "") -> None:
+    """Say what the server's ``maxmemory-policy`` means for a queue; ``where``, appended to
+    "maxmemory-policy is ...", names the servers (a sharded queue's shards) that have it.
 
     ``allkeys-*`` policies may evict queue keys when memory is full, losing tasks without a
     trace: a warning. ``volatile-*`` policies evict only keys with a TTL, and dueq's keys
@@ -66,14 +68,16 @@ def log_eviction_policy(policy: Any) -> None:
         return
     if text(policy).startswith("volatile-"):
         logger.info(
-            "Redis maxmemory-policy is %r: it evicts only keys with a TTL, and dueq's keys "
+            "Redis maxmemory-policy is %r%s: it evicts only keys with a TTL, and dueq's keys "
             "have none; when memory is full Redis will refuse writes (as with noeviction), "
             "which consumers wait out",
             text(policy),
+            where,
         )
         return
     logger.warning(
-        "Redis maxmemory-policy is %r: when memory is full Redis may evict queue keys and "
+        "Redis maxmemory-policy is %r%s: when memory is full Redis may evict queue keys and "
         "lose tasks without a trace; set maxmemory-policy noeviction",
         text(policy),
+        where,
     )

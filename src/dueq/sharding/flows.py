@@ -88,6 +88,12 @@ batches go through the logical queue; the data source's streaming writer stages 
 each micro-batch per shard, and its reader partitions each shard's sorted sets
 (``_spark_source._queue_names``: the shards, read on the driver).
 
+Server check (``check_server_flow``): each shard's version and ``maxmemory-policy`` are read
+from the primary that holds it (the commands routed by one of its keys), side by side; any
+shard before 6.2 refuses the queue, a risky policy is logged naming its shards, and the lowest
+version decides sharded Pub/Sub. Once per queue object, one INFO pair per shard (shards on
+one primary each ask it: the flows do not know which node holds which shard).
+
 Failover: ``tests/sharding/test_shards_failover.py`` drains a queue of 3 shards on 3 primaries + 3
 replicas (AOF, ``wait_replicas=1``) while one primary is failed over (``CLUSTER FAILOVER``, or
 SIGKILL and election): nothing acked is delivered again, nothing is lost.
@@ -97,8 +103,7 @@ Not yet
 Per-key limits (``configure(key_rate=, key_concurrency=)``) and ``q.keys`` raise
 ConfigurationError ("... not available on a sharded queue"); the other gaps (listing in one
 global order, ``wait_replicas`` on an asyncio ``RedisCluster``,
-resharding, ``check_server`` on every primary, a multi-process benchmark) are left to later
-issues.
+resharding, a multi-process benchmark) are left to later issues.
 """
 
 from __future__ import annotations
@@ -123,6 +128,8 @@ from dueq._flows.schedule import SentRecords
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration, clock_ms
 from dueq._wire.protocol import STATS_TENANTS, DurableOp, StepReply
+from dueq._wire.server_check import log_eviction_policy, server_version_ok
+from dueq._wire.snapshot import text
 from dueq.cron.flows import CronDefinition, CronsCore
 from dueq.cron.flows import validate_name as validate_cron_name
 from dueq.dead import MAX_OFFSET, DeadLettersCore, distinct_ids
@@ -432,6 +439,36 @@ class ShardedCore:
         self, tasks: Iterable[Task], replace: bool, batch: str | None = None
     ) -> Flow[ScheduleResult]:
         return self.queue.schedule_many_flow(tasks, replace, batch)
+
+    def check_server_flow(self) -> Flow[None]:
+        """The server check of every shard's primary, side by side: each shard's version and
+        ``maxmemory-policy`` asked of the node that holds its keys (routed by one of them: a
+        command without keys would go to whichever node the cluster client picks, so one
+        primary would stand for all). A version before 6.2 on any shard refuses the queue,
+        naming the shard; once every shard passed, the queue and each shard are marked
+        checked, the queue with the lowest version seen (it decides sharded Pub/Sub), and
+        each risky policy is logged once, naming its shards and their primaries' ports."""
+        checks = yield from together([self._shard_server_flow(s) for s in self.layout.queues])
+        for shard, (version, _, _) in zip(self.layout.queues, checks, strict=True):
+            shard.note_server_checked(version)
+        versions = [version for version, _, _ in checks if version is not None]
+        self.queue.note_server_checked(min(versions) if versions else None)
+        where: dict[str, list[str]] = defaultdict(list)
+        for shard, (_, policy, port) in zip(self.layout.queues, checks, strict=True):
+            if policy is not None:
+                where[text(policy)].append(f"{shard.name!r}" + (f" (port {port})" if port else ""))
+        for policy, shards in where.items():
+            log_eviction_policy(policy, f" on the primary of shard {', '.join(shards)}")
+
+    @staticmethod
+    def _shard_server_flow(
+        shard: QueueCore,
+    ) -> Flow[tuple[tuple[int, ...] | None, Any, str | None]]:
+        """One shard's (version, ``maxmemory-policy``, port), asked of its primary."""
+        route = shard.keys.due  # any key of the shard's hash tag: its slot's node
+        version, port = yield from shard.server_info_flow(route)
+        checked = server_version_ok(version, f"the primary of shard {shard.name!r}")
+        return checked, (yield from shard.eviction_policy_flow(route)), port
 
     def wake_subscription_flow(self) -> Flow[WakeSubscription]:
         return self.queue.wake_subscription_flow()
