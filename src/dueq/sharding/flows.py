@@ -40,9 +40,9 @@ holds the shard, where the shard's scripts SPUBLISH, so no wake is broadcast ove
 
 Idle shards (issue 43). A claim does not ask a shard that its last claim (by this queue
 object) found idle: with nothing due before its next due time (in its reply, or none), and no
-lease out (settling a lease may make a task due at once: an ack releases a child). The shard is asked again once its clock (that reply's now plus the
-local monotonic time since the claim was sent, or the queue's injected clock) reaches that
-time; once a wake message comes on its channel (the listener tells the core which:
+lease out (settling a lease may make a task due at once: an ack releases a child). The shard
+is asked again once its clock (that reply's now plus the local monotonic time since the claim
+was sent, or the queue's injected clock) reaches that time; once a wake message comes on its channel (the listener tells the core which:
 ``note_wake(channel)``; after every (re)subscription, all shards, as it may have missed some);
 once this queue object writes onto it (schedule, reschedule, run_now, ``q.release_many``,
 ``q.fail``, configure: a resume; a delivery's own ``d.release()``/``d.fail()`` goes to its
