@@ -40,19 +40,20 @@ holds the shard, where the shard's scripts SPUBLISH, so no wake is broadcast ove
 
 Idle shards (issue 43). A claim does not ask a shard that its last claim (by this queue
 object) found idle: with nothing due before its next due time (in its reply, or none), and no
-lease out (settling a lease may make a task due at once: an ack releases a child). The shard
-is asked again once its clock (that reply's now plus the local monotonic time since the claim
-was sent, or the queue's injected clock) reaches that time; once a wake message comes on its channel (the listener tells the core which:
+lease out (settling a lease may make a task due at once: an ack releases a child, and a
+delivery's own ``d.ack()``/``d.fail()``/``d.release()`` goes to its shard's queue object, which
+this core does not see). The shard is asked again once its clock (that reply's now plus the
+local monotonic time since the claim was sent, or the queue's injected clock) reaches that
+time; once a wake message comes on its channel (the listener tells the core which:
 ``note_wake(channel)``; after every (re)subscription, all shards, as it may have missed some);
 once this queue object writes onto it (schedule, reschedule, run_now, ``q.release_many``,
-``q.fail``, configure: a resume; a delivery's own ``d.release()``/``d.fail()`` goes to its
-shard's queue and is heard by its wake); and at the latest ``IDLE_RECHECK_S`` (1 s) after it
-was last asked. Pub/Sub may lose a message (a reconnect, a script that could not SPUBLISH),
-and another process's write is only heard by its wake, so that bound is the most latency a
-lost wake costs: never a task lost or stuck. The next due time a claim reports includes the
-skipped shards' (a consumer sleeps until the earliest). A claim of 0 asks every shard, as
-before. So a consumer of one busy shard among N sends one claim script per claim, not N; an
-idle consumer (heartbeat 5 s, above the bound) still asks every shard at each heartbeat.
+``q.fail``, configure: a resume); and at the latest ``IDLE_RECHECK_S`` (1 s) after it was last
+asked. Pub/Sub may lose a message (a reconnect, a script that could not SPUBLISH), and another
+process's write is only heard by its wake, so that bound is the most latency a lost wake
+costs: never a task lost or stuck. The next due time a claim reports includes the skipped
+shards' (a consumer sleeps until the earliest). A claim of 0 asks every shard, as before. So
+a consumer of one busy shard among N sends one claim script per claim, not N; an idle
+consumer (heartbeat 5 s, above the bound) still asks every shard at each heartbeat.
 
 Dead letters (``q.dead``): ``list`` takes each shard's newest ``offset + limit`` and merges
 them by died-at (newest first), ``count`` sums, ``replay``/``purge`` by id check every id on its
