@@ -454,7 +454,7 @@ class ShardedCore:
                 f"task {position} ({task_id!r}): on a sharded queue every task of a key lies on "
                 f"the shard of its key, and id {task_id!r} is on shard "
                 f"{task_shard(task_id, count)}, key {key!r} on shard {home} of {count}. Leave "
-                f"the id out, or make one with dueq.keyed_id({key!r}, {task_id!r}, {count}) "
+                f"the id out, or make one with dueq.keyed_id({key!r}, {task_id!r}, {count})"
                 f"{fitting}"
             )
         return task_id
