@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from dueq.queue import Queue
     from dueq.registry import WorkerInfo
     from dueq.retry import RetryPolicy
-    from dueq.sharding.layout import shard_of
+    from dueq.sharding.layout import keyed_id, shard_of
     from dueq.worker import AsyncWorker, Worker
 
 #: Where each public name lives: ``import dueq`` imports none of these modules; a name is
@@ -88,6 +88,7 @@ _LAZY: dict[str, str] = {
     "operators": "operators",
     "AsyncQueue": "async_queue",
     "worker_id": "_util.identity",
+    "keyed_id": "sharding.layout",
     "shard_of": "sharding.layout",
     "CronDefinition": "cron.flows",
     "Occurrence": "cron.flows",
@@ -248,6 +249,7 @@ __all__ = [
     "Worker",
     "WorkerInfo",
     "__version__",
+    "keyed_id",
     "operators",
     "shard_of",
     "worker_id",

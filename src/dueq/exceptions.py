@@ -278,7 +278,7 @@ class KeyCooldown(DueqError):
     due ``seconds`` from now with no attempt counted (like ``d.release(delay=seconds)``), and its
     key (``schedule(..., key=)``) is held as long, so the key's other tasks wait (parked) while
     other keys run. A task without a key only waits itself. On a sharded queue the key is held on
-    the task's own shard only (a key's tasks are spread over the shards by id)."""
+    its key's shard, which holds every task of the key (``dueq.keyed_id``)."""
 
     def __init__(self, seconds: float | timedelta, message: str = "") -> None:
         raw = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds

@@ -167,9 +167,12 @@ def test_keys_of_a_missing_queue_or_an_unreachable_redis_is_one_error_line(invok
 def test_keys_of_a_sharded_fair_queue_sums_each_tenant_over_the_shards(invoke, r):
     q = dueq.Queue("wide", r, shards=3)
     q.configure(fairness="key")
-    q.schedule_many(dueq.Task({"i": i}, id=f"acme-{i}", key="acme") for i in range(12))
+    q.schedule_many(
+        dueq.Task({"i": i}, id=dueq.keyed_id("acme", f"acme-{i}", 3), key="acme") for i in range(12)
+    )
+    q.schedule_many(dueq.Task({"i": i}, key="stark") for i in range(5))  # on another shard
     result = invoke("keys", "wide", "--json")
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)
-    assert [(t["tenant"], t["due"]) for t in document["tenants"]] == [("acme", 12)]
+    assert [(t["tenant"], t["due"]) for t in document["tenants"]] == [("acme", 12), ("stark", 5)]
     assert table_rows(invoke("keys", "wide").output)["acme"] == ["12", "0", "0.0%"]

@@ -356,20 +356,18 @@ def test_an_async_worker_drains_a_fair_queue_of_many_tenants_exactly_once(
     assert len(seen) == len(set(seen)) == 2000
 
 
-def test_a_sharded_queue_is_fair_within_each_shard_and_takes_weights_but_no_limits(
-    r: redis.Redis,
-) -> None:
+def test_a_sharded_queue_is_fair_within_each_shard_and_takes_weights(r: redis.Redis) -> None:
     q = dueq.Queue("fair-shards", r, shards=3)
     settings = q.configure(fairness="key", key_limits={"big": dueq.KeyLimit(weight=3)})
     assert settings.fairness == "key" and settings.key_limits == {"big": dueq.KeyLimit(weight=3)}
-    with pytest.raises(dueq.ConfigurationError, match="sharded"):
-        q.configure(key_limits={"big": dueq.KeyLimit(weight=3, concurrency=2)})
-    backlog(q, "big", 6000)
-    backlog(q, "small", 6000)
+    # a keyed task lies on its key's shard: "big" and "low" share shard 0, "lone" is on 2
+    assert [dueq.shard_of(k, 3) for k in ("big", "low", "lone")] == [0, 0, 2]
+    for tenant in ("big", "low"):
+        q.schedule_many(dueq.Task({"i": i}, key=tenant) for i in range(6000))
     q.schedule({"n": 1}, id="lone", key="lone")
     got = claim_keys(q, 20)  # 20 claims of 100 over 3 shards
     assert got["lone"] == 1
-    assert abs(got["big"] / got["small"] - 3) < 0.3, got
+    assert abs(got["big"] / got["low"] - 3) < 0.3, got
     for shard in q.shard_names:
         assert r.hget(QueueKeys.for_queue(shard).config, "fairness") == b"key"
 

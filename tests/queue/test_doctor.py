@@ -649,8 +649,9 @@ def test_doctor_on_a_sharded_fair_queue_repairs_the_fair_set_of_the_shard_that_l
 ) -> None:
     q = make_queue("sq", shards=2)
     q.configure(fairness="key")
-    q.schedule_many(dueq.Task(i, id=f"t{i}", key=f"k{i % 3}") for i in range(12))
-    shard = q.shard("t0")
+    ids = [dueq.keyed_id(f"k{i % 3}", f"t{i}", 2) for i in range(12)]  # on their keys' shards
+    q.schedule_many(dueq.Task(i, id=ids[i], key=f"k{i % 3}") for i in range(12))
+    shard = q.shard(ids[0])
     r.zrem(shard.keys.fair, "k0")
     [finding] = q.doctor().findings
     assert (finding.what, finding.subject, finding.queue) == (
@@ -660,4 +661,4 @@ def test_doctor_on_a_sharded_fair_queue_repairs_the_fair_set_of_the_shard_that_l
     )
     assert q.doctor(fix=True).problems == []
     assert q.doctor().consistent
-    assert sorted(d.id for d in q.claim(12)) == sorted(f"t{i}" for i in range(12))
+    assert sorted(d.id for d in q.claim(12)) == sorted(ids)

@@ -132,7 +132,8 @@ def test_a_key_limit_needs_a_limit() -> None:
         dueq.KeyLimit(concurrency=0)
 
 
-def test_a_sharded_queue_refuses_key_limits(r: redis.Redis) -> None:
+def test_a_sharded_queue_gives_key_limits_whole_to_every_shard(r: redis.Redis) -> None:
     q = dueq.Queue("sharded-kl", r, shards=2)
-    with pytest.raises(dueq.ConfigurationError, match="sharded"):
-        q.configure(key_limits={"k": dueq.KeyLimit(concurrency=1)})
+    q.configure(key_limits={"k": dueq.KeyLimit(concurrency=1)})
+    for shard in q.shard_names:  # each key lies on one shard, whose script holds its limit
+        assert dueq.Queue(shard, r).settings().key_limits == {"k": dueq.KeyLimit(concurrency=1)}

@@ -84,6 +84,7 @@ PUBLIC = {
     "Worker",
     "WorkerInfo",
     "__version__",
+    "keyed_id",
     "operators",
     "shard_of",
     "worker_id",

@@ -178,7 +178,7 @@ class ScheduleFlows(QueueBase):
         for position, task in enumerate(iterator):
             if not isinstance(task, Task):
                 raise InvalidTaskError(f"task {position} is a {type(task).__name__}, not dueq.Task")
-            task_id = next(fresh_ids) if task.id is None else validate_id(task.id)
+            task_id = self._core.task_id_for(position, task, fresh_ids)
             records.append(self._encode_task(position, task, task_id, trace, batch))
             ids.append(task_id)
         return (yield from self._core.schedule_records_flow(ids, records, replace, fresh_ids))
@@ -259,6 +259,12 @@ class ScheduleFlows(QueueBase):
         if parents:
             self._core.check_parents(task_id, parents, task.id is None)
         return parents
+
+    def task_id_for(self, position: int, task: Task, fresh_ids: Iterator[str]) -> str:
+        """The id task ``position`` of a schedule call is written under, as the core of its
+        tasks: its own (checked), else the next of ``fresh_ids``. A sharded queue's core also
+        places keyed tasks on their key's shard (``ShardedCore.task_id_for``)."""
+        return next(fresh_ids) if task.id is None else validate_id(task.id)
 
     def check_parents(self, task_id: str, parents: list[str], generated: bool) -> None:
         """As the core of its tasks: a plain queue holds every parent, so any will do

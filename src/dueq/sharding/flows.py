@@ -70,8 +70,12 @@ every shard has due tasks), and n must be at least N. ``settings`` and ``stats``
 shares back up (``_logical_settings``). The shards change one after another (at once with the
 async front end), so a claim in that moment may find some shards paused (or with the new
 share) and others not; every claim after the call returns sees the new settings. Per-key
-limits are refused: a key's tasks lie on every shard (the id picks the shard) and a key's
-count cannot span slots; placing keyed tasks by key instead would break lookup by id.
+limits (``key_rate``, ``key_concurrency``, ``key_limits``) go to every shard whole, not split:
+every task of a key lies on the shard of its key (``ShardedCore.task_id_for``: a keyed task's
+generated id is drawn on ``shard_of(key)``, an explicit id elsewhere is refused, and
+``dueq.keyed_id`` makes one that fits), so one claim script counts all of a key's leases, and
+lookup stays by id. Cron occurrences keep their definition's shard, so a keyed cron's limit
+holds exactly only when ``shard_of(key) == shard_of(name)``.
 
 Cron: a definition lives on shard ``shard_of(name)``, so its occurrences are scheduled,
 claimed and advanced there by the shard's own cron keeper (``dueq.cron.flows``, unchanged);
@@ -101,10 +105,11 @@ SIGKILL and election): nothing acked is delivered again, nothing is lost.
 
 Not yet
 -------
-Per-key limits (``configure(key_rate=, key_concurrency=)``) and ``q.keys`` raise
-ConfigurationError ("... not available on a sharded queue"); the other gaps (listing in one
-global order, ``wait_replicas`` on an asyncio ``RedisCluster``,
-resharding, a multi-process benchmark) are left to later issues.
+``q.keys`` (the Redis keys of a plain queue) raises ConfigurationError ("... not available on
+a sharded queue": each shard has its own, ``q.shard(id).keys``); the other gaps (listing in one
+global order, ``wait_replicas`` on an asyncio ``RedisCluster``, resharding, batches and
+dependencies across shards) are left to later issues (``scripts/bench/shard_scaling.py`` is
+the multi-process benchmark).
 """
 
 from __future__ import annotations
@@ -116,7 +121,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import astuple, replace
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
@@ -128,6 +133,7 @@ from dueq._flows.lease import MAX_CLAIM_BATCH, raise_not_held
 from dueq._flows.schedule import SentRecords
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration, clock_ms
+from dueq._wire.envelope import validate_id, validate_key
 from dueq._wire.protocol import STATS_TENANTS, DurableOp, StepReply
 from dueq._wire.server_check import log_eviction_policy, server_version_ok
 from dueq._wire.snapshot import text
@@ -143,7 +149,6 @@ from dueq.model import (
     ClaimBatch,
     DueHistogram,
     HistoryPoint,
-    KeyLimit,
     KeyRotation,
     Outcome,
     Progress,
@@ -161,7 +166,7 @@ from dueq.model import (
 )
 from dueq.registry import WorkerInfo, merge_workers
 from dueq.sharding.fanout import together
-from dueq.sharding.layout import MAX_SHARDS, ShardLayout, shard_of, task_shard
+from dueq.sharding.layout import MAX_SHARDS, ShardLayout, keyed_id, shard_of, task_shard
 
 T = TypeVar("T")
 
@@ -432,6 +437,37 @@ class ShardedCore:
                 f"parents {strangers[:3]!r} are on another shard than {task_id!r}: on a "
                 "sharded queue a task's parents must share its shard"
             )
+
+    def task_id_for(self, position: int, task: Task, fresh_ids: Iterator[str]) -> str:
+        """A keyed task lies on the shard of its key (``shard_of(key)``, see "Keyed tasks" in
+        ``dueq.sharding.layout``), so that shard's claim script counts all of the key's
+        leases: its generated id is drawn from that shard's ids (lookup stays by id), and an
+        explicit id on another shard is refused before the call writes anything (InvalidTaskError,
+        as any bad task of a batch). A task without a key keeps its id, spread by id."""
+        if task.key is None:
+            return next(fresh_ids) if task.id is None else validate_id(task.id)
+        try:
+            key = validate_key(task.key)
+        except InvalidTaskError:  # the task's encoding refuses it, with its position
+            return next(fresh_ids) if task.id is None else validate_id(task.id)
+        count = self.layout.count
+        home = shard_of(key, count)
+        if task.id is None:
+            return next(self.layout.fresh_ids(home))
+        task_id = validate_id(task.id)
+        if task_shard(task_id, count) != home:
+            try:
+                fitting = f" (= {keyed_id(key, task_id, count)!r})"
+            except InvalidTaskError:  # no room for the suffix: the id is at its longest
+                fitting = ""
+            raise InvalidTaskError(
+                f"task {position} ({task_id!r}): on a sharded queue every task of a key lies on "
+                f"the shard of its key, and id {task_id!r} is on shard "
+                f"{task_shard(task_id, count)}, key {key!r} on shard {home} of {count}. Leave "
+                f"the id out, or make one with dueq.keyed_id({key!r}, {task_id!r}, {count})"
+                f"{fitting}"
+            )
+        return task_id
 
     # -- the queue's flows that put others together (they reach their parts through
     # ``queue._core``, this object, so none runs on the logical queue's keys)
@@ -853,29 +889,11 @@ class ShardedCore:
     ) -> Flow[QueueSettings]:
         """``paused`` and ``remember_done`` written to every shard, and ``rate`` split over
         them (``rate_shares``); everything is validated before any shard is written. Per-key
-        limits are refused: a key's tasks lie on every shard (the id picks the shard), so no
-        one claim script could count a key's leases (see docs/sharding.md). ``fairness`` and
-        the weights of ``KeyLimit(weight=)`` alone go to every shard: each shard shares its
-        own claims between tenants, and a tenant's tasks are spread over the shards by id, so
-        each shard gives it the same share (docs/fairness.md)."""
-        if key_rate not in (None, False) or key_concurrency not in (None, False):
-            raise ConfigurationError(
-                "key_rate and key_concurrency are not available on a sharded queue: a key's "
-                "tasks are spread over the shards by id, and each shard's claim script sees "
-                "only its own leases, so a per-key limit would hold per shard, N times over. "
-                "Keep keyed tasks on a plain queue (one per tenant group, for example)"
-            )
-        weights_only = isinstance(key_limits, Mapping) and all(
-            (isinstance(limit, KeyLimit) and not limit.limits) or limit in (None, False)
-            for limit in key_limits.values()
-        )
-        if key_limits and not weights_only:
-            raise ConfigurationError(
-                "key_limits with concurrency= or rate= are not available on a sharded queue, "
-                "for the same reason as key_rate and key_concurrency: a key's tasks are "
-                "spread over the shards by id (KeyLimit(weight=) alone is: every shard weighs "
-                "its tenants)"
-            )
+        limits (``key_rate``, ``key_concurrency``, ``key_limits``) go to every shard whole,
+        not split: every task of a key lies on the shard of its key (``task_id_for``), whose
+        claim script therefore enforces the key's whole limit (see docs/sharding.md).
+        ``fairness`` and ``KeyLimit(weight=)`` go to every shard too: each shard shares its
+        own claims between the tenants it holds (docs/fairness.md)."""
         caps: list[Any] = [concurrency] * self.layout.count
         if concurrency not in (None, False, 0):
             caps = concurrency_shares(concurrency, self.layout.count)

@@ -44,6 +44,17 @@ Generated ids are random, so they spread evenly; a generated id that was taken i
 by a fresh one of the same shard (drawn until it hashes there). ``dueq.shard_of`` is the
 public name of this function (for producers that partition work by shard themselves).
 
+Keyed tasks
+-----------
+A task with a limit key (``Task(key=)``) lies on the shard of its key, ``shard_of(key, N)``
+(the same hash as ids), so that one shard's claim script sees every lease of the key and
+``key_concurrency``/``key_rate`` hold exactly across the cluster with no cross-slot step.
+Lookup stays by id: a keyed task's generated id is drawn from ``fresh_ids(shard_of(key))``,
+so ``task_shard(id)`` finds it like any other; an explicit id must already route there
+(``ShardedCore.task_id_for`` refuses one that does not), and ``keyed_id(key, name, N)``
+makes such an id from any name, deterministically, so a producer that re-runs stays
+idempotent.
+
 N is part of the data
 ---------------------
 A sharded queue records N in ``dueq:{<name>#}:shards`` (a tag no shard and no sharded queue
@@ -70,8 +81,9 @@ from typing import TYPE_CHECKING
 import redis.crc
 
 from dueq._flows.drive import Flow
+from dueq._util.checks import whole_number
 from dueq._wire import protocol as protocol
-from dueq._wire.envelope import generated_ids
+from dueq._wire.envelope import generated_ids, validate_id, validate_key
 from dueq._wire.keys import QueueKeys, layout_key
 from dueq._wire.snapshot import text
 from dueq.cron.flows import OCCURRENCE_PREFIX, Occurrence
@@ -81,7 +93,7 @@ from dueq.exceptions import ConfigurationError
 if TYPE_CHECKING:
     from dueq._flows.core import QueueCore
 
-__all__ = ["MAX_SHARDS", "ShardLayout", "shard_names", "shard_of", "task_shard"]
+__all__ = ["MAX_SHARDS", "ShardLayout", "keyed_id", "shard_names", "shard_of", "task_shard"]
 
 #: Most shards one queue may have (placing N shards costs about N * N CRC16s, once).
 MAX_SHARDS = 256
@@ -107,6 +119,23 @@ def task_shard(task_id: str, shards: int) -> int:
     shard that claimed the last one."""
     name = _cron_name(task_id)
     return shard_of(task_id if name is None else name, shards)
+
+
+def keyed_id(key: str, name: str, shards: int) -> str:
+    """A task id for ``name`` that lies on the shard of limit key ``key`` in a queue of
+    ``shards`` shards: ``name`` itself when it already does, else ``f"{name}~{n}"`` for the
+    smallest ``n >= 1`` that does (about ``shards`` tries). A sharded queue keeps every task
+    of a key on the key's shard (so per-key limits hold exactly) and finds tasks by id, so a
+    keyed task's explicit id must hash there; this gives one that does, the same on every
+    call and in every process, so scheduling it again is idempotent."""
+    whole_number(shards, "shards", low=1, high=MAX_SHARDS)
+    home = shard_of(validate_key(key), shards)
+    candidate = validate_id(name)
+    n = 0
+    while task_shard(candidate, shards) != home:  # each try hits with probability 1/N
+        n += 1
+        candidate = f"{name}~{n}"
+    return validate_id(candidate)
 
 
 def _cron_name(task_id: str) -> str | None:
