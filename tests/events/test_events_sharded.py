@@ -144,3 +144,17 @@ def test_groups_of_a_sharded_queue_are_summed_over_the_shards(q, clock, follow, 
     wait_for(lambda: len(reader.events) >= 12, "12 events")
     (group,) = q.event_groups()
     assert (group.name, group.consumers, group.pending, group.lag) == ("audit", 1, 12, 0)
+
+
+def test_the_latest_events_of_a_sharded_queue_merge_every_shards_newest_first(q, r, clock):
+    from dueq.events.stream import latest_events
+
+    for i in range(12):  # one outcome a second, on every shard
+        q.schedule({"n": i}, id=f"t{i}")
+        [d] = q.claim()
+        d.ack()
+        clock.advance(1)
+    assert len({q.shard(f"t{i}").name for i in range(12)}) == SHARDS
+    latest = latest_events(r, q, 5)
+    assert [ev.task_id for ev in latest] == ["t11", "t10", "t9", "t8", "t7"]
+    assert all(ev.kind == "acked" for ev in latest)

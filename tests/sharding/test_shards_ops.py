@@ -319,3 +319,22 @@ def test_the_dashboards_queue_page_shows_each_shard(cluster: RedisCluster, url: 
         row = shards[shards.index(f"<td>{name}</td>") :].split("</tr>")[0]
         cells = [c.split(">")[-1] for c in row.split("</td>")[:-1]]
         assert (cells[1], cells[4]) == (str(scheduled), str(dead)), row
+
+
+def test_dueq_events_and_the_dashboard_show_a_sharded_queues_latest_events(
+    cluster: RedisCluster, url: str
+) -> None:
+    q = dueq.Queue(fresh(), cluster, shards=3)
+    q.configure(events=3600)
+    ids = [f"e{i}" for i in range(12)]
+    assert len({q.shard(i).name for i in ids}) == 3  # events on every shard
+    q.schedule_many(dueq.Task({"n": i}, id=i) for i in ids)
+    while claimed := q.claim(limit=12):
+        q.ack_many(claimed)
+    shown = run(url, "events", q.name, "--json", "--count", "20")
+    assert shown.exit_code == 0, shown.output
+    events = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert sorted(ev["task_id"] for ev in events) == sorted(ids)
+    with TestClient(create_app(url), base_url="http://127.0.0.1") as client:
+        page = client.get("/queue", params={"queue": q.name})
+    assert page.status_code == 200 and all(f">{i}<" in page.text for i in ids), page.text[-3000:]

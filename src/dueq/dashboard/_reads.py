@@ -20,7 +20,6 @@ from dueq.async_queue import AsyncQueue
 from dueq.dashboard._context import Context, Unreadable
 from dueq.dashboard._html import Cell, cell, url, when
 from dueq.events.stream import Event, latest_events
-from dueq.exceptions import ConfigurationError
 from dueq.health import Health, human_duration, judge_health, worst
 from dueq.model import HistoryPoint, QueueStats, TaskInfo, TaskPage
 from dueq.registry import WorkerInfo
@@ -185,14 +184,11 @@ def event_cells(ev: Event, queue: str) -> list[Cell]:
 async def recent_events(ctx: Context, q: AsyncQueue, stats: QueueStats) -> list[Event] | None:
     """The newest ``EVENTS_SHOWN`` outcome events of ``q``, newest first; None when the queue
     writes no events (``configure(events=...)`` off: nothing to show, even if old entries are
-    left) or is sharded (each shard has a stream of its own). ``events.latest_events``, the
+    left); a sharded queue's, merged from every shard's stream. ``events.latest_events``, the
     rule ``dueq events`` uses, is a blocking read: in a thread."""
     if stats.settings.events is None:
         return None
-    try:
-        return await run_in_threadpool(latest_events, ctx.sync(), q, EVENTS_SHOWN)
-    except ConfigurationError:  # a sharded queue: no one stream to read
-        return None
+    return await run_in_threadpool(latest_events, ctx.sync(), q, EVENTS_SHOWN)
 
 
 async def search(

@@ -680,9 +680,22 @@ def recreate_group(client: Any, spec: ReaderSpec) -> None:
 
 
 def latest_events(client: Any, queue: Any, count: int) -> list[Event]:
-    """The newest ``count`` events of a plain queue, newest first (XREVRANGE on ``client``,
-    the blocking one): what the CLI and the dashboard show."""
-    return range_events(client.xrevrange(check_plain(queue), count=count))
+    """The newest ``count`` events of a queue, newest first (XREVRANGE on ``client``, the
+    blocking one): what the CLI and the dashboard show. A sharded queue's come from every
+    shard's stream (one XREVRANGE each: they lie in different slots), merged by their entry
+    ids (the ms of the clock that wrote them, then the sequence): the shards' clocks are one
+    clock on one server, and within a few ms of each other on a cluster."""
+    streams = [QueueKeys.for_queue(name).events for name in queue.shard_names]
+    found = [ev for key in streams for ev in range_events(client.xrevrange(key, count=count))]
+    if len(streams) > 1:
+        found.sort(key=lambda ev: _entry_order(ev.id), reverse=True)
+    return found[:count]
+
+
+def _entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<seq>``) as numbers, to order entries of several streams."""
+    ms, _, seq = entry_id.partition("-")
+    return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else (0, 0)
 
 
 def range_events(reply: Any) -> list[Event]:
@@ -694,18 +707,6 @@ def range_events(reply: Any) -> list[Event]:
         for entry_id, fields in _entry_list(reply)
         if fields is not None
     ]
-
-
-def check_plain(queue: Any) -> str:
-    """The events stream of a plain queue, for the readers of one stream's latest events (the
-    CLI, the dashboard); a sharded queue is refused there (each shard has a stream of its own:
-    give them a shard's queue; ``Queue.events`` reads every shard's)."""
-    if queue.shard_count != 1:
-        raise ConfigurationError(
-            "the latest events of one stream: a sharded queue has one per shard (give a "
-            f"shard's queue, one of {tuple(queue.shard_names)!r}; q.events() reads them all)"
-        )
-    return str(queue.keys.events)
 
 
 # -- the groups' info: Queue.event_groups --------------------------------------------------------
