@@ -193,3 +193,22 @@ def test_key_concurrency_on_a_redis_cluster(cluster: RedisCluster) -> None:
         for d in got:
             d.ack()
     assert seen == 6
+
+
+def test_dependencies_on_a_sharded_queue_share_a_shard_by_keyed_ids_of_one_group(
+    make_queue: Callable[..., Any],
+) -> None:
+    # parents and children must share a shard (one script records and releases the edges):
+    # ids made by keyed_id with one group (here the workflow's id) always do
+    q = make_queue("deps", shards=3)
+    loose = [f"w{i}" for i in range(10)]
+    parent, child = next((a, b) for a in loose for b in loose if q.shard(a).name != q.shard(b).name)
+    with pytest.raises(dueq.InvalidTaskError, match="keyed_id"):
+        q.schedule({"n": 2}, id=child, after=[parent])
+    parent, child = (dueq.keyed_id("order-7", name, 3) for name in ("charge", "ship"))
+    q.schedule({"n": 1}, id=parent)
+    q.schedule({"n": 2}, id=child, after=[parent])
+    [d] = q.claim(limit=10)
+    assert d.id == parent
+    d.ack()
+    assert [d.id for d in q.claim(limit=10)] == [child]

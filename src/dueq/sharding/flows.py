@@ -425,17 +425,21 @@ class ShardedCore:
     def check_parents(self, task_id: str, parents: list[str], generated: bool) -> None:
         """A task's parents must share its shard (the script that records the edges runs on
         one shard), so a task with parents needs an id of its own (``generated``: drawn)."""
+        count = self.layout.count
         if generated:
             raise InvalidTaskError(
                 "on a sharded queue a task with after= needs an id (its parents must be in "
-                "its shard)"
+                f"its shard): make the ids of one workflow with dueq.keyed_id(<workflow id>, "
+                f"<name>, {count}), which puts them on one shard"
             )
         home = self.layout.shard(task_id)
         strangers = [p for p in parents if self.layout.shard(p) is not home]
         if strangers:
             raise InvalidTaskError(
                 f"parents {strangers[:3]!r} are on another shard than {task_id!r}: on a "
-                "sharded queue a task's parents must share its shard"
+                "sharded queue a task's parents must share its shard (the script that records "
+                "and releases the edges runs on one shard). Make the ids of one workflow with "
+                f"dueq.keyed_id(<workflow id>, <name>, {count}): they share its shard"
             )
 
     def task_id_for(self, position: int, task: Task, fresh_ids: Iterator[str]) -> str:
