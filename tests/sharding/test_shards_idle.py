@@ -135,3 +135,21 @@ def test_a_shard_with_leases_out_is_not_skipped_so_what_their_settling_makes_due
     [d] = q.claim(limit=10)
     d.ack()
     assert [d.id for d in q.claim(limit=10)] == [child]
+
+
+def test_a_replayed_dead_task_and_a_cron_run_now_are_claimed_at_once(
+    make_queue: Callable[..., Any],
+) -> None:
+    q = make_queue(fresh(), shards=3, retry=dueq.RetryPolicy(max_attempts=1))
+    q.schedule({"n": 1}, id=on_shard(2, "d"))
+    [d] = q.claim(limit=10)
+    d.fail(RuntimeError("to dead"))
+    assert q.claim(limit=10) == []  # every shard now known idle
+    assert q.dead.replay(ids=[d.id]) == 1
+    [again] = q.claim(limit=10)
+    assert again.id == d.id
+    again.ack()
+    q.cron.add("hourly", "0 * * * *")
+    assert q.claim(limit=10) == []
+    extra = q.cron.run_now("hourly")
+    assert [x.id for x in q.claim(limit=10)] == [extra]

@@ -47,7 +47,8 @@ local monotonic time since the claim was sent, or the queue's injected clock) re
 time; once a wake message comes on its channel (the listener tells the core which:
 ``note_wake(channel)``; after every (re)subscription, all shards, as it may have missed some);
 once this queue object writes onto it (schedule, reschedule, run_now, ``q.release_many``,
-``q.fail``, configure: a resume); and at the latest ``IDLE_RECHECK_S`` (1 s) after it was last
+``q.fail``, configure: a resume; a signal, a dead-letter replay, a cron definition's add,
+resume, run_now or backfill); and at the latest ``IDLE_RECHECK_S`` (1 s) after it was last
 asked. Pub/Sub may lose a message (a reconnect, a script that could not SPUBLISH), and another
 process's write is only heard by its wake, so that bound is the most latency a lost wake
 costs: never a task lost or stuck. The next due time a claim reports includes the skipped
@@ -417,7 +418,10 @@ class ShardedCore:
 
     def part_flows(self) -> tuple[DeadLettersCore, CronsCore]:
         """The dead-letter and cron flows of the logical queue (its ``q.dead``, ``q.cron``)."""
-        return ShardedDeadFlows(self.queue, self.layout), ShardedCronFlows(self.queue, self.layout)
+        return (
+            ShardedDeadFlows(self.queue, self.layout, self._stirred),
+            ShardedCronFlows(self.queue, self.layout, self._stirred),
+        )
 
     def batch_id(self, batch: object) -> str:
         raise _no_batches()
@@ -744,7 +748,9 @@ class ShardedCore:
 
     def signal_flow(self, task_id: str, name: str, payload: object) -> Flow[int]:
         yield from self.layout.check_flow()
-        return (yield from self.layout.shard(task_id).signal_flow(task_id, name, payload))
+        pending = yield from self.layout.shard(task_id).signal_flow(task_id, name, payload)
+        self._stirred(task_shard(task_id, self.layout.count))  # a waiting task is due now
+        return pending
 
     # -- task progress: written on the delivery's shard, followed on the task's ---------------
 
@@ -993,10 +999,12 @@ class ShardedDeadFlows(DeadLettersCore):
     """The dead-letter flows of a sharded queue (its ``q.dead`` drives them): each shard's,
     merged (see the module docstring)."""
 
-    def __init__(self, queue: QueueCore, layout: ShardLayout) -> None:
+    def __init__(self, queue: QueueCore, layout: ShardLayout, stirred: Callable[..., None]) -> None:
         super().__init__(queue)
         self._layout = layout
         self._shard_dead = [DeadLettersCore(s) for s in layout.queues]
+        #: the sharded core's: a replay makes tasks due on their shards (no longer idle)
+        self._stirred = stirred
 
     def list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
         """Each shard's newest ``offset + limit``, merged newest first, then the page."""
@@ -1030,12 +1038,15 @@ class ShardedDeadFlows(DeadLettersCore):
             if ids is not None:
                 raise InvalidTaskError("give ids or error_type, not both")
             flows = [d.move_flow(action, None, error_type) for d in shard_dead]
-            return sum((yield from together(flows)))
+            moved_all: list[int] = yield from together(flows)
+            self._stirred(*range(self._layout.count))
+            return sum(moved_all)
         groups: dict[int, list[str]] = defaultdict(list)
         for task_id in distinct_ids(ids):
             groups[task_shard(task_id, self._layout.count)].append(task_id)
         yield from together([shard_dead[i].check_dead_flow(g) for i, g in groups.items()])
         moved = yield from together([shard_dead[i].move_flow(action, g) for i, g in groups.items()])
+        self._stirred(*groups)
         return sum(moved)
 
 
@@ -1045,8 +1056,10 @@ def _named(method: str) -> Callable[..., Flow[Any]]:
     def flow(self: ShardedCronFlows, name: str, *args: Any) -> Flow[Any]:
         name = validate_cron_name(name)
         yield from self._layout.check_flow()
-        crons = self._shard_crons[shard_of(name, self._layout.count)]
-        return (yield from getattr(crons, method)(name, *args))
+        index = shard_of(name, self._layout.count)
+        done = yield from getattr(self._shard_crons[index], method)(name, *args)
+        self._stirred(index)  # an occurrence it adds is due on that shard (no longer idle)
+        return done
 
     flow.__name__ = method
     return flow
@@ -1057,10 +1070,12 @@ class ShardedCronFlows(CronsCore):
     the shard of its name (see the module docstring); ``list`` merges every shard's. The
     shards' claims keep their own definitions (each shard's queue has its own keeper)."""
 
-    def __init__(self, queue: QueueCore, layout: ShardLayout) -> None:
+    def __init__(self, queue: QueueCore, layout: ShardLayout, stirred: Callable[..., None]) -> None:
         super().__init__(queue)
         self._layout = layout
         self._shard_crons = [CronsCore(s) for s in layout.queues]
+        #: the sharded core's (``ShardedDeadFlows``): what a definition adds is due on its shard
+        self._stirred = stirred
 
     add_flow = _named("add_flow")
     remove_flow = _named("remove_flow")
