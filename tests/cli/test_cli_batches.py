@@ -34,3 +34,18 @@ def test_schedule_after_waits_for_the_parent(invoke, r):
     (d,) = q.claim()
     d.ack()
     assert q.get("c").state == "scheduled"
+
+
+def test_batches_of_a_sharded_queue_add_up_its_shards_parts(invoke, r):
+    q = dueq.Queue("sharded-imports", r, shards=3)
+    q.schedule_many([dueq.Task(n, id=f"r{n}") for n in range(12)], batch="b1")
+    made = invoke("schedule", "sharded-imports", '{"row": 99}', "--id", "r99", "--batch", "b1")
+    assert made.exit_code == 0, made.output
+    for d in q.claim(limit=5):
+        d.ack()
+    q.close_batch("b1")
+    data = json.loads(invoke("batches", "sharded-imports", "b1", "--json").output)
+    (b1,) = data["batches"]
+    assert (b1["total"], b1["acked"], b1["pending"], b1["closed"]) == (13, 5, 8, True)
+    shown = invoke("batches", "sharded-imports")
+    assert shown.exit_code == 0 and "b1" in shown.output and "closed" in shown.output

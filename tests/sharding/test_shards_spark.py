@@ -92,6 +92,32 @@ def test_the_data_sources_batch_write_reaches_the_shards(
     assert len(per_primary(cluster, q.name)) == 3
 
 
+def test_schedule_dataframe_makes_one_batch_over_every_shard_that_completes_once(
+    spark: Any, cluster: RedisCluster, cluster_nodes: list[RedisServer]
+) -> None:
+    q = dueq.Queue("sparkbatch", cluster, shards=3)
+    q.pause()
+    done = dueq.Task({"import": "imp"})
+    result = ds.schedule_dataframe(
+        rows(spark, 300),
+        queue=q.name,
+        redis_url=url(cluster_nodes),
+        id_col="user",
+        batch="imp",
+        on_complete=done,
+    )
+    assert result.batch is not None and (result.batch.total, result.batch.closed) == (300, True)
+    assert len(per_primary(cluster, q.name)) == 3  # the members lie on every primary
+    q.resume()
+    ran = []
+    while deliveries := q.claim(limit=64):
+        ran += [d.payload for d in deliveries]
+        assert q.ack_many(deliveries) == len(deliveries)
+    assert ran.count({"import": "imp"}) == 1 and len(ran) == 301
+    info = q.batch("imp")
+    assert info is not None and (info.acked, info.complete) == (300, True)
+
+
 def test_read_tasks_reads_the_dead_letters_of_every_shard(
     spark: Any, cluster: RedisCluster, cluster_nodes: list[RedisServer]
 ) -> None:

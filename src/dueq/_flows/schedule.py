@@ -109,7 +109,8 @@ class SentRecords:
         others = f"the other {c.added + c.existing + c.replaced} of the call were"
         if self.refused:
             raise BatchCompleted(
-                f"{len(self.refused)} task(s) not scheduled: their batch has completed ({others})",
+                f"{len(self.refused)} task(s) not scheduled: their batch (on a sharded queue, "
+                f"its part on their shard) has completed ({others})",
                 self.refused,
             )
         if self.cyclic or self.unchecked:
@@ -349,31 +350,43 @@ class ScheduleFlows(QueueBase):
         )
         return reply.status is protocol.Status.OK
 
+    def completion_record(
+        self, batch: str, on_complete: Task | None, default_id: str
+    ) -> tuple[str, bytes]:
+        """The id and packed record (as for schedule) of ``batch``'s completion task, its id
+        ``default_id`` unless it has one; ("", b"") for none."""
+        if on_complete is None:
+            return "", b""
+        if not isinstance(on_complete, Task):
+            raise InvalidTaskError(
+                f"on_complete must be a dueq.Task, got {type(on_complete).__name__}"
+            )
+        if on_complete.batch is not None:
+            raise InvalidTaskError("a completion task cannot join a batch")
+        task_id = validate_id(default_id if on_complete.id is None else on_complete.id)
+        done = dataclasses.replace(on_complete, id=task_id)
+        return task_id, self._encode_task(0, done, task_id, b"", None)
+
     def close_batch_flow(self, batch: str, on_complete: Task | None) -> Flow[BatchInfo]:
         """Close ``batch``; its completion task ``on_complete`` is scheduled once every member
         has ended (now, when they all have). A batch closed before keeps its first one."""
         batch = self._core.batch_id(batch)
-        record = b""
-        if on_complete is not None:
-            if not isinstance(on_complete, Task):
-                raise InvalidTaskError(
-                    f"on_complete must be a dueq.Task, got {type(on_complete).__name__}"
-                )
-            if on_complete.batch is not None:
-                raise InvalidTaskError("a completion task cannot join a batch")
-            task_id = validate_id(f"batch:{batch}" if on_complete.id is None else on_complete.id)
-            done = dataclasses.replace(on_complete, id=task_id)
-            record = self._encode_task(0, done, task_id, b"", None)
+        task_id, record = self.completion_record(batch, on_complete, f"batch:{batch}")
         yield from self.plain_check_flow()
         reply: protocol.CloseBatchReply = yield protocol.close_batch(
             self.keys, self.now_arg(), batch, record
         )
         if reply.taken:
             assert on_complete is not None  # only a completion task's id can be taken
-            raise BatchCompletionTaken(
-                f"batch {batch!r} was not closed: its completion task's id {task_id!r} is "
-                "already a task of the queue (scheduled, leased, waiting or dead), so it could "
-                "never be scheduled; give the completion task another id",
-                task_id,
-            )
+            raise completion_taken(batch, task_id)
         return reply.info
+
+
+def completion_taken(batch: str, task_id: str) -> BatchCompletionTaken:
+    """close_batch's refusal of a completion task's id that a task has."""
+    return BatchCompletionTaken(
+        f"batch {batch!r} was not closed: its completion task's id {task_id!r} is "
+        "already a task of the queue (scheduled, leased, waiting or dead), so it could "
+        "never be scheduled; give the completion task another id",
+        task_id,
+    )

@@ -62,6 +62,9 @@ KEY_TYPES = {
     "batch:of": "hash",
     "batch:on": "hash",
     "batch:ended": "zset",
+    "batch:gather": "hash",
+    "batch:gather:on": "hash",
+    "batch:gather:ended": "zset",
     "waiting": "zset",
     "after": "hash",
     "after:children": "zset",
@@ -130,6 +133,11 @@ class QueueKeys:
     ``batch_of`` HASH id -> batch id: the members that have not ended yet (only tasks with one)
     ``batch_on`` HASH batch id -> the completion task's packed record, until it is scheduled
     ``batch_ended`` ZSET batch id -> completed ms: completed batches, oldest first, for trimming
+    ``gather``  HASH batch id -> "parts|done|created_ms|closed_ms|completed_ms|taken": on a sharded
+                queue's home shard of a batch, which parts (shards) have completed
+                (lua/batch_gather.lua; ``dueq.sharding.batches``)
+    ``gather_on`` HASH batch id -> the completion task's packed record, until it is scheduled
+    ``gather_ended`` ZSET batch id -> completed ms: gathered batches, for trimming
     ``waiting`` ZSET id -> due ms: tasks waiting for their parents (``after=``)
     ``after``   HASH id -> "<parents not finished>|<policy f or r>" of each waiting task
     ``children`` ZSET (scores 0) "<parent>\\0<child>": one member per edge still waited on
@@ -184,6 +192,9 @@ class QueueKeys:
     batch_of: str
     batch_on: str
     batch_ended: str
+    gather: str
+    gather_on: str
+    gather_ended: str
     waiting: str
     after: str
     children: str
@@ -250,6 +261,9 @@ class QueueKeys:
             batch_of=base + "batch:of",
             batch_on=base + "batch:on",
             batch_ended=base + "batch:ended",
+            gather=base + "batch:gather",
+            gather_on=base + "batch:gather:on",
+            gather_ended=base + "batch:gather:ended",
             waiting=base + "waiting",
             after=base + "after",
             children=base + "after:children",

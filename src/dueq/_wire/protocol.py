@@ -22,7 +22,7 @@ import functools
 import hashlib
 import json
 import struct
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
@@ -238,6 +238,83 @@ def batches_scan(k: QueueKeys, cursor: int, count: int) -> Command[tuple[int, li
         return int(cursor), [i for i in infos if i is not None]
 
     return command("HSCAN", k.batches, cursor, "COUNT", count, parse=parse)
+
+
+# -- batch_gather.lua (a sharded queue's batches: dueq.sharding.batches) -----------------------
+
+
+class Gathered(NamedTuple):
+    """A batch's record on its home shard (``gather``): how many parts it has, which of them
+    have completed, and its times (ms; None until then)."""
+
+    parts: int
+    done: frozenset[int]
+    created_ms: int | None
+    closed_ms: int | None
+    completed_ms: int | None
+    #: its completion task was not scheduled: a task with its id existed when it completed
+    taken: bool
+
+
+def gathered(raw: bytes | str | None) -> Gathered | None:
+    """A ``gather`` record ("parts|done|created_ms|closed_ms|completed_ms|taken"), or None."""
+    if not raw:
+        return None
+    fields = (text(raw).split("|") + [""] * 6)[:6]
+    times = [int(f) if f.isdigit() else None for f in fields[2:5]]
+    return Gathered(
+        int(fields[0]) if fields[0].isdigit() else 0,
+        frozenset(i for i, c in enumerate(fields[1]) if c == "1"),
+        times[0],
+        times[1],
+        times[2],
+        fields[5] == "1",
+    )
+
+
+class GatherReply(NamedTuple):
+    #: open: 1 opened now, 0 opened before, -1 completion id taken; parts: 1 completed now
+    status: int
+    record: Gathered | None
+
+
+def _gather_keys(k: QueueKeys) -> list[str]:
+    return [k.due, k.tasks, k.stats, k.wake, k.history, k.gather, k.gather_on, k.gather_ended]
+
+
+def _gather_reply(reply: Any) -> GatherReply:
+    return GatherReply(int(reply[0]), gathered(reply[1]))
+
+
+def gather_open(k: QueueKeys, now: str, batch: str, parts: int, record: bytes) -> Call[GatherReply]:
+    """Open ``batch`` on its home shard for ``parts`` parts, with its completion task
+    ``record`` (packed as for schedule, or empty); a batch opened before is left as it was."""
+    keys = _gather_keys(k) + k.upper_due
+    return Call("batch_gather", keys, [now, "open", batch, str(parts), record], _gather_reply)
+
+
+def gather_parts(k: QueueKeys, now: str, batch: str, parts: Iterable[int]) -> Call[GatherReply]:
+    """Mark ``parts`` of ``batch`` completed on its home shard (the completion task is
+    scheduled once every part is)."""
+    keys = _gather_keys(k) + k.upper_due
+    args = [now, "parts", batch, *(str(p) for p in parts)]
+    return Call("batch_gather", keys, args, _gather_reply)
+
+
+def gather_read(k: QueueKeys, batch: str) -> Command[Gathered | None]:
+    """One batch's home record (None when there is none)."""
+    return command("HGET", k.gather, batch, parse=gathered)
+
+
+def gather_scan(k: QueueKeys, cursor: int, count: int) -> Command[tuple[int, dict[str, Gathered]]]:
+    """One HSCAN step over the home records: the next cursor (0: done) and the records."""
+
+    def parse(reply: Any) -> tuple[int, dict[str, Gathered]]:
+        cursor, found = reply
+        records = {text(name): gathered(raw) for name, raw in found.items()}
+        return int(cursor), {name: g for name, g in records.items() if g is not None}
+
+    return command("HSCAN", k.gather, cursor, "COUNT", count, parse=parse)
 
 
 # -- claim.lua ---------------------------------------------------------------------------------
@@ -1338,6 +1415,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "configure": lambda k: configure(k, [("paused", "1")]),
     "heartbeat": lambda k: heartbeat(k, "", "w", "{}", ttl_ms=1),
     "close_batch": lambda k: close_batch(k, "", "b", b""),
+    "batch_gather": lambda k: gather_parts(k, "", "b", [0]),
     "events_read": lambda k: events_read(k, "g", "c", 1, 0),
     "progress": lambda k: progress(k, "", "id", "1", "null"),
     "doctor": lambda k: doctor(k, "", "keys", "", batch=1, fix=False, lease_cap=1, edge_cap=1),

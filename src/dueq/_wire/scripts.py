@@ -88,6 +88,7 @@ SCRIPT_NAMES = (
     "signal",
     "progress",
     "reseal",
+    "batch_gather",
 )
 
 #: Every script's main chunk keeps at least this many of Lua's 200 locals free after its includes

@@ -89,6 +89,10 @@ every task is listed once but not in one global order. ``history`` sums each min
 counts over the shards (minutes matched by their start), ``due_histogram`` sums the buckets
 (each shard counts from its own clock's now).
 
+Batches: every shard counts its own part of a batch, and the batch's home shard completes it
+once every part has (``dueq.sharding.batches``: the note tasks, which ``claim_flow`` takes out
+of what it claimed).
+
 Spark: ``schedule_rows`` (batch writes) opens the queue with ``discovery.open_queue``, so its
 batches go through the logical queue; the data source's streaming writer stages and commits
 each micro-batch per shard, and its reader partitions each shard's sorted sets
@@ -108,9 +112,9 @@ Not yet
 -------
 ``q.keys`` (the Redis keys of a plain queue) raises ConfigurationError ("... not available on
 a sharded queue": each shard has its own, ``q.shard(id).keys``); the other gaps (listing in one
-global order, ``wait_replicas`` on an asyncio ``RedisCluster``, resharding, batches and
-dependencies across shards) are left to later issues (``scripts/bench/shard_scaling.py`` is
-the multi-process benchmark).
+global order, ``wait_replicas`` on an asyncio ``RedisCluster``, resharding, dependencies
+across shards, the streaming Spark writer's batches) are left to later issues
+(``scripts/bench/shard_scaling.py`` is the multi-process benchmark).
 """
 
 from __future__ import annotations
@@ -166,6 +170,7 @@ from dueq.model import (
     TenantShare,
 )
 from dueq.registry import WorkerInfo, merge_workers
+from dueq.sharding.batches import ShardedBatches, batch_id
 from dueq.sharding.fanout import together
 from dueq.sharding.layout import MAX_SHARDS, ShardLayout, keyed_id, shard_of, task_shard
 
@@ -352,6 +357,7 @@ class ShardedCore:
         self._stirs = [0] * layout.count
         self._by_channel = {c: i for i, c in enumerate(layout.wake_channels())}
         self._by_name = {s.name: i for i, s in enumerate(layout.queues)}
+        self._batches = ShardedBatches(layout, self._stirred)
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -424,7 +430,7 @@ class ShardedCore:
         )
 
     def batch_id(self, batch: object) -> str:
-        raise _no_batches()
+        return batch_id(batch)
 
     def check_parents(self, task_id: str, parents: list[str], generated: bool) -> None:
         """A task's parents must share its shard (the script that records the edges runs on
@@ -452,6 +458,8 @@ class ShardedCore:
         leases: its generated id is drawn from that shard's ids (lookup stays by id), and an
         explicit id on another shard is refused before the call writes anything (InvalidTaskError,
         as any bad task of a batch). A task without a key keeps its id, spread by id."""
+        if task.id is not None:
+            self._batches.check_task_id(validate_id(task.id))
         if task.key is None:
             return next(fresh_ids) if task.id is None else validate_id(task.id)
         try:
@@ -566,17 +574,15 @@ class ShardedCore:
         return sent.result()
 
     def close_batch_flow(self, batch: str, on_complete: Task | None) -> Flow[BatchInfo]:
-        yield from ()  # (a flow: it raises when driven, as a plain queue's refuses a bad id)
-        raise _no_batches()
+        """Open the batch on its home shard and close every shard's part
+        (``dueq.sharding.batches``)."""
+        return self._batches.close_flow(batch, on_complete)
 
     def batch_flow(self, batch: str) -> Flow[BatchInfo | None]:
-        """None: batches need an unsharded queue (schedule refuses them)."""
-        yield from ()
-        return None
+        return self._batches.read_flow(batch)
 
     def batches_flow(self, limit: int) -> Flow[list[BatchInfo]]:
-        yield from ()
-        return []
+        return self._batches.list_flow(limit)
 
     def cancel_flow(self, task_id: str) -> Flow[bool]:
         yield from self.layout.check_flow()
@@ -602,10 +608,24 @@ class ShardedCore:
         self, limit: int, lease: Duration | None, holder: str | None = None
     ) -> Flow[ClaimBatch]:
         """Claim from the shards in turn until ``limit`` are leased (a claim of 0 visits all),
-        skipping the shards known idle (see the module docstring: "Idle shards")."""
+        skipping the shards known idle (see the module docstring: "Idle shards"). The notes of
+        batches it leased are taken out (``dueq.sharding.batches``); when they were all it
+        leased and they completed a batch, it claims again (at most twice more), so a claim
+        that returns nothing still means nothing was due, not "a completion task is due now"."""
         whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
         yield from self.layout.check_flow()
+        for _ in range(3):
+            claimed, completed = yield from self._claim_round(limit, lease, holder)
+            if claimed.deliveries or not completed:
+                break
+        return claimed
+
+    def _claim_round(
+        self, limit: int, lease: Duration | None, holder: str | None
+    ) -> Flow[tuple[ClaimBatch, bool]]:
+        """One claim over the shards; also whether the notes it took completed a batch."""
         count = self.layout.count
+        completed = False
         with self._lock:
             start = self._start
             self._start = (start + 1) % count
@@ -628,7 +648,9 @@ class ShardedCore:
             batch: ClaimBatch = yield from shard.claim_flow(limit - len(deliveries), lease, holder)
             self._claimed(index, batch, sent_s, stirs)
             batches.append(batch)
-            deliveries += batch.deliveries
+            kept, finished = yield from self._batches.take_notes_flow(batch.deliveries)
+            deliveries += kept
+            completed = completed or finished
             upcoming = [
                 ms for ms in (batch.next_due_ms, batch.next_lease_deadline_ms) if ms is not None
             ]
@@ -644,8 +666,10 @@ class ShardedCore:
             clock_now_ms = self._shard_now_ms(skipped[0], time.monotonic())
             now_ms = int(clock_now_ms)
             fraction_ms = clock_now_ms - now_ms
+        if completed:
+            waits_ms.append(0.0)  # a completion task is due now on its home shard
         next_due_ms = int(now_ms + fraction_ms + min(waits_ms)) if waits_ms else None
-        return ClaimBatch(
+        claimed = ClaimBatch(
             deliveries,
             now_ms,
             next_due_ms,
@@ -654,6 +678,7 @@ class ShardedCore:
             all(b.paused for b in batches) and all(i.paused for i in skipped),
             any(b.fair for b in batches) or any(i.fair for i in skipped),
         )
+        return claimed, completed
 
     def ack_flow(self, deliveries: Sequence[DeliveryBase]) -> Flow[int]:
         groups: dict[QueueCore, list[DeliveryBase]] = defaultdict(list)
@@ -958,13 +983,6 @@ class ShardedCore:
             [s.heartbeat_flow(entry_json, ttl_ms, leave) for s in self.layout.queues]
         )
         return max(live)
-
-
-def _no_batches() -> ConfigurationError:
-    return ConfigurationError(
-        "batches need an unsharded queue: a sharded queue's members would be counted on "
-        "several shards"
-    )
 
 
 def sharded_layout(

@@ -341,7 +341,11 @@ class _StreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, setup: _WriteSetup, names: list[str]) -> None:
         if setup.plan.batch is not None and len(names) > 1:
-            raise ConfigurationError("the option batch needs an unsharded queue")
+            raise ConfigurationError(
+                "the option batch of a streaming write needs an unsharded queue (a micro-batch "
+                "commits shard by shard; a batch write, or schedule_dataframe, takes batch on "
+                "a sharded queue)"
+            )
         self.setup = setup
         self.names = names
 
