@@ -198,3 +198,89 @@ def test_a_batch_across_a_real_redis_cluster_completes_once(cluster: RedisCluste
     assert payloads.count("done") == 1
     info = q.batch("imp")
     assert (info.acked, info.complete) == (60, True)
+
+
+def test_consumers_killed_around_their_notes_still_complete_every_batch_exactly_once(
+    r: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four consumers drain 4 batches of 50 members over 3 shards; a consumer "dies" before
+    it marks a note (the claim raises, the note stays leased), after it marked it (no ack), or
+    drops a member's delivery: every lapsed lease is claimed again, and each batch's completion
+    task runs exactly once."""
+    import random
+    import threading
+    import time
+
+    rng = random.Random(43)
+    lock = threading.Lock()
+    real_mark, real_ack = sharded_batches._mark_flow, sharded_batches._ack_notes_flow
+
+    killed = {"before marking": 0, "after marking": 0}
+
+    class Killed(Exception):
+        pass
+
+    def mark(*args: Any) -> Any:
+        with lock:
+            dies = rng.random() < 0.3
+        if dies:
+            killed["before marking"] += 1
+            raise Killed("killed before marking")
+        return real_mark(*args)
+
+    def ack(shard: Any, notes: list[Any]) -> Any:
+        with lock:
+            dies = rng.random() < 0.3
+        if dies:  # killed after marking: its notes are claimed again once their leases lapse
+            killed["after marking"] += 1
+            return iter(())
+        return real_ack(shard, notes)
+
+    monkeypatch.setattr(sharded_batches, "_mark_flow", mark)
+    monkeypatch.setattr(sharded_batches, "_ack_notes_flow", ack)
+    retry = dueq.RetryPolicy(max_attempts=50, wait=lambda state: 0.0)
+    q = dueq.Queue("chaos-batches", r, shards=N, retry=retry)
+    names = [f"b{i}" for i in range(4)]
+    for b in names:
+        q.schedule_many([dueq.Task({"m": n}, id=f"{b}-{n}") for n in range(50)], batch=b)
+        q.close_batch(b, on_complete=dueq.Task({"done": b}))
+    ran: list[Any] = []
+
+    def consume() -> None:
+        c = dueq.Queue("chaos-batches", r, shards=N, retry=retry)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                deliveries = c.claim(limit=10, lease=0.3)
+            except Killed:
+                continue
+            for d in deliveries:
+                with lock:
+                    drop = rng.random() < 0.1
+                if drop:
+                    continue  # killed while running it: its lease lapses
+                try:
+                    d.ack()
+                except dueq.LeaseLost:  # it outlived its lease: another consumer runs it
+                    continue
+                with lock:
+                    ran.append(d.payload)
+            with lock:
+                finished = sum(1 for p in ran if "done" in p) == len(names)
+            if finished and q.stats().scheduled + q.stats().leased == 0:
+                return
+            if not deliveries:
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=consume) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(n > 0 for n in killed.values()), killed  # both deaths happened
+    done = sorted(p["done"] for p in ran if "done" in p)
+    assert done == names  # every batch completed, each exactly once
+    assert sorted(p["m"] for p in ran if "m" in p) == sorted(list(range(50)) * 4)  # acked once
+    for b in names:
+        info = q.batch(b)
+        assert info is not None and (info.complete, info.total, info.acked) == (True, 50, 50)
