@@ -284,3 +284,23 @@ def test_consumers_killed_around_their_notes_still_complete_every_batch_exactly_
     for b in names:
         info = q.batch(b)
         assert info is not None and (info.complete, info.total, info.acked) == (True, 50, 50)
+
+
+def test_an_encrypted_sharded_queues_notes_and_completion_are_sealed_and_read(
+    make_queue: Any, r: Any
+) -> None:
+    import os
+
+    q = make_queue("q", shards=N, codec=dueq.Encrypted(keys={"k1": os.urandom(32)}, active="k1"))
+    q.schedule_many([dueq.Task({"m": i}, id=i) for i in one_per_shard()], batch="secret-b")
+    q.close_batch("secret-b", on_complete=dueq.Task({"done": "secret-marker"}))
+    stored = [  # the members, each part's note (batch:on), the completion task (gather:on)
+        v
+        for k in (QueueKeys.for_queue(n) for n in target(q).shard_names)
+        for v in r.hvals(k.tasks) + r.hvals(k.batch_on) + r.hvals(k.gather_on)
+    ]
+    assert len(stored) == N + N + 1
+    assert not any(b"secret-marker" in v or b"dueq_batch" in v for v in stored)
+    payloads = drain(q)
+    assert payloads.count({"done": "secret-marker"}) == 1 and len(payloads) == N + 1
+    assert q.batch("secret-b").complete
