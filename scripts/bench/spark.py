@@ -55,10 +55,25 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def frame(spark: SparkSession, rows: int) -> DataFrame:
+def start_session(app: str) -> tuple[SparkSession, float]:
+    """A ``local[2]`` SparkSession (UTC, no UI, errors only) and the seconds its start took."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers must import this dueq
+    start = perf()
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, perf() - start
+
+
+def frame(spark: SparkSession, rows: int, partitions: int = 2) -> DataFrame:
     """Rows like the core benchmark's tasks: an id, a due time and a four-field payload."""
     n = F.col("id")
-    return spark.range(rows, numPartitions=2).select(
+    return spark.range(rows, numPartitions=partitions).select(
         F.concat(F.lit("welcome:"), n).alias("task_id"),
         (F.lit(DUE_S) + n % 86_400).cast("timestamp").alias("send_at"),
         (F.lit(10_000_000) + n).alias("user_id"),
@@ -147,20 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows per run (1M)")
     parser.add_argument("--repeat", type=int, default=2, help="warm Spark runs after the first")
     args = parser.parse_args(argv)
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers must import this dueq
     with RedisServer() as server:
         r = server.client()
         log("starting Spark (timed apart: JVM, py4j gateway, SparkContext)")
-        session_start = perf()
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("dueq-bench")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.session.timeZone", "UTC")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        session_s = perf() - session_start
+        spark, session_s = start_session("dueq-bench")
         try:
             log(f"spark: schedule_dataframe of {args.rows:,} rows, first run")
             first = time_spark(spark, server.url, r, args.rows, "spark")

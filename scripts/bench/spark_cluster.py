@@ -32,9 +32,8 @@ import time
 from typing import Any
 
 import pyspark
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from redis.cluster import RedisCluster
+from spark import DUE_S, frame, start_session  # the Spark benchmark's frame and session
 
 import dueq
 from dueq.server import local_cluster
@@ -42,25 +41,11 @@ from dueq.spark import schedule_dataframe
 
 perf = time.perf_counter
 
-DUE_S = 2_000_000_000  # due in 2033: never claimed here
 PRIMARIES = 3
 
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def frame(spark: SparkSession, rows: int, partitions: int) -> DataFrame:
-    """Rows like the core benchmark's tasks: an id, a due time and a four-field payload."""
-    n = F.col("id")
-    return spark.range(rows, numPartitions=partitions).select(
-        F.concat(F.lit("welcome:"), n).alias("task_id"),
-        (F.lit(DUE_S) + n % 86_400).cast("timestamp").alias("send_at"),
-        (F.lit(10_000_000) + n).alias("user_id"),
-        F.lit("send_welcome_email").alias("action"),
-        F.lit("en-GB").alias("locale"),
-        F.lit(3).alias("retries_left"),
-    )
 
 
 def used_memory(cluster: RedisCluster) -> dict[int, int]:
@@ -102,22 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=8, help="partitions of the frame")
     args = parser.parse_args(argv)
     raw_rows = args.raw_rows or min(args.rows, 1_000_000)
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers must import this dueq
     with local_cluster(PRIMARIES) as nodes:
         cluster = RedisCluster(host="127.0.0.1", port=nodes[0].port)
         url = f"redis+cluster://127.0.0.1:{nodes[0].port}"
         log("starting Spark (timed apart: JVM, py4j gateway, SparkContext)")
-        session_start = perf()
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("dueq-bench-cluster")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.driver.memory", "2g")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
-        session_s = perf() - session_start
+        spark, session_s = start_session("dueq-bench-cluster")
         try:
             q = dueq.Queue("spark10m", cluster, shards=PRIMARIES)
             q.pause()  # records the layout (3 shards) before the job, as any first use does
