@@ -306,13 +306,15 @@ def gather_read(k: QueueKeys, batch: str) -> Command[Gathered | None]:
     return command("HGET", k.gather, batch, parse=gathered)
 
 
-def gather_scan(k: QueueKeys, cursor: int, count: int) -> Command[tuple[int, dict[str, Gathered]]]:
-    """One HSCAN step over the home records: the next cursor (0: done) and the records."""
+def gather_scan(
+    k: QueueKeys, cursor: int, count: int
+) -> Command[tuple[int, list[tuple[str, Gathered]]]]:
+    """One HSCAN step over the home records: the next cursor (0: done) and (batch, record)."""
 
-    def parse(reply: Any) -> tuple[int, dict[str, Gathered]]:
+    def parse(reply: Any) -> tuple[int, list[tuple[str, Gathered]]]:
         cursor, found = reply
-        records = {text(name): gathered(raw) for name, raw in found.items()}
-        return int(cursor), {name: g for name, g in records.items() if g is not None}
+        records = [(text(name), gathered(raw)) for name, raw in found.items()]
+        return int(cursor), [(name, g) for name, g in records if g is not None]
 
     return command("HSCAN", k.gather, cursor, "COUNT", count, parse=parse)
 

@@ -60,7 +60,7 @@ from dueq.delivery import DeliveryBase
 from dueq.exceptions import InvalidTaskError, LeaseLost
 from dueq.model import BatchInfo, Task
 from dueq.sharding.fanout import together
-from dueq.sharding.layout import ShardLayout, shard_of, task_shard
+from dueq.sharding.layout import ShardLayout, id_on, shard_of, task_shard
 
 __all__ = ["NOTE_PREFIX", "ShardedBatches", "completion_id", "note_id"]
 
@@ -70,16 +70,6 @@ NOTE_PREFIX = "dueq-batch:"
 #: index and ``~n``.
 _NOTE_ROOM = 32
 MAX_BATCH_ID_BYTES = MAX_ID_BYTES - _NOTE_ROOM
-
-
-def id_on(name: str, shard: int, count: int) -> str:
-    """``name``, or ``name~n`` for the smallest ``n`` that does, lying on ``shard`` of
-    ``count`` (about ``count`` tries; the same in every process)."""
-    candidate, n = name, 0
-    while task_shard(candidate, count) != shard:
-        n += 1
-        candidate = f"{name}~{n}"
-    return validate_id(candidate)
 
 
 def completion_id(batch: str, count: int) -> str:
@@ -162,14 +152,15 @@ class ShardedBatches:
         self._layout = layout
         self._stirred = stirred
 
-    def check_task_id(self, task_id: str) -> None:
-        """The note tasks' ids are reserved: no other task may take one (a task that looked
-        like a note would mark a part complete)."""
+    def check_task_id(self, task_id: str) -> str:
+        """``task_id`` unless it is a note's: the note tasks' ids are reserved, no other task
+        may take one (a task that looked like a note would mark a part complete)."""
         if task_id.startswith(NOTE_PREFIX):
             raise InvalidTaskError(
                 f"task id {task_id[:60]!r}: ids starting {NOTE_PREFIX!r} are reserved for the "
                 "notes of a sharded queue's batches"
             )
+        return task_id
 
     def close_flow(self, batch: str, on_complete: Task | None) -> Flow[BatchInfo]:
         """Open the batch on its home shard, then close every shard's part with its note (see
@@ -304,16 +295,11 @@ def _read_home_flow(home: QueueCore, batch: str) -> Flow[protocol.Gathered | Non
     return found
 
 
-def _scan_flow(shard: QueueCore, scan: Callable[..., Any]) -> Flow[Any]:
-    """Every item of one shard's HSCAN (a list of batch records, or a dict of home records)."""
-    cursor, out = 0, None
+def _scan_flow(shard: QueueCore, scan: Callable[..., Any]) -> Flow[list[Any]]:
+    """Every item of one shard's HSCAN (batch records, or (batch, home record) pairs)."""
+    cursor, out = 0, []
     while True:
         cursor, found = yield scan(shard.keys, cursor, 500)
-        if out is None:
-            out = found
-        elif isinstance(out, dict):
-            out.update(found)
-        else:
-            out += found
+        out += found
         if cursor == 0:
             return out

@@ -458,19 +458,18 @@ class ShardedCore:
         leases: its generated id is drawn from that shard's ids (lookup stays by id), and an
         explicit id on another shard is refused before the call writes anything (InvalidTaskError,
         as any bad task of a batch). A task without a key keeps its id, spread by id."""
-        if task.id is not None:
-            self._batches.check_task_id(validate_id(task.id))
+        reserved = self._batches.check_task_id
         if task.key is None:
-            return next(fresh_ids) if task.id is None else validate_id(task.id)
+            return next(fresh_ids) if task.id is None else reserved(validate_id(task.id))
         try:
             key = validate_key(task.key)
         except InvalidTaskError:  # the task's encoding refuses it, with its position
-            return next(fresh_ids) if task.id is None else validate_id(task.id)
+            return next(fresh_ids) if task.id is None else reserved(validate_id(task.id))
         count = self.layout.count
         home = shard_of(key, count)
         if task.id is None:
             return next(self.layout.fresh_ids(home))
-        task_id = validate_id(task.id)
+        task_id = reserved(validate_id(task.id))
         if task_shard(task_id, count) != home:
             try:
                 fitting = f" (= {keyed_id(key, task_id, count)!r})"

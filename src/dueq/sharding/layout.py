@@ -93,7 +93,15 @@ from dueq.exceptions import ConfigurationError
 if TYPE_CHECKING:
     from dueq._flows.core import QueueCore
 
-__all__ = ["MAX_SHARDS", "ShardLayout", "keyed_id", "shard_names", "shard_of", "task_shard"]
+__all__ = [
+    "MAX_SHARDS",
+    "ShardLayout",
+    "id_on",
+    "keyed_id",
+    "shard_names",
+    "shard_of",
+    "task_shard",
+]
 
 #: Most shards one queue may have (placing N shards costs about N * N CRC16s, once).
 MAX_SHARDS = 256
@@ -129,10 +137,14 @@ def keyed_id(key: str, name: str, shards: int) -> str:
     keyed task's explicit id must hash there; this gives one that does, the same on every
     call and in every process, so scheduling it again is idempotent."""
     whole_number(shards, "shards", low=1, high=MAX_SHARDS)
-    home = shard_of(validate_key(key), shards)
-    candidate = validate_id(name)
-    n = 0
-    while task_shard(candidate, shards) != home:  # each try hits with probability 1/N
+    return id_on(validate_id(name), shard_of(validate_key(key), shards), shards)
+
+
+def id_on(name: str, shard: int, shards: int) -> str:
+    """``name`` when it lies on ``shard`` of ``shards``, else ``f"{name}~{n}"`` for the
+    smallest ``n >= 1`` that does (about ``shards`` tries; the same in every process)."""
+    candidate, n = name, 0
+    while task_shard(candidate, shards) != shard:  # each try hits with probability 1/N
         n += 1
         candidate = f"{name}~{n}"
     return validate_id(candidate)
