@@ -220,17 +220,24 @@ def test_consumers_killed_around_their_notes_still_complete_every_batch_exactly_
     class Killed(Exception):
         pass
 
-    def mark(*args: Any) -> Any:
+    calls = {"mark": 0, "ack": 0}
+
+    def dies_now(step: str) -> bool:
+        """The first call of each step dies (so both deaths happen on every run, whatever the
+        threads' interleaving), later ones with a 30% chance."""
         with lock:
-            dies = rng.random() < 0.3
+            calls[step] += 1
+            return calls[step] == 1 or rng.random() < 0.3
+
+    def mark(*args: Any) -> Any:
+        dies = dies_now("mark")
         if dies:
             killed["before marking"] += 1
             raise Killed("killed before marking")
         return real_mark(*args)
 
     def ack(shard: Any, notes: list[Any]) -> Any:
-        with lock:
-            dies = rng.random() < 0.3
+        dies = dies_now("ack")
         if dies:  # killed after marking: its notes are claimed again once their leases lapse
             killed["after marking"] += 1
             return iter(())
