@@ -53,6 +53,7 @@ from dueq.model import (
     QueueSettings,
     QueueStats,
     Rate,
+    ReshardReport,
     ScheduleResult,
     Task,
     TaskInfo,
@@ -64,6 +65,7 @@ from dueq.registry import WorkerInfo
 from dueq.retry import RetryPolicy
 from dueq.sharding.fanout import Each, send_each_async
 from dueq.sharding.flows import sharded_layout
+from dueq.sharding.reshard import IDLE_S as RESHARD_IDLE_S
 
 logger = logging.getLogger("dueq.queue")
 
@@ -574,6 +576,24 @@ class AsyncQueue(QueueCore):
     ) -> KeyRotation:
         """As ``Queue.rotate_key`` (``progress`` is a plain callable, called on the loop)."""
         return await self.drive(self._core.rotate_key_flow(to, batch, cursor, progress))
+
+    async def reshard(
+        self,
+        shards: int,
+        *,
+        batch: int = 500,
+        progress: Callable[[ReshardReport], object] | None = None,
+    ) -> ReshardReport:
+        """As ``Queue.reshard`` (``progress`` is a plain callable, called on the loop)."""
+        resharder = self._core.resharder()
+        report: ReshardReport = await self.drive(resharder.start_flow(shards))
+        while not report.done:
+            report = await self.drive(resharder.step_flow(batch))
+            if progress is not None:
+                progress(report)
+            if report.idle:  # a pass moved nothing: leases are out, or writers still follow
+                await asyncio.sleep(RESHARD_IDLE_S)
+        return report
 
     async def list_tasks(
         self,

@@ -26,7 +26,7 @@ from dueq._wire.keys import PREFIX, QueueKeys, layout_key, validate_queue_name
 from dueq.exceptions import ConfigurationError, DueqError
 from dueq.queue import Queue
 from dueq.registry import WorkerInfo, merge_workers
-from dueq.sharding.layout import MAX_SHARDS, shard_names
+from dueq.sharding.layout import MAX_SHARDS, LayoutRecord
 
 if TYPE_CHECKING:
     from dueq.async_queue import AsyncQueue
@@ -132,22 +132,23 @@ def _logical_names(keys: Iterable[bytes | str]) -> list[str]:
 
 
 def _count_of(name: str, recorded: bytes | str | None) -> int:
+    """The shard count a layout key's value records (the new count while a reshard runs:
+    ``LayoutRecord``); 1 for none."""
     if recorded is None:
         return 1
-    value = recorded.decode("utf-8", "replace") if isinstance(recorded, bytes) else recorded
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigurationError(
-            f"queue {name!r} records {value!r} shards in Redis ({layout_key(name)}), "
-            f"not a whole number of at least 1"
-        )
-    return int(value)
+    return LayoutRecord.parse(name, recorded).count
 
 
 def stored_queue_names(client: Any, name: str) -> list[str]:
     """The plain queues that hold queue ``name``'s tasks: ``name`` itself, or the shards of a
     sharded queue in shard order (each a queue of its own keys). One GET."""
-    shards = shard_count(client, name)
-    return [name] if shards == 1 else list(shard_names(name, shards))
+    if "#" in name:
+        return [name]
+    recorded = client.get(layout_key(name))
+    record = None if recorded is None else LayoutRecord.parse(name, recorded)
+    if record is None or (record.count == 1 and record.former is None):
+        return [name]
+    return list(record.names(name))
 
 
 def shard_count(client: Any, name: str) -> int:

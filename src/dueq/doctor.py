@@ -45,6 +45,11 @@ FINDINGS: dict[str, str] = {
     ),
     "fair_entry_empty": "a fair-set entry of a tenant with no task in its lane (harmless)",
     "fair_member_without_data": "a fair lane's member whose task data is gone (report only)",
+    "moving_records": (
+        "tasks a reshard took off this shard and has not put on their new shard yet: a "
+        "stopped mover's are not claimable until `dueq reshard QUEUE --to M` runs again "
+        "(report only)"
+    ),
     "dependency_cycle": (
         "waiting tasks that wait for each other (found: each waits for the next), so none ever "
         "runs (fixed: each ended dead, error DependencyCycle)"

@@ -361,6 +361,31 @@ class ScheduleResult:
 
 
 @dataclass(frozen=True)
+class ReshardReport:
+    """What ``q.reshard(M)`` reports (docs/sharding.md, "Resharding"): where a reshard of
+    ``name`` from ``from_shards`` to ``to_shards`` stands. ``moved``: tasks (or kept results)
+    put on their new shard so far; ``existing``: ids the new shard had already (a producer
+    wrote them there first: its version is kept); ``waiting``: tasks found leased on a wrong
+    shard in the current pass (moved once they settle); ``kept``: tasks that cannot move (a
+    limit key, a batch, parents); ``passes``: passes over every shard begun; ``done`` once
+    the layout key says ``to_shards``; ``cursor``: the next step's place ("<shard>/<set>/
+    <scan cursor>"), None when done."""
+
+    name: str
+    from_shards: int
+    to_shards: int
+    moved: int = 0
+    existing: int = 0
+    waiting: int = 0
+    kept: int = 0
+    passes: int = 0
+    done: bool = False
+    cursor: str | None = None
+    #: the last step ended a pass that moved nothing (the mover waits a little for leases)
+    idle: bool = False
+
+
+@dataclass(frozen=True)
 class KeyRotation:
     """What ``q.rotate_key(to=...)`` did (docs/payload-codecs.md, "Rotating keys"), counted
     over stored tasks (every state) and kept results: ``resealed`` encrypted again with key

@@ -53,6 +53,7 @@ from dueq.model import (
     QueueSettings,
     QueueStats,
     Rate,
+    ReshardReport,
     ScheduleResult,
     Task,
     TaskInfo,
@@ -64,6 +65,7 @@ from dueq.registry import WorkerInfo
 from dueq.retry import RetryPolicy
 from dueq.sharding.fanout import Each, send_each
 from dueq.sharding.flows import sharded_layout
+from dueq.sharding.reshard import IDLE_S as RESHARD_IDLE_S
 
 logger = logging.getLogger(__name__)
 
@@ -709,6 +711,31 @@ class Queue(QueueCore):
         ``KeyRotation``; an ``undecryptable`` task is left as it was (docs/payload-codecs.md,
         "Rotating keys")."""
         return self.drive(self._core.rotate_key_flow(to, batch, cursor, progress))
+
+    def reshard(
+        self,
+        shards: int,
+        *,
+        batch: int = 500,
+        progress: Callable[[ReshardReport], object] | None = None,
+    ) -> ReshardReport:
+        """Change this sharded queue's shard count to ``shards`` (2 to 256), online: producers
+        and workers keep running (every queue object follows the new layout within a second),
+        and every task keeps its whole state. Moves ``batch`` ids a step (1 to 10,000);
+        ``progress`` is called with the report after each step. Returns once the layout is
+        ``shards``; safe to stop at any point (SIGKILL included): calling it again (any
+        process) resumes. ConfigurationError on a plain queue, while another reshard runs,
+        or while the queue holds what a reshard cannot move yet (per-key limits, fairness,
+        open batches, parents, cron definitions: docs/sharding.md, "Resharding")."""
+        resharder = self._core.resharder()
+        report: ReshardReport = self.drive(resharder.start_flow(shards))
+        while not report.done:
+            report = self.drive(resharder.step_flow(batch))
+            if progress is not None:
+                progress(report)
+            if report.idle:  # a pass moved nothing: leases are out, or writers still follow
+                time.sleep(RESHARD_IDLE_S)
+        return report
 
     def list_tasks(
         self,

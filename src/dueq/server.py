@@ -119,6 +119,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: Highest port a cluster node may listen on: its cluster bus listens 10,000 above it.
+CLUSTER_PORT_MAX = 65535 - 10000
+
+
+def free_cluster_port() -> int:
+    """A free port for a cluster node: at most CLUSTER_PORT_MAX, with its bus port free too
+    (a port from the system's ephemeral range above it would fail the node's start)."""
+    for _ in range(1000):
+        port = free_port()
+        if port <= CLUSTER_PORT_MAX:
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind(("127.0.0.1", port + 10000))
+            except OSError:  # the bus port is taken: choose again
+                continue
+            return port
+    raise ConfigurationError(f"no free loopback port at or below {CLUSTER_PORT_MAX} for a node")
+
+
 def make_certificates(folder: Path) -> dict[str, Path]:
     """A throwaway CA and a server certificate for 127.0.0.1 signed by it (``openssl`` CLI).
 
@@ -205,7 +224,8 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         for _ in range(5):  # the free port can be taken between choosing and binding it
-            self.port = self.port or free_port()
+            clustered = "--cluster-enabled" in self.extra_args
+            self.port = self.port or (free_cluster_port() if clustered else free_port())
             if self._spawn():
                 atexit.register(self.stop)
                 return self

@@ -83,7 +83,7 @@ def test_a_recorded_shard_count_that_is_not_a_number_is_a_configuration_error(
     name = fresh()
     cluster.set(layout_key(name), "three")
     try:
-        with pytest.raises(dueq.ConfigurationError, match="not a whole number"):
+        with pytest.raises(dueq.ConfigurationError, match="not a count of 1 to 256"):
             discovery.open_queue(cluster, name)
     finally:
         cluster.delete(layout_key(name))  # the module's other tests list every queue

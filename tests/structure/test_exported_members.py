@@ -49,6 +49,7 @@ PUBLIC = {
     "KeyCooldown",
     "KeyLimit",
     "KeyRotation",
+    "ReshardReport",
     "LeaseLost",
     "Occurrence",
     "Outcome",

@@ -222,6 +222,7 @@ INTERNAL_DATACLASSES = {
     "dueq.cron._spec.Spec",  # dataclasses.fields() lists its policy defaults
     "dueq._wire.protocol.ScheduleReply",  # a default_factory field
     "dueq._wire.protocol.DeadReply",  # a field named ``count`` (a tuple method)
+    "dueq.sharding.layout.LayoutRecord",  # a field named ``count`` too
     "dueq.acl.AclRule",  # what dueq.acl.acl_rule returns to users
     "dueq.cron.flows.Policies",  # dueq.cron.flows's public types
     "dueq.cron.flows.Occurrence",

@@ -127,11 +127,12 @@ _WAKE = WakeStep(WakeOp.WAKE)
 def wake_flow(queue_name: str) -> Generator[WakeStep, Any, None]:
     """The wake listener, written once: subscribe (SSUBSCRIBE or SUBSCRIBE, see the module
     docstring), wake the consumer once (anything scheduled while it was not listening), then
-    wake it for each wake message read. An outage (an error of a step, thrown in by the driver)
-    closes the subscription and subscribes again after a backoff; any other error ends the
-    flow (the consumer still wakes at its computed times and heartbeat). It does no I/O: the
-    driver runs each step and sends its reply back; ``WakeListener`` and the asyncio
-    consumer's listener are its drivers."""
+    wake it for each wake message read; when the queue's channels change (a sharded queue
+    followed a reshard), subscribe to the new ones. An outage (an error of a step, thrown in
+    by the driver) closes the subscription and subscribes again after a backoff; any other
+    error ends the flow (the consumer still wakes at its computed times and heartbeat). It
+    does no I/O: the driver runs each step and sends its reply back; ``WakeListener`` and the
+    asyncio consumer's listener are its drivers."""
     backoff = Backoff()
     while True:
         pubsub: Any = None
@@ -149,6 +150,10 @@ def wake_flow(queue_name: str) -> Generator[WakeStep, Any, None]:
                 message = yield WakeStep(WakeOp.CALL, pubsub, read, (), read_kwargs)
                 if is_wake(message):
                     yield WakeStep(WakeOp.WAKE, channel=channel_of(message))
+                latest = yield WakeStep(WakeOp.SUBSCRIPTION)  # (a sharded queue reads its layout)
+                if latest.channels != subscription.channels:
+                    break  # a reshard changed the shards: listen on the new layout's channels
+            yield WakeStep(WakeOp.CLOSE, pubsub)
         except Exception as exc:  # an outage is waited out; anything else ends the listener
             if not is_outage(exc):
                 logger.error("queue %r: wake listener stopped", queue_name, exc_info=exc)

@@ -50,7 +50,7 @@ queue's keys; were one reached anyway, ``q.keys`` raises (a sharded queue has no
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dueq._flows.lease import LeaseFlows
 from dueq._flows.ports import Core, MakesCore
@@ -63,6 +63,7 @@ from dueq._flows.steps import StepFlows
 from dueq._flows.view import ViewFlows
 from dueq.cron.flows import CronsCore
 from dueq.dead import DeadLettersCore
+from dueq.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     pass
@@ -98,6 +99,13 @@ class QueueCore(
     def shard_queue(self, task_id: str) -> QueueCore:
         """As the core of its own tasks: this (plain) queue holds every task."""
         return self
+
+    def resharder(self) -> Any:
+        """A plain queue has no shards to change: ConfigurationError."""
+        raise ConfigurationError(
+            f"queue {self.name!r} is a plain queue (shards=1): only a sharded queue "
+            "(shards=2 or more) can be resharded; a plain queue's keys are not a shard's"
+        )
 
     def part_flows(self) -> tuple[DeadLettersCore, CronsCore]:
         """The dead-letter and cron flows of this (plain) queue."""

@@ -155,6 +155,9 @@ class Core(Protocol):
     def doctor_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]: ...
     def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]: ...
 
+    # -- resharding (a sharded queue's; a plain queue refuses)
+    def resharder(self) -> Any: ...
+
     # -- key rotation
     def rotate_key_flow(
         self,

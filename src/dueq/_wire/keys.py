@@ -26,6 +26,13 @@ def layout_key(name: str) -> str:
     return f"{PREFIX}:{{{validate_queue_name(name)}#}}:shards"
 
 
+def reshard_key(name: str) -> str:
+    """The HASH of the sharded queue ``name``'s reshards (``sharding.reshard``): every shard
+    count it has had, and the running reshard's target, progress and cursor. Beside its layout
+    key, in the same slot."""
+    return f"{PREFIX}:{{{validate_queue_name(name)}#}}:reshard"
+
+
 #: The Redis type dueq keeps at each key of a queue, by the part after the queue's tag
 #: ("dueq:{<queue>}:<part>"); the wake, ended and progress channels are no keys.
 KEY_TYPES = {
@@ -70,6 +77,7 @@ KEY_TYPES = {
     "after:children": "zset",
     "spark:queries": "zset",
     "steps": "hash",
+    "moving": "hash",
     **{f"due:p{p}": "zset" for p in range(1, 10)},
 }
 
@@ -138,6 +146,8 @@ class QueueKeys:
                 (lua/batch_gather.lua; ``dueq.sharding.batches``)
     ``gather_on`` HASH batch id -> the completion task's packed record, until it is scheduled
     ``gather_ended`` ZSET batch id -> completed ms: gathered batches, for trimming
+    ``moving``  HASH id -> JSON record of a task a reshard took off this shard and has not yet
+                put on its new shard and dropped here (lua/reshard.lua; ``sharding.reshard``)
     ``waiting`` ZSET id -> due ms: tasks waiting for their parents (``after=``)
     ``after``   HASH id -> "<parents not finished>|<policy f or r>" of each waiting task
     ``children`` ZSET (scores 0) "<parent>\\0<child>": one member per edge still waited on
@@ -195,6 +205,7 @@ class QueueKeys:
     gather: str
     gather_on: str
     gather_ended: str
+    moving: str
     waiting: str
     after: str
     children: str
@@ -264,6 +275,7 @@ class QueueKeys:
             gather=base + "batch:gather",
             gather_on=base + "batch:gather:on",
             gather_ended=base + "batch:gather:ended",
+            moving=base + "moving",
             waiting=base + "waiting",
             after=base + "after",
             children=base + "after:children",

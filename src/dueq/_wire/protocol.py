@@ -1327,6 +1327,87 @@ def progress_message(data: bytes | str) -> Progress | None:
     return _progress_line(task_id, raw[2 + size :].decode("utf-8", "replace"))
 
 
+# -- reshard.lua (a reshard's mover: ``dueq.sharding.reshard``) ---------------------------------
+
+
+def _reshard_keys(k: QueueKeys) -> list[str]:
+    return [
+        k.tasks,
+        k.meta,
+        k.errors,
+        k.leased,
+        k.dead,
+        k.results,
+        k.finished,
+        k.done,
+        k.steps,
+        k.debounce,
+        k.batch_of,
+        k.after,
+        k.moving,
+        k.wake,
+        k.due,
+        *k.upper_due,
+    ]
+
+
+class Taken(NamedTuple):
+    """What ``reshard_take`` took off a shard: each task's (id, record), and how many of the
+    ids asked for stayed because leased, or because keyed, batched or waiting for parents."""
+
+    records: list[tuple[str, bytes]]
+    leased: int
+    kept: int
+
+
+def reshard_take(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[Taken]:
+    """Take the tasks ``ids`` (their whole state) off this shard into its ``moving`` records."""
+
+    def parse(reply: Any) -> Taken:
+        flat = reply[2:]
+        pairs = [(text(flat[i]), bytes(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return Taken(pairs, int(reply[0]), int(reply[1]))
+
+    return Call("reshard", _reshard_keys(k), [now, "take", *ids], parse)
+
+
+def reshard_put(
+    k: QueueKeys, now: str, records: Sequence[tuple[str, bytes]]
+) -> Call[tuple[int, int]]:
+    """Write taken records on their new shard: (tasks put, ids this shard had already)."""
+    args: list[Any] = [now, "put"]
+    for task_id, record in records:
+        args += (task_id, record)
+    return Call("reshard", _reshard_keys(k), args, lambda r: (int(r[0]), int(r[1])))
+
+
+def reshard_drop(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[int]:
+    """Delete the ``moving`` records of ``ids`` (put on their new shard): how many were there."""
+    return Call("reshard", _reshard_keys(k), [now, "drop", *ids], int)
+
+
+def moving_scan(
+    k: QueueKeys, cursor: int, count: int
+) -> Command[tuple[int, list[tuple[str, bytes]]]]:
+    """One HSCAN step over a shard's ``moving`` records: the next cursor (0: done), (id, record)."""
+
+    def parse(reply: Any) -> tuple[int, list[tuple[str, bytes]]]:
+        cursor, found = reply
+        return int(cursor), [(text(i), bytes(r)) for i, r in found.items()]
+
+    return command("HSCAN", k.moving, cursor, "COUNT", count, parse=parse)
+
+
+def members_scan(key: str, cursor: int, count: int) -> Command[tuple[int, list[str]]]:
+    """One ZSCAN step over a sorted set's members (scores dropped): next cursor, members."""
+
+    def parse(reply: Any) -> tuple[int, list[str]]:
+        cursor, pairs = reply
+        return int(cursor), [text(member) for member, _ in pairs]
+
+    return command("ZSCAN", key, cursor, "COUNT", count, parse=parse)
+
+
 # -- reseal.lua (key rotation, ``_flows.rotate``) -------------------------------------------------
 
 #: Where a value key rotation re-seals lives: the tasks hash ("t"), the results hash ("r"),
@@ -1425,6 +1506,7 @@ SAMPLES: dict[str, Callable[[QueueKeys], Call[Any]]] = {
     "park": lambda k: park(k, "", "id", "1", "sleep", 0, "{", "0"),
     "signal": lambda k: signal(k, "", "id", "n", "null", max_pending=1),
     "reseal": lambda k: reseal(k, [Reseal("t", "id", b"1:null", b"1:null")]),
+    "reshard": lambda k: reshard_drop(k, "", ["id"]),
 }
 
 

@@ -89,6 +89,7 @@ SCRIPT_NAMES = (
     "progress",
     "reseal",
     "batch_gather",
+    "reshard",
 )
 
 #: Every script's main chunk keeps at least this many of Lua's 200 locals free after its includes

@@ -148,9 +148,16 @@ class ShardedBatches:
     """The batch flows of a sharded queue (``ShardedCore`` holds one; see the module
     docstring). ``stirred(*shards)`` tells the core that tasks became due on those shards."""
 
-    def __init__(self, layout: ShardLayout, stirred: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        layout: ShardLayout,
+        stirred: Callable[..., None],
+        check: Callable[[], Flow[ShardLayout]],
+    ) -> None:
         self._layout = layout
         self._stirred = stirred
+        #: the sharded core's read of the layout: the layout now (refused while a reshard runs)
+        self._check = check
 
     def check_task_id(self, task_id: str) -> str:
         """``task_id`` unless it is a note's: the note tasks' ids are reserved, no other task
@@ -165,8 +172,8 @@ class ShardedBatches:
     def close_flow(self, batch: str, on_complete: Task | None) -> Flow[BatchInfo]:
         """Open the batch on its home shard, then close every shard's part with its note (see
         the module docstring); the parts this call completed are marked at once."""
-        layout = self._layout
         batch = batch_id(batch)
+        layout = yield from self._check()
         count = layout.count
         home_index = shard_of(batch, count)
         home = layout.queues[home_index]
@@ -179,7 +186,6 @@ class ShardedBatches:
                 f"use dueq.keyed_id({batch!r}, {task_id!r}, {count}) = "
                 f"{id_on(task_id, home_index, count)!r}"
             )
-        yield from layout.check_flow()
         opened: protocol.GatherReply = yield protocol.gather_open(
             home.keys, home.now_arg(), batch, count, record
         )

@@ -89,6 +89,12 @@ every task is listed once but not in one global order. ``history`` sums each min
 counts over the shards (minutes matched by their start), ``due_histogram`` sums the buckets
 (each shard counts from its own clock's now).
 
+Resharding (``dueq.sharding.reshard``): every operation reads the layout record first, at
+most once a second (``layout_flow``), and follows a change (``follow``): while a reshard runs
+the layout holds the shards of both counts, writes go by the new one, and a lookup by id asks
+the task's old shard first (``where_flow``). The idle and stir records are kept by shard name,
+so a claim in flight while the layout changes marks nothing on the wrong shard.
+
 Batches: every shard counts its own part of a batch, and the batch's home shard completes it
 once every part has (``dueq.sharding.batches``: the note tasks, which ``claim_flow`` takes out
 of what it claimed).
@@ -112,8 +118,9 @@ Not yet
 -------
 ``q.keys`` (the Redis keys of a plain queue) raises ConfigurationError ("... not available on
 a sharded queue": each shard has its own, ``q.shard(id).keys``); the other gaps (listing in one
-global order, ``wait_replicas`` on an asyncio ``RedisCluster``, resharding, dependencies
-across shards, the streaming Spark writer's batches) are left to later issues
+global order, ``wait_replicas`` on an asyncio ``RedisCluster``, dependencies across shards,
+resharding a queue with per-key limits, batches or cron definitions, the streaming Spark
+writer's batches) are left to later issues
 (``scripts/bench/shard_scaling.py`` is the multi-process benchmark).
 """
 
@@ -138,6 +145,7 @@ from dueq._flows.lease import MAX_CLAIM_BATCH, raise_not_held
 from dueq._flows.schedule import SentRecords
 from dueq._util.checks import whole_number
 from dueq._util.clock import Duration, clock_ms
+from dueq._wire import protocol
 from dueq._wire.envelope import validate_id, validate_key
 from dueq._wire.protocol import STATS_TENANTS, DurableOp, StepReply
 from dueq._wire.server_check import log_eviction_policy, server_version_ok
@@ -146,8 +154,8 @@ from dueq.cron.flows import CronDefinition, CronsCore
 from dueq.cron.flows import validate_name as validate_cron_name
 from dueq.dead import MAX_OFFSET, DeadLettersCore, distinct_ids
 from dueq.delivery import DeliveryBase, FailItem
-from dueq.doctor import DoctorReport
-from dueq.exceptions import ConfigurationError, InvalidTaskError, LeaseLost
+from dueq.doctor import DoctorFinding, DoctorReport
+from dueq.exceptions import ConfigurationError, InvalidTaskError, LeaseLost, TaskNotFound
 from dueq.model import (
     MAX_CONCURRENCY,
     BatchInfo,
@@ -172,7 +180,16 @@ from dueq.model import (
 from dueq.registry import WorkerInfo, merge_workers
 from dueq.sharding.batches import ShardedBatches, batch_id
 from dueq.sharding.fanout import together
-from dueq.sharding.layout import MAX_SHARDS, ShardLayout, keyed_id, shard_of, task_shard
+from dueq.sharding.layout import (
+    LAYOUT_RECHECK_S,
+    MAX_SHARDS,
+    LayoutRecord,
+    ShardLayout,
+    keyed_id,
+    shard_of,
+    task_shard,
+)
+from dueq.sharding.reshard import Resharder
 
 T = TypeVar("T")
 
@@ -347,17 +364,113 @@ class ShardedCore:
     def __init__(self, queue: QueueCore, layout: ShardLayout) -> None:
         #: the logical queue (its settings, its encoding, its flows that put others together)
         self.queue = queue
+        #: the layout now (another one once the record in Redis changes: ``layout_flow``)
         self.layout = layout
-        self._start = random.randrange(layout.count)  # where the next claim begins
+        self._start = random.randrange(len(layout.queues))  # where the next claim begins
         self._lock = threading.Lock()  # the start, the idle shards and their stirs
-        #: the shards the last claim of each found idle (by index; see ``_idle_shard``)
-        self._idle: dict[int, _Idle] = {}
-        #: per shard, how often it was stirred (woken, written here): a claim sent before a
-        #: stir does not mark its shard idle (it may have run before the write)
-        self._stirs = [0] * layout.count
-        self._by_channel = {c: i for i, c in enumerate(layout.wake_channels())}
-        self._by_name = {s.name: i for i, s in enumerate(layout.queues)}
-        self._batches = ShardedBatches(layout, self._stirred)
+        #: the shards the last claim of each found idle (by name; see ``_idle_shard``)
+        self._idle: dict[str, _Idle] = {}
+        #: per shard (by name), how often it was stirred (woken, written here): a claim sent
+        #: before a stir does not mark its shard idle (it may have run before the write)
+        self._stirs: dict[str, int] = defaultdict(int)
+        self._read_s: float | None = None  # time.monotonic() of the last read of the layout
+        self._by_channel = {s.keys.wake: s.name for s in layout.queues}
+        self._batches = ShardedBatches(layout, self.stirred, self._batches_layout_flow)
+
+    # -- the layout in Redis --------------------------------------------------------------------
+
+    def layout_flow(self) -> Flow[None]:
+        """Before every operation: read the layout record the first time, and again once
+        ``LAYOUT_RECHECK_S`` has passed since the last read; when a reshard changed it, follow
+        it (``follow``). One GET and one HGET a second, per queue object in use."""
+        if self._read_s is not None and time.monotonic() - self._read_s < LAYOUT_RECHECK_S:
+            return
+        read_s = time.monotonic()
+        record = yield from self.layout.read_flow()
+        self._read_s = read_s
+        if record != self.layout.record:
+            self.follow(record)
+
+    def follow(self, record: LayoutRecord) -> None:
+        """Use the layout of ``record`` from now on (its shards' queue objects reused); the
+        shards it adds are asked at the next claim."""
+        layout = self.layout.follow(record)
+        with self._lock:
+            self.layout = layout
+            self._by_channel = {s.keys.wake: s.name for s in layout.queues}
+            self._batches = ShardedBatches(layout, self.stirred, self._batches_layout_flow)
+            self._start %= len(layout.queues)
+        self.queue.shard_count = layout.count
+        self.queue.shard_names = layout.names
+
+    def forget_layout_read(self) -> None:
+        """Read the layout record again before the next operation (a reshard's flows)."""
+        self._read_s = None
+
+    def resharder(self) -> Resharder:
+        """The flows of a reshard of this queue (``q.reshard``; ``dueq.sharding.reshard``)."""
+        return Resharder(self)
+
+    def _batches_layout_flow(self) -> Flow[ShardLayout]:
+        """The layout for a batch's close: refused while a reshard runs (a batch's parts are
+        counted per shard, and a reshard moves no batch member: docs/sharding.md)."""
+        yield from self.layout_flow()
+        layout = self.layout
+        if layout.former is not None:
+            raise ConfigurationError(
+                f"queue {layout.name!r} is being resharded ({layout.record.text()} shards): "
+                "batches wait until it is done"
+            )
+        return layout
+
+    def where_flow(self, ids: Sequence[str]) -> Flow[dict[QueueCore, list[str]]]:
+        """The shard that holds each of ``ids`` now, grouped: its shard in the layout; while a
+        reshard runs, its old shard as long as the task (or its result, or done mark) is still
+        there. A task only moves forward (old shard, then the old shard's ``moving`` record,
+        then its new shard), so asking the old shard's keys in that order never misses it; one
+        caught moving is asked again (at most ``MOVING_LOOKS`` times, a round trip each: the
+        mover puts it in the next call). One pipeline per old shard."""
+        layout = self.layout
+        out: dict[QueueCore, list[str]] = defaultdict(list)
+        asks: dict[QueueCore, list[str]] = defaultdict(list)
+        for task_id in ids:
+            former = layout.former_shard(task_id)
+            (out[layout.shard(task_id)] if former is None else asks[former]).append(task_id)
+        for _ in range(MOVING_LOOKS):
+            if not asks:
+                break
+            looks = yield from together([_held_flow(s, group) for s, group in asks.items()])
+            again: dict[QueueCore, list[str]] = defaultdict(list)
+            for (shard, group), held in zip(asks.items(), looks, strict=True):
+                for task_id, state in zip(group, held, strict=True):
+                    if state == "here":
+                        out[shard].append(task_id)
+                    elif state == "moving":
+                        again[shard].append(task_id)
+                    else:
+                        out[layout.shard(task_id)].append(task_id)
+            asks = again
+        for group in asks.values():  # still moving: its new shard has it by the time it is asked
+            for task_id in group:
+                out[layout.shard(task_id)].append(task_id)
+        return out
+
+    def _by_id_flow(
+        self, task_id: str, op: Callable[[QueueCore], Flow[T]], found: Callable[[T], bool]
+    ) -> Flow[T]:
+        """``op`` on the shard that holds ``task_id`` (``where_flow``); while a reshard runs, a
+        task the old shard no longer had when ``op`` ran (moved meanwhile) is asked on its new
+        shard too."""
+        yield from self.layout_flow()
+        [(shard, _)] = (yield from self.where_flow([task_id])).items()
+        home = self.layout.shard(task_id)
+        if shard is home:
+            return (yield from op(shard))
+        try:
+            result = yield from op(shard)
+        except TaskNotFound:  # it moved between the look and the call
+            return (yield from op(home))
+        return result if found(result) else (yield from op(home))
 
     # -- placement ---------------------------------------------------------------------------
 
@@ -372,26 +485,34 @@ class ShardedCore:
         missed some): the next claim asks that shard (every shard) again."""
         with self._lock:
             if channel is None:
-                for i in range(self.layout.count):
-                    self._stir(i)
-            elif (index := self._by_channel.get(channel)) is not None:
-                self._stir(index)
+                for s in self.layout.queues:
+                    self._stir(s.name)
+            elif (name := self._by_channel.get(channel)) is not None:
+                self._stir(name)
 
-    def _stir(self, index: int) -> None:
-        """Shard ``index`` may have work now: the next claim asks it (under ``_lock``)."""
-        self._idle.pop(index, None)
-        self._stirs[index] += 1
+    def _stir(self, name: str) -> None:
+        """Shard ``name`` may have work now: the next claim asks it (under ``_lock``)."""
+        self._idle.pop(name, None)
+        self._stirs[name] += 1
 
-    def _stirred(self, *indexes: int) -> None:
+    def stirred(self, *indexes: int) -> None:
+        """Shards of the layout now, by index (out of range: a layout just left, ignored)."""
         with self._lock:
+            queues = self.layout.queues
             for i in indexes:
-                self._stir(i)
+                if 0 <= i < len(queues):
+                    self._stir(queues[i].name)
+
+    def stirred_names(self, *names: str) -> None:
+        with self._lock:
+            for name in names:
+                self._stir(name)
 
     def _stirred_by(self, deliveries: Iterable[DeliveryBase]) -> None:
         """The shards of ``deliveries`` (settled here: released or failed back to due)."""
-        self._stirred(*{self._by_name[self.layout.owner(d).name] for d in deliveries})
+        self.stirred_names(*{d.queue_name for d in deliveries})
 
-    def _idle_shard(self, index: int, now_s: float) -> _Idle | None:
+    def _idle_shard(self, index: str, now_s: float) -> _Idle | None:
         """What the last claim of shard ``index`` said when the shard is idle now (by its
         clock: its reply's now plus the local time since, or the queue's injected clock),
         else None. An entry older than ``IDLE_RECHECK_S`` is not trusted (under ``_lock``)."""
@@ -407,7 +528,7 @@ class ShardedCore:
             return float(clock_ms(self.queue.clock))
         return idle.now_ms + (now_s - idle.sent_s) * 1000
 
-    def _claimed(self, index: int, batch: ClaimBatch, sent_s: float, stirs: int) -> None:
+    def _claimed(self, index: str, batch: ClaimBatch, sent_s: float, stirs: int) -> None:
         """Remember whether shard ``index`` is idle after its claim (sent at ``sent_s``,
         after ``stirs`` stirs): nothing due before its next due time, and no lease out. A
         shard with leases out is never idle: settling one (``d.ack()`` releasing a child,
@@ -424,10 +545,7 @@ class ShardedCore:
 
     def part_flows(self) -> tuple[DeadLettersCore, CronsCore]:
         """The dead-letter and cron flows of the logical queue (its ``q.dead``, ``q.cron``)."""
-        return (
-            ShardedDeadFlows(self.queue, self.layout, self._stirred),
-            ShardedCronFlows(self.queue, self.layout, self._stirred),
-        )
+        return ShardedDeadFlows(self.queue, self), ShardedCronFlows(self.queue, self)
 
     def batch_id(self, batch: object) -> str:
         return batch_id(batch)
@@ -523,7 +641,11 @@ class ShardedCore:
         return checked, (yield from shard.eviction_policy_flow(route)), port
 
     def wake_subscription_flow(self) -> Flow[WakeSubscription]:
-        return self.queue.wake_subscription_flow()
+        """The channels of the layout now: the wake listener asks after every read, so an
+        idle consumer follows a reshard within a second too (one read of the record a
+        second, ``layout_flow``) and listens on the new shards' channels."""
+        yield from self.layout_flow()
+        return (yield from self.queue.wake_subscription_flow())
 
     def get_flow(self, task_id: str) -> Flow[TaskInfo | None]:
         return self.queue.get_flow(task_id)
@@ -548,22 +670,29 @@ class ShardedCore:
         """Group the records by shard and send each group to its shard (batches as a plain
         queue's); the shards' calls of a round go together. A generated id that was taken is
         drawn again from the ids of its shard (not from ``fresh_ids``)."""
+        yield from self.layout_flow()
         layout = self.layout
-        yield from layout.check_flow()
+        index = {s.name: i for i, s in enumerate(layout.queues)}
+        if layout.former is None:
+            places = [task_shard(task_id, layout.count) for task_id in ids]
+        else:  # a reshard runs: an id still on its old shard is written there (the mover moves it)
+            where = yield from self.where_flow(ids)
+            at = {task_id: index[s.name] for s, group in where.items() for task_id in group}
+            places = [at[task_id] for task_id in ids]
         groups: dict[int, list[int]] = defaultdict(list)
-        for position, task_id in enumerate(ids):
-            groups[task_shard(task_id, layout.count)].append(position)
+        for position, place in enumerate(places):
+            groups[place].append(position)
         flows = [
             layout.queues[i].send_records_flow(
                 [ids[p] for p in positions],
                 [records[p] for p in positions],
                 replace,
-                layout.fresh_ids(i),
+                layout.fresh_ids(min(i, layout.count - 1)),
             )
             for i, positions in groups.items()
         ]
         shards: list[SentRecords] = yield from together(flows)
-        self._stirred(*groups)
+        self.stirred(*groups)
         out = list(ids)
         sent = SentRecords(ScheduleResult(added=0, existing=0, replaced=0, ids=out))
         for positions, shard in zip(groups.values(), shards, strict=True):
@@ -584,22 +713,24 @@ class ShardedCore:
         return self._batches.list_flow(limit)
 
     def cancel_flow(self, task_id: str) -> Flow[bool]:
-        yield from self.layout.check_flow()
-        return (yield from self.layout.shard(task_id).cancel_flow(task_id))
+        return self._by_id_flow(task_id, lambda s: s.cancel_flow(task_id), bool)
 
     def reschedule_flow(
         self, task_id: str, at: datetime | None, delay: Duration | None
     ) -> Flow[bool]:
-        yield from self.layout.check_flow()
-        moved = yield from self.layout.shard(task_id).reschedule_flow(task_id, at, delay)
-        self._stirred(task_shard(task_id, self.layout.count))
+        moved = yield from self._by_id_flow(
+            task_id, lambda s: self._stirring(s, s.reschedule_flow(task_id, at, delay)), bool
+        )
         return moved
 
     def run_now_flow(self, task_id: str) -> Flow[bool]:
-        yield from self.layout.check_flow()
-        moved = yield from self.layout.shard(task_id).run_now_flow(task_id)
-        self._stirred(task_shard(task_id, self.layout.count))
-        return moved
+        return self._by_id_flow(task_id, lambda s: self._stirring(s, s.run_now_flow(task_id)), bool)
+
+    def _stirring(self, shard: QueueCore, flow: Flow[T]) -> Flow[T]:
+        """``flow``, then ``shard`` stirred (it wrote there: the next claim asks it)."""
+        result = yield from flow
+        self.stirred_names(shard.name)
+        return result
 
     # -- consuming ---------------------------------------------------------------------------
 
@@ -612,7 +743,7 @@ class ShardedCore:
         leased and they completed a batch, it claims again (at most twice more), so a claim
         that returns nothing still means nothing was due, not "a completion task is due now"."""
         whole_number(limit, "limit", low=0, high=MAX_CLAIM_BATCH)
-        yield from self.layout.check_flow()
+        yield from self.layout_flow()
         for _ in range(3):
             claimed, completed = yield from self._claim_round(limit, lease, holder)
             if claimed.deliveries or not completed:
@@ -623,10 +754,11 @@ class ShardedCore:
         self, limit: int, lease: Duration | None, holder: str | None
     ) -> Flow[tuple[ClaimBatch, bool]]:
         """One claim over the shards; also whether the notes it took completed a batch."""
-        count = self.layout.count
+        layout = self.layout
+        count = len(layout.queues)
         completed = False
         with self._lock:
-            start = self._start
+            start = self._start % count
             self._start = (start + 1) % count
         deliveries: list[Any] = []
         batches: list[ClaimBatch] = []
@@ -635,17 +767,17 @@ class ShardedCore:
         for step in range(count):
             index = (start + step) % count
             sent_s = time.monotonic()
+            shard = layout.queues[index]
             with self._lock:
-                idle = self._idle_shard(index, sent_s) if limit else None
-                stirs = self._stirs[index]
+                idle = self._idle_shard(shard.name, sent_s) if limit else None
+                stirs = self._stirs[shard.name]
             if idle is not None:
                 skipped.append(idle)
                 if idle.until_ms != math.inf:
                     waits_ms.append(idle.until_ms - self._shard_now_ms(idle, sent_s))
                 continue
-            shard = self.layout.queues[index]
             batch: ClaimBatch = yield from shard.claim_flow(limit - len(deliveries), lease, holder)
-            self._claimed(index, batch, sent_s, stirs)
+            self._claimed(shard.name, batch, sent_s, stirs)
             batches.append(batch)
             kept, finished = yield from self._batches.take_notes_flow(batch.deliveries)
             deliveries += kept
@@ -771,10 +903,10 @@ class ShardedCore:
         return (yield from owner.step_flow(delivery, op, position, head, value, extra))
 
     def signal_flow(self, task_id: str, name: str, payload: object) -> Flow[int]:
-        yield from self.layout.check_flow()
-        pending = yield from self.layout.shard(task_id).signal_flow(task_id, name, payload)
-        self._stirred(task_shard(task_id, self.layout.count))  # a waiting task is due now
-        return pending
+        def send(shard: QueueCore) -> Flow[int]:  # a waiting task is due now: stirred
+            return self._stirring(shard, shard.signal_flow(task_id, name, payload))
+
+        return self._by_id_flow(task_id, send, lambda pending: True)
 
     # -- task progress: written on the delivery's shard, followed on the task's ---------------
 
@@ -798,16 +930,25 @@ class ShardedCore:
     # -- inspection --------------------------------------------------------------------------
 
     def inspect_ids_flow(self, ids: Sequence[str]) -> Flow[list[TaskInfo]]:
-        yield from self.layout.check_flow()
-        groups: dict[int, list[str]] = defaultdict(list)
-        for task_id in ids:
-            groups[task_shard(task_id, self.layout.count)].append(task_id)
-        flows = [self.layout.queues[i].inspect_ids_flow(group) for i, group in groups.items()]
+        """Each id on the shard that holds it (``where_flow``); while a reshard runs, one not
+        found on its old shard (moved meanwhile) is asked on its new shard too."""
+        yield from self.layout_flow()
+        layout = self.layout
+        groups = yield from self.where_flow(list(dict.fromkeys(ids)))
+        flows = [shard.inspect_ids_flow(group) for shard, group in groups.items()]
         found = {info.id: info for part in (yield from together(flows)) for info in part}
+        moved: dict[QueueCore, list[str]] = defaultdict(list)
+        for shard, group in groups.items():
+            for task_id in group:
+                if task_id not in found and shard is not layout.shard(task_id):
+                    moved[layout.shard(task_id)].append(task_id)
+        if moved:
+            flows = [shard.inspect_ids_flow(group) for shard, group in moved.items()]
+            found.update({info.id: info for part in (yield from together(flows)) for info in part})
         return [found[i] for i in dict.fromkeys(ids) if i in found]
 
     def stats_flow(self) -> Flow[QueueStats]:
-        yield from self.layout.check_flow()
+        yield from self.layout_flow()
         parts: list[QueueStats] = yield from together([s.stats_flow() for s in self.layout.queues])
         shards = tuple(
             _shard_stats(shard.name, part)
@@ -817,16 +958,27 @@ class ShardedCore:
 
     def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Each shard checked on its own keys (findings name their shard), side by side."""
-        yield from self.layout.check_flow()
+        yield from self.layout_flow()
         parts: list[DoctorReport] = yield from together(
             [s.derived_state_flow(fix, batch) for s in self.layout.queues]
         )
-        return DoctorReport(
-            self.layout.name,
-            fix,
-            [f for part in parts for f in part.findings],
-            list(dict.fromkeys(note for part in parts for note in part.notes)),
+        findings = [f for part in parts for f in part.findings]
+        notes = list(dict.fromkeys(note for part in parts for note in part.notes))
+        layout = self.layout
+        moving: list[int] = yield from together(
+            [_command_flow(protocol.command("HLEN", s.keys.moving)) for s in layout.queues]
         )
+        for shard, count in zip(layout.queues, moving, strict=True):
+            if count:
+                findings.append(
+                    DoctorFinding("moving_records", shard.name, count, 0, False, shard.name)
+                )
+        if layout.former is not None:
+            notes.append(
+                f"a reshard runs ({layout.record.text()} shards): `dueq reshard "
+                f"{layout.name} --to {layout.count}` shows or resumes it"
+            )
+        return DoctorReport(layout.name, fix, findings, notes)
 
     def rotate_key_flow(
         self,
@@ -839,15 +991,16 @@ class ShardedCore:
         the shard and that shard's cursor, as a listing's does, and the reports (and each
         progress report) add up the shards done before."""
         self.queue.rotation_codec(to)  # refused before anything is read
-        index, inner = _split_cursor(cursor, self.layout.count)
-        yield from self.layout.check_flow()
+        yield from self.layout_flow()
+        queues = self.layout.queues
+        index, inner = _split_cursor(cursor, len(queues))
         report = KeyRotation(to, cursor=_join_cursor(index, inner))
-        for i in range(index, self.layout.count):
+        for i in range(index, len(queues)):
             before = report
 
             def logical(part: KeyRotation, i: int = i, before: KeyRotation = before) -> KeyRotation:
                 after = _join_cursor(i, part.cursor) if part.cursor is not None else None
-                if after is None and i + 1 < self.layout.count:
+                if after is None and i + 1 < len(queues):
                     after = _join_cursor(i + 1, None)
                 return replace(before.plus(part), cursor=after)
 
@@ -855,7 +1008,7 @@ class ShardedCore:
                 if progress is not None:
                     progress(logical(part))
 
-            part = yield from self.layout.queues[i].rotate_key_flow(
+            part = yield from queues[i].rotate_key_flow(
                 to, batch, inner if i == index else None, told
             )
             report = logical(part)
@@ -866,20 +1019,21 @@ class ShardedCore:
     ) -> Flow[TaskPage]:
         """One page of one shard's listing; the cursor names the shard and its cursor, and
         moves to the next shard when one is done (shard by shard, see the module docstring)."""
-        index, inner = _split_cursor(cursor, self.layout.count)
-        yield from self.layout.check_flow()
-        page: TaskPage = yield from self.layout.queues[index].list_flow(
+        yield from self.layout_flow()
+        queues = self.layout.queues
+        index, inner = _split_cursor(cursor, len(queues))
+        page: TaskPage = yield from queues[index].list_flow(
             state, limit=limit, cursor=inner, **filters
         )
         if page.cursor is not None:
             after: str | None = _join_cursor(index, page.cursor)
         else:
-            after = _join_cursor(index + 1, None) if index + 1 < self.layout.count else None
+            after = _join_cursor(index + 1, None) if index + 1 < len(queues) else None
         return TaskPage(page.tasks, after, page.looked_at)
 
     def history_flow(self, minutes: int) -> Flow[list[HistoryPoint]]:
         """Each minute's counts summed over the shards (minutes matched by their start)."""
-        yield from self.layout.check_flow()
+        yield from self.layout_flow()
         parts: list[list[HistoryPoint]] = yield from together(
             [s.history_flow(minutes) for s in self.layout.queues]
         )
@@ -894,7 +1048,7 @@ class ShardedCore:
 
     def due_histogram_flow(self, bucket: Duration, buckets: int) -> Flow[DueHistogram]:
         """Bucket counts summed over the shards (each counts from its own clock's now)."""
-        yield from self.layout.check_flow()
+        yield from self.layout_flow()
         parts: list[DueHistogram] = yield from together(
             [s.due_histogram_flow(bucket, buckets) for s in self.layout.queues]
         )
@@ -928,15 +1082,16 @@ class ShardedCore:
         claim script therefore enforces the key's whole limit (see docs/sharding.md).
         ``fairness`` and ``KeyLimit(weight=)`` go to every shard too: each shard shares its
         own claims between the tenants it holds (docs/fairness.md)."""
-        caps: list[Any] = [concurrency] * self.layout.count
+        if rate is not None and rate is not False and not isinstance(rate, Rate):
+            raise ConfigurationError(f"rate must be a dueq.Rate or False, got {rate!r}")
+        yield from self.layout_flow()
+        count = len(self.layout.queues)  # (while a reshard runs, the shares of old and new)
+        caps: list[Any] = [concurrency] * count
         if concurrency not in (None, False, 0):
-            caps = concurrency_shares(concurrency, self.layout.count)
-        shares: list[Any] = [rate] * self.layout.count
+            caps = concurrency_shares(concurrency, count)
+        shares: list[Any] = [rate] * count
         if rate is not None and rate is not False:
-            if not isinstance(rate, Rate):
-                raise ConfigurationError(f"rate must be a dueq.Rate or False, got {rate!r}")
-            shares = rate_shares(rate, self.layout.count)
-        yield from self.layout.check_flow()
+            shares = rate_shares(rate, count)
         flows = [
             s.configure_flow(
                 paused=paused,
@@ -953,11 +1108,11 @@ class ShardedCore:
             for s, share, cap in zip(self.layout.queues, shares, caps, strict=True)
         ]
         settings: list[QueueSettings] = yield from together(flows)
-        self._stirred(*range(self.layout.count))  # (a resume or a looser limit: ask them all)
+        self.stirred(*range(len(self.layout.queues)))  # (a resume or a looser limit: all)
         return _logical_settings(settings)
 
     def settings_flow(self) -> Flow[QueueSettings]:
-        yield from self.layout.check_flow()
+        yield from self.layout_flow()
         settings: list[QueueSettings] = yield from together(
             [s.settings_flow() for s in self.layout.queues]
         )
@@ -968,7 +1123,7 @@ class ShardedCore:
     def workers_flow(self) -> Flow[list[WorkerInfo]]:
         """Every shard's registry merged: a worker beats into each shard, so one entry per
         worker id, from its latest beat."""
-        yield from self.layout.check_flow()
+        yield from self.layout_flow()
         parts: list[list[WorkerInfo]] = yield from together(
             [s.workers_flow() for s in self.layout.queues]
         )
@@ -977,7 +1132,7 @@ class ShardedCore:
     def heartbeat_flow(self, entry_json: str, ttl_ms: int, leave: bool) -> Flow[int]:
         """The beat (or the leave) on every shard, so each shard's own view shows the worker
         too; returns the most live workers any shard counts."""
-        yield from self.layout.check_flow()
+        yield from self.layout_flow()
         live: list[int] = yield from together(
             [s.heartbeat_flow(entry_json, ttl_ms, leave) for s in self.layout.queues]
         )
@@ -994,6 +1149,35 @@ def sharded_layout(
     if shards == 1:
         return None
     return Sharded(name, shards, make_shard)
+
+
+#: Most looks ``ShardedCore.where_flow`` gives a task it finds moving (one round trip each).
+MOVING_LOOKS = 50
+
+
+def _held_flow(shard: QueueCore, ids: list[str]) -> Flow[list[str]]:
+    """Whether each of ``ids`` is on ``shard`` ("here": a task, result or done mark), being
+    moved off it ("moving"), or neither ("gone"), asked in the order a task leaves."""
+    k = shard.keys
+    commands: list[protocol.Command[Any]] = []
+    for task_id in ids:
+        commands += (
+            protocol.command("HEXISTS", k.tasks, task_id),
+            protocol.command("HEXISTS", k.results, task_id),
+            protocol.command("ZSCORE", k.done, task_id),
+            protocol.command("HEXISTS", k.moving, task_id),
+        )
+    replies = yield protocol.Batch(tuple(commands))
+    out = []
+    for i in range(len(ids)):
+        task, result, done, moving = replies[4 * i : 4 * i + 4]
+        out.append("here" if task or result or done is not None else "moving" if moving else "gone")
+    return out
+
+
+def _command_flow(command: protocol.Command[T]) -> Flow[T]:
+    reply: T = yield command
+    return reply
 
 
 def _refusals(flow: Flow[T]) -> Flow[tuple[T | None, list[str], list[str]]]:
@@ -1016,12 +1200,19 @@ class ShardedDeadFlows(DeadLettersCore):
     """The dead-letter flows of a sharded queue (its ``q.dead`` drives them): each shard's,
     merged (see the module docstring)."""
 
-    def __init__(self, queue: QueueCore, layout: ShardLayout, stirred: Callable[..., None]) -> None:
+    def __init__(self, queue: QueueCore, core: ShardedCore) -> None:
         super().__init__(queue)
-        self._layout = layout
-        self._shard_dead = [DeadLettersCore(s) for s in layout.queues]
-        #: the sharded core's: a replay makes tasks due on their shards (no longer idle)
-        self._stirred = stirred
+        #: the sharded core: its layout now, and its stirs (a replay makes tasks due on their
+        #: shards, no longer idle)
+        self._sharded = core
+
+    @property
+    def _layout(self) -> ShardLayout:
+        return self._sharded.layout
+
+    @property
+    def _shard_dead(self) -> list[DeadLettersCore]:
+        return [DeadLettersCore(s) for s in self._sharded.layout.queues]
 
     def list_flow(self, limit: int, offset: int) -> Flow[list[TaskInfo]]:
         """Each shard's newest ``offset + limit``, merged newest first, then the page."""
@@ -1029,7 +1220,7 @@ class ShardedDeadFlows(DeadLettersCore):
         whole_number(offset, "offset", low=0, high=MAX_OFFSET)
         if limit == 0:
             return []
-        yield from self._layout.check_flow()
+        yield from self._sharded.layout_flow()
         flows = [d.list_flow(min(offset + limit, MAX_OFFSET), 0) for d in self._shard_dead]
         parts: list[list[TaskInfo]] = yield from together(flows)
         merged = sorted(
@@ -1040,7 +1231,7 @@ class ShardedDeadFlows(DeadLettersCore):
         return merged[offset : offset + limit]
 
     def count_flow(self) -> Flow[int]:
-        yield from self._layout.check_flow()
+        yield from self._sharded.layout_flow()
         counts: list[int] = yield from together([d.count_flow() for d in self._shard_dead])
         return sum(counts)
 
@@ -1049,21 +1240,20 @@ class ShardedDeadFlows(DeadLettersCore):
     ) -> Flow[int]:
         """By id: every id checked on its shard first (all-or-nothing, as on one queue), then
         moved; all, or by error type: on every shard."""
-        yield from self._layout.check_flow()
+        yield from self._sharded.layout_flow()
         shard_dead = self._shard_dead
         if ids is None or error_type is not None:
             if ids is not None:
                 raise InvalidTaskError("give ids or error_type, not both")
             flows = [d.move_flow(action, None, error_type) for d in shard_dead]
             moved_all: list[int] = yield from together(flows)
-            self._stirred(*range(self._layout.count))
+            self._sharded.stirred(*range(len(self._layout.queues)))
             return sum(moved_all)
-        groups: dict[int, list[str]] = defaultdict(list)
-        for task_id in distinct_ids(ids):
-            groups[task_shard(task_id, self._layout.count)].append(task_id)
-        yield from together([shard_dead[i].check_dead_flow(g) for i, g in groups.items()])
-        moved = yield from together([shard_dead[i].move_flow(action, g) for i, g in groups.items()])
-        self._stirred(*groups)
+        where = yield from self._sharded.where_flow(distinct_ids(ids))
+        groups = [(DeadLettersCore(shard), group) for shard, group in where.items()]
+        yield from together([dead.check_dead_flow(g) for dead, g in groups])
+        moved = yield from together([dead.move_flow(action, g) for dead, g in groups])
+        self._sharded.stirred_names(*(shard.name for shard in where))
         return sum(moved)
 
 
@@ -1072,10 +1262,15 @@ def _named(method: str) -> Callable[..., Flow[Any]]:
 
     def flow(self: ShardedCronFlows, name: str, *args: Any) -> Flow[Any]:
         name = validate_cron_name(name)
-        yield from self._layout.check_flow()
+        yield from self._sharded.layout_flow()
+        if self._layout.former is not None and method not in ("get_flow", "remove_flow"):
+            raise ConfigurationError(
+                f"queue {self._layout.name!r} is being resharded "
+                f"({self._layout.record.text()} shards): cron definitions wait until it is done"
+            )
         index = shard_of(name, self._layout.count)
         done = yield from getattr(self._shard_crons[index], method)(name, *args)
-        self._stirred(index)  # an occurrence it adds is due on that shard (no longer idle)
+        self._sharded.stirred(index)  # an occurrence it adds is due on that shard (no longer idle)
         return done
 
     flow.__name__ = method
@@ -1087,12 +1282,19 @@ class ShardedCronFlows(CronsCore):
     the shard of its name (see the module docstring); ``list`` merges every shard's. The
     shards' claims keep their own definitions (each shard's queue has its own keeper)."""
 
-    def __init__(self, queue: QueueCore, layout: ShardLayout, stirred: Callable[..., None]) -> None:
+    def __init__(self, queue: QueueCore, core: ShardedCore) -> None:
         super().__init__(queue)
-        self._layout = layout
-        self._shard_crons = [CronsCore(s) for s in layout.queues]
-        #: the sharded core's (``ShardedDeadFlows``): what a definition adds is due on its shard
-        self._stirred = stirred
+        self._sharded = (
+            core  # as ``ShardedDeadFlows``'s: what a definition adds is due on its shard
+        )
+
+    @property
+    def _layout(self) -> ShardLayout:
+        return self._sharded.layout
+
+    @property
+    def _shard_crons(self) -> list[CronsCore]:
+        return [CronsCore(s) for s in self._sharded.layout.queues]
 
     add_flow = _named("add_flow")
     remove_flow = _named("remove_flow")
@@ -1103,7 +1305,7 @@ class ShardedCronFlows(CronsCore):
     backfill_flow = _named("backfill_flow")
 
     def list_flow(self) -> Flow[list[CronDefinition]]:
-        yield from self._layout.check_flow()
+        yield from self._sharded.layout_flow()
         flows = [c.list_flow() for c in self._shard_crons]
         parts: list[list[CronDefinition]] = yield from together(flows)
         return sorted((d for part in parts for d in part), key=lambda d: d.name)

@@ -30,8 +30,8 @@ each), computed once per (name, N). For ``emails`` and N = 3 (ranges 0-5460, 546
 
 so a 3-primary cluster made by ``redis-cli --cluster create`` holds one shard per primary
 (plain ``emails#0..2`` would have put two on the middle one);
-``test_shard_tags_land_in_their_slot_ranges`` pins the rule. The tags depend on N, which is
-one reason N cannot change on a live queue.
+``test_shard_tags_land_in_their_slot_ranges`` pins the rule. The tags depend on N, so a
+reshard (below) moves tasks between tags, not only between ids' shards.
 
 Which shard holds a task
 ------------------------
@@ -68,6 +68,16 @@ its read-only calls see an empty queue. Whatever opens a queue by name (the CLI,
 Prometheus collector, the dashboard) uses ``dueq.discovery.open_queue``, which reads N from
 the layout key, and discovery lists a sharded queue once, under its logical name.
 
+N can change (``q.reshard(M)``, ``dueq.sharding.reshard``): while tasks move, the layout key
+reads ``"N>M"`` and the layout is *migrating* (``LayoutRecord``): its queues are the M shards
+of the new layout (in shard order, so ``shard(id)`` is the new placement) and then the old
+layout's shards that the new one lacks; writes go by the new layout, and what looks up a task
+by id asks its old shard first (``former_shard``). Once every task has moved, the key reads
+``"M"``. The reshard HASH beside it (``reshard_key``) keeps every count the queue has had
+(``past``): a queue object opened with one of them follows the record (a process started
+before a reshard keeps working), and one opened with any other count is refused as before.
+A dueq before resharding reads ``"N>M"`` as no count and refuses the queue.
+
 """
 
 from __future__ import annotations
@@ -75,6 +85,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -84,7 +95,7 @@ from dueq._flows.drive import Flow
 from dueq._util.checks import whole_number
 from dueq._wire import protocol as protocol
 from dueq._wire.envelope import generated_ids, validate_id, validate_key
-from dueq._wire.keys import QueueKeys, layout_key
+from dueq._wire.keys import QueueKeys, layout_key, reshard_key
 from dueq._wire.snapshot import text
 from dueq.cron.flows import OCCURRENCE_PREFIX, Occurrence
 from dueq.delivery import DeliveryBase
@@ -94,7 +105,9 @@ if TYPE_CHECKING:
     from dueq._flows.core import QueueCore
 
 __all__ = [
+    "LAYOUT_RECHECK_S",
     "MAX_SHARDS",
+    "LayoutRecord",
     "ShardLayout",
     "id_on",
     "keyed_id",
@@ -103,6 +116,10 @@ __all__ = [
     "task_shard",
 ]
 
+#: Longest a queue object uses the layout it last read before reading it again (seconds): a
+#: reshard's mover waits twice this long before it counts a shard empty, so that every queue
+#: object in use writes by the new layout by then (``dueq.sharding.reshard``).
+LAYOUT_RECHECK_S = 1.0
 #: Most shards one queue may have (placing N shards costs about N * N CRC16s, once).
 MAX_SHARDS = 256
 #: Redis Cluster's hash slots.
@@ -174,28 +191,143 @@ def shard_names(name: str, shards: int) -> tuple[str, ...]:
     return tuple(names)
 
 
+@dataclass(frozen=True)
+class LayoutRecord:
+    """What a sharded queue's layout key says: ``count`` shards (the new count while a reshard
+    runs), ``former`` the old count while it runs (else None), and ``past``: every count the
+    queue has had (from its reshard HASH; the counts a queue object may be opened with)."""
+
+    count: int
+    former: int | None = None
+    past: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, name: str, raw: object, past: object = None) -> LayoutRecord:
+        """The record of ``name`` from its layout key's value ("N" or "N>M") and its reshard
+        HASH's ``past`` field ("3,5"); ConfigurationError for anything else."""
+        value = text(raw) if isinstance(raw, bytes) else str(raw)
+        before, arrow, after = value.partition(">")
+        counts = [before, after] if arrow else [before]
+        if not all(c.isdigit() and 1 <= int(c) <= MAX_SHARDS for c in counts):
+            raise ConfigurationError(
+                f"queue {name!r} records {value!r} shards in Redis ({layout_key(name)}), not a "
+                f"count of 1 to {MAX_SHARDS} (or 'N>M' while a reshard runs)"
+            )
+        history = text(past) if isinstance(past, bytes) else (past or "")
+        known = tuple(int(c) for c in str(history).split(",") if c.isdigit())
+        if arrow:
+            return cls(int(after), int(before), known)
+        return cls(int(before), None, known)
+
+    def text(self) -> str:
+        """The layout key's value for this record."""
+        return str(self.count) if self.former is None else f"{self.former}>{self.count}"
+
+    def opens_with(self, shards: int) -> bool:
+        """Whether a queue object given ``shards=`` may use this layout (it follows it)."""
+        return shards in (self.count, self.former) or shards in self.past
+
+    def names(self, name: str) -> tuple[str, ...]:
+        """The shards' queue names: the new layout's in shard order, then the old layout's
+        that the new one lacks."""
+        own = shard_names(name, self.count)
+        if self.former is None:
+            return own
+        return own + tuple(n for n in shard_names(name, self.former) if n not in own)
+
+
 class ShardLayout:
     """The layout of a sharded queue: its name, N, the shards' names and queues (of the front
-    end that made it), which shard holds a task or a delivery, and the one check of N against
-    Redis. ``dueq.sharding.flows.ShardedCore`` runs the flows of the logical queue over them."""
+    end that made it), which shard holds a task or a delivery, and the read of its record in
+    Redis. ``dueq.sharding.flows.ShardedCore`` runs the flows of the logical queue over them,
+    and moves to another layout (``follow``) when the record changes (a reshard)."""
 
-    def __init__(self, name: str, count: int, make_shard: Callable[[str], QueueCore]) -> None:
+    def __init__(
+        self,
+        name: str,
+        count: int,
+        make_shard: Callable[[str], QueueCore],
+        record: LayoutRecord | None = None,
+        opened: int | None = None,
+    ) -> None:
         """Check the name and make the shards, ``make_shard(shard_name)`` each: queues of the
-        front end that asks, on its client, with its settings."""
+        front end that asks, on its client, with its settings. ``record``: the layout in Redis
+        (default: ``count`` shards, no reshard); ``opened``: the count the queue object was
+        opened with (default ``count``)."""
         if "#" in name:
             raise ConfigurationError(
                 f"a sharded queue's name cannot contain '#' (it separates the name from the "
                 f"shard in the shards' names, {name}#0 ...), got {name!r}"
             )
         self.name = name
-        self.count = count
-        self.names = shard_names(name, count)
+        self.record = LayoutRecord(count) if record is None else record
+        #: the count writes and lookups hash ids by (the new count while a reshard runs)
+        self.count = self.record.count
+        #: the old count while a reshard runs, else None
+        self.former = self.record.former
+        self.opened = count if opened is None else opened
+        self.names = self.record.names(name)
+        self.make_shard = make_shard
         with warnings.catch_warnings():  # the deprecated remember_done= warns once, for the queue
             warnings.simplefilter("ignore", DeprecationWarning)
-            #: the shards' queues (of the front end that made this layout), in shard order
+            #: the shards' queues (of the front end that made this layout): the layout's in
+            #: shard order, then (while a reshard runs) the old layout's that it lacks
             self.queues = [make_shard(n) for n in self.names]
         self._by_name = {s.name: s for s in self.queues}
-        self._checked = False
+        self._former_names = None if self.former is None else shard_names(name, self.former)
+        self._opened_once = False
+
+    def follow(self, record: LayoutRecord) -> ShardLayout:
+        """The layout of ``record``, keeping the shards' queue objects this one has."""
+        known = self._by_name
+
+        def make(shard_name: str) -> QueueCore:
+            return known[shard_name] if shard_name in known else self.make_shard(shard_name)
+
+        layout = ShardLayout(self.name, record.count, make, record, self.opened)
+        layout.make_shard = self.make_shard
+        layout._opened_once = True
+        return layout
+
+    def former_shard(self, task_id: str) -> QueueCore | None:
+        """While a reshard runs, the old layout's shard of ``task_id`` when it is not the new
+        one (the task may still be there), else None."""
+        if self._former_names is None or self.former is None:
+            return None
+        former = self._by_name[self._former_names[task_shard(task_id, self.former)]]
+        return None if former is self.shard(task_id) else former
+
+    def read_flow(self) -> Flow[LayoutRecord]:
+        """The layout record in Redis. The first time: refuse a plain queue of this name with
+        tasks, and record ``opened`` when the queue is new. ConfigurationError when the record
+        is not one this queue object may follow (``LayoutRecord.opens_with``)."""
+        key = layout_key(self.name)
+        if not self._opened_once:
+            plain = QueueKeys.for_queue(self.name)
+            held: int = yield protocol.command("EXISTS", plain.tasks, plain.dead, plain.cron)
+            if held:
+                raise ConfigurationError(
+                    f"queue {self.name!r} holds tasks as a plain (unsharded) queue; a sharded "
+                    f"queue of that name would not see them. Drain it first, or keep shards=1"
+                )
+            yield protocol.command("SETNX", key, str(self.opened))
+        recorded, past = yield protocol.Batch(
+            (
+                protocol.command("GET", key),
+                protocol.command("HGET", reshard_key(self.name), "past"),
+            )
+        )
+        record = None if recorded is None else LayoutRecord.parse(self.name, recorded, past)
+        if record is None or not record.opens_with(self.opened):
+            found = None if record is None else record.text()
+            raise ConfigurationError(
+                f"queue {self.name!r} has {found} shards in Redis ({key}); it was opened with "
+                f"shards={self.opened}. Changing N on a live queue would hide every task "
+                f"whose id hashes to another shard: open it with shards={found}, or change N "
+                f"with q.reshard(M) (dueq reshard QUEUE --to M)"
+            )
+        self._opened_once = True
+        return record
 
     def wake_channels(self) -> list[str]:
         return [s.keys.wake for s in self.queues]
@@ -214,34 +346,6 @@ class ShardLayout:
                 f"of {self.name!r}"
             )
         return owner
-
-    def check_flow(self) -> Flow[None]:
-        """Once per queue object: refuse a different N, or a plain queue of this name with
-        tasks; record N when the queue is new."""
-        if self._checked:
-            return
-        plain = QueueKeys.for_queue(self.name)
-        held: int = yield protocol.command("EXISTS", plain.tasks, plain.dead, plain.cron)
-        if held:
-            raise ConfigurationError(
-                f"queue {self.name!r} holds tasks as a plain (unsharded) queue; a sharded queue "
-                f"of that name would not see them. Drain it first, or keep shards=1"
-            )
-        key = layout_key(self.name)
-        _, recorded = yield protocol.Batch(
-            (
-                protocol.command("SETNX", key, str(self.count)),
-                protocol.command("GET", key),
-            )
-        )
-        found = None if recorded is None else text(recorded)
-        if found != str(self.count):
-            raise ConfigurationError(
-                f"queue {self.name!r} has {found} shards in Redis ({key}); it was opened with "
-                f"shards={self.count}. Changing N on a live queue would hide every task "
-                f"whose id hashes to another shard: open it with shards={found}"
-            )
-        self._checked = True
 
     # -- scheduling --------------------------------------------------------------------------
 

@@ -1,0 +1,311 @@
+"""Resharding a live queue (issue 43, ``dueq.sharding.reshard``): ``q.reshard(M)`` moves every
+task to its shard in the new layout with its whole state, while queue objects of the old
+layout follow the record; a mover stopped anywhere resumes; what a reshard cannot move yet is
+refused with the reason."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from durable_support import target
+
+import dueq
+from dueq._wire import protocol
+from dueq._wire.keys import QueueKeys, layout_key, reshard_key
+from dueq.sharding.layout import LAYOUT_RECHECK_S, shard_names, task_shard
+
+
+def held_by(r: Any, name: str, task_id: str) -> list[str]:
+    """The shards (of the layouts of 2 to 6 shards) whose tasks hash holds ``task_id``."""
+    names = {n for c in range(2, 7) for n in shard_names(name, c)}
+    return sorted(n for n in names if r.hexists(QueueKeys.for_queue(n).tasks, task_id))
+
+
+def drain(q: Any, limit: int = 100) -> list[Any]:
+    seen = []
+    while batch := q.claim(limit=limit):
+        for d in batch:
+            seen.append(d.id)
+            d.ack()
+    return seen
+
+
+def test_reshard_3_to_5_to_2_moves_every_task_with_its_whole_state(
+    make_queue: Any, r: Any, clock: Any
+) -> None:
+    q = make_queue("rs", shards=3, retry=dueq.RetryPolicy(max_attempts=5, wait=lambda s: 60.0))
+    q.configure(keep_results=3600, remember_done=3600)
+    later = [dueq.Task({"n": n}, id=f"later-{n}", delay=300, priority=n % 3) for n in range(60)]
+    q.schedule_many(later)
+    q.schedule_many([dueq.Task({"f": n}, id=f"failed-{n}") for n in range(20)])
+    for d in q.claim(limit=20):
+        d.fail(RuntimeError(f"boom {d.id}"))  # attempt 1 failed: due again in 60 s
+    q.schedule_many([dueq.Task({"d": n}, id=f"dead-{n}", max_attempts=1) for n in range(10)])
+    for d in q.claim(limit=10):
+        d.fail(RuntimeError("fatal"))
+    q.schedule_many([dueq.Task({"a": n}, id=f"acked-{n}") for n in range(10)])
+    for d in q.claim(limit=10):
+        d.ack({"result": d.id})
+    before = {
+        i.id: i for i in q.get_many([t.id for t in later] + [f"failed-{n}" for n in range(20)])
+    }
+    assert len(before) == 80
+
+    report = q.reshard(5)
+    assert (report.from_shards, report.to_shards, report.done) == (3, 5, True)
+    assert report.moved > 0
+    assert r.get(layout_key("rs")) == b"5"
+    assert target(q).shard_count == 5
+    for task_id, info in before.items():
+        assert held_by(r, "rs", task_id) == [shard_names("rs", 5)[task_shard(task_id, 5)]]
+        after = q.get(task_id)
+        assert after is not None
+        assert (after.state, after.attempt, after.due_at, after.priority) == (
+            info.state,
+            info.attempt,
+            info.due_at,
+            info.priority,
+        )
+        assert [e.message for e in after.errors] == [e.message for e in info.errors]
+    assert q.dead.count() == 10
+    assert {i.id for i in q.dead.list(limit=100)} == {f"dead-{n}" for n in range(10)}
+    assert q.get("acked-3").result == {"result": "acked-3"}  # kept results moved too
+    again = q.schedule_many([dueq.Task("again", id="acked-4")])
+    assert (again.added, again.existing) == (0, 1)  # its done mark moved: not scheduled again
+
+    assert q.reshard(2).done
+    assert r.get(layout_key("rs")) == b"2"
+    dropped = set(shard_names("rs", 3) + shard_names("rs", 5)) - set(shard_names("rs", 2))
+    for n in dropped:
+        k = QueueKeys.for_queue(n)
+        assert r.hlen(k.tasks) == r.zcard(k.due) == r.hlen(k.moving) == 0
+    clock.advance(3600)
+    ran = drain(q)
+    assert sorted(ran) == sorted(before)  # every scheduled task runs once, none lost
+    assert q.dead.count() == 10
+
+
+def test_a_queue_object_of_the_old_layout_follows_the_reshard(make_queue: Any) -> None:
+    old = make_queue("follow", shards=3)
+    old.schedule_many([dueq.Task(n, id=f"t{n}") for n in range(40)])
+    mover = make_queue("follow", shards=3)
+    assert mover.reshard(4).done
+    time.sleep(LAYOUT_RECHECK_S + 0.1)  # every queue object reads the record once a second
+    assert old.schedule_many([dueq.Task("new", id="t-new")]).added == 1
+    assert target(old).shard_count == 4
+    assert sorted(drain(old)) == sorted([f"t{n}" for n in range(40)] + ["t-new"])
+    fresh = make_queue("follow", shards=3)  # a process started with the old count: follows
+    assert fresh.stats().scheduled == 0 and target(fresh).shard_count == 4
+    with pytest.raises(dueq.ConfigurationError, match="has 4 shards"):
+        make_queue("follow", shards=5).stats()  # a count the queue never had
+
+
+def test_a_mover_stopped_after_taking_tasks_is_resumed_by_the_next(r: Any) -> None:
+    """A mover killed between "take" and "put" left whole tasks in its shard's ``moving``
+    records; the next ``reshard`` call puts them on their new shards first."""
+    q = dueq.Queue("resume", r, shards=3)
+    ids = [f"t{n}" for n in range(200)]
+    q.schedule_many([dueq.Task(n, id=i, delay=60) for n, i in enumerate(ids)])
+    resharder = q._core.resharder()
+    assert not q.drive(resharder.start_flow(5)).done  # started: the layout reads "3>5"
+    assert r.get(layout_key("resume")) == b"3>5"
+    shard = q._core.layout.queues[0]
+    leaving = [i for i in ids if task_shard(i, 3) == 0 and task_shard(i, 5) != 0]
+
+    def take() -> Any:
+        return (yield protocol.reshard_take(shard.keys, "", leaving))
+
+    taken = q.drive(take())  # the step's first call, then the mover dies
+    assert len(taken.records) == len(leaving) > 0
+    assert r.hlen(shard.keys.moving) == len(leaving)
+    assert q.reshard(5).done  # any process resumes it
+    assert r.hlen(shard.keys.moving) == 0
+    assert sorted(i.id for i in q.get_many(ids)) == sorted(ids)
+    assert all(held_by(r, "resume", i) == [q.shard(i).name] for i in ids)
+
+
+def test_reshard_while_producers_and_consumers_run_loses_nothing(r: Any) -> None:
+    """A producer and two consumers (threads, each its own queue object of the old layout)
+    run through 3 -> 5 -> 2: every task runs exactly once."""
+
+    def make_queue(name: str, **options: Any) -> dueq.Queue:
+        return dueq.Queue(name, r, **options)
+
+    q = make_queue("live", shards=3)
+    made: list[str] = []
+    ran: dict[str, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def produce() -> None:
+        p = make_queue("live", shards=3)
+        for n in range(1500):
+            task_id = f"p{n}"
+            p.schedule_many([dueq.Task(n, id=task_id, delay=0.05 * (n % 7))])
+            with lock:
+                made.append(task_id)
+        done_producing.set()
+
+    def consume() -> None:
+        c = make_queue("live", shards=3)
+        while not stop.is_set():
+            batch = c.claim(limit=20)
+            for d in batch:
+                with lock:
+                    ran[d.id] = ran.get(d.id, 0) + 1
+                d.ack()
+            if not batch:
+                time.sleep(0.02)
+
+    done_producing = threading.Event()
+    threads = [threading.Thread(target=produce)] + [
+        threading.Thread(target=consume) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        assert q.reshard(5, batch=50).done
+        assert q.reshard(2, batch=50).done
+        assert done_producing.wait(60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with lock:
+                if len(ran) == len(made):
+                    break
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert sorted(ran) == sorted(made)  # none lost
+    assert set(ran.values()) == {1}  # none run twice (no consumer died)
+    assert q.stats().scheduled == 0
+
+
+def test_what_a_reshard_cannot_move_yet_is_refused_with_the_reason(make_queue: Any) -> None:
+    q = make_queue("refuse", shards=3)
+    q.cron.add("nightly", "0 3 * * *", payload={"x": 1})
+    with pytest.raises(dueq.ConfigurationError, match="cron definitions"):
+        q.reshard(4)
+    q.cron.remove("nightly")
+    q.configure(key_concurrency=2)
+    with pytest.raises(dueq.ConfigurationError, match="per-key limits"):
+        q.reshard(4)
+    q.configure(key_concurrency=False)
+    assert q.reshard(4).done
+    with pytest.raises(dueq.ConfigurationError, match="plain queue"):
+        make_queue("plain").reshard(2)
+    with pytest.raises(dueq.ConfigurationError, match="cannot become a plain"):
+        q.reshard(1)
+
+
+def test_the_reshard_record_keeps_every_count_the_queue_had(make_queue: Any, r: Any) -> None:
+    q = make_queue("past", shards=2)
+    q.schedule("x")
+    q.reshard(3)
+    q.reshard(2)
+    assert r.hget(reshard_key("past"), "past") == b"2,3"
+    assert q.reshard(2).done  # already 2: nothing to do
+
+
+def test_the_queue_wide_rate_and_cap_hold_over_the_new_shards(make_queue: Any) -> None:
+    q = make_queue("limits", shards=3)
+    q.configure(rate=dueq.Rate(30, per=1.0), concurrency=12, paused=True)
+    q.schedule("x")
+    assert q.reshard(5).done
+    settings = q.settings()
+    assert (settings.rate, settings.concurrency, settings.paused) == (dueq.Rate(30, 1.0), 12, True)
+    assert q.claim() == []  # the new shards are paused too
+    assert q.reshard(2).done
+    assert (q.settings().rate, q.settings().concurrency) == (dueq.Rate(30, 1.0), 12)
+
+
+def test_doctor_reports_what_a_stopped_mover_left_and_the_running_reshard(r: Any) -> None:
+    q = dueq.Queue("doc-rs", r, shards=2)
+    ids = [f"t{n}" for n in range(60)]
+    q.schedule_many([dueq.Task(n, id=i) for n, i in enumerate(ids)])
+    resharder = q._core.resharder()
+    q.drive(resharder.start_flow(3))
+    layout = q._core.layout
+    shard = next(s for s in map(layout.former_shard, ids) if s is not None)
+    leaving = [i for i in ids if layout.former_shard(i) is shard]
+
+    def take() -> Any:
+        return (yield protocol.reshard_take(shard.keys, "", leaving))
+
+    q.drive(take())
+    report = q.doctor()
+    [finding] = [f for f in report.findings if f.what == "moving_records"]
+    assert (finding.subject, finding.found) == (shard.name, len(leaving))
+    assert any("a reshard runs (2>3 shards)" in note for note in report.notes)
+    assert q.reshard(3).done
+    assert not [f for f in q.doctor().findings if f.what == "moving_records"]
+
+
+MOVER = """
+import sys, redis, dueq
+q = dueq.Queue("killed", redis.Redis(port=int(sys.argv[1])), shards=3)
+q.reshard(5, batch=25)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_resharding_process_sigkilled_three_times_is_resumed_and_loses_nothing(
+    redis_server: Any, r: Any
+) -> None:
+    import subprocess
+    import sys
+
+    q = dueq.Queue("killed", r, shards=3)
+    ids = [f"t{n}" for n in range(4000)]
+    q.schedule_many([dueq.Task(n, id=i, delay=600) for n, i in enumerate(ids)])
+    moved_at_kill = []
+    for _ in range(3):
+        start = int(r.hget(reshard_key("killed"), "moved") or 0)
+        mover = subprocess.Popen([sys.executable, "-c", MOVER, str(redis_server.port)])
+        deadline = time.monotonic() + 60
+        while int(r.hget(reshard_key("killed"), "moved") or 0) < start + 300:
+            assert mover.poll() is None, "the mover ended before it was killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        mover.kill()  # SIGKILL, mid-step most of the time
+        mover.wait(10)
+        moved_at_kill.append(int(r.hget(reshard_key("killed"), "moved") or 0))
+        assert r.get(layout_key("killed")) == b"3>5"
+    assert moved_at_kill == sorted(moved_at_kill)  # each run went on from the last
+    assert q.reshard(5).done
+    held = {i: held_by(r, "killed", i) for i in ids}
+    assert all(held[i] == [q.shard(i).name] for i in ids)  # each task once, on its new shard
+    assert q.stats().scheduled == len(ids)
+    names = set(shard_names("killed", 3) + shard_names("killed", 5))
+    assert all(r.hlen(QueueKeys.for_queue(n).moving) == 0 for n in names)
+
+
+def test_a_running_worker_listens_on_the_new_shards_after_a_reshard(r: Any) -> None:
+    """A worker started on 3 shards follows the reshard to 5 and subscribes to the new
+    shards' wake channels: a task another process schedules on a new shard wakes it (its
+    heartbeat, which caps an idle sleep, is 30 s here)."""
+    q = dueq.Queue("wakes", r, shards=3)
+    q.stats()
+    ran = threading.Event()
+    worker = dueq.Worker(q, lambda d: ran.set(), heartbeat=30)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert dueq.Queue("wakes", r, shards=3).reshard(5).done
+        deadline = time.monotonic() + 10
+        while target(q).shard_count != 5:  # the worker's claims follow the record
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.0)  # (its listener subscribes to the new channels after its next read)
+        new = set(shard_names("wakes", 5)) - set(shard_names("wakes", 3))
+        producer = dueq.Queue("wakes", r, shards=5)
+        task_id = next(f"w{n}" for n in range(1000) if producer.shard(f"w{n}").name in new)
+        producer.schedule_many([dueq.Task("hello", id=task_id)])
+        assert ran.wait(5), "the worker did not hear the new shard's wake"
+    finally:
+        worker.stop()
+        thread.join(10)
