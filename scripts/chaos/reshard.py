@@ -205,9 +205,9 @@ def judge(
     still = stats.scheduled + stats.leased
     unended = sum(1 for i in scheduled if i not in acked and i not in dead)
     lost = max(unended - still, 0)  # (a task still queued has not ended: not lost)
-    reruns = sum(n - 1 for n in oks.values() if n > 1) + sum(
-        len(a) - len(set(a)) for a in starts.values()
-    )
+    after_ok = sum(n - 1 for n in oks.values() if n > 1)  # an acked task ran again
+    twice = sum(len(a) - len(set(a)) for a in starts.values())  # an attempt started twice
+    reruns = after_ok + twice
     flaky = sum(1 for i in scheduled if hashlib.sha256(i.encode()).digest()[0] < 26)
     rows = [
         ("tasks scheduled", len(scheduled)),
@@ -217,7 +217,8 @@ def judge(
         ("lost", lost),
         ("run early", early),
         ("over max_attempts", over),
-        ("re-runs", reruns),
+        ("re-runs: ran again after an ok run", after_ok),
+        ("re-runs: an attempt started twice", twice),
         ("retried (planted failures)", flaky),
         ("resharder SIGKILLs", len(kills)),
         ("3 -> 5 took (s)", round(took5, 1)),

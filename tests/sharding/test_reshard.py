@@ -33,6 +33,15 @@ def drain(q: Any, limit: int = 100) -> list[Any]:
     return seen
 
 
+def started(q: dueq.Queue, ids: list[str], to: int) -> tuple[Any, list[str]]:
+    """Start ``q``'s reshard to ``to`` (its first call only, as a mover that died then); an
+    old shard that some of ``ids`` leave, and those ids."""
+    assert not q.drive(q._core.resharder().start_flow(to)).done
+    layout = q._core.layout
+    shard = next(s for s in map(layout.former_shard, ids) if s is not None)
+    return shard, [i for i in ids if layout.former_shard(i) is shard]
+
+
 def test_reshard_3_to_5_to_2_moves_every_task_with_its_whole_state(
     make_queue: Any, r: Any, clock: Any
 ) -> None:
@@ -109,11 +118,8 @@ def test_a_mover_stopped_after_taking_tasks_is_resumed_by_the_next(r: Any) -> No
     q = dueq.Queue("resume", r, shards=3)
     ids = [f"t{n}" for n in range(200)]
     q.schedule_many([dueq.Task(n, id=i, delay=60) for n, i in enumerate(ids)])
-    resharder = q._core.resharder()
-    assert not q.drive(resharder.start_flow(5)).done  # started: the layout reads "3>5"
+    shard, leaving = started(q, ids, 5)
     assert r.get(layout_key("resume")) == b"3>5"
-    shard = q._core.layout.queues[0]
-    leaving = [i for i in ids if task_shard(i, 3) == 0 and task_shard(i, 5) != 0]
 
     def take() -> Any:
         return (yield protocol.reshard_take(shard.keys, "", leaving))
@@ -194,7 +200,10 @@ def test_what_a_reshard_cannot_move_yet_is_refused_with_the_reason(make_queue: A
     q.configure(key_concurrency=2)
     with pytest.raises(dueq.ConfigurationError, match="per-key limits"):
         q.reshard(4)
-    q.configure(key_concurrency=False)
+    q.configure(key_concurrency=False, events=3600)
+    with pytest.raises(dueq.ConfigurationError, match="outcome events are on"):
+        q.reshard(4)
+    q.configure(events=False)
     assert q.reshard(4).done
     with pytest.raises(dueq.ConfigurationError, match="plain queue"):
         make_queue("plain").reshard(2)
@@ -227,11 +236,7 @@ def test_doctor_reports_what_a_stopped_mover_left_and_the_running_reshard(r: Any
     q = dueq.Queue("doc-rs", r, shards=2)
     ids = [f"t{n}" for n in range(60)]
     q.schedule_many([dueq.Task(n, id=i) for n, i in enumerate(ids)])
-    resharder = q._core.resharder()
-    q.drive(resharder.start_flow(3))
-    layout = q._core.layout
-    shard = next(s for s in map(layout.former_shard, ids) if s is not None)
-    leaving = [i for i in ids if layout.former_shard(i) is shard]
+    shard, leaving = started(q, ids, 3)
 
     def take() -> Any:
         return (yield protocol.reshard_take(shard.keys, "", leaving))
@@ -309,3 +314,79 @@ def test_a_running_worker_listens_on_the_new_shards_after_a_reshard(r: Any) -> N
     finally:
         worker.stop()
         thread.join(10)
+
+
+def test_keyed_tasks_run_where_they_are_and_the_reshard_ends_once_they_have(r: Any) -> None:
+    """A task with a limit key (no limit set) is not moved: claims of both layouts run it on
+    its old shard, and the reshard, which counts it ``kept`` meanwhile, ends once it ended."""
+    q = dueq.Queue("keyed-rs", r, shards=3)
+    keyed = q.schedule_many([dueq.Task(n, key=f"k{n % 4}") for n in range(12)]).ids
+    plain = q.schedule_many([dueq.Task(n, id=f"p{n}") for n in range(30)]).ids
+    reports: list[Any] = []
+    mover = threading.Thread(target=lambda: reports.append(q.reshard(5, progress=reports.append)))
+    mover.start()
+    deadline = time.monotonic() + 30
+    while not any(rep.kept for rep in reports):
+        assert time.monotonic() < deadline and mover.is_alive()
+        time.sleep(0.02)
+    assert mover.is_alive()  # waits for the keyed tasks
+    c = dueq.Queue("keyed-rs", r, shards=3)
+    assert sorted(drain(c)) == sorted(keyed + plain)  # from both layouts' shards
+    mover.join(30)
+    assert reports[-1].done and r.get(layout_key("keyed-rs")) == b"5"
+
+
+def test_reshard_on_a_real_cluster_moves_tasks_between_primaries_on_both_front_ends(
+    cluster: Any, cluster_nodes: Any
+) -> None:
+    """3 -> 5 -> 2 on a 3-primary Redis Cluster: every script stays on one slot (the mover's
+    calls go to the node of each shard), the async front end resumes what the sync one
+    started, and every task runs once afterwards."""
+    import asyncio
+
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    q = dueq.Queue("cl-rs", cluster, shards=3)
+    ids = q.schedule_many([dueq.Task(n, id=f"c{n}", delay=30) for n in range(300)]).ids
+    assert q.reshard(5).done
+    assert {cluster.keyslot(QueueKeys.for_queue(n).due) for n in shard_names("cl-rs", 5)}
+
+    async def async_part() -> Any:
+        client = AsyncRedisCluster(host="127.0.0.1", port=cluster_nodes[0].port)
+        try:
+            aq = dueq.AsyncQueue("cl-rs", client, shards=5)
+            report = await aq.reshard(2)
+            found = await aq.get_many(ids)
+            return report, found
+        finally:
+            await client.aclose()
+
+    report, found = asyncio.run(async_part())
+    assert report.done and (report.from_shards, report.to_shards) == (5, 2)
+    assert sorted(i.id for i in found) == sorted(ids)
+    c = dueq.Queue("cl-rs", cluster, shards=2, clock=lambda: time.time() + 60)
+    assert sorted(drain(c)) == sorted(ids)
+
+
+def test_a_mover_killed_after_putting_never_brings_a_finished_task_back(r: Any) -> None:
+    """Killed between "put" and "drop": the tasks it put ran and were acked on their new shard
+    meanwhile; the next mover puts the left records again, and the new shard, which noted
+    their tokens, writes nothing: each task ran once."""
+    q = dueq.Queue("put-twice", r, shards=3)
+    ids = [f"t{n}" for n in range(120)]
+    q.schedule_many([dueq.Task(n, id=i) for n, i in enumerate(ids)])
+    shard, leaving = started(q, ids, 4)
+
+    def take_and_put() -> Any:
+        taken = yield protocol.reshard_take(shard.keys, "", leaving)
+        for task_id, record in taken.records:
+            home = q._core.layout.shard(task_id)
+            yield protocol.reshard_put(home.keys, "", [(task_id, record)])
+        return taken
+
+    q.drive(take_and_put())  # the mover dies before "drop"
+    ran = drain(q)
+    assert sorted(ran) == sorted(ids)
+    assert q.reshard(4).done
+    assert q.stats().scheduled == 0 and drain(q) == []  # nothing came back
+    assert all(r.hlen(s.keys.arrived) == 0 for s in q._core.layout.queues)

@@ -78,6 +78,7 @@ KEY_TYPES = {
     "spark:queries": "zset",
     "steps": "hash",
     "moving": "hash",
+    "arrived": "hash",
     **{f"due:p{p}": "zset" for p in range(1, 10)},
 }
 
@@ -148,6 +149,8 @@ class QueueKeys:
     ``gather_ended`` ZSET batch id -> completed ms: gathered batches, for trimming
     ``moving``  HASH id -> JSON record of a task a reshard took off this shard and has not yet
                 put on its new shard and dropped here (lua/reshard.lua; ``sharding.reshard``)
+    ``arrived`` HASH id -> token of each record a reshard put on this shard: put once only
+                (deleted when the reshard ends)
     ``waiting`` ZSET id -> due ms: tasks waiting for their parents (``after=``)
     ``after``   HASH id -> "<parents not finished>|<policy f or r>" of each waiting task
     ``children`` ZSET (scores 0) "<parent>\\0<child>": one member per edge still waited on
@@ -206,6 +209,7 @@ class QueueKeys:
     gather_on: str
     gather_ended: str
     moving: str
+    arrived: str
     waiting: str
     after: str
     children: str
@@ -276,6 +280,7 @@ class QueueKeys:
             gather_on=base + "batch:gather:on",
             gather_ended=base + "batch:gather:ended",
             moving=base + "moving",
+            arrived=base + "arrived",
             waiting=base + "waiting",
             after=base + "after",
             children=base + "after:children",

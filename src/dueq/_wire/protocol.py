@@ -1346,6 +1346,7 @@ def _reshard_keys(k: QueueKeys) -> list[str]:
         k.after,
         k.moving,
         k.wake,
+        k.arrived,
         k.due,
         *k.upper_due,
     ]

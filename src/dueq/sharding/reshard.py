@@ -20,7 +20,10 @@ parts, each safe to stop (SIGKILL included) and to run again, which resumes it:
    already wins), "drop" on the old one. A leased task is not taken: it is counted
    ``waiting`` and moved by a later pass once it settles (acked: nothing to move; failed:
    back in due). The cursor and the counts are written to the HASH after every step, and a
-   restarted mover first puts and drops what a killed one left in ``moving``.
+   restarted mover first puts and drops what a killed one left in ``moving`` (a record it had
+   put already is skipped: the new shard keeps each put record's token in ``arrived`` until
+   the end, so a task that ran and ended there since is not brought back; the 200,000-task
+   soak, ``scripts/chaos/reshard.py``, found 179 such re-runs before the tokens).
 3. **Finish**, at the end of a pass that found nothing to move and nothing waiting, began at
    least ``2 * LAYOUT_RECHECK_S`` after the start (so no queue object still writes by the old
    layout), and sees every old shard the new layout drops without tasks: the layout key
@@ -33,10 +36,13 @@ moves with it), and its attempts, errors, steps, signals, result and done mark m
 Refused for now, with the reason (docs/sharding.md, "Resharding"): a queue with per-key limits
 or fairness (a key's tasks and its counts would have to move together while none is leased,
 with the key's claims fenced meanwhile), open batches (each shard counts its part), tasks
-waiting for parents (their edges live on their shard), and cron definitions (a definition and
-its pending occurrence live on the definition's shard). Batches, crons and limits wait until
-the reshard is done (refused meanwhile). One mover at a time: two movers of one reshard move
-nothing twice (every step is idempotent), but their counts add up wrong.
+waiting for parents (their edges live on their shard), cron definitions (a definition and its
+pending occurrence live on the definition's shard), and outcome events (a reader's per-shard
+streams are fixed when it is made). A task with a limit key but no limit set (``kept``) is not
+moved either: its id was drawn on its key's shard of N, so no shard of M has both; it runs
+where it is (claims cover both layouts) and the reshard ends once it has ended. Batches and
+crons wait until the reshard is done (refused meanwhile). One mover at a time: two movers of
+one reshard move nothing twice (every step is idempotent), but their counts add up wrong.
 """
 
 from __future__ import annotations
@@ -168,6 +174,8 @@ class Resharder:
             reasons.append("per-key limits are set (key_rate, key_concurrency, key_limits)")
         if settings.fairness:
             reasons.append("fairness is on")
+        if settings.events:  # a reader's streams (one per shard) are fixed when it is made
+            reasons.append("outcome events are on (configure(events=False) first)")
         counts: list[tuple[int, ...]] = yield from together(
             [_holdings_flow(s.keys) for s in core.layout.queues]
         )
@@ -332,6 +340,7 @@ class Resharder:
             yield protocol.Batch(
                 (
                     protocol.command("SET", layout_key(self._name), record.text()),
+                    *(protocol.command("DEL", q.keys.arrived) for q in layout.queues),
                     protocol.command("HDEL", self._key, "cursor", "pass_started_ms"),
                     protocol.command("HSET", self._key, "done_ms", int(time.time() * 1000)),
                 )

@@ -4,9 +4,11 @@
 -- died-at, attempt record, errors, durable steps and signals, debounce cap, kept result, done
 -- mark) out of every key into one JSON record in `moving`, so no claim and no operation there
 -- sees it; "put" on its new shard writes that record back where it was (a part the new shard
--- already has wins: a producer wrote that id there first); "drop" on the old shard deletes
--- the record. A mover killed between the calls left the record in `moving`; it puts it again
--- (put is idempotent) and drops it. A task that is leased, keyed (a limit or fair key), in a
+-- already has wins: a producer wrote that id there first) and notes the record's token in
+-- `arrived`; "drop" on the old shard deletes the record. A mover killed between the calls
+-- left the record in `moving`; the next one puts it again and drops it. A record whose token
+-- the new shard noted was put already (its task may have run and ended there since): it is
+-- not written again, so a killed mover never brings a finished task back. A task that is leased, keyed (a limit or fair key), in a
 -- batch, or waiting for parents is not taken: it stays until it settles (or, keyed, is left).
 --
 -- KEYS[1] tasks     HASH id -> envelope
@@ -23,8 +25,9 @@
 -- KEYS[12] after    HASH id -> "<parents not finished>|<policy>"
 -- KEYS[13] moving   HASH id -> JSON record of a task taken and not yet dropped
 -- KEYS[14] wake     Pub/Sub channel, told when a task put here is due
--- KEYS[15] due      ZSET id -> due ms (priority 0)
--- KEYS[16..24] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[15] arrived  HASH id -> token of the record put here (until the reshard ends)
+-- KEYS[16] due      ZSET id -> due ms (priority 0)
+-- KEYS[17..25] upper_due: the due ZSETs of priorities 1 to 9
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "take", "put" or "drop"
 -- take: ARGV[3..] ids. Returns {leased, kept, id1, record1, id2, record2, ...}: how many were
@@ -32,14 +35,15 @@
 --       task's id and record (an id with nothing here is left out)
 -- put:  ARGV[3..] pairs id, record. Returns {put, existing}: tasks written, and tasks whose
 --       id this shard had already (their record's task left out; its result or done mark kept
---       when this shard has none)
+--       when this shard has none); a record put here before (its token in `arrived`) is left
+--       out and counted in neither
 -- drop: ARGV[3..] ids. Returns the number of records deleted from `moving`
 -- @include clock
 -- @include levels
 -- @include wake
 
 local op = ARGV[2]
-local levels = due_levels(KEYS[15])
+local levels = due_levels(KEYS[16])
 -- a record's fields: envelope, due ms, level, died-at, meta, errors, step log, signals,
 -- progress, debounce, result, finished ms, done ms (each absent when the task has none)
 local STEP_FIELDS = {{'', 'log'}, {'\0s', 'signals'}, {'\0p', 'progress'}}
@@ -58,6 +62,8 @@ end
 
 if op == 'take' then
   local leased, kept, out = 0, 0, {}
+  local t = redis.call('TIME')  -- the server's: a token differs from every earlier take's
+  local token_head = KEYS[13] .. '|' .. t[1] .. '.' .. t[2] .. '|'
   for i = 3, #ARGV do
     local id = ARGV[i]
     local record, movable = {}, true
@@ -86,6 +92,7 @@ if op == 'take' then
       record.result, record.finished = hget(KEYS[6], id), zscore(KEYS[7], id)
       record.done = zscore(KEYS[8], id)
       if next(record) ~= nil then
+        record.token = token_head .. i
         if record.envelope then
           redis.call('HDEL', KEYS[1], id)
           redis.call('HDEL', KEYS[2], id)
@@ -115,6 +122,11 @@ if op == 'put' then
   local put, existing, earliest = 0, 0, nil
   for i = 3, #ARGV, 2 do
     local id, record = ARGV[i], cjson.decode(ARGV[i + 1])
+    if redis.call('HGET', KEYS[15], id) == record.token then
+      record = {}  -- put here before (a killed mover's record, put again): nothing to write
+    else
+      redis.call('HSET', KEYS[15], id, record.token)
+    end
     if record.envelope then
       if redis.call('HSETNX', KEYS[1], id, record.envelope) == 1 then
         put = put + 1
