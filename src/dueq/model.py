@@ -369,7 +369,8 @@ class ReshardReport:
     shard in the current pass (moved once they settle); ``kept``: tasks that cannot move (a
     limit key, a batch, parents); ``passes``: passes over every shard begun; ``done`` once
     the layout key says ``to_shards``; ``cursor``: the next step's place ("<shard>/<set>/
-    <scan cursor>"), None when done."""
+    <scan cursor>"), None when done; ``left``: what the shards being dropped still held at the
+    end of the last pass."""
 
     name: str
     from_shards: int
@@ -383,6 +384,9 @@ class ReshardReport:
     cursor: str | None = None
     #: the last step ended a pass that moved nothing (the mover waits a little for leases)
     idle: bool = False
+    #: tasks, kept results and done marks still on the shards the new layout drops, at the
+    #: end of the last pass (the reshard ends once none is left)
+    left: int = 0
 
 
 @dataclass(frozen=True)

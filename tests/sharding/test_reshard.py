@@ -203,8 +203,16 @@ def test_what_a_reshard_cannot_move_yet_is_refused_with_the_reason(make_queue: A
     q.configure(key_concurrency=False, events=3600)
     with pytest.raises(dueq.ConfigurationError, match="outcome events are on"):
         q.reshard(4)
-    q.configure(events=False)
-    assert q.reshard(4).done
+    q.configure(events=False, rate=dueq.Rate(5, per=1.0))
+    with pytest.raises(dueq.ConfigurationError, match="needs n >= 6"):
+        q.reshard(4)  # (shards of both layouts while it runs: 3 and 4, none shared here)
+    q.configure(rate=False)
+    q.schedule_many([dueq.Task(n, id=f"b{n}") for n in range(6)], batch="imp")
+    with pytest.raises(dueq.ConfigurationError, match="records of open batches"):
+        q.reshard(4)
+    q.close_batch("imp")
+    assert len(drain(q)) == 6 and q.batch("imp").complete
+    assert q.reshard(4).done  # a completed batch's records do not hold it back
     with pytest.raises(dueq.ConfigurationError, match="plain queue"):
         make_queue("plain").reshard(2)
     with pytest.raises(dueq.ConfigurationError, match="cannot become a plain"):
@@ -390,3 +398,61 @@ def test_a_mover_killed_after_putting_never_brings_a_finished_task_back(r: Any) 
     assert q.reshard(4).done
     assert q.stats().scheduled == 0 and drain(q) == []  # nothing came back
     assert all(r.hlen(s.keys.arrived) == 0 for s in q._core.layout.queues)
+
+
+#: The last commit before resharding: a release whose processes read the layout key once.
+BEFORE_RESHARDING = "05f976a"
+
+OLD_RELEASE_PROCESS = """
+import sys, redis, dueq
+q = dueq.Queue("deploy", redis.Redis(port=int(sys.argv[1])), shards=int(sys.argv[2]))
+try:
+    q.schedule("from the old release")
+except dueq.ConfigurationError as exc:
+    print("refused:", exc)
+else:
+    print("scheduled")
+"""
+
+
+def test_a_rolling_deploy_processes_of_a_release_before_resharding_are_refused_not_wrong(
+    redis_server: Any, r: Any, tmp_path: Any
+) -> None:
+    """Roll this release out before resharding: while the layout reads "3>5" a process of the
+    release before it is refused with a ConfigurationError (it reads no count there), so it
+    never writes by the old layout; after the reshard it works again once opened with the new
+    count, and one opened with the old count is refused, while this release's processes follow
+    either way (``test_a_queue_object_of_the_old_layout_follows_the_reshard``)."""
+    import subprocess
+    import sys
+    import tarfile
+
+    from paths_support import ROOT
+
+    archive = tmp_path / "old.tar"
+    with archive.open("wb") as out:
+        made = subprocess.run(
+            ["git", "archive", BEFORE_RESHARDING, "src"], cwd=ROOT, stdout=out, check=False
+        )
+    if made.returncode != 0:
+        pytest.skip(f"this checkout has no commit {BEFORE_RESHARDING} (a shallow clone)")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path, filter="data")
+    env = {"PYTHONPATH": str(tmp_path / "src"), "PATH": "/usr/bin:/bin"}
+
+    def old_release(shards: int) -> str:
+        cmd = [sys.executable, "-c", OLD_RELEASE_PROCESS, str(redis_server.port), str(shards)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    q = dueq.Queue("deploy", r, shards=3)
+    ids = q.schedule_many([dueq.Task(n, id=f"t{n}", delay=60) for n in range(100)]).ids
+    assert old_release(3).startswith("scheduled")  # before: the old release works
+    q.drive(q._core.resharder().start_flow(5))  # the reshard begins (layout "3>5")
+    assert "refused: queue 'deploy' has 3>5 shards" in old_release(3)
+    assert "refused" in old_release(5)
+    assert q.reshard(5).done
+    assert "refused: queue 'deploy' has 5 shards" in old_release(3)
+    assert old_release(5).startswith("scheduled")
+    assert len(q.get_many(ids)) == 100 and q.stats().scheduled == 102

@@ -25,7 +25,8 @@ def _line(report: ReshardReport) -> str:
     return (
         f"{report.from_shards} -> {report.to_shards} shards: pass {report.passes}, "
         f"{report.moved} moved, {report.existing} already there, {report.waiting} leased "
-        f"(moved once settled), {report.kept} cannot move"
+        f"(moved once settled), {report.kept} cannot move, {report.left} left on the "
+        f"shards being dropped"
     )
 
 

@@ -672,10 +672,10 @@ class ShardedCore:
         drawn again from the ids of its shard (not from ``fresh_ids``)."""
         yield from self.layout_flow()
         layout = self.layout
-        index = {s.name: i for i, s in enumerate(layout.queues)}
         if layout.former is None:
             places = [task_shard(task_id, layout.count) for task_id in ids]
         else:  # a reshard runs: an id still on its old shard is written there (the mover moves it)
+            index = {s.name: i for i, s in enumerate(layout.queues)}
             where = yield from self.where_flow(ids)
             at = {task_id: index[s.name] for s, group in where.items() for task_id in group}
             places = [at[task_id] for task_id in ids]
@@ -687,6 +687,7 @@ class ShardedCore:
                 [ids[p] for p in positions],
                 [records[p] for p in positions],
                 replace,
+                # (a group on an old shard holds ids it has: none is generated, none redrawn)
                 layout.fresh_ids(min(i, layout.count - 1)),
             )
             for i, positions in groups.items()

@@ -75,6 +75,8 @@ WALK = ("moving", *(f"due{p}" for p in range(10)), "dead", "finished", "done", "
 #: How long the front ends wait after a pass that moved nothing (leases out, or the start's
 #: grace for writers of the old layout) before the next step (seconds).
 IDLE_S = 0.2
+#: The counters of the reshard HASH (reset when a reshard starts).
+COUNTS = ("moved", "existing", "pass_moved", "pass_waiting", "pass_kept")
 #: Most ids a step looks at (ZSCAN's COUNT is a hint: a step may see a few more).
 MAX_BATCH = 10_000
 
@@ -132,12 +134,10 @@ class Resharder:
             return (yield from self.report_flow())
         if record.count == to:
             return ReshardReport(self._name, to, to, done=True)
-        yield from self._refusals_flow()
-        settings = yield from core.settings_flow()
+        settings = yield from self._refusals_flow(LayoutRecord(to, record.count))
         yield from self._copy_config_flow(record.count, to)
         past = ",".join(str(n) for n in dict.fromkeys((*record.past, record.count, to)))
         migrating = LayoutRecord(to, record.count, tuple(int(n) for n in past.split(",")))
-        yield protocol.command("DEL", self._key)
         yield protocol.Batch(
             (
                 _hset(
@@ -150,6 +150,7 @@ class Resharder:
                         "pass_started_ms": int(time.time() * 1000),
                         "cursor": "0/0/0",
                         "passes": 1,
+                        **dict.fromkeys(COUNTS, 0),  # (a reshard before this one counted too)
                         # the queue-wide limits, split again over the new shards at the end
                         "rate_n": settings.rate.n if settings.rate else 0,
                         "rate_per_ms": settings.rate.per_ms if settings.rate else 0,
@@ -165,11 +166,23 @@ class Resharder:
             yield from core.configure_flow(rate=settings.rate, concurrency=settings.concurrency)
         return (yield from self.report_flow())
 
-    def _refusals_flow(self) -> Flow[None]:
-        """ConfigurationError naming what this queue holds that a reshard cannot move yet."""
+    def _refusals_flow(self, migrating: LayoutRecord) -> Flow[QueueSettings]:
+        """ConfigurationError naming what this queue holds that a reshard to ``migrating``
+        cannot move yet; else the queue's settings."""
         core = self._core
         settings = yield from core.settings_flow()
         reasons = []
+        both = len(migrating.names(self._name))  # the shards while the reshard runs
+        if settings.rate is not None and settings.rate.n < both:
+            reasons.append(
+                f"the rate {settings.rate} is split over the {both} shards of both layouts "
+                f"while the reshard runs, so it needs n >= {both}"
+            )
+        if settings.concurrency is not None and settings.concurrency < both:
+            reasons.append(
+                f"the concurrency cap {settings.concurrency} is split over the {both} shards "
+                f"of both layouts while the reshard runs, so it needs to be >= {both}"
+            )
         if settings.key_rate or settings.key_concurrency or settings.key_limits:
             reasons.append("per-key limits are set (key_rate, key_concurrency, key_limits)")
         if settings.fairness:
@@ -183,7 +196,7 @@ class Resharder:
         if crons:
             reasons.append(f"{crons} cron definitions (remove them, reshard, add them again)")
         if batches:
-            reasons.append(f"{batches} batch records (let open batches complete first)")
+            reasons.append(f"{batches} records of open batches (let them complete first)")
         if waiting:
             reasons.append(f"{waiting} tasks wait for their parents (after=)")
         if keys:
@@ -194,6 +207,7 @@ class Resharder:
                 + "; ".join(reasons)
                 + " (docs/sharding.md, 'Resharding')"
             )
+        return settings
 
     def _copy_config_flow(self, count: int, to: int) -> Flow[None]:
         """Give the new shards the queue's settings: shard 0's config HASH copied to each (the
@@ -236,6 +250,7 @@ class Resharder:
             _number(fields, "pass_kept"),
             _number(fields, "passes"),
             cursor=text(fields.get("cursor", b"0/0/0")),
+            left=_number(fields, "left"),
         )
 
     def step_flow(self, batch: int) -> Flow[ReshardReport]:
@@ -277,7 +292,7 @@ class Resharder:
             set_index += 1
             if set_index == len(WALK):
                 set_index, shard_index = 0, shard_index + 1
-        counts = {
+        counts = {  # (COUNTS)
             "moved": moved,
             "existing": existing,
             "pass_moved": moved,
@@ -335,6 +350,7 @@ class Resharder:
         )
         dropped = left[layout.count :]  # the old layout's shards the new one lacks
         empty = all(held == 0 for held, _ in dropped) and all(m == 0 for _, m in left)
+        held_back = sum(held for held, _ in dropped)
         if quiet and settled and empty:
             record = LayoutRecord(layout.count, None, layout.record.past)
             yield protocol.Batch(
@@ -359,7 +375,11 @@ class Resharder:
                 protocol.command("HDEL", self._key, "pass_moved", "pass_waiting", "pass_kept"),
                 _hset(
                     self._key,
-                    {"cursor": "0/0/0", "pass_started_ms": int(time.time() * 1000)},
+                    {
+                        "cursor": "0/0/0",
+                        "pass_started_ms": int(time.time() * 1000),
+                        "left": held_back,
+                    },
                 ),
                 protocol.command("HINCRBY", self._key, "passes", 1),
             )
@@ -374,18 +394,21 @@ def _walk_key(k: QueueKeys, walk: str) -> str:
 
 
 def _holdings_flow(k: QueueKeys) -> Flow[tuple[int, ...]]:
-    """One shard's cron definitions, batch records, tasks waiting for parents, limit keys."""
+    """One shard's cron definitions, open batches (parts and home records: those not yet in
+    their completed sets), tasks waiting for parents, limit keys."""
     replies = yield protocol.Batch(
         (
             protocol.command("HLEN", k.cron),
             protocol.command("HLEN", k.batches),
+            protocol.command("ZCARD", k.batch_ended),
             protocol.command("HLEN", k.gather),
+            protocol.command("ZCARD", k.gather_ended),
             protocol.command("ZCARD", k.waiting),
             protocol.command("HLEN", k.key_state),
         )
     )
-    cron, batches, gather, waiting, keys = (int(r) for r in replies)
-    return cron, batches + gather, waiting, keys
+    cron, parts, parts_ended, homes, homes_ended, waiting, keys = (int(r) for r in replies)
+    return cron, max(parts - parts_ended, 0) + max(homes - homes_ended, 0), waiting, keys
 
 
 def _left_flow(k: QueueKeys) -> Flow[tuple[int, int]]:
