@@ -191,6 +191,58 @@ def test_reshard_while_producers_and_consumers_run_loses_nothing(r: Any) -> None
     assert q.stats().scheduled == 0
 
 
+def test_an_asyncio_reshard_while_async_producers_and_consumers_run_loses_nothing(r: Any) -> None:
+    """The asyncio front end's reshard, on the loop that also runs an ``AsyncQueue`` producer
+    and two consumers (each its own queue object of the old layout): 3 -> 5 -> 2, every task
+    runs exactly once."""
+    import asyncio
+
+    from conftest import async_mirror
+
+    async def run() -> tuple[list[str], dict[str, int], int]:
+        client = async_mirror(r)
+        made: list[str] = []
+        ran: dict[str, int] = {}
+        produced = asyncio.Event()
+
+        async def produce() -> None:
+            p = dueq.AsyncQueue("alive", client, shards=3)
+            for n in range(0, 1200, 20):
+                tasks = [dueq.Task(i, id=f"a{i}", delay=0.05 * (i % 5)) for i in range(n, n + 20)]
+                await p.schedule_many(tasks)
+                made.extend(t.id for t in tasks if t.id is not None)
+                await asyncio.sleep(0.01)
+            produced.set()
+
+        async def consume() -> None:
+            c = dueq.AsyncQueue("alive", client, shards=3)
+            while True:
+                batch = await c.claim(limit=20)
+                for d in batch:
+                    ran[d.id] = ran.get(d.id, 0) + 1
+                    await d.ack()
+                if not batch:
+                    if produced.is_set() and len(ran) >= len(made):
+                        return
+                    await asyncio.sleep(0.02)
+
+        try:
+            mover = dueq.AsyncQueue("alive", client, shards=3)
+            jobs = [asyncio.ensure_future(produce())]
+            jobs += [asyncio.ensure_future(consume()) for _ in range(2)]
+            assert (await mover.reshard(5, batch=50)).done
+            assert (await mover.reshard(2, batch=50)).done
+            await asyncio.wait_for(asyncio.gather(*jobs), 60)
+            return made, ran, (await mover.stats()).scheduled
+        finally:
+            await client.aclose()
+
+    made, ran, left = asyncio.run(run())
+    assert sorted(ran) == sorted(made) and len(made) == 1200  # none lost
+    assert set(ran.values()) == {1}  # none run twice
+    assert left == 0
+
+
 def test_what_a_reshard_cannot_move_yet_is_refused_with_the_reason(make_queue: Any) -> None:
     q = make_queue("refuse", shards=3)
     q.cron.add("nightly", "0 3 * * *", payload={"x": 1})
