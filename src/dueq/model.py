@@ -713,6 +713,9 @@ class QueueStats:
     tenants: tuple[TenantShare, ...] = ()
     #: a sharded queue's shards, in order, each with its own counts (empty for a plain queue)
     shards: tuple[ShardStats, ...] = ()
+    #: while a reshard of a sharded queue runs, its layout ("3>5": from 3 shards to 5; the
+    #: shards then list both layouts'), else None (docs/sharding.md, "Resharding")
+    resharding: str | None = None
 
     @property
     def paused(self) -> bool:

@@ -30,3 +30,15 @@ def test_reshard_refuses_a_queue_with_cron_definitions_with_the_reason(r: Any, i
     assert result.exit_code != 0
     assert "cron definitions" in result.output
     assert r.get(layout_key("cli-rs-cron")) == b"2"
+
+
+def test_stats_says_a_reshard_runs_beside_the_shards_of_both_layouts(r: Any, invoke: Any) -> None:
+    q = dueq.Queue("cli-rs-stats", r, shards=2)
+    q.schedule_many([dueq.Task(n, id=f"t{n}") for n in range(20)])
+    q.drive(q._core.resharder().start_flow(3))  # started (a mover that stopped there)
+    shown = invoke("stats", "cli-rs-stats")
+    assert shown.exit_code == 0, shown.output
+    assert "resharding 2>3" in shown.output
+    assert q.reshard(3).done
+    assert q.stats().resharding is None
+    assert "resharding" not in invoke("stats", "cli-rs-stats").output

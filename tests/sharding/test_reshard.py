@@ -306,6 +306,8 @@ def test_doctor_reports_what_a_stopped_mover_left_and_the_running_reshard(r: Any
     [finding] = [f for f in report.findings if f.what == "moving_records"]
     assert (finding.subject, finding.found) == (shard.name, len(leaving))
     assert any("a reshard runs (2>3 shards)" in note for note in report.notes)
+    stats = q.stats()
+    assert stats.resharding == "2>3" and len(stats.shards) == len(q._core.layout.queues)
     assert q.reshard(3).done
     assert not [f for f in q.doctor().findings if f.what == "moving_records"]
 

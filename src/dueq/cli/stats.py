@@ -82,7 +82,10 @@ def shards_table(name: str, s: QueueStats) -> Any:
     oldest due lag (where a queue's work lies: an uneven spread, a stuck shard)."""
     counts = ("scheduled", "due now", "waiting", "leased", "dead")
     columns = ("shard", *counts, "next due", "oldest due lag")
-    table = titled_table(f"shards of {safe(repr(name))}", columns, right={*counts})
+    title = f"shards of {safe(repr(name))}"
+    if s.resharding is not None:  # both layouts' shards, until the reshard ends
+        title += f" (resharding {safe(s.resharding)}: dueq reshard {safe(name)} shows progress)"
+    table = titled_table(title, columns, right={*counts})
     for p in s.shards:
         table.add_row(
             safe(p.shard),

@@ -950,12 +950,13 @@ class ShardedCore:
 
     def stats_flow(self) -> Flow[QueueStats]:
         yield from self.layout_flow()
-        parts: list[QueueStats] = yield from together([s.stats_flow() for s in self.layout.queues])
+        layout = self.layout
+        parts: list[QueueStats] = yield from together([s.stats_flow() for s in layout.queues])
         shards = tuple(
-            _shard_stats(shard.name, part)
-            for shard, part in zip(self.layout.queues, parts, strict=True)
+            _shard_stats(shard.name, part) for shard, part in zip(layout.queues, parts, strict=True)
         )
-        return replace(_sum_stats(parts), shards=shards)
+        resharding = None if layout.former is None else layout.record.text()
+        return replace(_sum_stats(parts), shards=shards, resharding=resharding)
 
     def derived_state_flow(self, fix: bool, batch: int) -> Flow[DoctorReport]:
         """Each shard checked on its own keys (findings name their shard), side by side."""
