@@ -726,7 +726,7 @@ class Queue(QueueCore):
         ``shards``; safe to stop at any point (SIGKILL included): calling it again (any
         process) resumes. ConfigurationError on a plain queue, while another reshard runs,
         or while the queue holds what a reshard cannot move yet (per-key limits, fairness,
-        open batches, parents, cron definitions: docs/sharding.md, "Resharding")."""
+        outcome events, open batches, parents: docs/sharding.md, "Resharding")."""
         resharder = self._core.resharder()
         report: ReshardReport = self.drive(resharder.start_flow(shards))
         while not report.done:

@@ -23,13 +23,13 @@ def test_reshard_moves_a_sharded_queue_to_the_new_count_and_says_so(r: Any, invo
     assert (report["from_shards"], report["to_shards"], report["done"]) == (5, 2, True)
 
 
-def test_reshard_refuses_a_queue_with_cron_definitions_with_the_reason(r: Any, invoke: Any) -> None:
-    q = dueq.Queue("cli-rs-cron", r, shards=2)
-    q.cron.add("tick", every=60)
-    result = invoke("reshard", "cli-rs-cron", "--to", "3")
+def test_reshard_refuses_a_queue_with_per_key_limits_with_the_reason(r: Any, invoke: Any) -> None:
+    q = dueq.Queue("cli-rs-keys", r, shards=2)
+    q.configure(key_concurrency=3)
+    result = invoke("reshard", "cli-rs-keys", "--to", "3")
     assert result.exit_code != 0
-    assert "cron definitions" in result.output
-    assert r.get(layout_key("cli-rs-cron")) == b"2"
+    assert "per-key limits" in result.output
+    assert r.get(layout_key("cli-rs-keys")) == b"2"
 
 
 def test_stats_says_a_reshard_runs_beside_the_shards_of_both_layouts(r: Any, invoke: Any) -> None:

@@ -15,7 +15,7 @@ from durable_support import target
 import dueq
 from dueq._wire import protocol
 from dueq._wire.keys import QueueKeys, layout_key, reshard_key
-from dueq.sharding.layout import LAYOUT_RECHECK_S, shard_names, task_shard
+from dueq.sharding.layout import LAYOUT_RECHECK_S, shard_names, shard_of, task_shard
 
 
 def held_by(r: Any, name: str, task_id: str) -> list[str]:
@@ -40,6 +40,20 @@ def started(q: dueq.Queue, ids: list[str], to: int) -> tuple[Any, list[str]]:
     layout = q._core.layout
     shard = next(s for s in map(layout.former_shard, ids) if s is not None)
     return shard, [i for i in ids if layout.former_shard(i) is shard]
+
+
+def reshard_until_kept(q: dueq.Queue, to: int) -> tuple[threading.Thread, list[Any]]:
+    """``q.reshard(to)`` in a thread, once its progress reports tasks it cannot move yet (it
+    is still running then); the thread and its reports (the last: the result, once joined)."""
+    reports: list[Any] = []
+    mover = threading.Thread(target=lambda: reports.append(q.reshard(to, progress=reports.append)))
+    mover.start()
+    deadline = time.monotonic() + 30
+    while not any(rep.kept for rep in reports):
+        assert time.monotonic() < deadline and mover.is_alive()
+        time.sleep(0.02)
+    assert mover.is_alive()
+    return mover, reports
 
 
 def test_reshard_3_to_5_to_2_moves_every_task_with_its_whole_state(
@@ -245,10 +259,6 @@ def test_an_asyncio_reshard_while_async_producers_and_consumers_run_loses_nothin
 
 def test_what_a_reshard_cannot_move_yet_is_refused_with_the_reason(make_queue: Any) -> None:
     q = make_queue("refuse", shards=3)
-    q.cron.add("nightly", "0 3 * * *", payload={"x": 1})
-    with pytest.raises(dueq.ConfigurationError, match="cron definitions"):
-        q.reshard(4)
-    q.cron.remove("nightly")
     q.configure(key_concurrency=2)
     with pytest.raises(dueq.ConfigurationError, match="per-key limits"):
         q.reshard(4)
@@ -384,14 +394,7 @@ def test_keyed_tasks_run_where_they_are_and_the_reshard_ends_once_they_have(r: A
     q = dueq.Queue("keyed-rs", r, shards=3)
     keyed = q.schedule_many([dueq.Task(n, key=f"k{n % 4}") for n in range(12)]).ids
     plain = q.schedule_many([dueq.Task(n, id=f"p{n}") for n in range(30)]).ids
-    reports: list[Any] = []
-    mover = threading.Thread(target=lambda: reports.append(q.reshard(5, progress=reports.append)))
-    mover.start()
-    deadline = time.monotonic() + 30
-    while not any(rep.kept for rep in reports):
-        assert time.monotonic() < deadline and mover.is_alive()
-        time.sleep(0.02)
-    assert mover.is_alive()  # waits for the keyed tasks
+    mover, reports = reshard_until_kept(q, 5)  # it waits for the keyed tasks
     c = dueq.Queue("keyed-rs", r, shards=3)
     assert sorted(drain(c)) == sorted(keyed + plain)  # from both layouts' shards
     mover.join(30)
@@ -510,3 +513,52 @@ def test_a_rolling_deploy_processes_of_a_release_before_resharding_are_refused_n
     assert "refused: queue 'deploy' has 5 shards" in old_release(3)
     assert old_release(5).startswith("scheduled")
     assert len(q.get_many(ids)) == 100 and q.stats().scheduled == 102
+
+
+def test_cron_definitions_move_with_their_pending_occurrence_and_keep_firing(
+    make_queue: Any, r: Any, clock: Any
+) -> None:
+    """Each definition moves to the shard of its name in the new layout together with its
+    pending occurrence (one record), so the claim that takes the occurrence finds the
+    definition there and schedules the next one: every definition keeps firing."""
+    q = make_queue("crons", shards=3)
+    names = [f"job{n}" for n in range(12)]
+    for name in names:
+        q.cron.add(name, every=60, payload={"job": name})
+    before = {d.name: d.next_at for d in q.cron.list()}
+    assert q.reshard(5).done
+    after = {d.name: d.next_at for d in q.cron.list()}
+    assert after == before  # every definition, each still pending at its slot
+    for name in names:
+        home = shard_names("crons", 5)[shard_of(name, 5)]
+        assert r.hexists(QueueKeys.for_queue(home).cron, name)
+    for _ in range(2):  # two slots: each fires, and its next occurrence follows on its shard
+        clock.advance(60)
+        fired = []
+        while batch := q.claim(limit=50):
+            for d in batch:
+                fired.append(d.payload["job"])
+                d.ack()
+        assert sorted(fired) == sorted(names)
+    assert q.reshard(2).done
+    assert {d.name for d in q.cron.list()} == set(names)
+
+
+def test_a_definition_whose_occurrence_runs_moves_once_it_has_ended(r: Any) -> None:
+    """A definition whose latest occurrence is still leased stays (its outcome is noted where
+    it runs): the reshard waits for it, then moves the definition."""
+    clock = [1_800_000_000.0]
+    q = dueq.Queue("cron-busy", r, shards=2, clock=lambda: clock[0])
+    name = next(
+        f"tick{n}" for n in range(100) if shard_of(f"tick{n}", 2) != shard_of(f"tick{n}", 3)
+    )
+    q.cron.add(name, every=60)
+    clock[0] += 60
+    [running] = q.claim(limit=1)  # its occurrence runs; the next one is pending
+    mover, reports = reshard_until_kept(q, 3)  # it waits for the running occurrence
+    running.ack()
+    mover.join(30)
+    assert reports[-1].done
+    home = shard_names("cron-busy", 3)[shard_of(name, 3)]
+    assert r.hexists(QueueKeys.for_queue(home).cron, name)
+    assert q.cron.get(name).last_outcome == "acked"  # noted where it ran, then moved along

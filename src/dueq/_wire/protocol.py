@@ -1347,6 +1347,12 @@ def _reshard_keys(k: QueueKeys) -> list[str]:
         k.moving,
         k.wake,
         k.arrived,
+        k.cron,
+        k.cron_state,
+        k.cron_paused,
+        k.cron_last,
+        k.cron_runs,
+        k.cron_filled,
         k.due,
         *k.upper_due,
     ]
@@ -1364,12 +1370,38 @@ class Taken(NamedTuple):
 def reshard_take(k: QueueKeys, now: str, ids: Sequence[str]) -> Call[Taken]:
     """Take the tasks ``ids`` (their whole state) off this shard into its ``moving`` records."""
 
-    def parse(reply: Any) -> Taken:
-        flat = reply[2:]
-        pairs = [(text(flat[i]), bytes(flat[i + 1])) for i in range(0, len(flat), 2)]
-        return Taken(pairs, int(reply[0]), int(reply[1]))
+    return Call("reshard", _reshard_keys(k), [now, "take", *ids], _taken)
 
-    return Call("reshard", _reshard_keys(k), [now, "take", *ids], parse)
+
+def _taken(reply: Any) -> Taken:
+    flat = reply[2:]
+    pairs = [(text(flat[i]), bytes(flat[i + 1])) for i in range(0, len(flat), 2)]
+    return Taken(pairs, int(reply[0]), int(reply[1]))
+
+
+def reshard_take_crons(k: QueueKeys, now: str, names: Sequence[str]) -> Call[Taken]:
+    """Take the cron definitions ``names`` (each with its pending occurrence) off this shard
+    into its ``moving`` records (under ``"\0cron\0<name>"``: ``moving_cron``)."""
+    return Call("reshard", _reshard_keys(k), [now, "take_crons", *names], _taken)
+
+
+#: The ``moving`` field of a cron definition's record (no task id holds a NUL).
+CRON_MOVING = "\0cron\0"
+
+
+def moving_cron(field: str) -> str | None:
+    """The definition name of a ``moving`` field that holds a cron definition, else None."""
+    return field[len(CRON_MOVING) :] if field.startswith(CRON_MOVING) else None
+
+
+def cron_names_scan(k: QueueKeys, cursor: int, count: int) -> Command[tuple[int, list[str]]]:
+    """One HSCAN step over a shard's cron definitions: the next cursor (0: done), names."""
+
+    def parse(reply: Any) -> tuple[int, list[str]]:
+        cursor, found = reply
+        return int(cursor), [text(name) for name in found]
+
+    return command("HSCAN", k.cron, cursor, "COUNT", count, parse=parse)
 
 
 def reshard_put(

@@ -49,7 +49,8 @@ def reshard(queue: str, to: int, batch: int, as_json: bool, target: RedisTarget)
     steps, result), leased ones once they settle. Every queue object follows the new layout
     within a second. Stopped at any point, running it again resumes. Refused, with the
     reason, while the queue has per-key limits, fairness, open batches, tasks waiting for
-    parents or cron definitions (docs/sharding.md, "Resharding")."""
+    parents or outcome events (docs/sharding.md, "Resharding"); cron definitions move with
+    their pending occurrence."""
     conn = target.open()
     require_queue(conn, queue)
     out = console()

@@ -186,6 +186,7 @@ from dueq.sharding.layout import (
     LayoutRecord,
     ShardLayout,
     keyed_id,
+    shard_names,
     shard_of,
     task_shard,
 )
@@ -1265,12 +1266,20 @@ def _named(method: str) -> Callable[..., Flow[Any]]:
     def flow(self: ShardedCronFlows, name: str, *args: Any) -> Flow[Any]:
         name = validate_cron_name(name)
         yield from self._sharded.layout_flow()
-        if self._layout.former is not None and method not in ("get_flow", "remove_flow"):
+        layout = self._layout
+        former = layout.former
+        if former is not None and method != "get_flow":
             raise ConfigurationError(
-                f"queue {self._layout.name!r} is being resharded "
-                f"({self._layout.record.text()} shards): cron definitions wait until it is done"
+                f"queue {layout.name!r} is being resharded ({layout.record.text()} shards): "
+                "cron definitions change once it is done (they move with it)"
             )
-        index = shard_of(name, self._layout.count)
+        index = shard_of(name, layout.count)
+        if former is not None:  # a reshard runs: the definition is on its old shard until moved
+            names = [s.name for s in layout.queues]
+            old = names.index(shard_names(layout.name, former)[shard_of(name, former)])
+            found = yield from self._shard_crons[old].get_flow(name)
+            if found is not None:
+                return found
         done = yield from getattr(self._shard_crons[index], method)(name, *args)
         self._sharded.stirred(index)  # an occurrence it adds is due on that shard (no longer idle)
         return done

@@ -36,17 +36,24 @@ moves with it), and its attempts, errors, steps, signals, result and done mark m
 Refused for now, with the reason (docs/sharding.md, "Resharding"): a queue with per-key limits
 or fairness (a key's tasks and its counts would have to move together while none is leased,
 with the key's claims fenced meanwhile), open batches (each shard counts its part), tasks
-waiting for parents (their edges live on their shard), cron definitions (a definition and its
-pending occurrence live on the definition's shard), and outcome events (a reader's per-shard
+waiting for parents (their edges live on their shard), and outcome events (a reader's per-shard
 streams are fixed when it is made). A task with a limit key but no limit set (``kept``) is not
 moved either: its id was drawn on its key's shard of N, so no shard of M has both; it runs
 where it is (claims cover both layouts) and the reshard ends once it has ended. Batches and
-crons wait until the reshard is done (refused meanwhile). One mover at a time: two movers of
+changes to cron definitions wait until the reshard is done (refused meanwhile).
+
+Cron definitions move (the ``cron`` walk, before a shard's tasks): a definition and its
+pending occurrence in one record ("take_crons"), so the claim that takes the occurrence on the
+new shard finds the definition there and schedules the next one; an occurrence whose
+definition is still on its shard is not taken by the task walks (``_with_definition_flow``). A
+definition whose latest occurrence has not ended (or has one buffered) waits: that
+occurrence's outcome is noted where it runs. One mover at a time: two movers of
 one reshard move nothing twice (every step is idempotent), but their counts add up wrong.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -58,10 +65,17 @@ from dueq._util.checks import whole_number
 from dueq._wire import protocol
 from dueq._wire.keys import QueueKeys, layout_key, reshard_key
 from dueq._wire.snapshot import text
+from dueq.cron.flows import Occurrence
 from dueq.exceptions import ConfigurationError
 from dueq.model import QueueSettings, Rate, ReshardReport
 from dueq.sharding.fanout import together
-from dueq.sharding.layout import LAYOUT_RECHECK_S, MAX_SHARDS, LayoutRecord, ShardLayout
+from dueq.sharding.layout import (
+    LAYOUT_RECHECK_S,
+    MAX_SHARDS,
+    LayoutRecord,
+    ShardLayout,
+    shard_of,
+)
 
 if TYPE_CHECKING:
     from dueq._flows.core import QueueCore
@@ -71,7 +85,7 @@ __all__ = ["IDLE_S", "Resharder"]
 #: The sorted sets (and the ``moving`` HASH) the mover walks on each shard, in order: a shard's
 #: ``moving`` records (left by a killed mover) first, the sets whose tasks it moves, then the
 #: leases, which it only counts.
-WALK = ("moving", *(f"due{p}" for p in range(10)), "dead", "finished", "done", "leased")
+WALK = ("moving", "cron", *(f"due{p}" for p in range(10)), "dead", "finished", "done", "leased")
 #: How long the front ends wait after a pass that moved nothing (leases out, or the start's
 #: grace for writers of the old layout) before the next step (seconds).
 IDLE_S = 0.2
@@ -192,9 +206,7 @@ class Resharder:
         counts: list[tuple[int, ...]] = yield from together(
             [_holdings_flow(s.keys) for s in core.layout.queues]
         )
-        crons, batches, waiting, keys = (sum(c[i] for c in counts) for i in range(4))
-        if crons:
-            reasons.append(f"{crons} cron definitions (remove them, reshard, add them again)")
+        batches, waiting, keys = (sum(c[i] for c in counts) for i in range(3))
         if batches:
             reasons.append(f"{batches} records of open batches (let them complete first)")
         if waiting:
@@ -276,17 +288,29 @@ class Resharder:
         if walk == "moving":
             cursor, records = yield protocol.moving_scan(shard.keys, cursor, batch)
             moved, existing = yield from self._put_flow(shard, records)
+        elif walk == "cron":  # definitions, each with its pending occurrence, before the tasks
+            cursor, names = yield protocol.cron_names_scan(shard.keys, cursor, batch)
+            leaving = [n for n in names if _cron_home(layout, n) is not shard]
+            if leaving:
+                crons: protocol.Taken = yield protocol.reshard_take_crons(
+                    shard.keys, shard.now_arg(), leaving
+                )
+                waiting, kept = crons.leased, crons.kept
+                moved, existing = yield from self._put_flow(shard, crons.records)
         else:
             key = _walk_key(shard.keys, walk)
             cursor, members = yield protocol.members_scan(key, cursor, batch)
             misplaced = [m for m in dict.fromkeys(members) if layout.shard(m) is not shard]
+            held = yield from _with_definition_flow(shard, misplaced)
+            kept = len(held)  # cron occurrences whose definition is still here: they go with it
+            misplaced = [m for m in misplaced if m not in held]
             if walk == "leased":
                 waiting = len(misplaced)
             elif misplaced:
                 taken: protocol.Taken = yield protocol.reshard_take(
                     shard.keys, shard.now_arg(), misplaced
                 )
-                waiting, kept = taken.leased, taken.kept
+                waiting, kept = taken.leased, kept + taken.kept
                 moved, existing = yield from self._put_flow(shard, taken.records)
         if cursor == 0:  # this set is done: the next one, or the next shard
             set_index += 1
@@ -321,8 +345,12 @@ class Resharder:
             return 0, 0
         layout = self._core.layout
         groups: dict[QueueCore, list[tuple[str, bytes]]] = defaultdict(list)
-        for task_id, record in records:
-            groups[layout.shard(task_id)].append((task_id, record))
+        for field, record in records:
+            name = protocol.moving_cron(field)
+            if name is not None and "cron" in json.loads(record):  # a definition's record
+                groups[_cron_home(layout, name)].append((field, record))
+            else:
+                groups[layout.shard(field)].append((field, record))
         results: list[tuple[int, int]] = yield from together(
             [
                 _call_flow(protocol.reshard_put(home.keys, home.now_arg(), group))
@@ -387,6 +415,24 @@ class Resharder:
         return not _number(fields, "pass_moved")
 
 
+def _cron_home(layout: ShardLayout, name: str) -> QueueCore:
+    """The shard of cron definition ``name`` in the new layout."""
+    return layout.queues[shard_of(name, layout.count)]
+
+
+def _with_definition_flow(shard: QueueCore, ids: list[str]) -> Flow[set[str]]:
+    """The cron occurrences among ``ids`` whose definition is still on ``shard``: they move
+    with it (its pending one) or after it, never before (the claim that takes an occurrence
+    moves its definition's schedule on where it is claimed)."""
+    names = {i: o.name for i in ids if (o := Occurrence.from_id(i)) is not None}
+    if not names:
+        return set()
+    distinct = list(dict.fromkeys(names.values()))
+    found = yield protocol.command("HMGET", shard.keys.cron, *distinct)
+    here = {n for n, definition in zip(distinct, found, strict=True) if definition is not None}
+    return {i for i, n in names.items() if n in here}
+
+
 def _walk_key(k: QueueKeys, walk: str) -> str:
     if walk.startswith("due"):
         return k.due_levels[int(walk[3:])]
@@ -394,11 +440,10 @@ def _walk_key(k: QueueKeys, walk: str) -> str:
 
 
 def _holdings_flow(k: QueueKeys) -> Flow[tuple[int, ...]]:
-    """One shard's cron definitions, open batches (parts and home records: those not yet in
-    their completed sets), tasks waiting for parents, limit keys."""
+    """One shard's open batches (parts and home records: those not yet in their completed
+    sets), tasks waiting for parents, limit keys."""
     replies = yield protocol.Batch(
         (
-            protocol.command("HLEN", k.cron),
             protocol.command("HLEN", k.batches),
             protocol.command("ZCARD", k.batch_ended),
             protocol.command("HLEN", k.gather),
@@ -407,8 +452,8 @@ def _holdings_flow(k: QueueKeys) -> Flow[tuple[int, ...]]:
             protocol.command("HLEN", k.key_state),
         )
     )
-    cron, parts, parts_ended, homes, homes_ended, waiting, keys = (int(r) for r in replies)
-    return cron, max(parts - parts_ended, 0) + max(homes - homes_ended, 0), waiting, keys
+    parts, parts_ended, homes, homes_ended, waiting, keys = (int(r) for r in replies)
+    return max(parts - parts_ended, 0) + max(homes - homes_ended, 0), waiting, keys
 
 
 def _left_flow(k: QueueKeys) -> Flow[tuple[int, int]]:
