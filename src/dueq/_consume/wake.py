@@ -225,7 +225,10 @@ class WakeListener:
                     if step.op is WakeOp.SUBSCRIPTION:
                         reply = self._queue.wake_subscription()
                     elif step.op is WakeOp.PUBSUB:
-                        reply = opened = self._queue.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                        # (typed Any: redis-py's pubsub() is untyped in some releases, typed in
+                        # others, and one annotation cannot fit both)
+                        client: Any = self._queue.redis
+                        reply = opened = client.pubsub(ignore_subscribe_messages=True)
                     elif step.op is WakeOp.CALL:
                         reply = getattr(step.pubsub, step.method)(*step.args, **step.kwargs)
                     elif step.op is WakeOp.WAKE:

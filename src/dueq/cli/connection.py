@@ -149,7 +149,9 @@ def _sentinel_client(url: str, *, tls: bool) -> redis.Redis:
     if unknown:
         raise ValueError(f"unknown parameter(s) {', '.join(unknown)}")
     common: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "ssl": tls}
-    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    # (Any: redis-py's Sentinel is untyped in some releases, typed in others)
+    make_sentinel: Any = redis.sentinel.Sentinel
+    sentinel = make_sentinel(
         nodes,
         sentinel_kwargs={
             **common,
@@ -160,7 +162,7 @@ def _sentinel_client(url: str, *, tls: bool) -> redis.Redis:
         },
         **common,
     )
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinel.master_for(
         path[0],
         username=unquote(user) if user else None,
         password=unquote(password) if password is not None else None,
