@@ -364,7 +364,7 @@ def test_a_sharded_queue_is_fair_within_each_shard_and_takes_weights(r: redis.Re
     assert [dueq.shard_of(k, 3) for k in ("big", "low", "lone")] == [0, 0, 2]
     for tenant in ("big", "low"):
         q.schedule_many(dueq.Task({"i": i}, key=tenant) for i in range(6000))
-    q.schedule({"n": 1}, id="lone", key="lone")
+    q.schedule({"n": 1}, id=dueq.keyed_id("lone", "lone"), key="lone")
     got = claim_keys(q, 20)  # 20 claims of 100 over 3 shards
     assert got["lone"] == 1
     assert abs(got["big"] / got["low"] - 3) < 0.3, got

@@ -33,7 +33,7 @@ def shard_keys(q):
 def on_home(q, batch, name):
     """An id for ``batch``'s completion task: ``name``, or on a sharded queue the id that lies
     on the batch's home shard (``dueq.keyed_id``, as the refusal of another one says)."""
-    return dueq.keyed_id(batch, name, target(q).shard_count)
+    return dueq.keyed_id(batch, name) if sharded(q) else name
 
 
 def sharded(q):

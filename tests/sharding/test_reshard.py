@@ -388,17 +388,39 @@ def test_a_running_worker_listens_on_the_new_shards_after_a_reshard(r: Any) -> N
         thread.join(10)
 
 
-def test_keyed_tasks_run_where_they_are_and_the_reshard_ends_once_they_have(r: Any) -> None:
-    """A task with a limit key (no limit set) is not moved: claims of both layouts run it on
-    its old shard, and the reshard, which counts it ``kept`` meanwhile, ends once it ended."""
+def test_keyed_tasks_move_to_their_keys_shard_of_the_new_layout(r: Any) -> None:
+    """A keyed task's id carries its key's route (``dueq.keyed_id``), so it lies with its key
+    for every shard count and the reshard moves it there, whole, without waiting for it."""
     q = dueq.Queue("keyed-rs", r, shards=3)
     keyed = q.schedule_many([dueq.Task(n, key=f"k{n % 4}") for n in range(12)]).ids
+    named = [dueq.keyed_id(f"k{n % 4}", f"order-{n}") for n in range(8)]
+    q.schedule_many([dueq.Task(n, id=i, key=f"k{n % 4}") for n, i in enumerate(named)])
     plain = q.schedule_many([dueq.Task(n, id=f"p{n}") for n in range(30)]).ids
-    mover, reports = reshard_until_kept(q, 5)  # it waits for the keyed tasks
-    c = dueq.Queue("keyed-rs", r, shards=3)
-    assert sorted(drain(c)) == sorted(keyed + plain)  # from both layouts' shards
-    mover.join(30)
-    assert reports[-1].done and r.get(layout_key("keyed-rs")) == b"5"
+    reports: list[Any] = []
+    assert q.reshard(5, progress=reports.append).done
+    assert not any(rep.kept for rep in reports)  # none waited where it was
+    keys = {i: f"k{n % 4}" for n, i in enumerate(keyed)} | {
+        i: f"k{n % 4}" for n, i in enumerate(named)
+    }
+    for task_id, key in keys.items():
+        assert held_by(r, "keyed-rs", task_id) == [shard_names("keyed-rs", 5)[shard_of(key, 5)]]
+    c = dueq.Queue("keyed-rs", r, shards=5)
+    assert c.get(named[3]) is not None and c.get(named[3]).key == "k3"
+    seen = {d.id: d.key for d in c.claim(limit=100)}
+    assert seen == keys | dict.fromkeys(plain)
+
+
+def test_key_limits_cannot_change_while_a_reshard_runs(r: Any) -> None:
+    """A reshard moves keyed tasks on the promise that no key limit is set (the start refuses
+    one): configuring one meanwhile is refused, with the way out."""
+    q = dueq.Queue("keyed-cfg", r, shards=3)
+    q.schedule_many([dueq.Task(n, id=f"p{n}") for n in range(20)])
+    q.drive(q._core.resharder().start_flow(5))
+    for change in ({"key_concurrency": 2}, {"key_rate": dueq.Rate(5)}, {"fairness": "key"}):
+        with pytest.raises(dueq.ConfigurationError, match="reshard"):
+            q.configure(**change)
+    assert q.reshard(5).done
+    assert q.configure(key_concurrency=2).key_concurrency == 2
 
 
 def test_reshard_on_a_real_cluster_moves_tasks_between_primaries_on_both_front_ends(

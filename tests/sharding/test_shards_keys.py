@@ -44,21 +44,16 @@ def other_shard_id(key: str, prefix: str = "order-") -> str:
 # -- keyed_id (no Redis) ---------------------------------------------------------------------
 
 
-def test_keyed_id_is_the_name_when_it_already_lies_on_the_keys_shard() -> None:
-    name = next(f"n{i}" for i in itertools.count() if shard_of(f"n{i}", N) == shard_of(KEY, N))
-    assert dueq.keyed_id(KEY, name, N) == name
-
-
-def test_keyed_id_is_stable_and_routes_to_the_keys_shard() -> None:
-    name = other_shard_id(KEY)
-    made = dueq.keyed_id(KEY, name, N)
-    assert made == dueq.keyed_id(KEY, name, N)
-    assert made.startswith(f"{name}~") and made != name
-    assert task_shard(made, N) == shard_of(KEY, N)
-    n = int(made.rsplit("~", 1)[1])
-    assert all(task_shard(f"{name}~{m}", N) != shard_of(KEY, N) for m in range(1, n))
-    for key in ("a", "b", "tenant:42", "ü"):
-        assert task_shard(dueq.keyed_id(key, "order-1", 7), 7) == shard_of(key, 7)
+def test_a_keyed_id_carries_its_keys_route_so_it_lies_with_its_key_for_every_count() -> None:
+    made = dueq.keyed_id(KEY, "order-1", N)
+    assert made == dueq.keyed_id(KEY, "order-1") == dueq.keyed_id(KEY, made, 7)
+    assert made.startswith("order-1~k") and len(made) == len("order-1") + 18
+    for key in ("a", "b", "tenant:42", "\u00fc", KEY):
+        made = dueq.keyed_id(key, "order-1")
+        assert all(task_shard(made, count) == shard_of(key, count) for count in range(1, 40))
+    # a key that is itself routed (a keyed id used as a workflow's key) passes its route on
+    nested = dueq.keyed_id(dueq.keyed_id(KEY, "wf-1"), "step-1")
+    assert all(task_shard(nested, c) == shard_of(KEY, c) for c in range(1, 20))
 
 
 def test_keyed_id_refuses_a_bad_shard_count() -> None:
@@ -79,6 +74,8 @@ def test_key_concurrency_holds_across_the_shards_and_the_keys_tasks_share_its_sh
     loose = q.schedule_many(dueq.Task({"j": j}) for j in range(30)).ids
     home = shard_of(KEY, N)
     assert {task_shard(i, N) for i in keyed} == {home}
+    for count in (2, 5, 7):  # and for every other count (so a reshard moves them with the key)
+        assert {task_shard(i, count) for i in keyed} == {shard_of(KEY, count)}
     on_shards = stored_ids(r)
     assert set(keyed) <= on_shards[home]
     assert all(not set(keyed) & ids for s, ids in enumerate(on_shards) if s != home)
@@ -134,6 +131,20 @@ def test_an_explicit_id_off_its_keys_shard_is_refused_before_anything_is_written
         )
     assert stored_ids(r) == [set(), set(), set()]
     assert q.stats().scheduled == 0
+
+
+def test_an_explicit_id_that_only_happens_to_lie_on_its_keys_shard_is_refused(
+    make_queue: Callable[..., Any], r: Any
+) -> None:
+    """Such an id would part from its key at a reshard: a keyed task's id carries its key's
+    route (``dueq.keyed_id``), whatever the shard count."""
+    q = make_queue("q", shards=N)
+    fits = next(f"n{i}" for i in itertools.count() if shard_of(f"n{i}", N) == shard_of(KEY, N))
+    other = dueq.keyed_id("tenant-b", "order-1")
+    for bad in (fits, other):
+        with pytest.raises(dueq.InvalidTaskError, match=r"keyed_id\('tenant-a'"):
+            q.schedule({"x": 1}, id=bad, key=KEY)
+    assert stored_ids(r) == [set(), set(), set()]
 
 
 def test_a_keyed_id_schedules_once_and_is_found_by_id(make_queue: Callable[..., Any]) -> None:

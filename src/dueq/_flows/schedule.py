@@ -22,6 +22,7 @@ from dueq._wire.envelope import (
     pack_task,
     record_extras,
     repack_with_id,
+    route_ending,
     validate_id,
     validate_task_name,
 )
@@ -324,8 +325,8 @@ class ScheduleFlows(QueueBase):
                 pending = [pending[p] for p in reply.collided]
                 if not pending:
                     break
-                for i in pending:  # a generated id that was taken: draw another
-                    ids[i] = next(fresh_ids)
+                for i in pending:  # a generated id that was taken: draw another (a keyed
+                    ids[i] = next(fresh_ids) + route_ending(ids[i])  # one keeps its key's route)
                     records[i] = repack_with_id(records[i], ids[i], self.payload_codec, self.name)
             else:
                 raise DueqError(f"no unused id found for {len(pending)} task(s)")

@@ -150,6 +150,20 @@ _encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=
 _JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
+#: The end of an id (or key) that carries a route: ``~k`` and 16 lowercase hex digits, the
+#: route of the limit key it was made for (``dueq.keyed_id``). On a sharded queue such an id
+#: lies where that key lies, for every shard count (``dueq.sharding.layout``).
+ROUTE_MARK = "~k"
+ROUTE_CHARS = len(ROUTE_MARK) + 16
+_HEX = frozenset("0123456789abcdef")
+
+
+def route_ending(text: str) -> str:
+    """The route ``text`` ends in (``~k`` and 16 lowercase hex digits), or ``""``."""
+    marked = len(text) > ROUTE_CHARS and text[-ROUTE_CHARS:-16] == ROUTE_MARK
+    return text[-ROUTE_CHARS:] if marked and _HEX.issuperset(text[-16:]) else ""
+
+
 def generated_ids() -> Iterator[str]:
     """An endless stream of random task ids, drawn from the OS in growing batches.
 

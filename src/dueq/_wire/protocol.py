@@ -1353,8 +1353,9 @@ def _reshard_keys(k: QueueKeys) -> list[str]:
         k.cron_last,
         k.cron_runs,
         k.cron_filled,
+        k.key_state,
         k.due,
-        *k.upper_due,
+        *k.upper_due,  # (last: the script finds them from the end)
     ]
 
 

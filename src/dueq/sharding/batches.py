@@ -26,10 +26,11 @@ completed", and it travels as a task, so it has a task's durability:
    members had all ended completes inside ``close_batch``, as on a plain queue.
 
 So the completion task lies on the home shard, and its id must too (it is found by id): the
-default is ``batch:<batch id>``, with ``~n`` added when that hashes elsewhere
-(``completion_id``, the same as ``dueq.keyed_id(batch, "batch:" + batch, N)``); an explicit
-id on another shard is refused with the one that fits. ``q.batch(id)`` reads every part and
-the home record side by side and adds them up (``merged``); ``q.batches()`` scans them all.
+default is ``batch:<batch id>`` and the batch's route (``completion_id``, the same as
+``dueq.keyed_id(batch, "batch:" + batch)``), so it lies on the batch's shard for every shard
+count; an explicit id on another shard is refused with the one that fits. ``q.batch(id)``
+reads every part and the home record side by side and adds them up (``merged``);
+``q.batches()`` scans them all.
 
 What differs from a plain queue, and why: a member scheduled after ``close_batch`` into a
 shard whose part has already completed is refused (``BatchCompleted``), even while other parts
@@ -60,21 +61,28 @@ from dueq.delivery import DeliveryBase
 from dueq.exceptions import InvalidTaskError, LeaseLost
 from dueq.model import BatchInfo, Task
 from dueq.sharding.fanout import together
-from dueq.sharding.layout import ShardLayout, id_on, shard_of, task_shard
+from dueq.sharding.layout import (
+    ShardLayout,
+    id_on,
+    key_route,
+    shard_of,
+    task_shard,
+)
 
 __all__ = ["NOTE_PREFIX", "ShardedBatches", "completion_id", "note_id"]
 
 #: The id prefix of the note tasks (refused for other tasks of a sharded queue).
 NOTE_PREFIX = "dueq-batch:"
 #: A sharded queue's batch ids leave this many bytes of a task id for the note's prefix, part
-#: index and ``~n``.
+#: index and ``~n`` (and the completion's ``batch:`` and route, 24).
 _NOTE_ROOM = 32
 MAX_BATCH_ID_BYTES = MAX_ID_BYTES - _NOTE_ROOM
 
 
 def completion_id(batch: str, count: int) -> str:
     """The default id of ``batch``'s completion task on a queue of ``count`` shards."""
-    return id_on(f"batch:{batch}", shard_of(batch, count), count)
+    del count  # (it lies on the batch's shard for every count: it carries the batch's route)
+    return f"batch:{batch}{key_route(batch)}"  # (a batch id may be longer than a limit key)
 
 
 def note_id(batch: str, part: int, count: int) -> str:
@@ -183,8 +191,7 @@ class ShardedBatches:
                 f"completion task id {task_id!r} is on shard {task_shard(task_id, count)}, and "
                 f"batch {batch!r} completes on shard {home_index} of {count} (the shard of its "
                 f"id): leave the id out (it defaults to {completion_id(batch, count)!r}), or "
-                f"use dueq.keyed_id({batch!r}, {task_id!r}, {count}) = "
-                f"{id_on(task_id, home_index, count)!r}"
+                f"use dueq.keyed_id({batch!r}, {task_id!r}) = {task_id + key_route(batch)!r}"
             )
         opened: protocol.GatherReply = yield protocol.gather_open(
             home.keys, home.now_arg(), batch, count, record

@@ -73,10 +73,11 @@ async front end), so a claim in that moment may find some shards paused (or with
 share) and others not; every claim after the call returns sees the new settings. Per-key
 limits (``key_rate``, ``key_concurrency``, ``key_limits``) go to every shard whole, not split:
 every task of a key lies on the shard of its key (``ShardedCore.task_id_for``: a keyed task's
-generated id is drawn on ``shard_of(key)``, an explicit id elsewhere is refused, and
-``dueq.keyed_id`` makes one that fits), so one claim script counts all of a key's leases, and
-lookup stays by id. Cron occurrences keep their definition's shard, so a keyed cron's limit
-holds exactly only when ``shard_of(key) == shard_of(name)``.
+id ends in its key's route, which places it with the key for every shard count; a generated
+id gets it, an explicit id without it is refused, and ``dueq.keyed_id`` makes one that has
+it), so one claim script counts all of a key's leases, and lookup stays by id. Cron
+occurrences keep their definition's shard, so a keyed cron's limit holds exactly only when
+``shard_of(key) == shard_of(name)``.
 
 Cron: a definition lives on shard ``shard_of(name)``, so its occurrences are scheduled,
 claimed and advanced there by the shard's own cron keeper (``dueq.cron.flows``, unchanged);
@@ -185,6 +186,7 @@ from dueq.sharding.layout import (
     MAX_SHARDS,
     LayoutRecord,
     ShardLayout,
+    key_route,
     keyed_id,
     shard_names,
     shard_of,
@@ -574,32 +576,32 @@ class ShardedCore:
     def task_id_for(self, position: int, task: Task, fresh_ids: Iterator[str]) -> str:
         """A keyed task lies on the shard of its key (``shard_of(key)``, see "Keyed tasks" in
         ``dueq.sharding.layout``), so that shard's claim script counts all of the key's
-        leases: its generated id is drawn from that shard's ids (lookup stays by id), and an
-        explicit id on another shard is refused before the call writes anything (InvalidTaskError,
-        as any bad task of a batch). A task without a key keeps its id, spread by id."""
+        leases, for every shard count (a reshard moves it with its key): its id carries the
+        key's route (a generated one gets it, ``key_route``), and an explicit id without it is
+        refused before the call writes anything (InvalidTaskError, as any bad task of a
+        batch), even one that happens to hash to the key's shard today. A task without a key
+        keeps its id, spread by id."""
         reserved = self._batches.check_task_id
         if task.key is None:
             return next(fresh_ids) if task.id is None else reserved(validate_id(task.id))
         try:
-            key = validate_key(task.key)
+            ending = key_route(validate_key(task.key))
         except InvalidTaskError:  # the task's encoding refuses it, with its position
             return next(fresh_ids) if task.id is None else reserved(validate_id(task.id))
-        count = self.layout.count
-        home = shard_of(key, count)
         if task.id is None:
-            return next(self.layout.fresh_ids(home))
+            return next(fresh_ids) + ending
         task_id = reserved(validate_id(task.id))
-        if task_shard(task_id, count) != home:
+        if not task_id.endswith(ending):
+            key = task.key
             try:
-                fitting = f" (= {keyed_id(key, task_id, count)!r})"
-            except InvalidTaskError:  # no room for the suffix: the id is at its longest
+                fitting = f" (= {keyed_id(key, task_id)!r})"
+            except InvalidTaskError:  # no room for the route: the id is at its longest
                 fitting = ""
             raise InvalidTaskError(
                 f"task {position} ({task_id!r}): on a sharded queue every task of a key lies on "
-                f"the shard of its key, and id {task_id!r} is on shard "
-                f"{task_shard(task_id, count)}, key {key!r} on shard {home} of {count}. Leave "
-                f"the id out, or make one with dueq.keyed_id({key!r}, {task_id!r}, {count})"
-                f"{fitting}"
+                f"the shard of its key, for every shard count, so its id ends in the route of "
+                f"key {key!r} ({ending!r}), and {task_id!r} does not. Leave the id out, or make "
+                f"one with dueq.keyed_id({key!r}, {task_id!r}){fitting}"
             )
         return task_id
 
@@ -1084,10 +1086,29 @@ class ShardedCore:
         not split: every task of a key lies on the shard of its key (``task_id_for``), whose
         claim script therefore enforces the key's whole limit (see docs/sharding.md).
         ``fairness`` and ``KeyLimit(weight=)`` go to every shard too: each shard shares its
-        own claims between the tenants it holds (docs/fairness.md)."""
+        own claims between the tenants it holds (docs/fairness.md). While a reshard runs, a
+        per-key limit or fairness cannot be turned on: the reshard moves keyed tasks on the
+        promise that none is set (its start refuses one; ``dueq.sharding.reshard``)."""
         if rate is not None and rate is not False and not isinstance(rate, Rate):
             raise ConfigurationError(f"rate must be a dueq.Rate or False, got {rate!r}")
         yield from self.layout_flow()
+        turned_on = [
+            name
+            for name, value in (
+                ("key_rate", key_rate),
+                ("key_concurrency", key_concurrency),
+                ("key_limits", key_limits),
+                ("fairness", fairness),
+            )
+            if value not in (None, False, 0) and value != {}
+        ]
+        if turned_on and self.layout.former is not None:
+            raise ConfigurationError(
+                f"a reshard of {self.layout.name!r} runs ({self.layout.record.text()} shards): "
+                f"{', '.join(turned_on)} can be set once it is done (it moves keyed tasks on the "
+                f"promise that no key limit is set; `dueq reshard {self.layout.name} --to "
+                f"{self.layout.count}` finishes it)"
+            )
         count = len(self.layout.queues)  # (while a reshard runs, the shares of old and new)
         caps: list[Any] = [concurrency] * count
         if concurrency not in (None, False, 0):

@@ -49,11 +49,16 @@ Keyed tasks
 A task with a limit key (``Task(key=)``) lies on the shard of its key, ``shard_of(key, N)``
 (the same hash as ids), so that one shard's claim script sees every lease of the key and
 ``key_concurrency``/``key_rate`` hold exactly across the cluster with no cross-slot step.
-Lookup stays by id: a keyed task's generated id is drawn from ``fresh_ids(shard_of(key))``,
-so ``task_shard(id)`` finds it like any other; an explicit id must already route there
-(``ShardedCore.task_id_for`` refuses one that does not), and ``keyed_id(key, name, N)``
-makes such an id from any name, deterministically, so a producer that re-runs stays
-idempotent.
+Lookup stays by id, so a keyed task's id carries its key's *route*: it ends in ``~k`` and the
+16 hex digits of the key's BLAKE2b-64 (``key_route``), and ``route(id)`` reads that number
+back instead of hashing the id, so the id lies with its key for every N, not only today's (a
+reshard moves the key's tasks to the key's new shard by id). A generated keyed id is a random
+id with that ending; an explicit one must have it (``ShardedCore.task_id_for`` refuses one
+that does not, even one that happens to hash to the key's shard today), and
+``keyed_id(key, name)`` makes it from any name, deterministically, so a producer that re-runs
+stays idempotent. A key that itself ends in a route (a keyed id used as a workflow's key)
+passes that route on. 18 bytes per keyed id buy this; an id that merely ends in ``~k`` and 16
+hex digits by chance is placed by them too, which is as good a spread as the hash.
 
 N is part of the data
 ---------------------
@@ -94,7 +99,13 @@ import redis.crc
 from dueq._flows.drive import Flow
 from dueq._util.checks import whole_number
 from dueq._wire import protocol as protocol
-from dueq._wire.envelope import generated_ids, validate_id, validate_key
+from dueq._wire.envelope import (
+    ROUTE_MARK,
+    generated_ids,
+    route_ending,
+    validate_id,
+    validate_key,
+)
 from dueq._wire.keys import QueueKeys, layout_key, reshard_key
 from dueq._wire.snapshot import text
 from dueq.cron.flows import OCCURRENCE_PREFIX, Occurrence
@@ -107,10 +118,13 @@ if TYPE_CHECKING:
 __all__ = [
     "LAYOUT_RECHECK_S",
     "MAX_SHARDS",
+    "ROUTE_MARK",
     "LayoutRecord",
     "ShardLayout",
     "id_on",
+    "key_route",
     "keyed_id",
+    "route",
     "shard_names",
     "shard_of",
     "task_shard",
@@ -129,12 +143,23 @@ SLOTS = 16384
 MAX_TAG_TRIES = 64 * MAX_SHARDS
 
 
+def route(text: str) -> int:
+    """The 64-bit number whose ``mod N`` places ``text`` (a task id, a limit key, a batch or
+    cron name) on shard ``route mod N`` of every count N: the route that ``text`` carries
+    when it ends in ``~k<16 hex>`` (``keyed_id``), else BLAKE2b-64 of its UTF-8."""
+    ending = route_ending(text)
+    if ending:
+        return int(ending[2:], 16)
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
 def shard_of(task_id: str, shards: int) -> int:
     """The shard (0 to ``shards - 1``) that holds ``task_id`` in a queue of ``shards`` shards:
-    BLAKE2b-64 of its UTF-8, mod N (the same in every process and language; see
-    the module docstring). A cron occurrence goes with its definition instead (``task_shard``)."""
-    digest = hashlib.blake2b(task_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % shards
+    its ``route`` (BLAKE2b-64 of its UTF-8, or the route a keyed id carries) mod N, the same in
+    every process and language (see the module docstring). A cron occurrence goes with its
+    definition instead (``task_shard``)."""
+    return route(task_id) % shards
 
 
 def task_shard(task_id: str, shards: int) -> int:
@@ -146,15 +171,23 @@ def task_shard(task_id: str, shards: int) -> int:
     return shard_of(task_id if name is None else name, shards)
 
 
-def keyed_id(key: str, name: str, shards: int) -> str:
-    """A task id for ``name`` that lies on the shard of limit key ``key`` in a queue of
-    ``shards`` shards: ``name`` itself when it already does, else ``f"{name}~{n}"`` for the
-    smallest ``n >= 1`` that does (about ``shards`` tries). A sharded queue keeps every task
-    of a key on the key's shard (so per-key limits hold exactly) and finds tasks by id, so a
-    keyed task's explicit id must hash there; this gives one that does, the same on every
-    call and in every process, so scheduling it again is idempotent."""
-    whole_number(shards, "shards", low=1, high=MAX_SHARDS)
-    return id_on(validate_id(name), shard_of(validate_key(key), shards), shards)
+def key_route(key: str) -> str:
+    """The end (``~k<16 hex>``) that makes an id lie with limit key ``key`` for every count."""
+    return f"{ROUTE_MARK}{route(key):016x}"
+
+
+def keyed_id(key: str, name: str, shards: int | None = None) -> str:
+    """A task id for ``name`` that lies on the shard of limit key ``key`` for every shard
+    count: ``name`` itself when it already ends in the key's route, else ``name`` and that
+    route (``~k`` and 16 hex digits: ``key_route``). A sharded queue keeps every task of a key
+    on the key's shard (so per-key limits hold exactly, and a reshard moves the key's tasks
+    together) and finds tasks by id, so a keyed task's explicit id must carry its key's
+    route; this gives one, the same on every call and in every process, so scheduling it
+    again is idempotent. ``shards`` is checked when given; the id does not depend on it."""
+    if shards is not None:
+        whole_number(shards, "shards", low=1, high=MAX_SHARDS)
+    name, ending = validate_id(name), key_route(validate_key(key))
+    return name if name.endswith(ending) else validate_id(name + ending)
 
 
 def id_on(name: str, shard: int, shards: int) -> str:

@@ -37,10 +37,13 @@ Refused for now, with the reason (docs/sharding.md, "Resharding"): a queue with 
 or fairness (a key's tasks and its counts would have to move together while none is leased,
 with the key's claims fenced meanwhile), open batches (each shard counts its part), tasks
 waiting for parents (their edges live on their shard), and outcome events (a reader's per-shard
-streams are fixed when it is made). A task with a limit key but no limit set (``kept``) is not
-moved either: its id was drawn on its key's shard of N, so no shard of M has both; it runs
-where it is (claims cover both layouts) and the reshard ends once it has ended. Batches and
-changes to cron definitions wait until the reshard is done (refused meanwhile).
+streams are fixed when it is made); turning on a key limit or fairness while a reshard runs is
+refused too (``ShardedCore.configure_flow``). A keyed task moves like any other: its id
+carries its key's route (``dueq.sharding.layout``, "Keyed tasks"), so its new shard is its
+key's. One whose id lacks the route (stored by an earlier dueq) or whose key has a state on its
+shard (a ``KeyCooldown``'s mark) is not moved (``kept``): it runs where it is (claims cover both
+layouts) and the reshard ends once it has ended. Batches and changes to cron definitions wait
+until the reshard is done (refused meanwhile).
 
 Cron definitions move (the ``cron`` walk, before a shard's tasks): a definition and its
 pending occurrence in one record ("take_crons"), so the claim that takes the occurrence on the

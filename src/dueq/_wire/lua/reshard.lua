@@ -8,8 +8,10 @@
 -- `arrived`; "drop" on the old shard deletes the record. A mover killed between the calls
 -- left the record in `moving`; the next one puts it again and drops it. A record whose token
 -- the new shard noted was put already (its task may have run and ended there since): it is
--- not written again, so a killed mover never brings a finished task back. A task that is leased, keyed (a limit or fair key), in a
--- batch, or waiting for parents is not taken: it stays until it settles (or, keyed, is left).
+-- not written again, so a killed mover never brings a finished task back. A task that is leased,
+-- in a batch, or waiting for parents is not taken: it stays until it settles. A keyed task
+-- moves like any other when its id carries its key's route (its new shard is its key's) and
+-- its key has no state here; else it stays ("kept"), claimed where it is.
 --
 -- KEYS[1] tasks     HASH id -> envelope
 -- KEYS[2] meta      HASH id -> "attempt|token|due_ms|first_ms"
@@ -32,8 +34,9 @@
 -- KEYS[19] cron_last HASH name -> the outcome of its last firing
 -- KEYS[20] cron_runs HASH name -> its runs record (JSON: fired, skipped, run, buffered, ...)
 -- KEYS[21] cron_filled ZSET (scores 0) "<name>\0<slot ms>": the slots backfill scheduled
--- KEYS[22] due      ZSET id -> due ms (priority 0)
--- KEYS[23..31] upper_due: the due ZSETs of priorities 1 to 9
+-- KEYS[22] key_state HASH key -> "leased|mark|parked" (include/key_state.lua)
+-- KEYS[23] due      ZSET id -> due ms (priority 0)
+-- KEYS[24..32] upper_due: the due ZSETs of priorities 1 to 9 (last: include/levels.lua)
 -- ARGV[1] now ms, or "" for server TIME
 -- ARGV[2] "take", "take_crons", "put" or "drop"
 -- take: ARGV[3..] ids. Returns {leased, kept, id1, record1, id2, record2, ...}: how many were
@@ -53,7 +56,7 @@
 -- @include wake
 
 local op = ARGV[2]
-local levels = due_levels(KEYS[22])
+local levels = due_levels(KEYS[23])
 -- a record's fields: envelope, due ms, level, died-at, meta, errors, step log, signals,
 -- progress, debounce, result, finished ms, done ms (each absent when the task has none)
 local STEP_FIELDS = {{'', 'log'}, {'\0s', 'signals'}, {'\0p', 'progress'}}
@@ -70,16 +73,24 @@ local function zscore(k_zset, member)
   return nil
 end
 
+-- Whether id ends in a key's route: "~k" and 16 lowercase hex digits (dueq._wire.envelope's
+-- route_ending), so that it lies with its key for every shard count.
+local function routed(id)
+  return #id > 18 and string.sub(id, -18, -17) == '~k'
+    and string.find(string.sub(id, -16), '^[0-9a-f]+$') ~= nil
+end
+
 -- The whole state of task `id` here, for a record: nil and why not ('leased', or 'kept': a
--- limit or fair key, a batch, parents, parked) when it must stay; nil, nil when it has none.
+-- limit key without its route in the id or with a state here, a batch, parents, parked) when
+-- it must stay; nil, nil when it has none.
 local function task_state(id)
   local record = {}
   local envelope = hget(KEYS[1], id)
   if envelope then
-    local p, _, key, fair_key = task_options(envelope)
+    local p, _, key = task_options(envelope)
     if redis.call('ZSCORE', KEYS[4], id) then return nil, 'leased' end
-    if key or fair_key or redis.call('HEXISTS', KEYS[11], id) == 1
-        or redis.call('HEXISTS', KEYS[12], id) == 1 then
+    if (key and (not routed(id) or redis.call('HEXISTS', KEYS[22], key) == 1))
+        or redis.call('HEXISTS', KEYS[11], id) == 1 or redis.call('HEXISTS', KEYS[12], id) == 1 then
       return nil, 'kept'
     end
     record.due, record.dead = zscore(levels[p], id), zscore(KEYS[5], id)
